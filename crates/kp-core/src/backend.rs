@@ -1,0 +1,166 @@
+//! The boundary between the core and a proxy mode.
+//!
+//! A backend turns the desired state into kernel state. The core decides *when* to sync and
+//! *what* changed; the backend decides *how*. Backends must keep the last good rules in place
+//! when a sync fails, and report the failure so the runner retries with a full sync.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+
+use crate::model::ServiceName;
+use crate::tracker::ProxyState;
+
+/// Whether a sync may touch only what changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    /// Rewrite everything: at start, after any failure, and after node label changes.
+    Full,
+    /// Rewrite only the services in [`SyncRequest::changed`] (plus top-level dispatch).
+    Partial,
+}
+
+/// Everything a backend needs for one sync.
+#[derive(Debug)]
+pub struct SyncRequest<'a> {
+    /// The complete desired state.
+    pub state: &'a ProxyState,
+    /// Full or partial.
+    pub kind: SyncKind,
+    /// Services whose Service or EndpointSlices changed since the last successful sync.
+    pub changed: &'a BTreeSet<ServiceName>,
+    /// Stale UDP/SCTP conntrack entries may exist (a changed service has a UDP/SCTP port).
+    pub conntrack_cleanup_required: bool,
+}
+
+/// What a successful sync did, for logs and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Number of rules (or map elements, or virtual servers) written.
+    pub rules_written: usize,
+    /// Services skipped because they could not be programmed; the rest were.
+    pub skipped: Vec<ServiceName>,
+}
+
+/// Why a sync failed. The previous rules stay in place; the next sync is full.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Applying the rules to the kernel failed (a restore or netlink transaction).
+    #[error("applying {what} failed: {message}")]
+    Apply {
+        /// What was being applied, for example `iptables-restore`.
+        what: String,
+        /// The tool's or kernel's message.
+        message: String,
+    },
+    /// The mode is not available on this node (missing kernel feature or binary).
+    #[error("proxy mode unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A proxy mode. Implementations live in the dataplane crates; [`FakeBackend`] records syncs.
+pub trait Backend: Send {
+    /// The mode's name as served on `/proxyMode`, for example `iptables`.
+    fn mode(&self) -> &'static str;
+
+    /// Make the kernel match `request.state`.
+    fn sync(
+        &mut self,
+        request: &SyncRequest<'_>,
+    ) -> impl Future<Output = Result<SyncReport, BackendError>> + Send;
+
+    /// Remove everything this mode ever installed (`--cleanup`).
+    fn cleanup(&mut self) -> impl Future<Output = Result<(), BackendError>> + Send;
+}
+
+/// One sync as seen by [`FakeBackend`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedSync {
+    /// Full or partial.
+    pub kind: SyncKind,
+    /// Which services were reported as changed.
+    pub changed: BTreeSet<ServiceName>,
+    /// The number of service ports in the state.
+    pub service_ports: usize,
+    /// The number of endpoints across all service ports.
+    pub endpoints: usize,
+    /// Whether conntrack cleanup was requested.
+    pub conntrack_cleanup_required: bool,
+    /// A copy of the state it was asked to program.
+    pub state: ProxyState,
+}
+
+/// A backend that programs nothing and records every sync, for tests and `--proxy-mode fake`.
+///
+/// Clones share the record, so a test keeps one clone and hands the other to the proxier.
+#[derive(Clone, Debug, Default)]
+pub struct FakeBackend {
+    record: std::sync::Arc<std::sync::Mutex<FakeRecord>>,
+}
+
+#[derive(Debug, Default)]
+struct FakeRecord {
+    syncs: Vec<RecordedSync>,
+    failures_left: usize,
+    cleanups: usize,
+}
+
+impl FakeBackend {
+    /// A fake that succeeds.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Make the next `n` syncs fail with [`BackendError::Apply`].
+    pub fn fail_next(&self, n: usize) {
+        self.lock().failures_left = n;
+    }
+
+    /// Every sync attempted so far (failed ones included).
+    pub fn syncs(&self) -> Vec<RecordedSync> {
+        self.lock().syncs.clone()
+    }
+
+    /// How many times `cleanup` ran.
+    pub fn cleanups(&self) -> usize {
+        self.lock().cleanups
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FakeRecord> {
+        // A panic while holding this lock can only come from a test; keep the record usable.
+        self.record.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Backend for FakeBackend {
+    fn mode(&self) -> &'static str {
+        "fake"
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let mut record = self.lock();
+        record.syncs.push(RecordedSync {
+            kind: request.kind,
+            changed: request.changed.clone(),
+            service_ports: request.state.services.len(),
+            endpoints: request.state.endpoints.values().map(Vec::len).sum(),
+            conntrack_cleanup_required: request.conntrack_cleanup_required,
+            state: request.state.clone(),
+        });
+        if record.failures_left > 0 {
+            record.failures_left -= 1;
+            return Err(BackendError::Apply {
+                what: "fake".into(),
+                message: "injected failure".into(),
+            });
+        }
+        Ok(SyncReport {
+            rules_written: request.state.services.len(),
+            skipped: Vec::new(),
+        })
+    }
+
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        self.lock().cleanups += 1;
+        Ok(())
+    }
+}

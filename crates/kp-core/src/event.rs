@@ -1,0 +1,31 @@
+//! What sources tell the core: Kubernetes objects applied, deleted, and "initial list done".
+//!
+//! Both sources (the API server and manifests files) speak this vocabulary and must produce
+//! identical objects for identical input: the manifests source applies the API server's
+//! defaults before sending.
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// One change reported by a source.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SourceEvent {
+    /// A Service changed.
+    Service(ObjectEvent<Service>),
+    /// An EndpointSlice changed.
+    EndpointSlice(ObjectEvent<EndpointSlice>),
+    /// This node's Node object changed.
+    Node(ObjectEvent<Node>),
+}
+
+/// A change to one kind of object.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ObjectEvent<K> {
+    /// The object was created or updated; it carries the whole new object.
+    Applied(K),
+    /// The object was deleted; it carries the last known state (at least namespace and name).
+    Deleted(K),
+    /// The source has delivered every object of this kind that existed when it started (or
+    /// relisted). Nothing is programmed before Services and EndpointSlices are both synced.
+    Synced,
+}

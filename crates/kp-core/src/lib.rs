@@ -1,0 +1,30 @@
+//! The sans-I/O core of kube-proxy-rs.
+//!
+//! Data flows one way: **sources → model → change tracker → sync runner → backend → kernel**.
+//! This crate owns everything between the sources and the kernel that can be computed
+//! without touching the outside world:
+//!
+//! - [`event`]: the vocabulary sources speak (Kubernetes objects applied, deleted, synced).
+//! - [`model`]: service ports and endpoints built from Services, EndpointSlices and the Node.
+//! - [`topology`]: which endpoints a service port may use on this node (traffic policies,
+//!   topology hints, terminating-endpoint fallback).
+//! - [`tracker`]: change trackers that coalesce events into the proxy state and report which
+//!   services changed (for partial syncs) and whether stale UDP conntrack entries need cleanup.
+//! - [`runner`]: upstream's minSyncPeriod / syncPeriod timing, coalescing and retries.
+//! - [`backend`]: the trait a proxy mode implements, and a fake backend for tests.
+//! - [`proxier`]: the loop tying events, trackers, the runner and a backend together.
+//! - [`health`]: proxy health (for `/healthz` and `/livez`) and per-service health.
+//! - [`metrics`]: Prometheus metric families with upstream's names.
+//!
+//! Nothing here does I/O or reads a clock other than `tokio::time`, so every behaviour is
+//! testable with paused time and in-memory fakes.
+
+pub mod backend;
+pub mod event;
+pub mod health;
+pub mod metrics;
+pub mod model;
+pub mod proxier;
+pub mod runner;
+pub mod topology;
+pub mod tracker;
