@@ -1,1 +1,1 @@
-//! placeholder
+//! HTTP servers (TODO)

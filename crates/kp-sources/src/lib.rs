@@ -1,1 +1,11 @@
-//! placeholder
+//! Sources of Kubernetes objects, each turning them into [`kp_core::event::SourceEvent`]s.
+//!
+//! - [`api`]: the API server, through kube-rs watchers (Services, EndpointSlices, this Node).
+//! - [`manifests`]: a local file or directory of YAML/JSON manifests, re-read when it changes
+//!   (in place, by atomic rename, or by a ConfigMap volume's symlink swap).
+//! - [`defaults`]: the defaults the API server would apply, so hand-written manifests yield
+//!   the same model as objects read from a cluster.
+
+pub mod api;
+pub mod defaults;
+pub mod manifests;
