@@ -11,9 +11,19 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Serialize;
+
+mod endpoints;
+mod node;
+mod parse;
+mod service;
+#[cfg(test)]
+mod tests;
+
+pub use endpoints::{SERVICE_NAME_LABEL, merge_slices, slice_endpoints};
+pub use node::{TO_BE_DELETED_TAINT, node_info};
+pub use parse::{parse_cidr_lenient, parse_ip_lenient};
+pub use service::{DEFAULT_AFFINITY_TIMEOUT_SECONDS, MAX_AFFINITY_TIMEOUT_SECONDS, service_ports};
 
 /// Transport protocol of a service port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -35,6 +45,25 @@ impl Protocol {
             Protocol::Sctp => "sctp",
         }
     }
+
+    /// The API spelling (`TCP`, `UDP`, `SCTP`), used in messages.
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+
+    /// Parse the API spelling (`TCP`, `UDP`, `SCTP`; case-sensitive, as the API validates).
+    pub fn from_api(value: &str) -> Option<Self> {
+        match value {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
 }
 
 /// IP family.
@@ -49,7 +78,27 @@ pub enum IpFamily {
 impl IpFamily {
     /// The family of an address.
     pub fn of(ip: &IpAddr) -> Self {
-        if ip.is_ipv4() { IpFamily::V4 } else { IpFamily::V6 }
+        if ip.is_ipv4() {
+            IpFamily::V4
+        } else {
+            IpFamily::V6
+        }
+    }
+
+    /// The family of a network.
+    pub fn of_net(net: &IpNet) -> Self {
+        match net {
+            IpNet::V4(_) => IpFamily::V4,
+            IpNet::V6(_) => IpFamily::V6,
+        }
+    }
+
+    /// The API spelling (`IPv4`, `IPv6`), used in messages.
+    pub fn api_name(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
     }
 }
 
@@ -128,7 +177,9 @@ pub struct ServicePort {
 impl ServicePort {
     /// Reachable from outside the cluster: has a NodePort, externalIPs or LB IPs.
     pub fn externally_accessible(&self) -> bool {
-        self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+        self.node_port.is_some()
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ips.is_empty()
     }
 
     /// Uses the cluster-wide endpoint list (iTP Cluster, or externally accessible).
@@ -139,6 +190,34 @@ impl ServicePort {
     /// Uses the node-local endpoint list (iTP Local, or eTP Local and externally accessible).
     pub fn uses_local_endpoints(&self) -> bool {
         self.internal_policy_local || (self.external_policy_local && self.externally_accessible())
+    }
+
+    /// This port as one IP family's proxier sees it: only that family's ClusterIP,
+    /// externalIPs, LB IPs and source ranges. `None` when the service has no ClusterIP of that
+    /// family (each family is programmed separately, as upstream's per-family proxiers do).
+    pub fn for_family(&self, family: IpFamily) -> Option<ServicePort> {
+        let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
+            ips.iter()
+                .copied()
+                .filter(|ip| IpFamily::of(ip) == family)
+                .collect()
+        };
+        let cluster_ips = of_family(&self.cluster_ips);
+        if cluster_ips.is_empty() {
+            return None;
+        }
+        Some(ServicePort {
+            cluster_ips,
+            external_ips: of_family(&self.external_ips),
+            load_balancer_ips: of_family(&self.load_balancer_ips),
+            load_balancer_source_ranges: self
+                .load_balancer_source_ranges
+                .iter()
+                .copied()
+                .filter(|net| IpFamily::of_net(net) == family)
+                .collect(),
+            ..self.clone()
+        })
     }
 }
 
@@ -188,7 +267,9 @@ pub struct NodeInfo {
 impl NodeInfo {
     /// The `topology.kubernetes.io/zone` label.
     pub fn zone(&self) -> Option<&str> {
-        self.labels.get("topology.kubernetes.io/zone").map(String::as_str)
+        self.labels
+            .get("topology.kubernetes.io/zone")
+            .map(String::as_str)
     }
 }
 
@@ -221,32 +302,40 @@ pub struct SliceEndpoints {
     pub endpoints: Vec<Endpoint>,
 }
 
-/// Build a Service's ports. `None` for services the proxy ignores (headless, ExternalName,
-/// no ClusterIP); an error names every invalid field.
-pub fn service_ports(service: &Service) -> Result<Option<Vec<ServicePort>>, ModelError> {
-    let _ = service;
-    todo!("model helper")
+/// Collects every problem of one object, so a single error can list them all.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    /// Record a problem with the field at `path`.
+    fn push(&mut self, path: impl fmt::Display, message: impl fmt::Display) {
+        self.0.push(format!("{path}: {message}"));
+    }
+
+    /// `Ok(())` if nothing was recorded, otherwise the error for the whole object.
+    fn into_result(
+        self,
+        kind: &'static str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), ModelError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ModelError {
+                kind,
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                problems: self.0,
+            })
+        }
+    }
 }
 
-/// Parse one EndpointSlice. `None` for slices the proxy ignores (no service-name label,
-/// FQDN address type).
-pub fn slice_endpoints(slice: &EndpointSlice) -> Result<Option<SliceEndpoints>, ModelError> {
-    let _ = slice;
-    todo!("model helper")
-}
-
-/// Merge the slices of one service into per-service-port endpoint lists, sorted and
-/// de-duplicated, with `is_local` computed against `node_name`.
-pub fn merge_slices<'a>(
-    slices: impl IntoIterator<Item = &'a SliceEndpoints>,
-    node_name: &str,
-) -> BTreeMap<ServicePortName, Vec<Endpoint>> {
-    let _ = (slices.into_iter().count(), node_name);
-    todo!("model helper")
-}
-
-/// Build the node's information from its Node object.
-pub fn node_info(node: &Node) -> NodeInfo {
-    let _ = node;
-    todo!("model helper")
+/// Check a port number from the API (an `i32`) against 1-65535.
+fn port_number(value: i32) -> Result<u16, String> {
+    u16::try_from(value)
+        .ok()
+        .filter(|port| *port != 0)
+        .ok_or_else(|| format!("{value} is out of range 1-65535"))
 }

@@ -1,0 +1,125 @@
+//! The metrics server: `/metrics`, `/healthz`, `/proxyMode` and `/configz`, as upstream's
+//! (which listens on `127.0.0.1:10249` by default).
+//!
+//! `/metrics` is the prometheus-client registry in the OpenMetrics 1.0 text format, sent with
+//! the OpenMetrics content type. Prometheus (since 2.5) and the common agents (Grafana
+//! Agent/Alloy, the OpenTelemetry collector, Datadog, VictoriaMetrics) pick their parser from
+//! that content type, so serving the encoder's output unchanged is both accepted and exact;
+//! rewriting it to the 0.0.4 text format would mean re-parsing it and dropping `# EOF`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::header::{CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{ServerError, serve_router};
+
+/// The content type of the OpenMetrics 1.0 text format that prometheus-client encodes.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The configz key under which upstream publishes its configuration (the API group).
+pub const CONFIGZ_KEY: &str = "kubeproxy.config.k8s.io";
+
+/// Content type of the plain-text endpoints, as Go's handlers send.
+const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
+
+/// What the metrics server reports besides the registry.
+#[derive(Clone, Debug)]
+pub struct MetricsInfo {
+    /// The active proxy mode (`iptables`, `ipvs`, `nftables`), served at `/proxyMode`.
+    pub proxy_mode: String,
+    /// The effective configuration, served at `/configz` under [`CONFIGZ_KEY`].
+    pub configz: serde_json::Value,
+}
+
+#[derive(Clone)]
+struct MetricsState {
+    registry: Arc<Registry>,
+    proxy_mode: Bytes,
+    configz: Bytes,
+}
+
+/// Serves the metrics endpoints on `listener` until `shutdown` is cancelled.
+///
+/// The `/configz` document is encoded once here, since the configuration does not change
+/// while the proxy runs; a document that cannot be encoded is an error before serving.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    info: MetricsInfo,
+    shutdown: CancellationToken,
+) -> Result<(), ServerError> {
+    let mut document = serde_json::Map::new();
+    document.insert(CONFIGZ_KEY.to_owned(), info.configz);
+    let configz = serde_json::to_vec(&document).map_err(ServerError::Configz)?;
+    let state = MetricsState {
+        registry,
+        proxy_mode: Bytes::from(info.proxy_mode),
+        configz: Bytes::from(configz),
+    };
+    let router = Router::new()
+        .route("/metrics", any(metrics))
+        .route("/healthz", any(healthz))
+        .route("/proxyMode", any(proxy_mode))
+        .route("/configz", any(configz_handler))
+        .with_state(state);
+    serve_router("metrics", listener, router, shutdown).await
+}
+
+async fn metrics(State(state): State<MetricsState>) -> Response {
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &state.registry) {
+        Ok(()) => (
+            [(
+                CONTENT_TYPE,
+                HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE),
+            )],
+            text,
+        )
+            .into_response(),
+        Err(error) => {
+            tracing::error!(%error, "cannot encode metrics");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}
+
+/// Upstream installs the always-ok apiserver healthz handler here.
+async fn healthz() -> Response {
+    plain(Bytes::from_static(b"ok"))
+}
+
+async fn proxy_mode(State(state): State<MetricsState>) -> Response {
+    plain(state.proxy_mode)
+}
+
+async fn configz_handler(State(state): State<MetricsState>) -> Response {
+    (
+        [
+            (CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            (X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
+        ],
+        state.configz,
+    )
+        .into_response()
+}
+
+fn plain(body: Bytes) -> Response {
+    (
+        [
+            (CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN)),
+            (X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
+        ],
+        body,
+    )
+        .into_response()
+}
