@@ -1,1 +1,570 @@
-//! TODO
+//! The API server source: kube-rs watchers on Services, EndpointSlices and this node's Node.
+//!
+//! Each watcher's `Init … InitDone` sequence is treated as a full resync: objects known before
+//! a relist (for example after `410 Gone`) but missing from it are reported as deleted, so the
+//! core converges without flushing anything. Watch failures and an unreachable API server never
+//! produce deletions: the watcher retries with backoff and the last state stays programmed,
+//! as with upstream's informers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kp_core::event::{ObjectEvent, SourceEvent};
+use kube::config::{
+    InClusterError, InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError,
+};
+use kube::runtime::utils::Backoff;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Config, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Label naming the proxy that should handle a Service (and its EndpointSlices); kube-proxy
+/// ignores objects carrying it unless it names this proxy.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+
+/// Label the EndpointSlice controller puts on slices of headless Services, which kube-proxy
+/// never programs.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+
+/// Objects per list page when (re)listing: client-go's reflector default, which keeps a relist
+/// of a large cluster from being one huge response.
+pub const DEFAULT_LIST_PAGE_SIZE: u32 = 500;
+
+/// Client QPS upstream uses by default (`clientConnection.qps`); accepted but not enforced.
+pub const DEFAULT_CLIENT_QPS: f32 = 5.0;
+
+/// Client burst upstream uses by default (`clientConnection.burst`); accepted but not enforced.
+pub const DEFAULT_CLIENT_BURST: i32 = 10;
+
+/// Content type upstream asks for by default (`clientConnection.contentType`); kube-rs only
+/// speaks JSON, so it is accepted but not used.
+pub const DEFAULT_CLIENT_CONTENT_TYPE: &str = "application/vnd.kubernetes.protobuf";
+
+/// Errors of the API server source.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The file given with `--kubeconfig` could not be read, or its current context is unusable.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file that was tried.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: KubeconfigError,
+    },
+    /// The `--master` URL does not parse.
+    #[error("invalid --master URL {url:?}: {source}")]
+    InvalidMaster {
+        /// The URL as given (after adding a default scheme).
+        url: String,
+        /// Why it failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Neither `--kubeconfig` nor `--master` was given, and neither the in-cluster service
+    /// account nor the default kubeconfig (`$KUBECONFIG`, `~/.kube/config`) could be loaded.
+    #[error(
+        "no --kubeconfig or --master given; in-cluster service account config failed ({in_cluster}) and default kubeconfig failed ({default})"
+    )]
+    NoConfig {
+        /// Why the in-cluster config failed.
+        in_cluster: InClusterError,
+        /// Why `kube::Config::infer` failed.
+        #[source]
+        default: InferConfigError,
+    },
+    /// The configuration loaded but no client could be built from it (TLS material, auth).
+    #[error("building a Kubernetes client from {from}: {source}")]
+    Client {
+        /// Where the configuration came from.
+        from: String,
+        /// Why it failed.
+        #[source]
+        source: kube::Error,
+    },
+    /// The node name is empty, so the Node watch would select every node.
+    #[error("the node name is empty")]
+    EmptyNodeName,
+}
+
+/// How to reach the API server (upstream's `--kubeconfig`, `--master` and `clientConnection`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientOptions {
+    /// A kubeconfig file; its current context is used.
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server URL; overrides the kubeconfig's server when both are given.
+    pub master: Option<String>,
+    /// Accepted for compatibility; kube-rs has no client-side rate limiter.
+    pub qps: f32,
+    /// Accepted for compatibility; kube-rs has no client-side rate limiter.
+    pub burst: i32,
+    /// Accepted for compatibility; kube-rs only speaks JSON.
+    pub content_type: String,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            master: None,
+            qps: DEFAULT_CLIENT_QPS,
+            burst: DEFAULT_CLIENT_BURST,
+            content_type: DEFAULT_CLIENT_CONTENT_TYPE.to_owned(),
+        }
+    }
+}
+
+/// Builds a Kubernetes client the way upstream's `clientcmd.BuildConfigFromFlags` does: the
+/// kubeconfig file if given (with `--master` overriding its server), else `--master` alone,
+/// else the in-cluster service account, else the default kubeconfig.
+pub async fn client(opts: &ClientOptions) -> Result<kube::Client, ApiError> {
+    tracing::debug!(
+        qps = opts.qps,
+        burst = opts.burst,
+        content_type = %opts.content_type,
+        "client QPS, burst and content type are not used by kube-rs"
+    );
+    let (config, from) = load_config(opts).await?;
+    tracing::info!(server = %config.cluster_url, %from, "using Kubernetes API server");
+    kube::Client::try_from(config).map_err(|source| ApiError::Client { from, source })
+}
+
+async fn load_config(opts: &ClientOptions) -> Result<(Config, String), ApiError> {
+    if let Some(path) = &opts.kubeconfig {
+        let kubeconfig_err = |source| ApiError::Kubeconfig {
+            path: path.clone(),
+            source,
+        };
+        let kubeconfig = Kubeconfig::read_from(path).map_err(kubeconfig_err)?;
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(kubeconfig_err)?;
+        let mut from = format!("kubeconfig {}", path.display());
+        if let Some(master) = &opts.master {
+            // The kubeconfig normally carries TLS settings, so a bare host means https.
+            config.cluster_url = parse_master(master, "https")?;
+            from.push_str(" with --master");
+        }
+        return Ok((config, from));
+    }
+    if let Some(master) = &opts.master {
+        // Without TLS settings client-go defaults a bare host to plain http.
+        let url = parse_master(master, "http")?;
+        return Ok((Config::new(url), format!("--master {master}")));
+    }
+    match Config::incluster() {
+        Ok(config) => Ok((config, "in-cluster service account".to_owned())),
+        Err(in_cluster) => {
+            tracing::info!(error = %in_cluster, "no in-cluster config; trying the default kubeconfig");
+            match Config::infer().await {
+                Ok(config) => Ok((config, "default kubeconfig".to_owned())),
+                Err(default) => Err(ApiError::NoConfig {
+                    in_cluster,
+                    default,
+                }),
+            }
+        }
+    }
+}
+
+/// Parses a `--master` value, adding `default_scheme` when it is a bare `host:port`.
+fn parse_master<U>(master: &str, default_scheme: &str) -> Result<U, ApiError>
+where
+    U: std::str::FromStr,
+    U::Err: std::error::Error + Send + Sync + 'static,
+{
+    let url = if master.contains("://") {
+        master.to_owned()
+    } else {
+        format!("{default_scheme}://{master}")
+    };
+    url.parse()
+        .map_err(|source: U::Err| ApiError::InvalidMaster {
+            url,
+            source: Box::new(source),
+        })
+}
+
+/// Watches the API server and reports Services, EndpointSlices and this Node as
+/// [`SourceEvent`]s.
+pub struct ApiSource {
+    client: kube::Client,
+    node_name: String,
+    service_proxy_name: Option<String>,
+    retry_delay: Option<Duration>,
+    page_size: u32,
+}
+
+impl ApiSource {
+    /// A source for the node `node_name`, with upstream's defaults.
+    pub fn new(client: kube::Client, node_name: impl Into<String>) -> Self {
+        Self {
+            client,
+            node_name: node_name.into(),
+            service_proxy_name: None,
+            retry_delay: None,
+            page_size: DEFAULT_LIST_PAGE_SIZE,
+        }
+    }
+
+    /// Also handle Services and EndpointSlices whose `service.kubernetes.io/service-proxy-name`
+    /// label equals `name` (newest upstream config API). An empty name means none, as upstream.
+    pub fn service_proxy_name(mut self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.service_proxy_name = (!name.is_empty()).then_some(name);
+        self
+    }
+
+    /// Retry a failed list or watch after a fixed `delay` instead of the default (client-go's
+    /// reflector backoff: exponential from 800 ms to 30 s with jitter). Meant for tests.
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = Some(delay);
+        self
+    }
+
+    /// Objects per list page (default [`DEFAULT_LIST_PAGE_SIZE`]; 0 means unpaged).
+    pub fn list_page_size(mut self, size: u32) -> Self {
+        self.page_size = size;
+        self
+    }
+
+    /// Runs the three watchers until `shutdown` is cancelled or the receiver of `tx` is
+    /// dropped, then returns `Ok`. Watch errors are logged and retried, never returned.
+    pub async fn run(
+        self,
+        tx: mpsc::Sender<SourceEvent>,
+        shutdown: CancellationToken,
+    ) -> Result<(), ApiError> {
+        if self.node_name.is_empty() {
+            return Err(ApiError::EmptyNodeName);
+        }
+        let page_size = (self.page_size > 0).then_some(self.page_size);
+        let base = watcher::Config {
+            page_size,
+            ..watcher::Config::default()
+        };
+        // Upstream watches Services and EndpointSlices with one selector: neither headless
+        // objects nor objects of another service proxy. A label selector cannot say "absent or
+        // equal to X", so with a proxy name that label is filtered here instead of by the server.
+        let labels = match &self.service_proxy_name {
+            None => format!("!{HEADLESS_LABEL},!{SERVICE_PROXY_NAME_LABEL}"),
+            Some(_) => format!("!{HEADLESS_LABEL}"),
+        };
+        let service_config = base.clone().labels(&labels);
+        let filter = ProxyNameFilter(self.service_proxy_name.clone());
+        let ctx = Ctx {
+            tx,
+            shutdown,
+            retry_delay: self.retry_delay,
+        };
+        tokio::join!(
+            watch_kind(
+                Watch {
+                    kind: "Service",
+                    api: Api::<Service>::all(self.client.clone()),
+                    config: service_config,
+                    tracker: Tracker::new(Some(filter.clone())),
+                    wrap: SourceEvent::Service,
+                },
+                &ctx,
+            ),
+            watch_kind(
+                Watch {
+                    kind: "EndpointSlice",
+                    api: Api::<EndpointSlice>::all(self.client.clone()),
+                    config: base.clone().labels(&labels),
+                    tracker: Tracker::new(Some(filter)),
+                    wrap: SourceEvent::EndpointSlice,
+                },
+                &ctx,
+            ),
+            watch_kind(
+                Watch {
+                    kind: "Node",
+                    api: Api::<Node>::all(self.client.clone()),
+                    config: base.fields(&format!("metadata.name={}", self.node_name)),
+                    tracker: Tracker::new(None),
+                    wrap: SourceEvent::Node,
+                },
+                &ctx,
+            ),
+        );
+        Ok(())
+    }
+}
+
+/// What every watcher shares.
+struct Ctx {
+    tx: mpsc::Sender<SourceEvent>,
+    shutdown: CancellationToken,
+    retry_delay: Option<Duration>,
+}
+
+/// One kind to watch.
+struct Watch<K> {
+    kind: &'static str,
+    api: Api<K>,
+    config: watcher::Config,
+    tracker: Tracker<K>,
+    wrap: fn(ObjectEvent<K>) -> SourceEvent,
+}
+
+/// A constant retry delay, for tests.
+struct FixedBackoff(Duration);
+
+impl Iterator for FixedBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(self.0)
+    }
+}
+
+impl Backoff for FixedBackoff {
+    fn reset(&mut self) {}
+}
+
+/// Runs one watcher until shutdown or until nobody listens.
+async fn watch_kind<K>(watch: Watch<K>, ctx: &Ctx)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let Watch {
+        kind,
+        api,
+        config,
+        mut tracker,
+        wrap,
+    } = watch;
+    let raw = watcher(api, config);
+    let mut stream: BoxStream<'static, Result<watcher::Event<K>, watcher::Error>> =
+        match ctx.retry_delay {
+            None => raw.default_backoff().boxed(),
+            Some(delay) => raw.backoff(FixedBackoff(delay)).boxed(),
+        };
+    loop {
+        let item = tokio::select! {
+            biased;
+            () = ctx.shutdown.cancelled() => return,
+            () = ctx.tx.closed() => return,
+            item = stream.next() => item,
+        };
+        let event = match item {
+            Some(Ok(event)) => event,
+            Some(Err(error)) => {
+                tracing::warn!(kind, %error, "watch failed; retrying, last state kept");
+                continue;
+            }
+            None => {
+                // The watcher never ends by itself; if it ever does, keep the last state.
+                tracing::error!(kind, "watch stream ended; no further updates");
+                return;
+            }
+        };
+        for out in tracker.handle(event) {
+            if matches!(out, ObjectEvent::Synced) {
+                tracing::info!(kind, objects = tracker.len(), "synced");
+            }
+            let sent = tokio::select! {
+                biased;
+                () = ctx.shutdown.cancelled() => false,
+                sent = ctx.tx.send(wrap(out)) => sent.is_ok(),
+            };
+            if !sent {
+                return;
+            }
+        }
+    }
+}
+
+/// Accepts objects without the service-proxy-name label, or with it equal to this proxy's name.
+#[derive(Clone, Debug)]
+struct ProxyNameFilter(Option<String>);
+
+impl ProxyNameFilter {
+    fn accepts<K: ResourceExt>(&self, obj: &K) -> bool {
+        match obj.labels().get(SERVICE_PROXY_NAME_LABEL) {
+            None => true,
+            Some(value) => self.0.as_deref() == Some(value.as_str()),
+        }
+    }
+}
+
+/// Namespace and name.
+type Key = (Option<String>, String);
+
+fn key_of<K: ResourceExt>(obj: &K) -> Key {
+    (obj.namespace(), obj.name_any())
+}
+
+/// Turns watcher events into [`ObjectEvent`]s, remembering what was reported so a relist can
+/// report the objects that vanished meanwhile (like an informer's store).
+struct Tracker<K> {
+    /// Last reported state of every object reported as applied and not yet deleted.
+    known: BTreeMap<Key, K>,
+    /// Keys seen since the last `Init`, while a relist is in progress.
+    relist: Option<BTreeSet<Key>>,
+    filter: Option<ProxyNameFilter>,
+}
+
+impl<K: ResourceExt + Clone> Tracker<K> {
+    fn new(filter: Option<ProxyNameFilter>) -> Self {
+        Self {
+            known: BTreeMap::new(),
+            relist: None,
+            filter,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    fn accepts(&self, obj: &K) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.accepts(obj))
+    }
+
+    /// Applies `obj` if the filter accepts it; if it no longer does, reports it deleted.
+    fn apply(&mut self, obj: K, out: &mut Vec<ObjectEvent<K>>) {
+        let key = key_of(&obj);
+        if self.accepts(&obj) {
+            if let Some(seen) = &mut self.relist {
+                seen.insert(key.clone());
+            }
+            self.known.insert(key, obj.clone());
+            out.push(ObjectEvent::Applied(obj));
+        } else if let Some(old) = self.known.remove(&key) {
+            out.push(ObjectEvent::Deleted(old));
+        }
+    }
+
+    fn handle(&mut self, event: watcher::Event<K>) -> Vec<ObjectEvent<K>> {
+        let mut out = Vec::new();
+        match event {
+            watcher::Event::Init => self.relist = Some(BTreeSet::new()),
+            watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
+                self.apply(obj, &mut out);
+            }
+            watcher::Event::InitDone => {
+                if let Some(seen) = self.relist.take() {
+                    let gone: Vec<Key> = self
+                        .known
+                        .keys()
+                        .filter(|key| !seen.contains(*key))
+                        .cloned()
+                        .collect();
+                    for key in gone {
+                        if let Some(old) = self.known.remove(&key) {
+                            out.push(ObjectEvent::Deleted(old));
+                        }
+                    }
+                } else {
+                    // Without a matching Init nothing is known about what vanished; deleting
+                    // everything would flush the data plane, so keep it all.
+                    tracing::warn!("relist ended without starting; not diffing");
+                }
+                out.push(ObjectEvent::Synced);
+            }
+            watcher::Event::Delete(obj) => {
+                let known = self.known.remove(&key_of(&obj)).is_some();
+                if known || self.accepts(&obj) {
+                    out.push(ObjectEvent::Deleted(obj));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn svc(name: &str, proxy: Option<&str>) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some(name.into()),
+                labels: proxy.map(|p| [(SERVICE_PROXY_NAME_LABEL.to_owned(), p.to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Service::default()
+        }
+    }
+
+    fn relist(tracker: &mut Tracker<Service>, objs: Vec<Service>) -> Vec<ObjectEvent<Service>> {
+        let mut out = tracker.handle(watcher::Event::Init);
+        for obj in objs {
+            out.extend(tracker.handle(watcher::Event::InitApply(obj)));
+        }
+        out.extend(tracker.handle(watcher::Event::InitDone));
+        out
+    }
+
+    #[test]
+    fn relist_deletes_only_vanished_objects() {
+        let mut t = Tracker::new(None);
+        relist(&mut t, vec![svc("a", None), svc("b", None)]);
+        let out = relist(&mut t, vec![svc("a", None)]);
+        assert_eq!(
+            out,
+            vec![
+                ObjectEvent::Applied(svc("a", None)),
+                ObjectEvent::Deleted(svc("b", None)),
+                ObjectEvent::Synced
+            ]
+        );
+    }
+
+    #[test]
+    fn init_done_without_init_deletes_nothing() {
+        let mut t = Tracker::new(None);
+        t.handle(watcher::Event::Apply(svc("a", None)));
+        assert_eq!(
+            t.handle(watcher::Event::InitDone),
+            vec![ObjectEvent::Synced]
+        );
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn proxy_name_filter() {
+        let mut t = Tracker::new(Some(ProxyNameFilter(Some("mine".into()))));
+        let out = relist(
+            &mut t,
+            vec![
+                svc("plain", None),
+                svc("mine", Some("mine")),
+                svc("other", Some("other")),
+            ],
+        );
+        assert_eq!(
+            out,
+            vec![
+                ObjectEvent::Applied(svc("plain", None)),
+                ObjectEvent::Applied(svc("mine", Some("mine"))),
+                ObjectEvent::Synced
+            ]
+        );
+        // Relabelled to another proxy: gone for us, reported with the last state we sent.
+        let out = t.handle(watcher::Event::Apply(svc("plain", Some("other"))));
+        assert_eq!(out, vec![ObjectEvent::Deleted(svc("plain", None))]);
+        // Deleting an object we never reported says nothing.
+        assert!(
+            t.handle(watcher::Event::Delete(svc("other", Some("other"))))
+                .is_empty()
+        );
+        let out = t.handle(watcher::Event::Delete(svc("mine", Some("mine"))));
+        assert_eq!(out, vec![ObjectEvent::Deleted(svc("mine", Some("mine")))]);
+        assert_eq!(t.len(), 0);
+    }
+}

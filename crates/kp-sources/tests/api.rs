@@ -1,0 +1,933 @@
+//! The API server source against a fake Kubernetes API server speaking list/watch.
+//!
+//! The fake serves Services, EndpointSlices and Nodes: paged lists with a resourceVersion, and
+//! watches as chunked newline-delimited JSON events that the test sends through a channel. A
+//! TCP proxy in front of it lets a test cut every connection or make the server unreachable.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::Response;
+use axum::routing::get;
+use k8s_openapi::api::core::v1::Node;
+use kp_core::event::{ObjectEvent, SourceEvent};
+use kp_sources::api::{self, ApiError, ApiSource, ClientOptions};
+use kube::ResourceExt;
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
+
+/// Upper bound for anything the test waits for; generous for slow shared CI machines.
+const WAIT: Duration = Duration::from_secs(10);
+/// How long "nothing happens" is observed.
+const QUIET: Duration = Duration::from_millis(400);
+/// Retry delay given to the source so reconnects are fast.
+const RETRY: Duration = Duration::from_millis(20);
+
+const SERVICES: &str = "services";
+const SLICES: &str = "endpointslices";
+const NODES: &str = "nodes";
+/// Upstream's one selector for Services and EndpointSlices alike.
+const SELECTOR: &str = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name";
+
+// ---------------------------------------------------------------------------------------------
+// Fake API server
+
+/// One request the fake server saw.
+#[derive(Clone, Debug)]
+struct Req {
+    watch: bool,
+    query: HashMap<String, String>,
+}
+
+impl Req {
+    fn param(&self, name: &str) -> Option<&str> {
+        self.query.get(name).map(String::as_str)
+    }
+}
+
+struct Res {
+    api_version: &'static str,
+    kind: &'static str,
+    /// Current objects by `namespace/name` (or `name`).
+    items: BTreeMap<String, Value>,
+    /// The open watch, if any: lines to send.
+    watch: Option<mpsc::UnboundedSender<String>>,
+    requests: mpsc::UnboundedSender<Req>,
+}
+
+struct Inner {
+    rv: u64,
+    res: HashMap<&'static str, Res>,
+}
+
+#[derive(Clone)]
+struct Fake(Arc<Mutex<Inner>>);
+
+fn key(obj: &Value) -> String {
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
+/// Minimal label selector: comma-separated `!k`, `k=v`, `k!=v`, `k`.
+fn labels_match(obj: &Value, selector: &str) -> bool {
+    let labels = &obj["metadata"]["labels"];
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        if let Some(k) = term.strip_prefix('!') {
+            labels.get(k).is_none()
+        } else if let Some((k, v)) = term.split_once("!=") {
+            labels.get(k).and_then(Value::as_str) != Some(v)
+        } else if let Some((k, v)) = term.split_once('=') {
+            labels.get(k).and_then(Value::as_str) == Some(v)
+        } else {
+            labels.get(term).is_some()
+        }
+    })
+}
+
+/// Minimal field selector: `metadata.name=x` and `metadata.namespace=x`.
+fn fields_match(obj: &Value, selector: &str) -> bool {
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let (field, value) = term.split_once('=').expect("field selector term");
+        let actual = match field {
+            "metadata.name" => obj["metadata"]["name"].as_str(),
+            "metadata.namespace" => obj["metadata"]["namespace"].as_str(),
+            other => panic!("unsupported field selector {other}"),
+        };
+        actual == Some(value)
+    })
+}
+
+impl Fake {
+    fn new() -> (Self, HashMap<&'static str, mpsc::UnboundedReceiver<Req>>) {
+        let mut res = HashMap::new();
+        let mut receivers = HashMap::new();
+        for (name, api_version, kind) in [
+            (SERVICES, "v1", "Service"),
+            (SLICES, "discovery.k8s.io/v1", "EndpointSlice"),
+            (NODES, "v1", "Node"),
+        ] {
+            let (tx, rx) = mpsc::unbounded_channel();
+            res.insert(
+                name,
+                Res {
+                    api_version,
+                    kind,
+                    items: BTreeMap::new(),
+                    watch: None,
+                    requests: tx,
+                },
+            );
+            receivers.insert(name, rx);
+        }
+        (
+            Fake(Arc::new(Mutex::new(Inner { rv: 100, res }))),
+            receivers,
+        )
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.0.lock().expect("fake state lock")
+    }
+
+    fn router(&self) -> Router {
+        Router::new()
+            .route(
+                "/api/v1/services",
+                get(|State(f): State<Fake>, Query(q)| async move { f.serve(SERVICES, q) }),
+            )
+            .route(
+                "/apis/discovery.k8s.io/v1/endpointslices",
+                get(|State(f): State<Fake>, Query(q)| async move { f.serve(SLICES, q) }),
+            )
+            .route(
+                "/api/v1/nodes",
+                get(|State(f): State<Fake>, Query(q)| async move { f.serve(NODES, q) }),
+            )
+            .with_state(self.clone())
+    }
+
+    fn serve(&self, res: &'static str, query: HashMap<String, String>) -> Response {
+        eprintln!("fake apiserver: GET {res} {query:?}");
+        let watch = query.get("watch").is_some_and(|v| v == "true" || v == "1");
+        let mut inner = self.lock();
+        let rv = inner.rv;
+        let r = inner.res.get_mut(res).expect("known resource");
+        if watch {
+            let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+            r.watch = Some(tx);
+            let _ = r.requests.send(Req { watch, query });
+            let body = futures::stream::poll_fn(move |cx| {
+                rx.poll_recv(cx).map(|line| line.map(Ok::<_, Infallible>))
+            });
+            return Response::builder()
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from_stream(body))
+                .expect("watch response");
+        }
+        let labels = query.get("labelSelector").cloned().unwrap_or_default();
+        let fields = query.get("fieldSelector").cloned().unwrap_or_default();
+        let matching: Vec<Value> = r
+            .items
+            .values()
+            .filter(|o| labels_match(o, &labels) && fields_match(o, &fields))
+            .map(|o| {
+                // Like a real server, list items carry no apiVersion/kind.
+                let mut o = o.clone();
+                if let Some(map) = o.as_object_mut() {
+                    map.remove("apiVersion");
+                    map.remove("kind");
+                }
+                o
+            })
+            .collect();
+        let start: usize = query
+            .get("continue")
+            .map(|c| c.parse().expect("our continue token"))
+            .unwrap_or(0);
+        let limit: usize = query
+            .get("limit")
+            .map(|l| l.parse().expect("limit"))
+            .filter(|l| *l > 0)
+            .unwrap_or(usize::MAX);
+        let end = start.saturating_add(limit).min(matching.len());
+        let mut metadata = json!({ "resourceVersion": rv.to_string() });
+        if end < matching.len() {
+            metadata["continue"] = json!(end.to_string());
+        }
+        let list = json!({
+            "apiVersion": r.api_version,
+            "kind": format!("{}List", r.kind),
+            "metadata": metadata,
+            "items": matching[start.min(end)..end],
+        });
+        let _ = r.requests.send(Req { watch, query });
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(list.to_string()))
+            .expect("list response")
+    }
+
+    /// Stores `obj` (without telling watchers) and returns it with its new resourceVersion.
+    fn put(&self, res: &str, mut obj: Value) -> Value {
+        let mut inner = self.lock();
+        inner.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+        let r = inner.res.get_mut(res).expect("known resource");
+        obj["apiVersion"] = json!(r.api_version);
+        obj["kind"] = json!(r.kind);
+        r.items.insert(key(&obj), obj.clone());
+        obj
+    }
+
+    /// Removes an object without telling watchers.
+    fn remove(&self, res: &str, key: &str) -> Value {
+        let mut inner = self.lock();
+        inner.rv += 1;
+        let rv = inner.rv;
+        let r = inner.res.get_mut(res).expect("known resource");
+        let mut obj = r.items.remove(key).expect("object to remove exists");
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        obj
+    }
+
+    fn send_line(&self, res: &str, event: Value) {
+        let inner = self.lock();
+        let watch = inner.res[res].watch.as_ref().expect("a watch is open");
+        watch.send(format!("{event}\n")).expect("watch still open");
+    }
+
+    /// Changes the object and sends ADDED/MODIFIED on the open watch; returns its resourceVersion.
+    fn apply(&self, res: &str, kind: &str, obj: Value) -> String {
+        let obj = self.put(res, obj);
+        self.send_line(res, json!({ "type": kind, "object": obj }));
+        obj["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("rv")
+            .to_owned()
+    }
+
+    /// Deletes the object and sends DELETED on the open watch.
+    fn delete(&self, res: &str, key: &str) {
+        let obj = self.remove(res, key);
+        self.send_line(res, json!({ "type": "DELETED", "object": obj }));
+    }
+
+    /// Sends `410 Gone` on the open watch, as a server does when the resourceVersion expired.
+    fn expire(&self, res: &str) {
+        self.send_line(
+            res,
+            json!({ "type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "too old resource version", "reason": "Expired", "code": 410 } }),
+        );
+    }
+
+    /// Ends the open watch response cleanly, as a server does at `timeoutSeconds`.
+    fn rv(&self) -> String {
+        self.lock().rv.to_string()
+    }
+
+    fn bookmark(&self, res: &str, rv: &str) {
+        self.send_line(
+            res,
+            json!({ "type": "BOOKMARK", "object": { "kind": "Service", "apiVersion": "v1",
+                    "metadata": { "resourceVersion": rv } } }),
+        );
+    }
+
+    fn close_watch(&self, res: &str) {
+        self.lock().res.get_mut(res).expect("known resource").watch = None;
+    }
+}
+
+fn svc(name: &str, labels: Value) -> Value {
+    json!({ "metadata": { "namespace": "default", "name": name, "labels": labels },
+            "spec": { "type": "ClusterIP", "clusterIP": "10.96.0.10",
+                      "ports": [{ "name": "http", "port": 80, "protocol": "TCP" }] } })
+}
+
+fn slice(name: &str, service: &str, extra_labels: Value) -> Value {
+    let mut labels = json!({ "kubernetes.io/service-name": service });
+    if let (Some(l), Some(extra)) = (labels.as_object_mut(), extra_labels.as_object()) {
+        l.extend(extra.clone());
+    }
+    json!({ "metadata": { "namespace": "default", "name": name, "labels": labels },
+            "addressType": "IPv4",
+            "endpoints": [{ "addresses": ["10.244.1.5"], "conditions": { "ready": true } }],
+            "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }] })
+}
+
+fn node(name: &str, zone: &str) -> Value {
+    json!({ "metadata": { "name": name, "labels": { "topology.kubernetes.io/zone": zone } } })
+}
+
+// ---------------------------------------------------------------------------------------------
+// TCP proxy in front of the fake, to cut connections or refuse them
+
+struct Proxy {
+    addr: SocketAddr,
+    backend: SocketAddr,
+    conns: Arc<Mutex<CancellationToken>>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    async fn start(backend: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let mut proxy = Proxy {
+            addr: listener.local_addr().expect("proxy address"),
+            backend,
+            conns: Arc::new(Mutex::new(CancellationToken::new())),
+            accept: None,
+        };
+        proxy.serve(listener);
+        proxy
+    }
+
+    fn serve(&mut self, listener: TcpListener) {
+        let conns = self.conns.clone();
+        let backend = self.backend;
+        self.accept = Some(tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let token = conns.lock().expect("proxy lock").clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(backend).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        () = token.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                    }
+                });
+            }
+        }));
+    }
+
+    /// Closes every open connection; new ones are still accepted.
+    fn cut_connections(&self) {
+        let mut token = self.conns.lock().expect("proxy lock");
+        token.cancel();
+        *token = CancellationToken::new();
+    }
+
+    /// Stops listening (connections are refused) and closes every open connection.
+    async fn down(&mut self) {
+        if let Some(accept) = self.accept.take() {
+            accept.abort();
+            let _ = accept.await;
+        }
+        self.cut_connections();
+    }
+
+    async fn up(&mut self) {
+        let listener = TcpListener::bind(self.addr)
+            .await
+            .expect("rebind proxy port");
+        self.serve(listener);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+struct Harness {
+    fake: Fake,
+    requests: HashMap<&'static str, mpsc::UnboundedReceiver<Req>>,
+    proxy: Proxy,
+    backend: SocketAddr,
+    rx: Option<mpsc::Receiver<SourceEvent>>,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<Result<(), ApiError>>>,
+}
+
+impl Harness {
+    async fn new() -> Self {
+        let (fake, requests) = Fake::new();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake");
+        let backend = listener.local_addr().expect("fake address");
+        let app = fake.router();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let proxy = Proxy::start(backend).await;
+        Harness {
+            fake,
+            requests,
+            proxy,
+            backend,
+            rx: None,
+            shutdown: CancellationToken::new(),
+            task: None,
+        }
+    }
+
+    fn client(&self) -> kube::Client {
+        let url = format!("http://{}", self.proxy.addr).parse().expect("url");
+        kube::Client::try_from(kube::Config::new(url)).expect("client")
+    }
+
+    /// Starts the source for node `node-a` with a short retry delay, customised by `build`.
+    fn start(&mut self, build: impl FnOnce(ApiSource) -> ApiSource) {
+        let source = build(ApiSource::new(self.client(), "node-a").retry_delay(RETRY));
+        self.start_source(source);
+    }
+
+    fn start_source(&mut self, source: ApiSource) {
+        let (tx, rx) = mpsc::channel(64);
+        self.rx = Some(rx);
+        self.task = Some(tokio::spawn(source.run(tx, self.shutdown.clone())));
+    }
+
+    async fn next_request(&mut self, res: &str) -> Req {
+        let rx = self.requests.get_mut(res).expect("known resource");
+        timeout(WAIT, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no request for {res}"))
+            .expect("fake server alive")
+    }
+
+    /// Waits for the next watch on `res`, asserting no list happens before it.
+    async fn expect_watch(&mut self, res: &str) -> Req {
+        let req = self.next_request(res).await;
+        assert!(req.watch, "{res}: expected a watch, got a list {req:?}");
+        req
+    }
+
+    fn no_more_requests(&mut self, res: &str) {
+        let rx = self.requests.get_mut(res).expect("known resource");
+        if let Ok(req) = rx.try_recv() {
+            panic!("{res}: unexpected request {req:?}");
+        }
+    }
+
+    async fn recv(&mut self) -> String {
+        let rx = self.rx.as_mut().expect("started");
+        let ev = timeout(WAIT, rx.recv())
+            .await
+            .expect("an event in time")
+            .expect("source still running");
+        describe(&ev)
+    }
+
+    /// Collects events until `n` Synced events have arrived.
+    async fn until_synced(&mut self, n: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        while out
+            .iter()
+            .filter(|e: &&String| e.ends_with(" synced"))
+            .count()
+            < n
+        {
+            out.push(self.recv().await);
+        }
+        out
+    }
+
+    async fn assert_quiet(&mut self) {
+        let rx = self.rx.as_mut().expect("started");
+        if let Ok(Some(ev)) = timeout(QUIET, rx.recv()).await {
+            panic!("unexpected event {}", describe(&ev));
+        }
+    }
+
+    /// Initial list + first watch of every kind; returns the events of the initial sync.
+    async fn initial_sync(&mut self) -> Vec<String> {
+        let events = self.until_synced(3).await;
+        for res in [SERVICES, SLICES, NODES] {
+            let mut req = self.next_request(res).await;
+            assert!(!req.watch, "{res}: first request is a list");
+            while !req.watch {
+                req = self.next_request(res).await;
+            }
+            let watch = req;
+            assert_eq!(watch.param("allowWatchBookmarks"), Some("true"));
+            assert!(watch.param("timeoutSeconds").is_some());
+            assert!(
+                watch
+                    .param("resourceVersion")
+                    .is_some_and(|rv| !rv.is_empty())
+            );
+        }
+        events
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        let task = self.task.take().expect("started");
+        let result = timeout(WAIT, task).await.expect("run returns promptly");
+        result.expect("run did not panic").expect("run returns Ok");
+    }
+}
+
+fn describe(ev: &SourceEvent) -> String {
+    fn one<K: ResourceExt>(kind: &str, ev: &ObjectEvent<K>) -> String {
+        let name = |o: &K| match o.namespace() {
+            Some(ns) => format!("{ns}/{}", o.name_any()),
+            None => o.name_any(),
+        };
+        match ev {
+            ObjectEvent::Applied(o) => format!("{kind} applied {}", name(o)),
+            ObjectEvent::Deleted(o) => format!("{kind} deleted {}", name(o)),
+            ObjectEvent::Synced => format!("{kind} synced"),
+        }
+    }
+    match ev {
+        SourceEvent::Service(e) => one("Service", e),
+        SourceEvent::EndpointSlice(e) => one("EndpointSlice", e),
+        SourceEvent::Node(e) => one("Node", e),
+    }
+}
+
+fn of_kind(events: &[String], kind: &str) -> Vec<String> {
+    let prefix = format!("{kind} ");
+    events
+        .iter()
+        .filter(|e| e.starts_with(&prefix))
+        .cloned()
+        .collect()
+}
+
+fn no_deletions(events: &[String]) {
+    assert!(
+        events.iter().all(|e| !e.contains(" deleted ")),
+        "unexpected deletions in {events:?}"
+    );
+}
+
+/// The usual cluster: two Services and a slice the proxy handles, plus objects it must not see.
+fn seed(fake: &Fake) {
+    fake.put(SERVICES, svc("a", json!({})));
+    fake.put(SERVICES, svc("b", json!({})));
+    fake.put(
+        SERVICES,
+        svc("foreign", json!({ api::SERVICE_PROXY_NAME_LABEL: "other" })),
+    );
+    fake.put(SLICES, slice("a-1", "a", json!({})));
+    fake.put(
+        SLICES,
+        slice("headless-1", "h", json!({ api::HEADLESS_LABEL: "" })),
+    );
+    fake.put(NODES, node("node-a", "zone-1"));
+    fake.put(NODES, node("node-b", "zone-2"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios
+
+#[tokio::test]
+async fn initial_list_then_watch_events() {
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    h.start(|s| s);
+
+    let events = h.until_synced(3).await;
+    assert_eq!(
+        of_kind(&events, "Service"),
+        [
+            "Service applied default/a",
+            "Service applied default/b",
+            "Service synced"
+        ]
+    );
+    assert_eq!(
+        of_kind(&events, "EndpointSlice"),
+        ["EndpointSlice applied default/a-1", "EndpointSlice synced"]
+    );
+    assert_eq!(
+        of_kind(&events, "Node"),
+        ["Node applied node-a", "Node synced"]
+    );
+
+    // Selectors reach the server on lists and watches.
+    for (res, param, want) in [
+        (SERVICES, "labelSelector", SELECTOR),
+        (SLICES, "labelSelector", SELECTOR),
+        (NODES, "fieldSelector", "metadata.name=node-a"),
+    ] {
+        let list = h.next_request(res).await;
+        assert!(!list.watch);
+        assert_eq!(list.param(param), Some(want), "{res} list");
+        assert_eq!(list.param("limit"), Some("500"), "{res} list is paged");
+        let watch = h.expect_watch(res).await;
+        assert_eq!(watch.param(param), Some(want), "{res} watch");
+        assert_eq!(watch.param("allowWatchBookmarks"), Some("true"));
+        assert!(watch.param("timeoutSeconds").is_some());
+        let other = if param == "labelSelector" {
+            "fieldSelector"
+        } else {
+            "labelSelector"
+        };
+        assert_eq!(list.param(other), None, "{res} list");
+        assert_eq!(watch.param(other), None, "{res} watch");
+    }
+
+    h.fake.apply(SERVICES, "ADDED", svc("c", json!({})));
+    assert_eq!(h.recv().await, "Service applied default/c");
+    h.fake
+        .apply(SERVICES, "MODIFIED", svc("a", json!({ "app": "x" })));
+    assert_eq!(h.recv().await, "Service applied default/a");
+    h.fake.delete(SLICES, "default/a-1");
+    assert_eq!(h.recv().await, "EndpointSlice deleted default/a-1");
+    h.fake.apply(NODES, "MODIFIED", node("node-a", "zone-9"));
+    assert_eq!(h.recv().await, "Node applied node-a");
+    h.fake.delete(SERVICES, "default/b");
+    assert_eq!(h.recv().await, "Service deleted default/b");
+    h.assert_quiet().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn gone_relists_and_deletes_only_what_vanished() {
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    h.fake.put(SERVICES, svc("c", json!({})));
+    h.start(|s| s.list_page_size(2));
+    let events = h.initial_sync().await;
+    assert_eq!(
+        of_kind(&events, "Service"),
+        [
+            "Service applied default/a",
+            "Service applied default/b",
+            "Service applied default/c",
+            "Service synced"
+        ]
+    );
+
+    // While the watch was stale, b went away and d appeared; the server then says 410 Gone.
+    h.fake.remove(SERVICES, "default/b");
+    h.fake.put(SERVICES, svc("d", json!({})));
+    h.fake.expire(SERVICES);
+    let events = h.until_synced(1).await;
+    assert_eq!(
+        events,
+        [
+            "Service applied default/a",
+            "Service applied default/c",
+            "Service applied default/d",
+            "Service deleted default/b",
+            "Service synced"
+        ]
+    );
+
+    // The relist is paged (3 objects, pages of 2), then the watch resumes from its version.
+    let first = h.next_request(SERVICES).await;
+    assert!(!first.watch);
+    assert_eq!(
+        (first.param("limit"), first.param("continue")),
+        (Some("2"), None)
+    );
+    let second = h.next_request(SERVICES).await;
+    assert!(!second.watch);
+    assert_eq!(second.param("continue"), Some("2"));
+    let watch = h.expect_watch(SERVICES).await;
+    assert_eq!(watch.param("resourceVersion"), Some(h.fake.rv().as_str()));
+    h.no_more_requests(SLICES);
+    h.no_more_requests(NODES);
+    h.assert_quiet().await;
+
+    h.fake
+        .apply(SERVICES, "MODIFIED", svc("a", json!({ "v": "2" })));
+    assert_eq!(h.recv().await, "Service applied default/a");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn dropped_connections_resume_without_relist_or_deletions() {
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    h.start(|s| s);
+    h.initial_sync().await;
+
+    // The server ends the watch response cleanly (as at timeoutSeconds): resume from the last
+    // resourceVersion seen, here a bookmark's.
+    h.fake.bookmark(SERVICES, "5000");
+    h.fake.close_watch(SERVICES);
+    let watch = h.expect_watch(SERVICES).await;
+    assert_eq!(watch.param("resourceVersion"), Some("5000"));
+    let rv = h
+        .fake
+        .apply(SERVICES, "MODIFIED", svc("a", json!({ "v": "2" })));
+    assert_eq!(h.recv().await, "Service applied default/a");
+
+    // Every TCP connection is cut: all three watches come back without relisting, the
+    // Services one from the last event's resourceVersion.
+    h.proxy.cut_connections();
+    let watch = h.expect_watch(SERVICES).await;
+    assert_eq!(watch.param("resourceVersion"), Some(rv.as_str()));
+    for res in [SLICES, NODES] {
+        h.expect_watch(res).await;
+    }
+    h.assert_quiet().await;
+    h.fake
+        .apply(SLICES, "MODIFIED", slice("a-1", "a", json!({ "v": "2" })));
+    assert_eq!(h.recv().await, "EndpointSlice applied default/a-1");
+    h.fake.apply(NODES, "MODIFIED", node("node-a", "zone-3"));
+    assert_eq!(h.recv().await, "Node applied node-a");
+    h.fake.delete(SERVICES, "default/b");
+    assert_eq!(h.recv().await, "Service deleted default/b");
+    h.assert_quiet().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn unreachable_server_deletes_nothing_and_converges_after() {
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    h.start(|s| s);
+    h.initial_sync().await;
+
+    // Connections are refused for a while (dozens of retries at RETRY): nothing is reported.
+    h.proxy.down().await;
+    h.assert_quiet().await;
+    h.assert_quiet().await;
+    // Meanwhile b is deleted on the server.
+    h.fake.remove(SERVICES, "default/b");
+    h.proxy.up().await;
+    for res in [SERVICES, SLICES, NODES] {
+        h.expect_watch(res).await;
+    }
+    h.assert_quiet().await;
+
+    // The server no longer has history that old: relist; only b goes.
+    h.fake.expire(SERVICES);
+    let events = h.until_synced(1).await;
+    assert_eq!(
+        events,
+        [
+            "Service applied default/a",
+            "Service deleted default/b",
+            "Service synced"
+        ]
+    );
+    h.fake.apply(NODES, "MODIFIED", node("node-a", "zone-3"));
+    assert_eq!(h.recv().await, "Node applied node-a");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn unreachable_from_start_reports_nothing_and_stops_promptly() {
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    h.proxy.down().await;
+    // Default backoff: shutdown must not wait for a backoff sleep to end.
+    let source = ApiSource::new(h.client(), "node-a");
+    h.start_source(source);
+    h.assert_quiet().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn returns_when_receiver_is_dropped() {
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    h.start(|s| s);
+    let events = h.initial_sync().await;
+    no_deletions(&events);
+    drop(h.rx.take());
+    let task = h.task.take().expect("started");
+    let result = timeout(WAIT, task).await.expect("run returns promptly");
+    result.expect("no panic").expect("Ok");
+}
+
+#[tokio::test]
+async fn empty_node_name_is_an_error() {
+    let h = Harness::new().await;
+    let (tx, _rx) = mpsc::channel(1);
+    let result = ApiSource::new(h.client(), "")
+        .run(tx, CancellationToken::new())
+        .await;
+    assert!(matches!(result, Err(ApiError::EmptyNodeName)), "{result:?}");
+}
+
+#[tokio::test]
+async fn service_proxy_name_selects_own_and_unlabelled_objects() {
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    let mine = json!({ api::SERVICE_PROXY_NAME_LABEL: "mine" });
+    h.fake.put(SERVICES, svc("mine", mine.clone()));
+    h.fake.put(SLICES, slice("mine-1", "mine", mine));
+    h.start(|s| s.service_proxy_name("mine"));
+
+    let events = h.until_synced(3).await;
+    assert_eq!(
+        of_kind(&events, "Service"),
+        [
+            "Service applied default/a",
+            "Service applied default/b",
+            "Service applied default/mine",
+            "Service synced"
+        ]
+    );
+    assert_eq!(
+        of_kind(&events, "EndpointSlice"),
+        [
+            "EndpointSlice applied default/a-1",
+            "EndpointSlice applied default/mine-1",
+            "EndpointSlice synced"
+        ]
+    );
+    let list = h.next_request(SERVICES).await;
+    assert_eq!(
+        list.param("labelSelector"),
+        Some("!service.kubernetes.io/headless")
+    );
+    let list = h.next_request(SLICES).await;
+    assert_eq!(
+        list.param("labelSelector"),
+        Some("!service.kubernetes.io/headless")
+    );
+    h.expect_watch(SERVICES).await;
+
+    // Handed over to another proxy: gone for us. Changes to foreign objects say nothing.
+    let other = json!({ api::SERVICE_PROXY_NAME_LABEL: "other" });
+    h.fake.apply(SERVICES, "MODIFIED", svc("a", other.clone()));
+    assert_eq!(h.recv().await, "Service deleted default/a");
+    h.fake.apply(SERVICES, "MODIFIED", svc("foreign", other));
+    h.assert_quiet().await;
+    h.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// client()
+
+async fn node_names(client: kube::Client) -> Vec<String> {
+    let nodes = kube::Api::<Node>::all(client)
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("list nodes");
+    nodes.items.iter().map(|n| n.name_any()).collect()
+}
+
+#[tokio::test]
+async fn client_from_master_url() {
+    let h = Harness::new().await;
+    seed(&h.fake);
+    for master in [format!("http://{}", h.backend), h.backend.to_string()] {
+        let opts = ClientOptions {
+            master: Some(master.clone()),
+            ..ClientOptions::default()
+        };
+        let client = api::client(&opts).await.expect("client");
+        assert_eq!(node_names(client).await, ["node-a", "node-b"], "{master}");
+    }
+}
+
+fn write_kubeconfig(dir: &tempfile::TempDir, server: &str) -> std::path::PathBuf {
+    let path = dir.path().join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+         clusters:\n- name: fake\n  cluster:\n    server: {server}\n\
+         contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+         users:\n- name: fake\n  user: {{}}\n"
+    );
+    std::fs::write(&path, text).expect("write kubeconfig");
+    path
+}
+
+#[tokio::test]
+async fn client_from_kubeconfig_and_master_override() {
+    let h = Harness::new().await;
+    seed(&h.fake);
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    let path = write_kubeconfig(&dir, &format!("http://{}", h.backend));
+    let opts = ClientOptions {
+        kubeconfig: Some(path),
+        ..ClientOptions::default()
+    };
+    let client = api::client(&opts).await.expect("client from kubeconfig");
+    assert_eq!(node_names(client).await, ["node-a", "node-b"]);
+
+    // --master replaces the kubeconfig's (here unusable) server.
+    let path = write_kubeconfig(&dir, "http://127.0.0.1:1");
+    let opts = ClientOptions {
+        kubeconfig: Some(path),
+        master: Some(format!("http://{}", h.backend)),
+        ..ClientOptions::default()
+    };
+    let client = api::client(&opts).await.expect("client with --master");
+    assert_eq!(node_names(client).await, ["node-a", "node-b"]);
+}
+
+#[tokio::test]
+async fn client_errors_say_what_was_tried() {
+    let missing = std::path::PathBuf::from("/nonexistent/kp-sources-test/kubeconfig");
+    let opts = ClientOptions {
+        kubeconfig: Some(missing.clone()),
+        ..ClientOptions::default()
+    };
+    let Err(err) = api::client(&opts).await else {
+        panic!("a missing kubeconfig is an error");
+    };
+    assert!(matches!(&err, ApiError::Kubeconfig { path, .. } if *path == missing));
+    assert!(
+        err.to_string()
+            .contains("/nonexistent/kp-sources-test/kubeconfig"),
+        "{err}"
+    );
+
+    let opts = ClientOptions {
+        master: Some("http://bad host:80".into()),
+        ..ClientOptions::default()
+    };
+    let Err(err) = api::client(&opts).await else {
+        panic!("a bad --master is an error");
+    };
+    assert!(matches!(err, ApiError::InvalidMaster { .. }), "{err:?}");
+    assert!(err.to_string().contains("--master"), "{err}");
+}
