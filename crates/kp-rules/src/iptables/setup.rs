@@ -1,0 +1,153 @@
+//! What must exist outside the restore: kube-proxy's jumps from the built-in chains, and the
+//! canary chains.
+//!
+//! Upstream inserts each jump at the top of its built-in chain with one `iptables` call on
+//! full syncs only, rather than in the restore input, because `--noflush` cannot say "insert
+//! unless present" and must never flush a built-in chain that other software fills.
+
+use kp_core::model::IpFamily;
+
+use super::comment::comment_args;
+use super::{
+    KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING,
+    KUBE_PROXY_FIREWALL, KUBE_SERVICES, RenderConfig,
+};
+
+/// An empty chain kube-proxy creates and polls; if it disappears someone flushed the tables,
+/// and the next sync must be full.
+pub const CANARY_CHAIN: &str = "KUBE-PROXY-CANARY";
+
+/// Only new connections need service handling; established ones are already translated.
+const NEW_ONLY: &str = "-m conntrack --ctstate NEW";
+
+/// An iptables table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Table {
+    /// `filter`.
+    Filter,
+    /// `nat`.
+    Nat,
+    /// `mangle` (only the canary lives there).
+    Mangle,
+}
+
+impl Table {
+    /// The table's name (`-t` argument).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Table::Filter => "filter",
+            Table::Nat => "nat",
+            Table::Mangle => "mangle",
+        }
+    }
+}
+
+/// One jump from a built-in chain into a kube-proxy chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JumpRule {
+    /// The table.
+    pub table: Table,
+    /// The built-in chain (`INPUT`, `FORWARD`, `OUTPUT`, `PREROUTING`, `POSTROUTING`).
+    pub from: &'static str,
+    /// The kube-proxy chain jumped to.
+    pub to: &'static str,
+    /// The rule specification after the chain name, ending in `-j <to>`; usable with
+    /// `iptables -t <table> -C <from> <spec>` and `-I <from> 1 <spec>`.
+    pub spec: String,
+}
+
+/// Everything to ensure once per full sync, before the restore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Setup {
+    /// Chains to create if missing (`-N`), including the canaries.
+    pub chains: Vec<(Table, &'static str)>,
+    /// Jumps to insert at position 1 of their built-in chain if missing, in this order.
+    pub jumps: Vec<JumpRule>,
+}
+
+/// The chains and jumps upstream ensures for `family`.
+pub fn setup(family: IpFamily, config: &RenderConfig) -> Setup {
+    let jump = |table, from, to, extra: Option<&str>, comment: Option<&str>| {
+        let mut spec = String::new();
+        if let Some(extra) = extra {
+            spec.push_str(extra);
+            spec.push(' ');
+        }
+        if let Some(comment) = comment {
+            spec.push_str(&comment_args(comment));
+            spec.push(' ');
+        }
+        spec.push_str("-j ");
+        spec.push_str(to);
+        JumpRule {
+            table,
+            from,
+            to,
+            spec,
+        }
+    };
+    let external = Some("kubernetes externally-visible service portals");
+    let portals = Some("kubernetes service portals");
+    let firewall = Some("kubernetes load balancer firewall");
+    let new = Some(NEW_ONLY);
+    let mut jumps = vec![
+        jump(
+            Table::Filter,
+            "INPUT",
+            KUBE_EXTERNAL_SERVICES,
+            new,
+            external,
+        ),
+        jump(
+            Table::Filter,
+            "FORWARD",
+            KUBE_EXTERNAL_SERVICES,
+            new,
+            external,
+        ),
+        jump(
+            Table::Filter,
+            "INPUT",
+            KUBE_NODEPORTS,
+            None,
+            Some("kubernetes health check service ports"),
+        ),
+        jump(Table::Filter, "FORWARD", KUBE_SERVICES, new, portals),
+        jump(Table::Filter, "OUTPUT", KUBE_SERVICES, new, portals),
+        jump(
+            Table::Filter,
+            "FORWARD",
+            KUBE_FORWARD,
+            None,
+            Some("kubernetes forwarding rules"),
+        ),
+        jump(Table::Filter, "INPUT", KUBE_PROXY_FIREWALL, new, firewall),
+        jump(Table::Filter, "OUTPUT", KUBE_PROXY_FIREWALL, new, firewall),
+        jump(Table::Filter, "FORWARD", KUBE_PROXY_FIREWALL, new, firewall),
+        jump(Table::Nat, "OUTPUT", KUBE_SERVICES, None, portals),
+        jump(Table::Nat, "PREROUTING", KUBE_SERVICES, None, portals),
+        jump(
+            Table::Nat,
+            "POSTROUTING",
+            KUBE_POSTROUTING,
+            None,
+            Some("kubernetes postrouting rules"),
+        ),
+    ];
+    let mut chains: Vec<(Table, &'static str)> = Vec::new();
+    if family == IpFamily::V4 && config.localhost_node_ports {
+        // Kubelet installs the same jumps; upstream ensures them too when it relies on
+        // `route_localnet`.
+        jumps.push(jump(Table::Filter, "INPUT", KUBE_FIREWALL, None, None));
+        jumps.push(jump(Table::Filter, "OUTPUT", KUBE_FIREWALL, None, None));
+    }
+    for rule in &jumps {
+        if !chains.contains(&(rule.table, rule.to)) {
+            chains.push((rule.table, rule.to));
+        }
+    }
+    for table in [Table::Mangle, Table::Nat, Table::Filter] {
+        chains.push((table, CANARY_CHAIN));
+    }
+    Setup { chains, jumps }
+}

@@ -1,0 +1,234 @@
+//! Builders for proxy states in upstream's test conventions (reference section 4.1), and a
+//! runner for `iptables-restore` inside a throwaway network namespace.
+
+#![allow(dead_code, missing_docs)]
+
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use kp_core::backend::SyncKind;
+use kp_core::model::{
+    Endpoint, IpFamily, NodeInfo, Protocol, ServiceName, ServicePort, ServicePortName,
+    SessionAffinity,
+};
+use kp_core::tracker::ProxyState;
+use kp_rules::iptables::{
+    LocalDetector, RenderConfig, RenderOutput, Setup, SyncScope, Table, render,
+};
+
+pub const NODE: &str = "test-node";
+
+pub fn ip(text: &str) -> IpAddr {
+    text.parse().expect("test literal IP")
+}
+
+pub fn net(text: &str) -> IpNet {
+    text.parse().expect("test literal CIDR")
+}
+
+pub fn service_name(ns: &str, name: &str) -> ServiceName {
+    ServiceName {
+        namespace: ns.into(),
+        name: name.into(),
+    }
+}
+
+pub fn port_name(ns: &str, name: &str, port: &str, protocol: Protocol) -> ServicePortName {
+    ServicePortName {
+        service: service_name(ns, name),
+        port: port.into(),
+        protocol,
+    }
+}
+
+/// A ClusterIP service port with no external exposure.
+pub fn cluster_ip(ns: &str, name: &str, port: &str, cluster_ip: &str, number: u16) -> ServicePort {
+    ServicePort {
+        name: port_name(ns, name, port, Protocol::Tcp),
+        cluster_ips: vec![ip(cluster_ip)],
+        port: number,
+        node_port: None,
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        session_affinity: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+    }
+}
+
+pub fn with_affinity(mut svc: ServicePort, seconds: u64) -> ServicePort {
+    svc.session_affinity = Some(SessionAffinity {
+        timeout: Duration::from_secs(seconds),
+    });
+    svc
+}
+
+/// A ready endpoint, on this node when `local`.
+pub fn endpoint(address: &str, port: u16, local: bool) -> Endpoint {
+    Endpoint {
+        ip: ip(address),
+        port,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: Some(if local { NODE } else { "other-node" }.into()),
+        zone: None,
+        zone_hints: None,
+        node_hints: None,
+        is_local: local,
+    }
+}
+
+pub fn node() -> NodeInfo {
+    NodeInfo {
+        name: NODE.into(),
+        addresses: vec![ip("192.168.0.2"), ip("2001:db8::1")],
+        eligible: true,
+        known: true,
+        ..NodeInfo::default()
+    }
+}
+
+pub fn state(items: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
+    let mut state = ProxyState {
+        node: node(),
+        ..ProxyState::default()
+    };
+    for (svc, endpoints) in items {
+        if !endpoints.is_empty() {
+            state.endpoints.insert(svc.name.clone(), endpoints);
+        }
+        state.services.insert(svc.name.clone(), svc);
+    }
+    state
+}
+
+/// Upstream's test configuration: mark 0x4000, pod CIDRs 10.0.0.0/8 and fd00:10::/64.
+pub fn config() -> RenderConfig {
+    RenderConfig {
+        local_detector: LocalDetector::Cidrs(vec![net("10.0.0.0/8"), net("fd00:10::/64")]),
+        ..RenderConfig::default()
+    }
+}
+
+pub fn full(state: &ProxyState, family: IpFamily, config: &RenderConfig) -> RenderOutput {
+    render(
+        state,
+        family,
+        config,
+        &SyncScope {
+            kind: SyncKind::Full,
+            changed: &BTreeSet::new(),
+            existing_chains: &BTreeSet::new(),
+        },
+    )
+    .expect("valid config renders")
+}
+
+/// Why the kernel checks cannot run here, if they cannot.
+pub fn netns_unavailable(tool: &str) -> Option<String> {
+    let found = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        return Some(format!("{tool} not found (apt-get install iptables)"));
+    }
+    let netns = Command::new("unshare")
+        .args(["-n", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !netns {
+        return Some("cannot create a network namespace (`unshare -n` needs root)".into());
+    }
+    None
+}
+
+/// Feeds each input in turn to `tool --noflush` inside one fresh network namespace, first
+/// with `--test` (parsing) and then for real, so the kernel checks what `--test` cannot
+/// (jumps to missing chains, targets invalid in a table, deleting referenced chains). The
+/// namespace, and everything applied to it, disappears when the shell exits; the host's
+/// rules are never read or written. Returns the namespace's final `iptables-save` output, or
+/// the failing step and the tool's stderr.
+pub fn apply_in_netns(tool: &str, inputs: &[&str]) -> Result<String, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut script = String::from("set -e\n");
+    for (i, input) in inputs.iter().enumerate() {
+        let path = dir.path().join(format!("{i}.rules"));
+        let mut file = std::fs::File::create(&path).map_err(|e| e.to_string())?;
+        file.write_all(input.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let path = path.display();
+        script.push_str(&format!(
+            "echo 'step {i} --test' >&2; {tool} --noflush --test < '{path}'\n\
+             echo 'step {i} apply' >&2; {tool} --noflush < '{path}'\n"
+        ));
+    }
+    let save = tool.replace("-restore", "-save");
+    script.push_str(&format!("echo 'save' >&2; {save}\n"));
+    let output = Command::new("unshare")
+        .args(["-n", "sh", "-c", &script])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+/// The setup (chains and jumps from built-in chains) as restore input, the way a fresh node
+/// would get it: chains created, each jump inserted at position 1.
+pub fn setup_text(setup: &Setup) -> String {
+    let mut text = String::new();
+    for table in [Table::Mangle, Table::Filter, Table::Nat] {
+        text.push_str(&format!("*{}\n", table.as_str()));
+        for (t, chain) in &setup.chains {
+            if *t == table {
+                text.push_str(&format!(":{chain} - [0:0]\n"));
+            }
+        }
+        for jump in setup.jumps.iter().filter(|j| j.table == table) {
+            text.push_str(&format!("-I {} 1 {}\n", jump.from, jump.spec));
+        }
+        text.push_str("COMMIT\n");
+    }
+    text
+}
+
+pub fn restore_tool(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "iptables-restore",
+        IpFamily::V6 => "ip6tables-restore",
+    }
+}
+
+/// An `iptables-save` dump reduced to what matters for comparing rulesets: per table, each
+/// chain's rules in order (counters and comments-only lines dropped).
+pub fn ruleset(save: &str) -> std::collections::BTreeMap<(String, String), Vec<String>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut table = String::new();
+    for line in save.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = name.to_owned();
+        } else if let Some(rest) = line.strip_prefix(':') {
+            let chain = rest.split(' ').next().unwrap_or_default().to_owned();
+            out.entry((table.clone(), chain)).or_insert_with(Vec::new);
+        } else if let Some(rest) = line.strip_prefix("-A ") {
+            let (chain, rule) = rest.split_once(' ').unwrap_or((rest, ""));
+            out.entry((table.clone(), chain.to_owned()))
+                .or_insert_with(Vec::new)
+                .push(rule.to_owned());
+        }
+    }
+    out
+}
