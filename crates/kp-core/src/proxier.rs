@@ -1,1 +1,537 @@
-//! TODO
+//! The proxier loop: source events in, backend syncs out.
+//!
+//! One task owns the change tracker, the sync runner, the proxy state and the backend:
+//!
+//! 1. Every event is recorded in the [`ChangeTracker`]. Once Services and EndpointSlices have
+//!    both reported `Synced`, a change that needs programming marks the proxy health "update
+//!    queued", sets the last-queued metric and requests a run; the `Synced` that completes
+//!    the pair requests the first run.
+//! 2. When the [`Runner`] says so, the tracker is applied to the state and the backend syncs:
+//!    fully at start, after a failure and after this node's labels changed, otherwise only
+//!    the changed services.
+//! 3. After a successful sync the per-service health map and the state are published on
+//!    `watch` channels.
+//!
+//! If the event channel closes, the last state is kept and re-synced periodically: a broken
+//! source must never flush working rules.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::backend::{Backend, SyncKind, SyncRequest};
+use crate::event::{ObjectEvent, SourceEvent};
+use crate::health::{ProxyHealth, ServiceHealth, ServiceHealthMap};
+use crate::metrics::{KindLabel, Metrics, TrafficPolicyLabel};
+use crate::model::{Endpoint, ServiceName};
+use crate::runner::{RunReason, Runner};
+use crate::topology;
+use crate::tracker::{ChangeTracker, ObjectKind, ProxyState, Recorded};
+
+#[cfg(test)]
+mod tests;
+
+/// Upstream's default `minSyncPeriod` (iptables and nftables): at most one sync per second
+/// keeps bursts of endpoint changes from saturating the node.
+pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
+
+/// Upstream's default `syncPeriod`: the longest the proxy goes without re-programming the
+/// state, which also repairs rules changed behind its back.
+pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
+
+/// At most this many already-queued events are recorded before the runner is looked at
+/// again, so an event storm cannot postpone syncs indefinitely.
+pub const MAX_EVENTS_PER_BATCH: usize = 1024;
+
+/// A wall clock, for metric timestamps and network-programming latency only (all timing
+/// uses `tokio::time`).
+pub type WallClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+/// How the proxier runs. Built with [`ProxierConfig::new`] and the `with_*` methods.
+#[derive(Clone)]
+pub struct ProxierConfig {
+    node_name: String,
+    min_sync_period: Duration,
+    sync_period: Duration,
+    retry_interval: Option<Duration>,
+    clock: WallClock,
+}
+
+impl fmt::Debug for ProxierConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxierConfig")
+            .field("node_name", &self.node_name)
+            .field("min_sync_period", &self.min_sync_period)
+            .field("sync_period", &self.sync_period)
+            .field("retry_interval", &self.retry_interval())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProxierConfig {
+    /// Defaults for the proxy on `node_name`: [`DEFAULT_MIN_SYNC_PERIOD`],
+    /// [`DEFAULT_SYNC_PERIOD`], retries after the sync period (upstream's
+    /// `RetryAfter(syncPeriod)`), and the system clock.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            min_sync_period: DEFAULT_MIN_SYNC_PERIOD,
+            sync_period: DEFAULT_SYNC_PERIOD,
+            retry_interval: None,
+            clock: Arc::new(SystemTime::now),
+        }
+    }
+
+    /// Minimum time between the end of one sync and the start of the next.
+    pub fn with_min_sync_period(mut self, period: Duration) -> Self {
+        self.min_sync_period = period;
+        self
+    }
+
+    /// Maximum time between syncs (periodic re-sync); also the default retry interval.
+    pub fn with_sync_period(mut self, period: Duration) -> Self {
+        self.sync_period = period;
+        self
+    }
+
+    /// Time after a failed sync before it is retried (default: the sync period).
+    pub fn with_retry_interval(mut self, interval: Duration) -> Self {
+        self.retry_interval = Some(interval);
+        self
+    }
+
+    /// The wall clock for metrics (default: [`SystemTime::now`]).
+    pub fn with_clock(mut self, clock: WallClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The node name.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// The minimum sync period.
+    pub fn min_sync_period(&self) -> Duration {
+        self.min_sync_period
+    }
+
+    /// The sync period (the health timeout is twice this, as upstream).
+    pub fn sync_period(&self) -> Duration {
+        self.sync_period
+    }
+
+    /// The effective retry interval.
+    pub fn retry_interval(&self) -> Duration {
+        self.retry_interval.unwrap_or(self.sync_period)
+    }
+
+    fn check(&self) -> Result<(), ProxierError> {
+        // Zero would make the runner spin.
+        if self.sync_period.is_zero() {
+            return Err(ProxierError::InvalidConfig {
+                field: "syncPeriod",
+                reason: "must be greater than zero".into(),
+            });
+        }
+        if self.retry_interval().is_zero() {
+            return Err(ProxierError::InvalidConfig {
+                field: "retryInterval",
+                reason: "must be greater than zero".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Why the proxier cannot start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxierError {
+    /// A [`ProxierConfig`] value is unusable (for example a zero sync period).
+    #[error("invalid proxier configuration: {field}: {reason}")]
+    InvalidConfig {
+        /// The configuration field, as KubeProxyConfiguration names it.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// The proxier: owns the tracker, runner, state and backend. See the
+/// [module documentation](self).
+pub struct Proxier<B: Backend> {
+    clock: WallClock,
+    backend: B,
+    health: Arc<ProxyHealth>,
+    metrics: Metrics,
+    tracker: ChangeTracker,
+    runner: Runner,
+    state: Arc<ProxyState>,
+    /// Services and EndpointSlices have both synced: changes now request runs.
+    initialized: bool,
+    /// The next sync must be full (start, failure, node label change).
+    force_full: bool,
+    /// A sync has succeeded.
+    synced_once: bool,
+    /// Changes not yet programmed by a successful sync (they survive failed syncs).
+    unsynced_changed: BTreeSet<ServiceName>,
+    unsynced_conntrack: bool,
+    unsynced_trigger_times: Vec<SystemTime>,
+    /// Trigger times before this are from before the proxy started (upstream ignores them).
+    started_wall: SystemTime,
+    service_health: watch::Sender<ServiceHealthMap>,
+    published_state: watch::Sender<Arc<ProxyState>>,
+}
+
+impl<B: Backend> fmt::Debug for Proxier<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Proxier")
+            .field("mode", &self.backend.mode())
+            .field("node", &self.tracker.node_name())
+            .field("initialized", &self.initialized)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> Proxier<B> {
+    /// A proxier programming through `backend`, reporting to `health` and `metrics`.
+    pub fn new(
+        config: ProxierConfig,
+        backend: B,
+        health: Arc<ProxyHealth>,
+        metrics: Metrics,
+    ) -> Result<Self, ProxierError> {
+        config.check()?;
+        let runner = Runner::new(
+            config.min_sync_period,
+            config.sync_period,
+            config.retry_interval(),
+        );
+        let started_wall = (config.clock)();
+        Ok(Self {
+            tracker: ChangeTracker::new(config.node_name),
+            clock: config.clock,
+            backend,
+            health,
+            metrics,
+            runner,
+            state: Arc::new(ProxyState::default()),
+            initialized: false,
+            force_full: true,
+            synced_once: false,
+            unsynced_changed: BTreeSet::new(),
+            unsynced_conntrack: false,
+            unsynced_trigger_times: Vec::new(),
+            started_wall,
+            service_health: watch::Sender::new(ServiceHealthMap::new()),
+            published_state: watch::Sender::new(Arc::new(ProxyState::default())),
+        })
+    }
+
+    /// Per-service health (eTP Local health-check node ports), updated after each
+    /// successful sync. Empty until the first one.
+    pub fn service_health(&self) -> watch::Receiver<ServiceHealthMap> {
+        self.service_health.subscribe()
+    }
+
+    /// The state as last programmed successfully (empty until the first sync).
+    pub fn state(&self) -> watch::Receiver<Arc<ProxyState>> {
+        self.published_state.subscribe()
+    }
+
+    /// The backend's mode name, for `/proxyMode`.
+    pub fn mode(&self) -> &'static str {
+        self.backend.mode()
+    }
+
+    /// Run until `shutdown` is cancelled (a sync in progress finishes first). Backend
+    /// failures are logged, counted and retried, never fatal; a closed event channel keeps
+    /// the last state programmed.
+    pub async fn run(
+        mut self,
+        mut events: mpsc::Receiver<SourceEvent>,
+        shutdown: CancellationToken,
+    ) -> Result<(), ProxierError> {
+        let started = Instant::now();
+        let mut events_open = true;
+        info!(
+            mode = self.backend.mode(),
+            node = self.tracker.node_name(),
+            "starting proxier"
+        );
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                reason = self.runner.wait() => {
+                    let ok = self.sync(reason, started).await;
+                    self.runner.finished(ok);
+                }
+                event = events.recv(), if events_open => match event {
+                    Some(event) => {
+                        self.handle(event);
+                        for _ in 1..MAX_EVENTS_PER_BATCH {
+                            match events.try_recv() {
+                                Ok(event) => self.handle(event),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    None => {
+                        events_open = false;
+                        warn!("event sources stopped; keeping the last known state and re-syncing it periodically");
+                    }
+                },
+            }
+        }
+        info!("proxier stopped");
+        Ok(())
+    }
+
+    /// Record one event and queue a sync if it needs one.
+    fn handle(&mut self, event: SourceEvent) {
+        let mut node_event = false;
+        match &event {
+            SourceEvent::Service(ObjectEvent::Applied(_) | ObjectEvent::Deleted(_)) => {
+                self.metrics.service_changes.inc();
+            }
+            SourceEvent::EndpointSlice(ObjectEvent::Applied(_) | ObjectEvent::Deleted(_)) => {
+                self.metrics.endpoint_changes.inc();
+            }
+            SourceEvent::Node(ObjectEvent::Applied(_) | ObjectEvent::Deleted(_)) => {
+                node_event = true;
+            }
+            _ => {}
+        }
+        let recorded = self.tracker.record(event);
+        // Another node's events leave the tracked node as it was, so this is idempotent.
+        if node_event && self.tracker.node().known {
+            self.health.set_node_eligible(self.tracker.node().eligible);
+        }
+        self.set_pending_gauges();
+        match recorded {
+            Recorded::Synced(kind @ (ObjectKind::Service | ObjectKind::EndpointSlice)) => {
+                debug!(kind = kind.as_str(), "source synced");
+                if self.tracker.ready() {
+                    if !self.initialized {
+                        info!("services and endpoint slices synced; programming rules");
+                        self.initialized = true;
+                    }
+                    self.queue_sync();
+                }
+            }
+            recorded if recorded.needs_sync() && self.initialized => self.queue_sync(),
+            _ => {}
+        }
+    }
+
+    /// Upstream's `Sync()`: mark an update queued and poke the runner.
+    fn queue_sync(&mut self) {
+        self.health.queued_update();
+        self.metrics
+            .last_queued_timestamp
+            .set(unix_seconds((self.clock)()));
+        self.runner.request();
+    }
+
+    fn set_pending_gauges(&self) {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.metrics
+            .service_changes_pending
+            .set(gauge(self.tracker.service_changes_pending()));
+        self.metrics
+            .endpoint_changes_pending
+            .set(gauge(self.tracker.endpoint_changes_pending()));
+    }
+
+    /// One run: apply recorded changes, sync the backend, report. Returns whether the sync
+    /// succeeded.
+    async fn sync(&mut self, reason: RunReason, started: Instant) -> bool {
+        let begin = Instant::now();
+        if self.tracker.has_pending() {
+            let update = self.tracker.apply(Arc::make_mut(&mut self.state));
+            for error in &update.invalid {
+                warn!(%error, "skipping invalid object");
+                self.metrics
+                    .invalid_objects
+                    .get_or_create(&KindLabel { kind: error.kind })
+                    .inc();
+            }
+            self.unsynced_changed.extend(update.changed);
+            self.unsynced_conntrack |= update.conntrack_cleanup_required;
+            self.unsynced_trigger_times.extend(update.trigger_times);
+            if update.node_labels_changed {
+                info!("node labels changed; next sync is full");
+                self.force_full = true;
+            }
+        }
+        self.set_pending_gauges();
+        self.set_no_local_endpoints();
+        let kind = if self.force_full {
+            SyncKind::Full
+        } else {
+            SyncKind::Partial
+        };
+        let applied = Instant::now();
+        let result = self
+            .backend
+            .sync(&SyncRequest {
+                state: &self.state,
+                kind,
+                changed: &self.unsynced_changed,
+                conntrack_cleanup_required: self.unsynced_conntrack,
+            })
+            .await;
+        let end = Instant::now();
+        let report = match result {
+            Ok(report) => report,
+            Err(error) => {
+                error!(%error, ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
+                self.metrics.sync_failures.inc();
+                self.force_full = true;
+                return false;
+            }
+        };
+
+        self.health.updated();
+        let elapsed = (end - begin).as_secs_f64();
+        self.metrics.sync_duration.observe(elapsed);
+        match kind {
+            SyncKind::Full => self.metrics.sync_full_duration.observe(elapsed),
+            SyncKind::Partial => self.metrics.sync_partial_duration.observe(elapsed),
+        }
+        let now = (self.clock)();
+        self.metrics.last_sync_timestamp.set(unix_seconds(now));
+        for triggered in self.unsynced_trigger_times.drain(..) {
+            if triggered < self.started_wall {
+                continue;
+            }
+            if let Ok(latency) = now.duration_since(triggered) {
+                self.metrics
+                    .network_programming_duration
+                    .observe(latency.as_secs_f64());
+            }
+        }
+
+        let endpoints: usize = self.state.endpoints.values().map(Vec::len).sum();
+        debug!(
+            ?reason,
+            ?kind,
+            changed = self.unsynced_changed.len(),
+            conntrack_cleanup = self.unsynced_conntrack,
+            apply = ?(applied - begin),
+            backend = ?(end - applied),
+            rules = report.rules_written,
+            "synced proxy rules"
+        );
+        if !self.synced_once {
+            self.synced_once = true;
+            info!(
+                services = self.state.service_count(),
+                service_ports = self.state.services.len(),
+                endpoints,
+                took = ?(end - begin),
+                since_start = ?(end - started),
+                "first sync of proxy rules complete"
+            );
+        }
+        self.force_full = false;
+        self.unsynced_changed.clear();
+        self.unsynced_conntrack = false;
+        if !report.skipped.is_empty() {
+            warn!(skipped = ?report.skipped, "some services could not be programmed; retrying them with the next sync");
+            // Hand them to the next sync as changed, so a partial sync tries them again.
+            self.unsynced_changed.extend(report.skipped);
+        }
+        self.publish();
+        true
+    }
+
+    /// Upstream's `kubeproxy_sync_proxy_rules_no_local_endpoints_total`: service ports whose
+    /// Local policy leaves them without endpoints although endpoints exist elsewhere.
+    fn set_no_local_endpoints(&self) {
+        let (mut internal, mut external) = (0_i64, 0_i64);
+        let state = &*self.state;
+        for (name, port) in &state.services {
+            let internal_local = port.internal_policy_local;
+            let external_local = port.external_policy_local && port.externally_accessible();
+            if !internal_local && !external_local {
+                continue;
+            }
+            let endpoints = state.endpoints.get(name).map_or(&[][..], Vec::as_slice);
+            let categories = topology::categorize(port, endpoints, &state.node);
+            if !categories.has_any_endpoints || !categories.local.is_empty() {
+                continue;
+            }
+            internal += i64::from(internal_local);
+            external += i64::from(external_local);
+        }
+        for (policy, count) in [("internal", internal), ("external", external)] {
+            self.metrics
+                .no_local_endpoints
+                .get_or_create(&TrafficPolicyLabel {
+                    traffic_policy: policy,
+                })
+                .set(count);
+        }
+    }
+
+    /// Publish the per-service health map and the state (waking readers only on change).
+    fn publish(&self) {
+        let health = service_health_map(&self.state);
+        self.service_health.send_if_modified(|current| {
+            let modified = *current != health;
+            if modified {
+                *current = health;
+            }
+            modified
+        });
+        let state = Arc::clone(&self.state);
+        self.published_state.send_if_modified(|current| {
+            let modified = !Arc::ptr_eq(current, &state);
+            if modified {
+                *current = state;
+            }
+            modified
+        });
+    }
+}
+
+/// Every service with a health-check node port and its local ready endpoint count.
+pub fn service_health_map(state: &ProxyState) -> ServiceHealthMap {
+    let mut map = ServiceHealthMap::new();
+    for (name, port) in &state.services {
+        let Some(node_port) = port.health_check_node_port else {
+            continue;
+        };
+        if map.contains_key(&name.service) {
+            continue;
+        }
+        let local: Vec<Endpoint> = state
+            .service_endpoints(&name.service)
+            .flat_map(|(_, endpoints)| endpoints.iter().filter(|e| e.is_local).cloned())
+            .collect();
+        map.insert(
+            name.service.clone(),
+            ServiceHealth {
+                node_port,
+                local_endpoints: topology::local_ready_endpoint_count(&local),
+            },
+        );
+    }
+    map
+}
+
+/// Seconds since the Unix epoch (negative before it, should a clock be that wrong).
+fn unix_seconds(time: SystemTime) -> f64 {
+    match time.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(since) => since.as_secs_f64(),
+        Err(before) => -before.duration().as_secs_f64(),
+    }
+}

@@ -1,1 +1,134 @@
-//! TODO
+//! When to sync: upstream's newest sync runner (`pkg/proxy/runner`) as a small state machine.
+//!
+//! - Requests coalesce: any number of [`Runner::request`]s before a run starts make one run.
+//! - At least `min_interval` passes between the *end* of one run and the *start* of the next.
+//! - At most `max_interval` passes between the end of one run and the start of the next: a
+//!   periodic run re-programs the state even when nothing changed.
+//! - A failed run schedules a retry `retry_interval` after it ended; any later successful run
+//!   cancels it. `min_interval` applies to retries too.
+//!
+//! Upstream documents the same end-to-start rule, but its timer starts when a run *starts*,
+//! so a request made during a run longer than `min_interval` runs again as soon as the run
+//! ends (kubernetes#138073, documented as intended in #138091). Here the interval is always
+//! measured from the end of the previous run: a proxy whose syncs are slow (large clusters)
+//! still gets `min_interval` of rest between them, which is what the setting is for.
+//!
+//! Nothing runs before the first [`Runner::request`]: the periodic and retry timers only
+//! start once a run has finished, so the proxier controls when the first run may happen.
+//!
+//! The runner does not run anything itself: the proxier awaits [`Runner::wait`] (in its
+//! `select!`), performs the sync, then reports with [`Runner::finished`].
+
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep_until};
+
+#[cfg(test)]
+mod tests;
+
+/// Why a run starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunReason {
+    /// Something asked for a run (a change, or start-up).
+    Requested,
+    /// `max_interval` passed since the last run.
+    Periodic,
+    /// The last run failed and `retry_interval` passed.
+    Retry,
+}
+
+/// Timing of sync runs; see the [module documentation](self).
+#[derive(Debug)]
+pub struct Runner {
+    min_interval: Duration,
+    max_interval: Duration,
+    retry_interval: Duration,
+    /// A run was requested and has not started yet.
+    requested: bool,
+    /// A run started (wait returned) and has not finished.
+    running: bool,
+    /// When the last run ended.
+    last_end: Option<Instant>,
+    /// When a failed run is retried.
+    retry_at: Option<Instant>,
+}
+
+impl Runner {
+    /// A runner with upstream's three intervals (minSyncPeriod, syncPeriod, retry interval).
+    pub fn new(min_interval: Duration, max_interval: Duration, retry_interval: Duration) -> Self {
+        Self {
+            min_interval,
+            max_interval,
+            retry_interval,
+            requested: false,
+            running: false,
+            last_end: None,
+            retry_at: None,
+        }
+    }
+
+    /// Ask for a run as soon as `min_interval` allows. Coalesces with any pending request.
+    pub fn request(&mut self) {
+        self.requested = true;
+    }
+
+    /// Whether a requested run has not started yet.
+    pub fn is_requested(&self) -> bool {
+        self.requested
+    }
+
+    /// Whether a failed run is waiting to be retried.
+    pub fn retry_pending(&self) -> bool {
+        self.retry_at.is_some()
+    }
+
+    /// When the next run will start and why, if anything is scheduled. `None` while a run
+    /// is in progress or before anything was requested.
+    pub fn next_run(&self) -> Option<(Instant, RunReason)> {
+        if self.running {
+            return None;
+        }
+        let earliest = self.last_end.map(|end| end + self.min_interval);
+        let not_before = |at: Instant| earliest.map_or(at, |earliest| at.max(earliest));
+        // Candidates in priority order; on a tie the first wins.
+        let candidates = [
+            self.requested
+                .then(|| (not_before(Instant::now()), RunReason::Requested)),
+            self.retry_at.map(|at| (not_before(at), RunReason::Retry)),
+            self.last_end
+                .map(|end| (not_before(end + self.max_interval), RunReason::Periodic)),
+        ];
+        candidates
+            .into_iter()
+            .flatten()
+            .reduce(|best, next| if next.0 < best.0 { next } else { best })
+    }
+
+    /// Resolve when the next run should start, and mark it started. Call
+    /// [`finished`](Self::finished) when it is done. Never resolves while a run is in
+    /// progress or when nothing is scheduled.
+    ///
+    /// Cancel-safe: nothing changes until it resolves, so it can sit in a `select!` next to
+    /// the branch that calls [`request`](Self::request).
+    pub async fn wait(&mut self) -> RunReason {
+        let Some((at, reason)) = self.next_run() else {
+            return std::future::pending().await;
+        };
+        sleep_until(at).await;
+        self.running = true;
+        self.requested = false;
+        reason
+    }
+
+    /// The run started by [`wait`](Self::wait) ended, successfully or not.
+    pub fn finished(&mut self, ok: bool) {
+        let now = Instant::now();
+        self.running = false;
+        self.last_end = Some(now);
+        self.retry_at = if ok {
+            None
+        } else {
+            Some(now + self.retry_interval)
+        };
+    }
+}

@@ -1,10 +1,32 @@
 //! Change tracking: coalesce source events into the proxy state and report what changed.
+//!
+//! This is upstream's service and endpoints change trackers in one place. Events are
+//! recorded as they arrive; [`ChangeTracker::apply`] folds everything recorded since the
+//! previous apply into the [`ProxyState`] and reports which services changed, so a backend
+//! can rewrite only those. For every service with unapplied changes the tracker keeps the
+//! latest version next to the applied one, so a change that returns to the applied state
+//! cancels out and is not reported.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
 
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Serialize;
 
-use crate::model::{Endpoint, NodeInfo, ServicePort, ServicePortName};
+use crate::event::{ObjectEvent, SourceEvent};
+use crate::model::{
+    self, Endpoint, ModelError, NodeInfo, Protocol, ServiceName, ServicePort, ServicePortName,
+    SliceEndpoints,
+};
+
+#[cfg(test)]
+mod tests;
+
+/// The EndpointSlice annotation holding when the change that produced the slice was
+/// triggered; the source of the network-programming latency metric.
+pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// The complete desired state handed to a backend.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -15,4 +37,481 @@ pub struct ProxyState {
     pub endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
     /// This node.
     pub node: NodeInfo,
+}
+
+impl ProxyState {
+    /// The service ports of one service, in key order.
+    pub fn service_ports<'a>(
+        &'a self,
+        service: &'a ServiceName,
+    ) -> impl Iterator<Item = (&'a ServicePortName, &'a ServicePort)> + 'a {
+        of_service(&self.services, service)
+    }
+
+    /// The endpoint lists of one service, per service port, in key order.
+    pub fn service_endpoints<'a>(
+        &'a self,
+        service: &'a ServiceName,
+    ) -> impl Iterator<Item = (&'a ServicePortName, &'a Vec<Endpoint>)> + 'a {
+        of_service(&self.endpoints, service)
+    }
+
+    /// The number of distinct services with at least one service port.
+    pub fn service_count(&self) -> usize {
+        let mut count = 0;
+        let mut last: Option<&ServiceName> = None;
+        for name in self.services.keys() {
+            if last != Some(&name.service) {
+                count += 1;
+                last = Some(&name.service);
+            }
+        }
+        count
+    }
+}
+
+/// The kinds of objects sources report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum ObjectKind {
+    /// `v1/Service`.
+    Service,
+    /// `discovery.k8s.io/v1/EndpointSlice`.
+    EndpointSlice,
+    /// `v1/Node` (only this node's).
+    Node,
+}
+
+impl ObjectKind {
+    /// The API kind name, as used in [`ModelError::kind`] and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::Service => "Service",
+            ObjectKind::EndpointSlice => "EndpointSlice",
+            ObjectKind::Node => "Node",
+        }
+    }
+}
+
+/// What recording one event did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// The latest desired state moved (it may have moved back to the applied state, which
+    /// [`ChangeTracker::apply`] then does not report); a sync should be requested.
+    Changed,
+    /// Nothing to program: an identical update, an object the proxy ignores and never had,
+    /// another node's Node, or a Node change that only affects eligibility.
+    Unchanged,
+    /// The object is invalid and was skipped (the last good version, if any, is kept). The
+    /// error is reported by the next [`ChangeTracker::apply`], so a sync should be requested
+    /// to surface it promptly.
+    Invalid,
+    /// A source finished listing this kind.
+    Synced(ObjectKind),
+}
+
+impl Recorded {
+    /// Whether the proxier should request a sync for this event (once initialised).
+    pub fn needs_sync(self) -> bool {
+        matches!(self, Recorded::Changed | Recorded::Invalid)
+    }
+}
+
+/// What one [`ChangeTracker::apply`] changed in the [`ProxyState`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UpdateResult {
+    /// Services whose service ports or endpoints differ from before the apply.
+    pub changed: BTreeSet<ServiceName>,
+    /// A changed service has a UDP or SCTP port (service or endpoint port, before or after),
+    /// so stale conntrack entries may exist.
+    pub conntrack_cleanup_required: bool,
+    /// This node's labels changed (topology may change for every service: sync fully).
+    pub node_labels_changed: bool,
+    /// Objects skipped since the previous apply because they are invalid.
+    pub invalid: Vec<ModelError>,
+    /// `last-change-trigger-time` annotations of the applied EndpointSlice changes of the
+    /// changed services, for the network-programming latency metric.
+    pub trigger_times: Vec<SystemTime>,
+}
+
+/// Applied and unapplied versions of a per-service value.
+#[derive(Debug)]
+struct Versions<V> {
+    /// As of the last apply.
+    applied: BTreeMap<ServiceName, V>,
+    /// Latest version of every service that differs from `applied` (`None`: absent).
+    pending: BTreeMap<ServiceName, Option<V>>,
+}
+
+impl<V> Default for Versions<V> {
+    fn default() -> Self {
+        Self {
+            applied: BTreeMap::new(),
+            pending: BTreeMap::new(),
+        }
+    }
+}
+
+impl<V: Clone + PartialEq> Versions<V> {
+    fn latest(&self, key: &ServiceName) -> Option<&V> {
+        match self.pending.get(key) {
+            Some(pending) => pending.as_ref(),
+            None => self.applied.get(key),
+        }
+    }
+
+    /// Set the latest version; returns whether it moved.
+    fn set(&mut self, key: &ServiceName, value: Option<V>) -> bool {
+        if self.latest(key) == value.as_ref() {
+            return false;
+        }
+        if self.applied.get(key) == value.as_ref() {
+            // Back where the last apply left it: the change cancels out.
+            self.pending.remove(key);
+        } else {
+            self.pending.insert(key.clone(), value);
+        }
+        true
+    }
+
+    /// Take the pending versions, making them the applied ones.
+    fn checkout(&mut self) -> BTreeMap<ServiceName, Option<V>> {
+        let pending = std::mem::take(&mut self.pending);
+        for (key, value) in &pending {
+            match value {
+                Some(value) => self.applied.insert(key.clone(), value.clone()),
+                None => self.applied.remove(key),
+            };
+        }
+        pending
+    }
+}
+
+/// The slices of one service, by slice name (sorted, so merging is deterministic).
+type SliceMap = BTreeMap<String, SliceEndpoints>;
+
+/// Records source events and applies them to a [`ProxyState`] (upstream's
+/// `ServiceChangeTracker` and `EndpointsChangeTracker`).
+///
+/// Always apply to the same [`ProxyState`]: the tracker remembers what it applied.
+#[derive(Debug)]
+pub struct ChangeTracker {
+    node_name: String,
+    services: Versions<Vec<ServicePort>>,
+    slices: Versions<SliceMap>,
+    /// Which service each known slice, by (namespace, name), belongs to (latest version).
+    slice_owners: BTreeMap<(String, String), ServiceName>,
+    /// Trigger times of recorded slice changes, per service.
+    trigger_times: BTreeMap<ServiceName, BTreeSet<SystemTime>>,
+    /// The latest version of this node.
+    node: NodeInfo,
+    /// The node as of the last apply.
+    applied_node: Option<NodeInfo>,
+    invalid: Vec<ModelError>,
+    synced: BTreeSet<ObjectKind>,
+}
+
+impl ChangeTracker {
+    /// A tracker for the proxy on `node_name` (endpoints there are local; only that Node is
+    /// tracked).
+    pub fn new(node_name: impl Into<String>) -> Self {
+        let node_name = node_name.into();
+        Self {
+            node: NodeInfo {
+                name: node_name.clone(),
+                ..NodeInfo::default()
+            },
+            node_name,
+            services: Versions::default(),
+            slices: Versions::default(),
+            slice_owners: BTreeMap::new(),
+            trigger_times: BTreeMap::new(),
+            applied_node: None,
+            invalid: Vec::new(),
+            synced: BTreeSet::new(),
+        }
+    }
+
+    /// The node this tracker is for.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// The latest recorded state of this node (not yet applied, maybe).
+    pub fn node(&self) -> &NodeInfo {
+        &self.node
+    }
+
+    /// Record one event.
+    pub fn record(&mut self, event: SourceEvent) -> Recorded {
+        match event {
+            SourceEvent::Service(event) => match event {
+                ObjectEvent::Applied(service) => self.service_applied(&service),
+                ObjectEvent::Deleted(service) => {
+                    let key = service_key(&service);
+                    changed_if(self.services.set(&key, None))
+                }
+                ObjectEvent::Synced => self.synced(ObjectKind::Service),
+            },
+            SourceEvent::EndpointSlice(event) => match event {
+                ObjectEvent::Applied(slice) => self.slice_applied(&slice),
+                ObjectEvent::Deleted(slice) => {
+                    let key = slice_key(&slice);
+                    changed_if(self.remove_slice(&key))
+                }
+                ObjectEvent::Synced => self.synced(ObjectKind::EndpointSlice),
+            },
+            SourceEvent::Node(event) => match event {
+                ObjectEvent::Applied(node) => {
+                    if node.metadata.name.as_deref() != Some(self.node_name.as_str()) {
+                        return Recorded::Unchanged;
+                    }
+                    self.node_changed(model::node_info(&node))
+                }
+                ObjectEvent::Deleted(node) => {
+                    if node.metadata.name.as_deref() != Some(self.node_name.as_str()) {
+                        return Recorded::Unchanged;
+                    }
+                    // Labels go (as upstream), the node is no longer eligible; addresses and
+                    // pod CIDRs are kept, as a re-created Node normally gets the same ones.
+                    let gone = NodeInfo {
+                        name: self.node_name.clone(),
+                        labels: BTreeMap::new(),
+                        eligible: false,
+                        known: true,
+                        ..self.node.clone()
+                    };
+                    self.node_changed(gone)
+                }
+                ObjectEvent::Synced => self.synced(ObjectKind::Node),
+            },
+        }
+    }
+
+    /// Whether the source of `kind` has finished its initial list.
+    pub fn is_synced(&self, kind: ObjectKind) -> bool {
+        self.synced.contains(&kind)
+    }
+
+    /// Services and EndpointSlices are both synced: the proxy may program rules.
+    pub fn ready(&self) -> bool {
+        self.is_synced(ObjectKind::Service) && self.is_synced(ObjectKind::EndpointSlice)
+    }
+
+    /// Services with unapplied Service changes (`..._service_changes_pending`).
+    pub fn service_changes_pending(&self) -> usize {
+        self.services.pending.len()
+    }
+
+    /// Services with unapplied EndpointSlice changes (`..._endpoint_changes_pending`).
+    pub fn endpoint_changes_pending(&self) -> usize {
+        self.slices.pending.len()
+    }
+
+    /// Whether [`apply`](Self::apply) would do anything.
+    pub fn has_pending(&self) -> bool {
+        !self.services.pending.is_empty()
+            || !self.slices.pending.is_empty()
+            || !self.invalid.is_empty()
+            || self.applied_node.as_ref() != Some(&self.node)
+    }
+
+    /// Fold every recorded change into `state` and report what changed.
+    pub fn apply(&mut self, state: &mut ProxyState) -> UpdateResult {
+        let mut result = UpdateResult {
+            invalid: std::mem::take(&mut self.invalid),
+            ..UpdateResult::default()
+        };
+
+        let mut services = self.services.checkout();
+        let mut slices = self.slices.checkout();
+        let touched: BTreeSet<ServiceName> =
+            services.keys().chain(slices.keys()).cloned().collect();
+        for service in touched {
+            let mut changed = false;
+            let mut protocols: BTreeSet<Protocol> = BTreeSet::new();
+
+            let old_ports = take_service(&mut state.services, &service);
+            let new_ports: BTreeMap<ServicePortName, ServicePort> = match services.remove(&service)
+            {
+                Some(latest) => latest
+                    .into_iter()
+                    .flatten()
+                    .map(|port| (port.name.clone(), port))
+                    .collect(),
+                None => old_ports.clone(),
+            };
+            changed |= old_ports != new_ports;
+            protocols.extend(old_ports.keys().chain(new_ports.keys()).map(|n| n.protocol));
+            state.services.extend(new_ports);
+
+            let old_endpoints = take_service(&mut state.endpoints, &service);
+            let new_endpoints = match slices.remove(&service) {
+                Some(latest) => {
+                    model::merge_slices(latest.iter().flat_map(|m| m.values()), &self.node_name)
+                }
+                None => old_endpoints.clone(),
+            };
+            changed |= old_endpoints != new_endpoints;
+            protocols.extend(
+                old_endpoints
+                    .keys()
+                    .chain(new_endpoints.keys())
+                    .map(|n| n.protocol),
+            );
+            state.endpoints.extend(new_endpoints);
+
+            if changed {
+                // As upstream: any UDP (or SCTP) port of a changed service, before or after.
+                result.conntrack_cleanup_required |= protocols
+                    .iter()
+                    .any(|p| matches!(p, Protocol::Udp | Protocol::Sctp));
+                if let Some(times) = self.trigger_times.remove(&service) {
+                    result.trigger_times.extend(times);
+                }
+                result.changed.insert(service);
+            }
+        }
+        // Trigger times of changes that cancelled out measure nothing.
+        self.trigger_times.clear();
+
+        if state.node != self.node {
+            result.node_labels_changed = state.node.labels != self.node.labels;
+            state.node = self.node.clone();
+        }
+        self.applied_node = Some(self.node.clone());
+        result
+    }
+
+    fn synced(&mut self, kind: ObjectKind) -> Recorded {
+        self.synced.insert(kind);
+        Recorded::Synced(kind)
+    }
+
+    fn service_applied(&mut self, service: &Service) -> Recorded {
+        let key = service_key(service);
+        match model::service_ports(service) {
+            Ok(ports) => changed_if(self.services.set(&key, ports)),
+            Err(error) => {
+                // Keep the last good version: an invalid update must not take down a
+                // working service.
+                self.invalid.push(error);
+                Recorded::Invalid
+            }
+        }
+    }
+
+    fn slice_applied(&mut self, slice: &EndpointSlice) -> Recorded {
+        let key = slice_key(slice);
+        let parsed = match model::slice_endpoints(slice) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                // Keep the last good version, as for Services.
+                self.invalid.push(error);
+                return Recorded::Invalid;
+            }
+        };
+        let Some(parsed) = parsed else {
+            // Ignored now (label removed, FQDN): forget any earlier version.
+            return changed_if(self.remove_slice(&key));
+        };
+        let owner = parsed.service.clone();
+        let mut moved = false;
+        if self.slice_owners.get(&key).is_some_and(|old| *old != owner) {
+            moved |= self.remove_slice(&key);
+        }
+        let mut slices = self.slices.latest(&owner).cloned().unwrap_or_default();
+        slices.insert(key.1.clone(), parsed);
+        let changed = self.slices.set(&owner, Some(slices));
+        self.slice_owners.insert(key, owner.clone());
+        if changed && let Some(time) = trigger_time(slice) {
+            self.trigger_times.entry(owner).or_default().insert(time);
+        }
+        changed_if(moved || changed)
+    }
+
+    /// Forget one slice; returns whether its service's latest slices moved.
+    fn remove_slice(&mut self, key: &(String, String)) -> bool {
+        let Some(owner) = self.slice_owners.remove(key) else {
+            return false;
+        };
+        let mut slices = self.slices.latest(&owner).cloned().unwrap_or_default();
+        slices.remove(&key.1);
+        let slices = (!slices.is_empty()).then_some(slices);
+        self.slices.set(&owner, slices)
+    }
+
+    fn node_changed(&mut self, info: NodeInfo) -> Recorded {
+        // Eligibility only matters to /healthz; the proxier reads it from `node()`.
+        let relevant = info.labels != self.node.labels
+            || info.addresses != self.node.addresses
+            || info.pod_cidrs != self.node.pod_cidrs
+            || info.known != self.node.known;
+        self.node = info;
+        changed_if(relevant)
+    }
+}
+
+fn changed_if(moved: bool) -> Recorded {
+    if moved {
+        Recorded::Changed
+    } else {
+        Recorded::Unchanged
+    }
+}
+
+/// The entries of one service in a map keyed by [`ServicePortName`].
+fn of_service<'a, V>(
+    map: &'a BTreeMap<ServicePortName, V>,
+    service: &'a ServiceName,
+) -> impl Iterator<Item = (&'a ServicePortName, &'a V)> + 'a {
+    map.range(first_port_of(service)..)
+        .take_while(move |(name, _)| name.service == *service)
+}
+
+/// Remove and return the entries of one service.
+fn take_service<V>(
+    map: &mut BTreeMap<ServicePortName, V>,
+    service: &ServiceName,
+) -> BTreeMap<ServicePortName, V> {
+    let keys: Vec<ServicePortName> = of_service(map, service)
+        .map(|(name, _)| name.clone())
+        .collect();
+    keys.into_iter()
+        .filter_map(|key| map.remove_entry(&key))
+        .collect()
+}
+
+/// The smallest [`ServicePortName`] of a service (empty port name sorts first, TCP first).
+fn first_port_of(service: &ServiceName) -> ServicePortName {
+    ServicePortName {
+        service: service.clone(),
+        port: String::new(),
+        protocol: Protocol::Tcp,
+    }
+}
+
+fn service_key(service: &Service) -> ServiceName {
+    ServiceName {
+        namespace: service.metadata.namespace.clone().unwrap_or_default(),
+        name: service.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+fn slice_key(slice: &EndpointSlice) -> (String, String) {
+    (
+        slice.metadata.namespace.clone().unwrap_or_default(),
+        slice.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The slice's trigger-time annotation; unparsable values are ignored (it only feeds a
+/// metric).
+fn trigger_time(slice: &EndpointSlice) -> Option<SystemTime> {
+    let text = slice
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(LAST_CHANGE_TRIGGER_TIME_ANNOTATION)?;
+    let timestamp: jiff::Timestamp = text.parse().ok()?;
+    Some(SystemTime::from(timestamp))
 }
