@@ -1,0 +1,131 @@
+//! Producing the effective configuration from the command line and the optional file.
+//!
+//! Precedence is upstream's: with `--config` the file is the configuration and only
+//! `--hostname-override` and the logging flags still apply on top of it; any other
+//! configuration flag that was given is ignored and reported as a warning. Without
+//! `--config`, flags override the defaults.
+
+use std::path::PathBuf;
+
+use crate::flags::{self, Options};
+use crate::types::{API_VERSION, KIND, KubeProxyConfiguration};
+use crate::validate::{self, ConfigErrors};
+use crate::wire;
+
+/// Why no configuration could be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The `--config` file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML/JSON for the schema: syntax, wrong type, unknown or
+    /// duplicate field.
+    #[error("{}", decode_message(origin, *line, *column, message))]
+    Decode {
+        /// The file (or `<input>` for in-memory text).
+        origin: String,
+        /// 1-based line of the problem; 0 if unknown.
+        line: u64,
+        /// 1-based column of the problem; 0 if unknown.
+        column: u64,
+        /// What is wrong, e.g. ``unknown field `masqueradeBitt` ``.
+        message: String,
+    },
+    /// The file is not a `kubeproxy.config.k8s.io/v1alpha1` `KubeProxyConfiguration`.
+    #[error(
+        "{origin}: expected apiVersion {API_VERSION:?} and kind {KIND:?}, \
+         found apiVersion {api_version:?} and kind {kind:?}"
+    )]
+    WrongKind {
+        /// The file.
+        origin: String,
+        /// The `apiVersion` found (empty if missing).
+        api_version: String,
+        /// The `kind` found (empty if missing).
+        kind: String,
+    },
+    /// One or more values are invalid; all of them are listed.
+    #[error("invalid kube-proxy configuration:\n{0}")]
+    Invalid(#[from] ConfigErrors),
+}
+
+fn decode_message(origin: &str, line: u64, column: u64, message: &str) -> String {
+    match (line, column) {
+        (0, _) => format!("{origin}: {message}"),
+        (line, 0) => format!("{origin}: line {line}: {message}"),
+        (line, column) => format!("{origin}: line {line}, column {column}: {message}"),
+    }
+}
+
+/// The outcome of [`Options::load`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    /// The effective configuration: defaults applied, validated.
+    pub config: KubeProxyConfiguration,
+    /// One line per flag that was given but ignored because `--config` was also given;
+    /// the caller decides how to log them.
+    pub warnings: Vec<String>,
+}
+
+impl Options {
+    /// Builds the effective configuration from these flags and the `--config` file.
+    ///
+    /// Reads the file if one was given (the only I/O this crate does). Every invalid value is
+    /// reported in one [`LoadError::Invalid`], naming the flag for values that came from one.
+    pub fn load(&self) -> Result<Loaded, LoadError> {
+        let mut warnings = Vec::new();
+        let (mut config, mut errors, mut from_flags) = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                let (config, errors) = wire::decode(&text, &path.display().to_string())?;
+                // Apply to a scratch copy only to learn which flags were given.
+                let mut scratch = KubeProxyConfiguration::default();
+                for (flag, fields) in self.apply_config_flags(&mut scratch) {
+                    warnings.push(format!(
+                        "flag {flag} is ignored because a config file is specified (--config); \
+                         set {} in the file instead",
+                        fields.join(" / ")
+                    ));
+                }
+                (config, errors, Vec::new())
+            }
+            None => {
+                let mut config = KubeProxyConfiguration::default();
+                let set = self.apply_config_flags(&mut config);
+                (config, Vec::new(), set)
+            }
+        };
+        from_flags.extend(self.apply_overriding_flags(&mut config));
+        config.complete_defaults();
+        let mut invalid = validate::validate(&config);
+        flags::attribute_to_flags(&mut invalid, &from_flags);
+        errors.extend(invalid);
+        if errors.is_empty() {
+            Ok(Loaded { config, warnings })
+        } else {
+            Err(ConfigErrors { errors }.into())
+        }
+    }
+}
+
+impl KubeProxyConfiguration {
+    /// Decodes a configuration file's text (YAML or JSON), applies defaults and validates.
+    pub fn from_yaml(text: &str) -> Result<Self, LoadError> {
+        let (mut config, mut errors) = wire::decode(text, "<input>")?;
+        config.complete_defaults();
+        errors.extend(validate::validate(&config));
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors { errors }.into())
+        }
+    }
+}

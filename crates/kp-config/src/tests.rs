@@ -1,0 +1,599 @@
+//! Cross-module tests: config files, flags, and how the two combine.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::*;
+
+const HEADER: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+
+/// Shaped like upstream's `--write-config-to` output (keys sorted, every field present),
+/// with non-default values so that each one is seen to be read.
+const FULL_UPSTREAM_FILE: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 10.0.0.5
+bindAddressHardFail: true
+clientConnection:
+  acceptContentTypes: "application/json"
+  burst: 20
+  contentType: application/json
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 7.5
+clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
+configSyncPeriod: 10m0s
+conntrack:
+  maxPerCore: 0
+  min: 65536
+  tcpBeLiberal: true
+  tcpCloseWaitTimeout: 30m0s
+  tcpEstablishedTimeout: 12h0m0s
+  udpStreamTimeout: 2m0s
+  udpTimeout: 30s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: veth
+detectLocalMode: InterfaceNamePrefix
+enableProfiling: true
+featureGates:
+  NFTablesProxyMode: true
+  SomeAlphaGate: false
+healthzBindAddress: 0.0.0.0:10266
+hostnameOverride: node-a
+iptables:
+  localhostNodePorts: false
+  masqueradeAll: true
+  masqueradeBit: 15
+  minSyncPeriod: 2s
+  syncPeriod: 1m0s
+ipvs:
+  excludeCIDRs:
+  - 10.96.0.0/12
+  minSyncPeriod: 1s
+  scheduler: wrr
+  strictARP: true
+  syncPeriod: 45s
+  tcpFinTimeout: 5s
+  tcpTimeout: 15m0s
+  udpTimeout: 1m0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 10s
+  format: json
+  options:
+    json:
+      infoBufferSize: "64Ki"
+      splitStream: true
+    text:
+      infoBufferSize: "0"
+  verbosity: 2
+  vmodule:
+  - filePattern: proxier
+    verbosity: 6
+metricsBindAddress: 0.0.0.0:10249
+mode: ipvs
+nftables:
+  masqueradeAll: false
+  masqueradeBit: 14
+  minSyncPeriod: 1s
+  syncPeriod: 30s
+nodePortAddresses:
+- 192.168.0.0/16
+- fd00::/64
+oomScoreAdj: -998
+portRange: ""
+showHiddenMetricsForVersion: "1.32"
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
+/// A document with the type header and `body`; `body` starts on line 3.
+fn doc(body: &str) -> String {
+    format!("{HEADER}{body}")
+}
+
+fn decoded(text: &str) -> KubeProxyConfiguration {
+    match KubeProxyConfiguration::from_yaml(text) {
+        Ok(c) => c,
+        Err(e) => panic!("decode failed: {e}"),
+    }
+}
+
+fn load_err(text: &str) -> LoadError {
+    match KubeProxyConfiguration::from_yaml(text) {
+        Ok(c) => panic!("accepted: {c:?}"),
+        Err(e) => e,
+    }
+}
+
+fn invalid_fields(error: &LoadError) -> Vec<&str> {
+    match error {
+        LoadError::Invalid(e) => e.errors.iter().map(|e| e.field.as_str()).collect(),
+        other => panic!("not a validation error: {other}"),
+    }
+}
+
+fn options(args: &[&str]) -> Options {
+    match Options::try_parse_from(std::iter::once("kube-proxy").chain(args.iter().copied())) {
+        Ok(o) => o,
+        Err(e) => panic!("{args:?}: {e}"),
+    }
+}
+
+/// A temporary directory holding `config.yaml` with `text`; returns `--config=<path>`.
+fn config_file(dir: &tempfile::TempDir, text: &str) -> String {
+    let path = dir.path().join("config.yaml");
+    if let Err(e) = std::fs::write(&path, text) {
+        panic!("writing {}: {e}", path.display());
+    }
+    format!("--config={}", path.display())
+}
+
+fn tempdir() -> tempfile::TempDir {
+    match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => panic!("tempdir: {e}"),
+    }
+}
+
+fn loaded(opts: &Options) -> Loaded {
+    match opts.load() {
+        Ok(l) => l,
+        Err(e) => panic!("load failed: {e}"),
+    }
+}
+
+#[test]
+fn decodes_a_full_upstream_file() {
+    let c = decoded(FULL_UPSTREAM_FILE);
+    assert_eq!(c.bind_address, "10.0.0.5");
+    assert!(c.bind_address_hard_fail && c.enable_profiling);
+    assert_eq!(c.client_connection.accept_content_types, "application/json");
+    assert_eq!(c.client_connection.content_type, "application/json");
+    assert_eq!(
+        c.client_connection.kubeconfig,
+        "/var/lib/kube-proxy/kubeconfig.conf"
+    );
+    assert_eq!(
+        (c.client_connection.qps, c.client_connection.burst),
+        (7.5, 20)
+    );
+    assert_eq!(c.cluster_cidrs().len(), 2);
+    assert_eq!(c.config_sync_period, Duration::from_secs(600));
+    assert_eq!(c.conntrack.max_per_core, 0);
+    assert_eq!(c.conntrack.min, 65536);
+    assert!(c.conntrack.tcp_be_liberal);
+    assert_eq!(
+        c.conntrack.tcp_close_wait_timeout,
+        Duration::from_secs(1800)
+    );
+    assert_eq!(
+        c.conntrack.tcp_established_timeout,
+        Duration::from_secs(12 * 3600)
+    );
+    assert_eq!(c.conntrack.udp_stream_timeout, Duration::from_secs(120));
+    assert_eq!(c.conntrack.udp_timeout, Duration::from_secs(30));
+    assert_eq!(c.detect_local_mode, LocalMode::InterfaceNamePrefix);
+    assert_eq!(c.detect_local.interface_name_prefix, "veth");
+    assert_eq!(c.feature_gate("NFTablesProxyMode"), Some(true));
+    assert_eq!(c.feature_gate("SomeAlphaGate"), Some(false));
+    assert_eq!(c.healthz_bind_address(), "0.0.0.0:10266".parse().ok());
+    assert_eq!(c.metrics_bind_address(), "0.0.0.0:10249".parse().ok());
+    assert_eq!(c.hostname_override(), Some("node-a"));
+    assert!(!c.iptables.localhost_node_ports && c.iptables.masquerade_all);
+    assert_eq!(c.iptables.masquerade_bit, 15);
+    assert_eq!(c.iptables.min_sync_period, Duration::from_secs(2));
+    assert_eq!(c.iptables.sync_period, Duration::from_secs(60));
+    assert_eq!(c.ipvs.exclude_cidrs, Some(vec!["10.96.0.0/12".to_owned()]));
+    assert_eq!(c.ipvs_scheduler(), "wrr");
+    assert!(c.ipvs.strict_arp);
+    assert_eq!(c.ipvs.tcp_fin_timeout, Duration::from_secs(5));
+    assert_eq!(c.ipvs.tcp_timeout, Duration::from_secs(900));
+    assert_eq!(c.ipvs.udp_timeout, Duration::from_secs(60));
+    assert_eq!(c.logging.flush_frequency, Duration::from_secs(10));
+    assert_eq!(c.logging.format, "json");
+    assert!(c.logging.options.json.split_stream);
+    assert_eq!(c.logging.options.json.info_buffer_size, "64Ki");
+    assert_eq!(c.logging.verbosity, 2);
+    assert_eq!(c.logging.vmodule.len(), 1);
+    assert_eq!(c.mode(), ProxyMode::Ipvs);
+    // In IPVS mode the ipvs block drives the sync periods.
+    assert_eq!(c.sync_period(), Duration::from_secs(45));
+    assert_eq!(c.min_sync_period(), Duration::from_secs(1));
+    assert!(matches!(c.node_port_addresses(), NodePortAddresses::Cidrs(v) if v.len() == 2));
+    assert_eq!(c.oom_score_adj, -998);
+    assert_eq!(c.show_hidden_metrics_for_version, "1.32");
+}
+
+#[test]
+fn json_files_are_accepted() {
+    let json = r#"{
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "mode": "nftables",
+        "nftables": {"syncPeriod": "20s", "minSyncPeriod": "0s", "masqueradeBit": 3},
+        "conntrack": {"maxPerCore": 1024},
+        "nodePortAddresses": null,
+        "featureGates": {"A": true}
+    }"#;
+    let c = decoded(json);
+    assert_eq!(c.mode(), ProxyMode::Nftables);
+    assert_eq!(c.sync_period(), Duration::from_secs(20));
+    assert_eq!(c.min_sync_period(), Duration::ZERO);
+    assert_eq!(c.nftables.masquerade_bit, 3);
+    assert_eq!(c.conntrack.max_per_core, 1024);
+    assert_eq!(c.feature_gate("A"), Some(true));
+}
+
+#[test]
+fn unknown_field_is_named_with_its_line() {
+    let text = format!("{HEADER}iptables:\n  syncPeriod: 30s\n  masqueradeBitt: 3\n");
+    match load_err(&text) {
+        LoadError::Decode { line, message, .. } => {
+            assert_eq!(line, 5);
+            assert!(
+                message.contains("unknown field `masqueradeBitt`"),
+                "{message}"
+            );
+        }
+        other => panic!("{other}"),
+    }
+    let shown = load_err(&text).to_string();
+    assert!(
+        shown.starts_with("<input>: line 5, column 3: unknown field `masqueradeBitt`"),
+        "{shown}"
+    );
+    assert_eq!(shown.matches("line 5").count(), 1, "{shown}");
+
+    let top = format!("{HEADER}masqueradeAll: true\n");
+    assert!(matches!(load_err(&top), LoadError::Decode { line: 3, .. }));
+}
+
+#[test]
+fn duplicate_fields_and_type_errors_are_decode_errors() {
+    let dup = format!("{HEADER}mode: ipvs\nmode: iptables\n");
+    assert!(
+        matches!(load_err(&dup), LoadError::Decode { line: 4, .. }),
+        "{}",
+        load_err(&dup)
+    );
+    let wrong_type = format!("{HEADER}iptables:\n  masqueradeBit: high\n");
+    assert!(matches!(
+        load_err(&wrong_type),
+        LoadError::Decode { line: 4, .. }
+    ));
+    let not_yaml = format!("{HEADER}iptables: [\n");
+    assert!(matches!(load_err(&not_yaml), LoadError::Decode { .. }));
+    assert!(matches!(load_err(""), LoadError::Decode { .. }));
+}
+
+#[test]
+fn wrong_type_header_is_rejected() {
+    let cases = [
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\naddress: 0.0.0.0\n",
+        "apiVersion: kubeproxy.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n",
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n",
+        "kind: KubeProxyConfiguration\n",
+        "mode: ipvs\n",
+    ];
+    for text in cases {
+        match load_err(text) {
+            LoadError::WrongKind { .. } => {}
+            other => panic!("{text:?}: {other}"),
+        }
+    }
+    assert!(
+        load_err(cases[0])
+            .to_string()
+            .contains("kind \"KubeletConfiguration\"")
+    );
+}
+
+#[test]
+fn bad_values_in_a_file_are_all_reported_with_fields() {
+    let text = doc("\
+mode: turbo
+bindAddress: node-1
+oomScoreAdj: 5000
+iptables:
+  syncPeriod: 30
+  minSyncPeriod: -1s
+  masqueradeBit: 40
+conntrack:
+  tcpEstablishedTimeout: 1d
+logging:
+  verbosity: -1
+clusterCIDR: 10.0.0.0/8,10.1.0.0/16
+nodePortAddresses: [primary, 10.0.0.0/8]
+");
+    let error = load_err(&text);
+    let mut fields = invalid_fields(&error);
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "bindAddress",
+            "clusterCIDR",
+            "conntrack.tcpEstablishedTimeout",
+            "iptables.masqueradeBit",
+            "iptables.minSyncPeriod",
+            "iptables.syncPeriod",
+            "logging.verbosity",
+            "mode",
+            "nodePortAddresses",
+            "oomScoreAdj",
+        ]
+    );
+    let shown = error.to_string();
+    assert_eq!(shown.lines().count(), 11, "{shown}");
+    let line_of = |field: &str| {
+        shown
+            .lines()
+            .find(|l| l.starts_with(&format!("{field}: ")))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        line_of("iptables.syncPeriod").contains("\"30\": missing unit"),
+        "{shown}"
+    );
+    assert!(
+        line_of("iptables.syncPeriod").ends_with("(line 7)"),
+        "{shown}"
+    );
+    assert_eq!(
+        line_of("iptables.minSyncPeriod"),
+        "iptables.minSyncPeriod: invalid value \"-1s\": duration \"-1s\" is negative (line 8)"
+    );
+    assert!(
+        line_of("conntrack.tcpEstablishedTimeout").contains("unknown unit \"d\""),
+        "{shown}"
+    );
+    assert!(
+        line_of("logging.verbosity").contains("must not be negative"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("mode: invalid value \"turbo\": unknown proxy mode"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn unset_fields_default_and_explicit_values_are_kept() {
+    let text = doc("\
+hostnameOverride:
+clientConnection:
+ipvs:
+  syncPeriod: ~
+iptables:
+  minSyncPeriod: 0s
+metricsBindAddress: \"\"
+nodePortAddresses: null
+");
+    let c = decoded(&text);
+    assert_eq!(c.hostname_override(), None);
+    assert_eq!(c.client_connection, ClientConnection::default());
+    assert_eq!(c.ipvs.sync_period, DEFAULT_SYNC_PERIOD);
+    assert_eq!(c.iptables.min_sync_period, Duration::ZERO);
+    assert_eq!(c.metrics_bind_address(), None);
+    assert_eq!(c.healthz_bind_address(), "0.0.0.0:10256".parse().ok());
+    assert_eq!(c.node_port_addresses(), NodePortAddresses::All);
+}
+
+#[test]
+fn dependent_defaults_follow_mode_and_bind_address() {
+    let nft = decoded(&format!("{HEADER}mode: nftables\n"));
+    assert_eq!(nft.node_port_addresses, Some(vec!["primary".to_owned()]));
+    let ipt = decoded(&format!("{HEADER}mode: iptables\n"));
+    assert_eq!(ipt.node_port_addresses, None);
+    let empty_mode = decoded(&format!("{HEADER}mode: \"\"\n"));
+    assert_eq!(empty_mode.mode(), ProxyMode::platform_default());
+
+    let v6 = decoded(&format!("{HEADER}bindAddress: \"::\"\n"));
+    assert_eq!(v6.healthz_bind_address.as_deref(), Some("[::]:10256"));
+    assert_eq!(v6.metrics_bind_address.as_deref(), Some("[::1]:10249"));
+    let bare = decoded(&format!("{HEADER}healthzBindAddress: 10.0.0.1\n"));
+    assert_eq!(bare.healthz_bind_address.as_deref(), Some("10.0.0.1:10256"));
+
+    let opts = options(&["--bind-address=::1"]);
+    let c = loaded(&opts).config;
+    assert_eq!(c.healthz_bind_address(), "[::]:10256".parse().ok());
+    assert_eq!(c.metrics_bind_address(), "[::1]:10249".parse().ok());
+}
+
+#[test]
+fn flags_override_defaults_without_config() {
+    let opts = options(&[
+        "--proxy-mode=nftables",
+        "--masquerade-all",
+        "--iptables-sync-period=10s",
+        "--iptables-min-sync-period=0s",
+        "--nodeport-addresses=10.0.0.0/8",
+        "--cluster-cidr=10.244.0.0/16",
+        "--hostname-override= Node-A ",
+        "--v=3",
+        "--metrics-bind-address=",
+    ]);
+    let out = loaded(&opts);
+    assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    let c = out.config;
+    assert_eq!(c.mode(), ProxyMode::Nftables);
+    assert_eq!(c.masquerade(), (DEFAULT_MASQUERADE_BIT, true));
+    assert_eq!(c.sync_period(), Duration::from_secs(10));
+    assert_eq!(c.min_sync_period(), Duration::ZERO);
+    assert_eq!(c.node_port_addresses, Some(vec!["10.0.0.0/8".to_owned()]));
+    assert_eq!(c.cluster_cidr, "10.244.0.0/16");
+    assert_eq!(c.hostname_override(), Some("node-a"));
+    assert_eq!(c.logging.verbosity, 3);
+    assert_eq!(c.metrics_bind_address(), None);
+}
+
+#[test]
+fn config_file_wins_except_hostname_and_logging() {
+    let dir = tempdir();
+    let config = config_file(
+        &dir,
+        &doc("\
+hostnameOverride: from-file
+logging:
+  verbosity: 1
+iptables:
+  masqueradeAll: false
+  syncPeriod: 20s
+"),
+    );
+    let opts = options(&[
+        &config,
+        "--masquerade-all",
+        "--iptables-sync-period=5s",
+        "--hostname-override=FROM-FLAG",
+        "-v",
+        "5",
+        "--manifests=/tmp/cluster",
+        "--cleanup=false",
+        "--master=https://10.0.0.1:6443",
+    ]);
+    let out = loaded(&opts);
+    let c = &out.config;
+    assert!(!c.iptables.masquerade_all);
+    assert_eq!(c.iptables.sync_period, Duration::from_secs(20));
+    assert_eq!(c.hostname_override(), Some("from-flag"));
+    assert_eq!(c.logging.verbosity, 5);
+    assert_eq!(out.warnings.len(), 2, "{:?}", out.warnings);
+    assert!(
+        out.warnings[0].contains("--masquerade-all is ignored"),
+        "{:?}",
+        out.warnings
+    );
+    assert!(
+        out.warnings[0].contains("iptables.masqueradeAll"),
+        "{:?}",
+        out.warnings
+    );
+    assert!(
+        out.warnings[1].contains("--iptables-sync-period"),
+        "{:?}",
+        out.warnings
+    );
+    assert_eq!(opts.manifests, Some(PathBuf::from("/tmp/cluster")));
+    assert_eq!(opts.master.as_deref(), Some("https://10.0.0.1:6443"));
+
+    // Without the flags, the file's values stand and nothing is warned about.
+    let plain = loaded(&options(&[&config]));
+    assert_eq!(plain.config.hostname_override(), Some("from-file"));
+    assert_eq!(plain.config.logging.verbosity, 1);
+    assert!(plain.warnings.is_empty());
+}
+
+#[test]
+fn validation_errors_name_the_flag_that_set_the_value() {
+    let opts = options(&[
+        "--iptables-min-sync-period=1m",
+        "--iptables-masquerade-bit=32",
+        "--oom-score-adj=-2000",
+        "--healthz-bind-address=0.0.0.0:0",
+    ]);
+    let error = match opts.load() {
+        Ok(l) => panic!("accepted {:?}", l.config),
+        Err(e) => e,
+    };
+    let fields = invalid_fields(&error);
+    assert_eq!(
+        fields,
+        [
+            "--healthz-bind-address",
+            "--iptables-min-sync-period",
+            "--iptables-masquerade-bit",
+            "--oom-score-adj",
+        ]
+    );
+
+    // The same problem coming from a file is named by its config path.
+    let dir = tempdir();
+    let config = config_file(&dir, &format!("{HEADER}iptables:\n  minSyncPeriod: 1m\n"));
+    let error = match options(&[&config]).load() {
+        Ok(l) => panic!("accepted {:?}", l.config),
+        Err(e) => e,
+    };
+    assert_eq!(invalid_fields(&error), ["iptables.minSyncPeriod"]);
+}
+
+#[test]
+fn unreadable_config_file_names_the_path() {
+    let dir = tempdir();
+    let missing = dir.path().join("nope.yaml");
+    let opts = options(&[&format!("--config={}", missing.display())]);
+    match opts.load() {
+        Err(e @ LoadError::Read { .. }) => {
+            assert!(
+                e.to_string().contains(&missing.display().to_string()),
+                "{e}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn decode_errors_from_files_name_the_path() {
+    let dir = tempdir();
+    let config = config_file(&dir, &format!("{HEADER}bogus: 1\n"));
+    let shown = options(&[&config])
+        .load()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(shown.contains("config.yaml: line 3"), "{shown}");
+    assert!(shown.contains("bogus"), "{shown}");
+}
+
+#[test]
+fn written_config_round_trips() {
+    let dir = tempdir();
+    let cases: &[&[&str]] = &[
+        &[],
+        &[
+            "--proxy-mode=ipvs",
+            "--ipvs-scheduler=mh",
+            "--ipvs-exclude-cidrs=10.0.0.0/8",
+            "--ipvs-min-sync-period=1500ms",
+            "--feature-gates=Foo=true",
+            "--vmodule=proxier=4",
+            "--bind-address=fd00::1",
+            "--conntrack-tcp-timeout-established=2h45m10.5s",
+            "--cluster-cidr=fd00:1::/56,10.1.0.0/16",
+            "--detect-local-mode=BridgeInterface",
+            "--pod-bridge-interface=cbr0",
+        ],
+        &[
+            "--proxy-mode=nftables",
+            "--healthz-bind-address=",
+            "--kube-api-qps=12.5",
+        ],
+    ];
+    for (i, args) in cases.iter().enumerate() {
+        let original = loaded(&options(args)).config;
+        let path = dir.path().join(format!("written-{i}.yaml"));
+        if let Err(e) = write_config(&path, &original) {
+            panic!("{e}");
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(text.starts_with(HEADER), "{text}");
+        assert!(text.contains("tcpCloseWaitTimeout: 1h0m0s"), "{text}");
+        let reread = loaded(&options(&[&format!("--config={}", path.display())]));
+        assert_eq!(reread.config, original, "{args:?}\n{text}");
+    }
+}
+
+#[test]
+fn write_config_reports_unwritable_paths() {
+    let dir = tempdir();
+    let path = dir.path().join("no-such-dir").join("out.yaml");
+    let result = write_config(&path, &KubeProxyConfiguration::default());
+    assert!(matches!(result, Err(WriteError::Write { .. })));
+}
