@@ -1,1 +1,192 @@
-//! TODO
+//! The manifests source: Services, EndpointSlices and this node's Node from local YAML/JSON
+//! files, for running without a cluster and for tests.
+//!
+//! The files hold what users write for `kubectl apply`: multi-document YAML, `kind: List`, or
+//! JSON, with `v1` Service, `discovery.k8s.io/v1` EndpointSlice and `v1` Node objects (other
+//! kinds are ignored). Namespaced objects without a namespace get `default`, and the API
+//! server's defaults are applied ([`crate::defaults`]), so the proxy sees the same objects it
+//! would get from a cluster.
+//!
+//! # Watching
+//!
+//! The path (a file, or a directory whose `.yaml`, `.yml` and `.json` files are read, not
+//! recursively, skipping names starting with `.`) is polled: every file's size, times, inode
+//! and resolved symlink target are compared with the last look. This sees every way tools
+//! replace a file: writing in place, renaming a new file over it, and a ConfigMap volume's
+//! symlink swap (`x.yaml -> ..data/x.yaml`, with `..data` atomically re-pointed), which
+//! inotify-style watches on the file itself miss. Only changed files are re-read; then the
+//! whole object set is compared with what was reported: new or changed objects are
+//! `Applied`, vanished ones `Deleted`. An object defined in two files comes from the later
+//! file name, with a warning.
+//!
+//! A change is applied once it has looked the same on two looks a short settle time apart,
+//! so a file caught between truncation and write, or an editor's move-away-and-write, is not
+//! taken for the new content or for a deletion.
+//!
+//! # Broken documents
+//!
+//! A document that is not valid YAML/JSON, has fields of the wrong type, or cannot be
+//! defaulted is skipped with a warning naming its file, document and line, and counted in
+//! `kube_proxy_rs_manifest_errors_total`; the file's other documents and other files still
+//! apply. While a file has a broken document, objects it contributed before that are now
+//! missing are **kept** (neither deleted nor changed) until the file parses cleanly again:
+//! a half-written save must never drop traffic. Deleting the file does delete its objects.
+//!
+//! # Start
+//!
+//! The first look reports every object, then `Synced` for Services, EndpointSlices and
+//! Nodes. A path that does not exist is not an error: it is reported (a warning) and watched,
+//! and nothing is reported, not even `Synced`, until it appears, so the proxy does not
+//! program an empty configuration for a typo'd path while looking healthy.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kp_core::event::{ObjectEvent, SourceEvent};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+mod parse;
+mod scan;
+#[cfg(test)]
+mod tests;
+
+pub use parse::{
+    DEFAULT_NAMESPACE, Kind, ManifestError, Object, ObjectKey, Problem, parse_manifests,
+};
+
+/// How often the files are looked at. A second is quick enough for a person editing files
+/// and costs one `stat` per file per second, which is nothing for a directory of manifests.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long a change must look the same before it is applied. Long enough for a writer to
+/// finish a small file and for coarse file timestamps (a few milliseconds) to move on; short
+/// enough not to be noticed.
+pub const SETTLE_TIME: Duration = Duration::from_millis(100);
+
+/// The name the error counter is registered under; the exposition adds `_total`.
+const ERRORS_METRIC: &str = "kube_proxy_rs_manifest_errors";
+
+/// Why the manifests source stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestsError {
+    /// The blocking file scan panicked or was cancelled by the runtime: a bug, or the runtime
+    /// shutting down.
+    #[error("manifests scan task failed: {0}")]
+    Scan(#[from] tokio::task::JoinError),
+}
+
+/// A source of objects read from manifests files. Build with [`ManifestsSource::new`] and
+/// the setters, then [`ManifestsSource::run`].
+#[derive(Debug)]
+pub struct ManifestsSource {
+    path: PathBuf,
+    node_name: Option<String>,
+    poll_interval: Duration,
+    errors: Counter,
+}
+
+impl ManifestsSource {
+    /// A source reading `path`, a manifests file or a directory of them.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        ManifestsSource {
+            path: path.into(),
+            node_name: None,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            errors: Counter::default(),
+        }
+    }
+
+    /// Report the Node with this name (this node's). Without it no Node is reported, as the
+    /// proxy only ever uses its own.
+    pub fn node_name(mut self, name: impl Into<String>) -> Self {
+        self.node_name = Some(name.into());
+        self
+    }
+
+    /// Look at the files this often (default [`DEFAULT_POLL_INTERVAL`]). Zero polls
+    /// continuously, which only tests want.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Register `kube_proxy_rs_manifest_errors_total` (broken documents and unreadable
+    /// files, each counted once per content seen) in `registry`.
+    pub fn register_metrics(self, registry: &mut Registry) -> Self {
+        registry.register(
+            ERRORS_METRIC,
+            "Manifest documents skipped because they are broken, and manifest files that could not be read",
+            self.errors.clone(),
+        );
+        self
+    }
+
+    /// The error counter, for callers that register metrics themselves.
+    pub fn errors_counter(&self) -> Counter {
+        self.errors.clone()
+    }
+
+    /// Watch the files and send events until `shutdown` is cancelled or `tx`'s receiver is
+    /// dropped; both end with `Ok(())`.
+    pub async fn run(
+        self,
+        tx: mpsc::Sender<SourceEvent>,
+        shutdown: CancellationToken,
+    ) -> Result<(), ManifestsError> {
+        // Settling longer than the poll interval would slow down nothing but tests.
+        let settle = SETTLE_TIME.min(self.poll_interval);
+        let mut scanner = scan::Scanner::new(
+            self.path.clone(),
+            self.node_name.clone(),
+            self.errors.clone(),
+            settle,
+        );
+        let mut synced = false;
+        let mut delay = Duration::ZERO;
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(()),
+                () = tx.closed() => return Ok(()),
+                () = tokio::time::sleep(delay) => {}
+            }
+            // `stat` and reads may block on a slow filesystem: keep them off the runtime.
+            let task = tokio::task::spawn_blocking(move || {
+                let poll = scanner.poll();
+                (scanner, poll)
+            });
+            let poll;
+            (scanner, poll) = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(()),
+                joined = task => joined?,
+            };
+            let mut events = poll.events;
+            if poll.complete && !synced {
+                synced = true;
+                events.extend([
+                    SourceEvent::Service(ObjectEvent::Synced),
+                    SourceEvent::EndpointSlice(ObjectEvent::Synced),
+                    SourceEvent::Node(ObjectEvent::Synced),
+                ]);
+            }
+            for event in events {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return Ok(()),
+                    sent = tx.send(event) => if sent.is_err() {
+                        return Ok(());
+                    },
+                }
+            }
+            delay = if poll.settling {
+                settle
+            } else {
+                self.poll_interval
+            };
+        }
+    }
+}

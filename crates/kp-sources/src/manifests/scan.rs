@@ -1,0 +1,410 @@
+//! The blocking half of the manifests source: look at the files, re-read what changed, and
+//! diff the whole object set against what was reported.
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use kp_core::event::SourceEvent;
+use prometheus_client::metrics::counter::Counter;
+use tracing::{debug, info, warn};
+
+use super::parse::{Kind, ManifestError, Object, ObjectKey, Problem, parse_manifests};
+
+/// File name extensions read from a directory, as `kubectl apply -f DIR` does.
+const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
+
+/// Everything that changes when a file's content may have: size, modification and change
+/// times, and which inode it is (an atomic rename or a ConfigMap symlink swap makes the name
+/// point at another file, even with the same size and times), and where its symlinks lead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Stamp {
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    inode: (u64, u64),
+    target: Option<PathBuf>,
+    /// A `stat` error other than "not found": the read will fail and report it.
+    error: Option<io::ErrorKind>,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Result<Option<Stamp>, io::Error> {
+        let metadata = match std::fs::metadata(path) {
+            Ok(metadata) => metadata,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        if metadata.is_dir() {
+            return Ok(None);
+        }
+        Ok(Some(Stamp {
+            len: metadata.len(),
+            mtime: (metadata.mtime(), metadata.mtime_nsec()),
+            ctime: (metadata.ctime(), metadata.ctime_nsec()),
+            inode: (metadata.dev(), metadata.ino()),
+            target: std::fs::canonicalize(path).ok(),
+            error: None,
+        }))
+    }
+
+    fn unreadable(kind: io::ErrorKind) -> Stamp {
+        Stamp {
+            len: 0,
+            mtime: (0, 0),
+            ctime: (0, 0),
+            inode: (0, 0),
+            target: None,
+            error: Some(kind),
+        }
+    }
+
+    /// Whether the file was modified so recently that another write within the same
+    /// timestamp tick could go unnoticed (same size, same times).
+    fn is_recent(&self, now: SystemTime, window: Duration) -> bool {
+        let Ok(secs) = u64::try_from(self.mtime.0) else {
+            return false;
+        };
+        let nanos = u32::try_from(self.mtime.1).unwrap_or(0);
+        let mtime = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+        now.duration_since(mtime).is_ok_and(|age| age < window)
+    }
+}
+
+/// What one file contributes.
+#[derive(Debug, Default)]
+struct FileState {
+    /// The stamp the objects were read at; `None` forces a re-read (see `Stamp::is_recent`).
+    stamp: Option<Stamp>,
+    /// Hash of the content last parsed, so an unchanged re-read is not parsed (nor its
+    /// errors reported) again.
+    content: Option<u64>,
+    /// The objects this file contributes: the last parse, plus, while the file has broken
+    /// documents, objects it contributed before that are now missing.
+    objects: Vec<Object>,
+}
+
+/// The outcome of one poll.
+#[derive(Debug, Default)]
+pub(super) struct Poll {
+    /// Events for what changed since the last poll.
+    pub events: Vec<SourceEvent>,
+    /// The path could be listed, and every file seen has been read.
+    pub complete: bool,
+    /// Changes were seen once and wait for a confirming look after a short settle time.
+    pub settling: bool,
+}
+
+/// The state of the files and what has been reported.
+pub(super) struct Scanner {
+    root: PathBuf,
+    node_name: Option<String>,
+    errors: Counter,
+    /// How long a change must stay the same before it is applied.
+    settle: Duration,
+    files: BTreeMap<PathBuf, FileState>,
+    /// Changes seen once: the new stamp (`None`: the file vanished).
+    pending: BTreeMap<PathBuf, Option<Stamp>>,
+    /// The objects reported, by key.
+    reported: BTreeMap<ObjectKey, Object>,
+    /// The problem last reported for the path itself, to report each once.
+    root_problem: Option<String>,
+    /// Whether the files have been read once; the first load needs no confirmation.
+    loaded: bool,
+}
+
+impl Scanner {
+    pub(super) fn new(
+        root: PathBuf,
+        node_name: Option<String>,
+        errors: Counter,
+        settle: Duration,
+    ) -> Scanner {
+        Scanner {
+            root,
+            node_name,
+            errors,
+            settle,
+            files: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            reported: BTreeMap::new(),
+            root_problem: None,
+            loaded: false,
+        }
+    }
+
+    /// Look at the files once; read the ones whose change is confirmed (or all, the first
+    /// time), and return the events for the resulting object set.
+    pub(super) fn poll(&mut self) -> Poll {
+        let Some((seen, exists)) = self.list() else {
+            return Poll::default();
+        };
+        let paths: Vec<PathBuf> = self.files.keys().chain(seen.keys()).cloned().collect();
+        let mut changed = false;
+        let mut settling = false;
+        for path in paths {
+            let now = seen.get(&path).cloned();
+            let known = self.files.get(&path).map(|state| state.stamp.clone());
+            if known.as_ref() == Some(&now) && now.is_some() {
+                self.pending.remove(&path);
+                continue;
+            }
+            if known.is_none() && now.is_none() {
+                self.pending.remove(&path);
+                continue;
+            }
+            // A change. Apply it at once on the first load, else only once it has looked the
+            // same twice, `settle` apart: a writer may be between truncating and writing, or
+            // an editor between moving the old file away and writing the new one.
+            let confirmed = !self.loaded || self.pending.get(&path) == Some(&now);
+            if !confirmed {
+                self.pending.insert(path, now);
+                settling = true;
+                continue;
+            }
+            self.pending.remove(&path);
+            changed = true;
+            match now {
+                Some(stamp) => settling |= self.read(&path, stamp),
+                None => {
+                    info!(file = %path.display(), "manifests file removed; its objects are deleted");
+                    self.files.remove(&path);
+                }
+            }
+        }
+        self.loaded = true;
+        let events = if changed { self.diff() } else { Vec::new() };
+        Poll {
+            events,
+            complete: exists && self.pending.is_empty(),
+            settling,
+        }
+    }
+
+    /// The files to read, with their stamps, and whether the path exists; `None` when the
+    /// path cannot be listed. Problems are reported once each. A missing path lists as no
+    /// files.
+    fn list(&mut self) -> Option<(BTreeMap<PathBuf, Stamp>, bool)> {
+        let listing = self.try_list();
+        let problem = match &listing {
+            Ok((_, problem)) => problem.clone(),
+            Err(error) => Some(format!(
+                "cannot list manifests path {}: {error}",
+                self.root.display()
+            )),
+        };
+        if problem != self.root_problem {
+            match &problem {
+                Some(problem) => warn!("{problem}"),
+                None => info!(path = %self.root.display(), "manifests path is readable again"),
+            }
+            self.root_problem = problem;
+        }
+        listing
+            .ok()
+            .map(|(files, problem)| (files, problem.is_none()))
+    }
+
+    fn try_list(&self) -> io::Result<(BTreeMap<PathBuf, Stamp>, Option<String>)> {
+        let mut files = BTreeMap::new();
+        let metadata = match std::fs::metadata(&self.root) {
+            Ok(metadata) => metadata,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                let problem = format!(
+                    "manifests path {} does not exist; watching for it to appear",
+                    self.root.display()
+                );
+                return Ok((files, Some(problem)));
+            }
+            Err(error) => return Err(error),
+        };
+        if !metadata.is_dir() {
+            // A single file, whatever its name.
+            files.insert(self.root.clone(), stamp_or_error(&self.root));
+            return Ok((files, None));
+        }
+        for entry in std::fs::read_dir(&self.root)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                debug!(path = %entry.path().display(), "skipping a file name that is not UTF-8");
+                continue;
+            };
+            // Hidden files, and a ConfigMap volume's `..data` and `..2026_...` entries: the
+            // visible names are symlinks into them.
+            if name.starts_with('.') {
+                continue;
+            }
+            let Some((_, extension)) = name.rsplit_once('.') else {
+                continue;
+            };
+            if !EXTENSIONS.contains(&extension) {
+                continue;
+            }
+            let path = entry.path();
+            match Stamp::of(&path) {
+                Ok(Some(stamp)) => {
+                    files.insert(path, stamp);
+                }
+                // Gone since listed, a dangling symlink, or a directory.
+                Ok(None) => {}
+                Err(error) => {
+                    files.insert(path, Stamp::unreadable(error.kind()));
+                }
+            }
+        }
+        Ok((files, None))
+    }
+
+    /// Read and parse one file; returns whether it must be looked at again soon.
+    fn read(&mut self, path: &Path, stamp: Stamp) -> bool {
+        let recent = stamp.is_recent(SystemTime::now(), self.settle);
+        let state = self.files.entry(path.to_owned()).or_default();
+        // Recently modified: force a re-read next time, in case a write lands within the same
+        // timestamp tick (an unchanged content hash then makes it cheap and silent).
+        state.stamp = if recent { None } else { Some(stamp) };
+        let text = std::fs::read(path)
+            .map_err(|error| error.to_string())
+            .and_then(|bytes| String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned()));
+        let text = match text {
+            Ok(text) => text,
+            Err(message) => {
+                let error = ManifestError {
+                    file: path.to_owned(),
+                    document: None,
+                    line: None,
+                    column: None,
+                    item: None,
+                    problem: Problem::Read(message),
+                };
+                self.report(&error);
+                keep_notice(path, &self.files);
+                return recent;
+            }
+        };
+        let mut hasher = DefaultHasher::new();
+        text.hash(&mut hasher);
+        let content = hasher.finish();
+        let Some(state) = self.files.get_mut(path) else {
+            return recent;
+        };
+        if state.content == Some(content) {
+            return recent;
+        }
+        state.content = Some(content);
+        let (objects, errors) = parse_manifests(&text, path);
+        if errors.is_empty() {
+            state.objects = objects;
+            return recent;
+        }
+        // Broken documents: keep what the file contributed before and is now missing, so a
+        // half-written save never drops traffic; the file's next clean parse decides.
+        let mut kept = std::mem::take(&mut state.objects);
+        let fresh: std::collections::BTreeSet<ObjectKey> =
+            objects.iter().map(Object::key).collect();
+        kept.retain(|object| !fresh.contains(&object.key()));
+        let kept_count = kept.len();
+        state.objects = objects;
+        state.objects.extend(kept);
+        for error in &errors {
+            self.report(error);
+        }
+        if kept_count > 0 {
+            info!(
+                file = %path.display(),
+                "keeping {kept_count} object(s) from {} until it parses cleanly",
+                path.display()
+            );
+        }
+        recent
+    }
+
+    fn report(&self, error: &ManifestError) {
+        self.errors.inc();
+        warn!(
+            file = %error.file.display(),
+            document = error.document,
+            line = error.line,
+            "skipping broken manifest: {error}"
+        );
+    }
+
+    /// The object set from all files (later file names win), against what was reported.
+    fn diff(&mut self) -> Vec<SourceEvent> {
+        let mut wanted: BTreeMap<ObjectKey, (&Object, &Path)> = BTreeMap::new();
+        for (path, state) in &self.files {
+            for object in &state.objects {
+                let key = object.key();
+                if key.kind == Kind::Node && self.node_name.as_deref() != Some(key.name.as_str()) {
+                    debug!(file = %path.display(), "ignoring {key}: not this node");
+                    continue;
+                }
+                match wanted.entry(key) {
+                    Entry::Vacant(entry) => {
+                        entry.insert((object, path));
+                    }
+                    Entry::Occupied(mut entry) => {
+                        let (_, earlier) = entry.get();
+                        if *earlier == path.as_path() {
+                            warn!(
+                                file = %path.display(),
+                                "{} is defined twice in {}; the later definition wins",
+                                entry.key(),
+                                path.display()
+                            );
+                        } else {
+                            warn!(
+                                file = %path.display(),
+                                "{} is defined in both {} and {}; the one in {} wins",
+                                entry.key(),
+                                earlier.display(),
+                                path.display(),
+                                path.display()
+                            );
+                        }
+                        entry.insert((object, path));
+                    }
+                }
+            }
+        }
+        let mut events = Vec::new();
+        for (key, old) in &self.reported {
+            if !wanted.contains_key(key) {
+                events.push(old.clone().deleted());
+            }
+        }
+        for (key, (object, _)) in &wanted {
+            if self.reported.get(key) != Some(*object) {
+                events.push((*object).clone().applied());
+            }
+        }
+        self.reported = wanted
+            .into_iter()
+            .map(|(key, (object, _))| (key, object.clone()))
+            .collect();
+        events
+    }
+}
+
+fn stamp_or_error(path: &Path) -> Stamp {
+    match Stamp::of(path) {
+        Ok(Some(stamp)) => stamp,
+        Ok(None) => Stamp::unreadable(io::ErrorKind::NotFound),
+        Err(error) => Stamp::unreadable(error.kind()),
+    }
+}
+
+fn keep_notice(path: &Path, files: &BTreeMap<PathBuf, FileState>) {
+    let count = files.get(path).map_or(0, |state| state.objects.len());
+    if count > 0 {
+        info!(
+            file = %path.display(),
+            "keeping {count} object(s) from {} until it can be read",
+            path.display()
+        );
+    }
+}

@@ -1,0 +1,506 @@
+//! The manifests source on real files: initial load, every way files get replaced, broken
+//! edits, deletion, a single-file path, a path that appears late, and shutdown.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use kp_core::event::{ObjectEvent, SourceEvent};
+use kp_sources::manifests::{ManifestsError, ManifestsSource};
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How long to wait for something the source should do within a few polls.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Fast polling keeps the tests quick; the logic does not depend on the interval.
+const POLL: Duration = Duration::from_millis(20);
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+fn copy_data(dir: &Path, names: &[&str]) {
+    for name in names {
+        std::fs::copy(data(name), dir.join(name)).expect("copy test data");
+    }
+}
+
+/// `Applied Service default/web`, `Deleted Node node-1`, `Synced EndpointSlice`.
+fn describe(event: &SourceEvent) -> String {
+    fn one<K>(kind: &str, event: &ObjectEvent<K>, meta: impl Fn(&K) -> String) -> String {
+        match event {
+            ObjectEvent::Applied(object) => format!("Applied {kind} {}", meta(object)),
+            ObjectEvent::Deleted(object) => format!("Deleted {kind} {}", meta(object)),
+            ObjectEvent::Synced => format!("Synced {kind}"),
+        }
+    }
+    fn name(metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+        match &metadata.namespace {
+            Some(namespace) => format!("{namespace}/{}", metadata.name.as_deref().unwrap_or("")),
+            None => metadata.name.clone().unwrap_or_default(),
+        }
+    }
+    match event {
+        SourceEvent::Service(e) => one("Service", e, |o| name(&o.metadata)),
+        SourceEvent::EndpointSlice(e) => one("EndpointSlice", e, |o| name(&o.metadata)),
+        SourceEvent::Node(e) => one("Node", e, |o| name(&o.metadata)),
+    }
+}
+
+fn applied_service(event: &SourceEvent) -> Option<&Service> {
+    match event {
+        SourceEvent::Service(ObjectEvent::Applied(service)) => Some(service),
+        _ => None,
+    }
+}
+
+fn first_port(service: &Service) -> i32 {
+    service
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.ports.as_ref())
+        .and_then(|ports| ports.first())
+        .map_or(0, |port| port.port)
+}
+
+fn service_yaml(name: &str, ip: &str, port: u16) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  clusterIP: {ip}\n  \
+         ports:\n    - port: {port}\n"
+    )
+}
+
+/// A running source and the receiving end of its events.
+struct Running {
+    rx: mpsc::Receiver<SourceEvent>,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), ManifestsError>>,
+    errors: Counter,
+    /// Every event received so far, for failure messages.
+    seen: Vec<String>,
+}
+
+impl Running {
+    fn start(path: &Path) -> Running {
+        let source = ManifestsSource::new(path)
+            .node_name("node-1")
+            .poll_interval(POLL);
+        let errors = source.errors_counter();
+        let (tx, rx) = mpsc::channel(16);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(source.run(tx, shutdown.clone()));
+        Running {
+            rx,
+            shutdown,
+            task,
+            errors,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Receive events until one matches; returns it and the events before it.
+    async fn until(
+        &mut self,
+        what: &str,
+        matches: impl Fn(&SourceEvent) -> bool,
+    ) -> (SourceEvent, Vec<SourceEvent>) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let mut before = Vec::new();
+        loop {
+            let event = match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(event)) => event,
+                Ok(None) => panic!(
+                    "source stopped while waiting for {what}; seen {:?}",
+                    self.seen
+                ),
+                Err(_) => panic!("no {what} within {PATIENCE:?}; seen {:?}", self.seen),
+            };
+            self.seen.push(describe(&event));
+            if matches(&event) {
+                return (event, before);
+            }
+            before.push(event);
+        }
+    }
+
+    /// Receive events until one is described as `description`.
+    async fn until_described(&mut self, description: &str) -> (SourceEvent, Vec<SourceEvent>) {
+        self.until(description, |e| describe(e) == description)
+            .await
+    }
+
+    /// The initial load: every event up to the third `Synced`, which must come last.
+    async fn initial(&mut self) -> Vec<String> {
+        let mut events = Vec::new();
+        let mut synced = 0;
+        while synced < 3 {
+            let (event, before) = self
+                .until("Synced", |e| describe(e).starts_with("Synced"))
+                .await;
+            assert!(
+                synced == 0 || before.is_empty(),
+                "objects between Synced events: {:?}",
+                self.seen
+            );
+            events.extend(before.iter().map(describe));
+            events.push(describe(&event));
+            synced += 1;
+        }
+        events
+    }
+
+    /// Wait (bounded) until the error counter reaches `count`.
+    async fn errors_reach(&self, count: u64) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self.errors.get() < count {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "error counter stuck at {} (want {count}); seen {:?}",
+                self.errors.get(),
+                self.seen
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let result = tokio::time::timeout(PATIENCE, self.task)
+            .await
+            .expect("source stops promptly after cancellation")
+            .expect("source task does not panic");
+        assert!(result.is_ok(), "{result:?}");
+    }
+}
+
+/// Write `text` to `path` by writing a hidden temporary file and renaming it over `path`.
+fn write_atomically(path: &Path, text: &str) {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("file name");
+    let temporary = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&temporary, text).expect("write temporary file");
+    std::fs::rename(&temporary, path).expect("rename over the file");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_load_reports_every_object_then_synced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_data(dir.path(), &["web.yaml", "nodes.yaml", "dns.json"]);
+    // Not manifests: wrong extension, hidden, a directory.
+    std::fs::write(dir.path().join("notes.txt"), "not yaml: [").expect("write");
+    std::fs::write(dir.path().join(".hidden.yaml"), "not yaml: [").expect("write");
+    std::fs::create_dir(dir.path().join("sub.yaml")).expect("mkdir");
+
+    let mut source = Running::start(dir.path());
+    let mut events = source.initial().await;
+    let synced = events.split_off(events.len() - 3);
+    events.sort();
+    assert_eq!(
+        events,
+        [
+            "Applied EndpointSlice default/web-abc12",
+            "Applied Node node-1",
+            "Applied Service default/web",
+            "Applied Service kube-system/kube-dns",
+        ]
+    );
+    assert_eq!(
+        synced,
+        ["Synced Service", "Synced EndpointSlice", "Synced Node"]
+    );
+    assert_eq!(source.errors.get(), 0);
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_service_arrives_defaulted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_data(dir.path(), &["web.yaml"]);
+    let mut source = Running::start(dir.path());
+    let (event, _) = source.until_described("Applied Service default/web").await;
+    let service = applied_service(&event).expect("a Service");
+    let spec = service.spec.as_ref().expect("spec");
+    assert_eq!(
+        spec.cluster_ips.as_deref(),
+        Some(&["10.96.0.10".to_owned()][..])
+    );
+    assert_eq!(spec.ip_families.as_deref(), Some(&["IPv4".to_owned()][..]));
+    let ports = spec.ports.as_ref().expect("ports");
+    assert_eq!(ports[1].protocol.as_deref(), Some("TCP"));
+    assert_eq!(
+        ports[1].target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(9090))
+    );
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_place_edit_is_applied() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("svc.yaml");
+    std::fs::write(&file, service_yaml("a", "10.0.0.1", 80)).expect("write");
+    let mut source = Running::start(dir.path());
+    source.initial().await;
+
+    // Same length, written in place (same inode) right after the first read: only the
+    // modification time differs, possibly by less than a timestamp tick.
+    std::fs::write(&file, service_yaml("a", "10.0.0.1", 81)).expect("write in place");
+    let (event, before) = source
+        .until("port 81", |e| {
+            applied_service(e).is_some_and(|s| first_port(s) == 81)
+        })
+        .await;
+    assert!(before.is_empty(), "{:?}", source.seen);
+    assert_eq!(describe(&event), "Applied Service default/a");
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_atomic_rename_is_applied() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("svc.yaml");
+    std::fs::write(&file, service_yaml("a", "10.0.0.1", 80)).expect("write");
+    let mut source = Running::start(dir.path());
+    source.initial().await;
+
+    write_atomically(&file, &service_yaml("a", "10.0.0.1", 81));
+    let (_, before) = source
+        .until("port 81", |e| {
+            applied_service(e).is_some_and(|s| first_port(s) == 81)
+        })
+        .await;
+    // Nothing was deleted on the way: the name always pointed at a complete file.
+    assert!(before.is_empty(), "{:?}", source.seen);
+    source.stop().await;
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_symlink_swap_is_applied() {
+    use std::os::unix::fs::symlink;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    // As the kubelet lays out a ConfigMap volume.
+    std::fs::create_dir(root.join("..2026_11_22_a")).expect("mkdir");
+    std::fs::write(
+        root.join("..2026_11_22_a/x.yaml"),
+        service_yaml("x", "10.0.0.1", 80),
+    )
+    .expect("write");
+    symlink("..2026_11_22_a", root.join("..data")).expect("..data");
+    symlink("..data/x.yaml", root.join("x.yaml")).expect("x.yaml");
+
+    let mut source = Running::start(root);
+    let initial = source.initial().await;
+    assert_eq!(initial[0], "Applied Service default/x");
+
+    // A new version: a new timestamped directory, and `..data` re-pointed by renaming a new
+    // symlink over it. The same length, so only the inode and target path tell.
+    std::fs::create_dir(root.join("..2026_11_22_b")).expect("mkdir");
+    std::fs::write(
+        root.join("..2026_11_22_b/x.yaml"),
+        service_yaml("x", "10.0.0.1", 81),
+    )
+    .expect("write");
+    symlink("..2026_11_22_b", root.join("..data_tmp")).expect("..data_tmp");
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).expect("swap ..data");
+    std::fs::remove_dir_all(root.join("..2026_11_22_a")).expect("remove old version");
+
+    let (_, before) = source
+        .until("port 81", |e| {
+            applied_service(e).is_some_and(|s| first_port(s) == 81)
+        })
+        .await;
+    assert!(before.is_empty(), "{:?}", source.seen);
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_file_deletes_its_objects() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_data(dir.path(), &["web.yaml", "dns.json"]);
+    let mut source = Running::start(dir.path());
+    source.initial().await;
+
+    std::fs::remove_file(dir.path().join("web.yaml")).expect("remove");
+    let (_, before) = source
+        .until_described("Deleted EndpointSlice default/web-abc12")
+        .await;
+    let described: Vec<_> = before.iter().map(describe).collect();
+    assert_eq!(described, ["Deleted Service default/web"]);
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_edit_keeps_the_previous_objects_until_fixed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("a.yaml");
+    let marker = dir.path().join("marker.yaml");
+    let a = service_yaml("a", "10.0.0.1", 80);
+    let b = service_yaml("b", "10.0.0.2", 80);
+    std::fs::write(&file, format!("{a}---\n{b}")).expect("write");
+    let mut source = Running::start(dir.path());
+    source.initial().await;
+
+    // A half-written save: `a` changed, `b` cut off mid-document.
+    let a81 = service_yaml("a", "10.0.0.1", 81);
+    std::fs::write(
+        &file,
+        format!("{a81}---\napiVersion: v1\nkind: Service\nmetadata: [b"),
+    )
+    .expect("write");
+    source.errors_reach(1).await;
+    // Then a change elsewhere: every event of the broken save comes before its event.
+    std::fs::write(&marker, service_yaml("marker", "10.0.0.9", 80)).expect("write marker");
+    let (_, before) = source
+        .until_described("Applied Service default/marker")
+        .await;
+    let described: Vec<_> = before.iter().map(describe).collect();
+    assert_eq!(described, ["Applied Service default/a"], "b must be kept");
+    assert!(applied_service(&before[0]).is_some_and(|s| first_port(s) == 81));
+
+    // Fixed, with `b` changed: applied.
+    std::fs::write(
+        &file,
+        format!("{a81}---\n{}", service_yaml("b", "10.0.0.2", 82)),
+    )
+    .expect("write");
+    let (event, before) = source.until_described("Applied Service default/b").await;
+    assert!(before.is_empty(), "{:?}", source.seen);
+    assert!(applied_service(&event).is_some_and(|s| first_port(s) == 82));
+
+    // Clean without `b`: now `b` is really gone.
+    std::fs::write(&file, &a81).expect("write");
+    source.until_described("Deleted Service default/b").await;
+    assert_eq!(source.errors.get(), 1);
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_file_wins_a_duplicate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("1.yaml"),
+        service_yaml("dup", "10.0.0.1", 80),
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("2.yaml"),
+        service_yaml("dup", "10.0.0.1", 82),
+    )
+    .expect("write");
+    let mut source = Running::start(dir.path());
+    let (event, _) = source.until_described("Applied Service default/dup").await;
+    assert_eq!(applied_service(&event).map(first_port), Some(82));
+    let events = source.initial().await;
+    assert_eq!(events.len(), 3, "one Service only: {events:?}");
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_file_path_is_watched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Any name works for a file given explicitly.
+    let file = dir.path().join("services");
+    std::fs::write(&file, service_yaml("a", "10.0.0.1", 80)).expect("write");
+    std::fs::write(
+        dir.path().join("other.yaml"),
+        service_yaml("other", "10.0.0.2", 80),
+    )
+    .expect("write");
+    let mut source = Running::start(&file);
+    let events = source.initial().await;
+    assert_eq!(
+        events,
+        [
+            "Applied Service default/a",
+            "Synced Service",
+            "Synced EndpointSlice",
+            "Synced Node"
+        ]
+    );
+
+    write_atomically(&file, &service_yaml("a", "10.0.0.1", 8080));
+    let (_, before) = source
+        .until("port 8080", |e| {
+            applied_service(e).is_some_and(|s| first_port(s) == 8080)
+        })
+        .await;
+    assert!(before.is_empty(), "{:?}", source.seen);
+
+    std::fs::remove_file(&file).expect("remove");
+    source.until_described("Deleted Service default/a").await;
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_path_is_watched_until_it_appears() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let later = dir.path().join("later");
+    let mut source = Running::start(&later);
+
+    std::fs::create_dir(&later).expect("mkdir");
+    std::fs::write(later.join("a.yaml"), service_yaml("a", "10.0.0.1", 80)).expect("write");
+    // Nothing, not even Synced, before the path exists: the first event is the object.
+    let events = source.initial().await;
+    assert_eq!(events[0], "Applied Service default/a", "{events:?}");
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_receiver_stops_the_source() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_data(dir.path(), &["web.yaml"]);
+    let source = ManifestsSource::new(dir.path()).poll_interval(POLL);
+    let (tx, rx) = mpsc::channel(1);
+    let task = tokio::spawn(source.run(tx, CancellationToken::new()));
+    drop(rx);
+    let result = tokio::time::timeout(PATIENCE, task)
+        .await
+        .expect("source stops once nobody listens")
+        .expect("no panic");
+    assert!(result.is_ok(), "{result:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_counted_in_the_registered_metric() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: [oops\n",
+    )
+    .expect("write");
+    let mut registry = prometheus_client::registry::Registry::default();
+    let source = ManifestsSource::new(dir.path())
+        .poll_interval(POLL)
+        .register_metrics(&mut registry);
+    let (tx, mut rx) = mpsc::channel(16);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(source.run(tx, shutdown.clone()));
+    // The broken file is read before the first Synced is sent.
+    let first = tokio::time::timeout(PATIENCE, rx.recv())
+        .await
+        .expect("Synced in time")
+        .expect("an event");
+    assert_eq!(describe(&first), "Synced Service");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    assert!(
+        text.contains("kube_proxy_rs_manifest_errors_total 1"),
+        "{text}"
+    );
+    shutdown.cancel();
+    let result = tokio::time::timeout(PATIENCE, task)
+        .await
+        .expect("stops")
+        .expect("no panic");
+    assert!(result.is_ok(), "{result:?}");
+}
