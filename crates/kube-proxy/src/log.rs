@@ -105,7 +105,12 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, _ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
         let meta = event.metadata();
         let mut line = String::with_capacity(160);
         header(
@@ -129,10 +134,21 @@ mod tests {
 
     #[test]
     fn header_has_klog_shape() {
-        let ts: jiff::Timestamp = "2026-11-22T08:09:44.313052Z".parse().expect("valid timestamp");
+        let ts: jiff::Timestamp = "2026-11-22T08:09:44.313052Z"
+            .parse()
+            .expect("valid timestamp");
         let mut out = String::new();
-        header(&mut out, &Level::INFO, ts, "crates/kp-core/src/proxier.rs", 185);
-        let expected = format!("I1122 08:09:44.313052 {:>7} proxier.rs:185] ", std::process::id());
+        header(
+            &mut out,
+            &Level::INFO,
+            ts,
+            "crates/kp-core/src/proxier.rs",
+            185,
+        );
+        let expected = format!(
+            "I1122 08:09:44.313052 {:>7} proxier.rs:185] ",
+            std::process::id()
+        );
         assert_eq!(out, expected);
         let mut out = String::new();
         header(&mut out, &Level::WARN, ts, "x.rs", 1);
@@ -163,10 +179,15 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!(mode = "iptables", services = 3, "Using proxier");
         });
-        let text = String::from_utf8(buf.lock().map(|b| b.clone()).unwrap_or_default()).unwrap_or_default();
+        let text = String::from_utf8(buf.lock().map(|b| b.clone()).unwrap_or_default())
+            .unwrap_or_default();
         assert!(text.starts_with('I'), "{text}");
         assert!(text.contains("log.rs:"), "{text}");
-        assert!(text.trim_end().ends_with(r#"] Using proxier mode="iptables" services="3""#), "{text}");
+        assert!(
+            text.trim_end()
+                .ends_with(r#"] Using proxier mode="iptables" services="3""#),
+            "{text}"
+        );
     }
 
     struct SinkWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);

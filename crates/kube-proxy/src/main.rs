@@ -1,1 +1,63 @@
-fn main() {}
+//! `kube-proxy`: the binary. Parses upstream's flags and config file, sets up klog-style
+//! logging, picks the proxy mode and hands over to [`app::run`]. `anyhow` lives only here.
+
+mod app;
+mod dryrun;
+mod log;
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use kp_config::{Options, ProxyMode};
+
+fn main() -> ExitCode {
+    let options = Options::parse();
+    match run(options) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // Logging may not be set up yet (bad flags), so errors go straight to stderr too.
+            tracing::error!("{error:#}");
+            if !tracing::dispatcher::has_been_set() {
+                eprintln!("kube-proxy: {error:#}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(options: Options) -> anyhow::Result<()> {
+    // Configuration first: every invalid value is reported before anything touches the node.
+    let loaded = options.load().context("invalid configuration")?;
+    let config = loaded.config;
+    log::init(i32::try_from(config.logging.verbosity).unwrap_or(i32::MAX));
+    for warning in &loaded.warnings {
+        tracing::warn!("{warning}");
+    }
+    tracing::info!(version = kp_config::VERSION, "Starting kube-proxy");
+
+    if let Some(path) = &options.write_config_to {
+        kp_config::write_config(path, &config)
+            .with_context(|| format!("writing {}", path.display()))?;
+        tracing::info!(path = %path.display(), "Wrote configuration");
+        return Ok(());
+    }
+
+    let mode = config.mode();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kube-proxy")
+        .build()
+        .context("starting the async runtime")?;
+    match mode {
+        ProxyMode::Fake => {
+            tracing::info!("Using the fake proxier: nothing is programmed, every sync is logged");
+            let settings = app::Settings::new(&options, config);
+            runtime.block_on(app::run(settings, dryrun::DryRun, options.cleanup))
+        }
+        other => anyhow::bail!(
+            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: fake)",
+            other.as_str()
+        ),
+    }
+}

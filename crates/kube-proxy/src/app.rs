@@ -1,0 +1,275 @@
+//! Wiring: source → proxier (tracker, runner, backend) → servers, with one shutdown signal.
+//!
+//! The admin servers (health, metrics, health-check node ports) run on their own
+//! single-threaded runtime on a dedicated thread, so they keep answering while the main
+//! runtime is busy with a large sync.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kp_config::{KubeProxyConfiguration, Options};
+use kp_core::backend::Backend;
+use kp_core::health::{ProxyHealth, ServiceHealthMap};
+use kp_core::metrics::Metrics;
+use kp_core::model::IpFamily;
+use kp_core::proxier::{Proxier, ProxierConfig};
+use kp_server::{HealthMetrics, MetricsInfo, ServiceHealthServers};
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// How many source events may queue before a source waits for the proxier. Large enough to
+/// absorb an initial list of thousands of objects in a few batches.
+const EVENT_QUEUE: usize = 4096;
+
+/// Upstream retries a failed bind of the health or metrics port this often.
+const BIND_RETRY: Duration = Duration::from_secs(5);
+
+/// Everything `run` needs besides the backend.
+#[derive(Debug)]
+pub struct Settings {
+    config: KubeProxyConfiguration,
+    manifests: Option<PathBuf>,
+    master: Option<String>,
+}
+
+impl Settings {
+    /// Settings from the parsed flags and the effective configuration.
+    pub fn new(options: &Options, config: KubeProxyConfiguration) -> Self {
+        Self {
+            config,
+            manifests: options.manifests.clone(),
+            master: options.master.clone(),
+        }
+    }
+}
+
+/// Runs the proxy until SIGTERM or SIGINT, or performs `--cleanup` and returns.
+pub async fn run<B: Backend + 'static>(
+    settings: Settings,
+    mut backend: B,
+    cleanup: bool,
+) -> anyhow::Result<()> {
+    if cleanup {
+        backend.cleanup().await.context("cleanup")?;
+        tracing::info!(mode = backend.mode(), "Cleanup done");
+        return Ok(());
+    }
+    let config = settings.config;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+
+    let node_name = node_name(&config);
+    tracing::info!(node = %node_name, "Using node name");
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let health_metrics = HealthMetrics::register(&mut registry);
+
+    let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+    let source = spawn_source(
+        &settings.manifests,
+        settings.master.as_deref(),
+        &config,
+        &node_name,
+        &mut registry,
+        events_tx,
+        shutdown.clone(),
+    )
+    .await?;
+
+    let proxier_config = ProxierConfig::new(node_name)
+        .with_min_sync_period(config.min_sync_period())
+        .with_sync_period(config.sync_period());
+    let health = Arc::new(ProxyHealth::new(config.sync_period()));
+    let mode = backend.mode();
+    let proxier = Proxier::new(proxier_config, backend, health.clone(), metrics)
+        .context("building the proxier")?;
+    let admin = Admin {
+        healthz: config.healthz_bind_address(),
+        metrics: config.metrics_bind_address(),
+        health,
+        health_metrics,
+        registry: Arc::new(registry),
+        info: MetricsInfo {
+            proxy_mode: mode.to_string(),
+            configz: serde_json::to_value(&config).context("encoding /configz")?,
+        },
+        service_health: proxier.service_health(),
+        families: vec![IpFamily::V4],
+    };
+    let admin_thread = admin.spawn(shutdown.clone())?;
+    tracing::info!(mode, "Proxier starting");
+
+    let result = proxier.run(events_rx, shutdown.clone()).await;
+    shutdown.cancel();
+    if let Err(error) = source.await {
+        tracing::warn!(%error, "source task ended abnormally");
+    }
+    if admin_thread.join().is_err() {
+        tracing::warn!("admin server thread panicked");
+    }
+    result.context("proxier")?;
+    tracing::info!("Shut down cleanly");
+    Ok(())
+}
+
+/// Starts the manifests source (with `--manifests`) or the API source.
+async fn spawn_source(
+    manifests: &Option<PathBuf>,
+    master: Option<&str>,
+    config: &KubeProxyConfiguration,
+    node_name: &str,
+    registry: &mut Registry,
+    tx: mpsc::Sender<kp_core::event::SourceEvent>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    if let Some(path) = manifests {
+        tracing::info!(path = %path.display(), "Reading Services, EndpointSlices and Nodes from manifests");
+        let source = kp_sources::manifests::ManifestsSource::new(path.clone())
+            .node_name(node_name.to_string())
+            .register_metrics(registry);
+        return Ok(tokio::spawn(async move {
+            if let Err(error) = source.run(tx, shutdown).await {
+                tracing::error!(%error, "manifests source stopped; keeping the last state");
+            }
+        }));
+    }
+    let kubeconfig = Some(config.client_connection.kubeconfig.trim())
+        .filter(|k| !k.is_empty())
+        .map(PathBuf::from);
+    let options = kp_sources::api::ClientOptions {
+        kubeconfig,
+        master: master.map(str::to_string),
+        ..kp_sources::api::ClientOptions::default()
+    };
+    let client = kp_sources::api::client(&options)
+        .await
+        .context("connecting to the API server")?;
+    let source = kp_sources::api::ApiSource::new(client, node_name.to_string());
+    Ok(tokio::spawn(async move {
+        if let Err(error) = source.run(tx, shutdown).await {
+            tracing::error!(%error, "API source stopped; keeping the last state");
+        }
+    }))
+}
+
+/// The node name: `--hostname-override` / `hostnameOverride`, else the host name, lowercased
+/// as upstream does.
+fn node_name(config: &KubeProxyConfiguration) -> String {
+    if let Some(name) = config.hostname_override() {
+        return name.to_lowercase();
+    }
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    name.trim().to_lowercase()
+}
+
+/// Cancels `shutdown` on SIGTERM (what the kubelet sends) or SIGINT.
+async fn stop_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; stop the proxy with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+        () = shutdown.cancelled() => {}
+    }
+    shutdown.cancel();
+}
+
+/// The admin servers and what they serve.
+struct Admin {
+    healthz: Option<SocketAddr>,
+    metrics: Option<SocketAddr>,
+    health: Arc<ProxyHealth>,
+    health_metrics: HealthMetrics,
+    registry: Arc<Registry>,
+    info: MetricsInfo,
+    service_health: watch::Receiver<ServiceHealthMap>,
+    families: Vec<IpFamily>,
+}
+
+impl Admin {
+    /// Runs every admin server on its own thread and runtime until `shutdown`.
+    fn spawn(self, shutdown: CancellationToken) -> anyhow::Result<std::thread::JoinHandle<()>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the admin runtime")?;
+        std::thread::Builder::new()
+            .name("admin".into())
+            .spawn(move || runtime.block_on(self.serve(shutdown)))
+            .context("starting the admin thread")
+    }
+
+    async fn serve(self, shutdown: CancellationToken) {
+        let mut tasks = tokio::task::JoinSet::new();
+        if let Some(addr) = self.healthz {
+            let (health, metrics, families, stop) = (
+                self.health.clone(),
+                self.health_metrics,
+                self.families,
+                shutdown.clone(),
+            );
+            tasks.spawn(async move {
+                if let Some(listener) = bind_with_retry("healthz", addr, &stop).await {
+                    if let Err(error) =
+                        kp_server::serve_health(listener, health, families, metrics, stop).await
+                    {
+                        tracing::error!(%error, "health server stopped");
+                    }
+                }
+            });
+        }
+        if let Some(addr) = self.metrics {
+            let (registry, info, stop) = (self.registry, self.info, shutdown.clone());
+            tasks.spawn(async move {
+                if let Some(listener) = bind_with_retry("metrics", addr, &stop).await {
+                    if let Err(error) =
+                        kp_server::serve_metrics(listener, registry, info, stop).await
+                    {
+                        tracing::error!(%error, "metrics server stopped");
+                    }
+                }
+            });
+        }
+        // Health-check node ports listen on every address until nodePortAddresses filtering
+        // of local addresses lands with the first kernel mode.
+        let servers = ServiceHealthServers::new(Vec::new(), self.health);
+        let (updates, stop) = (self.service_health, shutdown.clone());
+        tasks.spawn(async move { servers.run(updates, stop).await });
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Binds `addr`, retrying every [`BIND_RETRY`] as upstream does, until shutdown.
+async fn bind_with_retry(
+    server: &str,
+    addr: SocketAddr,
+    shutdown: &CancellationToken,
+) -> Option<tokio::net::TcpListener> {
+    loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                tracing::info!(server, address = %addr, "Serving");
+                return Some(listener);
+            }
+            Err(error) => tracing::error!(server, address = %addr, %error, "cannot bind; retrying"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(BIND_RETRY) => {}
+            () = shutdown.cancelled() => return None,
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The binary end to end: `kube-proxy --manifests DIR --proxy-mode fake` starts, serves its
+//! health and metrics endpoints, reflects edits to the files, rejects bad configuration without
+//! starting, and exits cleanly on SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long to wait for something the proxy should do within a second or two.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_kube-proxy")
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster")
+}
+
+/// A free loopback port: bind :0, read the port, release it.
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    l.local_addr().expect("local addr").port()
+}
+
+/// A running proxy whose stderr lines arrive on a channel; killed on drop.
+struct Proxy {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    healthz: SocketAddr,
+    metrics: SocketAddr,
+}
+
+impl Proxy {
+    fn start(manifests: &Path, extra: &[&str]) -> Proxy {
+        let healthz: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let mut child = Command::new(binary())
+            .arg(format!("--manifests={}", manifests.display()))
+            .arg("--hostname-override=node-1")
+            .arg("--proxy-mode=fake")
+            .arg(format!("--healthz-bind-address={healthz}"))
+            .arg(format!("--metrics-bind-address={metrics}"))
+            .arg("--iptables-min-sync-period=0s")
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kube-proxy");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("proxy: {line}");
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proxy {
+            child,
+            lines,
+            seen: Vec::new(),
+            healthz,
+            metrics,
+        }
+    }
+
+    /// Wait for a log line containing every needle; panics with the log so far on timeout.
+    fn wait_for(&mut self, needles: &[&str]) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if needles.iter().all(|n| line.contains(n)) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no log line with {needles:?}; log so far:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kube-proxy did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain HTTP/1.1 GET; returns (status, body).
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let deadline = Instant::now() + PATIENCE;
+    let mut stream = loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("connect {addr}: {e}"),
+        }
+    };
+    stream.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn copy_examples(dir: &Path) {
+    for entry in std::fs::read_dir(examples()).expect("examples dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            std::fs::copy(&path, dir.join(path.file_name().expect("file name"))).expect("copy");
+        }
+    }
+}
+
+#[test]
+fn serves_health_and_metrics_and_reflects_edits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_examples(dir.path());
+    let mut proxy = Proxy::start(dir.path(), &["-v=2"]);
+
+    // The example has 4 service ports: web:http, kube-dns:dns, kube-dns:dns-tcp, shop:https.
+    proxy.wait_for(&["Dry-run sync", "service_ports=\"4\""]);
+
+    let (code, body) = get(proxy.healthz, "/healthz");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("\"healthy\":true") || body.contains("\"healthy\": true"),
+        "{body}"
+    );
+    let (code, _) = get(proxy.healthz, "/livez");
+    assert_eq!(code, 200);
+    let (code, body) = get(proxy.metrics, "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("kubeproxy_sync_proxy_rules_duration_seconds"),
+        "{body}"
+    );
+    let (code, body) = get(proxy.metrics, "/proxyMode");
+    assert_eq!((code, body.trim()), (200, "fake"));
+
+    // A new service written in place is picked up.
+    std::fs::write(
+        dir.path().join("extra.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: extra, namespace: default}\n\
+         spec:\n  clusterIP: 10.96.0.99\n  ports: [{port: 9000}]\n",
+    )
+    .expect("write extra.yaml");
+    proxy.wait_for(&["Dry-run sync", "service_ports=\"5\"", "default/extra"]);
+
+    // A broken document is reported with its file, and nothing else is lost.
+    std::fs::write(
+        dir.path().join("broken.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: [oops\n",
+    )
+    .expect("write broken.yaml");
+    proxy.wait_for(&["broken.yaml"]);
+
+    // Removing a file removes its service.
+    std::fs::remove_file(dir.path().join("extra.yaml")).expect("remove extra.yaml");
+    proxy.wait_for(&["Dry-run sync", "service_ports=\"4\""]);
+
+    let status = proxy.terminate();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+#[test]
+fn every_invalid_flag_is_reported_and_nothing_starts() {
+    let output = Command::new(binary())
+        .args([
+            "--proxy-mode=fake",
+            "--iptables-masquerade-bit=40",
+            "--oom-score-adj=5000",
+            "--healthz-bind-address=not-an-address",
+        ])
+        .output()
+        .expect("run kube-proxy");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for name in ["masquerade", "oom", "healthz"] {
+        assert!(
+            stderr.to_lowercase().contains(name),
+            "{name} missing from:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn an_unbuilt_mode_exits_with_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = Command::new(binary())
+        .arg(format!("--manifests={}", dir.path().display()))
+        .args([
+            "--proxy-mode=nftables",
+            "--healthz-bind-address=",
+            "--metrics-bind-address=",
+        ])
+        .output()
+        .expect("run kube-proxy");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("nftables") && stderr.contains("not available"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn write_config_to_writes_a_loadable_config() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("config.yaml");
+    let status = Command::new(binary())
+        .arg(format!("--write-config-to={}", path.display()))
+        .arg("--proxy-mode=fake")
+        .status()
+        .expect("run kube-proxy");
+    assert!(status.success());
+    let text = std::fs::read_to_string(&path).expect("config written");
+    assert!(text.contains("kind: KubeProxyConfiguration"), "{text}");
+    // The written file is accepted back (and still names the fake mode).
+    let output = Command::new(binary())
+        .arg(format!("--config={}", path.display()))
+        .arg(format!(
+            "--write-config-to={}",
+            dir.path().join("again.yaml").display()
+        ))
+        .output()
+        .expect("run kube-proxy");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let again =
+        std::fs::read_to_string(dir.path().join("again.yaml")).expect("config written again");
+    assert_eq!(text, again);
+}
