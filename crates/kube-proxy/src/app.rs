@@ -223,24 +223,22 @@ impl Admin {
                 shutdown.clone(),
             );
             tasks.spawn(async move {
-                if let Some(listener) = bind_with_retry("healthz", addr, &stop).await {
-                    if let Err(error) =
+                if let Some(listener) = bind_with_retry("healthz", addr, &stop).await
+                    && let Err(error) =
                         kp_server::serve_health(listener, health, families, metrics, stop).await
-                    {
-                        tracing::error!(%error, "health server stopped");
-                    }
+                {
+                    tracing::error!(%error, "health server stopped");
                 }
             });
         }
         if let Some(addr) = self.metrics {
             let (registry, info, stop) = (self.registry, self.info, shutdown.clone());
             tasks.spawn(async move {
-                if let Some(listener) = bind_with_retry("metrics", addr, &stop).await {
-                    if let Err(error) =
+                if let Some(listener) = bind_with_retry("metrics", addr, &stop).await
+                    && let Err(error) =
                         kp_server::serve_metrics(listener, registry, info, stop).await
-                    {
-                        tracing::error!(%error, "metrics server stopped");
-                    }
+                {
+                    tracing::error!(%error, "metrics server stopped");
                 }
             });
         }

@@ -19,6 +19,8 @@ use crate::defaults::{DefaultsError, default_endpoint_slice, default_service};
 pub const DEFAULT_NAMESPACE: &str = "default";
 
 /// A Kubernetes object the proxy uses, with the API server's defaults applied.
+// Objects become `SourceEvent`s, which carry them unboxed for the same reason.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
     /// A `v1` Service.
