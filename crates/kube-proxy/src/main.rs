@@ -3,6 +3,7 @@
 
 mod app;
 mod dryrun;
+mod explain;
 mod log;
 
 use std::process::ExitCode;
@@ -12,6 +13,10 @@ use clap::Parser as _;
 use kp_config::{Options, ProxyMode};
 
 fn main() -> ExitCode {
+    // Subcommands come first; everything else is upstream's flag-only command line.
+    if std::env::args().nth(1).as_deref() == Some("explain") {
+        return explain::main(std::env::args().skip(1));
+    }
     let options = Options::parse();
     match run(options) {
         Ok(()) => ExitCode::SUCCESS,
