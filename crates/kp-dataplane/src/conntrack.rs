@@ -1,0 +1,368 @@
+//! Stale UDP/SCTP conntrack entries: which to delete after a sync ([`stale_flows`]) and how
+//! ([`Conntrack`]).
+//!
+//! TCP recovers by itself (a reset ends the connection), but a UDP "connection" lives in
+//! conntrack as long as packets keep arriving. Two cases black-hole clients:
+//!
+//! - An endpoint goes away: entries DNATed to it keep sending the client's packets to a dead
+//!   pod. Delete the entries to the service whose reply source is that endpoint.
+//! - A service port goes from no endpoints to some (upstream #48370): while it had none, the
+//!   client's packets were rejected or sent on un-NATed, and the resulting entry keeps
+//!   bypassing the new DNAT rules. Delete the entries to the service's IPs and NodePort.
+//!
+//! Like upstream before its netlink reconciler (kubernetes#126847, 1.32), [`ExecConntrack`]
+//! runs `conntrack -D` once per filter. A netlink implementation
+//! (`netlink-packet-netfilter` over a `NETLINK_NETFILTER` socket) can replace it behind the
+//! same trait; it would also make a table-dump reconciler possible, which finds stale entries
+//! left from before a restart (this diff only sees changes it was told about).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
+use kp_core::topology::categorize;
+use kp_core::tracker::ProxyState;
+
+use crate::exec::{ExecError, run_program};
+
+/// The conntrack-tools binary, looked up on the `PATH`.
+pub const DEFAULT_CONNTRACK_BINARY: &str = "conntrack";
+
+/// Which conntrack entries to delete. Unset fields match anything.
+///
+/// In conntrack's terms the original tuple is client -> service IP:port; after DNAT the
+/// reply tuple is endpoint -> client, so the endpoint is the reply source.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FlowFilter {
+    /// Address family of the entries.
+    pub family: IpFamily,
+    /// UDP or SCTP (TCP is never cleaned).
+    pub protocol: Protocol,
+    /// Original destination address (a service IP).
+    pub orig_dst: Option<IpAddr>,
+    /// Original destination port (the service port or NodePort).
+    pub orig_dst_port: Option<u16>,
+    /// Reply source address (the endpoint the entry was DNATed to).
+    pub reply_src: Option<IpAddr>,
+    /// Reply source port (the endpoint's port).
+    pub reply_src_port: Option<u16>,
+}
+
+impl FlowFilter {
+    /// The `conntrack -D` arguments selecting these entries.
+    pub fn delete_args(&self) -> Vec<String> {
+        let family = match self.family {
+            IpFamily::V4 => "ipv4",
+            IpFamily::V6 => "ipv6",
+        };
+        let mut args: Vec<String> = ["-D", "-f", family, "-p", self.protocol.as_str()]
+            .map(str::to_owned)
+            .into();
+        let mut push = |flag: &str, value: Option<String>| {
+            if let Some(value) = value {
+                args.push(flag.to_owned());
+                args.push(value);
+            }
+        };
+        push("--orig-dst", self.orig_dst.map(|ip| ip.to_string()));
+        push("--orig-port-dst", self.orig_dst_port.map(|p| p.to_string()));
+        push("--reply-src", self.reply_src.map(|ip| ip.to_string()));
+        push(
+            "--reply-port-src",
+            self.reply_src_port.map(|p| p.to_string()),
+        );
+        args
+    }
+}
+
+impl fmt::Display for FlowFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "conntrack {}", self.delete_args().join(" "))
+    }
+}
+
+/// Why deleting conntrack entries failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConntrackError {
+    /// Running the `conntrack` tool failed (missing binary, bad arguments, no permission).
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    /// The tool succeeded but its summary line could not be read.
+    #[error("unexpected conntrack output: {0:?}")]
+    Output(String),
+    /// An injected failure of [`FakeConntrack`].
+    #[error("injected conntrack failure")]
+    Injected,
+}
+
+/// Deletes conntrack entries.
+pub trait Conntrack: Send + Sync {
+    /// Delete every entry matching `filter`; returns how many were deleted.
+    fn delete(
+        &self,
+        filter: &FlowFilter,
+    ) -> impl Future<Output = Result<usize, ConntrackError>> + Send;
+}
+
+/// Runs `conntrack -D ...` (conntrack-tools) once per filter.
+///
+/// conntrack exits with 1 when nothing matched ("0 flow entries have been deleted"); that is
+/// success here.
+#[derive(Clone, Debug)]
+pub struct ExecConntrack {
+    binary: PathBuf,
+}
+
+impl ExecConntrack {
+    /// Run `binary` (for example [`DEFAULT_CONNTRACK_BINARY`]).
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        Self {
+            binary: binary.into(),
+        }
+    }
+}
+
+impl Default for ExecConntrack {
+    fn default() -> Self {
+        Self::new(DEFAULT_CONNTRACK_BINARY)
+    }
+}
+
+impl Conntrack for ExecConntrack {
+    async fn delete(&self, filter: &FlowFilter) -> Result<usize, ConntrackError> {
+        match run_program(&self.binary, &filter.delete_args(), None).await {
+            // The summary goes to stderr, which is only kept on failure; a success deleted at
+            // least one entry, and the entries themselves are printed on stdout one per line.
+            Ok(stdout) => Ok(stdout.lines().filter(|l| !l.trim().is_empty()).count()),
+            Err(ExecError::Failed {
+                code: Some(1),
+                stderr,
+                ..
+            }) if stderr.contains(" 0 flow entries") => Ok(0),
+            Err(err) => Err(err.into()),
+        }
+    }
+}
+
+/// A [`Conntrack`] that records filters. Clones share the record.
+#[derive(Clone, Debug, Default)]
+pub struct FakeConntrack {
+    state: Arc<Mutex<FakeState>>,
+}
+
+#[derive(Debug, Default)]
+struct FakeState {
+    deleted: Vec<FlowFilter>,
+    failures: VecDeque<()>,
+}
+
+impl FakeConntrack {
+    /// A fake whose deletions succeed.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every filter passed to [`Conntrack::delete`], in order.
+    pub fn deleted(&self) -> Vec<FlowFilter> {
+        self.lock().deleted.clone()
+    }
+
+    /// Make the next `n` deletions fail.
+    pub fn fail_next(&self, n: usize) {
+        self.lock().failures.extend(std::iter::repeat_n((), n));
+    }
+
+    /// Forget the recorded filters.
+    pub fn clear(&self) {
+        self.lock().deleted.clear();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FakeState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Conntrack for FakeConntrack {
+    async fn delete(&self, filter: &FlowFilter) -> Result<usize, ConntrackError> {
+        let mut state = self.lock();
+        state.deleted.push(filter.clone());
+        if state.failures.pop_front().is_some() {
+            return Err(ConntrackError::Injected);
+        }
+        Ok(0)
+    }
+}
+
+/// The entries that may be stale after moving from `previous` to `current`, for the service
+/// ports of `services` (all when `None`) and the given families. Sorted and de-duplicated.
+///
+/// "Endpoints" here are those the rules actually send traffic to on this node (topology,
+/// traffic policy and terminating fallback applied, per family), so an endpoint that stops
+/// being used, for example because it is no longer ready, counts as removed. The service's
+/// IPs and ports for a removed endpoint come from `previous`, where the entries were made.
+pub fn stale_flows(
+    previous: &ProxyState,
+    current: &ProxyState,
+    services: Option<&BTreeSet<ServiceName>>,
+    families: &[IpFamily],
+) -> Vec<FlowFilter> {
+    let in_scope = |name: &&ServicePortName| {
+        name.protocol != Protocol::Tcp && services.is_none_or(|s| s.contains(&name.service))
+    };
+    let names: BTreeSet<&ServicePortName> = previous
+        .services
+        .keys()
+        .chain(current.services.keys())
+        .filter(in_scope)
+        .collect();
+    let mut out = BTreeSet::new();
+    for name in names {
+        for &family in families {
+            let old = used_endpoints(previous, name, family);
+            let new = used_endpoints(current, name, family);
+            let flow = |orig_dst, orig_dst_port, reply: Option<(IpAddr, u16)>| FlowFilter {
+                family,
+                protocol: name.protocol,
+                orig_dst,
+                orig_dst_port: Some(orig_dst_port),
+                reply_src: reply.map(|(ip, _)| ip),
+                reply_src_port: reply.map(|(_, port)| port),
+            };
+            if let Some((svc, old_eps)) = &old {
+                let empty = BTreeSet::new();
+                let new_eps = new.as_ref().map_or(&empty, |(_, eps)| eps);
+                for &endpoint in old_eps.difference(new_eps) {
+                    for ip in service_ips(svc) {
+                        out.insert(flow(Some(ip), svc.port, Some(endpoint)));
+                    }
+                    if let Some(node_port) = node_port(svc) {
+                        out.insert(flow(None, node_port, Some(endpoint)));
+                    }
+                }
+            }
+            let was_active = old.as_ref().is_some_and(|(_, eps)| !eps.is_empty());
+            if let Some((svc, new_eps)) = &new
+                && !new_eps.is_empty()
+                && !was_active
+            {
+                for ip in service_ips(svc) {
+                    out.insert(flow(Some(ip), svc.port, None));
+                }
+                if let Some(node_port) = node_port(svc) {
+                    out.insert(flow(None, node_port, None));
+                }
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Only what [`stale_flows`] needs from a state: its UDP and SCTP service ports and their
+/// endpoints (so keeping the last programmed state costs nothing for TCP).
+pub fn conntrack_relevant(state: &ProxyState) -> ProxyState {
+    let relevant = |name: &ServicePortName| name.protocol != Protocol::Tcp;
+    ProxyState {
+        services: state
+            .services
+            .iter()
+            .filter(|(name, _)| relevant(name))
+            .map(|(name, svc)| (name.clone(), svc.clone()))
+            .collect(),
+        endpoints: state
+            .endpoints
+            .iter()
+            .filter(|(name, _)| relevant(name))
+            .map(|(name, eps)| (name.clone(), eps.clone()))
+            .collect(),
+        node: state.node.clone(),
+    }
+}
+
+/// The service port as `family` programs it, and the `ip:port`s its rules DNAT to.
+fn used_endpoints(
+    state: &ProxyState,
+    name: &ServicePortName,
+    family: IpFamily,
+) -> Option<(ServicePort, BTreeSet<(IpAddr, u16)>)> {
+    let svc = state.services.get(name)?.for_family(family)?;
+    let endpoints: Vec<Endpoint> = state
+        .endpoints
+        .get(name)
+        .into_iter()
+        .flatten()
+        .filter(|ep| IpFamily::of(&ep.ip) == family)
+        .cloned()
+        .collect();
+    let used = categorize(&svc, &endpoints, &state.node)
+        .all_reachable
+        .iter()
+        .map(|ep| (ep.ip, ep.port))
+        .collect();
+    Some((svc, used))
+}
+
+/// The ClusterIP, externalIPs and LB IPs of a (single-family) service port.
+fn service_ips(svc: &ServicePort) -> impl Iterator<Item = IpAddr> + '_ {
+    svc.cluster_ips
+        .iter()
+        .chain(&svc.external_ips)
+        .chain(&svc.load_balancer_ips)
+        .copied()
+}
+
+/// The NodePort, treating 0 as none (as the renderer does).
+fn node_port(svc: &ServicePort) -> Option<u16> {
+    svc.node_port.filter(|port| *port != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delete_args_use_conntrack_tools_spelling() {
+        let filter = FlowFilter {
+            family: IpFamily::V6,
+            protocol: Protocol::Udp,
+            orig_dst: Some("fd00::10".parse().expect("literal")),
+            orig_dst_port: Some(53),
+            reply_src: Some("fd00:10::5".parse().expect("literal")),
+            reply_src_port: Some(5353),
+        };
+        assert_eq!(
+            filter.delete_args().join(" "),
+            "-D -f ipv6 -p udp --orig-dst fd00::10 --orig-port-dst 53 \
+             --reply-src fd00:10::5 --reply-port-src 5353"
+        );
+        let node_port = FlowFilter {
+            family: IpFamily::V4,
+            protocol: Protocol::Sctp,
+            orig_dst: None,
+            orig_dst_port: Some(30053),
+            reply_src: None,
+            reply_src_port: None,
+        };
+        assert_eq!(
+            node_port.delete_args().join(" "),
+            "-D -f ipv4 -p sctp --orig-port-dst 30053"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_conntrack_binary_is_an_error() {
+        let ct = ExecConntrack::new("/nonexistent/kp-dataplane-test/conntrack");
+        let filter = FlowFilter {
+            family: IpFamily::V4,
+            protocol: Protocol::Udp,
+            orig_dst: None,
+            orig_dst_port: Some(53),
+            reply_src: None,
+            reply_src_port: None,
+        };
+        let err = ct.delete(&filter).await.expect_err("cannot run");
+        assert!(matches!(err, ConntrackError::Exec(ExecError::Spawn { .. })));
+    }
+}

@@ -1,0 +1,719 @@
+//! Running the iptables tools: [`RuleRunner`], its real implementation [`ExecRunner`] and the
+//! recording fake [`FakeRunner`].
+//!
+//! Everything the iptables mode does to the kernel goes through three operations: one atomic
+//! `iptables-restore --noflush` per family and sync, `iptables-save -t <table>` to see what is
+//! there, and single `iptables` calls for the few checks a restore cannot express (`-N`,
+//! `-C`/`-I` of the jumps from the built-in chains).
+//!
+//! # Which iptables
+//!
+//! Like upstream, the default is whatever `iptables` is on the `PATH` (the distribution's
+//! alternatives decide between the nf_tables and the legacy backend). [`IptablesVariant`]
+//! lets the operator pick one explicitly. On our machines (`measured-here.md`) the legacy
+//! backend restores upstream-shaped rulesets about 10x faster at scale (1,000 services x 10
+//! endpoints: 0.84 s legacy vs 8.7 s nf_tables) and scales linearly, while the nf_tables
+//! backend grows super-linearly with the size of one restore. Mixing backends on one node
+//! is wrong (kubelet and the CNI plugin must use the same one), so the choice is explicit
+//! rather than automatic; [`backend_of_version`] tells which one a binary uses, for logs.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::fmt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use kp_core::model::IpFamily;
+use kp_rules::iptables::Table;
+use tokio::io::AsyncWriteExt as _;
+use tokio::process::Command;
+
+/// How long to wait for the xtables lock (`-w`). Upstream waits 5 s; another agent holding
+/// the lock longer than that is stuck, and failing lets the runner retry with a full sync.
+pub const DEFAULT_LOCK_WAIT_SECONDS: u32 = 5;
+
+/// Keep at most this much of a tool's stderr in an error: `iptables-restore` names the
+/// failing line in its first lines, and an unbounded message would bloat logs.
+const MAX_STDERR_BYTES: usize = 4096;
+
+/// Why running an iptables tool failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The program could not be started: missing binary, wrong path, no permission.
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The program ran and exited unsuccessfully.
+    #[error("{program} failed (exit code {}): {stderr}", code.map_or("none".to_owned(), |c| c.to_string()))]
+    Failed {
+        /// The program.
+        program: String,
+        /// Its exit code (`None` if a signal killed it).
+        code: Option<i32>,
+        /// Its standard error, trimmed and cut to a few KiB.
+        stderr: String,
+    },
+    /// Feeding the input or collecting the output failed although the program succeeded.
+    #[error("talking to {program} failed: {source}")]
+    Io {
+        /// The program.
+        program: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+impl ExecError {
+    /// The exit code, if the program ran and failed.
+    pub fn exit_code(&self) -> Option<i32> {
+        match self {
+            ExecError::Failed { code, .. } => *code,
+            _ => None,
+        }
+    }
+}
+
+/// Which iptables binaries to run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IptablesVariant {
+    /// `iptables`, `iptables-save`, ...: whatever the system's alternatives point at (as
+    /// upstream).
+    #[default]
+    System,
+    /// `iptables-legacy`, ...: the xtables backend (much faster restores at scale here).
+    Legacy,
+    /// `iptables-nft`, ...: the nf_tables backend.
+    Nft,
+}
+
+/// The paths (or `PATH`-relative names) of the six tools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tools {
+    /// `iptables`.
+    pub iptables: PathBuf,
+    /// `iptables-save`.
+    pub iptables_save: PathBuf,
+    /// `iptables-restore`.
+    pub iptables_restore: PathBuf,
+    /// `ip6tables`.
+    pub ip6tables: PathBuf,
+    /// `ip6tables-save`.
+    pub ip6tables_save: PathBuf,
+    /// `ip6tables-restore`.
+    pub ip6tables_restore: PathBuf,
+}
+
+impl Tools {
+    /// The tools of one variant, looked up on the `PATH`.
+    pub fn new(variant: IptablesVariant) -> Self {
+        let infix = match variant {
+            IptablesVariant::System => "",
+            IptablesVariant::Legacy => "-legacy",
+            IptablesVariant::Nft => "-nft",
+        };
+        let name = |base: &str, suffix: &str| PathBuf::from(format!("{base}{infix}{suffix}"));
+        Self {
+            iptables: name("iptables", ""),
+            iptables_save: name("iptables", "-save"),
+            iptables_restore: name("iptables", "-restore"),
+            ip6tables: name("ip6tables", ""),
+            ip6tables_save: name("ip6tables", "-save"),
+            ip6tables_restore: name("ip6tables", "-restore"),
+        }
+    }
+
+    /// `iptables` or `ip6tables`.
+    pub fn iptables(&self, family: IpFamily) -> &PathBuf {
+        match family {
+            IpFamily::V4 => &self.iptables,
+            IpFamily::V6 => &self.ip6tables,
+        }
+    }
+
+    /// `iptables-save` or `ip6tables-save`.
+    pub fn save(&self, family: IpFamily) -> &PathBuf {
+        match family {
+            IpFamily::V4 => &self.iptables_save,
+            IpFamily::V6 => &self.ip6tables_save,
+        }
+    }
+
+    /// `iptables-restore` or `ip6tables-restore`.
+    pub fn restore(&self, family: IpFamily) -> &PathBuf {
+        match family {
+            IpFamily::V4 => &self.iptables_restore,
+            IpFamily::V6 => &self.ip6tables_restore,
+        }
+    }
+}
+
+impl Default for Tools {
+    fn default() -> Self {
+        Self::new(IptablesVariant::System)
+    }
+}
+
+/// The kernel backend an `iptables --version` line reports: `nf_tables` and `legacy` are
+/// printed in parentheses by iptables >= 1.8; older versions only have the legacy backend.
+pub fn backend_of_version(version: &str) -> IptablesVariant {
+    if version.contains("(nf_tables)") {
+        IptablesVariant::Nft
+    } else {
+        IptablesVariant::Legacy
+    }
+}
+
+/// The three operations iptables mode needs. Implementations must be safe to share between
+/// tasks; each call is independent.
+pub trait RuleRunner: Send + Sync {
+    /// Apply `input` atomically with `iptables-restore --noflush` (or `ip6tables-restore`).
+    fn restore(
+        &self,
+        family: IpFamily,
+        input: &str,
+    ) -> impl Future<Output = Result<(), ExecError>> + Send;
+
+    /// The output of `iptables-save -t <table>`.
+    fn save(
+        &self,
+        family: IpFamily,
+        table: Table,
+    ) -> impl Future<Output = Result<String, ExecError>> + Send;
+
+    /// One `iptables` call (`-t nat -N CHAIN`, `-C ...`, `-I ... 1 ...`). Exit code 1 is an
+    /// [`ExecError::Failed`] like any other; callers interpret it (rule or chain absent or
+    /// present).
+    fn run(
+        &self,
+        family: IpFamily,
+        args: &[String],
+    ) -> impl Future<Output = Result<(), ExecError>> + Send;
+}
+
+/// Runs the real tools with `tokio::process`.
+#[derive(Clone, Debug, Default)]
+pub struct ExecRunner {
+    tools: Tools,
+}
+
+impl ExecRunner {
+    /// A runner for `tools`.
+    pub fn new(tools: Tools) -> Self {
+        Self { tools }
+    }
+
+    /// The tools it runs.
+    pub fn tools(&self) -> &Tools {
+        &self.tools
+    }
+
+    /// `iptables --version`, for the start-up log (see [`backend_of_version`]).
+    pub async fn version(&self) -> Result<String, ExecError> {
+        let program = &self.tools.iptables;
+        let output = run_program(program, &["--version".to_owned()], None).await?;
+        Ok(output.trim().to_owned())
+    }
+}
+
+impl RuleRunner for ExecRunner {
+    async fn restore(&self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        let args = [
+            "--noflush".to_owned(),
+            format!("--wait={DEFAULT_LOCK_WAIT_SECONDS}"),
+        ];
+        run_program(self.tools.restore(family), &args, Some(input)).await?;
+        Ok(())
+    }
+
+    async fn save(&self, family: IpFamily, table: Table) -> Result<String, ExecError> {
+        let args = ["-t".to_owned(), table.as_str().to_owned()];
+        run_program(self.tools.save(family), &args, None).await
+    }
+
+    async fn run(&self, family: IpFamily, args: &[String]) -> Result<(), ExecError> {
+        let mut full = vec!["-w".to_owned(), DEFAULT_LOCK_WAIT_SECONDS.to_string()];
+        full.extend_from_slice(args);
+        run_program(self.tools.iptables(family), &full, None).await?;
+        Ok(())
+    }
+}
+
+/// Runs `program args`, feeding `input` on stdin, and returns its stdout.
+pub(crate) async fn run_program(
+    program: &PathBuf,
+    args: &[String],
+    input: Option<&str>,
+) -> Result<String, ExecError> {
+    let name = program.display().to_string();
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // A cancelled sync must not leave a restore running behind the next one. Killing a
+        // restore is safe: it commits atomically or not at all.
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| ExecError::Spawn {
+            program: name.clone(),
+            source,
+        })?;
+    let stdin = child.stdin.take();
+    // Write and wait concurrently: the tool may fill its stderr pipe before reading all input.
+    let write = async {
+        match (stdin, input) {
+            (Some(mut stdin), Some(input)) => {
+                let result = stdin.write_all(input.as_bytes()).await;
+                drop(stdin);
+                result
+            }
+            _ => Ok(()),
+        }
+    };
+    let (written, output) = tokio::join!(write, child.wait_with_output());
+    let output = output.map_err(|source| ExecError::Io {
+        program: name.clone(),
+        source,
+    })?;
+    if !output.status.success() {
+        // A failed write (broken pipe) is a consequence of the tool exiting; its stderr says why.
+        return Err(ExecError::Failed {
+            program: name,
+            code: output.status.code(),
+            stderr: trimmed(&output.stderr),
+        });
+    }
+    written.map_err(|source| ExecError::Io {
+        program: name,
+        source,
+    })?;
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Standard error as one readable string of bounded size.
+fn trimmed(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let text = text.trim();
+    if text.len() <= MAX_STDERR_BYTES {
+        return text.to_owned();
+    }
+    let mut end = MAX_STDERR_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
+/// Split a rule specification the way `iptables-restore` and a shell do for our rules:
+/// on spaces, with double-quoted parts (comments) kept whole and the quotes removed.
+///
+/// Comments are percent-encoded by the renderer, so they never contain quotes or
+/// backslashes; `iptables-save` output uses the same quoting.
+pub fn split_args(spec: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut current = String::new();
+    let mut in_quotes = false;
+    let mut has_token = false;
+    for c in spec.chars() {
+        match c {
+            '"' => {
+                in_quotes = !in_quotes;
+                has_token = true;
+            }
+            ' ' | '\t' if !in_quotes => {
+                if has_token {
+                    args.push(std::mem::take(&mut current));
+                    has_token = false;
+                }
+            }
+            _ => {
+                current.push(c);
+                has_token = true;
+            }
+        }
+    }
+    if has_token {
+        args.push(current);
+    }
+    args
+}
+
+/// One call seen by [`FakeRunner`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunnerCall {
+    /// [`RuleRunner::restore`].
+    Restore {
+        /// The family.
+        family: IpFamily,
+        /// The restore input.
+        input: String,
+    },
+    /// [`RuleRunner::save`].
+    Save {
+        /// The family.
+        family: IpFamily,
+        /// The table.
+        table: Table,
+    },
+    /// [`RuleRunner::run`].
+    Run {
+        /// The family.
+        family: IpFamily,
+        /// The arguments.
+        args: Vec<String>,
+    },
+}
+
+impl fmt::Display for RunnerCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunnerCall::Restore { family, input } => {
+                write!(f, "restore {family:?} ({} lines)", input.lines().count())
+            }
+            RunnerCall::Save { family, table } => write!(f, "save {family:?} {}", table.as_str()),
+            RunnerCall::Run { family, args } => write!(f, "run {family:?} {}", args.join(" ")),
+        }
+    }
+}
+
+/// Decides whether a fake restore fails, given its input.
+type RestoreFailure = Box<dyn Fn(IpFamily, &str) -> bool + Send>;
+
+#[derive(Default)]
+struct FakeState {
+    calls: Vec<RunnerCall>,
+    /// Outcomes of the next restores, in order (`true`: fail).
+    scripted: VecDeque<bool>,
+    /// Consulted when nothing is scripted.
+    fail_when: Option<RestoreFailure>,
+    /// `iptables-save` output per family and table.
+    saves: Vec<((IpFamily, Table), String)>,
+    /// Chains created with `-N`.
+    chains: BTreeSet<(IpFamily, String, String)>,
+    /// Rules inserted with `-I` or `-A`: (family, table, chain, spec).
+    rules: BTreeSet<(IpFamily, String, String, String)>,
+}
+
+/// A [`RuleRunner`] that records every call and never touches the kernel.
+///
+/// It models just enough of `iptables` for setup logic: `-N` fails with exit code 1 if the
+/// chain exists, `-C` succeeds iff an equal rule was inserted, `-I`/`-A`/`-D` maintain that
+/// set. Restores succeed unless scripted to fail. Clones share the record.
+#[derive(Clone, Default)]
+pub struct FakeRunner {
+    state: Arc<Mutex<FakeState>>,
+}
+
+impl fmt::Debug for FakeRunner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakeRunner")
+            .field("calls", &self.lock().calls.len())
+            .finish()
+    }
+}
+
+impl FakeRunner {
+    /// A fake whose restores succeed.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Make the next `n` restores fail.
+    pub fn fail_next_restores(&self, n: usize) {
+        self.lock().scripted.extend(std::iter::repeat_n(true, n));
+    }
+
+    /// Script the outcome of the next restores in order (`true`: fail).
+    pub fn script_restores(&self, outcomes: impl IntoIterator<Item = bool>) {
+        self.lock().scripted.extend(outcomes);
+    }
+
+    /// Fail every unscripted restore for which `fail` returns true.
+    pub fn fail_restores_when(&self, fail: impl Fn(IpFamily, &str) -> bool + Send + 'static) {
+        self.lock().fail_when = Some(Box::new(fail));
+    }
+
+    /// What `save(family, table)` returns (default: an empty string).
+    pub fn set_save(&self, family: IpFamily, table: Table, output: impl Into<String>) {
+        let mut state = self.lock();
+        state.saves.retain(|(key, _)| *key != (family, table));
+        state.saves.push(((family, table), output.into()));
+    }
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<RunnerCall> {
+        self.lock().calls.clone()
+    }
+
+    /// The inputs of every restore so far (failed ones included).
+    pub fn restores(&self) -> Vec<(IpFamily, String)> {
+        self.lock()
+            .calls
+            .iter()
+            .filter_map(|call| match call {
+                RunnerCall::Restore { family, input } => Some((*family, input.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Forget the recorded calls (the modelled chains and rules stay).
+    pub fn clear_calls(&self) {
+        self.lock().calls.clear();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FakeState> {
+        // Only a panicking test can poison this; keep the record usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The fake's stand-in for a failing command.
+fn fake_failure(program: &str, code: i32, stderr: &str) -> ExecError {
+    ExecError::Failed {
+        program: program.to_owned(),
+        code: Some(code),
+        stderr: stderr.to_owned(),
+    }
+}
+
+impl RuleRunner for FakeRunner {
+    async fn restore(&self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        let mut state = self.lock();
+        state.calls.push(RunnerCall::Restore {
+            family,
+            input: input.to_owned(),
+        });
+        let fail = match state.scripted.pop_front() {
+            Some(fail) => fail,
+            None => state.fail_when.as_ref().is_some_and(|f| f(family, input)),
+        };
+        if fail {
+            return Err(fake_failure(
+                "fake-iptables-restore",
+                1,
+                "injected failure\nError occurred at line: 1",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn save(&self, family: IpFamily, table: Table) -> Result<String, ExecError> {
+        let mut state = self.lock();
+        state.calls.push(RunnerCall::Save { family, table });
+        Ok(state
+            .saves
+            .iter()
+            .find(|(key, _)| *key == (family, table))
+            .map(|(_, text)| text.clone())
+            .unwrap_or_default())
+    }
+
+    async fn run(&self, family: IpFamily, args: &[String]) -> Result<(), ExecError> {
+        let mut state = self.lock();
+        state.calls.push(RunnerCall::Run {
+            family,
+            args: args.to_vec(),
+        });
+        let (table, rest) = match args {
+            [flag, table, rest @ ..] if flag == "-t" => (table.clone(), rest),
+            rest => ("filter".to_owned(), rest),
+        };
+        match rest {
+            [op, chain] if op == "-N" => {
+                if state.chains.insert((family, table, chain.clone())) {
+                    Ok(())
+                } else {
+                    Err(fake_failure("fake-iptables", 1, "Chain already exists."))
+                }
+            }
+            [op, chain, spec @ ..] if op == "-C" => {
+                let key = (family, table, chain.clone(), spec.join(" "));
+                if state.rules.contains(&key) {
+                    Ok(())
+                } else {
+                    Err(fake_failure("fake-iptables", 1, "Bad rule"))
+                }
+            }
+            [op, chain, _position, spec @ ..] if op == "-I" => {
+                state
+                    .rules
+                    .insert((family, table, chain.clone(), spec.join(" ")));
+                Ok(())
+            }
+            [op, chain, spec @ ..] if op == "-A" => {
+                state
+                    .rules
+                    .insert((family, table, chain.clone(), spec.join(" ")));
+                Ok(())
+            }
+            [op, chain, spec @ ..] if op == "-D" => {
+                let key = (family, table, chain.clone(), spec.join(" "));
+                if state.rules.remove(&key) {
+                    Ok(())
+                } else {
+                    Err(fake_failure("fake-iptables", 1, "Bad rule"))
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_keeps_quoted_comments_whole() {
+        let spec = "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES";
+        assert_eq!(
+            split_args(spec),
+            [
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "NEW",
+                "-m",
+                "comment",
+                "--comment",
+                "kubernetes service portals",
+                "-j",
+                "KUBE-SERVICES"
+            ]
+        );
+        assert_eq!(split_args("  -j   X  "), ["-j", "X"]);
+        assert_eq!(
+            split_args("--comment \"\" -j X"),
+            ["--comment", "", "-j", "X"]
+        );
+    }
+
+    #[test]
+    fn variants_name_the_right_binaries() {
+        let legacy = Tools::new(IptablesVariant::Legacy);
+        assert_eq!(
+            legacy.restore(IpFamily::V4),
+            &PathBuf::from("iptables-legacy-restore")
+        );
+        assert_eq!(
+            legacy.save(IpFamily::V6),
+            &PathBuf::from("ip6tables-legacy-save")
+        );
+        let system = Tools::default();
+        assert_eq!(system.iptables(IpFamily::V4), &PathBuf::from("iptables"));
+        assert_eq!(
+            Tools::new(IptablesVariant::Nft).restore(IpFamily::V6),
+            &PathBuf::from("ip6tables-nft-restore")
+        );
+    }
+
+    #[test]
+    fn version_lines_name_the_backend() {
+        assert_eq!(
+            backend_of_version("iptables v1.8.9 (nf_tables)"),
+            IptablesVariant::Nft
+        );
+        assert_eq!(
+            backend_of_version("iptables v1.8.9 (legacy)"),
+            IptablesVariant::Legacy
+        );
+        assert_eq!(
+            backend_of_version("iptables v1.6.1"),
+            IptablesVariant::Legacy
+        );
+    }
+
+    #[test]
+    fn long_stderr_is_cut_on_a_char_boundary() {
+        let long = "é".repeat(MAX_STDERR_BYTES);
+        let out = trimmed(long.as_bytes());
+        assert!(out.len() <= MAX_STDERR_BYTES + 3);
+        assert!(out.ends_with("..."));
+    }
+
+    #[tokio::test]
+    async fn a_missing_binary_is_a_spawn_error() {
+        let tools = Tools {
+            iptables_restore: PathBuf::from("/nonexistent/kp-dataplane-test/iptables-restore"),
+            ..Tools::default()
+        };
+        let runner = ExecRunner::new(tools);
+        let err = runner
+            .restore(IpFamily::V4, "*nat\nCOMMIT\n")
+            .await
+            .expect_err("a missing binary cannot succeed");
+        assert!(matches!(err, ExecError::Spawn { .. }), "{err}");
+        assert!(err.to_string().contains("/nonexistent/kp-dataplane-test"));
+    }
+
+    #[tokio::test]
+    async fn failures_carry_exit_code_and_stderr() {
+        // `sh` stands in for a restore tool: reads its input, complains, fails.
+        let err = run_program(
+            &PathBuf::from("sh"),
+            &[
+                "-c".to_owned(),
+                "cat >/dev/null; echo 'line 3: bad' >&2; exit 2".to_owned(),
+            ],
+            Some("*nat\nCOMMIT\n"),
+        )
+        .await
+        .expect_err("exit 2 is a failure");
+        assert_eq!(err.exit_code(), Some(2));
+        assert!(err.to_string().contains("line 3: bad"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn large_inputs_are_fed_completely() {
+        let input = "x".repeat(1 << 20);
+        let out = run_program(
+            &PathBuf::from("sh"),
+            &["-c".to_owned(), "wc -c".to_owned()],
+            Some(&input),
+        )
+        .await
+        .expect("wc succeeds");
+        assert_eq!(out.trim(), (1 << 20).to_string());
+    }
+
+    #[tokio::test]
+    async fn fake_models_chain_and_rule_checks() {
+        let fake = FakeRunner::new();
+        let args = |s: &str| split_args(s);
+        let family = IpFamily::V4;
+        assert!(fake.run(family, &args("-t nat -N KUBE-X")).await.is_ok());
+        let again = fake.run(family, &args("-t nat -N KUBE-X")).await;
+        assert_eq!(again.expect_err("exists").exit_code(), Some(1));
+        let check = fake.run(family, &args("-t nat -C OUTPUT -j KUBE-X")).await;
+        assert_eq!(check.expect_err("absent").exit_code(), Some(1));
+        assert!(
+            fake.run(family, &args("-t nat -I OUTPUT 1 -j KUBE-X"))
+                .await
+                .is_ok()
+        );
+        assert!(
+            fake.run(family, &args("-t nat -C OUTPUT -j KUBE-X"))
+                .await
+                .is_ok()
+        );
+        // Other family, other table: independent.
+        assert!(
+            fake.run(IpFamily::V6, &args("-t nat -C OUTPUT -j KUBE-X"))
+                .await
+                .is_err()
+        );
+        fake.script_restores([true, false]);
+        assert!(fake.restore(family, "a").await.is_err());
+        assert!(fake.restore(family, "b").await.is_ok());
+        assert_eq!(fake.restores().len(), 2);
+    }
+}

@@ -1,0 +1,429 @@
+//! iptables mode: [`IptablesBackend`] applies `kp_rules::iptables` renders to the kernel.
+//!
+//! One sync, per family:
+//!
+//! 1. On full syncs (the first, every one after a failure, and when the core asks), ensure
+//!    the setup: the canary and top-level chains (`-N`) and the jumps from the built-in
+//!    chains (`-C`, then `-I ... 1` if missing), and list the per-service chains in place
+//!    (`iptables-save -t nat`) so stale ones left by an earlier run get deleted.
+//! 2. Render with the previous render's chains as `existing_chains` and apply it with one
+//!    `iptables-restore --noflush` (atomic: on failure the kernel keeps the old rules).
+//! 3. If a partial restore fails, retry at once as a full sync (setup included), so every
+//!    other service still gets programmed; upstream would only count the failure and make
+//!    the next sync full. If a full restore fails, the sync fails with
+//!    [`BackendError::Apply`] and the next one is full whatever the core asks.
+//!
+//! After every family succeeded, stale UDP/SCTP conntrack entries are deleted when the core
+//! says they may exist ([`crate::conntrack`]).
+
+mod save;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::model::IpFamily;
+use kp_core::tracker::ProxyState;
+use kp_rules::iptables::{
+    RenderConfig, RenderError, RenderOutput, SyncScope, Table, render, setup,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tracing::{debug, info, warn};
+
+use crate::conntrack::{Conntrack, ExecConntrack, conntrack_relevant, stale_flows};
+use crate::exec::{ExecError, ExecRunner, RuleRunner, Tools, split_args};
+
+pub use save::{KUBE_CHAIN_PREFIX, KUBELET_CHAINS, SavedTable, cleanup_input, rule_target};
+
+/// The mode name served on `/proxyMode`.
+pub const MODE: &str = "iptables";
+
+/// Tables cleanup scans: everything any kube-proxy mode ever put a `KUBE-` chain in.
+const CLEANUP_TABLES: [Table; 3] = [Table::Filter, Table::Nat, Table::Mangle];
+
+/// iptables exits with 1 for "chain already exists" (`-N`) and "no such rule" (`-C`); other
+/// codes (2: bad arguments, 4: lock or resource problem) are real failures.
+const EXIT_NOT_APPLICABLE: i32 = 1;
+
+/// Where the kernel reports IPv6 interfaces; upstream treats its existence as "IPv6 works".
+const IPV6_PROBE: &str = "/proc/net/if_inet6";
+
+/// The families this node can program: IPv4, and IPv6 when the kernel has it (upstream runs
+/// dual-stack whenever it can, whatever the cluster uses).
+pub fn detect_families() -> Vec<IpFamily> {
+    let mut families = vec![IpFamily::V4];
+    if std::path::Path::new(IPV6_PROBE).exists() {
+        families.push(IpFamily::V6);
+    }
+    families
+}
+
+/// What the iptables backend needs to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IptablesConfig {
+    /// Families to program, each with its own restore ([`detect_families`]).
+    pub families: Vec<IpFamily>,
+    /// The renderer's configuration; `node_port_addresses` already resolved to node IPs by
+    /// the caller.
+    pub render: RenderConfig,
+}
+
+impl IptablesConfig {
+    /// Program `families` with `render`.
+    pub fn new(families: Vec<IpFamily>, render: RenderConfig) -> Self {
+        Self { families, render }
+    }
+}
+
+/// The `table` label of `kubeproxy_sync_proxy_rules_iptables_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    /// `filter` or `nat`.
+    pub table: &'static str,
+}
+
+/// The metrics upstream registers for iptables mode (besides the proxier's). Clones share
+/// the series; `Default` gives unregistered ones.
+#[derive(Clone, Debug, Default)]
+pub struct IptablesMetrics {
+    /// `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`: every failed restore,
+    /// partial ones included.
+    pub restore_failures: Counter,
+    /// `kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total`: failed partial
+    /// restores (each was retried as a full one).
+    pub partial_restore_failures: Counter,
+    /// `kubeproxy_sync_proxy_rules_iptables_total{table}`: rules in kube-proxy's chains after
+    /// the last successful sync, summed over families.
+    pub rules: Family<TableLabel, Gauge>,
+}
+
+impl IptablesMetrics {
+    /// Create the metrics and register them. prometheus-client appends `_total` to counters
+    /// itself; the gauge's upstream name already ends in it.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            "Cumulative proxy iptables restore failures",
+            metrics.restore_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures",
+            "Cumulative proxy iptables partial restore failures",
+            metrics.partial_restore_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            metrics.rules.clone(),
+        );
+        metrics
+    }
+}
+
+/// What one family's sync produced.
+struct FamilyResult {
+    output: RenderOutput,
+}
+
+/// iptables mode. `R` runs the iptables tools, `C` deletes conntrack entries; both are
+/// fakes in tests.
+#[derive(Debug)]
+pub struct IptablesBackend<R = ExecRunner, C = ExecConntrack> {
+    config: IptablesConfig,
+    runner: R,
+    conntrack: C,
+    metrics: IptablesMetrics,
+    /// Per family: the per-service nat chains the kernel has after the last successful
+    /// restore (the next render's `existing_chains`).
+    chains: BTreeMap<IpFamily, BTreeSet<String>>,
+    /// The next sync must be full: nothing synced yet, or the last sync failed.
+    force_full: bool,
+    /// The UDP/SCTP part of the last successfully programmed state, for conntrack cleanup.
+    programmed: Option<ProxyState>,
+}
+
+impl IptablesBackend {
+    /// The real backend: runs `tools` and `conntrack` (conntrack-tools).
+    pub fn new(config: IptablesConfig, tools: Tools) -> Result<Self, RenderError> {
+        Self::with_parts(config, ExecRunner::new(tools), ExecConntrack::default())
+    }
+}
+
+impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
+    /// A backend from its parts. Fails if the render configuration cannot be expressed as
+    /// rules (checked once here, so syncs cannot fail for that reason).
+    pub fn with_parts(
+        config: IptablesConfig,
+        runner: R,
+        conntrack: C,
+    ) -> Result<Self, RenderError> {
+        config.render.validate()?;
+        Ok(Self {
+            config,
+            runner,
+            conntrack,
+            metrics: IptablesMetrics::default(),
+            chains: BTreeMap::new(),
+            force_full: true,
+            programmed: None,
+        })
+    }
+
+    /// Report into `metrics` (from [`IptablesMetrics::register`]).
+    pub fn with_metrics(mut self, metrics: IptablesMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &IptablesConfig {
+        &self.config
+    }
+
+    /// The rule runner.
+    pub fn runner(&self) -> &R {
+        &self.runner
+    }
+
+    /// Whether the next sync will be full regardless of the request.
+    pub fn next_sync_is_full(&self) -> bool {
+        self.force_full
+    }
+
+    /// Ensure the chains and jumps of [`setup`] for `family`.
+    async fn ensure_setup(&self, family: IpFamily) -> Result<(), BackendError> {
+        let setup = setup(family, &self.config.render);
+        let fail = |err: ExecError| BackendError::Apply {
+            what: "iptables setup".to_owned(),
+            message: err.to_string(),
+        };
+        for (table, chain) in &setup.chains {
+            let args = owned(&["-t", table.as_str(), "-N", chain]);
+            match self.runner.run(family, &args).await {
+                Ok(()) => debug!(?family, chain, table = table.as_str(), "created chain"),
+                Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
+                Err(err) => return Err(fail(err)),
+            }
+        }
+        for jump in &setup.jumps {
+            let spec = split_args(&jump.spec);
+            let mut check = owned(&["-t", jump.table.as_str(), "-C", jump.from]);
+            check.extend(spec.iter().cloned());
+            match self.runner.run(family, &check).await {
+                Ok(()) => continue,
+                Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
+                Err(err) => return Err(fail(err)),
+            }
+            let mut insert = owned(&["-t", jump.table.as_str(), "-I", jump.from, "1"]);
+            insert.extend(spec);
+            self.runner.run(family, &insert).await.map_err(fail)?;
+            debug!(?family, from = jump.from, to = jump.to, "inserted jump");
+        }
+        Ok(())
+    }
+
+    /// Render and restore one family once.
+    async fn apply(
+        &self,
+        family: IpFamily,
+        request: &SyncRequest<'_>,
+        kind: SyncKind,
+        existing: &BTreeSet<String>,
+    ) -> Result<RenderOutput, BackendError> {
+        let scope = SyncScope {
+            kind,
+            changed: request.changed,
+            existing_chains: existing,
+        };
+        // `validate` ran in the constructor; a failure here is a renderer bug.
+        let output = render(request.state, family, &self.config.render, &scope).map_err(|e| {
+            BackendError::Apply {
+                what: "rendering iptables rules".to_owned(),
+                message: e.to_string(),
+            }
+        })?;
+        self.runner
+            .restore(family, &output.text)
+            .await
+            .map_err(|err| {
+                self.metrics.restore_failures.inc();
+                BackendError::Apply {
+                    what: restore_name(family).to_owned(),
+                    message: err.to_string(),
+                }
+            })?;
+        Ok(output)
+    }
+
+    /// A full sync of one family: setup, the chains in place, one restore.
+    async fn full_sync(
+        &self,
+        family: IpFamily,
+        request: &SyncRequest<'_>,
+    ) -> Result<RenderOutput, BackendError> {
+        self.ensure_setup(family).await?;
+        let mut existing = self.chains.get(&family).cloned().unwrap_or_default();
+        match self.runner.save(family, Table::Nat).await {
+            Ok(text) => existing.extend(SavedTable::parse(&text).service_chains()),
+            // Only stale-chain deletion depends on this; the rules can still be written.
+            Err(err) => warn!(?family, error = %err, "cannot list nat chains; stale chains stay"),
+        }
+        self.apply(family, request, SyncKind::Full, &existing).await
+    }
+
+    async fn sync_family(
+        &self,
+        family: IpFamily,
+        request: &SyncRequest<'_>,
+        full: bool,
+    ) -> Result<FamilyResult, BackendError> {
+        if !full {
+            let existing = self.chains.get(&family).cloned().unwrap_or_default();
+            match self
+                .apply(family, request, SyncKind::Partial, &existing)
+                .await
+            {
+                Ok(output) => return Ok(FamilyResult { output }),
+                Err(err) => {
+                    self.metrics.partial_restore_failures.inc();
+                    warn!(?family, error = %err, "partial restore failed; retrying as a full sync");
+                }
+            }
+        }
+        let output = self.full_sync(family, request).await?;
+        Ok(FamilyResult { output })
+    }
+
+    /// Delete conntrack entries the change from the last programmed state made stale.
+    async fn clean_conntrack(&self, request: &SyncRequest<'_>, full: bool) {
+        // Without a previous state (first sync after start) nothing is known to be stale, and
+        // treating every service as newly active would cut live UDP flows (upstream #122740).
+        let Some(previous) = &self.programmed else {
+            return;
+        };
+        // The core accumulates `changed` until a sync succeeds, so partial syncs need only
+        // look at those services; full ones check everything.
+        let scope = (!full).then_some(request.changed);
+        let flows = stale_flows(previous, request.state, scope, &self.config.families);
+        let mut deleted = 0;
+        for flow in &flows {
+            match self.conntrack.delete(flow).await {
+                Ok(n) => deleted += n,
+                // As upstream: log and go on; the entries time out eventually.
+                Err(err) => {
+                    warn!(filter = %flow, error = %err, "deleting conntrack entries failed")
+                }
+            }
+        }
+        if !flows.is_empty() {
+            debug!(
+                filters = flows.len(),
+                deleted, "deleted stale conntrack entries"
+            );
+        }
+    }
+}
+
+impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
+    fn mode(&self) -> &'static str {
+        MODE
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let full = self.force_full || request.kind == SyncKind::Full;
+        let mut first_error = None;
+        let mut rules_written = 0;
+        let (mut filter_rules, mut nat_rules) = (0, 0);
+        for family in self.config.families.clone() {
+            match self.sync_family(family, request, full).await {
+                Ok(FamilyResult { output }) => {
+                    rules_written += output.rules_written;
+                    filter_rules += output.filter_rules;
+                    nat_rules += output.nat_rules;
+                    self.chains.insert(family, output.chains);
+                }
+                // The other family is independent: still program it.
+                Err(err) => {
+                    warn!(?family, error = %err, "iptables sync failed; previous rules stay");
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        if let Some(err) = first_error {
+            self.force_full = true;
+            return Err(err);
+        }
+        self.force_full = false;
+        for (table, count) in [("filter", filter_rules), ("nat", nat_rules)] {
+            self.metrics
+                .rules
+                .get_or_create(&TableLabel { table })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        if request.conntrack_cleanup_required {
+            self.clean_conntrack(request, full).await;
+        }
+        self.programmed = Some(conntrack_relevant(request.state));
+        Ok(SyncReport {
+            rules_written,
+            skipped: Vec::new(),
+        })
+    }
+
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        let mut first_error = None;
+        for family in self.config.families.clone() {
+            for table in CLEANUP_TABLES {
+                if let Err(err) = self.cleanup_table(family, table).await {
+                    warn!(?family, table = table.as_str(), error = %err, "cleanup failed");
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        // Whatever happened, the kernel no longer matches our bookkeeping.
+        self.chains.clear();
+        self.force_full = true;
+        self.programmed = None;
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
+    async fn cleanup_table(&self, family: IpFamily, table: Table) -> Result<(), BackendError> {
+        let fail = |what: &str, err: ExecError| BackendError::Apply {
+            what: format!("iptables cleanup ({what} {family:?} {})", table.as_str()),
+            message: err.to_string(),
+        };
+        let text = self
+            .runner
+            .save(family, table)
+            .await
+            .map_err(|e| fail("save", e))?;
+        let Some(input) = cleanup_input(table, &SavedTable::parse(&text)) else {
+            return Ok(());
+        };
+        self.runner
+            .restore(family, &input)
+            .await
+            .map_err(|e| fail("restore", e))?;
+        info!(?family, table = table.as_str(), "removed kube-proxy chains");
+        Ok(())
+    }
+}
+
+fn restore_name(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "iptables-restore",
+        IpFamily::V6 => "ip6tables-restore",
+    }
+}
+
+fn owned(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| (*a).to_owned()).collect()
+}

@@ -1,0 +1,560 @@
+//! The backend against fake runners: sync kinds, setup, failure handling, metrics,
+//! conntrack decisions and cleanup.
+
+use std::collections::BTreeSet;
+
+use kp_core::backend::{Backend, BackendError, SyncKind};
+use kp_core::model::{IpFamily, Protocol, ServiceName};
+use kp_core::tracker::ProxyState;
+use kp_rules::iptables::{RenderConfig, Table};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+
+use super::*;
+use crate::conntrack::{FakeConntrack, FlowFilter};
+use crate::exec::{FakeRunner, RunnerCall};
+use crate::testutil::*;
+
+type Fake = IptablesBackend<FakeRunner, FakeConntrack>;
+
+fn backend(families: Vec<IpFamily>) -> (Fake, FakeRunner, FakeConntrack) {
+    let runner = FakeRunner::new();
+    let conntrack = FakeConntrack::new();
+    let backend = IptablesBackend::with_parts(
+        IptablesConfig::new(families, RenderConfig::default()),
+        runner.clone(),
+        conntrack.clone(),
+    )
+    .expect("default config is valid");
+    (backend, runner, conntrack)
+}
+
+fn two_services() -> ProxyState {
+    state(vec![
+        (
+            service("ns", "a", Protocol::Tcp, "10.96.0.1", 80),
+            vec![endpoint("10.244.1.1", 8080)],
+        ),
+        (
+            service("ns", "b", Protocol::Tcp, "10.96.0.2", 80),
+            vec![endpoint("10.244.1.2", 8080)],
+        ),
+    ])
+}
+
+/// The restore line declaring (creating or flushing) a service port's `KUBE-SVC-` chain:
+/// present only when the sync writes that service's chains.
+fn svc_chain(ns: &str, name: &str, protocol: Protocol) -> String {
+    let chains = kp_rules::iptables::names::ServiceChains::new(&port_name(ns, name, "p", protocol));
+    format!(":{} - [0:0]", chains.svc)
+}
+
+fn runs(runner: &FakeRunner, op: &str) -> usize {
+    runner
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, RunnerCall::Run { args, .. } if args.iter().any(|a| a == op)))
+        .count()
+}
+
+#[tokio::test]
+async fn first_sync_is_full_and_ensures_setup() {
+    let (mut backend, runner, _) = backend(vec![IpFamily::V4, IpFamily::V6]);
+    assert_eq!(backend.mode(), "iptables");
+    let state = two_services();
+    let none = BTreeSet::new();
+    // The core asks for partial, but nothing has been programmed yet.
+    let report = backend
+        .sync(&request(&state, SyncKind::Partial, &none, false))
+        .await
+        .expect("fake succeeds");
+    assert!(report.rules_written > 0);
+    let restores = runner.restores();
+    assert_eq!(restores.len(), 2, "one restore per family");
+    let (family, v4) = &restores[0];
+    assert_eq!(*family, IpFamily::V4);
+    assert!(v4.contains(":KUBE-SERVICES - [0:0]"));
+    assert!(v4.contains(&svc_chain("ns", "a", Protocol::Tcp)));
+    assert!(v4.contains(&svc_chain("ns", "b", Protocol::Tcp)));
+    // Setup: chains created and every jump checked then inserted, per family.
+    let setup4 = kp_rules::iptables::setup(IpFamily::V4, &RenderConfig::default());
+    let setup6 = kp_rules::iptables::setup(IpFamily::V6, &RenderConfig::default());
+    assert_eq!(
+        runs(&runner, "-N"),
+        setup4.chains.len() + setup6.chains.len()
+    );
+    assert_eq!(runs(&runner, "-I"), setup4.jumps.len() + setup6.jumps.len());
+    assert!(runner.calls().contains(&RunnerCall::Save {
+        family: IpFamily::V4,
+        table: Table::Nat
+    }));
+    assert!(!backend.next_sync_is_full());
+}
+
+#[tokio::test]
+async fn setup_is_idempotent_and_partial_syncs_skip_it() {
+    let (mut backend, runner, _) = backend(vec![IpFamily::V4]);
+    let state = two_services();
+    let none = BTreeSet::new();
+    for _ in 0..2 {
+        backend
+            .sync(&request(&state, SyncKind::Full, &none, false))
+            .await
+            .expect("fake succeeds");
+    }
+    let jumps = kp_rules::iptables::setup(IpFamily::V4, &RenderConfig::default())
+        .jumps
+        .len();
+    // Inserted once; the second full sync only checked (-C) them.
+    assert_eq!(runs(&runner, "-I"), jumps);
+    assert_eq!(runs(&runner, "-C"), 2 * jumps);
+
+    runner.clear_calls();
+    let changed = BTreeSet::from([service_name("ns", "a")]);
+    backend
+        .sync(&request(&state, SyncKind::Partial, &changed, false))
+        .await
+        .expect("fake succeeds");
+    assert_eq!(runs(&runner, "-C"), 0, "partial syncs do not touch setup");
+    let restores = runner.restores();
+    assert_eq!(restores.len(), 1);
+    assert!(restores[0].1.contains(&svc_chain("ns", "a", Protocol::Tcp)));
+    assert!(
+        !restores[0].1.contains(&svc_chain("ns", "b", Protocol::Tcp)),
+        "unchanged service not rewritten"
+    );
+}
+
+#[tokio::test]
+async fn restore_failure_is_an_apply_error_and_next_sync_is_full() {
+    let registry = &mut Registry::default();
+    let (backend, runner, _) = backend(vec![IpFamily::V4]);
+    let metrics = IptablesMetrics::register(registry);
+    let mut backend = backend.with_metrics(metrics.clone());
+    let state = two_services();
+    let none = BTreeSet::new();
+    backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect("fake succeeds");
+    let good_chains = backend.chains.clone();
+
+    runner.fail_next_restores(1);
+    let err = backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect_err("injected failure");
+    match &err {
+        BackendError::Apply { what, message } => {
+            assert_eq!(what, "iptables-restore");
+            assert!(message.contains("injected failure"), "{message}");
+        }
+        other => panic!("wrong error {other:?}"),
+    }
+    assert_eq!(metrics.restore_failures.get(), 1);
+    assert_eq!(metrics.partial_restore_failures.get(), 0);
+    assert!(backend.next_sync_is_full());
+    assert_eq!(
+        backend.chains, good_chains,
+        "bookkeeping matches the kept rules"
+    );
+
+    // The core asks for a partial sync of nothing; the backend still writes everything.
+    runner.clear_calls();
+    backend
+        .sync(&request(&state, SyncKind::Partial, &none, false))
+        .await
+        .expect("fake succeeds again");
+    let restores = runner.restores();
+    assert_eq!(restores.len(), 1);
+    assert!(restores[0].1.contains(&svc_chain("ns", "a", Protocol::Tcp)));
+    assert!(restores[0].1.contains(&svc_chain("ns", "b", Protocol::Tcp)));
+    assert!(
+        runs(&runner, "-C") > 0,
+        "setup ensured again after a failure"
+    );
+    assert!(!backend.next_sync_is_full());
+}
+
+#[tokio::test]
+async fn partial_failure_is_retried_as_full_in_the_same_call() {
+    let registry = &mut Registry::default();
+    let (backend, runner, _) = backend(vec![IpFamily::V4]);
+    let metrics = IptablesMetrics::register(registry);
+    let mut backend = backend.with_metrics(metrics.clone());
+    let state = two_services();
+    let none = BTreeSet::new();
+    backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect("fake succeeds");
+
+    runner.clear_calls();
+    runner.script_restores([true, false]);
+    let changed = BTreeSet::from([service_name("ns", "a")]);
+    backend
+        .sync(&request(&state, SyncKind::Partial, &changed, false))
+        .await
+        .expect("the full retry succeeds");
+    let restores = runner.restores();
+    assert_eq!(restores.len(), 2);
+    let b = svc_chain("ns", "b", Protocol::Tcp);
+    assert!(!restores[0].1.contains(&b), "first attempt was partial");
+    assert!(restores[1].1.contains(&b), "retry was full");
+    assert!(runs(&runner, "-C") > 0, "retry ensured the setup");
+    assert_eq!(metrics.partial_restore_failures.get(), 1);
+    assert_eq!(metrics.restore_failures.get(), 1);
+    assert!(!backend.next_sync_is_full());
+
+    // Both attempts failing: the sync fails and the next one is full.
+    runner.script_restores([true, true]);
+    let err = backend
+        .sync(&request(&state, SyncKind::Partial, &changed, false))
+        .await
+        .expect_err("both fail");
+    assert!(matches!(err, BackendError::Apply { .. }));
+    assert_eq!(metrics.partial_restore_failures.get(), 2);
+    assert_eq!(metrics.restore_failures.get(), 3);
+    assert!(backend.next_sync_is_full());
+}
+
+#[tokio::test]
+async fn one_family_failing_still_programs_the_other() {
+    let (mut backend, runner, _) = backend(vec![IpFamily::V4, IpFamily::V6]);
+    runner.fail_restores_when(|family, _| family == IpFamily::V6);
+    let state = two_services();
+    let none = BTreeSet::new();
+    let err = backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect_err("v6 fails");
+    assert!(matches!(&err, BackendError::Apply { what, .. } if what == "ip6tables-restore"));
+    let families: Vec<IpFamily> = runner.restores().iter().map(|(f, _)| *f).collect();
+    assert_eq!(families, [IpFamily::V4, IpFamily::V6]);
+    assert!(backend.next_sync_is_full());
+}
+
+#[tokio::test]
+async fn full_sync_deletes_stale_chains_listed_by_save() {
+    let (mut backend, runner, _) = backend(vec![IpFamily::V4]);
+    runner.set_save(
+        IpFamily::V4,
+        Table::Nat,
+        "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-LEFTOVERFROMBEFORE - [0:0]\n\
+         :KUBE-SEP-LEFTOVERFROMBEFORE - [0:0]\n:FOO-CHAIN - [0:0]\nCOMMIT\n",
+    );
+    let state = two_services();
+    let none = BTreeSet::new();
+    backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect("fake succeeds");
+    let text = &runner.restores()[0].1;
+    assert!(text.contains("-X KUBE-SVC-LEFTOVERFROMBEFORE\n"));
+    assert!(text.contains("-X KUBE-SEP-LEFTOVERFROMBEFORE\n"));
+    assert!(!text.contains("FOO-CHAIN"));
+}
+
+#[test]
+fn invalid_render_config_is_rejected_up_front() {
+    let config = IptablesConfig::new(
+        vec![IpFamily::V4],
+        RenderConfig {
+            masquerade_bit: 40,
+            ..RenderConfig::default()
+        },
+    );
+    let result = IptablesBackend::with_parts(config, FakeRunner::new(), FakeConntrack::new());
+    assert!(result.is_err());
+}
+
+#[tokio::test]
+async fn metrics_have_upstream_names_and_count_rules() {
+    let mut registry = Registry::default();
+    let (backend, _, _) = backend(vec![IpFamily::V4]);
+    let mut backend = backend.with_metrics(IptablesMetrics::register(&mut registry));
+    let state = two_services();
+    let none = BTreeSet::new();
+    backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect("fake succeeds");
+    let mut text = String::new();
+    encode(&mut text, &registry).expect("encoding into a String cannot fail");
+    let samples: BTreeSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split([' ', '{']).next())
+        .collect();
+    assert_eq!(
+        samples.into_iter().collect::<Vec<_>>(),
+        [
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+            "kubeproxy_sync_proxy_rules_iptables_total",
+        ]
+    );
+    let nat_line = text
+        .lines()
+        .find(|l| l.starts_with("kubeproxy_sync_proxy_rules_iptables_total{table=\"nat\"}"))
+        .expect("nat gauge present");
+    let nat: i64 = nat_line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a number");
+    assert!(nat > 0, "{nat_line}");
+    assert!(text.contains("kubeproxy_sync_proxy_rules_iptables_total{table=\"filter\"}"));
+}
+
+// --- conntrack decisions -------------------------------------------------------------
+
+fn udp_dns(endpoints: &[&str]) -> ProxyState {
+    let mut svc = service("kube-system", "dns", Protocol::Udp, "10.96.0.10", 53);
+    svc.node_port = Some(30053);
+    svc.external_ips = vec![ip("203.0.113.7")];
+    let eps = endpoints.iter().map(|e| endpoint(e, 5353)).collect();
+    state(vec![(svc, eps)])
+}
+
+fn dns_changed() -> BTreeSet<ServiceName> {
+    BTreeSet::from([service_name("kube-system", "dns")])
+}
+
+fn flow(orig_dst: Option<&str>, orig_dst_port: u16, reply: Option<(&str, u16)>) -> FlowFilter {
+    FlowFilter {
+        family: IpFamily::V4,
+        protocol: Protocol::Udp,
+        orig_dst: orig_dst.map(ip),
+        orig_dst_port: Some(orig_dst_port),
+        reply_src: reply.map(|(a, _)| ip(a)),
+        reply_src_port: reply.map(|(_, p)| p),
+    }
+}
+
+/// Sync `before` fully, then `after` partially with conntrack cleanup requested; returns
+/// the filters deleted by the second sync.
+async fn deleted_between(before: &ProxyState, after: &ProxyState) -> Vec<FlowFilter> {
+    let (mut backend, _, conntrack) = backend(vec![IpFamily::V4]);
+    let none = BTreeSet::new();
+    backend
+        .sync(&request(before, SyncKind::Full, &none, true))
+        .await
+        .expect("fake succeeds");
+    assert!(conntrack.deleted().is_empty(), "first sync deletes nothing");
+    let changed = dns_changed();
+    backend
+        .sync(&request(after, SyncKind::Partial, &changed, true))
+        .await
+        .expect("fake succeeds");
+    conntrack.deleted()
+}
+
+#[tokio::test]
+async fn removed_endpoint_entries_are_deleted_by_reply_source() {
+    let before = udp_dns(&["10.244.1.5", "10.244.2.6"]);
+    let after = udp_dns(&["10.244.1.5"]);
+    let gone = Some(("10.244.2.6", 5353));
+    assert_eq!(
+        deleted_between(&before, &after).await,
+        [
+            flow(None, 30053, gone),
+            flow(Some("10.96.0.10"), 53, gone),
+            flow(Some("203.0.113.7"), 53, gone),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn endpoint_that_stops_being_ready_counts_as_removed() {
+    let before = udp_dns(&["10.244.1.5", "10.244.2.6"]);
+    let mut after = before.clone();
+    for eps in after.endpoints.values_mut() {
+        eps[1].ready = false;
+        eps[1].serving = false;
+    }
+    let deleted = deleted_between(&before, &after).await;
+    assert_eq!(deleted.len(), 3);
+    assert!(
+        deleted
+            .iter()
+            .all(|f| f.reply_src == Some(ip("10.244.2.6")))
+    );
+}
+
+#[tokio::test]
+async fn zero_to_one_endpoints_deletes_entries_to_the_service() {
+    let before = udp_dns(&[]);
+    let after = udp_dns(&["10.244.1.5"]);
+    assert_eq!(
+        deleted_between(&before, &after).await,
+        [
+            flow(None, 30053, None),
+            flow(Some("10.96.0.10"), 53, None),
+            flow(Some("203.0.113.7"), 53, None),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn new_service_with_endpoints_counts_as_newly_active() {
+    let before = state(vec![]);
+    let after = udp_dns(&["10.244.1.5"]);
+    assert_eq!(deleted_between(&before, &after).await.len(), 3);
+}
+
+#[tokio::test]
+async fn deleted_service_cleans_its_endpoints() {
+    let before = udp_dns(&["10.244.1.5"]);
+    let after = state(vec![]);
+    let deleted = deleted_between(&before, &after).await;
+    assert_eq!(deleted.len(), 3);
+    assert!(
+        deleted
+            .iter()
+            .all(|f| f.reply_src == Some(ip("10.244.1.5")))
+    );
+}
+
+#[tokio::test]
+async fn tcp_only_changes_delete_nothing() {
+    let tcp = |eps: &[&str]| {
+        state(vec![(
+            service("kube-system", "dns", Protocol::Tcp, "10.96.0.10", 53),
+            eps.iter().map(|e| endpoint(e, 5353)).collect(),
+        )])
+    };
+    assert!(
+        deleted_between(&tcp(&["10.244.1.5", "10.244.2.6"]), &tcp(&["10.244.1.5"]))
+            .await
+            .is_empty()
+    );
+    assert!(
+        deleted_between(&tcp(&[]), &tcp(&["10.244.1.5"]))
+            .await
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn unchanged_or_added_endpoints_delete_nothing() {
+    let before = udp_dns(&["10.244.1.5"]);
+    let after = udp_dns(&["10.244.1.5", "10.244.2.6"]);
+    assert!(deleted_between(&before, &after).await.is_empty());
+}
+
+#[tokio::test]
+async fn sctp_is_cleaned_like_udp() {
+    let sctp = |eps: &[&str]| {
+        state(vec![(
+            service("kube-system", "dns", Protocol::Sctp, "10.96.0.10", 53),
+            eps.iter().map(|e| endpoint(e, 5353)).collect(),
+        )])
+    };
+    let deleted =
+        deleted_between(&sctp(&["10.244.1.5", "10.244.2.6"]), &sctp(&["10.244.1.5"])).await;
+    assert_eq!(deleted.len(), 1);
+    assert_eq!(deleted[0].protocol, Protocol::Sctp);
+}
+
+#[tokio::test]
+async fn no_cleanup_unless_requested_and_failures_do_not_fail_the_sync() {
+    let (mut backend, _, conntrack) = backend(vec![IpFamily::V4]);
+    let before = udp_dns(&["10.244.1.5", "10.244.2.6"]);
+    let after = udp_dns(&["10.244.1.5"]);
+    let none = BTreeSet::new();
+    let changed = dns_changed();
+    backend
+        .sync(&request(&before, SyncKind::Full, &none, true))
+        .await
+        .expect("fake succeeds");
+    backend
+        .sync(&request(&after, SyncKind::Partial, &changed, false))
+        .await
+        .expect("fake succeeds");
+    assert!(conntrack.deleted().is_empty(), "not requested");
+
+    // Back and forth with failing deletions: the sync still succeeds.
+    backend
+        .sync(&request(&before, SyncKind::Partial, &changed, true))
+        .await
+        .expect("fake succeeds");
+    conntrack.fail_next(10);
+    backend
+        .sync(&request(&after, SyncKind::Partial, &changed, true))
+        .await
+        .expect("conntrack failures are only logged");
+    assert_eq!(conntrack.deleted().len(), 3);
+}
+
+#[tokio::test]
+async fn failed_sync_keeps_the_previous_state_for_the_next_diff() {
+    let (mut backend, runner, conntrack) = backend(vec![IpFamily::V4]);
+    let none = BTreeSet::new();
+    let changed = dns_changed();
+    backend
+        .sync(&request(
+            &udp_dns(&["10.244.1.5", "10.244.2.6"]),
+            SyncKind::Full,
+            &none,
+            true,
+        ))
+        .await
+        .expect("fake succeeds");
+    runner.fail_next_restores(2);
+    let after = udp_dns(&["10.244.1.5"]);
+    assert!(
+        backend
+            .sync(&request(&after, SyncKind::Partial, &changed, true))
+            .await
+            .is_err()
+    );
+    assert!(
+        conntrack.deleted().is_empty(),
+        "nothing deleted for unprogrammed rules"
+    );
+    backend
+        .sync(&request(&after, SyncKind::Full, &changed, true))
+        .await
+        .expect("fake succeeds");
+    assert_eq!(
+        conntrack.deleted().len(),
+        3,
+        "the retry cleans what the failure skipped"
+    );
+}
+
+// --- cleanup -------------------------------------------------------------------------
+
+#[tokio::test]
+async fn cleanup_restores_one_removal_per_table_with_kube_chains() {
+    let (mut backend, runner, _) = backend(vec![IpFamily::V4, IpFamily::V6]);
+    runner.set_save(
+        IpFamily::V4,
+        Table::Nat,
+        "*nat\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n\
+         -A OUTPUT -j KUBE-SERVICES\nCOMMIT\n",
+    );
+    runner.set_save(
+        IpFamily::V6,
+        Table::Mangle,
+        "*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n",
+    );
+    backend.cleanup().await.expect("fake succeeds");
+    let restores = runner.restores();
+    assert_eq!(restores.len(), 2);
+    assert_eq!(
+        restores[0],
+        (
+            IpFamily::V4,
+            "*nat\n:KUBE-SERVICES - [0:0]\n-D OUTPUT -j KUBE-SERVICES\n-X KUBE-SERVICES\nCOMMIT\n"
+                .to_owned()
+        )
+    );
+    assert_eq!(restores[1].0, IpFamily::V6);
+    assert!(backend.next_sync_is_full());
+
+    runner.fail_next_restores(1);
+    let err = backend.cleanup().await.expect_err("injected");
+    assert!(matches!(err, BackendError::Apply { what, .. } if what.contains("cleanup")));
+}

@@ -1,0 +1,21 @@
+//! The I/O side of the proxy modes: everything that touches the kernel, each piece behind a
+//! small trait with an in-memory fake so the logic around it is testable anywhere.
+//!
+//! - [`exec`]: running `iptables`, `iptables-save` and `iptables-restore` ([`exec::RuleRunner`]).
+//! - [`iptables`]: [`iptables::IptablesBackend`], the `iptables` proxy mode (a
+//!   [`kp_core::backend::Backend`]) applying `kp_rules::iptables` renders, and its cleanup.
+//! - [`conntrack`]: which UDP/SCTP conntrack entries a sync made stale, and deleting them
+//!   ([`conntrack::Conntrack`]).
+//! - [`sysctls`]: conntrack table size and timeouts, `route_localnet`
+//!   ([`sysctls::Sysctl`]).
+//!
+//! Nothing here decides *what* to program; that is `kp-core` (state, change tracking) and
+//! `kp-rules` (rule text).
+
+pub mod conntrack;
+pub mod exec;
+pub mod iptables;
+pub mod sysctls;
+
+#[cfg(test)]
+mod testutil;

@@ -1,0 +1,525 @@
+//! The real tools against a real kernel, each test inside its own throwaway network
+//! namespace.
+//!
+//! Every test re-executes this test binary as `unshare -n <binary> --exact <test>` and the
+//! child runs the body. An unnamed namespace lives exactly as long as its processes, so the
+//! kernel removes it (with every rule and conntrack entry made in it) when the child exits,
+//! whether the body passed, panicked or was killed: there is nothing left to clean up. The
+//! child refuses to run a body in the namespace of its parent or of PID 1, so a harness bug
+//! can never touch the host's rules.
+//!
+//! Without root, `unshare` or the iptables tools the tests are skipped with a message, unless
+//! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` makes that a failure (for CI).
+
+#[path = "../src/testutil.rs"]
+mod testutil;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use kp_core::backend::{Backend, BackendError, SyncKind};
+use kp_core::model::{IpFamily, Protocol};
+use kp_dataplane::conntrack::ExecConntrack;
+use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools, backend_of_version};
+use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, KUBELET_CHAINS};
+use kp_rules::iptables::RenderConfig;
+use testutil::*;
+
+/// Set in the child to the name of the test it runs.
+const CHILD_ENV: &str = "KP_DATAPLANE_NETNS_TEST";
+/// The parent's network namespace, so the child can check it is elsewhere.
+const PARENT_NS_ENV: &str = "KP_DATAPLANE_PARENT_NETNS";
+/// Make unavailable prerequisites a failure instead of a skip.
+const REQUIRE_ENV: &str = "KP_DATAPLANE_REQUIRE_KERNEL_TESTS";
+
+fn netns_id(pid: &str) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/net"))
+        .ok()
+        .map(|p| p.display().to_string())
+}
+
+fn tool_works(program: &str, arg: &str) -> bool {
+    Command::new(program)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn unavailable(tools: &[&str]) -> Option<String> {
+    for tool in tools {
+        if !tool_works(tool, "--version") {
+            return Some(format!(
+                "{tool} not found (apt-get install -y iptables conntrack)"
+            ));
+        }
+    }
+    if !Command::new("unshare")
+        .args(["-n", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        return Some("cannot create a network namespace (`unshare -n` needs root)".into());
+    }
+    None
+}
+
+/// Run `body` in a fresh network namespace (see the module docs). `name` must be the test
+/// function's name; `tools` the binaries it needs.
+fn in_netns(name: &str, tools: &[&str], body: impl FnOnce()) {
+    if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
+        let mine = netns_id("self").expect("own network namespace readable");
+        let parent = std::env::var(PARENT_NS_ENV).expect("parent namespace passed");
+        assert_ne!(
+            mine, parent,
+            "refusing to run in the parent's network namespace"
+        );
+        if let Some(init) = netns_id("1") {
+            assert_ne!(mine, init, "refusing to run in PID 1's network namespace");
+        }
+        body();
+        return;
+    }
+    if let Some(reason) = unavailable(tools) {
+        assert!(
+            std::env::var_os(REQUIRE_ENV).is_none(),
+            "{name}: kernel test required but {reason}"
+        );
+        eprintln!("SKIPPED {name}: {reason}");
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let parent = netns_id("self").expect("own network namespace readable");
+    let output = Command::new("unshare")
+        .arg("-n")
+        .arg(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, name)
+        .env(PARENT_NS_ENV, parent)
+        .output()
+        .expect("run the test binary under unshare");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("--- child stdout ---\n{stdout}\n--- child stderr ---\n{stderr}");
+    assert!(output.status.success(), "{name} failed in its namespace");
+    // A misspelt name would run nothing and still succeed.
+    assert!(
+        stdout.contains("1 passed"),
+        "{name} did not run in the child"
+    );
+}
+
+fn sh(command: &str) -> String {
+    let output = Command::new("sh")
+        .args(["-c", command])
+        .output()
+        .expect("run sh");
+    assert!(
+        output.status.success(),
+        "`{command}` failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn save(family: IpFamily) -> String {
+    match family {
+        IpFamily::V4 => sh("iptables-save"),
+        IpFamily::V6 => sh("ip6tables-save"),
+    }
+}
+
+/// Chains of a dump, as `table/chain`.
+fn chains(dump: &str) -> BTreeSet<String> {
+    let mut table = String::new();
+    let mut out = BTreeSet::new();
+    for line in dump.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.to_owned();
+        } else if let Some(rest) = line.strip_prefix(':') {
+            let chain = rest.split(' ').next().unwrap_or_default();
+            out.insert(format!("{table}/{chain}"));
+        }
+    }
+    out
+}
+
+fn config(families: Vec<IpFamily>) -> IptablesConfig {
+    IptablesConfig::new(families, RenderConfig::default())
+}
+
+fn real_backend(families: Vec<IpFamily>) -> IptablesBackend {
+    IptablesBackend::new(config(families), Tools::default()).expect("valid config")
+}
+
+fn web(endpoint_ip: &str) -> kp_core::tracker::ProxyState {
+    state(vec![(
+        service("ns", "web", Protocol::Tcp, "10.96.0.1", 80),
+        vec![endpoint(endpoint_ip, 8080)],
+    )])
+}
+
+fn web_chain() -> String {
+    kp_rules::iptables::names::ServiceChains::new(&port_name("ns", "web", "p", Protocol::Tcp)).svc
+}
+
+fn sep_chain(endpoint_ip: &str) -> String {
+    kp_rules::iptables::names::endpoint_chain(
+        &port_name("ns", "web", "p", Protocol::Tcp),
+        ip(endpoint_ip),
+        8080,
+    )
+}
+
+#[test]
+fn full_then_partial_sync_in_a_netns() {
+    in_netns(
+        "full_then_partial_sync_in_a_netns",
+        &["iptables-restore"],
+        || {
+            block_on(async {
+                let mut backend = real_backend(vec![IpFamily::V4]);
+                let none = BTreeSet::new();
+                let first = web("10.244.1.1");
+                backend
+                    .sync(&request(&first, SyncKind::Full, &none, false))
+                    .await
+                    .expect("full sync applies");
+                let dump = save(IpFamily::V4);
+                let present = chains(&dump);
+                assert!(present.contains("nat/KUBE-SERVICES"), "{dump}");
+                assert!(present.contains("filter/KUBE-SERVICES"), "{dump}");
+                assert!(present.contains(&format!("nat/{}", web_chain())), "{dump}");
+                assert!(present.contains(&format!("nat/{}", sep_chain("10.244.1.1"))));
+                assert!(dump.contains("--to-destination 10.244.1.1:8080"));
+                assert!(dump.contains("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"));
+
+                // The endpoint moves: a partial sync replaces the SEP chain.
+                let second = web("10.244.2.2");
+                let changed = BTreeSet::from([service_name("ns", "web")]);
+                backend
+                    .sync(&request(&second, SyncKind::Partial, &changed, false))
+                    .await
+                    .expect("partial sync applies");
+                let dump = save(IpFamily::V4);
+                let present = chains(&dump);
+                assert!(
+                    present.contains(&format!("nat/{}", sep_chain("10.244.2.2"))),
+                    "{dump}"
+                );
+                assert!(
+                    !present.contains(&format!("nat/{}", sep_chain("10.244.1.1"))),
+                    "{dump}"
+                );
+                assert!(dump.contains("--to-destination 10.244.2.2:8080"));
+                assert!(!dump.contains("10.244.1.1"));
+            });
+        },
+    );
+}
+
+#[test]
+fn dual_stack_sync_in_a_netns() {
+    in_netns(
+        "dual_stack_sync_in_a_netns",
+        &["iptables-restore", "ip6tables-restore"],
+        || {
+            block_on(async {
+                let mut backend = real_backend(vec![IpFamily::V4, IpFamily::V6]);
+                let mut state = web("10.244.1.1");
+                let mut v6 = service("ns", "web6", Protocol::Udp, "fd00::1", 53);
+                v6.node_port = Some(30053);
+                state
+                    .endpoints
+                    .insert(v6.name.clone(), vec![endpoint("fd00:10::5", 5353)]);
+                state.services.insert(v6.name.clone(), v6);
+                let none = BTreeSet::new();
+                backend
+                    .sync(&request(&state, SyncKind::Full, &none, false))
+                    .await
+                    .expect("both families apply");
+                let dump6 = save(IpFamily::V6);
+                assert!(
+                    dump6.contains("--to-destination [fd00:10::5]:5353"),
+                    "{dump6}"
+                );
+                assert!(!save(IpFamily::V4).contains("fd00"));
+            });
+        },
+    );
+}
+
+#[test]
+fn restore_failures_in_a_netns() {
+    in_netns("restore_failures_in_a_netns", &["iptables-restore"], || {
+        block_on(async {
+            // A bogus restore binary: setup (real iptables) works, the restore cannot run.
+            let tools = Tools {
+                iptables_restore: PathBuf::from("/nonexistent/kp-dataplane-test/iptables-restore"),
+                ..Tools::default()
+            };
+            let mut backend =
+                IptablesBackend::new(config(vec![IpFamily::V4]), tools).expect("valid config");
+            let state = web("10.244.1.1");
+            let none = BTreeSet::new();
+            let err = backend
+                .sync(&request(&state, SyncKind::Full, &none, false))
+                .await
+                .expect_err("restore binary missing");
+            match err {
+                BackendError::Apply { what, message } => {
+                    assert_eq!(what, "iptables-restore");
+                    assert!(
+                        message.contains("/nonexistent/kp-dataplane-test"),
+                        "{message}"
+                    );
+                }
+                other => panic!("wrong error {other:?}"),
+            }
+            assert!(backend.next_sync_is_full());
+            assert!(!chains(&save(IpFamily::V4)).contains(&format!("nat/{}", web_chain())));
+
+            // A restore the kernel rejects keeps the previous rules: program a good state,
+            // then make one that fails (a jump to a chain that does not exist).
+            let mut good = real_backend(vec![IpFamily::V4]);
+            good.sync(&request(&state, SyncKind::Full, &none, false))
+                .await
+                .expect("good state applies");
+            let before = save(IpFamily::V4);
+            sh("iptables -t nat -N KUBE-SVC-HELDBYFOREIGNRULE && \
+                iptables -t nat -A OUTPUT -j KUBE-SVC-HELDBYFOREIGNRULE");
+            // The next full sync lists that chain as stale and tries to delete it, which
+            // fails while a foreign rule references it: the whole restore is rejected.
+            let err = good
+                .sync(&request(&state, SyncKind::Full, &none, false))
+                .await
+                .expect_err("deleting a referenced chain fails");
+            assert!(matches!(err, BackendError::Apply { .. }), "{err}");
+            let after = save(IpFamily::V4);
+            assert!(after.contains("--to-destination 10.244.1.1:8080"));
+            assert_eq!(
+                chains(&before).len() + 1,
+                chains(&after).len(),
+                "only the foreign chain was added"
+            );
+            assert!(good.next_sync_is_full());
+        });
+    });
+}
+
+#[test]
+fn setup_is_idempotent_across_restarts() {
+    in_netns(
+        "setup_is_idempotent_across_restarts",
+        &["iptables-restore"],
+        || {
+            block_on(async {
+                let state = web("10.244.1.1");
+                let none = BTreeSet::new();
+                for _ in 0..2 {
+                    // A new backend each time, as after a restart.
+                    let mut backend = real_backend(vec![IpFamily::V4]);
+                    for _ in 0..2 {
+                        backend
+                            .sync(&request(&state, SyncKind::Full, &none, false))
+                            .await
+                            .expect("sync applies");
+                    }
+                }
+                let dump = save(IpFamily::V4);
+                let jumps = |rule: &str| dump.lines().filter(|l| *l == rule).count();
+                assert_eq!(
+                    jumps(
+                        "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+                    ),
+                    1,
+                    "{dump}"
+                );
+                assert_eq!(
+                    jumps(
+                        "-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING"
+                    ),
+                    1
+                );
+                assert_eq!(jumps("-A INPUT -j KUBE-FIREWALL"), 1);
+                let canaries = chains(&dump)
+                    .iter()
+                    .filter(|c| c.ends_with("/KUBE-PROXY-CANARY"))
+                    .count();
+                assert_eq!(canaries, 3);
+            });
+        },
+    );
+}
+
+#[test]
+fn cleanup_removes_kube_chains_and_nothing_else() {
+    in_netns(
+        "cleanup_removes_kube_chains_and_nothing_else",
+        &["iptables-restore", "ip6tables-restore"],
+        || {
+            block_on(async {
+                // Foreign rules and chains, and an upstream-only chain (KUBE-MARK-DROP).
+                sh(
+                    "iptables -N FOO-CHAIN && iptables -A FOO-CHAIN -s 192.0.2.1 -j DROP && \
+                    iptables -A INPUT -s 198.51.100.1 -j ACCEPT && \
+                    iptables -t nat -N KUBE-MARK-DROP && \
+                    iptables -t nat -A KUBE-MARK-DROP -j MARK --or-mark 0x8000 && \
+                    ip6tables -N FOO-CHAIN",
+                );
+                let foreign4 = save(IpFamily::V4);
+                let families = vec![IpFamily::V4, IpFamily::V6];
+                let mut backend = real_backend(families.clone());
+                let state = web("10.244.1.1");
+                let none = BTreeSet::new();
+                backend
+                    .sync(&request(&state, SyncKind::Full, &none, false))
+                    .await
+                    .expect("sync applies");
+                assert!(save(IpFamily::V4).contains("KUBE-SVC-"));
+
+                // A fresh backend, as for `--cleanup`; twice to show it is idempotent.
+                for _ in 0..2 {
+                    real_backend(families.clone())
+                        .cleanup()
+                        .await
+                        .expect("cleanup succeeds");
+                }
+                for family in [IpFamily::V4, IpFamily::V6] {
+                    let dump = save(family);
+                    let left: Vec<String> = chains(&dump)
+                        .into_iter()
+                        .filter(|c| c.contains("/KUBE-"))
+                        .collect();
+                    // Only kubelet's KUBE-FIREWALL (IPv4, localhost NodePorts) may remain.
+                    for chain in &left {
+                        let name = chain.split('/').nth(1).unwrap_or_default();
+                        assert!(KUBELET_CHAINS.contains(&name), "{chain} left:\n{dump}");
+                    }
+                    let kube_jumps: Vec<&str> = dump
+                        .lines()
+                        .filter(|l| l.contains("-j KUBE-") && !l.contains("-j KUBE-FIREWALL"))
+                        .collect();
+                    assert!(kube_jumps.is_empty(), "{kube_jumps:?}");
+                    assert!(chains(&dump).contains("filter/FOO-CHAIN"));
+                }
+                let dump = save(IpFamily::V4);
+                assert!(dump.contains("-A FOO-CHAIN -s 192.0.2.1/32 -j DROP"));
+                assert!(dump.contains("-A INPUT -s 198.51.100.1/32 -j ACCEPT"));
+                // Apart from KUBE-FIREWALL and its jumps, the rules and user chains are what
+                // they were before. (nf_tables leaves the emptied mangle table behind, with
+                // only its built-in chains, so tables and built-in chains are not compared.)
+                let strip = |d: &str| -> Vec<String> {
+                    d.lines()
+                        .filter(|l| {
+                            l.starts_with("-A ") || (l.starts_with(':') && l.contains(" - ["))
+                        })
+                        .filter(|l| !l.contains("KUBE-"))
+                        .map(str::to_owned)
+                        .collect()
+                };
+                assert_eq!(strip(&dump), strip(&foreign4));
+            });
+        },
+    );
+}
+
+#[test]
+fn udp_conntrack_entry_to_a_removed_endpoint_is_deleted() {
+    in_netns(
+        "udp_conntrack_entry_to_a_removed_endpoint_is_deleted",
+        &["iptables-restore", "conntrack"],
+        || {
+            block_on(async {
+                let dns = |eps: &[&str]| {
+                    state(vec![(
+                        service("kube-system", "dns", Protocol::Udp, "10.96.0.10", 53),
+                        eps.iter().map(|e| endpoint(e, 5353)).collect(),
+                    )])
+                };
+                let mut backend = IptablesBackend::with_parts(
+                    config(vec![IpFamily::V4]),
+                    ExecRunner::default(),
+                    ExecConntrack::default(),
+                )
+                .expect("valid config");
+                let none = BTreeSet::new();
+                backend
+                    .sync(&request(
+                        &dns(&["10.244.1.5", "10.244.2.6"]),
+                        SyncKind::Full,
+                        &none,
+                        true,
+                    ))
+                    .await
+                    .expect("sync applies");
+                // Two clients' flows as DNAT would have made them, one per endpoint.
+                for (client, endpoint) in [("10.0.0.1", "10.244.1.5"), ("10.0.0.2", "10.244.2.6")] {
+                    sh(&format!(
+                        "conntrack -I -p udp --src {client} --dst 10.96.0.10 --sport 1234 --dport 53 \
+                         --reply-src {endpoint} --reply-dst {client} --reply-port-src 5353 \
+                         --reply-port-dst 1234 --timeout 60 2>&1"
+                    ));
+                }
+                assert_eq!(sh("conntrack -L -p udp 2>/dev/null").lines().count(), 2);
+
+                let changed = BTreeSet::from([service_name("kube-system", "dns")]);
+                backend
+                    .sync(&request(
+                        &dns(&["10.244.1.5"]),
+                        SyncKind::Partial,
+                        &changed,
+                        true,
+                    ))
+                    .await
+                    .expect("sync applies");
+                let left = sh("conntrack -L -p udp 2>/dev/null");
+                assert!(!left.contains("10.244.2.6"), "{left}");
+                assert!(
+                    left.contains("src=10.244.1.5"),
+                    "the other flow stays: {left}"
+                );
+            });
+        },
+    );
+}
+
+#[test]
+fn legacy_variant_syncs_and_cleans_in_a_netns() {
+    in_netns(
+        "legacy_variant_syncs_and_cleans_in_a_netns",
+        &["iptables-legacy-restore"],
+        || {
+            block_on(async {
+                let tools = Tools::new(IptablesVariant::Legacy);
+                let version = ExecRunner::new(tools.clone())
+                    .version()
+                    .await
+                    .expect("iptables-legacy runs");
+                assert_eq!(
+                    backend_of_version(&version),
+                    IptablesVariant::Legacy,
+                    "{version}"
+                );
+                let mut backend =
+                    IptablesBackend::new(config(vec![IpFamily::V4]), tools).expect("valid config");
+                let state = web("10.244.1.1");
+                let none = BTreeSet::new();
+                backend
+                    .sync(&request(&state, SyncKind::Full, &none, false))
+                    .await
+                    .expect("legacy restore applies");
+                let dump = sh("iptables-legacy-save");
+                assert!(dump.contains("--to-destination 10.244.1.1:8080"), "{dump}");
+                // The nf_tables side saw nothing.
+                assert!(!save(IpFamily::V4).contains("KUBE-"));
+                backend.cleanup().await.expect("cleanup succeeds");
+                let dump = sh("iptables-legacy-save");
+                assert!(!dump.contains("KUBE-SVC-"), "{dump}");
+            });
+        },
+    );
+}
