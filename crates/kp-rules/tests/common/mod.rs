@@ -131,8 +131,20 @@ pub fn full(state: &ProxyState, family: IpFamily, config: &RenderConfig) -> Rend
     .expect("valid config renders")
 }
 
-/// Why the kernel checks cannot run here, if they cannot.
+/// Why the kernel checks cannot run here, if they cannot. In CI (`CI` set, where tests run
+/// as root with the tools installed) a missing prerequisite is a failure, never a skip.
 pub fn netns_unavailable(tool: &str) -> Option<String> {
+    let reason = kernel_prerequisite_missing(tool);
+    if let Some(reason) = &reason {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "kernel checks are required in CI: {reason}"
+        );
+    }
+    reason
+}
+
+fn kernel_prerequisite_missing(tool: &str) -> Option<String> {
     let found = Command::new(tool)
         .arg("--version")
         .stdout(Stdio::null())
