@@ -45,12 +45,18 @@ impl Settings {
             master: options.master.clone(),
         }
     }
+
+    /// The effective configuration.
+    pub fn config(&self) -> &KubeProxyConfiguration {
+        &self.config
+    }
 }
 
 /// Runs the proxy until SIGTERM or SIGINT, or performs `--cleanup` and returns.
 pub async fn run<B: Backend + 'static>(
     settings: Settings,
     mut backend: B,
+    mut registry: Registry,
     cleanup: bool,
 ) -> anyhow::Result<()> {
     if cleanup {
@@ -65,7 +71,6 @@ pub async fn run<B: Backend + 'static>(
     let node_name = node_name(&config);
     tracing::info!(node = %node_name, "Using node name");
 
-    let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let health_metrics = HealthMetrics::register(&mut registry);
 
@@ -99,7 +104,15 @@ pub async fn run<B: Backend + 'static>(
             configz: serde_json::to_value(&config).context("encoding /configz")?,
         },
         service_health: proxier.service_health(),
-        families: vec![IpFamily::V4],
+        families: if mode == "fake" {
+            vec![IpFamily::V4]
+        } else {
+            crate::modes::families()
+        },
+        node_port_ips: match crate::modes::node_port_addresses(&config) {
+            kp_rules::iptables::NodePortAddresses::All => Vec::new(),
+            kp_rules::iptables::NodePortAddresses::Ips(ips) => ips,
+        },
     };
     let admin_thread = admin.spawn(shutdown.clone())?;
     tracing::info!(mode, "Proxier starting");
@@ -198,6 +211,8 @@ struct Admin {
     info: MetricsInfo,
     service_health: watch::Receiver<ServiceHealthMap>,
     families: Vec<IpFamily>,
+    /// Where health-check node ports listen; empty means every address.
+    node_port_ips: Vec<std::net::IpAddr>,
 }
 
 impl Admin {
@@ -242,9 +257,8 @@ impl Admin {
                 }
             });
         }
-        // Health-check node ports listen on every address until nodePortAddresses filtering
-        // of local addresses lands with the first kernel mode.
-        let servers = ServiceHealthServers::new(Vec::new(), self.health);
+        // Health-check node ports answer on the addresses NodePorts do.
+        let servers = ServiceHealthServers::new(self.node_port_ips, self.health);
         let (updates, stop) = (self.service_health, shutdown.clone());
         tasks.spawn(async move { servers.run(updates, stop).await });
         while tasks.join_next().await.is_some() {}

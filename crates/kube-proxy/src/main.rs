@@ -5,6 +5,7 @@ mod app;
 mod dryrun;
 mod explain;
 mod log;
+mod modes;
 
 use std::process::ExitCode;
 
@@ -54,14 +55,24 @@ fn run(options: Options) -> anyhow::Result<()> {
         .thread_name("kube-proxy")
         .build()
         .context("starting the async runtime")?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let settings = app::Settings::new(&options, config);
     match mode {
         ProxyMode::Fake => {
             tracing::info!("Using the fake proxier: nothing is programmed, every sync is logged");
-            let settings = app::Settings::new(&options, config);
-            runtime.block_on(app::run(settings, dryrun::DryRun, options.cleanup))
+            runtime.block_on(app::run(
+                settings,
+                dryrun::DryRun,
+                registry,
+                options.cleanup,
+            ))
+        }
+        ProxyMode::Iptables => {
+            let backend = modes::iptables(settings.config(), &mut registry, options.cleanup)?;
+            runtime.block_on(app::run(settings, backend, registry, options.cleanup))
         }
         other => anyhow::bail!(
-            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: fake)",
+            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, fake)",
             other.as_str()
         ),
     }

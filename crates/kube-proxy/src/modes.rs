@@ -1,0 +1,210 @@
+//! Building a kernel proxy mode from the configuration: the I/O that happens once at start-up
+//! (conntrack sysctls, the node's addresses, the conntrack-liberal probe) before the backend
+//! is handed to the proxier.
+
+use std::net::IpAddr;
+
+use anyhow::Context as _;
+use ipnet::IpNet;
+use kp_config::{KubeProxyConfiguration, LocalMode, NodePortAddresses as ConfigAddresses};
+use kp_core::model::IpFamily;
+use kp_dataplane::exec::{IptablesVariant, Tools};
+use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics, detect_families};
+use kp_dataplane::sysctls::{self, ConntrackSettings, FsSysctl};
+use kp_rules::iptables::{LocalDetector, NodePortAddresses, RenderConfig};
+use prometheus_client::registry::Registry;
+
+/// Builds the iptables backend, applying upstream's start-up sysctls first unless the backend
+/// is only wanted for `--cleanup`.
+pub fn iptables(
+    config: &KubeProxyConfiguration,
+    registry: &mut Registry,
+    cleanup_only: bool,
+) -> anyhow::Result<IptablesBackend> {
+    let host = FsSysctl::host();
+    if !cleanup_only {
+        conntrack_sysctls(config, &host);
+    }
+    let families = detect_families();
+    let mut render = render_config(config)?;
+    render.drop_invalid = !sysctls::tcp_be_liberal(&host);
+    if !cleanup_only
+        && let Err(error) = sysctls::apply(&host, &sysctls::route_localnet_plan(&render, &families))
+    {
+        tracing::error!(%error, "cannot enable route_localnet; localhost NodePorts will not answer");
+    }
+    let backend = IptablesBackend::new(
+        IptablesConfig::new(families, render),
+        Tools::new(IptablesVariant::System),
+    )
+    .context("invalid iptables configuration")?
+    .with_metrics(IptablesMetrics::register(registry));
+    tracing::info!("Using iptables Proxier");
+    Ok(backend)
+}
+
+/// Sets nf_conntrack_max and the TCP/UDP timeouts as upstream does. A failure is logged, not
+/// fatal: the proxy still works with the kernel's values (inside a container or a network
+/// namespace some of these files are read-only).
+fn conntrack_sysctls(config: &KubeProxyConfiguration, host: &FsSysctl) {
+    let c = &config.conntrack;
+    let settings = ConntrackSettings {
+        max_per_core: u32::try_from(c.max_per_core).unwrap_or(0),
+        min: u32::try_from(c.min).unwrap_or(0),
+        tcp_established_timeout: c.tcp_established_timeout,
+        tcp_close_wait_timeout: c.tcp_close_wait_timeout,
+        tcp_be_liberal: c.tcp_be_liberal,
+        udp_timeout: c.udp_timeout,
+        udp_stream_timeout: c.udp_stream_timeout,
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    match sysctls::apply(host, &sysctls::conntrack_plan(&settings, cpus)) {
+        Ok(report) => {
+            for warning in report.warnings {
+                tracing::warn!(%warning, "conntrack setting left as is");
+            }
+        }
+        Err(error) => {
+            tracing::error!(%error, "cannot apply conntrack settings; keeping the kernel's")
+        }
+    }
+}
+
+/// The renderer's configuration from `KubeProxyConfiguration`.
+fn render_config(config: &KubeProxyConfiguration) -> anyhow::Result<RenderConfig> {
+    let (bit, masquerade_all) = config.masquerade();
+    let local_detector = match config.detect_local_mode {
+        LocalMode::ClusterCidr if config.cluster_cidrs().is_empty() => {
+            tracing::warn!(
+                "clusterCIDR is empty: pod traffic cannot be told apart, so ClusterIP traffic is not masqueraded"
+            );
+            LocalDetector::None
+        }
+        LocalMode::ClusterCidr => LocalDetector::Cidrs(config.cluster_cidrs()),
+        LocalMode::BridgeInterface => {
+            LocalDetector::BridgeInterface(config.detect_local.bridge_interface.clone())
+        }
+        LocalMode::InterfaceNamePrefix => {
+            LocalDetector::InterfaceNamePrefix(config.detect_local.interface_name_prefix.clone())
+        }
+        LocalMode::NodeCidr => {
+            anyhow::bail!(
+                "detectLocalMode NodeCIDR is not supported yet; use ClusterCIDR with --cluster-cidr"
+            )
+        }
+    };
+    Ok(RenderConfig {
+        masquerade_bit: u8::try_from(bit).context("masqueradeBit out of range")?,
+        masquerade_all,
+        local_detector,
+        node_port_addresses: node_port_addresses(config),
+        localhost_node_ports: config.iptables.localhost_node_ports,
+        ..RenderConfig::default()
+    })
+}
+
+/// nodePortAddresses resolved against this node's interface addresses.
+pub fn node_port_addresses(config: &KubeProxyConfiguration) -> NodePortAddresses {
+    match config.node_port_addresses() {
+        ConfigAddresses::All => NodePortAddresses::All,
+        ConfigAddresses::Primary => {
+            let primary = config
+                .bind_address()
+                .filter(|ip| !ip.is_unspecified())
+                .or_else(|| local_addresses().into_iter().find(|ip| !ip.is_loopback()));
+            NodePortAddresses::Ips(primary.into_iter().collect())
+        }
+        ConfigAddresses::Cidrs(cidrs) => NodePortAddresses::Ips(select(&local_addresses(), &cidrs)),
+    }
+}
+
+/// The addresses among `addresses` inside any of `cidrs`.
+fn select(addresses: &[IpAddr], cidrs: &[IpNet]) -> Vec<IpAddr> {
+    addresses
+        .iter()
+        .copied()
+        .filter(|ip| cidrs.iter().any(|c| c.contains(ip)))
+        .collect()
+}
+
+/// This node's interface addresses, from `ip -o addr show` (empty, with a warning, if that
+/// fails: NodePorts then answer nowhere rather than everywhere).
+fn local_addresses() -> Vec<IpAddr> {
+    match std::process::Command::new("ip")
+        .args(["-o", "addr", "show"])
+        .output()
+    {
+        Ok(out) if out.status.success() => parse_ip_addr(&String::from_utf8_lossy(&out.stdout)),
+        Ok(out) => {
+            tracing::warn!(stderr = %String::from_utf8_lossy(&out.stderr).trim(), "`ip -o addr show` failed");
+            Vec::new()
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot run `ip -o addr show`");
+            Vec::new()
+        }
+    }
+}
+
+/// Parses `ip -o addr show` lines: `2: eth0    inet 192.168.1.2/24 brd ... scope global eth0`.
+fn parse_ip_addr(text: &str) -> Vec<IpAddr> {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "inet" || *w == "inet6")?;
+            words.next()?.split('/').next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// The families the node programs, for the health server's per-family status.
+pub fn families() -> Vec<IpFamily> {
+    detect_families()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ip_addr_output() {
+        let text = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n\
+                    2: eth0    inet 192.168.49.2/24 brd 192.168.49.255 scope global eth0\n\
+                    2: eth0    inet6 fe80::1/64 scope link \\       valid_lft forever\n";
+        let ips = parse_ip_addr(text);
+        let expected: Vec<IpAddr> = vec![
+            "127.0.0.1".parse().expect("ip"),
+            "192.168.49.2".parse().expect("ip"),
+            "fe80::1".parse().expect("ip"),
+        ];
+        assert_eq!(ips, expected);
+    }
+
+    #[test]
+    fn selects_addresses_in_cidrs() {
+        let ips = parse_ip_addr("2: eth0 inet 192.168.49.2/24\n3: eth1 inet 10.0.0.5/8\n");
+        let cidrs = vec!["192.168.0.0/16".parse().expect("cidr")];
+        assert_eq!(
+            select(&ips, &cidrs),
+            vec!["192.168.49.2".parse::<IpAddr>().expect("ip")]
+        );
+    }
+
+    #[test]
+    fn render_config_follows_the_configuration() {
+        let mut config = KubeProxyConfiguration::from_yaml(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             clusterCIDR: 10.244.0.0/16\niptables:\n  masqueradeAll: true\n  masqueradeBit: 15\n",
+        )
+        .expect("valid config");
+        let render = render_config(&config).expect("renders");
+        assert!(render.masquerade_all);
+        assert_eq!(render.masquerade_bit, 15);
+        assert_eq!(
+            render.local_detector,
+            LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")])
+        );
+        config.detect_local_mode = LocalMode::NodeCidr;
+        assert!(render_config(&config).is_err());
+    }
+}
