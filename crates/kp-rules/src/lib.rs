@@ -8,3 +8,4 @@
 //!   `KUBE-SVC-*`, `KUBE-SEP-*`, ...), for `iptables-restore --noflush`.
 
 pub mod iptables;
+pub mod explain;

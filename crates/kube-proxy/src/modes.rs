@@ -26,7 +26,12 @@ pub fn iptables(
         conntrack_sysctls(config, &host);
     }
     let families = detect_families();
-    let mut render = render_config(config)?;
+    if config.detect_local_mode == LocalMode::ClusterCidr && config.cluster_cidrs().is_empty() {
+        tracing::warn!(
+            "clusterCIDR is empty: pod traffic cannot be told apart, so ClusterIP traffic is not masqueraded"
+        );
+    }
+    let mut render = render_config(config, None)?;
     render.drop_invalid = !sysctls::tcp_be_liberal(&host);
     if !cleanup_only
         && let Err(error) = sysctls::apply(&host, &sysctls::route_localnet_plan(&render, &families))
@@ -70,27 +75,29 @@ fn conntrack_sysctls(config: &KubeProxyConfiguration, host: &FsSysctl) {
     }
 }
 
-/// The renderer's configuration from `KubeProxyConfiguration`.
-fn render_config(config: &KubeProxyConfiguration) -> anyhow::Result<RenderConfig> {
+/// The renderer's configuration from `KubeProxyConfiguration`, shared by the proxy and
+/// `explain`. `node_pod_cidrs` is the Node's podCIDRs when known (`explain` reads the Node);
+/// the proxy starts before the Node is read, so it refuses NodeCIDR detection for now.
+pub(crate) fn render_config(
+    config: &KubeProxyConfiguration,
+    node_pod_cidrs: Option<&[IpNet]>,
+) -> anyhow::Result<RenderConfig> {
     let (bit, masquerade_all) = config.masquerade();
     let local_detector = match config.detect_local_mode {
-        LocalMode::ClusterCidr if config.cluster_cidrs().is_empty() => {
-            tracing::warn!(
-                "clusterCIDR is empty: pod traffic cannot be told apart, so ClusterIP traffic is not masqueraded"
-            );
-            LocalDetector::None
-        }
+        LocalMode::ClusterCidr if config.cluster_cidrs().is_empty() => LocalDetector::None,
         LocalMode::ClusterCidr => LocalDetector::Cidrs(config.cluster_cidrs()),
+        LocalMode::NodeCidr => match node_pod_cidrs {
+            None => anyhow::bail!(
+                "detectLocalMode NodeCIDR is not supported yet; use ClusterCIDR with --cluster-cidr"
+            ),
+            Some([]) => LocalDetector::None,
+            Some(cidrs) => LocalDetector::Cidrs(cidrs.to_vec()),
+        },
         LocalMode::BridgeInterface => {
             LocalDetector::BridgeInterface(config.detect_local.bridge_interface.clone())
         }
         LocalMode::InterfaceNamePrefix => {
             LocalDetector::InterfaceNamePrefix(config.detect_local.interface_name_prefix.clone())
-        }
-        LocalMode::NodeCidr => {
-            anyhow::bail!(
-                "detectLocalMode NodeCIDR is not supported yet; use ClusterCIDR with --cluster-cidr"
-            )
         }
     };
     Ok(RenderConfig {
@@ -197,7 +204,7 @@ mod tests {
              clusterCIDR: 10.244.0.0/16\niptables:\n  masqueradeAll: true\n  masqueradeBit: 15\n",
         )
         .expect("valid config");
-        let render = render_config(&config).expect("renders");
+        let render = render_config(&config, None).expect("renders");
         assert!(render.masquerade_all);
         assert_eq!(render.masquerade_bit, 15);
         assert_eq!(
@@ -205,6 +212,10 @@ mod tests {
             LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")])
         );
         config.detect_local_mode = LocalMode::NodeCidr;
-        assert!(render_config(&config).is_err());
+        assert!(render_config(&config, None).is_err());
+        let cidrs: Vec<IpNet> = vec!["10.244.1.0/24".parse().expect("cidr")];
+        let render =
+            render_config(&config, Some(&cidrs)).expect("renders with the Node's podCIDRs");
+        assert_eq!(render.local_detector, LocalDetector::Cidrs(cidrs));
     }
 }

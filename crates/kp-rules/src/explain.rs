@@ -1,0 +1,1124 @@
+//! `kube-proxy explain`: why a packet to a destination goes where it goes.
+//!
+//! [`explain`] takes the proxy state, the render configuration and a [`Query`] (destination
+//! IP, optional port and protocol, optional source IP) and returns an [`Explanation`]: every
+//! service port the destination hits and how (ClusterIP, NodePort, externalIP, LoadBalancer
+//! IP), each endpoint with its verdict and reason, the masquerade decision, session affinity,
+//! the verdict when no endpoint is usable, and the iptables chains that implement it.
+//!
+//! Endpoint choice comes from [`kp_core::topology`] and chain names from
+//! [`crate::iptables::names`], the same functions the renderer uses, so an explanation
+//! cannot disagree with the rules that are programmed. [`verify`] compares those rules with
+//! what the kernel holds.
+//!
+//! Everything here is pure: the binary reads the sources and the kernel and prints.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_core::model::{Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName};
+use kp_core::topology::{self, TopologyMode};
+use kp_core::tracker::ProxyState;
+use serde::Serialize;
+
+use crate::iptables::names::{ServiceChains, endpoint_chain, endpoint_string};
+use crate::iptables::{
+    KUBE_EXTERNAL_SERVICES, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_SERVICES, LocalDetector,
+    NodePortAddresses, RenderConfig, RenderError,
+};
+
+mod dest;
+pub mod verify;
+
+pub use dest::{Destination, DestinationError};
+
+/// The renderer clamps affinity timeouts to what `xt_recent` accepts (1 s to one day).
+const AFFINITY_SECONDS: (u64, u64) = (1, 86_400);
+
+/// The text shown when the destination matches no service port.
+pub const NOT_A_SERVICE: &str =
+    "not a service address: routed normally, kube-proxy does not touch it";
+
+/// What to explain: a destination, and optionally where the packet comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Query {
+    /// Where the packet goes.
+    pub destination: Destination,
+    /// Where it comes from; `None` when unknown (decisions that depend on it say so).
+    pub source: Option<IpAddr>,
+}
+
+/// Why a query cannot be explained.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExplainError {
+    /// Source and destination are of different IP families: no such packet exists.
+    #[error("source {from} and destination {to} are of different IP families")]
+    FamilyMismatch {
+        /// The source address.
+        from: IpAddr,
+        /// The destination address.
+        to: IpAddr,
+    },
+    /// The render configuration is one the renderer rejects, so there are no rules to explain.
+    #[error("invalid proxy configuration: {0}")]
+    Config(#[from] RenderError),
+}
+
+/// The whole answer for one query.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Explanation {
+    /// The destination asked about.
+    pub destination: Destination,
+    /// What is known about the source, if one was given.
+    pub source: Option<SourceInfo>,
+    /// The family of the destination: only that family's proxier handles the packet.
+    pub family: IpFamily,
+    /// Every service port the destination hits, in service-port order.
+    pub matches: Vec<ServiceMatch>,
+    /// Service ports on the same IP whose port or protocol differ (why a near-miss is not
+    /// handled).
+    pub near_misses: Vec<NearMiss>,
+    /// One line: how many service ports match, or [`NOT_A_SERVICE`].
+    pub summary: String,
+}
+
+/// What the proxy can tell about the source address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SourceInfo {
+    /// The source address.
+    pub ip: IpAddr,
+    /// Whether the local-traffic detector counts it as pod traffic: `None` when there is no
+    /// detector for the family, or it matches interfaces rather than addresses.
+    pub local_traffic: Option<bool>,
+    /// One of this node's addresses or loopback, so `--src-type LOCAL` matches it.
+    pub node_address: bool,
+}
+
+/// How the destination reaches a service port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum MatchKind {
+    /// The service's ClusterIP and port.
+    ClusterIp,
+    /// A node address and the service's NodePort.
+    NodePort,
+    /// One of `spec.externalIPs` and the service port.
+    ExternalIp,
+    /// A `status.loadBalancer.ingress` IP and the service port.
+    LoadBalancerIp,
+}
+
+impl MatchKind {
+    /// Human name.
+    pub fn describe(self) -> &'static str {
+        match self {
+            MatchKind::ClusterIp => "ClusterIP",
+            MatchKind::NodePort => "NodePort",
+            MatchKind::ExternalIp => "externalIP",
+            MatchKind::LoadBalancerIp => "LoadBalancer IP",
+        }
+    }
+
+    /// NodePort, externalIP and LB traffic is "external" for traffic policies.
+    pub fn is_external(self) -> bool {
+        self != MatchKind::ClusterIp
+    }
+}
+
+/// A service traffic policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum TrafficPolicy {
+    /// Any ready endpoint in the cluster.
+    Cluster,
+    /// Only endpoints on this node.
+    Local,
+}
+
+/// Which of the two endpoint lists upstream computes a packet uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum EndpointList {
+    /// The cluster-wide list (`KUBE-SVC-…`).
+    Cluster,
+    /// The node-local list (`KUBE-SVL-…`).
+    Local,
+}
+
+/// What happens to the packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Outcome {
+    /// DNATed to one of the used endpoints.
+    Dnat,
+    /// Rejected (ICMP port unreachable): no endpoint is usable anywhere in the cluster.
+    RejectNoEndpoints,
+    /// Dropped: the traffic policy is Local and this node has no usable endpoint.
+    DropNoLocalEndpoints,
+    /// Dropped: the source is outside `loadBalancerSourceRanges`.
+    DropSourceRange,
+}
+
+/// Whether the packet's source is rewritten to the node's address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum MasqueradeDecision {
+    /// Masqueraded.
+    Yes,
+    /// Not masqueraded: the endpoint sees the client's address.
+    No,
+    /// Depends on something the query does not say (source, incoming interface, which
+    /// endpoint is picked).
+    Depends,
+    /// The packet is dropped or rejected; nothing is masqueraded.
+    NotApplicable,
+}
+
+/// Which row of upstream's masquerade table applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum MasqueradeReason {
+    /// `masqueradeAll`: every packet to a ClusterIP is masqueraded.
+    MasqueradeAll,
+    /// ClusterIP traffic from outside the local-traffic range (host or external).
+    NotLocalTraffic,
+    /// ClusterIP traffic from a pod (inside the local-traffic range).
+    LocalTraffic,
+    /// No local-traffic detector: pod traffic cannot be told apart, so none is masqueraded.
+    NoLocalDetector,
+    /// ClusterIP traffic, but the source is unknown or the detector matches interfaces.
+    SourceUndetermined,
+    /// The source is an endpoint that may be picked for itself (hairpin): that packet is
+    /// masqueraded so the reply goes back through the service.
+    Hairpin,
+    /// External traffic with externalTrafficPolicy Cluster: always masqueraded.
+    ExternalPolicyCluster,
+    /// eTP Local from a local pod: not masqueraded, sent to any cluster endpoint.
+    ExternalLocalFromPod,
+    /// eTP Local from this node: masqueraded, sent to any cluster endpoint.
+    ExternalLocalFromNode,
+    /// eTP Local from outside: not masqueraded (client IP preserved), local endpoints only.
+    ExternalLocalPreserved,
+    /// The packet is dropped or rejected.
+    Dropped,
+}
+
+/// The masquerade decision and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Masquerade {
+    /// The decision.
+    pub decision: MasqueradeDecision,
+    /// The rule behind it.
+    pub reason: MasqueradeReason,
+    /// One sentence for people.
+    pub detail: String,
+}
+
+/// Why an endpoint is or is not used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum EndpointVerdict {
+    /// Used: ready (and allowed by topology hints).
+    Ready,
+    /// Used: serving and terminating, because no ready endpoint is available.
+    TerminatingFallback,
+    /// Not used: serving but terminating, and a ready endpoint is preferred.
+    ServingTerminating,
+    /// Not used: ready, but topology hints send it to other nodes or zones.
+    FilteredByTopology,
+    /// Not used: on another node, and internalTrafficPolicy is Local.
+    NotLocalInternalPolicy,
+    /// Not used: on another node, and externalTrafficPolicy is Local.
+    NotLocalExternalPolicy,
+    /// Not used: of the other IP family than the destination.
+    WrongFamily,
+    /// Not used: neither ready nor serving-and-terminating.
+    NotReady,
+}
+
+impl EndpointVerdict {
+    /// Whether the verdict puts the endpoint in the list.
+    pub fn chosen(self) -> bool {
+        matches!(
+            self,
+            EndpointVerdict::Ready | EndpointVerdict::TerminatingFallback
+        )
+    }
+}
+
+/// One endpoint of a matched service port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EndpointExplanation {
+    /// Address.
+    pub ip: IpAddr,
+    /// Target port.
+    pub port: u16,
+    /// `nodeName`, if set.
+    pub node_name: Option<String>,
+    /// `zone`, if set.
+    pub zone: Option<String>,
+    /// On this node.
+    pub local: bool,
+    /// `conditions.ready`.
+    pub ready: bool,
+    /// `conditions.serving`.
+    pub serving: bool,
+    /// `conditions.terminating`.
+    pub terminating: bool,
+    /// Why it is or is not used.
+    pub verdict: EndpointVerdict,
+    /// The packet may be DNATed here (chosen, and the outcome is DNAT).
+    pub used: bool,
+    /// One sentence for people.
+    pub reason: String,
+    /// Its `KUBE-SEP-…` chain (for same-family endpoints; it exists only when chosen).
+    pub chain: Option<String>,
+    /// The source is this endpoint: if picked, the hairpin rule masquerades the packet.
+    pub hairpin: bool,
+}
+
+/// A step of the packet's way through the rules.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Hop {
+    /// `nat` or `filter`.
+    pub table: &'static str,
+    /// The chain.
+    pub chain: String,
+    /// What happens there.
+    pub action: String,
+}
+
+/// The four per-service-port chain names (whether or not they exist).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChainNames {
+    /// `KUBE-SVC-…`: Cluster-policy load balancing.
+    pub svc: String,
+    /// `KUBE-SVL-…`: Local-policy load balancing.
+    pub svl: String,
+    /// `KUBE-EXT-…`: external entry.
+    pub ext: String,
+    /// `KUBE-FW-…`: loadBalancerSourceRanges filter.
+    pub fw: String,
+}
+
+/// ClientIP session affinity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Affinity {
+    /// Seconds a client stays on its endpoint after its last packet (as programmed).
+    pub timeout_seconds: u64,
+}
+
+/// One service port the destination hits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServiceMatch {
+    /// Upstream's display name, `ns/name:port`.
+    pub service_port: String,
+    /// The service port's identity.
+    pub name: ServicePortName,
+    /// How the destination reaches it.
+    pub how: MatchKind,
+    /// The matched address.
+    pub ip: IpAddr,
+    /// The matched port (the NodePort for [`MatchKind::NodePort`]).
+    pub port: u16,
+    /// The service port number.
+    pub service_port_number: u16,
+    /// internalTrafficPolicy.
+    pub internal_traffic_policy: TrafficPolicy,
+    /// externalTrafficPolicy; `None` when the service is not externally accessible.
+    pub external_traffic_policy: Option<TrafficPolicy>,
+    /// The endpoint list this traffic uses.
+    pub endpoint_list: EndpointList,
+    /// Why that list.
+    pub endpoint_list_reason: String,
+    /// Topology mode from the hints (only restricts the Cluster list).
+    pub topology_mode: TopologyMode,
+    /// What happens to the packet.
+    pub outcome: Outcome,
+    /// Why.
+    pub outcome_reason: String,
+    /// Source NAT.
+    pub masquerade: Masquerade,
+    /// ClientIP affinity, if enabled.
+    pub session_affinity: Option<Affinity>,
+    /// `loadBalancerSourceRanges` of this family (only checked for LB IPs).
+    pub load_balancer_source_ranges: Vec<IpNet>,
+    /// The packet's way through the rules, up to the endpoint chains.
+    pub hops: Vec<Hop>,
+    /// The service port's chain names.
+    pub chains: ChainNames,
+    /// Every endpoint with its verdict, in endpoint order.
+    pub endpoints: Vec<EndpointExplanation>,
+    /// Things that would change the answer (unknown source, short-circuits).
+    pub notes: Vec<String>,
+}
+
+/// A service port on the destination IP that does not match its port or protocol.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NearMiss {
+    /// Display name.
+    pub service_port: String,
+    /// Which address of it is the destination IP.
+    pub how: MatchKind,
+    /// The port it listens on.
+    pub port: u16,
+    /// Its protocol.
+    pub protocol: Protocol,
+}
+
+/// Explain `query` against `state` as the iptables renderer would program it with `config`.
+///
+/// Node addresses (for NodePorts and `--src-type LOCAL`) are the Node object's addresses
+/// (`state.node.addresses`) unless `config.node_port_addresses` restricts NodePorts; a
+/// kernel "local address" the Node object does not list is not known here.
+pub fn explain(
+    state: &ProxyState,
+    config: &RenderConfig,
+    query: &Query,
+) -> Result<Explanation, ExplainError> {
+    config.validate()?;
+    let dest = query.destination;
+    let family = IpFamily::of(&dest.ip);
+    if let Some(from) = query.source
+        && IpFamily::of(&from) != family
+    {
+        return Err(ExplainError::FamilyMismatch { from, to: dest.ip });
+    }
+    let ctx = Context {
+        state,
+        config,
+        family,
+        detector: detector_view(&config.local_detector, family),
+        source: query.source,
+    };
+    let source = query.source.map(|ip| SourceInfo {
+        ip,
+        local_traffic: ctx.local_traffic(ip),
+        node_address: ctx.is_node_address(ip),
+    });
+
+    let mut matches = Vec::new();
+    let mut near_misses = Vec::new();
+    for (name, svc) in &state.services {
+        let Some((cluster_ip, view)) = family_view(svc, family) else {
+            continue;
+        };
+        let mut fronts: Vec<(MatchKind, u16)> = Vec::new();
+        if cluster_ip == dest.ip {
+            fronts.push((MatchKind::ClusterIp, view.port));
+        }
+        if view.external_ips.contains(&dest.ip) {
+            fronts.push((MatchKind::ExternalIp, view.port));
+        }
+        if view.load_balancer_ips.contains(&dest.ip) {
+            fronts.push((MatchKind::LoadBalancerIp, view.port));
+        }
+        if let Some(node_port) = view.node_port
+            && ctx.accepts_node_ports(dest.ip)
+        {
+            fronts.push((MatchKind::NodePort, node_port));
+        }
+        for (how, port) in fronts {
+            let hit = name.protocol == dest.protocol && dest.port.is_none_or(|p| p == port);
+            if hit {
+                matches.push(ctx.explain_port(name, &view, dest.ip, how, port));
+            } else if how != MatchKind::NodePort {
+                // Every NodePort service "listens" on every node address: not worth listing.
+                near_misses.push(NearMiss {
+                    service_port: name.to_string(),
+                    how,
+                    port,
+                    protocol: name.protocol,
+                });
+            }
+        }
+    }
+    let summary = match matches.len() {
+        0 => NOT_A_SERVICE.to_owned(),
+        1 => "matches 1 service port".to_owned(),
+        n => format!("matches {n} service ports"),
+    };
+    Ok(Explanation {
+        destination: dest,
+        source,
+        family,
+        matches,
+        near_misses,
+        summary,
+    })
+}
+
+/// The local-traffic detector as far as addresses are concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum DetectorView {
+    /// No detector for this family.
+    None,
+    /// Pod traffic is traffic from this CIDR.
+    Cidr(IpNet),
+    /// Pod traffic is traffic arriving on these interfaces (described for people).
+    Interface(String),
+}
+
+fn detector_view(detector: &LocalDetector, family: IpFamily) -> DetectorView {
+    match detector {
+        LocalDetector::None => DetectorView::None,
+        // `validate` guarantees at most one per family.
+        LocalDetector::Cidrs(cidrs) => cidrs
+            .iter()
+            .find(|c| IpFamily::of_net(c) == family)
+            .map_or(DetectorView::None, |c| DetectorView::Cidr(c.trunc())),
+        LocalDetector::BridgeInterface(name) => DetectorView::Interface(format!("bridge {name}")),
+        LocalDetector::InterfaceNamePrefix(prefix) => {
+            DetectorView::Interface(format!("interfaces {prefix}*"))
+        }
+    }
+}
+
+/// A service port as the family's proxier sees it, with its ClusterIP (the renderer's view:
+/// a zero NodePort means none).
+fn family_view(svc: &ServicePort, family: IpFamily) -> Option<(IpAddr, ServicePort)> {
+    let mut view = svc.for_family(family)?;
+    let cluster_ip = view.cluster_ips.first().copied()?;
+    view.node_port = view.node_port.filter(|p| *p != 0);
+    view.health_check_node_port = view.health_check_node_port.filter(|p| *p != 0);
+    Some((cluster_ip, view))
+}
+
+/// Where the packet is steered on the way to the endpoints, before any drop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// ClusterIP: the internal policy's list.
+    Internal,
+    /// External with eTP Cluster.
+    ExternalCluster,
+    /// eTP Local, source is a local pod: short-circuit to the Cluster list.
+    ExternalLocalPod,
+    /// eTP Local, source is this node: masquerade and short-circuit to the Cluster list.
+    ExternalLocalNode,
+    /// eTP Local, source outside (or unknown): local endpoints only.
+    ExternalLocal,
+}
+
+struct Context<'a> {
+    state: &'a ProxyState,
+    config: &'a RenderConfig,
+    family: IpFamily,
+    detector: DetectorView,
+    source: Option<IpAddr>,
+}
+
+impl Context<'_> {
+    fn node(&self) -> &NodeInfo {
+        &self.state.node
+    }
+
+    fn node_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.node()
+            .addresses
+            .iter()
+            .copied()
+            .filter(|ip| IpFamily::of(ip) == self.family)
+    }
+
+    fn local_traffic(&self, ip: IpAddr) -> Option<bool> {
+        match &self.detector {
+            DetectorView::Cidr(cidr) => Some(cidr.contains(&ip)),
+            DetectorView::None | DetectorView::Interface(_) => None,
+        }
+    }
+
+    fn is_node_address(&self, ip: IpAddr) -> bool {
+        ip.is_loopback() || self.node_ips().any(|n| n == ip)
+    }
+
+    /// Whether nat `KUBE-SERVICES` sends traffic to `ip` on to `KUBE-NODEPORTS`.
+    fn accepts_node_ports(&self, ip: IpAddr) -> bool {
+        let loopback_ok = self.family == IpFamily::V4 && self.config.localhost_node_ports;
+        if ip.is_loopback() {
+            return loopback_ok
+                && match &self.config.node_port_addresses {
+                    NodePortAddresses::All => true,
+                    NodePortAddresses::Ips(ips) => ips.iter().any(|n| n.is_loopback()),
+                };
+        }
+        match &self.config.node_port_addresses {
+            NodePortAddresses::All => self.node_ips().any(|n| n == ip),
+            NodePortAddresses::Ips(ips) => ips.contains(&ip),
+        }
+    }
+
+    fn explain_port(
+        &self,
+        name: &ServicePortName,
+        svc: &ServicePort,
+        ip: IpAddr,
+        how: MatchKind,
+        port: u16,
+    ) -> ServiceMatch {
+        let display = name.to_string();
+        let all = self
+            .state
+            .endpoints
+            .get(name)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let same_family: Vec<Endpoint> = all
+            .iter()
+            .filter(|e| IpFamily::of(&e.ip) == self.family)
+            .cloned()
+            .collect();
+        let node = self.node();
+        let verdicts = topology::explain(svc, &same_family, node);
+        let categories = topology::categorize(svc, &same_family, node);
+        let has_any = categories.has_any_endpoints;
+        let names = ServiceChains::new(name);
+        let chains = ChainNames {
+            svc: names.svc.clone(),
+            svl: names.svl.clone(),
+            ext: names.ext.clone(),
+            fw: names.fw.clone(),
+        };
+        let external_local = svc.external_policy_local && svc.externally_accessible();
+        let mut notes = Vec::new();
+
+        let route = if !how.is_external() {
+            Route::Internal
+        } else if !external_local {
+            Route::ExternalCluster
+        } else {
+            // The renderer only writes the short-circuits when the Cluster list is in use,
+            // which for an externally accessible service means "has any endpoint".
+            let pod = self.source.and_then(|s| self.local_traffic(s)) == Some(true);
+            let from_node = self.source.is_some_and(|s| self.is_node_address(s));
+            if has_any && pod && !matches!(self.detector, DetectorView::None) {
+                Route::ExternalLocalPod
+            } else if has_any && from_node {
+                Route::ExternalLocalNode
+            } else {
+                if self.source.is_none() {
+                    notes.push(
+                        "assuming a client outside the node: from this node the packet is \
+                         masqueraded and may go to any endpoint in the cluster; from a local \
+                         pod it goes to any endpoint without masquerading"
+                            .to_owned(),
+                    );
+                } else if let DetectorView::Interface(iface) = &self.detector {
+                    notes.push(format!(
+                        "if the packet arrives on {iface} it is pod traffic and may go to \
+                         any endpoint in the cluster"
+                    ));
+                }
+                Route::ExternalLocal
+            }
+        };
+        let (list, list_reason) = match route {
+            Route::Internal if svc.internal_policy_local => (
+                EndpointList::Local,
+                "internalTrafficPolicy Local: only endpoints on this node".to_owned(),
+            ),
+            Route::Internal => (
+                EndpointList::Cluster,
+                "internalTrafficPolicy Cluster: endpoints anywhere in the cluster".to_owned(),
+            ),
+            Route::ExternalCluster => (
+                EndpointList::Cluster,
+                "externalTrafficPolicy Cluster: endpoints anywhere in the cluster".to_owned(),
+            ),
+            Route::ExternalLocalPod => (
+                EndpointList::Cluster,
+                "externalTrafficPolicy Local, but the source is a local pod: short-circuited \
+                 to endpoints anywhere in the cluster"
+                    .to_owned(),
+            ),
+            Route::ExternalLocalNode => (
+                EndpointList::Cluster,
+                "externalTrafficPolicy Local, but the source is this node: short-circuited to \
+                 endpoints anywhere in the cluster"
+                    .to_owned(),
+            ),
+            Route::ExternalLocal => (
+                EndpointList::Local,
+                "externalTrafficPolicy Local: only endpoints on this node".to_owned(),
+            ),
+        };
+        let chosen_list = match list {
+            EndpointList::Cluster => &categories.cluster,
+            EndpointList::Local => &categories.local,
+        };
+
+        // Source ranges apply to LB IPs only, and only when the FW chain exists.
+        let ranges = &svc.load_balancer_source_ranges;
+        let firewall = how == MatchKind::LoadBalancerIp && !ranges.is_empty() && has_any;
+        let range_allowed = self.source.map(|s| {
+            let node_allowed = ranges
+                .iter()
+                .any(|r| self.node_ips().any(|n| r.trunc().contains(&n)));
+            ranges.iter().any(|r| r.trunc().contains(&s))
+                || (node_allowed && svc.load_balancer_ips.contains(&s))
+        });
+        if firewall && range_allowed.is_none() {
+            let list: Vec<String> = ranges.iter().map(|r| r.trunc().to_string()).collect();
+            notes.push(format!(
+                "only sources in loadBalancerSourceRanges ({}) are accepted; others are \
+                 dropped by {KUBE_PROXY_FIREWALL}",
+                list.join(", ")
+            ));
+        }
+
+        let (outcome, outcome_reason) = if !has_any {
+            (
+                Outcome::RejectNoEndpoints,
+                format!("{display} has no usable endpoints anywhere: REJECT"),
+            )
+        } else if firewall && range_allowed == Some(false) {
+            (
+                Outcome::DropSourceRange,
+                "the source is outside loadBalancerSourceRanges: not DNATed, then DROPped"
+                    .to_owned(),
+            )
+        } else if chosen_list.is_empty() {
+            (
+                Outcome::DropNoLocalEndpoints,
+                format!("{display} has no local endpoints and the traffic policy is Local: DROP"),
+            )
+        } else {
+            let n = chosen_list.len();
+            let how_picked = if svc.session_affinity.is_some() {
+                "by client IP affinity, else at random"
+            } else {
+                "at random"
+            };
+            let reason = if n == 1 {
+                "DNAT to the only usable endpoint".to_owned()
+            } else {
+                format!("DNAT to one of {n} endpoints, picked {how_picked}")
+            };
+            (Outcome::Dnat, reason)
+        };
+
+        let endpoints: Vec<EndpointExplanation> = all
+            .iter()
+            .map(|ep| {
+                let wrong_family = IpFamily::of(&ep.ip) != self.family;
+                let topo = verdicts
+                    .endpoints
+                    .iter()
+                    .find(|(e, _)| e.ip == ep.ip && e.port == ep.port)
+                    .map(|(_, v)| match list {
+                        EndpointList::Cluster => v.cluster,
+                        EndpointList::Local => v.local,
+                    });
+                let verdict = if wrong_family {
+                    EndpointVerdict::WrongFamily
+                } else {
+                    match topo.flatten() {
+                        Some(topology::Verdict::Ready) => EndpointVerdict::Ready,
+                        Some(topology::Verdict::TerminatingFallback) => {
+                            EndpointVerdict::TerminatingFallback
+                        }
+                        Some(topology::Verdict::NotReady) => EndpointVerdict::ServingTerminating,
+                        Some(topology::Verdict::FilteredByTopology) => {
+                            EndpointVerdict::FilteredByTopology
+                        }
+                        Some(topology::Verdict::NotLocal) if how.is_external() => {
+                            EndpointVerdict::NotLocalExternalPolicy
+                        }
+                        Some(topology::Verdict::NotLocal) => {
+                            EndpointVerdict::NotLocalInternalPolicy
+                        }
+                        // `None` (the list is unused) cannot happen for the list the route
+                        // picks; treat it like an unusable endpoint rather than guess.
+                        Some(topology::Verdict::Unusable) | None => EndpointVerdict::NotReady,
+                    }
+                };
+                EndpointExplanation {
+                    ip: ep.ip,
+                    port: ep.port,
+                    node_name: ep.node_name.clone(),
+                    zone: ep.zone.clone(),
+                    local: ep.is_local,
+                    ready: ep.ready,
+                    serving: ep.serving,
+                    terminating: ep.terminating,
+                    verdict,
+                    used: verdict.chosen() && outcome == Outcome::Dnat,
+                    reason: endpoint_reason(verdict, ep, verdicts.topology_mode, node, self.family),
+                    chain: (!wrong_family).then(|| endpoint_chain(name, ep.ip, ep.port)),
+                    hairpin: self.source == Some(ep.ip),
+                }
+            })
+            .collect();
+
+        let masquerade = self.masquerade(route, outcome, &endpoints);
+        let hops = self.hops(&display, svc, &chains, how, route, list, outcome, ip, port);
+        let session_affinity = svc.session_affinity.map(|a| Affinity {
+            timeout_seconds: a
+                .timeout
+                .as_secs()
+                .clamp(AFFINITY_SECONDS.0, AFFINITY_SECONDS.1),
+        });
+
+        ServiceMatch {
+            service_port: display,
+            name: name.clone(),
+            how,
+            ip,
+            port,
+            service_port_number: svc.port,
+            internal_traffic_policy: policy(svc.internal_policy_local),
+            external_traffic_policy: svc
+                .externally_accessible()
+                .then(|| policy(svc.external_policy_local)),
+            endpoint_list: list,
+            endpoint_list_reason: list_reason,
+            topology_mode: if list == EndpointList::Cluster {
+                verdicts.topology_mode
+            } else {
+                TopologyMode::None
+            },
+            outcome,
+            outcome_reason,
+            masquerade,
+            session_affinity,
+            load_balancer_source_ranges: ranges.iter().map(IpNet::trunc).collect(),
+            hops,
+            chains,
+            endpoints,
+            notes,
+        }
+    }
+
+    fn masquerade(
+        &self,
+        route: Route,
+        outcome: Outcome,
+        endpoints: &[EndpointExplanation],
+    ) -> Masquerade {
+        use MasqueradeDecision as D;
+        use MasqueradeReason as R;
+        let make = |decision, reason, detail: String| Masquerade {
+            decision,
+            reason,
+            detail,
+        };
+        if outcome != Outcome::Dnat {
+            return make(
+                D::NotApplicable,
+                R::Dropped,
+                "the packet is not forwarded".to_owned(),
+            );
+        }
+        let base = match route {
+            Route::Internal => {
+                if self.config.masquerade_all {
+                    make(
+                        D::Yes,
+                        R::MasqueradeAll,
+                        "masqueradeAll: all ClusterIP traffic is masqueraded".to_owned(),
+                    )
+                } else {
+                    match (&self.detector, self.source) {
+                        (DetectorView::None, _) => make(
+                            D::No,
+                            R::NoLocalDetector,
+                            "no local-traffic detector (e.g. no clusterCIDR): ClusterIP \
+                             traffic is not masqueraded"
+                                .to_owned(),
+                        ),
+                        (DetectorView::Cidr(cidr), Some(s)) if cidr.contains(&s) => make(
+                            D::No,
+                            R::LocalTraffic,
+                            format!("the source is in {cidr} (pod traffic): not masqueraded"),
+                        ),
+                        (DetectorView::Cidr(cidr), Some(_)) => make(
+                            D::Yes,
+                            R::NotLocalTraffic,
+                            format!("the source is not in {cidr} (not pod traffic): masqueraded"),
+                        ),
+                        (DetectorView::Cidr(cidr), None) => make(
+                            D::Depends,
+                            R::SourceUndetermined,
+                            format!(
+                                "masqueraded unless the source is in {cidr} (pod traffic); \
+                                 give --from to decide"
+                            ),
+                        ),
+                        (DetectorView::Interface(iface), _) => make(
+                            D::Depends,
+                            R::SourceUndetermined,
+                            format!("masqueraded unless the packet arrives on {iface}"),
+                        ),
+                    }
+                }
+            }
+            Route::ExternalCluster => make(
+                D::Yes,
+                R::ExternalPolicyCluster,
+                "external traffic with externalTrafficPolicy Cluster is always masqueraded"
+                    .to_owned(),
+            ),
+            Route::ExternalLocalPod => make(
+                D::No,
+                R::ExternalLocalFromPod,
+                "externalTrafficPolicy Local, from a local pod: not masqueraded".to_owned(),
+            ),
+            Route::ExternalLocalNode => make(
+                D::Yes,
+                R::ExternalLocalFromNode,
+                "externalTrafficPolicy Local, from this node: masqueraded".to_owned(),
+            ),
+            Route::ExternalLocal => make(
+                D::No,
+                R::ExternalLocalPreserved,
+                "externalTrafficPolicy Local from outside: not masqueraded, the client IP is \
+                 preserved"
+                    .to_owned(),
+            ),
+        };
+        if base.decision == D::Yes {
+            return base;
+        }
+        // Hairpin: the per-endpoint `-s <ep>` rule marks a packet from an endpoint to itself.
+        let used: Vec<&EndpointExplanation> = endpoints.iter().filter(|e| e.used).collect();
+        if used.iter().any(|e| e.hairpin) {
+            let only_self = used.iter().all(|e| e.hairpin);
+            return make(
+                if only_self { D::Yes } else { D::Depends },
+                R::Hairpin,
+                if only_self {
+                    "the source is the only usable endpoint: the hairpin rule masquerades it"
+                        .to_owned()
+                } else {
+                    format!(
+                        "the source is an endpoint: masqueraded if it is picked for itself \
+                         (hairpin); otherwise {}",
+                        base.detail
+                    )
+                },
+            );
+        }
+        base
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn hops(
+        &self,
+        display: &str,
+        svc: &ServicePort,
+        chains: &ChainNames,
+        how: MatchKind,
+        route: Route,
+        list: EndpointList,
+        outcome: Outcome,
+        ip: IpAddr,
+        port: u16,
+    ) -> Vec<Hop> {
+        let nat = |chain: &str, action: String| Hop {
+            table: "nat",
+            chain: chain.to_owned(),
+            action,
+        };
+        let filter = |chain: &str, action: String| Hop {
+            table: "filter",
+            chain: chain.to_owned(),
+            action,
+        };
+        let proto = svc.name.protocol.as_str();
+        let mut hops = Vec::new();
+        let list_chain = match list {
+            EndpointList::Cluster => &chains.svc,
+            EndpointList::Local => &chains.svl,
+        };
+
+        match outcome {
+            Outcome::RejectNoEndpoints | Outcome::DropNoLocalEndpoints => {
+                let target = if outcome == Outcome::RejectNoEndpoints {
+                    "REJECT"
+                } else {
+                    "DROP"
+                };
+                // External traffic from a pod or the node is DNATed by KUBE-EXT first; these
+                // rules only see what was not.
+                let chain = if how.is_external() {
+                    KUBE_EXTERNAL_SERVICES
+                } else {
+                    KUBE_SERVICES
+                };
+                let what = match how {
+                    MatchKind::NodePort => format!("local address, {proto} port {port}"),
+                    _ => format!("{}:{port}/{proto}", bracket(ip)),
+                };
+                hops.push(filter(
+                    chain,
+                    format!("{what} ({display}) -> {target}; nat leaves it untranslated"),
+                ));
+                return hops;
+            }
+            Outcome::Dnat | Outcome::DropSourceRange => {}
+        }
+
+        let entry = match how {
+            MatchKind::ClusterIp => list_chain,
+            MatchKind::NodePort | MatchKind::ExternalIp => &chains.ext,
+            MatchKind::LoadBalancerIp if !svc.load_balancer_source_ranges.is_empty() => &chains.fw,
+            MatchKind::LoadBalancerIp => &chains.ext,
+        };
+        if how == MatchKind::NodePort {
+            hops.push(nat(
+                KUBE_SERVICES,
+                format!("destination is a node address -> {KUBE_NODEPORTS} (last rule)"),
+            ));
+            hops.push(nat(
+                KUBE_NODEPORTS,
+                format!("{proto} port {port} -> {}", chains.ext),
+            ));
+        } else {
+            hops.push(nat(
+                KUBE_SERVICES,
+                format!(
+                    "{} {}:{port}/{proto} -> {entry}",
+                    how.describe(),
+                    bracket(ip)
+                ),
+            ));
+        }
+        if entry == &chains.fw {
+            if outcome == Outcome::DropSourceRange {
+                hops.push(nat(
+                    &chains.fw,
+                    "source matches no loadBalancerSourceRanges rule: falls through, not \
+                     DNATed"
+                        .to_owned(),
+                ));
+                hops.push(filter(
+                    KUBE_PROXY_FIREWALL,
+                    format!("traffic to the LB IP not accepted by {} -> DROP", chains.fw),
+                ));
+                return hops;
+            }
+            hops.push(nat(
+                &chains.fw,
+                format!("source in loadBalancerSourceRanges -> {}", chains.ext),
+            ));
+        }
+        if how.is_external() {
+            let action = match route {
+                Route::ExternalCluster => {
+                    format!("mark for masquerade -> {}", chains.svc)
+                }
+                Route::ExternalLocalPod => format!("pod traffic -> {}", chains.svc),
+                Route::ExternalLocalNode => {
+                    format!("--src-type LOCAL: mark for masquerade -> {}", chains.svc)
+                }
+                Route::ExternalLocal | Route::Internal => {
+                    format!("external client -> {}", chains.svl)
+                }
+            };
+            hops.push(nat(&chains.ext, action));
+        }
+        let mut action = String::new();
+        if how == MatchKind::ClusterIp {
+            if self.config.masquerade_all {
+                action.push_str("mark for masquerade (masqueradeAll); ");
+            } else {
+                match &self.detector {
+                    DetectorView::Cidr(cidr) => {
+                        action.push_str(&format!("mark for masquerade if not from {cidr}; "));
+                    }
+                    DetectorView::Interface(iface) => {
+                        action.push_str(&format!("mark for masquerade unless from {iface}; "));
+                    }
+                    DetectorView::None => {}
+                }
+            }
+        }
+        if let Some(affinity) = svc.session_affinity {
+            let seconds = affinity
+                .timeout
+                .as_secs()
+                .clamp(AFFINITY_SECONDS.0, AFFINITY_SECONDS.1);
+            action.push_str(&format!(
+                "recent client (within {seconds}s) -> its endpoint; "
+            ));
+        }
+        action.push_str("pick an endpoint -> KUBE-SEP-…");
+        hops.push(nat(list_chain, action));
+        hops
+    }
+}
+
+fn bracket(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
+}
+
+fn policy(local: bool) -> TrafficPolicy {
+    if local {
+        TrafficPolicy::Local
+    } else {
+        TrafficPolicy::Cluster
+    }
+}
+
+fn endpoint_reason(
+    verdict: EndpointVerdict,
+    ep: &Endpoint,
+    mode: TopologyMode,
+    node: &NodeInfo,
+    family: IpFamily,
+) -> String {
+    let on = match &ep.node_name {
+        Some(n) => format!("on node {n}"),
+        None => "with no node name".to_owned(),
+    };
+    match verdict {
+        EndpointVerdict::Ready => "ready".to_owned(),
+        EndpointVerdict::TerminatingFallback => {
+            "terminating but still serving; used because no endpoint is ready".to_owned()
+        }
+        EndpointVerdict::ServingTerminating => {
+            "terminating (still serving); not used while a ready endpoint exists".to_owned()
+        }
+        EndpointVerdict::FilteredByTopology => match mode {
+            TopologyMode::PreferSameNode => {
+                format!(
+                    "ready, but its hints are for other nodes than {}",
+                    node.name
+                )
+            }
+            TopologyMode::PreferSameZone => format!(
+                "ready, but its hints are for other zones than {}",
+                node.zone().unwrap_or("this node's")
+            ),
+            TopologyMode::None => "ready, but filtered by topology hints".to_owned(),
+        },
+        EndpointVerdict::NotLocalInternalPolicy => {
+            format!("{on}: not local, and internalTrafficPolicy is Local")
+        }
+        EndpointVerdict::NotLocalExternalPolicy => {
+            format!("{on}: not local, and externalTrafficPolicy is Local")
+        }
+        EndpointVerdict::WrongFamily => format!(
+            "{} endpoint: the destination is {}",
+            IpFamily::of(&ep.ip).api_name(),
+            family.api_name()
+        ),
+        EndpointVerdict::NotReady => "not ready (and not serving while terminating)".to_owned(),
+    }
+}
+
+impl fmt::Display for EndpointVerdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EndpointVerdict::Ready => "ready",
+            EndpointVerdict::TerminatingFallback => "terminating fallback",
+            EndpointVerdict::ServingTerminating => "serving, terminating",
+            EndpointVerdict::FilteredByTopology => "filtered by topology",
+            EndpointVerdict::NotLocalInternalPolicy => "not local (iTP Local)",
+            EndpointVerdict::NotLocalExternalPolicy => "not local (eTP Local)",
+            EndpointVerdict::WrongFamily => "wrong family",
+            EndpointVerdict::NotReady => "not ready",
+        })
+    }
+}
+
+/// The address:port an endpoint is DNATed to, as the rules write it.
+pub fn endpoint_address(ep: &EndpointExplanation) -> String {
+    endpoint_string(ep.ip, ep.port)
+}
