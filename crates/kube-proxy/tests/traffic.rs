@@ -1,0 +1,45 @@
+//! The shared traffic suite: the real `kube-proxy` binary, run inside the node namespace of a
+//! `kp-testbed` cluster, programs a kernel proxy mode from manifests, and real TCP/UDP flows
+//! from pods, the node and external clients check what it programmed: which endpoints answer,
+//! whether the source was masqueraded, and whether unanswered flows are refused or dropped.
+//!
+//! Each mode gets a module with one test per scenario group; the scenarios themselves are
+//! functions of the [`support::Mode`]. Needs root; build the echo helper first:
+//! `cargo build -p kp-testbed --bins && cargo test -p kube-proxy --test traffic`.
+
+#[path = "traffic/scenarios.rs"]
+mod scenarios;
+#[path = "traffic/support.rs"]
+mod support;
+
+mod iptables {
+    use crate::scenarios;
+    use crate::support::Mode;
+
+    const MODE: Mode = Mode::Iptables;
+
+    #[test]
+    fn cluster_ip() {
+        scenarios::cluster_ip(MODE);
+    }
+
+    #[test]
+    fn external() {
+        scenarios::external(MODE);
+    }
+
+    #[test]
+    fn udp_endpoint_replaced() {
+        scenarios::udp_endpoint_replaced(MODE);
+    }
+
+    #[test]
+    fn edits_and_restart() {
+        scenarios::edits_and_restart(MODE);
+    }
+
+    #[test]
+    fn ipv6_cluster_ip() {
+        scenarios::ipv6_cluster_ip(MODE);
+    }
+}

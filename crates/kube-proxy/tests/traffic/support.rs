@@ -1,0 +1,790 @@
+//! Helpers of the traffic suite: the proxy mode under test, manifests for the harness's
+//! cluster, the real `kube-proxy` binary running inside the node namespace, and a few probes
+//! the harness does not offer (UDP from a fixed source port, an HTTP GET for health-check
+//! node ports).
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::time::{Duration, Instant};
+
+use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Host, Outcome, Reply, Role, Tally};
+
+/// This node's name (`--hostname-override`, and `nodeName` of local endpoints).
+pub const THIS_NODE: &str = "kpt-node";
+/// The remote node's name (`nodeName` of endpoints on `node2`).
+pub const OTHER_NODE: &str = "kpt-node2";
+/// `--cluster-cidr` as the brief's command line has it (IPv4 pod network only).
+pub const CLUSTER_CIDR_V4: &str = "10.244.0.0/16";
+/// `--cluster-cidr` for a dual-stack cluster (the harness's IPv6 pod network included).
+pub const CLUSTER_CIDR_DUAL: &str = "10.244.0.0/16,fd00:10:244::/48";
+/// The node's address on every local pod's veth (the harness gives `.1` of this node's pod
+/// subnet to the node end of each veth): what a masqueraded flow to a local pod shows.
+pub const NODE_POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 1);
+/// The IPv6 counterpart of [`NODE_POD_GATEWAY_V4`].
+pub const NODE_POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 1);
+
+/// How long the proxy may take for something it does within a second or two.
+const PATIENCE: Duration = Duration::from_secs(30);
+/// How many proxy log lines a failure message shows.
+const LOG_TAIL: usize = 60;
+
+/// A proxy mode the suite runs against. Each mode says how to start it and how to show
+/// what it programmed when an assertion fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `--proxy-mode=iptables`.
+    Iptables,
+}
+
+impl Mode {
+    /// The `--proxy-mode` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Iptables => "iptables",
+        }
+    }
+
+    /// Flags this mode needs besides the common ones (sync immediately on every change).
+    fn flags(self) -> Vec<String> {
+        match self {
+            Mode::Iptables => vec!["--iptables-min-sync-period=0s".to_owned()],
+        }
+    }
+
+    /// What the mode programmed in the node namespace, for failure messages.
+    fn dump(self, cluster: &Cluster) -> String {
+        let tools: &[&str] = match self {
+            Mode::Iptables => &["iptables-save", "ip6tables-save"],
+        };
+        tools
+            .iter()
+            .map(|tool| {
+                cluster
+                    .exec(cluster.node_ns(), &[tool])
+                    .unwrap_or_else(|e| format!("{tool} failed: {e}"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// A free loopback port (bind :0, read it, release it). The proxy binds it inside the node
+/// namespace, whose ports are all free anyway.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    listener.local_addr().expect("local address").port()
+}
+
+// --- manifests --------------------------------------------------------------------------
+
+/// One service port; the target port is always the echo servers' port.
+#[derive(Debug, Clone)]
+struct Port {
+    name: &'static str,
+    protocol: &'static str,
+    port: u16,
+    node_port: Option<u16>,
+}
+
+/// A Service and its one EndpointSlice, written as one manifest file.
+#[derive(Debug, Clone)]
+pub struct Service {
+    name: String,
+    cluster_ip: IpAddr,
+    ports: Vec<Port>,
+    load_balancer_ips: Vec<IpAddr>,
+    external_ips: Vec<IpAddr>,
+    source_ranges: Vec<String>,
+    etp_local_health_port: Option<u16>,
+    itp_local: bool,
+    affinity_seconds: Option<u32>,
+    endpoints: Vec<(IpAddr, &'static str)>,
+}
+
+impl Service {
+    /// A ClusterIP service `name` (namespace `default`) at `cluster_ip`, without ports yet.
+    pub fn new(name: &str, cluster_ip: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            cluster_ip: cluster_ip.parse().expect("literal cluster IP"),
+            ports: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            external_ips: Vec::new(),
+            source_ranges: Vec::new(),
+            etp_local_health_port: None,
+            itp_local: false,
+            affinity_seconds: None,
+            endpoints: Vec::new(),
+        }
+    }
+
+    /// Adds TCP port `port` (named `tcp`) -> echo port.
+    pub fn tcp(mut self, port: u16) -> Self {
+        self.ports.push(Port {
+            name: "tcp",
+            protocol: "TCP",
+            port,
+            node_port: None,
+        });
+        self
+    }
+
+    /// Adds UDP port `port` (named `udp`) -> echo port.
+    pub fn udp(mut self, port: u16) -> Self {
+        self.ports.push(Port {
+            name: "udp",
+            protocol: "UDP",
+            port,
+            node_port: None,
+        });
+        self
+    }
+
+    /// Gives the last added port a node port (and makes the service a NodePort).
+    pub fn node_port(mut self, node_port: u16) -> Self {
+        self.ports
+            .last_mut()
+            .expect("node_port after a port")
+            .node_port = Some(node_port);
+        self
+    }
+
+    /// Makes it a LoadBalancer with ingress IP `ip` in its status.
+    pub fn load_balancer(mut self, ip: &str) -> Self {
+        self.load_balancer_ips
+            .push(ip.parse().expect("literal LB IP"));
+        self
+    }
+
+    /// Adds an externalIP.
+    pub fn external_ip(mut self, ip: &str) -> Self {
+        self.external_ips
+            .push(ip.parse().expect("literal external IP"));
+        self
+    }
+
+    /// Adds a loadBalancerSourceRanges entry.
+    pub fn source_range(mut self, cidr: &str) -> Self {
+        self.source_ranges.push(cidr.to_owned());
+        self
+    }
+
+    /// externalTrafficPolicy Local, with this healthCheckNodePort.
+    pub fn etp_local(mut self, health_check_node_port: u16) -> Self {
+        self.etp_local_health_port = Some(health_check_node_port);
+        self
+    }
+
+    /// internalTrafficPolicy Local.
+    pub fn itp_local(mut self) -> Self {
+        self.itp_local = true;
+        self
+    }
+
+    /// sessionAffinity ClientIP with this timeout.
+    pub fn affinity(mut self, seconds: u32) -> Self {
+        self.affinity_seconds = Some(seconds);
+        self
+    }
+
+    /// The EndpointSlice lists these pods (in the service's IP family), each with the
+    /// `nodeName` of the node it runs on. No pods: an empty slice.
+    pub fn endpoints(mut self, cluster: &Cluster, pods: &[&str]) -> Self {
+        let v6 = self.cluster_ip.is_ipv6();
+        self.endpoints = pods
+            .iter()
+            .map(|name| {
+                let pod = cluster.pod(name).expect("pod of this cluster");
+                let ip = if v6 {
+                    IpAddr::V6(pod.ipv6().expect("dual-stack cluster"))
+                } else {
+                    pod.ip()
+                };
+                (ip, node_name(pod))
+            })
+            .collect();
+        self
+    }
+
+    fn service_type(&self) -> &'static str {
+        if !self.load_balancer_ips.is_empty() {
+            "LoadBalancer"
+        } else if self.ports.iter().any(|p| p.node_port.is_some()) {
+            "NodePort"
+        } else {
+            "ClusterIP"
+        }
+    }
+
+    /// The Service and EndpointSlice as one multi-document YAML file.
+    pub fn yaml(&self) -> String {
+        let q = |ips: &[IpAddr]| {
+            ips.iter()
+                .map(|ip| format!("\"{ip}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut spec = format!(
+            "  type: {}\n  clusterIP: \"{}\"\n",
+            self.service_type(),
+            self.cluster_ip
+        );
+        if let Some(port) = self.etp_local_health_port {
+            spec += &format!("  externalTrafficPolicy: Local\n  healthCheckNodePort: {port}\n");
+        }
+        if self.itp_local {
+            spec += "  internalTrafficPolicy: Local\n";
+        }
+        if let Some(seconds) = self.affinity_seconds {
+            spec += &format!(
+                "  sessionAffinity: ClientIP\n  sessionAffinityConfig:\n    clientIP:\n      timeoutSeconds: {seconds}\n"
+            );
+        }
+        if !self.external_ips.is_empty() {
+            spec += &format!("  externalIPs: [{}]\n", q(&self.external_ips));
+        }
+        if !self.source_ranges.is_empty() {
+            let ranges: Vec<String> = self
+                .source_ranges
+                .iter()
+                .map(|r| format!("\"{r}\""))
+                .collect();
+            spec += &format!("  loadBalancerSourceRanges: [{}]\n", ranges.join(", "));
+        }
+        spec += "  ports:\n";
+        for p in &self.ports {
+            spec += &format!(
+                "    - name: {}\n      protocol: {}\n      port: {}\n      targetPort: {DEFAULT_ECHO_PORT}\n",
+                p.name, p.protocol, p.port
+            );
+            if let Some(node_port) = p.node_port {
+                spec += &format!("      nodePort: {node_port}\n");
+            }
+        }
+        let status = if self.load_balancer_ips.is_empty() {
+            String::new()
+        } else {
+            let ingress: Vec<String> = self
+                .load_balancer_ips
+                .iter()
+                .map(|ip| format!("      - ip: \"{ip}\"\n"))
+                .collect();
+            format!(
+                "status:\n  loadBalancer:\n    ingress:\n{}",
+                ingress.concat()
+            )
+        };
+        let family = if self.cluster_ip.is_ipv6() {
+            "IPv6"
+        } else {
+            "IPv4"
+        };
+        let slice_ports: String = self
+            .ports
+            .iter()
+            .map(|p| {
+                format!(
+                    "  - name: {}\n    protocol: {}\n    port: {DEFAULT_ECHO_PORT}\n",
+                    p.name, p.protocol
+                )
+            })
+            .collect();
+        let endpoints = if self.endpoints.is_empty() {
+            "endpoints: []\n".to_owned()
+        } else {
+            let list: String = self
+                .endpoints
+                .iter()
+                .map(|(ip, node)| format!("  - addresses: [\"{ip}\"]\n    nodeName: {node}\n"))
+                .collect();
+            format!("endpoints:\n{list}")
+        };
+        let name = &self.name;
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\n\
+             spec:\n{spec}{status}---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  \
+             namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\n\
+             addressType: {family}\nports:\n{slice_ports}{endpoints}"
+        )
+    }
+}
+
+/// The `nodeName` a pod's endpoints carry.
+pub fn node_name(pod: &Host) -> &'static str {
+    match pod.role() {
+        Role::Pod { remote: true } => OTHER_NODE,
+        _ => THIS_NODE,
+    }
+}
+
+/// This node's Node object; `revision` goes into a label, so bumping it changes the labels
+/// (which makes the proxy's next sync a full one).
+pub fn node_yaml(cluster: &Cluster, revision: u32) -> String {
+    let node = cluster.node();
+    let v6 = node
+        .ipv6()
+        .map(|ip| format!("    - type: InternalIP\n      address: \"{ip}\"\n"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {THIS_NODE}\n  labels:\n    \
+         kubernetes.io/hostname: {THIS_NODE}\n    kpt.example/revision: \"{revision}\"\n\
+         spec:\n  podCIDR: 10.244.1.0/24\n  podCIDRs: [\"10.244.1.0/24\"]\n\
+         status:\n  addresses:\n    - type: InternalIP\n      address: \"{}\"\n{v6}",
+        node.ip()
+    )
+}
+
+// --- the proxy ----------------------------------------------------------------------------
+
+/// The real binary running inside the node namespace; its stderr lines are collected. Killed
+/// on drop (the harness also kills whatever is left in its namespaces).
+#[derive(Debug)]
+pub struct Proxy {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proxy {
+    /// Starts `kube-proxy --manifests DIR --proxy-mode=<mode>` inside the node namespace.
+    pub fn start(mode: Mode, cluster: &Cluster, manifests: &Path, cluster_cidr: &str) -> Self {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", cluster.node_ns()])
+            .arg(env!("CARGO_BIN_EXE_kube-proxy"))
+            .arg(format!("--manifests={}", manifests.display()))
+            .arg(format!("--proxy-mode={}", mode.name()))
+            .arg(format!("--hostname-override={THIS_NODE}"))
+            .arg(format!("--cluster-cidr={cluster_cidr}"))
+            .arg("--conntrack-max-per-core=0")
+            .arg(format!("--healthz-bind-address=127.0.0.1:{}", free_port()))
+            .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()))
+            .arg("-v=2")
+            .args(mode.flags())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .expect("start kube-proxy in the node namespace");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (tx, lines) = mpsc::channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let keep = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                keep.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(line.clone());
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines, log }
+    }
+
+    /// The last lines the proxy logged.
+    pub fn tail(&self) -> String {
+        let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        let start = log.len().saturating_sub(LOG_TAIL);
+        log[start..].join("\n")
+    }
+
+    /// Forgets lines logged so far, so the next wait only sees what happens from now on.
+    pub fn mark(&mut self) {
+        while self.lines.try_recv().is_ok() {}
+    }
+
+    /// Waits (bounded) for a log line `matches` accepts and returns it.
+    pub fn wait_for(&mut self, what: &str, matches: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if matches(&line) => return line,
+                Ok(_) => {}
+                Err(_) => panic!(
+                    "kube-proxy never logged {what} within {PATIENCE:?}; log:\n{}",
+                    self.tail()
+                ),
+            }
+        }
+    }
+
+    /// Waits for the first complete sync of the rules.
+    pub fn wait_first_sync(&mut self) {
+        self.wait_for("its first sync", |l| {
+            l.contains("first sync of proxy rules complete")
+        });
+    }
+
+    /// Waits for a sync that programmed at least one changed service port (call
+    /// [`Proxy::mark`] before making the change).
+    pub fn wait_change_synced(&mut self) -> String {
+        self.wait_for("a sync of a change", |l| {
+            l.contains("synced proxy rules") && !l.contains("changed=\"0\"")
+        })
+    }
+
+    /// SIGTERM, then waits (bounded) for the exit.
+    pub fn terminate(mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM {pid} failed");
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for kube-proxy") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kube-proxy did not exit after SIGTERM; log:\n{}",
+                self.tail()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// --- one scenario's world ----------------------------------------------------------------
+
+/// A cluster, its manifests directory and the proxy under test running over it.
+#[derive(Debug)]
+pub struct Env {
+    // Field order is drop order: the proxy goes first, the namespaces last.
+    proxy: Option<Proxy>,
+    dir: tempfile::TempDir,
+    cluster_cidr: &'static str,
+    /// The proxy mode under test.
+    pub mode: Mode,
+    /// The harness's cluster.
+    pub cluster: Cluster,
+}
+
+impl Env {
+    /// Writes the Node and `services`, starts the proxy and waits for its first sync.
+    pub fn start(
+        mode: Mode,
+        cluster: Cluster,
+        cluster_cidr: &'static str,
+        services: &[Service],
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("manifests tempdir");
+        let mut env = Self {
+            proxy: None,
+            dir,
+            cluster_cidr,
+            mode,
+            cluster,
+        };
+        env.write("node.yaml", &node_yaml(&env.cluster, 0));
+        for service in services {
+            env.write(&format!("{}.yaml", service.name), &service.yaml());
+        }
+        env.start_proxy();
+        env
+    }
+
+    fn start_proxy(&mut self) {
+        let mut proxy = Proxy::start(self.mode, &self.cluster, self.dir.path(), self.cluster_cidr);
+        proxy.wait_first_sync();
+        self.proxy = Some(proxy);
+    }
+
+    /// The running proxy.
+    pub fn proxy(&mut self) -> &mut Proxy {
+        self.proxy.as_mut().expect("the proxy is running")
+    }
+
+    /// Writes a manifest file atomically (a dot-file, which the source skips, renamed over).
+    fn write(&self, file: &str, text: &str) {
+        let tmp = self.dir.path().join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, text).expect("write manifest");
+        std::fs::rename(&tmp, self.dir.path().join(file)).expect("rename manifest");
+    }
+
+    /// Writes (adds or replaces) `service`'s file and waits for the sync that programs it.
+    pub fn apply(&mut self, service: &Service) -> String {
+        self.proxy().mark();
+        self.write(&format!("{}.yaml", service.name), &service.yaml());
+        self.proxy().wait_change_synced()
+    }
+
+    /// Deletes `name`'s file and waits for the sync that removes it.
+    pub fn delete(&mut self, name: &str) -> String {
+        self.proxy().mark();
+        std::fs::remove_file(self.dir.path().join(format!("{name}.yaml")))
+            .expect("remove manifest");
+        self.proxy().wait_change_synced()
+    }
+
+    /// Changes the Node's labels and waits for the full sync that follows.
+    pub fn relabel_node(&mut self, revision: u32) -> String {
+        self.proxy().mark();
+        self.write("node.yaml", &node_yaml(&self.cluster, revision));
+        self.proxy()
+            .wait_for("a full sync after the Node changed", |l| {
+                l.contains("synced proxy rules") && l.contains("kind=\"Full\"")
+            })
+    }
+
+    /// Stops the proxy with SIGTERM (asserting a clean exit) and starts a new one over the
+    /// same rules and manifests, waiting for its first sync.
+    pub fn restart_proxy(&mut self) {
+        let proxy = self.proxy.take().expect("the proxy is running");
+        let tail = proxy.tail();
+        let status = proxy.terminate();
+        assert!(
+            status.success(),
+            "exit status after SIGTERM: {status}; log:\n{tail}"
+        );
+        self.start_proxy();
+    }
+
+    /// What a failing assertion should show: the rules and the proxy's latest log lines.
+    pub fn diag(&self) -> String {
+        let log = self.proxy.as_ref().map(Proxy::tail).unwrap_or_default();
+        format!(
+            "\n--- {} rules in the node namespace ---\n{}\n--- kube-proxy log (tail) ---\n{log}",
+            self.mode.name(),
+            self.mode.dump(&self.cluster)
+        )
+    }
+
+    /// A pod (or the client) by name.
+    pub fn pod(&self, name: &str) -> &Host {
+        self.cluster.pod(name).expect("pod of this cluster")
+    }
+}
+
+// --- expectations -------------------------------------------------------------------------
+
+/// Which source address the endpoints must have seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The client's own address (not masqueraded).
+    Preserved,
+    /// Masqueraded to the node's address on the way to the endpoint: the veth gateway for a
+    /// local pod, the node's LAN address for a remote pod.
+    Masqueraded,
+}
+
+/// The address a masqueraded flow to `pod` leaves the node with.
+pub fn masquerade_address(cluster: &Cluster, pod: &Host, v6: bool) -> IpAddr {
+    match (pod.role(), v6) {
+        (Role::Pod { remote: true }, false) => cluster.node().ip(),
+        (Role::Pod { remote: true }, true) => {
+            IpAddr::V6(cluster.node().ipv6().expect("dual-stack cluster"))
+        }
+        (_, false) => IpAddr::V4(NODE_POD_GATEWAY_V4),
+        (_, true) => IpAddr::V6(NODE_POD_GATEWAY_V6),
+    }
+}
+
+/// Asserts that every flow was answered, that exactly the pods in `expected` answered (each
+/// at least once), and that every answer saw the `source` expected.
+pub fn assert_flows(env: &Env, what: &str, tally: &Tally, expected: &[&str], source: Source) {
+    assert!(
+        tally.all_answered(),
+        "{what}: not every flow was answered: {:?}{}",
+        tally.outcomes(),
+        env.diag()
+    );
+    let answered: BTreeSet<String> = tally.by_pod().into_keys().collect();
+    let wanted: BTreeSet<String> = expected.iter().map(|s| (*s).to_owned()).collect();
+    assert_eq!(
+        answered,
+        wanted,
+        "{what}: the set of answering endpoints (counts {:?}){}",
+        tally.by_pod(),
+        env.diag()
+    );
+    for outcome in tally.outcomes() {
+        assert_source(env, what, outcome, source);
+    }
+}
+
+/// Asserts one answered flow's source address.
+pub fn assert_source(env: &Env, what: &str, outcome: &Outcome, source: Source) {
+    let Outcome::Answered {
+        pod,
+        seen_source,
+        client,
+        ..
+    } = outcome
+    else {
+        panic!("{what}: expected an answer, got {outcome:?}{}", env.diag());
+    };
+    let expected = match source {
+        Source::Preserved => client.ip(),
+        Source::Masqueraded => {
+            masquerade_address(&env.cluster, env.pod(pod), client.ip().is_ipv6())
+        }
+    };
+    assert_eq!(
+        seen_source.ip(),
+        expected,
+        "{what}: source seen by {pod} ({source:?} expected): {outcome:?}{}",
+        env.diag()
+    );
+}
+
+/// Asserts that every one of `tally`'s flows ended as `expected` (e.g. `TimedOut`).
+pub fn assert_all(env: &Env, what: &str, tally: &Tally, expected: &Outcome) {
+    assert!(
+        !tally.is_empty() && tally.outcomes().iter().all(|o| o == expected),
+        "{what}: expected every flow to be {expected:?}, got {:?}{}",
+        tally.outcomes(),
+        env.diag()
+    );
+}
+
+// --- probes the harness does not have ----------------------------------------------------
+
+/// Sends one datagram from `from`'s fixed source port `sport` and waits 1 s for the answer.
+/// (`kp-echo probe` always uses a fresh socket, hence a new source port; a stale conntrack
+/// entry only bites a flow that keeps its 5-tuple.)
+const UDP_FIXED_PORT: &str = r#"
+use IO::Socket::INET; use IO::Select;
+my ($dst, $dport, $sport) = @ARGV;
+my $s = IO::Socket::INET->new(Proto => 'udp', LocalPort => $sport, PeerAddr => $dst,
+    PeerPort => $dport, ReuseAddr => 1) or do { print "error $!\n"; exit 0 };
+defined $s->send("fixed-port-probe") or do { print "error $!\n"; exit 0 };
+if (IO::Select->new($s)->can_read(1)) {
+    my $buf;
+    if (defined $s->recv($buf, 65535)) { print "reply $buf\n" } else { print "error $!\n" }
+} else { print "timeout\n" }
+"#;
+
+/// One UDP exchange from `from`, source port `sport`, to `dst` (IPv4).
+pub fn udp_from_port(cluster: &Cluster, from: &Host, dst: SocketAddr, sport: u16) -> Outcome {
+    let out = cluster
+        .exec(
+            from.ns(),
+            &[
+                "perl",
+                "-e",
+                UDP_FIXED_PORT,
+                &dst.ip().to_string(),
+                &dst.port().to_string(),
+                &sport.to_string(),
+            ],
+        )
+        .expect("run the fixed-port UDP probe (perl)");
+    let line = out.trim();
+    if let Some(json) = line.strip_prefix("reply ") {
+        let reply: Reply = serde_json::from_str(json).expect("an echo server's reply");
+        Outcome::Answered {
+            pod: reply.pod,
+            seen_source: reply.seen,
+            client: SocketAddr::new(from.ip(), sport),
+            server: reply.local,
+        }
+    } else if line == "timeout" {
+        Outcome::TimedOut
+    } else if line.contains("Connection refused") {
+        Outcome::Refused
+    } else {
+        Outcome::Failed {
+            detail: line.to_owned(),
+        }
+    }
+}
+
+/// One HTTP GET `/` to `addr` from `from`; `None` when the connection failed.
+const HTTP_GET: &str = r#"
+use IO::Socket::INET;
+my ($host, $port) = @ARGV;
+my $s = IO::Socket::INET->new(PeerAddr => $host, PeerPort => $port, Proto => 'tcp',
+    Timeout => 2) or do { print "connect-failed $!\n"; exit 0 };
+print $s "GET / HTTP/1.1\r\nHost: $host\r\nConnection: close\r\n\r\n";
+local $/; my $r = <$s>; print $r;
+"#;
+
+/// An HTTP response: status and headers (names lowercased).
+#[derive(Debug)]
+pub struct HttpResponse {
+    /// The status code.
+    pub status: u16,
+    /// The headers, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// The first value of header `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// GETs `http://addr/` from `from`, retrying (bounded) while the port does not accept
+/// connections yet (the proxy opens health-check ports right after a sync).
+pub fn http_get(cluster: &Cluster, from: &Host, addr: SocketAddr) -> HttpResponse {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let out = cluster
+            .exec(
+                from.ns(),
+                &[
+                    "perl",
+                    "-e",
+                    HTTP_GET,
+                    &addr.ip().to_string(),
+                    &addr.port().to_string(),
+                ],
+            )
+            .expect("run the HTTP probe (perl)");
+        if out.starts_with("connect-failed") {
+            assert!(
+                Instant::now() < deadline,
+                "nothing accepted connections on {addr} within {PATIENCE:?}: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((out.as_str(), ""));
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP response from {addr}: {out:?}"));
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        return HttpResponse {
+            status,
+            headers,
+            body: body.to_owned(),
+        };
+    }
+}
