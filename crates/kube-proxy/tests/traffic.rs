@@ -42,4 +42,24 @@ mod iptables {
     fn ipv6_cluster_ip() {
         scenarios::ipv6_cluster_ip(MODE);
     }
+
+    #[test]
+    fn node_addresses_and_cleanup() {
+        scenarios::node_addresses_and_cleanup(MODE);
+    }
+
+    #[test]
+    fn restricted_node_ports() {
+        scenarios::restricted_node_ports(MODE);
+    }
+
+    #[test]
+    fn masquerade_all_and_invalid_input() {
+        scenarios::masquerade_all_and_invalid_input(MODE);
+    }
+
+    #[test]
+    fn interface_name_prefix() {
+        scenarios::interface_name_prefix(MODE);
+    }
 }

@@ -8,8 +8,9 @@ use std::net::{IpAddr, SocketAddr};
 use kp_testbed::{Cluster, Outcome, TestbedError};
 
 use crate::support::{
-    CLUSTER_CIDR_DUAL, CLUSTER_CIDR_V4, Env, Mode, NODE_POD_GATEWAY_V4, NODE_POD_GATEWAY_V6,
-    Service, Source, assert_all, assert_flows, assert_source, http_get, udp_from_port,
+    CLUSTER_CIDR_DUAL, CLUSTER_CIDR_V4, Env, Flags, KUBE_PROXY, Mode, NODE_POD_GATEWAY_V4,
+    NODE_POD_GATEWAY_V6, POD_VETH_PREFIX, Service, Source, assert_all, assert_flows, assert_source,
+    http_get, kube_lines, metric_sum, normalized_save, udp_from_port,
 };
 
 /// Flows per balancing check: with 3 endpoints the chance that one of them gets none of 45
@@ -561,4 +562,529 @@ pub fn ipv6_cluster_ip(mode: Mode) {
         .and_then(Outcome::seen_source)
         .map(|s| s.ip());
     assert_eq!(to_local, Some(IpAddr::V6(NODE_POD_GATEWAY_V6)));
+}
+
+// --- node addresses, masquerade flags, local detection, cleanup, invalid input ----------------
+
+/// A second node-local address, outside the LAN CIDR, that external clients can reach: added
+/// to the node's LAN interface, with a route for it on the router.
+const SECOND_NODE_IP: &str = "192.168.51.2";
+
+/// `--nodeport-addresses` value of [`restricted_node_ports`]: the node LAN only.
+const NODE_LAN_CIDR: &str = "192.168.50.0/24";
+
+/// The kubelet's chains, which `--cleanup` leaves alone.
+const KUBELET_CHAINS: [&str; 2] = ["KUBE-FIREWALL", "KUBE-KUBELET-CANARY"];
+
+/// The IPv4 loopback address, the destination of localhost NodePorts.
+const LOCALHOST: &str = "127.0.0.1";
+
+/// Runs `args` in the node namespace before the proxy exists (set-up of a scenario).
+fn node_setup(cluster: &Cluster, args: &[&str]) {
+    cluster
+        .exec(cluster.node_ns(), args)
+        .unwrap_or_else(|e| panic!("{args:?} in the node namespace: {e}"));
+}
+
+/// Gives the node [`SECOND_NODE_IP`] (on its LAN interface) and routes it there from the
+/// router.
+fn add_second_node_address(cluster: &Cluster) {
+    node_setup(
+        cluster,
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{SECOND_NODE_IP}/24"),
+            "dev",
+            "eth0",
+        ],
+    );
+    let node_ip = cluster.node_ip().to_string();
+    cluster
+        .exec(
+            cluster.router().ns(),
+            &["ip", "route", "add", "192.168.51.0/24", "via", &node_ip],
+        )
+        .expect("route the second node address to the node");
+}
+
+/// `net.ipv4.conf.all.route_localnet` in the node namespace.
+fn route_localnet(env: &Env) -> String {
+    env.node_exec(&["sysctl", "-n", "net.ipv4.conf.all.route_localnet"])
+        .trim()
+        .to_owned()
+}
+
+/// The `KUBE-FORWARD` rules of a filter-table dump that drop conntrack INVALID packets.
+fn invalid_drop_rules(save: &str) -> Vec<&str> {
+    save.lines()
+        .filter(|l| l.starts_with("-A KUBE-FORWARD ") && l.contains("--ctstate INVALID"))
+        .filter(|l| l.ends_with("-j DROP"))
+        .collect()
+}
+
+/// [`assert_flows`] with `Source::Masqueraded`, plus: no endpoint saw the client's own
+/// address. `Source::Masqueraded` alone
+/// cannot tell for the remote pod, whose masquerade address is the node's LAN address.
+fn assert_all_masqueraded(env: &Env, what: &str, tally: &kp_testbed::Tally, expected: &[&str]) {
+    assert_flows(env, what, tally, expected, Source::Masqueraded);
+    for outcome in tally.outcomes() {
+        assert_eq!(
+            outcome.masqueraded(),
+            Some(true),
+            "{what}: {outcome:?}{}",
+            env.diag()
+        );
+    }
+}
+
+/// With the default flags (iptables mode): localhost NodePorts (route_localnet set by the
+/// proxy, masqueraded), NodePorts on every node address, the conntrack INVALID drop rule,
+/// and `--cleanup` afterwards (everything of the proxy gone, foreign rules kept, service IPs
+/// no longer handled, idempotent).
+pub fn node_addresses_and_cleanup(mode: Mode) {
+    let c = cluster(true);
+    // Whatever the namespace inherited from the host: the proxy must be what turns it on.
+    node_setup(&c, &["sysctl", "-qw", "net.ipv4.conf.all.route_localnet=0"]);
+    add_second_node_address(&c);
+    // Rules of some other agent, there before the proxy; cleanup must leave them.
+    for tool in ["iptables", "ip6tables"] {
+        node_setup(
+            &c,
+            &[
+                tool,
+                "-I",
+                "INPUT",
+                "-p",
+                "tcp",
+                "--dport",
+                "9",
+                "-m",
+                "comment",
+                "--comment",
+                "foreign rule",
+                "-j",
+                "ACCEPT",
+            ],
+        );
+    }
+    node_setup(&c, &["iptables", "-t", "nat", "-N", "FOREIGN-NAT"]);
+    node_setup(
+        &c,
+        &[
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "FOREIGN-NAT",
+            "-d",
+            "198.18.0.1/32",
+            "-j",
+            "RETURN",
+        ],
+    );
+    let services = [
+        Service::new("np", "10.96.0.50")
+            .tcp(80)
+            .node_port(30090)
+            .endpoints(&c, &["a", "b", "c"]),
+        Service::new("web6", "fd00:10:96::50")
+            .tcp(80)
+            .endpoints(&c, &["a", "b", "c"]),
+    ];
+    let mut env = Env::start(mode, c, CLUSTER_CIDR_DUAL, &services);
+    let localhost = ip(LOCALHOST);
+
+    // 1. Localhost NodePort: route_localnet on, every endpoint, always masqueraded (a source
+    //    of 127.0.0.1 cannot leave the node).
+    assert_eq!(route_localnet(&env), "1", "route_localnet{}", env.diag());
+    let cl = &env.cluster;
+    let tally = cl
+        .tcp_repeat(cl.node(), localhost, 30090, SPREAD_FLOWS)
+        .expect("probe");
+    assert_all_masqueraded(
+        &env,
+        "localhost NodePort from the node",
+        &tally,
+        &["a", "b", "c"],
+    );
+    // NodePorts answer on every node address when --nodeport-addresses is unset (the
+    // control for `restricted_node_ports`).
+    let tally = cl
+        .tcp_repeat(cl.external_in(), ip(SECOND_NODE_IP), 30090, SPREAD_FLOWS)
+        .expect("probe");
+    assert_all_masqueraded(
+        &env,
+        "NodePort on a second node address",
+        &tally,
+        &["a", "b", "c"],
+    );
+
+    // 5. The conntrack INVALID drop is there by default, in both families.
+    for tool in ["iptables-save", "ip6tables-save"] {
+        let filter = env.node_exec(&[tool, "-t", "filter"]);
+        assert_eq!(
+            invalid_drop_rules(&filter).len(),
+            1,
+            "{tool}: one KUBE-FORWARD ctstate INVALID DROP rule expected:\n{filter}"
+        );
+    }
+
+    // 6. --cleanup. The rules outlive a normal exit of the proxy ...
+    let before: Vec<String> = ["iptables-save", "ip6tables-save"]
+        .iter()
+        .map(|tool| env.node_exec(&[tool]))
+        .collect();
+    for save in &before {
+        assert!(
+            !kube_lines(save, &KUBELET_CHAINS).is_empty(),
+            "the proxy programmed nothing?\n{save}"
+        );
+    }
+    env.stop_proxy();
+    let client = env.pod("client").clone();
+    let outcome = env
+        .cluster
+        .tcp(&client, ip("10.96.0.50"), 80)
+        .expect("probe");
+    assert!(
+        outcome.pod().is_some(),
+        "rules must outlive the proxy's exit: {outcome:?}{}",
+        env.diag()
+    );
+    // ... and `kube-proxy --cleanup` removes them: exit status 0 (exec fails otherwise).
+    env.node_exec(&[KUBE_PROXY, "--cleanup"]);
+    let after: Vec<String> = ["iptables-save", "ip6tables-save"]
+        .iter()
+        .map(|tool| env.node_exec(&[tool]))
+        .collect();
+    for save in &after {
+        let left = kube_lines(save, &KUBELET_CHAINS);
+        assert!(
+            left.is_empty(),
+            "kube-proxy chains or jumps left after --cleanup: {left:#?}\n{save}"
+        );
+        assert!(
+            save.lines()
+                .any(|l| l.starts_with("-A INPUT") && l.contains("\"foreign rule\"")),
+            "a foreign rule was removed by --cleanup:\n{save}"
+        );
+    }
+    assert!(
+        after[0].lines().any(|l| l.starts_with(":FOREIGN-NAT"))
+            && after[0]
+                .lines()
+                .any(|l| l.starts_with("-A FOREIGN-NAT -d 198.18.0.1/32")),
+        "a foreign chain was removed by --cleanup:\n{}",
+        after[0]
+    );
+    // No service address is handled any more: the ClusterIP is routed to the router, which
+    // drops it (as before a service exists, see `edits_and_restart`); the localhost and
+    // node-IP NodePorts reach the node's own stack, where nothing listens.
+    let outcome = env
+        .cluster
+        .tcp(&client, ip("10.96.0.50"), 80)
+        .expect("probe");
+    assert_eq!(outcome, Outcome::TimedOut, "ClusterIP after --cleanup");
+    let cl = &env.cluster;
+    let outcome = cl.tcp(cl.node(), localhost, 30090).expect("probe");
+    assert_eq!(
+        outcome,
+        Outcome::Refused,
+        "localhost NodePort after --cleanup"
+    );
+    let outcome = cl
+        .tcp(cl.external_in(), cl.node_ip(), 30090)
+        .expect("probe");
+    assert_eq!(outcome, Outcome::Refused, "NodePort after --cleanup");
+    // Cleaning a clean node succeeds and changes nothing.
+    env.node_exec(&[KUBE_PROXY, "--cleanup"]);
+    for (tool, first) in ["iptables-save", "ip6tables-save"].iter().zip(&after) {
+        let again = env.node_exec(&[tool]);
+        assert_eq!(
+            normalized_save(&again),
+            normalized_save(first),
+            "{tool}: a second --cleanup changed the rules"
+        );
+    }
+}
+
+/// `--nodeport-addresses` restricted to the node LAN, with `nf_conntrack_tcp_be_liberal`
+/// set before the proxy starts: NodePorts answer on the LAN address only (not on another
+/// node address, nor on 127.0.0.1 although localhost NodePorts are on), route_localnet is
+/// left alone, and the conntrack INVALID drop rule is skipped.
+pub fn restricted_node_ports(mode: Mode) {
+    let c = cluster(false);
+    node_setup(&c, &["sysctl", "-qw", "net.ipv4.conf.all.route_localnet=0"]);
+    node_setup(
+        &c,
+        &[
+            "sysctl",
+            "-qw",
+            "net.netfilter.nf_conntrack_tcp_be_liberal=1",
+        ],
+    );
+    add_second_node_address(&c);
+    let services = [Service::new("np", "10.96.0.60")
+        .tcp(80)
+        .node_port(30091)
+        .endpoints(&c, &["a", "b", "c"])];
+    let flags = Flags::cluster_cidr(CLUSTER_CIDR_V4)
+        .flag(&format!("--nodeport-addresses={NODE_LAN_CIDR}"))
+        .flag("--iptables-localhost-nodeports=true");
+    let env = Env::start_with(mode, c, flags, &services, &[]);
+    let cl = &env.cluster;
+
+    // 2. The LAN address answers ...
+    let tally = cl
+        .tcp_repeat(cl.external_in(), cl.node_ip(), 30091, SPREAD_FLOWS)
+        .expect("probe");
+    assert_all_masqueraded(
+        &env,
+        "NodePort on the allowed address",
+        &tally,
+        &["a", "b", "c"],
+    );
+    // ... another node address does not: not DNATed, the SYN reaches the node's own stack,
+    // where nothing listens on the port (RST).
+    let tally = cl
+        .tcp_repeat(cl.external_in(), ip(SECOND_NODE_IP), 30091, 2)
+        .expect("probe");
+    assert_all(
+        &env,
+        "NodePort on a node address outside --nodeport-addresses",
+        &tally,
+        &Outcome::Refused,
+    );
+    // ... nor 127.0.0.1, outside the allowed CIDR: refused the same way, and the proxy has
+    // no reason to open route_localnet.
+    let tally = cl
+        .tcp_repeat(cl.node(), ip(LOCALHOST), 30091, 2)
+        .expect("probe");
+    assert_all(
+        &env,
+        "localhost NodePort outside --nodeport-addresses",
+        &tally,
+        &Outcome::Refused,
+    );
+    assert_eq!(route_localnet(&env), "0", "route_localnet{}", env.diag());
+    // The ClusterIP is unaffected.
+    let tally = cl
+        .tcp_repeat(cl.client(), ip("10.96.0.60"), 80, SPREAD_FLOWS)
+        .expect("probe");
+    assert_flows(
+        &env,
+        "ClusterIP with restricted NodePorts",
+        &tally,
+        &["a", "b", "c"],
+        Source::Preserved,
+    );
+
+    // 5. tcp_be_liberal: no INVALID drop in either family, the rest of KUBE-FORWARD kept.
+    let v4 = env.node_exec(&["iptables-save", "-t", "filter"]);
+    assert!(
+        v4.lines()
+            .any(|l| l.starts_with("-A KUBE-FORWARD") && l.contains("forwarding rules")),
+        "KUBE-FORWARD is incomplete:\n{v4}"
+    );
+    let v6 = env.node_exec(&["ip6tables-save", "-t", "filter"]);
+    for save in [&v4, &v6] {
+        assert!(
+            invalid_drop_rules(save).is_empty(),
+            "no INVALID drop with nf_conntrack_tcp_be_liberal=1:\n{save}"
+        );
+    }
+}
+
+/// Manifests the proxy must skip without blocking anything else: a port out of range (the
+/// model rejects the Service) and a cluster IP that is not an address (the manifests source
+/// cannot default it).
+const INVALID_MANIFESTS: [(&str, &str); 2] = [
+    (
+        "bad-port.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: bad-port\n  namespace: default\n\
+         spec:\n  type: ClusterIP\n  clusterIP: \"10.96.0.73\"\n  ports:\n    - name: tcp\n      \
+         protocol: TCP\n      port: 70000\n      targetPort: 8080\n",
+    ),
+    (
+        "bad-ip.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: bad-ip\n  namespace: default\n\
+         spec:\n  type: ClusterIP\n  clusterIP: \"10.96.0.300\"\n  ports:\n    - name: tcp\n      \
+         protocol: TCP\n      port: 80\n      targetPort: 8080\n",
+    ),
+];
+
+/// `--masquerade-all` with `--iptables-localhost-nodeports=false`, and invalid or odd
+/// objects next to valid ones: pod traffic to a ClusterIP is masqueraded, 127.0.0.1 is not a
+/// NodePort address, and skipped objects are logged and counted without blocking the rest.
+pub fn masquerade_all_and_invalid_input(mode: Mode) {
+    let c = cluster(false);
+    node_setup(&c, &["sysctl", "-qw", "net.ipv4.conf.all.route_localnet=0"]);
+    // The longest names the API accepts: 63-character namespace and Service name, and a
+    // 15-character port name.
+    let long_namespace = format!("ns-{}", "x".repeat(60));
+    let long_name = format!("svc-{}", "y".repeat(59));
+    let services = [
+        Service::new("web", "10.96.0.70")
+            .tcp(80)
+            .node_port(30092)
+            .endpoints(&c, &["a", "b", "c"]),
+        Service::new(&long_name, "10.96.0.71")
+            .namespace(&long_namespace)
+            .tcp(80)
+            .port_name("longest-port-nm")
+            .endpoints(&c, &["a"]),
+        // The API would reject this port name; the manifests source does not validate it, so
+        // it reaches the rules' comments, which must neutralise the quote.
+        Service::new("quoted", "10.96.0.72")
+            .tcp(80)
+            .port_name("p\" -j ACCEPT #\\")
+            .endpoints(&c, &["b"]),
+    ];
+    let flags = Flags::cluster_cidr(CLUSTER_CIDR_V4)
+        .flag("--masquerade-all")
+        .flag("--iptables-localhost-nodeports=false");
+    let env = Env::start_with(mode, c, flags, &services, &INVALID_MANIFESTS);
+    let cl = &env.cluster;
+    let client = cl.client();
+
+    // 3. Masquerade-all: even a pod inside the cluster CIDR is masqueraded.
+    let tally = cl
+        .tcp_repeat(client, ip("10.96.0.70"), 80, SPREAD_FLOWS)
+        .expect("probe");
+    assert_all_masqueraded(
+        &env,
+        "ClusterIP from a pod with --masquerade-all",
+        &tally,
+        &["a", "b", "c"],
+    );
+
+    // 7. The valid services work next to the skipped ones, long names included.
+    let tally = cl
+        .tcp_repeat(client, ip("10.96.0.71"), 80, 3)
+        .expect("probe");
+    assert_all_masqueraded(&env, "service with the longest names", &tally, &["a"]);
+    let tally = cl
+        .tcp_repeat(client, ip("10.96.0.72"), 80, 3)
+        .expect("probe");
+    assert_all_masqueraded(&env, "service with a quote in a port name", &tally, &["b"]);
+    let nat = env.node_exec(&["iptables-save", "-t", "nat"]);
+    assert!(
+        nat.contains("default/quoted:p%22 -j ACCEPT #%5C"),
+        "the quoted port name must appear encoded in comments:\n{nat}"
+    );
+    assert!(
+        nat.contains(&format!("{long_namespace}/{long_name}:longest-port-nm")),
+        "the long names must appear in comments:\n{nat}"
+    );
+    assert!(
+        !nat.contains("bad-port") && !nat.contains("bad-ip"),
+        "skipped objects must not be programmed:\n{nat}"
+    );
+    let skipped_port = env.logged(|l| l.contains("default/bad-port") && l.contains("70000"));
+    assert!(
+        !skipped_port.is_empty(),
+        "the proxy must log the Service with port 70000{}",
+        env.diag()
+    );
+    let skipped_ip = env.logged(|l| l.contains("bad-ip") && l.contains("10.96.0.300"));
+    assert!(
+        !skipped_ip.is_empty(),
+        "the proxy must log the Service with an invalid clusterIP{}",
+        env.diag()
+    );
+    let metrics = env.metrics();
+    let invalid = metric_sum(&metrics, "kube_proxy_rs_invalid_objects_total");
+    assert!(
+        invalid.is_some_and(|n| n >= 1.0),
+        "kube_proxy_rs_invalid_objects_total: {invalid:?}\n{metrics}"
+    );
+    let broken = metric_sum(&metrics, "kube_proxy_rs_manifest_errors_total");
+    assert!(
+        broken.is_some_and(|n| n >= 1.0),
+        "kube_proxy_rs_manifest_errors_total: {broken:?}\n{metrics}"
+    );
+
+    // 1. Localhost NodePorts off: 127.0.0.1 is excluded from the NodePort dispatch, so the
+    //    SYN is not DNATed and reaches the node's own stack, where nothing listens on the
+    //    port: refused (RST), not timed out. route_localnet stays off and there is no
+    //    localnet firewall chain.
+    let tally = cl
+        .tcp_repeat(cl.node(), ip(LOCALHOST), 30092, 2)
+        .expect("probe");
+    assert_all(
+        &env,
+        "localhost NodePort with --iptables-localhost-nodeports=false",
+        &tally,
+        &Outcome::Refused,
+    );
+    assert_eq!(route_localnet(&env), "0", "route_localnet{}", env.diag());
+    let filter = env.node_exec(&["iptables-save", "-t", "filter"]);
+    assert!(
+        !filter.contains("KUBE-FIREWALL"),
+        "no localnet firewall without localhost NodePorts:\n{filter}"
+    );
+    // The same NodePort on the node's IP works.
+    let tally = cl
+        .tcp_repeat(cl.node(), cl.node_ip(), 30092, SPREAD_FLOWS)
+        .expect("probe");
+    assert_flows(
+        &env,
+        "NodePort on the node IP from the node",
+        &tally,
+        &["a", "b", "c"],
+        Source::Masqueraded,
+    );
+}
+
+/// `--detect-local-mode=InterfaceNamePrefix` with the harness's pod veth prefix and no
+/// cluster CIDR: traffic entering from a pod veth is local (not masqueraded), the node's own
+/// is not. (BridgeInterface cannot be exercised: pods are routed point-to-point, the node
+/// namespace has no bridge; the harness's only bridge is the LAN in `ext`.)
+pub fn interface_name_prefix(mode: Mode) {
+    let c = cluster(false);
+    let bridges = c
+        .exec(c.node_ns(), &["ip", "-o", "link", "show", "type", "bridge"])
+        .expect("list bridges");
+    assert!(
+        bridges.trim().is_empty(),
+        "the node has a bridge now; add a BridgeInterface scenario: {bridges}"
+    );
+    let services = [Service::new("web", "10.96.0.80")
+        .tcp(80)
+        .endpoints(&c, &["a", "b", "c"])];
+    let flags = Flags::default()
+        .flag("--detect-local-mode=InterfaceNamePrefix")
+        .flag(&format!("--pod-interface-name-prefix={POD_VETH_PREFIX}"));
+    let env = Env::start_with(mode, c, flags, &services, &[]);
+    let cl = &env.cluster;
+    let tally = cl
+        .tcp_repeat(cl.client(), ip("10.96.0.80"), 80, SPREAD_FLOWS)
+        .expect("probe");
+    assert_flows(
+        &env,
+        "ClusterIP from a pod (interface prefix)",
+        &tally,
+        &["a", "b", "c"],
+        Source::Preserved,
+    );
+    let tally = cl
+        .tcp_repeat(cl.node(), ip("10.96.0.80"), 80, SPREAD_FLOWS)
+        .expect("probe");
+    assert_flows(
+        &env,
+        "ClusterIP from the node (interface prefix)",
+        &tally,
+        &["a", "b", "c"],
+        Source::Masqueraded,
+    );
+    for outcome in tally.outcomes().iter().filter(|o| !o.answered_by("c")) {
+        assert_eq!(
+            outcome.masqueraded(),
+            Some(true),
+            "{outcome:?}{}",
+            env.diag()
+        );
+    }
 }

@@ -24,6 +24,9 @@ pub const CLUSTER_CIDR_DUAL: &str = "10.244.0.0/16,fd00:10:244::/48";
 /// The node's address on every local pod's veth (the harness gives `.1` of this node's pod
 /// subnet to the node end of each veth): what a masqueraded flow to a local pod shows.
 pub const NODE_POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 1);
+/// The name prefix of the node ends of the harness's pod veths (`kpv0` is the client's,
+/// `kpv1`, ... the other pods'), for `--pod-interface-name-prefix`.
+pub const POD_VETH_PREFIX: &str = "kpv";
 /// The IPv6 counterpart of [`NODE_POD_GATEWAY_V4`].
 pub const NODE_POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 1);
 
@@ -84,7 +87,7 @@ fn free_port() -> u16 {
 /// One service port; the target port is always the echo servers' port.
 #[derive(Debug, Clone)]
 struct Port {
-    name: &'static str,
+    name: String,
     protocol: &'static str,
     port: u16,
     node_port: Option<u16>,
@@ -94,6 +97,7 @@ struct Port {
 #[derive(Debug, Clone)]
 pub struct Service {
     name: String,
+    namespace: String,
     cluster_ip: IpAddr,
     ports: Vec<Port>,
     load_balancer_ips: Vec<IpAddr>,
@@ -110,6 +114,7 @@ impl Service {
     pub fn new(name: &str, cluster_ip: &str) -> Self {
         Self {
             name: name.to_owned(),
+            namespace: "default".to_owned(),
             cluster_ip: cluster_ip.parse().expect("literal cluster IP"),
             ports: Vec::new(),
             load_balancer_ips: Vec::new(),
@@ -125,7 +130,7 @@ impl Service {
     /// Adds TCP port `port` (named `tcp`) -> echo port.
     pub fn tcp(mut self, port: u16) -> Self {
         self.ports.push(Port {
-            name: "tcp",
+            name: "tcp".to_owned(),
             protocol: "TCP",
             port,
             node_port: None,
@@ -136,11 +141,24 @@ impl Service {
     /// Adds UDP port `port` (named `udp`) -> echo port.
     pub fn udp(mut self, port: u16) -> Self {
         self.ports.push(Port {
-            name: "udp",
+            name: "udp".to_owned(),
             protocol: "UDP",
             port,
             node_port: None,
         });
+        self
+    }
+
+    /// Renames the last added port (in the Service and its EndpointSlice alike). The name
+    /// is written as a quoted YAML scalar, so any text goes.
+    pub fn port_name(mut self, name: &str) -> Self {
+        self.ports.last_mut().expect("port_name after a port").name = name.to_owned();
+        self
+    }
+
+    /// Puts the Service and its EndpointSlice into `namespace` instead of `default`.
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        namespace.clone_into(&mut self.namespace);
         self
     }
 
@@ -259,7 +277,9 @@ impl Service {
         for p in &self.ports {
             spec += &format!(
                 "    - name: {}\n      protocol: {}\n      port: {}\n      targetPort: {DEFAULT_ECHO_PORT}\n",
-                p.name, p.protocol, p.port
+                yaml_string(&p.name),
+                p.protocol,
+                p.port
             );
             if let Some(node_port) = p.node_port {
                 spec += &format!("      nodePort: {node_port}\n");
@@ -289,7 +309,8 @@ impl Service {
             .map(|p| {
                 format!(
                     "  - name: {}\n    protocol: {}\n    port: {DEFAULT_ECHO_PORT}\n",
-                    p.name, p.protocol
+                    yaml_string(&p.name),
+                    p.protocol
                 )
             })
             .collect();
@@ -304,14 +325,20 @@ impl Service {
             format!("endpoints:\n{list}")
         };
         let name = &self.name;
+        let namespace = &self.namespace;
         format!(
-            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\n\
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {namespace}\n\
              spec:\n{spec}{status}---\n\
              apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  \
-             namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\n\
+             namespace: {namespace}\n  labels:\n    kubernetes.io/service-name: {name}\n\
              addressType: {family}\nports:\n{slice_ports}{endpoints}"
         )
     }
+}
+
+/// `text` as a double-quoted YAML scalar (JSON string syntax is valid YAML).
+fn yaml_string(text: &str) -> String {
+    serde_json::to_string(text).expect("a string encodes as JSON")
 }
 
 /// The `nodeName` a pod's endpoints carry.
@@ -341,6 +368,34 @@ pub fn node_yaml(cluster: &Cluster, revision: u32) -> String {
 
 // --- the proxy ----------------------------------------------------------------------------
 
+/// The real `kube-proxy` binary.
+pub const KUBE_PROXY: &str = env!("CARGO_BIN_EXE_kube-proxy");
+
+/// The proxy's flags besides the common ones and the mode's own.
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    /// `--cluster-cidr`; `None` leaves it unset (no ClusterCIDR local detector).
+    pub cluster_cidr: Option<&'static str>,
+    /// Further flags, e.g. `--masquerade-all`.
+    pub extra: Vec<String>,
+}
+
+impl Flags {
+    /// Only `--cluster-cidr=<cidr>`.
+    pub fn cluster_cidr(cidr: &'static str) -> Self {
+        Self {
+            cluster_cidr: Some(cidr),
+            extra: Vec::new(),
+        }
+    }
+
+    /// Adds a flag (`--name=value` or a bare `--name`).
+    pub fn flag(mut self, flag: &str) -> Self {
+        self.extra.push(flag.to_owned());
+        self
+    }
+}
+
 /// The real binary running inside the node namespace; its stderr lines are collected. Killed
 /// on drop (the harness also kills whatever is left in its namespaces).
 #[derive(Debug)]
@@ -348,24 +403,27 @@ pub struct Proxy {
     child: Child,
     lines: mpsc::Receiver<String>,
     log: Arc<Mutex<Vec<String>>>,
+    metrics: SocketAddr,
 }
 
 impl Proxy {
     /// Starts `kube-proxy --manifests DIR --proxy-mode=<mode>` inside the node namespace.
-    pub fn start(mode: Mode, cluster: &Cluster, manifests: &Path, cluster_cidr: &str) -> Self {
+    pub fn start(mode: Mode, cluster: &Cluster, manifests: &Path, flags: &Flags) -> Self {
+        let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
         let mut command = Command::new("ip");
         command
             .args(["netns", "exec", cluster.node_ns()])
-            .arg(env!("CARGO_BIN_EXE_kube-proxy"))
+            .arg(KUBE_PROXY)
             .arg(format!("--manifests={}", manifests.display()))
             .arg(format!("--proxy-mode={}", mode.name()))
             .arg(format!("--hostname-override={THIS_NODE}"))
-            .arg(format!("--cluster-cidr={cluster_cidr}"))
+            .args(flags.cluster_cidr.map(|c| format!("--cluster-cidr={c}")))
             .arg("--conntrack-max-per-core=0")
             .arg(format!("--healthz-bind-address=127.0.0.1:{}", free_port()))
-            .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()))
+            .arg(format!("--metrics-bind-address={metrics}"))
             .arg("-v=2")
             .args(mode.flags())
+            .args(&flags.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -386,7 +444,23 @@ impl Proxy {
                 }
             }
         });
-        Self { child, lines, log }
+        Self {
+            child,
+            lines,
+            log,
+            metrics,
+        }
+    }
+
+    /// The address of the metrics server (inside the node namespace).
+    pub fn metrics_address(&self) -> SocketAddr {
+        self.metrics
+    }
+
+    /// Every line logged so far that `matches` accepts.
+    pub fn logged(&self, matches: impl Fn(&str) -> bool) -> Vec<String> {
+        let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        log.iter().filter(|l| matches(l)).cloned().collect()
     }
 
     /// The last lines the proxy logged.
@@ -470,7 +544,7 @@ pub struct Env {
     // Field order is drop order: the proxy goes first, the namespaces last.
     proxy: Option<Proxy>,
     dir: tempfile::TempDir,
-    cluster_cidr: &'static str,
+    flags: Flags,
     /// The proxy mode under test.
     pub mode: Mode,
     /// The harness's cluster.
@@ -485,11 +559,29 @@ impl Env {
         cluster_cidr: &'static str,
         services: &[Service],
     ) -> Self {
+        Self::start_with(
+            mode,
+            cluster,
+            Flags::cluster_cidr(cluster_cidr),
+            services,
+            &[],
+        )
+    }
+
+    /// Like [`Env::start`] with more flags, and with extra manifest files (name, text)
+    /// written next to the services' (e.g. objects the proxy must skip).
+    pub fn start_with(
+        mode: Mode,
+        cluster: Cluster,
+        flags: Flags,
+        services: &[Service],
+        files: &[(&str, &str)],
+    ) -> Self {
         let dir = tempfile::tempdir().expect("manifests tempdir");
         let mut env = Self {
             proxy: None,
             dir,
-            cluster_cidr,
+            flags,
             mode,
             cluster,
         };
@@ -497,12 +589,15 @@ impl Env {
         for service in services {
             env.write(&format!("{}.yaml", service.name), &service.yaml());
         }
+        for (file, text) in files {
+            env.write(file, text);
+        }
         env.start_proxy();
         env
     }
 
     fn start_proxy(&mut self) {
-        let mut proxy = Proxy::start(self.mode, &self.cluster, self.dir.path(), self.cluster_cidr);
+        let mut proxy = Proxy::start(self.mode, &self.cluster, self.dir.path(), &self.flags);
         proxy.wait_first_sync();
         self.proxy = Some(proxy);
     }
@@ -555,6 +650,46 @@ impl Env {
             "exit status after SIGTERM: {status}; log:\n{tail}"
         );
         self.start_proxy();
+    }
+
+    /// Stops the proxy with SIGTERM, asserting a clean exit; its rules stay behind.
+    pub fn stop_proxy(&mut self) {
+        let proxy = self.proxy.take().expect("the proxy is running");
+        let tail = proxy.tail();
+        let status = proxy.terminate();
+        assert!(
+            status.success(),
+            "exit status after SIGTERM: {status}; log:\n{tail}"
+        );
+    }
+
+    /// Runs `args` in the node namespace and returns its standard output (panics, with the
+    /// error, when it fails).
+    pub fn node_exec(&self, args: &[&str]) -> String {
+        self.cluster
+            .exec(self.cluster.node_ns(), args)
+            .unwrap_or_else(|e| panic!("{args:?} in the node namespace: {e}{}", self.diag()))
+    }
+
+    /// Every line the running proxy logged so far that `matches` accepts.
+    pub fn logged(&self, matches: impl Fn(&str) -> bool) -> Vec<String> {
+        self.proxy
+            .as_ref()
+            .map(|p| p.logged(matches))
+            .unwrap_or_default()
+    }
+
+    /// `GET /metrics` of the running proxy, from inside the node namespace.
+    pub fn metrics(&self) -> String {
+        let proxy = self.proxy.as_ref().expect("the proxy is running");
+        let response = http_get_path(
+            &self.cluster,
+            self.cluster.node(),
+            proxy.metrics_address(),
+            "/metrics",
+        );
+        assert_eq!(response.status, 200, "GET /metrics: {response:?}");
+        response.body
     }
 
     /// What a failing assertion should show: the rules and the proxy's latest log lines.
@@ -707,13 +842,13 @@ pub fn udp_from_port(cluster: &Cluster, from: &Host, dst: SocketAddr, sport: u16
     }
 }
 
-/// One HTTP GET `/` to `addr` from `from`; `None` when the connection failed.
+/// One HTTP GET of a path to `addr` from `from`; `connect-failed` when the connection failed.
 const HTTP_GET: &str = r#"
 use IO::Socket::INET;
-my ($host, $port) = @ARGV;
+my ($host, $port, $path) = @ARGV;
 my $s = IO::Socket::INET->new(PeerAddr => $host, PeerPort => $port, Proto => 'tcp',
     Timeout => 2) or do { print "connect-failed $!\n"; exit 0 };
-print $s "GET / HTTP/1.1\r\nHost: $host\r\nConnection: close\r\n\r\n";
+print $s "GET $path HTTP/1.1\r\nHost: $host\r\nConnection: close\r\n\r\n";
 local $/; my $r = <$s>; print $r;
 "#;
 
@@ -748,6 +883,11 @@ impl HttpResponse {
 /// GETs `http://addr/` from `from`, retrying (bounded) while the port does not accept
 /// connections yet (the proxy opens health-check ports right after a sync).
 pub fn http_get(cluster: &Cluster, from: &Host, addr: SocketAddr) -> HttpResponse {
+    http_get_path(cluster, from, addr, "/")
+}
+
+/// Like [`http_get`], for `path`.
+pub fn http_get_path(cluster: &Cluster, from: &Host, addr: SocketAddr, path: &str) -> HttpResponse {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let out = cluster
@@ -759,6 +899,7 @@ pub fn http_get(cluster: &Cluster, from: &Host, addr: SocketAddr) -> HttpRespons
                     HTTP_GET,
                     &addr.ip().to_string(),
                     &addr.port().to_string(),
+                    path,
                 ],
             )
             .expect("run the HTTP probe (perl)");
@@ -787,4 +928,52 @@ pub fn http_get(cluster: &Cluster, from: &Host, addr: SocketAddr) -> HttpRespons
             body: body.to_owned(),
         };
     }
+}
+
+// --- reading rules and metrics -------------------------------------------------------------
+
+/// The sum of every series of metric `name` (e.g. `kube_proxy_rs_invalid_objects_total`) in a
+/// Prometheus text exposition; `None` when it has no series at all.
+pub fn metric_sum(exposition: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let rest = if let Some(labelled) = rest.strip_prefix('{') {
+                labelled.split_once('}')?.1
+            } else if rest.starts_with(' ') {
+                rest
+            } else {
+                return None;
+            };
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// The `iptables-save` lines (chain declarations and rules) that mention a `KUBE-` chain
+/// other than `allowed` ones.
+pub fn kube_lines<'a>(save: &'a str, allowed: &[&str]) -> Vec<&'a str> {
+    save.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| {
+            line.split(|c: char| c.is_whitespace() || c == ':' || c == '"')
+                .filter(|word| word.starts_with("KUBE-"))
+                .any(|word| !allowed.contains(&word))
+        })
+        .collect()
+}
+
+/// An `iptables-save` dump without its timestamped comments and with counters zeroed, for
+/// comparing dumps taken at different times.
+pub fn normalized_save(save: &str) -> Vec<String> {
+    save.lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| match line.rfind(" [") {
+            Some(at) if line.starts_with(':') => format!("{} [0:0]", &line[..at]),
+            _ => line.to_owned(),
+        })
+        .collect()
 }
