@@ -8,4 +8,5 @@
 //!   `KUBE-SVC-*`, `KUBE-SEP-*`, ...), for `iptables-restore --noflush`.
 
 pub mod iptables;
+pub mod nftables;
 pub mod explain;

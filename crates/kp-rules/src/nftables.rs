@@ -1,0 +1,367 @@
+//! nftables mode: the pure renderer of upstream kube-proxy's nftables layout.
+//!
+//! [`render`] turns the proxy state into one `nft -f -` script: a single atomic transaction
+//! on table `ip kube-proxy` (or `ip6 kube-proxy`) with upstream's object names, so that a node
+//! can move between upstream kube-proxy and this one. Dispatch is O(1): verdict maps keyed by
+//! `address . protocol . port` (and `protocol . port` for NodePorts) jump to per-service
+//! chains, which pick an endpoint with `numgen random mod N vmap`.
+//!
+//! Syncs are incremental, as upstream's are. The renderer is pure, so what is installed is
+//! described by an [`NftState`] that the caller keeps: each [`NftOutput`] carries the state the
+//! kernel holds once its script has been applied, to be passed back (in [`NftScope`]) on the
+//! next call. A failed `nft -f` changes nothing (the transaction is atomic), so after a
+//! failure the caller passes the previous state again.
+//!
+//! - A [`SyncKind::Full`] sync (re)creates the table's fixed part (base chains, helper
+//!   chains, sets and maps), flushes the sets and maps and refills them, and rewrites every
+//!   service chain. Like upstream it never flushes the whole table, so affinity sets keep
+//!   their clients and nothing else in the table is disturbed.
+//! - A [`SyncKind::Partial`] sync rewrites only the chains of the services in
+//!   [`NftScope::changed`] (plus any service whose objects do not match `existing`), and
+//!   updates map elements by difference. An idle partial sync is an empty script. A partial
+//!   sync is promoted to a full one when the fixed part would differ from what `existing`
+//!   records (first sync, new node addresses or service CIDRs, another configuration).
+//! - Chains that are no longer used are flushed in the sync that finds them stale, and deleted
+//!   by a later sync with [`NftScope::delete_stale`] set: kernels before 6.2 keep a chain
+//!   referenced for a moment after the map element pointing to it is removed, so upstream
+//!   waits at least a second. Stale affinity sets are deleted at once, as upstream does.
+//!
+//! ```
+//! use std::collections::BTreeSet;
+//!
+//! use kp_core::backend::SyncKind;
+//! use kp_core::model::IpFamily;
+//! use kp_core::tracker::ProxyState;
+//! use kp_rules::nftables::{NftScope, NftState, RenderConfig, render};
+//!
+//! let state = ProxyState::default();
+//! let installed = NftState::default();
+//! let out = render(&state, IpFamily::V4, &RenderConfig::default(), &NftScope {
+//!     kind: SyncKind::Partial,
+//!     changed: &BTreeSet::new(),
+//!     existing: &installed,
+//!     delete_stale: false,
+//!     service_cidrs: &[],
+//! })?;
+//! assert_eq!(out.kind, SyncKind::Full, "nothing installed yet");
+//! // The backend runs `nft -f -` with `out.script` (if not empty); once that succeeded,
+//! // `out.state` describes the kernel and is the next `existing`.
+//! assert!(out.state.is_initialized());
+//! # Ok::<(), kp_rules::nftables::RenderError>(())
+//! ```
+//!
+//! Text from API objects (namespaces, names, port names) only appears in identifiers, where
+//! characters outside `[A-Za-z0-9_./-]` are replaced (see [`names`]), and inside
+//! `comment "..."` strings, percent-encoded by [`comment`](crate::iptables::comment::sanitize)
+//! and cut to nft's 128-byte limit. A hostile name can therefore not end a string, a
+//! statement or a line.
+//!
+//! Deliberate differences from upstream: no rule drops conntrack-INVALID packets (upstream
+//! removed it from nftables mode, kubernetes#122663, relying on `nf_conntrack_tcp_be_liberal`
+//! instead), so [`RenderConfig::drop_invalid`], `localhost_node_ports` and
+//! `large_cluster_threshold` have no effect here; `random_fully: false` writes a plain
+//! `masquerade`.
+
+pub mod names;
+mod render;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ipnet::IpNet;
+use kp_core::backend::SyncKind;
+use kp_core::model::{ServiceName, ServicePortName};
+
+pub use crate::iptables::{LocalDetector, NodePortAddresses, RenderConfig, RenderError};
+pub use render::render;
+
+/// The table kube-proxy owns in each family (`ip kube-proxy`, `ip6 kube-proxy`).
+pub const TABLE: &str = "kube-proxy";
+
+/// nft limits comments (rules, elements, sets) to 128 bytes.
+pub const MAX_COMMENT_BYTES: usize = 128;
+
+/// A base chain: hooked into netfilter directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BaseChain {
+    /// Chain name.
+    pub name: &'static str,
+    /// `filter` or `nat`.
+    pub kind: &'static str,
+    /// Netfilter hook.
+    pub hook: &'static str,
+    /// Numeric priority (dstnat is -100, filter 0, srcnat 100).
+    pub priority: i32,
+}
+
+/// Upstream's base chains (newest layout). The filter chains that look at service IPs run
+/// before DNAT (`dstnat - 10`), the reject/drop checks at filter priority, where `reject` is
+/// allowed on every kernel.
+pub const BASE_CHAINS: [BaseChain; 8] = [
+    BaseChain {
+        name: "filter-prerouting-pre-dnat",
+        kind: "filter",
+        hook: "prerouting",
+        priority: -110,
+    },
+    BaseChain {
+        name: "filter-output-pre-dnat",
+        kind: "filter",
+        hook: "output",
+        priority: -110,
+    },
+    BaseChain {
+        name: "filter-forward",
+        kind: "filter",
+        hook: "forward",
+        priority: 0,
+    },
+    BaseChain {
+        name: "filter-input",
+        kind: "filter",
+        hook: "input",
+        priority: 0,
+    },
+    BaseChain {
+        name: "filter-output",
+        kind: "filter",
+        hook: "output",
+        priority: 0,
+    },
+    BaseChain {
+        name: "nat-prerouting",
+        kind: "nat",
+        hook: "prerouting",
+        priority: -100,
+    },
+    BaseChain {
+        name: "nat-output",
+        kind: "nat",
+        hook: "output",
+        priority: -100,
+    },
+    BaseChain {
+        name: "nat-postrouting",
+        kind: "nat",
+        hook: "postrouting",
+        priority: 100,
+    },
+];
+
+/// Base chains of older upstream releases (v1.29-v1.32); removed on the first sync so a node
+/// upgraded from those does not run both layouts.
+pub const LEGACY_BASE_CHAINS: [&str; 2] = ["filter-prerouting", "filter-output-post-dnat"];
+
+/// Regular chain of older upstream releases, only reachable from [`LEGACY_BASE_CHAINS`].
+pub const LEGACY_CHAINS: [&str; 1] = ["endpoints-check"];
+
+/// Dispatch for ClusterIPs, externalIPs and LB IPs: `addr . proto . port : verdict`.
+pub const SERVICE_IPS: &str = "service-ips";
+/// Dispatch for NodePorts: `proto . port : verdict`.
+pub const SERVICE_NODEPORTS: &str = "service-nodeports";
+/// Every active ClusterIP, for rejecting unknown ports.
+pub const CLUSTER_IPS: &str = "cluster-ips";
+/// Node addresses accepting NodePorts (restricted `nodePortAddresses` only).
+pub const NODEPORT_IPS: &str = "nodeport-ips";
+/// LB destinations subject to loadBalancerSourceRanges.
+pub const FIREWALL_IPS: &str = "firewall-ips";
+/// Destinations without (usable) endpoints: `drop` or `goto reject-chain`.
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+/// NodePorts without (usable) endpoints.
+pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+/// Helper chain holding the `reject` the no-endpoint maps jump to.
+pub const REJECT_CHAIN: &str = "reject-chain";
+/// Chain setting the masquerade mark.
+pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+
+/// One of the sets or maps whose elements a sync maintains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ElementSet {
+    /// [`CLUSTER_IPS`].
+    ClusterIps,
+    /// [`SERVICE_IPS`].
+    ServiceIps,
+    /// [`SERVICE_NODEPORTS`].
+    ServiceNodePorts,
+    /// [`FIREWALL_IPS`].
+    FirewallIps,
+    /// [`NO_ENDPOINT_SERVICES`].
+    NoEndpointServices,
+    /// [`NO_ENDPOINT_NODEPORTS`].
+    NoEndpointNodePorts,
+}
+
+impl ElementSet {
+    /// Every element set, in the order a full sync flushes them.
+    pub const ALL: [ElementSet; 6] = [
+        ElementSet::ClusterIps,
+        ElementSet::ServiceIps,
+        ElementSet::ServiceNodePorts,
+        ElementSet::FirewallIps,
+        ElementSet::NoEndpointServices,
+        ElementSet::NoEndpointNodePorts,
+    ];
+
+    /// The nft object name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ElementSet::ClusterIps => CLUSTER_IPS,
+            ElementSet::ServiceIps => SERVICE_IPS,
+            ElementSet::ServiceNodePorts => SERVICE_NODEPORTS,
+            ElementSet::FirewallIps => FIREWALL_IPS,
+            ElementSet::NoEndpointServices => NO_ENDPOINT_SERVICES,
+            ElementSet::NoEndpointNodePorts => NO_ENDPOINT_NODEPORTS,
+        }
+    }
+
+    /// `set` or `map`, as the `flush` statement needs it.
+    pub fn object(self) -> &'static str {
+        match self {
+            ElementSet::ClusterIps => "set",
+            _ => "map",
+        }
+    }
+}
+
+/// The data of one set or map element: what a diff compares.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ElementValue {
+    /// The verdict (`goto <chain>`, `drop`); empty for a plain set element.
+    pub verdict: String,
+    /// The element comment, already encoded.
+    pub comment: Option<String>,
+}
+
+/// The per-service objects one service port owns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnedObjects {
+    /// Its chains (`service-`, `local-`, `external-`, `firewall-`, `endpoint-`).
+    pub chains: BTreeSet<String>,
+    /// Its affinity sets, with their timeout in seconds.
+    pub affinity_sets: BTreeMap<String, u64>,
+}
+
+/// What one of our renders left in the kernel, as far as the next render needs to know.
+///
+/// Start from [`NftState::default`] (nothing known: the next sync is full), or from
+/// [`NftState::adopt`] with the per-service objects `nft list table` shows after a restart,
+/// so that leftovers of a previous process get cleaned up.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NftState {
+    /// The fixed part as last written; `None` until a full sync succeeded.
+    setup: Option<String>,
+    /// Per service port: the chains and sets it owns.
+    owned: BTreeMap<ServicePortName, OwnedObjects>,
+    /// Per-service chains found in the kernel that no known service owns.
+    foreign_chains: BTreeSet<String>,
+    /// Affinity sets found in the kernel that no known service owns.
+    foreign_sets: BTreeSet<String>,
+    /// Flushed chains waiting for [`NftScope::delete_stale`].
+    pending_deletions: BTreeSet<String>,
+    /// The elements of every maintained set and map.
+    elements: BTreeMap<ElementSet, BTreeMap<String, ElementValue>>,
+}
+
+impl NftState {
+    /// A state for a table whose content is unknown apart from these object names (as `nft
+    /// list table` prints them). Per-service chains and affinity sets among them (names
+    /// containing `/`) are adopted: the next (full) sync rewrites those still in use and
+    /// flushes, then deletes, the others. Other names are ignored.
+    pub fn adopt(
+        chains: impl IntoIterator<Item = String>,
+        sets: impl IntoIterator<Item = String>,
+    ) -> Self {
+        Self {
+            foreign_chains: chains
+                .into_iter()
+                .filter(|c| names::is_service_object(c))
+                .collect(),
+            foreign_sets: sets
+                .into_iter()
+                .filter(|s| names::is_service_object(s) && s.starts_with(names::AFFINITY_PREFIX))
+                .collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Whether a full sync has set up the table (so a partial sync is possible).
+    pub fn is_initialized(&self) -> bool {
+        self.setup.is_some()
+    }
+
+    /// Flushed chains that a later sync with [`NftScope::delete_stale`] deletes.
+    pub fn pending_deletions(&self) -> &BTreeSet<String> {
+        &self.pending_deletions
+    }
+
+    /// Every per-service chain in the table: those in use and those pending deletion.
+    pub fn chains(&self) -> BTreeSet<&str> {
+        self.owned
+            .values()
+            .flat_map(|o| o.chains.iter())
+            .chain(&self.foreign_chains)
+            .chain(&self.pending_deletions)
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Every affinity set in the table.
+    pub fn affinity_sets(&self) -> BTreeSet<&str> {
+        self.owned
+            .values()
+            .flat_map(|o| o.affinity_sets.keys())
+            .chain(&self.foreign_sets)
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// The objects one service port owns.
+    pub fn owned(&self, name: &ServicePortName) -> Option<&OwnedObjects> {
+        self.owned.get(name)
+    }
+
+    /// The elements of one set or map, keyed by their nft key text.
+    pub fn elements(&self, set: ElementSet) -> Option<&BTreeMap<String, ElementValue>> {
+        self.elements.get(&set)
+    }
+}
+
+/// What one sync covers.
+#[derive(Clone, Copy, Debug)]
+pub struct NftScope<'a> {
+    /// Full: rewrite everything. Partial: only what changed (promoted to full when needed).
+    pub kind: SyncKind,
+    /// Services whose Service or EndpointSlices changed since the last successful sync.
+    pub changed: &'a BTreeSet<ServiceName>,
+    /// What is installed now: the previous [`NftOutput::state`] after a successful apply (or
+    /// the one before it after a failed apply).
+    pub existing: &'a NftState,
+    /// Delete the chains in [`NftState::pending_deletions`] (those not needed again). Upstream
+    /// does so once they were flushed at least a second ago.
+    pub delete_stale: bool,
+    /// The service CIDRs (from ServiceCIDR objects or `--service-cluster-ip-range`); those of
+    /// this family get the "drop traffic to unallocated ClusterIPs" rule. May be empty.
+    pub service_cidrs: &'a [IpNet],
+}
+
+/// The rendered transaction and its bookkeeping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftOutput {
+    /// Input for `nft -f -`: one transaction. Empty when there is nothing to do.
+    pub script: String,
+    /// The kind of sync actually rendered (a partial one may have been promoted).
+    pub kind: SyncKind,
+    /// Statements in `script` (upstream's "operations" per transaction).
+    pub operations: usize,
+    /// Service ports whose chains `script` rewrites.
+    pub services_written: usize,
+    /// Chains found stale and flushed by `script` (now pending deletion).
+    pub flushed_stale: BTreeSet<String>,
+    /// Chains `script` deletes (pending ones, with [`NftScope::delete_stale`]).
+    pub deleted_chains: BTreeSet<String>,
+    /// Affinity sets `script` deletes (stale, or re-created with a new timeout).
+    pub deleted_sets: BTreeSet<String>,
+    /// The installed state once `script` is applied: the next [`NftScope::existing`].
+    pub state: NftState,
+}

@@ -1,0 +1,982 @@
+//! The transaction for one sync, following upstream's nftables `syncProxyRules`.
+//!
+//! Statement order inside the transaction matters, because the kernel checks references as
+//! it goes: the fixed part first; then stale chains are flushed and the chains of rewritten
+//! services created (or emptied); only then can affinity sets those chains referenced be
+//! deleted; then sets and rules are added, then map elements (which may point at the new
+//! chains); deletion of long-stale chains comes last, after every rule that could still
+//! reference them has been rewritten.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_core::backend::SyncKind;
+use kp_core::model::{Endpoint, IpFamily, NodeInfo, ServicePort, ServicePortName};
+use kp_core::topology::categorize;
+use kp_core::tracker::ProxyState;
+
+use super::names::{EndpointNames, ServiceChains};
+use super::{
+    BASE_CHAINS, CLUSTER_IPS, ElementSet, ElementValue, FIREWALL_IPS, LEGACY_BASE_CHAINS,
+    LEGACY_CHAINS, LocalDetector, MARK_FOR_MASQUERADE, MAX_COMMENT_BYTES, NO_ENDPOINT_NODEPORTS,
+    NO_ENDPOINT_SERVICES, NODEPORT_IPS, NftOutput, NftScope, NftState, NodePortAddresses,
+    OwnedObjects, REJECT_CHAIN, RenderConfig, RenderError, SERVICE_IPS, SERVICE_NODEPORTS, TABLE,
+};
+use crate::iptables::comment::sanitize;
+
+/// The API server caps affinity timeouts at one day; clamping keeps the set valid even if a
+/// bad value slips through.
+const MAX_AFFINITY_SECONDS: u64 = 86_400;
+/// nft rejects a zero timeout; the API minimum is 1 s.
+const MIN_AFFINITY_SECONDS: u64 = 1;
+
+/// Fixed chains (besides the base chains) and the rules jumping to them.
+const SERVICES: &str = "services";
+const MASQUERADING: &str = "masquerading";
+const FIREWALL_CHECK: &str = "firewall-check";
+const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
+const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+
+/// Family-specific spellings.
+struct Family {
+    /// `ip` or `ip6`: the table family and the address match keyword.
+    ip: &'static str,
+    /// `ipv4_addr` or `ipv6_addr`.
+    addr_type: &'static str,
+    /// Loopback destinations never accept NodePorts.
+    loopback: &'static str,
+    /// `ip kube-proxy` or `ip6 kube-proxy`.
+    table: String,
+}
+
+impl Family {
+    fn new(family: IpFamily) -> Self {
+        let (ip, addr_type, loopback) = match family {
+            IpFamily::V4 => ("ip", "ipv4_addr", "127.0.0.0/8"),
+            IpFamily::V6 => ("ip6", "ipv6_addr", "::1"),
+        };
+        Self {
+            ip,
+            addr_type,
+            loopback,
+            table: format!("{ip} {TABLE}"),
+        }
+    }
+}
+
+/// The local-traffic detector as nft matches.
+struct Detector {
+    if_local: String,
+    if_not_local: String,
+}
+
+impl Detector {
+    /// `config` must have been validated (one CIDR per family at most, sane interface names,
+    /// which therefore need no escaping inside quotes).
+    fn new(config: &RenderConfig, family: IpFamily, ip: &str) -> Option<Self> {
+        let (if_local, if_not_local) = match &config.local_detector {
+            LocalDetector::None => return None,
+            LocalDetector::Cidrs(cidrs) => {
+                let cidr = cidrs
+                    .iter()
+                    .find(|c| IpFamily::of_net(c) == family)?
+                    .trunc();
+                (
+                    format!("{ip} saddr {cidr}"),
+                    format!("{ip} saddr != {cidr}"),
+                )
+            }
+            LocalDetector::BridgeInterface(name) => (
+                format!("iifname \"{name}\""),
+                format!("iifname != \"{name}\""),
+            ),
+            LocalDetector::InterfaceNamePrefix(prefix) => (
+                format!("iifname \"{prefix}*\""),
+                format!("iifname != \"{prefix}*\""),
+            ),
+        };
+        Some(Self {
+            if_local,
+            if_not_local,
+        })
+    }
+}
+
+/// `comment "<text>"`: percent-encoded (no quote, backslash or control character survives)
+/// and cut to nft's limit without splitting an escape.
+fn comment(text: &str) -> String {
+    format!("comment \"{}\"", comment_text(text))
+}
+
+fn comment_text(text: &str) -> String {
+    let mut encoded = sanitize(text);
+    if encoded.len() > MAX_COMMENT_BYTES {
+        let mut cut = MAX_COMMENT_BYTES;
+        // Escapes are `%XX` and `%` never appears literally.
+        if let Some(pos) = encoded[..cut].rfind('%')
+            && pos + 3 > cut
+        {
+            cut = pos;
+        }
+        encoded.truncate(cut);
+    }
+    encoded
+}
+
+/// An address as an nft set element or match: bare for a single host.
+fn net_text(net: &IpNet) -> String {
+    if net.prefix_len() == net.max_prefix_len() {
+        net.addr().to_string()
+    } else {
+        net.to_string()
+    }
+}
+
+/// `IP:port`, bracketed for IPv6, as `dnat to` wants it.
+fn socket_text(ip: IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("{v4}:{port}"),
+        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    }
+}
+
+/// The statements of one transaction.
+struct Tx<'a> {
+    table: &'a str,
+    text: String,
+    ops: usize,
+}
+
+impl Tx<'_> {
+    fn stmt(&mut self, verb: &str, what: std::fmt::Arguments<'_>) {
+        let _ = writeln!(self.text, "{verb} {} {}", self.table, what);
+        self.ops += 1;
+    }
+
+    fn add_chain(&mut self, name: &str) {
+        self.stmt("add chain", format_args!("{name}"));
+    }
+
+    fn flush_chain(&mut self, name: &str) {
+        self.stmt("flush chain", format_args!("{name}"));
+    }
+
+    fn delete_chain(&mut self, name: &str) {
+        self.stmt("delete chain", format_args!("{name}"));
+    }
+
+    fn add_rule(&mut self, chain: &str, rule: &str) {
+        self.stmt("add rule", format_args!("{chain} {rule}"));
+    }
+
+    fn add_element(&mut self, set: ElementSet, key: &str, value: &ElementValue) {
+        let comment = value
+            .comment
+            .as_deref()
+            .map(|c| format!(" comment \"{c}\""))
+            .unwrap_or_default();
+        let verdict = if value.verdict.is_empty() {
+            String::new()
+        } else {
+            format!(" : {}", value.verdict)
+        };
+        self.stmt(
+            "add element",
+            format_args!("{} {{ {key}{comment}{verdict} }}", set.name()),
+        );
+    }
+
+    fn delete_element(&mut self, set: ElementSet, key: &str) {
+        self.stmt("delete element", format_args!("{} {{ {key} }}", set.name()));
+    }
+}
+
+/// Settings shared by every service of one render.
+struct Context<'a> {
+    family: IpFamily,
+    fam: Family,
+    config: &'a RenderConfig,
+    detector: Option<Detector>,
+    node: &'a NodeInfo,
+    node_ips: Vec<IpAddr>,
+}
+
+/// Everything one service port puts in the table.
+struct ServicePlan<'a> {
+    name: &'a ServicePortName,
+    /// Its chains with their rules, in writing order.
+    chains: Vec<(String, Vec<String>)>,
+    /// Its affinity sets and their timeouts.
+    affinity_sets: BTreeMap<String, u64>,
+    /// Its set and map elements.
+    elements: Vec<(ElementSet, String, ElementValue)>,
+}
+
+impl ServicePlan<'_> {
+    fn owned(&self) -> OwnedObjects {
+        OwnedObjects {
+            chains: self.chains.iter().map(|(c, _)| c.clone()).collect(),
+            affinity_sets: self.affinity_sets.clone(),
+        }
+    }
+}
+
+/// A service port as one family's proxier sees it, with its ClusterIP of that family. A zero
+/// port number means "none", as in the API.
+fn for_family(svc: &ServicePort, family: IpFamily) -> Option<(IpAddr, ServicePort)> {
+    let mut port = svc.for_family(family)?;
+    let cluster_ip = port.cluster_ips.first().copied()?;
+    port.node_port = port.node_port.filter(|p| *p != 0);
+    Some((cluster_ip, port))
+}
+
+/// The endpoints of `family`, borrowed when none need filtering out.
+fn family_endpoints(endpoints: &[Endpoint], family: IpFamily) -> Cow<'_, [Endpoint]> {
+    if endpoints.iter().all(|ep| IpFamily::of(&ep.ip) == family) {
+        Cow::Borrowed(endpoints)
+    } else {
+        Cow::Owned(
+            endpoints
+                .iter()
+                .filter(|ep| IpFamily::of(&ep.ip) == family)
+                .cloned()
+                .collect(),
+        )
+    }
+}
+
+/// Endpoints in the given order, each `ip:port` once (a duplicate would be a second chain of
+/// the same name).
+fn dedup_endpoints<'e>(eps: &[&'e Endpoint]) -> Vec<&'e Endpoint> {
+    let mut seen = BTreeSet::new();
+    eps.iter()
+        .copied()
+        .filter(|ep| seen.insert((ep.ip, ep.port)))
+        .collect()
+}
+
+/// Render the transaction for `family`. See the [module docs](super) for what full and
+/// partial syncs write.
+pub fn render(
+    state: &ProxyState,
+    family: IpFamily,
+    config: &RenderConfig,
+    scope: &NftScope<'_>,
+) -> Result<NftOutput, RenderError> {
+    config.validate()?;
+    let mark = config.masquerade_mark()?;
+    let fam = Family::new(family);
+    let ctx = Context {
+        family,
+        detector: Detector::new(config, family, fam.ip),
+        fam,
+        config,
+        node: &state.node,
+        node_ips: state
+            .node
+            .addresses
+            .iter()
+            .copied()
+            .filter(|ip| IpFamily::of(ip) == family)
+            .collect(),
+    };
+    let existing = scope.existing;
+
+    let setup = setup_text(&ctx, mark, scope.service_cidrs);
+    let full = scope.kind == SyncKind::Full || existing.setup.as_deref() != Some(setup.as_str());
+
+    let plans: Vec<ServicePlan<'_>> = state
+        .services
+        .iter()
+        .filter_map(|(name, svc)| {
+            let (cluster_ip, port) = for_family(svc, family)?;
+            let all = state.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[]);
+            let endpoints = family_endpoints(all, family);
+            Some(plan_service(&ctx, name, cluster_ip, &port, &endpoints))
+        })
+        .collect();
+
+    // What the table should hold. The first service claiming an element key keeps it (two
+    // different values for one key would fail the transaction).
+    let mut desired_elements: BTreeMap<ElementSet, BTreeMap<String, ElementValue>> =
+        ElementSet::ALL
+            .iter()
+            .map(|s| (*s, BTreeMap::new()))
+            .collect();
+    let mut desired_chains: BTreeSet<&str> = BTreeSet::new();
+    let mut desired_sets: BTreeMap<&str, u64> = BTreeMap::new();
+    for plan in &plans {
+        for (set, key, value) in &plan.elements {
+            desired_elements
+                .entry(*set)
+                .or_default()
+                .entry(key.clone())
+                .or_insert_with(|| value.clone());
+        }
+        desired_chains.extend(plan.chains.iter().map(|(c, _)| c.as_str()));
+        desired_sets.extend(plan.affinity_sets.iter().map(|(s, t)| (s.as_str(), *t)));
+    }
+
+    // Which services get their chains rewritten: all of them on a full sync; otherwise the
+    // changed ones, and any whose objects differ from what is installed (so a caller that
+    // missed a change cannot leave a rule pointing at a missing chain).
+    let dirty: Vec<bool> = plans
+        .iter()
+        .map(|plan| {
+            full || scope.changed.contains(&plan.name.service)
+                || existing.owned.get(plan.name) != Some(&plan.owned())
+                || plan
+                    .chains
+                    .iter()
+                    .any(|(c, _)| existing.pending_deletions.contains(c))
+        })
+        .collect();
+
+    let stale_chains: BTreeSet<String> = existing
+        .owned
+        .values()
+        .flat_map(|o| o.chains.iter())
+        .chain(&existing.foreign_chains)
+        .filter(|c| !desired_chains.contains(c.as_str()))
+        .cloned()
+        .collect();
+    // Sets to delete: unused ones, and those whose timeout changes (or is unknown), since
+    // older kernels cannot change a set's timeout in place.
+    let mut deleted_sets: BTreeSet<String> = existing
+        .owned
+        .values()
+        .flat_map(|o| o.affinity_sets.iter())
+        .filter(|(set, timeout)| desired_sets.get(set.as_str()) != Some(*timeout))
+        .map(|(set, _)| set.clone())
+        .collect();
+    deleted_sets.extend(existing.foreign_sets.iter().cloned());
+    let deleted_chains: BTreeSet<String> = if scope.delete_stale {
+        existing
+            .pending_deletions
+            .iter()
+            .filter(|c| !desired_chains.contains(c.as_str()))
+            .cloned()
+            .collect()
+    } else {
+        BTreeSet::new()
+    };
+
+    let mut tx = Tx {
+        table: &ctx.fam.table,
+        text: String::new(),
+        ops: 0,
+    };
+    if full {
+        tx.stmt(
+            "add table",
+            format_args!("{{ {} ; }}", comment("rules for kube-proxy")),
+        );
+        if !existing.is_initialized() {
+            // Re-create the base chains once, so that a changed priority (or an older
+            // layout's chain) does not make `add chain` fail.
+            for name in BASE_CHAINS
+                .iter()
+                .map(|c| c.name)
+                .chain(LEGACY_BASE_CHAINS)
+                .chain(LEGACY_CHAINS)
+            {
+                tx.add_chain(name);
+                tx.delete_chain(name);
+            }
+        }
+        tx.text.push_str(&setup);
+        tx.ops += setup.lines().count();
+    }
+
+    for chain in &stale_chains {
+        tx.flush_chain(chain);
+    }
+    for (plan, _) in plans.iter().zip(&dirty).filter(|(_, d)| **d) {
+        for (chain, _) in &plan.chains {
+            tx.add_chain(chain);
+            tx.flush_chain(chain);
+        }
+    }
+    for set in &deleted_sets {
+        tx.stmt("delete set", format_args!("{set}"));
+    }
+    let mut services_written = 0;
+    for (plan, _) in plans.iter().zip(&dirty).filter(|(_, d)| **d) {
+        services_written += 1;
+        for (set, timeout) in &plan.affinity_sets {
+            tx.stmt(
+                "add set",
+                format_args!(
+                    "{set} {{ type {} ; flags dynamic,timeout ; timeout {timeout}s ; }}",
+                    ctx.fam.addr_type
+                ),
+            );
+        }
+        for (chain, rules) in &plan.chains {
+            for rule in rules {
+                tx.add_rule(chain, rule);
+            }
+        }
+    }
+
+    for (set, desired) in &desired_elements {
+        let installed = existing.elements.get(set).filter(|_| !full);
+        if let Some(installed) = installed {
+            for (key, value) in installed {
+                if desired.get(key) != Some(value) {
+                    tx.delete_element(*set, key);
+                }
+            }
+        }
+        for (key, value) in desired {
+            if installed.and_then(|i| i.get(key)) != Some(value) {
+                tx.add_element(*set, key, value);
+            }
+        }
+    }
+
+    for chain in &deleted_chains {
+        tx.delete_chain(chain);
+    }
+
+    let mut pending: BTreeSet<String> = existing
+        .pending_deletions
+        .iter()
+        .filter(|c| !desired_chains.contains(c.as_str()) && !deleted_chains.contains(*c))
+        .cloned()
+        .collect();
+    pending.extend(stale_chains.iter().cloned());
+
+    let new_state = NftState {
+        setup: Some(setup),
+        owned: plans
+            .iter()
+            .map(|plan| (plan.name.clone(), plan.owned()))
+            .collect(),
+        foreign_chains: BTreeSet::new(),
+        foreign_sets: BTreeSet::new(),
+        pending_deletions: pending,
+        elements: desired_elements,
+    };
+    Ok(NftOutput {
+        operations: tx.ops,
+        script: tx.text,
+        kind: if full {
+            SyncKind::Full
+        } else {
+            SyncKind::Partial
+        },
+        services_written,
+        flushed_stale: stale_chains,
+        deleted_chains,
+        deleted_sets,
+        state: new_state,
+    })
+}
+
+/// The fixed part of the table: base chains, helper chains, sets and maps (flushed), and
+/// their rules. Written on every full sync; a partial sync is only possible while it is
+/// unchanged, so its text doubles as the fingerprint of the installed layout.
+fn setup_text(ctx: &Context<'_>, mark: u32, service_cidrs: &[IpNet]) -> String {
+    let table = &ctx.fam.table;
+    let ip = ctx.fam.ip;
+    let addr = ctx.fam.addr_type;
+    let mut out = String::new();
+    let mut stmt = |text: std::fmt::Arguments<'_>| {
+        let _ = writeln!(out, "{text}");
+    };
+
+    for chain in &BASE_CHAINS {
+        stmt(format_args!(
+            "add chain {table} {} {{ type {} hook {} priority {} ; }}",
+            chain.name, chain.kind, chain.hook, chain.priority
+        ));
+        stmt(format_args!("flush chain {table} {}", chain.name));
+    }
+    for chain in [
+        CLUSTER_IPS_CHECK,
+        FIREWALL_CHECK,
+        MARK_FOR_MASQUERADE,
+        MASQUERADING,
+        NODEPORT_ENDPOINTS_CHECK,
+        SERVICES,
+        SERVICE_ENDPOINTS_CHECK,
+    ] {
+        stmt(format_args!("add chain {table} {chain}"));
+        stmt(format_args!("flush chain {table} {chain}"));
+    }
+    stmt(format_args!(
+        "add chain {table} {REJECT_CHAIN} {{ {} ; }}",
+        comment("helper for @no-endpoint-services / @no-endpoint-nodeports")
+    ));
+    stmt(format_args!("flush chain {table} {REJECT_CHAIN}"));
+
+    let ip_port = format!("{addr} . inet_proto . inet_service : verdict");
+    let port_only = "inet_proto . inet_service : verdict";
+    for (kind, name, spec, text) in [
+        ("set", CLUSTER_IPS, addr, "Active ClusterIPs"),
+        (
+            "map",
+            FIREWALL_IPS,
+            ip_port.as_str(),
+            "destinations that are subject to LoadBalancerSourceRanges",
+        ),
+        (
+            "map",
+            NO_ENDPOINT_NODEPORTS,
+            port_only,
+            "vmap to drop or reject packets to service nodeports with no endpoints",
+        ),
+        (
+            "map",
+            NO_ENDPOINT_SERVICES,
+            ip_port.as_str(),
+            "vmap to drop or reject packets to services with no endpoints",
+        ),
+        (
+            "map",
+            SERVICE_IPS,
+            ip_port.as_str(),
+            "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ),
+        ("map", SERVICE_NODEPORTS, port_only, "NodePort traffic"),
+    ] {
+        stmt(format_args!(
+            "add {kind} {table} {name} {{ type {spec} ; {} ; }}",
+            comment(text)
+        ));
+    }
+    for set in ElementSet::ALL {
+        stmt(format_args!(
+            "flush {} {table} {}",
+            set.object(),
+            set.name()
+        ));
+    }
+    stmt(format_args!(
+        "add set {table} {NODEPORT_IPS} {{ type {addr} ; {} ; }}",
+        comment("IPs that accept NodePort traffic")
+    ));
+    // Which destinations accept NodePorts: the listed node addresses, or every local address
+    // but loopback (nftables mode never supports localhost NodePorts).
+    let nodeport_match = match &ctx.config.node_port_addresses {
+        NodePortAddresses::All => {
+            // Ensure the set is gone: `add` first so the `delete` cannot fail.
+            stmt(format_args!("delete set {table} {NODEPORT_IPS}"));
+            None
+        }
+        NodePortAddresses::Ips(ips) => {
+            stmt(format_args!("flush set {table} {NODEPORT_IPS}"));
+            let ips: BTreeSet<IpAddr> = ips
+                .iter()
+                .copied()
+                .filter(|ip| IpFamily::of(ip) == ctx.family && !ip.is_loopback())
+                .collect();
+            for node_ip in ips {
+                stmt(format_args!(
+                    "add element {table} {NODEPORT_IPS} {{ {node_ip} }}"
+                ));
+            }
+            Some(format!("{ip} daddr @{NODEPORT_IPS}"))
+        }
+    };
+
+    let mut rule = |chain: &str, text: std::fmt::Arguments<'_>| {
+        stmt(format_args!("add rule {table} {chain} {text}"));
+    };
+    for chain in ["filter-prerouting-pre-dnat", "filter-output-pre-dnat"] {
+        rule(chain, format_args!("ct state new jump {FIREWALL_CHECK}"));
+    }
+    for chain in ["filter-forward", "filter-output"] {
+        rule(
+            chain,
+            format_args!("ct state new jump {SERVICE_ENDPOINTS_CHECK}"),
+        );
+        rule(chain, format_args!("ct state new jump {CLUSTER_IPS_CHECK}"));
+    }
+    rule(
+        "filter-input",
+        format_args!("ct state new jump {NODEPORT_ENDPOINTS_CHECK}"),
+    );
+    rule(
+        "filter-input",
+        format_args!("ct state new jump {SERVICE_ENDPOINTS_CHECK}"),
+    );
+    for chain in ["nat-prerouting", "nat-output"] {
+        rule(chain, format_args!("jump {SERVICES}"));
+    }
+    rule("nat-postrouting", format_args!("jump {MASQUERADING}"));
+
+    rule(
+        CLUSTER_IPS_CHECK,
+        format_args!(
+            "{ip} daddr @{CLUSTER_IPS} reject {}",
+            comment("Reject traffic to invalid ports of ClusterIPs")
+        ),
+    );
+    let cidrs: Vec<IpNet> = service_cidrs
+        .iter()
+        .filter(|c| IpFamily::of_net(c) == ctx.family)
+        .map(IpNet::trunc)
+        .collect();
+    let cidrs = IpNet::aggregate(&cidrs);
+    if !cidrs.is_empty() {
+        let list: Vec<String> = cidrs.iter().map(net_text).collect();
+        rule(
+            CLUSTER_IPS_CHECK,
+            format_args!(
+                "{ip} daddr {{ {} }} drop {}",
+                list.join(", "),
+                comment("Drop traffic to unallocated ClusterIPs")
+            ),
+        );
+    }
+    rule(
+        FIREWALL_CHECK,
+        format_args!("{ip} daddr . meta l4proto . th dport vmap @{FIREWALL_IPS}"),
+    );
+    rule(
+        MARK_FOR_MASQUERADE,
+        format_args!("mark set mark or {mark:#x}"),
+    );
+    rule(MASQUERADING, format_args!("mark and {mark:#x} == 0 return"));
+    rule(MASQUERADING, format_args!("mark set mark xor {mark:#x}"));
+    if ctx.config.random_fully {
+        rule(MASQUERADING, format_args!("masquerade fully-random"));
+    } else {
+        rule(MASQUERADING, format_args!("masquerade"));
+    }
+    let loopback = ctx.fam.loopback;
+    match &nodeport_match {
+        Some(matched) => rule(
+            NODEPORT_ENDPOINTS_CHECK,
+            format_args!("{matched} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"),
+        ),
+        // Only reached from filter-input, so the destination is local already.
+        None => rule(
+            NODEPORT_ENDPOINTS_CHECK,
+            format_args!(
+                "{ip} daddr != {loopback} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"
+            ),
+        ),
+    }
+    rule(REJECT_CHAIN, format_args!("reject"));
+    rule(
+        SERVICES,
+        format_args!("{ip} daddr . meta l4proto . th dport vmap @{SERVICE_IPS}"),
+    );
+    match &nodeport_match {
+        Some(matched) => rule(
+            SERVICES,
+            format_args!("{matched} meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"),
+        ),
+        None => rule(
+            SERVICES,
+            format_args!(
+                "fib daddr type local {ip} daddr != {loopback} meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"
+            ),
+        ),
+    }
+    rule(
+        SERVICE_ENDPOINTS_CHECK,
+        format_args!("{ip} daddr . meta l4proto . th dport vmap @{NO_ENDPOINT_SERVICES}"),
+    );
+    out
+}
+
+/// Everything for one service port: its chains and their rules, its affinity sets, and its
+/// map elements.
+fn plan_service<'a>(
+    ctx: &Context<'_>,
+    name: &'a ServicePortName,
+    cluster_ip: IpAddr,
+    svc: &ServicePort,
+    endpoints: &[Endpoint],
+) -> ServicePlan<'a> {
+    let ip = ctx.fam.ip;
+    let cat = categorize(svc, endpoints, ctx.node);
+    let display = name.to_string();
+    let proto = name.protocol.as_str();
+    let chains = ServiceChains::new(name);
+
+    // Chains only exist when something points at them, and nothing points at a chain that
+    // does not exist: every flag below derives from the endpoint lists actually written.
+    let uses_cluster_chain = svc.uses_cluster_endpoints() && !cat.cluster.is_empty();
+    let uses_local_chain = svc.uses_local_endpoints() && !cat.local.is_empty();
+    let has_endpoints = cat.has_any_endpoints;
+    let policy = |local: bool| {
+        if local {
+            (&chains.local, has_endpoints && uses_local_chain)
+        } else {
+            (&chains.service, has_endpoints && uses_cluster_chain)
+        }
+    };
+    let (internal_chain, has_internal) = policy(svc.internal_policy_local);
+    let external_local = svc.external_policy_local && svc.externally_accessible();
+    let (external_policy_chain, has_external) = policy(external_local);
+    let uses_external_chain = has_endpoints && svc.externally_accessible();
+    // As upstream, the source-range filter applies whether or not there are endpoints.
+    let uses_firewall_chain =
+        !svc.load_balancer_ips.is_empty() && !svc.load_balancer_source_ranges.is_empty();
+
+    let reject = format!("goto {REJECT_CHAIN}");
+    let (internal_filter, external_filter) = if !has_endpoints {
+        (Some(reject.as_str()), Some(reject.as_str()))
+    } else {
+        (
+            (!has_internal).then_some("drop"),
+            (!has_external).then_some("drop"),
+        )
+    };
+
+    let mut elements: Vec<(ElementSet, String, ElementValue)> = Vec::new();
+    let mut element = |set: ElementSet, key: String, verdict: &str, with_comment: bool| {
+        elements.push((
+            set,
+            key,
+            ElementValue {
+                verdict: verdict.to_owned(),
+                comment: with_comment.then(|| comment_text(&display)),
+            },
+        ));
+    };
+    let key = |addr: IpAddr| format!("{addr} . {proto} . {}", svc.port);
+    let goto_external = format!("goto {}", chains.external);
+
+    element(ElementSet::ClusterIps, cluster_ip.to_string(), "", false);
+    match internal_filter {
+        None => element(
+            ElementSet::ServiceIps,
+            key(cluster_ip),
+            &format!("goto {internal_chain}"),
+            false,
+        ),
+        Some(verdict) => element(
+            ElementSet::NoEndpointServices,
+            key(cluster_ip),
+            verdict,
+            true,
+        ),
+    }
+    for external_ip in &svc.external_ips {
+        if uses_external_chain {
+            element(
+                ElementSet::ServiceIps,
+                key(*external_ip),
+                &goto_external,
+                false,
+            );
+        }
+        if let Some(verdict) = external_filter {
+            element(
+                ElementSet::NoEndpointServices,
+                key(*external_ip),
+                verdict,
+                true,
+            );
+        }
+    }
+    for lb_ip in &svc.load_balancer_ips {
+        if uses_external_chain {
+            element(ElementSet::ServiceIps, key(*lb_ip), &goto_external, false);
+        }
+        if uses_firewall_chain {
+            element(
+                ElementSet::FirewallIps,
+                key(*lb_ip),
+                &format!("goto {}", chains.firewall),
+                true,
+            );
+        }
+        if let Some(verdict) = external_filter {
+            element(ElementSet::NoEndpointServices, key(*lb_ip), verdict, true);
+        }
+    }
+    // NodePorts are not subject to loadBalancerSourceRanges, as upstream.
+    if let Some(node_port) = svc.node_port {
+        let key = format!("{proto} . {node_port}");
+        if uses_external_chain {
+            element(
+                ElementSet::ServiceNodePorts,
+                key.clone(),
+                &goto_external,
+                false,
+            );
+        }
+        if let Some(verdict) = external_filter {
+            element(ElementSet::NoEndpointNodePorts, key, verdict, true);
+        }
+    }
+
+    let affinity = svc.session_affinity.map(|a| {
+        a.timeout
+            .as_secs()
+            .clamp(MIN_AFFINITY_SECONDS, MAX_AFFINITY_SECONDS)
+    });
+    // Endpoint chains: every endpoint reachable from here, and (belt and braces, as they
+    // are part of it) every endpoint a policy chain written below points at.
+    let mut reachable: Vec<&Endpoint> = cat.all_reachable.clone();
+    if uses_cluster_chain {
+        reachable.extend(&cat.cluster);
+    }
+    if uses_local_chain {
+        reachable.extend(&cat.local);
+    }
+    let reachable = dedup_endpoints(&reachable);
+    let endpoint_names: BTreeMap<(IpAddr, u16), EndpointNames> = reachable
+        .iter()
+        .map(|ep| ((ep.ip, ep.port), EndpointNames::new(name, ep.ip, ep.port)))
+        .collect();
+    let names_of = |ep: &Endpoint| -> Cow<'_, EndpointNames> {
+        match endpoint_names.get(&(ep.ip, ep.port)) {
+            Some(names) => Cow::Borrowed(names),
+            None => Cow::Owned(EndpointNames::new(name, ep.ip, ep.port)),
+        }
+    };
+
+    let mut plan_chains: Vec<(String, Vec<String>)> = Vec::new();
+    // Masquerade ClusterIP traffic that does not come from a local pod (all of it with
+    // masqueradeAll); without a detector pod traffic cannot be told apart, so none is.
+    let internal_masquerade = if !has_internal {
+        None
+    } else if ctx.config.masquerade_all {
+        Some(format!(
+            "{ip} daddr {cluster_ip} jump {MARK_FOR_MASQUERADE}"
+        ))
+    } else {
+        ctx.detector.as_ref().map(|d| {
+            format!(
+                "{ip} daddr {cluster_ip} {} jump {MARK_FOR_MASQUERADE}",
+                d.if_not_local
+            )
+        })
+    };
+    let balance = |chain: &String, eps: &[&Endpoint]| -> (String, Vec<String>) {
+        let mut rules = Vec::new();
+        if chain == internal_chain
+            && let Some(masquerade) = &internal_masquerade
+        {
+            rules.push(masquerade.clone());
+        }
+        let targets = dedup_endpoints(eps);
+        if affinity.is_some() {
+            for ep in &targets {
+                let names = names_of(ep);
+                rules.push(format!(
+                    "{ip} saddr @{} goto {}",
+                    names.affinity_set, names.chain
+                ));
+            }
+        }
+        let arms: Vec<String> = targets
+            .iter()
+            .enumerate()
+            .map(|(i, ep)| format!("{i} : goto {}", names_of(ep).chain))
+            .collect();
+        rules.push(format!(
+            "numgen random mod {} vmap {{ {} }}",
+            targets.len(),
+            arms.join(" , ")
+        ));
+        (chain.clone(), rules)
+    };
+    if uses_cluster_chain {
+        plan_chains.push(balance(&chains.service, &cat.cluster));
+    }
+    if uses_local_chain {
+        plan_chains.push(balance(&chains.local, &cat.local));
+    }
+
+    if uses_external_chain {
+        let mut rules = Vec::new();
+        if !external_local {
+            // Endpoints may be on other nodes: masquerade so replies come back through us.
+            rules.push(format!("jump {MARK_FOR_MASQUERADE}"));
+        } else if uses_cluster_chain {
+            let service = &chains.service;
+            if let Some(detector) = &ctx.detector {
+                // Pods reaching an external IP get any endpoint, unmasqueraded, as if the
+                // traffic had gone out to the load balancer and come back.
+                rules.push(format!(
+                    "{} goto {service} {}",
+                    detector.if_local,
+                    comment("short-circuit pod traffic")
+                ));
+            }
+            // The node itself: its source address would not route back from another node.
+            rules.push(format!(
+                "fib saddr type local jump {MARK_FOR_MASQUERADE} {}",
+                comment("masquerade local traffic")
+            ));
+            rules.push(format!(
+                "fib saddr type local goto {service} {}",
+                comment("short-circuit local traffic")
+            ));
+        }
+        if has_external {
+            rules.push(format!("goto {external_policy_chain}"));
+        }
+        plan_chains.push((chains.external.clone(), rules));
+    }
+
+    if uses_firewall_chain {
+        let mut sources: Vec<IpNet> = svc
+            .load_balancer_source_ranges
+            .iter()
+            .map(IpNet::trunc)
+            .collect();
+        let allow_from_node = sources
+            .iter()
+            .any(|cidr| ctx.node_ips.iter().any(|node_ip| cidr.contains(node_ip)));
+        if allow_from_node {
+            // The LB VIP is often a local address, so the node's own traffic to it has the
+            // VIP as source.
+            sources.extend(svc.load_balancer_ips.iter().map(|ip| IpNet::from(*ip)));
+        }
+        // Overlapping entries are merged: older nft rejects overlapping set intervals.
+        let sources: Vec<String> = IpNet::aggregate(&sources).iter().map(net_text).collect();
+        plan_chains.push((
+            chains.firewall.clone(),
+            vec![format!("{ip} saddr != {{ {} }} drop", sources.join(", "))],
+        ));
+    }
+
+    let mut affinity_sets = BTreeMap::new();
+    for ep in &reachable {
+        let names = names_of(ep);
+        let mut rules = vec![
+            // Hairpin: an endpoint reaching itself through the service must be masqueraded,
+            // or it would answer itself directly.
+            format!("{ip} saddr {} jump {MARK_FOR_MASQUERADE}", ep.ip),
+        ];
+        if let Some(seconds) = affinity {
+            rules.push(format!("update @{} {{ {ip} saddr }}", names.affinity_set));
+            affinity_sets.insert(names.affinity_set.clone(), seconds);
+        }
+        rules.push(format!(
+            "meta l4proto {proto} dnat to {}",
+            socket_text(ep.ip, ep.port)
+        ));
+        plan_chains.push((names.chain.clone(), rules));
+    }
+
+    ServicePlan {
+        name,
+        chains: plan_chains,
+        affinity_sets,
+        elements,
+    }
+}
+
+/// Internals the unit tests check directly.
+#[cfg(test)]
+pub(super) mod tests_support {
+    /// See [`super::comment_text`].
+    pub fn comment_text(text: &str) -> String {
+        super::comment_text(text)
+    }
+}
