@@ -21,6 +21,7 @@ mod save;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::IpFamily;
@@ -241,6 +242,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             changed: request.changed,
             existing_chains: existing,
         };
+        let render_start = Instant::now();
         // `validate` ran in the constructor; a failure here is a renderer bug.
         let output = render(request.state, family, &self.config.render, &scope).map_err(|e| {
             BackendError::Apply {
@@ -248,6 +250,18 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                 message: e.to_string(),
             }
         })?;
+        debug!(
+            ?family,
+            ?kind,
+            render = ?render_start.elapsed(),
+            bytes = output.text.len(),
+            rules_written = output.rules_written,
+            filter_rules = output.filter_rules,
+            nat_rules = output.nat_rules,
+            deleted_chains = output.deleted.len(),
+            "rendered iptables rules"
+        );
+        let restore_start = Instant::now();
         self.runner
             .restore(family, &output.text)
             .await
@@ -258,6 +272,13 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                     message: err.to_string(),
                 }
             })?;
+        debug!(
+            ?family,
+            ?kind,
+            restore = ?restore_start.elapsed(),
+            rules_written = output.rules_written,
+            "applied iptables rules"
+        );
         Ok(output)
     }
 
@@ -267,13 +288,22 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         family: IpFamily,
         request: &SyncRequest<'_>,
     ) -> Result<RenderOutput, BackendError> {
+        let setup_start = Instant::now();
         self.ensure_setup(family).await?;
+        let setup_time = setup_start.elapsed();
+        let save_start = Instant::now();
         let mut existing = self.chains.get(&family).cloned().unwrap_or_default();
         match self.runner.save(family, Table::Nat).await {
             Ok(text) => existing.extend(SavedTable::parse(&text).service_chains()),
             // Only stale-chain deletion depends on this; the rules can still be written.
             Err(err) => warn!(?family, error = %err, "cannot list nat chains; stale chains stay"),
         }
+        debug!(
+            ?family,
+            setup = ?setup_time,
+            save = ?save_start.elapsed(),
+            "prepared iptables full sync"
+        );
         self.apply(family, request, SyncKind::Full, &existing).await
     }
 
@@ -336,6 +366,7 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let sync_start = Instant::now();
         let full = self.force_full || request.kind == SyncKind::Full;
         let mut first_error = None;
         let mut rules_written = 0;
@@ -367,8 +398,18 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
         if request.conntrack_cleanup_required {
+            let cleanup_start = Instant::now();
             self.clean_conntrack(request, full).await;
+            debug!(took = ?cleanup_start.elapsed(), "conntrack cleanup finished");
         }
+        debug!(
+            full,
+            rules_written,
+            filter_rules,
+            nat_rules,
+            took = ?sync_start.elapsed(),
+            "iptables sync finished"
+        );
         self.programmed = Some(conntrack_relevant(request.state));
         Ok(SyncReport {
             rules_written,

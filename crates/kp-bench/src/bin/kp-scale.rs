@@ -1,0 +1,762 @@
+//! `kp-scale`: the iptables-mode scale benchmark.
+//!
+//! Generates N Services × M endpoints as manifests, runs the real `kube-proxy` on them inside
+//! a network namespace of its own and reads from its `-v=2` log how long the first full sync
+//! took (render and restore apart), then rewrites the file holding one service's
+//! EndpointSlice and measures the partial sync that follows; peak RSS from `/proc`. With
+//! `--restore` it also renders the same state in-process and times `iptables-restore` (nf_tables)
+//! and `iptables-legacy-restore` on that text directly, whole and split into several
+//! transactions. See the crate's README for how to read the figures.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use clap::{Parser, ValueEnum};
+use kp_bench::generate::{self, Edit, Manifests, NODE_NAME, Scale};
+use kp_bench::logs::{FIRST_SYNC, LogLine, SyncCollector, SyncPhases};
+use kp_bench::report::{Figure, Table, human, mib};
+use kp_bench::split::split_restore;
+use kp_bench::state::Loaded;
+use kp_bench::sys::{self, Netns};
+use kp_core::backend::SyncKind;
+use kp_core::model::IpFamily;
+use kp_rules::iptables::{RenderConfig, SyncScope, render};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::sync::mpsc;
+
+/// Which proxy mode to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// `--proxy-mode iptables`.
+    Iptables,
+    /// `--proxy-mode fake`: the control plane only, nothing programmed.
+    Fake,
+}
+
+/// Which iptables the proxy runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Variant {
+    /// Whatever `iptables` is on the PATH (nf_tables here).
+    System,
+    /// The legacy tools, through a PATH shim (the proxy has no flag for this yet).
+    Legacy,
+}
+
+/// Which restore tool the `--restore` comparison times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Tool {
+    /// `iptables-restore` (nf_tables backend here).
+    Nft,
+    /// `iptables-legacy-restore`.
+    Legacy,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kp-scale",
+    about = "iptables-mode scale benchmark of kube-proxy-rs"
+)]
+struct Args {
+    /// Services to generate.
+    #[arg(long)]
+    services: usize,
+    /// Endpoints per service.
+    #[arg(long)]
+    endpoints: usize,
+    /// Proxy mode of the run.
+    #[arg(long, value_enum, default_value_t = Mode::Iptables)]
+    mode: Mode,
+    /// iptables tools the proxy uses.
+    #[arg(long, value_enum, default_value_t = Variant::System)]
+    iptables: Variant,
+    /// The kube-proxy binary.
+    #[arg(long, default_value = "target/release/kube-proxy")]
+    binary: PathBuf,
+    /// Append the markdown rows to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Give up on the first sync (and on each restore) after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Also time the restore tools directly on the in-process render.
+    #[arg(long)]
+    restore: bool,
+    /// Restore tools to time with --restore.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "nft,legacy")]
+    tools: Vec<Tool>,
+    /// With --restore: numbers of transactions to split the ruleset into (1 = whole).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    split: Vec<usize>,
+    /// Skip the proxy run (only with --restore).
+    #[arg(long)]
+    no_proxy: bool,
+    /// Keep manifests, logs and rendered rules in this directory (default: a temporary one).
+    #[arg(long)]
+    keep: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("kp-scale: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        // Dropping `run` on a signal drops its guards: the proxy is killed and the
+        // namespaces are deleted.
+        tokio::select! {
+            result = run(&args) => result,
+            _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+            _ = term.recv() => Err(anyhow!("terminated")),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("kp-scale: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> anyhow::Result<()> {
+    if args.no_proxy && !args.restore {
+        bail!("--no-proxy leaves nothing to do without --restore");
+    }
+    let scale = Scale::new(args.services, args.endpoints);
+    let temp = tempfile::Builder::new().prefix("kp-scale-").tempdir()?;
+    let dir = match &args.keep {
+        Some(keep) => {
+            std::fs::create_dir_all(keep)?;
+            keep.clone()
+        }
+        None => temp.path().to_owned(),
+    };
+    let manifests_dir = dir.join("manifests");
+    let manifests = generate::generate(scale);
+    write_manifests(&manifests_dir, &manifests)?;
+    eprintln!(
+        "kp-scale: {}×{}: {} service ports, {} NodePorts, {} files ({:.1} MiB) in {}; load {}",
+        scale.services,
+        scale.endpoints,
+        scale.service_ports(),
+        scale.node_ports(),
+        manifests.files.len(),
+        manifests.bytes() as f64 / 1048576.0,
+        manifests_dir.display(),
+        sys::load()
+    );
+
+    let mut report = String::new();
+    if !args.no_proxy {
+        let table = proxy_run(args, scale, &dir, &manifests_dir).await?;
+        println!("{}", table.render());
+        report.push_str(&table.render());
+        report.push('\n');
+    }
+    if args.restore {
+        let table = restore_runs(args, scale, &manifests, &dir).await?;
+        println!("{}", table.render());
+        report.push_str(&table.render());
+        report.push('\n');
+    }
+    if let Some(out) = &args.out {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(out)
+            .with_context(|| format!("opening {}", out.display()))?;
+        std::io::Write::write_all(&mut file, report.as_bytes())?;
+    }
+    Ok(())
+}
+
+fn write_manifests(dir: &Path, manifests: &Manifests) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (name, text) in &manifests.files {
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
+}
+
+/// Replace `dir/name` atomically: write a hidden file (the source skips dot files), rename.
+fn replace_file(dir: &Path, name: &str, text: &str) -> anyhow::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    Ok(())
+}
+
+/// The proxy under benchmark. Dropping it kills it and whatever it started (by pid).
+struct Proxy {
+    child: tokio::process::Child,
+    pid: u32,
+    lines: mpsc::UnboundedReceiver<(Instant, String)>,
+    collector: SyncCollector,
+    started: Instant,
+    tail: Vec<String>,
+}
+
+impl Proxy {
+    fn spawn(
+        netns: &Netns,
+        args: &Args,
+        manifests: &Path,
+        log: &Path,
+        path_prefix: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let binary = std::fs::canonicalize(&args.binary)
+            .with_context(|| format!("kube-proxy binary {}", args.binary.display()))?;
+        let manifests = format!("--manifests={}", manifests.display());
+        let mode = match args.mode {
+            Mode::Iptables => "--proxy-mode=iptables",
+            Mode::Fake => "--proxy-mode=fake",
+        };
+        let hostname = format!("--hostname-override={NODE_NAME}");
+        let mut command = netns.command(
+            &binary,
+            &[
+                &manifests,
+                mode,
+                &hostname,
+                "-v=2",
+                "--iptables-min-sync-period=0s",
+                "--healthz-bind-address=127.0.0.1:10256",
+                "--metrics-bind-address=127.0.0.1:10249",
+                "--conntrack-max-per-core=0",
+            ],
+        );
+        if let Some(prefix) = path_prefix {
+            let path = std::env::var("PATH").unwrap_or_default();
+            command.env("PATH", format!("{}:{path}", prefix.display()));
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let started = Instant::now();
+        let mut child = command.spawn().context("starting kube-proxy")?;
+        let pid = child.id().context("kube-proxy exited at once")?;
+        let stderr = child.stderr.take().context("no stderr pipe")?;
+        let (tx, lines) = mpsc::unbounded_channel();
+        let log = log.to_owned();
+        tokio::spawn(async move {
+            let mut file = tokio::fs::File::create(&log).await.ok();
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                let now = Instant::now();
+                if let Some(file) = file.as_mut() {
+                    let _ = file.write_all(line.as_bytes()).await;
+                    let _ = file.write_all(b"\n").await;
+                }
+                if tx.send((now, line)).is_err() {
+                    break;
+                }
+            }
+            if let Some(file) = file.as_mut() {
+                let _ = file.flush().await;
+            }
+        });
+        Ok(Self {
+            child,
+            pid,
+            lines,
+            collector: SyncCollector::default(),
+            started,
+            tail: Vec::new(),
+        })
+    }
+
+    /// Read lines until `done` accepts a completed sync (returns it and when its line
+    /// arrived) or `deadline` passes (`None`).
+    async fn wait_sync(
+        &mut self,
+        deadline: Instant,
+        done: impl Fn(&SyncPhases, &SyncCollector) -> bool,
+    ) -> anyhow::Result<Option<(Instant, SyncPhases)>> {
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let next = tokio::time::timeout(deadline - now, self.lines.recv()).await;
+            let (at, line) = match next {
+                Err(_) => return Ok(None),
+                Ok(Some(item)) => item,
+                Ok(None) => bail!(
+                    "kube-proxy exited; last log lines:\n{}",
+                    self.tail.join("\n")
+                ),
+            };
+            if self.tail.len() >= 20 {
+                self.tail.remove(0);
+            }
+            self.tail.push(line.clone());
+            if line.starts_with('E') {
+                eprintln!("kp-scale: proxy: {line}");
+            }
+            let Some(parsed) = LogLine::parse(&line) else {
+                continue;
+            };
+            let first = parsed.message == FIRST_SYNC;
+            let completed = self.collector.feed(&parsed).cloned();
+            // The first-sync line follows the proxier's `synced` line of the same sync.
+            if first && let Some(sync) = self.collector.completed.first().cloned() {
+                if done(&sync, &self.collector) {
+                    return Ok(Some((at, sync)));
+                }
+            } else if let Some(sync) = completed
+                && done(&sync, &self.collector)
+            {
+                return Ok(Some((at, sync)));
+            }
+        }
+    }
+
+    /// "peak (now)" resident set.
+    fn rss_cell(&self) -> String {
+        match (sys::vm_hwm_kib(self.pid), sys::vm_rss_kib(self.pid)) {
+            (Some(peak), Some(now)) => format!("{} ({} now)", mib(peak), mib(now)),
+            (Some(peak), None) => mib(peak),
+            _ => "-".to_owned(),
+        }
+    }
+
+    fn cpu(&self) -> Option<(u64, u64)> {
+        sys::cpu_ticks(self.pid)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // Its children (a running iptables-restore) would outlive a killed proxy.
+        let children = sys::descendants(self.pid);
+        let _ = self.child.start_kill();
+        for pid in children {
+            sys::kill(pid, "KILL");
+        }
+    }
+}
+
+/// `iptables-save` in the namespace: (lines, `-A` rules, how long it took).
+fn count_rules(netns: &Netns, save: &str) -> anyhow::Result<(usize, usize, Duration)> {
+    let start = Instant::now();
+    let text = netns.output(save, &[])?;
+    let took = start.elapsed();
+    let lines = text.lines().count();
+    let rules = text.lines().filter(|l| l.starts_with("-A ")).count();
+    Ok((lines, rules, took))
+}
+
+fn phases_cell(sync: &SyncPhases) -> String {
+    let total = Figure::from_option(sync.total());
+    let mut parts = Vec::new();
+    if let Some(render) = sync.render() {
+        parts.push(format!("render {}", human(render)));
+    }
+    if let Some(restore) = sync.restore() {
+        parts.push(format!("restore {}", human(restore)));
+    }
+    if let Some(conntrack) = sync.conntrack {
+        parts.push(format!("conntrack {}", human(conntrack)));
+    }
+    if parts.is_empty() {
+        total.to_string()
+    } else {
+        format!("{total} ({})", parts.join(", "))
+    }
+}
+
+async fn proxy_run(
+    args: &Args,
+    scale: Scale,
+    dir: &Path,
+    manifests_dir: &Path,
+) -> anyhow::Result<Table> {
+    let mut table = Table::new(&[
+        "N×M",
+        "mode / iptables",
+        "rules written (backend)",
+        "iptables-save lines (v4)",
+        "first sync (log `took`)",
+        "start → first sync (wall)",
+        "first sync: render / restore",
+        "partial, TCP NodePort svc",
+        "partial, UDP svc",
+        "edit → synced (wall, incl. 1 s poll)",
+        "peak RSS (VmHWM; VmRSS at end)",
+        "CPU proxy / its children",
+        "load 1m (start→end)",
+    ]);
+    let load_start = sys::load();
+    let netns = Netns::create(&format!("kpbench-{}", std::process::id()))?;
+    let shim = match args.iptables {
+        Variant::System => None,
+        Variant::Legacy => Some(sys::legacy_shim(dir)?),
+    };
+    let save_tool = match args.iptables {
+        Variant::System => "iptables-save",
+        Variant::Legacy => "iptables-legacy-save",
+    };
+    let label = format!(
+        "{} / {}",
+        match args.mode {
+            Mode::Iptables => "iptables",
+            Mode::Fake => "fake",
+        },
+        match (args.mode, args.iptables) {
+            (Mode::Fake, _) => "-",
+            (_, Variant::System) => "nf_tables (system)",
+            (_, Variant::Legacy) => "legacy (PATH shim)",
+        }
+    );
+    let log = dir.join(format!(
+        "proxy-{}x{}-{}.log",
+        scale.services,
+        scale.endpoints,
+        label.replace([' ', '/', '(', ')'], "")
+    ));
+    let mut proxy = Proxy::spawn(&netns, args, manifests_dir, &log, shim.as_deref())?;
+    eprintln!(
+        "kp-scale: proxy pid {} in netns {}, log {}",
+        proxy.pid,
+        netns.name(),
+        log.display()
+    );
+    let limit = Duration::from_secs(args.timeout);
+    let first = proxy
+        .wait_sync(proxy.started + limit, |_, c| c.first_sync.is_some())
+        .await?;
+    let ticks = sys::ticks_per_second().max(1);
+    let cpu_cell = |cpu: Option<(u64, u64)>| {
+        cpu.map_or("-".to_owned(), |(own, children)| {
+            format!(
+                "{:.1} s / {:.1} s",
+                own as f64 / ticks as f64,
+                children as f64 / ticks as f64
+            )
+        })
+    };
+    let scale_cell = format!("{}×{}", scale.services, scale.endpoints);
+
+    let Some((first_at, first_sync)) = first else {
+        let progress = proxy.collector.in_progress().clone();
+        let render = progress.render().map_or("-".to_owned(), human);
+        let rss = proxy.rss_cell();
+        let cpu = cpu_cell(proxy.cpu());
+        let dnf = Figure::DidNotFinish(limit).to_string();
+        table.row(vec![
+            scale_cell,
+            label,
+            progress
+                .families
+                .first()
+                .and_then(|f| f.rules_written)
+                .map_or("-".to_owned(), |r| format!("{r} (rendered)")),
+            "-".to_owned(),
+            dnf.clone(),
+            dnf.clone(),
+            format!("render {render} / restore {dnf}"),
+            "-".to_owned(),
+            "-".to_owned(),
+            "-".to_owned(),
+            rss,
+            cpu,
+            format!("{load_start}→{}", sys::load()),
+        ]);
+        drop(proxy);
+        return Ok(table);
+    };
+    let first_wall = first_at - proxy.started;
+    let (took, _) = proxy.collector.first_sync.unwrap_or_default();
+    eprintln!(
+        "kp-scale: first sync took {} (wall {}); {:?}",
+        Figure::from_option(took),
+        human(first_wall),
+        first_sync
+    );
+    let saved = match args.mode {
+        Mode::Iptables => Some(count_rules(&netns, save_tool)?),
+        Mode::Fake => None,
+    };
+
+    // Edit one TCP NodePort service, then one UDP service (conntrack cleanup), one at a time.
+    let mut edits: Vec<Edit> = Vec::new();
+    let mut partials: Vec<Option<(Duration, SyncPhases)>> = Vec::new();
+    for service in [0, 9] {
+        if service >= scale.services {
+            partials.push(None);
+            continue;
+        }
+        edits.push(Edit {
+            service,
+            generation: 1,
+        });
+        let same_file: Vec<Edit> = edits
+            .iter()
+            .copied()
+            .filter(|e| scale.file_of(e.service) == scale.file_of(service))
+            .collect();
+        let Some((name, text)) = generate::edited_file(scale, &same_file) else {
+            continue;
+        };
+        let before = proxy.collector.completed.len();
+        replace_file(manifests_dir, &name, &text)?;
+        let edited = Instant::now();
+        let deadline = edited + limit.min(Duration::from_secs(120));
+        let synced = proxy
+            .wait_sync(deadline, |s, c| {
+                c.completed.len() > before && s.changed.unwrap_or(0) > 0
+            })
+            .await?;
+        match synced {
+            Some((at, sync)) => {
+                eprintln!("kp-scale: edit of service {service} synced: {sync:?}");
+                partials.push(Some((at - edited, sync)));
+            }
+            None => {
+                eprintln!("kp-scale: edit of service {service}: no sync within the limit");
+                partials.push(None);
+            }
+        }
+    }
+    let rss = proxy.rss_cell();
+    let cpu = proxy.cpu();
+    drop(proxy);
+
+    let partial_cell = |p: &Option<(Duration, SyncPhases)>| match p {
+        Some((_, sync)) => format!("{} {}", sync.kind, phases_cell(sync)),
+        None => "-".to_owned(),
+    };
+    let walls: Vec<String> = partials
+        .iter()
+        .flatten()
+        .map(|(wall, _)| human(*wall))
+        .collect();
+    table.row(vec![
+        scale_cell,
+        label,
+        first_sync.rules.map_or("-".to_owned(), |r| r.to_string()),
+        saved.map_or("-".to_owned(), |(lines, rules, took)| {
+            format!("{lines} ({rules} -A; save {})", human(took))
+        }),
+        Figure::from_option(took).to_string(),
+        human(first_wall),
+        match (first_sync.render(), first_sync.restore()) {
+            (None, None) => "-".to_owned(),
+            (render, restore) => format!(
+                "{} / {}",
+                Figure::from_option(render),
+                Figure::from_option(restore)
+            ),
+        },
+        partial_cell(&partials[0]),
+        partials.get(1).map_or("-".to_owned(), partial_cell),
+        if walls.is_empty() {
+            "-".to_owned()
+        } else {
+            walls.join(", ")
+        },
+        rss,
+        cpu_cell(cpu),
+        format!("{load_start}→{}", sys::load()),
+    ]);
+    Ok(table)
+}
+
+/// One restore tool run on `input`, with a limit; `None` if it did not finish.
+async fn restore_once(
+    netns: &Netns,
+    tool: &str,
+    input: &Path,
+    limit: Duration,
+) -> anyhow::Result<Option<Duration>> {
+    let stdin = File::open(input)?;
+    let mut child = netns
+        .command(tool, &["--noflush"])
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {tool}"))?;
+    let start = Instant::now();
+    let mut stderr = child.stderr.take();
+    let status = tokio::time::timeout(limit, child.wait()).await;
+    let took = start.elapsed();
+    match status {
+        Ok(status) => {
+            let status = status?;
+            if !status.success() {
+                let mut message = String::new();
+                if let Some(stderr) = stderr.as_mut() {
+                    let _ = tokio::io::AsyncReadExt::read_to_string(stderr, &mut message).await;
+                }
+                bail!("{tool} failed ({status}): {}", message.trim());
+            }
+            Ok(Some(took))
+        }
+        Err(_) => {
+            // `ip netns exec` exec'd the tool: this pid is the restore itself.
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            Ok(None)
+        }
+    }
+}
+
+async fn restore_runs(
+    args: &Args,
+    scale: Scale,
+    manifests: &Manifests,
+    dir: &Path,
+) -> anyhow::Result<Table> {
+    let mut table = Table::new(&[
+        "N×M",
+        "restore tool",
+        "transactions",
+        "input lines",
+        "in-process render (full / one-service partial)",
+        "full restore total",
+        "slowest transaction",
+        "then one-service partial restore",
+        "load 1m (start→end)",
+    ]);
+    let start = Instant::now();
+    let mut loaded = Loaded::new(manifests)?;
+    eprintln!(
+        "kp-scale: parsed and tracked {} service ports, {} endpoints in {}",
+        loaded.state.services.len(),
+        loaded.endpoints(),
+        human(start.elapsed())
+    );
+    let config = RenderConfig::default();
+    let no_services = BTreeSet::new();
+    let no_chains = BTreeSet::new();
+    let start = Instant::now();
+    let full = render(
+        &loaded.state,
+        IpFamily::V4,
+        &config,
+        &SyncScope {
+            kind: SyncKind::Full,
+            changed: &no_services,
+            existing_chains: &no_chains,
+        },
+    )?;
+    let full_render = start.elapsed();
+    let (name, text) = generate::edited_file(
+        scale,
+        &[Edit {
+            service: 0,
+            generation: 1,
+        }],
+    )
+    .context("no service to edit")?;
+    let changed = loaded.update(&name, &text)?;
+    let start = Instant::now();
+    let partial = render(
+        &loaded.state,
+        IpFamily::V4,
+        &config,
+        &SyncScope {
+            kind: SyncKind::Partial,
+            changed: &changed,
+            existing_chains: &full.chains,
+        },
+    )?;
+    let partial_render = start.elapsed();
+    let render_cell = format!("{} / {}", human(full_render), human(partial_render));
+    let full_path = dir.join("full.rules");
+    let partial_path = dir.join("partial.rules");
+    std::fs::write(&full_path, &full.text)?;
+    std::fs::write(&partial_path, &partial.text)?;
+    let lines = full.text.lines().count();
+    eprintln!(
+        "kp-scale: rendered {lines} lines ({} -A) in {}; partial ({} changed) {} lines in {}",
+        full.rules_written,
+        human(full_render),
+        changed.len(),
+        partial.text.lines().count(),
+        human(partial_render)
+    );
+    let limit = Duration::from_secs(args.timeout);
+    for tool in &args.tools {
+        let program = match tool {
+            Tool::Nft => "iptables-restore",
+            Tool::Legacy => "iptables-legacy-restore",
+        };
+        for &parts in &args.split {
+            let load_start = sys::load();
+            let texts = split_restore(&full.text, parts);
+            let mut paths = Vec::new();
+            for (i, text) in texts.iter().enumerate() {
+                let path = dir.join(format!("full-{parts}-{i}.rules"));
+                std::fs::write(&path, text)?;
+                paths.push(path);
+            }
+            let netns = Netns::create(&format!("kpbench-{}-r", std::process::id()))?;
+            let mut times = Vec::new();
+            let mut finished = true;
+            let began = Instant::now();
+            for path in &paths {
+                let left = limit.saturating_sub(began.elapsed());
+                match restore_once(&netns, program, path, left).await? {
+                    Some(took) => times.push(took),
+                    None => {
+                        finished = false;
+                        break;
+                    }
+                }
+            }
+            let (total, slowest, partial_cell) = if finished {
+                let total: Duration = times.iter().sum();
+                let slowest = times.iter().max().copied().unwrap_or_default();
+                let partial = restore_once(&netns, program, &partial_path, limit).await?;
+                (
+                    human(total),
+                    human(slowest),
+                    partial.map_or(Figure::DidNotFinish(limit).to_string(), human),
+                )
+            } else {
+                (
+                    format!(
+                        "{} ({} of {} done)",
+                        Figure::DidNotFinish(limit),
+                        times.len(),
+                        paths.len()
+                    ),
+                    "-".to_owned(),
+                    "-".to_owned(),
+                )
+            };
+            drop(netns);
+            let row = vec![
+                format!("{}×{}", scale.services, scale.endpoints),
+                program.to_owned(),
+                format!("{}", texts.len()),
+                lines.to_string(),
+                render_cell.clone(),
+                total,
+                slowest,
+                partial_cell,
+                format!("{load_start}→{}", sys::load()),
+            ];
+            eprintln!("kp-scale: {}", row.join(" | "));
+            table.row(row);
+        }
+    }
+    Ok(table)
+}

@@ -1,0 +1,334 @@
+//! Synthetic Services and EndpointSlices, written as the YAML a user would `kubectl apply`.
+//!
+//! The shape is fixed and deterministic, so runs at the same scale are comparable:
+//!
+//! - service `i` is `bench-<i % 10>/svc-<i>` with ClusterIP `10.96.0.0 + 16 + i`;
+//! - every 10th service (`i % 10 == 9`) is UDP (port 53, like DNS), the rest TCP port 80;
+//! - every 5th service (`i % 5 == 0`) has a second TCP port, `metrics` 9090;
+//! - every 3rd service (`i % 3 == 0`) is `type: NodePort`, its ports numbered upwards from
+//!   30000 (past 2,767 node ports this needs a wider `--service-node-port-range` than the
+//!   API server's default, which the proxy does not check);
+//! - one EndpointSlice per service with `M` ready endpoints from `10.128.0.0/9`, spread over
+//!   50 nodes of which this one ([`NODE_NAME`]) has every 50th endpoint;
+//! - services and their slices go into a few files (`services-NNN.yaml`, at least 500
+//!   services each, at most 8 files), plus `node.yaml` with this node's Node object.
+
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+
+/// The node the proxy runs as (`--hostname-override`).
+pub const NODE_NAME: &str = "bench-node";
+/// Namespaces the services are spread over.
+pub const NAMESPACES: usize = 10;
+/// Nodes the endpoints are spread over (one of them is [`NODE_NAME`]).
+pub const NODES: usize = 50;
+/// The first NodePort handed out.
+pub const FIRST_NODE_PORT: u32 = 30000;
+/// Services per file, at least.
+const MIN_SERVICES_PER_FILE: usize = 500;
+/// Files, at most (services go into this many files once there are enough).
+const MAX_FILES: usize = 8;
+/// ClusterIPs start here (plus [`CLUSTER_IP_OFFSET`]).
+const SERVICE_CIDR: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 0);
+const CLUSTER_IP_OFFSET: u32 = 16;
+/// Endpoint addresses start here (plus one).
+const POD_CIDR: Ipv4Addr = Ipv4Addr::new(10, 128, 0, 0);
+/// Replacement endpoint addresses for edits come from here, so they never collide.
+const EDIT_CIDR: Ipv4Addr = Ipv4Addr::new(10, 64, 0, 0);
+
+/// How many services and endpoints to generate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scale {
+    /// Services.
+    pub services: usize,
+    /// Endpoints per service (all in one EndpointSlice).
+    pub endpoints: usize,
+}
+
+impl Scale {
+    /// `services` × `endpoints`.
+    pub fn new(services: usize, endpoints: usize) -> Self {
+        Self {
+            services,
+            endpoints,
+        }
+    }
+
+    /// Services per file.
+    pub fn services_per_file(&self) -> usize {
+        self.services.div_ceil(MAX_FILES).max(MIN_SERVICES_PER_FILE)
+    }
+
+    /// Number of `services-NNN.yaml` files.
+    pub fn files(&self) -> usize {
+        self.services.div_ceil(self.services_per_file())
+    }
+
+    /// The file that holds service `index` and its slice.
+    pub fn file_of(&self, index: usize) -> usize {
+        index / self.services_per_file()
+    }
+
+    /// Service ports in total (services with a second port count twice).
+    pub fn service_ports(&self) -> usize {
+        (0..self.services).map(|i| ports(i).len()).sum()
+    }
+
+    /// NodePorts in total.
+    pub fn node_ports(&self) -> usize {
+        (0..self.services)
+            .filter(|i| is_node_port(*i))
+            .map(|i| ports(i).len())
+            .sum()
+    }
+}
+
+/// One port of a generated service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GenPort {
+    /// Port name.
+    pub name: &'static str,
+    /// `TCP` or `UDP`.
+    pub protocol: &'static str,
+    /// Service port.
+    pub port: u16,
+    /// Endpoint (target) port.
+    pub target: u16,
+}
+
+/// The ports of service `index`.
+pub fn ports(index: usize) -> Vec<GenPort> {
+    let mut ports = Vec::with_capacity(2);
+    if is_udp(index) {
+        ports.push(GenPort {
+            name: "dns",
+            protocol: "UDP",
+            port: 53,
+            target: 5353,
+        });
+    } else {
+        ports.push(GenPort {
+            name: "http",
+            protocol: "TCP",
+            port: 80,
+            target: 8080,
+        });
+    }
+    if index.is_multiple_of(5) {
+        ports.push(GenPort {
+            name: "metrics",
+            protocol: "TCP",
+            port: 9090,
+            target: 9090,
+        });
+    }
+    ports
+}
+
+/// Whether service `index` is UDP.
+pub fn is_udp(index: usize) -> bool {
+    index % 10 == 9
+}
+
+/// Whether service `index` is `type: NodePort`.
+pub fn is_node_port(index: usize) -> bool {
+    index.is_multiple_of(3)
+}
+
+/// Namespace of service `index`.
+pub fn namespace(index: usize) -> String {
+    format!("bench-{}", index % NAMESPACES)
+}
+
+/// Name of service `index`.
+pub fn service_name(index: usize) -> String {
+    format!("svc-{index:05}")
+}
+
+/// ClusterIP of service `index`.
+pub fn cluster_ip(index: usize) -> Ipv4Addr {
+    offset(SERVICE_CIDR, CLUSTER_IP_OFFSET as usize + index)
+}
+
+fn offset(base: Ipv4Addr, by: usize) -> Ipv4Addr {
+    let by = u32::try_from(by).unwrap_or(u32::MAX);
+    Ipv4Addr::from(u32::from(base).saturating_add(by))
+}
+
+/// A change to one service's EndpointSlice: its last endpoint (or, with no endpoints, a new
+/// one) gets an address from a range no generated endpoint uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Edit {
+    /// The service whose slice changes.
+    pub service: usize,
+    /// Makes each edit of the same service distinct (`1`, `2`, ...).
+    pub generation: usize,
+}
+
+/// The generated manifests: file names (relative) and contents.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Manifests {
+    /// `(file name, text)`, `node.yaml` first.
+    pub files: Vec<(String, String)>,
+}
+
+impl Manifests {
+    /// Total size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.files.iter().map(|(_, text)| text.len()).sum()
+    }
+}
+
+/// Everything for `scale`.
+pub fn generate(scale: Scale) -> Manifests {
+    let mut files = vec![("node.yaml".to_owned(), node_yaml())];
+    for file in 0..scale.files() {
+        files.push((file_name(file), chunk(scale, file, &[])));
+    }
+    Manifests { files }
+}
+
+/// The file holding `edit.service`, rewritten with `edits` applied: `(file name, text)`.
+/// Pass every edit made so far to that file so earlier ones are kept.
+pub fn edited_file(scale: Scale, edits: &[Edit]) -> Option<(String, String)> {
+    let first = edits.first()?;
+    let file = scale.file_of(first.service);
+    Some((file_name(file), chunk(scale, file, edits)))
+}
+
+/// `services-NNN.yaml`.
+pub fn file_name(file: usize) -> String {
+    format!("services-{file:03}.yaml")
+}
+
+fn node_yaml() -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE_NAME}\n  labels:\n    \
+         kubernetes.io/hostname: {NODE_NAME}\n    topology.kubernetes.io/zone: zone-a\n\
+         status:\n  addresses:\n    - type: InternalIP\n      address: 10.0.0.1\n"
+    )
+}
+
+/// Services `[file * per_file, (file + 1) * per_file)` and their slices.
+fn chunk(scale: Scale, file: usize, edits: &[Edit]) -> String {
+    let per_file = scale.services_per_file();
+    let start = file * per_file;
+    let end = (start + per_file).min(scale.services);
+    let mut out = String::with_capacity((end - start) * (600 + 110 * scale.endpoints));
+    let mut node_port = FIRST_NODE_PORT
+        + u32::try_from(
+            (0..start)
+                .filter(|i| is_node_port(*i))
+                .map(|i| ports(i).len())
+                .sum::<usize>(),
+        )
+        .unwrap_or(0);
+    for index in start..end {
+        let generation = edits
+            .iter()
+            .filter(|e| e.service == index)
+            .map(|e| e.generation)
+            .max();
+        service(&mut out, index, &mut node_port);
+        slice(&mut out, scale, index, generation);
+    }
+    out
+}
+
+fn service(out: &mut String, index: usize, node_port: &mut u32) {
+    let _ = write!(
+        out,
+        "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {}\n  namespace: {}\n  \
+         labels:\n    app: {}\nspec:\n",
+        service_name(index),
+        namespace(index),
+        service_name(index),
+    );
+    if is_node_port(index) {
+        out.push_str("  type: NodePort\n");
+    }
+    let _ = write!(
+        out,
+        "  clusterIP: {}\n  selector:\n    app: {}\n  ports:\n",
+        cluster_ip(index),
+        service_name(index)
+    );
+    for port in ports(index) {
+        let _ = write!(
+            out,
+            "    - name: {}\n      protocol: {}\n      port: {}\n      targetPort: {}\n",
+            port.name, port.protocol, port.port, port.target
+        );
+        if is_node_port(index) {
+            let _ = writeln!(out, "      nodePort: {node_port}");
+            *node_port += 1;
+        }
+    }
+}
+
+fn slice(out: &mut String, scale: Scale, index: usize, generation: Option<usize>) {
+    let _ = write!(
+        out,
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
+         name: {name}-{suffix}\n  namespace: {ns}\n  labels:\n    \
+         kubernetes.io/service-name: {name}\n    \
+         endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io\n\
+         addressType: IPv4\nports:\n",
+        name = service_name(index),
+        suffix = slice_suffix(index),
+        ns = namespace(index),
+    );
+    for port in ports(index) {
+        let _ = write!(
+            out,
+            "  - name: {}\n    protocol: {}\n    port: {}\n",
+            port.name, port.protocol, port.target
+        );
+    }
+    let mut addresses: Vec<(Ipv4Addr, usize)> = (0..scale.endpoints)
+        .map(|j| {
+            let global = index * scale.endpoints + j;
+            (offset(POD_CIDR, global + 1), global)
+        })
+        .collect();
+    if let Some(generation) = generation {
+        let replacement = offset(EDIT_CIDR, generation * 997 + index % 997 + 1);
+        match addresses.last_mut() {
+            Some(last) => last.0 = replacement,
+            None => addresses.push((replacement, index)),
+        }
+    }
+    if addresses.is_empty() {
+        out.push_str("endpoints: []\n");
+        return;
+    }
+    out.push_str("endpoints:\n");
+    for (ip, global) in addresses {
+        let node = global % NODES;
+        let node_name = if node == 0 {
+            NODE_NAME.to_owned()
+        } else {
+            format!("node-{node:02}")
+        };
+        let zone = ["zone-a", "zone-b", "zone-c"][node % 3];
+        let _ = write!(
+            out,
+            "  - addresses: [{ip}]\n    conditions:\n      ready: true\n    \
+             nodeName: {node_name}\n    zone: {zone}\n"
+        );
+    }
+}
+
+/// Five lowercase letters derived from the index, like the API server's generated names.
+fn slice_suffix(index: usize) -> String {
+    let mut x = (index as u64)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .rotate_left(17);
+    (0..5)
+        .map(|_| {
+            let c = char::from(b'a' + (x % 26) as u8);
+            x /= 26;
+            c
+        })
+        .collect()
+}

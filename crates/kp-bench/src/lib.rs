@@ -1,0 +1,17 @@
+//! Scale benchmarks of the iptables mode (the `kp-scale` binary).
+//!
+//! [`generate`] writes N Services × M endpoints as manifests, [`state`] builds the proxy
+//! state from them in-process (to render and restore without the proxy), [`logs`] reads the
+//! figures out of the proxy's `-v=2` log, [`split`] cuts one restore into several
+//! transactions, [`sys`] holds the namespace and `/proc` plumbing and [`report`] prints
+//! markdown. Nothing here asserts on timings: these are measurements, not tests.
+
+pub mod generate;
+pub mod logs;
+pub mod report;
+pub mod split;
+pub mod state;
+pub mod sys;
+
+#[cfg(test)]
+mod tests;

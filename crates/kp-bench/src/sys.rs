@@ -1,0 +1,216 @@
+//! Network namespaces, processes and `/proc`: the I/O the benchmark needs around the proxy.
+//!
+//! Everything the benchmark runs against the kernel runs inside a namespace it created
+//! ([`Netns`]), which is deleted when the guard drops, on errors and interrupts too. Processes
+//! are only ever ended by their process id.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command as StdCommand, Stdio};
+
+use anyhow::{Context as _, bail};
+
+/// A network namespace that exists while this guard lives.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Create `name` and bring its loopback up.
+    pub fn create(name: &str) -> anyhow::Result<Self> {
+        run_std("ip", &["netns", "add", name]).with_context(|| format!("creating netns {name}"))?;
+        // From here on the guard deletes it, whatever fails next.
+        let netns = Self {
+            name: name.to_owned(),
+        };
+        run_std(
+            "ip",
+            &["netns", "exec", name, "ip", "link", "set", "lo", "up"],
+        )
+        .context("bringing lo up in the netns")?;
+        Ok(netns)
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A command running `program args` inside the namespace. `ip netns exec` execs the
+    /// program, so the child's pid is the program's.
+    pub fn command(&self, program: impl AsRef<Path>, args: &[&str]) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new("ip");
+        command
+            .args(["netns", "exec", &self.name])
+            .arg(program.as_ref())
+            .args(args)
+            .kill_on_drop(true);
+        command
+    }
+
+    /// Run `program args` inside the namespace to completion and return its stdout.
+    pub fn output(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
+        let mut all = vec!["netns", "exec", &self.name, program];
+        all.extend_from_slice(args);
+        run_std("ip", &all)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        match StdCommand::new("ip")
+            .args(["netns", "del", &self.name])
+            .stdin(Stdio::null())
+            .output()
+        {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "kp-scale: deleting netns {} failed: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(err) => eprintln!("kp-scale: cannot run `ip netns del {}`: {err}", self.name),
+        }
+    }
+}
+
+/// Run a command to completion; its stdout, or an error with its stderr.
+pub fn run_std(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = StdCommand::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `VmHWM` (peak resident set) of `pid`, in KiB.
+pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+/// `VmRSS` (resident set now) of `pid`, in KiB.
+pub fn vm_rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// CPU time of a process in clock ticks: (own user+system, reaped children's user+system).
+pub fn cpu_ticks(pid: u32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the `(comm)`, which may contain spaces: state is field 3, utime 14.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    match fields.as_slice() {
+        [utime, stime, cutime, cstime] => Some((utime + stime, cutime + cstime)),
+        _ => None,
+    }
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 if that fails).
+pub fn ticks_per_second() -> u64 {
+    run_std("getconf", &["CLK_TCK"])
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// The parent pid of `pid`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Every live descendant of `pid` (children, their children, ...).
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let pairs: Vec<(u32, u32)> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| Some((p, parent_of(p)?)))
+        .collect();
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            pairs
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// Send `signal` (`TERM`, `KILL`) to one process by id.
+pub fn kill(pid: u32, signal: &str) {
+    let _ = StdCommand::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// A directory whose `iptables*`/`ip6tables*` names point at the legacy tools, to put first
+/// on the proxy's `PATH`: the proxy runs the tools by name, and has no flag for the variant.
+pub fn legacy_shim(dir: &Path) -> anyhow::Result<PathBuf> {
+    let shim = dir.join("legacy-shim");
+    std::fs::create_dir_all(&shim)?;
+    for base in ["iptables", "ip6tables"] {
+        for suffix in ["", "-save", "-restore"] {
+            let name = format!("{base}{suffix}");
+            let target = which(&format!("{base}-legacy{suffix}"))
+                .with_context(|| format!("{base}-legacy{suffix} not found"))?;
+            let link = shim.join(&name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&target, &link)?;
+        }
+    }
+    Ok(shim)
+}
+
+/// The first `name` on the `PATH` (plus the sbin directories).
+pub fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .chain(["/usr/sbin", "/sbin", "/usr/local/sbin"])
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// The 1-minute load average and the number of running processes now (`/proc/loadavg`).
+pub fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}

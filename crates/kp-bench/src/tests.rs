@@ -1,0 +1,323 @@
+//! The generator produces valid manifests of the promised shape, edits change exactly one
+//! service, the log parser reads the proxy's lines, and the splitter keeps every rule in a
+//! valid order. No timings are checked anywhere.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use kp_core::backend::SyncKind;
+use kp_core::model::{IpFamily, Protocol, ServiceName};
+use kp_rules::iptables::{RenderConfig, SyncScope, render};
+
+use crate::generate::{self, Edit, Scale};
+use crate::logs::{LogLine, SyncCollector, parse_duration};
+use crate::report::{Figure, Table, human};
+use crate::split::split_restore;
+use crate::state::{Loaded, parse_file};
+
+fn name(index: usize) -> ServiceName {
+    ServiceName {
+        namespace: generate::namespace(index),
+        name: generate::service_name(index),
+    }
+}
+
+#[test]
+fn generated_manifests_parse_cleanly_with_the_promised_shape() {
+    let scale = Scale::new(1203, 3);
+    let manifests = generate::generate(scale);
+    assert_eq!(manifests.files.len(), scale.files() + 1);
+    assert_eq!(manifests.files[0].0, "node.yaml");
+    assert!(scale.files() > 1, "several files");
+
+    let loaded = Loaded::new(&manifests).expect("valid manifests");
+    let state = &loaded.state;
+    assert_eq!(state.service_count(), 1203);
+    assert_eq!(state.services.len(), scale.service_ports());
+    assert_eq!(loaded.endpoints(), scale.service_ports() * 3);
+    assert_eq!(state.node.name, generate::NODE_NAME);
+
+    let udp = state
+        .services
+        .keys()
+        .filter(|p| p.protocol == Protocol::Udp)
+        .count();
+    assert_eq!(udp, (0..1203).filter(|i| generate::is_udp(*i)).count());
+
+    let node_ports: Vec<u16> = state
+        .services
+        .values()
+        .filter_map(|p| p.node_port)
+        .collect();
+    assert_eq!(node_ports.len(), scale.node_ports());
+    let unique: BTreeSet<u16> = node_ports.iter().copied().collect();
+    assert_eq!(unique.len(), node_ports.len(), "NodePorts are unique");
+    assert!(node_ports.iter().all(|p| *p >= 30000));
+
+    let cluster_ips: BTreeSet<_> = state
+        .services
+        .values()
+        .filter_map(|p| p.cluster_ips.first().copied())
+        .collect();
+    assert_eq!(cluster_ips.len(), 1203, "one ClusterIP per service");
+
+    let endpoint_ips: BTreeSet<_> = state.endpoints.values().flatten().map(|e| e.ip).collect();
+    assert_eq!(
+        endpoint_ips.len(),
+        1203 * 3,
+        "endpoint addresses are unique"
+    );
+    let local = state
+        .endpoints
+        .values()
+        .flatten()
+        .filter(|e| e.is_local)
+        .count();
+    assert!(local > 0, "some endpoints are on this node");
+}
+
+#[test]
+fn each_service_lives_in_the_file_the_scale_names() {
+    let scale = Scale::new(1203, 2);
+    let manifests = generate::generate(scale);
+    for index in [0, 500, 1202] {
+        let (file, text) = &manifests.files[scale.file_of(index) + 1];
+        assert_eq!(file, &generate::file_name(scale.file_of(index)));
+        let objects = parse_file(file, text).expect("valid");
+        let wanted = generate::service_name(index);
+        assert!(
+            objects.iter().any(|o| o.key().name == wanted),
+            "{wanted} in {file}"
+        );
+    }
+}
+
+#[test]
+fn an_edit_changes_exactly_one_service_and_keeps_earlier_edits() {
+    let scale = Scale::new(40, 4);
+    let mut loaded = Loaded::new(&generate::generate(scale)).expect("valid");
+    let first = [Edit {
+        service: 0,
+        generation: 1,
+    }];
+    let (file, text) = generate::edited_file(scale, &first).expect("edit");
+    assert_eq!(file, generate::file_name(0));
+    let changed = loaded.update(&file, &text).expect("valid edit");
+    assert_eq!(changed, BTreeSet::from([name(0)]));
+
+    let both = [
+        first[0],
+        Edit {
+            service: 9,
+            generation: 1,
+        },
+    ];
+    let (file, text) = generate::edited_file(scale, &both).expect("edit");
+    let changed = loaded.update(&file, &text).expect("valid edit");
+    assert_eq!(changed, BTreeSet::from([name(9)]));
+    assert_eq!(loaded.endpoints(), scale.service_ports() * 4);
+}
+
+#[test]
+fn services_without_endpoints_are_valid_and_an_edit_adds_one() {
+    let scale = Scale::new(12, 0);
+    let mut loaded = Loaded::new(&generate::generate(scale)).expect("valid");
+    assert_eq!(loaded.endpoints(), 0);
+    let edit = [Edit {
+        service: 3,
+        generation: 1,
+    }];
+    let (file, text) = generate::edited_file(scale, &edit).expect("edit");
+    let changed = loaded.update(&file, &text).expect("valid edit");
+    assert_eq!(changed, BTreeSet::from([name(3)]));
+    assert!(loaded.endpoints() > 0);
+}
+
+#[test]
+fn durations_in_debug_format_parse() {
+    assert_eq!(parse_duration("8.5s"), Some(Duration::from_millis(8500)));
+    assert_eq!(
+        parse_duration("12.25ms"),
+        Some(Duration::from_micros(12250))
+    );
+    assert_eq!(parse_duration("950µs"), Some(Duration::from_micros(950)));
+    assert_eq!(parse_duration("3ns"), Some(Duration::from_nanos(3)));
+    assert_eq!(parse_duration("0ns"), Some(Duration::ZERO));
+    assert_eq!(parse_duration("fast"), None);
+    assert_eq!(parse_duration("-1s"), None);
+}
+
+#[test]
+fn klog_lines_parse_into_message_and_fields() {
+    let line = r#"I1122 06:20:01.123456   12345 proxier.rs:423] synced proxy rules reason="Some(\"x y\")" kind="Full" changed="0" apply="1.5ms" backend="8.25s" rules="43000""#;
+    let parsed = LogLine::parse(line).expect("klog line");
+    assert_eq!(parsed.severity, 'I');
+    assert_eq!(parsed.source, "proxier.rs:423");
+    assert_eq!(parsed.message, "synced proxy rules");
+    assert_eq!(parsed.field("reason"), Some(r#"Some("x y")"#));
+    assert_eq!(parsed.field("kind"), Some("Full"));
+    assert_eq!(
+        parsed.duration("backend"),
+        Some(Duration::from_millis(8250))
+    );
+    assert_eq!(parsed.number("rules"), Some(43000));
+
+    let bare = LogLine::parse("W1122 06:20:01.123456 1 x.rs:1] no fields here").expect("line");
+    assert_eq!(bare.message, "no fields here");
+    assert!(bare.fields.is_empty());
+    assert_eq!(LogLine::parse("not a klog line"), None);
+}
+
+#[test]
+fn the_collector_groups_phase_lines_into_syncs() {
+    let log = [
+        r#"I1122 06:20:00.000001 1 mod.rs:1] prepared iptables full sync family="V4" setup="20ms" save="5ms""#,
+        r#"I1122 06:20:00.000002 1 mod.rs:2] rendered iptables rules family="V4" kind="Full" render="100ms" bytes="1000" rules_written="400""#,
+        r#"I1122 06:20:00.000003 1 mod.rs:3] applied iptables rules family="V4" kind="Full" restore="2s" rules_written="400""#,
+        r#"I1122 06:20:00.000004 1 mod.rs:1] prepared iptables full sync family="V6" setup="10ms" save="5ms""#,
+        r#"I1122 06:20:00.000005 1 mod.rs:2] rendered iptables rules family="V6" kind="Full" render="1ms" bytes="100" rules_written="10""#,
+        r#"I1122 06:20:00.000006 1 mod.rs:3] applied iptables rules family="V6" kind="Full" restore="50ms" rules_written="10""#,
+        r#"I1122 06:20:00.000007 1 mod.rs:4] iptables sync finished full="true" rules_written="410" took="2.3s""#,
+        r#"I1122 06:20:00.000008 1 proxier.rs:5] synced proxy rules kind="Full" changed="0" apply="10ms" backend="2.3s" rules="410""#,
+        r#"I1122 06:20:00.000009 1 proxier.rs:6] first sync of proxy rules complete services="10" took="2.31s" since_start="2.5s""#,
+        r#"I1122 06:20:01.000000 1 mod.rs:2] rendered iptables rules family="V4" kind="Partial" render="1ms" bytes="100" rules_written="12""#,
+    ];
+    let mut collector = SyncCollector::default();
+    for line in log {
+        collector.feed(&LogLine::parse(line).expect("line"));
+    }
+    assert_eq!(collector.completed.len(), 1);
+    let sync = &collector.completed[0];
+    assert_eq!(sync.kind, "Full");
+    assert_eq!(sync.families.len(), 2);
+    assert_eq!(sync.render(), Some(Duration::from_millis(101)));
+    assert_eq!(sync.restore(), Some(Duration::from_millis(2050)));
+    assert_eq!(sync.setup, Some(Duration::from_millis(30)));
+    assert_eq!(sync.total(), Some(Duration::from_millis(2310)));
+    assert_eq!(sync.rules, Some(410));
+    assert_eq!(sync.changed, Some(0));
+    assert_eq!(
+        collector.first_sync,
+        Some((
+            Some(Duration::from_millis(2310)),
+            Some(Duration::from_millis(2500))
+        ))
+    );
+    let progress = collector.in_progress();
+    assert_eq!(progress.kind, "Partial");
+    assert_eq!(progress.restore(), None);
+}
+
+fn rendered(services: usize) -> String {
+    let loaded = Loaded::new(&generate::generate(Scale::new(services, 3))).expect("valid");
+    let (services, chains) = (BTreeSet::new(), BTreeSet::new());
+    render(
+        &loaded.state,
+        IpFamily::V4,
+        &RenderConfig::default(),
+        &SyncScope {
+            kind: SyncKind::Full,
+            changed: &services,
+            existing_chains: &chains,
+        },
+    )
+    .expect("renders")
+    .text
+}
+
+#[test]
+fn split_parts_keep_every_line_and_declare_targets_first() {
+    let text = rendered(60);
+    let parts = split_restore(&text, 4);
+    assert!(parts.len() > 1 && parts.len() <= 4, "{} parts", parts.len());
+
+    let original: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("-A ") || l.starts_with(':'))
+        .collect();
+    let mut split: Vec<&str> = parts
+        .iter()
+        .flat_map(|p| p.lines())
+        .filter(|l| l.starts_with("-A ") || l.starts_with(':'))
+        .collect();
+    let mut sorted = original.clone();
+    sorted.sort_unstable();
+    split.sort_unstable();
+    assert_eq!(split, sorted, "every declaration and rule exactly once");
+
+    // Within each chain the rules keep their order.
+    let chain_rules = |t: &str, chain: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| l.starts_with(&format!("-A {chain} ")))
+            .map(str::to_owned)
+            .collect()
+    };
+    let joined = parts.concat();
+    assert_eq!(
+        chain_rules(&text, "KUBE-SERVICES"),
+        chain_rules(&joined, "KUBE-SERVICES")
+    );
+
+    // Every jump to a nat chain of ours goes to one declared in this part or before (each
+    // part declares its chains before its rules).
+    let mut declared: BTreeSet<String> = BTreeSet::new();
+    for (i, part) in parts.iter().enumerate() {
+        assert_eq!(
+            part.starts_with("*filter"),
+            i == 0,
+            "filter in the first part"
+        );
+        assert!(part.trim_end().ends_with("COMMIT"));
+        let mut in_nat = false;
+        for line in part.lines() {
+            if let Some(table) = line.strip_prefix('*') {
+                in_nat = table == "nat";
+            } else if !in_nat {
+                continue;
+            } else if let Some(decl) = line.strip_prefix(':') {
+                declared.insert(decl.split(' ').next().unwrap_or_default().to_owned());
+            } else if line.starts_with("-A ") {
+                let mut words = line.split(' ');
+                while let Some(w) = words.next() {
+                    if w == "-j"
+                        && let Some(target) = words.next()
+                        && target.starts_with("KUBE-")
+                    {
+                        assert!(
+                            declared.contains(target),
+                            "part {i}: {target} not declared yet"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn one_part_is_the_whole_ruleset() {
+    let text = rendered(10);
+    let parts = split_restore(&text, 1);
+    assert_eq!(parts.len(), 1);
+    let mut a: Vec<&str> = text.lines().collect();
+    let mut b: Vec<&str> = parts[0].lines().collect();
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn tables_render_as_markdown() {
+    let mut table = Table::new(&["a", "b|c"]);
+    table.row(vec!["1".to_owned()]);
+    table.row(vec![
+        human(Duration::from_millis(1500)),
+        Figure::DidNotFinish(Duration::from_secs(600)).to_string(),
+    ]);
+    assert_eq!(
+        table.render(),
+        "| a | b\\|c |\n| --- | --- |\n| 1 | - |\n| 1.50 s | did not finish in 600 s |\n"
+    );
+    assert_eq!(human(Duration::from_micros(12_345)), "12.3 ms");
+    assert_eq!(Figure::None.to_string(), "-");
+}
