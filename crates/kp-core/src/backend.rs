@@ -127,7 +127,9 @@ impl FakeBackend {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FakeRecord> {
         // A panic while holding this lock can only come from a test; keep the record usable.
-        self.record.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

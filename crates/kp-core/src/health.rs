@@ -60,7 +60,11 @@ impl ProxyHealth {
     pub fn with_timeout(timeout: Duration) -> Self {
         Self {
             timeout,
-            inner: Mutex::new(Inner { oldest_pending: None, last_updated: None, node_eligible: None }),
+            inner: Mutex::new(Inner {
+                oldest_pending: None,
+                last_updated: None,
+                node_eligible: None,
+            }),
         }
     }
 

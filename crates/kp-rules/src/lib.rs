@@ -6,7 +6,11 @@
 //!
 //! - [`iptables`]: upstream kube-proxy's iptables-mode layout (`KUBE-SERVICES`,
 //!   `KUBE-SVC-*`, `KUBE-SEP-*`, ...), for `iptables-restore --noflush`.
+//! - [`nftables`]: upstream's nftables-mode layout (one `kube-proxy` table per family, verdict
+//!   maps), as one `nft -f -` transaction per sync.
+//! - [`explain`]: the same decisions as a readable answer for `kube-proxy explain`, and the
+//!   rule comparison behind `--verify`.
 
+pub mod explain;
 pub mod iptables;
 pub mod nftables;
-pub mod explain;
