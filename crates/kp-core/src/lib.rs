@@ -21,6 +21,8 @@
 
 pub mod backend;
 pub mod event;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod health;
 pub mod metrics;
 pub mod model;

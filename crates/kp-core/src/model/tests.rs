@@ -5,11 +5,11 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::Service;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::fixtures::{self, endpoint, object, port_80_spec, service_json};
 
 fn ip(text: &str) -> IpAddr {
     text.parse().expect("test IP")
@@ -23,30 +23,13 @@ fn net(text: &str) -> IpNet {
     text.parse().expect("test CIDR")
 }
 
-fn service(value: Value) -> Service {
-    serde_json::from_value(value).expect("Service JSON")
-}
-
-fn slice(value: Value) -> EndpointSlice {
-    serde_json::from_value(value).expect("EndpointSlice JSON")
-}
-
-fn node(value: Value) -> Node {
-    serde_json::from_value(value).expect("Node JSON")
-}
-
-/// A Service in `ns` with the given spec (and optional status).
+/// The Service `ns/web` with the given spec, as JSON (to add a status to).
 fn svc_json(spec: Value) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"namespace": "ns", "name": "web"},
-        "spec": spec,
-    })
+    service_json("ns", "web", spec)
 }
 
 fn ports_of(value: Value) -> Vec<ServicePort> {
-    service_ports(&service(value))
+    service_ports(&object(value))
         .expect("valid Service")
         .expect("Service not ignored")
 }
@@ -58,7 +41,7 @@ fn only_port(value: Value) -> ServicePort {
 }
 
 fn problems_of(value: Value) -> Vec<String> {
-    service_ports(&service(value))
+    service_ports(&object(value))
         .expect_err("invalid Service")
         .problems
 }
@@ -205,10 +188,10 @@ fn ignored_services_are_not_validated() {
         ("no clusterIP", json!({"ports": bad_port})),
     ];
     for (what, spec) in cases {
-        let result = service_ports(&service(svc_json(spec)));
+        let result = service_ports(&object(svc_json(spec)));
         assert_eq!(result, Ok(None), "{what}");
     }
-    let no_spec = service(json!({"metadata": {"namespace": "ns", "name": "web"}}));
+    let no_spec: Service = object(json!({"metadata": {"namespace": "ns", "name": "web"}}));
     assert_eq!(service_ports(&no_spec), Ok(None));
 }
 
@@ -433,15 +416,7 @@ fn traffic_policies_and_health_check_node_port() {
         },
     ];
     for case in cases {
-        let mut spec = case.spec;
-        spec["clusterIP"] = json!("172.30.0.41");
-        let node_port = matches!(spec["type"].as_str(), Some("NodePort" | "LoadBalancer"));
-        spec["ports"] = if node_port {
-            json!([{"port": 80, "nodePort": 3001}])
-        } else {
-            json!([{"port": 80}])
-        };
-        let port = only_port(svc_json(spec));
+        let port = only_port(svc_json(port_80_spec(case.spec)));
         assert_eq!(port.external_policy_local, case.etp_local, "{}", case.what);
         assert_eq!(port.internal_policy_local, case.itp_local, "{}", case.what);
         assert_eq!(port.health_check_node_port, case.hcnp, "{}", case.what);
@@ -527,7 +502,7 @@ fn every_problem_is_reported_with_its_field() {
     }));
     value["status"] =
         json!({"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}, {"ip": "lb.example.com"}]}});
-    let error = service_ports(&service(value)).expect_err("invalid");
+    let error = service_ports(&object(value)).expect_err("invalid");
     assert_eq!(error.kind, "Service");
     assert_eq!(
         (error.namespace.as_str(), error.name.as_str()),
@@ -635,30 +610,22 @@ fn hostile_names_are_carried_as_data() {
 
 // ---------------------------------------------------------------- EndpointSlice
 
-/// An EndpointSlice of service `ns/web` with the given body fields.
+/// An EndpointSlice of service `ns/web` with the given body fields, managed by the controller.
 fn slice_json(name: &str, address_type: &str, ports: Value, endpoints: Value) -> Value {
-    json!({
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "namespace": "ns",
-            "name": name,
-            "labels": {"kubernetes.io/service-name": "web", "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
-        },
-        "addressType": address_type,
-        "ports": ports,
-        "endpoints": endpoints,
-    })
+    let mut value = fixtures::slice_json("ns", name, "web", address_type, ports, endpoints);
+    value["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] =
+        json!("endpointslice-controller.k8s.io");
+    value
 }
 
 fn parsed_slice(value: Value) -> SliceEndpoints {
-    slice_endpoints(&slice(value))
+    slice_endpoints(&object(value))
         .expect("valid slice")
         .expect("slice not ignored")
 }
 
 fn slice_problems(value: Value) -> Vec<String> {
-    slice_endpoints(&slice(value))
+    slice_endpoints(&object(value))
         .expect_err("invalid slice")
         .problems
 }
@@ -817,13 +784,13 @@ fn ignored_slices() {
         ("empty label", empty_label),
         ("FQDN", fqdn),
     ] {
-        assert_eq!(slice_endpoints(&slice(value)), Ok(None), "{what}");
+        assert_eq!(slice_endpoints(&object(value)), Ok(None), "{what}");
     }
 }
 
 #[test]
 fn slice_problems_are_all_reported() {
-    let error = slice_endpoints(&slice(slice_json(
+    let error = slice_endpoints(&object(slice_json(
         "web-abc",
         "IPv4",
         json!([
@@ -900,11 +867,7 @@ fn slice_addresses_with_leading_zeros_are_canonical() {
 
 /// A slice endpoint as JSON: address, ready, node name.
 fn ep_json(address: &str, ready: bool, node: Option<&str>) -> Value {
-    let mut value = json!({"addresses": [address], "conditions": {"ready": ready}});
-    if let Some(node) = node {
-        value["nodeName"] = json!(node);
-    }
-    value
+    endpoint(address).ready(ready).node(node).json()
 }
 
 fn key(port: &str, protocol: Protocol) -> ServicePortName {
@@ -1088,7 +1051,7 @@ fn merge_without_a_node_name_marks_nothing_local() {
 
 #[test]
 fn node_info_from_a_node() {
-    let info = node_info(&node(json!({
+    let info = node_info(&object(json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
@@ -1126,12 +1089,12 @@ fn node_info_from_a_node() {
 
 #[test]
 fn node_pod_cidr_fallback() {
-    let info = node_info(&node(json!({
+    let info = node_info(&object(json!({
         "metadata": {"name": "n"},
         "spec": {"podCIDR": "10.0.001.0/24"},
     })));
     assert_eq!(info.pod_cidrs, vec![net("10.0.1.0/24")]);
-    let bare = node_info(&node(json!({"metadata": {"name": "n"}})));
+    let bare = node_info(&object(json!({"metadata": {"name": "n"}})));
     assert!(bare.pod_cidrs.is_empty());
     assert!(bare.addresses.is_empty());
     assert_eq!(bare.zone(), None);
@@ -1165,7 +1128,7 @@ fn node_eligibility() {
         ),
     ];
     for (what, metadata, spec, eligible) in cases {
-        let info = node_info(&node(json!({"metadata": metadata, "spec": spec})));
+        let info = node_info(&object(json!({"metadata": metadata, "spec": spec})));
         assert_eq!(info.eligible, eligible, "{what}");
         assert!(info.known, "{what}");
     }

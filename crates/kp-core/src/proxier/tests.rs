@@ -1,14 +1,13 @@
 //! Proxier tests with the fake backend on paused tokio time. `run_for` lets virtual time pass
 //! while the proxier task runs, so timing is exact and nothing really sleeps.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use prometheus_client::registry::Registry;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
@@ -17,80 +16,32 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::backend::{FakeBackend, RecordedSync, SyncKind};
 use crate::event::{ObjectEvent, SourceEvent};
+use crate::fixtures::{self, EndpointSpec, NODE, applied, deleted, endpoint, name, names, node};
 use crate::health::{ProxyHealth, ServiceHealth, ServiceHealthMap};
 use crate::metrics::{KindLabel, Metrics, TrafficPolicyLabel};
-use crate::model::ServiceName;
 use crate::tracker::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, ProxyState};
 
-const NODE: &str = "test-node";
 const SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// The injected wall clock starts here (2023-11-14T22:13:20Z).
 const EPOCH_OFFSET: Duration = Duration::from_secs(1_700_000_000);
 
-fn name(service: &str) -> ServiceName {
-    ServiceName {
-        namespace: "ns".to_owned(),
-        name: service.to_owned(),
-    }
-}
-
-fn names(services: &[&str]) -> BTreeSet<ServiceName> {
-    services.iter().map(|s| name(s)).collect()
-}
-
-fn service_from(service: &str, spec: Value) -> Service {
-    serde_json::from_value(json!({
-        "metadata": {"namespace": "ns", "name": service},
-        "spec": spec,
-    }))
-    .expect("Service JSON")
-}
-
 /// A ClusterIP service with one TCP port 80.
 fn service(service: &str, ip: &str) -> Service {
-    service_from(service, json!({"clusterIP": ip, "ports": [{"port": 80}]}))
+    let spec = json!({"clusterIP": ip, "ports": [{"port": 80}]});
+    fixtures::service("ns", service, spec)
+}
+
+/// `(ip, node, ready)` slice endpoints.
+fn endpoints(list: &[(&str, Option<&str>, bool)]) -> Vec<EndpointSpec> {
+    list.iter()
+        .map(|(ip, node, ready)| endpoint(ip).ready(*ready).node(*node))
+        .collect()
 }
 
 /// An IPv4 slice for port 80 with `(ip, node, ready)` endpoints.
-fn slice(slice: &str, service: &str, endpoints: &[(&str, Option<&str>, bool)]) -> EndpointSlice {
-    let endpoints: Vec<Value> = endpoints
-        .iter()
-        .map(|(ip, node, ready)| {
-            let mut value = json!({"addresses": [ip], "conditions": {"ready": ready}});
-            if let Some(node) = node {
-                value["nodeName"] = json!(node);
-            }
-            value
-        })
-        .collect();
-    serde_json::from_value(json!({
-        "metadata": {
-            "namespace": "ns",
-            "name": slice,
-            "labels": {"kubernetes.io/service-name": service},
-        },
-        "addressType": "IPv4",
-        "ports": [{"port": 8080}],
-        "endpoints": endpoints,
-    }))
-    .expect("EndpointSlice JSON")
-}
-
-fn node(labels: Value, spec: Value) -> Node {
-    serde_json::from_value(json!({"metadata": {"name": NODE, "labels": labels}, "spec": spec}))
-        .expect("Node JSON")
-}
-
-fn svc_event(s: Service) -> SourceEvent {
-    SourceEvent::Service(ObjectEvent::Applied(s))
-}
-
-fn slice_event(s: EndpointSlice) -> SourceEvent {
-    SourceEvent::EndpointSlice(ObjectEvent::Applied(s))
-}
-
-fn node_event(n: Node) -> SourceEvent {
-    SourceEvent::Node(ObjectEvent::Applied(n))
+fn slice(slice: &str, service: &str, list: &[(&str, Option<&str>, bool)]) -> EndpointSlice {
+    let ports = json!([{"port": 8080}]);
+    fixtures::slice("ns", slice, service, "IPv4", ports, &endpoints(list))
 }
 
 const SERVICES_SYNCED: SourceEvent = SourceEvent::Service(ObjectEvent::Synced);
@@ -203,8 +154,8 @@ impl Harness {
 #[tokio::test(start_paused = true)]
 async fn nothing_is_synced_before_services_and_slices_are_synced() {
     let h = Harness::start();
-    h.send(svc_event(service("web", "172.30.0.41"))).await;
-    h.send(slice_event(slice(
+    h.send(applied(service("web", "172.30.0.41"))).await;
+    h.send(applied(slice(
         "web-a",
         "web",
         &[("10.180.0.1", None, true)],
@@ -232,22 +183,18 @@ async fn nothing_is_synced_before_services_and_slices_are_synced() {
 async fn later_change_is_partial_with_exactly_the_changed_service() {
     let h = Harness::start();
     h.initialize(vec![
-        svc_event(service("web", "172.30.0.41")),
-        svc_event(service("db", "172.30.0.42")),
-        slice_event(slice("web-a", "web", &[("10.180.0.1", None, true)])),
-        slice_event(slice("db-a", "db", &[("10.180.0.2", None, true)])),
+        applied(service("web", "172.30.0.41")),
+        applied(service("db", "172.30.0.42")),
+        applied(slice("web-a", "web", &[("10.180.0.1", None, true)])),
+        applied(slice("db-a", "db", &[("10.180.0.2", None, true)])),
     ])
     .await;
     assert_eq!(h.last_sync().kind, SyncKind::Full);
     assert_eq!(h.last_sync().changed, names(&["db", "web"]));
 
     run_for(Duration::from_secs(5)).await;
-    h.send(slice_event(slice(
-        "db-a",
-        "db",
-        &[("10.180.0.3", None, true)],
-    )))
-    .await;
+    h.send(applied(slice("db-a", "db", &[("10.180.0.3", None, true)])))
+        .await;
     settle().await;
     let syncs = h.syncs();
     assert_eq!(syncs.len(), 2);
@@ -260,14 +207,14 @@ async fn later_change_is_partial_with_exactly_the_changed_service() {
 #[tokio::test(start_paused = true)]
 async fn burst_within_min_sync_period_is_one_sync() {
     let h = Harness::start();
-    h.initialize(vec![svc_event(service("web", "172.30.0.41"))])
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
         .await;
     assert_eq!(h.syncs().len(), 1);
 
     // Ten changes spread over 900 ms right after a sync.
     for i in 0..10 {
         let ip = format!("10.180.0.{}", i + 1);
-        h.send(slice_event(slice("web-a", "web", &[(&ip, None, true)])))
+        h.send(applied(slice("web-a", "web", &[(&ip, None, true)])))
             .await;
         run_for(Duration::from_millis(90)).await;
     }
@@ -288,8 +235,7 @@ async fn burst_within_min_sync_period_is_one_sync() {
     // Events queued together after a quiet period are one sync too.
     run_for(Duration::from_secs(5)).await;
     for service_name in ["a", "b", "c"] {
-        h.send(svc_event(service(service_name, "172.30.0.50")))
-            .await;
+        h.send(applied(service(service_name, "172.30.0.50"))).await;
     }
     settle().await;
     assert_eq!(h.syncs().len(), 3);
@@ -300,12 +246,12 @@ async fn burst_within_min_sync_period_is_one_sync() {
 #[tokio::test(start_paused = true)]
 async fn failed_sync_is_retried_after_the_retry_interval_as_full() {
     let h = Harness::start();
-    h.initialize(vec![svc_event(service("web", "172.30.0.41"))])
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
         .await;
     run_for(Duration::from_secs(5)).await;
 
     h.backend.fail_next(1);
-    h.send(svc_event(service("db", "172.30.0.42"))).await;
+    h.send(applied(service("db", "172.30.0.42"))).await;
     settle().await;
     assert_eq!(h.syncs().len(), 2);
     assert_eq!(h.last_sync().kind, SyncKind::Partial);
@@ -323,7 +269,7 @@ async fn failed_sync_is_retried_after_the_retry_interval_as_full() {
 
     // After the successful retry, syncs are partial again.
     run_for(Duration::from_secs(5)).await;
-    h.send(svc_event(service("db", "172.30.0.43"))).await;
+    h.send(applied(service("db", "172.30.0.43"))).await;
     settle().await;
     assert_eq!(h.last_sync().kind, SyncKind::Partial);
     h.stop().await;
@@ -333,10 +279,10 @@ async fn failed_sync_is_retried_after_the_retry_interval_as_full() {
 async fn a_change_after_a_failure_syncs_fully_and_cancels_the_retry() {
     let h = Harness::start_with(|c| c.with_retry_interval(Duration::from_secs(10)));
     h.backend.fail_next(1);
-    h.initialize(vec![svc_event(service("web", "172.30.0.41"))])
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
         .await;
     assert_eq!(h.syncs().len(), 1);
-    h.send(svc_event(service("db", "172.30.0.42"))).await;
+    h.send(applied(service("db", "172.30.0.42"))).await;
     run_for(Duration::from_secs(2)).await;
     let syncs = h.syncs();
     assert_eq!(syncs.len(), 2);
@@ -353,7 +299,7 @@ async fn a_change_after_a_failure_syncs_fully_and_cancels_the_retry() {
 #[tokio::test(start_paused = true)]
 async fn periodic_sync_is_partial_with_nothing_changed() {
     let h = Harness::start();
-    h.initialize(vec![svc_event(service("web", "172.30.0.41"))])
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
         .await;
     run_for(SYNC_PERIOD + Duration::from_millis(1)).await;
     let syncs = h.syncs();
@@ -368,7 +314,7 @@ async fn periodic_sync_is_partial_with_nothing_changed() {
 async fn health_turns_unhealthy_while_syncs_fail_and_recovers() {
     let h = Harness::start();
     h.backend.fail_next(usize::MAX);
-    h.initialize(vec![svc_event(service("web", "172.30.0.41"))])
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
         .await;
     assert!(h.health.snapshot().healthy);
     // The health timeout is twice the sync period.
@@ -392,14 +338,14 @@ async fn health_turns_unhealthy_while_syncs_fail_and_recovers() {
 async fn node_eligibility_and_label_changes() {
     let h = Harness::start();
     let zone = |z: &str| json!({"topology.kubernetes.io/zone": z});
-    h.initialize(vec![node_event(node(zone("a"), json!({})))])
+    h.initialize(vec![applied(node(NODE, zone("a"), json!({})))])
         .await;
     assert!(h.health.snapshot().node_eligible);
     assert_eq!(h.last_sync().state.node.zone(), Some("a"));
     run_for(Duration::from_secs(5)).await;
 
     // A change to another service plus a label change: full sync.
-    h.send(node_event(node(zone("b"), json!({})))).await;
+    h.send(applied(node(NODE, zone("b"), json!({})))).await;
     settle().await;
     assert_eq!(h.syncs().len(), 2);
     assert_eq!(h.last_sync().kind, SyncKind::Full);
@@ -408,24 +354,20 @@ async fn node_eligibility_and_label_changes() {
     // Eligibility only: no sync, but /healthz sees it.
     let taint =
         json!({"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]});
-    h.send(node_event(node(zone("b"), taint))).await;
+    h.send(applied(node(NODE, zone("b"), taint))).await;
     settle().await;
     assert!(!h.health.snapshot().node_eligible);
     assert_eq!(h.syncs().len(), 2);
 
     // Another node's object changes nothing.
-    let mut other = node(zone("c"), json!({}));
+    let mut other = node(NODE, zone("c"), json!({}));
     other.metadata.name = Some("other-node".to_owned());
-    h.send(node_event(other)).await;
-    h.send(node_event(node(zone("b"), json!({})))).await;
+    h.send(applied(other)).await;
+    h.send(applied(node(NODE, zone("b"), json!({})))).await;
     settle().await;
     assert!(h.health.snapshot().node_eligible);
 
-    h.send(SourceEvent::Node(ObjectEvent::Deleted(node(
-        zone("b"),
-        json!({}),
-    ))))
-    .await;
+    h.send(deleted(node(NODE, zone("b"), json!({})))).await;
     settle().await;
     assert!(!h.health.snapshot().node_eligible);
     h.stop().await;
@@ -433,7 +375,8 @@ async fn node_eligibility_and_label_changes() {
 
 /// A LoadBalancer service with eTP Local and health-check node port 30000, ports 80 and 81.
 fn etp_local_lb() -> Service {
-    service_from(
+    fixtures::service(
+        "ns",
         "lb",
         json!({
             "type": "LoadBalancer",
@@ -449,14 +392,12 @@ fn etp_local_lb() -> Service {
 }
 
 /// Its slice: both ports, `(ip, node, ready)` endpoints.
-fn etp_local_lb_slice(endpoints: &[(&str, Option<&str>, bool)]) -> EndpointSlice {
-    let mut s = slice("lb-a", "lb", endpoints);
-    s.ports = serde_json::from_value(json!([
+fn etp_local_lb_slice(list: &[(&str, Option<&str>, bool)]) -> EndpointSlice {
+    let ports = json!([
         {"name": "a", "port": 8080},
         {"name": "b", "port": 8081},
-    ]))
-    .expect("ports JSON");
-    s
+    ]);
+    fixtures::slice("ns", "lb-a", "lb", "IPv4", ports, &endpoints(list))
 }
 
 #[tokio::test(start_paused = true)]
@@ -464,9 +405,9 @@ async fn service_health_map_is_published_after_syncs() {
     let mut h = Harness::start();
     assert!(h.service_health.borrow().is_empty());
     h.initialize(vec![
-        svc_event(etp_local_lb()),
-        svc_event(service("web", "172.30.0.41")),
-        slice_event(etp_local_lb_slice(&[
+        applied(etp_local_lb()),
+        applied(service("web", "172.30.0.41")),
+        applied(etp_local_lb_slice(&[
             ("10.180.0.1", Some(NODE), true),
             ("10.180.0.2", Some(NODE), false),
             ("10.180.0.3", Some("other"), true),
@@ -486,7 +427,7 @@ async fn service_health_map_is_published_after_syncs() {
     assert_eq!(*h.service_health.borrow_and_update(), want);
 
     run_for(Duration::from_secs(5)).await;
-    h.send(slice_event(etp_local_lb_slice(&[
+    h.send(applied(etp_local_lb_slice(&[
         ("10.180.0.1", Some(NODE), false),
         ("10.180.0.3", Some("other"), true),
     ])))
@@ -500,7 +441,7 @@ async fn service_health_map_is_published_after_syncs() {
 
     // A sync that changes no health-check service does not wake readers.
     run_for(Duration::from_secs(5)).await;
-    h.send(svc_event(service("web", "172.30.0.42"))).await;
+    h.send(applied(service("web", "172.30.0.42"))).await;
     settle().await;
     assert!(!h.service_health.has_changed().expect("sender alive"));
     h.stop().await;
@@ -510,7 +451,7 @@ async fn service_health_map_is_published_after_syncs() {
 async fn state_is_published_after_successful_syncs_only() {
     let mut h = Harness::start();
     h.backend.fail_next(1);
-    h.initialize(vec![svc_event(service("web", "172.30.0.41"))])
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
         .await;
     assert!(!h.state.has_changed().expect("sender alive"));
     assert!(h.state.borrow().services.is_empty());
@@ -523,29 +464,32 @@ async fn state_is_published_after_successful_syncs_only() {
 #[tokio::test(start_paused = true)]
 async fn no_local_endpoints_gauge() {
     let h = Harness::start();
-    let itp_local = service_from(
+    let itp_local = fixtures::service(
+        "ns",
         "itp",
         json!({"clusterIP": "172.30.0.70", "internalTrafficPolicy": "Local", "ports": [{"port": 80}]}),
     );
-    let etp_local = service_from(
+    let etp_local = fixtures::service(
+        "ns",
         "etp",
         json!({"type": "NodePort", "clusterIP": "172.30.0.71", "externalTrafficPolicy": "Local",
                "ports": [{"port": 80, "nodePort": 3001}]}),
     );
-    let empty = service_from(
+    let empty = fixtures::service(
+        "ns",
         "empty",
         json!({"clusterIP": "172.30.0.72", "internalTrafficPolicy": "Local", "ports": [{"port": 80}]}),
     );
     h.initialize(vec![
-        svc_event(itp_local),
-        svc_event(etp_local),
-        svc_event(empty),
-        slice_event(slice(
+        applied(itp_local),
+        applied(etp_local),
+        applied(empty),
+        applied(slice(
             "itp-a",
             "itp",
             &[("10.180.0.1", Some("other"), true)],
         )),
-        slice_event(slice("etp-a", "etp", &[("10.180.0.2", None, true)])),
+        applied(slice("etp-a", "etp", &[("10.180.0.2", None, true)])),
     ])
     .await;
     let gauge = |policy: &'static str| {
@@ -560,13 +504,13 @@ async fn no_local_endpoints_gauge() {
 
     // With local endpoints the gauges drop.
     run_for(Duration::from_secs(5)).await;
-    h.send(slice_event(slice(
+    h.send(applied(slice(
         "itp-a",
         "itp",
         &[("10.180.0.1", Some(NODE), true)],
     )))
     .await;
-    h.send(slice_event(slice(
+    h.send(applied(slice(
         "etp-a",
         "etp",
         &[("10.180.0.2", Some(NODE), true)],
@@ -601,15 +545,16 @@ async fn metrics_follow_syncs_and_changes() {
         .into_iter()
         .collect(),
     );
-    let invalid = service_from(
+    let invalid = fixtures::service(
+        "ns",
         "bad",
         json!({"clusterIP": "172.30.0.999", "ports": [{"port": 80}]}),
     );
     h.send(SourceEvent::Service(ObjectEvent::Synced)).await;
-    h.send(svc_event(service("web", "172.30.0.41"))).await;
-    h.send(svc_event(invalid)).await;
-    h.send(slice_event(annotated)).await;
-    h.send(slice_event(old)).await;
+    h.send(applied(service("web", "172.30.0.41"))).await;
+    h.send(applied(invalid)).await;
+    h.send(applied(annotated)).await;
+    h.send(applied(old)).await;
     settle().await;
     assert_eq!(h.metrics.service_changes.get(), 2);
     assert_eq!(h.metrics.endpoint_changes.get(), 2);
@@ -658,7 +603,7 @@ async fn metrics_follow_syncs_and_changes() {
     );
 
     run_for(Duration::from_secs(5)).await;
-    h.send(svc_event(service("web", "172.30.0.42"))).await;
+    h.send(applied(service("web", "172.30.0.42"))).await;
     settle().await;
     assert_eq!(
         h.sample("kubeproxy_sync_partial_proxy_rules_duration_seconds_count"),
@@ -699,8 +644,8 @@ async fn closed_event_channel_keeps_state_and_periodic_syncs() {
         ..
     } = Harness::start();
     for event in [
-        svc_event(service("web", "172.30.0.41")),
-        slice_event(slice("web-a", "web", &[("10.180.0.1", None, true)])),
+        applied(service("web", "172.30.0.41")),
+        applied(slice("web-a", "web", &[("10.180.0.1", None, true)])),
         SERVICES_SYNCED,
         SLICES_SYNCED,
     ] {

@@ -3,24 +3,12 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
 
 use super::*;
-
-const NODE: &str = "test-node";
-
-fn name(service: &str) -> ServiceName {
-    ServiceName {
-        namespace: "ns".to_owned(),
-        name: service.to_owned(),
-    }
-}
-
-fn names(services: &[&str]) -> BTreeSet<ServiceName> {
-    services.iter().map(|s| name(s)).collect()
-}
+use crate::fixtures::{self, NODE, applied, deleted, endpoint, name, names, node};
 
 /// A ClusterIP Service `ns/<service>` with `(port name, protocol, port)` ports.
 fn service(service: &str, ip: &str, ports: &[(&str, &str, u16)]) -> Service {
@@ -30,62 +18,24 @@ fn service(service: &str, ip: &str, ports: &[(&str, &str, u16)]) -> Service {
             json!({"name": port_name, "protocol": protocol, "port": port})
         })
         .collect();
-    serde_json::from_value(json!({
-        "metadata": {"namespace": "ns", "name": service},
-        "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": ports},
-    }))
-    .expect("Service JSON")
+    let spec = json!({"clusterIP": ip, "clusterIPs": [ip], "ports": ports});
+    fixtures::service("ns", service, spec)
 }
 
-/// An IPv4 EndpointSlice `ns/<slice>` of `ns/<service>` with one named port.
+/// An IPv4 EndpointSlice `ns/<slice>` of `ns/<service>` with one named port and ready
+/// `(ip, node)` endpoints.
 fn slice(
     slice: &str,
     service: &str,
     port: (&str, &str, u16),
     endpoints: &[(&str, Option<&str>)],
 ) -> EndpointSlice {
-    let endpoints: Vec<Value> = endpoints
+    let ports = json!([{"name": port.0, "protocol": port.1, "port": port.2}]);
+    let endpoints: Vec<_> = endpoints
         .iter()
-        .map(|(ip, node)| {
-            let mut value = json!({"addresses": [ip], "conditions": {"ready": true}});
-            if let Some(node) = node {
-                value["nodeName"] = json!(node);
-            }
-            value
-        })
+        .map(|(ip, node)| endpoint(ip).ready(true).node(*node))
         .collect();
-    serde_json::from_value(json!({
-        "metadata": {
-            "namespace": "ns",
-            "name": slice,
-            "labels": {"kubernetes.io/service-name": service},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": port.0, "protocol": port.1, "port": port.2}],
-        "endpoints": endpoints,
-    }))
-    .expect("EndpointSlice JSON")
-}
-
-fn node(node: &str, labels: Value) -> Node {
-    serde_json::from_value(json!({"metadata": {"name": node, "labels": labels}}))
-        .expect("Node JSON")
-}
-
-fn svc_applied(s: Service) -> SourceEvent {
-    SourceEvent::Service(ObjectEvent::Applied(s))
-}
-
-fn svc_deleted(s: Service) -> SourceEvent {
-    SourceEvent::Service(ObjectEvent::Deleted(s))
-}
-
-fn slice_applied(s: EndpointSlice) -> SourceEvent {
-    SourceEvent::EndpointSlice(ObjectEvent::Applied(s))
-}
-
-fn slice_deleted(s: EndpointSlice) -> SourceEvent {
-    SourceEvent::EndpointSlice(ObjectEvent::Deleted(s))
+    fixtures::slice("ns", slice, service, "IPv4", ports, &endpoints)
 }
 
 /// `ip:port` of every endpoint of `ns/<service>`, per port name.
@@ -117,8 +67,8 @@ fn services_and_slices_add_update_delete() {
         &[("http", "TCP", 80), ("dns", "UDP", 53)],
     );
     let db = service("db", "172.30.0.42", &[("sql", "TCP", 5432)]);
-    assert_eq!(tracker.record(svc_applied(web.clone())), Recorded::Changed);
-    assert_eq!(tracker.record(svc_applied(db.clone())), Recorded::Changed);
+    assert_eq!(tracker.record(applied(web.clone())), Recorded::Changed);
+    assert_eq!(tracker.record(applied(db.clone())), Recorded::Changed);
     let a = slice(
         "web-a",
         "web",
@@ -131,8 +81,8 @@ fn services_and_slices_add_update_delete() {
         ("http", "TCP", 8080),
         &[("10.180.0.2", None)],
     );
-    assert_eq!(tracker.record(slice_applied(a.clone())), Recorded::Changed);
-    assert_eq!(tracker.record(slice_applied(b.clone())), Recorded::Changed);
+    assert_eq!(tracker.record(applied(a.clone())), Recorded::Changed);
+    assert_eq!(tracker.record(applied(b.clone())), Recorded::Changed);
     assert_eq!(tracker.service_changes_pending(), 2);
     assert_eq!(tracker.endpoint_changes_pending(), 1);
 
@@ -169,10 +119,7 @@ fn services_and_slices_add_update_delete() {
     assert_eq!(state, before);
 
     // An identical update is not a change.
-    assert_eq!(
-        tracker.record(slice_applied(b.clone())),
-        Recorded::Unchanged
-    );
+    assert_eq!(tracker.record(applied(b.clone())), Recorded::Unchanged);
     assert!(!tracker.has_pending());
 
     // Update one slice of a multi-slice service: only that service changed.
@@ -182,13 +129,13 @@ fn services_and_slices_add_update_delete() {
         ("http", "TCP", 8080),
         &[("10.180.0.2", None), ("10.180.0.3", None)],
     );
-    assert_eq!(tracker.record(slice_applied(b2)), Recorded::Changed);
+    assert_eq!(tracker.record(applied(b2)), Recorded::Changed);
     let result = tracker.apply(&mut state);
     assert_eq!(result.changed, names(&["web"]));
     assert_eq!(endpoints_of(&state, "web")[0].1.len(), 3);
 
     // Delete a slice: its endpoints go, the other slice's stay.
-    assert_eq!(tracker.record(slice_deleted(a)), Recorded::Changed);
+    assert_eq!(tracker.record(deleted(a)), Recorded::Changed);
     let result = tracker.apply(&mut state);
     assert_eq!(result.changed, names(&["web"]));
     assert_eq!(
@@ -201,16 +148,16 @@ fn services_and_slices_add_update_delete() {
 
     // Delete the service: its ports go; its endpoints stay until their slices go (as
     // upstream's endpoints map, which is independent of Services).
-    assert_eq!(tracker.record(svc_deleted(web.clone())), Recorded::Changed);
+    assert_eq!(tracker.record(deleted(web.clone())), Recorded::Changed);
     let result = tracker.apply(&mut state);
     assert_eq!(result.changed, names(&["web"]));
     assert_eq!(port_names(&state), vec!["ns/db:sql"]);
-    assert_eq!(tracker.record(slice_deleted(b)), Recorded::Changed);
+    assert_eq!(tracker.record(deleted(b)), Recorded::Changed);
     tracker.apply(&mut state);
     assert!(state.endpoints.is_empty());
 
     // Deleting what is already gone is no change.
-    assert_eq!(tracker.record(svc_deleted(web)), Recorded::Unchanged);
+    assert_eq!(tracker.record(deleted(web)), Recorded::Unchanged);
 }
 
 #[test]
@@ -224,10 +171,10 @@ fn changes_that_return_to_the_applied_state_cancel_out() {
         ("http", "TCP", 8080),
         &[("10.180.0.1", None)],
     );
-    tracker.record(svc_applied(web.clone()));
-    tracker.record(slice_applied(a.clone()));
+    tracker.record(applied(web.clone()));
+    tracker.record(applied(a.clone()));
     tracker.apply(&mut state);
-    let applied = state.clone();
+    let applied_state = state.clone();
 
     // Update and revert, for both kinds.
     let web2 = service("web", "172.30.0.41", &[("http", "TCP", 8000)]);
@@ -237,28 +184,28 @@ fn changes_that_return_to_the_applied_state_cancel_out() {
         ("http", "TCP", 8080),
         &[("10.180.0.9", None)],
     );
-    assert_eq!(tracker.record(svc_applied(web2)), Recorded::Changed);
-    assert_eq!(tracker.record(slice_applied(a2)), Recorded::Changed);
+    assert_eq!(tracker.record(applied(web2)), Recorded::Changed);
+    assert_eq!(tracker.record(applied(a2)), Recorded::Changed);
     assert_eq!(tracker.service_changes_pending(), 1);
     assert_eq!(tracker.endpoint_changes_pending(), 1);
-    assert_eq!(tracker.record(svc_applied(web)), Recorded::Changed);
-    assert_eq!(tracker.record(slice_applied(a.clone())), Recorded::Changed);
+    assert_eq!(tracker.record(applied(web)), Recorded::Changed);
+    assert_eq!(tracker.record(applied(a.clone())), Recorded::Changed);
     assert_eq!(tracker.service_changes_pending(), 0);
     assert_eq!(tracker.endpoint_changes_pending(), 0);
 
     // Delete and re-create.
-    tracker.record(slice_deleted(a.clone()));
-    tracker.record(slice_applied(a));
+    tracker.record(deleted(a.clone()));
+    tracker.record(applied(a));
 
     // Add and delete something never applied.
     let tmp = service("tmp", "172.30.0.50", &[("p", "UDP", 9)]);
-    tracker.record(svc_applied(tmp.clone()));
-    tracker.record(svc_deleted(tmp));
+    tracker.record(applied(tmp.clone()));
+    tracker.record(deleted(tmp));
 
     let result = tracker.apply(&mut state);
     assert_eq!(result.changed, BTreeSet::new());
     assert!(!result.conntrack_cleanup_required);
-    assert_eq!(state, applied);
+    assert_eq!(state, applied_state);
 }
 
 #[test]
@@ -277,8 +224,8 @@ fn endpoints_moving_between_slices_are_no_change() {
         ("http", "TCP", 8080),
         &[("10.180.0.2", None)],
     );
-    tracker.record(slice_applied(a));
-    tracker.record(slice_applied(b));
+    tracker.record(applied(a));
+    tracker.record(applied(b));
     tracker.apply(&mut state);
 
     let a2 = slice(
@@ -288,8 +235,8 @@ fn endpoints_moving_between_slices_are_no_change() {
         &[("10.180.0.1", None), ("10.180.0.2", None)],
     );
     let b2 = slice("web-b", "web", ("http", "TCP", 8080), &[]);
-    tracker.record(slice_applied(a2));
-    tracker.record(slice_applied(b2));
+    tracker.record(applied(a2));
+    tracker.record(applied(b2));
     assert_eq!(tracker.endpoint_changes_pending(), 1);
     // The slices changed, but the merged endpoints did not.
     assert_eq!(tracker.apply(&mut state).changed, BTreeSet::new());
@@ -300,10 +247,10 @@ fn slice_relabelled_to_another_service_moves() {
     let mut tracker = ChangeTracker::new(NODE);
     let mut state = ProxyState::default();
     let ep = [("10.180.0.1", None)];
-    tracker.record(slice_applied(slice("s", "web", ("", "TCP", 80), &ep)));
+    tracker.record(applied(slice("s", "web", ("", "TCP", 80), &ep)));
     tracker.apply(&mut state);
     assert_eq!(
-        tracker.record(slice_applied(slice("s", "api", ("", "TCP", 80), &ep))),
+        tracker.record(applied(slice("s", "api", ("", "TCP", 80), &ep))),
         Recorded::Changed
     );
     assert_eq!(tracker.apply(&mut state).changed, names(&["api", "web"]));
@@ -313,7 +260,7 @@ fn slice_relabelled_to_another_service_moves() {
     // Losing the service-name label makes the slice ignored: its endpoints go.
     let mut unlabelled = slice("s", "api", ("", "TCP", 80), &ep);
     unlabelled.metadata.labels = None;
-    assert_eq!(tracker.record(slice_applied(unlabelled)), Recorded::Changed);
+    assert_eq!(tracker.record(applied(unlabelled)), Recorded::Changed);
     assert_eq!(tracker.apply(&mut state).changed, names(&["api"]));
     assert!(state.endpoints.is_empty());
 }
@@ -323,12 +270,8 @@ fn conntrack_cleanup_only_for_udp_or_sctp_services() {
     let mut tracker = ChangeTracker::new(NODE);
     let mut state = ProxyState::default();
 
-    tracker.record(svc_applied(service(
-        "tcp",
-        "172.30.0.1",
-        &[("p", "TCP", 80)],
-    )));
-    tracker.record(slice_applied(slice(
+    tracker.record(applied(service("tcp", "172.30.0.1", &[("p", "TCP", 80)])));
+    tracker.record(applied(slice(
         "tcp-a",
         "tcp",
         ("p", "TCP", 80),
@@ -339,11 +282,11 @@ fn conntrack_cleanup_only_for_udp_or_sctp_services() {
     assert!(!result.conntrack_cleanup_required);
 
     let udp = service("udp", "172.30.0.2", &[("dns", "UDP", 53)]);
-    tracker.record(svc_applied(udp.clone()));
+    tracker.record(applied(udp.clone()));
     assert!(tracker.apply(&mut state).conntrack_cleanup_required);
 
     // Endpoint-only change of a UDP service.
-    tracker.record(slice_applied(slice(
+    tracker.record(applied(slice(
         "udp-a",
         "udp",
         ("dns", "UDP", 53),
@@ -354,7 +297,7 @@ fn conntrack_cleanup_only_for_udp_or_sctp_services() {
     assert!(result.conntrack_cleanup_required);
 
     // A TCP-only change while the UDP service is untouched.
-    tracker.record(slice_applied(slice(
+    tracker.record(applied(slice(
         "tcp-a",
         "tcp",
         ("p", "TCP", 80),
@@ -363,17 +306,9 @@ fn conntrack_cleanup_only_for_udp_or_sctp_services() {
     assert!(!tracker.apply(&mut state).conntrack_cleanup_required);
 
     // SCTP counts too, and "before" counts: switching SCTP to TCP needs cleanup.
-    tracker.record(svc_applied(service(
-        "sig",
-        "172.30.0.3",
-        &[("s", "SCTP", 7)],
-    )));
+    tracker.record(applied(service("sig", "172.30.0.3", &[("s", "SCTP", 7)])));
     assert!(tracker.apply(&mut state).conntrack_cleanup_required);
-    tracker.record(svc_applied(service(
-        "sig",
-        "172.30.0.3",
-        &[("s", "TCP", 7)],
-    )));
+    tracker.record(applied(service("sig", "172.30.0.3", &[("s", "TCP", 7)])));
     let result = tracker.apply(&mut state);
     assert_eq!(result.changed, names(&["sig"]));
     assert!(result.conntrack_cleanup_required);
@@ -383,12 +318,12 @@ fn conntrack_cleanup_only_for_udp_or_sctp_services() {
 fn invalid_objects_are_skipped_and_the_last_good_version_kept() {
     let mut tracker = ChangeTracker::new(NODE);
     let mut state = ProxyState::default();
-    tracker.record(svc_applied(service(
+    tracker.record(applied(service(
         "web",
         "172.30.0.41",
         &[("http", "TCP", 80)],
     )));
-    tracker.record(slice_applied(slice(
+    tracker.record(applied(slice(
         "web-a",
         "web",
         ("http", "TCP", 8080),
@@ -402,9 +337,9 @@ fn invalid_objects_are_skipped_and_the_last_good_version_kept() {
     let bad_slice = slice("web-a", "web", ("http", "TCP", 8080), &[("10.180.0", None)]);
     // A new, invalid object.
     let bad_new = service("new", "172.30.0.50", &[("p", "TCP", 0)]);
-    assert_eq!(tracker.record(svc_applied(bad_service)), Recorded::Invalid);
-    assert_eq!(tracker.record(slice_applied(bad_slice)), Recorded::Invalid);
-    assert_eq!(tracker.record(svc_applied(bad_new)), Recorded::Invalid);
+    assert_eq!(tracker.record(applied(bad_service)), Recorded::Invalid);
+    assert_eq!(tracker.record(applied(bad_slice)), Recorded::Invalid);
+    assert_eq!(tracker.record(applied(bad_new)), Recorded::Invalid);
     assert!(Recorded::Invalid.needs_sync());
     assert!(tracker.has_pending());
 
@@ -428,7 +363,7 @@ fn invalid_objects_are_skipped_and_the_last_good_version_kept() {
     assert!(tracker.apply(&mut state).invalid.is_empty());
 
     // A valid update after an invalid one applies normally.
-    tracker.record(svc_applied(service(
+    tracker.record(applied(service(
         "web",
         "172.30.0.41",
         &[("http", "TCP", 81)],
@@ -445,15 +380,14 @@ fn node_labels_other_nodes_and_deletion() {
     assert!(!state.node.known);
 
     let zone_a = json!({"topology.kubernetes.io/zone": "a"});
-    let node_event = |n: Node| SourceEvent::Node(ObjectEvent::Applied(n));
     assert_eq!(
-        tracker.record(node_event(node("other", zone_a.clone()))),
+        tracker.record(applied(node("other", zone_a.clone(), Value::Null))),
         Recorded::Unchanged
     );
     assert!(!tracker.has_pending());
 
     assert_eq!(
-        tracker.record(node_event(node(NODE, zone_a.clone()))),
+        tracker.record(applied(node(NODE, zone_a.clone(), Value::Null))),
         Recorded::Changed
     );
     let result = tracker.apply(&mut state);
@@ -463,33 +397,33 @@ fn node_labels_other_nodes_and_deletion() {
 
     // Same labels: nothing to sync.
     assert_eq!(
-        tracker.record(node_event(node(NODE, zone_a))),
+        tracker.record(applied(node(NODE, zone_a, Value::Null))),
         Recorded::Unchanged
     );
     assert!(!tracker.apply(&mut state).node_labels_changed);
 
     // Eligibility alone needs no sync but is tracked.
-    let mut tainted = node(NODE, json!({"topology.kubernetes.io/zone": "a"}));
-    tainted.spec = serde_json::from_value(json!({"taints": [
+    let taint = json!({"taints": [
         {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
-    ]}))
-    .expect("NodeSpec JSON");
-    assert_eq!(tracker.record(node_event(tainted)), Recorded::Unchanged);
+    ]});
+    let tainted = node(NODE, json!({"topology.kubernetes.io/zone": "a"}), taint);
+    assert_eq!(tracker.record(applied(tainted)), Recorded::Unchanged);
     assert!(!tracker.node().eligible);
     assert!(!tracker.apply(&mut state).node_labels_changed);
     assert!(!state.node.eligible);
 
     assert_eq!(
-        tracker.record(node_event(node(
+        tracker.record(applied(node(
             NODE,
-            json!({"topology.kubernetes.io/zone": "b"})
+            json!({"topology.kubernetes.io/zone": "b"}),
+            Value::Null
         ))),
         Recorded::Changed
     );
     assert!(tracker.apply(&mut state).node_labels_changed);
 
-    let deleted = SourceEvent::Node(ObjectEvent::Deleted(node(NODE, json!({}))));
-    assert_eq!(tracker.record(deleted), Recorded::Changed);
+    let gone = deleted(node(NODE, json!({}), Value::Null));
+    assert_eq!(tracker.record(gone), Recorded::Changed);
     assert!(!tracker.node().eligible);
     assert!(tracker.apply(&mut state).node_labels_changed);
     assert!(state.node.labels.is_empty());
@@ -499,7 +433,7 @@ fn node_labels_other_nodes_and_deletion() {
 fn endpoint_locality_uses_the_tracker_node_name() {
     let mut tracker = ChangeTracker::new(NODE);
     let mut state = ProxyState::default();
-    tracker.record(slice_applied(slice(
+    tracker.record(applied(slice(
         "web-a",
         "web",
         ("", "TCP", 80),
@@ -550,27 +484,18 @@ fn trigger_times_are_reported_for_changed_services() {
         );
         s
     };
-    tracker.record(slice_applied(annotated(
-        "10.180.0.1",
-        "2025-01-02T03:04:05Z",
-    )));
+    tracker.record(applied(annotated("10.180.0.1", "2025-01-02T03:04:05Z")));
     let result = tracker.apply(&mut state);
     let want = SystemTime::UNIX_EPOCH + Duration::from_secs(1_735_787_045);
     assert_eq!(result.trigger_times, vec![want]);
 
     // A change that cancels out measures nothing.
-    tracker.record(slice_applied(annotated(
-        "10.180.0.2",
-        "2025-01-02T03:04:06Z",
-    )));
-    tracker.record(slice_applied(annotated(
-        "10.180.0.1",
-        "2025-01-02T03:04:07Z",
-    )));
+    tracker.record(applied(annotated("10.180.0.2", "2025-01-02T03:04:06Z")));
+    tracker.record(applied(annotated("10.180.0.1", "2025-01-02T03:04:07Z")));
     assert_eq!(tracker.apply(&mut state).trigger_times, vec![]);
 
     // Unparsable annotations are ignored.
-    tracker.record(slice_applied(annotated("10.180.0.3", "yesterday")));
+    tracker.record(applied(annotated("10.180.0.3", "yesterday")));
     let result = tracker.apply(&mut state);
     assert_eq!(result.changed, names(&["web"]));
     assert_eq!(result.trigger_times, vec![]);
