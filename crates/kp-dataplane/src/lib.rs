@@ -15,6 +15,7 @@
 pub mod conntrack;
 pub mod exec;
 pub mod iptables;
+pub mod nftables;
 pub mod sysctls;
 
 #[cfg(test)]

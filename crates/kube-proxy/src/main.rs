@@ -71,8 +71,12 @@ fn run(options: Options) -> anyhow::Result<()> {
             let backend = modes::iptables(settings.config(), &mut registry, options.cleanup)?;
             runtime.block_on(app::run(settings, backend, registry, options.cleanup))
         }
+        ProxyMode::Nftables => {
+            let backend = modes::nftables(settings.config(), &mut registry, options.cleanup)?;
+            runtime.block_on(app::run(settings, backend, registry, options.cleanup))
+        }
         other => anyhow::bail!(
-            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, fake)",
+            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, fake)",
             other.as_str()
         ),
     }

@@ -7,9 +7,11 @@ use std::net::IpAddr;
 use anyhow::Context as _;
 use ipnet::IpNet;
 use kp_config::{KubeProxyConfiguration, LocalMode, NodePortAddresses as ConfigAddresses};
+use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_core::model::IpFamily;
 use kp_dataplane::exec::{IptablesVariant, Tools};
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics, detect_families};
+use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::sysctls::{self, ConntrackSettings, FsSysctl};
 use kp_rules::iptables::{LocalDetector, NodePortAddresses, RenderConfig};
 use prometheus_client::registry::Registry;
@@ -46,6 +48,129 @@ pub fn iptables(
     .with_metrics(IptablesMetrics::register(registry));
     tracing::info!("Using iptables Proxier");
     Ok(backend)
+}
+
+/// The oldest `nft` upstream's nftables mode accepts.
+const MIN_NFT_VERSION: (u32, u32, u32) = (1, 0, 1);
+
+/// Builds the nftables backend, applying upstream's start-up conntrack sysctls first unless
+/// the backend is only wanted for `--cleanup`. nodePortAddresses defaults to `primary` in
+/// this mode ([`node_port_addresses`] resolves it); localhost NodePorts, route_localnet and
+/// the conntrack INVALID drop do not exist in nftables mode.
+pub fn nftables(
+    config: &KubeProxyConfiguration,
+    registry: &mut Registry,
+    cleanup_only: bool,
+) -> anyhow::Result<NftablesMode> {
+    check_nft_version()?;
+    let host = FsSysctl::host();
+    if !cleanup_only {
+        conntrack_sysctls(config, &host);
+    }
+    let families = detect_families();
+    if config.detect_local_mode == LocalMode::ClusterCidr && config.cluster_cidrs().is_empty() {
+        tracing::warn!(
+            "clusterCIDR is empty: pod traffic cannot be told apart, so ClusterIP traffic is not masqueraded"
+        );
+    }
+    let table = config.nftables.table_name.trim();
+    if !table.is_empty() && table != kp_rules::nftables::TABLE {
+        tracing::warn!(
+            table,
+            "nftables.tableName is not supported yet; using table \"kube-proxy\""
+        );
+    }
+    let render = render_config(config, None)?;
+    let nft = NftablesBackend::new(NftablesConfig::new(families.clone(), render.clone()))
+        .context("invalid nftables configuration")?
+        .with_metrics(NftablesMetrics::register(registry));
+    // Only for cleaning up what iptables mode left; its metrics are not registered.
+    let iptables = IptablesBackend::new(
+        IptablesConfig::new(families, render),
+        Tools::new(IptablesVariant::System),
+    )
+    .context("invalid iptables configuration")?;
+    tracing::info!("Using nftables Proxier");
+    Ok(NftablesMode {
+        nft,
+        iptables,
+        iptables_cleaned: false,
+    })
+}
+
+/// Fails unless `nft --version` reports at least [`MIN_NFT_VERSION`], as upstream.
+fn check_nft_version() -> anyhow::Result<()> {
+    let output = std::process::Command::new(kp_dataplane::nftables::DEFAULT_NFT_BINARY)
+        .arg("--version")
+        .output()
+        .context("nftables mode needs `nft` (package nftables)")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    anyhow::ensure!(
+        output.status.success(),
+        "`nft --version` failed: {}",
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    match parse_nft_version(&text) {
+        Some(version) if version >= MIN_NFT_VERSION => {
+            tracing::info!(version = %text.trim(), "Using nft");
+            Ok(())
+        }
+        Some(_) => anyhow::bail!(
+            "nftables mode needs nft >= {}.{}.{}, found {:?}",
+            MIN_NFT_VERSION.0,
+            MIN_NFT_VERSION.1,
+            MIN_NFT_VERSION.2,
+            text.trim()
+        ),
+        None => {
+            tracing::warn!(version = %text.trim(), "cannot read the nft version; going on");
+            Ok(())
+        }
+    }
+}
+
+/// `nftables v1.0.6 (Lester Gooch #5)` -> (1, 0, 6).
+fn parse_nft_version(text: &str) -> Option<(u32, u32, u32)> {
+    let word = text.split_whitespace().find(|w| w.starts_with('v'))?;
+    let mut parts = word[1..].split('.').map(|p| p.parse::<u32>().ok());
+    let major = parts.next()??;
+    let minor = parts.next().flatten().unwrap_or(0);
+    let patch = parts.next().flatten().unwrap_or(0);
+    Some((major, minor, patch))
+}
+
+/// nftables mode as the binary runs it: [`NftablesBackend`], plus iptables mode's cleanup.
+/// As upstream, `--cleanup` removes iptables mode's chains too, and a normal start removes
+/// them once the first nftables sync succeeded (errors there are only logged), so a node
+/// switched from iptables mode does not run both.
+#[derive(Debug)]
+pub struct NftablesMode {
+    nft: NftablesBackend,
+    iptables: IptablesBackend,
+    iptables_cleaned: bool,
+}
+
+impl Backend for NftablesMode {
+    fn mode(&self) -> &'static str {
+        self.nft.mode()
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let report = self.nft.sync(request).await?;
+        if !self.iptables_cleaned {
+            self.iptables_cleaned = true;
+            if let Err(error) = self.iptables.cleanup().await {
+                tracing::warn!(%error, "cannot remove iptables mode's leftovers");
+            }
+        }
+        Ok(report)
+    }
+
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        let nft = self.nft.cleanup().await;
+        let iptables = self.iptables.cleanup().await;
+        nft.and(iptables)
+    }
 }
 
 /// Sets nf_conntrack_max and the TCP/UDP timeouts as upstream does. A failure is logged, not
@@ -195,6 +320,21 @@ mod tests {
             select(&ips, &cidrs),
             vec!["192.168.49.2".parse::<IpAddr>().expect("ip")]
         );
+    }
+
+    #[test]
+    fn parses_nft_versions() {
+        assert_eq!(
+            parse_nft_version("nftables v1.0.6 (Lester Gooch #5)\n"),
+            Some((1, 0, 6))
+        );
+        assert_eq!(
+            parse_nft_version("nftables v0.9.8 (E.D.S.)"),
+            Some((0, 9, 8))
+        );
+        assert!(parse_nft_version("nftables v0.9.8 (E.D.S.)") < Some(MIN_NFT_VERSION));
+        assert_eq!(parse_nft_version("nftables v1.1"), Some((1, 1, 0)));
+        assert_eq!(parse_nft_version("garbage"), None);
     }
 
     #[test]

@@ -12,54 +12,62 @@ mod scenarios;
 #[path = "traffic/support.rs"]
 mod support;
 
-mod iptables {
-    use crate::scenarios;
-    use crate::support::Mode;
+/// One module per mode, each with one test per scenario group.
+macro_rules! mode_tests {
+    ($module:ident, $mode:expr) => {
+        mod $module {
+            use crate::scenarios;
+            use crate::support::Mode;
 
-    const MODE: Mode = Mode::Iptables;
+            const MODE: Mode = $mode;
 
-    #[test]
-    fn cluster_ip() {
-        scenarios::cluster_ip(MODE);
-    }
+            #[test]
+            fn cluster_ip() {
+                scenarios::cluster_ip(MODE);
+            }
 
-    #[test]
-    fn external() {
-        scenarios::external(MODE);
-    }
+            #[test]
+            fn external() {
+                scenarios::external(MODE);
+            }
 
-    #[test]
-    fn udp_endpoint_replaced() {
-        scenarios::udp_endpoint_replaced(MODE);
-    }
+            #[test]
+            fn udp_endpoint_replaced() {
+                scenarios::udp_endpoint_replaced(MODE);
+            }
 
-    #[test]
-    fn edits_and_restart() {
-        scenarios::edits_and_restart(MODE);
-    }
+            #[test]
+            fn edits_and_restart() {
+                scenarios::edits_and_restart(MODE);
+            }
 
-    #[test]
-    fn ipv6_cluster_ip() {
-        scenarios::ipv6_cluster_ip(MODE);
-    }
+            #[test]
+            fn ipv6_cluster_ip() {
+                scenarios::ipv6_cluster_ip(MODE);
+            }
 
-    #[test]
-    fn node_addresses_and_cleanup() {
-        scenarios::node_addresses_and_cleanup(MODE);
-    }
+            #[test]
+            fn node_addresses_and_cleanup() {
+                scenarios::node_addresses_and_cleanup(MODE);
+            }
 
-    #[test]
-    fn restricted_node_ports() {
-        scenarios::restricted_node_ports(MODE);
-    }
+            #[test]
+            fn restricted_node_ports() {
+                scenarios::restricted_node_ports(MODE);
+            }
 
-    #[test]
-    fn masquerade_all_and_invalid_input() {
-        scenarios::masquerade_all_and_invalid_input(MODE);
-    }
+            #[test]
+            fn masquerade_all_and_invalid_input() {
+                scenarios::masquerade_all_and_invalid_input(MODE);
+            }
 
-    #[test]
-    fn interface_name_prefix() {
-        scenarios::interface_name_prefix(MODE);
-    }
+            #[test]
+            fn interface_name_prefix() {
+                scenarios::interface_name_prefix(MODE);
+            }
+        }
+    };
 }
+
+mode_tests!(iptables, Mode::Iptables);
+mode_tests!(nftables, Mode::Nftables);

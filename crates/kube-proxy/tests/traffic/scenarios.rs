@@ -36,8 +36,8 @@ fn cluster(dual_stack: bool) -> Cluster {
 }
 
 /// ClusterIP traffic: balancing over exactly the service's endpoints, masquerade only for
-/// traffic not from a pod, iTP Local, ClientIP affinity, no endpoints (REJECT), UDP,
-/// hairpin, and SCTP being unavailable here.
+/// traffic not from a pod, iTP Local, ClientIP affinity, no endpoints (REJECT), a port the
+/// service does not define (mode-specific), UDP, hairpin, and SCTP being unavailable here.
 pub fn cluster_ip(mode: Mode) {
     let c = cluster(false);
     let services = [
@@ -161,6 +161,32 @@ pub fn cluster_ip(mode: Mode) {
         "UDP to a service without endpoints",
         &udp,
         &Outcome::Refused,
+    );
+
+    // A port the ClusterIP does not define. nftables mode REJECTs it ("Reject traffic to
+    // invalid ports of ClusterIPs"); iptables mode has no such rule, so the node routes the
+    // address to the LAN router like any unknown one, and the flow times out there.
+    let expected = match mode {
+        Mode::Iptables => Outcome::TimedOut,
+        Mode::Nftables => Outcome::Refused,
+    };
+    let tcp = cl
+        .tcp_repeat(client, ip("10.96.0.10"), 81, 2)
+        .expect("probe");
+    assert_all(
+        &env,
+        "TCP to an undefined port of a ClusterIP",
+        &tcp,
+        &expected,
+    );
+    let udp = cl
+        .udp_repeat(client, ip("10.96.0.10"), 81, 2)
+        .expect("probe");
+    assert_all(
+        &env,
+        "UDP to an undefined port of a ClusterIP",
+        &udp,
+        &expected,
     );
 
     // 10. Hairpin: the only endpoint reaching its own service lands on itself, masqueraded to
@@ -440,12 +466,17 @@ pub fn edits_and_restart(mode: Mode) {
 
     // 13. Before: the VIP is not handled at all: the node routes it to the LAN router, which
     //     has no route for the service range, nor one back to the pod network for its ICMP
-    //     error, so the flow just times out (neither answered nor REJECTed).
+    //     error, so the flow just times out (neither answered nor REJECTed). nftables mode
+    //     DROPs unallocated addresses of the service CIDRs, when it knows them (it does not
+    //     yet: no ServiceCIDRs reach the backend); a drop would time out the same way.
+    let unallocated = match mode {
+        Mode::Iptables | Mode::Nftables => Outcome::TimedOut,
+    };
     let before = env
         .cluster
         .tcp(&client, ip("10.96.0.32"), 80)
         .expect("probe");
-    assert_eq!(before, Outcome::TimedOut, "{}", env.diag());
+    assert_eq!(before, unallocated, "{}", env.diag());
     // Added while running: answers on the first try after the sync.
     env.apply(&late);
     let outcome = env
@@ -471,7 +502,7 @@ pub fn edits_and_restart(mode: Mode) {
         .expect("probe");
     assert_eq!(
         after,
-        Outcome::TimedOut,
+        unallocated,
         "a deleted service must not answer{}",
         env.diag()
     );
@@ -639,10 +670,12 @@ fn assert_all_masqueraded(env: &Env, what: &str, tally: &kp_testbed::Tally, expe
     }
 }
 
-/// With the default flags (iptables mode): localhost NodePorts (route_localnet set by the
-/// proxy, masqueraded), NodePorts on every node address, the conntrack INVALID drop rule,
-/// and `--cleanup` afterwards (everything of the proxy gone, foreign rules kept, service IPs
-/// no longer handled, idempotent).
+/// With the default flags. iptables mode: localhost NodePorts (route_localnet set by the
+/// proxy, masqueraded), NodePorts on every node address, the conntrack INVALID drop rule.
+/// nftables mode, by design: no localhost NodePorts (route_localnet left alone),
+/// nodePortAddresses defaults to `primary` (the node IP only), no INVALID drop. Then
+/// `--cleanup` (everything of the proxy gone, foreign rules and tables kept, service IPs no
+/// longer handled, idempotent).
 pub fn node_addresses_and_cleanup(mode: Mode) {
     let c = cluster(true);
     // Whatever the namespace inherited from the host: the proxy must be what turns it on.
@@ -684,6 +717,15 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
             "RETURN",
         ],
     );
+    // ... and an nftables table of its own.
+    node_setup(&c, &["nft", "add", "table", "inet", "foreign"]);
+    node_setup(&c, &["nft", "add", "chain", "inet", "foreign", "keep"]);
+    node_setup(
+        &c,
+        &[
+            "nft", "add", "rule", "inet", "foreign", "keep", "tcp", "dport", "9", "accept",
+        ],
+    );
     let services = [
         Service::new("np", "10.96.0.50")
             .tcp(80)
@@ -695,52 +737,118 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
     ];
     let mut env = Env::start(mode, c, CLUSTER_CIDR_DUAL, &services);
     let localhost = ip(LOCALHOST);
-
-    // 1. Localhost NodePort: route_localnet on, every endpoint, always masqueraded (a source
-    //    of 127.0.0.1 cannot leave the node).
-    assert_eq!(route_localnet(&env), "1", "route_localnet{}", env.diag());
     let cl = &env.cluster;
-    let tally = cl
-        .tcp_repeat(cl.node(), localhost, 30090, SPREAD_FLOWS)
-        .expect("probe");
-    assert_all_masqueraded(
-        &env,
-        "localhost NodePort from the node",
-        &tally,
-        &["a", "b", "c"],
-    );
-    // NodePorts answer on every node address when --nodeport-addresses is unset (the
-    // control for `restricted_node_ports`).
-    let tally = cl
-        .tcp_repeat(cl.external_in(), ip(SECOND_NODE_IP), 30090, SPREAD_FLOWS)
-        .expect("probe");
-    assert_all_masqueraded(
-        &env,
-        "NodePort on a second node address",
-        &tally,
-        &["a", "b", "c"],
-    );
 
-    // 5. The conntrack INVALID drop is there by default, in both families.
-    for tool in ["iptables-save", "ip6tables-save"] {
-        let filter = env.node_exec(&[tool, "-t", "filter"]);
-        assert_eq!(
-            invalid_drop_rules(&filter).len(),
-            1,
-            "{tool}: one KUBE-FORWARD ctstate INVALID DROP rule expected:\n{filter}"
-        );
+    match mode {
+        Mode::Iptables => {
+            // 1. Localhost NodePort: route_localnet on, every endpoint, always masqueraded
+            //    (a source of 127.0.0.1 cannot leave the node).
+            assert_eq!(route_localnet(&env), "1", "route_localnet{}", env.diag());
+            let tally = cl
+                .tcp_repeat(cl.node(), localhost, 30090, SPREAD_FLOWS)
+                .expect("probe");
+            assert_all_masqueraded(
+                &env,
+                "localhost NodePort from the node",
+                &tally,
+                &["a", "b", "c"],
+            );
+            // NodePorts answer on every node address when --nodeport-addresses is unset
+            // (the control for `restricted_node_ports`).
+            let tally = cl
+                .tcp_repeat(cl.external_in(), ip(SECOND_NODE_IP), 30090, SPREAD_FLOWS)
+                .expect("probe");
+            assert_all_masqueraded(
+                &env,
+                "NodePort on a second node address",
+                &tally,
+                &["a", "b", "c"],
+            );
+        }
+        Mode::Nftables => {
+            // 1. No localhost NodePorts in nftables mode: 127.0.0.1 is never DNATed, the SYN
+            //    reaches the node's own stack where nothing listens (RST), and route_localnet
+            //    stays off.
+            assert_eq!(route_localnet(&env), "0", "route_localnet{}", env.diag());
+            let tally = cl
+                .tcp_repeat(cl.node(), localhost, 30090, 2)
+                .expect("probe");
+            assert_all(
+                &env,
+                "localhost NodePort in nftables mode",
+                &tally,
+                &Outcome::Refused,
+            );
+            // nodePortAddresses defaults to `primary`: the node IP answers ...
+            let tally = cl
+                .tcp_repeat(cl.external_in(), cl.node_ip(), 30090, SPREAD_FLOWS)
+                .expect("probe");
+            assert_all_masqueraded(
+                &env,
+                "NodePort on the primary node address",
+                &tally,
+                &["a", "b", "c"],
+            );
+            // ... a second node address does not (not DNATed: refused by the node).
+            let tally = cl
+                .tcp_repeat(cl.external_in(), ip(SECOND_NODE_IP), 30090, 2)
+                .expect("probe");
+            assert_all(
+                &env,
+                "NodePort on a second node address in nftables mode",
+                &tally,
+                &Outcome::Refused,
+            );
+        }
+    }
+
+    // 5. The conntrack INVALID drop: there by default in iptables mode, in both families;
+    //    never in nftables mode (upstream relies on nf_conntrack_tcp_be_liberal there).
+    match mode {
+        Mode::Iptables => {
+            for tool in ["iptables-save", "ip6tables-save"] {
+                let filter = env.node_exec(&[tool, "-t", "filter"]);
+                assert_eq!(
+                    invalid_drop_rules(&filter).len(),
+                    1,
+                    "{tool}: one KUBE-FORWARD ctstate INVALID DROP rule expected:\n{filter}"
+                );
+            }
+        }
+        Mode::Nftables => {
+            for family in ["ip", "ip6"] {
+                let table = env.node_exec(&["nft", "list", "table", family, "kube-proxy"]);
+                assert!(
+                    !table.contains("ct state invalid"),
+                    "{family}: no ct state invalid drop in nftables mode:\n{table}"
+                );
+            }
+        }
     }
 
     // 6. --cleanup. The rules outlive a normal exit of the proxy ...
-    let before: Vec<String> = ["iptables-save", "ip6tables-save"]
-        .iter()
-        .map(|tool| env.node_exec(&[tool]))
-        .collect();
-    for save in &before {
-        assert!(
-            !kube_lines(save, &KUBELET_CHAINS).is_empty(),
-            "the proxy programmed nothing?\n{save}"
-        );
+    let saves = |env: &Env| -> Vec<String> {
+        ["iptables-save", "ip6tables-save"]
+            .iter()
+            .map(|tool| env.node_exec(&[tool]))
+            .collect()
+    };
+    let before = saves(&env);
+    match mode {
+        Mode::Iptables => {
+            for save in &before {
+                assert!(
+                    !kube_lines(save, &KUBELET_CHAINS).is_empty(),
+                    "the proxy programmed nothing?\n{save}"
+                );
+            }
+        }
+        Mode::Nftables => {
+            let tables = env.node_exec(&["nft", "list", "tables"]);
+            for table in ["table ip kube-proxy", "table ip6 kube-proxy"] {
+                assert!(tables.lines().any(|l| l == table), "{table}?\n{tables}");
+            }
+        }
     }
     env.stop_proxy();
     let client = env.pod("client").clone();
@@ -753,12 +861,15 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
         "rules must outlive the proxy's exit: {outcome:?}{}",
         env.diag()
     );
-    // ... and `kube-proxy --cleanup` removes them: exit status 0 (exec fails otherwise).
-    env.node_exec(&[KUBE_PROXY, "--cleanup"]);
-    let after: Vec<String> = ["iptables-save", "ip6tables-save"]
-        .iter()
-        .map(|tool| env.node_exec(&[tool]))
-        .collect();
+    // ... and `kube-proxy --cleanup` removes them: exit status 0 (exec fails otherwise). As
+    // upstream, nftables mode's cleanup removes iptables mode's chains too.
+    let cleanup = [
+        KUBE_PROXY,
+        "--cleanup",
+        &format!("--proxy-mode={}", mode.name()),
+    ];
+    env.node_exec(&cleanup);
+    let after = saves(&env);
     for save in &after {
         let left = kube_lines(save, &KUBELET_CHAINS);
         assert!(
@@ -778,6 +889,16 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 .any(|l| l.starts_with("-A FOREIGN-NAT -d 198.18.0.1/32")),
         "a foreign chain was removed by --cleanup:\n{}",
         after[0]
+    );
+    let tables_after = env.node_exec(&["nft", "list", "tables"]);
+    assert!(
+        !tables_after.contains("kube-proxy"),
+        "kube-proxy tables left after --cleanup:\n{tables_after}"
+    );
+    let foreign_after = env.node_exec(&["nft", "list", "table", "inet", "foreign"]);
+    assert!(
+        foreign_after.contains("tcp dport 9 accept"),
+        "a foreign nftables table was changed by --cleanup:\n{foreign_after}"
     );
     // No service address is handled any more: the ClusterIP is routed to the router, which
     // drops it (as before a service exists, see `edits_and_restart`); the localhost and
@@ -799,7 +920,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
         .expect("probe");
     assert_eq!(outcome, Outcome::Refused, "NodePort after --cleanup");
     // Cleaning a clean node succeeds and changes nothing.
-    env.node_exec(&[KUBE_PROXY, "--cleanup"]);
+    env.node_exec(&cleanup);
     for (tool, first) in ["iptables-save", "ip6tables-save"].iter().zip(&after) {
         let again = env.node_exec(&[tool]);
         assert_eq!(
@@ -808,12 +929,23 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
             "{tool}: a second --cleanup changed the rules"
         );
     }
+    assert_eq!(
+        env.node_exec(&["nft", "list", "tables"]),
+        tables_after,
+        "a second --cleanup changed the nftables tables"
+    );
+    assert_eq!(
+        env.node_exec(&["nft", "list", "table", "inet", "foreign"]),
+        foreign_after,
+        "a second --cleanup changed a foreign table"
+    );
 }
 
 /// `--nodeport-addresses` restricted to the node LAN, with `nf_conntrack_tcp_be_liberal`
 /// set before the proxy starts: NodePorts answer on the LAN address only (not on another
 /// node address, nor on 127.0.0.1 although localhost NodePorts are on), route_localnet is
-/// left alone, and the conntrack INVALID drop rule is skipped.
+/// left alone, and the conntrack INVALID drop rule is skipped (iptables mode; nftables mode
+/// never has one).
 pub fn restricted_node_ports(mode: Mode) {
     let c = cluster(false);
     node_setup(&c, &["sysctl", "-qw", "net.ipv4.conf.all.route_localnet=0"]);
@@ -881,19 +1013,46 @@ pub fn restricted_node_ports(mode: Mode) {
         Source::Preserved,
     );
 
-    // 5. tcp_be_liberal: no INVALID drop in either family, the rest of KUBE-FORWARD kept.
-    let v4 = env.node_exec(&["iptables-save", "-t", "filter"]);
-    assert!(
-        v4.lines()
-            .any(|l| l.starts_with("-A KUBE-FORWARD") && l.contains("forwarding rules")),
-        "KUBE-FORWARD is incomplete:\n{v4}"
-    );
-    let v6 = env.node_exec(&["ip6tables-save", "-t", "filter"]);
-    for save in [&v4, &v6] {
-        assert!(
-            invalid_drop_rules(save).is_empty(),
-            "no INVALID drop with nf_conntrack_tcp_be_liberal=1:\n{save}"
-        );
+    // 5. tcp_be_liberal: no INVALID drop in either family, the rest of the forward filter
+    //    kept.
+    match mode {
+        Mode::Iptables => {
+            let v4 = env.node_exec(&["iptables-save", "-t", "filter"]);
+            assert!(
+                v4.lines()
+                    .any(|l| l.starts_with("-A KUBE-FORWARD") && l.contains("forwarding rules")),
+                "KUBE-FORWARD is incomplete:\n{v4}"
+            );
+            let v6 = env.node_exec(&["ip6tables-save", "-t", "filter"]);
+            for save in [&v4, &v6] {
+                assert!(
+                    invalid_drop_rules(save).is_empty(),
+                    "no INVALID drop with nf_conntrack_tcp_be_liberal=1:\n{save}"
+                );
+            }
+        }
+        Mode::Nftables => {
+            for family in ["ip", "ip6"] {
+                let forward = env.node_exec(&[
+                    "nft",
+                    "list",
+                    "chain",
+                    family,
+                    "kube-proxy",
+                    "filter-forward",
+                ]);
+                assert!(
+                    forward.contains("jump service-endpoints-check")
+                        && forward.contains("jump cluster-ips-check"),
+                    "{family} filter-forward is incomplete:\n{forward}"
+                );
+                let table = env.node_exec(&["nft", "list", "table", family, "kube-proxy"]);
+                assert!(
+                    !table.contains("ct state invalid"),
+                    "{family}: no ct state invalid drop in nftables mode:\n{table}"
+                );
+            }
+        }
     }
 }
 
@@ -969,19 +1128,52 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
         .tcp_repeat(client, ip("10.96.0.72"), 80, 3)
         .expect("probe");
     assert_all_masqueraded(&env, "service with a quote in a port name", &tally, &["b"]);
-    let nat = env.node_exec(&["iptables-save", "-t", "nat"]);
-    assert!(
-        nat.contains("default/quoted:p%22 -j ACCEPT #%5C"),
-        "the quoted port name must appear encoded in comments:\n{nat}"
-    );
-    assert!(
-        nat.contains(&format!("{long_namespace}/{long_name}:longest-port-nm")),
-        "the long names must appear in comments:\n{nat}"
-    );
-    assert!(
-        !nat.contains("bad-port") && !nat.contains("bad-ip"),
-        "skipped objects must not be programmed:\n{nat}"
-    );
+    match mode {
+        Mode::Iptables => {
+            let nat = env.node_exec(&["iptables-save", "-t", "nat"]);
+            assert!(
+                nat.contains("default/quoted:p%22 -j ACCEPT #%5C"),
+                "the quoted port name must appear encoded in comments:\n{nat}"
+            );
+            assert!(
+                nat.contains(&format!("{long_namespace}/{long_name}:longest-port-nm")),
+                "the long names must appear in comments:\n{nat}"
+            );
+            assert!(
+                !nat.contains("bad-port") && !nat.contains("bad-ip"),
+                "skipped objects must not be programmed:\n{nat}"
+            );
+        }
+        Mode::Nftables => {
+            // The names are in the per-service chain names, with characters nft identifiers
+            // cannot hold replaced.
+            let table = env.node_exec(&["nft", "list", "table", "ip", "kube-proxy"]);
+            for (namespace, name, port) in [
+                ("default", "quoted", "p\" -j ACCEPT #\\"),
+                (
+                    long_namespace.as_str(),
+                    long_name.as_str(),
+                    "longest-port-nm",
+                ),
+            ] {
+                let chain = nft_service_chain(namespace, name, port);
+                assert!(
+                    table.contains(&format!("chain {chain} {{")),
+                    "chain {chain} of {namespace}/{name}:{port} missing:\n{table}"
+                );
+            }
+            assert!(
+                table.contains(&format!(
+                    "-{long_namespace}/{long_name}/tcp/longest-port-nm"
+                )),
+                "the long names must appear in chain names:\n{table}"
+            );
+            assert!(
+                !table.contains("bad-port") && !table.contains("bad-ip"),
+                "skipped objects must not be programmed:\n{table}"
+            );
+        }
+    }
     let skipped_port = env.logged(|l| l.contains("default/bad-port") && l.contains("70000"));
     assert!(
         !skipped_port.is_empty(),
@@ -1020,11 +1212,23 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
         &Outcome::Refused,
     );
     assert_eq!(route_localnet(&env), "0", "route_localnet{}", env.diag());
-    let filter = env.node_exec(&["iptables-save", "-t", "filter"]);
-    assert!(
-        !filter.contains("KUBE-FIREWALL"),
-        "no localnet firewall without localhost NodePorts:\n{filter}"
-    );
+    match mode {
+        Mode::Iptables => {
+            let filter = env.node_exec(&["iptables-save", "-t", "filter"]);
+            assert!(
+                !filter.contains("KUBE-FIREWALL"),
+                "no localnet firewall without localhost NodePorts:\n{filter}"
+            );
+        }
+        Mode::Nftables => {
+            // Never localhost NodePorts: the NodePort addresses are the node's primary IP.
+            let ips = env.node_exec(&["nft", "list", "set", "ip", "kube-proxy", "nodeport-ips"]);
+            assert!(
+                ips.contains(&env.cluster.node_ip().to_string()) && !ips.contains("127."),
+                "nodeport-ips must hold the node IP only:\n{ips}"
+            );
+        }
+    }
     // The same NodePort on the node's IP works.
     let tally = cl
         .tcp_repeat(cl.node(), cl.node_ip(), 30092, SPREAD_FLOWS)
@@ -1036,6 +1240,19 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
         &["a", "b", "c"],
         Source::Masqueraded,
     );
+}
+
+/// nftables mode's `service-` chain of a TCP service port.
+fn nft_service_chain(namespace: &str, name: &str, port: &str) -> String {
+    let port_name = kp_core::model::ServicePortName {
+        service: kp_core::model::ServiceName {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        },
+        port: port.to_owned(),
+        protocol: kp_core::model::Protocol::Tcp,
+    };
+    kp_rules::nftables::names::ServiceChains::new(&port_name).service
 }
 
 /// `--detect-local-mode=InterfaceNamePrefix` with the harness's pod veth prefix and no

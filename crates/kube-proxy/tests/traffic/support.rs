@@ -41,6 +41,8 @@ const LOG_TAIL: usize = 60;
 pub enum Mode {
     /// `--proxy-mode=iptables`.
     Iptables,
+    /// `--proxy-mode=nftables`.
+    Nftables,
 }
 
 impl Mode {
@@ -48,27 +50,30 @@ impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::Iptables => "iptables",
+            Mode::Nftables => "nftables",
         }
     }
 
     /// Flags this mode needs besides the common ones (sync immediately on every change).
     fn flags(self) -> Vec<String> {
         match self {
-            Mode::Iptables => vec!["--iptables-min-sync-period=0s".to_owned()],
+            // Upstream has no nftables flag of its own: this one sets both modes' period.
+            Mode::Iptables | Mode::Nftables => vec!["--iptables-min-sync-period=0s".to_owned()],
         }
     }
 
     /// What the mode programmed in the node namespace, for failure messages.
     fn dump(self, cluster: &Cluster) -> String {
-        let tools: &[&str] = match self {
-            Mode::Iptables => &["iptables-save", "ip6tables-save"],
+        let tools: &[&[&str]] = match self {
+            Mode::Iptables => &[&["iptables-save"], &["ip6tables-save"]],
+            Mode::Nftables => &[&["nft", "list", "ruleset"]],
         };
         tools
             .iter()
             .map(|tool| {
                 cluster
-                    .exec(cluster.node_ns(), &[tool])
-                    .unwrap_or_else(|e| format!("{tool} failed: {e}"))
+                    .exec(cluster.node_ns(), tool)
+                    .unwrap_or_else(|e| format!("{tool:?} failed: {e}"))
             })
             .collect::<Vec<_>>()
             .join("\n")

@@ -1,0 +1,430 @@
+//! nftables mode: [`NftablesBackend`] applies `kp_rules::nftables` renders to the kernel.
+//!
+//! One sync, per family:
+//!
+//! 1. On the family's first sync, list the `kube-proxy` table a previous process may have
+//!    left (`nft -t list table`) and adopt its per-service chains and affinity sets
+//!    ([`NftState::adopt`]): the first (full) sync rewrites those still in use and flushes
+//!    the others, so a restart only changes what differs.
+//! 2. Render against the state the kernel holds ([`NftState`], kept here) and apply the
+//!    script with one `nft -f -`: a single atomic transaction. An empty script (an idle
+//!    partial sync) is not applied at all.
+//! 3. Syncs are full at first, after any failure and when the core asks; partial otherwise
+//!    (the renderer promotes a partial sync to a full one when the table's fixed part would
+//!    change).
+//! 4. Chains that fell out of use are flushed by the sync that finds them stale and deleted
+//!    by a later one, once the newest of them was flushed at least [`STALE_CHAIN_DELAY`] ago
+//!    (kernels before 6.2 keep a chain referenced for a moment after the map element
+//!    pointing at it is gone). The renderer writes those deletions into the same
+//!    transaction; if that transaction fails, the sync is retried at once without them and
+//!    only `..._nftables_cleanup_failures_total` counts it (upstream deletes in a separate
+//!    transaction with that metric), so a chain that cannot be deleted never blocks syncs.
+//!
+//! A failed transaction changes nothing in the kernel, so the previous [`NftState`] is kept,
+//! the failure is counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and
+//! returned as [`BackendError::Apply`] with nft's stderr, and the next sync is full.
+//!
+//! After every family succeeded, stale UDP/SCTP conntrack entries are deleted exactly as in
+//! iptables mode, with the shared logic of [`crate::conntrack`].
+//!
+//! Not done yet: the "drop traffic to unallocated ClusterIPs" rule needs the service CIDRs
+//! (ServiceCIDR objects or `--service-cluster-ip-range`), which nothing passes to the
+//! backend today, so the renderer gets none; the `nftables.tableName` setting of the newest
+//! upstream is not supported (the table is always `kube-proxy`).
+
+mod runner;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::model::IpFamily;
+use kp_core::tracker::ProxyState;
+use kp_rules::nftables::{NftOutput, NftScope, NftState, RenderConfig, RenderError, TABLE, render};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use tracing::{debug, info, warn};
+
+use crate::conntrack::{Conntrack, ExecConntrack, conntrack_relevant, stale_flows};
+
+pub use runner::{
+    DEFAULT_NFT_BINARY, ExecNft, FakeNft, NftCall, NftRunner, parse_listing, table_family,
+};
+
+/// The mode name served on `/proxyMode`.
+pub const MODE: &str = "nftables";
+
+/// How long a flushed stale chain stays before a sync deletes it (upstream's delay).
+pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
+
+/// What the nftables backend needs to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftablesConfig {
+    /// Families to program, each in its own table and transaction (see
+    /// [`crate::iptables::detect_families`]).
+    pub families: Vec<IpFamily>,
+    /// The renderer's configuration; `node_port_addresses` already resolved to node IPs by
+    /// the caller. `drop_invalid`, `localhost_node_ports` and `large_cluster_threshold` have
+    /// no effect in nftables mode.
+    pub render: RenderConfig,
+}
+
+impl NftablesConfig {
+    /// Program `families` with `render`.
+    pub fn new(families: Vec<IpFamily>, render: RenderConfig) -> Self {
+        Self { families, render }
+    }
+}
+
+/// The metrics upstream registers for nftables mode (besides the proxier's). Clones share
+/// the series; `Default` gives unregistered ones.
+#[derive(Clone, Debug, Default)]
+pub struct NftablesMetrics {
+    /// `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`: failed sync transactions,
+    /// per family.
+    pub sync_failures: Counter,
+    /// `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`: failed deletions of
+    /// stale chains.
+    pub cleanup_failures: Counter,
+}
+
+impl NftablesMetrics {
+    /// Create the metrics and register them (prometheus-client appends `_total`).
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+            "Cumulative proxy nftables sync failures",
+            metrics.sync_failures.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
+            "Cumulative proxy nftables cleanup failures",
+            metrics.cleanup_failures.clone(),
+        );
+        metrics
+    }
+}
+
+/// What the backend knows about one family's table.
+#[derive(Debug, Default)]
+struct FamilyTable {
+    /// What the kernel holds, as of the last successful transaction.
+    installed: NftState,
+    /// Whether the table a previous process left was looked at.
+    adopted: bool,
+    /// When the last transaction that flushed stale chains was applied.
+    last_flush: Option<Instant>,
+}
+
+/// nftables mode. `R` runs `nft`, `C` deletes conntrack entries; both are fakes in tests.
+#[derive(Debug)]
+pub struct NftablesBackend<R = ExecNft, C = ExecConntrack> {
+    config: NftablesConfig,
+    runner: R,
+    conntrack: C,
+    metrics: NftablesMetrics,
+    stale_delay: Duration,
+    tables: BTreeMap<IpFamily, FamilyTable>,
+    /// The next sync must be full: nothing synced yet, or the last sync failed.
+    force_full: bool,
+    /// The UDP/SCTP part of the last successfully programmed state, for conntrack cleanup.
+    programmed: Option<ProxyState>,
+}
+
+impl NftablesBackend {
+    /// The real backend: runs `nft` from the `PATH` and `conntrack` (conntrack-tools).
+    pub fn new(config: NftablesConfig) -> Result<Self, RenderError> {
+        Self::with_parts(config, ExecNft::default(), ExecConntrack::default())
+    }
+}
+
+impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
+    /// A backend from its parts. Fails if the render configuration cannot be expressed as
+    /// rules (checked once here, so syncs cannot fail for that reason).
+    pub fn with_parts(
+        config: NftablesConfig,
+        runner: R,
+        conntrack: C,
+    ) -> Result<Self, RenderError> {
+        config.render.validate()?;
+        Ok(Self {
+            config,
+            runner,
+            conntrack,
+            metrics: NftablesMetrics::default(),
+            stale_delay: STALE_CHAIN_DELAY,
+            tables: BTreeMap::new(),
+            force_full: true,
+            programmed: None,
+        })
+    }
+
+    /// Report into `metrics` (from [`NftablesMetrics::register`]).
+    pub fn with_metrics(mut self, metrics: NftablesMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Delete flushed stale chains only this long after the newest was flushed (default
+    /// [`STALE_CHAIN_DELAY`]; tests shorten or lengthen it).
+    pub fn with_stale_chain_delay(mut self, delay: Duration) -> Self {
+        self.stale_delay = delay;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &NftablesConfig {
+        &self.config
+    }
+
+    /// The runner.
+    pub fn runner(&self) -> &R {
+        &self.runner
+    }
+
+    /// Whether the next sync will be full regardless of the request.
+    pub fn next_sync_is_full(&self) -> bool {
+        self.force_full
+    }
+
+    /// What the backend believes `family`'s table holds.
+    pub fn installed(&self, family: IpFamily) -> Option<&NftState> {
+        self.tables.get(&family).map(|t| &t.installed)
+    }
+
+    /// The state to start `family` from: what a previous process left, adopted.
+    async fn adopt(&self, family: IpFamily) -> NftState {
+        match self.runner.list_table(family).await {
+            Ok(None) => NftState::default(),
+            Ok(Some(text)) => {
+                let (chains, sets) = parse_listing(&text);
+                let state = NftState::adopt(chains, sets);
+                info!(
+                    ?family,
+                    chains = state.chains().len(),
+                    affinity_sets = state.affinity_sets().len(),
+                    "adopting the existing nftables table"
+                );
+                state
+            }
+            // Only the removal of a previous process's leftovers depends on this.
+            Err(err) => {
+                warn!(?family, error = %err, "cannot list the nftables table; stale chains stay");
+                NftState::default()
+            }
+        }
+    }
+
+    fn render(
+        &self,
+        family: IpFamily,
+        request: &SyncRequest<'_>,
+        kind: SyncKind,
+        existing: &NftState,
+        delete_stale: bool,
+    ) -> Result<NftOutput, BackendError> {
+        let scope = NftScope {
+            kind,
+            changed: request.changed,
+            existing,
+            delete_stale,
+            // Nothing passes the service CIDRs to the backend yet (see the module docs).
+            service_cidrs: &[],
+        };
+        // `validate` ran in the constructor; a failure here is a renderer bug.
+        render(request.state, family, &self.config.render, &scope).map_err(|e| {
+            BackendError::Apply {
+                what: "rendering nftables rules".to_owned(),
+                message: e.to_string(),
+            }
+        })
+    }
+
+    async fn run_script(&self, family: IpFamily, output: &NftOutput) -> Result<(), BackendError> {
+        let start = Instant::now();
+        self.runner
+            .apply(&output.script)
+            .await
+            .map_err(|err| BackendError::Apply {
+                what: format!("nft -f - ({} {TABLE})", table_family(family)),
+                message: err.to_string(),
+            })?;
+        debug!(
+            ?family,
+            kind = ?output.kind,
+            took = ?start.elapsed(),
+            operations = output.operations,
+            services_written = output.services_written,
+            flushed_stale = output.flushed_stale.len(),
+            deleted_chains = output.deleted_chains.len(),
+            deleted_sets = output.deleted_sets.len(),
+            "applied nftables transaction"
+        );
+        Ok(())
+    }
+
+    /// Render and apply one family; on success returns the output whose state is now
+    /// installed.
+    async fn sync_family(
+        &self,
+        family: IpFamily,
+        request: &SyncRequest<'_>,
+        kind: SyncKind,
+        table: &FamilyTable,
+    ) -> Result<NftOutput, BackendError> {
+        let existing = &table.installed;
+        let delete_stale = !existing.pending_deletions().is_empty()
+            && table
+                .last_flush
+                .is_none_or(|at| at.elapsed() >= self.stale_delay);
+        let output = self.render(family, request, kind, existing, delete_stale)?;
+        if output.script.is_empty() {
+            return Ok(output);
+        }
+        let Err(err) = self.run_script(family, &output).await else {
+            return Ok(output);
+        };
+        if output.deleted_chains.is_empty() {
+            return Err(err);
+        }
+        // Perhaps only the deletion of stale chains failed (a chain still referenced): do
+        // the sync without it, and leave the chains pending for a later one.
+        let retry = self.render(family, request, kind, existing, false)?;
+        let retried = if retry.script.is_empty() {
+            Ok(())
+        } else {
+            self.run_script(family, &retry).await
+        };
+        match retried {
+            Ok(()) => {
+                self.metrics.cleanup_failures.inc();
+                warn!(
+                    ?family,
+                    chains = ?output.deleted_chains,
+                    error = %err,
+                    "deleting stale nftables chains failed; they stay for a later sync"
+                );
+                Ok(retry)
+            }
+            Err(_) => Err(err),
+        }
+    }
+
+    /// Delete conntrack entries the change from the last programmed state made stale: the
+    /// same decisions as iptables mode ([`stale_flows`]).
+    async fn clean_conntrack(&self, request: &SyncRequest<'_>, full: bool) {
+        // Without a previous state (first sync after start) nothing is known to be stale, and
+        // treating every service as newly active would cut live UDP flows (upstream #122740).
+        let Some(previous) = &self.programmed else {
+            return;
+        };
+        let scope = (!full).then_some(request.changed);
+        let flows = stale_flows(previous, request.state, scope, &self.config.families);
+        let mut deleted = 0;
+        for flow in &flows {
+            match self.conntrack.delete(flow).await {
+                Ok(n) => deleted += n,
+                // As upstream: log and go on; the entries time out eventually.
+                Err(err) => {
+                    warn!(filter = %flow, error = %err, "deleting conntrack entries failed")
+                }
+            }
+        }
+        if !flows.is_empty() {
+            debug!(
+                filters = flows.len(),
+                deleted, "deleted stale conntrack entries"
+            );
+        }
+    }
+}
+
+impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
+    fn mode(&self) -> &'static str {
+        MODE
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let sync_start = Instant::now();
+        let full = self.force_full || request.kind == SyncKind::Full;
+        let kind = if full {
+            SyncKind::Full
+        } else {
+            SyncKind::Partial
+        };
+        let mut first_error = None;
+        let mut operations = 0;
+        for family in self.config.families.clone() {
+            let mut table = self.tables.remove(&family).unwrap_or_default();
+            if !table.adopted {
+                table.installed = self.adopt(family).await;
+                table.adopted = true;
+            }
+            match self.sync_family(family, request, kind, &table).await {
+                Ok(output) => {
+                    operations += output.operations;
+                    if !output.flushed_stale.is_empty() {
+                        table.last_flush = Some(Instant::now());
+                    }
+                    table.installed = output.state;
+                }
+                // The other family is independent: still program it.
+                Err(err) => {
+                    self.metrics.sync_failures.inc();
+                    warn!(?family, error = %err, "nftables sync failed; previous rules stay");
+                    first_error.get_or_insert(err);
+                }
+            }
+            self.tables.insert(family, table);
+        }
+        if let Some(err) = first_error {
+            self.force_full = true;
+            return Err(err);
+        }
+        self.force_full = false;
+        if request.conntrack_cleanup_required {
+            let cleanup_start = Instant::now();
+            self.clean_conntrack(request, full).await;
+            debug!(took = ?cleanup_start.elapsed(), "conntrack cleanup finished");
+        }
+        debug!(
+            full,
+            operations,
+            took = ?sync_start.elapsed(),
+            "nftables sync finished"
+        );
+        self.programmed = Some(conntrack_relevant(request.state));
+        Ok(SyncReport {
+            rules_written: operations,
+            skipped: Vec::new(),
+        })
+    }
+
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        let mut first_error = None;
+        for family in self.config.families.clone() {
+            let fam = table_family(family);
+            // `add` first, so that deleting an absent table is not an error.
+            let script = format!("add table {fam} {TABLE}\ndelete table {fam} {TABLE}\n");
+            match self.runner.apply(&script).await {
+                Ok(()) => info!(?family, "removed the nftables {fam} {TABLE} table"),
+                Err(err) => {
+                    warn!(?family, error = %err, "nftables cleanup failed");
+                    first_error.get_or_insert(BackendError::Apply {
+                        what: format!("nftables cleanup ({fam} {TABLE})"),
+                        message: err.to_string(),
+                    });
+                }
+            }
+        }
+        // Whatever happened, the kernel no longer matches our bookkeeping; the next sync
+        // starts over (and adopts whatever is left).
+        self.tables.clear();
+        self.force_full = true;
+        self.programmed = None;
+        first_error.map_or(Ok(()), Err)
+    }
+}

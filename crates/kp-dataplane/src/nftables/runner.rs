@@ -1,0 +1,263 @@
+//! Running `nft`: [`NftRunner`], its real implementation [`ExecNft`] and the recording fake
+//! [`FakeNft`].
+//!
+//! nftables mode needs two operations per family: apply a script as one transaction (`nft -f
+//! -`, atomic: the kernel takes all of it or nothing) and list what the `kube-proxy` table
+//! holds (`nft -t list table`, without set elements, which may be many) to adopt what a
+//! previous process left. The listing is parsed by [`parse_listing`].
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use kp_core::model::IpFamily;
+use kp_rules::nftables::TABLE;
+
+use crate::exec::{ExecError, run_program};
+
+/// The nft binary, looked up on the `PATH`.
+pub const DEFAULT_NFT_BINARY: &str = "nft";
+
+/// What `nft` prints when a table (or any object) does not exist.
+const NOT_FOUND: &str = "No such file or directory";
+
+/// The nftables family keyword of an IP family (`ip`, `ip6`).
+pub fn table_family(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+/// The two operations nftables mode needs. Implementations must be safe to share between
+/// tasks.
+pub trait NftRunner: Send + Sync {
+    /// Apply `script` as one transaction (`nft -f -`).
+    fn apply(&self, script: &str) -> impl Future<Output = Result<(), ExecError>> + Send;
+
+    /// The table `<family> kube-proxy` as `nft -t list table` prints it (set elements
+    /// omitted), or `None` when there is no such table.
+    fn list_table(
+        &self,
+        family: IpFamily,
+    ) -> impl Future<Output = Result<Option<String>, ExecError>> + Send;
+}
+
+/// Runs the real `nft` with `tokio::process`.
+#[derive(Clone, Debug)]
+pub struct ExecNft {
+    binary: PathBuf,
+}
+
+impl ExecNft {
+    /// Run `binary` (for example [`DEFAULT_NFT_BINARY`]).
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        Self {
+            binary: binary.into(),
+        }
+    }
+
+    /// `nft --version`, for the start-up log.
+    pub async fn version(&self) -> Result<String, ExecError> {
+        let out = run_program(&self.binary, &["--version".to_owned()], None).await?;
+        Ok(out.trim().to_owned())
+    }
+}
+
+impl Default for ExecNft {
+    fn default() -> Self {
+        Self::new(DEFAULT_NFT_BINARY)
+    }
+}
+
+impl NftRunner for ExecNft {
+    async fn apply(&self, script: &str) -> Result<(), ExecError> {
+        run_program(
+            &self.binary,
+            &["-f".to_owned(), "-".to_owned()],
+            Some(script),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn list_table(&self, family: IpFamily) -> Result<Option<String>, ExecError> {
+        let args = ["-t", "list", "table", table_family(family), TABLE].map(str::to_owned);
+        match run_program(&self.binary, &args, None).await {
+            Ok(text) => Ok(Some(text)),
+            Err(ExecError::Failed { stderr, .. }) if stderr.contains(NOT_FOUND) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// The chains and sets (maps included) an `nft list table` output declares, in order.
+pub fn parse_listing(text: &str) -> (Vec<String>, Vec<String>) {
+    let (mut chains, mut sets) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        let Some(head) = line.trim().strip_suffix('{') else {
+            continue;
+        };
+        let Some((kind, name)) = head.trim().split_once(' ') else {
+            continue;
+        };
+        // nft quotes names that are not plain identifiers.
+        let name = name.trim().trim_matches('"').to_owned();
+        match kind {
+            "chain" => chains.push(name),
+            "set" | "map" => sets.push(name),
+            _ => {}
+        }
+    }
+    (chains, sets)
+}
+
+/// One call seen by [`FakeNft`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NftCall {
+    /// [`NftRunner::apply`].
+    Apply(String),
+    /// [`NftRunner::list_table`].
+    List(IpFamily),
+}
+
+impl fmt::Display for NftCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NftCall::Apply(script) => write!(f, "nft -f - ({} lines)", script.lines().count()),
+            NftCall::List(family) => write!(f, "nft list table {}", table_family(*family)),
+        }
+    }
+}
+
+/// Decides whether a fake apply fails, given its script.
+type ApplyFailure = Box<dyn Fn(&str) -> bool + Send>;
+
+#[derive(Default)]
+struct FakeState {
+    calls: Vec<NftCall>,
+    /// Outcomes of the next applies, in order (`true`: fail).
+    scripted: VecDeque<bool>,
+    /// Consulted when nothing is scripted.
+    fail_when: Option<ApplyFailure>,
+    /// `list_table` output per family (`None`: no table).
+    listings: Vec<(IpFamily, String)>,
+    /// Make `list_table` fail.
+    list_fails: bool,
+}
+
+/// An [`NftRunner`] that records every call and never touches the kernel. Applies succeed
+/// unless scripted to fail; listings are whatever [`FakeNft::set_listing`] set (no table by
+/// default). Clones share the record.
+#[derive(Clone, Default)]
+pub struct FakeNft {
+    state: Arc<Mutex<FakeState>>,
+}
+
+impl fmt::Debug for FakeNft {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakeNft")
+            .field("calls", &self.lock().calls.len())
+            .finish()
+    }
+}
+
+impl FakeNft {
+    /// A fake whose applies succeed and which lists no table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Make the next `n` applies fail.
+    pub fn fail_next(&self, n: usize) {
+        self.lock().scripted.extend(std::iter::repeat_n(true, n));
+    }
+
+    /// Script the outcome of the next applies in order (`true`: fail).
+    pub fn script_applies(&self, outcomes: impl IntoIterator<Item = bool>) {
+        self.lock().scripted.extend(outcomes);
+    }
+
+    /// Fail every unscripted apply whose script `fail` accepts.
+    pub fn fail_when(&self, fail: impl Fn(&str) -> bool + Send + 'static) {
+        self.lock().fail_when = Some(Box::new(fail));
+    }
+
+    /// What `list_table(family)` returns from now on.
+    pub fn set_listing(&self, family: IpFamily, text: impl Into<String>) {
+        let mut state = self.lock();
+        state.listings.retain(|(f, _)| *f != family);
+        state.listings.push((family, text.into()));
+    }
+
+    /// Make `list_table` fail.
+    pub fn fail_listing(&self) {
+        self.lock().list_fails = true;
+    }
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<NftCall> {
+        self.lock().calls.clone()
+    }
+
+    /// Every script applied so far (failed ones included).
+    pub fn scripts(&self) -> Vec<String> {
+        self.lock()
+            .calls
+            .iter()
+            .filter_map(|c| match c {
+                NftCall::Apply(script) => Some(script.clone()),
+                NftCall::List(_) => None,
+            })
+            .collect()
+    }
+
+    /// Forget the recorded calls.
+    pub fn clear_calls(&self) {
+        self.lock().calls.clear();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FakeState> {
+        // Only a panicking test can poison this; keep the record usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn fake_failure(stderr: &str) -> ExecError {
+    ExecError::Failed {
+        program: DEFAULT_NFT_BINARY.to_owned(),
+        code: Some(1),
+        stderr: stderr.to_owned(),
+    }
+}
+
+impl NftRunner for FakeNft {
+    async fn apply(&self, script: &str) -> Result<(), ExecError> {
+        let mut state = self.lock();
+        state.calls.push(NftCall::Apply(script.to_owned()));
+        let fail = match state.scripted.pop_front() {
+            Some(fail) => fail,
+            None => state.fail_when.as_ref().is_some_and(|f| f(script)),
+        };
+        if fail {
+            return Err(fake_failure(
+                "Error: Could not process rule: Device or resource busy (injected)",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn list_table(&self, family: IpFamily) -> Result<Option<String>, ExecError> {
+        let mut state = self.lock();
+        state.calls.push(NftCall::List(family));
+        if state.list_fails {
+            return Err(fake_failure("Error: injected listing failure"));
+        }
+        Ok(state
+            .listings
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map(|(_, text)| text.clone()))
+    }
+}

@@ -1,0 +1,413 @@
+//! nftables mode with the real `nft` against a real kernel, each test inside its own
+//! throwaway network namespace (the approach of `kernel.rs`: the test binary re-executes
+//! itself as `unshare -n <binary> --exact <test>`, the child refuses to run in its parent's
+//! or PID 1's namespace, and the kernel drops every table with the namespace).
+//!
+//! Without root, `unshare` or `nft` the tests are skipped with a message, unless `CI` or
+//! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
+
+#[path = "../src/testutil.rs"]
+mod testutil;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use kp_core::backend::{Backend, BackendError, SyncKind};
+use kp_core::model::{IpFamily, Protocol};
+use kp_core::tracker::ProxyState;
+use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
+use kp_rules::nftables::RenderConfig;
+use kp_rules::nftables::names::{EndpointNames, ServiceChains};
+use prometheus_client::registry::Registry;
+use testutil::*;
+
+/// Set in the child to the name of the test it runs.
+const CHILD_ENV: &str = "KP_DATAPLANE_NETNS_TEST";
+/// The parent's network namespace, so the child can check it is elsewhere.
+const PARENT_NS_ENV: &str = "KP_DATAPLANE_PARENT_NETNS";
+/// Make unavailable prerequisites a failure instead of a skip (also implied by `CI`).
+const REQUIRE_ENV: &str = "KP_DATAPLANE_REQUIRE_KERNEL_TESTS";
+
+/// Longer than the backend's stale-chain delay.
+const AFTER_STALE_DELAY: Duration = Duration::from_millis(1100);
+
+fn netns_id(pid: &str) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/net"))
+        .ok()
+        .map(|p| p.display().to_string())
+}
+
+fn unavailable() -> Option<String> {
+    let nft = Command::new("nft")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !nft.is_ok_and(|s| s.success()) {
+        return Some("nft not found (apt-get install -y nftables)".into());
+    }
+    // Creating a table inside a fresh namespace proves both root and nf_tables support.
+    let probe = Command::new("unshare")
+        .args(["-n", "nft", "add", "table", "ip", "kp-probe"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        return Some("cannot use nftables in a new network namespace (needs root)".into());
+    }
+    None
+}
+
+/// Run `body` in a fresh network namespace. `name` must be the test function's name.
+fn in_netns(name: &str, body: impl FnOnce()) {
+    if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
+        let mine = netns_id("self").expect("own network namespace readable");
+        let parent = std::env::var(PARENT_NS_ENV).expect("parent namespace passed");
+        assert_ne!(
+            mine, parent,
+            "refusing to run in the parent's network namespace"
+        );
+        if let Some(init) = netns_id("1") {
+            assert_ne!(mine, init, "refusing to run in PID 1's network namespace");
+        }
+        body();
+        return;
+    }
+    if let Some(reason) = unavailable() {
+        assert!(
+            std::env::var_os(REQUIRE_ENV).is_none() && std::env::var_os("CI").is_none(),
+            "{name}: kernel test required but {reason}"
+        );
+        eprintln!("SKIPPED {name}: {reason}");
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let parent = netns_id("self").expect("own network namespace readable");
+    let output = Command::new("unshare")
+        .arg("-n")
+        .arg(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, name)
+        .env(PARENT_NS_ENV, parent)
+        .output()
+        .expect("run the test binary under unshare");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("--- child stdout ---\n{stdout}\n--- child stderr ---\n{stderr}");
+    assert!(output.status.success(), "{name} failed in its namespace");
+    // A misspelt name would run nothing and still succeed.
+    assert!(
+        stdout.contains("1 passed"),
+        "{name} did not run in the child"
+    );
+}
+
+/// Runs `nft args` and returns its stdout (panics on failure).
+fn nft(args: &[&str]) -> String {
+    let output = Command::new("nft").args(args).output().expect("run nft");
+    assert!(
+        output.status.success(),
+        "`nft {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn list(family: &str) -> String {
+    nft(&["list", "table", family, "kube-proxy"])
+}
+
+/// Chain name -> (handle, number of rules), from `nft -a list table ip kube-proxy`.
+fn chains_with_handles() -> BTreeMap<String, (u64, usize)> {
+    let text = nft(&["-a", "list", "table", "ip", "kube-proxy"]);
+    let mut out = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("chain ") {
+            // `chain NAME { # handle N`
+            let name = rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            let handle = rest
+                .rsplit("# handle ")
+                .next()
+                .and_then(|h| h.trim().parse().ok())
+                .expect("chain handle");
+            out.insert(name.clone(), (handle, 0));
+            current = Some(name);
+        } else if line == "}" {
+            current = None;
+        } else if let Some(name) = &current
+            && line.contains("# handle ")
+            && !line.starts_with("type ")
+            && let Some(entry) = out.get_mut(name)
+        {
+            entry.1 += 1;
+        }
+    }
+    out
+}
+
+/// The first line of `nft -a list table ip kube-proxy`: `table ip kube-proxy { # handle N`.
+fn table_handle() -> String {
+    let text = nft(&["-a", "list", "table", "ip", "kube-proxy"]);
+    let first = text.lines().next().unwrap_or_default().to_owned();
+    assert!(first.contains("# handle "), "{first}");
+    first
+}
+
+fn backend() -> NftablesBackend {
+    NftablesBackend::new(NftablesConfig::new(
+        vec![IpFamily::V4],
+        RenderConfig::default(),
+    ))
+    .expect("valid config")
+}
+
+fn port(name: &str) -> kp_core::model::ServicePortName {
+    port_name("ns", name, "p", Protocol::Tcp)
+}
+
+/// Services `a` (10.96.0.1) and `b` (10.96.0.2), with the given endpoints.
+fn services(a_endpoint: &str, b_endpoint: &str) -> ProxyState {
+    state(vec![
+        (
+            service("ns", "a", Protocol::Tcp, "10.96.0.1", 80),
+            vec![endpoint(a_endpoint, 8080)],
+        ),
+        (
+            service("ns", "b", Protocol::Tcp, "10.96.0.2", 80),
+            vec![endpoint(b_endpoint, 8080)],
+        ),
+    ])
+}
+
+fn endpoint_chain(name: &str, ip_text: &str) -> String {
+    EndpointNames::new(&port(name), ip(ip_text), 8080).chain
+}
+
+#[test]
+fn full_sync_creates_the_table_and_partial_syncs_update_it() {
+    in_netns(
+        "full_sync_creates_the_table_and_partial_syncs_update_it",
+        || {
+            block_on(async {
+                let mut backend = backend();
+                let none = BTreeSet::new();
+                let first = services("10.244.1.1", "10.244.1.2");
+                backend
+                    .sync(&request(&first, SyncKind::Partial, &none, false))
+                    .await
+                    .expect("full sync applies");
+                let table = list("ip");
+                let a_chain = ServiceChains::new(&port("a")).service;
+                assert!(
+                    table.contains(&format!("10.96.0.1 . tcp . 80 : goto {a_chain}")),
+                    "{table}"
+                );
+                assert!(table.contains("dnat to 10.244.1.1:8080"), "{table}");
+                assert!(table.contains("chain nat-prerouting"), "{table}");
+
+                // b's endpoint moves: a partial sync; the old chain is flushed ...
+                let second = services("10.244.1.1", "10.244.2.2");
+                let changed = BTreeSet::from([service_name("ns", "b")]);
+                backend
+                    .sync(&request(&second, SyncKind::Partial, &changed, false))
+                    .await
+                    .expect("partial sync applies");
+                let old = endpoint_chain("b", "10.244.1.2");
+                let chains = chains_with_handles();
+                assert_eq!(chains.get(&old).map(|c| c.1), Some(0), "{chains:?}");
+                let table = list("ip");
+                assert!(table.contains("dnat to 10.244.2.2:8080"), "{table}");
+                assert!(!table.contains("dnat to 10.244.1.2"), "{table}");
+                // ... and deleted by a sync at least a second later.
+                std::thread::sleep(AFTER_STALE_DELAY);
+                backend
+                    .sync(&request(&second, SyncKind::Partial, &none, false))
+                    .await
+                    .expect("deletion applies");
+                assert!(!chains_with_handles().contains_key(&old));
+            });
+        },
+    );
+}
+
+#[test]
+fn a_restart_adopts_the_table_and_changes_only_what_differs() {
+    in_netns(
+        "a_restart_adopts_the_table_and_changes_only_what_differs",
+        || {
+            block_on(async {
+                let none = BTreeSet::new();
+                let before = services("10.244.1.1", "10.244.1.2");
+                backend()
+                    .sync(&request(&before, SyncKind::Full, &none, false))
+                    .await
+                    .expect("first process syncs");
+                let old_chains = chains_with_handles();
+                let handle_before = table_handle();
+
+                // A new process, while b moved: it adopts what the first one left.
+                let after = services("10.244.1.1", "10.244.2.2");
+                let mut restarted = backend();
+                restarted
+                    .sync(&request(&after, SyncKind::Partial, &none, false))
+                    .await
+                    .expect("restarted process syncs");
+                let new_chains = chains_with_handles();
+                assert_eq!(table_handle(), handle_before, "the table is kept");
+                // Every per-service chain still in use is the same kernel object (same
+                // handle), with the same number of rules: kept, not re-created. (The base
+                // chains are re-created once per process, to apply changed priorities.)
+                let stale = endpoint_chain("b", "10.244.1.2");
+                for (name, (handle, rules)) in &old_chains {
+                    if *name == stale || !name.contains('/') {
+                        continue;
+                    }
+                    assert_eq!(
+                        new_chains.get(name),
+                        Some(&(*handle, *rules)),
+                        "{name} changed: {old_chains:?} -> {new_chains:?}"
+                    );
+                }
+                // The chain no longer needed was flushed, the new one added.
+                assert_eq!(new_chains.get(&stale).map(|c| c.1), Some(0));
+                let moved = endpoint_chain("b", "10.244.2.2");
+                assert!(new_chains.get(&moved).is_some_and(|c| c.1 > 0));
+                std::thread::sleep(AFTER_STALE_DELAY);
+                restarted
+                    .sync(&request(&after, SyncKind::Partial, &none, false))
+                    .await
+                    .expect("deletion applies");
+                assert!(!chains_with_handles().contains_key(&stale));
+
+                // The result is what a fresh process on a clean node writes.
+                let adopted = sorted_lines(&list("ip"));
+                nft(&["delete", "table", "ip", "kube-proxy"]);
+                backend()
+                    .sync(&request(&after, SyncKind::Full, &none, false))
+                    .await
+                    .expect("fresh sync");
+                assert_eq!(adopted, sorted_lines(&list("ip")));
+            });
+        },
+    );
+}
+
+/// A listing's lines, sorted (element order is the kernel's).
+fn sorted_lines(text: &str) -> Vec<String> {
+    let mut lines: Vec<String> = text.lines().map(|l| l.trim().to_owned()).collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn a_rejected_transaction_keeps_the_previous_table() {
+    in_netns("a_rejected_transaction_keeps_the_previous_table", || {
+        block_on(async {
+            let mut registry = Registry::default();
+            let metrics = NftablesMetrics::register(&mut registry);
+            let mut backend = backend().with_metrics(metrics.clone());
+            let none = BTreeSet::new();
+            // Something else made a set of ours with another type: the kernel rejects the
+            // whole transaction.
+            nft(&["add", "table", "ip", "kube-proxy"]);
+            nft(&[
+                "add",
+                "set",
+                "ip",
+                "kube-proxy",
+                "cluster-ips",
+                "{ type inet_service ; }",
+            ]);
+            let state = services("10.244.1.1", "10.244.1.2");
+            let err = backend
+                .sync(&request(&state, SyncKind::Full, &none, false))
+                .await
+                .expect_err("conflicting set");
+            match &err {
+                BackendError::Apply { what, message } => {
+                    assert_eq!(what, "nft -f - (ip kube-proxy)");
+                    assert!(message.contains("Error"), "nft's stderr: {message}");
+                }
+                other => panic!("wrong error {other:?}"),
+            }
+            assert_eq!(metrics.sync_failures.get(), 1);
+            assert!(backend.next_sync_is_full());
+            let table = list("ip");
+            assert!(!table.contains("chain"), "nothing applied: {table}");
+
+            nft(&["delete", "set", "ip", "kube-proxy", "cluster-ips"]);
+            backend
+                .sync(&request(&state, SyncKind::Partial, &none, false))
+                .await
+                .expect("full sync after the conflict is gone");
+            assert!(list("ip").contains("dnat to 10.244.1.1:8080"));
+
+            // A stale chain that something still jumps to cannot be deleted: counted as a
+            // cleanup failure, the sync itself goes through.
+            let moved = services("10.244.3.3", "10.244.1.2");
+            let changed = BTreeSet::from([service_name("ns", "a")]);
+            backend
+                .sync(&request(&moved, SyncKind::Partial, &changed, false))
+                .await
+                .expect("partial sync");
+            let stale = endpoint_chain("a", "10.244.1.1");
+            nft(&["add", "chain", "ip", "kube-proxy", "foreign"]);
+            nft(&["add", "rule", "ip", "kube-proxy", "foreign", "jump", &stale]);
+            std::thread::sleep(AFTER_STALE_DELAY);
+            let again = services("10.244.3.4", "10.244.1.2");
+            backend
+                .sync(&request(&again, SyncKind::Partial, &changed, false))
+                .await
+                .expect("the sync goes through without the deletion");
+            assert_eq!(metrics.cleanup_failures.get(), 1);
+            assert_eq!(metrics.sync_failures.get(), 1);
+            let table = list("ip");
+            assert!(table.contains("dnat to 10.244.3.4:8080"), "{table}");
+            assert!(chains_with_handles().contains_key(&stale));
+        });
+    });
+}
+
+#[test]
+fn cleanup_removes_the_tables_and_is_fine_when_absent() {
+    in_netns("cleanup_removes_the_tables_and_is_fine_when_absent", || {
+        block_on(async {
+            let families = vec![IpFamily::V4, IpFamily::V6];
+            let mut backend =
+                NftablesBackend::new(NftablesConfig::new(families, RenderConfig::default()))
+                    .expect("valid config");
+            let mut state = services("10.244.1.1", "10.244.1.2");
+            let v6 = service("ns", "web6", Protocol::Udp, "fd00::1", 53);
+            state
+                .endpoints
+                .insert(v6.name.clone(), vec![endpoint("fd00:10::5", 5353)]);
+            state.services.insert(v6.name.clone(), v6);
+            let none = BTreeSet::new();
+            backend
+                .sync(&request(&state, SyncKind::Full, &none, false))
+                .await
+                .expect("both families apply");
+            assert!(list("ip6").contains("dnat to [fd00:10::5]:5353"));
+            // Tables of others stay.
+            nft(&["add", "table", "ip", "other"]);
+            backend.cleanup().await.expect("cleanup");
+            let tables = nft(&["list", "tables"]);
+            assert_eq!(tables.trim(), "table ip other", "{tables}");
+            backend.cleanup().await.expect("cleanup of a clean node");
+            assert_eq!(nft(&["list", "tables"]), tables);
+            // The backend starts over after a cleanup.
+            backend
+                .sync(&request(&state, SyncKind::Partial, &none, false))
+                .await
+                .expect("sync after cleanup");
+            assert!(list("ip").contains("dnat to 10.244.1.1:8080"));
+        });
+    });
+}
