@@ -482,7 +482,9 @@ impl<B: Backend> Proxier<B> {
         }
     }
 
-    /// Publish the per-service health map and the state (waking readers only on change).
+    /// Publish the per-service health map and the state (waking readers only on change). The
+    /// state is shared, not copied; while a reader may still see it, the next sync copies it
+    /// before changing it.
     fn publish(&self) {
         let health = service_health_map(&self.state);
         self.service_health.send_if_modified(|current| {
@@ -492,6 +494,18 @@ impl<B: Backend> Proxier<B> {
             }
             modified
         });
+        if self.published_state.receiver_count() == 0 {
+            // Nobody reads the state, and nobody can subscribe any more (`state()` needs the
+            // proxier, which `run` owns): do not keep a reference to it, so the next sync's
+            // `Arc::make_mut` updates it in place instead of copying all of it.
+            self.published_state.send_if_modified(|current| {
+                if Arc::ptr_eq(current, &self.state) {
+                    *current = Arc::default();
+                }
+                false
+            });
+            return;
+        }
         let state = Arc::clone(&self.state);
         self.published_state.send_if_modified(|current| {
             let modified = !Arc::ptr_eq(current, &state);

@@ -173,16 +173,19 @@ impl<V: Clone + PartialEq> Versions<V> {
         true
     }
 
-    /// Take the pending versions, making them the applied ones.
-    fn checkout(&mut self) -> BTreeMap<ServiceName, Option<V>> {
+    /// Make the pending versions the applied ones (moved, not copied: the latest version is
+    /// then read from `applied`); returns the services that had one.
+    fn checkout(&mut self) -> BTreeSet<ServiceName> {
         let pending = std::mem::take(&mut self.pending);
-        for (key, value) in &pending {
+        let mut keys = BTreeSet::new();
+        for (key, value) in pending {
             match value {
-                Some(value) => self.applied.insert(key.clone(), value.clone()),
-                None => self.applied.remove(key),
+                Some(value) => self.applied.insert(key.clone(), value),
+                None => self.applied.remove(&key),
             };
+            keys.insert(key);
         }
-        pending
+        keys
     }
 }
 
@@ -322,34 +325,35 @@ impl ChangeTracker {
             ..UpdateResult::default()
         };
 
-        let mut services = self.services.checkout();
-        let mut slices = self.slices.checkout();
-        let touched: BTreeSet<ServiceName> =
-            services.keys().chain(slices.keys()).cloned().collect();
+        let services = self.services.checkout();
+        let slices = self.slices.checkout();
+        let touched: BTreeSet<ServiceName> = services.union(&slices).cloned().collect();
         for service in touched {
             let mut changed = false;
             let mut protocols: BTreeSet<Protocol> = BTreeSet::new();
 
             let old_ports = take_service(&mut state.services, &service);
-            let new_ports: BTreeMap<ServicePortName, ServicePort> = match services.remove(&service)
-            {
-                Some(latest) => latest
+            let new_ports: BTreeMap<ServicePortName, ServicePort> = if services.contains(&service) {
+                self.services
+                    .applied
+                    .get(&service)
                     .into_iter()
                     .flatten()
-                    .map(|port| (port.name.clone(), port))
-                    .collect(),
-                None => old_ports.clone(),
+                    .map(|port| (port.name.clone(), port.clone()))
+                    .collect()
+            } else {
+                old_ports.clone()
             };
             changed |= old_ports != new_ports;
             protocols.extend(old_ports.keys().chain(new_ports.keys()).map(|n| n.protocol));
             state.services.extend(new_ports);
 
             let old_endpoints = take_service(&mut state.endpoints, &service);
-            let new_endpoints = match slices.remove(&service) {
-                Some(latest) => {
-                    model::merge_slices(latest.iter().flat_map(|m| m.values()), &self.node_name)
-                }
-                None => old_endpoints.clone(),
+            let new_endpoints = if slices.contains(&service) {
+                let latest = self.slices.applied.get(&service);
+                model::merge_slices(latest.into_iter().flat_map(|m| m.values()), &self.node_name)
+            } else {
+                old_endpoints.clone()
             };
             changed |= old_endpoints != new_endpoints;
             protocols.extend(

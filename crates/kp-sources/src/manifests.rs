@@ -164,16 +164,18 @@ impl ManifestsSource {
                 () = shutdown.cancelled() => return Ok(()),
                 joined = task => joined?,
             };
-            let mut events = poll.events;
+            let mut sync_events = Vec::new();
             if poll.complete && !synced {
                 synced = true;
-                events.extend([
+                sync_events.extend([
                     SourceEvent::Service(ObjectEvent::Synced),
                     SourceEvent::EndpointSlice(ObjectEvent::Synced),
                     SourceEvent::Node(ObjectEvent::Synced),
                 ]);
             }
-            for event in events {
+            // Each change becomes an event (a copy of its object) only as it is sent.
+            let changes = poll.events.iter().map(scan::Change::event);
+            for event in changes.chain(sync_events) {
                 tokio::select! {
                     biased;
                     () = shutdown.cancelled() => return Ok(()),

@@ -7,6 +7,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kp_core::event::SourceEvent;
@@ -84,15 +85,106 @@ struct FileState {
     /// errors reported) again.
     content: Option<u64>,
     /// The objects this file contributes: the last parse, plus, while the file has broken
-    /// documents, objects it contributed before that are now missing.
-    objects: Vec<Object>,
+    /// documents, objects it contributed before that are now missing. Shared with
+    /// `Scanner::reported`, so each object is held once however many sets it is in.
+    objects: Vec<Stored>,
+}
+
+/// An object as the scanner keeps it: its key and, in place of the parsed object (typed
+/// Kubernetes objects take about ten times the size of their YAML), its JSON serialization,
+/// shared between a file's objects and the reported set. An object whose serialization does
+/// not give back an equal object (it cannot happen with the API's types, but nothing is
+/// taken on trust) is kept as it is.
+#[derive(Clone, Debug)]
+pub(super) struct Stored {
+    key: ObjectKey,
+    body: Body,
+}
+
+#[derive(Clone, Debug)]
+enum Body {
+    Json(Arc<[u8]>),
+    Object(Arc<Object>),
+}
+
+impl Stored {
+    fn new(object: Object) -> Stored {
+        let key = object.key();
+        let json = match &object {
+            Object::Service(o) => serde_json::to_vec(o),
+            Object::EndpointSlice(o) => serde_json::to_vec(o),
+            Object::Node(o) => serde_json::to_vec(o),
+        };
+        let body = match json {
+            Ok(json) if decode(key.kind, &json).as_ref() == Some(&object) => {
+                Body::Json(json.into())
+            }
+            _ => Body::Object(Arc::new(object)),
+        };
+        Stored { key, body }
+    }
+
+    fn key(&self) -> ObjectKey {
+        self.key.clone()
+    }
+
+    /// The object.
+    fn object(&self) -> Object {
+        match &self.body {
+            Body::Object(object) => Object::clone(object),
+            // Checked to decode when stored.
+            Body::Json(json) => decode(self.key.kind, json)
+                .unwrap_or_else(|| unreachable!("{} stored as JSON that decodes", self.key)),
+        }
+    }
+
+    /// Whether both are the same object, with the same content.
+    fn same(&self, other: &Stored) -> bool {
+        if self.key != other.key {
+            return false;
+        }
+        match (&self.body, &other.body) {
+            (Body::Json(a), Body::Json(b)) => Arc::ptr_eq(a, b) || a == b,
+            (Body::Object(a), Body::Object(b)) => Arc::ptr_eq(a, b) || a == b,
+            _ => self.object() == other.object(),
+        }
+    }
+}
+
+/// An object of `kind` from its JSON serialization.
+fn decode(kind: Kind, json: &[u8]) -> Option<Object> {
+    match kind {
+        Kind::Service => serde_json::from_slice(json).map(Object::Service).ok(),
+        Kind::EndpointSlice => serde_json::from_slice(json).map(Object::EndpointSlice).ok(),
+        Kind::Node => serde_json::from_slice(json).map(Object::Node).ok(),
+    }
+}
+
+/// One change to report. The object is shared with the scanner's sets and copied into an
+/// event only when it is sent, so a first load of many objects never holds them all twice.
+#[derive(Debug)]
+pub(super) enum Change {
+    /// Created or updated.
+    Applied(Stored),
+    /// Deleted.
+    Deleted(Stored),
+}
+
+impl Change {
+    /// The event to send.
+    pub(super) fn event(&self) -> SourceEvent {
+        match self {
+            Change::Applied(object) => object.object().applied(),
+            Change::Deleted(object) => object.object().deleted(),
+        }
+    }
 }
 
 /// The outcome of one poll.
 #[derive(Debug, Default)]
 pub(super) struct Poll {
-    /// Events for what changed since the last poll.
-    pub events: Vec<SourceEvent>,
+    /// What changed since the last poll.
+    pub events: Vec<Change>,
     /// The path could be listed, and every file seen has been read.
     pub complete: bool,
     /// Changes were seen once and wait for a confirming look after a short settle time.
@@ -109,8 +201,8 @@ pub(super) struct Scanner {
     files: BTreeMap<PathBuf, FileState>,
     /// Changes seen once: the new stamp (`None`: the file vanished).
     pending: BTreeMap<PathBuf, Option<Stamp>>,
-    /// The objects reported, by key.
-    reported: BTreeMap<ObjectKey, Object>,
+    /// The objects reported, by key (the same allocations as the files' objects).
+    reported: BTreeMap<ObjectKey, Stored>,
     /// The problem last reported for the path itself, to report each once.
     root_problem: Option<String>,
     /// Whether the files have been read once; the first load needs no confirmation.
@@ -297,6 +389,9 @@ impl Scanner {
         }
         state.content = Some(content);
         let (objects, errors) = parse_manifests(&text, path);
+        // The text is not needed any more: free it before the objects are compared.
+        drop(text);
+        let objects: Vec<Stored> = objects.into_iter().map(Stored::new).collect();
         if errors.is_empty() {
             state.objects = objects;
             return recent;
@@ -305,7 +400,7 @@ impl Scanner {
         // half-written save never drops traffic; the file's next clean parse decides.
         let mut kept = std::mem::take(&mut state.objects);
         let fresh: std::collections::BTreeSet<ObjectKey> =
-            objects.iter().map(Object::key).collect();
+            objects.iter().map(|object| object.key()).collect();
         kept.retain(|object| !fresh.contains(&object.key()));
         let kept_count = kept.len();
         state.objects = objects;
@@ -334,8 +429,8 @@ impl Scanner {
     }
 
     /// The object set from all files (later file names win), against what was reported.
-    fn diff(&mut self) -> Vec<SourceEvent> {
-        let mut wanted: BTreeMap<ObjectKey, (&Object, &Path)> = BTreeMap::new();
+    fn diff(&mut self) -> Vec<Change> {
+        let mut wanted: BTreeMap<ObjectKey, (&Stored, &Path)> = BTreeMap::new();
         for (path, state) in &self.files {
             for object in &state.objects {
                 let key = object.key();
@@ -374,12 +469,13 @@ impl Scanner {
         let mut events = Vec::new();
         for (key, old) in &self.reported {
             if !wanted.contains_key(key) {
-                events.push(old.clone().deleted());
+                events.push(Change::Deleted(old.clone()));
             }
         }
         for (key, (object, _)) in &wanted {
-            if self.reported.get(key) != Some(*object) {
-                events.push((*object).clone().applied());
+            let unchanged = self.reported.get(key).is_some_and(|old| old.same(object));
+            if !unchanged {
+                events.push(Change::Applied((*object).clone()));
             }
         }
         self.reported = wanted
