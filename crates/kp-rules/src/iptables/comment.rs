@@ -28,27 +28,69 @@ fn is_literal(byte: u8) -> bool {
 /// The comment text, percent-encoded as described in the module docs and cut to
 /// [`MAX_COMMENT_BYTES`]. Does not add the surrounding quotes.
 pub fn sanitize(text: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        let piece_len = if is_literal(byte) { 1 } else { 3 };
-        if out.len() + piece_len > MAX_COMMENT_BYTES {
-            break;
-        }
-        if is_literal(byte) {
-            out.push(char::from(byte));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
-        }
-    }
+    let mut writer = Sanitizer::new(&mut out);
+    let _ = std::fmt::Write::write_str(&mut writer, text);
     out
 }
 
 /// `-m comment --comment "<sanitized text>"`, ready to be placed in a rule.
 pub fn comment_args(text: &str) -> String {
-    format!("-m comment --comment \"{}\"", sanitize(text))
+    let mut out = String::with_capacity(text.len() + 24);
+    write_comment_args(&mut out, text);
+    out
+}
+
+/// Appends `-m comment --comment "<sanitized text>"` to `out`, formatting `text` straight
+/// into the encoder (no intermediate string).
+pub(crate) fn write_comment_args(out: &mut String, text: impl std::fmt::Display) {
+    out.push_str("-m comment --comment \"");
+    let mut writer = Sanitizer::new(out);
+    let _ = std::fmt::Write::write_fmt(&mut writer, format_args!("{text}"));
+    out.push('"');
+}
+
+/// A `fmt::Write` that percent-encodes into `out` and stops at [`MAX_COMMENT_BYTES`]
+/// encoded bytes (the first piece that does not fit ends the comment).
+struct Sanitizer<'a> {
+    out: &'a mut String,
+    len: usize,
+    done: bool,
+}
+
+impl<'a> Sanitizer<'a> {
+    fn new(out: &'a mut String) -> Self {
+        Self {
+            out,
+            len: 0,
+            done: false,
+        }
+    }
+}
+
+impl std::fmt::Write for Sanitizer<'_> {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        const HEX: &[u8; 16] = b"0123456789ABCDEF";
+        for byte in text.bytes() {
+            if self.done {
+                break;
+            }
+            let piece_len = if is_literal(byte) { 1 } else { 3 };
+            if self.len + piece_len > MAX_COMMENT_BYTES {
+                self.done = true;
+                break;
+            }
+            self.len += piece_len;
+            if is_literal(byte) {
+                self.out.push(char::from(byte));
+            } else {
+                self.out.push('%');
+                self.out.push(char::from(HEX[usize::from(byte >> 4)]));
+                self.out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -260,4 +260,6 @@ pub struct RenderOutput {
 }
 
 #[cfg(test)]
+mod reference;
+#[cfg(test)]
 mod tests;

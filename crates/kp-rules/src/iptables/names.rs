@@ -44,6 +44,12 @@ fn hash16(input: &str) -> String {
 /// (16 characters of 5 bits each come from exactly 10 bytes).
 fn base32_prefix(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 8 / 5);
+    push_base32(&mut out, bytes);
+    out
+}
+
+/// Appends base32 of `bytes` (length a multiple of 5) to `out`.
+fn push_base32(out: &mut String, bytes: &[u8]) {
     for group in bytes.chunks(5) {
         let mut bits: u64 = 0;
         for byte in group {
@@ -54,7 +60,6 @@ fn base32_prefix(bytes: &[u8]) -> String {
             out.push(char::from(BASE32_ALPHABET[index]));
         }
     }
-    out
 }
 
 /// The hash shared by a service port's `KUBE-SVC/SVL/EXT/FW` chains.
@@ -103,11 +108,85 @@ pub fn endpoint_chain(name: &ServicePortName, ip: IpAddr, port: u16) -> String {
     format!("{SEP_PREFIX}{hash}")
 }
 
+/// Derives the `KUBE-SEP-…` names of one service port's endpoints without re-hashing (or
+/// re-formatting) the service part for every endpoint; same names as [`endpoint_chain`].
+pub(crate) struct EndpointChains {
+    prefix: Sha256,
+    scratch: String,
+}
+
+impl EndpointChains {
+    /// `display` is the service port's display name (`name.to_string()`).
+    pub(crate) fn new(display: &str, name: &ServicePortName) -> Self {
+        let mut prefix = Sha256::new();
+        prefix.update(display.as_bytes());
+        prefix.update(name.protocol.as_str().as_bytes());
+        Self {
+            prefix,
+            scratch: String::with_capacity(48),
+        }
+    }
+
+    /// `KUBE-SEP-…` for the endpoint `ip:port`.
+    pub(crate) fn chain(&mut self, ip: IpAddr, port: u16) -> String {
+        use std::fmt::Write as _;
+        self.scratch.clear();
+        match ip {
+            // The common case without the formatting machinery: `a.b.c.d:port`.
+            IpAddr::V4(v4) => {
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        self.scratch.push('.');
+                    }
+                    push_decimal(&mut self.scratch, u32::from(octet));
+                }
+                self.scratch.push(':');
+                push_decimal(&mut self.scratch, u32::from(port));
+            }
+            IpAddr::V6(_) => {
+                let _ = write!(self.scratch, "{}", SocketAddr::new(ip, port));
+            }
+        }
+        let mut hasher = self.prefix.clone();
+        hasher.update(self.scratch.as_bytes());
+        let digest = hasher.finalize();
+        let mut out = String::with_capacity(SEP_PREFIX.len() + HASH_CHARS);
+        out.push_str(SEP_PREFIX);
+        push_base32(&mut out, &digest[..HASH_CHARS * 5 / 8]);
+        out
+    }
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, n: u32) {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for digit in &digits[at..] {
+        out.push(char::from(*digit));
+    }
+}
+
 /// Whether `chain` is a per-service chain this renderer owns (and may delete when stale).
 pub fn is_service_chain(chain: &str) -> bool {
-    SERVICE_CHAIN_PREFIXES
-        .iter()
-        .any(|prefix| chain.starts_with(prefix))
+    // Same as testing every prefix of SERVICE_CHAIN_PREFIXES, without a loop of calls: all
+    // start with `KUBE-`.
+    let Some(rest) = chain.strip_prefix("KUBE-") else {
+        return false;
+    };
+    rest.starts_with("SEP-")
+        || rest.starts_with("SVC-")
+        || rest.starts_with("SVL-")
+        || rest.starts_with("EXT-")
+        || rest.starts_with("FW-")
 }
 
 #[cfg(test)]
@@ -172,6 +251,28 @@ mod tests {
     }
 
     #[test]
+    fn endpoint_chains_match_endpoint_chain() {
+        for (name, ip) in [
+            (spn("ns1", "svc1", "p80", Protocol::Tcp), "10.180.0.1"),
+            (spn("ns\"x", "s", "", Protocol::Udp), "fd00::1"),
+            (spn("日本", "名前", "p", Protocol::Sctp), "10.0.0.255"),
+            (spn("a", "b", "c", Protocol::Tcp), "0.0.0.0"),
+            (spn("a", "b", "c", Protocol::Tcp), "255.255.255.255"),
+            (spn("a", "b", "c", Protocol::Tcp), "::ffff:10.0.0.1"),
+        ] {
+            let ip: IpAddr = ip.parse().expect("literal");
+            let mut chains = EndpointChains::new(&name.to_string(), &name);
+            for port in [0, 1, 9, 10, 80, 100, 65535] {
+                assert_eq!(chains.chain(ip, port), endpoint_chain(&name, ip, port));
+            }
+        }
+        let name = spn("ns1", "svc1", "p80", Protocol::Tcp);
+        let mut chains = EndpointChains::new(&name.to_string(), &name);
+        let ip = "10.180.0.1".parse().expect("literal");
+        assert_eq!(chains.chain(ip, 80), "KUBE-SEP-SXIVWICOYRO3J4NJ");
+    }
+
+    #[test]
     fn ipv6_endpoint_uses_brackets() {
         let ip = "fd00::1".parse().expect("literal");
         assert_eq!(endpoint_string(ip, 80), "[fd00::1]:80");
@@ -184,5 +285,24 @@ mod tests {
         assert!(!is_service_chain("KUBE-SERVICES"));
         assert!(!is_service_chain("KUBE-NODEPORTS"));
         assert!(!is_service_chain("KUBE-MARK-MASQ"));
+        for chain in [
+            "",
+            "KUBE-",
+            "KUBE-SEP",
+            "KUBE-SEP-",
+            "KUBE-FW-",
+            "KUBE-FWX",
+            "KUBE-EXT-A",
+            "KUBE-SVL-A",
+            "KUBE-SVC-",
+            "kube-svc-a",
+            "XKUBE-SVC-A",
+            "KUBE-SERVICES",
+        ] {
+            let reference = SERVICE_CHAIN_PREFIXES
+                .iter()
+                .any(|prefix| chain.starts_with(prefix));
+            assert_eq!(is_service_chain(chain), reference, "{chain}");
+        }
     }
 }
