@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
 use kp_core::topology::categorize;
 use kp_core::tracker::ProxyState;
+use tracing::{debug, warn};
 
 use crate::exec::{ExecError, run_program};
 
@@ -258,6 +259,43 @@ pub fn stale_flows(
         }
     }
     out.into_iter().collect()
+}
+
+/// Delete, through `conntrack`, the entries that moving from `previous` (the last
+/// programmed state; `None` before the first successful sync) to `current` made stale, as
+/// [`stale_flows`] decides for `services` (all when `None`: a full sync) and `families`.
+/// Failures are logged and skipped, as upstream does (the entries time out eventually).
+/// Returns how many entries were deleted.
+pub async fn delete_stale<C: Conntrack>(
+    conntrack: &C,
+    previous: Option<&ProxyState>,
+    current: &ProxyState,
+    services: Option<&BTreeSet<ServiceName>>,
+    families: &[IpFamily],
+) -> usize {
+    // Without a previous state (first sync after start) nothing is known to be stale, and
+    // treating every service as newly active would cut live UDP flows (upstream #122740).
+    let Some(previous) = previous else {
+        return 0;
+    };
+    let flows = stale_flows(previous, current, services, families);
+    let mut deleted = 0;
+    for flow in &flows {
+        match conntrack.delete(flow).await {
+            Ok(n) => deleted += n,
+            // As upstream: log and go on; the entries time out eventually.
+            Err(err) => {
+                warn!(filter = %flow, error = %err, "deleting conntrack entries failed")
+            }
+        }
+    }
+    if !flows.is_empty() {
+        debug!(
+            filters = flows.len(),
+            deleted, "deleted stale conntrack entries"
+        );
+    }
+    deleted
 }
 
 /// Only what [`stale_flows`] needs from a state: its UDP and SCTP service ports and their

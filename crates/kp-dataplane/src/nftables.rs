@@ -47,7 +47,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
-use crate::conntrack::{Conntrack, ExecConntrack, conntrack_relevant, stale_flows};
+use crate::conntrack::{Conntrack, ExecConntrack, conntrack_relevant, delete_stale};
 
 pub use runner::{
     DEFAULT_NFT_BINARY, ExecNft, FakeNft, NftCall, NftRunner, parse_listing, table_family,
@@ -316,29 +316,14 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
     /// Delete conntrack entries the change from the last programmed state made stale: the
     /// same decisions as iptables mode ([`stale_flows`]).
     async fn clean_conntrack(&self, request: &SyncRequest<'_>, full: bool) {
-        // Without a previous state (first sync after start) nothing is known to be stale, and
-        // treating every service as newly active would cut live UDP flows (upstream #122740).
-        let Some(previous) = &self.programmed else {
-            return;
-        };
-        let scope = (!full).then_some(request.changed);
-        let flows = stale_flows(previous, request.state, scope, &self.config.families);
-        let mut deleted = 0;
-        for flow in &flows {
-            match self.conntrack.delete(flow).await {
-                Ok(n) => deleted += n,
-                // As upstream: log and go on; the entries time out eventually.
-                Err(err) => {
-                    warn!(filter = %flow, error = %err, "deleting conntrack entries failed")
-                }
-            }
-        }
-        if !flows.is_empty() {
-            debug!(
-                filters = flows.len(),
-                deleted, "deleted stale conntrack entries"
-            );
-        }
+        delete_stale(
+            &self.conntrack,
+            self.programmed.as_ref(),
+            request.state,
+            (!full).then_some(request.changed),
+            &self.config.families,
+        )
+        .await;
     }
 }
 

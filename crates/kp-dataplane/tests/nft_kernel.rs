@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kp_core::backend::{Backend, BackendError, SyncKind};
-use kp_core::model::{IpFamily, Protocol};
+use kp_core::model::{IpFamily, Protocol, SessionAffinity};
 use kp_core::tracker::ProxyState;
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_rules::nftables::RenderConfig;
@@ -244,16 +244,26 @@ fn a_restart_adopts_the_table_and_changes_only_what_differs() {
         || {
             block_on(async {
                 let none = BTreeSet::new();
-                let before = services("10.244.1.1", "10.244.1.2");
+                let before = with_affinity_on_a(services("10.244.1.1", "10.244.1.2"));
                 backend()
                     .sync(&request(&before, SyncKind::Full, &none, false))
                     .await
                     .expect("first process syncs");
+                // A client pinned to a's endpoint by ClientIP affinity.
+                let pinned = EndpointNames::new(&port("a"), ip("10.244.1.1"), 8080).affinity_set;
+                nft(&[
+                    "add",
+                    "element",
+                    "ip",
+                    "kube-proxy",
+                    &pinned,
+                    "{ 10.1.2.3 }",
+                ]);
                 let old_chains = chains_with_handles();
                 let handle_before = table_handle();
 
                 // A new process, while b moved: it adopts what the first one left.
-                let after = services("10.244.1.1", "10.244.2.2");
+                let after = with_affinity_on_a(services("10.244.1.1", "10.244.2.2"));
                 let mut restarted = backend();
                 restarted
                     .sync(&request(&after, SyncKind::Partial, &none, false))
@@ -261,6 +271,18 @@ fn a_restart_adopts_the_table_and_changes_only_what_differs() {
                     .expect("restarted process syncs");
                 let new_chains = chains_with_handles();
                 assert_eq!(table_handle(), handle_before, "the table is kept");
+                // The affinity set still in use was kept, and with it the pinned client.
+                let set = nft(&["list", "set", "ip", "kube-proxy", &pinned]);
+                assert!(set.contains("timeout 1m"), "{set}");
+                assert!(set.contains("10.1.2.3"), "pinned client lost: {set}");
+                nft(&[
+                    "delete",
+                    "element",
+                    "ip",
+                    "kube-proxy",
+                    &pinned,
+                    "{ 10.1.2.3 }",
+                ]);
                 // Every per-service chain still in use is the same kernel object (same
                 // handle), with the same number of rules: kept, not re-created. (The base
                 // chains are re-created once per process, to apply changed priorities.)
@@ -297,6 +319,15 @@ fn a_restart_adopts_the_table_and_changes_only_what_differs() {
             });
         },
     );
+}
+
+/// `state` with ClientIP affinity (60 s) on service `a`.
+fn with_affinity_on_a(mut state: ProxyState) -> ProxyState {
+    let svc = state.services.get_mut(&port("a")).expect("service a");
+    svc.session_affinity = Some(SessionAffinity {
+        timeout: Duration::from_secs(60),
+    });
+    state
 }
 
 /// A listing's lines, sorted (element order is the kernel's).

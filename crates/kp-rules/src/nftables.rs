@@ -255,8 +255,9 @@ pub struct NftState {
     owned: BTreeMap<ServicePortName, OwnedObjects>,
     /// Per-service chains found in the kernel that no known service owns.
     foreign_chains: BTreeSet<String>,
-    /// Affinity sets found in the kernel that no known service owns.
-    foreign_sets: BTreeSet<String>,
+    /// Affinity sets found in the kernel that no known service owns, with their timeout in
+    /// seconds (`None`: none or unknown).
+    foreign_sets: BTreeMap<String, Option<u64>>,
     /// Flushed chains waiting for [`NftScope::delete_stale`].
     pending_deletions: BTreeSet<String>,
     /// The elements of every maintained set and map.
@@ -265,12 +266,15 @@ pub struct NftState {
 
 impl NftState {
     /// A state for a table whose content is unknown apart from these object names (as `nft
-    /// list table` prints them). Per-service chains and affinity sets among them (names
-    /// containing `/`) are adopted: the next (full) sync rewrites those still in use and
-    /// flushes, then deletes, the others. Other names are ignored.
+    /// list table` prints them), each set with its timeout in seconds (`None` when it has
+    /// none or it is unknown). Per-service chains and affinity sets among them (names
+    /// containing `/`) are adopted: the next (full) sync rewrites the chains still in use and
+    /// flushes, then deletes, the others; it keeps (with their elements, the pinned clients)
+    /// the affinity sets still wanted with the same timeout, and deletes the others (an
+    /// unknown timeout counts as different). Other names are ignored.
     pub fn adopt(
         chains: impl IntoIterator<Item = String>,
-        sets: impl IntoIterator<Item = String>,
+        sets: impl IntoIterator<Item = (String, Option<u64>)>,
     ) -> Self {
         Self {
             foreign_chains: chains
@@ -279,7 +283,9 @@ impl NftState {
                 .collect(),
             foreign_sets: sets
                 .into_iter()
-                .filter(|s| names::is_service_object(s) && s.starts_with(names::AFFINITY_PREFIX))
+                .filter(|(s, _)| {
+                    names::is_service_object(s) && s.starts_with(names::AFFINITY_PREFIX)
+                })
                 .collect(),
             ..Self::default()
         }
@@ -311,7 +317,7 @@ impl NftState {
         self.owned
             .values()
             .flat_map(|o| o.affinity_sets.keys())
-            .chain(&self.foreign_sets)
+            .chain(self.foreign_sets.keys())
             .map(String::as_str)
             .collect()
     }

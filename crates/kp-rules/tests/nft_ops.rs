@@ -307,6 +307,109 @@ fn restart_adopts_leftovers_of_a_previous_process() {
 }
 
 #[test]
+fn restart_keeps_affinity_sets_still_in_use() {
+    let affine = |ns: &str, name: &str, ip: &str, timeout: u64, endpoints: &[&str]| {
+        (
+            with_affinity(cluster_ip(ns, name, "p80", ip, 80), timeout),
+            endpoints
+                .iter()
+                .map(|ip| endpoint(ip, 80, false))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let old = state(vec![
+        affine(
+            "ns5",
+            "svc5",
+            "172.30.0.45",
+            10800,
+            &["10.0.5.1", "10.0.5.2"],
+        ),
+        affine("ns6", "svc6", "172.30.0.46", 600, &["10.0.6.1"]),
+    ]);
+    let previous = full(&old, IpFamily::V4, &nft_config());
+    let set_of = |ns_name: &str, ep: &str| -> String {
+        previous
+            .state
+            .affinity_sets()
+            .into_iter()
+            .find(|s| s.contains(ns_name) && s.contains(ep))
+            .unwrap_or_else(|| panic!("no set for {ns_name} {ep}"))
+            .to_owned()
+    };
+    let kept = set_of("ns5/svc5", "10.0.5.1");
+    let gone = set_of("ns5/svc5", "10.0.5.2");
+    let retimed = set_of("ns6/svc6", "10.0.6.1");
+    let timeout_of = |set: &str| if set.contains("ns5/svc5") { 10800 } else { 600 };
+    let chains: Vec<String> = previous
+        .state
+        .chains()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+
+    // After the restart: svc5 lost an endpoint, svc6's timeout changed.
+    let now = state(vec![
+        affine("ns5", "svc5", "172.30.0.45", 10800, &["10.0.5.1"]),
+        affine("ns6", "svc6", "172.30.0.46", 300, &["10.0.6.1"]),
+    ]);
+    let adopted = NftState::adopt(
+        chains.clone(),
+        [&kept, &gone, &retimed].map(|s| (s.clone(), Some(timeout_of(s)))),
+    );
+    let first = render_with(
+        &now,
+        IpFamily::V4,
+        &nft_config(),
+        SyncKind::Full,
+        &BTreeSet::new(),
+        &adopted,
+        false,
+    );
+    assert_eq!(
+        first.deleted_sets,
+        BTreeSet::from([gone.clone(), retimed.clone()]),
+        "{}",
+        first.script
+    );
+    assert!(
+        !first
+            .script
+            .contains(&format!("delete set ip kube-proxy {kept}\n")),
+        "{}",
+        first.script
+    );
+    assert!(first.script.contains("timeout 300s"), "{}", first.script);
+
+    // A set whose timeout the listing did not show is re-created.
+    let unknown = NftState::adopt(chains, [(kept.clone(), None)]);
+    let out = render_with(
+        &now,
+        IpFamily::V4,
+        &nft_config(),
+        SyncKind::Full,
+        &BTreeSet::new(),
+        &unknown,
+        false,
+    );
+    assert_eq!(out.deleted_sets, BTreeSet::from([kept.clone()]));
+
+    if let Some(reason) = nft_unavailable() {
+        eprintln!("skipping kernel replay: {reason}");
+        return;
+    }
+    let pin = format!("add element ip kube-proxy {kept} {{ 10.9.9.9 }}\n");
+    let listing = apply_in_netns(IpFamily::V4, &[&previous.script, &pin, &first.script])
+        .unwrap_or_else(|e| panic!("nft rejected the restart: {e}"));
+    let block = listing
+        .split(&format!("set {kept} {{"))
+        .nth(1)
+        .and_then(|rest| rest.split("\n\t}").next())
+        .unwrap_or_else(|| panic!("no set {kept}: {listing}"));
+    assert!(block.contains("10.9.9.9"), "pinned client lost: {listing}");
+}
+
+#[test]
 fn colliding_keys_keep_the_first_service() {
     // Two services claim the same externalIP and port; the first (in name order) wins, and
     // the element moves to the other one when the first goes away.

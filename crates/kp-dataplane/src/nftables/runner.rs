@@ -92,11 +92,26 @@ impl NftRunner for ExecNft {
     }
 }
 
-/// The chains and sets (maps included) an `nft list table` output declares, in order.
-pub fn parse_listing(text: &str) -> (Vec<String>, Vec<String>) {
+/// The chains and sets (maps included) an `nft list table` output declares, in order; each
+/// set with its timeout in whole seconds (`None` when it has none, or one that is not whole
+/// seconds).
+pub fn parse_listing(text: &str) -> (Vec<String>, Vec<(String, Option<u64>)>) {
     let (mut chains, mut sets) = (Vec::new(), Vec::new());
+    // Whether the lines are inside the declaration of the last set.
+    let mut in_set = false;
     for line in text.lines() {
-        let Some(head) = line.trim().strip_suffix('{') else {
+        let line = line.trim();
+        if line == "}" {
+            in_set = false;
+            continue;
+        }
+        if in_set && let Some(value) = line.strip_prefix("timeout ") {
+            if let Some((_, timeout)) = sets.last_mut() {
+                *timeout = parse_duration(value.trim());
+            }
+            continue;
+        }
+        let Some(head) = line.strip_suffix('{') else {
             continue;
         };
         let Some((kind, name)) = head.trim().split_once(' ') else {
@@ -104,13 +119,42 @@ pub fn parse_listing(text: &str) -> (Vec<String>, Vec<String>) {
         };
         // nft quotes names that are not plain identifiers.
         let name = name.trim().trim_matches('"').to_owned();
+        in_set = false;
         match kind {
             "chain" => chains.push(name),
-            "set" | "map" => sets.push(name),
+            "set" | "map" => {
+                sets.push((name, None));
+                in_set = true;
+            }
             _ => {}
         }
     }
     (chains, sets)
+}
+
+/// A duration as nft prints it (`60s`, `3h`, `1d3h46m40s`, `1m30s500ms`), in whole seconds.
+fn parse_duration(text: &str) -> Option<u64> {
+    let mut millis: u64 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+        let value: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let factor = match &rest[..unit_len] {
+            "d" => 86_400_000,
+            "h" => 3_600_000,
+            "m" => 60_000,
+            "s" => 1000,
+            "ms" => 1,
+            _ => return None,
+        };
+        millis = millis.checked_add(value.checked_mul(factor)?)?;
+        rest = &rest[unit_len..];
+    }
+    (!text.is_empty() && millis.is_multiple_of(1000)).then_some(millis / 1000)
 }
 
 /// One call seen by [`FakeNft`].

@@ -471,7 +471,44 @@ fn listings_are_parsed_into_chains_and_sets() {
                 \tchain \"odd name\" {\n\t}\n}\n";
     let (chains, sets) = parse_listing(text);
     assert_eq!(chains, ["services", "odd name"]);
-    assert_eq!(sets, ["cluster-ips", "service-ips"]);
+    assert_eq!(
+        sets,
+        [
+            ("cluster-ips".to_owned(), None),
+            ("service-ips".to_owned(), None)
+        ]
+    );
+}
+
+#[test]
+fn listings_give_set_timeouts_in_seconds() {
+    let set = |name: &str, timeout: &str| {
+        format!(
+            "\tset {name} {{\n\t\ttype ipv4_addr\n\t\tflags dynamic,timeout\n\
+             \t\ttimeout {timeout}\n\t}}\n"
+        )
+    };
+    let text = format!(
+        "table ip kube-proxy {{\n{}{}{}{}{}\tchain c {{\n\t}}\n}}\n",
+        set("a", "1m"),
+        set("b", "1d3h46m40s"),
+        set("c", "60s"),
+        set("d", "1s500ms"),
+        "\tset e {\n\t\ttype ipv4_addr\n\t}\n",
+    );
+    let (chains, sets) = parse_listing(&text);
+    assert_eq!(chains, ["c"]);
+    let expected: Vec<(String, Option<u64>)> = [
+        ("a", Some(60)),
+        ("b", Some(100_000)),
+        ("c", Some(60)),
+        ("d", None),
+        ("e", None),
+    ]
+    .into_iter()
+    .map(|(n, t)| (n.to_owned(), t))
+    .collect();
+    assert_eq!(sets, expected);
 }
 
 #[test]

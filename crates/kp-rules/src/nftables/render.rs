@@ -345,7 +345,9 @@ pub fn render(
         .cloned()
         .collect();
     // Sets to delete: unused ones, and those whose timeout changes (or is unknown), since
-    // older kernels cannot change a set's timeout in place.
+    // older kernels cannot change a set's timeout in place. The same holds for sets adopted
+    // from a previous process: those still wanted with their timeout stay, elements and all
+    // (upstream deletes only unused affinity sets, so pinned clients survive a restart).
     let mut deleted_sets: BTreeSet<String> = existing
         .owned
         .values()
@@ -353,7 +355,15 @@ pub fn render(
         .filter(|(set, timeout)| desired_sets.get(set.as_str()) != Some(*timeout))
         .map(|(set, _)| set.clone())
         .collect();
-    deleted_sets.extend(existing.foreign_sets.iter().cloned());
+    deleted_sets.extend(
+        existing
+            .foreign_sets
+            .iter()
+            .filter(|(set, timeout)| {
+                timeout.is_none_or(|t| desired_sets.get(set.as_str()) != Some(&t))
+            })
+            .map(|(set, _)| set.clone()),
+    );
     let deleted_chains: BTreeSet<String> = if scope.delete_stale {
         existing
             .pending_deletions
@@ -458,7 +468,7 @@ pub fn render(
             .map(|plan| (plan.name.clone(), plan.owned()))
             .collect(),
         foreign_chains: BTreeSet::new(),
-        foreign_sets: BTreeSet::new(),
+        foreign_sets: BTreeMap::new(),
         pending_deletions: pending,
         elements: desired_elements,
     };

@@ -132,8 +132,8 @@ fn adopt_keeps_only_per_service_objects() {
             "endpoint-AAAA-ns/s/tcp/__1.2.3.4/80".to_owned(),
         ],
         [
-            "cluster-ips".to_owned(),
-            "affinity-AAAA-ns/s/tcp/__1.2.3.4/80".to_owned(),
+            ("cluster-ips".to_owned(), None),
+            ("affinity-AAAA-ns/s/tcp/__1.2.3.4/80".to_owned(), Some(60)),
         ],
     );
     assert!(!state.is_initialized());
