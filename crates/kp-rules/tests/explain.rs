@@ -742,8 +742,7 @@ fn verify_finds_nothing_on_the_rendered_rules_and_every_edit() {
     let last_svc_rule = rendered
         .text
         .lines()
-        .filter(|l| l.starts_with(&format!("-A {svc} ")))
-        .last()
+        .rfind(|l| l.starts_with(&format!("-A {svc} ")))
         .expect("svc rule")
         .to_owned();
     let edited = rendered.text.replace(&format!("{last_svc_rule}\n"), "");
