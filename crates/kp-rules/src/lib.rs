@@ -12,5 +12,6 @@
 //!   rule comparison behind `--verify`.
 
 pub mod explain;
+mod family;
 pub mod iptables;
 pub mod nftables;

@@ -1,6 +1,8 @@
 //! The restore text for one sync, following upstream's `syncProxyRules` layout.
 
 use std::borrow::Cow;
+
+use crate::family::{family_endpoints, for_family};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -137,31 +139,6 @@ impl Drop for Rule<'_> {
         if let Some(out) = self.0.as_deref_mut() {
             out.push('\n');
         }
-    }
-}
-
-/// A service port as one family's proxier sees it ([`ServicePort::for_family`]), with its
-/// ClusterIP of that family. A zero port number means "none", as in the API.
-fn for_family(svc: &ServicePort, family: IpFamily) -> Option<(IpAddr, ServicePort)> {
-    let mut port = svc.for_family(family)?;
-    let cluster_ip = port.cluster_ips.first().copied()?;
-    port.node_port = port.node_port.filter(|p| *p != 0);
-    port.health_check_node_port = port.health_check_node_port.filter(|p| *p != 0);
-    Some((cluster_ip, port))
-}
-
-/// The endpoints of `family`, borrowed when none need filtering out.
-fn family_endpoints(endpoints: &[Endpoint], family: IpFamily) -> Cow<'_, [Endpoint]> {
-    if endpoints.iter().all(|ep| IpFamily::of(&ep.ip) == family) {
-        Cow::Borrowed(endpoints)
-    } else {
-        Cow::Owned(
-            endpoints
-                .iter()
-                .filter(|ep| IpFamily::of(&ep.ip) == family)
-                .cloned()
-                .collect(),
-        )
     }
 }
 

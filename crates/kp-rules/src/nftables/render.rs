@@ -8,6 +8,8 @@
 //! reference them has been rewritten.
 
 use std::borrow::Cow;
+
+use crate::family::{family_endpoints, for_family};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -222,30 +224,6 @@ impl ServicePlan<'_> {
             chains: self.chains.iter().map(|(c, _)| c.clone()).collect(),
             affinity_sets: self.affinity_sets.clone(),
         }
-    }
-}
-
-/// A service port as one family's proxier sees it, with its ClusterIP of that family. A zero
-/// port number means "none", as in the API.
-fn for_family(svc: &ServicePort, family: IpFamily) -> Option<(IpAddr, ServicePort)> {
-    let mut port = svc.for_family(family)?;
-    let cluster_ip = port.cluster_ips.first().copied()?;
-    port.node_port = port.node_port.filter(|p| *p != 0);
-    Some((cluster_ip, port))
-}
-
-/// The endpoints of `family`, borrowed when none need filtering out.
-fn family_endpoints(endpoints: &[Endpoint], family: IpFamily) -> Cow<'_, [Endpoint]> {
-    if endpoints.iter().all(|ep| IpFamily::of(&ep.ip) == family) {
-        Cow::Borrowed(endpoints)
-    } else {
-        Cow::Owned(
-            endpoints
-                .iter()
-                .filter(|ep| IpFamily::of(&ep.ip) == family)
-                .cloned()
-                .collect(),
-        )
     }
 }
 
