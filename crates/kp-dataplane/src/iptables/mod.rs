@@ -10,12 +10,19 @@
 //!    `iptables-restore --noflush` (atomic: on failure the kernel keeps the old rules).
 //! 3. If a partial restore fails, retry at once as a full sync (setup included), so every
 //!    other service still gets programmed; upstream would only count the failure and make
-//!    the next sync full. If a full restore fails, the sync fails with
-//!    [`BackendError::Apply`] and the next one is full whatever the core asks.
+//!    the next sync full.
+//! 4. If a full restore fails and the line it names belongs to one service ([`isolate`]),
+//!    render again without that service and retry, for at most
+//!    [`isolate::MAX_ISOLATED_SERVICES`] services. The excluded services' chains are left
+//!    as they are (neither written nor deleted), each is logged at error level and reported
+//!    in [`SyncReport::skipped`], which the proxier hands to the next sync as changed.
+//!    Otherwise the sync fails with [`BackendError::Apply`] and the next one is full
+//!    whatever the core asks.
 //!
 //! After every family succeeded, stale UDP/SCTP conntrack entries are deleted when the core
 //! says they may exist ([`crate::conntrack`]).
 
+mod isolate;
 mod save;
 #[cfg(test)]
 mod tests;
@@ -24,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
-use kp_core::model::IpFamily;
+use kp_core::model::{IpFamily, ServiceName};
 use kp_core::tracker::ProxyState;
 use kp_rules::iptables::{
     RenderConfig, RenderError, RenderOutput, SyncScope, Table, render, setup,
@@ -34,7 +41,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::conntrack::{Conntrack, ExecConntrack, conntrack_relevant, delete_stale};
 use crate::exec::{ExecError, ExecRunner, RuleRunner, Tools, split_args};
@@ -130,6 +137,33 @@ impl IptablesMetrics {
 /// What one family's sync produced.
 struct FamilyResult {
     output: RenderOutput,
+    /// Services left out of the restore because their rules failed.
+    skipped: BTreeSet<ServiceName>,
+}
+
+/// Why one render-and-restore failed.
+enum ApplyFailure {
+    /// Rendering failed (a renderer bug; `validate` ran in the constructor).
+    Render(BackendError),
+    /// The restore of `text` failed.
+    Restore {
+        /// The rejected input.
+        text: String,
+        /// The tool's error.
+        error: ExecError,
+    },
+}
+
+impl ApplyFailure {
+    fn into_backend(self, family: IpFamily) -> BackendError {
+        match self {
+            ApplyFailure::Render(err) => err,
+            ApplyFailure::Restore { error, .. } => BackendError::Apply {
+                what: restore_name(family).to_owned(),
+                message: error.to_string(),
+            },
+        }
+    }
 }
 
 /// iptables mode. `R` runs the iptables tools, `C` deletes conntrack entries; both are
@@ -229,14 +263,15 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         Ok(())
     }
 
-    /// Render and restore one family once.
+    /// Render `state` and restore one family once.
     async fn apply(
         &self,
         family: IpFamily,
+        state: &ProxyState,
         request: &SyncRequest<'_>,
         kind: SyncKind,
         existing: &BTreeSet<String>,
-    ) -> Result<RenderOutput, BackendError> {
+    ) -> Result<RenderOutput, ApplyFailure> {
         let scope = SyncScope {
             kind,
             changed: request.changed,
@@ -244,11 +279,11 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         };
         let render_start = Instant::now();
         // `validate` ran in the constructor; a failure here is a renderer bug.
-        let output = render(request.state, family, &self.config.render, &scope).map_err(|e| {
-            BackendError::Apply {
+        let output = render(state, family, &self.config.render, &scope).map_err(|e| {
+            ApplyFailure::Render(BackendError::Apply {
                 what: "rendering iptables rules".to_owned(),
                 message: e.to_string(),
-            }
+            })
         })?;
         debug!(
             ?family,
@@ -262,16 +297,13 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             "rendered iptables rules"
         );
         let restore_start = Instant::now();
-        self.runner
-            .restore(family, &output.text)
-            .await
-            .map_err(|err| {
-                self.metrics.restore_failures.inc();
-                BackendError::Apply {
-                    what: restore_name(family).to_owned(),
-                    message: err.to_string(),
-                }
-            })?;
+        if let Err(error) = self.runner.restore(family, &output.text).await {
+            self.metrics.restore_failures.inc();
+            return Err(ApplyFailure::Restore {
+                text: output.text,
+                error,
+            });
+        }
         debug!(
             ?family,
             ?kind,
@@ -282,12 +314,13 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         Ok(output)
     }
 
-    /// A full sync of one family: setup, the chains in place, one restore.
+    /// A full sync of one family: setup, the chains in place, one restore (more when
+    /// services are isolated).
     async fn full_sync(
         &self,
         family: IpFamily,
         request: &SyncRequest<'_>,
-    ) -> Result<RenderOutput, BackendError> {
+    ) -> Result<FamilyResult, BackendError> {
         let setup_start = Instant::now();
         self.ensure_setup(family).await?;
         let setup_time = setup_start.elapsed();
@@ -304,7 +337,52 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             save = ?save_start.elapsed(),
             "prepared iptables full sync"
         );
-        self.apply(family, request, SyncKind::Full, &existing).await
+        let mut skipped = BTreeSet::new();
+        let mut reduced = None;
+        loop {
+            let state = reduced.as_ref().unwrap_or(request.state);
+            // The excluded services' chains stay as they are and in the bookkeeping.
+            let kept: BTreeSet<String> = isolate::chains_of(request.state, &skipped)
+                .intersection(&existing)
+                .cloned()
+                .collect();
+            let scope_existing: BTreeSet<String> = existing.difference(&kept).cloned().collect();
+            let failure = match self
+                .apply(family, state, request, SyncKind::Full, &scope_existing)
+                .await
+            {
+                Ok(mut output) => {
+                    output.chains.extend(kept);
+                    return Ok(FamilyResult { output, skipped });
+                }
+                Err(failure) => failure,
+            };
+            let ApplyFailure::Restore { text, error } = &failure else {
+                return Err(failure.into_backend(family));
+            };
+            let message = error.to_string();
+            let service = isolate::failed_line(&message)
+                .and_then(|line| isolate::service_of_line(text, line, state));
+            let Some(service) = service else {
+                return Err(failure.into_backend(family));
+            };
+            if skipped.len() >= isolate::MAX_ISOLATED_SERVICES {
+                warn!(
+                    ?family,
+                    limit = isolate::MAX_ISOLATED_SERVICES,
+                    "too many services fail to restore; giving up on isolation"
+                );
+                return Err(failure.into_backend(family));
+            }
+            error!(
+                ?family,
+                service = %service,
+                error = %message,
+                "restoring this service's rules failed; programming the others without it"
+            );
+            skipped.insert(service);
+            reduced = Some(isolate::without(request.state, &skipped));
+        }
     }
 
     async fn sync_family(
@@ -316,18 +394,23 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         if !full {
             let existing = self.chains.get(&family).cloned().unwrap_or_default();
             match self
-                .apply(family, request, SyncKind::Partial, &existing)
+                .apply(family, request.state, request, SyncKind::Partial, &existing)
                 .await
             {
-                Ok(output) => return Ok(FamilyResult { output }),
-                Err(err) => {
+                Ok(output) => {
+                    return Ok(FamilyResult {
+                        output,
+                        skipped: BTreeSet::new(),
+                    });
+                }
+                Err(failure) => {
+                    let err = failure.into_backend(family);
                     self.metrics.partial_restore_failures.inc();
                     warn!(?family, error = %err, "partial restore failed; retrying as a full sync");
                 }
             }
         }
-        let output = self.full_sync(family, request).await?;
-        Ok(FamilyResult { output })
+        self.full_sync(family, request).await
     }
 
     /// Delete conntrack entries the change from the last programmed state made stale.
@@ -356,9 +439,14 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
         let mut first_error = None;
         let mut rules_written = 0;
         let (mut filter_rules, mut nat_rules) = (0, 0);
+        let mut skipped = BTreeSet::new();
         for family in self.config.families.clone() {
             match self.sync_family(family, request, full).await {
-                Ok(FamilyResult { output }) => {
+                Ok(FamilyResult {
+                    output,
+                    skipped: family_skipped,
+                }) => {
+                    skipped.extend(family_skipped);
                     rules_written += output.rules_written;
                     filter_rules += output.filter_rules;
                     nat_rules += output.nat_rules;
@@ -395,10 +483,15 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
             took = ?sync_start.elapsed(),
             "iptables sync finished"
         );
-        self.programmed = Some(conntrack_relevant(request.state));
+        // Skipped services count as not programmed, so the sync that programs them treats
+        // them as new for conntrack purposes.
+        self.programmed = Some(isolate::without(
+            &conntrack_relevant(request.state),
+            &skipped,
+        ));
         Ok(SyncReport {
             rules_written,
-            skipped: Vec::new(),
+            skipped: skipped.into_iter().collect(),
         })
     }
 

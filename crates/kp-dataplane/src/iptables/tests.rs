@@ -558,3 +558,265 @@ async fn cleanup_restores_one_removal_per_table_with_kube_chains() {
     let err = backend.cleanup().await.expect_err("injected");
     assert!(matches!(err, BackendError::Apply { what, .. } if what.contains("cleanup")));
 }
+
+/// Fails restores whose input contains one of `bad` (chain names), naming the first line
+/// that does the way `iptables-restore` does: legacy wording for IPv4, nf_tables for IPv6.
+#[derive(Clone, Default)]
+struct LineFailRunner {
+    inner: FakeRunner,
+    bad: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl LineFailRunner {
+    fn fail_on(&self, chains: Vec<String>) {
+        *self
+            .bad
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = chains;
+    }
+}
+
+impl crate::exec::RuleRunner for LineFailRunner {
+    async fn restore(&self, family: IpFamily, input: &str) -> Result<(), crate::exec::ExecError> {
+        self.inner.restore(family, input).await?;
+        let bad = self
+            .bad
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let Some(line) = input
+            .lines()
+            .position(|line| bad.iter().any(|chain| line.contains(chain.as_str())))
+        else {
+            return Ok(());
+        };
+        let stderr = match family {
+            IpFamily::V4 => format!("iptables-restore: line {} failed", line + 1),
+            IpFamily::V6 => format!(
+                "ip6tables-restore v1.8.9 (nf_tables): rule rejected\nError occurred at line: {}",
+                line + 1
+            ),
+        };
+        Err(crate::exec::ExecError::Failed {
+            program: "fake-iptables-restore".to_owned(),
+            code: Some(2),
+            stderr,
+        })
+    }
+
+    async fn save(&self, family: IpFamily, table: Table) -> Result<String, crate::exec::ExecError> {
+        self.inner.save(family, table).await
+    }
+
+    async fn run(&self, family: IpFamily, args: &[String]) -> Result<(), crate::exec::ExecError> {
+        self.inner.run(family, args).await
+    }
+}
+
+fn line_fail_backend(
+    families: Vec<IpFamily>,
+) -> (
+    IptablesBackend<LineFailRunner, FakeConntrack>,
+    LineFailRunner,
+) {
+    let runner = LineFailRunner::default();
+    let backend = IptablesBackend::with_parts(
+        IptablesConfig::new(families, RenderConfig::default()),
+        runner.clone(),
+        FakeConntrack::new(),
+    )
+    .expect("default config is valid");
+    (backend, runner)
+}
+
+/// Services `ns/s0` .. `ns/s{n-1}`, one endpoint each, of `family`.
+fn services_of(family: IpFamily, n: u8) -> ProxyState {
+    state(
+        (0..n)
+            .map(|i| {
+                (
+                    service(
+                        "ns",
+                        &format!("s{i}"),
+                        Protocol::Tcp,
+                        &cluster_ip(family, i),
+                        80,
+                    ),
+                    vec![endpoint(&endpoint_ip(family, i), 8080)],
+                )
+            })
+            .collect(),
+    )
+}
+
+fn services(n: u8) -> ProxyState {
+    services_of(IpFamily::V4, n)
+}
+
+fn cluster_ip(family: IpFamily, i: u8) -> String {
+    match family {
+        IpFamily::V4 => format!("10.96.0.{}", i + 1),
+        IpFamily::V6 => format!("fd00:96::{}", i + 1),
+    }
+}
+
+fn endpoint_ip(family: IpFamily, i: u8) -> String {
+    match family {
+        IpFamily::V4 => format!("10.244.1.{}", i + 1),
+        IpFamily::V6 => format!("fd00:244::{}", i + 1),
+    }
+}
+
+fn sep_chain(ns: &str, name: &str, address: &str, port: u16) -> String {
+    kp_rules::iptables::names::endpoint_chain(
+        &port_name(ns, name, "p", Protocol::Tcp),
+        ip(address),
+        port,
+    )
+}
+
+#[tokio::test]
+async fn a_failing_service_is_skipped_and_the_others_programmed() {
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let (mut backend, runner) = line_fail_backend(vec![family]);
+        let state = services_of(family, 3);
+        let bad = sep_chain("ns", "s1", &endpoint_ip(family, 1), 8080);
+        runner.fail_on(vec![bad.clone()]);
+        let none = BTreeSet::new();
+        let report = backend
+            .sync(&request(&state, SyncKind::Full, &none, false))
+            .await
+            .expect("the other services are programmed");
+        assert_eq!(report.skipped, [service_name("ns", "s1")], "{family:?}");
+        let restores = runner.inner.restores();
+        assert_eq!(restores.len(), 2, "one failure, one retry without ns/s1");
+        let applied = &restores[1].1;
+        assert!(applied.contains(&svc_chain("ns", "s0", Protocol::Tcp)));
+        assert!(applied.contains(&svc_chain("ns", "s2", Protocol::Tcp)));
+        assert!(!applied.contains(&svc_chain("ns", "s1", Protocol::Tcp)));
+        assert!(!applied.contains(&bad));
+        assert!(!backend.next_sync_is_full(), "the sync succeeded");
+
+        // The proxier hands the skipped service back as changed; once it restores, it is
+        // programmed by an ordinary partial sync.
+        runner.fail_on(Vec::new());
+        runner.inner.clear_calls();
+        let changed = BTreeSet::from([service_name("ns", "s1")]);
+        let report = backend
+            .sync(&request(&state, SyncKind::Partial, &changed, false))
+            .await
+            .expect("fixed");
+        assert!(report.skipped.is_empty());
+        let restores = runner.inner.restores();
+        assert_eq!(restores.len(), 1);
+        assert!(
+            restores[0]
+                .1
+                .contains(&svc_chain("ns", "s1", Protocol::Tcp))
+        );
+        assert!(restores[0].1.contains(&format!(":{bad} - [0:0]")));
+    }
+}
+
+#[tokio::test]
+async fn a_failing_partial_restore_isolates_in_the_full_retry() {
+    let (mut backend, runner) = line_fail_backend(vec![IpFamily::V4]);
+    let state = services(2);
+    let none = BTreeSet::new();
+    backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect("fake succeeds");
+    let chains =
+        kp_rules::iptables::names::ServiceChains::new(&port_name("ns", "s0", "p", Protocol::Tcp));
+    runner.fail_on(vec![chains.svc.clone()]);
+    runner.inner.clear_calls();
+    let changed = BTreeSet::from([service_name("ns", "s0")]);
+    let report = backend
+        .sync(&request(&state, SyncKind::Partial, &changed, false))
+        .await
+        .expect("isolated");
+    assert_eq!(report.skipped, [service_name("ns", "s0")]);
+    assert_eq!(
+        runner.inner.restores().len(),
+        3,
+        "partial, full, full without ns/s0"
+    );
+    assert!(
+        backend.chains[&IpFamily::V4].contains(&chains.svc),
+        "the skipped service's chains stay in the bookkeeping"
+    );
+}
+
+#[tokio::test]
+async fn unmappable_restore_error_fails_as_before() {
+    let (mut backend, runner) = line_fail_backend(vec![IpFamily::V4]);
+    let state = services(2);
+    // `KUBE-SERVICES` belongs to no service.
+    runner.fail_on(vec![":KUBE-SERVICES".to_owned()]);
+    let none = BTreeSet::new();
+    let err = backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect_err("cannot isolate");
+    assert!(
+        matches!(&err, BackendError::Apply { what, message } if what == "iptables-restore" && message.contains("line")),
+        "{err:?}"
+    );
+    assert_eq!(runner.inner.restores().len(), 1);
+    assert!(backend.next_sync_is_full());
+}
+
+#[tokio::test]
+async fn isolation_is_bounded() {
+    let (mut backend, runner) = line_fail_backend(vec![IpFamily::V4]);
+    let n = u8::try_from(isolate::MAX_ISOLATED_SERVICES + 2).expect("small bound");
+    let state = services(n);
+    runner.fail_on(
+        (0..n)
+            .map(|i| sep_chain("ns", &format!("s{i}"), &format!("10.244.1.{}", i + 1), 8080))
+            .collect(),
+    );
+    let none = BTreeSet::new();
+    let err = backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect_err("too many failing services");
+    assert!(matches!(err, BackendError::Apply { .. }));
+    assert_eq!(
+        runner.inner.restores().len(),
+        isolate::MAX_ISOLATED_SERVICES + 1
+    );
+    assert!(backend.next_sync_is_full());
+}
+
+#[test]
+fn lines_map_to_services_by_chain_jump_and_comment() {
+    let mut state = services(2);
+    let lonely = service("ns", "lonely", Protocol::Tcp, "10.96.0.9", 80);
+    state.services.insert(lonely.name.clone(), lonely);
+    let none = BTreeSet::new();
+    let existing = BTreeSet::new();
+    let scope = SyncScope {
+        kind: SyncKind::Full,
+        changed: &none,
+        existing_chains: &existing,
+    };
+    let output = render(&state, IpFamily::V4, &RenderConfig::default(), &scope).expect("renders");
+    let owner = |pattern: &str| {
+        let line = output
+            .text
+            .lines()
+            .position(|line| line.contains(pattern))
+            .unwrap_or_else(|| panic!("no line with {pattern}\n{}", output.text));
+        isolate::service_of_line(&output.text, line + 1, &state)
+    };
+    let svc1 =
+        kp_rules::iptables::names::ServiceChains::new(&port_name("ns", "s1", "p", Protocol::Tcp))
+            .svc;
+    assert_eq!(owner(&format!("-j {svc1}")), Some(service_name("ns", "s1")));
+    assert_eq!(owner(&format!("-A {svc1}")), Some(service_name("ns", "s1")));
+    assert_eq!(owner("-j REJECT"), Some(service_name("ns", "lonely")));
+    assert_eq!(owner("*nat"), None);
+    assert_eq!(owner("COMMIT"), None);
+}
