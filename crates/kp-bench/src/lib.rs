@@ -6,6 +6,7 @@
 //! transactions, [`sys`] holds the namespace and `/proc` plumbing and [`report`] prints
 //! markdown. Nothing here asserts on timings: these are measurements, not tests.
 
+pub mod connect;
 pub mod generate;
 pub mod logs;
 pub mod report;

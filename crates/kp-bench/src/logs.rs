@@ -14,6 +14,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// kp-dataplane nftables: one family's `nft -f -` transaction applied.
+pub const NFT_APPLIED: &str = "applied nftables transaction";
+/// kp-dataplane nftables: the backend's whole sync.
+pub const NFT_SYNC: &str = "nftables sync finished";
 /// The message of the proxier's first completed sync.
 pub const FIRST_SYNC: &str = "first sync of proxy rules complete";
 /// The message of every completed sync (debug).
@@ -266,6 +270,19 @@ impl SyncCollector {
                     phase.restore = line.duration("restore");
                 }
             }
+            NFT_APPLIED => {
+                if let Some(kind) = kind {
+                    current.kind = kind;
+                }
+                current.families.push(FamilyPhase {
+                    family: line.field("family").unwrap_or_default().to_owned(),
+                    render: None,
+                    restore: line.duration("took"),
+                    rules_written: line.number("operations"),
+                    bytes: None,
+                });
+            }
+            NFT_SYNC => current.backend_total = line.duration("took"),
             PREPARED => {
                 add(&mut current.setup, line.duration("setup"));
                 add(&mut current.save, line.duration("save"));

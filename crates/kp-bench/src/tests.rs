@@ -321,3 +321,58 @@ fn tables_render_as_markdown() {
     assert_eq!(human(Duration::from_micros(12_345)), "12.3 ms");
     assert_eq!(Figure::None.to_string(), "-");
 }
+
+#[test]
+fn connect_stats_round_trip_and_percentiles() {
+    use crate::connect::Stats;
+    use std::time::Duration;
+    let mut samples: Vec<Duration> = (1..=100).rev().map(Duration::from_micros).collect();
+    let stats = Stats::of(&mut samples).expect("non-empty");
+    assert_eq!(stats.count, 100);
+    assert_eq!(stats.p50, Duration::from_micros(50));
+    assert_eq!(stats.p99, Duration::from_micros(99));
+    assert_eq!(stats.min, Duration::from_micros(1));
+    assert_eq!(stats.max, Duration::from_micros(100));
+    assert_eq!(Stats::from_line(&stats.to_line()), Some(stats));
+    assert_eq!(Stats::of(&mut []), None);
+}
+
+#[test]
+fn connect_manifests_add_the_target_service() {
+    use crate::connect::{TARGET_IP, manifests};
+    let one = manifests(1, 10, std::net::Ipv4Addr::new(10, 200, 2, 2));
+    // node.yaml and target.yaml only: no generated services.
+    assert_eq!(one.files.len(), 2);
+    let (name, text) = one.files.last().expect("target file");
+    assert_eq!(name, "target.yaml");
+    assert!(text.contains(&format!("clusterIP: {TARGET_IP}")));
+    assert!(text.contains("addresses: [10.200.2.2]"));
+    let many = manifests(1000, 10, std::net::Ipv4Addr::new(10, 200, 2, 2));
+    let services: usize = many
+        .files
+        .iter()
+        .map(|(_, t)| t.matches("kind: Service\n").count())
+        .sum();
+    assert_eq!(services, 1000);
+}
+
+#[test]
+fn nftables_phase_lines_are_collected() {
+    use crate::logs::{LogLine, SyncCollector};
+    let mut collector = SyncCollector::default();
+    for line in [
+        r#"I1122 07:28:40.000000    1 nftables.rs:255] applied nftables transaction family="V4" kind="Full" took="1.35s" operations="55896""#,
+        r#"I1122 07:28:40.000000    1 nftables.rs:378] nftables sync finished full="true" operations="55987" took="1.49s""#,
+        r#"I1122 07:28:40.000000    1 proxier.rs:1] synced proxy rules kind="Full" apply="11ms" backend="1.54s" rules="55987" changed="1000""#,
+    ] {
+        collector.feed(&LogLine::parse(line).expect("parses"));
+    }
+    let sync = &collector.completed[0];
+    assert_eq!(sync.kind, "Full");
+    assert_eq!(sync.restore(), Some(std::time::Duration::from_millis(1350)));
+    assert_eq!(sync.render(), None);
+    assert_eq!(
+        sync.backend_total,
+        Some(std::time::Duration::from_millis(1490))
+    );
+}

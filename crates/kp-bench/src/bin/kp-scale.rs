@@ -33,6 +33,8 @@ use tokio::sync::mpsc;
 enum Mode {
     /// `--proxy-mode iptables`.
     Iptables,
+    /// `--proxy-mode nftables` (`nft -f -`; no render line in its log).
+    Nftables,
     /// `--proxy-mode fake`: the control plane only, nothing programmed.
     Fake,
 }
@@ -223,6 +225,7 @@ impl Proxy {
         let manifests = format!("--manifests={}", manifests.display());
         let mode = match args.mode {
             Mode::Iptables => "--proxy-mode=iptables",
+            Mode::Nftables => "--proxy-mode=nftables",
             Mode::Fake => "--proxy-mode=fake",
         };
         let hostname = format!("--hostname-override={NODE_NAME}");
@@ -352,8 +355,36 @@ impl Drop for Proxy {
 }
 
 /// `iptables-save` in the namespace: (lines, `-A` rules, how long it took).
+/// With `nft`: `nft list table ip kube-proxy` (lines, rule lines).
 fn count_rules(netns: &Netns, save: &str) -> anyhow::Result<(usize, usize, Duration)> {
     let start = Instant::now();
+    if save == "nft" {
+        let text = netns.output("nft", &["list", "table", "ip", "kube-proxy"])?;
+        let took = start.elapsed();
+        let lines = text.lines().count();
+        let rules = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| {
+                !l.is_empty()
+                    && *l != "}"
+                    && ![
+                        "table ",
+                        "chain ",
+                        "map ",
+                        "set ",
+                        "type ",
+                        "flags ",
+                        "elements ",
+                    ]
+                    .iter()
+                    .any(|p| l.starts_with(p))
+                    && !l.ends_with(',')
+                    && !l.starts_with(|c: char| c.is_ascii_digit())
+            })
+            .count();
+        return Ok((lines, rules, took));
+    }
     let text = netns.output(save, &[])?;
     let took = start.elapsed();
     let lines = text.lines().count();
@@ -390,10 +421,10 @@ async fn proxy_run(
         "N×M",
         "mode / iptables",
         "rules written (backend)",
-        "iptables-save lines (v4)",
+        "iptables-save lines (v4; nftables: `nft list table` lines)",
         "first sync (log `took`)",
         "start → first sync (wall)",
-        "first sync: render / restore",
+        "first sync: render / restore (nftables: - / `nft -f`)",
         "partial, TCP NodePort svc",
         "partial, UDP svc",
         "edit → synced (wall, incl. 1 s poll)",
@@ -415,10 +446,12 @@ async fn proxy_run(
         "{} / {}",
         match args.mode {
             Mode::Iptables => "iptables",
+            Mode::Nftables => "nftables",
             Mode::Fake => "fake",
         },
         match (args.mode, args.iptables) {
             (Mode::Fake, _) => "-",
+            (Mode::Nftables, _) => "nft",
             (_, Variant::System) => "nf_tables (system)",
             (_, Variant::Legacy) => "legacy (PATH shim)",
         }
@@ -490,6 +523,7 @@ async fn proxy_run(
     );
     let saved = match args.mode {
         Mode::Iptables => Some(count_rules(&netns, save_tool)?),
+        Mode::Nftables => Some(count_rules(&netns, "nft")?),
         Mode::Fake => None,
     };
 
