@@ -11,6 +11,7 @@
 //! Without root, `unshare` or the iptables tools the tests are skipped with a message, unless
 //! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` makes that a failure (for CI).
 
+mod netns;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
@@ -25,19 +26,6 @@ use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools, backend_of_version}
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, KUBELET_CHAINS};
 use kp_rules::iptables::RenderConfig;
 use testutil::*;
-
-/// Set in the child to the name of the test it runs.
-const CHILD_ENV: &str = "KP_DATAPLANE_NETNS_TEST";
-/// The parent's network namespace, so the child can check it is elsewhere.
-const PARENT_NS_ENV: &str = "KP_DATAPLANE_PARENT_NETNS";
-/// Make unavailable prerequisites a failure instead of a skip (also implied by `CI`).
-const REQUIRE_ENV: &str = "KP_DATAPLANE_REQUIRE_KERNEL_TESTS";
-
-fn netns_id(pid: &str) -> Option<String> {
-    std::fs::read_link(format!("/proc/{pid}/ns/net"))
-        .ok()
-        .map(|p| p.display().to_string())
-}
 
 fn tool_works(program: &str, arg: &str) -> bool {
     Command::new(program)
@@ -67,49 +55,10 @@ fn unavailable(tools: &[&str]) -> Option<String> {
     None
 }
 
-/// Run `body` in a fresh network namespace (see the module docs). `name` must be the test
+/// Run `body` in a fresh network namespace (see `netns`). `name` must be the test
 /// function's name; `tools` the binaries it needs.
 fn in_netns(name: &str, tools: &[&str], body: impl FnOnce()) {
-    if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
-        let mine = netns_id("self").expect("own network namespace readable");
-        let parent = std::env::var(PARENT_NS_ENV).expect("parent namespace passed");
-        assert_ne!(
-            mine, parent,
-            "refusing to run in the parent's network namespace"
-        );
-        if let Some(init) = netns_id("1") {
-            assert_ne!(mine, init, "refusing to run in PID 1's network namespace");
-        }
-        body();
-        return;
-    }
-    if let Some(reason) = unavailable(tools) {
-        assert!(
-            std::env::var_os(REQUIRE_ENV).is_none() && std::env::var_os("CI").is_none(),
-            "{name}: kernel test required but {reason}"
-        );
-        eprintln!("SKIPPED {name}: {reason}");
-        return;
-    }
-    let exe = std::env::current_exe().expect("test binary path");
-    let parent = netns_id("self").expect("own network namespace readable");
-    let output = Command::new("unshare")
-        .arg("-n")
-        .arg(exe)
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, name)
-        .env(PARENT_NS_ENV, parent)
-        .output()
-        .expect("run the test binary under unshare");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    println!("--- child stdout ---\n{stdout}\n--- child stderr ---\n{stderr}");
-    assert!(output.status.success(), "{name} failed in its namespace");
-    // A misspelt name would run nothing and still succeed.
-    assert!(
-        stdout.contains("1 passed"),
-        "{name} did not run in the child"
-    );
+    netns::run_isolated(name, || unavailable(tools), body);
 }
 
 fn sh(command: &str) -> String {

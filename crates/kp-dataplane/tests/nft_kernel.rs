@@ -6,6 +6,7 @@
 //! Without root, `unshare` or `nft` the tests are skipped with a message, unless `CI` or
 //! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
 
+mod netns;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
@@ -22,21 +23,8 @@ use kp_rules::nftables::names::{EndpointNames, ServiceChains};
 use prometheus_client::registry::Registry;
 use testutil::*;
 
-/// Set in the child to the name of the test it runs.
-const CHILD_ENV: &str = "KP_DATAPLANE_NETNS_TEST";
-/// The parent's network namespace, so the child can check it is elsewhere.
-const PARENT_NS_ENV: &str = "KP_DATAPLANE_PARENT_NETNS";
-/// Make unavailable prerequisites a failure instead of a skip (also implied by `CI`).
-const REQUIRE_ENV: &str = "KP_DATAPLANE_REQUIRE_KERNEL_TESTS";
-
 /// Longer than the backend's stale-chain delay.
 const AFTER_STALE_DELAY: Duration = Duration::from_millis(1100);
-
-fn netns_id(pid: &str) -> Option<String> {
-    std::fs::read_link(format!("/proc/{pid}/ns/net"))
-        .ok()
-        .map(|p| p.display().to_string())
-}
 
 fn unavailable() -> Option<String> {
     let nft = Command::new("nft")
@@ -58,48 +46,10 @@ fn unavailable() -> Option<String> {
     None
 }
 
-/// Run `body` in a fresh network namespace. `name` must be the test function's name.
+/// Run `body` in a fresh network namespace (see `netns`). `name` must be the test
+/// function's name.
 fn in_netns(name: &str, body: impl FnOnce()) {
-    if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
-        let mine = netns_id("self").expect("own network namespace readable");
-        let parent = std::env::var(PARENT_NS_ENV).expect("parent namespace passed");
-        assert_ne!(
-            mine, parent,
-            "refusing to run in the parent's network namespace"
-        );
-        if let Some(init) = netns_id("1") {
-            assert_ne!(mine, init, "refusing to run in PID 1's network namespace");
-        }
-        body();
-        return;
-    }
-    if let Some(reason) = unavailable() {
-        assert!(
-            std::env::var_os(REQUIRE_ENV).is_none() && std::env::var_os("CI").is_none(),
-            "{name}: kernel test required but {reason}"
-        );
-        eprintln!("SKIPPED {name}: {reason}");
-        return;
-    }
-    let exe = std::env::current_exe().expect("test binary path");
-    let parent = netns_id("self").expect("own network namespace readable");
-    let output = Command::new("unshare")
-        .arg("-n")
-        .arg(exe)
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, name)
-        .env(PARENT_NS_ENV, parent)
-        .output()
-        .expect("run the test binary under unshare");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    println!("--- child stdout ---\n{stdout}\n--- child stderr ---\n{stderr}");
-    assert!(output.status.success(), "{name} failed in its namespace");
-    // A misspelt name would run nothing and still succeed.
-    assert!(
-        stdout.contains("1 passed"),
-        "{name} did not run in the child"
-    );
+    netns::run_isolated(name, unavailable, body);
 }
 
 /// Runs `nft args` and returns its stdout (panics on failure).
