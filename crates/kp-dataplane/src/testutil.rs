@@ -93,6 +93,21 @@ pub fn state(items: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
     state
 }
 
+/// TCP services `ns/a` (10.96.0.1:80 -> 10.244.1.1:8080) and `ns/b` (10.96.0.2:80 ->
+/// 10.244.1.2:8080), one endpoint each.
+pub fn two_services() -> ProxyState {
+    state(vec![
+        (
+            service("ns", "a", Protocol::Tcp, "10.96.0.1", 80),
+            vec![endpoint("10.244.1.1", 8080)],
+        ),
+        (
+            service("ns", "b", Protocol::Tcp, "10.96.0.2", 80),
+            vec![endpoint("10.244.1.2", 8080)],
+        ),
+    ])
+}
+
 pub fn request<'a>(
     state: &'a ProxyState,
     kind: SyncKind,

@@ -29,19 +29,6 @@ fn backend(families: Vec<IpFamily>) -> (Fake, FakeRunner, FakeConntrack) {
     (backend, runner, conntrack)
 }
 
-fn two_services() -> ProxyState {
-    state(vec![
-        (
-            service("ns", "a", Protocol::Tcp, "10.96.0.1", 80),
-            vec![endpoint("10.244.1.1", 8080)],
-        ),
-        (
-            service("ns", "b", Protocol::Tcp, "10.96.0.2", 80),
-            vec![endpoint("10.244.1.2", 8080)],
-        ),
-    ])
-}
-
 /// The restore line declaring (creating or flushing) a service port's `KUBE-SVC-` chain:
 /// present only when the sync writes that service's chains.
 fn svc_chain(ns: &str, name: &str, protocol: Protocol) -> String {

@@ -30,19 +30,6 @@ fn backend(families: Vec<IpFamily>) -> (Fake, FakeNft, FakeConntrack) {
     (backend, runner, conntrack)
 }
 
-fn two_services() -> ProxyState {
-    state(vec![
-        (
-            service("ns", "a", Protocol::Tcp, "10.96.0.1", 80),
-            vec![endpoint("10.244.1.1", 8080)],
-        ),
-        (
-            service("ns", "b", Protocol::Tcp, "10.96.0.2", 80),
-            vec![endpoint("10.244.1.2", 8080)],
-        ),
-    ])
-}
-
 /// `two_services` with `b` moved to another endpoint.
 fn b_moved() -> ProxyState {
     let mut state = two_services();
