@@ -109,7 +109,7 @@ pub async fn run<B: Backend + 'static>(
         families: if mode == "fake" {
             vec![IpFamily::V4]
         } else {
-            crate::modes::families()
+            kp_dataplane::iptables::detect_families()
         },
         node_port_ips: match crate::modes::node_port_addresses(&config) {
             kp_rules::iptables::NodePortAddresses::All => Vec::new(),

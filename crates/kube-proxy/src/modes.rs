@@ -8,7 +8,6 @@ use anyhow::Context as _;
 use ipnet::IpNet;
 use kp_config::{KubeProxyConfiguration, LocalMode, NodePortAddresses as ConfigAddresses};
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
-use kp_core::model::IpFamily;
 use kp_dataplane::exec::{IptablesVariant, Tools};
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics, detect_families};
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
@@ -287,11 +286,6 @@ fn parse_ip_addr(text: &str) -> Vec<IpAddr> {
             words.next()?.split('/').next()?.parse().ok()
         })
         .collect()
-}
-
-/// The families the node programs, for the health server's per-family status.
-pub fn families() -> Vec<IpFamily> {
-    detect_families()
 }
 
 #[cfg(test)]
