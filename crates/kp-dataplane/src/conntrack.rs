@@ -10,11 +10,12 @@
 //!   client's packets were rejected or sent on un-NATed, and the resulting entry keeps
 //!   bypassing the new DNAT rules. Delete the entries to the service's IPs and NodePort.
 //!
-//! Like upstream before its netlink reconciler (kubernetes#126847, 1.32), [`ExecConntrack`]
-//! runs `conntrack -D` once per filter. A netlink implementation
-//! (`netlink-packet-netfilter` over a `NETLINK_NETFILTER` socket) can replace it behind the
-//! same trait; it would also make a table-dump reconciler possible, which finds stale entries
-//! left from before a restart (this diff only sees changes it was told about).
+//! The default, [`NetlinkConntrack`], talks ctnetlink directly: one table dump per address
+//! family and sync, matched against every filter, then one delete per stale entry (as
+//! upstream since kubernetes#126847). [`ExecConntrack`] runs `conntrack -D` once per filter
+//! instead, for nodes where a netlink socket is not an option; it needs conntrack-tools.
+//! Both only see the changes they are told about: entries left stale from before a restart
+//! are not found (a dump-based reconciler could, later).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
@@ -28,6 +29,16 @@ use kp_core::tracker::ProxyState;
 use tracing::{debug, warn};
 
 use crate::exec::{ExecError, run_program};
+
+mod netlink;
+
+pub use netlink::{
+    FlowEntry, FlowTuple, NetlinkConntrack, Reply, delete_request, dump_request, parse_replies,
+    protocol_number,
+};
+
+/// The [`Conntrack`] the backends use unless told otherwise.
+pub type DefaultConntrack = NetlinkConntrack;
 
 /// The conntrack-tools binary, looked up on the `PATH`.
 pub const DEFAULT_CONNTRACK_BINARY: &str = "conntrack";
@@ -94,6 +105,22 @@ pub enum ConntrackError {
     /// The tool succeeded but its summary line could not be read.
     #[error("unexpected conntrack output: {0:?}")]
     Output(String),
+    /// Opening or using the ctnetlink socket failed (no `CAP_NET_ADMIN`, no conntrack
+    /// support in the kernel).
+    #[error("ctnetlink socket: {0}")]
+    Socket(#[source] std::io::Error),
+    /// The kernel refused a ctnetlink request.
+    #[error("ctnetlink {request} failed: {error}")]
+    Kernel {
+        /// Which request: `dump` or `delete`.
+        request: &'static str,
+        /// The errno the kernel answered with.
+        #[source]
+        error: std::io::Error,
+    },
+    /// A ctnetlink reply could not be framed.
+    #[error("unreadable ctnetlink reply: {0}")]
+    Decode(String),
     /// An injected failure of [`FakeConntrack`].
     #[error("injected conntrack failure")]
     Injected,
@@ -106,6 +133,29 @@ pub trait Conntrack: Send + Sync {
         &self,
         filter: &FlowFilter,
     ) -> impl Future<Output = Result<usize, ConntrackError>> + Send;
+
+    /// Delete every entry matching any of `filters`; returns how many were deleted.
+    ///
+    /// The default calls [`Conntrack::delete`] per filter, logging and skipping failures (as
+    /// upstream: the entries time out eventually). Implementations that can match many
+    /// filters in one pass over the table override it.
+    fn delete_matching(
+        &self,
+        filters: &[FlowFilter],
+    ) -> impl Future<Output = Result<usize, ConntrackError>> + Send {
+        async move {
+            let mut deleted = 0;
+            for filter in filters {
+                match self.delete(filter).await {
+                    Ok(n) => deleted += n,
+                    Err(err) => {
+                        warn!(filter = %filter, error = %err, "deleting conntrack entries failed")
+                    }
+                }
+            }
+            Ok(deleted)
+        }
+    }
 }
 
 /// Runs `conntrack -D ...` (conntrack-tools) once per filter.
@@ -279,22 +329,21 @@ pub async fn delete_stale<C: Conntrack>(
         return 0;
     };
     let flows = stale_flows(previous, current, services, families);
-    let mut deleted = 0;
-    for flow in &flows {
-        match conntrack.delete(flow).await {
-            Ok(n) => deleted += n,
-            // As upstream: log and go on; the entries time out eventually.
-            Err(err) => {
-                warn!(filter = %flow, error = %err, "deleting conntrack entries failed")
-            }
+    if flows.is_empty() {
+        return 0;
+    }
+    let deleted = match conntrack.delete_matching(&flows).await {
+        Ok(n) => n,
+        // As upstream: log and go on; the entries time out eventually.
+        Err(err) => {
+            warn!(filters = flows.len(), error = %err, "deleting stale conntrack entries failed");
+            0
         }
-    }
-    if !flows.is_empty() {
-        debug!(
-            filters = flows.len(),
-            deleted, "deleted stale conntrack entries"
-        );
-    }
+    };
+    debug!(
+        filters = flows.len(),
+        deleted, "deleted stale conntrack entries"
+    );
     deleted
 }
 

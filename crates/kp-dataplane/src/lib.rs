@@ -4,8 +4,8 @@
 //! - [`exec`]: running `iptables`, `iptables-save` and `iptables-restore` ([`exec::RuleRunner`]).
 //! - [`iptables`]: [`iptables::IptablesBackend`], the `iptables` proxy mode (a
 //!   [`kp_core::backend::Backend`]) applying `kp_rules::iptables` renders, and its cleanup.
-//! - [`conntrack`]: which UDP/SCTP conntrack entries a sync made stale, and deleting them
-//!   ([`conntrack::Conntrack`]).
+//! - [`conntrack`]: which UDP/SCTP conntrack entries a sync made stale, and deleting them over
+//!   ctnetlink ([`conntrack::Conntrack`]).
 //! - [`sysctls`]: conntrack table size and timeouts, `route_localnet`
 //!   ([`sysctls::Sysctl`]).
 //!

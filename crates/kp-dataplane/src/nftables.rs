@@ -47,7 +47,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
-use crate::conntrack::{Conntrack, ExecConntrack, conntrack_relevant, delete_stale};
+use crate::conntrack::{Conntrack, DefaultConntrack, conntrack_relevant, delete_stale};
 
 pub use runner::{
     DEFAULT_NFT_BINARY, ExecNft, FakeNft, NftCall, NftRunner, parse_listing, table_family,
@@ -121,7 +121,7 @@ struct FamilyTable {
 
 /// nftables mode. `R` runs `nft`, `C` deletes conntrack entries; both are fakes in tests.
 #[derive(Debug)]
-pub struct NftablesBackend<R = ExecNft, C = ExecConntrack> {
+pub struct NftablesBackend<R = ExecNft, C = DefaultConntrack> {
     config: NftablesConfig,
     runner: R,
     conntrack: C,
@@ -135,9 +135,9 @@ pub struct NftablesBackend<R = ExecNft, C = ExecConntrack> {
 }
 
 impl NftablesBackend {
-    /// The real backend: runs `nft` from the `PATH` and `conntrack` (conntrack-tools).
+    /// The real backend: runs `nft` from the `PATH`; stale conntrack entries go over ctnetlink.
     pub fn new(config: NftablesConfig) -> Result<Self, RenderError> {
-        Self::with_parts(config, ExecNft::default(), ExecConntrack::default())
+        Self::with_parts(config, ExecNft::default(), DefaultConntrack::default())
     }
 }
 

@@ -17,7 +17,6 @@ mod testutil;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use kp_core::backend::{Backend, BackendError, SyncKind};
 use kp_core::model::{IpFamily, Protocol};
@@ -25,53 +24,13 @@ use kp_dataplane::conntrack::ExecConntrack;
 use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools, backend_of_version};
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, KUBELET_CHAINS};
 use kp_rules::iptables::RenderConfig;
+use netns::sh;
 use testutil::*;
-
-fn tool_works(program: &str, arg: &str) -> bool {
-    Command::new(program)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn unavailable(tools: &[&str]) -> Option<String> {
-    for tool in tools {
-        if !tool_works(tool, "--version") {
-            return Some(format!(
-                "{tool} not found (apt-get install -y iptables conntrack)"
-            ));
-        }
-    }
-    if !Command::new("unshare")
-        .args(["-n", "true"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-    {
-        return Some("cannot create a network namespace (`unshare -n` needs root)".into());
-    }
-    None
-}
 
 /// Run `body` in a fresh network namespace (see `netns`). `name` must be the test
 /// function's name; `tools` the binaries it needs.
 fn in_netns(name: &str, tools: &[&str], body: impl FnOnce()) {
-    netns::run_isolated(name, || unavailable(tools), body);
-}
-
-fn sh(command: &str) -> String {
-    let output = Command::new("sh")
-        .args(["-c", command])
-        .output()
-        .expect("run sh");
-    assert!(
-        output.status.success(),
-        "`{command}` failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    netns::run_isolated(name, || netns::missing_tools(tools), body);
 }
 
 fn save(family: IpFamily) -> String {

@@ -43,7 +43,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tracing::{debug, error, info, warn};
 
-use crate::conntrack::{Conntrack, ExecConntrack, conntrack_relevant, delete_stale};
+use crate::conntrack::{Conntrack, DefaultConntrack, conntrack_relevant, delete_stale};
 use crate::exec::{ExecError, ExecRunner, RuleRunner, Tools, split_args};
 
 pub use save::{KUBE_CHAIN_PREFIX, KUBELET_CHAINS, SavedTable, cleanup_input, rule_target};
@@ -169,7 +169,7 @@ impl ApplyFailure {
 /// iptables mode. `R` runs the iptables tools, `C` deletes conntrack entries; both are
 /// fakes in tests.
 #[derive(Debug)]
-pub struct IptablesBackend<R = ExecRunner, C = ExecConntrack> {
+pub struct IptablesBackend<R = ExecRunner, C = DefaultConntrack> {
     config: IptablesConfig,
     runner: R,
     conntrack: C,
@@ -184,9 +184,9 @@ pub struct IptablesBackend<R = ExecRunner, C = ExecConntrack> {
 }
 
 impl IptablesBackend {
-    /// The real backend: runs `tools` and `conntrack` (conntrack-tools).
+    /// The real backend: runs `tools`; stale conntrack entries go over ctnetlink.
     pub fn new(config: IptablesConfig, tools: Tools) -> Result<Self, RenderError> {
-        Self::with_parts(config, ExecRunner::new(tools), ExecConntrack::default())
+        Self::with_parts(config, ExecRunner::new(tools), DefaultConntrack::default())
     }
 }
 

@@ -6,7 +6,7 @@
 //! whether the body passed, panicked or was killed. The child refuses to run a body in the
 //! namespace of its parent or of PID 1, so a harness bug can never touch the host.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// Set in the child to the name of the test it runs.
 const CHILD_ENV: &str = "KP_DATAPLANE_NETNS_TEST";
@@ -65,4 +65,42 @@ pub fn run_isolated(name: &str, unavailable: impl FnOnce() -> Option<String>, bo
         stdout.contains("1 passed"),
         "{name} did not run in the child"
     );
+}
+
+/// Why tests needing `tools` (each answering `--version`) and a new network namespace cannot
+/// run here, if they cannot.
+#[allow(dead_code)] // each test file includes this module; not every one needs every helper
+pub fn missing_tools(tools: &[&str]) -> Option<String> {
+    let works = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if let Some(tool) = tools.iter().find(|tool| !works(tool, &["--version"])) {
+        return Some(format!(
+            "{tool} not found (apt-get install -y iptables conntrack)"
+        ));
+    }
+    if !works("unshare", &["-n", "true"]) {
+        return Some("cannot create a network namespace (`unshare -n` needs root)".into());
+    }
+    None
+}
+
+/// Run `command` with `sh -c`; its stdout (panics on failure, with stderr).
+#[allow(dead_code)] // see `missing_tools`
+pub fn sh(command: &str) -> String {
+    let output = Command::new("sh")
+        .args(["-c", command])
+        .output()
+        .expect("run sh");
+    assert!(
+        output.status.success(),
+        "`{command}` failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
