@@ -13,15 +13,20 @@ use anyhow::{Context as _, bail};
 #[derive(Debug)]
 pub struct Netns {
     name: String,
+    /// The proxy's record of kernel settings it changed in this namespace: its own, so runs
+    /// never write the host's `/run/kube-proxy-rs`. Removed with the guard.
+    state: tempfile::TempDir,
 }
 
 impl Netns {
     /// Create `name` and bring its loopback up.
     pub fn create(name: &str) -> anyhow::Result<Self> {
+        let state = tempfile::tempdir().context("state directory")?;
         run_std("ip", &["netns", "add", name]).with_context(|| format!("creating netns {name}"))?;
         // From here on the guard deletes it, whatever fails next.
         let netns = Self {
             name: name.to_owned(),
+            state,
         };
         run_std(
             "ip",
@@ -36,6 +41,12 @@ impl Netns {
         &self.name
     }
 
+    /// The state directory for a proxy running in this namespace
+    /// (`KUBE_PROXY_RS_STATE_DIR`; [`Netns::command`] sets it).
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+
     /// A command running `program args` inside the namespace. `ip netns exec` execs the
     /// program, so the child's pid is the program's.
     pub fn command(&self, program: impl AsRef<Path>, args: &[&str]) -> tokio::process::Command {
@@ -44,6 +55,7 @@ impl Netns {
             .args(["netns", "exec", &self.name])
             .arg(program.as_ref())
             .args(args)
+            .env(kp_dataplane::sysctls::STATE_DIR_ENV, self.state_dir())
             .kill_on_drop(true);
         command
     }

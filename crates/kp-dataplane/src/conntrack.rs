@@ -13,7 +13,7 @@
 //! The default, [`NetlinkConntrack`], talks ctnetlink directly: one table dump per address
 //! family and sync, matched against every filter, then one delete per stale entry (as
 //! upstream since kubernetes#126847). [`ExecConntrack`] runs `conntrack -D` once per filter
-//! instead, for nodes where a netlink socket is not an option; it needs conntrack-tools.
+//! instead (needs conntrack-tools); the backends' `with_parts` can take it, no flag selects it.
 //! Both only see the changes they are told about: entries left stale from before a restart
 //! are not found (a dump-based reconciler could, later).
 

@@ -5,11 +5,15 @@
 //! [`apply`] carries them out through a [`Sysctl`], which is either the real filesystem
 //! ([`FsSysctl`], rooted at `/` or at a test directory) or [`FakeSysctl`].
 //!
+//! A [`SysctlRecord`] keeps the value each setting had before this proxy first changed it,
+//! in a file that outlives restarts, so `--cleanup` can put it back ([`SysctlRecord::restore`]).
+//!
 //! Only `nf_conntrack_max` and the hash size are global; the timeouts and `route_localnet`
 //! are per network namespace. Writing `nf_conntrack_max` from a non-initial namespace fails
 //! on current kernels, so tests never do it.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -87,6 +91,24 @@ pub enum SysctlError {
         key: String,
         /// What it holds.
         value: String,
+    },
+    /// The record of original values could not be read or written.
+    #[error("sysctl record {}: {source}", path.display())]
+    Record {
+        /// The record file.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// A line of the record is not `KEY ORIGINAL WRITTEN`.
+    #[error("sysctl record {} line {line}: {text:?} is not `KEY ORIGINAL WRITTEN`", path.display())]
+    RecordFormat {
+        /// The record file.
+        path: PathBuf,
+        /// The 1-based line number.
+        line: usize,
+        /// The line.
+        text: String,
     },
 }
 
@@ -449,6 +471,221 @@ pub fn apply_conntrack_sysctls(
     apply(sysctl, &conntrack_plan(settings, cpus))
 }
 
+/// Where the record of original values lives by default. `/run` is a tmpfs on every
+/// systemd host, so the record shares the settings' lifetime: a reboot resets both. In a
+/// DaemonSet the directory must be a hostPath so the record survives a new container.
+pub const DEFAULT_STATE_DIR: &str = "/run/kube-proxy-rs";
+/// Overrides [`DEFAULT_STATE_DIR`] (tests, benchmarks, or several proxies on one host, each in
+/// its own network namespace: the per-namespace settings need one record each).
+pub const STATE_DIR_ENV: &str = "KUBE_PROXY_RS_STATE_DIR";
+/// The record's file name inside the state directory.
+pub const RECORD_FILE: &str = "sysctls";
+
+/// Whether `--cleanup` puts `key` back. `nf_conntrack_max` and the hash size stay raised:
+/// lowering them on a node that carries traffic makes the kernel drop new flows once the
+/// table holds more entries than the old limit, and whichever proxy runs next (upstream's
+/// included, in every mode) raises them again at start. The timeouts, `tcp_be_liberal` and
+/// `route_localnet` (which exposes 127.0.0.0/8 services to the network, CVE-2020-8558) go
+/// back.
+pub fn restored_on_cleanup(key: &str) -> bool {
+    key != CONNTRACK_MAX && key != CONNTRACK_HASHSIZE
+}
+
+/// One recorded setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// The value before this proxy changed it.
+    pub original: u64,
+    /// The value this proxy last wrote; restoring only happens while the setting still holds
+    /// it (a value changed since by someone else is theirs and stays).
+    pub written: u64,
+}
+
+/// What [`SysctlRecord::restore`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Settings put back: key, the value found, the value restored.
+    pub restored: Vec<(String, u64, u64)>,
+    /// Settings left alone because they no longer hold the value this proxy wrote, or no
+    /// longer exist: key and what was found.
+    pub left: Vec<(String, String)>,
+}
+
+/// The original value of every setting this proxy changed (only those
+/// [`restored_on_cleanup`] accepts), kept in a small text file: one `KEY ORIGINAL WRITTEN`
+/// line per setting.
+#[derive(Clone, Debug)]
+pub struct SysctlRecord {
+    path: PathBuf,
+}
+
+impl SysctlRecord {
+    /// The record at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    /// The record in `$KUBE_PROXY_RS_STATE_DIR`, else in [`DEFAULT_STATE_DIR`].
+    pub fn from_env() -> Self {
+        let dir = std::env::var_os(STATE_DIR_ENV)
+            .filter(|dir| !dir.is_empty())
+            .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from);
+        Self::new(dir.join(RECORD_FILE))
+    }
+
+    /// The record file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every recorded setting; none when the file does not exist.
+    pub fn load(&self) -> Result<BTreeMap<String, Recorded>, SysctlError> {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+            Err(source) => return Err(self.io_error(source)),
+        };
+        let mut out = BTreeMap::new();
+        for (index, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let bad = || SysctlError::RecordFormat {
+                path: self.path.clone(),
+                line: index + 1,
+                text: line.to_owned(),
+            };
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let [key, original, written] = words.as_slice() else {
+                return Err(bad());
+            };
+            let number = |word: &str| word.parse::<u64>().map_err(|_| bad());
+            out.insert(
+                (*key).to_owned(),
+                Recorded {
+                    original: number(original)?,
+                    written: number(written)?,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// Record the writes in `applied`. A setting already recorded keeps its original while
+    /// it still held the value this proxy wrote; otherwise the value just overwritten
+    /// becomes the original (someone else had changed it in between).
+    pub fn note(&self, applied: &[Applied]) -> Result<(), SysctlError> {
+        let applied: Vec<&Applied> = applied
+            .iter()
+            .filter(|a| restored_on_cleanup(a.key))
+            .collect();
+        if applied.is_empty() {
+            return Ok(());
+        }
+        let mut record = self.load()?;
+        for write in applied {
+            let original = match record.get(write.key) {
+                Some(previous) if previous.written == write.from => previous.original,
+                _ => write.from,
+            };
+            record.insert(
+                write.key.to_owned(),
+                Recorded {
+                    original,
+                    written: write.to,
+                },
+            );
+        }
+        self.store(&record)
+    }
+
+    /// Put every recorded setting back to its original value, if it still holds the value
+    /// this proxy wrote, and forget the record. A setting that no longer exists is left;
+    /// one that cannot be read or written otherwise is an error, and stays recorded.
+    pub fn restore(&self, sysctl: &impl Sysctl) -> Result<RestoreReport, SysctlError> {
+        let mut record = self.load()?;
+        let mut report = RestoreReport::default();
+        let mut first_error = None;
+        for (key, recorded) in record.clone() {
+            let current = match sysctl.read(&key) {
+                Ok(text) => text,
+                Err(SysctlError::Read { source, .. })
+                    if source.kind() == io::ErrorKind::NotFound =>
+                {
+                    report.left.push((key.clone(), "missing".to_owned()));
+                    record.remove(&key);
+                    continue;
+                }
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                    continue;
+                }
+            };
+            if current.parse::<u64>().ok() != Some(recorded.written) {
+                info!(key, found = %current, "kernel setting changed since kube-proxy set it; left as is");
+                report.left.push((key.clone(), current));
+                record.remove(&key);
+                continue;
+            }
+            match sysctl.write(&key, &recorded.original.to_string()) {
+                Ok(()) => {
+                    info!(
+                        key,
+                        from = recorded.written,
+                        to = recorded.original,
+                        "restored kernel setting"
+                    );
+                    report
+                        .restored
+                        .push((key.clone(), recorded.written, recorded.original));
+                    record.remove(&key);
+                }
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        self.store(&record)?;
+        match first_error {
+            Some(err) => Err(err),
+            None => Ok(report),
+        }
+    }
+
+    /// Write `record` atomically (a temporary file renamed over), or remove the file when
+    /// it is empty.
+    fn store(&self, record: &BTreeMap<String, Recorded>) -> Result<(), SysctlError> {
+        if record.is_empty() {
+            return match std::fs::remove_file(&self.path) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => Err(self.io_error(err)),
+                _ => Ok(()),
+            };
+        }
+        let mut text = String::from(
+            "# kube-proxy-rs: settings it changed, as KEY ORIGINAL WRITTEN; \
+             `kube-proxy --cleanup` puts ORIGINAL back\n",
+        );
+        for (key, recorded) in record {
+            let _ = writeln!(text, "{key} {} {}", recorded.original, recorded.written);
+        }
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|err| self.io_error(err))?;
+        }
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, text).map_err(|err| self.io_error(err))?;
+        std::fs::rename(&tmp, &self.path).map_err(|err| self.io_error(err))
+    }
+
+    fn io_error(&self, source: io::Error) -> SysctlError {
+        SysctlError::Record {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -651,6 +888,158 @@ mod tests {
             route_localnet_plan(&with_loopback, &[IpFamily::V4]).len(),
             1
         );
+    }
+
+    fn record_in(dir: &tempfile::TempDir) -> SysctlRecord {
+        SysctlRecord::new(dir.path().join("state").join(RECORD_FILE))
+    }
+
+    #[test]
+    fn cleanup_restores_what_start_up_changed_even_after_a_restart() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let fake = FakeSysctl::new();
+        fake.set(ROUTE_LOCALNET, "0");
+        fake.set(CONNTRACK_MAX, "65536");
+        fake.set(CONNTRACK_HASHSIZE, "16384");
+        fake.set(TCP_TIMEOUT_ESTABLISHED, "432000");
+        fake.set(TCP_TIMEOUT_CLOSE_WAIT, "3600");
+        let mut plan = conntrack_plan(&ConntrackSettings::default(), 2);
+        plan.extend(route_localnet_plan(
+            &RenderConfig::default(),
+            &[IpFamily::V4],
+        ));
+
+        // First start: four writes, two of them recorded.
+        let report = apply(&fake, &plan).expect("applies");
+        assert_eq!(report.applied.len(), 4);
+        record_in(&dir).note(&report.applied).expect("recorded");
+        let expected = BTreeMap::from([
+            (
+                ROUTE_LOCALNET.to_owned(),
+                Recorded {
+                    original: 0,
+                    written: 1,
+                },
+            ),
+            (
+                TCP_TIMEOUT_ESTABLISHED.to_owned(),
+                Recorded {
+                    original: 432_000,
+                    written: 86_400,
+                },
+            ),
+        ]);
+        assert_eq!(record_in(&dir).load().expect("readable"), expected);
+
+        // A restart (a new process, a new record handle): nothing to write, the record stays.
+        let again = apply(&fake, &plan).expect("applies");
+        assert!(again.applied.is_empty());
+        record_in(&dir)
+            .note(&again.applied)
+            .expect("nothing to note");
+        assert_eq!(record_in(&dir).load().expect("readable"), expected);
+
+        // --cleanup: both back, table size left raised, the record gone.
+        let before = fake.writes().len();
+        let restored = record_in(&dir).restore(&fake).expect("restores");
+        assert_eq!(
+            restored.restored,
+            [
+                (ROUTE_LOCALNET.to_owned(), 1, 0),
+                (TCP_TIMEOUT_ESTABLISHED.to_owned(), 86_400, 432_000),
+            ]
+        );
+        assert_eq!(fake.writes().len(), before + 2);
+        assert_eq!(fake.read(ROUTE_LOCALNET).expect("set"), "0");
+        assert_eq!(fake.read(CONNTRACK_MAX).expect("set"), "131072");
+        assert!(!record_in(&dir).path().exists());
+        // A second cleanup has nothing to do.
+        assert_eq!(
+            record_in(&dir).restore(&fake).expect("no record"),
+            RestoreReport::default()
+        );
+    }
+
+    #[test]
+    fn a_value_changed_by_someone_else_is_theirs() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let record = record_in(&dir);
+        let fake = FakeSysctl::new();
+        fake.set(TCP_TIMEOUT_ESTABLISHED, "432000");
+        fake.set(TCP_TIMEOUT_CLOSE_WAIT, "60");
+        let plan = conntrack_plan(&ConntrackSettings::default(), 2)
+            .into_iter()
+            .filter(|s| restored_on_cleanup(s.key))
+            .collect::<Vec<_>>();
+        record
+            .note(&apply(&fake, &plan).expect("applies").applied)
+            .expect("recorded");
+        // An admin sets the established timeout after the proxy did; the proxy restarts
+        // and sets it again over the admin's value: that value is now the one to restore.
+        fake.set(TCP_TIMEOUT_ESTABLISHED, "7200");
+        record
+            .note(&apply(&fake, &plan).expect("applies").applied)
+            .expect("recorded");
+        assert_eq!(
+            record.load().expect("readable")[TCP_TIMEOUT_ESTABLISHED],
+            Recorded {
+                original: 7_200,
+                written: 86_400
+            }
+        );
+        // And after the last start an admin changes close-wait: cleanup leaves it.
+        fake.set(TCP_TIMEOUT_CLOSE_WAIT, "120");
+        let report = record.restore(&fake).expect("restores");
+        assert_eq!(fake.read(TCP_TIMEOUT_ESTABLISHED).expect("set"), "7200");
+        assert_eq!(fake.read(TCP_TIMEOUT_CLOSE_WAIT).expect("set"), "120");
+        assert_eq!(
+            report.left,
+            [(TCP_TIMEOUT_CLOSE_WAIT.to_owned(), "120".to_owned())]
+        );
+    }
+
+    #[test]
+    fn a_failed_restore_is_an_error_and_stays_recorded() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let record = record_in(&dir);
+        let fake = FakeSysctl::new();
+        fake.set(ROUTE_LOCALNET, "0");
+        fake.set(TCP_TIMEOUT_CLOSE_WAIT, "60");
+        let mut plan = route_localnet_plan(&RenderConfig::default(), &[IpFamily::V4]);
+        plan.extend(
+            conntrack_plan(&ConntrackSettings::default(), 2)
+                .into_iter()
+                .filter(|s| s.key == TCP_TIMEOUT_CLOSE_WAIT),
+        );
+        record
+            .note(&apply(&fake, &plan).expect("applies").applied)
+            .expect("recorded");
+        fake.make_read_only(ROUTE_LOCALNET);
+        let err = record.restore(&fake).expect_err("cannot write");
+        assert!(matches!(err, SysctlError::ReadOnly { .. }), "{err}");
+        // The other setting was restored and forgotten; the failed one is kept for a retry.
+        assert_eq!(fake.read(TCP_TIMEOUT_CLOSE_WAIT).expect("set"), "60");
+        let left = record.load().expect("readable");
+        assert_eq!(left.keys().collect::<Vec<_>>(), [ROUTE_LOCALNET]);
+    }
+
+    #[test]
+    fn a_malformed_record_names_its_line() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let record = record_in(&dir);
+        std::fs::create_dir_all(dir.path().join("state")).expect("mkdir");
+        std::fs::write(
+            record.path(),
+            format!("# comment\n{ROUTE_LOCALNET} 0 1\n{TCP_BE_LIBERAL} zero 1\n"),
+        )
+        .expect("write");
+        let err = record.load().expect_err("malformed");
+        assert!(
+            matches!(err, SysctlError::RecordFormat { line: 3, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("line 3"), "{err}");
+        assert!(record.restore(&FakeSysctl::new()).is_err());
     }
 
     #[test]

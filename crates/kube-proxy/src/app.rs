@@ -16,6 +16,7 @@ use kp_core::health::{ProxyHealth, ServiceHealthMap};
 use kp_core::metrics::Metrics;
 use kp_core::model::IpFamily;
 use kp_core::proxier::{Proxier, ProxierConfig};
+use kp_rules::iptables::NodePortAddresses;
 use kp_server::{HealthMetrics, MetricsInfo, ServiceHealthServers};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
@@ -36,15 +37,22 @@ pub struct Settings {
     config: KubeProxyConfiguration,
     manifests: Option<PathBuf>,
     master: Option<String>,
+    node_ports: NodePortAddresses,
 }
 
 impl Settings {
-    /// Settings from the parsed flags and the effective configuration.
-    pub fn new(options: &Options, config: KubeProxyConfiguration) -> Self {
+    /// Settings from the parsed flags, the effective configuration and nodePortAddresses as
+    /// resolved at start-up (the same answer the backend's rules use).
+    pub fn new(
+        options: &Options,
+        config: KubeProxyConfiguration,
+        node_ports: NodePortAddresses,
+    ) -> Self {
         Self {
             config,
             manifests: options.manifests.clone(),
             master: options.master.clone(),
+            node_ports,
         }
     }
 
@@ -111,9 +119,9 @@ pub async fn run<B: Backend + 'static>(
         } else {
             kp_dataplane::iptables::detect_families()
         },
-        node_port_ips: match crate::modes::node_port_addresses(&config) {
-            kp_rules::iptables::NodePortAddresses::All => Vec::new(),
-            kp_rules::iptables::NodePortAddresses::Ips(ips) => ips,
+        node_port_ips: match settings.node_ports {
+            NodePortAddresses::All => Vec::new(),
+            NodePortAddresses::Ips(ips) => ips,
         },
     };
     let admin_thread = admin.spawn(shutdown.clone())?;

@@ -201,7 +201,11 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let render_config = crate::modes::render_config(&config, Some(&state.node.pod_cidrs))?;
+    let render_config = crate::modes::render_config(
+        &config,
+        Some(&state.node.pod_cidrs),
+        crate::modes::node_port_addresses(&config),
+    )?;
     let query = Query {
         destination: args.dest,
         source: args.from,

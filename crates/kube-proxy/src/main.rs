@@ -56,7 +56,9 @@ fn run(options: Options) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let mut registry = prometheus_client::registry::Registry::default();
-    let settings = app::Settings::new(&options, config);
+    // Resolved once: the backend's rules and the health-check servers must agree.
+    let node_ports = modes::node_port_addresses(&config);
+    let settings = app::Settings::new(&options, config, node_ports.clone());
     match mode {
         ProxyMode::Fake => {
             tracing::info!("Using the fake proxier: nothing is programmed, every sync is logged");
@@ -68,16 +70,41 @@ fn run(options: Options) -> anyhow::Result<()> {
             ))
         }
         ProxyMode::Iptables => {
-            let backend = modes::iptables(settings.config(), &mut registry, options.cleanup)?;
-            runtime.block_on(app::run(settings, backend, registry, options.cleanup))
+            let backend = modes::iptables(
+                settings.config(),
+                node_ports,
+                &mut registry,
+                options.cleanup,
+            )?;
+            let result = runtime.block_on(app::run(settings, backend, registry, options.cleanup));
+            with_sysctl_cleanup(result, options.cleanup)
         }
         ProxyMode::Nftables => {
-            let backend = modes::nftables(settings.config(), &mut registry, options.cleanup)?;
-            runtime.block_on(app::run(settings, backend, registry, options.cleanup))
+            let backend = modes::nftables(
+                settings.config(),
+                node_ports,
+                &mut registry,
+                options.cleanup,
+            )?;
+            let result = runtime.block_on(app::run(settings, backend, registry, options.cleanup));
+            with_sysctl_cleanup(result, options.cleanup)
         }
         other => anyhow::bail!(
             "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, fake)",
             other.as_str()
         ),
     }
+}
+
+/// After a kernel mode's `--cleanup` (successful or not: everything is attempted, as upstream),
+/// restore the kernel settings it changed; the first error wins.
+fn with_sysctl_cleanup(result: anyhow::Result<()>, cleanup: bool) -> anyhow::Result<()> {
+    if !cleanup {
+        return result;
+    }
+    let restored = modes::restore_sysctls();
+    if let (Err(error), Err(_)) = (&restored, &result) {
+        tracing::error!("{error:#}");
+    }
+    result.and(restored)
 }

@@ -11,14 +11,17 @@ use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_dataplane::exec::{IptablesVariant, Tools};
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics, detect_families};
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
-use kp_dataplane::sysctls::{self, ConntrackSettings, FsSysctl};
+use kp_dataplane::sysctls::{self, Applied, ConntrackSettings, FsSysctl, SysctlRecord};
 use kp_rules::iptables::{LocalDetector, NodePortAddresses, RenderConfig};
 use prometheus_client::registry::Registry;
 
 /// Builds the iptables backend, applying upstream's start-up sysctls first unless the backend
-/// is only wanted for `--cleanup`.
+/// is only wanted for `--cleanup`. `node_ports` is nodePortAddresses resolved once at start-up
+/// ([`node_port_addresses`]). Changed sysctls are recorded for `--cleanup`
+/// ([`restore_sysctls`]).
 pub fn iptables(
     config: &KubeProxyConfiguration,
+    node_ports: NodePortAddresses,
     registry: &mut Registry,
     cleanup_only: bool,
 ) -> anyhow::Result<IptablesBackend> {
@@ -32,12 +35,16 @@ pub fn iptables(
             "clusterCIDR is empty: pod traffic cannot be told apart, so ClusterIP traffic is not masqueraded"
         );
     }
-    let mut render = render_config(config, None)?;
+    let mut render = render_config(config, None, node_ports)?;
     render.drop_invalid = !sysctls::tcp_be_liberal(&host);
-    if !cleanup_only
-        && let Err(error) = sysctls::apply(&host, &sysctls::route_localnet_plan(&render, &families))
-    {
-        tracing::error!(%error, "cannot enable route_localnet; localhost NodePorts will not answer");
+    if !cleanup_only {
+        match sysctls::apply(&host, &sysctls::route_localnet_plan(&render, &families)) {
+            Ok(report) => record(&report.applied),
+            Err(error) => tracing::error!(
+                %error,
+                "cannot enable route_localnet; localhost NodePorts will not answer"
+            ),
+        }
     }
     let backend = IptablesBackend::new(
         IptablesConfig::new(families, render),
@@ -58,6 +65,7 @@ const MIN_NFT_VERSION: (u32, u32, u32) = (1, 0, 1);
 /// the conntrack INVALID drop do not exist in nftables mode.
 pub fn nftables(
     config: &KubeProxyConfiguration,
+    node_ports: NodePortAddresses,
     registry: &mut Registry,
     cleanup_only: bool,
 ) -> anyhow::Result<NftablesMode> {
@@ -79,7 +87,7 @@ pub fn nftables(
             "nftables.tableName is not supported yet; using table \"kube-proxy\""
         );
     }
-    let render = render_config(config, None)?;
+    let render = render_config(config, None, node_ports)?;
     let nft = NftablesBackend::new(NftablesConfig::new(families.clone(), render.clone()))
         .context("invalid nftables configuration")?
         .with_metrics(NftablesMetrics::register(registry));
@@ -189,6 +197,7 @@ fn conntrack_sysctls(config: &KubeProxyConfiguration, host: &FsSysctl) {
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     match sysctls::apply(host, &sysctls::conntrack_plan(&settings, cpus)) {
         Ok(report) => {
+            record(&report.applied);
             for warning in report.warnings {
                 tracing::warn!(%warning, "conntrack setting left as is");
             }
@@ -199,12 +208,40 @@ fn conntrack_sysctls(config: &KubeProxyConfiguration, host: &FsSysctl) {
     }
 }
 
+/// Remembers the original values of the settings just changed, so `--cleanup` can restore
+/// them after any number of restarts. A failure only costs that: it is logged.
+fn record(applied: &[Applied]) {
+    let record = SysctlRecord::from_env();
+    if let Err(error) = record.note(applied) {
+        tracing::warn!(%error, "cannot record original kernel settings; --cleanup will not restore them");
+    }
+}
+
+/// `--cleanup`'s part for kernel settings: puts back what this proxy changed (as recorded
+/// in `$KUBE_PROXY_RS_STATE_DIR`, default `/run/kube-proxy-rs`), see
+/// [`sysctls::restored_on_cleanup`] for which.
+pub fn restore_sysctls() -> anyhow::Result<()> {
+    let record = SysctlRecord::from_env();
+    let report = record
+        .restore(&FsSysctl::host())
+        .context("restoring kernel settings")?;
+    tracing::info!(
+        restored = report.restored.len(),
+        left = report.left.len(),
+        record = %record.path().display(),
+        "Kernel settings restored"
+    );
+    Ok(())
+}
+
 /// The renderer's configuration from `KubeProxyConfiguration`, shared by the proxy and
 /// `explain`. `node_pod_cidrs` is the Node's podCIDRs when known (`explain` reads the Node);
 /// the proxy starts before the Node is read, so it refuses NodeCIDR detection for now.
+/// `node_ports` is [`node_port_addresses`]'s answer, resolved once by the caller.
 pub(crate) fn render_config(
     config: &KubeProxyConfiguration,
     node_pod_cidrs: Option<&[IpNet]>,
+    node_ports: NodePortAddresses,
 ) -> anyhow::Result<RenderConfig> {
     let (bit, masquerade_all) = config.masquerade();
     let local_detector = match config.detect_local_mode {
@@ -228,25 +265,47 @@ pub(crate) fn render_config(
         masquerade_bit: u8::try_from(bit).context("masqueradeBit out of range")?,
         masquerade_all,
         local_detector,
-        node_port_addresses: node_port_addresses(config),
+        node_port_addresses: node_ports,
         localhost_node_ports: config.iptables.localhost_node_ports,
         ..RenderConfig::default()
     })
 }
 
-/// nodePortAddresses resolved against this node's interface addresses.
+/// nodePortAddresses resolved against this node's interface addresses (one `ip -o addr show`
+/// run when they are restricted). Resolved once at start-up by `main`, for the rules and the
+/// health-check servers alike.
 pub fn node_port_addresses(config: &KubeProxyConfiguration) -> NodePortAddresses {
     match config.node_port_addresses() {
         ConfigAddresses::All => NodePortAddresses::All,
         ConfigAddresses::Primary => {
-            let primary = config
-                .bind_address()
-                .filter(|ip| !ip.is_unspecified())
-                .or_else(|| local_addresses().into_iter().find(|ip| !ip.is_loopback()));
-            NodePortAddresses::Ips(primary.into_iter().collect())
+            NodePortAddresses::Ips(primary_addresses(config.bind_address(), &local_addresses()))
         }
         ConfigAddresses::Cidrs(cidrs) => NodePortAddresses::Ips(select(&local_addresses(), &cidrs)),
     }
+}
+
+/// `primary`: one address per family, as upstream gives each family's proxier its own node
+/// IP. A specified `bindAddress` is its family's primary; otherwise the first local address
+/// of the family that could be a node IP (not loopback, not IPv6 link-local, which every
+/// IPv6 interface has).
+fn primary_addresses(bind_address: Option<IpAddr>, local: &[IpAddr]) -> Vec<IpAddr> {
+    let bind = bind_address.filter(|ip| !ip.is_unspecified());
+    let candidate = |ip: &&IpAddr| match ip {
+        IpAddr::V4(v4) => !v4.is_loopback(),
+        IpAddr::V6(v6) => !v6.is_loopback() && !v6.is_unicast_link_local(),
+    };
+    [IpAddr::is_ipv4, IpAddr::is_ipv6]
+        .into_iter()
+        .filter_map(|is_family| {
+            bind.filter(&is_family).or_else(|| {
+                local
+                    .iter()
+                    .filter(candidate)
+                    .find(|ip| is_family(ip))
+                    .copied()
+            })
+        })
+        .collect()
 }
 
 /// The addresses among `addresses` inside any of `cidrs`.
@@ -317,6 +376,36 @@ mod tests {
     }
 
     #[test]
+    fn primary_is_one_address_per_family() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("literal");
+        let local = [
+            ip("127.0.0.1"),
+            ip("::1"),
+            ip("fe80::1"),
+            ip("192.168.49.2"),
+            ip("10.0.0.5"),
+            ip("fd00::2"),
+            ip("fd00::3"),
+        ];
+        assert_eq!(
+            primary_addresses(None, &local),
+            [ip("192.168.49.2"), ip("fd00::2")]
+        );
+        // bindAddress overrides its own family only; 0.0.0.0 overrides nothing.
+        assert_eq!(
+            primary_addresses(Some(ip("10.0.0.5")), &local),
+            [ip("10.0.0.5"), ip("fd00::2")]
+        );
+        assert_eq!(
+            primary_addresses(Some(ip("0.0.0.0")), &local),
+            [ip("192.168.49.2"), ip("fd00::2")]
+        );
+        // Single-stack: no IPv6 beyond loopback and link-local.
+        assert_eq!(primary_addresses(None, &local[..5]), [ip("192.168.49.2")]);
+        assert!(primary_addresses(None, &local[..3]).is_empty());
+    }
+
+    #[test]
     fn parses_nft_versions() {
         assert_eq!(
             parse_nft_version("nftables v1.0.6 (Lester Gooch #5)\n"),
@@ -338,7 +427,7 @@ mod tests {
              clusterCIDR: 10.244.0.0/16\niptables:\n  masqueradeAll: true\n  masqueradeBit: 15\n",
         )
         .expect("valid config");
-        let render = render_config(&config, None).expect("renders");
+        let render = render_config(&config, None, NodePortAddresses::All).expect("renders");
         assert!(render.masquerade_all);
         assert_eq!(render.masquerade_bit, 15);
         assert_eq!(
@@ -346,10 +435,10 @@ mod tests {
             LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")])
         );
         config.detect_local_mode = LocalMode::NodeCidr;
-        assert!(render_config(&config, None).is_err());
+        assert!(render_config(&config, None, NodePortAddresses::All).is_err());
         let cidrs: Vec<IpNet> = vec!["10.244.1.0/24".parse().expect("cidr")];
-        let render =
-            render_config(&config, Some(&cidrs)).expect("renders with the Node's podCIDRs");
+        let render = render_config(&config, Some(&cidrs), NodePortAddresses::All)
+            .expect("renders with the Node's podCIDRs");
         assert_eq!(render.local_detector, LocalDetector::Cidrs(cidrs));
     }
 }

@@ -263,6 +263,12 @@ fn daemonset_has_upstreams_shape() {
     assert!(read_only, "/lib/modules is read-only");
     let host = volume(&ds, &name).host_path.as_ref().expect("hostPath");
     assert_eq!(host.path, "/lib/modules");
+    // The record of changed kernel settings outlives the container, for --cleanup.
+    let (name, read_only) = mount(&ds, kp_dataplane::sysctls::DEFAULT_STATE_DIR);
+    assert!(!read_only, "the record is written");
+    let host = volume(&ds, &name).host_path.as_ref().expect("hostPath");
+    assert_eq!(host.path, kp_dataplane::sysctls::DEFAULT_STATE_DIR);
+    assert_eq!(host.type_.as_deref(), Some("DirectoryOrCreate"));
 }
 
 #[test]

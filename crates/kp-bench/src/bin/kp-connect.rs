@@ -253,6 +253,7 @@ fn spawn_in(ns: &Netns, program: &Path, args: &[&str], stderr: Stdio) -> anyhow:
         .args(["netns", "exec", ns.name()])
         .arg(program)
         .args(args)
+        .env(kp_dataplane::sysctls::STATE_DIR_ENV, ns.state_dir())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr)

@@ -863,12 +863,23 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
     );
     // ... and `kube-proxy --cleanup` removes them: exit status 0 (exec fails otherwise). As
     // upstream, nftables mode's cleanup removes iptables mode's chains too.
+    let state = env.state_env();
     let cleanup = [
+        "env",
+        &state,
         KUBE_PROXY,
         "--cleanup",
         &format!("--proxy-mode={}", mode.name()),
     ];
     env.node_exec(&cleanup);
+    // The kernel settings the proxy changed are back: route_localnet was 0 before iptables
+    // mode turned it on (nftables mode never touches it).
+    assert_eq!(
+        route_localnet(&env),
+        "0",
+        "route_localnet after --cleanup{}",
+        env.diag()
+    );
     let after = saves(&env);
     for save in &after {
         let left = kube_lines(save, &KUBELET_CHAINS);

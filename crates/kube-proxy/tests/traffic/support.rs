@@ -412,8 +412,15 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Starts `kube-proxy --manifests DIR --proxy-mode=<mode>` inside the node namespace.
-    pub fn start(mode: Mode, cluster: &Cluster, manifests: &Path, flags: &Flags) -> Self {
+    /// Starts `kube-proxy --manifests DIR --proxy-mode=<mode>` inside the node namespace,
+    /// keeping its record of changed kernel settings in `state` (not the host's `/run`).
+    pub fn start(
+        mode: Mode,
+        cluster: &Cluster,
+        manifests: &Path,
+        state: &Path,
+        flags: &Flags,
+    ) -> Self {
         let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
         let mut command = Command::new("ip");
         command
@@ -429,6 +436,7 @@ impl Proxy {
             .arg("-v=2")
             .args(mode.flags())
             .args(&flags.extra)
+            .env(kp_dataplane::sysctls::STATE_DIR_ENV, state)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -549,6 +557,8 @@ pub struct Env {
     // Field order is drop order: the proxy goes first, the namespaces last.
     proxy: Option<Proxy>,
     dir: tempfile::TempDir,
+    /// The proxy's state directory (`KUBE_PROXY_RS_STATE_DIR`).
+    state: tempfile::TempDir,
     flags: Flags,
     /// The proxy mode under test.
     pub mode: Mode,
@@ -586,6 +596,7 @@ impl Env {
         let mut env = Self {
             proxy: None,
             dir,
+            state: tempfile::tempdir().expect("state tempdir"),
             flags,
             mode,
             cluster,
@@ -602,7 +613,13 @@ impl Env {
     }
 
     fn start_proxy(&mut self) {
-        let mut proxy = Proxy::start(self.mode, &self.cluster, self.dir.path(), &self.flags);
+        let mut proxy = Proxy::start(
+            self.mode,
+            &self.cluster,
+            self.dir.path(),
+            self.state.path(),
+            &self.flags,
+        );
         proxy.wait_first_sync();
         self.proxy = Some(proxy);
     }
@@ -666,6 +683,16 @@ impl Env {
             status.success(),
             "exit status after SIGTERM: {status}; log:\n{tail}"
         );
+    }
+
+    /// `KUBE_PROXY_RS_STATE_DIR=...` as the running proxy has it, for running the binary
+    /// again by hand (`env` + this + `kube-proxy --cleanup`).
+    pub fn state_env(&self) -> String {
+        format!(
+            "{}={}",
+            kp_dataplane::sysctls::STATE_DIR_ENV,
+            self.state.path().display()
+        )
     }
 
     /// Runs `args` in the node namespace and returns its standard output (panics, with the
