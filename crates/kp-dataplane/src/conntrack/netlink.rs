@@ -321,7 +321,7 @@ impl NetlinkConntrack {
     /// Every conntrack entry of `family` (blocking).
     pub fn list(family: IpFamily) -> Result<Vec<FlowEntry>, ConntrackError> {
         let socket = Socket::open()?;
-        socket.dump(family)
+        socket.dump(family, |_| true)
     }
 
     /// Delete the entries matching any of `filters` (blocking); returns how many.
@@ -333,11 +333,7 @@ impl NetlinkConntrack {
         let families: BTreeSet<IpFamily> = filters.iter().map(|f| f.family).collect();
         let mut deleted = 0;
         for family in families {
-            let stale: Vec<FlowEntry> = socket
-                .dump(family)?
-                .into_iter()
-                .filter(|entry| filters.iter().any(|f| f.matches(entry)))
-                .collect();
+            let stale = socket.dump(family, |entry| filters.iter().any(|f| f.matches(entry)))?;
             for entry in &stale {
                 if socket.delete(entry)? {
                     deleted += 1;
@@ -406,7 +402,13 @@ impl Socket {
         parse_replies(buf)
     }
 
-    fn dump(&self, family: IpFamily) -> Result<Vec<FlowEntry>, ConntrackError> {
+    /// The entries of `family` that `keep` accepts (the rest are dropped as they arrive, so
+    /// a large table is never held in memory).
+    fn dump(
+        &self,
+        family: IpFamily,
+        keep: impl Fn(&FlowEntry) -> bool,
+    ) -> Result<Vec<FlowEntry>, ConntrackError> {
         self.send(&dump_request(family, self.next_sequence()))?;
         let mut buf = Vec::with_capacity(RECV_BUFFER_BYTES);
         let mut entries = Vec::new();
@@ -415,7 +417,9 @@ impl Socket {
             for reply in self.receive(&mut buf)? {
                 match reply {
                     // Only the requested family: older kernels ignore the family on dumps.
-                    Reply::Entry(entry) if entry.family == family => entries.push(entry),
+                    Reply::Entry(entry) if entry.family == family && keep(&entry) => {
+                        entries.push(entry)
+                    }
                     Reply::Entry(_) | Reply::Other => {}
                     Reply::Unreadable(reason) => {
                         unreadable += 1;
