@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 use kp_core::backend::{Backend, BackendError, SyncKind};
 use kp_core::model::{IpFamily, Protocol};
-use kp_dataplane::conntrack::ExecConntrack;
+use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, ExecConntrack};
 use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools, backend_of_version};
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, KUBELET_CHAINS};
 use kp_rules::iptables::RenderConfig;
@@ -335,62 +335,78 @@ fn cleanup_removes_kube_chains_and_nothing_else() {
     );
 }
 
+/// A partial sync that removes an endpoint deletes the UDP entry DNATed to it, and only
+/// that one, through `conntrack`.
+async fn udp_entry_to_a_removed_endpoint_is_deleted<C: Conntrack>(conntrack: C) {
+    let dns = |eps: &[&str]| {
+        state(vec![(
+            service("kube-system", "dns", Protocol::Udp, "10.96.0.10", 53),
+            eps.iter().map(|e| endpoint(e, 5353)).collect(),
+        )])
+    };
+    let mut backend =
+        IptablesBackend::with_parts(config(vec![IpFamily::V4]), ExecRunner::default(), conntrack)
+            .expect("valid config");
+    let none = BTreeSet::new();
+    backend
+        .sync(&request(
+            &dns(&["10.244.1.5", "10.244.2.6"]),
+            SyncKind::Full,
+            &none,
+            true,
+        ))
+        .await
+        .expect("sync applies");
+    // Two clients' flows as DNAT would have made them, one per endpoint.
+    for (client, endpoint) in [("10.0.0.1", "10.244.1.5"), ("10.0.0.2", "10.244.2.6")] {
+        sh(&format!(
+            "conntrack -I -p udp --src {client} --dst 10.96.0.10 --sport 1234 --dport 53 \
+             --reply-src {endpoint} --reply-dst {client} --reply-port-src 5353 \
+             --reply-port-dst 1234 --timeout 60 2>&1"
+        ));
+    }
+    assert_eq!(sh("conntrack -L -p udp 2>/dev/null").lines().count(), 2);
+
+    let changed = BTreeSet::from([service_name("kube-system", "dns")]);
+    backend
+        .sync(&request(
+            &dns(&["10.244.1.5"]),
+            SyncKind::Partial,
+            &changed,
+            true,
+        ))
+        .await
+        .expect("sync applies");
+    let left = sh("conntrack -L -p udp 2>/dev/null");
+    assert!(!left.contains("10.244.2.6"), "{left}");
+    assert!(
+        left.contains("src=10.244.1.5"),
+        "the other flow stays: {left}"
+    );
+}
+
 #[test]
-fn udp_conntrack_entry_to_a_removed_endpoint_is_deleted() {
+fn udp_conntrack_entry_to_a_removed_endpoint_is_deleted_over_netlink() {
     in_netns(
-        "udp_conntrack_entry_to_a_removed_endpoint_is_deleted",
+        "udp_conntrack_entry_to_a_removed_endpoint_is_deleted_over_netlink",
         &["iptables-restore", "conntrack"],
         || {
-            block_on(async {
-                let dns = |eps: &[&str]| {
-                    state(vec![(
-                        service("kube-system", "dns", Protocol::Udp, "10.96.0.10", 53),
-                        eps.iter().map(|e| endpoint(e, 5353)).collect(),
-                    )])
-                };
-                let mut backend = IptablesBackend::with_parts(
-                    config(vec![IpFamily::V4]),
-                    ExecRunner::default(),
-                    ExecConntrack::default(),
-                )
-                .expect("valid config");
-                let none = BTreeSet::new();
-                backend
-                    .sync(&request(
-                        &dns(&["10.244.1.5", "10.244.2.6"]),
-                        SyncKind::Full,
-                        &none,
-                        true,
-                    ))
-                    .await
-                    .expect("sync applies");
-                // Two clients' flows as DNAT would have made them, one per endpoint.
-                for (client, endpoint) in [("10.0.0.1", "10.244.1.5"), ("10.0.0.2", "10.244.2.6")] {
-                    sh(&format!(
-                        "conntrack -I -p udp --src {client} --dst 10.96.0.10 --sport 1234 --dport 53 \
-                         --reply-src {endpoint} --reply-dst {client} --reply-port-src 5353 \
-                         --reply-port-dst 1234 --timeout 60 2>&1"
-                    ));
-                }
-                assert_eq!(sh("conntrack -L -p udp 2>/dev/null").lines().count(), 2);
+            block_on(udp_entry_to_a_removed_endpoint_is_deleted(
+                DefaultConntrack::default(),
+            ))
+        },
+    );
+}
 
-                let changed = BTreeSet::from([service_name("kube-system", "dns")]);
-                backend
-                    .sync(&request(
-                        &dns(&["10.244.1.5"]),
-                        SyncKind::Partial,
-                        &changed,
-                        true,
-                    ))
-                    .await
-                    .expect("sync applies");
-                let left = sh("conntrack -L -p udp 2>/dev/null");
-                assert!(!left.contains("10.244.2.6"), "{left}");
-                assert!(
-                    left.contains("src=10.244.1.5"),
-                    "the other flow stays: {left}"
-                );
-            });
+#[test]
+fn udp_conntrack_entry_to_a_removed_endpoint_is_deleted_by_the_tool() {
+    in_netns(
+        "udp_conntrack_entry_to_a_removed_endpoint_is_deleted_by_the_tool",
+        &["iptables-restore", "conntrack"],
+        || {
+            block_on(udp_entry_to_a_removed_endpoint_is_deleted(
+                ExecConntrack::default(),
+            ))
         },
     );
 }
