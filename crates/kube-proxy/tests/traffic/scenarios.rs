@@ -799,6 +799,14 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 &tally,
                 &Outcome::Refused,
             );
+            // `primary` is per family, as upstream: the dual-stack node's IPv6 address takes
+            // NodePorts too (never loopback or link-local).
+            let ips = env.node_exec(&["nft", "list", "set", "ip6", "kube-proxy", "nodeport-ips"]);
+            let node_v6 = kp_testbed::addresses::NODE_V6.to_string();
+            assert!(
+                ips.contains(&node_v6) && !ips.contains("::1") && !ips.contains("fe80"),
+                "ip6 nodeport-ips must hold {node_v6} only:\n{ips}"
+            );
         }
     }
 
