@@ -83,6 +83,8 @@ struct Flow {
     client: (&'static str, u16),
     target: (&'static str, u16),
     endpoint: (&'static str, u16),
+    /// A conntrack zone other than 0 (deleting needs the zone echoed back).
+    zone: Option<u16>,
 }
 
 const FLOWS: &[Flow] = &[
@@ -92,6 +94,7 @@ const FLOWS: &[Flow] = &[
         client: ("10.0.0.1", 1001),
         target: ("10.96.0.10", 53),
         endpoint: ("10.244.1.5", 5353),
+        zone: None,
     },
     Flow {
         name: "svc-ep2",
@@ -99,6 +102,7 @@ const FLOWS: &[Flow] = &[
         client: ("10.0.0.2", 1002),
         target: ("10.96.0.10", 53),
         endpoint: ("10.244.2.6", 5353),
+        zone: None,
     },
     Flow {
         name: "other-svc",
@@ -106,6 +110,15 @@ const FLOWS: &[Flow] = &[
         client: ("10.0.0.1", 1003),
         target: ("10.96.0.11", 53),
         endpoint: ("10.244.1.5", 5353),
+        zone: None,
+    },
+    Flow {
+        name: "svc-zone7",
+        protocol: "udp",
+        client: ("10.0.0.9", 1009),
+        target: ("10.96.0.10", 53),
+        endpoint: ("10.244.1.5", 5353),
+        zone: Some(7),
     },
     Flow {
         name: "svc-tcp",
@@ -113,6 +126,7 @@ const FLOWS: &[Flow] = &[
         client: ("10.0.0.1", 1004),
         target: ("10.96.0.10", 53),
         endpoint: ("10.244.1.5", 5353),
+        zone: None,
     },
     Flow {
         name: "svc-sctp",
@@ -120,6 +134,7 @@ const FLOWS: &[Flow] = &[
         client: ("10.0.0.1", 1005),
         target: ("10.96.0.10", 53),
         endpoint: ("10.244.1.5", 5353),
+        zone: None,
     },
     Flow {
         name: "nodeport-ep1",
@@ -127,6 +142,7 @@ const FLOWS: &[Flow] = &[
         client: ("10.0.0.3", 1006),
         target: ("192.168.0.2", 30053),
         endpoint: ("10.244.1.5", 5353),
+        zone: None,
     },
     Flow {
         name: "nodeport-ep2",
@@ -134,6 +150,7 @@ const FLOWS: &[Flow] = &[
         client: ("10.0.0.3", 1007),
         target: ("10.0.0.9", 30053),
         endpoint: ("10.244.2.6", 5353),
+        zone: None,
     },
     Flow {
         name: "v6-svc",
@@ -141,6 +158,7 @@ const FLOWS: &[Flow] = &[
         client: ("fd00::1", 1008),
         target: ("fd00:96::10", 53),
         endpoint: ("fd00:244::5", 5353),
+        zone: None,
     },
     // Its client port is a NodePort number: a NodePort filter must not take it.
     Flow {
@@ -149,6 +167,7 @@ const FLOWS: &[Flow] = &[
         client: ("10.0.0.4", 30053),
         target: ("10.96.0.12", 9999),
         endpoint: ("10.244.3.3", 9999),
+        zone: None,
     },
 ];
 
@@ -157,6 +176,11 @@ fn insert(flow: &Flow) {
         "tcp" => " --state ESTABLISHED",
         "sctp" => " --state ESTABLISHED --orig-vtag 1 --reply-vtag 2",
         _ => "",
+    }
+    .to_owned();
+    let extra = match flow.zone {
+        Some(zone) => format!("{extra} --zone {zone}"),
+        None => extra,
     };
     sh(&format!(
         "conntrack -I -p {} --src {} --dst {} --sport {} --dport {} \
@@ -220,7 +244,7 @@ fn netlink_deletes_exactly_what_each_filter_kind_selects() {
                 (
                     "every entry to a service IP:port (first endpoint)",
                     vec![filter(Udp, Some("10.96.0.10"), 53, None)],
-                    &["svc-ep1", "svc-ep2"],
+                    &["svc-ep1", "svc-ep2", "svc-zone7"],
                 ),
                 (
                     "entries to a service DNATed to one endpoint",
