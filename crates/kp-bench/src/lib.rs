@@ -3,8 +3,9 @@
 //! [`generate`] writes N Services × M endpoints as manifests, [`state`] builds the proxy
 //! state from them in-process (to render and restore without the proxy), [`logs`] reads the
 //! figures out of the proxy's `-v=2` log, [`split`] cuts one restore into several
-//! transactions, [`sys`] holds the namespace and `/proc` plumbing and [`report`] prints
-//! markdown. Nothing here asserts on timings: these are measurements, not tests.
+//! transactions, [`sys`] holds the namespace and `/proc` plumbing, [`report`] prints
+//! markdown, and [`summary`] with [`svg`] turns the runs' tables into `bench/REPORT.md` and
+//! its plots (the `kp-report` binary). Nothing here asserts on timings: these are measurements, not tests.
 
 pub mod connect;
 pub mod generate;
@@ -12,6 +13,8 @@ pub mod logs;
 pub mod report;
 pub mod split;
 pub mod state;
+pub mod summary;
+pub mod svg;
 pub mod sys;
 
 #[cfg(test)]

@@ -120,6 +120,7 @@ pub struct ClusterBuilder {
     dual_stack: bool,
     probe_timeout: Duration,
     echo_binary: Option<PathBuf>,
+    echo_args: Vec<String>,
 }
 
 impl Default for ClusterBuilder {
@@ -132,6 +133,7 @@ impl Default for ClusterBuilder {
             dual_stack: true,
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
             echo_binary: None,
+            echo_args: Vec::new(),
         }
     }
 }
@@ -192,6 +194,16 @@ impl ClusterBuilder {
     #[must_use]
     pub fn echo_binary(mut self, path: impl Into<PathBuf>) -> Self {
         self.echo_binary = Some(path.into());
+        self
+    }
+
+    /// Runs the echo tool as `program ARGS... serve|probe|session ...` instead of `kp-echo`:
+    /// for a binary that embeds [`crate::tool`] behind a subcommand (e.g. `kube-proxy`
+    /// re-running itself, so no second binary needs to be built).
+    #[must_use]
+    pub fn echo_command(mut self, program: impl Into<PathBuf>, args: &[&str]) -> Self {
+        self.echo_binary = Some(program.into());
+        self.echo_args = args.iter().map(|a| (*a).to_owned()).collect();
         self
     }
 
@@ -264,6 +276,7 @@ impl ClusterBuilder {
             namespaces: NamespaceSet::default(),
             prefix: base.clone(),
             echo_binary,
+            echo_args: self.echo_args,
             probe_timeout: self.probe_timeout,
             dual_stack: self.dual_stack,
             router: fixed("ext", Role::Router, ROUTER_V4, ROUTER_V6),
@@ -335,6 +348,7 @@ pub struct Cluster {
     namespaces: NamespaceSet,
     prefix: String,
     echo_binary: PathBuf,
+    echo_args: Vec<String>,
     probe_timeout: Duration,
     dual_stack: bool,
     router: Host,
@@ -680,6 +694,13 @@ impl Cluster {
         &self.echo_binary
     }
 
+    /// The echo tool inside `ns`, ready for its subcommand.
+    fn echo_tool(&self, ns: &str) -> std::process::Command {
+        let mut command = in_namespace(ns, &self.echo_binary);
+        command.args(&self.echo_args);
+        command
+    }
+
     fn own_namespace(&self, ns: &str) -> Result<()> {
         if self.namespaces.contains(ns) {
             Ok(())
@@ -734,7 +755,7 @@ impl Cluster {
             });
         }
         let name = spec.name().to_owned();
-        let server = EchoServer::start(&self.echo_binary, &on.ns, spec)?;
+        let server = EchoServer::start(&self.echo_binary, &self.echo_args, &on.ns, spec)?;
         echoes.insert(name, server);
         Ok(())
     }
@@ -759,7 +780,7 @@ impl Cluster {
             })?;
         let (ns, spec) = (old.ns().to_owned(), old.spec().clone());
         drop(old);
-        let server = EchoServer::start(&self.echo_binary, &ns, spec)?;
+        let server = EchoServer::start(&self.echo_binary, &self.echo_args, &ns, spec)?;
         echoes.insert(name.to_owned(), server);
         Ok(())
     }
@@ -780,7 +801,7 @@ impl Cluster {
         if count == 0 {
             return Ok(Tally::new(Vec::new()));
         }
-        let mut command = in_namespace(&from.ns, &self.echo_binary);
+        let mut command = self.echo_tool(&from.ns);
         command.args([
             "probe".to_owned(),
             "--proto".to_owned(),
@@ -860,7 +881,7 @@ impl Cluster {
     /// [`Session::greeting`] for whether it connected.
     pub fn connect(&self, from: &Host, dst: IpAddr, port: u16) -> Result<Session> {
         self.own_namespace(&from.ns)?;
-        let mut command = in_namespace(&from.ns, &self.echo_binary);
+        let mut command = self.echo_tool(&from.ns);
         command
             .args([
                 "session".to_owned(),

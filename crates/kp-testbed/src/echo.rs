@@ -126,9 +126,11 @@ pub(crate) struct EchoServer {
 
 impl EchoServer {
     /// Starts the server in `ns` and waits until it reports that every socket listens.
-    pub(crate) fn start(binary: &Path, ns: &str, spec: EchoSpec) -> Result<Self> {
+    /// `args` come before the tool's own subcommand (see
+    /// [`crate::ClusterBuilder::echo_command`]).
+    pub(crate) fn start(binary: &Path, args: &[String], ns: &str, spec: EchoSpec) -> Result<Self> {
         let mut command = in_namespace(ns, binary);
-        command.args(["serve", "--name", &spec.name]);
+        command.args(args).args(["serve", "--name", &spec.name]);
         for port in &spec.tcp {
             command.args(["--tcp", &port.to_string()]);
         }

@@ -81,6 +81,7 @@ mod lines;
 mod netns;
 mod outcome;
 mod session;
+pub mod tool;
 
 pub use cluster::{
     CLIENT_POD, Cluster, ClusterBuilder, DEFAULT_ECHO_PORT, DEFAULT_PREFIX, Host, Role,

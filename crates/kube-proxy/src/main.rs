@@ -2,6 +2,7 @@
 //! logging, picks the proxy mode and hands over to [`app::run`]. `anyhow` lives only here.
 
 mod app;
+mod demo;
 mod dryrun;
 mod explain;
 mod log;
@@ -15,8 +16,11 @@ use kp_config::{Options, ProxyMode};
 
 fn main() -> ExitCode {
     // Subcommands come first; everything else is upstream's flag-only command line.
-    if std::env::args().nth(1).as_deref() == Some("explain") {
-        return explain::main(std::env::args().skip(1));
+    match std::env::args().nth(1).as_deref() {
+        Some("explain") => return explain::main(std::env::args().skip(1)),
+        Some("demo") => return demo::main(std::env::args().skip(1)),
+        Some(demo::ECHO_SUBCOMMAND) => return kp_testbed::tool::main(std::env::args_os().skip(1)),
+        _ => {}
     }
     let options = Options::parse();
     match run(options) {

@@ -1,0 +1,593 @@
+//! The benchmark report (`kp-report`): reading back the markdown tables `kp-scale` and
+//! `kp-connect` print, and turning the points into `bench/REPORT.md` with SVG plots. Pure:
+//! the binary runs the benchmarks and hands the text over; tests feed made-up tables.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::report::{Table, human};
+use crate::svg::{Plot, Scale, Series};
+
+/// A duration a benchmark reported, or why there is none.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Measured {
+    /// Measured.
+    Took(Duration),
+    /// Still running when the benchmark gave up after this long.
+    TimedOut(Duration),
+    /// Not run or not reported, with the reason (e.g. a smaller size already timed out).
+    Missing(String),
+}
+
+impl Measured {
+    /// Parses a cell written by [`crate::report::Figure`]: `1.55 s`, `45.6 ms`, `789 µs`,
+    /// `did not finish in 120 s` (anything after the first duration, e.g. `(render ...)`,
+    /// is ignored); anything else is `Missing` with the cell as the reason.
+    pub fn parse(cell: &str) -> Self {
+        let cell = cell.trim();
+        if let Some(rest) = cell.strip_prefix("did not finish in ") {
+            return parse_duration(rest)
+                .map_or_else(|| Measured::Missing(cell.to_owned()), Measured::TimedOut);
+        }
+        parse_duration(cell).map_or_else(|| Measured::Missing(cell.to_owned()), Measured::Took)
+    }
+
+    /// The duration, when measured.
+    pub fn took(&self) -> Option<Duration> {
+        match self {
+            Measured::Took(d) => Some(*d),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Measured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Measured::Took(d) => f.write_str(&human(*d)),
+            Measured::TimedOut(limit) => write!(f, "**timed out** (> {})", human(*limit)),
+            Measured::Missing(why) if why.is_empty() || why == "-" => f.write_str("-"),
+            Measured::Missing(why) => write!(f, "- ({why})"),
+        }
+    }
+}
+
+/// The first `<number> <unit>` of `text` as a duration (`s`, `ms`, `µs`/`us`, `ns`).
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let mut words = text.split_whitespace();
+    let number: f64 = words.next()?.parse().ok()?;
+    let unit = words.next()?;
+    let unit = unit.trim_end_matches([',', ')', ';']);
+    let seconds = match unit {
+        "s" => number,
+        "ms" => number / 1e3,
+        "µs" | "us" => number / 1e6,
+        "ns" => number / 1e9,
+        _ => return None,
+    };
+    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
+}
+
+/// The first `<number> MiB` of `text`.
+pub fn parse_mib(text: &str) -> Option<f64> {
+    let mut words = text.split_whitespace();
+    let number: f64 = words.next()?.parse().ok()?;
+    (words.next()? == "MiB").then_some(number)
+}
+
+/// Every markdown table in `text` (a header row, a `---` separator row, then rows).
+pub fn parse_tables(text: &str) -> Vec<Table> {
+    let cells = |line: &str| -> Vec<String> {
+        let inner = line.trim().trim_start_matches('|').trim_end_matches('|');
+        inner.split(" |").map(|c| c.trim().to_owned()).collect()
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let mut tables = Vec::new();
+    let mut index = 0;
+    while index + 1 < lines.len() {
+        let is_row = |l: &str| l.trim_start().starts_with('|');
+        let separator = lines[index + 1].trim();
+        if is_row(lines[index]) && separator.starts_with("|") && separator.contains("---") {
+            let mut table = Table {
+                header: cells(lines[index]),
+                rows: Vec::new(),
+            };
+            index += 2;
+            while index < lines.len() && is_row(lines[index]) {
+                table.rows.push(cells(lines[index]));
+                index += 1;
+            }
+            tables.push(table);
+        } else {
+            index += 1;
+        }
+    }
+    tables
+}
+
+/// The cell of `row` under the column whose name starts with `column`.
+fn cell<'a>(table: &Table, row: &'a [String], column: &str) -> Option<&'a str> {
+    let at = table.header.iter().position(|h| h.starts_with(column))?;
+    row.get(at).map(String::as_str)
+}
+
+/// One `kp-scale` run: a mode at a size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScalePoint {
+    /// The proxy mode.
+    pub mode: String,
+    /// Services (each with [`ScalePoint::endpoints`] endpoints).
+    pub services: usize,
+    /// Endpoints per service.
+    pub endpoints: usize,
+    /// The first full sync (the proxier's `took`).
+    pub first_sync: Measured,
+    /// The one-service partial sync after an EndpointSlice edit (TCP NodePort service).
+    pub partial: Measured,
+    /// Peak RSS of the proxy (at the time out, when it timed out).
+    pub rss_mib: Option<f64>,
+    /// 1-minute load average at start → end.
+    pub load: String,
+}
+
+impl ScalePoint {
+    /// A point for a run that produced no table (crashed, killed, skipped).
+    pub fn missing(mode: &str, services: usize, endpoints: usize, why: &str) -> Self {
+        Self {
+            mode: mode.to_owned(),
+            services,
+            endpoints,
+            first_sync: Measured::Missing(why.to_owned()),
+            partial: Measured::Missing(String::new()),
+            rss_mib: None,
+            load: "-".to_owned(),
+        }
+    }
+
+    /// Reads the first data row of `kp-scale`'s proxy table in `output`.
+    pub fn from_output(mode: &str, services: usize, endpoints: usize, output: &str) -> Self {
+        let tables = parse_tables(output);
+        let Some((table, row)) = tables
+            .iter()
+            .find_map(|t| cell(t, &t.header, "first sync").and(t.rows.first().map(|r| (t, r))))
+        else {
+            return Self::missing(mode, services, endpoints, "no result table");
+        };
+        let get = |column: &str| cell(table, row, column).unwrap_or("-");
+        Self {
+            mode: mode.to_owned(),
+            services,
+            endpoints,
+            first_sync: Measured::parse(get("first sync (log")),
+            partial: Measured::parse(get("partial, TCP")),
+            rss_mib: parse_mib(get("peak RSS")),
+            load: get("load").to_owned(),
+        }
+    }
+}
+
+/// One `kp-connect` measurement: a mode with some services installed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnectPoint {
+    /// The proxy mode.
+    pub mode: String,
+    /// Services installed (the target included).
+    pub services: usize,
+    /// The proxy's first sync.
+    pub first_sync: Measured,
+    /// Connect + 1-byte echo + close through the ClusterIP: median and 99th percentile.
+    pub p50: Option<Duration>,
+    /// See [`ConnectPoint::p50`].
+    pub p99: Option<Duration>,
+    /// The same directly to the pod IP (no DNAT): median and 99th percentile.
+    pub direct: Option<(Duration, Duration)>,
+    /// 1-minute load average at start → end.
+    pub load: String,
+}
+
+impl ConnectPoint {
+    /// A point for a run that produced no table.
+    pub fn missing(mode: &str, services: usize, why: &str) -> Self {
+        Self {
+            mode: mode.to_owned(),
+            services,
+            first_sync: Measured::Missing(why.to_owned()),
+            p50: None,
+            p99: None,
+            direct: None,
+            load: "-".to_owned(),
+        }
+    }
+
+    /// Reads every row of `kp-connect run`'s table in `output`.
+    pub fn from_output(output: &str) -> Vec<Self> {
+        let mut points = Vec::new();
+        for table in parse_tables(output) {
+            if cell(&table, &table.header, "via ClusterIP").is_none() {
+                continue;
+            }
+            for row in &table.rows {
+                let get = |column: &str| cell(&table, row, column).unwrap_or("-");
+                let pair = |text: &str| {
+                    let (a, b) = text.split_once('/')?;
+                    Some((parse_duration(a)?, parse_duration(b)?))
+                };
+                let Ok(services) = get("services").parse() else {
+                    continue;
+                };
+                let via = pair(get("via ClusterIP"));
+                points.push(Self {
+                    mode: get("mode").to_owned(),
+                    services,
+                    first_sync: Measured::parse(get("first sync")),
+                    p50: via.map(|p| p.0),
+                    p99: via.map(|p| p.1),
+                    direct: pair(get("direct")),
+                    load: get("load").to_owned(),
+                });
+            }
+        }
+        points
+    }
+}
+
+/// What the report says about where and when it was measured.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Environment {
+    /// UTC date and time of the start.
+    pub date: String,
+    /// CPU model, core count, memory.
+    pub machine: String,
+    /// Kernel and distribution.
+    pub system: String,
+    /// iptables / nft versions.
+    pub tools: String,
+    /// Load average and other busy processes at the start.
+    pub load_start: String,
+    /// The same at the end.
+    pub load_end: String,
+    /// How long the whole run took.
+    pub duration: String,
+    /// The command that produced the report.
+    pub command: String,
+}
+
+/// The report's files: `REPORT.md` and the plots it links.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// The markdown.
+    pub markdown: String,
+    /// (file name, SVG document) pairs, next to the markdown.
+    pub plots: Vec<(String, String)>,
+}
+
+/// File names of the plots.
+pub const SYNC_PLOT: &str = "sync-time.svg";
+/// See [`SYNC_PLOT`].
+pub const RSS_PLOT: &str = "rss.svg";
+/// See [`SYNC_PLOT`].
+pub const CONNECT_PLOT: &str = "connect-latency.svg";
+
+/// The modes of `points`, in first-seen order.
+fn modes_of<'a>(modes: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut seen = Vec::new();
+    for mode in modes {
+        if !seen.contains(&mode) {
+            seen.push(mode);
+        }
+    }
+    seen
+}
+
+/// Builds the report from the measured points. `raw` is the benchmarks' own output,
+/// appended for reference.
+pub fn render(
+    env: &Environment,
+    scale: &[ScalePoint],
+    connect: &[ConnectPoint],
+    raw: &str,
+) -> Report {
+    let scale_modes = modes_of(scale.iter().map(|p| p.mode.as_str()));
+    let connect_modes = modes_of(connect.iter().map(|p| p.mode.as_str()));
+    let per_mode = |mode: &str, value: &dyn Fn(&ScalePoint) -> Option<f64>| -> Vec<(f64, f64)> {
+        scale
+            .iter()
+            .filter(|p| p.mode == mode)
+            .filter_map(|p| Some((p.services as f64, value(p)?)))
+            .collect()
+    };
+    let sync_plot = Plot {
+        title: "First full sync vs services (10 endpoints each)".to_owned(),
+        x_label: "services".to_owned(),
+        y_label: "first sync, seconds".to_owned(),
+        x_scale: Scale::Log,
+        y_scale: Scale::Log,
+        series: scale_modes
+            .iter()
+            .map(|mode| {
+                Series::new(
+                    *mode,
+                    per_mode(mode, &|p| p.first_sync.took().map(|d| d.as_secs_f64())),
+                )
+            })
+            .collect(),
+    };
+    let rss_plot = Plot {
+        title: "Peak RSS of the proxy vs services".to_owned(),
+        x_label: "services".to_owned(),
+        y_label: "peak RSS, MiB".to_owned(),
+        x_scale: Scale::Log,
+        y_scale: Scale::Linear,
+        series: scale_modes
+            .iter()
+            .map(|mode| {
+                // Only runs that finished: an RSS at a time out is a lower bound.
+                Series::new(
+                    *mode,
+                    per_mode(mode, &|p| p.first_sync.took().and(p.rss_mib)),
+                )
+            })
+            .collect(),
+    };
+    let micros = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e6);
+    let connect_plot = Plot {
+        title: "TCP connect latency via a ClusterIP vs installed services".to_owned(),
+        x_label: "services installed".to_owned(),
+        y_label: "connect + echo + close, µs".to_owned(),
+        x_scale: Scale::Log,
+        y_scale: Scale::Linear,
+        series: connect_modes
+            .iter()
+            .flat_map(|mode| {
+                let points = |pick: &dyn Fn(&ConnectPoint) -> Option<f64>| -> Vec<(f64, f64)> {
+                    connect
+                        .iter()
+                        .filter(|p| p.mode == *mode)
+                        .filter_map(|p| Some((p.services as f64, pick(p)?)))
+                        .collect()
+                };
+                [
+                    Series::new(format!("{mode} p50"), points(&|p| micros(p.p50))),
+                    Series::new(format!("{mode} p99"), points(&|p| micros(p.p99))).dashed(),
+                ]
+            })
+            .collect(),
+    };
+
+    let mut md = String::new();
+    let _ = writeln!(md, "# Benchmark report\n");
+    let _ = writeln!(
+        md,
+        "Generated by `{}` (one command; it builds the release binaries, runs `kp-scale` per mode \
+         and size and `kp-connect` per mode, and writes this file and its plots).\n",
+        env.command
+    );
+    let _ = writeln!(md, "| | |\n|---|---|");
+    for (key, value) in [
+        ("date (UTC)", &env.date),
+        ("machine", &env.machine),
+        ("system", &env.system),
+        ("tools", &env.tools),
+        ("load at start", &env.load_start),
+        ("load at end", &env.load_end),
+        ("run took", &env.duration),
+    ] {
+        let _ = writeln!(md, "| {key} | {} |", value.replace('|', "\\|"));
+    }
+    let _ = writeln!(
+        md,
+        "\n**Other jobs were running on this machine while it was measured** (other engineers' \
+         builds and tests share its cores; the busy processes at start and end are listed \
+         above, and each point carries the 1-minute load average at its start → end). Read the \
+         figures as what a busy 2-core node gets, and compare modes within one report rather \
+         than across reports. Nothing here is a pass/fail threshold.\n"
+    );
+
+    let _ = writeln!(
+        md,
+        "## Sync time and memory against the number of services\n"
+    );
+    let _ = writeln!(
+        md,
+        "`kp-scale`: N Services × 10 endpoints as manifests, the real `kube-proxy` in a network \
+         namespace of its own; first full sync as the proxier logs it (`took`), then one \
+         EndpointSlice edit and the partial sync it causes; peak RSS (`VmHWM`) of the proxy. \
+         A first sync that did not finish within the per-point limit is recorded as \
+         **timed out**, and larger sizes of that mode are then skipped. `fake` programs \
+         nothing: it is the control plane alone.\n"
+    );
+    let _ = writeln!(md, "![first sync vs services]({SYNC_PLOT})\n");
+    let _ = writeln!(md, "![peak RSS vs services]({RSS_PLOT})\n");
+    let mut table = Table::new(&[
+        "mode",
+        "services × endpoints",
+        "first full sync",
+        "one-service partial sync",
+        "peak RSS",
+        "load 1m (start→end)",
+    ]);
+    for p in scale {
+        table.row(vec![
+            p.mode.clone(),
+            format!("{} × {}", p.services, p.endpoints),
+            p.first_sync.to_string(),
+            p.partial.to_string(),
+            p.rss_mib.map_or("-".to_owned(), |m| {
+                if p.first_sync.took().is_some() {
+                    format!("{m:.1} MiB")
+                } else {
+                    format!("≥ {m:.1} MiB (at the time out)")
+                }
+            }),
+            p.load.clone(),
+        ]);
+    }
+    let _ = writeln!(md, "{}", table.render());
+
+    let _ = writeln!(
+        md,
+        "## Connection latency against the number of installed services\n"
+    );
+    let _ = writeln!(
+        md,
+        "`kp-connect`: client namespace → node namespace (the proxy) → server namespace; N \
+         services installed (N−1 dummies with 10 endpoints each, plus the target); sequential \
+         connections (connect, one byte echoed, close) to the target's ClusterIP, then \
+         directly to the pod IP as a baseline. Solid: p50; dashed: p99.\n"
+    );
+    let _ = writeln!(
+        md,
+        "![connect latency vs installed services]({CONNECT_PLOT})\n"
+    );
+    let mut table = Table::new(&[
+        "mode",
+        "services installed",
+        "first sync",
+        "via ClusterIP p50 / p99",
+        "direct to pod p50 / p99",
+        "load 1m (start→end)",
+    ]);
+    let pair = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+        (Some(a), Some(b)) => format!("{} / {}", human(a), human(b)),
+        _ => "-".to_owned(),
+    };
+    for p in connect {
+        table.row(vec![
+            p.mode.clone(),
+            p.services.to_string(),
+            p.first_sync.to_string(),
+            pair(p.p50, p.p99),
+            pair(p.direct.map(|d| d.0), p.direct.map(|d| d.1)),
+            p.load.clone(),
+        ]);
+    }
+    let _ = writeln!(md, "{}", table.render());
+    let _ = writeln!(
+        md,
+        "## Raw output\n\nThe benchmarks' own tables, as printed (column meanings in \
+         `crates/kp-bench/README.md`).\n\n{raw}"
+    );
+    Report {
+        markdown: md,
+        plots: vec![
+            (SYNC_PLOT.to_owned(), sync_plot.render()),
+            (RSS_PLOT.to_owned(), rss_plot.render()),
+            (CONNECT_PLOT.to_owned(), connect_plot.render()),
+        ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Figure;
+
+    #[test]
+    fn figures_read_back_as_printed() {
+        for d in [
+            Duration::from_micros(789),
+            Duration::from_micros(45_600),
+            Duration::from_millis(160),
+            Duration::from_millis(1550),
+            Duration::from_secs(150),
+        ] {
+            let printed = Figure::Took(d).to_string();
+            let read = Measured::parse(&printed).took().expect(&printed);
+            let error = (read.as_secs_f64() - d.as_secs_f64()).abs() / d.as_secs_f64();
+            assert!(error < 0.01, "{printed} read as {read:?}");
+        }
+        assert_eq!(
+            Measured::parse(&Figure::DidNotFinish(Duration::from_secs(120)).to_string()),
+            Measured::TimedOut(Duration::from_secs(120))
+        );
+        assert_eq!(
+            Measured::parse("160 ms (render 1.0 ms, restore 89.7 ms)"),
+            Measured::Took(Duration::from_millis(160))
+        );
+        assert!(matches!(Measured::parse("-"), Measured::Missing(_)));
+        assert_eq!(parse_mib("49.8 MiB (40.1 MiB now)"), Some(49.8));
+        assert_eq!(parse_mib("-"), None);
+    }
+
+    const SCALE_OUTPUT: &str = "kp-scale: noise\n\
+| N×M | mode / iptables | first sync (log `took`) | start → first sync (wall) | partial, TCP NodePort svc | partial, UDP svc | peak RSS (VmHWM; VmRSS at end) | load 1m (start→end) |\n\
+| --- | --- | --- | --- | --- | --- | --- | --- |\n\
+| 1000×10 | nftables / nft | 1.55 s | 1.86 s | 160 ms (restore 89.7 ms) | 175 ms | 49.8 MiB (40.1 MiB now) | 1.3→1.2 |\n\n";
+
+    const CONNECT_OUTPUT: &str = "\
+| services | mode | first sync (log `took`) | via ClusterIP p50 / p99 | min / max | direct to pod IP p50 / p99 | peak RSS | load 1m |\n\
+| --- | --- | --- | --- | --- | --- | --- | --- |\n\
+| 1 | iptables | 133 ms | 123 µs / 330 µs | 91 µs / 737 µs | 116 µs / 262 µs | 12.1 MiB | 4.0 |\n\
+| 1000 | iptables | did not finish in 120 s | - | - | - | 43.5 MiB | 4.0→3.5 |\n";
+
+    #[test]
+    fn scale_and_connect_tables_are_read_by_column_name() {
+        let p = ScalePoint::from_output("nftables", 1000, 10, SCALE_OUTPUT);
+        assert_eq!(p.first_sync, Measured::Took(Duration::from_millis(1550)));
+        assert_eq!(p.partial, Measured::Took(Duration::from_millis(160)));
+        assert_eq!(p.rss_mib, Some(49.8));
+        assert_eq!(p.load, "1.3→1.2");
+        let none = ScalePoint::from_output("fake", 10, 10, "crashed");
+        assert!(matches!(none.first_sync, Measured::Missing(ref why) if why == "no result table"));
+
+        let points = ConnectPoint::from_output(CONNECT_OUTPUT);
+        assert_eq!(points.len(), 2);
+        assert_eq!(points[0].p50, Some(Duration::from_micros(123)));
+        assert_eq!(points[0].p99, Some(Duration::from_micros(330)));
+        assert_eq!(
+            points[0].direct,
+            Some((Duration::from_micros(116), Duration::from_micros(262)))
+        );
+        assert_eq!(
+            points[1].first_sync,
+            Measured::TimedOut(Duration::from_secs(120))
+        );
+        assert_eq!(points[1].p50, None);
+    }
+
+    #[test]
+    fn report_has_tables_plots_and_the_circumstances() {
+        let env = Environment {
+            date: "2026-11-23 19:00".to_owned(),
+            machine: "2 vCPU".to_owned(),
+            command: "cargo run --release -p kp-bench --bin kp-report".to_owned(),
+            load_start: "2.5 (rustc ×3)".to_owned(),
+            ..Environment::default()
+        };
+        let scale = vec![
+            ScalePoint::from_output("nftables", 1000, 10, SCALE_OUTPUT),
+            ScalePoint {
+                first_sync: Measured::TimedOut(Duration::from_secs(120)),
+                rss_mib: Some(300.0),
+                ..ScalePoint::missing("nftables", 3000, 10, "")
+            },
+            ScalePoint::missing("nftables", 10000, 10, "skipped: 3000 timed out"),
+        ];
+        let connect = ConnectPoint::from_output(CONNECT_OUTPUT);
+        let report = render(&env, &scale, &connect, "RAW");
+        let md = &report.markdown;
+        for needle in [
+            "2026-11-23 19:00",
+            "Other jobs were running",
+            "2.5 (rustc ×3)",
+            "| nftables | 1000 × 10 | 1.55 s | 160 ms | 49.8 MiB |",
+            "**timed out** (> 120 s)",
+            "≥ 300.0 MiB (at the time out)",
+            "- (skipped: 3000 timed out)",
+            "| iptables | 1 | 133 ms | 123 µs / 330 µs | 116 µs / 262 µs |",
+            "![first sync vs services](sync-time.svg)",
+            "(rss.svg)",
+            "(connect-latency.svg)",
+            "RAW",
+        ] {
+            assert!(md.contains(needle), "missing {needle:?} in\n{md}");
+        }
+        let names: Vec<&str> = report.plots.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, [SYNC_PLOT, RSS_PLOT, CONNECT_PLOT]);
+        // The timed-out point is not plotted as if it were a measurement.
+        let sync_svg = &report.plots[0].1;
+        assert_eq!(sync_svg.matches("<circle").count(), 1, "{sync_svg}");
+        let connect_svg = &report.plots[2].1;
+        assert!(connect_svg.contains("iptables p50") && connect_svg.contains("iptables p99"));
+    }
+}

@@ -1,0 +1,360 @@
+//! The echo server and flow prober run inside the namespaces with `ip netns exec`: the body
+//! of the `kp-echo` binary, kept in the library so that another binary can serve the same
+//! role through a subcommand (the `kube-proxy demo` runs itself as the echo server, so a
+//! fresh `cargo run` needs no second binary). Every answer and every outcome is one line of
+//! JSON on standard output.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use crate::{Outcome, Protocol, Ready, Reply};
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// The largest UDP payload.
+const MAX_DATAGRAM: usize = 65_535;
+
+/// What the prober sends in a UDP datagram (the server echoes it back).
+const UDP_PROBE_PAYLOAD: &[u8] = b"probe";
+
+#[derive(Debug, Parser)]
+#[command(name = "kp-echo", about = "Echo server and flow prober for kp-testbed")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Greets each TCP connection and answers each line on it and each UDP datagram with a
+    /// JSON reply naming this server and the peer address it saw; runs until stdin closes.
+    Serve {
+        /// The name to report (the pod's name).
+        #[arg(long)]
+        name: String,
+        /// A TCP port to answer on (all addresses, IPv6 and IPv4); repeatable.
+        #[arg(long)]
+        tcp: Vec<u16>,
+        /// A UDP port to answer on; repeatable.
+        #[arg(long)]
+        udp: Vec<u16>,
+        /// Bind UDP to this address instead of the wildcard, so replies leave from the
+        /// address the datagram arrived on; repeatable.
+        #[arg(long = "udp-bind")]
+        udp_bind: Vec<IpAddr>,
+    },
+    /// Runs flows one after another and prints one outcome per flow.
+    Probe {
+        /// The protocol.
+        #[arg(long, value_enum)]
+        proto: ProbeProtocol,
+        /// The destination address and port.
+        #[arg(long)]
+        to: SocketAddr,
+        /// How long to wait for a connection and then for a reply.
+        #[arg(long = "timeout-ms", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_ms: u64,
+        /// How many flows, each from a new socket.
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+    },
+    /// Holds one TCP connection: prints the greeting's outcome, then for each line on stdin
+    /// sends it and prints the reply's outcome.
+    Session {
+        /// The destination address and port.
+        #[arg(long)]
+        to: SocketAddr,
+        /// How long to wait for the connection and for each reply.
+        #[arg(long = "timeout-ms", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_ms: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ProbeProtocol {
+    Tcp,
+    Udp,
+}
+
+/// Runs the tool with command-line `args`, the first being the program name as in
+/// `std::env::args_os()`: `serve`, `probe` or `session` and their flags. Bad arguments
+/// print clap's usage and exit the process (status 2), as a binary's `main` would.
+pub fn main<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
+    let result = match cli.command {
+        Command::Serve {
+            name,
+            tcp,
+            udp,
+            udp_bind,
+        } => serve(name, &tcp, &udp, &udp_bind),
+        Command::Probe {
+            proto,
+            to,
+            timeout_ms,
+            count,
+        } => {
+            let timeout = Duration::from_millis(timeout_ms);
+            (0..count).try_for_each(|_| {
+                emit(&match proto {
+                    ProbeProtocol::Tcp => probe_tcp(to, timeout),
+                    ProbeProtocol::Udp => probe_udp(to, timeout),
+                })
+            })
+        }
+        Command::Session { to, timeout_ms } => session(to, Duration::from_millis(timeout_ms)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("kp-echo: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// IPv4 peers of dual-stack sockets show up as `::ffff:a.b.c.d`; report them as IPv4.
+fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
+fn emit(outcome: &Outcome) -> io::Result<()> {
+    let line = serde_json::to_string(outcome).map_err(io::Error::other)?;
+    let mut out = io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()
+}
+
+fn serve(name: String, tcp: &[u16], udp: &[u16], udp_bind: &[IpAddr]) -> io::Result<()> {
+    if tcp.is_empty() && udp.is_empty() {
+        return Err(io::Error::other("give at least one --tcp or --udp port"));
+    }
+    let listeners = tcp
+        .iter()
+        .map(|port| bind_wildcard(*port, TcpListener::bind))
+        .collect::<io::Result<Vec<_>>>()?;
+    let mut sockets = Vec::new();
+    for port in udp {
+        if udp_bind.is_empty() {
+            sockets.push(bind_wildcard(*port, UdpSocket::bind)?);
+        } else {
+            for addr in udp_bind {
+                sockets.push(UdpSocket::bind((*addr, *port))?);
+            }
+        }
+    }
+    let name: Arc<str> = name.into();
+    for listener in listeners {
+        let name = Arc::clone(&name);
+        thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let name = Arc::clone(&name);
+                thread::spawn(move || answer_tcp(stream, &name));
+            }
+        });
+    }
+    for socket in sockets {
+        let name = Arc::clone(&name);
+        thread::spawn(move || answer_udp(&socket, &name));
+    }
+    let ready = serde_json::to_string(&Ready {
+        ready: name.to_string(),
+    })
+    .map_err(io::Error::other)?;
+    {
+        let mut out = io::stdout().lock();
+        writeln!(out, "{ready}")?;
+        out.flush()?;
+    }
+    // Stdin is the lifeline: when the harness exits, its end closes and so do we.
+    io::copy(&mut io::stdin().lock(), &mut io::sink())?;
+    Ok(())
+}
+
+/// Binds the dual-stack wildcard `[::]`, or `0.0.0.0` where IPv6 is unavailable.
+fn bind_wildcard<T>(port: u16, bind: fn(SocketAddr) -> io::Result<T>) -> io::Result<T> {
+    match bind(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port)) {
+        Err(error) if error.kind() != io::ErrorKind::AddrInUse => {
+            bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
+        }
+        other => other,
+    }
+}
+
+fn reply_line(
+    name: &str,
+    proto: Protocol,
+    seen: SocketAddr,
+    local: SocketAddr,
+    echo: Option<String>,
+) -> io::Result<String> {
+    let reply = Reply {
+        pod: name.to_owned(),
+        proto,
+        seen: canonical(seen),
+        local: canonical(local),
+        echo,
+    };
+    serde_json::to_string(&reply).map_err(io::Error::other)
+}
+
+/// Greets the connection, then answers each line until the peer closes it.
+fn answer_tcp(stream: TcpStream, name: &str) {
+    let run = || -> io::Result<()> {
+        let (seen, local) = (stream.peer_addr()?, stream.local_addr()?);
+        let mut writer = stream.try_clone()?;
+        writeln!(
+            writer,
+            "{}",
+            reply_line(name, Protocol::Tcp, seen, local, None)?
+        )?;
+        for line in BufReader::new(&stream).lines() {
+            let line = line?;
+            writeln!(
+                writer,
+                "{}",
+                reply_line(name, Protocol::Tcp, seen, local, Some(line))?
+            )?;
+        }
+        Ok(())
+    };
+    // A peer that resets or vanishes only ends its own connection.
+    let _ = run();
+}
+
+fn answer_udp(socket: &UdpSocket, name: &str) {
+    let Ok(local) = socket.local_addr() else {
+        return;
+    };
+    let mut buffer = vec![0_u8; MAX_DATAGRAM];
+    loop {
+        // ICMP errors from earlier replies surface here; they concern only that peer.
+        let Ok((len, peer)) = socket.recv_from(&mut buffer) else {
+            continue;
+        };
+        let payload = buffer.get(..len).unwrap_or_default();
+        let echo = String::from_utf8_lossy(payload).trim_end().to_owned();
+        if let Ok(line) = reply_line(name, Protocol::Udp, peer, local, Some(echo)) {
+            let _ = socket.send_to(line.as_bytes(), peer);
+        }
+    }
+}
+
+/// Maps a socket error to the outcome it means for the flow.
+fn classify(error: &io::Error) -> Outcome {
+    use io::ErrorKind;
+    match error.kind() {
+        ErrorKind::ConnectionRefused => Outcome::Refused,
+        ErrorKind::TimedOut | ErrorKind::WouldBlock => Outcome::TimedOut,
+        ErrorKind::NetworkUnreachable => Outcome::NoRoute,
+        ErrorKind::HostUnreachable => Outcome::Unreachable,
+        ErrorKind::ConnectionReset
+        | ErrorKind::ConnectionAborted
+        | ErrorKind::BrokenPipe
+        | ErrorKind::UnexpectedEof => Outcome::Closed,
+        _ => Outcome::Failed {
+            detail: error.to_string(),
+        },
+    }
+}
+
+/// Turns an echo server's line into `Answered`, checking it echoes `expect` when given.
+fn answered(line: &str, client: SocketAddr, expect: Option<&str>) -> Outcome {
+    match serde_json::from_str::<Reply>(line.trim_end()) {
+        Ok(reply) if expect.is_some() && reply.echo.as_deref() != expect => Outcome::Failed {
+            detail: format!("reply {:?} does not answer {expect:?}", reply.echo),
+        },
+        Ok(reply) => Outcome::Answered {
+            pod: reply.pod,
+            seen_source: reply.seen,
+            client: canonical(client),
+            server: reply.local,
+        },
+        Err(error) => Outcome::Failed {
+            detail: format!("not an echo reply ({error}): {line:?}"),
+        },
+    }
+}
+
+/// Reads one reply line: `Closed` at end of stream.
+fn read_reply<R: BufRead>(reader: &mut R, client: SocketAddr, expect: Option<&str>) -> Outcome {
+    let mut line = String::new();
+    match reader.read_line(&mut line) {
+        Ok(0) => Outcome::Closed,
+        Ok(_) => answered(&line, client, expect),
+        Err(error) => classify(&error),
+    }
+}
+
+fn connect(to: SocketAddr, timeout: Duration) -> Result<(TcpStream, SocketAddr), Outcome> {
+    let stream = TcpStream::connect_timeout(&to, timeout).map_err(|e| classify(&e))?;
+    let client = stream.local_addr().map_err(|e| classify(&e))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| classify(&e))?;
+    Ok((stream, client))
+}
+
+fn probe_tcp(to: SocketAddr, timeout: Duration) -> Outcome {
+    match connect(to, timeout) {
+        Ok((stream, client)) => read_reply(&mut BufReader::new(stream), client, None),
+        Err(outcome) => outcome,
+    }
+}
+
+fn probe_udp(to: SocketAddr, timeout: Duration) -> Outcome {
+    let unspecified = if to.is_ipv4() {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    };
+    let exchange = || -> io::Result<(Vec<u8>, SocketAddr)> {
+        let socket = UdpSocket::bind(SocketAddr::new(unspecified, 0))?;
+        socket.connect(to)?;
+        socket.set_read_timeout(Some(timeout))?;
+        socket.send(UDP_PROBE_PAYLOAD)?;
+        let client = socket.local_addr()?;
+        let mut buffer = vec![0_u8; MAX_DATAGRAM];
+        let len = socket.recv(&mut buffer)?;
+        buffer.truncate(len);
+        Ok((buffer, client))
+    };
+    match exchange() {
+        Ok((payload, client)) => answered(
+            &String::from_utf8_lossy(&payload),
+            client,
+            std::str::from_utf8(UDP_PROBE_PAYLOAD).ok(),
+        ),
+        Err(error) => classify(&error),
+    }
+}
+
+fn session(to: SocketAddr, timeout: Duration) -> io::Result<()> {
+    let (stream, client) = match connect(to, timeout) {
+        Ok(connected) => connected,
+        Err(outcome) => return emit(&outcome),
+    };
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    let greeting = read_reply(&mut reader, client, None);
+    emit(&greeting)?;
+    if greeting.pod().is_none() {
+        return Ok(());
+    }
+    for line in io::stdin().lock().lines() {
+        let line = line?;
+        let outcome = match writeln!(writer, "{line}").and_then(|()| writer.flush()) {
+            Ok(()) => read_reply(&mut reader, client, Some(&line)),
+            Err(error) => classify(&error),
+        };
+        emit(&outcome)?;
+    }
+    Ok(())
+}
