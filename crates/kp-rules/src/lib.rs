@@ -10,8 +10,10 @@
 //!   maps), as one `nft -f -` transaction per sync.
 //! - [`explain`]: the same decisions as a readable answer for `kube-proxy explain`, and the
 //!   rule comparison behind `--verify`.
+//! - [`userspace`]: userspace mode's capture rules (redirects to the relay's ports).
 
 pub mod explain;
 mod family;
 pub mod iptables;
 pub mod nftables;
+pub mod userspace;

@@ -7,6 +7,7 @@ mod dryrun;
 mod explain;
 mod log;
 mod modes;
+mod userspace;
 
 use std::process::ExitCode;
 
@@ -93,6 +94,11 @@ fn run(options: Options) -> anyhow::Result<()> {
             let result = runtime.block_on(app::run(settings, backend, registry, options.cleanup));
             with_sysctl_cleanup(result, options.cleanup)
         }
+        ProxyMode::Userspace => {
+            let backend = userspace::backend(settings.config(), &mut registry);
+            runtime.block_on(app::run(settings, backend, registry, options.cleanup))
+        }
+        ProxyMode::Winuserspace => anyhow::bail!(userspace::WINUSERSPACE_ON_LINUX),
         other => anyhow::bail!(
             "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, fake)",
             other.as_str()

@@ -278,3 +278,26 @@ fn write_config_to_writes_a_loadable_config() {
         std::fs::read_to_string(dir.path().join("again.yaml")).expect("config written again");
     assert_eq!(text, again);
 }
+
+#[test]
+fn winuserspace_is_refused_on_linux_with_a_pointer_to_userspace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = Command::new(binary())
+        .arg(format!("--manifests={}", dir.path().display()))
+        .args([
+            "--proxy-mode=winuserspace",
+            "--healthz-bind-address=",
+            "--metrics-bind-address=",
+        ])
+        .output()
+        .expect("run kube-proxy");
+    assert!(
+        !output.status.success(),
+        "winuserspace must not start on Linux"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("winuserspace") && stderr.contains("--proxy-mode=userspace"),
+        "{stderr}"
+    );
+}

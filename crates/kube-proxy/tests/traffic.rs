@@ -71,3 +71,4 @@ macro_rules! mode_tests {
 
 mode_tests!(iptables, Mode::Iptables);
 mode_tests!(nftables, Mode::Nftables);
+mode_tests!(userspace, Mode::Userspace);

@@ -18,6 +18,16 @@ use crate::support::{
 const SPREAD_FLOWS: usize = 45;
 const SPREAD_FLOWS_TWO: usize = 30;
 
+/// The source an endpoint sees where the kernel modes keep the client's address. By design,
+/// userspace mode's relay opens its own connection to the endpoint, so there every endpoint
+/// sees the node's address on its side (the same address a masqueraded flow shows).
+fn kept(mode: Mode) -> Source {
+    match mode {
+        Mode::Iptables | Mode::Nftables => Source::Preserved,
+        Mode::Userspace => Source::Masqueraded,
+    }
+}
+
 fn ip(text: &str) -> IpAddr {
     text.parse().expect("literal address")
 }
@@ -75,7 +85,7 @@ pub fn cluster_ip(mode: Mode) {
         "ClusterIP TCP from a pod",
         &tally,
         &["a", "b", "c"],
-        Source::Preserved,
+        kept(mode),
     );
 
     // ... and from the node itself: masqueraded. (To the remote pod the masquerade address is
@@ -108,7 +118,7 @@ pub fn cluster_ip(mode: Mode) {
         "ClusterIP UDP from a pod",
         &tally,
         &["a", "b", "c"],
-        Source::Preserved,
+        kept(mode),
     );
 
     // 6. internalTrafficPolicy Local: only the local endpoints.
@@ -120,7 +130,7 @@ pub fn cluster_ip(mode: Mode) {
         "iTP Local from a pod",
         &tally,
         &["a", "b"],
-        Source::Preserved,
+        kept(mode),
     );
 
     // 7. ClientIP affinity: every connection of one client lands on the same endpoint.
@@ -140,7 +150,7 @@ pub fn cluster_ip(mode: Mode) {
         "{pods:?}"
     );
     for outcome in tally.outcomes() {
-        assert_source(&env, "affinity", outcome, Source::Preserved);
+        assert_source(&env, "affinity", outcome, kept(mode));
     }
 
     // 8. No endpoints: REJECT, i.e. refused for TCP and UDP alike.
@@ -164,10 +174,11 @@ pub fn cluster_ip(mode: Mode) {
     );
 
     // A port the ClusterIP does not define. nftables mode REJECTs it ("Reject traffic to
-    // invalid ports of ClusterIPs"); iptables mode has no such rule, so the node routes the
-    // address to the LAN router like any unknown one, and the flow times out there.
+    // invalid ports of ClusterIPs"); iptables and userspace modes have no such rule, so the
+    // node routes the address to the LAN router like any unknown one, and the flow times out
+    // there.
     let expected = match mode {
-        Mode::Iptables => Outcome::TimedOut,
+        Mode::Iptables | Mode::Userspace => Outcome::TimedOut,
         Mode::Nftables => Outcome::Refused,
     };
     let tcp = cl
@@ -207,7 +218,7 @@ pub fn cluster_ip(mode: Mode) {
         &env,
         "non-hairpin to the same service",
         &outcome,
-        Source::Preserved,
+        kept(mode),
     );
 
     // SCTP cannot be probed on this kernel (no SCTP sockets); SCTP services are exercised by
@@ -329,7 +340,8 @@ pub fn external(mode: Mode) {
         Source::Masqueraded,
     );
 
-    // 5. eTP Local: from outside only the local endpoints, source preserved.
+    // 5. eTP Local: from outside only the local endpoints, source preserved (userspace mode:
+    //    only the local endpoints too, but the relay cannot preserve the source: `kept`).
     let tally = cl
         .tcp_repeat(ext_in, node_ip, 30082, SPREAD_FLOWS_TWO)
         .expect("probe");
@@ -338,7 +350,7 @@ pub fn external(mode: Mode) {
         "eTP Local NodePort from outside",
         &tally,
         &["a", "b"],
-        Source::Preserved,
+        kept(mode),
     );
     let tally = cl
         .tcp_repeat(ext_in, ip("198.51.100.22"), 80, SPREAD_FLOWS_TWO)
@@ -348,18 +360,25 @@ pub fn external(mode: Mode) {
         "eTP Local LB IP from outside",
         &tally,
         &["a", "b"],
-        Source::Preserved,
+        kept(mode),
     );
-    // A pod using the LB IP is short-circuited to every endpoint, not masqueraded.
+    // A pod using the LB IP: the kernel modes short-circuit it to every endpoint, not
+    // masqueraded. Userspace mode cannot tell a pod from an outside client once the
+    // destination is the LB IP (both reach the external frontend), so the pod gets the
+    // external policy: local endpoints only.
+    let (expected, what): (&[&str], _) = match mode {
+        Mode::Iptables | Mode::Nftables => (&["a", "b", "c"], SPREAD_FLOWS),
+        Mode::Userspace => (&["a", "b"], SPREAD_FLOWS_TWO),
+    };
     let tally = cl
-        .tcp_repeat(cl.client(), ip("198.51.100.22"), 80, SPREAD_FLOWS)
+        .tcp_repeat(cl.client(), ip("198.51.100.22"), 80, what)
         .expect("probe");
     assert_flows(
         &env,
         "eTP Local LB IP from a pod",
         &tally,
-        &["a", "b", "c"],
-        Source::Preserved,
+        expected,
+        kept(mode),
     );
 
     // eTP Local with only remote endpoints: external traffic dropped, ClusterIP still works.
@@ -387,7 +406,7 @@ pub fn external(mode: Mode) {
         "ClusterIP of an eTP Local service with remote endpoints",
         &tally,
         &["c"],
-        Source::Preserved,
+        kept(mode),
     );
 
     // Health-check node ports, as a load balancer asks them: from outside, on the node IP.
@@ -425,7 +444,7 @@ pub fn udp_endpoint_replaced(mode: Mode) {
     let client = env.pod("client").clone();
     let outcome = udp_from_port(&env.cluster, &client, vip, SPORT);
     assert!(outcome.answered_by("a"), "{outcome:?}{}", env.diag());
-    assert_source(&env, "UDP from a fixed port", &outcome, Source::Preserved);
+    assert_source(&env, "UDP from a fixed port", &outcome, kept(mode));
     // Again from the same port: the flow's conntrack entry is in use.
     let outcome = udp_from_port(&env.cluster, &client, vip, SPORT);
     assert!(outcome.answered_by("a"), "{outcome:?}{}", env.diag());
@@ -440,12 +459,7 @@ pub fn udp_endpoint_replaced(mode: Mode) {
         "the first datagram after the sync must reach the new endpoint: {outcome:?}{}",
         env.diag()
     );
-    assert_source(
-        &env,
-        "UDP after the endpoint change",
-        &outcome,
-        Source::Preserved,
-    );
+    assert_source(&env, "UDP after the endpoint change", &outcome, kept(mode));
 }
 
 /// Services added and deleted while the proxy runs (13), and a long-lived connection across
@@ -470,7 +484,7 @@ pub fn edits_and_restart(mode: Mode) {
     //     DROPs unallocated addresses of the service CIDRs, when it knows them (it does not
     //     yet: no ServiceCIDRs reach the backend); a drop would time out the same way.
     let unallocated = match mode {
-        Mode::Iptables | Mode::Nftables => Outcome::TimedOut,
+        Mode::Iptables | Mode::Nftables | Mode::Userspace => Outcome::TimedOut,
     };
     let before = env
         .cluster
@@ -488,12 +502,12 @@ pub fn edits_and_restart(mode: Mode) {
         "a new service must answer right after its sync: {outcome:?}{}",
         env.diag()
     );
-    assert_source(&env, "new service", &outcome, Source::Preserved);
+    assert_source(&env, "new service", &outcome, kept(mode));
     let tally = env
         .cluster
         .tcp_repeat(&client, ip("10.96.0.32"), 80, SPREAD_FLOWS_TWO)
         .expect("probe");
-    assert_flows(&env, "new service", &tally, &["a", "c"], Source::Preserved);
+    assert_flows(&env, "new service", &tally, &["a", "c"], kept(mode));
     // Deleted: no longer handled, as before it existed.
     env.delete("late");
     let after = env
@@ -507,28 +521,46 @@ pub fn edits_and_restart(mode: Mode) {
         env.diag()
     );
 
-    // 11. A long-lived connection survives a restart of the proxy and resyncs.
-    let mut session = env
-        .cluster
-        .connect(&client, ip("10.96.0.31"), 80)
-        .expect("open a long-lived connection");
-    let greeting = session.greeting().clone();
-    let pod = greeting
-        .pod()
-        .unwrap_or_else(|| panic!("connect: {greeting:?}{}", env.diag()))
-        .to_owned();
-    assert_source(&env, "long-lived connection", &greeting, Source::Preserved);
-    let mut echo = |env: &Env, step: &str| {
+    // 11. A long-lived connection survives a restart of the proxy and resyncs. Userspace
+    //     mode, by design: the connection lives in the relay, so it ends with the process
+    //     (the client sees it closed, never another endpoint); one opened after the restart
+    //     survives the resyncs.
+    let open = |env: &Env| {
+        let session = env
+            .cluster
+            .connect(&client, ip("10.96.0.31"), 80)
+            .expect("open a long-lived connection");
+        let greeting = session.greeting().clone();
+        let pod = greeting
+            .pod()
+            .unwrap_or_else(|| panic!("connect: {greeting:?}{}", env.diag()))
+            .to_owned();
+        assert_source(env, "long-lived connection", &greeting, kept(mode));
+        (session, pod)
+    };
+    let echo = |env: &Env, session: &mut kp_testbed::Session, pod: &str, step: &str| {
         let outcome = session.send(step).expect("the connection is still open");
         assert!(
-            outcome.answered_by(&pod),
+            outcome.answered_by(pod),
             "{step}: the same endpoint ({pod}) must answer on the same connection: {outcome:?}{}",
             env.diag()
         );
     };
-    echo(&env, "before-restart");
+    let (mut session, mut pod) = open(&env);
+    echo(&env, &mut session, &pod, "before-restart");
     env.restart_proxy();
-    echo(&env, "after-restart");
+    match mode {
+        Mode::Iptables | Mode::Nftables => echo(&env, &mut session, &pod, "after-restart"),
+        Mode::Userspace => {
+            let outcome = session.send("after-restart");
+            assert!(
+                !outcome.as_ref().is_ok_and(|o| o.pod().is_some()),
+                "a relayed connection cannot outlive the relay: {outcome:?}{}",
+                env.diag()
+            );
+            (session, pod) = open(&env);
+        }
+    }
     let tally = env
         .cluster
         .tcp_repeat(&client, ip("10.96.0.31"), 80, SPREAD_FLOWS)
@@ -538,12 +570,12 @@ pub fn edits_and_restart(mode: Mode) {
         "new connections after the restart",
         &tally,
         &["a", "b", "c"],
-        Source::Preserved,
+        kept(mode),
     );
     env.apply(&unrelated);
-    echo(&env, "after-unrelated-edit");
+    echo(&env, &mut session, &pod, "after-unrelated-edit");
     env.relabel_node(1);
-    echo(&env, "after-full-resync");
+    echo(&env, &mut session, &pod, "after-full-resync");
 }
 
 /// IPv6 ClusterIP (dual-stack cluster CIDR so that IPv6 pods are recognised as local).
@@ -564,7 +596,7 @@ pub fn ipv6_cluster_ip(mode: Mode) {
         "IPv6 ClusterIP TCP from a pod",
         &tally,
         &["a", "b", "c"],
-        Source::Preserved,
+        kept(mode),
     );
     let tally = cl
         .udp_repeat(cl.client(), vip, 80, SPREAD_FLOWS)
@@ -574,7 +606,7 @@ pub fn ipv6_cluster_ip(mode: Mode) {
         "IPv6 ClusterIP UDP from a pod",
         &tally,
         &["a", "b", "c"],
-        Source::Preserved,
+        kept(mode),
     );
     let tally = cl
         .tcp_repeat(cl.node(), vip, 80, SPREAD_FLOWS)
@@ -740,10 +772,17 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
     let cl = &env.cluster;
 
     match mode {
-        Mode::Iptables => {
-            // 1. Localhost NodePort: route_localnet on, every endpoint, always masqueraded
-            //    (a source of 127.0.0.1 cannot leave the node).
-            assert_eq!(route_localnet(&env), "1", "route_localnet{}", env.diag());
+        Mode::Iptables | Mode::Userspace => {
+            // 1. Localhost NodePort: every endpoint, always masqueraded (a source of
+            //    127.0.0.1 cannot leave the node). iptables mode turns route_localnet on;
+            //    userspace mode needs not (the redirect keeps loopback traffic on the node).
+            let expected = if mode == Mode::Iptables { "1" } else { "0" };
+            assert_eq!(
+                route_localnet(&env),
+                expected,
+                "route_localnet{}",
+                env.diag()
+            );
             let tally = cl
                 .tcp_repeat(cl.node(), localhost, 30090, SPREAD_FLOWS)
                 .expect("probe");
@@ -811,8 +850,18 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
     }
 
     // 5. The conntrack INVALID drop: there by default in iptables mode, in both families;
-    //    never in nftables mode (upstream relies on nf_conntrack_tcp_be_liberal there).
+    //    never in nftables mode (upstream relies on nf_conntrack_tcp_be_liberal there), nor
+    //    in userspace mode (no DNAT: the relay terminates every connection itself).
     match mode {
+        Mode::Userspace => {
+            for tool in ["iptables-save", "ip6tables-save"] {
+                let filter = env.node_exec(&[tool, "-t", "filter"]);
+                assert!(
+                    invalid_drop_rules(&filter).is_empty(),
+                    "{tool}: no INVALID drop in userspace mode:\n{filter}"
+                );
+            }
+        }
         Mode::Iptables => {
             for tool in ["iptables-save", "ip6tables-save"] {
                 let filter = env.node_exec(&[tool, "-t", "filter"]);
@@ -843,7 +892,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
     };
     let before = saves(&env);
     match mode {
-        Mode::Iptables => {
+        Mode::Iptables | Mode::Userspace => {
             for save in &before {
                 assert!(
                     !kube_lines(save, &KUBELET_CHAINS).is_empty(),
@@ -864,11 +913,20 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
         .cluster
         .tcp(&client, ip("10.96.0.50"), 80)
         .expect("probe");
-    assert!(
-        outcome.pod().is_some(),
-        "rules must outlive the proxy's exit: {outcome:?}{}",
-        env.diag()
-    );
+    match mode {
+        Mode::Iptables | Mode::Nftables => assert!(
+            outcome.pod().is_some(),
+            "rules must outlive the proxy's exit: {outcome:?}{}",
+            env.diag()
+        ),
+        // The redirects stay, but the relay they point at went with the process: refused.
+        Mode::Userspace => assert_eq!(
+            outcome,
+            Outcome::Refused,
+            "userspace redirects after the proxy's exit{}",
+            env.diag()
+        ),
+    }
     // ... and `kube-proxy --cleanup` removes them: exit status 0 (exec fails otherwise). As
     // upstream, nftables mode's cleanup removes iptables mode's chains too.
     let state = env.state_env();
@@ -1029,12 +1087,25 @@ pub fn restricted_node_ports(mode: Mode) {
         "ClusterIP with restricted NodePorts",
         &tally,
         &["a", "b", "c"],
-        Source::Preserved,
+        kept(mode),
     );
 
     // 5. tcp_be_liberal: no INVALID drop in either family, the rest of the forward filter
-    //    kept.
+    //    kept. Userspace mode has no forward filter and never an INVALID drop; its filter
+    //    chain is there.
     match mode {
+        Mode::Userspace => {
+            let v4 = env.node_exec(&["iptables-save", "-t", "filter"]);
+            assert!(
+                v4.lines()
+                    .any(|l| l.starts_with("-A FORWARD") && l.contains("KUBE-USERSPACE-FILTER")),
+                "KUBE-USERSPACE-FILTER is not hooked:\n{v4}"
+            );
+            let v6 = env.node_exec(&["ip6tables-save", "-t", "filter"]);
+            for save in [&v4, &v6] {
+                assert!(invalid_drop_rules(save).is_empty(), "{save}");
+            }
+        }
         Mode::Iptables => {
             let v4 = env.node_exec(&["iptables-save", "-t", "filter"]);
             assert!(
@@ -1148,7 +1219,8 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
         .expect("probe");
     assert_all_masqueraded(&env, "service with a quote in a port name", &tally, &["b"]);
     match mode {
-        Mode::Iptables => {
+        // Both write the names into rule comments only.
+        Mode::Iptables | Mode::Userspace => {
             let nat = env.node_exec(&["iptables-save", "-t", "nat"]);
             assert!(
                 nat.contains("default/quoted:p%22 -j ACCEPT #%5C"),
@@ -1232,7 +1304,7 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
     );
     assert_eq!(route_localnet(&env), "0", "route_localnet{}", env.diag());
     match mode {
-        Mode::Iptables => {
+        Mode::Iptables | Mode::Userspace => {
             let filter = env.node_exec(&["iptables-save", "-t", "filter"]);
             assert!(
                 !filter.contains("KUBE-FIREWALL"),
@@ -1303,7 +1375,7 @@ pub fn interface_name_prefix(mode: Mode) {
         "ClusterIP from a pod (interface prefix)",
         &tally,
         &["a", "b", "c"],
-        Source::Preserved,
+        kept(mode),
     );
     let tally = cl
         .tcp_repeat(cl.node(), ip("10.96.0.80"), 80, SPREAD_FLOWS)

@@ -43,6 +43,8 @@ pub enum Mode {
     Iptables,
     /// `--proxy-mode=nftables`.
     Nftables,
+    /// `--proxy-mode=userspace`: the relay, with iptables rules redirecting to it.
+    Userspace,
 }
 
 impl Mode {
@@ -51,6 +53,7 @@ impl Mode {
         match self {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
+            Mode::Userspace => "userspace",
         }
     }
 
@@ -58,14 +61,16 @@ impl Mode {
     fn flags(self) -> Vec<String> {
         match self {
             // Upstream has no nftables flag of its own: this one sets both modes' period.
-            Mode::Iptables | Mode::Nftables => vec!["--iptables-min-sync-period=0s".to_owned()],
+            Mode::Iptables | Mode::Nftables | Mode::Userspace => {
+                vec!["--iptables-min-sync-period=0s".to_owned()]
+            }
         }
     }
 
     /// What the mode programmed in the node namespace, for failure messages.
     fn dump(self, cluster: &Cluster) -> String {
         let tools: &[&[&str]] = match self {
-            Mode::Iptables => &[&["iptables-save"], &["ip6tables-save"]],
+            Mode::Iptables | Mode::Userspace => &[&["iptables-save"], &["ip6tables-save"]],
             Mode::Nftables => &[&["nft", "list", "ruleset"]],
         };
         tools

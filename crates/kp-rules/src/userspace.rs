@@ -1,0 +1,413 @@
+//! Userspace mode's capture rules: nat rules that redirect a service's addresses to the
+//! local relay's ports, and filter rules for the services the relay cannot serve.
+//!
+//! Per family (one `iptables-restore --noflush` each):
+//!
+//! - nat `KUBE-USERSPACE` (jumped to from `PREROUTING` and `OUTPUT`) dispatches on
+//!   destination: a ClusterIP to the port's `KUBE-USR-<hash>` chain, externalIPs and
+//!   LoadBalancer IPs to `KUBE-USX-<hash>` (through `KUBE-USF-<hash>` when the service has
+//!   loadBalancerSourceRanges), and local destinations to `KUBE-USERSPACE-NODEPORTS`, which
+//!   sends NodePorts to `KUBE-USX-<hash>`.
+//! - `KUBE-USR-*` / `KUBE-USX-*` hold one `REDIRECT --to-ports` to the relay's internal or
+//!   external frontend. `REDIRECT` rewrites the destination to the receiving interface's
+//!   address (127.0.0.1 for locally generated traffic), so the relay listens on the
+//!   wildcard address and replies flow back through conntrack's reverse translation.
+//! - `KUBE-USF-*` redirects sources inside the ranges and marks the rest with the drop bit.
+//! - filter `KUBE-USERSPACE-FILTER` (from `INPUT`, `FORWARD`, `OUTPUT`) drops marked
+//!   packets, REJECTs services without endpoints and DROPs external traffic of
+//!   `externalTrafficPolicy: Local` services without a local endpoint (as iptables mode).
+//!
+//! The hash is iptables mode's (`KUBE-SVC-<hash>` of the same port), so the two modes' rules
+//! for one service are easy to correlate. Names from API objects appear only in comments,
+//! percent-encoded by [`crate::iptables::comment`]. Partial renders rewrite the top-level
+//! chains and only the per-service chains of changed ports; unchanged ones keep their rules
+//! (their relay ports do not change while the relay runs).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_core::model::{IpFamily, ServicePortName};
+
+use crate::iptables::NodePortAddresses;
+use crate::iptables::comment::comment_args;
+use crate::iptables::names::service_port_hash;
+use crate::iptables::{JumpRule, Table};
+
+/// nat dispatch chain, jumped to from `PREROUTING` and `OUTPUT`.
+pub const KUBE_USERSPACE: &str = "KUBE-USERSPACE";
+/// nat chain of NodePorts, entered for local destinations.
+pub const KUBE_USERSPACE_NODEPORTS: &str = "KUBE-USERSPACE-NODEPORTS";
+/// filter chain, jumped to from `INPUT`, `FORWARD` and `OUTPUT`.
+pub const KUBE_USERSPACE_FILTER: &str = "KUBE-USERSPACE-FILTER";
+/// Prefix of a service port's internal (ClusterIP) redirect chain.
+pub const INTERNAL_PREFIX: &str = "KUBE-USR-";
+/// Prefix of a service port's external (NodePort, externalIP, LB IP) redirect chain.
+pub const EXTERNAL_PREFIX: &str = "KUBE-USX-";
+/// Prefix of a service port's loadBalancerSourceRanges chain.
+pub const FIREWALL_PREFIX: &str = "KUBE-USF-";
+/// Every per-service chain prefix of this mode: chains with these prefixes that a render
+/// does not produce are stale.
+pub const SERVICE_CHAIN_PREFIXES: [&str; 3] = [INTERNAL_PREFIX, EXTERNAL_PREFIX, FIREWALL_PREFIX];
+
+/// The packet-mark bit meaning "drop in filter": upstream's `--iptables-drop-bit` default,
+/// from the time its modes marked packets for dropping.
+pub const DEFAULT_DROP_BIT: u8 = 15;
+
+/// IPv4 loopback, excluded from NodePorts unless localhost NodePorts are on.
+const IPV4_LOOPBACK: &str = "127.0.0.0/8";
+
+/// What happens to one kind of traffic of a service port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Redirected to this relay port.
+    Redirect(u16),
+    /// Refused (no endpoints at all): ICMP port unreachable, as iptables mode.
+    Reject,
+    /// Dropped (eTP Local without a local endpoint), as iptables mode.
+    Drop,
+}
+
+/// One service port of one family, as the capture rules see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapturedPort {
+    /// The service port.
+    pub name: ServicePortName,
+    /// The service port number.
+    pub port: u16,
+    /// This family's ClusterIP.
+    pub cluster_ip: IpAddr,
+    /// This family's externalIPs.
+    pub external_ips: Vec<IpAddr>,
+    /// This family's LoadBalancer ingress IPs.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// This family's loadBalancerSourceRanges (they apply to LB IPs only).
+    pub source_ranges: Vec<IpNet>,
+    /// The NodePort, if any.
+    pub node_port: Option<u16>,
+    /// ClusterIP traffic.
+    pub internal: Target,
+    /// NodePort, externalIP and LB IP traffic (unused when there is none).
+    pub external: Target,
+}
+
+impl CapturedPort {
+    /// Whether the port has any external destination.
+    pub fn externally_accessible(&self) -> bool {
+        self.node_port.is_some()
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ips.is_empty()
+    }
+
+    /// Whether LB IPs are guarded by source ranges.
+    fn firewalled(&self) -> bool {
+        !self.load_balancer_ips.is_empty() && !self.source_ranges.is_empty()
+    }
+}
+
+/// The per-service chain names of a port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaptureChains {
+    /// `KUBE-USR-<hash>`.
+    pub internal: String,
+    /// `KUBE-USX-<hash>`.
+    pub external: String,
+    /// `KUBE-USF-<hash>`.
+    pub firewall: String,
+}
+
+impl CaptureChains {
+    /// Names for one service port.
+    pub fn new(name: &ServicePortName) -> Self {
+        let hash = service_port_hash(name);
+        Self {
+            internal: format!("{INTERNAL_PREFIX}{hash}"),
+            external: format!("{EXTERNAL_PREFIX}{hash}"),
+            firewall: format!("{FIREWALL_PREFIX}{hash}"),
+        }
+    }
+}
+
+/// The configuration the capture rules depend on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaptureConfig {
+    /// Which node addresses accept NodePorts.
+    pub node_port_addresses: NodePortAddresses,
+    /// Accept NodePorts on 127.0.0.0/8 (IPv4; no route_localnet needed: the redirect stays
+    /// on the node).
+    pub localhost_node_ports: bool,
+    /// Mark bit for "drop" ([`DEFAULT_DROP_BIT`]).
+    pub drop_bit: u8,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        Self {
+            node_port_addresses: NodePortAddresses::All,
+            localhost_node_ports: true,
+            drop_bit: DEFAULT_DROP_BIT,
+        }
+    }
+}
+
+/// A render: the restore input and every per-service chain the rules now use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaptureRender {
+    /// `iptables-restore --noflush` input (filter and nat tables).
+    pub text: String,
+    /// Per-service chains that exist after applying `text`.
+    pub chains: BTreeSet<String>,
+}
+
+/// Renders one family's capture rules. `ports` must be that family's (their addresses of
+/// `family`); `changed` is `None` for a full render (every per-service chain written) or the
+/// ports whose chains must be rewritten; `existing` the per-service chains currently in the
+/// kernel (those no longer used are deleted).
+pub fn render(
+    family: IpFamily,
+    ports: &[CapturedPort],
+    config: &CaptureConfig,
+    changed: Option<&BTreeSet<ServicePortName>>,
+    existing: &BTreeSet<String>,
+) -> CaptureRender {
+    let mut filter = String::new();
+    let mut nat_heads = String::new();
+    let mut dispatch = String::new();
+    let mut nodeports = String::new();
+    let mut service_rules = String::new();
+    let mut chains = BTreeSet::new();
+    let mark = format!(
+        "{:#x}/{:#x}",
+        1u32 << config.drop_bit,
+        1u32 << config.drop_bit
+    );
+    let host = |ip: &IpAddr| match ip {
+        IpAddr::V4(_) => format!("{ip}/32"),
+        IpAddr::V6(_) => format!("{ip}/128"),
+    };
+
+    let _ = writeln!(
+        filter,
+        "-A {KUBE_USERSPACE_FILTER} {} -m mark --mark {mark} -j DROP",
+        comment_args("kubernetes userspace: dropped by loadBalancerSourceRanges")
+    );
+    for p in ports {
+        let proto = p.name.protocol.as_str();
+        let chain = CaptureChains::new(&p.name);
+        let write = changed.is_none_or(|set| set.contains(&p.name));
+        let dest = |ip: &IpAddr, port: u16| {
+            format!("-d {} -p {proto} -m {proto} --dport {port}", host(ip))
+        };
+
+        // ClusterIP.
+        chains.insert(chain.internal.clone());
+        if write {
+            let _ = writeln!(nat_heads, ":{} - [0:0]", chain.internal);
+        }
+        match p.internal {
+            Target::Redirect(relay) => {
+                let _ = writeln!(
+                    dispatch,
+                    "-A {KUBE_USERSPACE} {} {} -j {}",
+                    comment_args(&format!("{} cluster IP", p.name)),
+                    dest(&p.cluster_ip, p.port),
+                    chain.internal
+                );
+                if write {
+                    redirect(&mut service_rules, &chain.internal, &p.name, proto, relay);
+                }
+            }
+            Target::Reject | Target::Drop => {
+                let _ = writeln!(
+                    filter,
+                    "-A {KUBE_USERSPACE_FILTER} {} {} -j {}",
+                    comment_args(&format!("{} has no endpoints", p.name)),
+                    dest(&p.cluster_ip, p.port),
+                    verdict(p.internal)
+                );
+            }
+        }
+
+        if !p.externally_accessible() {
+            continue;
+        }
+        chains.insert(chain.external.clone());
+        if write {
+            let _ = writeln!(nat_heads, ":{} - [0:0]", chain.external);
+        }
+        if p.firewalled() {
+            chains.insert(chain.firewall.clone());
+            if write {
+                let _ = writeln!(nat_heads, ":{} - [0:0]", chain.firewall);
+            }
+        }
+        let external_dests = p
+            .external_ips
+            .iter()
+            .map(|ip| (ip, "external IP"))
+            .chain(p.load_balancer_ips.iter().map(|ip| (ip, "loadbalancer IP")));
+        match p.external {
+            Target::Redirect(relay) => {
+                for (ip, what) in external_dests {
+                    let to = if what == "loadbalancer IP" && p.firewalled() {
+                        &chain.firewall
+                    } else {
+                        &chain.external
+                    };
+                    let _ = writeln!(
+                        dispatch,
+                        "-A {KUBE_USERSPACE} {} {} -j {to}",
+                        comment_args(&format!("{} {what}", p.name)),
+                        dest(ip, p.port)
+                    );
+                }
+                if let Some(node_port) = p.node_port {
+                    let _ = writeln!(
+                        nodeports,
+                        "-A {KUBE_USERSPACE_NODEPORTS} {} -p {proto} -m {proto} --dport {node_port} -j {}",
+                        comment_args(&p.name.to_string()),
+                        chain.external
+                    );
+                }
+                if write {
+                    redirect(&mut service_rules, &chain.external, &p.name, proto, relay);
+                    if p.firewalled() {
+                        for range in &p.source_ranges {
+                            let _ = writeln!(
+                                service_rules,
+                                "-A {} {} -s {range} -j {}",
+                                chain.firewall,
+                                comment_args(&format!("{} loadbalancer IP", p.name)),
+                                chain.external
+                            );
+                        }
+                        let _ = writeln!(
+                            service_rules,
+                            "-A {} {} -j MARK --set-xmark {mark}",
+                            chain.firewall,
+                            comment_args(&format!("{} outside loadBalancerSourceRanges", p.name)),
+                        );
+                    }
+                }
+            }
+            Target::Reject | Target::Drop => {
+                let why = if p.external == Target::Reject {
+                    "has no endpoints"
+                } else {
+                    "has no local endpoints"
+                };
+                let text = comment_args(&format!("{} {why}", p.name));
+                for (ip, _) in external_dests {
+                    let _ = writeln!(
+                        filter,
+                        "-A {KUBE_USERSPACE_FILTER} {text} {} -j {}",
+                        dest(ip, p.port),
+                        verdict(p.external)
+                    );
+                }
+                if let Some(node_port) = p.node_port {
+                    for local in local_matches(family, config) {
+                        let _ = writeln!(
+                            filter,
+                            "-A {KUBE_USERSPACE_FILTER} {text} {local} -p {proto} -m {proto} --dport {node_port} -j {}",
+                            verdict(p.external)
+                        );
+                    }
+                }
+            }
+        }
+    }
+    for local in local_matches(family, config) {
+        let _ = writeln!(
+            dispatch,
+            "-A {KUBE_USERSPACE} {} {local} -j {KUBE_USERSPACE_NODEPORTS}",
+            comment_args("kubernetes userspace: node ports; must be last")
+        );
+    }
+
+    let stale: Vec<&String> = existing
+        .iter()
+        .filter(|c| !chains.contains(*c))
+        .filter(|c| SERVICE_CHAIN_PREFIXES.iter().any(|p| c.starts_with(p)))
+        .collect();
+    let mut text = String::new();
+    let _ = writeln!(text, "*filter\n:{KUBE_USERSPACE_FILTER} - [0:0]");
+    text.push_str(&filter);
+    text.push_str("COMMIT\n*nat\n");
+    let _ = writeln!(
+        text,
+        ":{KUBE_USERSPACE} - [0:0]\n:{KUBE_USERSPACE_NODEPORTS} - [0:0]"
+    );
+    text.push_str(&nat_heads);
+    for c in &stale {
+        let _ = writeln!(text, ":{c} - [0:0]");
+    }
+    text.push_str(&dispatch);
+    text.push_str(&nodeports);
+    text.push_str(&service_rules);
+    for c in &stale {
+        let _ = writeln!(text, "-X {c}");
+    }
+    text.push_str("COMMIT\n");
+    CaptureRender { text, chains }
+}
+
+/// `-A <chain> ... -j REDIRECT --to-ports <relay>`.
+fn redirect(out: &mut String, chain: &str, name: &ServicePortName, proto: &str, relay: u16) {
+    let _ = writeln!(
+        out,
+        "-A {chain} {} -p {proto} -j REDIRECT --to-ports {relay}",
+        comment_args(&format!("{name} to the userspace relay"))
+    );
+}
+
+fn verdict(target: Target) -> &'static str {
+    match target {
+        Target::Drop => "DROP",
+        Target::Reject | Target::Redirect(_) => "REJECT",
+    }
+}
+
+/// The matches selecting NodePort destinations of `family`: every local address (minus
+/// loopback unless localhost NodePorts are on), or each allowed node address.
+fn local_matches(family: IpFamily, config: &CaptureConfig) -> Vec<String> {
+    match &config.node_port_addresses {
+        NodePortAddresses::All => {
+            let mut m = "-m addrtype --dst-type LOCAL".to_owned();
+            if family == IpFamily::V4 && !config.localhost_node_ports {
+                let _ = write!(m, " ! -d {IPV4_LOOPBACK}");
+            }
+            vec![m]
+        }
+        NodePortAddresses::Ips(ips) => ips
+            .iter()
+            .filter(|ip| IpFamily::of(ip) == family)
+            .map(|ip| match ip {
+                IpAddr::V4(_) => format!("-d {ip}/32"),
+                IpAddr::V6(_) => format!("-d {ip}/128"),
+            })
+            .collect(),
+    }
+}
+
+/// The jumps from the built-in chains into this mode's chains, ensured on full syncs.
+pub fn jumps() -> Vec<JumpRule> {
+    let jump = |table, from, to: &'static str, extra: &str| JumpRule {
+        table,
+        from,
+        to,
+        spec: format!(
+            "{extra}{} -j {to}",
+            comment_args("kubernetes userspace service portals")
+        ),
+    };
+    let new = "-m conntrack --ctstate NEW ";
+    vec![
+        jump(Table::Nat, "PREROUTING", KUBE_USERSPACE, ""),
+        jump(Table::Nat, "OUTPUT", KUBE_USERSPACE, ""),
+        jump(Table::Filter, "INPUT", KUBE_USERSPACE_FILTER, new),
+        jump(Table::Filter, "FORWARD", KUBE_USERSPACE_FILTER, new),
+        jump(Table::Filter, "OUTPUT", KUBE_USERSPACE_FILTER, new),
+    ]
+}

@@ -1,0 +1,345 @@
+//! [`UserspaceBackend`]: userspace mode as a [`kp_core::backend::Backend`]. Each sync opens
+//! and closes frontends, hands them their endpoints, and has the [`Capture`] steer service
+//! traffic to them.
+//!
+//! Frontends: one per service port, family and scope. The internal frontend serves ClusterIP
+//! traffic with the internal traffic policy's endpoints; the external one (only for ports with
+//! a NodePort, externalIPs or LB IPs) serves the rest with the external policy's endpoints.
+//! Two frontends are the only way a relay can honour both policies: by the time a connection
+//! reaches it, the destination that distinguishes them has been rewritten.
+//!
+//! A frontend exists only while it has endpoints to relay to; without any, capture refuses or
+//! drops the traffic as the kernel modes do. Its listener (and relay port) stays the same for
+//! as long as it exists, so unchanged services keep their rules on partial syncs.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
+use kp_core::topology::categorize;
+use tokio::net::{TcpListener, UdpSocket};
+use tracing::{debug, error, warn};
+
+use crate::capture::{Capture, CapturePlan, CapturedPort, Target};
+use crate::relay::Relay;
+use crate::{RelayConfig, RelayMetrics};
+
+/// The mode name served on `/proxyMode`.
+pub const MODE: &str = "userspace";
+
+/// Which traffic of a service port a frontend serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// ClusterIP traffic (internal traffic policy).
+    Internal,
+    /// NodePort, externalIP and LoadBalancer IP traffic (external traffic policy).
+    External,
+}
+
+/// A frontend's identity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrontendKey {
+    /// The service port.
+    pub port: ServicePortName,
+    /// The family of its addresses.
+    pub family: IpFamily,
+    /// Internal or external.
+    pub scope: Scope,
+}
+
+impl fmt::Display for FrontendKey {
+    /// `ns/name:port/tcp/IPv4/internal`: the frontend's metric label.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scope = match self.scope {
+            Scope::Internal => "internal",
+            Scope::External => "external",
+        };
+        write!(
+            f,
+            "{}/{}/{}/{scope}",
+            self.port,
+            self.port.protocol.as_str(),
+            self.family.api_name()
+        )
+    }
+}
+
+/// Where the backend opens frontends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindAddresses {
+    /// IPv4 frontends' address (the wildcard in production: `REDIRECT` delivers to the
+    /// receiving interface's address).
+    pub v4: Ipv4Addr,
+    /// IPv6 frontends' address.
+    pub v6: Ipv6Addr,
+}
+
+impl Default for BindAddresses {
+    fn default() -> Self {
+        Self {
+            v4: Ipv4Addr::UNSPECIFIED,
+            v6: Ipv6Addr::UNSPECIFIED,
+        }
+    }
+}
+
+impl BindAddresses {
+    fn of(&self, family: IpFamily) -> IpAddr {
+        match family {
+            IpFamily::V4 => IpAddr::V4(self.v4),
+            IpFamily::V6 => IpAddr::V6(self.v6),
+        }
+    }
+}
+
+/// Userspace mode: a relay plus a capture.
+#[derive(Debug)]
+pub struct UserspaceBackend<C> {
+    relay: Relay<FrontendKey>,
+    capture: C,
+    families: Vec<IpFamily>,
+    bind: BindAddresses,
+    force_full: bool,
+    sctp_warned: BTreeSet<ServicePortName>,
+}
+
+impl<C: Capture> UserspaceBackend<C> {
+    /// A backend for `families` whose relay uses `config`. Must be created inside a tokio
+    /// runtime's context (the relay spawns tasks when frontends open).
+    pub fn new(
+        config: RelayConfig,
+        metrics: RelayMetrics,
+        capture: C,
+        families: Vec<IpFamily>,
+    ) -> Self {
+        Self {
+            relay: Relay::new(config, metrics),
+            capture,
+            families,
+            bind: BindAddresses::default(),
+            force_full: true,
+            sctp_warned: BTreeSet::new(),
+        }
+    }
+
+    /// Opens frontends on these addresses instead of the wildcards (tests use loopback).
+    pub fn with_bind_addresses(mut self, bind: BindAddresses) -> Self {
+        self.bind = bind;
+        self
+    }
+
+    /// The relay (for tests and diagnostics).
+    pub fn relay(&self) -> &Relay<FrontendKey> {
+        &self.relay
+    }
+
+    /// Opens frontend `key` unless it is open; returns its port and whether it is new.
+    async fn ensure_frontend(&mut self, key: &FrontendKey) -> std::io::Result<(u16, bool)> {
+        if let Some(addr) = self.relay.local_addr(key) {
+            return Ok((addr.port(), false));
+        }
+        let bind = SocketAddr::new(self.bind.of(key.family), 0);
+        let addr = match key.port.protocol {
+            Protocol::Tcp => {
+                let listener = TcpListener::bind(bind).await?;
+                self.relay.add_tcp(key.clone(), listener)?
+            }
+            Protocol::Udp => {
+                let socket = UdpSocket::bind(bind).await?;
+                self.relay.add_udp(key.clone(), socket)?
+            }
+            Protocol::Sctp => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "the relay has no SCTP",
+                ));
+            }
+        };
+        debug!(frontend = %key, %addr, "opened frontend");
+        Ok((addr.port(), true))
+    }
+
+    /// The target for one scope: a frontend (opened if needed) when there are endpoints,
+    /// otherwise REJECT (no endpoints at all) or DROP (none under this policy).
+    async fn target(
+        &mut self,
+        key: FrontendKey,
+        endpoints: Vec<SocketAddr>,
+        any_endpoints: bool,
+        affinity: Option<Duration>,
+        wanted: &mut BTreeSet<FrontendKey>,
+        reopened: &mut BTreeSet<ServicePortName>,
+    ) -> std::io::Result<Target> {
+        if endpoints.is_empty() {
+            return Ok(if any_endpoints {
+                Target::Drop
+            } else {
+                Target::Reject
+            });
+        }
+        let (port, new) = self.ensure_frontend(&key).await?;
+        if new {
+            reopened.insert(key.port.clone());
+        }
+        self.relay.update(&key, endpoints, affinity);
+        wanted.insert(key);
+        Ok(Target::Redirect(port))
+    }
+}
+
+/// The endpoints of `family` in `list`, as socket addresses.
+fn addresses(list: &[&Endpoint], family: IpFamily) -> Vec<SocketAddr> {
+    list.iter()
+        .filter(|e| IpFamily::of(&e.ip) == family)
+        .map(|e| SocketAddr::new(e.ip, e.port))
+        .collect()
+}
+
+impl<C: Capture> Backend for UserspaceBackend<C> {
+    fn mode(&self) -> &'static str {
+        MODE
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let state = request.state;
+        let mut plan = CapturePlan::default();
+        let mut wanted: BTreeSet<FrontendKey> = BTreeSet::new();
+        let mut reopened: BTreeSet<ServicePortName> = BTreeSet::new();
+        let mut skipped = BTreeSet::new();
+        let services: Vec<(&ServicePortName, &ServicePort)> = state.services.iter().collect();
+        for (name, svc) in services {
+            if name.protocol == Protocol::Sctp {
+                if self.sctp_warned.insert(name.clone()) {
+                    warn!(service = %name, "userspace mode relays TCP and UDP only; SCTP port not served");
+                }
+                continue;
+            }
+            let endpoints = state
+                .endpoints
+                .get(name)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let categories = categorize(svc, endpoints, &state.node);
+            let internal_list = if svc.internal_policy_local {
+                &categories.local
+            } else {
+                &categories.cluster
+            };
+            let external_list = if svc.external_policy_local {
+                &categories.local
+            } else {
+                &categories.cluster
+            };
+            let affinity = svc.session_affinity.map(|a| a.timeout);
+            for family in self.families.clone() {
+                let Some(port) = svc.for_family(family) else {
+                    continue;
+                };
+                let Some(&cluster_ip) = port.cluster_ips.first() else {
+                    continue;
+                };
+                let key = |scope| FrontendKey {
+                    port: name.clone(),
+                    family,
+                    scope,
+                };
+                let internal = self
+                    .target(
+                        key(Scope::Internal),
+                        addresses(internal_list, family),
+                        categories.has_any_endpoints,
+                        affinity,
+                        &mut wanted,
+                        &mut reopened,
+                    )
+                    .await;
+                let external = if port.externally_accessible() {
+                    self.target(
+                        key(Scope::External),
+                        addresses(external_list, family),
+                        categories.has_any_endpoints,
+                        affinity,
+                        &mut wanted,
+                        &mut reopened,
+                    )
+                    .await
+                } else {
+                    Ok(Target::Reject)
+                };
+                let (internal, external) = match (internal, external) {
+                    (Ok(i), Ok(e)) => (i, e),
+                    (Err(error), _) | (_, Err(error)) => {
+                        error!(service = %name, ?family, %error, "cannot open a relay frontend; service skipped");
+                        skipped.insert(name.service.clone());
+                        continue;
+                    }
+                };
+                plan.families.entry(family).or_default().push(CapturedPort {
+                    name: name.clone(),
+                    port: port.port,
+                    cluster_ip,
+                    external_ips: port.external_ips.clone(),
+                    load_balancer_ips: port.load_balancer_ips.clone(),
+                    source_ranges: port.load_balancer_source_ranges.clone(),
+                    node_port: port.node_port,
+                    internal,
+                    external,
+                });
+            }
+        }
+
+        let full = self.force_full || request.kind == SyncKind::Full;
+        let changed: BTreeSet<ServicePortName> = state
+            .services
+            .keys()
+            .filter(|n| request.changed.contains(&n.service))
+            .cloned()
+            .chain(reopened)
+            .chain(
+                // Ports of deleted services: their chains go.
+                self.relay
+                    .keys()
+                    .filter(|k| !wanted.contains(*k))
+                    .map(|k| k.port.clone()),
+            )
+            .collect();
+        self.force_full = true;
+        self.capture
+            .apply(&plan, (!full).then_some(&changed))
+            .await
+            .map_err(|e| BackendError::Apply {
+                what: "userspace capture".into(),
+                message: e.to_string(),
+            })?;
+        self.force_full = false;
+        // Only now that no rule points at them: stop frontends no longer wanted.
+        // Established connections finish on their own.
+        let stale: Vec<FrontendKey> = self
+            .relay
+            .keys()
+            .filter(|k| !wanted.contains(*k))
+            .cloned()
+            .collect();
+        for key in stale {
+            self.relay.remove(&key);
+            debug!(frontend = %key, "closed frontend");
+        }
+        Ok(SyncReport {
+            rules_written: plan.len(),
+            skipped: skipped.into_iter().collect(),
+        })
+    }
+
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        self.capture
+            .cleanup()
+            .await
+            .map_err(|e| BackendError::Apply {
+                what: "userspace cleanup".into(),
+                message: e.to_string(),
+            })
+    }
+}

@@ -1,0 +1,133 @@
+//! Capture: how service traffic reaches the relay's frontends. The relay does not care; a
+//! [`Capture`] turns a [`CapturePlan`] (which service addresses go to which relay port, and
+//! which are refused or dropped) into the platform's rules. [`iptables`](crate::iptables) is
+//! the Linux one; [`FakeCapture`] records plans for tests.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kp_core::model::{IpFamily, ServicePortName};
+pub use kp_rules::userspace::{CapturedPort, Target};
+
+/// Every captured service port, per family.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CapturePlan {
+    /// Per family, its service ports with that family's addresses.
+    pub families: BTreeMap<IpFamily, Vec<CapturedPort>>,
+}
+
+impl CapturePlan {
+    /// Number of captured service ports over all families.
+    pub fn len(&self) -> usize {
+        self.families.values().map(Vec::len).sum()
+    }
+
+    /// Whether nothing is captured.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Why capturing failed. The previous rules stay; the next sync is full.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// The platform rejected the rules.
+    #[error("applying {what} failed: {message}")]
+    Apply {
+        /// What was applied, for example `iptables-restore (IPv4)`.
+        what: String,
+        /// The tool's or platform's message.
+        message: String,
+    },
+}
+
+/// Steers service traffic to the relay.
+pub trait Capture: Send {
+    /// Make the platform's rules match `plan`. `changed` is `None` for a full rewrite, or
+    /// the service ports whose rules changed (their relay ports or targets); the others'
+    /// rules may be left as they are.
+    fn apply(
+        &mut self,
+        plan: &CapturePlan,
+        changed: Option<&BTreeSet<ServicePortName>>,
+    ) -> impl Future<Output = Result<(), CaptureError>> + Send;
+
+    /// Remove every rule this capture (or any other kube-proxy mode) installed.
+    fn cleanup(&mut self) -> impl Future<Output = Result<(), CaptureError>> + Send;
+}
+
+/// One `apply` as [`FakeCapture`] saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedApply {
+    /// The plan.
+    pub plan: CapturePlan,
+    /// The changed set (`None`: full).
+    pub changed: Option<BTreeSet<ServicePortName>>,
+}
+
+/// A capture that records plans and installs nothing. Clones share the record.
+#[derive(Clone, Debug, Default)]
+pub struct FakeCapture {
+    record: Arc<Mutex<FakeRecord>>,
+}
+
+#[derive(Debug, Default)]
+struct FakeRecord {
+    applies: Vec<RecordedApply>,
+    failures_left: usize,
+    cleanups: usize,
+}
+
+impl FakeCapture {
+    /// A fake that succeeds.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes the next `n` applies fail.
+    pub fn fail_next(&self, n: usize) {
+        self.lock().failures_left = n;
+    }
+
+    /// Every apply so far (failed ones included).
+    pub fn applies(&self) -> Vec<RecordedApply> {
+        self.lock().applies.clone()
+    }
+
+    /// How many times `cleanup` ran.
+    pub fn cleanups(&self) -> usize {
+        self.lock().cleanups
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FakeRecord> {
+        self.record.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Capture for FakeCapture {
+    async fn apply(
+        &mut self,
+        plan: &CapturePlan,
+        changed: Option<&BTreeSet<ServicePortName>>,
+    ) -> Result<(), CaptureError> {
+        let mut record = self.lock();
+        record.applies.push(RecordedApply {
+            plan: plan.clone(),
+            changed: changed.cloned(),
+        });
+        if record.failures_left > 0 {
+            record.failures_left -= 1;
+            return Err(CaptureError::Apply {
+                what: "fake capture".into(),
+                message: "injected failure".into(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn cleanup(&mut self) -> Result<(), CaptureError> {
+        self.lock().cleanups += 1;
+        Ok(())
+    }
+}

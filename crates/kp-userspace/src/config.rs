@@ -1,0 +1,115 @@
+//! The relay's tunables, with documented defaults.
+
+use std::time::Duration;
+
+/// First connect attempt's timeout. Inside a cluster a connect takes well under a
+/// millisecond, so a backend that has not answered in 250 ms is likelier dead than slow;
+/// upstream's userspace proxy started its dial back-off at the same value.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Each further attempt (to the next endpoint) waits twice as long, up to this, so a slow
+/// but live backend still gets a fair chance when every endpoint is slow.
+pub const DEFAULT_MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A UDP session without a datagram either way for this long ends. Upstream's `--udp-timeout`
+/// default for its userspace proxy; short because a session holds a socket and a task.
+pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Open TCP connections per frontend (one service port, one family, one scope). Each costs
+/// two copy buffers and two sockets; the cap keeps one busy service from exhausting the
+/// node's file descriptors and memory.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+/// Live UDP sessions per frontend, for the same reason (each holds a socket and a task).
+pub const DEFAULT_MAX_UDP_SESSIONS: usize = 4096;
+
+/// Copy buffer per direction of a TCP connection. 64 KiB lets one read move a full
+/// segment-offload burst; measured in `kp-bench` (`kp-relay-bench`).
+pub const DEFAULT_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Largest UDP payload (IPv4's 65,535-byte datagram minus headers; IPv6 jumbograms aside).
+pub(crate) const MAX_DATAGRAM: usize = 65_535;
+
+/// How the relay behaves; build with [`RelayConfig::default`] and the `with_*` methods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// First connect attempt's timeout ([`DEFAULT_CONNECT_TIMEOUT`]).
+    pub connect_timeout: Duration,
+    /// Cap of the doubling connect timeout ([`DEFAULT_MAX_CONNECT_TIMEOUT`]).
+    pub max_connect_timeout: Duration,
+    /// UDP session idle timeout ([`DEFAULT_UDP_IDLE_TIMEOUT`]).
+    pub udp_idle_timeout: Duration,
+    /// Open TCP connections per frontend ([`DEFAULT_MAX_CONNECTIONS`]).
+    pub max_connections: usize,
+    /// Live UDP sessions per frontend ([`DEFAULT_MAX_UDP_SESSIONS`]).
+    pub max_udp_sessions: usize,
+    /// Copy buffer per direction ([`DEFAULT_BUFFER_BYTES`]).
+    pub buffer_bytes: usize,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_connect_timeout: DEFAULT_MAX_CONNECT_TIMEOUT,
+            udp_idle_timeout: DEFAULT_UDP_IDLE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_udp_sessions: DEFAULT_MAX_UDP_SESSIONS,
+            buffer_bytes: DEFAULT_BUFFER_BYTES,
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Sets the first connect attempt's timeout.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets the UDP idle timeout.
+    pub fn with_udp_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.udp_idle_timeout = timeout;
+        self
+    }
+
+    /// Sets the per-frontend cap on open TCP connections.
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// Sets the per-frontend cap on UDP sessions.
+    pub fn with_max_udp_sessions(mut self, max: usize) -> Self {
+        self.max_udp_sessions = max;
+        self
+    }
+
+    /// Sets the copy buffer size per direction.
+    pub fn with_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.buffer_bytes = bytes;
+        self
+    }
+
+    /// The timeout of connect attempt `attempt` (0-based): doubling from
+    /// `connect_timeout`, capped at `max_connect_timeout`.
+    pub fn attempt_timeout(&self, attempt: usize) -> Duration {
+        let factor = 1u32 << attempt.min(16);
+        self.connect_timeout
+            .saturating_mul(factor)
+            .min(self.max_connect_timeout.max(self.connect_timeout))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_timeouts_double_up_to_the_cap() {
+        let c = RelayConfig::default();
+        let ms: Vec<u128> = (0..6).map(|a| c.attempt_timeout(a).as_millis()).collect();
+        assert_eq!(ms, vec![250, 500, 1000, 2000, 2000, 2000]);
+        assert_eq!(c.attempt_timeout(usize::MAX), Duration::from_secs(2));
+    }
+}

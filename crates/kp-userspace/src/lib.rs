@@ -1,0 +1,31 @@
+//! Userspace mode: a relay on tokio that accepts service traffic on local ports and copies it
+//! to a backend, and the capture that steers service traffic to those ports.
+//!
+//! - [`balancer`]: round robin and sessionAffinity ClientIP, without I/O.
+//! - [`relay`]: frontends (one listening TCP or UDP socket each), endpoint updates, TCP
+//!   connections with retries on the next endpoint, UDP sessions with an idle timeout,
+//!   per-frontend caps. Portable: nothing here is Linux-specific, so `winuserspace` would be
+//!   this relay with another capture.
+//! - [`config`], [`metrics`]: tunables with their defaults, and the relay's metrics.
+//! - [`capture`]: the trait that steers service traffic to the relay, and a fake.
+//! - [`backend`]: userspace mode as a `kp_core` backend (frontends per service port, family
+//!   and traffic scope; endpoints by traffic policy; capture rewritten each sync).
+//! - `iptables` (Linux only): capture with iptables `REDIRECT` rules from
+//!   `kp_rules::userspace`, applied through kp-dataplane's exec layer.
+
+pub mod backend;
+pub mod balancer;
+pub mod capture;
+pub mod config;
+#[cfg(target_os = "linux")]
+pub mod iptables;
+pub mod metrics;
+pub mod relay;
+mod tcp;
+mod udp;
+
+pub use backend::{FrontendKey, Scope, UserspaceBackend};
+pub use capture::{Capture, CapturePlan, FakeCapture};
+pub use config::RelayConfig;
+pub use metrics::RelayMetrics;
+pub use relay::{Relay, Transport};

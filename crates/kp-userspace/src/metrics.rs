@@ -1,0 +1,92 @@
+//! The relay's metrics, in kp-core's style: families registered once, clones share series.
+//! prometheus-client appends `_total` to counters itself.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels of the per-frontend counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FrontendLabel {
+    /// The frontend (`ns/name:port` plus family and scope in userspace mode).
+    pub frontend: String,
+    /// `tcp` or `udp`.
+    pub protocol: &'static str,
+}
+
+/// Labels of `kube_proxy_rs_userspace_unserved_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// `no_endpoints` or `all_endpoints_failed`.
+    pub reason: &'static str,
+    /// `tcp` or `udp`.
+    pub protocol: &'static str,
+}
+
+/// The relay's metrics. `Default` gives unregistered ones (tests).
+#[derive(Clone, Debug, Default)]
+pub struct RelayMetrics {
+    /// `kube_proxy_rs_userspace_open_connections`: TCP connections being relayed.
+    pub open_connections: Gauge,
+    /// `kube_proxy_rs_userspace_udp_sessions`: live UDP sessions.
+    pub udp_sessions: Gauge,
+    /// `kube_proxy_rs_userspace_limit_rejections_total{frontend,protocol}`: connections
+    /// reset or datagrams dropped because the frontend's cap was reached. Series appear
+    /// only for frontends whose cap bit.
+    pub limit_rejections: Family<FrontendLabel, Counter>,
+    /// `kube_proxy_rs_userspace_connect_failures_total`: backend connect attempts refused or
+    /// timed out (each followed by a try on the next endpoint, if any).
+    pub connect_failures: Counter,
+    /// `kube_proxy_rs_userspace_unserved_total{reason,protocol}`: clients given up on.
+    pub unserved: Family<ReasonLabel, Counter>,
+}
+
+impl RelayMetrics {
+    /// Create the metrics and register them in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "kube_proxy_rs_userspace_open_connections",
+            "TCP connections the userspace relay is copying",
+            m.open_connections.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_userspace_udp_sessions",
+            "Live UDP sessions of the userspace relay",
+            m.udp_sessions.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_userspace_limit_rejections",
+            "Connections reset or datagrams dropped because a frontend's cap was reached",
+            m.limit_rejections.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_userspace_connect_failures",
+            "Backend connect attempts that were refused or timed out",
+            m.connect_failures.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_userspace_unserved",
+            "Clients the relay gave up on, by reason",
+            m.unserved.clone(),
+        );
+        m
+    }
+
+    pub(crate) fn limit_hit(&self, frontend: &str, protocol: &'static str) {
+        self.limit_rejections
+            .get_or_create(&FrontendLabel {
+                frontend: frontend.to_owned(),
+                protocol,
+            })
+            .inc();
+    }
+
+    pub(crate) fn unserved(&self, reason: &'static str, protocol: &'static str) {
+        self.unserved
+            .get_or_create(&ReasonLabel { reason, protocol })
+            .inc();
+    }
+}

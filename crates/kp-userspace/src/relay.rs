@@ -1,0 +1,218 @@
+//! The relay: frontends (one listening socket each) keyed by the caller's key, their
+//! endpoints and affinity, and the tasks that serve them.
+//!
+//! A frontend is added with a socket the caller bound (so tests use `127.0.0.1:0` and the
+//! backend picks addresses), updated with new endpoints at any time, and removed when its
+//! service goes away. Removing a frontend or an endpoint never cuts an established TCP
+//! connection: each connection is its own task and ends when either side closes. UDP has no
+//! such notion: sessions to a removed endpoint end at once (as kernel modes delete the
+//! conntrack entries), so the next datagram goes to a current endpoint.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UdpSocket};
+use tokio_util::sync::CancellationToken;
+
+use crate::balancer::Balancer;
+use crate::config::RelayConfig;
+use crate::metrics::RelayMetrics;
+use crate::{tcp, udp};
+
+/// What a frontend relays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// TCP: a listener; each accepted connection is copied to one backend connection.
+    Tcp,
+    /// UDP: one socket; datagrams are relayed per client session.
+    Udp,
+}
+
+impl Transport {
+    /// `tcp` or `udp`, as in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Udp => "udp",
+        }
+    }
+}
+
+/// What every task of one frontend shares.
+#[derive(Debug)]
+pub(crate) struct Frontend {
+    /// The frontend's name in logs and metric labels.
+    pub(crate) label: String,
+    pub(crate) balancer: Mutex<Balancer>,
+    pub(crate) config: RelayConfig,
+    pub(crate) metrics: RelayMetrics,
+    /// Permits for open TCP connections: the frontend's cap.
+    pub(crate) connections: Arc<tokio::sync::Semaphore>,
+    /// Live UDP sessions by client address (empty for TCP).
+    pub(crate) sessions: Mutex<HashMap<SocketAddr, udp::SessionEntry>>,
+}
+
+impl Frontend {
+    pub(crate) fn balancer(&self) -> MutexGuard<'_, Balancer> {
+        self.balancer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn sessions(&self) -> MutexGuard<'_, HashMap<SocketAddr, udp::SessionEntry>> {
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One frontend as the relay keeps it.
+#[derive(Debug)]
+struct Entry {
+    shared: Arc<Frontend>,
+    transport: Transport,
+    local: SocketAddr,
+    stop: CancellationToken,
+}
+
+/// A set of frontends. Must be used inside a tokio runtime (it spawns the serving tasks).
+/// Dropping the relay stops every frontend's listener; established connections finish.
+#[derive(Debug)]
+pub struct Relay<K> {
+    config: RelayConfig,
+    metrics: RelayMetrics,
+    frontends: HashMap<K, Entry>,
+}
+
+impl<K> Relay<K>
+where
+    K: Clone + Eq + Hash + fmt::Display,
+{
+    /// An empty relay.
+    pub fn new(config: RelayConfig, metrics: RelayMetrics) -> Self {
+        Self {
+            config,
+            metrics,
+            frontends: HashMap::new(),
+        }
+    }
+
+    /// Serves `listener` as TCP frontend `key` (replacing any frontend of that key) and
+    /// returns its local address. It has no endpoints until [`Relay::update`].
+    pub fn add_tcp(&mut self, key: K, listener: TcpListener) -> std::io::Result<SocketAddr> {
+        let local = listener.local_addr()?;
+        let (shared, stop) = self.insert(key, Transport::Tcp, local);
+        tokio::spawn(tcp::serve(listener, shared, stop));
+        Ok(local)
+    }
+
+    /// Serves `socket` as UDP frontend `key` (replacing any frontend of that key) and
+    /// returns its local address.
+    pub fn add_udp(&mut self, key: K, socket: UdpSocket) -> std::io::Result<SocketAddr> {
+        let local = socket.local_addr()?;
+        let (shared, stop) = self.insert(key, Transport::Udp, local);
+        tokio::spawn(udp::serve(socket, shared, stop));
+        Ok(local)
+    }
+
+    fn insert(
+        &mut self,
+        key: K,
+        transport: Transport,
+        local: SocketAddr,
+    ) -> (Arc<Frontend>, CancellationToken) {
+        let shared = Arc::new(Frontend {
+            label: key.to_string(),
+            balancer: Mutex::new(Balancer::new()),
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            connections: Arc::new(tokio::sync::Semaphore::new(
+                self.config
+                    .max_connections
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
+            sessions: Mutex::new(HashMap::new()),
+        });
+        let stop = CancellationToken::new();
+        let entry = Entry {
+            shared: shared.clone(),
+            transport,
+            local,
+            stop: stop.clone(),
+        };
+        if let Some(old) = self.frontends.insert(key, entry) {
+            old.stop.cancel();
+        }
+        (shared, stop)
+    }
+
+    /// Sets frontend `key`'s endpoints and ClientIP affinity timeout. New connections use
+    /// them at once; established TCP connections are left alone; UDP sessions whose endpoint
+    /// is gone end. Returns false if there is no such frontend.
+    pub fn update(
+        &mut self,
+        key: &K,
+        endpoints: Vec<SocketAddr>,
+        affinity: Option<Duration>,
+    ) -> bool {
+        let Some(entry) = self.frontends.get(key) else {
+            return false;
+        };
+        {
+            let mut balancer = entry.shared.balancer();
+            if balancer.endpoints() != endpoints.as_slice() {
+                balancer.set_endpoints(endpoints.clone());
+            }
+            balancer.set_affinity(affinity);
+        }
+        if entry.transport == Transport::Udp {
+            udp::end_sessions_not_in(&entry.shared, &endpoints);
+        }
+        true
+    }
+
+    /// Stops frontend `key` from taking new clients. Established TCP connections finish;
+    /// UDP sessions end (their replies went through the frontend's socket). Returns false if
+    /// there was no such frontend.
+    pub fn remove(&mut self, key: &K) -> bool {
+        match self.frontends.remove(key) {
+            Some(entry) => {
+                entry.stop.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The local address of frontend `key`.
+    pub fn local_addr(&self, key: &K) -> Option<SocketAddr> {
+        self.frontends.get(key).map(|e| e.local)
+    }
+
+    /// The frontends' keys.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.frontends.keys()
+    }
+
+    /// The current endpoints of frontend `key`.
+    pub fn endpoints(&self, key: &K) -> Option<Vec<SocketAddr>> {
+        self.frontends
+            .get(key)
+            .map(|e| e.shared.balancer().endpoints().to_vec())
+    }
+
+    /// The number of live UDP sessions of frontend `key`.
+    pub fn udp_sessions(&self, key: &K) -> usize {
+        self.frontends
+            .get(key)
+            .map_or(0, |e| e.shared.sessions().len())
+    }
+}
+
+impl<K> Drop for Relay<K> {
+    fn drop(&mut self) {
+        for entry in self.frontends.values() {
+            entry.stop.cancel();
+        }
+    }
+}

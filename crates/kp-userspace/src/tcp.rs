@@ -1,0 +1,107 @@
+//! TCP frontends: accept, pick a backend (retrying the next endpoint when a connect is
+//! refused or times out), then copy both ways until both sides are done.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::relay::Frontend;
+
+/// After a failed `accept` (for example out of file descriptors) wait this long before the
+/// next, so the loop does not spin while the condition lasts.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// Accepts on `listener` until `stop`; each connection gets its own task, which outlives
+/// `stop`.
+pub(crate) async fn serve(listener: TcpListener, frontend: Arc<Frontend>, stop: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((client, peer)) => {
+                let Ok(permit) = frontend.connections.clone().try_acquire_owned() else {
+                    frontend.metrics.limit_hit(&frontend.label, "tcp");
+                    debug!(frontend = %frontend.label, %peer, "connection cap reached; resetting");
+                    reset(client);
+                    continue;
+                };
+                tokio::spawn(relay(frontend.clone(), client, peer, permit));
+            }
+            Err(error) => {
+                warn!(frontend = %frontend.label, %error, "accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
+}
+
+/// Closes `stream` with a RST, so the client sees the failure at once rather than an
+/// orderly end of an empty response.
+fn reset(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
+/// One client connection: connect to the first endpoint that answers, then copy.
+async fn relay(
+    frontend: Arc<Frontend>,
+    mut client: TcpStream,
+    peer: SocketAddr,
+    _permit: OwnedSemaphorePermit,
+) {
+    let candidates = frontend.balancer().candidates(peer.ip(), Instant::now());
+    if candidates.is_empty() {
+        frontend.metrics.unserved("no_endpoints", "tcp");
+        reset(client);
+        return;
+    }
+    let Some((mut backend, endpoint)) = connect_any(&frontend, &candidates).await else {
+        frontend.metrics.unserved("all_endpoints_failed", "tcp");
+        warn!(frontend = %frontend.label, %peer, tried = candidates.len(), "no endpoint accepted the connection");
+        reset(client);
+        return;
+    };
+    frontend
+        .balancer()
+        .connected(peer.ip(), endpoint, Instant::now());
+    // Small writes (requests, acks of a protocol) must not wait for Nagle on either hop.
+    let _ = client.set_nodelay(true);
+    let _ = backend.set_nodelay(true);
+    frontend.metrics.open_connections.inc();
+    let size = frontend.config.buffer_bytes;
+    let result =
+        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut backend, size, size).await;
+    frontend.metrics.open_connections.dec();
+    if let Err(error) = result {
+        debug!(frontend = %frontend.label, %peer, %endpoint, %error, "connection ended with an error");
+    }
+}
+
+/// Tries `candidates` in order, each once, with the doubling attempt timeout.
+async fn connect_any(
+    frontend: &Frontend,
+    candidates: &[SocketAddr],
+) -> Option<(TcpStream, SocketAddr)> {
+    for (attempt, endpoint) in candidates.iter().enumerate() {
+        let timeout = frontend.config.attempt_timeout(attempt);
+        match tokio::time::timeout(timeout, TcpStream::connect(endpoint)).await {
+            Ok(Ok(stream)) => return Some((stream, *endpoint)),
+            Ok(Err(error)) => {
+                debug!(frontend = %frontend.label, %endpoint, %error, "connect failed; trying the next endpoint");
+            }
+            Err(_) => {
+                debug!(frontend = %frontend.label, %endpoint, ?timeout, "connect timed out; trying the next endpoint");
+            }
+        }
+        frontend.metrics.connect_failures.inc();
+    }
+    None
+}

@@ -1,0 +1,268 @@
+//! Userspace mode's backend with a fake capture and frontends on 127.0.0.1: what it tells the
+//! capture (targets, partial sets), and that the frontends it opens relay to the right
+//! endpoints by traffic policy.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+
+use kp_core::backend::{Backend, SyncKind, SyncRequest};
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
+use kp_core::tracker::ProxyState;
+use kp_userspace::backend::BindAddresses;
+use kp_userspace::capture::{CapturedPort, Target};
+use kp_userspace::{FakeCapture, FrontendKey, RelayConfig, RelayMetrics, Scope, UserspaceBackend};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+#[path = "../../kp-dataplane/src/testutil.rs"]
+mod testutil;
+
+use testutil::{NODE, port_name, state};
+
+fn name(svc: &str) -> ServicePortName {
+    port_name("ns", svc, "p", Protocol::Tcp)
+}
+
+fn service(svc: &str, cluster_ip: &str) -> ServicePort {
+    testutil::service("ns", svc, Protocol::Tcp, cluster_ip, 80)
+}
+
+/// A ready endpoint at `addr`, on this node when `local`.
+fn endpoint(addr: SocketAddr, local: bool) -> Endpoint {
+    let mut endpoint = testutil::endpoint(&addr.ip().to_string(), addr.port());
+    if local {
+        endpoint.node_name = Some(NODE.into());
+        endpoint.is_local = true;
+    }
+    endpoint
+}
+
+/// A TCP backend greeting each connection with `name`.
+async fn greeter(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.write_all(format!("{name}\n").as_bytes()).await;
+        }
+    });
+    addr
+}
+
+async fn greeted_by(port: u16) -> String {
+    let stream = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the frontend");
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .await
+        .expect("greeting");
+    line.trim().to_owned()
+}
+
+fn backend(capture: FakeCapture) -> UserspaceBackend<FakeCapture> {
+    UserspaceBackend::new(
+        RelayConfig::default(),
+        RelayMetrics::default(),
+        capture,
+        vec![IpFamily::V4, IpFamily::V6],
+    )
+    .with_bind_addresses(BindAddresses {
+        v4: "127.0.0.1".parse().expect("literal"),
+        v6: "::1".parse().expect("literal"),
+    })
+}
+
+async fn sync(
+    backend: &mut UserspaceBackend<FakeCapture>,
+    state: &ProxyState,
+    kind: SyncKind,
+    changed: &[&str],
+) {
+    let changed: BTreeSet<ServiceName> = changed.iter().map(|s| name(s).service).collect();
+    backend
+        .sync(&SyncRequest {
+            state,
+            kind,
+            changed: &changed,
+            conntrack_cleanup_required: false,
+        })
+        .await
+        .expect("sync");
+}
+
+fn captured(capture: &FakeCapture, svc: &str) -> CapturedPort {
+    let applies = capture.applies();
+    let last = applies.last().expect("an apply");
+    last.plan.families[&IpFamily::V4]
+        .iter()
+        .find(|p| p.name == name(svc))
+        .cloned()
+        .expect("captured port")
+}
+
+fn redirect_port(target: Target) -> u16 {
+    match target {
+        Target::Redirect(port) => port,
+        other => panic!("expected a redirect, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn frontends_follow_the_traffic_policies() {
+    let local = greeter("local").await;
+    let remote = greeter("remote").await;
+    let mut svc = service("web", "10.96.0.10");
+    svc.node_port = Some(30080);
+    svc.external_policy_local = true;
+    let endpoints = vec![endpoint(local, true), endpoint(remote, false)];
+    let capture = FakeCapture::new();
+    let mut b = backend(capture.clone());
+    sync(&mut b, &state(vec![(svc, endpoints)]), SyncKind::Full, &[]).await;
+
+    let port = captured(&capture, "web");
+    assert_eq!(port.node_port, Some(30080));
+    // ClusterIP traffic: both endpoints, round robin.
+    let internal = redirect_port(port.internal);
+    let mut seen = BTreeSet::new();
+    for _ in 0..4 {
+        seen.insert(greeted_by(internal).await);
+    }
+    assert_eq!(seen, ["local", "remote"].map(String::from).into());
+    // NodePort traffic with eTP Local: only the local endpoint.
+    let external = redirect_port(port.external);
+    for _ in 0..4 {
+        assert_eq!(greeted_by(external).await, "local");
+    }
+    assert_eq!(b.relay().keys().count(), 2);
+}
+
+#[tokio::test]
+async fn without_endpoints_traffic_is_rejected_or_dropped_and_no_frontend_opens() {
+    let remote = greeter("remote").await;
+    let empty = service("empty", "10.96.0.11");
+    let mut local_only = service("local", "10.96.0.12");
+    local_only.load_balancer_ips = vec!["198.51.100.1".parse().expect("literal")];
+    local_only.external_policy_local = true;
+    let capture = FakeCapture::new();
+    let mut b = backend(capture.clone());
+    let s = state(vec![
+        (empty, vec![]),
+        (local_only, vec![endpoint(remote, false)]),
+    ]);
+    sync(&mut b, &s, SyncKind::Full, &[]).await;
+    let empty = captured(&capture, "empty");
+    assert_eq!(empty.internal, Target::Reject);
+    let local = captured(&capture, "local");
+    assert!(matches!(local.internal, Target::Redirect(_)));
+    assert_eq!(
+        local.external,
+        Target::Drop,
+        "eTP Local without a local endpoint"
+    );
+    let keys: Vec<FrontendKey> = b.relay().keys().cloned().collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert_eq!(keys[0].scope, Scope::Internal);
+}
+
+#[tokio::test]
+async fn partial_syncs_name_changed_reopened_and_deleted_ports() {
+    let a = greeter("a").await;
+    let capture = FakeCapture::new();
+    let mut b = backend(capture.clone());
+    let one = state(vec![
+        (service("keep", "10.96.0.20"), vec![endpoint(a, true)]),
+        (service("gone", "10.96.0.21"), vec![endpoint(a, true)]),
+        (service("later", "10.96.0.22"), vec![]),
+    ]);
+    sync(&mut b, &one, SyncKind::Full, &[]).await;
+    assert_eq!(capture.applies()[0].changed, None, "the first sync is full");
+    let keep_port = redirect_port(captured(&capture, "keep").internal);
+
+    // `gone` is deleted, `later` gets an endpoint (a frontend opens).
+    let two = state(vec![
+        (service("keep", "10.96.0.20"), vec![endpoint(a, true)]),
+        (service("later", "10.96.0.22"), vec![endpoint(a, true)]),
+    ]);
+    sync(&mut b, &two, SyncKind::Partial, &["gone", "later"]).await;
+    let last = capture.applies().pop().expect("apply");
+    let changed = last.changed.expect("partial");
+    assert_eq!(changed, [name("gone"), name("later")].into());
+    assert_eq!(
+        redirect_port(captured(&capture, "keep").internal),
+        keep_port,
+        "an unchanged frontend keeps its port"
+    );
+    assert_eq!(
+        greeted_by(redirect_port(captured(&capture, "later").internal)).await,
+        "a"
+    );
+    assert_eq!(b.relay().keys().count(), 2, "gone's frontend closed");
+}
+
+#[tokio::test]
+async fn a_failed_capture_fails_the_sync_and_the_next_one_is_full() {
+    let a = greeter("a").await;
+    let capture = FakeCapture::new();
+    let mut b = backend(capture.clone());
+    let s = state(vec![(
+        service("web", "10.96.0.30"),
+        vec![endpoint(a, true)],
+    )]);
+    sync(&mut b, &s, SyncKind::Full, &[]).await;
+    capture.fail_next(1);
+    let changed: BTreeSet<ServiceName> = [name("web").service].into();
+    let failed = b
+        .sync(&SyncRequest {
+            state: &s,
+            kind: SyncKind::Partial,
+            changed: &changed,
+            conntrack_cleanup_required: false,
+        })
+        .await;
+    assert!(failed.is_err());
+    sync(&mut b, &s, SyncKind::Partial, &["web"]).await;
+    assert_eq!(capture.applies().pop().expect("apply").changed, None);
+}
+
+#[tokio::test]
+async fn dual_stack_services_get_a_frontend_per_family() {
+    let v4 = greeter("v4").await;
+    let listener = TcpListener::bind("[::1]:0").await.expect("bind ::1");
+    let v6 = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.write_all(b"v6\n").await;
+        }
+    });
+    let mut svc = service("dual", "10.96.0.40");
+    svc.cluster_ips
+        .push("fd00:96::40".parse::<IpAddr>().expect("literal"));
+    let capture = FakeCapture::new();
+    let mut b = backend(capture.clone());
+    let s = state(vec![(svc, vec![endpoint(v4, true), endpoint(v6, true)])]);
+    sync(&mut b, &s, SyncKind::Full, &[]).await;
+    let plan = capture.applies().pop().expect("apply").plan;
+    let v6_port = &plan.families[&IpFamily::V6][0];
+    assert_eq!(
+        v6_port.cluster_ip,
+        "fd00:96::40".parse::<IpAddr>().expect("literal")
+    );
+    let port = redirect_port(v6_port.internal);
+    let stream = TcpStream::connect(("::1", port)).await.expect("connect");
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .await
+        .expect("greeting");
+    assert_eq!(
+        line.trim(),
+        "v6",
+        "an IPv6 frontend relays to IPv6 endpoints only"
+    );
+    assert_eq!(
+        greeted_by(redirect_port(captured(&capture, "dual").internal)).await,
+        "v4"
+    );
+}

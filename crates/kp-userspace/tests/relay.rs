@@ -1,0 +1,432 @@
+//! The relay with real sockets on 127.0.0.1: balancing, affinity, retries past dead
+//! endpoints, UDP sessions and their expiry, caps, and graceful endpoint removal. Nothing
+//! here asserts on time: waits are bounded polls for an outcome.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kp_userspace::{Relay, RelayConfig, RelayMetrics};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
+
+/// How long a test waits for something that happens in milliseconds.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+const LOOPBACK: &str = "127.0.0.1:0";
+
+/// A TCP backend that greets every connection with `name\n`, then echoes.
+async fn tcp_backend(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind(LOOPBACK).await.expect("bind backend");
+    let addr = listener.local_addr().expect("backend address");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if stream
+                    .write_all(format!("{name}\n").as_bytes())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let (mut r, mut w) = stream.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A UDP backend that answers every datagram with `name:payload`.
+async fn udp_backend(name: &'static str) -> SocketAddr {
+    let socket = UdpSocket::bind(LOOPBACK).await.expect("bind backend");
+    let addr = socket.local_addr().expect("backend address");
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 2048];
+        while let Ok((len, peer)) = socket.recv_from(&mut buf).await {
+            let reply = format!("{name}:{}", String::from_utf8_lossy(&buf[..len]));
+            let _ = socket.send_to(reply.as_bytes(), peer).await;
+        }
+    });
+    addr
+}
+
+/// A port nothing listens on (bound, then released): connects to it are refused.
+async fn dead_port() -> SocketAddr {
+    let listener = TcpListener::bind(LOOPBACK).await.expect("bind");
+    listener.local_addr().expect("address")
+}
+
+/// A relay with one TCP frontend `svc` over `endpoints`.
+async fn tcp_relay(
+    config: RelayConfig,
+    endpoints: Vec<SocketAddr>,
+    affinity: Option<Duration>,
+) -> (Relay<&'static str>, SocketAddr, RelayMetrics) {
+    let metrics = RelayMetrics::default();
+    let mut relay = Relay::new(config, metrics.clone());
+    let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
+    let front = relay.add_tcp("svc", listener).expect("add frontend");
+    assert!(relay.update(&"svc", endpoints, affinity));
+    (relay, front, metrics)
+}
+
+/// Connects through the relay and reads the greeting: which backend answered.
+async fn greeted_by(front: SocketAddr) -> (String, BufReader<TcpStream>) {
+    let stream = tokio::time::timeout(PATIENCE, TcpStream::connect(front))
+        .await
+        .expect("connect in time")
+        .expect("connect to the frontend");
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    tokio::time::timeout(PATIENCE, reader.read_line(&mut line))
+        .await
+        .expect("greeting in time")
+        .expect("read the greeting");
+    (line.trim().to_owned(), reader)
+}
+
+/// Sends `text` on an open connection and reads it back.
+async fn echo(conn: &mut BufReader<TcpStream>, text: &str) -> String {
+    conn.get_mut()
+        .write_all(format!("{text}\n").as_bytes())
+        .await
+        .expect("write");
+    let mut line = String::new();
+    tokio::time::timeout(PATIENCE, conn.read_line(&mut line))
+        .await
+        .expect("echo in time")
+        .expect("read echo");
+    line.trim().to_owned()
+}
+
+/// Whether the relay closed `conn` without data (reset or EOF), within [`PATIENCE`].
+async fn closed_without_data(mut stream: TcpStream) -> bool {
+    let mut buf = [0u8; 16];
+    match tokio::time::timeout(PATIENCE, stream.read(&mut buf)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => true,
+        Ok(Ok(_)) | Err(_) => false,
+    }
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} did not happen within {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn round_robin_over_every_endpoint() {
+    let endpoints = vec![
+        tcp_backend("a").await,
+        tcp_backend("b").await,
+        tcp_backend("c").await,
+    ];
+    let (_relay, front, _) = tcp_relay(RelayConfig::default(), endpoints, None).await;
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let (who, mut conn) = greeted_by(front).await;
+        assert_eq!(
+            echo(&mut conn, "ping").await,
+            "ping",
+            "data flows both ways"
+        );
+        seen.push(who);
+    }
+    assert_eq!(seen, ["a", "b", "c", "a", "b", "c"]);
+}
+
+#[tokio::test]
+async fn client_ip_affinity_pins_a_client() {
+    let endpoints = vec![tcp_backend("a").await, tcp_backend("b").await];
+    let (_relay, front, _) = tcp_relay(
+        RelayConfig::default(),
+        endpoints,
+        Some(Duration::from_secs(60)),
+    )
+    .await;
+    let mut seen = Vec::new();
+    for _ in 0..8 {
+        seen.push(greeted_by(front).await.0);
+    }
+    assert!(
+        seen.iter().all(|w| *w == seen[0]),
+        "one client, one endpoint: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_connect_moves_on_to_the_next_endpoint() {
+    let dead = dead_port().await;
+    let endpoints = vec![dead, tcp_backend("live").await, dead];
+    let (_relay, front, metrics) = tcp_relay(RelayConfig::default(), endpoints, None).await;
+    // Whichever endpoint round robin starts at, every client reaches the live one.
+    for _ in 0..6 {
+        assert_eq!(greeted_by(front).await.0, "live");
+    }
+    assert!(metrics.connect_failures.get() >= 4, "refusals are counted");
+}
+
+#[tokio::test]
+async fn a_timed_out_connect_moves_on_to_the_next_endpoint() {
+    // A listener that never accepts, with its accept queue full: further SYNs are dropped,
+    // so a connect to it times out rather than being refused.
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(LOOPBACK.parse().expect("literal"))
+        .expect("bind");
+    let stuck = socket.listen(0).expect("listen");
+    let stuck_addr = stuck.local_addr().expect("address");
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(stuck_addr)).await
+        {
+            fillers.push(s);
+        }
+    }
+    let blocked = tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(stuck_addr))
+        .await
+        .is_err();
+    assert!(
+        blocked,
+        "precondition: connects to a listener with a full accept queue must hang"
+    );
+    let config = RelayConfig::default().with_connect_timeout(Duration::from_millis(100));
+    let endpoints = vec![stuck_addr, tcp_backend("live").await];
+    let (_relay, front, metrics) = tcp_relay(config, endpoints, None).await;
+    for _ in 0..2 {
+        assert_eq!(greeted_by(front).await.0, "live");
+    }
+    assert!(metrics.connect_failures.get() >= 1);
+    drop(fillers);
+}
+
+#[tokio::test]
+async fn every_endpoint_dead_or_none_resets_the_client() {
+    let (mut relay, front, metrics) =
+        tcp_relay(RelayConfig::default(), vec![dead_port().await], None).await;
+    let stream = TcpStream::connect(front)
+        .await
+        .expect("the frontend accepts");
+    assert!(closed_without_data(stream).await);
+    relay.update(&"svc", Vec::new(), None);
+    let stream = TcpStream::connect(front)
+        .await
+        .expect("the frontend accepts");
+    assert!(closed_without_data(stream).await);
+    let text = encode(&metrics);
+    assert!(
+        text.contains("kube_proxy_rs_userspace_unserved_total{reason=\"all_endpoints_failed\",protocol=\"tcp\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "kube_proxy_rs_userspace_unserved_total{reason=\"no_endpoints\",protocol=\"tcp\"} 1"
+        ),
+        "{text}"
+    );
+}
+
+/// The relay's `unserved` family as Prometheus text.
+fn encode(metrics: &RelayMetrics) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register(
+        "kube_proxy_rs_userspace_unserved",
+        "",
+        metrics.unserved.clone(),
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    text
+}
+
+#[tokio::test]
+async fn the_connection_cap_resets_extra_clients_and_counts_them() {
+    let config = RelayConfig::default().with_max_connections(2);
+    let (_relay, front, metrics) = tcp_relay(config, vec![tcp_backend("a").await], None).await;
+    let (_, mut first) = greeted_by(front).await;
+    let (_, second) = greeted_by(front).await;
+    let third = TcpStream::connect(front).await.expect("the kernel accepts");
+    assert!(closed_without_data(third).await, "over the cap: reset");
+    assert_eq!(
+        metrics
+            .limit_rejections
+            .get_or_create(&kp_userspace::metrics::FrontendLabel {
+                frontend: "svc".into(),
+                protocol: "tcp"
+            })
+            .get(),
+        1
+    );
+    assert_eq!(echo(&mut first, "still-here").await, "still-here");
+    // A closed connection frees its place.
+    drop(second);
+    eventually("the second connection's slot to free up", || {
+        metrics.open_connections.get() == 1
+    })
+    .await;
+    let (who, _) = greeted_by(front).await;
+    assert_eq!(who, "a");
+}
+
+#[tokio::test]
+async fn removed_endpoints_keep_their_connections_and_get_no_new_ones() {
+    let a = tcp_backend("a").await;
+    let b = tcp_backend("b").await;
+    let (mut relay, front, _) = tcp_relay(RelayConfig::default(), vec![a], None).await;
+    let (who, mut old) = greeted_by(front).await;
+    assert_eq!(who, "a");
+    relay.update(&"svc", vec![b], None);
+    assert_eq!(echo(&mut old, "after-update").await, "after-update");
+    for _ in 0..3 {
+        assert_eq!(greeted_by(front).await.0, "b");
+    }
+    // Removing the whole frontend stops new connections, not the established one.
+    relay.remove(&"svc");
+    assert_eq!(echo(&mut old, "after-remove").await, "after-remove");
+    eventually("the listener to close", || {
+        std::net::TcpStream::connect_timeout(&front, Duration::from_secs(1)).is_err()
+    })
+    .await;
+}
+
+/// A relay with one UDP frontend over `endpoints`.
+async fn udp_relay(
+    config: RelayConfig,
+    endpoints: Vec<SocketAddr>,
+) -> (Relay<&'static str>, SocketAddr, RelayMetrics) {
+    let metrics = RelayMetrics::default();
+    let mut relay = Relay::new(config, metrics.clone());
+    let socket = UdpSocket::bind(LOOPBACK).await.expect("bind frontend");
+    let front = relay.add_udp("dns", socket).expect("add frontend");
+    relay.update(&"dns", endpoints, None);
+    (relay, front, metrics)
+}
+
+/// A client socket connected to the frontend.
+async fn udp_client(front: SocketAddr) -> UdpSocket {
+    let socket = UdpSocket::bind(LOOPBACK).await.expect("bind client");
+    socket.connect(front).await.expect("connect client");
+    socket
+}
+
+/// Sends `payload` and waits for the reply (`name:payload`); `None` if none came within
+/// `wait`.
+async fn ask(socket: &UdpSocket, payload: &str, wait: Duration) -> Option<String> {
+    socket.send(payload.as_bytes()).await.expect("send");
+    let mut buf = [0u8; 2048];
+    match tokio::time::timeout(wait, socket.recv(&mut buf)).await {
+        Ok(Ok(len)) => Some(String::from_utf8_lossy(&buf[..len]).into_owned()),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn udp_sessions_stick_per_client_and_spread_across_clients() {
+    let endpoints = vec![udp_backend("a").await, udp_backend("b").await];
+    let config = RelayConfig::default().with_udp_idle_timeout(Duration::from_secs(30));
+    let (relay, front, metrics) = udp_relay(config, endpoints).await;
+    let one = udp_client(front).await;
+    let two = udp_client(front).await;
+    let first = ask(&one, "q1", PATIENCE).await.expect("reply");
+    let backend = first.split(':').next().expect("name").to_owned();
+    for i in 0..5 {
+        let reply = ask(&one, &format!("again{i}"), PATIENCE)
+            .await
+            .expect("reply");
+        assert_eq!(
+            reply,
+            format!("{backend}:again{i}"),
+            "same session, same backend"
+        );
+    }
+    let other = ask(&two, "q2", PATIENCE).await.expect("reply");
+    assert!(
+        !other.starts_with(&format!("{backend}:")),
+        "the next client goes to the next endpoint: {other}"
+    );
+    assert_eq!(relay.udp_sessions(&"dns"), 2);
+    assert_eq!(metrics.udp_sessions.get(), 2);
+}
+
+#[tokio::test]
+async fn idle_udp_sessions_expire() {
+    let endpoints = vec![udp_backend("a").await, udp_backend("b").await];
+    let config = RelayConfig::default().with_udp_idle_timeout(Duration::from_millis(50));
+    let (relay, front, metrics) = udp_relay(config, endpoints).await;
+    let client = udp_client(front).await;
+    let first = ask(&client, "x", PATIENCE).await.expect("reply");
+    eventually("the idle session to end", || {
+        relay.udp_sessions(&"dns") == 0
+    })
+    .await;
+    eventually("the gauge to drop", || metrics.udp_sessions.get() == 0).await;
+    // A new session from the same client address is balanced afresh: the other endpoint.
+    let second = ask(&client, "x", PATIENCE).await.expect("reply");
+    assert_ne!(first, second, "a new session after expiry");
+}
+
+#[tokio::test]
+async fn udp_sessions_to_a_removed_endpoint_end_at_once() {
+    let a = udp_backend("a").await;
+    let b = udp_backend("b").await;
+    let config = RelayConfig::default().with_udp_idle_timeout(Duration::from_secs(30));
+    let (mut relay, front, _) = udp_relay(config, vec![a]).await;
+    let client = udp_client(front).await;
+    assert_eq!(ask(&client, "1", PATIENCE).await.as_deref(), Some("a:1"));
+    relay.update(&"dns", vec![b], None);
+    assert_eq!(ask(&client, "2", PATIENCE).await.as_deref(), Some("b:2"));
+}
+
+#[tokio::test]
+async fn the_udp_session_cap_drops_new_clients_and_counts_them() {
+    let config = RelayConfig::default()
+        .with_udp_idle_timeout(Duration::from_secs(30))
+        .with_max_udp_sessions(1);
+    let (relay, front, metrics) = udp_relay(config, vec![udp_backend("a").await]).await;
+    let one = udp_client(front).await;
+    let two = udp_client(front).await;
+    assert_eq!(ask(&one, "1", PATIENCE).await.as_deref(), Some("a:1"));
+    two.send(b"2").await.expect("send");
+    let label = kp_userspace::metrics::FrontendLabel {
+        frontend: "dns".into(),
+        protocol: "udp",
+    };
+    eventually("the cap to bite", || {
+        metrics.limit_rejections.get_or_create(&label).get() == 1
+    })
+    .await;
+    assert_eq!(relay.udp_sessions(&"dns"), 1);
+    // The session inside the cap keeps working.
+    assert_eq!(ask(&one, "3", PATIENCE).await.as_deref(), Some("a:3"));
+}
+
+#[tokio::test]
+async fn a_udp_backend_that_refuses_ends_its_session() {
+    // Bound and released: datagrams to it draw ICMP port unreachable.
+    let dead = UdpSocket::bind(LOOPBACK)
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("address");
+    let live = udp_backend("live").await;
+    let config = RelayConfig::default().with_udp_idle_timeout(Duration::from_secs(30));
+    let (relay, front, _) = udp_relay(config, vec![dead, live]).await;
+    let client = udp_client(front).await;
+    // The first session goes to the dead endpoint; its refusal ends the session, and a
+    // retry from the same client is balanced onto the live one.
+    let mut reply = None;
+    for _ in 0..20 {
+        reply = ask(&client, "q", Duration::from_millis(200)).await;
+        if reply.is_some() {
+            break;
+        }
+    }
+    assert_eq!(reply.as_deref(), Some("live:q"));
+    assert_eq!(relay.udp_sessions(&"dns"), 1);
+}

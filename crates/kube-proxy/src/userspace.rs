@@ -1,0 +1,39 @@
+//! Building userspace mode: the relay (`kp-userspace`) with iptables capture. On Linux,
+//! `winuserspace` is refused with a pointer to this mode, which runs the same relay.
+
+use kp_config::KubeProxyConfiguration;
+use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools};
+use kp_dataplane::iptables::detect_families;
+use kp_rules::userspace::{CaptureConfig, DEFAULT_DROP_BIT};
+use kp_userspace::iptables::IptablesCapture;
+use kp_userspace::{RelayConfig, RelayMetrics, UserspaceBackend};
+use prometheus_client::registry::Registry;
+
+/// Why `--proxy-mode=winuserspace` does not start here.
+pub const WINUSERSPACE_ON_LINUX: &str = "proxy mode \"winuserspace\" is for Windows nodes; on Linux use --proxy-mode=userspace, which runs the same relay with iptables capture";
+
+/// Userspace mode as the binary runs it.
+pub type UserspaceMode = UserspaceBackend<IptablesCapture<ExecRunner>>;
+
+/// Builds userspace mode. NodePorts answer where iptables mode's would
+/// (`nodePortAddresses`, localhost NodePorts), without needing `route_localnet`: the
+/// redirect keeps loopback traffic on the node.
+pub fn backend(config: &KubeProxyConfiguration, registry: &mut Registry) -> UserspaceMode {
+    let families = detect_families();
+    let capture = IptablesCapture::new(
+        ExecRunner::new(Tools::new(IptablesVariant::System)),
+        CaptureConfig {
+            node_port_addresses: crate::modes::node_port_addresses(config),
+            localhost_node_ports: config.iptables.localhost_node_ports,
+            drop_bit: DEFAULT_DROP_BIT,
+        },
+        families.clone(),
+    );
+    tracing::info!("Using userspace Proxier");
+    UserspaceBackend::new(
+        RelayConfig::default(),
+        RelayMetrics::register(registry),
+        capture,
+        families,
+    )
+}
