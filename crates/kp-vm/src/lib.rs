@@ -77,6 +77,38 @@ pub struct VmOutput {
     pub elapsed: Duration,
 }
 
+impl VmOutput {
+    /// libtest's last `test result:` line in stdout as (passed, failed), if there is one.
+    pub fn libtest_counts(&self) -> Option<(usize, usize)> {
+        let text = String::from_utf8_lossy(&self.stdout);
+        let line = text.lines().rev().find(|l| l.starts_with("test result:"))?;
+        let count = |word: &str| -> Option<usize> {
+            let before = line.split(word).next()?;
+            before
+                .rsplit(|c: char| !c.is_ascii_digit())
+                .find(|s| !s.is_empty())?
+                .parse()
+                .ok()
+        };
+        Some((count(" passed")?, count(" failed")?))
+    }
+
+    /// Panics (with the guest's output) unless the program exited 0 after libtest ran at
+    /// least `min_passed` tests and none failed: a suite that ran nothing is a failure too.
+    pub fn assert_tests_passed(&self, min_passed: usize) {
+        let stdout = String::from_utf8_lossy(&self.stdout);
+        let stderr = String::from_utf8_lossy(&self.stderr);
+        let report = format!("--- guest stdout ---\n{stdout}--- guest stderr ---\n{stderr}");
+        println!("{report}");
+        let counts = self.libtest_counts();
+        assert!(
+            self.status == 0 && counts.is_some_and(|(p, f)| p >= min_passed && f == 0),
+            "the suite inside the VM failed (exit status {}, passed/failed {counts:?}, expected at least {min_passed} passed):\n{report}",
+            self.status
+        );
+    }
+}
+
 /// A VM configuration; [`Vm::from_env`] reads the knobs described in the crate docs.
 #[derive(Clone, Debug)]
 pub struct Vm {

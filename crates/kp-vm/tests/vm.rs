@@ -52,3 +52,20 @@ fn guest_fails_on_purpose() {
         panic!("failed on purpose inside the VM");
     }
 }
+
+#[test]
+fn reads_libtest_counts() {
+    let out = kp_vm::VmOutput {
+        stdout: b"test a ... ok\n\ntest result: FAILED. 12 passed; 3 failed; 0 ignored;\n".to_vec(),
+        stderr: Vec::new(),
+        status: 101,
+        console: String::new(),
+        elapsed: std::time::Duration::ZERO,
+    };
+    assert_eq!(out.libtest_counts(), Some((12, 3)));
+    let result = std::panic::catch_unwind(|| out.assert_tests_passed(1));
+    assert!(
+        result.is_err(),
+        "a failed guest suite must fail the host test"
+    );
+}
