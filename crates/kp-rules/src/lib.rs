@@ -8,6 +8,8 @@
 //!   `KUBE-SVC-*`, `KUBE-SEP-*`, ...), for `iptables-restore --noflush`.
 //! - [`nftables`]: upstream's nftables-mode layout (one `kube-proxy` table per family, verdict
 //!   maps), as one `nft -f -` transaction per sync.
+//! - [`ipvs`]: upstream's ipvs-mode layout: virtual and real servers, kube-ipvs0 addresses,
+//!   ipsets (as `ipset restore` diffs) and the few iptables rules that go with them.
 //! - [`explain`]: the same decisions as a readable answer for `kube-proxy explain`, and the
 //!   rule comparison behind `--verify`.
 //! - [`userspace`]: userspace mode's capture rules (redirects to the relay's ports).
@@ -15,5 +17,6 @@
 pub mod explain;
 mod family;
 pub mod iptables;
+pub mod ipvs;
 pub mod nftables;
 pub mod userspace;

@@ -206,6 +206,11 @@ impl Detector {
             if_not_local,
         }))
     }
+
+    /// The match for "not from a local pod" (`! -s CIDR`, `! -i IFACE`).
+    pub(crate) fn if_not_local(&self) -> &str {
+        &self.if_not_local
+    }
 }
 
 /// Interface names come from configuration and end up outside comments, so only characters

@@ -1,0 +1,266 @@
+//! ipvs mode: the desired kernel state for one IP family, as data.
+//!
+//! [`plan`] turns the proxy state into upstream's ipvs layout: one IPVS virtual server per
+//! (ClusterIP | externalIP | load-balancer IP | node IP for NodePorts, protocol, port), with
+//! the service's endpoints as masquerading real servers; the addresses to bind on the
+//! `kube-ipvs0` dummy device; and the ipset entries the few iptables rules of [`rules`]
+//! match on. Applying it (diffing against the kernel) is the backend's job.
+
+pub mod ipset;
+pub mod rules;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort};
+use kp_core::topology::categorize;
+use kp_core::tracker::ProxyState;
+use kp_ipvs::{Protocol as IpvsProtocol, RealServer, Scheduler, ServiceKey, VirtualServer};
+
+use crate::iptables::LocalDetector;
+use ipset::{SetEntries, SetKind, empty_sets};
+
+/// The dummy device holding every service address, so the kernel accepts their traffic as
+/// local and hands it to IPVS.
+pub const DUMMY_DEVICE: &str = "kube-ipvs0";
+
+/// Weight of a real server that takes new connections.
+pub const SERVING_WEIGHT: u32 = 1;
+/// Weight of a terminating endpoint: it keeps its connections but gets no new ones.
+pub const DRAINING_WEIGHT: u32 = 0;
+
+/// The configuration the planner depends on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IpvsConfig {
+    /// `ipvs.scheduler` (empty in the config means round robin).
+    pub scheduler: Scheduler,
+    /// The node addresses that accept NodePorts (resolved from nodePortAddresses, without
+    /// loopback and kube-ipvs0's own addresses).
+    pub node_ips: Vec<IpAddr>,
+    /// How local pod traffic is recognised (for the masquerade rule).
+    pub local_detector: LocalDetector,
+    /// Masquerade all ClusterIP traffic.
+    pub masquerade_all: bool,
+    /// The masquerade mark's bit.
+    pub masquerade_bit: u8,
+    /// Drop forwarded packets in conntrack state INVALID.
+    pub drop_invalid: bool,
+    /// Use `MASQUERADE --random-fully`.
+    pub random_fully: bool,
+}
+
+/// One desired virtual server and its real servers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredService {
+    /// The virtual server.
+    pub server: VirtualServer,
+    /// Real servers, sorted by (address, port).
+    pub real_servers: Vec<RealServer>,
+    /// The Service it belongs to (for reporting a failure against that Service only).
+    pub owner: ServiceName,
+}
+
+/// Everything ipvs mode programs for one family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    /// The family.
+    pub family: IpFamily,
+    /// Virtual servers by key.
+    pub services: BTreeMap<ServiceKey, DesiredService>,
+    /// Addresses to bind on [`DUMMY_DEVICE`] (ClusterIPs, externalIPs, LB IPs).
+    pub addresses: BTreeSet<IpAddr>,
+    /// ipset contents.
+    pub sets: SetEntries,
+}
+
+fn ipvs_protocol(p: Protocol) -> IpvsProtocol {
+    match p {
+        Protocol::Tcp => IpvsProtocol::Tcp,
+        Protocol::Udp => IpvsProtocol::Udp,
+        Protocol::Sctp => IpvsProtocol::Sctp,
+    }
+}
+
+fn proto_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+/// `ip,proto:port`, ipset's syntax for hash:ip,port entries.
+fn ip_port(ip: IpAddr, p: Protocol, port: u16) -> String {
+    format!("{ip},{}:{port}", proto_name(p))
+}
+
+/// A source range as ipset prints it: a full-length prefix without its `/len`.
+fn net_entry(net: &IpNet) -> String {
+    if net.prefix_len() == net.max_prefix_len() {
+        net.addr().to_string()
+    } else {
+        net.to_string()
+    }
+}
+
+/// The affinity timeout in whole seconds, if the service has ClientIP affinity.
+fn affinity(svc: &ServicePort) -> Option<u32> {
+    svc.session_affinity.map(|a| {
+        u32::try_from(a.timeout.as_secs())
+            .unwrap_or(u32::MAX)
+            .max(1)
+    })
+}
+
+/// Real servers for `chosen` endpoints (serving weight), plus every other serving and
+/// terminating endpoint of `all` at weight 0, so its connections drain.
+fn real_servers(chosen: &[&Endpoint], all: &[Endpoint], family: IpFamily) -> Vec<RealServer> {
+    let mut out: BTreeMap<(IpAddr, u16), u32> = BTreeMap::new();
+    for e in all {
+        if e.serving && e.terminating && IpFamily::of(&e.ip) == family {
+            out.insert((e.ip, e.port), DRAINING_WEIGHT);
+        }
+    }
+    for e in chosen {
+        if IpFamily::of(&e.ip) == family {
+            out.insert((e.ip, e.port), SERVING_WEIGHT);
+        }
+    }
+    out.into_iter()
+        .map(|((ip, port), weight)| RealServer::new(ip, port, weight))
+        .collect()
+}
+
+/// The desired ipvs-mode state of `family`.
+pub fn plan(state: &ProxyState, family: IpFamily, config: &IpvsConfig) -> Desired {
+    let mut desired = Desired {
+        family,
+        services: BTreeMap::new(),
+        addresses: BTreeSet::new(),
+        sets: empty_sets(),
+    };
+    let none = Vec::new();
+    for (name, full) in &state.services {
+        let Some(svc) = full.for_family(family) else {
+            continue;
+        };
+        let endpoints = state.endpoints.get(name).unwrap_or(&none);
+        let categories = categorize(&svc, endpoints, &state.node);
+        let internal: &[&Endpoint] = if svc.internal_policy_local {
+            &categories.local
+        } else {
+            &categories.cluster
+        };
+        let external: &[&Endpoint] = if svc.external_policy_local {
+            &categories.local
+        } else {
+            &categories.cluster
+        };
+        let internal_servers = real_servers(internal, endpoints, family);
+        let external_servers = real_servers(external, endpoints, family);
+        let proto = name.protocol;
+        let scheduler = config.scheduler;
+        let timeout = affinity(&svc);
+        let mut add = |ip: IpAddr, port: u16, servers: &Vec<RealServer>| {
+            let key = ServiceKey {
+                address: ip,
+                protocol: ipvs_protocol(proto),
+                port,
+            };
+            desired.services.insert(
+                key,
+                DesiredService {
+                    server: VirtualServer::new(key, scheduler, timeout),
+                    real_servers: servers.clone(),
+                    owner: name.service.clone(),
+                },
+            );
+        };
+        let sets = &mut desired.sets;
+        let mut put = |kind: SetKind, entry: String| {
+            sets.entry(kind).or_default().insert(entry);
+        };
+
+        for &ip in &svc.cluster_ips {
+            add(ip, svc.port, &internal_servers);
+            desired.addresses.insert(ip);
+            put(SetKind::ClusterIp, ip_port(ip, proto, svc.port));
+        }
+        for &ip in &svc.external_ips {
+            add(ip, svc.port, &external_servers);
+            desired.addresses.insert(ip);
+            put(SetKind::ExternalIp, ip_port(ip, proto, svc.port));
+            if svc.external_policy_local {
+                put(SetKind::ExternalIpLocal, ip_port(ip, proto, svc.port));
+            }
+        }
+        for &ip in &svc.load_balancer_ips {
+            add(ip, svc.port, &external_servers);
+            desired.addresses.insert(ip);
+            let entry = ip_port(ip, proto, svc.port);
+            put(SetKind::LoadBalancer, entry.clone());
+            if svc.external_policy_local {
+                put(SetKind::LoadBalancerLocal, entry.clone());
+            }
+            if !svc.load_balancer_source_ranges.is_empty() {
+                put(SetKind::LoadBalancerFw, entry.clone());
+                for net in &svc.load_balancer_source_ranges {
+                    put(
+                        SetKind::LoadBalancerSourceCidr,
+                        format!("{entry},{}", net_entry(net)),
+                    );
+                }
+            }
+        }
+        if let Some(node_port) = svc.node_port {
+            for &ip in config
+                .node_ips
+                .iter()
+                .filter(|ip| IpFamily::of(ip) == family)
+            {
+                add(ip, node_port, &external_servers);
+            }
+            let local = svc.external_policy_local;
+            match proto {
+                Protocol::Tcp => {
+                    put(SetKind::NodePortTcp, node_port.to_string());
+                    if local {
+                        put(SetKind::NodePortLocalTcp, node_port.to_string());
+                    }
+                }
+                Protocol::Udp => {
+                    put(SetKind::NodePortUdp, node_port.to_string());
+                    if local {
+                        put(SetKind::NodePortLocalUdp, node_port.to_string());
+                    }
+                }
+                Protocol::Sctp => {
+                    for &ip in config
+                        .node_ips
+                        .iter()
+                        .filter(|ip| IpFamily::of(ip) == family)
+                    {
+                        put(SetKind::NodePortSctp, ip_port(ip, proto, node_port));
+                        if local {
+                            put(SetKind::NodePortLocalSctp, ip_port(ip, proto, node_port));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(hc) = svc.health_check_node_port {
+            put(SetKind::HealthCheckNodePort, hc.to_string());
+        }
+        // Hairpin: a local endpoint reaching its own service is masqueraded.
+        for e in categories.all_reachable.iter().filter(|e| e.is_local) {
+            if IpFamily::of(&e.ip) == family {
+                let entry = format!("{},{}", ip_port(e.ip, proto, e.port), e.ip);
+                put(SetKind::LoopBack, entry);
+            }
+        }
+    }
+    let ips: BTreeSet<String> = desired.addresses.iter().map(IpAddr::to_string).collect();
+    desired.sets.insert(SetKind::IpvsIps, ips);
+    desired
+}

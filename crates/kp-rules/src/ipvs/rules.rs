@@ -1,0 +1,342 @@
+//! The few iptables rules ipvs mode needs besides IPVS itself: masquerading (marked by
+//! ipset matches), NodePort and load-balancer handling, source-range firewalling, and the
+//! filter that blocks arbitrary ports on kube-ipvs0's addresses (upstream's layout). They do
+//! not depend on the services (the ipsets carry those), so they change only with the
+//! configuration.
+
+use std::fmt::Write as _;
+
+use kp_core::model::IpFamily;
+
+use super::IpvsConfig;
+use super::ipset::SetKind;
+use crate::iptables::comment::comment_args;
+use crate::iptables::{Detector, JumpRule, RenderError, Setup, Table};
+
+/// nat: service dispatch (marks for masquerade, accepts service traffic).
+pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
+/// nat: masquerade marked traffic and hairpin connections.
+pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
+/// nat: NodePorts; filter: health-check node ports.
+pub const KUBE_NODE_PORT: &str = "KUBE-NODE-PORT";
+/// nat: load-balancer IPs (masquerade unless externalTrafficPolicy Local).
+pub const KUBE_LOAD_BALANCER: &str = "KUBE-LOAD-BALANCER";
+/// nat: sets the masquerade mark.
+pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
+/// filter: accepts forwarded service traffic.
+pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
+/// filter: sends load-balancer traffic with source ranges to the range check.
+pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+/// filter: allows listed source ranges, drops the rest.
+pub const KUBE_SOURCE_RANGES_FIREWALL: &str = "KUBE-SOURCE-RANGES-FIREWALL";
+/// filter: rejects new connections to kube-ipvs0 addresses on ports no service uses.
+pub const KUBE_IPVS_FILTER: &str = "KUBE-IPVS-FILTER";
+/// filter: applies source ranges to the node's own connections to load balancers.
+pub const KUBE_IPVS_OUT_FILTER: &str = "KUBE-IPVS-OUT-FILTER";
+
+const NAT_CHAINS: [&str; 5] = [
+    KUBE_SERVICES,
+    KUBE_POSTROUTING,
+    KUBE_NODE_PORT,
+    KUBE_LOAD_BALANCER,
+    KUBE_MARK_MASQ,
+];
+const FILTER_CHAINS: [&str; 6] = [
+    KUBE_FORWARD,
+    KUBE_NODE_PORT,
+    KUBE_PROXY_FIREWALL,
+    KUBE_SOURCE_RANGES_FIREWALL,
+    KUBE_IPVS_FILTER,
+    KUBE_IPVS_OUT_FILTER,
+];
+
+struct Text<'a> {
+    out: String,
+    family: IpFamily,
+    config: &'a IpvsConfig,
+}
+
+impl Text<'_> {
+    /// `-A CHAIN [comment] ARGS`, with `{SET}` placeholders resolved by [`Text::set`].
+    fn rule(&mut self, chain: &str, comment: Option<&str>, args: &str) {
+        let _ = write!(self.out, "-A {chain} ");
+        if let Some(c) = comment {
+            self.out.push_str(&comment_args(c));
+            self.out.push(' ');
+        }
+        self.out.push_str(args);
+        self.out.push('\n');
+    }
+
+    /// `-m set --match-set NAME FLAGS` for this family.
+    fn set(&self, kind: SetKind, flags: &str) -> String {
+        format!("-m set --match-set {} {flags}", kind.name(self.family))
+    }
+}
+
+/// The `iptables-restore --noflush` input for `family` (tables filter and nat). Declaring
+/// each chain flushes it, so applying the text replaces kube-proxy's chains whole.
+pub fn render(family: IpFamily, config: &IpvsConfig) -> Result<String, RenderError> {
+    let mark = 1u32
+        .checked_shl(u32::from(config.masquerade_bit))
+        .filter(|_| config.masquerade_bit <= crate::iptables::MAX_MASQUERADE_BIT)
+        .ok_or(RenderError::MasqueradeBit(config.masquerade_bit))?;
+    let detector = Detector::new(&config.local_detector, family)?;
+    let mut t = Text {
+        out: String::new(),
+        family,
+        config,
+    };
+
+    t.out.push_str("*filter\n");
+    for chain in FILTER_CHAINS {
+        let _ = writeln!(t.out, ":{chain} - [0:0]");
+    }
+    if t.config.drop_invalid {
+        t.rule(KUBE_FORWARD, None, "-m conntrack --ctstate INVALID -j DROP");
+    }
+    t.rule(
+        KUBE_FORWARD,
+        Some("kubernetes forwarding rules"),
+        &format!("-m mark --mark {mark:#x}/{mark:#x} -j ACCEPT"),
+    );
+    t.rule(
+        KUBE_FORWARD,
+        Some("kubernetes forwarding conntrack rule"),
+        "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+    );
+    let hc = t.set(SetKind::HealthCheckNodePort, "dst");
+    t.rule(
+        KUBE_NODE_PORT,
+        Some("Kubernetes health check node port"),
+        &format!("{hc} -j ACCEPT"),
+    );
+    let fw = t.set(SetKind::LoadBalancerFw, "dst,dst");
+    for chain in [KUBE_PROXY_FIREWALL, KUBE_IPVS_OUT_FILTER] {
+        t.rule(
+            chain,
+            Some("Kubernetes service load balancer ip + port for load balancer with sourceRange"),
+            &format!("{fw} -j {KUBE_SOURCE_RANGES_FIREWALL}"),
+        );
+    }
+    let cidr = t.set(SetKind::LoadBalancerSourceCidr, "dst,dst,src");
+    t.rule(
+        KUBE_SOURCE_RANGES_FIREWALL,
+        None,
+        &format!("{cidr} -j RETURN"),
+    );
+    let src_ip = t.set(SetKind::LoadBalancerSourceIp, "dst,dst,src");
+    t.rule(
+        KUBE_SOURCE_RANGES_FIREWALL,
+        None,
+        &format!("{src_ip} -j RETURN"),
+    );
+    t.rule(KUBE_SOURCE_RANGES_FIREWALL, None, "-j DROP");
+    for (kind, flags) in [
+        (SetKind::LoadBalancer, "dst,dst"),
+        (SetKind::ClusterIp, "dst,dst"),
+        (SetKind::ExternalIp, "dst,dst"),
+        (SetKind::ExternalIpLocal, "dst,dst"),
+        (SetKind::HealthCheckNodePort, "dst"),
+    ] {
+        let m = t.set(kind, flags);
+        t.rule(KUBE_IPVS_FILTER, None, &format!("{m} -j RETURN"));
+    }
+    let ips = t.set(SetKind::IpvsIps, "dst");
+    t.rule(
+        KUBE_IPVS_FILTER,
+        Some("kubernetes: no service uses this port of a service address"),
+        &format!("-m conntrack --ctstate NEW {ips} -j REJECT"),
+    );
+    t.out.push_str("COMMIT\n*nat\n");
+    for chain in NAT_CHAINS {
+        let _ = writeln!(t.out, ":{chain} - [0:0]");
+    }
+    let loopback = t.set(SetKind::LoopBack, "dst,dst,src");
+    t.rule(
+        KUBE_POSTROUTING,
+        Some("Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"),
+        &format!("{loopback} -j MASQUERADE"),
+    );
+    t.rule(
+        KUBE_POSTROUTING,
+        None,
+        &format!("-m mark ! --mark {mark:#x}/{mark:#x} -j RETURN"),
+    );
+    t.rule(
+        KUBE_POSTROUTING,
+        None,
+        &format!("-j MARK --xor-mark {mark:#x}"),
+    );
+    let random = if config.random_fully {
+        " --random-fully"
+    } else {
+        ""
+    };
+    t.rule(
+        KUBE_POSTROUTING,
+        Some("kubernetes service traffic requiring SNAT"),
+        &format!("-j MASQUERADE{random}"),
+    );
+    t.rule(
+        KUBE_MARK_MASQ,
+        None,
+        &format!("-j MARK --or-mark {mark:#x}"),
+    );
+
+    let cluster = t.set(SetKind::ClusterIp, "dst,dst");
+    let masq_comment = Some("Kubernetes service cluster ip + port for masquerade purpose");
+    if config.masquerade_all {
+        t.rule(
+            KUBE_SERVICES,
+            masq_comment,
+            &format!("{cluster} -j {KUBE_MARK_MASQ}"),
+        );
+    } else if let Some(detector) = &detector {
+        let not_local = detector.if_not_local().to_owned();
+        t.rule(
+            KUBE_SERVICES,
+            masq_comment,
+            &format!("{cluster} {not_local} -j {KUBE_MARK_MASQ}"),
+        );
+    }
+    let ext_local = t.set(SetKind::ExternalIpLocal, "dst,dst");
+    t.rule(
+        KUBE_SERVICES,
+        Some("Kubernetes service external ip + port with externalTrafficPolicy=local"),
+        &format!("{ext_local} -j RETURN"),
+    );
+    let ext = t.set(SetKind::ExternalIp, "dst,dst");
+    t.rule(
+        KUBE_SERVICES,
+        Some("Kubernetes service external ip + port for masquerade and filter purpose"),
+        &format!("{ext} -j {KUBE_MARK_MASQ}"),
+    );
+    let lb = t.set(SetKind::LoadBalancer, "dst,dst");
+    t.rule(
+        KUBE_SERVICES,
+        Some("Kubernetes service lb portal"),
+        &format!("{lb} -j {KUBE_LOAD_BALANCER}"),
+    );
+    let lb_local = t.set(SetKind::LoadBalancerLocal, "dst,dst");
+    t.rule(KUBE_LOAD_BALANCER, None, &format!("{lb_local} -j RETURN"));
+    t.rule(KUBE_LOAD_BALANCER, None, &format!("-j {KUBE_MARK_MASQ}"));
+    t.rule(
+        KUBE_SERVICES,
+        None,
+        &format!("-m addrtype --dst-type LOCAL -j {KUBE_NODE_PORT}"),
+    );
+    for (proto, local, all, flags) in [
+        (
+            "tcp",
+            SetKind::NodePortLocalTcp,
+            SetKind::NodePortTcp,
+            "dst",
+        ),
+        (
+            "udp",
+            SetKind::NodePortLocalUdp,
+            SetKind::NodePortUdp,
+            "dst",
+        ),
+        (
+            "sctp",
+            SetKind::NodePortLocalSctp,
+            SetKind::NodePortSctp,
+            "dst,dst",
+        ),
+    ] {
+        let local = t.set(local, flags);
+        let all = t.set(all, flags);
+        t.rule(
+            KUBE_NODE_PORT,
+            None,
+            &format!("-p {proto} {local} -j RETURN"),
+        );
+        t.rule(
+            KUBE_NODE_PORT,
+            None,
+            &format!("-p {proto} {all} -j {KUBE_MARK_MASQ}"),
+        );
+    }
+    t.rule(KUBE_SERVICES, None, &format!("{cluster} -j ACCEPT"));
+    t.rule(KUBE_SERVICES, None, &format!("{lb} -j ACCEPT"));
+    t.out.push_str("COMMIT\n");
+    Ok(t.out)
+}
+
+/// The chains and the jumps into them from the built-in chains, ensured once per full sync.
+pub fn setup() -> Setup {
+    let jump = |table: Table, from: &'static str, to: &'static str, comment: &str| JumpRule {
+        table,
+        from,
+        to,
+        spec: format!("{} -j {to}", comment_args(comment)),
+    };
+    let jumps = vec![
+        jump(
+            Table::Nat,
+            "OUTPUT",
+            KUBE_SERVICES,
+            "kubernetes service portals",
+        ),
+        jump(
+            Table::Nat,
+            "PREROUTING",
+            KUBE_SERVICES,
+            "kubernetes service portals",
+        ),
+        jump(
+            Table::Nat,
+            "POSTROUTING",
+            KUBE_POSTROUTING,
+            "kubernetes postrouting rules",
+        ),
+        jump(
+            Table::Filter,
+            "FORWARD",
+            KUBE_FORWARD,
+            "kubernetes forwarding rules",
+        ),
+        jump(
+            Table::Filter,
+            "INPUT",
+            KUBE_NODE_PORT,
+            "kubernetes health check rules",
+        ),
+        jump(
+            Table::Filter,
+            "INPUT",
+            KUBE_PROXY_FIREWALL,
+            "kube-proxy firewall rules",
+        ),
+        jump(
+            Table::Filter,
+            "FORWARD",
+            KUBE_PROXY_FIREWALL,
+            "kube-proxy firewall rules",
+        ),
+        jump(
+            Table::Filter,
+            "INPUT",
+            KUBE_IPVS_FILTER,
+            "kubernetes ipvs access filter",
+        ),
+        jump(
+            Table::Filter,
+            "OUTPUT",
+            KUBE_IPVS_OUT_FILTER,
+            "kubernetes ipvs access filter",
+        ),
+    ];
+    let mut chains: Vec<(Table, &'static str)> = Vec::new();
+    for table in [Table::Nat, Table::Filter] {
+        let names: &[&'static str] = if table == Table::Nat {
+            &NAT_CHAINS
+        } else {
+            &FILTER_CHAINS
+        };
+        chains.extend(names.iter().map(|c| (table, *c)));
+    }
+    Setup { chains, jumps }
+}
