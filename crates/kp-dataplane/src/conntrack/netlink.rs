@@ -27,7 +27,7 @@ use netlink_packet_netfilter::conntrack::{
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
 };
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::{Conntrack, ConntrackError, FlowFilter};
 
@@ -332,15 +332,41 @@ impl NetlinkConntrack {
         let socket = Socket::open()?;
         let families: BTreeSet<IpFamily> = filters.iter().map(|f| f.family).collect();
         let mut deleted = 0;
+        // The kernel refusing one family's dump or one entry's delete does not stop the
+        // rest; a broken socket does (what it would read next cannot be trusted).
+        let mut failed = 0usize;
+        let mut first_error = None;
+        let mut refused = |err: ConntrackError| {
+            failed += 1;
+            first_error.get_or_insert(err);
+        };
         for family in families {
-            let stale = socket.dump(family, |entry| filters.iter().any(|f| f.matches(entry)))?;
+            let stale = match socket.dump(family, |entry| filters.iter().any(|f| f.matches(entry)))
+            {
+                Ok(stale) => stale,
+                Err(err @ ConntrackError::Kernel { .. }) => {
+                    refused(err);
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
             for entry in &stale {
-                if socket.delete(entry)? {
-                    deleted += 1;
+                match socket.delete(entry) {
+                    Ok(true) => deleted += 1,
+                    Ok(false) => {}
+                    Err(err @ ConntrackError::Kernel { .. }) => refused(err),
+                    Err(err) => return Err(err),
                 }
             }
         }
-        Ok(deleted)
+        match first_error {
+            Some(err) if deleted == 0 => Err(err),
+            Some(err) => {
+                warn!(failed, deleted, error = %err, "some conntrack entries were not deleted");
+                Ok(deleted)
+            }
+            None => Ok(deleted),
+        }
     }
 }
 
