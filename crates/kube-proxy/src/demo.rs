@@ -86,6 +86,7 @@ const STOP_POLL: Duration = Duration::from_millis(100);
 #[derive(Debug, Parser)]
 #[command(
     name = "kube-proxy demo",
+    bin_name = "kube-proxy demo",
     about = "Build a small cluster in network namespaces, run the proxy in its node, send \
              traffic and show which pod answered; removes everything afterwards (needs root)"
 )]
