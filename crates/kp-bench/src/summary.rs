@@ -52,20 +52,24 @@ impl std::fmt::Display for Measured {
     }
 }
 
-/// The first `<number> <unit>` of `text` as a duration (`s`, `ms`, `µs`/`us`, `ns`).
+/// The first `<number> <unit>` in `text` as a duration (`s`, `ms`, `µs`/`us`, `ns`), e.g.
+/// `259 µs` in `Partial 259 µs (render 1.0 ms)`.
 pub fn parse_duration(text: &str) -> Option<Duration> {
-    let mut words = text.split_whitespace();
-    let number: f64 = words.next()?.parse().ok()?;
-    let unit = words.next()?;
-    let unit = unit.trim_end_matches([',', ')', ';']);
-    let seconds = match unit {
-        "s" => number,
-        "ms" => number / 1e3,
-        "µs" | "us" => number / 1e6,
-        "ns" => number / 1e9,
-        _ => return None,
-    };
-    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
+    let words: Vec<&str> = text
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c| matches!(c, '(' | ')' | ',' | ';')))
+        .collect();
+    words.windows(2).find_map(|pair| {
+        let number: f64 = pair[0].parse().ok()?;
+        let seconds = match pair[1] {
+            "s" => number,
+            "ms" => number / 1e3,
+            "µs" | "us" => number / 1e6,
+            "ns" => number / 1e9,
+            _ => return None,
+        };
+        (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
+    })
 }
 
 /// The first `<number> MiB` of `text`.
@@ -335,7 +339,8 @@ pub fn render(
         x_label: "services installed".to_owned(),
         y_label: "connect + echo + close, µs".to_owned(),
         x_scale: Scale::Log,
-        y_scale: Scale::Linear,
+        // p50 (tens of µs) and p99 (ms on a busy machine) differ by orders of magnitude.
+        y_scale: Scale::Log,
         series: connect_modes
             .iter()
             .flat_map(|mode| {
@@ -503,6 +508,11 @@ mod tests {
         assert_eq!(
             Measured::parse("160 ms (render 1.0 ms, restore 89.7 ms)"),
             Measured::Took(Duration::from_millis(160))
+        );
+        // kp-scale's partial-sync cells start with the sync kind.
+        assert_eq!(
+            Measured::parse("Partial 259 µs"),
+            Measured::Took(Duration::from_micros(259))
         );
         assert!(matches!(Measured::parse("-"), Measured::Missing(_)));
         assert_eq!(parse_mib("49.8 MiB (40.1 MiB now)"), Some(49.8));

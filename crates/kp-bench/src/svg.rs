@@ -5,10 +5,11 @@
 use std::fmt::Write as _;
 
 /// Canvas size and margins, in SVG user units (pixels).
-const WIDTH: f64 = 640.0;
+const WIDTH: f64 = 760.0;
 const HEIGHT: f64 = 400.0;
 const LEFT: f64 = 72.0;
-const RIGHT: f64 = 24.0;
+/// The legend sits right of the plot area, so it never hides a line.
+const RIGHT: f64 = 150.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 56.0;
 
@@ -198,7 +199,9 @@ pub fn tick_label(value: f64) -> String {
     let text = if scaled.fract().abs() < 1e-9 || scaled.abs() >= 10.0 {
         format!("{scaled:.0}")
     } else {
-        let t = format!("{scaled:.2}");
+        // Two significant digits: 0.5, 0.25, 0.0001.
+        let decimals = (1.0 - scaled.abs().log10().floor()).max(0.0);
+        let t = format!("{scaled:.*}", decimals as usize);
         t.trim_end_matches('0').trim_end_matches('.').to_owned()
     };
     format!("{text}{suffix}")
@@ -290,8 +293,9 @@ impl Plot {
         );
     }
 
-    /// One row per series, top left inside the plot area.
+    /// One row per series, right of the plot area.
     fn legend(&self, svg: &mut String) {
+        let x = WIDTH - RIGHT + 12.0;
         for (index, series) in self.series.iter().enumerate() {
             let colour = COLOURS[index % COLOURS.len()];
             let y = TOP + 14.0 + 16.0 * index as f64;
@@ -303,11 +307,11 @@ impl Plot {
             let _ = writeln!(
                 svg,
                 r#"<g class="legend"><line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{colour}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}">{}</text></g>"#,
-                LEFT + 10.0,
+                x,
                 y - 4.0,
-                LEFT + 34.0,
+                x + 24.0,
                 y - 4.0,
-                LEFT + 40.0,
+                x + 30.0,
                 y,
                 escape(&series.name)
             );
@@ -479,5 +483,8 @@ mod tests {
         assert_eq!(tick_label(300.0), "300");
         assert_eq!(tick_label(2_000_000.0), "2M");
         assert_eq!(tick_label(1500.0), "1.5k");
+        assert_eq!(tick_label(0.0001), "0.0001");
+        assert_eq!(tick_label(0.25), "0.25");
+        assert_eq!(tick_label(10_f64.powf(-3.0)), "0.001");
     }
 }

@@ -176,6 +176,24 @@ pub struct Options {
     #[arg(long, value_name = "PATH", help_heading = "Process")]
     pub manifests: Option<PathBuf>,
 
+    /// kube-proxy-rs extension: serve `/debug/explain?dest=IP[:PORT][/PROTO]&from=SRC` on the
+    /// metrics listener, the `kube-proxy explain` answer for the proxier's current state
+    /// (text, or JSON with `format=json` or `Accept: application/json`). Off by default: it
+    /// shows the node's services and endpoints to whoever reaches the metrics port, and keeps
+    /// a copy of the proxy state per sync.
+    #[arg(
+        long,
+        help_heading = "Process",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_value = "false",
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        value_name = "BOOL"
+    )]
+    pub debug_explain: bool,
+
     /// Address of the API server; takes precedence over the server in the kubeconfig.
     #[arg(long, value_name = "URL", help_heading = "Process")]
     pub master: Option<String>,

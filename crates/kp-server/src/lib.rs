@@ -3,7 +3,8 @@
 //! - [`health::serve_health`]: `/healthz` and `/livez` (default `0.0.0.0:10256`), used by
 //!   load balancers and liveness probes.
 //! - [`metrics::serve_metrics`]: `/metrics`, `/healthz`, `/proxyMode` and `/configz`
-//!   (default `127.0.0.1:10249`).
+//!   (default `127.0.0.1:10249`), and with [`metrics::serve_metrics_with_explain`] the
+//!   opt-in `/debug/explain` ([`explain`]).
 //! - [`service_health::ServiceHealthServers`]: one listener per health-check node port of
 //!   `externalTrafficPolicy: Local` services, reconciled from the proxier's published map.
 //!
@@ -22,6 +23,7 @@
 //! snapshot, a `watch` borrow) or encode the metrics registry; none of them blocks or waits
 //! on the proxier.
 
+pub mod explain;
 pub mod health;
 pub mod metrics;
 pub mod service_health;
@@ -37,8 +39,9 @@ use axum::response::{IntoResponse, Response};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use explain::{ExplainFailure, Explained, Explainer};
 pub use health::{HealthMetrics, serve_health};
-pub use metrics::{MetricsInfo, serve_metrics};
+pub use metrics::{MetricsInfo, serve_metrics, serve_metrics_with_explain};
 pub use service_health::ServiceHealthServers;
 
 /// How long a server waits for open connections after shutdown before giving up on them.

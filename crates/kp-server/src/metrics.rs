@@ -15,11 +15,12 @@ use axum::extract::State;
 use axum::http::header::{CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{any, get};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::explain::{EXPLAIN_PATH, Explainer};
 use crate::{ServerError, serve_router};
 
 /// The content type of the OpenMetrics 1.0 text format that prometheus-client encodes.
@@ -58,6 +59,18 @@ pub async fn serve_metrics(
     info: MetricsInfo,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
+    serve_metrics_with_explain(listener, registry, info, None, shutdown).await
+}
+
+/// [`serve_metrics`], plus `/debug/explain` answered by `explainer` when there is one (see
+/// [`crate::explain`]); without one that path is a 404 like any unknown path.
+pub async fn serve_metrics_with_explain(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    info: MetricsInfo,
+    explainer: Option<Arc<dyn Explainer>>,
+    shutdown: CancellationToken,
+) -> Result<(), ServerError> {
     let mut document = serde_json::Map::new();
     document.insert(CONFIGZ_KEY.to_owned(), info.configz);
     let configz = serde_json::to_vec(&document).map_err(ServerError::Configz)?;
@@ -72,6 +85,14 @@ pub async fn serve_metrics(
         .route("/proxyMode", any(proxy_mode))
         .route("/configz", any(configz_handler))
         .with_state(state);
+    let router = match explainer {
+        Some(explainer) => router.merge(
+            Router::new()
+                .route(EXPLAIN_PATH, get(crate::explain::handler))
+                .with_state(explainer),
+        ),
+        None => router,
+    };
     serve_router("metrics", listener, router, shutdown).await
 }
 

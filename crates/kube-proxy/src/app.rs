@@ -38,6 +38,7 @@ pub struct Settings {
     manifests: Option<PathBuf>,
     master: Option<String>,
     node_ports: NodePortAddresses,
+    debug_explain: bool,
 }
 
 impl Settings {
@@ -53,6 +54,7 @@ impl Settings {
             manifests: options.manifests.clone(),
             master: options.master.clone(),
             node_ports,
+            debug_explain: options.debug_explain,
         }
     }
 
@@ -114,6 +116,13 @@ pub async fn run<B: Backend + 'static>(
             configz: serde_json::to_value(&config).context("encoding /configz")?,
         },
         service_health: proxier.service_health(),
+        explainer: settings.debug_explain.then(|| {
+            Arc::new(crate::debug_explain::StateExplainer::new(
+                config.clone(),
+                settings.node_ports.clone(),
+                proxier.state(),
+            )) as Arc<dyn kp_server::Explainer>
+        }),
         families: if mode == "fake" {
             vec![IpFamily::V4]
         } else {
@@ -220,6 +229,8 @@ struct Admin {
     registry: Arc<Registry>,
     info: MetricsInfo,
     service_health: watch::Receiver<ServiceHealthMap>,
+    /// `/debug/explain` on the metrics listener (`--debug-explain`).
+    explainer: Option<Arc<dyn kp_server::Explainer>>,
     families: Vec<IpFamily>,
     /// Where health-check node ports listen; empty means every address.
     node_port_ips: Vec<std::net::IpAddr>,
@@ -257,11 +268,14 @@ impl Admin {
             });
         }
         if let Some(addr) = self.metrics {
-            let (registry, info, stop) = (self.registry, self.info, shutdown.clone());
+            let (registry, info, explainer, stop) =
+                (self.registry, self.info, self.explainer, shutdown.clone());
             tasks.spawn(async move {
                 if let Some(listener) = bind_with_retry("metrics", addr, &stop).await
-                    && let Err(error) =
-                        kp_server::serve_metrics(listener, registry, info, stop).await
+                    && let Err(error) = kp_server::serve_metrics_with_explain(
+                        listener, registry, info, explainer, stop,
+                    )
+                    .await
                 {
                     tracing::error!(%error, "metrics server stopped");
                 }

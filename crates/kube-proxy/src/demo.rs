@@ -86,6 +86,7 @@ const STOP_POLL: Duration = Duration::from_millis(100);
 #[derive(Debug, Parser)]
 #[command(
     name = "kube-proxy demo",
+    bin_name = "kube-proxy demo",
     about = "Build a small cluster in network namespaces, run the proxy in its node, send \
              traffic and show which pod answered; removes everything afterwards (needs root)"
 )]
@@ -154,6 +155,7 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
         }
     };
     let worker_stop = Arc::clone(&stop);
+    let signal_stop = Arc::clone(&stop);
     let outcome = runtime.block_on(async move {
         let worker =
             tokio::task::spawn_blocking(move || run(&args, &worker_stop, &mut io::stdout()));
@@ -162,14 +164,17 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
             joined = &mut worker => joined,
             signal = stop_signal() => {
                 eprintln!("\n{signal} received: stopping the demo and removing its namespaces ...");
-                stop.store(true, Ordering::SeqCst);
+                signal_stop.store(true, Ordering::SeqCst);
                 worker.await
             }
         }
     });
+    // A Ctrl-C in a terminal reaches the demo's children too (same process group), so the
+    // step in progress may fail before the demo notices the flag: that is still an interrupt.
+    let interrupted = stop.load(Ordering::SeqCst);
     match outcome {
         Ok(Ok(())) => ExitCode::SUCCESS,
-        Ok(Err(DemoError::Interrupted)) => {
+        Ok(Err(_)) if interrupted => {
             eprintln!("kube-proxy demo: interrupted; everything it created was removed");
             ExitCode::from(130)
         }

@@ -14,7 +14,7 @@
 //! configuration, kernel reads), 2 on usage errors (bad DEST or flags), 3 when `--verify`
 //! found differences.
 
-mod text;
+pub(crate) mod text;
 
 use std::net::IpAddr;
 use std::path::PathBuf;

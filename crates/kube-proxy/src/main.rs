@@ -2,6 +2,7 @@
 //! logging, picks the proxy mode and hands over to [`app::run`]. `anyhow` lives only here.
 
 mod app;
+mod debug_explain;
 mod demo;
 mod dryrun;
 mod explain;

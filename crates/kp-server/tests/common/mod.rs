@@ -33,8 +33,23 @@ impl Response {
 
 /// Sends `method path` with `Connection: close` and reads the whole response.
 pub async fn request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Response> {
+    request_with(addr, method, path, &[]).await
+}
+
+/// [`request`] with extra request headers (`("Accept", "application/json")`).
+pub async fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect(addr).await?;
-    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
+    let req =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).await?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await?;

@@ -1,0 +1,66 @@
+//! `--debug-explain`: the `/debug/explain` answers of the metrics server, computed from the
+//! state the proxier last published (the same pure `kp_rules::explain::explain` and text
+//! rendering as `kube-proxy explain`). Runs on the admin runtime's blocking pool and only
+//! clones an `Arc` of the state, so it never waits for, or holds up, a sync.
+
+use std::sync::Arc;
+
+use kp_config::KubeProxyConfiguration;
+use kp_core::tracker::ProxyState;
+use kp_rules::explain::{ExplainError, Query, explain};
+use kp_rules::iptables::NodePortAddresses;
+use kp_server::{ExplainFailure, Explained, Explainer};
+use tokio::sync::watch;
+
+/// Explains queries against the proxier's published state.
+pub(crate) struct StateExplainer {
+    config: KubeProxyConfiguration,
+    /// nodePortAddresses as resolved once at start-up, like the rules it explains.
+    node_ports: NodePortAddresses,
+    state: watch::Receiver<Arc<ProxyState>>,
+}
+
+impl StateExplainer {
+    /// `state` is the proxier's [`kp_core::proxier::Proxier::state`] channel. Subscribing
+    /// costs one copy of the state per sync that changes it (the proxier cannot update a
+    /// state a reader may hold in place), which is why this is off by default.
+    pub(crate) fn new(
+        config: KubeProxyConfiguration,
+        node_ports: NodePortAddresses,
+        state: watch::Receiver<Arc<ProxyState>>,
+    ) -> Self {
+        Self {
+            config,
+            node_ports,
+            state,
+        }
+    }
+}
+
+impl Explainer for StateExplainer {
+    fn explain(&self, query: &Query) -> Result<Explained, ExplainFailure> {
+        // Nothing is ever marked seen on this receiver, so "changed" means "published at
+        // least once", i.e. the first sync has run.
+        if !self.state.has_changed().unwrap_or(true) {
+            return Err(ExplainFailure::Unavailable(
+                "no state yet: the proxy has not completed its first sync".to_owned(),
+            ));
+        }
+        let state = Arc::clone(&self.state.borrow());
+        let render_config = crate::modes::render_config(
+            &self.config,
+            Some(&state.node.pod_cidrs),
+            self.node_ports.clone(),
+        )
+        .map_err(|error| ExplainFailure::Unavailable(format!("{error:#}")))?;
+        let explanation = explain(&state, &render_config, query).map_err(|error| match error {
+            ExplainError::FamilyMismatch { .. } => ExplainFailure::BadQuery(error.to_string()),
+            other => ExplainFailure::Unavailable(other.to_string()),
+        })?;
+        // Exactly what `kube-proxy explain` prints on stdout (its mode note goes to stderr).
+        let text = crate::explain::text::render(&explanation, None);
+        let json = serde_json::to_value(&explanation)
+            .map_err(|error| ExplainFailure::Unavailable(format!("encoding JSON: {error}")))?;
+        Ok(Explained { text, json })
+    }
+}
