@@ -46,6 +46,8 @@ enum PathKind {
     Direct,
     Iptables,
     Userspace,
+    /// Userspace mode copying through user-space buffers instead of splice(2).
+    UserspaceBuffers,
 }
 
 impl PathKind {
@@ -54,6 +56,16 @@ impl PathKind {
             PathKind::Direct => "direct",
             PathKind::Iptables => "iptables",
             PathKind::Userspace => "userspace",
+            PathKind::UserspaceBuffers => "userspace-buffers",
+        }
+    }
+
+    /// The `--proxy-mode`, if a proxy runs.
+    fn mode(self) -> Option<&'static str> {
+        match self {
+            PathKind::Direct => None,
+            PathKind::Iptables => Some("iptables"),
+            PathKind::Userspace | PathKind::UserspaceBuffers => Some("userspace"),
         }
     }
 }
@@ -170,8 +182,19 @@ fn spawn_in(
     args: &[&str],
     stderr: Stdio,
 ) -> anyhow::Result<Guard> {
+    spawn_with_env(ns, program, args, stderr, &[])
+}
+
+fn spawn_with_env(
+    ns: &Netns,
+    program: impl AsRef<Path>,
+    args: &[&str],
+    stderr: Stdio,
+    env: &[(&str, &str)],
+) -> anyhow::Result<Guard> {
     let program = program.as_ref();
     let child = Command::new("ip")
+        .envs(env.iter().copied())
         .args(["netns", "exec", ns.name()])
         .arg(program)
         .args(args)
@@ -222,14 +245,24 @@ fn iperf(client: &Netns, target: Ipv4Addr, seconds: u64, streams: u32) -> anyhow
         IPERF_PORT.to_string(),
     );
     let target = target.to_string();
-    let out = client.output(
-        "iperf3",
-        &["-c", &target, "-p", &port, "-t", &t, "-P", &p, "-J"],
-    )?;
-    let json: serde_json::Value = serde_json::from_str(&out).context("iperf3 -J output")?;
-    json["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .ok_or_else(|| anyhow!("no end.sum_received in iperf3 output: {}", json["error"]))
+    // The server takes a moment to start, and to accept the next test after one ends
+    // ("busy"): retry those.
+    for _ in 0..20 {
+        let out = client.output(
+            "iperf3",
+            &["-c", &target, "-p", &port, "-t", &t, "-P", &p, "-J"],
+        )?;
+        let json: serde_json::Value = serde_json::from_str(&out).context("iperf3 -J output")?;
+        if let Some(bits) = json["end"]["sum_received"]["bits_per_second"].as_f64() {
+            return Ok(bits);
+        }
+        let error = json["error"].as_str().unwrap_or_default();
+        if !error.contains("busy") && !error.contains("unable to connect") {
+            bail!("no end.sum_received in iperf3 output: {}", json["error"]);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    bail!("the iperf3 server stayed busy or unreachable")
 }
 
 /// One latency measurement with `kp-connect probe` (a sibling binary).
@@ -257,7 +290,11 @@ struct Round {
 
 fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Round> {
     let exe = std::env::current_exe()?;
-    let topo = topology(&format!("{}{n}", &path.name()[..1]))?;
+    let tag = match path {
+        PathKind::UserspaceBuffers => "b",
+        _ => &path.name()[..1],
+    };
+    let topo = topology(&format!("{tag}{n}"))?;
     let _servers = [
         spawn_in(&topo.server, "iperf3", &["-s", "-p", "5201"], Stdio::null())?,
         spawn_in(&topo.server, "iperf3", &["-s", "-p", "5202"], Stdio::null())?,
@@ -268,9 +305,9 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
             Stdio::null(),
         )?,
     ];
-    let proxy = match path {
-        PathKind::Direct => None,
-        PathKind::Iptables | PathKind::Userspace => Some(start_proxy(
+    let proxy = match path.mode() {
+        None => None,
+        Some(_) => Some(start_proxy(
             args,
             path,
             &topo,
@@ -279,7 +316,9 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
     };
     let (target, echo) = match path {
         PathKind::Direct => (SERVER, ECHO_PORT),
-        _ => (SERVICE_IP, SERVICE_ECHO_PORT),
+        PathKind::Iptables | PathKind::Userspace | PathKind::UserspaceBuffers => {
+            (SERVICE_IP, SERVICE_ECHO_PORT)
+        }
     };
     // Wait for the path (iperf3 servers start asynchronously).
     latency(&topo.client, SocketAddr::from((target, echo)), 10)?;
@@ -327,9 +366,14 @@ fn start_proxy(args: &Args, path: PathKind, topo: &Topology, dir: &Path) -> anyh
     let log_path = dir.join("proxy.log");
     let log = std::fs::File::create(&log_path)?;
     let manifests = format!("--manifests={}", dir.display());
-    let mode = format!("--proxy-mode={}", path.name());
+    let mode = format!("--proxy-mode={}", path.mode().unwrap_or_default());
     let host = format!("--hostname-override={NODE_NAME}");
-    let proxy = spawn_in(
+    // The relay's copy switch (see kube-proxy's `userspace::COPY_ENV`).
+    let env: &[(&str, &str)] = match path {
+        PathKind::UserspaceBuffers => &[("KP_RELAY_COPY", "buffers")],
+        _ => &[],
+    };
+    let proxy = spawn_with_env(
         &topo.node,
         &binary,
         &[
@@ -342,6 +386,7 @@ fn start_proxy(args: &Args, path: PathKind, topo: &Topology, dir: &Path) -> anyh
             "--conntrack-max-per-core=0",
         ],
         Stdio::from(log),
+        env,
     )?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -370,24 +415,49 @@ fn median_duration(mut values: Vec<Duration>) -> Duration {
     values.get(values.len() / 2).copied().unwrap_or_default()
 }
 
-/// Medians of one path.
+/// Medians of one path; ratios and differences to direct are taken per round (the same
+/// round's direct run, measured minutes apart at most), then their median.
 struct Summary {
     one: f64,
     four: f64,
     cpu: Option<f64>,
     idle: (Duration, Duration),
     loaded: (Duration, Duration),
+    /// 1-stream and 4-stream throughput relative to direct.
+    ratios: Option<(f64, f64)>,
+    /// Added p50 and p99, idle and under load, relative to direct (signed, in µs).
+    added: Option<[f64; 4]>,
 }
 
-fn summarize(rounds: &[Round]) -> Summary {
+fn summarize(rounds: &[Round], direct: Option<&[Round]>) -> Summary {
     let pick = |f: fn(&Round) -> Duration| median_duration(rounds.iter().map(f).collect());
     let cpus: Vec<f64> = rounds.iter().filter_map(|r| r.cpu).collect();
+    let paired = |f: &dyn Fn(&Round, &Round) -> f64| -> Option<f64> {
+        let direct = direct?;
+        Some(median(
+            rounds.iter().zip(direct).map(|(r, d)| f(r, d)).collect(),
+        ))
+    };
+    let micros = |d: Duration| d.as_secs_f64() * 1e6;
+    let ratios = paired(&|r, d| r.one_stream / d.one_stream)
+        .zip(paired(&|r, d| r.four_streams / d.four_streams));
+    let added = [
+        paired(&|r, d| micros(r.idle.p50) - micros(d.idle.p50)),
+        paired(&|r, d| micros(r.idle.p99) - micros(d.idle.p99)),
+        paired(&|r, d| micros(r.loaded.p50) - micros(d.loaded.p50)),
+        paired(&|r, d| micros(r.loaded.p99) - micros(d.loaded.p99)),
+    ];
     Summary {
         one: median(rounds.iter().map(|r| r.one_stream).collect()),
         four: median(rounds.iter().map(|r| r.four_streams).collect()),
         cpu: (!cpus.is_empty()).then(|| median(cpus)),
         idle: (pick(|r| r.idle.p50), pick(|r| r.idle.p99)),
         loaded: (pick(|r| r.loaded.p50), pick(|r| r.loaded.p99)),
+        ratios,
+        added: match added {
+            [Some(a), Some(b), Some(c), Some(d)] => Some([a, b, c, d]),
+            _ => None,
+        },
     }
 }
 
@@ -402,11 +472,13 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
     }
     let temp = tempfile::Builder::new().prefix("kp-datapath-").tempdir()?;
-    let mut summaries: Vec<(PathKind, Summary)> = Vec::new();
-    for &path in &args.paths {
-        let mut rounds = Vec::new();
-        for n in 0..args.rounds {
-            let r = round(args, path, n, temp.path())?;
+    // Rounds outermost: every path is measured once per round, so a change in the machine's
+    // load between rounds affects every path alike.
+    let mut measured: Vec<(PathKind, Vec<Round>)> =
+        args.paths.iter().map(|p| (*p, Vec::new())).collect();
+    for n in 0..args.rounds {
+        for (path, rounds) in &mut measured {
+            let r = round(args, *path, n, temp.path())?;
             eprintln!(
                 "kp-datapath: {} round {n}: 1 stream {}, 4 streams {}, cpu {:?}, idle p50/p99 {}/{}, loaded {}/{} (load {})",
                 path.name(),
@@ -421,42 +493,43 @@ fn run(args: &Args) -> anyhow::Result<()> {
             );
             rounds.push(r);
         }
-        summaries.push((path, summarize(&rounds)));
     }
-    let direct = summaries
+    let direct: Option<Vec<Round>> = measured
         .iter()
         .find(|(p, _)| *p == PathKind::Direct)
-        .map(|(_, s)| (s.one, s.four, s.idle.1, s.loaded.1));
+        .map(|(_, r)| r.clone());
     let mut table = Table::new(&[
         "path",
         "1 stream",
         "4 streams",
         "connect+echo p50 / p99 (idle)",
         "p50 / p99 under load",
-        "p99 added vs direct (idle / load)",
+        "added p50 / p99 vs direct, idle",
+        "added p50 / p99 vs direct, under load",
         "proxy CPU (1 stream)",
     ]);
-    for (path, s) in &summaries {
-        let ratio = |v: f64, d: Option<f64>| match d {
-            Some(d) if d > 0.0 => format!("{} ({:.2}× direct)", gbps(v), v / d),
-            _ => gbps(v),
+    for (path, rounds) in &measured {
+        let s = summarize(rounds, direct.as_deref());
+        let with_ratio = |v: f64, r: Option<f64>| match r {
+            Some(r) => format!("{} ({r:.2}× direct)", gbps(v)),
+            None => gbps(v),
         };
-        let added = |v: Duration, d: Option<Duration>| match d {
-            Some(d) if v >= d => format!("+{}", human(v - d)),
-            Some(d) => format!("-{}", human(d - v)),
-            None => "-".to_owned(),
+        let us = |v: f64| format!("{v:+.0} µs");
+        let (idle_added, loaded_added) = match s.added {
+            Some([a, b, c, d]) if *path != PathKind::Direct => (
+                format!("{} / {}", us(a), us(b)),
+                format!("{} / {}", us(c), us(d)),
+            ),
+            _ => ("-".to_owned(), "-".to_owned()),
         };
         table.row(vec![
             path.name().to_owned(),
-            ratio(s.one, direct.map(|d| d.0)),
-            ratio(s.four, direct.map(|d| d.1)),
+            with_ratio(s.one, s.ratios.map(|r| r.0)),
+            with_ratio(s.four, s.ratios.map(|r| r.1)),
             format!("{} / {}", human(s.idle.0), human(s.idle.1)),
             format!("{} / {}", human(s.loaded.0), human(s.loaded.1)),
-            format!(
-                "{} / {}",
-                added(s.idle.1, direct.map(|d| d.2)),
-                added(s.loaded.1, direct.map(|d| d.3))
-            ),
+            idle_added,
+            loaded_added,
             s.cpu
                 .map_or("-".to_owned(), |c| format!("{c:.0}% of a core")),
         ]);
