@@ -27,6 +27,9 @@ pub const DEFAULT_MAX_UDP_SESSIONS: usize = 4096;
 /// segment-offload burst; measured in `kp-bench` (`kp-relay-bench`).
 pub const DEFAULT_BUFFER_BYTES: usize = 64 * 1024;
 
+/// Copy with splice(2) on Linux: measured with `kp-datapath` (see `crates/kp-bench/README.md`).
+pub const DEFAULT_SPLICE: bool = true;
+
 /// Largest UDP payload (IPv4's 65,535-byte datagram minus headers; IPv6 jumbograms aside).
 pub(crate) const MAX_DATAGRAM: usize = 65_535;
 
@@ -43,8 +46,11 @@ pub struct RelayConfig {
     pub max_connections: usize,
     /// Live UDP sessions per frontend ([`DEFAULT_MAX_UDP_SESSIONS`]).
     pub max_udp_sessions: usize,
-    /// Copy buffer per direction ([`DEFAULT_BUFFER_BYTES`]).
+    /// Copy buffer per direction ([`DEFAULT_BUFFER_BYTES`]); with splice, the pipe size.
     pub buffer_bytes: usize,
+    /// Linux: copy TCP payload with splice(2) through a pipe instead of user-space buffers
+    /// ([`DEFAULT_SPLICE`]). Ignored elsewhere.
+    pub splice: bool,
 }
 
 impl Default for RelayConfig {
@@ -56,6 +62,7 @@ impl Default for RelayConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_udp_sessions: DEFAULT_MAX_UDP_SESSIONS,
             buffer_bytes: DEFAULT_BUFFER_BYTES,
+            splice: DEFAULT_SPLICE,
         }
     }
 }
@@ -88,6 +95,12 @@ impl RelayConfig {
     /// Sets the copy buffer size per direction.
     pub fn with_buffer_bytes(mut self, bytes: usize) -> Self {
         self.buffer_bytes = bytes;
+        self
+    }
+
+    /// Turns splice(2) copying on or off (Linux only).
+    pub fn with_splice(mut self, splice: bool) -> Self {
+        self.splice = splice;
         self
     }
 

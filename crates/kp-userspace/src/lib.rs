@@ -21,6 +21,8 @@ pub mod config;
 pub mod iptables;
 pub mod metrics;
 pub mod relay;
+#[cfg(target_os = "linux")]
+mod splice;
 mod tcp;
 mod udp;
 

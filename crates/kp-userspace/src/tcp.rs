@@ -77,6 +77,13 @@ async fn relay(
     let _ = backend.set_nodelay(true);
     frontend.metrics.open_connections.inc();
     let size = frontend.config.buffer_bytes;
+    #[cfg(target_os = "linux")]
+    let result = if frontend.config.splice {
+        crate::splice::copy_bidirectional(client, backend, size).await
+    } else {
+        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut backend, size, size).await
+    };
+    #[cfg(not(target_os = "linux"))]
     let result =
         tokio::io::copy_bidirectional_with_sizes(&mut client, &mut backend, size, size).await;
     frontend.metrics.open_connections.dec();

@@ -430,3 +430,64 @@ async fn a_udp_backend_that_refuses_ends_its_session() {
     assert_eq!(reply.as_deref(), Some("live:q"));
     assert_eq!(relay.udp_sessions(&"dns"), 1);
 }
+
+/// A TCP backend that echoes everything and closes after the client's end of stream.
+async fn echo_backend() -> SocketAddr {
+    let listener = TcpListener::bind(LOOPBACK).await.expect("bind backend");
+    let addr = listener.local_addr().expect("backend address");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = stream.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Sends `len` patterned bytes through the relay, half-closes, and reads the echo to the end.
+async fn round_trip(config: RelayConfig, len: usize) {
+    let (_relay, front, _) = tcp_relay(config, vec![echo_backend().await], None).await;
+    let stream = TcpStream::connect(front).await.expect("connect");
+    let (mut r, mut w) = stream.into_split();
+    let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let sent = payload.clone();
+    let writer = tokio::spawn(async move {
+        w.write_all(&sent).await.expect("write");
+        w.shutdown().await.expect("half-close");
+    });
+    let mut echoed = Vec::with_capacity(len);
+    tokio::time::timeout(PATIENCE, r.read_to_end(&mut echoed))
+        .await
+        .expect("the echo ends in time")
+        .expect("read the echo");
+    writer.await.expect("writer");
+    assert_eq!(echoed.len(), payload.len());
+    assert!(echoed == payload, "the bytes came back changed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_transfers_and_half_close_with_splice() {
+    round_trip(RelayConfig::default().with_splice(true), 8 << 20).await;
+    // A pipe larger than the default, and one smaller than a segment.
+    round_trip(
+        RelayConfig::default()
+            .with_splice(true)
+            .with_buffer_bytes(1 << 20),
+        1 << 20,
+    )
+    .await;
+    round_trip(
+        RelayConfig::default()
+            .with_splice(true)
+            .with_buffer_bytes(100),
+        100_000,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_transfers_and_half_close_with_buffers() {
+    round_trip(RelayConfig::default().with_splice(false), 8 << 20).await;
+}

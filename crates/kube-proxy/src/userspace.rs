@@ -12,6 +12,10 @@ use prometheus_client::registry::Registry;
 /// Why `--proxy-mode=winuserspace` does not start here.
 pub const WINUSERSPACE_ON_LINUX: &str = "proxy mode \"winuserspace\" is for Windows nodes; on Linux use --proxy-mode=userspace, which runs the same relay with iptables capture";
 
+/// Benchmark switch: `KP_RELAY_COPY=buffers` makes the relay copy through user-space buffers
+/// instead of splice(2), so `kp-datapath` compares both with one build. Not a user setting.
+pub const COPY_ENV: &str = "KP_RELAY_COPY";
+
 /// Userspace mode as the binary runs it.
 pub type UserspaceMode = UserspaceBackend<IptablesCapture<ExecRunner>>;
 
@@ -29,9 +33,10 @@ pub fn backend(config: &KubeProxyConfiguration, registry: &mut Registry) -> User
         },
         families.clone(),
     );
-    tracing::info!("Using userspace Proxier");
+    let splice = std::env::var(COPY_ENV).map_or(true, |v| v != "buffers");
+    tracing::info!(splice, "Using userspace Proxier");
     UserspaceBackend::new(
-        RelayConfig::default(),
+        RelayConfig::default().with_splice(splice),
         RelayMetrics::register(registry),
         capture,
         families,

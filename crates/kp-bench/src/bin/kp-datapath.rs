@@ -1,0 +1,555 @@
+//! `kp-datapath`: data-path throughput and latency, side by side: direct pod to pod, through
+//! iptables mode, and through userspace mode's relay.
+//!
+//! Topology per path and round (namespaces `kpr-<pid>-<tag>-{cl,node,srv}`, created and
+//! wired from inside the namespaces; the host's namespace is never touched):
+//!
+//! ```text
+//! client 10.200.1.2 -- 10.200.1.1 node (kube-proxy, forwarding) 10.200.2.1 -- 10.200.2.2 server
+//! ```
+//!
+//! The server runs two `iperf3 -s` (5201 for the measurement, 5202 for background load) and
+//! `kp-connect serve` (echo on 8080). For the proxied paths one Service at 10.97.255.250
+//! exposes 5201, 5202 and 80 -> 8080 with the server as its only endpoint; the direct path
+//! uses the server's address. Per round: `iperf3` with 1 and 4 streams (`--seconds` each,
+//! with the proxy's CPU time over the 1-stream run), then connect + 1-byte echo + close
+//! latency (`kp-connect probe`) idle and again while a background `iperf3 -b --load-mbps`
+//! flows through the same path. Figures are medians over `--rounds`. Measurements only;
+//! nothing is asserted.
+
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use clap::{Parser, ValueEnum};
+use kp_bench::connect::Stats;
+use kp_bench::generate::NODE_NAME;
+use kp_bench::logs::{FIRST_SYNC, LogLine};
+use kp_bench::report::{Table, human};
+use kp_bench::sys::{self, Netns};
+
+const SERVER: Ipv4Addr = Ipv4Addr::new(10, 200, 2, 2);
+const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 97, 255, 250);
+/// The measured iperf3 server.
+const IPERF_PORT: u16 = 5201;
+/// The background-load iperf3 server.
+const LOAD_PORT: u16 = 5202;
+/// The echo server's port; the Service exposes it as port 80.
+const ECHO_PORT: u16 = 8080;
+const SERVICE_ECHO_PORT: u16 = 80;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PathKind {
+    Direct,
+    Iptables,
+    Userspace,
+    /// Userspace mode copying through user-space buffers instead of splice(2).
+    UserspaceBuffers,
+}
+
+impl PathKind {
+    fn name(self) -> &'static str {
+        match self {
+            PathKind::Direct => "direct",
+            PathKind::Iptables => "iptables",
+            PathKind::Userspace => "userspace",
+            PathKind::UserspaceBuffers => "userspace-buffers",
+        }
+    }
+
+    /// The `--proxy-mode`, if a proxy runs.
+    fn mode(self) -> Option<&'static str> {
+        match self {
+            PathKind::Direct => None,
+            PathKind::Iptables => Some("iptables"),
+            PathKind::Userspace | PathKind::UserspaceBuffers => Some("userspace"),
+        }
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kp-datapath",
+    about = "Throughput and latency: direct, iptables mode, userspace relay (as root)"
+)]
+struct Args {
+    /// Paths to measure (direct first: the others are reported relative to it).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "direct,iptables,userspace"
+    )]
+    paths: Vec<PathKind>,
+    /// Rounds per path; figures are medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Seconds per iperf3 run.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Connections per latency measurement.
+    #[arg(long, default_value_t = 2000)]
+    count: usize,
+    /// Background load during the second latency measurement, in Mbit/s.
+    #[arg(long, default_value_t = 1000)]
+    load_mbps: u64,
+    /// The kube-proxy binary.
+    #[arg(long, default_value = "target/release/kube-proxy")]
+    binary: PathBuf,
+    /// Append the markdown table to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    match run(&Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("kp-datapath: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A child process killed (by pid) with its descendants when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        for pid in sys::descendants(self.0.id()) {
+            sys::kill(pid, "KILL");
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Topology {
+    client: Netns,
+    node: Netns,
+    server: Netns,
+}
+
+fn ns_run(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
+    ns.output(args[0], &args[1..]).map(|_| ())
+}
+
+fn topology(tag: &str) -> anyhow::Result<Topology> {
+    let pid = std::process::id();
+    let client = Netns::create(&format!("kpr-{pid}-{tag}-cl"))?;
+    let node = Netns::create(&format!("kpr-{pid}-{tag}-node"))?;
+    let server = Netns::create(&format!("kpr-{pid}-{tag}-srv"))?;
+    let (c, s) = (client.name(), server.name());
+    for (dev, peer, ns) in [("n0", "c0", c), ("n1", "s0", s)] {
+        ns_run(
+            &node,
+            &[
+                "ip", "link", "add", dev, "type", "veth", "peer", "name", peer, "netns", ns,
+            ],
+        )?;
+    }
+    for (ns, dev, addr) in [
+        (&client, "c0", "10.200.1.2/24"),
+        (&node, "n0", "10.200.1.1/24"),
+        (&node, "n1", "10.200.2.1/24"),
+        (&server, "s0", "10.200.2.2/24"),
+    ] {
+        ns_run(ns, &["ip", "addr", "add", addr, "dev", dev])?;
+        ns_run(ns, &["ip", "link", "set", dev, "up"])?;
+    }
+    ns_run(
+        &client,
+        &["ip", "route", "add", "default", "via", "10.200.1.1"],
+    )?;
+    ns_run(
+        &server,
+        &["ip", "route", "add", "default", "via", "10.200.2.1"],
+    )?;
+    ns_run(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    Ok(Topology {
+        client,
+        node,
+        server,
+    })
+}
+
+fn spawn_in(
+    ns: &Netns,
+    program: impl AsRef<Path>,
+    args: &[&str],
+    stderr: Stdio,
+) -> anyhow::Result<Guard> {
+    spawn_with_env(ns, program, args, stderr, &[])
+}
+
+fn spawn_with_env(
+    ns: &Netns,
+    program: impl AsRef<Path>,
+    args: &[&str],
+    stderr: Stdio,
+    env: &[(&str, &str)],
+) -> anyhow::Result<Guard> {
+    let program = program.as_ref();
+    let child = Command::new("ip")
+        .envs(env.iter().copied())
+        .args(["netns", "exec", ns.name()])
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .with_context(|| format!("starting {} in {}", program.display(), ns.name()))?;
+    Ok(Guard(child))
+}
+
+/// The Service (three ports) and its EndpointSlice.
+fn manifest() -> String {
+    let ports = [
+        ("iperf", IPERF_PORT, IPERF_PORT),
+        ("load", LOAD_PORT, LOAD_PORT),
+        ("echo", SERVICE_ECHO_PORT, ECHO_PORT),
+    ];
+    let service_ports: String = ports
+        .iter()
+        .map(|(name, port, target)| {
+            format!(
+                "    - name: {name}\n      protocol: TCP\n      port: {port}\n      targetPort: {target}\n"
+            )
+        })
+        .collect();
+    let slice_ports: String = ports
+        .iter()
+        .map(|(name, _, target)| {
+            format!("  - name: {name}\n    protocol: TCP\n    port: {target}\n")
+        })
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: bench\n  namespace: default\n\
+         spec:\n  clusterIP: \"{SERVICE_IP}\"\n  ports:\n{service_ports}---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: bench-1\n  \
+         namespace: default\n  labels:\n    kubernetes.io/service-name: bench\n\
+         addressType: IPv4\nports:\n{slice_ports}endpoints:\n  - addresses: [\"{SERVER}\"]\n    \
+         nodeName: other-node\n"
+    )
+}
+
+/// Received throughput of one `iperf3 -J` run, in bit/s.
+fn iperf(client: &Netns, target: Ipv4Addr, seconds: u64, streams: u32) -> anyhow::Result<f64> {
+    let (t, p, port) = (
+        seconds.to_string(),
+        streams.to_string(),
+        IPERF_PORT.to_string(),
+    );
+    let target = target.to_string();
+    // The server takes a moment to start, and to accept the next test after one ends
+    // ("busy"): retry those.
+    for _ in 0..20 {
+        let out = client.output(
+            "iperf3",
+            &["-c", &target, "-p", &port, "-t", &t, "-P", &p, "-J"],
+        )?;
+        let json: serde_json::Value = serde_json::from_str(&out).context("iperf3 -J output")?;
+        if let Some(bits) = json["end"]["sum_received"]["bits_per_second"].as_f64() {
+            return Ok(bits);
+        }
+        let error = json["error"].as_str().unwrap_or_default();
+        if !error.contains("busy") && !error.contains("unable to connect") {
+            bail!("no end.sum_received in iperf3 output: {}", json["error"]);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    bail!("the iperf3 server stayed busy or unreachable")
+}
+
+/// One latency measurement with `kp-connect probe` (a sibling binary).
+fn latency(client: &Netns, target: SocketAddr, count: usize) -> anyhow::Result<Stats> {
+    let exe = std::env::current_exe()?;
+    let connect = exe.with_file_name("kp-connect");
+    let (target, count) = (target.to_string(), count.to_string());
+    let out = client.output(
+        connect.to_str().context("non-UTF-8 path")?,
+        &["probe", "--target", &target, "--count", &count],
+    )?;
+    Stats::from_line(out.trim()).ok_or_else(|| anyhow!("bad probe output {out:?}"))
+}
+
+/// One round's figures.
+#[derive(Clone, Copy, Debug)]
+struct Round {
+    one_stream: f64,
+    four_streams: f64,
+    /// Proxy CPU over the 1-stream run, in % of one core (`None` without a proxy).
+    cpu: Option<f64>,
+    idle: Stats,
+    loaded: Stats,
+}
+
+fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Round> {
+    let exe = std::env::current_exe()?;
+    let tag = match path {
+        PathKind::UserspaceBuffers => "b",
+        _ => &path.name()[..1],
+    };
+    let topo = topology(&format!("{tag}{n}"))?;
+    let _servers = [
+        spawn_in(&topo.server, "iperf3", &["-s", "-p", "5201"], Stdio::null())?,
+        spawn_in(&topo.server, "iperf3", &["-s", "-p", "5202"], Stdio::null())?,
+        spawn_in(
+            &topo.server,
+            exe.with_file_name("kp-connect"),
+            &["serve", "--port", "8080"],
+            Stdio::null(),
+        )?,
+    ];
+    let proxy = match path.mode() {
+        None => None,
+        Some(_) => Some(start_proxy(
+            args,
+            path,
+            &topo,
+            &dir.join(format!("{}-{n}", path.name())),
+        )?),
+    };
+    let (target, echo) = match path {
+        PathKind::Direct => (SERVER, ECHO_PORT),
+        PathKind::Iptables | PathKind::Userspace | PathKind::UserspaceBuffers => {
+            (SERVICE_IP, SERVICE_ECHO_PORT)
+        }
+    };
+    // Wait for the path (iperf3 servers start asynchronously).
+    latency(&topo.client, SocketAddr::from((target, echo)), 10)?;
+    let ticks = |p: &Option<Guard>| p.as_ref().and_then(|g| sys::cpu_ticks(g.0.id()));
+    let (cpu_before, started) = (ticks(&proxy), Instant::now());
+    let one_stream = iperf(&topo.client, target, args.seconds, 1)?;
+    let cpu = match (cpu_before, ticks(&proxy)) {
+        (Some((a, _)), Some((b, _))) => {
+            let seconds = (b - a) as f64 / sys::ticks_per_second() as f64;
+            Some(100.0 * seconds / started.elapsed().as_secs_f64())
+        }
+        _ => None,
+    };
+    let four_streams = iperf(&topo.client, target, args.seconds, 4)?;
+    let idle = latency(&topo.client, SocketAddr::from((target, echo)), args.count)?;
+    let (t, b, ip) = (
+        (args.seconds * 6).to_string(),
+        format!("{}M", args.load_mbps),
+        target.to_string(),
+    );
+    let background = spawn_in(
+        &topo.client,
+        "iperf3",
+        &["-c", &ip, "-p", "5202", "-t", &t, "-b", &b],
+        Stdio::null(),
+    )?;
+    std::thread::sleep(Duration::from_secs(1));
+    let loaded = latency(&topo.client, SocketAddr::from((target, echo)), args.count)?;
+    drop(background);
+    drop(proxy);
+    Ok(Round {
+        one_stream,
+        four_streams,
+        cpu,
+        idle,
+        loaded,
+    })
+}
+
+fn start_proxy(args: &Args, path: PathKind, topo: &Topology, dir: &Path) -> anyhow::Result<Guard> {
+    let binary = std::fs::canonicalize(&args.binary)
+        .with_context(|| format!("kube-proxy binary {}", args.binary.display()))?;
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("bench.yaml"), manifest())?;
+    let log_path = dir.join("proxy.log");
+    let log = std::fs::File::create(&log_path)?;
+    let manifests = format!("--manifests={}", dir.display());
+    let mode = format!("--proxy-mode={}", path.mode().unwrap_or_default());
+    let host = format!("--hostname-override={NODE_NAME}");
+    // The relay's copy switch (see kube-proxy's `userspace::COPY_ENV`).
+    let env: &[(&str, &str)] = match path {
+        PathKind::UserspaceBuffers => &[("KP_RELAY_COPY", "buffers")],
+        _ => &[],
+    };
+    let proxy = spawn_with_env(
+        &topo.node,
+        &binary,
+        &[
+            &manifests,
+            &mode,
+            &host,
+            "--iptables-min-sync-period=0s",
+            "--healthz-bind-address=127.0.0.1:10256",
+            "--metrics-bind-address=127.0.0.1:10249",
+            "--conntrack-max-per-core=0",
+        ],
+        Stdio::from(log),
+        env,
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if text
+            .lines()
+            .filter_map(LogLine::parse)
+            .any(|l| l.message == FIRST_SYNC)
+        {
+            return Ok(proxy);
+        }
+        if Instant::now() > deadline {
+            bail!("{} never synced; log:\n{text}", path.name());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn median_duration(mut values: Vec<Duration>) -> Duration {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
+/// Medians of one path; ratios and differences to direct are taken per round (the same
+/// round's direct run, measured minutes apart at most), then their median.
+struct Summary {
+    one: f64,
+    four: f64,
+    cpu: Option<f64>,
+    idle: (Duration, Duration),
+    loaded: (Duration, Duration),
+    /// 1-stream and 4-stream throughput relative to direct.
+    ratios: Option<(f64, f64)>,
+    /// Added p50 and p99, idle and under load, relative to direct (signed, in µs).
+    added: Option<[f64; 4]>,
+}
+
+fn summarize(rounds: &[Round], direct: Option<&[Round]>) -> Summary {
+    let pick = |f: fn(&Round) -> Duration| median_duration(rounds.iter().map(f).collect());
+    let cpus: Vec<f64> = rounds.iter().filter_map(|r| r.cpu).collect();
+    let paired = |f: &dyn Fn(&Round, &Round) -> f64| -> Option<f64> {
+        let direct = direct?;
+        Some(median(
+            rounds.iter().zip(direct).map(|(r, d)| f(r, d)).collect(),
+        ))
+    };
+    let micros = |d: Duration| d.as_secs_f64() * 1e6;
+    let ratios = paired(&|r, d| r.one_stream / d.one_stream)
+        .zip(paired(&|r, d| r.four_streams / d.four_streams));
+    let added = [
+        paired(&|r, d| micros(r.idle.p50) - micros(d.idle.p50)),
+        paired(&|r, d| micros(r.idle.p99) - micros(d.idle.p99)),
+        paired(&|r, d| micros(r.loaded.p50) - micros(d.loaded.p50)),
+        paired(&|r, d| micros(r.loaded.p99) - micros(d.loaded.p99)),
+    ];
+    Summary {
+        one: median(rounds.iter().map(|r| r.one_stream).collect()),
+        four: median(rounds.iter().map(|r| r.four_streams).collect()),
+        cpu: (!cpus.is_empty()).then(|| median(cpus)),
+        idle: (pick(|r| r.idle.p50), pick(|r| r.idle.p99)),
+        loaded: (pick(|r| r.loaded.p50), pick(|r| r.loaded.p99)),
+        ratios,
+        added: match added {
+            [Some(a), Some(b), Some(c), Some(d)] => Some([a, b, c, d]),
+            _ => None,
+        },
+    }
+}
+
+fn gbps(bits: f64) -> String {
+    format!("{:.2} Gb/s", bits / 1e9)
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    for tool in ["iperf3", "ip"] {
+        if sys::which(tool).is_none() {
+            bail!("{tool} not found (apt-get install iperf3 iproute2)");
+        }
+    }
+    let temp = tempfile::Builder::new().prefix("kp-datapath-").tempdir()?;
+    // Rounds outermost: every path is measured once per round, so a change in the machine's
+    // load between rounds affects every path alike.
+    let mut measured: Vec<(PathKind, Vec<Round>)> =
+        args.paths.iter().map(|p| (*p, Vec::new())).collect();
+    for n in 0..args.rounds {
+        for (path, rounds) in &mut measured {
+            let r = round(args, *path, n, temp.path())?;
+            eprintln!(
+                "kp-datapath: {} round {n}: 1 stream {}, 4 streams {}, cpu {:?}, idle p50/p99 {}/{}, loaded {}/{} (load {})",
+                path.name(),
+                gbps(r.one_stream),
+                gbps(r.four_streams),
+                r.cpu,
+                human(r.idle.p50),
+                human(r.idle.p99),
+                human(r.loaded.p50),
+                human(r.loaded.p99),
+                sys::load()
+            );
+            rounds.push(r);
+        }
+    }
+    let direct: Option<Vec<Round>> = measured
+        .iter()
+        .find(|(p, _)| *p == PathKind::Direct)
+        .map(|(_, r)| r.clone());
+    let mut table = Table::new(&[
+        "path",
+        "1 stream",
+        "4 streams",
+        "connect+echo p50 / p99 (idle)",
+        "p50 / p99 under load",
+        "added p50 / p99 vs direct, idle",
+        "added p50 / p99 vs direct, under load",
+        "proxy CPU (1 stream)",
+    ]);
+    for (path, rounds) in &measured {
+        let s = summarize(rounds, direct.as_deref());
+        let with_ratio = |v: f64, r: Option<f64>| match r {
+            Some(r) => format!("{} ({r:.2}× direct)", gbps(v)),
+            None => gbps(v),
+        };
+        let us = |v: f64| format!("{v:+.0} µs");
+        let (idle_added, loaded_added) = match s.added {
+            Some([a, b, c, d]) if *path != PathKind::Direct => (
+                format!("{} / {}", us(a), us(b)),
+                format!("{} / {}", us(c), us(d)),
+            ),
+            _ => ("-".to_owned(), "-".to_owned()),
+        };
+        table.row(vec![
+            path.name().to_owned(),
+            with_ratio(s.one, s.ratios.map(|r| r.0)),
+            with_ratio(s.four, s.ratios.map(|r| r.1)),
+            format!("{} / {}", human(s.idle.0), human(s.idle.1)),
+            format!("{} / {}", human(s.loaded.0), human(s.loaded.1)),
+            idle_added,
+            loaded_added,
+            s.cpu
+                .map_or("-".to_owned(), |c| format!("{c:.0}% of a core")),
+        ]);
+    }
+    let text = format!(
+        "{}\n{} rounds (medians), {} s per iperf3 run, {} connections per latency figure, background load {} Mbit/s; load 1m at the end {}\n",
+        table.render(),
+        args.rounds,
+        args.seconds,
+        args.count,
+        args.load_mbps,
+        sys::load()
+    );
+    println!("{text}");
+    if let Some(out) = &args.out {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(out)?;
+        file.write_all(text.as_bytes())?;
+    }
+    Ok(())
+}
