@@ -4,6 +4,7 @@
 mod app;
 mod dryrun;
 mod explain;
+mod ipvs_mode;
 mod log;
 mod modes;
 
@@ -75,8 +76,18 @@ fn run(options: Options) -> anyhow::Result<()> {
             let backend = modes::nftables(settings.config(), &mut registry, options.cleanup)?;
             runtime.block_on(app::run(settings, backend, registry, options.cleanup))
         }
+        ProxyMode::Ipvs => match ipvs_mode::build(settings.config(), options.cleanup)? {
+            Ok(backend) => runtime.block_on(app::run(settings, backend, registry, options.cleanup)),
+            Err(why) => {
+                // Upstream's wording; older upstream releases fell back the same way.
+                tracing::error!(error = %why, "Can't use the IPVS proxier");
+                tracing::info!("Falling back to the iptables proxier");
+                let backend = modes::iptables(settings.config(), &mut registry, options.cleanup)?;
+                runtime.block_on(app::run(settings, backend, registry, options.cleanup))
+            }
+        },
         other => anyhow::bail!(
-            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, fake)",
+            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, ipvs, fake)",
             other.as_str()
         ),
     }
