@@ -31,8 +31,7 @@ fn ipvs_mode_falls_back_to_iptables_without_ipvs() {
     let binary = env!("CARGO_BIN_EXE_kube-proxy");
     let log = tempfile::NamedTempFile::new().expect("log file");
     // Start the proxy, wait for its first sync (or its exit), show the nat table, stop it.
-    let script = format!(
-        r#"ip link set lo up
+    let script = r#"ip link set lo up
 "$0" --manifests="$1" --hostname-override=node-1 --proxy-mode=ipvs \
     --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 \
     --healthz-bind-address= --metrics-bind-address= >"$2" 2>&1 &
@@ -43,10 +42,9 @@ while ! grep -q "first sync of proxy rules complete" "$2" && kill -0 $pid 2>/dev
 done
 iptables-save -t nat
 kill -TERM $pid 2>/dev/null; wait $pid
-exit 0"#
-    );
+exit 0"#;
     let out = Command::new("unshare")
-        .args(["-n", "sh", "-c", &script, binary])
+        .args(["-n", "sh", "-c", script, binary])
         .arg(examples())
         .arg(log.path())
         .output()
