@@ -119,6 +119,7 @@ pub struct Vm {
     verbose: bool,
     modules: Vec<String>,
     programs: Vec<String>,
+    directories: Vec<PathBuf>,
     env: Vec<(String, String)>,
 }
 
@@ -142,6 +143,7 @@ impl Vm {
             verbose: var("KP_VM_VERBOSE").is_some_and(|v| v == "1"),
             modules: DEFAULT_MODULES.iter().map(|m| (*m).to_owned()).collect(),
             programs: vec!["ip".into()],
+            directories: Vec::new(),
             env: Vec::new(),
         }
     }
@@ -150,6 +152,13 @@ impl Vm {
     /// with its libraries. A program that is not installed makes [`Vm::run`] fail.
     pub fn program(mut self, name: &str) -> Self {
         self.programs.push(name.to_owned());
+        self
+    }
+
+    /// Also copy every file below host directory `path` (at the same place), with the
+    /// libraries each needs: plugin directories such as iptables' `xtables`.
+    pub fn directory(mut self, path: impl Into<PathBuf>) -> Self {
+        self.directories.push(path.into());
         self
     }
 
@@ -217,6 +226,9 @@ impl Vm {
         }
         for name in &self.programs {
             image.program(&which(name)?)?;
+        }
+        for dir in &self.directories {
+            image.program_tree(dir)?;
         }
         let exe = fs::canonicalize(exe).map_err(VmError::io(exe))?;
         image.program(&exe)?;

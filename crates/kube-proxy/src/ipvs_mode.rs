@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use kp_config::KubeProxyConfiguration;
 use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools};
-use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, detect_families};
+use kp_dataplane::iptables::detect_families;
 use kp_dataplane::ipvs::{ExecIpset, IpvsBackend, IpvsBackendConfig, RtLinks};
 use kp_dataplane::sysctls::{self, FsSysctl};
 use kp_ipvs::{Ipvs, NetlinkIpvs, Protocol, Scheduler, ServiceKey, Timeouts, VirtualServer};
@@ -97,9 +97,8 @@ pub fn build(
         NodePortAddresses::All => node_addresses(),
     };
     let (masquerade_bit, masquerade_all) = config.masquerade();
-    let families = detect_families();
     let backend_config = IpvsBackendConfig {
-        families: families.clone(),
+        families: detect_families(),
         plan: IpvsConfig {
             scheduler,
             node_ips,
@@ -116,19 +115,14 @@ pub fn build(
         },
         strict_arp: config.ipvs.strict_arp,
     };
-    let tools = Tools::new(IptablesVariant::System);
-    // Only for `--cleanup`: removes every KUBE- chain (iptables mode's and ipvs mode's).
-    let iptables = IptablesBackend::new(IptablesConfig::new(families, render), tools.clone())
-        .context("invalid iptables configuration")?;
     let backend = IpvsBackend::with_parts(
         backend_config,
         ipvs,
         RtLinks::new(),
-        ExecRunner::new(tools),
+        ExecRunner::new(Tools::new(IptablesVariant::System)),
         ExecIpset,
         Box::new(host),
-    )
-    .with_iptables_cleanup(iptables);
+    );
     tracing::info!(%scheduler, "Using ipvs Proxier");
     Ok(Ok(backend))
 }

@@ -8,10 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::TryStreamExt as _;
 use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::link::LinkAttribute;
 use rtnetlink::{Handle, LinkDummy};
-
-/// `ENODEV`: no such device.
-const ENODEV: i32 = 19;
 
 /// Why a link operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -25,9 +23,10 @@ pub struct LinkError {
 
 fn link_error(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> LinkError {
     let op = op.into();
+    // Debug: the Display of a netlink error leaves out the errno.
     move |e| LinkError {
         op,
-        message: e.to_string(),
+        message: format!("{e:?}"),
     }
 }
 
@@ -60,7 +59,8 @@ fn host_prefix(ip: IpAddr) -> u8 {
     if ip.is_ipv4() { 32 } else { 128 }
 }
 
-/// [`Links`] over an rtnetlink socket, opened on first use (it needs the tokio runtime).
+/// [`Links`] over an rtnetlink socket, opened on first use: its connection task runs on the
+/// tokio runtime of that first call, which must outlive the backend (the proxy has one).
 #[derive(Debug, Default)]
 pub struct RtLinks {
     handle: Option<Handle>,
@@ -85,14 +85,24 @@ impl RtLinks {
         Ok(handle)
     }
 
+    /// The index of link `name`, from a dump of every link (a lookup by name answers a
+    /// missing link with an error whose code differs between kernels).
     async fn index_of(handle: &Handle, name: &str) -> Result<Option<u32>, LinkError> {
-        let mut links = handle.link().get().match_name(name.to_owned()).execute();
-        match links.try_next().await {
-            Ok(Some(link)) => Ok(Some(link.header.index)),
-            Ok(None) => Ok(None),
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -ENODEV => Ok(None),
-            Err(e) => Err(link_error(format!("look up {name}"))(e)),
+        let mut links = handle.link().get().execute();
+        while let Some(link) = links
+            .try_next()
+            .await
+            .map_err(link_error(format!("look up {name}")))?
+        {
+            let named = link
+                .attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::IfName(n) if n == name));
+            if named {
+                return Ok(Some(link.header.index));
+            }
         }
+        Ok(None)
     }
 }
 

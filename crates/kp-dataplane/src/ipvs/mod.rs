@@ -30,8 +30,9 @@ use kp_rules::ipvs::{DUMMY_DEVICE, Desired, IpvsConfig, plan, rules};
 use tracing::{debug, info, warn};
 
 use crate::exec::{ExecRunner, RuleRunner};
-use crate::iptables::{IptablesBackend, ensure_setup};
+use crate::iptables::{SavedTable, cleanup_input, ensure_setup};
 use crate::sysctls::{self, Setting, Sysctl, WriteWhen};
+use kp_rules::iptables::Table;
 
 pub use ipset::{ExecIpset, FakeIpset, IpsetRunner};
 pub use links::{FakeLinks, LinkError, Links, RtLinks};
@@ -84,8 +85,6 @@ pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset> {
     runner: R,
     ipset: S,
     sysctl: Box<dyn Sysctl + Send + Sync>,
-    /// Only for `--cleanup` of the iptables chains (ipvs mode's are KUBE- chains too).
-    iptables: Option<IptablesBackend>,
     /// Rules restored per family, to skip identical restores; cleared after any failure.
     rules_applied: BTreeMap<IpFamily, String>,
     /// Sysctls, timeouts and jumps are ensured on the first sync and after a failure.
@@ -136,16 +135,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
             runner,
             ipset,
             sysctl,
-            iptables: None,
             rules_applied: BTreeMap::new(),
             setup_done: false,
         }
-    }
-
-    /// Also remove iptables mode's leftovers on `--cleanup` through `iptables`.
-    pub fn with_iptables_cleanup(mut self, iptables: IptablesBackend) -> Self {
-        self.iptables = Some(iptables);
-        self
     }
 
     /// The configuration.
@@ -289,6 +281,24 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
         Ok(report)
     }
 
+    /// Removes every KUBE- chain of `table` and the jumps into them (iptables mode's
+    /// leftovers too), keeping kubelet's.
+    async fn cleanup_table(&mut self, family: IpFamily, table: Table) -> Result<(), BackendError> {
+        let what = format!("iptables cleanup ({family:?} {})", table.as_str());
+        let text = self
+            .runner
+            .save(family, table)
+            .await
+            .map_err(|e| apply_error(&what)(e.to_string()))?;
+        if let Some(input) = cleanup_input(table, &SavedTable::parse(&text)) {
+            self.runner
+                .restore(family, &input)
+                .await
+                .map_err(|e| apply_error(&what)(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// Brings one virtual server and its real servers to `want`; returns the changes made.
     fn sync_service(
         &mut self,
@@ -366,8 +376,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> Backend for IpvsBackend<I
         result
     }
 
-    /// As upstream: flush every virtual server, delete kube-ipvs0, remove the iptables chains,
-    /// then destroy the ipsets (referenced sets cannot be destroyed).
+    /// As upstream: flush every virtual server, delete kube-ipvs0, remove the KUBE- iptables
+    /// chains (iptables mode's too), then destroy the ipsets (referenced sets cannot be
+    /// destroyed).
     async fn cleanup(&mut self) -> Result<(), BackendError> {
         let mut first: Option<BackendError> = None;
         let mut note = |r: Result<(), BackendError>| {
@@ -388,8 +399,10 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> Backend for IpvsBackend<I
                 .map(drop)
                 .map_err(|e| apply_error("delete kube-ipvs0")(e.to_string())),
         );
-        if let Some(iptables) = &mut self.iptables {
-            note(iptables.cleanup().await);
+        for family in self.config.families.clone() {
+            for table in [Table::Filter, Table::Nat, Table::Mangle] {
+                note(self.cleanup_table(family, table).await);
+            }
         }
         match self.ipset.save().await {
             Ok(text) => {
