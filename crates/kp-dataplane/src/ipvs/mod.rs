@@ -11,6 +11,10 @@
 //! 0 until they drain (upstream's graceful termination); later syncs delete it once its
 //! counters reach zero. UDP and SCTP real servers are deleted at once.
 //!
+//! Full syncs read every virtual server's real servers back from the kernel; partial syncs
+//! read back only those whose plan changed (or that are draining), so a one-service change
+//! costs a few netlink round trips however many services exist.
+//!
 //! One virtual server the kernel refuses is reported in [`SyncReport::skipped`] with its
 //! Service; the others are still programmed.
 
@@ -22,7 +26,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
+use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_ipvs::{Ipvs, IpvsError, Protocol, RealServer, ServiceKey, Timeouts, VirtualServer};
 use kp_rules::ipvs::ipset::{SavedSets, destroy_input, parse_save, restore_input};
@@ -89,6 +93,12 @@ pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset> {
     rules_applied: BTreeMap<IpFamily, String>,
     /// Sysctls, timeouts and jumps are ensured on the first sync and after a failure.
     setup_done: bool,
+    /// What the last syncs programmed per virtual server, so a partial sync skips reading
+    /// back the real servers of virtual servers whose plan did not change. Full syncs (and
+    /// the first one, and any after a failure) read everything back.
+    applied: BTreeMap<ServiceKey, (VirtualServer, Vec<RealServer>)>,
+    /// Virtual servers with real servers still draining at weight 0: read back every sync.
+    draining: BTreeSet<ServiceKey>,
 }
 
 impl<I, L, R, S> std::fmt::Debug for IpvsBackend<I, L, R, S> {
@@ -137,6 +147,8 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
             sysctl,
             rules_applied: BTreeMap::new(),
             setup_done: false,
+            applied: BTreeMap::new(),
+            draining: BTreeSet::new(),
         }
     }
 
@@ -237,10 +249,29 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
             .collect();
         let mut report = SyncReport::default();
         let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
+        let full = request.kind == SyncKind::Full;
+        let mut applied = BTreeMap::new();
         for p in &plans {
             for (key, want) in &p.services {
+                let planned = (want.server.clone(), want.real_servers.clone());
+                let unchanged = !full
+                    && !self.draining.contains(key)
+                    && current.get(key) == Some(&want.server)
+                    && self.applied.get(key) == Some(&planned);
+                if unchanged {
+                    applied.insert(*key, planned);
+                    continue;
+                }
                 match self.sync_service(current.get(key), &want.server, &want.real_servers) {
-                    Ok(changes) => report.rules_written += changes,
+                    Ok((changes, draining)) => {
+                        report.rules_written += changes;
+                        applied.insert(*key, planned);
+                        if draining {
+                            self.draining.insert(*key);
+                        } else {
+                            self.draining.remove(key);
+                        }
+                    }
                     Err(error) => {
                         warn!(service = %want.owner, virtual_server = %key, %error, "cannot program virtual server; skipping it");
                         skipped.insert(want.owner.clone());
@@ -277,6 +308,8 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
                 .await
                 .map_err(link_err)?;
         }
+        self.draining.retain(|k| applied.contains_key(k));
+        self.applied = applied;
         report.skipped = skipped.into_iter().collect();
         Ok(report)
     }
@@ -299,14 +332,16 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
         Ok(())
     }
 
-    /// Brings one virtual server and its real servers to `want`; returns the changes made.
+    /// Brings one virtual server and its real servers to `want`; returns the changes made and
+    /// whether removed real servers are still draining.
     fn sync_service(
         &mut self,
         have: Option<&VirtualServer>,
         want: &VirtualServer,
         real_servers: &[RealServer],
-    ) -> Result<usize, IpvsError> {
+    ) -> Result<(usize, bool), IpvsError> {
         let mut changes = 0;
+        let mut draining = false;
         match have {
             None => {
                 self.ipvs.add_service(want)?;
@@ -344,6 +379,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
         for (_, d) in listed {
             let connections = d.active_connections + d.inactive_connections;
             if want.key.protocol == Protocol::Tcp && connections > 0 {
+                draining = true;
                 if d.server.weight != 0 {
                     let draining = RealServer {
                         weight: 0,
@@ -357,7 +393,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
                 changes += 1;
             }
         }
-        Ok(changes)
+        Ok((changes, draining))
     }
 }
 
@@ -372,6 +408,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> Backend for IpvsBackend<I
             // The kernel may be anywhere between the old and new state: check it all again.
             self.setup_done = false;
             self.rules_applied.clear();
+            self.applied.clear();
         }
         result
     }
@@ -420,6 +457,8 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> Backend for IpvsBackend<I
         }
         self.setup_done = false;
         self.rules_applied.clear();
+        self.applied.clear();
+        self.draining.clear();
         info!("removed ipvs mode's virtual servers, kube-ipvs0 and ipsets");
         first.map_or(Ok(()), Err)
     }

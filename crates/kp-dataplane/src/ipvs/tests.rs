@@ -348,3 +348,66 @@ fn cleanup_removes_everything_ipvs_mode_made() {
     assert_eq!(h.links.addresses_of("kube-ipvs0"), None);
     assert!(h.ipset.sets().is_empty(), "{:?}", h.ipset.sets());
 }
+
+#[test]
+fn partial_syncs_read_back_only_what_changed() {
+    let mut h = harness(config());
+    h.sync(&two_services());
+    let changed = BTreeSet::new();
+    let partial = |h: &mut Harness, state: &ProxyState| {
+        block_on(
+            h.backend
+                .sync(&request(state, SyncKind::Partial, &changed, false)),
+        )
+        .expect("partial sync")
+    };
+    let before = h.ipvs.destination_lists();
+    partial(&mut h, &two_services());
+    assert_eq!(
+        h.ipvs.destination_lists(),
+        before,
+        "nothing changed: nothing read back"
+    );
+    let mut next = two_services();
+    let a = next.services.keys().next().expect("a").clone();
+    next.endpoints
+        .get_mut(&a)
+        .expect("a's endpoints")
+        .push(endpoint("10.244.1.9", 8080));
+    h.changes();
+    partial(&mut h, &next);
+    assert_eq!(
+        h.ipvs.destination_lists(),
+        before + 1,
+        "only a's virtual server"
+    );
+    assert_eq!(
+        h.changes().0,
+        vec![Op::AddDest(key("10.96.0.1", 80), ip("10.244.1.9"), 8080)]
+    );
+    // A full sync reads everything back (and repairs what someone else changed).
+    h.ipvs
+        .clone()
+        .delete_destination(
+            &key("10.96.0.2", 80),
+            &RealServer::new(ip("10.244.1.2"), 8080, 1),
+        )
+        .expect("foreign change");
+    partial(&mut h, &next);
+    assert!(
+        h.ipvs
+            .clone()
+            .destinations(&key("10.96.0.2", 80))
+            .expect("list")
+            .is_empty()
+    );
+    h.sync(&next);
+    assert_eq!(
+        h.ipvs
+            .clone()
+            .destinations(&key("10.96.0.2", 80))
+            .expect("list")
+            .len(),
+        1
+    );
+}
