@@ -89,9 +89,11 @@ pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset> {
     runner: R,
     ipset: S,
     sysctl: Box<dyn Sysctl + Send + Sync>,
-    /// Rules restored per family, to skip identical restores; cleared after any failure.
+    /// Rules restored per family, so partial syncs skip identical restores; cleared after
+    /// any failure.
     rules_applied: BTreeMap<IpFamily, String>,
-    /// Sysctls, timeouts and jumps are ensured on the first sync and after a failure.
+    /// Sysctls, timeouts and jumps are ensured on every full sync, and on a partial one after
+    /// a failure.
     setup_done: bool,
     /// What the last syncs programmed per virtual server, so a partial sync skips reading
     /// back the real servers of virtual servers whose plan did not change. Full syncs (and
@@ -179,7 +181,10 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
     }
 
     async fn sync_all(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        if !self.setup_done {
+        // Full syncs re-check everything that lives outside the diff (sysctls, jumps, the
+        // rules text), so a flushed table or a reset sysctl is repaired within syncPeriod.
+        let full = request.kind == SyncKind::Full;
+        if full || !self.setup_done {
             self.setup().await?;
             self.setup_done = true;
         }
@@ -229,7 +234,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
         for family in self.config.families.clone() {
             let text = rules::render(family, &self.config.plan)
                 .map_err(|e| apply_error("ipvs iptables rules")(e.to_string()))?;
-            if self.rules_applied.get(&family) == Some(&text) {
+            if !full && self.rules_applied.get(&family) == Some(&text) {
                 continue;
             }
             self.runner
@@ -249,7 +254,6 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
             .collect();
         let mut report = SyncReport::default();
         let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
-        let full = request.kind == SyncKind::Full;
         let mut applied = BTreeMap::new();
         for p in &plans {
             for (key, want) in &p.services {

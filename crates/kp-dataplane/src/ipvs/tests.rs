@@ -127,16 +127,28 @@ fn first_sync_programs_everything_and_an_identical_one_nothing() {
         BTreeSet::from(["10.96.0.1,tcp:80".to_owned(), "10.96.0.2,tcp:80".to_owned()])
     );
 
+    // A full sync checks everything again but changes nothing in IPVS, links or sets.
     let report = h.sync(&two_services());
     assert_eq!(report.rules_written, 0);
     let (ops, links, restores, ipset) = h.changes();
     assert!(ops.is_empty(), "{ops:?}");
     assert!(links.is_empty(), "{links:?}");
     assert_eq!(
-        restores, 0,
-        "identical iptables rules are not restored again"
+        restores, 1,
+        "full syncs restore the rules (repairs a flushed table)"
     );
     assert_eq!(ipset, 1, "no new ipset restore");
+    // A partial one does not even restore the unchanged rules.
+    let changed = BTreeSet::new();
+    let state = two_services();
+    block_on(
+        h.backend
+            .sync(&request(&state, SyncKind::Partial, &changed, false)),
+    )
+    .expect("partial");
+    let (ops, links, restores, ipset) = h.changes();
+    assert!(ops.is_empty() && links.is_empty(), "{ops:?} {links:?}");
+    assert_eq!((restores, ipset), (0, 1));
 }
 
 #[test]
