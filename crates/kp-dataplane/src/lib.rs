@@ -4,6 +4,8 @@
 //! - [`exec`]: running `iptables`, `iptables-save` and `iptables-restore` ([`exec::RuleRunner`]).
 //! - [`iptables`]: [`iptables::IptablesBackend`], the `iptables` proxy mode (a
 //!   [`kp_core::backend::Backend`]) applying `kp_rules::iptables` renders, and its cleanup.
+//! - [`ipvs`]: [`ipvs::IpvsBackend`], the `ipvs` proxy mode: IPVS over netlink
+//!   (`kp-ipvs`), the kube-ipvs0 dummy device over rtnetlink, ipsets and a few iptables rules.
 //! - [`conntrack`]: which UDP/SCTP conntrack entries a sync made stale, and deleting them over
 //!   ctnetlink ([`conntrack::Conntrack`]).
 //! - [`sysctls`]: conntrack table size and timeouts, `route_localnet`
@@ -15,6 +17,7 @@
 pub mod conntrack;
 pub mod exec;
 pub mod iptables;
+pub mod ipvs;
 pub mod nftables;
 pub mod sysctls;
 

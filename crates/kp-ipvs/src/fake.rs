@@ -43,6 +43,7 @@ struct Table {
     timeouts: Timeouts,
     log: Vec<Op>,
     fail: Vec<Op>,
+    destination_lists: usize,
 }
 
 /// An in-memory [`Ipvs`]. Clones share one table.
@@ -66,6 +67,12 @@ impl FakeIpvs {
     /// Every change since the last [`FakeIpvs::take_log`].
     pub fn take_log(&self) -> Vec<Op> {
         std::mem::take(&mut self.lock().log)
+    }
+
+    /// How many times a service's destinations were listed (the per-service read a sync
+    /// should skip for unchanged services).
+    pub fn destination_lists(&self) -> usize {
+        self.lock().destination_lists
     }
 
     /// Makes the first request equal to `op` fail with EIO (once).
@@ -166,8 +173,9 @@ impl Ipvs for FakeIpvs {
 
     fn destinations(&mut self, key: &ServiceKey) -> Result<Vec<ListedRealServer>, IpvsError> {
         // As the kernel's dump: a missing service has no destinations, not an error.
-        Ok(self
-            .lock()
+        let mut table = self.lock();
+        table.destination_lists += 1;
+        Ok(table
             .services
             .get(key)
             .map(|(_, dests)| dests.values().cloned().collect())

@@ -106,6 +106,19 @@ impl Image {
         Ok(())
     }
 
+    /// Every file below host directory `dir`, each as [`Image::program`].
+    pub fn program_tree(&mut self, dir: &Path) -> Result<(), VmError> {
+        for entry in fs::read_dir(dir).map_err(VmError::io(dir))? {
+            let path = entry.map_err(VmError::io(dir))?.path();
+            if path.is_dir() {
+                self.program_tree(&path)?;
+            } else if path.is_file() {
+                self.program(&path)?;
+            }
+        }
+        Ok(())
+    }
+
     fn parent(&mut self, path: &str) {
         if let Some((parent, _)) = path.rsplit_once('/') {
             self.dir(parent);

@@ -18,7 +18,7 @@ use crate::modules::ModuleDeps;
 pub const META_PACKAGE: &str = "linux-image-amd64";
 
 /// Bumped whenever the cached layout or module selection changes, so old caches rebuild.
-const CACHE_FORMAT: &str = "kp-vm-3";
+const CACHE_FORMAT: &str = "kp-vm-4";
 
 /// Kernel directories copied into the guest whole: IPVS and the rest of netfilter (iptables,
 /// nftables, conntrack, ipset) for both families, and SCTP.
@@ -29,12 +29,14 @@ pub const MODULE_DIRS: &[&str] = &[
     "kernel/net/sctp/",
 ];
 
-/// Single modules the guest needs besides [`MODULE_DIRS`]: devices for tests, the virtio
+/// Single modules the guest needs besides [`MODULE_DIRS`]: devices for tests (the traffic
+/// harness's LAN is a bridge), the virtio
 /// console the program's output travels over, and crc32c (a soft dependency of libcrc32c,
 /// which IPVS and SCTP need, that `modules.dep` does not list).
 pub const MODULE_NAMES: &[&str] = &[
     "dummy",
     "veth",
+    "bridge",
     "virtio_pci",
     "virtio_console",
     "crc32c_generic",

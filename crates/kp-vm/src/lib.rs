@@ -12,7 +12,9 @@
 //!
 //! Environment knobs: `KP_VM_CACHE`, `KP_VM_KERNEL_PKG` (a specific `linux-image-*` package),
 //! `KP_VM_TIMEOUT` (seconds, default [`DEFAULT_TIMEOUT`]), `KP_VM_ACCEL` (`tcg`, `kvm`,
-//! default `auto`), `KP_VM_VERBOSE=1` (print the guest console).
+//! default `auto`), `KP_VM_VERBOSE=1` (print the guest console), `KP_VM_MEMORY_MIB` (guest
+//! RAM besides the initramfs), and for `kp-vm-run`: `KP_VM_PROGRAMS` and `KP_VM_DIRS`
+//! (space-separated programs and directories to copy in).
 
 mod cpio;
 mod error;
@@ -117,8 +119,10 @@ pub struct Vm {
     timeout: Duration,
     accel: String,
     verbose: bool,
+    memory_mib: u64,
     modules: Vec<String>,
     programs: Vec<String>,
+    directories: Vec<PathBuf>,
     env: Vec<(String, String)>,
 }
 
@@ -140,8 +144,21 @@ impl Vm {
                 .map_or(DEFAULT_TIMEOUT, Duration::from_secs),
             accel: var("KP_VM_ACCEL").unwrap_or_else(|| "auto".into()),
             verbose: var("KP_VM_VERBOSE").is_some_and(|v| v == "1"),
+            memory_mib: var("KP_VM_MEMORY_MIB")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(BASE_MEMORY_MIB),
             modules: DEFAULT_MODULES.iter().map(|m| (*m).to_owned()).collect(),
-            programs: vec!["ip".into()],
+            programs: std::iter::once("ip".to_owned())
+                .chain(
+                    var("KP_VM_PROGRAMS")
+                        .iter()
+                        .flat_map(|v| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>()),
+                )
+                .collect(),
+            directories: var("KP_VM_DIRS")
+                .iter()
+                .flat_map(|v| v.split_whitespace().map(PathBuf::from).collect::<Vec<_>>())
+                .collect(),
             env: Vec::new(),
         }
     }
@@ -150,6 +167,13 @@ impl Vm {
     /// with its libraries. A program that is not installed makes [`Vm::run`] fail.
     pub fn program(mut self, name: &str) -> Self {
         self.programs.push(name.to_owned());
+        self
+    }
+
+    /// Also copy every file below host directory `path` (at the same place), with the
+    /// libraries each needs: plugin directories such as iptables' `xtables`.
+    pub fn directory(mut self, path: impl Into<PathBuf>) -> Self {
+        self.directories.push(path.into());
         self
     }
 
@@ -188,7 +212,7 @@ impl Vm {
         self.boot(
             &kernel,
             &initrd,
-            BASE_MEMORY_MIB + 3 * (size_mib + 1),
+            self.memory_mib + 3 * (size_mib + 1),
             &work.path,
         )
     }
@@ -217,6 +241,9 @@ impl Vm {
         }
         for name in &self.programs {
             image.program(&which(name)?)?;
+        }
+        for dir in &self.directories {
+            image.program_tree(dir)?;
         }
         let exe = fs::canonicalize(exe).map_err(VmError::io(exe))?;
         image.program(&exe)?;

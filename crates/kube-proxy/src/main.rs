@@ -6,6 +6,7 @@ mod debug_explain;
 mod demo;
 mod dryrun;
 mod explain;
+mod ipvs_mode;
 mod log;
 mod modes;
 mod userspace;
@@ -100,8 +101,31 @@ fn run(options: Options) -> anyhow::Result<()> {
             runtime.block_on(app::run(settings, backend, registry, options.cleanup))
         }
         ProxyMode::Winuserspace => anyhow::bail!(userspace::WINUSERSPACE_ON_LINUX),
+        ProxyMode::Ipvs => {
+            match ipvs_mode::build(settings.config(), node_ports.clone(), options.cleanup)? {
+                Ok(backend) => {
+                    let result =
+                        runtime.block_on(app::run(settings, backend, registry, options.cleanup));
+                    with_sysctl_cleanup(result, options.cleanup)
+                }
+                Err(why) => {
+                    // Upstream's wording; older upstream releases fell back the same way.
+                    tracing::error!(error = %why, "Can't use the IPVS proxier");
+                    tracing::info!("Falling back to the iptables proxier");
+                    let backend = modes::iptables(
+                        settings.config(),
+                        node_ports,
+                        &mut registry,
+                        options.cleanup,
+                    )?;
+                    let result =
+                        runtime.block_on(app::run(settings, backend, registry, options.cleanup));
+                    with_sysctl_cleanup(result, options.cleanup)
+                }
+            }
+        }
         other => anyhow::bail!(
-            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, fake)",
+            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, ipvs, fake)",
             other.as_str()
         ),
     }

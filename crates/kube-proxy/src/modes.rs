@@ -183,7 +183,7 @@ impl Backend for NftablesMode {
 /// Sets nf_conntrack_max and the TCP/UDP timeouts as upstream does. A failure is logged, not
 /// fatal: the proxy still works with the kernel's values (inside a container or a network
 /// namespace some of these files are read-only).
-fn conntrack_sysctls(config: &KubeProxyConfiguration, host: &FsSysctl) {
+pub(crate) fn conntrack_sysctls(config: &KubeProxyConfiguration, host: &FsSysctl) {
     let c = &config.conntrack;
     let settings = ConntrackSettings {
         max_per_core: u32::try_from(c.max_per_core).unwrap_or(0),

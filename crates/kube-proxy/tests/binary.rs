@@ -234,7 +234,7 @@ fn an_unbuilt_mode_exits_with_a_clear_error() {
     let output = Command::new(binary())
         .arg(format!("--manifests={}", dir.path().display()))
         .args([
-            "--proxy-mode=ipvs",
+            "--proxy-mode=kernelspace",
             "--healthz-bind-address=",
             "--metrics-bind-address=",
         ])
@@ -243,7 +243,7 @@ fn an_unbuilt_mode_exits_with_a_clear_error() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("ipvs") && stderr.contains("not available"),
+        stderr.contains("kernelspace") && stderr.contains("not available"),
         "{stderr}"
     );
 }

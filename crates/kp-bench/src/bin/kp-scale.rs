@@ -37,6 +37,8 @@ enum Mode {
     Nftables,
     /// `--proxy-mode fake`: the control plane only, nothing programmed.
     Fake,
+    /// `--proxy-mode ipvs` (needs a kernel with IPVS: run inside the test VM, see README).
+    Ipvs,
 }
 
 /// Which iptables the proxy runs.
@@ -227,6 +229,7 @@ impl Proxy {
             Mode::Iptables => "--proxy-mode=iptables",
             Mode::Nftables => "--proxy-mode=nftables",
             Mode::Fake => "--proxy-mode=fake",
+            Mode::Ipvs => "--proxy-mode=ipvs",
         };
         let hostname = format!("--hostname-override={NODE_NAME}");
         let mut command = netns.command(
@@ -237,6 +240,7 @@ impl Proxy {
                 &hostname,
                 "-v=2",
                 "--iptables-min-sync-period=0s",
+                "--ipvs-min-sync-period=0s",
                 "--healthz-bind-address=127.0.0.1:10256",
                 "--metrics-bind-address=127.0.0.1:10249",
                 "--conntrack-max-per-core=0",
@@ -385,6 +389,20 @@ fn count_rules(netns: &Netns, save: &str) -> anyhow::Result<(usize, usize, Durat
             .count();
         return Ok((lines, rules, took));
     }
+    if save == "ipvsadm" {
+        // Virtual servers and real servers.
+        let text = netns.output("ipvsadm", &["-Ln"])?;
+        let took = start.elapsed();
+        let rules = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("TCP")
+                    || l.starts_with("UDP")
+                    || (l.trim_start().starts_with("-> ") && !l.contains("RemoteAddress"))
+            })
+            .count();
+        return Ok((text.lines().count(), rules, took));
+    }
     let text = netns.output(save, &[])?;
     let took = start.elapsed();
     let lines = text.lines().count();
@@ -448,9 +466,11 @@ async fn proxy_run(
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
             Mode::Fake => "fake",
+            Mode::Ipvs => "ipvs",
         },
         match (args.mode, args.iptables) {
             (Mode::Fake, _) => "-",
+            (Mode::Ipvs, _) => "IPVS netlink + ipset",
             (Mode::Nftables, _) => "nft",
             (_, Variant::System) => "nf_tables (system)",
             (_, Variant::Legacy) => "legacy (PATH shim)",
@@ -524,6 +544,7 @@ async fn proxy_run(
     let saved = match args.mode {
         Mode::Iptables => Some(count_rules(&netns, save_tool)?),
         Mode::Nftables => Some(count_rules(&netns, "nft")?),
+        Mode::Ipvs => Some(count_rules(&netns, "ipvsadm")?),
         Mode::Fake => None,
     };
 

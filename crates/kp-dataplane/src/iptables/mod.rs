@@ -233,34 +233,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
 
     /// Ensure the chains and jumps of [`setup`] for `family`.
     async fn ensure_setup(&self, family: IpFamily) -> Result<(), BackendError> {
-        let setup = setup(family, &self.config.render);
-        let fail = |err: ExecError| BackendError::Apply {
-            what: "iptables setup".to_owned(),
-            message: err.to_string(),
-        };
-        for (table, chain) in &setup.chains {
-            let args = owned(&["-t", table.as_str(), "-N", chain]);
-            match self.runner.run(family, &args).await {
-                Ok(()) => debug!(?family, chain, table = table.as_str(), "created chain"),
-                Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
-                Err(err) => return Err(fail(err)),
-            }
-        }
-        for jump in &setup.jumps {
-            let spec = split_args(&jump.spec);
-            let mut check = owned(&["-t", jump.table.as_str(), "-C", jump.from]);
-            check.extend(spec.iter().cloned());
-            match self.runner.run(family, &check).await {
-                Ok(()) => continue,
-                Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
-                Err(err) => return Err(fail(err)),
-            }
-            let mut insert = owned(&["-t", jump.table.as_str(), "-I", jump.from, "1"]);
-            insert.extend(spec);
-            self.runner.run(family, &insert).await.map_err(fail)?;
-            debug!(?family, from = jump.from, to = jump.to, "inserted jump");
-        }
-        Ok(())
+        ensure_setup(&self.runner, family, &setup(family, &self.config.render)).await
     }
 
     /// Render `state` and restore one family once.
@@ -534,6 +507,42 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         info!(?family, table = table.as_str(), "removed kube-proxy chains");
         Ok(())
     }
+}
+
+/// Creates the chains of `setup` that are missing and inserts its jumps (at position 1 of
+/// their built-in chain) unless an equal rule is there already. Shared with ipvs mode.
+pub(crate) async fn ensure_setup<R: RuleRunner>(
+    runner: &R,
+    family: IpFamily,
+    setup: &kp_rules::iptables::Setup,
+) -> Result<(), BackendError> {
+    let fail = |err: ExecError| BackendError::Apply {
+        what: "iptables setup".to_owned(),
+        message: err.to_string(),
+    };
+    for (table, chain) in &setup.chains {
+        let args = owned(&["-t", table.as_str(), "-N", chain]);
+        match runner.run(family, &args).await {
+            Ok(()) => debug!(?family, chain, table = table.as_str(), "created chain"),
+            Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
+            Err(err) => return Err(fail(err)),
+        }
+    }
+    for jump in &setup.jumps {
+        let spec = split_args(&jump.spec);
+        let mut check = owned(&["-t", jump.table.as_str(), "-C", jump.from]);
+        check.extend(spec.iter().cloned());
+        match runner.run(family, &check).await {
+            Ok(()) => continue,
+            Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
+            Err(err) => return Err(fail(err)),
+        }
+        let mut insert = owned(&["-t", jump.table.as_str(), "-I", jump.from, "1"]);
+        insert.extend(spec);
+        runner.run(family, &insert).await.map_err(fail)?;
+        debug!(?family, from = jump.from, to = jump.to, "inserted jump");
+    }
+    Ok(())
 }
 
 fn restore_name(family: IpFamily) -> &'static str {

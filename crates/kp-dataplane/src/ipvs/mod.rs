@@ -1,0 +1,469 @@
+//! ipvs mode: [`IpvsBackend`] applies `kp_rules::ipvs` plans to the kernel.
+//!
+//! Every sync diffs the desired state against what the kernel holds now and changes only the
+//! difference: virtual servers that stay are never deleted and re-created (a changed
+//! scheduler or affinity is edited in place), real servers are added, re-weighted or removed
+//! one by one, `kube-ipvs0` gains and loses single addresses, and ipsets get only the
+//! entries that differ, so established connections survive every update. New state is added
+//! before stale state is removed.
+//!
+//! A real server that leaves a TCP service while it still has connections is kept at weight
+//! 0 until they drain (upstream's graceful termination); later syncs delete it once its
+//! counters reach zero. UDP and SCTP real servers are deleted at once.
+//!
+//! Full syncs read every virtual server's real servers back from the kernel; partial syncs
+//! read back only those whose plan changed (or that are draining), so a one-service change
+//! costs a few netlink round trips however many services exist.
+//!
+//! One virtual server the kernel refuses is reported in [`SyncReport::skipped`] with its
+//! Service; the others are still programmed.
+
+mod ipset;
+mod links;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::model::{IpFamily, ServiceName};
+use kp_ipvs::{Ipvs, IpvsError, Protocol, RealServer, ServiceKey, Timeouts, VirtualServer};
+use kp_rules::ipvs::ipset::{SavedSets, destroy_input, parse_save, restore_input};
+use kp_rules::ipvs::{DUMMY_DEVICE, Desired, IpvsConfig, plan, rules};
+use tracing::{debug, info, warn};
+
+use crate::exec::{ExecRunner, RuleRunner};
+use crate::iptables::{SavedTable, cleanup_input, ensure_setup};
+use crate::sysctls::{self, Setting, Sysctl, WriteWhen};
+use kp_rules::iptables::Table;
+
+pub use ipset::{ExecIpset, FakeIpset, IpsetRunner};
+pub use links::{FakeLinks, LinkError, Links, RtLinks};
+
+/// The mode name served on `/proxyMode`.
+pub const MODE: &str = "ipvs";
+
+/// What the ipvs backend needs to know besides the plan's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpvsBackendConfig {
+    /// Families to program.
+    pub families: Vec<IpFamily>,
+    /// The planner's configuration.
+    pub plan: IpvsConfig,
+    /// `ipvs.tcpTimeout`, `tcpFinTimeout`, `udpTimeout` in seconds (0: leave the kernel's).
+    pub timeouts: Timeouts,
+    /// `ipvs.strictARP`: do not answer ARP for kube-ipvs0's addresses on other interfaces.
+    pub strict_arp: bool,
+}
+
+/// The sysctls upstream's ipvs mode sets: IPVS keeps conntrack entries (needed for
+/// MASQUERADE and for the mark rules), expires connections to removed real servers and
+/// persistence templates of quiescent ones, forwards packets, and with strictARP only answers
+/// ARP for addresses on the receiving interface.
+pub fn sysctl_plan(strict_arp: bool) -> Vec<Setting> {
+    let set = |key, value| Setting {
+        key,
+        value,
+        when: WriteWhen::Different,
+        read_only_ok: false,
+    };
+    let mut plan = vec![
+        set("proc/sys/net/ipv4/vs/conntrack", 1),
+        set("proc/sys/net/ipv4/vs/expire_nodest_conn", 1),
+        set("proc/sys/net/ipv4/vs/expire_quiescent_template", 1),
+        set("proc/sys/net/ipv4/ip_forward", 1),
+    ];
+    if strict_arp {
+        plan.push(set("proc/sys/net/ipv4/conf/all/arp_ignore", 1));
+        plan.push(set("proc/sys/net/ipv4/conf/all/arp_announce", 2));
+    }
+    plan
+}
+
+/// ipvs mode. The type parameters are the kernel interfaces, swapped for fakes in tests.
+pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset> {
+    config: IpvsBackendConfig,
+    ipvs: I,
+    links: L,
+    runner: R,
+    ipset: S,
+    sysctl: Box<dyn Sysctl + Send + Sync>,
+    /// Rules restored per family, so partial syncs skip identical restores; cleared after
+    /// any failure.
+    rules_applied: BTreeMap<IpFamily, String>,
+    /// Sysctls, timeouts and jumps are ensured on every full sync, and on a partial one after
+    /// a failure.
+    setup_done: bool,
+    /// What the last syncs programmed per virtual server, so a partial sync skips reading
+    /// back the real servers of virtual servers whose plan did not change. Full syncs (and
+    /// the first one, and any after a failure) read everything back.
+    applied: BTreeMap<ServiceKey, (VirtualServer, Vec<RealServer>)>,
+    /// Virtual servers with real servers still draining at weight 0: read back every sync.
+    draining: BTreeSet<ServiceKey>,
+}
+
+impl<I, L, R, S> std::fmt::Debug for IpvsBackend<I, L, R, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpvsBackend")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Lends a boxed [`Sysctl`] to functions that take `&impl Sysctl`.
+struct BoxedSysctl<'a>(&'a (dyn Sysctl + Send + Sync));
+
+impl Sysctl for BoxedSysctl<'_> {
+    fn read(&self, key: &str) -> Result<String, sysctls::SysctlError> {
+        self.0.read(key)
+    }
+    fn write(&self, key: &str, value: &str) -> Result<(), sysctls::SysctlError> {
+        self.0.write(key, value)
+    }
+}
+
+fn apply_error(what: &str) -> impl FnOnce(String) -> BackendError + '_ {
+    move |message| BackendError::Apply {
+        what: what.to_owned(),
+        message,
+    }
+}
+
+impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
+    /// A backend over the given kernel interfaces.
+    pub fn with_parts(
+        config: IpvsBackendConfig,
+        ipvs: I,
+        links: L,
+        runner: R,
+        ipset: S,
+        sysctl: Box<dyn Sysctl + Send + Sync>,
+    ) -> Self {
+        Self {
+            config,
+            ipvs,
+            links,
+            runner,
+            ipset,
+            sysctl,
+            rules_applied: BTreeMap::new(),
+            setup_done: false,
+            applied: BTreeMap::new(),
+            draining: BTreeSet::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &IpvsBackendConfig {
+        &self.config
+    }
+
+    async fn setup(&mut self) -> Result<(), BackendError> {
+        let sysctl = BoxedSysctl(self.sysctl.as_ref());
+        match sysctls::apply(&sysctl, &sysctl_plan(self.config.strict_arp)) {
+            Ok(report) => {
+                for warning in report.warnings {
+                    warn!(%warning, "ipvs sysctl left as is");
+                }
+            }
+            Err(error) => warn!(%error, "cannot apply ipvs sysctls; keeping the kernel's"),
+        }
+        if self.config.timeouts != Timeouts::default() {
+            self.ipvs
+                .set_timeouts(&self.config.timeouts)
+                .map_err(|e| apply_error("IPVS timeouts")(e.to_string()))?;
+        }
+        for family in self.config.families.clone() {
+            ensure_setup(&self.runner, family, &rules::setup()).await?;
+        }
+        Ok(())
+    }
+
+    async fn sync_all(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        // Full syncs re-check everything that lives outside the diff (sysctls, jumps, the
+        // rules text), so a flushed table or a reset sysctl is repaired within syncPeriod.
+        let full = request.kind == SyncKind::Full;
+        if full || !self.setup_done {
+            self.setup().await?;
+            self.setup_done = true;
+        }
+        let plans: Vec<Desired> = self
+            .config
+            .families
+            .iter()
+            .map(|f| plan(request.state, *f, &self.config.plan))
+            .collect();
+        let wanted_addresses: BTreeSet<IpAddr> = plans
+            .iter()
+            .flat_map(|p| p.addresses.iter().copied())
+            .collect();
+
+        // 1. Service addresses first, so new virtual servers receive traffic at once.
+        let link_err = |e: LinkError| apply_error("kube-ipvs0")(e.to_string());
+        let index = self
+            .links
+            .ensure_dummy(DUMMY_DEVICE)
+            .await
+            .map_err(link_err)?;
+        let bound = self.links.addresses(index).await.map_err(link_err)?;
+        for ip in wanted_addresses.difference(&bound) {
+            self.links.add_address(index, *ip).await.map_err(link_err)?;
+        }
+
+        // 2. ipsets: only the entries that differ, one restore for both families.
+        let saved: SavedSets = parse_save(
+            &self
+                .ipset
+                .save()
+                .await
+                .map_err(|e| apply_error("ipset save")(e.to_string()))?,
+        );
+        let input: String = plans
+            .iter()
+            .map(|p| restore_input(p.family, &p.sets, &saved))
+            .collect();
+        if !input.is_empty() {
+            self.ipset
+                .restore(&input)
+                .await
+                .map_err(|e| apply_error("ipset restore")(e.to_string()))?;
+        }
+
+        // 3. iptables: the rules depend on the configuration only.
+        for family in self.config.families.clone() {
+            let text = rules::render(family, &self.config.plan)
+                .map_err(|e| apply_error("ipvs iptables rules")(e.to_string()))?;
+            if !full && self.rules_applied.get(&family) == Some(&text) {
+                continue;
+            }
+            self.runner
+                .restore(family, &text)
+                .await
+                .map_err(|e| apply_error("iptables-restore")(e.to_string()))?;
+            self.rules_applied.insert(family, text);
+        }
+
+        // 4. IPVS.
+        let current: BTreeMap<ServiceKey, VirtualServer> = self
+            .ipvs
+            .services()
+            .map_err(|e| apply_error("IPVS list")(e.to_string()))?
+            .into_iter()
+            .map(|vs| (vs.key, vs))
+            .collect();
+        let mut report = SyncReport::default();
+        let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
+        let mut applied = BTreeMap::new();
+        for p in &plans {
+            for (key, want) in &p.services {
+                let planned = (want.server.clone(), want.real_servers.clone());
+                let unchanged = !full
+                    && !self.draining.contains(key)
+                    && current.get(key) == Some(&want.server)
+                    && self.applied.get(key) == Some(&planned);
+                if unchanged {
+                    applied.insert(*key, planned);
+                    continue;
+                }
+                match self.sync_service(current.get(key), &want.server, &want.real_servers) {
+                    Ok((changes, draining)) => {
+                        report.rules_written += changes;
+                        applied.insert(*key, planned);
+                        if draining {
+                            self.draining.insert(*key);
+                        } else {
+                            self.draining.remove(key);
+                        }
+                    }
+                    Err(error) => {
+                        warn!(service = %want.owner, virtual_server = %key, %error, "cannot program virtual server; skipping it");
+                        skipped.insert(want.owner.clone());
+                    }
+                }
+            }
+        }
+
+        // 5. Stale state last: virtual servers on addresses kube-proxy manages, then addresses.
+        let desired_keys: BTreeSet<&ServiceKey> =
+            plans.iter().flat_map(|p| p.services.keys()).collect();
+        let ours: BTreeSet<IpAddr> = bound
+            .iter()
+            .chain(&wanted_addresses)
+            .chain(&self.config.plan.node_ips)
+            .copied()
+            .collect();
+        for key in current.keys() {
+            if !desired_keys.contains(key) && ours.contains(&key.address) {
+                match self.ipvs.delete_service(key) {
+                    Ok(()) => {
+                        debug!(virtual_server = %key, "deleted stale virtual server");
+                        report.rules_written += 1;
+                    }
+                    Err(error) => {
+                        warn!(virtual_server = %key, %error, "cannot delete stale virtual server")
+                    }
+                }
+            }
+        }
+        for ip in bound.difference(&wanted_addresses) {
+            self.links
+                .delete_address(index, *ip)
+                .await
+                .map_err(link_err)?;
+        }
+        self.draining.retain(|k| applied.contains_key(k));
+        self.applied = applied;
+        report.skipped = skipped.into_iter().collect();
+        Ok(report)
+    }
+
+    /// Removes every KUBE- chain of `table` and the jumps into them (iptables mode's
+    /// leftovers too), keeping kubelet's.
+    async fn cleanup_table(&mut self, family: IpFamily, table: Table) -> Result<(), BackendError> {
+        let what = format!("iptables cleanup ({family:?} {})", table.as_str());
+        let text = self
+            .runner
+            .save(family, table)
+            .await
+            .map_err(|e| apply_error(&what)(e.to_string()))?;
+        if let Some(input) = cleanup_input(table, &SavedTable::parse(&text)) {
+            self.runner
+                .restore(family, &input)
+                .await
+                .map_err(|e| apply_error(&what)(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Brings one virtual server and its real servers to `want`; returns the changes made and
+    /// whether removed real servers are still draining.
+    fn sync_service(
+        &mut self,
+        have: Option<&VirtualServer>,
+        want: &VirtualServer,
+        real_servers: &[RealServer],
+    ) -> Result<(usize, bool), IpvsError> {
+        let mut changes = 0;
+        let mut draining = false;
+        match have {
+            None => {
+                self.ipvs.add_service(want)?;
+                changes += 1;
+            }
+            Some(have) if have != want => {
+                self.ipvs.update_service(want)?;
+                changes += 1;
+            }
+            Some(_) => {}
+        }
+        let listed = if have.is_some() {
+            self.ipvs.destinations(&want.key)?
+        } else {
+            Vec::new()
+        };
+        let mut listed: BTreeMap<(IpAddr, u16), _> = listed
+            .into_iter()
+            .map(|d| ((d.server.address, d.server.port), d))
+            .collect();
+        for rs in real_servers {
+            match listed.remove(&(rs.address, rs.port)) {
+                None => {
+                    self.ipvs.add_destination(&want.key, rs)?;
+                    changes += 1;
+                }
+                Some(d) if d.server != *rs => {
+                    self.ipvs.update_destination(&want.key, rs)?;
+                    changes += 1;
+                }
+                Some(_) => {}
+            }
+        }
+        // Gone from the endpoints: TCP real servers with connections drain at weight 0.
+        for (_, d) in listed {
+            let connections = d.active_connections + d.inactive_connections;
+            if want.key.protocol == Protocol::Tcp && connections > 0 {
+                draining = true;
+                if d.server.weight != 0 {
+                    let draining = RealServer {
+                        weight: 0,
+                        ..d.server.clone()
+                    };
+                    self.ipvs.update_destination(&want.key, &draining)?;
+                    changes += 1;
+                }
+            } else {
+                self.ipvs.delete_destination(&want.key, &d.server)?;
+                changes += 1;
+            }
+        }
+        Ok((changes, draining))
+    }
+}
+
+impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> Backend for IpvsBackend<I, L, R, S> {
+    fn mode(&self) -> &'static str {
+        MODE
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let result = self.sync_all(request).await;
+        if result.is_err() {
+            // The kernel may be anywhere between the old and new state: check it all again.
+            self.setup_done = false;
+            self.rules_applied.clear();
+            self.applied.clear();
+        }
+        result
+    }
+
+    /// As upstream: flush every virtual server, delete kube-ipvs0, remove the KUBE- iptables
+    /// chains (iptables mode's too), then destroy the ipsets (referenced sets cannot be
+    /// destroyed).
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        let mut first: Option<BackendError> = None;
+        let mut note = |r: Result<(), BackendError>| {
+            if let Err(e) = r {
+                warn!(error = %e, "ipvs cleanup step failed");
+                first.get_or_insert(e);
+            }
+        };
+        note(
+            self.ipvs
+                .flush()
+                .map_err(|e| apply_error("IPVS flush")(e.to_string())),
+        );
+        note(
+            self.links
+                .delete_link(DUMMY_DEVICE)
+                .await
+                .map(drop)
+                .map_err(|e| apply_error("delete kube-ipvs0")(e.to_string())),
+        );
+        for family in self.config.families.clone() {
+            for table in [Table::Filter, Table::Nat, Table::Mangle] {
+                note(self.cleanup_table(family, table).await);
+            }
+        }
+        match self.ipset.save().await {
+            Ok(text) => {
+                let input = destroy_input(&parse_save(&text));
+                if !input.is_empty() {
+                    note(
+                        self.ipset
+                            .restore(&input)
+                            .await
+                            .map_err(|e| apply_error("ipset destroy")(e.to_string())),
+                    );
+                }
+            }
+            Err(e) => note(Err(apply_error("ipset save")(e.to_string()))),
+        }
+        self.setup_done = false;
+        self.rules_applied.clear();
+        self.applied.clear();
+        self.draining.clear();
+        info!("removed ipvs mode's virtual servers, kube-ipvs0 and ipsets");
+        first.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,425 @@
+//! The ipvs backend against fakes (each checked against the kernel: kp-ipvs's contract test,
+//! the netns ipset tests in kp-rules): what a sync changes, and above all what it leaves
+//! alone.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use kp_core::backend::{Backend, SyncKind};
+use kp_core::model::{Protocol, SessionAffinity};
+use kp_core::tracker::ProxyState;
+use kp_ipvs::{FakeIpvs, Op, Protocol as P, Scheduler, ServiceKey, Timeouts};
+use kp_rules::ipvs::IpvsConfig;
+
+use super::*;
+use crate::exec::{FakeRunner, RunnerCall};
+use crate::sysctls::FakeSysctl;
+use crate::testutil::{block_on, endpoint, ip, request, service, state, two_services};
+
+struct Harness {
+    backend: IpvsBackend<FakeIpvs, FakeLinks, FakeRunner, FakeIpset>,
+    ipvs: FakeIpvs,
+    links: FakeLinks,
+    runner: FakeRunner,
+    ipset: FakeIpset,
+    sysctl: FakeSysctl,
+}
+
+fn harness(config: IpvsBackendConfig) -> Harness {
+    let (ipvs, links, runner, ipset, sysctl) = (
+        FakeIpvs::new(),
+        FakeLinks::new(),
+        FakeRunner::new(),
+        FakeIpset::new(),
+        FakeSysctl::new(),
+    );
+    let backend = IpvsBackend::with_parts(
+        config,
+        ipvs.clone(),
+        links.clone(),
+        runner.clone(),
+        ipset.clone(),
+        Box::new(sysctl.clone()),
+    );
+    Harness {
+        backend,
+        ipvs,
+        links,
+        runner,
+        ipset,
+        sysctl,
+    }
+}
+
+fn config() -> IpvsBackendConfig {
+    IpvsBackendConfig {
+        families: vec![IpFamily::V4],
+        plan: IpvsConfig {
+            node_ips: vec![ip("192.168.0.2")],
+            masquerade_bit: 14,
+            ..IpvsConfig::default()
+        },
+        timeouts: Timeouts::default(),
+        strict_arp: false,
+    }
+}
+
+fn key(addr: &str, port: u16) -> ServiceKey {
+    ServiceKey {
+        address: ip(addr),
+        protocol: P::Tcp,
+        port,
+    }
+}
+
+impl Harness {
+    fn sync(&mut self, state: &ProxyState) -> SyncReport {
+        let changed = BTreeSet::new();
+        block_on(
+            self.backend
+                .sync(&request(state, SyncKind::Full, &changed, false)),
+        )
+        .expect("sync succeeds")
+    }
+
+    /// Everything done to the kernel since the last call.
+    fn changes(&self) -> (Vec<Op>, Vec<String>, usize, usize) {
+        let restores = self
+            .runner
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, RunnerCall::Restore { .. }))
+            .count();
+        self.runner.clear_calls();
+        let ipset = self.ipset.restores().len();
+        (
+            self.ipvs.take_log(),
+            self.links.take_changes(),
+            restores,
+            ipset,
+        )
+    }
+}
+
+#[test]
+fn first_sync_programs_everything_and_an_identical_one_nothing() {
+    let mut h = harness(config());
+    let report = h.sync(&two_services());
+    assert!(report.skipped.is_empty());
+    let (ops, links, restores, ipset) = h.changes();
+    assert_eq!(
+        ops,
+        vec![
+            Op::AddService(key("10.96.0.1", 80)),
+            Op::AddDest(key("10.96.0.1", 80), ip("10.244.1.1"), 8080),
+            Op::AddService(key("10.96.0.2", 80)),
+            Op::AddDest(key("10.96.0.2", 80), ip("10.244.1.2"), 8080),
+        ]
+    );
+    assert_eq!(
+        links,
+        ["create kube-ipvs0", "add 10.96.0.1", "add 10.96.0.2"]
+    );
+    assert_eq!((restores, ipset), (1, 1));
+    let sets = h.ipset.sets();
+    assert_eq!(
+        sets["KUBE-CLUSTER-IP"],
+        BTreeSet::from(["10.96.0.1,tcp:80".to_owned(), "10.96.0.2,tcp:80".to_owned()])
+    );
+
+    // A full sync checks everything again but changes nothing in IPVS, links or sets.
+    let report = h.sync(&two_services());
+    assert_eq!(report.rules_written, 0);
+    let (ops, links, restores, ipset) = h.changes();
+    assert!(ops.is_empty(), "{ops:?}");
+    assert!(links.is_empty(), "{links:?}");
+    assert_eq!(
+        restores, 1,
+        "full syncs restore the rules (repairs a flushed table)"
+    );
+    assert_eq!(ipset, 1, "no new ipset restore");
+    // A partial one does not even restore the unchanged rules.
+    let changed = BTreeSet::new();
+    let state = two_services();
+    block_on(
+        h.backend
+            .sync(&request(&state, SyncKind::Partial, &changed, false)),
+    )
+    .expect("partial");
+    let (ops, links, restores, ipset) = h.changes();
+    assert!(ops.is_empty() && links.is_empty(), "{ops:?} {links:?}");
+    assert_eq!((restores, ipset), (0, 1));
+}
+
+#[test]
+fn an_endpoint_change_touches_only_that_real_server() {
+    let mut h = harness(config());
+    h.sync(&two_services());
+    h.changes();
+    let mut next = two_services();
+    let a = next.services.keys().next().expect("a").clone();
+    next.endpoints
+        .get_mut(&a)
+        .expect("a's endpoints")
+        .push(endpoint("10.244.1.9", 8080));
+    h.sync(&next);
+    let (ops, links, _, _) = h.changes();
+    assert_eq!(
+        ops,
+        vec![Op::AddDest(key("10.96.0.1", 80), ip("10.244.1.9"), 8080)]
+    );
+    assert!(links.is_empty());
+}
+
+#[test]
+fn scheduler_and_affinity_changes_edit_in_place() {
+    let mut h = harness(config());
+    h.sync(&two_services());
+    h.changes();
+    let mut sticky = two_services();
+    for svc in sticky.services.values_mut() {
+        svc.session_affinity = Some(SessionAffinity {
+            timeout: Duration::from_secs(300),
+        });
+    }
+    h.sync(&sticky);
+    let (ops, _, _, _) = h.changes();
+    assert_eq!(
+        ops,
+        vec![
+            Op::UpdateService(key("10.96.0.1", 80)),
+            Op::UpdateService(key("10.96.0.2", 80)),
+        ]
+    );
+    let listed = h.ipvs.clone().services().expect("list");
+    assert!(
+        listed
+            .iter()
+            .all(|v| v.timeout == 300 && v.flags == kp_ipvs::FLAG_PERSISTENT)
+    );
+
+    let mut sh = config();
+    sh.plan.scheduler = Scheduler::Sh;
+    let mut h2 = harness(sh);
+    h2.ipvs = h.ipvs.clone();
+    h2.backend.ipvs = h.ipvs.clone();
+    h2.sync(&sticky);
+    let (ops, _, _, _) = h2.changes();
+    assert!(
+        ops.iter().all(|op| matches!(op, Op::UpdateService(_))),
+        "{ops:?}"
+    );
+}
+
+#[test]
+fn removed_endpoints_with_connections_drain_at_weight_zero() {
+    let mut h = harness(config());
+    h.sync(&two_services());
+    h.ipvs
+        .set_connections(&key("10.96.0.1", 80), ip("10.244.1.1"), 8080, 2, 1);
+    h.changes();
+    let mut next = two_services();
+    let a = next.services.keys().next().expect("a").clone();
+    next.endpoints.insert(a, vec![endpoint("10.244.1.5", 8080)]);
+    h.sync(&next);
+    let (ops, _, _, _) = h.changes();
+    assert_eq!(
+        ops,
+        vec![
+            Op::AddDest(key("10.96.0.1", 80), ip("10.244.1.5"), 8080),
+            Op::UpdateDest(key("10.96.0.1", 80), ip("10.244.1.1"), 8080, 0),
+        ]
+    );
+    // Still connected: left alone. Drained: deleted.
+    h.sync(&next);
+    assert!(h.changes().0.is_empty());
+    h.ipvs
+        .set_connections(&key("10.96.0.1", 80), ip("10.244.1.1"), 8080, 0, 0);
+    h.sync(&next);
+    assert_eq!(
+        h.changes().0,
+        vec![Op::DeleteDest(key("10.96.0.1", 80), ip("10.244.1.1"), 8080)]
+    );
+}
+
+#[test]
+fn udp_real_servers_are_removed_at_once() {
+    let mut h = harness(config());
+    let dns = |eps| {
+        state(vec![(
+            service("kube-system", "dns", Protocol::Udp, "10.96.0.10", 53),
+            eps,
+        )])
+    };
+    h.sync(&dns(vec![
+        endpoint("10.244.1.1", 53),
+        endpoint("10.244.1.2", 53),
+    ]));
+    let udp = ServiceKey {
+        address: ip("10.96.0.10"),
+        protocol: P::Udp,
+        port: 53,
+    };
+    h.ipvs.set_connections(&udp, ip("10.244.1.2"), 53, 0, 5);
+    h.changes();
+    h.sync(&dns(vec![endpoint("10.244.1.1", 53)]));
+    assert_eq!(
+        h.changes().0,
+        vec![Op::DeleteDest(udp, ip("10.244.1.2"), 53)]
+    );
+}
+
+#[test]
+fn removed_services_lose_server_address_and_set_entries() {
+    let mut h = harness(config());
+    h.sync(&two_services());
+    h.changes();
+    let mut next = two_services();
+    let b = next.services.keys().nth(1).expect("b").clone();
+    next.services.remove(&b);
+    next.endpoints.remove(&b);
+    h.sync(&next);
+    let (ops, links, _, _) = h.changes();
+    assert_eq!(ops, vec![Op::DeleteService(key("10.96.0.2", 80))]);
+    assert_eq!(links, ["del 10.96.0.2"]);
+    assert_eq!(
+        h.ipset.restores().last().map(String::as_str),
+        Some("del KUBE-CLUSTER-IP 10.96.0.2,tcp:80 -exist\ndel KUBE-IPVS-IPS 10.96.0.2 -exist\n")
+    );
+}
+
+#[test]
+fn foreign_virtual_servers_are_left_alone() {
+    let mut h = harness(config());
+    let foreign = kp_ipvs::VirtualServer::new(key("172.16.0.9", 443), Scheduler::Wrr, None);
+    h.ipvs.clone().add_service(&foreign).expect("add");
+    h.sync(&two_services());
+    assert!(h.ipvs.clone().services().expect("list").contains(&foreign));
+}
+
+#[test]
+fn one_refused_virtual_server_skips_only_its_service() {
+    let mut h = harness(config());
+    h.ipvs.fail_on(Op::AddService(key("10.96.0.1", 80)));
+    let report = h.sync(&two_services());
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(report.skipped[0].name, "a");
+    let listed = h.ipvs.clone().services().expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].key, key("10.96.0.2", 80));
+    // The next sync retries it.
+    let report = h.sync(&two_services());
+    assert!(report.skipped.is_empty());
+    assert_eq!(h.ipvs.clone().services().expect("list").len(), 2);
+}
+
+#[test]
+fn setup_applies_timeouts_sysctls_and_jumps_once() {
+    let mut c = config();
+    c.timeouts = Timeouts {
+        tcp: 1200,
+        tcp_fin: 0,
+        udp: 0,
+    };
+    c.strict_arp = true;
+    let mut h = harness(c);
+    for setting in sysctl_plan(true) {
+        h.sysctl.set(setting.key, "0");
+    }
+    h.sync(&two_services());
+    assert_eq!(h.ipvs.clone().timeouts().expect("t").tcp, 1200);
+    let writes = h.sysctl.writes();
+    for key in [
+        "proc/sys/net/ipv4/vs/conntrack",
+        "proc/sys/net/ipv4/conf/all/arp_ignore",
+        "proc/sys/net/ipv4/conf/all/arp_announce",
+    ] {
+        assert!(writes.iter().any(|(k, _)| k == key), "{key}: {writes:?}");
+    }
+    let inserted = |runner: &FakeRunner| {
+        runner
+            .calls()
+            .iter()
+            .filter(
+                |c| matches!(c, RunnerCall::Run { args, .. } if args.contains(&"-I".to_owned())),
+            )
+            .count()
+    };
+    assert_eq!(inserted(&h.runner), rules::setup().jumps.len());
+    h.changes();
+    h.sync(&two_services());
+    assert_eq!(inserted(&h.runner), 0, "jumps are ensured once");
+}
+
+#[test]
+fn cleanup_removes_everything_ipvs_mode_made() {
+    let mut h = harness(config());
+    h.sync(&two_services());
+    block_on(h.backend.cleanup()).expect("cleanup");
+    assert!(h.ipvs.clone().services().expect("list").is_empty());
+    assert_eq!(h.links.addresses_of("kube-ipvs0"), None);
+    assert!(h.ipset.sets().is_empty(), "{:?}", h.ipset.sets());
+}
+
+#[test]
+fn partial_syncs_read_back_only_what_changed() {
+    let mut h = harness(config());
+    h.sync(&two_services());
+    let changed = BTreeSet::new();
+    let partial = |h: &mut Harness, state: &ProxyState| {
+        block_on(
+            h.backend
+                .sync(&request(state, SyncKind::Partial, &changed, false)),
+        )
+        .expect("partial sync")
+    };
+    let before = h.ipvs.destination_lists();
+    partial(&mut h, &two_services());
+    assert_eq!(
+        h.ipvs.destination_lists(),
+        before,
+        "nothing changed: nothing read back"
+    );
+    let mut next = two_services();
+    let a = next.services.keys().next().expect("a").clone();
+    next.endpoints
+        .get_mut(&a)
+        .expect("a's endpoints")
+        .push(endpoint("10.244.1.9", 8080));
+    h.changes();
+    partial(&mut h, &next);
+    assert_eq!(
+        h.ipvs.destination_lists(),
+        before + 1,
+        "only a's virtual server"
+    );
+    assert_eq!(
+        h.changes().0,
+        vec![Op::AddDest(key("10.96.0.1", 80), ip("10.244.1.9"), 8080)]
+    );
+    // A full sync reads everything back (and repairs what someone else changed).
+    h.ipvs
+        .clone()
+        .delete_destination(
+            &key("10.96.0.2", 80),
+            &RealServer::new(ip("10.244.1.2"), 8080, 1),
+        )
+        .expect("foreign change");
+    partial(&mut h, &next);
+    assert!(
+        h.ipvs
+            .clone()
+            .destinations(&key("10.96.0.2", 80))
+            .expect("list")
+            .is_empty()
+    );
+    h.sync(&next);
+    assert_eq!(
+        h.ipvs
+            .clone()
+            .destinations(&key("10.96.0.2", 80))
+            .expect("list")
+            .len(),
+        1
+    );
+}

@@ -1,0 +1,218 @@
+//! ipvs mode with real traffic, in a kernel that has IPVS: one boot of the test VM
+//! (crates/kp-vm) runs the `#[ignore]`d tests below. Each builds a `kp-testbed` cluster
+//! (network namespaces, veths, `kp-echo` pods) inside the VM, runs the real `kube-proxy`
+//! binary with `--proxy-mode=ipvs` in the node namespace, and sends real TCP flows through
+//! IPVS: round robin spreads evenly, source hashing pins a client, weight 0 (a terminating
+//! endpoint) takes no new flows. The host test fails when the VM cannot start or any guest
+//! test fails.
+
+#[allow(dead_code, unused_imports)]
+#[path = "traffic/support.rs"]
+mod support;
+
+use std::io::{BufRead as _, BufReader};
+use std::net::IpAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use kp_testbed::{Cluster, Tally};
+use support::{CLUSTER_CIDR_V4, KUBE_PROXY, Service, THIS_NODE, node_yaml};
+
+/// Guest tests in this file.
+const GUEST_TESTS: usize = 3;
+/// Namespace prefix of these tests (inside the VM; unique anyway).
+const PREFIX: &str = "kpi-";
+
+#[test]
+fn ipvs_traffic_in_the_vm() {
+    let echo = kp_testbed::echo_binary().unwrap_or_else(|e| panic!("{e}"));
+    let mut vm = kp_vm::Vm::from_env()
+        .directory("/usr/lib/x86_64-linux-gnu/xtables")
+        .program(KUBE_PROXY)
+        .program(&echo.to_string_lossy());
+    for tool in [
+        "ipvsadm",
+        "ipset",
+        "iptables",
+        "iptables-save",
+        "iptables-restore",
+        "ip6tables",
+        "ip6tables-save",
+        "ip6tables-restore",
+    ] {
+        vm = vm.program(tool);
+    }
+    let out = vm
+        .run_current_exe(&["--ignored", "--test-threads=1", "--nocapture"])
+        .unwrap_or_else(|e| panic!("the IPVS VM did not run: {e}"));
+    out.assert_tests_passed(GUEST_TESTS);
+}
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().expect("literal address")
+}
+
+/// Local pods `a`, `b` and remote pod `c`.
+fn cluster() -> Cluster {
+    assert!(kp_vm::in_guest(), "this test needs the VM's kernel");
+    Cluster::builder()
+        .prefix(PREFIX)
+        .pod("a")
+        .pod("b")
+        .remote_pod("c")
+        .build()
+        .expect("test cluster builds in the VM")
+}
+
+/// `kube-proxy --proxy-mode=ipvs` in the node namespace; killed on drop.
+struct Proxy {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    /// Writes the manifests, starts the proxy and waits for its first sync.
+    fn start(cluster: &Cluster, manifests: &[(&str, String)], flags: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("manifests dir");
+        std::fs::write(dir.path().join("node.yaml"), node_yaml(cluster, 0)).expect("node");
+        for (name, text) in manifests {
+            std::fs::write(dir.path().join(name), text).expect("manifest");
+        }
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", cluster.node_ns(), KUBE_PROXY])
+            .arg(format!("--manifests={}", dir.path().display()))
+            .args([
+                "--proxy-mode=ipvs",
+                &format!("--hostname-override={THIS_NODE}"),
+            ])
+            .arg(format!("--cluster-cidr={CLUSTER_CIDR_V4}"))
+            .args(["--conntrack-max-per-core=0", "--ipvs-min-sync-period=0s"])
+            .args(["--healthz-bind-address=", "--metrics-bind-address="])
+            .args(flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kube-proxy");
+        let stderr = child.stderr.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("proxy: {line}");
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains("first sync of proxy rules complete") => break,
+                Ok(line) => seen.push(line),
+                Err(_) => panic!("no first sync; log:\n{}", seen.join("\n")),
+            }
+        }
+        assert!(
+            seen.iter().any(|l| l.contains("Using ipvs Proxier")),
+            "ipvs mode must be used in the VM (no fallback):\n{}",
+            seen.join("\n")
+        );
+        Self { child, _dir: dir }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ipvsadm(cluster: &Cluster) -> String {
+    cluster
+        .exec(cluster.node_ns(), &["ipvsadm", "-Ln"])
+        .unwrap_or_else(|e| format!("ipvsadm failed: {e}"))
+}
+
+fn counts(tally: &Tally) -> Vec<(String, usize)> {
+    tally.by_pod().into_iter().collect()
+}
+
+#[test]
+#[ignore = "runs inside the IPVS VM (ipvs_traffic_in_the_vm)"]
+fn round_robin_spreads_evenly_over_every_endpoint() {
+    let c = cluster();
+    let web = Service::new("web", "10.96.0.10")
+        .tcp(80)
+        .endpoints(&c, &["a", "b", "c"]);
+    let _proxy = Proxy::start(&c, &[("web.yaml", web.yaml())], &[]);
+    let tally = c
+        .tcp_repeat(c.client(), ip("10.96.0.10"), 80, 30)
+        .expect("probe");
+    // rr hands out new connections strictly in turn: 30 over 3 is exactly 10 each.
+    assert_eq!(
+        counts(&tally),
+        [("a".into(), 10), ("b".into(), 10), ("c".into(), 10)],
+        "{tally:?}\n{}",
+        ipvsadm(&c)
+    );
+    // From the node itself: masqueraded, still balanced.
+    let tally = c
+        .tcp_repeat(c.node(), ip("10.96.0.10"), 80, 30)
+        .expect("probe");
+    assert_eq!(counts(&tally).len(), 3, "{tally:?}\n{}", ipvsadm(&c));
+}
+
+#[test]
+#[ignore = "runs inside the IPVS VM (ipvs_traffic_in_the_vm)"]
+fn source_hashing_pins_each_client_to_one_endpoint() {
+    let c = cluster();
+    let web = Service::new("web", "10.96.0.20")
+        .tcp(80)
+        .endpoints(&c, &["a", "b", "c"]);
+    let _proxy = Proxy::start(&c, &[("web.yaml", web.yaml())], &["--ipvs-scheduler=sh"]);
+    assert!(ipvsadm(&c).contains("10.96.0.20:80 sh"), "{}", ipvsadm(&c));
+    for from in [c.client(), c.node()] {
+        let tally = c.tcp_repeat(from, ip("10.96.0.20"), 80, 20).expect("probe");
+        let by_pod = counts(&tally);
+        assert_eq!(by_pod.len(), 1, "one source, one endpoint: {by_pod:?}");
+        assert_eq!(by_pod[0].1, 20, "every flow answered: {tally:?}");
+    }
+}
+
+#[test]
+#[ignore = "runs inside the IPVS VM (ipvs_traffic_in_the_vm)"]
+fn a_terminating_endpoint_at_weight_zero_takes_no_new_flows() {
+    let c = cluster();
+    let web = Service::new("web", "10.96.0.30")
+        .tcp(80)
+        .endpoints(&c, &["a", "b"]);
+    let b = c.pod("b").expect("b").ip();
+    let ready = format!("  - addresses: [\"{b}\"]\n    nodeName: {THIS_NODE}\n");
+    let yaml = web.yaml();
+    assert!(yaml.contains(&ready), "{yaml}");
+    let yaml = yaml.replace(
+        &ready,
+        &format!(
+            "{ready}    conditions:\n      ready: false\n      serving: true\n      terminating: true\n"
+        ),
+    );
+    let _proxy = Proxy::start(&c, &[("web.yaml", yaml)], &[]);
+    let table = ipvsadm(&c);
+    let line = |ip: IpAddr| {
+        table
+            .lines()
+            .find(|l| l.contains(&format!("-> {ip}:")))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+    };
+    // b is still a real server (its connections would drain) but with weight 0.
+    assert!(
+        line(b).is_some_and(|l| l.contains("Masq 0 ")),
+        "b at weight 0:\n{table}"
+    );
+    let tally = c
+        .tcp_repeat(c.client(), ip("10.96.0.30"), 80, 20)
+        .expect("probe");
+    assert_eq!(counts(&tally), [("a".into(), 20)], "{tally:?}\n{table}");
+}
