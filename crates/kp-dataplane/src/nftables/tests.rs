@@ -109,6 +109,12 @@ async fn first_sync_is_full_per_family_and_lists_the_table_first() {
     assert!(is_full(v4), "{v4}");
     assert!(writes_chain(v4, &service_chain("a")));
     assert!(writes_chain(v4, &service_chain("b")));
+    // No table yet (the fake lists none): new chains are created empty, nothing to flush.
+    assert!(!flushes_chain(v4, &service_chain("a")), "{v4}");
+    assert!(
+        !flushes_chain(v4, &endpoint_chain("a", "10.244.1.1")),
+        "{v4}"
+    );
     assert!(
         v4.contains(&format!(
             "add element ip kube-proxy {SERVICE_IPS} {{ 10.96.0.1 . tcp . 80"
@@ -424,6 +430,14 @@ async fn a_restart_adopts_the_previous_table() {
         "nothing known about the table's fixed part"
     );
     assert!(writes_chain(script, &in_use), "{script}");
+    assert!(
+        flushes_chain(script, &in_use),
+        "it has rules already: {script}"
+    );
+    assert!(
+        !flushes_chain(script, &service_chain("a")),
+        "not in the listing: {script}"
+    );
     assert!(flushes_chain(script, gone), "{script}");
     assert!(!deletes_chain(script, gone), "deleted later: {script}");
     assert!(
@@ -445,7 +459,11 @@ async fn a_listing_failure_still_syncs() {
     runner.fail_listing();
     let none = BTreeSet::new();
     sync(&mut backend, &two_services(), SyncKind::Full, &none).await;
-    assert!(is_full(&runner.scripts()[0]));
+    let script = &runner.scripts()[0];
+    assert!(is_full(script));
+    // The table's chains are unknown, so every chain written is flushed first.
+    assert!(flushes_chain(script, &service_chain("a")), "{script}");
+    assert!(flushes_chain(script, &endpoint_chain("a", "10.244.1.1")));
 }
 
 #[test]

@@ -35,6 +35,15 @@ const MAX_AFFINITY_SECONDS: u64 = 86_400;
 /// nft rejects a zero timeout; the API minimum is 1 s.
 const MIN_AFFINITY_SECONDS: u64 = 1;
 
+/// Up to this many endpoints, a service chain picks one with a cascade of `numgen random mod
+/// k` rules instead of upstream's single `numgen random mod n vmap { ... }`. That anonymous
+/// map costs the kernel a walk over the whole pending transaction when it is bound
+/// (`__nft_set_trans_bind`), so a full sync with one per service grows with the square of
+/// its size (3k services x 10 endpoints: 5.9 of 7.4 s; 10k: minutes). The cascade needs no
+/// set; its cost is up to n-1 extra rule evaluations for the first packet of a connection,
+/// negligible for small n, so larger services keep the O(1) map.
+pub(crate) const MAX_CASCADE_ENDPOINTS: usize = 32;
+
 /// Fixed chains (besides the base chains) and the rules jumping to them.
 const SERVICES: &str = "services";
 const MASQUERADING: &str = "masquerading";
@@ -386,7 +395,9 @@ pub fn render(
     for (plan, _) in plans.iter().zip(&dirty).filter(|(_, d)| **d) {
         for (chain, _) in &plan.chains {
             tx.add_chain(chain);
-            tx.flush_chain(chain);
+            if existing.may_hold_chain(plan.name, chain) {
+                tx.flush_chain(chain);
+            }
         }
     }
     for set in &deleted_sets {
@@ -449,6 +460,9 @@ pub fn render(
         foreign_sets: BTreeMap::new(),
         pending_deletions: pending,
         elements: desired_elements,
+        // Every chain of ours is in `owned` or `pending_deletions` now; chains it did not know
+        // before were flushed (stale) and are pending deletion.
+        chains_known: true,
     };
     Ok(NftOutput {
         operations: tx.ops,
@@ -860,16 +874,30 @@ fn plan_service<'a>(
                 ));
             }
         }
-        let arms: Vec<String> = targets
-            .iter()
-            .enumerate()
-            .map(|(i, ep)| format!("{i} : goto {}", names_of(ep).chain))
-            .collect();
-        rules.push(format!(
-            "numgen random mod {} vmap {{ {} }}",
-            targets.len(),
-            arms.join(" , ")
-        ));
+        if targets.len() > MAX_CASCADE_ENDPOINTS {
+            let arms: Vec<String> = targets
+                .iter()
+                .enumerate()
+                .map(|(i, ep)| format!("{i} : goto {}", names_of(ep).chain))
+                .collect();
+            rules.push(format!(
+                "numgen random mod {} vmap {{ {} }}",
+                targets.len(),
+                arms.join(" , ")
+            ));
+        } else {
+            // Endpoint i of n is taken with probability 1/(n-i) once the ones before it
+            // were passed over, which is 1/n overall; the last one takes the rest.
+            let count = targets.len();
+            for (i, ep) in targets.iter().enumerate() {
+                let target = &names_of(ep).chain;
+                if i + 1 == count {
+                    rules.push(format!("goto {target}"));
+                } else {
+                    rules.push(format!("numgen random mod {} 0 goto {target}", count - i));
+                }
+            }
+        }
         (chain.clone(), rules)
     };
     if uses_cluster_chain {
