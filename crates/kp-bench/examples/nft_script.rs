@@ -26,7 +26,32 @@ fn main() -> anyhow::Result<()> {
             service_cidrs: &[],
         },
     )?;
-    eprintln!("render: {:?}", started.elapsed());
+    eprintln!("full render: {:?}", started.elapsed());
+    let changed = loaded
+        .state
+        .services
+        .keys()
+        .next()
+        .map(|name| BTreeSet::from([name.service.clone()]))
+        .unwrap_or_default();
+    let started = std::time::Instant::now();
+    let partial = render(
+        &loaded.state,
+        IpFamily::V4,
+        &RenderConfig::default(),
+        &NftScope {
+            kind: SyncKind::Partial,
+            changed: &changed,
+            existing: &out.state,
+            delete_stale: false,
+            service_cidrs: &[],
+        },
+    )?;
+    eprintln!(
+        "one-service partial render: {:?} ({} operations)",
+        started.elapsed(),
+        partial.operations
+    );
     print!("{}", out.script);
     Ok(())
 }
