@@ -276,16 +276,47 @@ pub fn render(
     let setup = setup_text(&ctx, mark, scope.service_cidrs);
     let full = scope.kind == SyncKind::Full || existing.setup.as_deref() != Some(setup.as_str());
 
-    let plans: Vec<ServicePlan<'_>> = state
+    // Each service port of this family with its endpoints of this family.
+    let inputs: Vec<_> = state
         .services
         .iter()
         .filter_map(|(name, svc)| {
             let (cluster_ip, port) = for_family(svc, family)?;
             let all = state.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            let endpoints = family_endpoints(all, family);
-            Some(plan_service(&ctx, name, cluster_ip, &port, &endpoints))
+            Some((name, cluster_ip, port, family_endpoints(all, family)))
         })
         .collect();
+    // A partial sync formats rules only for the services it rewrites: the others' plans only
+    // serve to compare their objects with what is installed (see `dirty`).
+    let mut plans: Vec<ServicePlan<'_>> = inputs
+        .iter()
+        .map(|(name, ip, port, eps)| plan_service(&ctx, name, *ip, port, eps, full))
+        .collect();
+
+    // Which services get their chains rewritten: all of them on a full sync; otherwise the
+    // changed ones, and any whose objects differ from what is installed (so a caller that
+    // missed a change cannot leave a rule pointing at a missing chain).
+    let dirty: Vec<bool> = plans
+        .iter()
+        .map(|plan| {
+            full || scope.changed.contains(&plan.name.service)
+                || existing.owned.get(plan.name) != Some(&plan.owned())
+                || plan
+                    .chains
+                    .iter()
+                    .any(|(c, _)| existing.pending_deletions.contains(c))
+        })
+        .collect();
+    if !full {
+        for ((plan, (name, ip, port, eps)), _) in plans
+            .iter_mut()
+            .zip(&inputs)
+            .zip(&dirty)
+            .filter(|(_, d)| **d)
+        {
+            *plan = plan_service(&ctx, name, *ip, port, eps, true);
+        }
+    }
 
     // What the table should hold. The first service claiming an element key keeps it (two
     // different values for one key would fail the transaction).
@@ -307,21 +338,6 @@ pub fn render(
         desired_chains.extend(plan.chains.iter().map(|(c, _)| c.as_str()));
         desired_sets.extend(plan.affinity_sets.iter().map(|(s, t)| (s.as_str(), *t)));
     }
-
-    // Which services get their chains rewritten: all of them on a full sync; otherwise the
-    // changed ones, and any whose objects differ from what is installed (so a caller that
-    // missed a change cannot leave a rule pointing at a missing chain).
-    let dirty: Vec<bool> = plans
-        .iter()
-        .map(|plan| {
-            full || scope.changed.contains(&plan.name.service)
-                || existing.owned.get(plan.name) != Some(&plan.owned())
-                || plan
-                    .chains
-                    .iter()
-                    .any(|(c, _)| existing.pending_deletions.contains(c))
-        })
-        .collect();
 
     let stale_chains: BTreeSet<String> = existing
         .owned
@@ -698,6 +714,7 @@ fn plan_service<'a>(
     cluster_ip: IpAddr,
     svc: &ServicePort,
     endpoints: &[Endpoint],
+    with_rules: bool,
 ) -> ServicePlan<'a> {
     let ip = ctx.fam.ip;
     let cat = categorize(svc, endpoints, ctx.node);
@@ -859,6 +876,9 @@ fn plan_service<'a>(
     };
     let balance = |chain: &String, eps: &[&Endpoint]| -> (String, Vec<String>) {
         let mut rules = Vec::new();
+        if !with_rules {
+            return (chain.clone(), rules);
+        }
         if chain == internal_chain
             && let Some(masquerade) = &internal_masquerade
         {
@@ -909,7 +929,8 @@ fn plan_service<'a>(
 
     if uses_external_chain {
         let mut rules = Vec::new();
-        if !external_local {
+        if !with_rules {
+        } else if !external_local {
             // Endpoints may be on other nodes: masquerade so replies come back through us.
             rules.push(format!("jump {MARK_FOR_MASQUERADE}"));
         } else if uses_cluster_chain {
@@ -933,13 +954,15 @@ fn plan_service<'a>(
                 comment("short-circuit local traffic")
             ));
         }
-        if has_external {
+        if has_external && with_rules {
             rules.push(format!("goto {external_policy_chain}"));
         }
         plan_chains.push((chains.external.clone(), rules));
     }
 
-    if uses_firewall_chain {
+    if uses_firewall_chain && !with_rules {
+        plan_chains.push((chains.firewall.clone(), Vec::new()));
+    } else if uses_firewall_chain {
         let mut sources: Vec<IpNet> = svc
             .load_balancer_source_ranges
             .iter()
@@ -964,14 +987,20 @@ fn plan_service<'a>(
     let mut affinity_sets = BTreeMap::new();
     for ep in &reachable {
         let names = names_of(ep);
+        if let Some(seconds) = affinity {
+            affinity_sets.insert(names.affinity_set.clone(), seconds);
+        }
+        if !with_rules {
+            plan_chains.push((names.chain.clone(), Vec::new()));
+            continue;
+        }
         let mut rules = vec![
             // Hairpin: an endpoint reaching itself through the service must be masqueraded,
             // or it would answer itself directly.
             format!("{ip} saddr {} jump {MARK_FOR_MASQUERADE}", ep.ip),
         ];
-        if let Some(seconds) = affinity {
+        if affinity.is_some() {
             rules.push(format!("update @{} {{ {ip} saddr }}", names.affinity_set));
-            affinity_sets.insert(names.affinity_set.clone(), seconds);
         }
         rules.push(format!(
             "meta l4proto {proto} dnat to {}",
