@@ -276,10 +276,10 @@ impl SyncCollector {
                 }
                 current.families.push(FamilyPhase {
                     family: line.field("family").unwrap_or_default().to_owned(),
-                    render: None,
+                    render: line.duration("render"),
                     restore: line.duration("took"),
                     rules_written: line.number("operations"),
-                    bytes: None,
+                    bytes: line.number("bytes"),
                 });
             }
             NFT_SYNC => current.backend_total = line.duration("took"),

@@ -361,7 +361,7 @@ fn nftables_phase_lines_are_collected() {
     use crate::logs::{LogLine, SyncCollector};
     let mut collector = SyncCollector::default();
     for line in [
-        r#"I1122 07:28:40.000000    1 nftables.rs:255] applied nftables transaction family="V4" kind="Full" took="1.35s" operations="55896""#,
+        r#"I1122 07:28:40.000000    1 nftables.rs:255] applied nftables transaction family="V4" kind="Full" took="1.35s" render="120ms" bytes="9000" operations="55896""#,
         r#"I1122 07:28:40.000000    1 nftables.rs:378] nftables sync finished full="true" operations="55987" took="1.49s""#,
         r#"I1122 07:28:40.000000    1 proxier.rs:1] synced proxy rules kind="Full" apply="11ms" backend="1.54s" rules="55987" changed="1000""#,
     ] {
@@ -370,7 +370,8 @@ fn nftables_phase_lines_are_collected() {
     let sync = &collector.completed[0];
     assert_eq!(sync.kind, "Full");
     assert_eq!(sync.restore(), Some(std::time::Duration::from_millis(1350)));
-    assert_eq!(sync.render(), None);
+    assert_eq!(sync.render(), Some(std::time::Duration::from_millis(120)));
+    assert_eq!(sync.families[0].bytes, Some(9000));
     assert_eq!(
         sync.backend_total,
         Some(std::time::Duration::from_millis(1490))

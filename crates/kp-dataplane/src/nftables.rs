@@ -198,7 +198,8 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
     /// The state to start `family` from: what a previous process left, adopted.
     async fn adopt(&self, family: IpFamily) -> NftState {
         match self.runner.list_table(family).await {
-            Ok(None) => NftState::default(),
+            // No table: nothing to adopt, and every chain is known (there is none).
+            Ok(None) => NftState::adopt([], []),
             Ok(Some(text)) => {
                 let (chains, sets) = parse_listing(&text);
                 let state = NftState::adopt(chains, sets);
@@ -243,7 +244,13 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
         })
     }
 
-    async fn run_script(&self, family: IpFamily, output: &NftOutput) -> Result<(), BackendError> {
+    /// Apply `output`, rendered in `render_took`.
+    async fn run_script(
+        &self,
+        family: IpFamily,
+        output: &NftOutput,
+        render_took: Duration,
+    ) -> Result<(), BackendError> {
         let start = Instant::now();
         self.runner
             .apply(&output.script)
@@ -256,6 +263,8 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             ?family,
             kind = ?output.kind,
             took = ?start.elapsed(),
+            render = ?render_took,
+            bytes = output.script.len(),
             operations = output.operations,
             services_written = output.services_written,
             flushed_stale = output.flushed_stale.len(),
@@ -280,11 +289,15 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             && table
                 .last_flush
                 .is_none_or(|at| at.elapsed() >= self.stale_delay);
+        let render_start = Instant::now();
         let output = self.render(family, request, kind, existing, delete_stale)?;
         if output.script.is_empty() {
             return Ok(output);
         }
-        let Err(err) = self.run_script(family, &output).await else {
+        let Err(err) = self
+            .run_script(family, &output, render_start.elapsed())
+            .await
+        else {
             return Ok(output);
         };
         if output.deleted_chains.is_empty() {
@@ -292,11 +305,13 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
         }
         // Perhaps only the deletion of stale chains failed (a chain still referenced): do
         // the sync without it, and leave the chains pending for a later one.
+        let render_start = Instant::now();
         let retry = self.render(family, request, kind, existing, false)?;
         let retried = if retry.script.is_empty() {
             Ok(())
         } else {
-            self.run_script(family, &retry).await
+            self.run_script(family, &retry, render_start.elapsed())
+                .await
         };
         match retried {
             Ok(()) => {
@@ -342,7 +357,19 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
         };
         let mut first_error = None;
         let mut operations = 0;
-        for family in self.config.families.clone() {
+        // The family with fewer service ports first: every `nft` run (listing or applying)
+        // first dumps every chain of the namespace, which takes seconds once the other
+        // family's table holds 100k+ chains (see the kp-bench README).
+        let mut families = self.config.families.clone();
+        families.sort_by_key(|family| {
+            request
+                .state
+                .services
+                .values()
+                .filter(|svc| svc.cluster_ips.iter().any(|ip| IpFamily::of(ip) == *family))
+                .count()
+        });
+        for family in families {
             let mut table = self.tables.remove(&family).unwrap_or_default();
             if !table.adopted {
                 table.installed = self.adopt(family).await;

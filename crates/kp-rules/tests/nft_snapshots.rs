@@ -44,9 +44,14 @@ fn cluster_ip_with_two_endpoints() {
         "add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 ip daddr 172.30.0.41 \
          ip saddr != 10.0.0.0/8 jump mark-for-masquerade\n"
     ));
+    // Balancing without an anonymous map (see MAX_CASCADE_ENDPOINTS): 1/2, then the rest.
     assert!(script.contains(
-        "numgen random mod 2 vmap { 0 : goto endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 , "
+        "add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 numgen random mod 2 0 goto \
+         endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80\n\
+         add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 goto \
+         endpoint-"
     ));
+    assert!(!script.contains("vmap {"));
     assert!(script.contains(
         "add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto \
          service-ULMVA6XW-ns1/svc1/tcp/p80 }\n"
@@ -283,4 +288,57 @@ fn masquerade_all_and_interface_detectors() {
             .contains("ip daddr 172.30.0.41 iifname != \"veth*\" jump")
     );
     check("interface_prefix_detector", &out, IpFamily::V4);
+}
+
+/// Small services balance with a cascade of `numgen random mod k` rules (1/n, then 1/(n-1)
+/// of the rest, ...: uniform), large ones with upstream's single anonymous vmap.
+#[test]
+fn balancing_cascade_and_large_services() {
+    let addresses = |count: usize| -> Vec<String> {
+        (0..count)
+            .map(|i| format!("10.180.{}.{}", i / 200, 1 + i % 200))
+            .collect()
+    };
+    let small = addresses(3);
+    let large = addresses(40);
+    let state = state(vec![
+        (
+            cluster_ip("ns1", "small", "p80", "172.30.0.41", 80),
+            small.iter().map(|a| endpoint(a, 80, false)).collect(),
+        ),
+        (
+            cluster_ip("ns1", "large", "p80", "172.30.0.42", 80),
+            large.iter().map(|a| endpoint(a, 80, false)).collect(),
+        ),
+    ]);
+    let out = full(&state, IpFamily::V4, &nft_config());
+    let small_rules: Vec<&str> = lines_with(&out.script, "add rule ip kube-proxy service-")
+        .into_iter()
+        .filter(|l| l.contains("/small/") && !l.contains("mark-for-masquerade"))
+        .collect();
+    assert_eq!(small_rules.len(), 3, "{small_rules:#?}");
+    assert!(small_rules[0].contains(" numgen random mod 3 0 goto endpoint-"));
+    assert!(small_rules[0].ends_with("__10.180.0.1/80"));
+    assert!(small_rules[1].contains(" numgen random mod 2 0 goto endpoint-"));
+    assert!(small_rules[1].ends_with("__10.180.0.2/80"));
+    assert!(small_rules[2].contains("/small/tcp/p80 goto endpoint-"));
+    assert!(small_rules[2].ends_with("__10.180.0.3/80"));
+
+    let large_rules: Vec<&str> = lines_with(&out.script, "numgen random mod 40 vmap {");
+    assert_eq!(large_rules.len(), 1);
+    assert!(large_rules[0].contains("/large/tcp/p80 numgen random mod 40 vmap { 0 : goto "));
+    assert!(large_rules[0].contains(" , 39 : goto endpoint-"));
+    assert!(lines_with(&out.script, "numgen random mod 39 0").is_empty());
+
+    check_structure(&out.script, IpFamily::V4);
+    if let Some(reason) = nft_unavailable() {
+        eprintln!("skipping kernel check: {reason}");
+        return;
+    }
+    let listing = apply_in_netns(IpFamily::V4, &[&out.script])
+        .unwrap_or_else(|e| panic!("nft rejected the script: {e}"));
+    assert!(
+        listing.contains("numgen random mod 3 0 goto endpoint-"),
+        "{listing}"
+    );
 }

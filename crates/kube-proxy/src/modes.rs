@@ -163,10 +163,20 @@ impl Backend for NftablesMode {
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        // Look for iptables mode's leftovers before the first sync (cheap while the nftables
+        // table is small, see `cleanup_plan`), remove them after it succeeded.
+        let plan = if self.iptables_cleaned {
+            None
+        } else {
+            Some(self.iptables.cleanup_plan().await)
+        };
         let report = self.nft.sync(request).await?;
-        if !self.iptables_cleaned {
+        if let Some(plan) = plan {
             self.iptables_cleaned = true;
-            if let Err(error) = self.iptables.cleanup().await {
+            if plan.is_empty() {
+                return Ok(report);
+            }
+            if let Err(error) = self.iptables.apply_cleanup(plan).await {
                 tracing::warn!(%error, "cannot remove iptables mode's leftovers");
             }
         }

@@ -469,10 +469,62 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
     }
 
     async fn cleanup(&mut self) -> Result<(), BackendError> {
-        let mut first_error = None;
+        let plan = self.cleanup_plan().await;
+        self.apply_cleanup(plan).await
+    }
+}
+
+/// What a cleanup has to remove, found by [`IptablesBackend::cleanup_plan`]: the restores to
+/// run, and the first error met while looking.
+#[derive(Debug, Default)]
+pub struct CleanupPlan {
+    restores: Vec<(IpFamily, Table, String)>,
+    error: Option<BackendError>,
+}
+
+impl CleanupPlan {
+    /// Whether there is nothing to remove and nothing went wrong.
+    pub fn is_empty(&self) -> bool {
+        self.restores.is_empty() && self.error.is_none()
+    }
+}
+
+impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
+    /// Look (with `iptables-save`) for what [`Backend::cleanup`] would remove, without
+    /// removing it. nftables mode looks before its first sync and removes after it: every
+    /// iptables-nft call lists every nftables chain of the namespace, which costs seconds
+    /// once the 100k+ chains of a large nftables table are there (and nothing when it is
+    /// not), while the removal itself must wait until the nftables rules are in place.
+    pub async fn cleanup_plan(&self) -> CleanupPlan {
+        let mut plan = CleanupPlan::default();
         for family in self.config.families.clone() {
             for table in CLEANUP_TABLES {
-                if let Err(err) = self.cleanup_table(family, table).await {
+                let text = match self.runner.save(family, table).await {
+                    Ok(text) => text,
+                    Err(err) => {
+                        let err = cleanup_error("save", family, table, err);
+                        warn!(?family, table = table.as_str(), error = %err, "cleanup failed");
+                        plan.error.get_or_insert(err);
+                        continue;
+                    }
+                };
+                if let Some(input) = cleanup_input(table, &SavedTable::parse(&text)) {
+                    plan.restores.push((family, table, input));
+                }
+            }
+        }
+        plan
+    }
+
+    /// Run the restores of `plan` (from [`IptablesBackend::cleanup_plan`]); returns the
+    /// first error, the plan's own included.
+    pub async fn apply_cleanup(&mut self, plan: CleanupPlan) -> Result<(), BackendError> {
+        let mut first_error = plan.error;
+        for (family, table, input) in plan.restores {
+            match self.runner.restore(family, &input).await {
+                Ok(_) => info!(?family, table = table.as_str(), "removed kube-proxy chains"),
+                Err(err) => {
+                    let err = cleanup_error("restore", family, table, err);
                     warn!(?family, table = table.as_str(), error = %err, "cleanup failed");
                     first_error.get_or_insert(err);
                 }
@@ -486,26 +538,10 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
     }
 }
 
-impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
-    async fn cleanup_table(&self, family: IpFamily, table: Table) -> Result<(), BackendError> {
-        let fail = |what: &str, err: ExecError| BackendError::Apply {
-            what: format!("iptables cleanup ({what} {family:?} {})", table.as_str()),
-            message: err.to_string(),
-        };
-        let text = self
-            .runner
-            .save(family, table)
-            .await
-            .map_err(|e| fail("save", e))?;
-        let Some(input) = cleanup_input(table, &SavedTable::parse(&text)) else {
-            return Ok(());
-        };
-        self.runner
-            .restore(family, &input)
-            .await
-            .map_err(|e| fail("restore", e))?;
-        info!(?family, table = table.as_str(), "removed kube-proxy chains");
-        Ok(())
+fn cleanup_error(what: &str, family: IpFamily, table: Table, err: ExecError) -> BackendError {
+    BackendError::Apply {
+        what: format!("iptables cleanup ({what} {family:?} {})", table.as_str()),
+        message: err.to_string(),
     }
 }
 

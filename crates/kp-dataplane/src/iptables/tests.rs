@@ -546,6 +546,25 @@ async fn cleanup_restores_one_removal_per_table_with_kube_chains() {
     assert!(matches!(err, BackendError::Apply { what, .. } if what.contains("cleanup")));
 }
 
+#[tokio::test]
+async fn a_cleanup_plan_looks_now_and_removes_later() {
+    let (mut backend, runner, _) = backend(vec![IpFamily::V4]);
+    assert!(backend.cleanup_plan().await.is_empty(), "nothing saved");
+    runner.set_save(
+        IpFamily::V4,
+        Table::Nat,
+        "*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n",
+    );
+    let plan = backend.cleanup_plan().await;
+    assert!(!plan.is_empty());
+    assert!(runner.restores().is_empty(), "looking removes nothing");
+    backend.apply_cleanup(plan).await.expect("fake succeeds");
+    let restores = runner.restores();
+    assert_eq!(restores.len(), 1);
+    assert!(restores[0].1.contains("-X KUBE-SERVICES"), "{restores:?}");
+    assert!(backend.next_sync_is_full());
+}
+
 /// Fails restores whose input contains one of `bad` (chain names), naming the first line
 /// that does the way `iptables-restore` does: legacy wording for IPv4, nf_tables for IPv6.
 #[derive(Clone, Default)]

@@ -100,15 +100,23 @@ async fn first_sync_is_full_per_family_and_lists_the_table_first() {
     assert!(report.rules_written > 0);
     let calls = runner.calls();
     assert_eq!(calls.len(), 4, "{calls:?}");
-    assert_eq!(calls[0], NftCall::List(IpFamily::V4));
+    // IPv6 (no services here) first: the smaller table is synced before the larger one
+    // makes every `nft` run list its chains.
+    assert_eq!(calls[0], NftCall::List(IpFamily::V6));
     assert!(matches!(calls[1], NftCall::Apply(_)));
-    assert_eq!(calls[2], NftCall::List(IpFamily::V6));
+    assert_eq!(calls[2], NftCall::List(IpFamily::V4));
     let scripts = runner.scripts();
     assert_eq!(scripts.len(), 2, "one transaction per family");
-    let v4 = &scripts[0];
+    let v4 = &scripts[1];
     assert!(is_full(v4), "{v4}");
     assert!(writes_chain(v4, &service_chain("a")));
     assert!(writes_chain(v4, &service_chain("b")));
+    // No table yet (the fake lists none): new chains are created empty, nothing to flush.
+    assert!(!flushes_chain(v4, &service_chain("a")), "{v4}");
+    assert!(
+        !flushes_chain(v4, &endpoint_chain("a", "10.244.1.1")),
+        "{v4}"
+    );
     assert!(
         v4.contains(&format!(
             "add element ip kube-proxy {SERVICE_IPS} {{ 10.96.0.1 . tcp . 80"
@@ -116,8 +124,8 @@ async fn first_sync_is_full_per_family_and_lists_the_table_first() {
         "{v4}"
     );
     // IPv6 gets its table, without the IPv4 services.
-    assert!(scripts[1].starts_with("add table ip6 kube-proxy"));
-    assert!(!scripts[1].contains("10.96.0.1"));
+    assert!(scripts[0].starts_with("add table ip6 kube-proxy"));
+    assert!(!scripts[0].contains("10.96.0.1"));
     assert!(!backend.next_sync_is_full());
     assert!(
         backend
@@ -424,6 +432,14 @@ async fn a_restart_adopts_the_previous_table() {
         "nothing known about the table's fixed part"
     );
     assert!(writes_chain(script, &in_use), "{script}");
+    assert!(
+        flushes_chain(script, &in_use),
+        "it has rules already: {script}"
+    );
+    assert!(
+        !flushes_chain(script, &service_chain("a")),
+        "not in the listing: {script}"
+    );
     assert!(flushes_chain(script, gone), "{script}");
     assert!(!deletes_chain(script, gone), "deleted later: {script}");
     assert!(
@@ -445,7 +461,11 @@ async fn a_listing_failure_still_syncs() {
     runner.fail_listing();
     let none = BTreeSet::new();
     sync(&mut backend, &two_services(), SyncKind::Full, &none).await;
-    assert!(is_full(&runner.scripts()[0]));
+    let script = &runner.scripts()[0];
+    assert!(is_full(script));
+    // The table's chains are unknown, so every chain written is flushed first.
+    assert!(flushes_chain(script, &service_chain("a")), "{script}");
+    assert!(flushes_chain(script, &endpoint_chain("a", "10.244.1.1")));
 }
 
 #[test]
@@ -621,8 +641,9 @@ async fn cleanup_deletes_each_familys_table_even_when_absent() {
     // The next sync starts over: lists the table again and writes it fully.
     runner.clear_calls();
     sync(&mut backend, &two_services(), SyncKind::Partial, &none).await;
-    assert_eq!(runner.calls()[0], NftCall::List(IpFamily::V4));
+    assert_eq!(runner.calls()[0], NftCall::List(IpFamily::V6));
     assert!(is_full(&runner.scripts()[0]));
+    assert!(is_full(&runner.scripts()[1]));
 }
 
 #[tokio::test]

@@ -35,6 +35,15 @@ const MAX_AFFINITY_SECONDS: u64 = 86_400;
 /// nft rejects a zero timeout; the API minimum is 1 s.
 const MIN_AFFINITY_SECONDS: u64 = 1;
 
+/// Up to this many endpoints, a service chain picks one with a cascade of `numgen random mod
+/// k` rules instead of upstream's single `numgen random mod n vmap { ... }`. That anonymous
+/// map costs the kernel a walk over the whole pending transaction when it is bound
+/// (`__nft_set_trans_bind`), so a full sync with one per service grows with the square of
+/// its size (3k services x 10 endpoints: 5.9 of 7.4 s; 10k: minutes). The cascade needs no
+/// set; its cost is up to n-1 extra rule evaluations for the first packet of a connection,
+/// negligible for small n, so larger services keep the O(1) map.
+pub(crate) const MAX_CASCADE_ENDPOINTS: usize = 32;
+
 /// Fixed chains (besides the base chains) and the rules jumping to them.
 const SERVICES: &str = "services";
 const MASQUERADING: &str = "masquerading";
@@ -267,16 +276,47 @@ pub fn render(
     let setup = setup_text(&ctx, mark, scope.service_cidrs);
     let full = scope.kind == SyncKind::Full || existing.setup.as_deref() != Some(setup.as_str());
 
-    let plans: Vec<ServicePlan<'_>> = state
+    // Each service port of this family with its endpoints of this family.
+    let inputs: Vec<_> = state
         .services
         .iter()
         .filter_map(|(name, svc)| {
             let (cluster_ip, port) = for_family(svc, family)?;
             let all = state.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            let endpoints = family_endpoints(all, family);
-            Some(plan_service(&ctx, name, cluster_ip, &port, &endpoints))
+            Some((name, cluster_ip, port, family_endpoints(all, family)))
         })
         .collect();
+    // A partial sync formats rules only for the services it rewrites: the others' plans only
+    // serve to compare their objects with what is installed (see `dirty`).
+    let mut plans: Vec<ServicePlan<'_>> = inputs
+        .iter()
+        .map(|(name, ip, port, eps)| plan_service(&ctx, name, *ip, port, eps, full))
+        .collect();
+
+    // Which services get their chains rewritten: all of them on a full sync; otherwise the
+    // changed ones, and any whose objects differ from what is installed (so a caller that
+    // missed a change cannot leave a rule pointing at a missing chain).
+    let dirty: Vec<bool> = plans
+        .iter()
+        .map(|plan| {
+            full || scope.changed.contains(&plan.name.service)
+                || existing.owned.get(plan.name) != Some(&plan.owned())
+                || plan
+                    .chains
+                    .iter()
+                    .any(|(c, _)| existing.pending_deletions.contains(c))
+        })
+        .collect();
+    if !full {
+        for ((plan, (name, ip, port, eps)), _) in plans
+            .iter_mut()
+            .zip(&inputs)
+            .zip(&dirty)
+            .filter(|(_, d)| **d)
+        {
+            *plan = plan_service(&ctx, name, *ip, port, eps, true);
+        }
+    }
 
     // What the table should hold. The first service claiming an element key keeps it (two
     // different values for one key would fail the transaction).
@@ -298,21 +338,6 @@ pub fn render(
         desired_chains.extend(plan.chains.iter().map(|(c, _)| c.as_str()));
         desired_sets.extend(plan.affinity_sets.iter().map(|(s, t)| (s.as_str(), *t)));
     }
-
-    // Which services get their chains rewritten: all of them on a full sync; otherwise the
-    // changed ones, and any whose objects differ from what is installed (so a caller that
-    // missed a change cannot leave a rule pointing at a missing chain).
-    let dirty: Vec<bool> = plans
-        .iter()
-        .map(|plan| {
-            full || scope.changed.contains(&plan.name.service)
-                || existing.owned.get(plan.name) != Some(&plan.owned())
-                || plan
-                    .chains
-                    .iter()
-                    .any(|(c, _)| existing.pending_deletions.contains(c))
-        })
-        .collect();
 
     let stale_chains: BTreeSet<String> = existing
         .owned
@@ -386,7 +411,9 @@ pub fn render(
     for (plan, _) in plans.iter().zip(&dirty).filter(|(_, d)| **d) {
         for (chain, _) in &plan.chains {
             tx.add_chain(chain);
-            tx.flush_chain(chain);
+            if existing.may_hold_chain(plan.name, chain) {
+                tx.flush_chain(chain);
+            }
         }
     }
     for set in &deleted_sets {
@@ -449,6 +476,9 @@ pub fn render(
         foreign_sets: BTreeMap::new(),
         pending_deletions: pending,
         elements: desired_elements,
+        // Every chain of ours is in `owned` or `pending_deletions` now; chains it did not know
+        // before were flushed (stale) and are pending deletion.
+        chains_known: true,
     };
     Ok(NftOutput {
         operations: tx.ops,
@@ -684,6 +714,7 @@ fn plan_service<'a>(
     cluster_ip: IpAddr,
     svc: &ServicePort,
     endpoints: &[Endpoint],
+    with_rules: bool,
 ) -> ServicePlan<'a> {
     let ip = ctx.fam.ip;
     let cat = categorize(svc, endpoints, ctx.node);
@@ -845,6 +876,9 @@ fn plan_service<'a>(
     };
     let balance = |chain: &String, eps: &[&Endpoint]| -> (String, Vec<String>) {
         let mut rules = Vec::new();
+        if !with_rules {
+            return (chain.clone(), rules);
+        }
         if chain == internal_chain
             && let Some(masquerade) = &internal_masquerade
         {
@@ -860,16 +894,30 @@ fn plan_service<'a>(
                 ));
             }
         }
-        let arms: Vec<String> = targets
-            .iter()
-            .enumerate()
-            .map(|(i, ep)| format!("{i} : goto {}", names_of(ep).chain))
-            .collect();
-        rules.push(format!(
-            "numgen random mod {} vmap {{ {} }}",
-            targets.len(),
-            arms.join(" , ")
-        ));
+        if targets.len() > MAX_CASCADE_ENDPOINTS {
+            let arms: Vec<String> = targets
+                .iter()
+                .enumerate()
+                .map(|(i, ep)| format!("{i} : goto {}", names_of(ep).chain))
+                .collect();
+            rules.push(format!(
+                "numgen random mod {} vmap {{ {} }}",
+                targets.len(),
+                arms.join(" , ")
+            ));
+        } else {
+            // Endpoint i of n is taken with probability 1/(n-i) once the ones before it
+            // were passed over, which is 1/n overall; the last one takes the rest.
+            let count = targets.len();
+            for (i, ep) in targets.iter().enumerate() {
+                let target = &names_of(ep).chain;
+                if i + 1 == count {
+                    rules.push(format!("goto {target}"));
+                } else {
+                    rules.push(format!("numgen random mod {} 0 goto {target}", count - i));
+                }
+            }
+        }
         (chain.clone(), rules)
     };
     if uses_cluster_chain {
@@ -881,7 +929,8 @@ fn plan_service<'a>(
 
     if uses_external_chain {
         let mut rules = Vec::new();
-        if !external_local {
+        if !with_rules {
+        } else if !external_local {
             // Endpoints may be on other nodes: masquerade so replies come back through us.
             rules.push(format!("jump {MARK_FOR_MASQUERADE}"));
         } else if uses_cluster_chain {
@@ -905,13 +954,15 @@ fn plan_service<'a>(
                 comment("short-circuit local traffic")
             ));
         }
-        if has_external {
+        if has_external && with_rules {
             rules.push(format!("goto {external_policy_chain}"));
         }
         plan_chains.push((chains.external.clone(), rules));
     }
 
-    if uses_firewall_chain {
+    if uses_firewall_chain && !with_rules {
+        plan_chains.push((chains.firewall.clone(), Vec::new()));
+    } else if uses_firewall_chain {
         let mut sources: Vec<IpNet> = svc
             .load_balancer_source_ranges
             .iter()
@@ -936,14 +987,20 @@ fn plan_service<'a>(
     let mut affinity_sets = BTreeMap::new();
     for ep in &reachable {
         let names = names_of(ep);
+        if let Some(seconds) = affinity {
+            affinity_sets.insert(names.affinity_set.clone(), seconds);
+        }
+        if !with_rules {
+            plan_chains.push((names.chain.clone(), Vec::new()));
+            continue;
+        }
         let mut rules = vec![
             // Hairpin: an endpoint reaching itself through the service must be masqueraded,
             // or it would answer itself directly.
             format!("{ip} saddr {} jump {MARK_FOR_MASQUERADE}", ep.ip),
         ];
-        if let Some(seconds) = affinity {
+        if affinity.is_some() {
             rules.push(format!("update @{} {{ {ip} saddr }}", names.affinity_set));
-            affinity_sets.insert(names.affinity_set.clone(), seconds);
         }
         rules.push(format!(
             "meta l4proto {proto} dnat to {}",
