@@ -145,6 +145,7 @@ fn round_robin_spreads_evenly_over_every_endpoint() {
     let c = cluster();
     let web = Service::new("web", "10.96.0.10")
         .tcp(80)
+        .node_port(30080)
         .endpoints(&c, &["a", "b", "c"]);
     let _proxy = Proxy::start(&c, &[("web.yaml", web.yaml())], &[]);
     let tally = c
@@ -162,6 +163,15 @@ fn round_robin_spreads_evenly_over_every_endpoint() {
         .tcp_repeat(c.node(), ip("10.96.0.10"), 80, 30)
         .expect("probe");
     assert_eq!(counts(&tally).len(), 3, "{tally:?}\n{}", ipvsadm(&c));
+    // A NodePort from outside the cluster: IPVS on the node's address, masqueraded by the
+    // KUBE-NODE-PORT ipset rule (without it the remote pod's reply would bypass the node).
+    let tally = c
+        .tcp_repeat(c.external_in(), c.node().ip(), 30080, 9)
+        .expect("probe");
+    assert_eq!(counts(&tally).len(), 3, "{tally:?}\n{}", ipvsadm(&c));
+    for outcome in tally.outcomes() {
+        assert_eq!(outcome.masqueraded(), Some(true), "{outcome:?}");
+    }
 }
 
 #[test]

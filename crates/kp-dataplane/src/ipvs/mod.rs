@@ -28,11 +28,13 @@ use std::net::IpAddr;
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, ServiceName};
+use kp_core::tracker::ProxyState;
 use kp_ipvs::{Ipvs, IpvsError, Protocol, RealServer, ServiceKey, Timeouts, VirtualServer};
 use kp_rules::ipvs::ipset::{SavedSets, destroy_input, parse_save, restore_input};
 use kp_rules::ipvs::{DUMMY_DEVICE, Desired, IpvsConfig, plan, rules};
 use tracing::{debug, info, warn};
 
+use crate::conntrack::{Conntrack, ExecConntrack, conntrack_relevant, delete_stale};
 use crate::exec::{ExecRunner, RuleRunner};
 use crate::iptables::{SavedTable, cleanup_input, ensure_setup};
 use crate::sysctls::{self, Setting, Sysctl, WriteWhen};
@@ -82,13 +84,16 @@ pub fn sysctl_plan(strict_arp: bool) -> Vec<Setting> {
 }
 
 /// ipvs mode. The type parameters are the kernel interfaces, swapped for fakes in tests.
-pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset> {
+pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset, C = ExecConntrack> {
     config: IpvsBackendConfig,
     ipvs: I,
     links: L,
     runner: R,
     ipset: S,
     sysctl: Box<dyn Sysctl + Send + Sync>,
+    conntrack: C,
+    /// The UDP/SCTP part of the last programmed state, to find stale conntrack entries.
+    programmed: Option<ProxyState>,
     /// Rules restored per family, so partial syncs skip identical restores; cleared after
     /// any failure.
     rules_applied: BTreeMap<IpFamily, String>,
@@ -103,7 +108,7 @@ pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset> {
     draining: BTreeSet<ServiceKey>,
 }
 
-impl<I, L, R, S> std::fmt::Debug for IpvsBackend<I, L, R, S> {
+impl<I, L, R, S, C> std::fmt::Debug for IpvsBackend<I, L, R, S, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpvsBackend")
             .field("config", &self.config)
@@ -131,7 +136,8 @@ fn apply_error(what: &str) -> impl FnOnce(String) -> BackendError + '_ {
 }
 
 impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
-    /// A backend over the given kernel interfaces.
+    /// A backend over the given kernel interfaces, deleting stale conntrack entries with the
+    /// `conntrack` tool.
     pub fn with_parts(
         config: IpvsBackendConfig,
         ipvs: I,
@@ -147,10 +153,32 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
             runner,
             ipset,
             sysctl,
+            conntrack: ExecConntrack::default(),
+            programmed: None,
             rules_applied: BTreeMap::new(),
             setup_done: false,
             applied: BTreeMap::new(),
             draining: BTreeSet::new(),
+        }
+    }
+}
+
+impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend<I, L, R, S, C> {
+    /// The same backend deleting stale conntrack entries through `conntrack`.
+    pub fn with_conntrack<D: Conntrack>(self, conntrack: D) -> IpvsBackend<I, L, R, S, D> {
+        IpvsBackend {
+            config: self.config,
+            ipvs: self.ipvs,
+            links: self.links,
+            runner: self.runner,
+            ipset: self.ipset,
+            sysctl: self.sysctl,
+            conntrack,
+            programmed: self.programmed,
+            rules_applied: self.rules_applied,
+            setup_done: self.setup_done,
+            applied: self.applied,
+            draining: self.draining,
         }
     }
 
@@ -401,13 +429,40 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
     }
 }
 
-impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> Backend for IpvsBackend<I, L, R, S> {
+impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
+    for IpvsBackend<I, L, R, S, C>
+{
     fn mode(&self) -> &'static str {
         MODE
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let result = self.sync_all(request).await;
+        if let Ok(report) = &result {
+            // UDP/SCTP flows conntrack still sends to removed endpoints (IPVS keeps its own
+            // entries in step with conntrack=1), as the other modes do.
+            if request.conntrack_cleanup_required {
+                let full = request.kind == SyncKind::Full;
+                delete_stale(
+                    &self.conntrack,
+                    self.programmed.as_ref(),
+                    request.state,
+                    (!full).then_some(request.changed),
+                    &self.config.families,
+                )
+                .await;
+            }
+            // Skipped services count as not programmed: the sync that programs them sees
+            // them as new.
+            let mut programmed = conntrack_relevant(request.state);
+            programmed
+                .services
+                .retain(|name, _| !report.skipped.contains(&name.service));
+            programmed
+                .endpoints
+                .retain(|name, _| !report.skipped.contains(&name.service));
+            self.programmed = Some(programmed);
+        }
         if result.is_err() {
             // The kernel may be anywhere between the old and new state: check it all again.
             self.setup_done = false;
@@ -463,6 +518,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> Backend for IpvsBackend<I
         self.rules_applied.clear();
         self.applied.clear();
         self.draining.clear();
+        self.programmed = None;
         info!("removed ipvs mode's virtual servers, kube-ipvs0 and ipsets");
         first.map_or(Ok(()), Err)
     }

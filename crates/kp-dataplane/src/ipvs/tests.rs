@@ -423,3 +423,29 @@ fn partial_syncs_read_back_only_what_changed() {
         1
     );
 }
+
+#[test]
+fn replaced_udp_endpoints_lose_their_conntrack_entries() {
+    let h = harness(config());
+    let conntrack = crate::conntrack::FakeConntrack::new();
+    let mut backend = h.backend.with_conntrack(conntrack.clone());
+    let dns = |ep| {
+        state(vec![(
+            service("kube-system", "dns", Protocol::Udp, "10.96.0.10", 53),
+            vec![endpoint(ep, 53)],
+        )])
+    };
+    let changed = BTreeSet::new();
+    let first = dns("10.244.1.1");
+    block_on(backend.sync(&request(&first, SyncKind::Full, &changed, true))).expect("first");
+    assert!(
+        conntrack.deleted().is_empty(),
+        "nothing is stale before a previous state"
+    );
+    let second = dns("10.244.1.2");
+    block_on(backend.sync(&request(&second, SyncKind::Full, &changed, true))).expect("second");
+    let deleted = conntrack.deleted();
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert_eq!(deleted[0].orig_dst, Some(ip("10.96.0.10")));
+    assert_eq!(deleted[0].reply_src, Some(ip("10.244.1.1")));
+}
