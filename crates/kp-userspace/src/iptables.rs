@@ -6,15 +6,22 @@
 //! and ensures the jumps from the built-in chains. Later applies are partial when the core
 //! allows it: the top-level chains plus the changed ports' chains. A failed apply makes the
 //! next one full.
+//!
+//! UDP has no connection for the kernel to forget: a client that keeps its source port keeps
+//! its conntrack entry, and with it the relay port the entry was redirected to. When a UDP
+//! port's redirect target changes or goes (its frontend reopened on another port, or it now
+//! refuses), the entries for its addresses are deleted, as the kernel modes do for changed
+//! endpoints.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kp_core::model::{IpFamily, ServicePortName};
+use kp_core::model::{IpFamily, Protocol, ServicePortName};
+use kp_dataplane::conntrack::{Conntrack, ExecConntrack, FlowFilter};
 use kp_dataplane::exec::{ExecError, RuleRunner, split_args};
 use kp_dataplane::iptables::{SavedTable, cleanup_input};
 use kp_rules::iptables::Table;
-use kp_rules::userspace::{CaptureConfig, SERVICE_CHAIN_PREFIXES, jumps, render};
-use tracing::{debug, info};
+use kp_rules::userspace::{CaptureConfig, CapturedPort, SERVICE_CHAIN_PREFIXES, jumps, render};
+use tracing::{debug, info, warn};
 
 use crate::capture::{Capture, CaptureError, CapturePlan};
 
@@ -26,8 +33,11 @@ const TABLES: [Table; 3] = [Table::Filter, Table::Nat, Table::Mangle];
 
 /// Capture with iptables `REDIRECT` rules.
 #[derive(Debug)]
-pub struct IptablesCapture<R> {
+pub struct IptablesCapture<R, C = ExecConntrack> {
     runner: R,
+    conntrack: C,
+    /// Per family, the UDP ports as the last successful apply captured them.
+    udp_ports: BTreeMap<(IpFamily, ServicePortName), CapturedPort>,
     config: CaptureConfig,
     families: Vec<IpFamily>,
     /// Per family, the per-service chains the last successful apply left.
@@ -40,8 +50,22 @@ pub struct IptablesCapture<R> {
 impl<R: RuleRunner> IptablesCapture<R> {
     /// Capture for `families` with `config`, running the tools through `runner`.
     pub fn new(runner: R, config: CaptureConfig, families: Vec<IpFamily>) -> Self {
+        Self::with_conntrack(runner, ExecConntrack::default(), config, families)
+    }
+}
+
+impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
+    /// Like [`IptablesCapture::new`], deleting stale UDP entries through `conntrack`.
+    pub fn with_conntrack(
+        runner: R,
+        conntrack: C,
+        config: CaptureConfig,
+        families: Vec<IpFamily>,
+    ) -> Self {
         Self {
             runner,
+            conntrack,
+            udp_ports: BTreeMap::new(),
             config,
             families,
             chains: BTreeMap::new(),
@@ -99,6 +123,51 @@ impl<R: RuleRunner> IptablesCapture<R> {
         Ok(())
     }
 
+    /// Deletes the conntrack entries of UDP ports whose redirect target changed or went
+    /// (deleted ports included), and remembers the new ones. Failures are logged: the rules
+    /// are already right, and the entries expire on their own.
+    async fn forget_stale_udp(&mut self, plan: &CapturePlan) {
+        let mut now: BTreeMap<(IpFamily, ServicePortName), CapturedPort> = BTreeMap::new();
+        for (family, list) in &plan.families {
+            for p in list.iter().filter(|p| p.name.protocol == Protocol::Udp) {
+                now.insert((*family, p.name.clone()), p.clone());
+            }
+        }
+        let mut filters = Vec::new();
+        for ((family, name), before) in &self.udp_ports {
+            let after = now.get(&(*family, name.clone()));
+            let filter = |dst: Option<std::net::IpAddr>, dport: u16| FlowFilter {
+                family: *family,
+                protocol: Protocol::Udp,
+                orig_dst: dst,
+                orig_dst_port: Some(dport),
+                reply_src: None,
+                reply_src_port: None,
+            };
+            if after.map(|a| a.internal) != Some(before.internal) {
+                filters.push(filter(Some(before.cluster_ip), before.port));
+            }
+            if before.externally_accessible() && after.map(|a| a.external) != Some(before.external)
+            {
+                for ip in before.external_ips.iter().chain(&before.load_balancer_ips) {
+                    filters.push(filter(Some(*ip), before.port));
+                }
+                if let Some(node_port) = before.node_port {
+                    filters.push(filter(None, node_port));
+                }
+            }
+        }
+        for f in &filters {
+            match self.conntrack.delete(f).await {
+                Ok(_) => debug!(filter = %f, "deleted stale UDP conntrack entries"),
+                Err(error) => {
+                    warn!(%error, filter = %f, "cannot delete stale UDP conntrack entries");
+                }
+            }
+        }
+        self.udp_ports = now;
+    }
+
     /// The per-service chains of this mode present in the kernel.
     async fn listed_chains(&self, family: IpFamily) -> Result<BTreeSet<String>, CaptureError> {
         let text = self
@@ -114,7 +183,7 @@ impl<R: RuleRunner> IptablesCapture<R> {
     }
 }
 
-impl<R: RuleRunner> Capture for IptablesCapture<R> {
+impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
     async fn apply(
         &mut self,
         plan: &CapturePlan,
@@ -151,6 +220,7 @@ impl<R: RuleRunner> Capture for IptablesCapture<R> {
             self.chains.insert(family, out.chains);
         }
         self.force_full = false;
+        self.forget_stale_udp(plan).await;
         Ok(())
     }
 
@@ -172,6 +242,7 @@ mod tests {
     use std::net::IpAddr;
 
     use kp_core::model::{Protocol, ServiceName};
+    use kp_dataplane::conntrack::FakeConntrack;
     use kp_dataplane::exec::{FakeRunner, RunnerCall};
     use kp_rules::userspace::{CapturedPort, Target};
 
@@ -287,5 +358,47 @@ mod tests {
                 .any(|c| matches!(c, RunnerCall::Save { .. })),
             "a full apply lists the chains in place"
         );
+    }
+
+    #[tokio::test]
+    async fn udp_entries_go_when_their_redirect_changes_or_the_port_goes() {
+        let conntrack = FakeConntrack::new();
+        let mut capture = IptablesCapture::with_conntrack(
+            FakeRunner::new(),
+            conntrack.clone(),
+            CaptureConfig::default(),
+            vec![IpFamily::V4],
+        );
+        let mut dns = port("dns", 40001);
+        dns.name.protocol = Protocol::Udp;
+        let web = port("web", 40003);
+        capture
+            .apply(&plan(vec![dns.clone(), web.clone()]), None)
+            .await
+            .expect("apply");
+        assert!(conntrack.deleted().is_empty(), "nothing stale at first");
+        // Same targets again: nothing deleted; TCP ports are never cleaned.
+        let mut web2 = web.clone();
+        web2.internal = Target::Redirect(41000);
+        capture
+            .apply(&plan(vec![dns.clone(), web2]), None)
+            .await
+            .expect("apply");
+        assert!(conntrack.deleted().is_empty());
+        // The UDP port's frontend reopened elsewhere: its ClusterIP entries go.
+        let mut moved = dns.clone();
+        moved.internal = Target::Redirect(42000);
+        capture
+            .apply(&plan(vec![moved]), None)
+            .await
+            .expect("apply");
+        let deleted = conntrack.deleted();
+        assert_eq!(deleted.len(), 1, "{deleted:?}");
+        assert_eq!(deleted[0].orig_dst, Some(dns.cluster_ip));
+        assert_eq!(deleted[0].orig_dst_port, Some(80));
+        // Deleted altogether: its entries go too.
+        conntrack.clear();
+        capture.apply(&plan(vec![]), None).await.expect("apply");
+        assert_eq!(conntrack.deleted().len(), 1);
     }
 }

@@ -79,7 +79,7 @@ async fn relay(
     let size = frontend.config.buffer_bytes;
     #[cfg(target_os = "linux")]
     let result = if frontend.config.splice {
-        crate::splice::copy_bidirectional(client, backend, size).await
+        crate::splice::copy_bidirectional(client, backend, frontend.config.pipe_bytes).await
     } else {
         tokio::io::copy_bidirectional_with_sizes(&mut client, &mut backend, size, size).await
     };

@@ -470,18 +470,18 @@ async fn round_trip(config: RelayConfig, len: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_transfers_and_half_close_with_splice() {
     round_trip(RelayConfig::default().with_splice(true), 8 << 20).await;
-    // A pipe larger than the default, and one smaller than a segment.
+    // The kernel's default pipe size, and a pipe smaller than a segment.
     round_trip(
         RelayConfig::default()
             .with_splice(true)
-            .with_buffer_bytes(1 << 20),
+            .with_pipe_bytes(64 << 10),
         1 << 20,
     )
     .await;
     round_trip(
         RelayConfig::default()
             .with_splice(true)
-            .with_buffer_bytes(100),
+            .with_pipe_bytes(100),
         100_000,
     )
     .await;

@@ -125,7 +125,7 @@ fn run(options: Options) -> anyhow::Result<()> {
             }
         }
         other => anyhow::bail!(
-            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, ipvs, fake)",
+            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, ipvs, userspace, fake)",
             other.as_str()
         ),
     }

@@ -13,7 +13,8 @@ use prometheus_client::registry::Registry;
 pub const WINUSERSPACE_ON_LINUX: &str = "proxy mode \"winuserspace\" is for Windows nodes; on Linux use --proxy-mode=userspace, which runs the same relay with iptables capture";
 
 /// Benchmark switch: `KP_RELAY_COPY=buffers` makes the relay copy through user-space buffers
-/// instead of splice(2), so `kp-datapath` compares both with one build. Not a user setting.
+/// instead of splice(2), `KP_RELAY_COPY=pipe-<KiB>` splices through another pipe size, so
+/// `kp-datapath` compares them with one build. Not a user setting.
 pub const COPY_ENV: &str = "KP_RELAY_COPY";
 
 /// Userspace mode as the binary runs it.
@@ -33,12 +34,20 @@ pub fn backend(config: &KubeProxyConfiguration, registry: &mut Registry) -> User
         },
         families.clone(),
     );
-    let splice = std::env::var(COPY_ENV).map_or(true, |v| v != "buffers");
-    tracing::info!(splice, "Using userspace Proxier");
-    UserspaceBackend::new(
-        RelayConfig::default().with_splice(splice),
-        RelayMetrics::register(registry),
-        capture,
-        families,
-    )
+    let copy = std::env::var(COPY_ENV).unwrap_or_default();
+    let splice = copy != "buffers";
+    let mut relay = RelayConfig::default().with_splice(splice);
+    // `KP_RELAY_COPY=pipe-<KiB>`: a larger splice pipe, for the benchmark's comparison.
+    if let Some(kib) = copy
+        .strip_prefix("pipe-")
+        .and_then(|k| k.parse::<usize>().ok())
+    {
+        relay = relay.with_buffer_bytes(kib * 1024);
+    }
+    tracing::info!(
+        splice,
+        buffer_bytes = relay.buffer_bytes,
+        "Using userspace Proxier"
+    );
+    UserspaceBackend::new(relay, RelayMetrics::register(registry), capture, families)
 }

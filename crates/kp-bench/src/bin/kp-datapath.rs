@@ -48,6 +48,8 @@ enum PathKind {
     Userspace,
     /// Userspace mode copying through user-space buffers instead of splice(2).
     UserspaceBuffers,
+    /// Userspace mode splicing through 64 KiB pipes (the kernel's default) instead of 1 MiB.
+    UserspacePipe64k,
 }
 
 impl PathKind {
@@ -57,6 +59,7 @@ impl PathKind {
             PathKind::Iptables => "iptables",
             PathKind::Userspace => "userspace",
             PathKind::UserspaceBuffers => "userspace-buffers",
+            PathKind::UserspacePipe64k => "userspace-pipe64k",
         }
     }
 
@@ -65,7 +68,9 @@ impl PathKind {
         match self {
             PathKind::Direct => None,
             PathKind::Iptables => Some("iptables"),
-            PathKind::Userspace | PathKind::UserspaceBuffers => Some("userspace"),
+            PathKind::Userspace | PathKind::UserspaceBuffers | PathKind::UserspacePipe64k => {
+                Some("userspace")
+            }
         }
     }
 }
@@ -292,6 +297,7 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
     let exe = std::env::current_exe()?;
     let tag = match path {
         PathKind::UserspaceBuffers => "b",
+        PathKind::UserspacePipe64k => "m",
         _ => &path.name()[..1],
     };
     let topo = topology(&format!("{tag}{n}"))?;
@@ -316,9 +322,10 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
     };
     let (target, echo) = match path {
         PathKind::Direct => (SERVER, ECHO_PORT),
-        PathKind::Iptables | PathKind::Userspace | PathKind::UserspaceBuffers => {
-            (SERVICE_IP, SERVICE_ECHO_PORT)
-        }
+        PathKind::Iptables
+        | PathKind::Userspace
+        | PathKind::UserspaceBuffers
+        | PathKind::UserspacePipe64k => (SERVICE_IP, SERVICE_ECHO_PORT),
     };
     // Wait for the path (iperf3 servers start asynchronously).
     latency(&topo.client, SocketAddr::from((target, echo)), 10)?;
@@ -371,6 +378,7 @@ fn start_proxy(args: &Args, path: PathKind, topo: &Topology, dir: &Path) -> anyh
     // The relay's copy switch (see kube-proxy's `userspace::COPY_ENV`).
     let env: &[(&str, &str)] = match path {
         PathKind::UserspaceBuffers => &[("KP_RELAY_COPY", "buffers")],
+        PathKind::UserspacePipe64k => &[("KP_RELAY_COPY", "pipe-64")],
         _ => &[],
     };
     let proxy = spawn_with_env(

@@ -451,7 +451,7 @@ pub fn udp_endpoint_replaced(mode: Mode) {
 
     // The only endpoint is replaced by another pod; `a` keeps running, so a stale conntrack
     // entry would show as `a` answering.
-    let replaced = dns.endpoints(&env.cluster, &["b"]);
+    let replaced = dns.clone().endpoints(&env.cluster, &["b"]);
     env.apply(&replaced);
     let outcome = udp_from_port(&env.cluster, &client, vip, SPORT);
     assert!(
@@ -460,6 +460,25 @@ pub fn udp_endpoint_replaced(mode: Mode) {
         env.diag()
     );
     assert_source(&env, "UDP after the endpoint change", &outcome, kept(mode));
+
+    // No endpoints, then one again, the client still on the same port: refused while there
+    // is none, answered by the new one at once after (userspace mode: its relay port for the
+    // service changes with this, so the client's conntrack entry must go with it).
+    env.apply(&dns.clone().endpoints(&env.cluster, &[]));
+    let outcome = udp_from_port(&env.cluster, &client, vip, SPORT);
+    assert_eq!(
+        outcome,
+        Outcome::Refused,
+        "UDP without endpoints{}",
+        env.diag()
+    );
+    env.apply(&dns.endpoints(&env.cluster, &["a"]));
+    let outcome = udp_from_port(&env.cluster, &client, vip, SPORT);
+    assert!(
+        outcome.answered_by("a"),
+        "the first datagram after endpoints return must be answered: {outcome:?}{}",
+        env.diag()
+    );
 }
 
 /// Services added and deleted while the proxy runs (13), and a long-lived connection across
