@@ -208,12 +208,12 @@ pub fn topology_mode(endpoints: &[Endpoint], node: &NodeInfo) -> TopologyMode {
             .iter()
             .any(|e| hints(e).is_some_and(|h| h.contains(name)))
     };
-    if all_have(|e| e.node_hints.as_ref()) && any_names(|e| e.node_hints.as_ref(), &node.name) {
+    if all_have(|e| e.node_hints.as_deref()) && any_names(|e| e.node_hints.as_deref(), &node.name) {
         return TopologyMode::PreferSameNode;
     }
     if let Some(zone) = node.zone()
-        && all_have(|e| e.zone_hints.as_ref())
-        && any_names(|e| e.zone_hints.as_ref(), zone)
+        && all_have(|e| e.zone_hints.as_deref())
+        && any_names(|e| e.zone_hints.as_deref(), zone)
     {
         return TopologyMode::PreferSameZone;
     }
@@ -237,7 +237,7 @@ fn readiness_fallback(endpoint: &Endpoint, fallback: bool) -> Verdict {
 }
 
 fn available_for_topology(endpoint: &Endpoint, mode: TopologyMode, node: &NodeInfo) -> bool {
-    let named = |hints: &Option<BTreeSet<String>>, name: &str| {
+    let named = |hints: &Option<Box<BTreeSet<String>>>, name: &str| {
         hints.as_ref().is_some_and(|h| h.contains(name))
     };
     match mode {

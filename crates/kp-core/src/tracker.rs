@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::event::{ObjectEvent, SourceEvent};
 use crate::model::{
-    self, Endpoint, ModelError, NodeInfo, Protocol, ServiceName, ServicePort, ServicePortName,
-    SliceEndpoints,
+    self, Endpoint, ModelError, Names, NodeInfo, Protocol, ServiceName, ServicePort,
+    ServicePortName, SliceEndpoints,
 };
 
 #[cfg(test)]
@@ -190,7 +190,40 @@ impl<V: Clone + PartialEq> Versions<V> {
 }
 
 /// The slices of one service, by slice name (sorted, so merging is deterministic).
-type SliceMap = BTreeMap<String, SliceEndpoints>;
+///
+/// A sorted `Vec`, not a `BTreeMap`: a service has one or a few slices, and a `BTreeMap`
+/// allocates a node for eleven entries even for one (about 1.4 KiB per service here).
+#[derive(Clone, Debug, Default, PartialEq)]
+struct SliceMap(Vec<(String, SliceEndpoints)>);
+
+impl SliceMap {
+    /// Add or replace the slice `name`.
+    fn insert(&mut self, name: String, slice: SliceEndpoints) {
+        match self
+            .0
+            .binary_search_by(|(have, _)| have.as_str().cmp(&name))
+        {
+            Ok(index) => self.0[index].1 = slice,
+            Err(index) => self.0.insert(index, (name, slice)),
+        }
+    }
+
+    /// Remove the slice `name`, if present.
+    fn remove(&mut self, name: &str) {
+        if let Ok(index) = self.0.binary_search_by(|(have, _)| have.as_str().cmp(name)) {
+            self.0.remove(index);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The slices, by name.
+    fn values(&self) -> impl Iterator<Item = &SliceEndpoints> {
+        self.0.iter().map(|(_, slice)| slice)
+    }
+}
 
 /// Records source events and applies them to a [`ProxyState`] (upstream's
 /// `ServiceChangeTracker` and `EndpointsChangeTracker`).
@@ -211,6 +244,8 @@ pub struct ChangeTracker {
     applied_node: Option<NodeInfo>,
     invalid: Vec<ModelError>,
     synced: BTreeSet<ObjectKind>,
+    /// Node and zone names, shared by all endpoints (here and in the applied state).
+    names: Names,
 }
 
 impl ChangeTracker {
@@ -231,6 +266,7 @@ impl ChangeTracker {
             applied_node: None,
             invalid: Vec::new(),
             synced: BTreeSet::new(),
+            names: Names::default(),
         }
     }
 
@@ -377,6 +413,8 @@ impl ChangeTracker {
         }
         // Trigger times of changes that cancelled out measure nothing.
         self.trigger_times.clear();
+        // The old state's endpoints are gone now: names only they used can go too.
+        self.names.prune();
 
         if state.node != self.node {
             result.node_labels_changed = state.node.labels != self.node.labels;
@@ -406,7 +444,7 @@ impl ChangeTracker {
 
     fn slice_applied(&mut self, slice: &EndpointSlice) -> Recorded {
         let key = slice_key(slice);
-        let parsed = match model::slice_endpoints(slice) {
+        let parsed = match model::slice_endpoints_with(slice, &mut self.names) {
             Ok(parsed) => parsed,
             Err(error) => {
                 // Keep the last good version, as for Services.

@@ -89,11 +89,14 @@ fn state(services: usize, endpoints: usize) -> ProxyState {
                         ready: true,
                         serving: true,
                         terminating: false,
-                        node_name: Some(if local {
-                            NODE.to_owned()
-                        } else {
-                            format!("node-{:02}", global % 50)
-                        }),
+                        node_name: Some(
+                            if local {
+                                NODE.to_owned()
+                            } else {
+                                format!("node-{:02}", global % 50)
+                            }
+                            .into(),
+                        ),
                         zone: None,
                         zone_hints: None,
                         node_hints: None,

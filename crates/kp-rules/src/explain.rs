@@ -728,8 +728,8 @@ impl Context<'_> {
                 EndpointExplanation {
                     ip: ep.ip,
                     port: ep.port,
-                    node_name: ep.node_name.clone(),
-                    zone: ep.zone.clone(),
+                    node_name: ep.node_name.as_deref().map(str::to_owned),
+                    zone: ep.zone.as_deref().map(str::to_owned),
                     local: ep.is_local,
                     ready: ep.ready,
                     serving: ep.serving,

@@ -196,7 +196,7 @@ fn no_usable_endpoint_is_rejected() {
 fn topology_filtered_endpoint() {
     let zoned = |address: &str, zone: &str| Endpoint {
         zone: Some(zone.into()),
-        zone_hints: Some(BTreeSet::from([zone.to_owned()])),
+        zone_hints: Some(Box::new(BTreeSet::from([zone.to_owned()]))),
         ..endpoint(address, 80, false)
     };
     let mut state = state(vec![(

@@ -55,6 +55,7 @@ mod tests;
 
 pub use parse::{
     DEFAULT_NAMESPACE, Kind, ManifestError, Object, ObjectKey, Problem, parse_manifests,
+    parse_manifests_each,
 };
 
 /// How often the files are looked at. A second is quick enough for a person editing files

@@ -3,8 +3,8 @@
 //! resident, not allocated.
 //!
 //! Runs the fake-mode pipeline without a backend: generated manifests (written to a temp
-//! dir) → the manifests source (its real scanner, through the same 4096-event channel the
-//! proxy uses) → change tracker → [`ProxyState`], and prints the bytes live and the peak
+//! dir) → the manifests source (its real scanner, through an event channel as deep as the
+//! proxy's) → change tracker → [`ProxyState`], and prints the bytes live and the peak
 //! since the previous phase. Then the pieces one by one (file text, parsed objects, tracker,
 //! state, a state clone) to attribute them.
 
@@ -17,6 +17,10 @@ use kp_core::tracker::{ChangeTracker, ProxyState};
 use kp_sources::manifests::{ManifestsSource, parse_manifests};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+/// The proxy binary's source event queue (`EVENT_QUEUE` in crates/kube-proxy/src/app.rs): queued
+/// events hold whole objects, so the depth shows in the peak.
+const EVENT_QUEUE: usize = 256;
 
 /// `key` of `/proc/self/status`, in bytes.
 fn status(key: &str) -> usize {
@@ -99,7 +103,7 @@ async fn main() -> anyhow::Result<()> {
         return pieces(dir.path(), base);
     }
     // The pipeline as the proxy runs it.
-    let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
+    let (tx, mut rx) = mpsc::channel::<SourceEvent>(EVENT_QUEUE);
     let shutdown = CancellationToken::new();
     let source = ManifestsSource::new(dir.path()).node_name(NODE_NAME);
     let task = tokio::spawn(source.run(tx, shutdown.clone()));

@@ -7,7 +7,7 @@ use k8s_openapi::api::discovery::v1::{EndpointHints, EndpointSlice};
 
 use super::parse::parse_ip_lenient;
 use super::{
-    Endpoint, IpFamily, ModelError, Problems, Protocol, ServiceName, ServicePortName,
+    Endpoint, IpFamily, ModelError, Names, Problems, Protocol, ServiceName, ServicePortName,
     SliceEndpoints, port_number,
 };
 
@@ -21,6 +21,15 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// others are fungible. Port entries without a port number (or with 0) are skipped, as
 /// upstream does; they mean "all ports", which no proxy implements.
 pub fn slice_endpoints(slice: &EndpointSlice) -> Result<Option<SliceEndpoints>, ModelError> {
+    slice_endpoints_with(slice, &mut Names::default())
+}
+
+/// [`slice_endpoints`], taking node and zone names from `names`, so endpoints parsed with the
+/// same `names` share them.
+pub fn slice_endpoints_with(
+    slice: &EndpointSlice,
+    names: &mut Names,
+) -> Result<Option<SliceEndpoints>, ModelError> {
     let meta = &slice.metadata;
     let Some(service) = meta
         .labels
@@ -46,7 +55,8 @@ pub fn slice_endpoints(slice: &EndpointSlice) -> Result<Option<SliceEndpoints>, 
         }
     };
 
-    let mut ports = Vec::new();
+    // Sized up front: thousands of these are held at once, and growth would leave spare room.
+    let mut ports = Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
     let mut seen: BTreeMap<(&str, Protocol), usize> = BTreeMap::new();
     for (index, port) in slice.ports.iter().flatten().enumerate() {
         let port_name = port.name.as_deref().unwrap_or_default();
@@ -87,7 +97,7 @@ pub fn slice_endpoints(slice: &EndpointSlice) -> Result<Option<SliceEndpoints>, 
         ports.push((port_name.to_owned(), protocol, number));
     }
 
-    let mut endpoints = Vec::new();
+    let mut endpoints = Vec::with_capacity(slice.endpoints.len());
     for (index, endpoint) in slice.endpoints.iter().enumerate() {
         let Some(text) = endpoint.addresses.first() else {
             problems.push(
@@ -126,8 +136,8 @@ pub fn slice_endpoints(slice: &EndpointSlice) -> Result<Option<SliceEndpoints>, 
             ready,
             serving,
             terminating,
-            node_name: endpoint.node_name.clone(),
-            zone: endpoint.zone.clone(),
+            node_name: endpoint.node_name.as_deref().map(|name| names.get(name)),
+            zone: endpoint.zone.as_deref().map(|zone| names.get(zone)),
             zone_hints: hint_names(hints, |h| {
                 h.for_zones
                     .iter()
@@ -163,11 +173,16 @@ pub fn slice_endpoints(slice: &EndpointSlice) -> Result<Option<SliceEndpoints>, 
 }
 
 /// Hint names, or `None` when there are none (an empty hint list is no hint, as upstream).
+// Boxed on purpose: `Endpoint` holds two of these, usually `None`, in ~10^5 endpoints.
+#[allow(clippy::box_collection)]
 fn hint_names(
     hints: Option<&EndpointHints>,
     names: impl Fn(&EndpointHints) -> BTreeSet<String>,
-) -> Option<BTreeSet<String>> {
-    hints.map(names).filter(|names| !names.is_empty())
+) -> Option<Box<BTreeSet<String>>> {
+    hints
+        .map(names)
+        .filter(|names| !names.is_empty())
+        .map(Box::new)
 }
 
 /// Merge the slices of one service into per-service-port endpoint lists, sorted and

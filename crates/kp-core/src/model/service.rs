@@ -150,6 +150,8 @@ pub fn service_ports(service: &Service) -> Result<Option<Vec<ServicePort>>, Mode
     }
 
     problems.into_result("Service", namespace, name)?;
+    // The tracker keeps this for every service: no spare room (a `ServicePort` is ~200 bytes).
+    ports.shrink_to_fit();
     Ok(Some(ports))
 }
 

@@ -654,7 +654,7 @@ fn slice_fields_are_carried() {
     );
     assert_eq!(parsed.family, IpFamily::V4);
     assert_eq!(parsed.ports, vec![("http".to_owned(), Protocol::Tcp, 8080)]);
-    let set = |names: &[&str]| Some(names.iter().map(|n| (*n).to_owned()).collect());
+    let set = |names: &[&str]| Some(Box::new(names.iter().map(|n| (*n).to_owned()).collect()));
     assert_eq!(
         parsed.endpoints,
         vec![Endpoint {
@@ -663,8 +663,8 @@ fn slice_fields_are_carried() {
             ready: true,
             serving: true,
             terminating: false,
-            node_name: Some("test-node".to_owned()),
-            zone: Some("zone-a".to_owned()),
+            node_name: Some("test-node".into()),
+            zone: Some("zone-a".into()),
             zone_hints: set(&["zone-a", "zone-b"]),
             node_hints: set(&["test-node"]),
             is_local: false,

@@ -509,7 +509,7 @@ fn union_is_sorted_and_deduplicated() {
         ready,
         serving: ready || terminating,
         terminating,
-        node_name: local.then(|| NODE.to_owned()),
+        node_name: local.then(|| NODE.into()),
         zone: None,
         zone_hints: None,
         node_hints: None,
@@ -607,12 +607,12 @@ fn ipv6_family_and_empty_hint_sets() {
         node_name: None,
         zone: None,
         zone_hints: None,
-        node_hints: Some(
+        node_hints: Some(Box::new(
             hints
                 .iter()
                 .map(|h| (*h).to_owned())
                 .collect::<BTreeSet<_>>(),
-        ),
+        )),
         is_local: false,
     };
     let eps = vec![mk("fd00:10:180::1", &[NODE]), mk("fd00:10:180::2", &[])];

@@ -186,10 +186,24 @@ pub enum Problem {
 /// anything else multi-document YAML. A `v1` `List` contributes its items. Objects of other
 /// kinds are ignored (debug log): a directory may hold manifests for other components.
 pub fn parse_manifests(text: &str, file: &Path) -> (Vec<Object>, Vec<ManifestError>) {
+    let mut objects = Vec::new();
+    let errors = parse_manifests_each(text, file, |object| objects.push(object));
+    (objects, errors)
+}
+
+/// [`parse_manifests`], handing each object to `each` as soon as it is decoded instead of
+/// collecting them: a caller that keeps a compact form of each object never holds a whole
+/// file's typed objects (about ten times the size of their YAML) at once. Objects arrive in
+/// file order; the errors are returned at the end.
+pub fn parse_manifests_each(
+    text: &str,
+    file: &Path,
+    mut each: impl FnMut(Object),
+) -> Vec<ManifestError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut parser = Parser {
         file,
-        objects: Vec::new(),
+        each: &mut each,
         errors: Vec::new(),
     };
     let json = file.extension().is_some_and(|ext| ext == "json");
@@ -201,7 +215,7 @@ pub fn parse_manifests(text: &str, file: &Path) -> (Vec<Object>, Vec<ManifestErr
     for document in &documents {
         parser.document(document);
     }
-    (parser.objects, parser.errors)
+    parser.errors
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -387,7 +401,8 @@ fn known_kind(api_version: &str, kind: &str) -> Option<Kind> {
 
 struct Parser<'f> {
     file: &'f Path,
-    objects: Vec<Object>,
+    /// Where decoded objects go.
+    each: &'f mut dyn FnMut(Object),
     errors: Vec<ManifestError>,
 }
 
@@ -454,7 +469,7 @@ impl Parser<'_> {
             Kind::Node => decode(document).map(Object::Node),
         };
         match object.map(finish) {
-            Ok(Ok(object)) => self.objects.push(object),
+            Ok(Ok(object)) => (self.each)(object),
             Ok(Err(problem)) => self.error(Some(document.index), at_start, None, None, problem),
             Err(failure) => self.failure(document, failure),
         }
@@ -473,7 +488,7 @@ impl Parser<'_> {
                 .map_or(document.start_line, |line| document.start_line + line - 1);
             let problem = match item_object(item.value) {
                 Ok(Some(object)) => {
-                    self.objects.push(object);
+                    (self.each)(object);
                     continue;
                 }
                 Ok(None) => continue,
