@@ -27,23 +27,12 @@ const PREFIX: &str = "kpi-";
 #[test]
 fn ipvs_traffic_in_the_vm() {
     let echo = kp_testbed::echo_binary().unwrap_or_else(|e| panic!("{e}"));
-    let mut vm = kp_vm::Vm::from_env()
-        .directory("/usr/lib/x86_64-linux-gnu/xtables")
+    let out = kp_vm::Vm::from_env()
+        .iptables()
+        .program("ipvsadm")
+        .program("ipset")
         .program(KUBE_PROXY)
-        .program(&echo.to_string_lossy());
-    for tool in [
-        "ipvsadm",
-        "ipset",
-        "iptables",
-        "iptables-save",
-        "iptables-restore",
-        "ip6tables",
-        "ip6tables-save",
-        "ip6tables-restore",
-    ] {
-        vm = vm.program(tool);
-    }
-    let out = vm
+        .program(&echo.to_string_lossy())
         .run_current_exe(&["--ignored", "--test-threads=1", "--nocapture"])
         .unwrap_or_else(|e| panic!("the IPVS VM did not run: {e}"));
     out.assert_tests_passed(GUEST_TESTS);

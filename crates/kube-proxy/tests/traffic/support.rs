@@ -159,6 +159,19 @@ impl Service {
         self
     }
 
+    /// Adds SCTP port `port` (named `sctp`) -> echo port. Only a kernel with SCTP sockets
+    /// (the kp-vm guest's) can probe it.
+    #[allow(dead_code, reason = "only the VM suites (sctp_traffic.rs) probe SCTP")]
+    pub fn sctp(mut self, port: u16) -> Self {
+        self.ports.push(Port {
+            name: "sctp".to_owned(),
+            protocol: "SCTP",
+            port,
+            node_port: None,
+        });
+        self
+    }
+
     /// Renames the last added port (in the Service and its EndpointSlice alike). The name
     /// is written as a quoted YAML scalar, so any text goes.
     pub fn port_name(mut self, name: &str) -> Self {
