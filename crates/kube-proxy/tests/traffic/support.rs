@@ -45,6 +45,9 @@ pub enum Mode {
     Nftables,
     /// `--proxy-mode=userspace`: the relay, with iptables rules redirecting to it.
     Userspace,
+    /// `--proxy-mode=ipvs`: only inside the kp-vm guest (this machine's kernel has no IPVS,
+    /// where the binary would fall back to iptables).
+    Ipvs,
 }
 
 impl Mode {
@@ -54,6 +57,7 @@ impl Mode {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
             Mode::Userspace => "userspace",
+            Mode::Ipvs => "ipvs",
         }
     }
 
@@ -64,6 +68,10 @@ impl Mode {
             Mode::Iptables | Mode::Nftables | Mode::Userspace => {
                 vec!["--iptables-min-sync-period=0s".to_owned()]
             }
+            Mode::Ipvs => vec![
+                "--iptables-min-sync-period=0s".to_owned(),
+                "--ipvs-min-sync-period=0s".to_owned(),
+            ],
         }
     }
 
@@ -72,6 +80,7 @@ impl Mode {
         let tools: &[&[&str]] = match self {
             Mode::Iptables | Mode::Userspace => &[&["iptables-save"], &["ip6tables-save"]],
             Mode::Nftables => &[&["nft", "list", "ruleset"]],
+            Mode::Ipvs => &[&["ipvsadm", "-Ln"], &["ipset", "list"], &["iptables-save"]],
         };
         tools
             .iter()
@@ -639,6 +648,16 @@ impl Env {
             &self.flags,
         );
         proxy.wait_first_sync();
+        if self.mode == Mode::Ipvs {
+            // A kernel without IPVS makes the binary fall back to iptables: not this mode.
+            assert!(
+                !proxy
+                    .logged(|l| l.contains("Using ipvs Proxier"))
+                    .is_empty(),
+                "ipvs mode must be used (no fallback):\n{}",
+                proxy.tail()
+            );
+        }
         self.proxy = Some(proxy);
     }
 
