@@ -313,6 +313,18 @@ impl ClusterBuilder {
     }
 }
 
+/// The only outcome of a one-flow probe.
+fn first_outcome(tally: &Tally) -> Result<Outcome> {
+    tally
+        .outcomes()
+        .first()
+        .cloned()
+        .ok_or_else(|| TestbedError::ProbeOutput {
+            output: String::new(),
+            detail: "no outcome".to_owned(),
+        })
+}
+
 /// Prefixes end up in namespace names and are parsed back by [`sweep_stale`].
 fn validate_prefix(prefix: &str) -> Result<()> {
     let fine = !prefix.is_empty()
@@ -807,6 +819,31 @@ impl Cluster {
         dst: SocketAddr,
         count: usize,
     ) -> Result<Tally> {
+        self.probe_with(from, protocol, dst, count, &[])
+    }
+
+    /// One UDP datagram from `from`'s source port `sport` to `dst`, and its answer. Unlike
+    /// [`Cluster::udp`] (a new source port each time), repeated calls keep the flow's
+    /// 5-tuple, so they show what a stale conntrack (or IPVS) entry does to a client.
+    pub fn udp_from_port(&self, from: &Host, dst: SocketAddr, sport: u16) -> Result<Outcome> {
+        let tally = self.probe_with(
+            from,
+            Protocol::Udp,
+            dst,
+            1,
+            &["--source-port".to_owned(), sport.to_string()],
+        )?;
+        first_outcome(&tally)
+    }
+
+    fn probe_with(
+        &self,
+        from: &Host,
+        protocol: Protocol,
+        dst: SocketAddr,
+        count: usize,
+        extra: &[String],
+    ) -> Result<Tally> {
         self.own_namespace(&from.ns)?;
         // Namespaces share the kernel, so this process's answer holds for `from` too.
         if protocol == Protocol::Sctp && !crate::tool::sctp_supported() {
@@ -827,6 +864,7 @@ impl Cluster {
             "--count".to_owned(),
             count.to_string(),
         ]);
+        command.args(extra);
         // Each flow may wait for a connect and then for a reply.
         let per_flow = self.probe_timeout.saturating_mul(2);
         let flows = u32::try_from(count).unwrap_or(u32::MAX);
@@ -854,15 +892,7 @@ impl Cluster {
     }
 
     fn probe_one(&self, from: &Host, protocol: Protocol, dst: SocketAddr) -> Result<Outcome> {
-        let tally = self.probe(from, protocol, dst, 1)?;
-        tally
-            .outcomes()
-            .first()
-            .cloned()
-            .ok_or_else(|| TestbedError::ProbeOutput {
-                output: String::new(),
-                detail: "no outcome".to_owned(),
-            })
+        first_outcome(&self.probe(from, protocol, dst, 1)?)
     }
 
     /// One TCP connection from `from` to `dst:port`: `Answered` once the echo server's

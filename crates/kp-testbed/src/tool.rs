@@ -74,6 +74,10 @@ enum Command {
         /// How many flows, each from a new socket.
         #[arg(long, default_value_t = 1)]
         count: usize,
+        /// UDP only: send from this source port (with SO_REUSEADDR, so flows in a row may
+        /// reuse it), keeping the 5-tuple, and thus the conntrack entry, of earlier flows.
+        #[arg(long = "source-port")]
+        source_port: Option<u16>,
     },
     /// Holds one TCP connection: prints the greeting's outcome, then for each line on stdin
     /// sends it and prints the reply's outcome.
@@ -116,12 +120,17 @@ where
             to,
             timeout_ms,
             count,
+            source_port,
         } => {
             let timeout = Duration::from_millis(timeout_ms);
+            if source_port.is_some() && !matches!(proto, ProbeProtocol::Udp) {
+                eprintln!("kp-echo: --source-port is for UDP probes only");
+                return ExitCode::FAILURE;
+            }
             (0..count).try_for_each(|_| {
                 emit(&match proto {
                     ProbeProtocol::Tcp => probe_tcp(to, timeout),
-                    ProbeProtocol::Udp => probe_udp(to, timeout),
+                    ProbeProtocol::Udp => probe_udp(to, timeout, source_port.unwrap_or(0)),
                     ProbeProtocol::Sctp => probe_sctp(to, timeout),
                 })
             })
@@ -378,14 +387,18 @@ fn probe_sctp(to: SocketAddr, timeout: Duration) -> Outcome {
     }
 }
 
-fn probe_udp(to: SocketAddr, timeout: Duration) -> Outcome {
+/// One datagram from source port `source_port` (0: any) and its answer.
+fn probe_udp(to: SocketAddr, timeout: Duration, source_port: u16) -> Outcome {
     let unspecified = if to.is_ipv4() {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)
     } else {
         IpAddr::V6(Ipv6Addr::UNSPECIFIED)
     };
     let exchange = || -> io::Result<(Vec<u8>, SocketAddr)> {
-        let socket = UdpSocket::bind(SocketAddr::new(unspecified, 0))?;
+        let socket = Socket::new(Domain::for_address(to), Type::DGRAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&SocketAddr::new(unspecified, source_port).into())?;
+        let socket = UdpSocket::from(socket);
         socket.connect(to)?;
         socket.set_read_timeout(Some(timeout))?;
         socket.send(UDP_PROBE_PAYLOAD)?;

@@ -83,7 +83,7 @@ mod ipvs {
 
     const MODE: Mode = Mode::Ipvs;
     /// The ignored scenarios below: every one must pass inside the VM.
-    const GUEST_TESTS: usize = 2;
+    const GUEST_TESTS: usize = 3;
 
     #[test]
     fn ipvs_scenarios_in_the_vm() {
@@ -105,6 +105,12 @@ mod ipvs {
     #[ignore = "runs inside the IPVS VM (ipvs_scenarios_in_the_vm)"]
     fn cluster_ip() {
         scenarios::cluster_ip(MODE);
+    }
+
+    #[test]
+    #[ignore = "runs inside the IPVS VM (ipvs_scenarios_in_the_vm)"]
+    fn udp_endpoint_replaced() {
+        scenarios::udp_endpoint_replaced(MODE);
     }
 
     #[test]
