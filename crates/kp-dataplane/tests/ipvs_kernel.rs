@@ -24,20 +24,10 @@ const GUEST_TESTS: usize = 2;
 
 #[test]
 fn ipvs_backend_suite_in_the_vm() {
-    let mut vm = kp_vm::Vm::from_env().directory("/usr/lib/x86_64-linux-gnu/xtables");
-    for tool in [
-        "ipvsadm",
-        "ipset",
-        "iptables",
-        "iptables-save",
-        "iptables-restore",
-        "ip6tables",
-        "ip6tables-save",
-        "ip6tables-restore",
-    ] {
-        vm = vm.program(tool);
-    }
-    let out = vm
+    let out = kp_vm::Vm::from_env()
+        .iptables()
+        .program("ipvsadm")
+        .program("ipset")
         .run_current_exe(&["--ignored", "--test-threads=1"])
         .unwrap_or_else(|e| panic!("the IPVS VM did not run: {e}"));
     out.assert_tests_passed(GUEST_TESTS);

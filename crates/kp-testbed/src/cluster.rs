@@ -117,6 +117,7 @@ pub struct ClusterBuilder {
     pods: Vec<(String, bool)>,
     echo_tcp: Vec<u16>,
     echo_udp: Vec<u16>,
+    echo_sctp: Vec<u16>,
     dual_stack: bool,
     probe_timeout: Duration,
     echo_binary: Option<PathBuf>,
@@ -130,6 +131,7 @@ impl Default for ClusterBuilder {
             pods: Vec::new(),
             echo_tcp: vec![DEFAULT_ECHO_PORT],
             echo_udp: vec![DEFAULT_ECHO_PORT],
+            echo_sctp: Vec::new(),
             dual_stack: true,
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
             echo_binary: None,
@@ -172,6 +174,14 @@ impl ClusterBuilder {
     #[must_use]
     pub fn echo_udp_ports(mut self, ports: &[u16]) -> Self {
         self.echo_udp = ports.to_vec();
+        self
+    }
+
+    /// The SCTP ports every pod's echo server answers on (default none: a kernel without
+    /// SCTP sockets, like most CI hosts', could not start the servers otherwise).
+    #[must_use]
+    pub fn echo_sctp_ports(mut self, ports: &[u16]) -> Self {
+        self.echo_sctp = ports.to_vec();
         self
     }
 
@@ -298,9 +308,21 @@ impl ClusterBuilder {
             pods,
         };
         // From here on, dropping `cluster` (on any error) removes what exists so far.
-        cluster.set_up(&self.echo_tcp, &self.echo_udp)?;
+        cluster.set_up(&self.echo_tcp, &self.echo_udp, &self.echo_sctp)?;
         Ok(cluster)
     }
+}
+
+/// The only outcome of a one-flow probe.
+fn first_outcome(tally: &Tally) -> Result<Outcome> {
+    tally
+        .outcomes()
+        .first()
+        .cloned()
+        .ok_or_else(|| TestbedError::ProbeOutput {
+            output: String::new(),
+            detail: "no outcome".to_owned(),
+        })
 }
 
 /// Prefixes end up in namespace names and are parsed back by [`sweep_stale`].
@@ -382,7 +404,7 @@ impl Cluster {
         .chain(&self.pods)
     }
 
-    fn set_up(&mut self, echo_tcp: &[u16], echo_udp: &[u16]) -> Result<()> {
+    fn set_up(&mut self, echo_tcp: &[u16], echo_udp: &[u16], echo_sctp: &[u16]) -> Result<()> {
         let hosts: Vec<Host> = self.all_hosts().cloned().collect();
         for host in &hosts {
             self.namespaces.create(&host.ns)?;
@@ -400,6 +422,9 @@ impl Cluster {
             }
             for port in echo_udp {
                 spec = spec.udp(*port);
+            }
+            for port in echo_sctp {
+                spec = spec.sctp(*port);
             }
             self.start_echo(pod, spec)?;
         }
@@ -794,8 +819,34 @@ impl Cluster {
         dst: SocketAddr,
         count: usize,
     ) -> Result<Tally> {
+        self.probe_with(from, protocol, dst, count, &[])
+    }
+
+    /// One UDP datagram from `from`'s source port `sport` to `dst`, and its answer. Unlike
+    /// [`Cluster::udp`] (a new source port each time), repeated calls keep the flow's
+    /// 5-tuple, so they show what a stale conntrack (or IPVS) entry does to a client.
+    pub fn udp_from_port(&self, from: &Host, dst: SocketAddr, sport: u16) -> Result<Outcome> {
+        let tally = self.probe_with(
+            from,
+            Protocol::Udp,
+            dst,
+            1,
+            &["--source-port".to_owned(), sport.to_string()],
+        )?;
+        first_outcome(&tally)
+    }
+
+    fn probe_with(
+        &self,
+        from: &Host,
+        protocol: Protocol,
+        dst: SocketAddr,
+        count: usize,
+        extra: &[String],
+    ) -> Result<Tally> {
         self.own_namespace(&from.ns)?;
-        if protocol == Protocol::Sctp {
+        // Namespaces share the kernel, so this process's answer holds for `from` too.
+        if protocol == Protocol::Sctp && !crate::tool::sctp_supported() {
             return Err(TestbedError::SctpUnsupported);
         }
         if count == 0 {
@@ -813,6 +864,7 @@ impl Cluster {
             "--count".to_owned(),
             count.to_string(),
         ]);
+        command.args(extra);
         // Each flow may wait for a connect and then for a reply.
         let per_flow = self.probe_timeout.saturating_mul(2);
         let flows = u32::try_from(count).unwrap_or(u32::MAX);
@@ -840,15 +892,7 @@ impl Cluster {
     }
 
     fn probe_one(&self, from: &Host, protocol: Protocol, dst: SocketAddr) -> Result<Outcome> {
-        let tally = self.probe(from, protocol, dst, 1)?;
-        tally
-            .outcomes()
-            .first()
-            .cloned()
-            .ok_or_else(|| TestbedError::ProbeOutput {
-                output: String::new(),
-                detail: "no outcome".to_owned(),
-            })
+        first_outcome(&self.probe(from, protocol, dst, 1)?)
     }
 
     /// One TCP connection from `from` to `dst:port`: `Answered` once the echo server's
@@ -862,9 +906,16 @@ impl Cluster {
         self.probe_one(from, Protocol::Udp, SocketAddr::new(dst, port))
     }
 
-    /// SCTP is not available on this kernel: always [`TestbedError::SctpUnsupported`].
+    /// One SCTP association (one-to-one style socket) from `from` to `dst:port`: `Answered`
+    /// once the echo server's greeting arrives. [`TestbedError::SctpUnsupported`] on a
+    /// kernel without SCTP sockets.
     pub fn sctp(&self, from: &Host, dst: IpAddr, port: u16) -> Result<Outcome> {
         self.probe_one(from, Protocol::Sctp, SocketAddr::new(dst, port))
+    }
+
+    /// `n` SCTP associations, each from a new source port.
+    pub fn sctp_repeat(&self, from: &Host, dst: IpAddr, port: u16, n: usize) -> Result<Tally> {
+        self.probe(from, Protocol::Sctp, SocketAddr::new(dst, port), n)
     }
 
     /// `n` TCP connections, each from a new source port.

@@ -57,6 +57,7 @@ pub struct EchoSpec {
     name: String,
     tcp: Vec<u16>,
     udp: Vec<u16>,
+    sctp: Vec<u16>,
     udp_bind: Vec<IpAddr>,
 }
 
@@ -67,6 +68,7 @@ impl EchoSpec {
             name: name.into(),
             tcp: Vec::new(),
             udp: Vec::new(),
+            sctp: Vec::new(),
             udp_bind: Vec::new(),
         }
     }
@@ -82,6 +84,13 @@ impl EchoSpec {
     #[must_use]
     pub fn udp(mut self, port: u16) -> Self {
         self.udp.push(port);
+        self
+    }
+
+    /// Also answer SCTP on `port` (needs a kernel with SCTP sockets).
+    #[must_use]
+    pub fn sctp(mut self, port: u16) -> Self {
+        self.sctp.push(port);
         self
     }
 
@@ -114,6 +123,11 @@ impl EchoSpec {
     pub fn udp_ports(&self) -> &[u16] {
         &self.udp
     }
+
+    /// The SCTP ports.
+    pub fn sctp_ports(&self) -> &[u16] {
+        &self.sctp
+    }
 }
 
 /// A running `kp-echo serve` process; dropping it kills the process.
@@ -136,6 +150,9 @@ impl EchoServer {
         }
         for port in &spec.udp {
             command.args(["--udp", &port.to_string()]);
+        }
+        for port in &spec.sctp {
+            command.args(["--sctp", &port.to_string()]);
         }
         for addr in &spec.udp_bind {
             command.args(["--udp-bind", &addr.to_string()]);

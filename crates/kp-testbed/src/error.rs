@@ -99,7 +99,8 @@ pub enum TestbedError {
         /// The requested namespace.
         ns: String,
     },
-    /// SCTP flows cannot be probed here.
+    /// SCTP flows cannot be probed on a kernel without SCTP sockets (e.g. this machine's;
+    /// the kp-vm guest kernel has them).
     #[error(
         "SCTP is not supported by this kernel (no SCTP sockets), so kp-testbed cannot probe SCTP flows"
     )]

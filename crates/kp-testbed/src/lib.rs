@@ -46,6 +46,10 @@
 //! client's namespace (`ip netns exec`) and come back as an [`Outcome`]: `Answered`
 //! (with [`Outcome::masqueraded`]), `Refused`, `TimedOut`, `NoRoute`, `Unreachable`, ...
 //!
+//! SCTP (one-to-one style sockets, answered like TCP) needs a kernel with SCTP sockets, such
+//! as the kp-vm guest's: pods answer it only with [`ClusterBuilder::echo_sctp_ports`], and
+//! probing it elsewhere is [`TestbedError::SctpUnsupported`].
+//!
 //! # Using it from another crate's tests
 //!
 //! Add `kp-testbed.workspace = true` to `[dev-dependencies]`. Cargo builds a crate's

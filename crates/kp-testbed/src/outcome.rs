@@ -14,7 +14,8 @@ pub enum Protocol {
     Tcp,
     /// UDP: one datagram, answered with one datagram.
     Udp,
-    /// SCTP: always [`crate::TestbedError::SctpUnsupported`] on this kernel.
+    /// SCTP over one-to-one style sockets, answered like TCP;
+    /// [`crate::TestbedError::SctpUnsupported`] on a kernel without SCTP sockets.
     Sctp,
 }
 

@@ -3,6 +3,10 @@
 //! role through a subcommand (the `kube-proxy demo` runs itself as the echo server, so a
 //! fresh `cargo run` needs no second binary). Every answer and every outcome is one line of
 //! JSON on standard output.
+//!
+//! SCTP uses one-to-one style sockets (`SOCK_STREAM`, `IPPROTO_SCTP`), which behave like
+//! TCP's: socket2 creates and connects them, and they are then handed to std's TCP types,
+//! whose calls (accept, read, write, peer and local address) are the same system calls.
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -13,9 +17,16 @@ use std::time::Duration;
 
 use crate::{Outcome, Protocol, Ready, Reply};
 use clap::{Parser, Subcommand, ValueEnum};
+use socket2::{Domain, Protocol as SocketProtocol, Socket, Type};
 
 /// The largest UDP payload.
 const MAX_DATAGRAM: usize = 65_535;
+
+/// IANA's protocol number for SCTP (`IPPROTO_SCTP`).
+const IPPROTO_SCTP: i32 = 132;
+
+/// Listen backlog for SCTP sockets (std's TCP listeners use 128 too).
+const SCTP_BACKLOG: i32 = 128;
 
 /// What the prober sends in a UDP datagram (the server echoes it back).
 const UDP_PROBE_PAYLOAD: &[u8] = b"probe";
@@ -41,6 +52,9 @@ enum Command {
         /// A UDP port to answer on; repeatable.
         #[arg(long)]
         udp: Vec<u16>,
+        /// An SCTP port to answer on (all addresses), like TCP; repeatable.
+        #[arg(long)]
+        sctp: Vec<u16>,
         /// Bind UDP to this address instead of the wildcard, so replies leave from the
         /// address the datagram arrived on; repeatable.
         #[arg(long = "udp-bind")]
@@ -60,6 +74,10 @@ enum Command {
         /// How many flows, each from a new socket.
         #[arg(long, default_value_t = 1)]
         count: usize,
+        /// UDP only: send from this source port (with SO_REUSEADDR, so flows in a row may
+        /// reuse it), keeping the 5-tuple, and thus the conntrack entry, of earlier flows.
+        #[arg(long = "source-port")]
+        source_port: Option<u16>,
     },
     /// Holds one TCP connection: prints the greeting's outcome, then for each line on stdin
     /// sends it and prints the reply's outcome.
@@ -77,6 +95,7 @@ enum Command {
 enum ProbeProtocol {
     Tcp,
     Udp,
+    Sctp,
 }
 
 /// Runs the tool with command-line `args`, the first being the program name as in
@@ -93,19 +112,26 @@ where
             name,
             tcp,
             udp,
+            sctp,
             udp_bind,
-        } => serve(name, &tcp, &udp, &udp_bind),
+        } => serve(name, &tcp, &udp, &sctp, &udp_bind),
         Command::Probe {
             proto,
             to,
             timeout_ms,
             count,
+            source_port,
         } => {
             let timeout = Duration::from_millis(timeout_ms);
+            if source_port.is_some() && !matches!(proto, ProbeProtocol::Udp) {
+                eprintln!("kp-echo: --source-port is for UDP probes only");
+                return ExitCode::FAILURE;
+            }
             (0..count).try_for_each(|_| {
                 emit(&match proto {
                     ProbeProtocol::Tcp => probe_tcp(to, timeout),
-                    ProbeProtocol::Udp => probe_udp(to, timeout),
+                    ProbeProtocol::Udp => probe_udp(to, timeout, source_port.unwrap_or(0)),
+                    ProbeProtocol::Sctp => probe_sctp(to, timeout),
                 })
             })
         }
@@ -132,14 +158,25 @@ fn emit(outcome: &Outcome) -> io::Result<()> {
     out.flush()
 }
 
-fn serve(name: String, tcp: &[u16], udp: &[u16], udp_bind: &[IpAddr]) -> io::Result<()> {
-    if tcp.is_empty() && udp.is_empty() {
-        return Err(io::Error::other("give at least one --tcp or --udp port"));
+fn serve(
+    name: String,
+    tcp: &[u16],
+    udp: &[u16],
+    sctp: &[u16],
+    udp_bind: &[IpAddr],
+) -> io::Result<()> {
+    if tcp.is_empty() && udp.is_empty() && sctp.is_empty() {
+        return Err(io::Error::other(
+            "give at least one --tcp, --udp or --sctp port",
+        ));
     }
-    let listeners = tcp
+    let mut listeners = tcp
         .iter()
-        .map(|port| bind_wildcard(*port, TcpListener::bind))
+        .map(|port| Ok((Protocol::Tcp, bind_wildcard(*port, TcpListener::bind)?)))
         .collect::<io::Result<Vec<_>>>()?;
+    for port in sctp {
+        listeners.push((Protocol::Sctp, bind_wildcard(*port, sctp_listener)?));
+    }
     let mut sockets = Vec::new();
     for port in udp {
         if udp_bind.is_empty() {
@@ -151,12 +188,12 @@ fn serve(name: String, tcp: &[u16], udp: &[u16], udp_bind: &[IpAddr]) -> io::Res
         }
     }
     let name: Arc<str> = name.into();
-    for listener in listeners {
+    for (proto, listener) in listeners {
         let name = Arc::clone(&name);
         thread::spawn(move || {
             for stream in listener.incoming().flatten() {
                 let name = Arc::clone(&name);
-                thread::spawn(move || answer_tcp(stream, &name));
+                thread::spawn(move || answer_stream(stream, proto, &name));
             }
         });
     }
@@ -205,22 +242,46 @@ fn reply_line(
     serde_json::to_string(&reply).map_err(io::Error::other)
 }
 
-/// Greets the connection, then answers each line until the peer closes it.
-fn answer_tcp(stream: TcpStream, name: &str) {
+/// An SCTP socket of `to`'s family (one-to-one style); fails with "protocol not
+/// supported" on a kernel without SCTP.
+fn sctp_socket(to: &SocketAddr) -> io::Result<Socket> {
+    Socket::new(
+        Domain::for_address(*to),
+        Type::STREAM,
+        Some(SocketProtocol::from(IPPROTO_SCTP)),
+    )
+}
+
+/// Whether this kernel offers SCTP sockets (network namespaces share the answer).
+pub(crate) fn sctp_supported() -> bool {
+    sctp_socket(&SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)).is_ok()
+}
+
+/// A listening SCTP socket on `addr`; an IPv6 wildcard also accepts IPv4 peers.
+fn sctp_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = sctp_socket(&addr)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(SCTP_BACKLOG)?;
+    Ok(socket.into())
+}
+
+/// Greets the connection (TCP) or association (SCTP), then answers each line until the
+/// peer closes it.
+fn answer_stream(stream: TcpStream, proto: Protocol, name: &str) {
     let run = || -> io::Result<()> {
         let (seen, local) = (stream.peer_addr()?, stream.local_addr()?);
         let mut writer = stream.try_clone()?;
-        writeln!(
-            writer,
-            "{}",
-            reply_line(name, Protocol::Tcp, seen, local, None)?
-        )?;
+        writeln!(writer, "{}", reply_line(name, proto, seen, local, None)?)?;
         for line in BufReader::new(&stream).lines() {
             let line = line?;
             writeln!(
                 writer,
                 "{}",
-                reply_line(name, Protocol::Tcp, seen, local, Some(line))?
+                reply_line(name, proto, seen, local, Some(line))?
             )?;
         }
         Ok(())
@@ -309,14 +370,35 @@ fn probe_tcp(to: SocketAddr, timeout: Duration) -> Outcome {
     }
 }
 
-fn probe_udp(to: SocketAddr, timeout: Duration) -> Outcome {
+/// One SCTP association: `Answered` once the server's greeting arrives. An ABORT in
+/// answer to the INIT (no listener, or a REJECT rule) surfaces as "connection refused".
+fn probe_sctp(to: SocketAddr, timeout: Duration) -> Outcome {
+    let connected = || -> io::Result<(TcpStream, SocketAddr)> {
+        let socket = sctp_socket(&to)?;
+        socket.connect_timeout(&to.into(), timeout)?;
+        let stream = TcpStream::from(socket);
+        stream.set_read_timeout(Some(timeout))?;
+        let client = stream.local_addr()?;
+        Ok((stream, client))
+    };
+    match connected() {
+        Ok((stream, client)) => read_reply(&mut BufReader::new(stream), client, None),
+        Err(error) => classify(&error),
+    }
+}
+
+/// One datagram from source port `source_port` (0: any) and its answer.
+fn probe_udp(to: SocketAddr, timeout: Duration, source_port: u16) -> Outcome {
     let unspecified = if to.is_ipv4() {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)
     } else {
         IpAddr::V6(Ipv6Addr::UNSPECIFIED)
     };
     let exchange = || -> io::Result<(Vec<u8>, SocketAddr)> {
-        let socket = UdpSocket::bind(SocketAddr::new(unspecified, 0))?;
+        let socket = Socket::new(Domain::for_address(to), Type::DGRAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&SocketAddr::new(unspecified, source_port).into())?;
+        let socket = UdpSocket::from(socket);
         socket.connect(to)?;
         socket.set_read_timeout(Some(timeout))?;
         socket.send(UDP_PROBE_PAYLOAD)?;

@@ -49,6 +49,20 @@ const BASE_MEMORY_MIB: u64 = 512;
 /// modprobe (IPVS schedulers, nf_tables expressions, SCTP).
 pub const DEFAULT_MODULES: &[&str] = &["ip_vs", "nf_conntrack", "dummy", "veth"];
 
+/// The iptables programs kube-proxy execs (both families), all copied in by
+/// [`Vm::iptables`].
+pub const IPTABLES_PROGRAMS: &[&str] = &[
+    "iptables",
+    "iptables-save",
+    "iptables-restore",
+    "ip6tables",
+    "ip6tables-save",
+    "ip6tables-restore",
+];
+
+/// Where Debian keeps iptables' match and target plugins, which it loads at run time.
+const XTABLES_DIR: &str = "/usr/lib/x86_64-linux-gnu/xtables";
+
 /// Environment variables passed into the guest besides the caller's own choice.
 const PASSED_ENV: &[&str] = &[
     "RUST_BACKTRACE",
@@ -167,6 +181,16 @@ impl Vm {
     /// with its libraries. A program that is not installed makes [`Vm::run`] fail.
     pub fn program(mut self, name: &str) -> Self {
         self.programs.push(name.to_owned());
+        self
+    }
+
+    /// Also copy the [`IPTABLES_PROGRAMS`] and their plugin directory: what the iptables,
+    /// ipvs and userspace modes exec.
+    pub fn iptables(mut self) -> Self {
+        self = self.directory(XTABLES_DIR);
+        for name in IPTABLES_PROGRAMS {
+            self = self.program(name);
+        }
         self
     }
 

@@ -3,8 +3,8 @@
 //! (network namespaces, veths, `kp-echo` pods) inside the VM, runs the real `kube-proxy`
 //! binary with `--proxy-mode=ipvs` in the node namespace, and sends real TCP flows through
 //! IPVS: round robin spreads evenly, source hashing pins a client, weight 0 (a terminating
-//! endpoint) takes no new flows. The host test fails when the VM cannot start or any guest
-//! test fails.
+//! endpoint) takes no new flows; SCTP services are balanced and answered too. The host test
+//! fails when the VM cannot start or any guest test fails.
 
 #[allow(dead_code, unused_imports)]
 #[path = "traffic/support.rs"]
@@ -16,34 +16,24 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use kp_testbed::{Cluster, Tally};
+use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Tally};
 use support::{CLUSTER_CIDR_V4, KUBE_PROXY, Service, THIS_NODE, node_yaml};
 
 /// Guest tests in this file.
-const GUEST_TESTS: usize = 3;
+const GUEST_TESTS: usize = 4;
 /// Namespace prefix of these tests (inside the VM; unique anyway).
 const PREFIX: &str = "kpi-";
 
 #[test]
 fn ipvs_traffic_in_the_vm() {
     let echo = kp_testbed::echo_binary().unwrap_or_else(|e| panic!("{e}"));
-    let mut vm = kp_vm::Vm::from_env()
-        .directory("/usr/lib/x86_64-linux-gnu/xtables")
+    let out = kp_vm::Vm::from_env()
+        .iptables()
+        .program("ipvsadm")
+        .program("ipset")
+        .module("sctp")
         .program(KUBE_PROXY)
-        .program(&echo.to_string_lossy());
-    for tool in [
-        "ipvsadm",
-        "ipset",
-        "iptables",
-        "iptables-save",
-        "iptables-restore",
-        "ip6tables",
-        "ip6tables-save",
-        "ip6tables-restore",
-    ] {
-        vm = vm.program(tool);
-    }
-    let out = vm
+        .program(&echo.to_string_lossy())
         .run_current_exe(&["--ignored", "--test-threads=1", "--nocapture"])
         .unwrap_or_else(|e| panic!("the IPVS VM did not run: {e}"));
     out.assert_tests_passed(GUEST_TESTS);
@@ -61,6 +51,7 @@ fn cluster() -> Cluster {
         .pod("a")
         .pod("b")
         .remote_pod("c")
+        .echo_sctp_ports(&[DEFAULT_ECHO_PORT])
         .build()
         .expect("test cluster builds in the VM")
 }
@@ -225,4 +216,43 @@ fn a_terminating_endpoint_at_weight_zero_takes_no_new_flows() {
         .tcp_repeat(c.client(), ip("10.96.0.30"), 80, 20)
         .expect("probe");
     assert_eq!(counts(&tally), [("a".into(), 20)], "{tally:?}\n{table}");
+}
+
+#[test]
+#[ignore = "runs inside the IPVS VM (ipvs_traffic_in_the_vm)"]
+fn sctp_services_are_balanced_and_answered() {
+    let c = cluster();
+    let web = Service::new("sctp", "10.96.0.40")
+        .sctp(80)
+        .node_port(30040)
+        .endpoints(&c, &["a", "b", "c"]);
+    let _proxy = Proxy::start(&c, &[("sctp.yaml", web.yaml())], &[]);
+    let table = ipvsadm(&c);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().eq(["SCTP", "10.96.0.40:80", "rr"])),
+        "an SCTP virtual server:\n{table}"
+    );
+    // Each association is a new IPVS connection, so rr hands them out strictly in turn.
+    let tally = c
+        .sctp_repeat(c.client(), ip("10.96.0.40"), 80, 30)
+        .expect("probe");
+    assert_eq!(
+        counts(&tally),
+        [("a".into(), 10), ("b".into(), 10), ("c".into(), 10)],
+        "{tally:?}\n{table}"
+    );
+    // From a pod (inside the cluster CIDR) the endpoints see the client itself.
+    for outcome in tally.outcomes() {
+        assert_eq!(outcome.masqueraded(), Some(false), "{outcome:?}");
+    }
+    // The NodePort from outside: masqueraded by the KUBE-NODE-PORT-SCTP-HASH ipset rule.
+    let tally = c
+        .sctp_repeat(c.external_in(), c.node().ip(), 30040, 9)
+        .expect("probe");
+    assert_eq!(counts(&tally).len(), 3, "{tally:?}\n{}", ipvsadm(&c));
+    for outcome in tally.outcomes() {
+        assert_eq!(outcome.masqueraded(), Some(true), "{outcome:?}");
+    }
 }

@@ -1,7 +1,6 @@
 //! Helpers of the traffic suite: the proxy mode under test, manifests for the harness's
-//! cluster, the real `kube-proxy` binary running inside the node namespace, and a few probes
-//! the harness does not offer (UDP from a fixed source port, an HTTP GET for health-check
-//! node ports).
+//! cluster, the real `kube-proxy` binary running inside the node namespace, and a probe the
+//! harness does not offer (an HTTP GET for health-check node ports).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -11,7 +10,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
-use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Host, Outcome, Reply, Role, Tally};
+use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Host, Outcome, Role, Tally};
 
 /// This node's name (`--hostname-override`, and `nodeName` of local endpoints).
 pub const THIS_NODE: &str = "kpt-node";
@@ -45,6 +44,9 @@ pub enum Mode {
     Nftables,
     /// `--proxy-mode=userspace`: the relay, with iptables rules redirecting to it.
     Userspace,
+    /// `--proxy-mode=ipvs`: only inside the kp-vm guest (this machine's kernel has no IPVS,
+    /// where the binary would fall back to iptables).
+    Ipvs,
 }
 
 impl Mode {
@@ -54,6 +56,7 @@ impl Mode {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
             Mode::Userspace => "userspace",
+            Mode::Ipvs => "ipvs",
         }
     }
 
@@ -64,6 +67,10 @@ impl Mode {
             Mode::Iptables | Mode::Nftables | Mode::Userspace => {
                 vec!["--iptables-min-sync-period=0s".to_owned()]
             }
+            Mode::Ipvs => vec![
+                "--iptables-min-sync-period=0s".to_owned(),
+                "--ipvs-min-sync-period=0s".to_owned(),
+            ],
         }
     }
 
@@ -72,6 +79,7 @@ impl Mode {
         let tools: &[&[&str]] = match self {
             Mode::Iptables | Mode::Userspace => &[&["iptables-save"], &["ip6tables-save"]],
             Mode::Nftables => &[&["nft", "list", "ruleset"]],
+            Mode::Ipvs => &[&["ipvsadm", "-Ln"], &["ipset", "list"], &["iptables-save"]],
         };
         tools
             .iter()
@@ -153,6 +161,19 @@ impl Service {
         self.ports.push(Port {
             name: "udp".to_owned(),
             protocol: "UDP",
+            port,
+            node_port: None,
+        });
+        self
+    }
+
+    /// Adds SCTP port `port` (named `sctp`) -> echo port. Only a kernel with SCTP sockets
+    /// (the kp-vm guest's) can probe it.
+    #[allow(dead_code, reason = "only the VM suites (sctp_traffic.rs) probe SCTP")]
+    pub fn sctp(mut self, port: u16) -> Self {
+        self.ports.push(Port {
+            name: "sctp".to_owned(),
+            protocol: "SCTP",
             port,
             node_port: None,
         });
@@ -626,6 +647,16 @@ impl Env {
             &self.flags,
         );
         proxy.wait_first_sync();
+        if self.mode == Mode::Ipvs {
+            // A kernel without IPVS makes the binary fall back to iptables: not this mode.
+            assert!(
+                !proxy
+                    .logged(|l| l.contains("Using ipvs Proxier"))
+                    .is_empty(),
+                "ipvs mode must be used (no fallback):\n{}",
+                proxy.tail()
+            );
+        }
         self.proxy = Some(proxy);
     }
 
@@ -829,54 +860,12 @@ pub fn assert_all(env: &Env, what: &str, tally: &Tally, expected: &Outcome) {
 
 // --- probes the harness does not have ----------------------------------------------------
 
-/// Sends one datagram from `from`'s fixed source port `sport` and waits 1 s for the answer.
-/// (`kp-echo probe` always uses a fresh socket, hence a new source port; a stale conntrack
-/// entry only bites a flow that keeps its 5-tuple.)
-const UDP_FIXED_PORT: &str = r#"
-use IO::Socket::INET; use IO::Select;
-my ($dst, $dport, $sport) = @ARGV;
-my $s = IO::Socket::INET->new(Proto => 'udp', LocalPort => $sport, PeerAddr => $dst,
-    PeerPort => $dport, ReuseAddr => 1) or do { print "error $!\n"; exit 0 };
-defined $s->send("fixed-port-probe") or do { print "error $!\n"; exit 0 };
-if (IO::Select->new($s)->can_read(1)) {
-    my $buf;
-    if (defined $s->recv($buf, 65535)) { print "reply $buf\n" } else { print "error $!\n" }
-} else { print "timeout\n" }
-"#;
-
-/// One UDP exchange from `from`, source port `sport`, to `dst` (IPv4).
+/// One UDP exchange from `from`, source port `sport`, to `dst`: the same 5-tuple on every
+/// call, so a stale conntrack or IPVS entry would show.
 pub fn udp_from_port(cluster: &Cluster, from: &Host, dst: SocketAddr, sport: u16) -> Outcome {
-    let out = cluster
-        .exec(
-            from.ns(),
-            &[
-                "perl",
-                "-e",
-                UDP_FIXED_PORT,
-                &dst.ip().to_string(),
-                &dst.port().to_string(),
-                &sport.to_string(),
-            ],
-        )
-        .expect("run the fixed-port UDP probe (perl)");
-    let line = out.trim();
-    if let Some(json) = line.strip_prefix("reply ") {
-        let reply: Reply = serde_json::from_str(json).expect("an echo server's reply");
-        Outcome::Answered {
-            pod: reply.pod,
-            seen_source: reply.seen,
-            client: SocketAddr::new(from.ip(), sport),
-            server: reply.local,
-        }
-    } else if line == "timeout" {
-        Outcome::TimedOut
-    } else if line.contains("Connection refused") {
-        Outcome::Refused
-    } else {
-        Outcome::Failed {
-            detail: line.to_owned(),
-        }
-    }
+    cluster
+        .udp_from_port(from, dst, sport)
+        .expect("run the fixed-port UDP probe")
 }
 
 /// One HTTP GET of a path to `addr` from `from`; `connect-failed` when the connection failed.
