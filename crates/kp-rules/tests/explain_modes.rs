@@ -270,3 +270,27 @@ fn iptables_explanations_carry_no_dataplane() {
     let json = serde_json::to_value(&e).expect("json");
     assert!(json["matches"][0].get("dataplane").is_none());
 }
+
+#[test]
+fn nftables_load_balancer_firewall() {
+    let mut svc = web();
+    svc.load_balancer_ips = vec![ip("203.0.113.10")];
+    svc.load_balancer_source_ranges = vec![net("203.0.113.0/24")];
+    let state = state(vec![(svc.clone(), vec![endpoint("10.180.0.1", 80, true)])]);
+    let m = ask(&state, "203.0.113.10:80", &Mode::Nftables);
+    let chains = ServiceChains::new(&svc.name);
+    assert_eq!(
+        map_elements(&m),
+        vec![
+            (
+                "firewall-ips { 203.0.113.10 . tcp . 80 }".to_owned(),
+                format!("goto {}", chains.firewall)
+            ),
+            (
+                "service-ips { 203.0.113.10 . tcp . 80 }".to_owned(),
+                format!("goto {}", chains.external)
+            ),
+        ]
+    );
+    assert!(names_of(&m, "chain").contains(&chains.firewall));
+}

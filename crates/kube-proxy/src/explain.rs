@@ -247,7 +247,7 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
 /// Adds the objects of the configured mode when it is not iptables (whose chains are the
 /// explanation's hops). IPVS NodePorts are planned on nodePortAddresses, else on the Node
 /// object's addresses (the running proxy uses the kernel's, which explain does not read).
-fn annotate_mode(
+pub(crate) fn annotate_mode(
     explanation: &mut kp_rules::explain::Explanation,
     state: &ProxyState,
     render_config: &kp_rules::iptables::RenderConfig,
