@@ -294,3 +294,12 @@ fn nftables_load_balancer_firewall() {
     );
     assert!(names_of(&m, "chain").contains(&chains.firewall));
 }
+
+#[test]
+fn ipvs_says_when_it_has_no_virtual_server() {
+    // iptables mode accepts NodePorts on 127.0.0.1; ipvs mode plans none there.
+    let config = ipvs_config();
+    let m = ask(&two_endpoints(), "127.0.0.1:30080", &Mode::Ipvs(&config));
+    assert_eq!(names_of(&m, "virtual server"), vec!["none"]);
+    assert!(names_of(&m, "real server").is_empty());
+}

@@ -243,6 +243,19 @@ fn ipvs_objects(
             });
         }
     }
+    if out.is_empty() {
+        // E.g. a localhost NodePort: iptables mode accepts it, ipvs mode does not.
+        out.push(DataplaneObject {
+            kind: "virtual server",
+            name: "none".to_owned(),
+            detail: format!(
+                "ipvs mode programs no virtual server for {}:{}/{}",
+                m.ip,
+                m.port,
+                m.name.protocol.api_name()
+            ),
+        });
+    }
     let ip_port = format!("{},{proto}:{}", m.ip, m.port);
     let upper = m.name.protocol.api_name();
     for (kind, entries) in &desired.sets {
