@@ -4,7 +4,8 @@
 //! IP, optional port and protocol, optional source IP) and returns an [`Explanation`]: every
 //! service port the destination hits and how (ClusterIP, NodePort, externalIP, LoadBalancer
 //! IP), each endpoint with its verdict and reason, the masquerade decision, session affinity,
-//! the verdict when no endpoint is usable, and the iptables chains that implement it.
+//! the verdict when no endpoint is usable, and the iptables chains that implement it
+//! ([`dataplane`] adds the nftables, IPVS or userspace objects when another mode is in use).
 //!
 //! Endpoint choice comes from [`kp_core::topology`] and chain names from
 //! [`crate::iptables::names`], the same functions the renderer uses, so an explanation
@@ -28,6 +29,7 @@ use crate::iptables::{
     NodePortAddresses, RenderConfig, RenderError,
 };
 
+pub mod dataplane;
 mod dest;
 pub mod verify;
 
@@ -341,6 +343,10 @@ pub struct ServiceMatch {
     pub hops: Vec<Hop>,
     /// The service port's chain names.
     pub chains: ChainNames,
+    /// The objects of the proxy mode in use when it is not iptables (filled by
+    /// [`dataplane::annotate`]); the hops and chains above are iptables mode's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataplane: Option<dataplane::Dataplane>,
     /// Every endpoint with its verdict, in endpoint order.
     pub endpoints: Vec<EndpointExplanation>,
     /// Things that would change the answer (unknown source, short-circuits).
@@ -777,6 +783,7 @@ impl Context<'_> {
             load_balancer_source_ranges: ranges.iter().map(IpNet::trunc).collect(),
             hops,
             chains,
+            dataplane: None,
             endpoints,
             notes,
         }

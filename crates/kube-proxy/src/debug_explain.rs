@@ -53,11 +53,14 @@ impl Explainer for StateExplainer {
             self.node_ports.clone(),
         )
         .map_err(|error| ExplainFailure::Unavailable(format!("{error:#}")))?;
-        let explanation = explain(&state, &render_config, query).map_err(|error| match error {
-            ExplainError::FamilyMismatch { .. } => ExplainFailure::BadQuery(error.to_string()),
-            other => ExplainFailure::Unavailable(other.to_string()),
-        })?;
-        // Exactly what `kube-proxy explain` prints on stdout (its mode note goes to stderr).
+        let mut explanation =
+            explain(&state, &render_config, query).map_err(|error| match error {
+                ExplainError::FamilyMismatch { .. } => ExplainFailure::BadQuery(error.to_string()),
+                other => ExplainFailure::Unavailable(other.to_string()),
+            })?;
+        crate::explain::annotate_mode(&mut explanation, &state, &render_config, &self.config)
+            .map_err(|error| ExplainFailure::Unavailable(format!("{error:#}")))?;
+        // Exactly what `kube-proxy explain` prints on stdout, with the configured mode's objects.
         let text = crate::explain::text::render(&explanation, None);
         let json = serde_json::to_value(&explanation)
             .map_err(|error| ExplainFailure::Unavailable(format!("encoding JSON: {error}")))?;

@@ -78,7 +78,8 @@ struct Args {
     output: Format,
 
     /// Compare the kernel's iptables rules for DEST's service ports with the desired ones
-    /// (iptables mode; reads iptables-save in the current network namespace).
+    /// (iptables mode only: another mode fails with exit status 1; reads iptables-save in the
+    /// current network namespace).
     #[arg(long)]
     verify: bool,
 
@@ -124,7 +125,9 @@ struct Args {
     )]
     masquerade_all: Option<bool>,
 
-    /// The proxy mode (the chain names shown are iptables mode's; --verify needs iptables).
+    /// The proxy mode: the objects shown are this mode's (nftables table, maps and chains; IPVS
+    /// virtual server, real servers and ipsets; userspace capture chains); --verify needs
+    /// iptables.
     #[arg(long, value_name = "MODE", value_parser = ProxyMode::from_str, help_heading = "Proxy configuration")]
     proxy_mode: Option<ProxyMode>,
 }
@@ -183,7 +186,8 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mode = config.mode();
     if args.verify && mode != ProxyMode::Iptables {
         bail!(
-            "--verify compares iptables rules, but the proxy mode is {:?}",
+            "--verify supports iptables mode only, and the proxy mode is {:?} (the \
+             explanation without --verify names that mode's objects)",
             mode.as_str()
         );
     }
@@ -210,13 +214,8 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
         destination: args.dest,
         source: args.from,
     };
-    let explanation = explain(&state, &render_config, &query)?;
-    if mode != ProxyMode::Iptables && !explanation.matches.is_empty() {
-        eprintln!(
-            "note: chain names are iptables mode's; the proxy mode is {:?}",
-            mode.as_str()
-        );
-    }
+    let mut explanation = explain(&state, &render_config, &query)?;
+    annotate_mode(&mut explanation, &state, &render_config, &config)?;
 
     let report = if args.verify {
         Some(verify_kernel(&state, &render_config, &explanation)?)
@@ -243,6 +242,43 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
         Some(report) if !report.is_clean() => ExitCode::from(EXIT_DIFFERENCES),
         _ => ExitCode::SUCCESS,
     })
+}
+
+/// Adds the objects of the configured mode when it is not iptables (whose chains are the
+/// explanation's hops). IPVS NodePorts are planned on nodePortAddresses, else on the Node
+/// object's addresses (the running proxy uses the kernel's, which explain does not read).
+pub(crate) fn annotate_mode(
+    explanation: &mut kp_rules::explain::Explanation,
+    state: &ProxyState,
+    render_config: &kp_rules::iptables::RenderConfig,
+    config: &KubeProxyConfiguration,
+) -> anyhow::Result<()> {
+    use kp_rules::explain::dataplane::{Mode, annotate};
+    let ipvs_config;
+    let mode = match config.mode() {
+        ProxyMode::Nftables => Mode::Nftables,
+        ProxyMode::Userspace => Mode::Userspace,
+        ProxyMode::Ipvs => {
+            let scheduler: kp_ipvs::Scheduler = config
+                .ipvs
+                .scheduler
+                .parse()
+                .context("invalid ipvs.scheduler")?;
+            let node_ips = match &render_config.node_port_addresses {
+                kp_rules::iptables::NodePortAddresses::Ips(ips) => ips.clone(),
+                kp_rules::iptables::NodePortAddresses::All => state.node.addresses.clone(),
+            };
+            ipvs_config = kp_rules::ipvs::IpvsConfig {
+                scheduler,
+                node_ips,
+                ..Default::default()
+            };
+            Mode::Ipvs(&ipvs_config)
+        }
+        _ => return Ok(()),
+    };
+    annotate(explanation, state, render_config, &mode).context("rendering the mode's rules")?;
+    Ok(())
 }
 
 /// The node name as the proxy picks it: the override, else the host name, lowercased.

@@ -238,10 +238,39 @@ fn errors_are_reported_with_a_status() {
     let out = run(&["10.96.0.10:80", "--verify", "--proxy-mode=fake"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("--verify compares iptables rules"),
+        stderr(&out).contains("--verify supports iptables mode only"),
         "{}",
         stderr(&out)
     );
+}
+
+#[test]
+fn other_modes_name_their_own_objects() {
+    // Without --proxy-mode the answer is iptables mode's, with no dataplane section.
+    let v = json(&["10.96.0.10:80"], 0);
+    assert!(only_match(&v).get("dataplane").is_none());
+    let v = json(&["10.96.0.10:80", "--proxy-mode=nftables"], 0);
+    let dataplane = &only_match(&v)["dataplane"];
+    assert_eq!(dataplane["mode"], "nftables");
+    let names: Vec<&str> = dataplane["objects"]
+        .as_array()
+        .expect("objects")
+        .iter()
+        .filter_map(|o| o["name"].as_str())
+        .collect();
+    assert!(names.contains(&"ip kube-proxy"), "{names:?}");
+    assert!(
+        names.contains(&"service-ips { 10.96.0.10 . tcp . 80 }"),
+        "{names:?}"
+    );
+    let out = run(&["10.96.0.10:80", "--proxy-mode=ipvs"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("virtual server TCP 10.96.0.10:80 rr"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(!stdout(&out).contains("KUBE-SVC-"), "{}", stdout(&out));
 }
 
 // ---- --verify in a throwaway network namespace ----

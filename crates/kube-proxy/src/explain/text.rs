@@ -140,16 +140,28 @@ fn service_match(out: &mut String, m: &ServiceMatch) {
             Vec::new(),
         ));
     }
-    lines.push((
-        "chains:".to_owned(),
-        m.hops
-            .iter()
-            .map(|h| format!("{} {}: {}", h.table, h.chain, h.action))
-            .collect(),
-    ));
+    // Another mode's objects replace iptables mode's chains (and endpoint chain names).
+    match &m.dataplane {
+        Some(dataplane) => lines.push((
+            format!("{} objects:", dataplane.mode),
+            dataplane
+                .objects
+                .iter()
+                .map(|o| format!("{} {}: {}", o.kind, o.name, o.detail))
+                .collect(),
+        )),
+        None => lines.push((
+            "chains:".to_owned(),
+            m.hops
+                .iter()
+                .map(|h| format!("{} {}: {}", h.table, h.chain, h.action))
+                .collect(),
+        )),
+    }
+    let iptables = m.dataplane.is_none();
     lines.push((
         format!("endpoints ({}):", m.endpoints.len()),
-        m.endpoints.iter().map(endpoint).collect(),
+        m.endpoints.iter().map(|e| endpoint(e, iptables)).collect(),
     ));
     for note in &m.notes {
         lines.push((format!("note: {note}"), Vec::new()));
@@ -157,7 +169,7 @@ fn service_match(out: &mut String, m: &ServiceMatch) {
     tree(out, &lines);
 }
 
-fn endpoint(e: &EndpointExplanation) -> String {
+fn endpoint(e: &EndpointExplanation, iptables: bool) -> String {
     let node = match &e.node_name {
         Some(n) if e.local => format!("{n} (local)"),
         Some(n) => n.clone(),
@@ -171,6 +183,7 @@ fn endpoint(e: &EndpointExplanation) -> String {
         e.reason
     );
     if e.used
+        && iptables
         && let Some(chain) = &e.chain
     {
         let _ = write!(line, " -> {chain}");

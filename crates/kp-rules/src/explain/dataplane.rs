@@ -1,0 +1,348 @@
+//! The objects of the proxy mode in use that implement an explained service port: nftables
+//! chains and verdict-map elements, the IPVS virtual server with its real servers and ipsets,
+//! or userspace mode's capture chains.
+//!
+//! Names are never derived here: each mode's own pure renderer or planner runs over the same
+//! state and configuration, and its output is searched for the service port's objects. An
+//! explanation therefore names exactly what that mode programs (iptables mode's chains are in
+//! [`super::ServiceMatch::hops`] already).
+
+use std::net::IpAddr;
+
+use kp_core::backend::SyncKind;
+use kp_core::model::{IpFamily, Protocol};
+use kp_core::tracker::ProxyState;
+use serde::Serialize;
+
+use super::{Explanation, MatchKind, Outcome, ServiceMatch};
+use crate::iptables::{RenderConfig, RenderError};
+use crate::ipvs::{self, IpvsConfig};
+use crate::nftables::{self, ElementSet, NftScope, NftState};
+use crate::userspace;
+
+/// The proxy mode whose objects to name (iptables mode's are always in the hops).
+#[derive(Clone, Debug)]
+pub enum Mode<'a> {
+    /// Upstream's nftables layout.
+    Nftables,
+    /// IPVS virtual servers, planned with this configuration.
+    Ipvs(&'a IpvsConfig),
+    /// Userspace mode's capture chains.
+    Userspace,
+}
+
+impl Mode<'_> {
+    /// The mode's name as in `--proxy-mode`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Nftables => "nftables",
+            Mode::Ipvs(_) => "ipvs",
+            Mode::Userspace => "userspace",
+        }
+    }
+}
+
+/// One named object of the dataplane.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DataplaneObject {
+    /// What it is: `table`, `map element`, `chain`, `virtual server`, `real server`, `ipset`.
+    pub kind: &'static str,
+    /// Its name (or, for a map element or IPVS server, its key).
+    pub name: String,
+    /// What it does for this packet.
+    pub detail: String,
+}
+
+/// The objects of one proxy mode for one service port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Dataplane {
+    /// `nftables`, `ipvs` or `userspace`.
+    pub mode: &'static str,
+    /// The objects, in the order a packet meets them.
+    pub objects: Vec<DataplaneObject>,
+}
+
+/// Names one match's objects from a mode's rendered or planned state.
+type Namer = dyn Fn(&ServiceMatch) -> Vec<DataplaneObject>;
+
+/// Fill [`ServiceMatch::dataplane`] of every match of `explanation` with `mode`'s objects.
+pub fn annotate(
+    explanation: &mut Explanation,
+    state: &ProxyState,
+    config: &RenderConfig,
+    mode: &Mode<'_>,
+) -> Result<(), RenderError> {
+    if explanation.matches.is_empty() {
+        return Ok(());
+    }
+    let family = explanation.family;
+    let objects: Box<Namer> = match mode {
+        Mode::Nftables => {
+            let none = Default::default();
+            let existing = NftState::default();
+            let scope = NftScope {
+                kind: SyncKind::Full,
+                changed: &none,
+                existing: &existing,
+                delete_stale: false,
+                service_cidrs: &[],
+            };
+            let rendered = nftables::render(state, family, config, &scope)?.state;
+            Box::new(move |m| nft_objects(&rendered, family, m))
+        }
+        Mode::Ipvs(ipvs_config) => {
+            let desired = ipvs::plan(state, family, ipvs_config);
+            Box::new(move |m| ipvs_objects(&desired, family, m))
+        }
+        Mode::Userspace => Box::new(userspace_objects),
+    };
+    for m in &mut explanation.matches {
+        m.dataplane = Some(Dataplane {
+            mode: mode.name(),
+            objects: objects(m),
+        });
+    }
+    Ok(())
+}
+
+fn proto(p: Protocol) -> String {
+    p.api_name().to_ascii_lowercase()
+}
+
+/// Whether an nft element key (`ip . proto . port` or `proto . port`) is this match's.
+fn nft_key_matches(key: &str, set: ElementSet, m: &ServiceMatch) -> bool {
+    let parts: Vec<&str> = key.split(" . ").collect();
+    let proto = proto(m.name.protocol);
+    let port = m.port.to_string();
+    match (set, parts.as_slice()) {
+        (ElementSet::ServiceNodePorts | ElementSet::NoEndpointNodePorts, [p, port_]) => {
+            m.how == MatchKind::NodePort && *p == proto && *port_ == port
+        }
+        (_, [ip, p, port_]) => {
+            m.how != MatchKind::NodePort
+                && ip.parse::<IpAddr>().ok() == Some(m.ip)
+                && *p == proto
+                && *port_ == port
+        }
+        _ => false,
+    }
+}
+
+fn nft_objects(rendered: &NftState, family: IpFamily, m: &ServiceMatch) -> Vec<DataplaneObject> {
+    let table_family = match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    };
+    let mut out = vec![DataplaneObject {
+        kind: "table",
+        name: format!("{table_family} {}", nftables::TABLE),
+        detail: "every rule of nftables mode for this family".to_owned(),
+    }];
+    let owned = rendered.owned(&m.name);
+    let mut goto_chains = Vec::new();
+    for set in [
+        ElementSet::FirewallIps,
+        ElementSet::NoEndpointServices,
+        ElementSet::NoEndpointNodePorts,
+        ElementSet::ServiceIps,
+        ElementSet::ServiceNodePorts,
+    ] {
+        let Some(elements) = rendered.elements(set) else {
+            continue;
+        };
+        for (key, value) in elements {
+            if !nft_key_matches(key, set, m) {
+                continue;
+            }
+            if let Some(chain) = value.verdict.strip_prefix("goto ") {
+                goto_chains.push(chain.to_owned());
+            }
+            out.push(DataplaneObject {
+                kind: "map element",
+                name: format!("{} {{ {key} }}", set.name()),
+                detail: value.verdict.clone(),
+            });
+        }
+    }
+    // The service's chains a packet passes, then its endpoint chains.
+    if let Some(owned) = owned {
+        for chain in &owned.chains {
+            if chain.starts_with(nftables::names::ENDPOINT_PREFIX) {
+                continue;
+            }
+            let reached = goto_chains.contains(chain);
+            out.push(DataplaneObject {
+                kind: "chain",
+                name: chain.clone(),
+                detail: if reached {
+                    "entered from the map element".to_owned()
+                } else {
+                    "service chain".to_owned()
+                },
+            });
+        }
+        for ep in m.endpoints.iter().filter(|e| e.used) {
+            let names = nftables::names::EndpointNames::new(&m.name, ep.ip, ep.port);
+            if owned.chains.contains(&names.chain) {
+                out.push(DataplaneObject {
+                    kind: "chain",
+                    name: names.chain,
+                    detail: format!("DNAT to {}", super::endpoint_address(ep)),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn ipvs_objects(
+    desired: &ipvs::Desired,
+    family: IpFamily,
+    m: &ServiceMatch,
+) -> Vec<DataplaneObject> {
+    let proto = proto(m.name.protocol);
+    let mut out = Vec::new();
+    for svc in desired.services.values() {
+        let server = &svc.server;
+        let key = &server.key;
+        if key.address != m.ip
+            || key.port != m.port
+            || key.protocol.to_string().to_ascii_lowercase() != proto
+        {
+            continue;
+        }
+        let address = match key.address {
+            IpAddr::V6(v6) => format!("[{v6}]"),
+            v4 => v4.to_string(),
+        };
+        let mut name = format!(
+            "{} {address}:{} {}",
+            key.protocol, key.port, server.scheduler
+        );
+        if server.flags & kp_ipvs::FLAG_PERSISTENT != 0 {
+            name.push_str(&format!(" persistent {}", server.timeout));
+        }
+        out.push(DataplaneObject {
+            kind: "virtual server",
+            name,
+            detail: format!("{} real servers", svc.real_servers.len()),
+        });
+        for real in &svc.real_servers {
+            let address = match real.address {
+                IpAddr::V6(v6) => format!("[{v6}]"),
+                v4 => v4.to_string(),
+            };
+            out.push(DataplaneObject {
+                kind: "real server",
+                name: format!("{address}:{} weight {}", real.port, real.weight),
+                detail: if real.weight == ipvs::DRAINING_WEIGHT {
+                    "terminating: keeps its connections, gets no new ones".to_owned()
+                } else {
+                    "takes new connections".to_owned()
+                },
+            });
+        }
+    }
+    if out.is_empty() {
+        // E.g. a localhost NodePort: iptables mode accepts it, ipvs mode does not.
+        out.push(DataplaneObject {
+            kind: "virtual server",
+            name: "none".to_owned(),
+            detail: format!(
+                "ipvs mode programs no virtual server for {}:{}/{}",
+                m.ip,
+                m.port,
+                m.name.protocol.api_name()
+            ),
+        });
+    }
+    let ip_port = format!("{},{proto}:{}", m.ip, m.port);
+    let upper = m.name.protocol.api_name();
+    for (kind, entries) in &desired.sets {
+        let set = kind.name(family);
+        for entry in entries {
+            let ours = entry == &ip_port
+                || entry.starts_with(&format!("{ip_port},"))
+                || (m.how == MatchKind::NodePort
+                    && *entry == m.port.to_string()
+                    && set.ends_with(upper));
+            if ours {
+                out.push(DataplaneObject {
+                    kind: "ipset",
+                    name: set.clone(),
+                    detail: format!("entry {entry}"),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn userspace_objects(m: &ServiceMatch) -> Vec<DataplaneObject> {
+    let chains = userspace::CaptureChains::new(&m.name);
+    let chain = |name: &str, detail: String| DataplaneObject {
+        kind: "chain",
+        name: name.to_owned(),
+        detail,
+    };
+    // Services the relay cannot serve are refused or dropped in the filter table.
+    match m.outcome {
+        Outcome::RejectNoEndpoints => {
+            return vec![chain(
+                userspace::KUBE_USERSPACE_FILTER,
+                "filter: REJECT (no endpoints)".to_owned(),
+            )];
+        }
+        Outcome::DropNoLocalEndpoints => {
+            return vec![chain(
+                userspace::KUBE_USERSPACE_FILTER,
+                "filter: DROP (no local endpoints)".to_owned(),
+            )];
+        }
+        Outcome::Dnat | Outcome::DropSourceRange => {}
+    }
+    let redirect = "nat: REDIRECT to the relay's port for this service port".to_owned();
+    match m.how {
+        MatchKind::ClusterIp => vec![
+            chain(
+                userspace::KUBE_USERSPACE,
+                format!("nat: -> {}", chains.internal),
+            ),
+            chain(&chains.internal, redirect),
+        ],
+        MatchKind::NodePort => vec![
+            chain(
+                userspace::KUBE_USERSPACE_NODEPORTS,
+                format!("nat: -> {}", chains.external),
+            ),
+            chain(&chains.external, redirect),
+        ],
+        MatchKind::ExternalIp | MatchKind::LoadBalancerIp => {
+            let firewalled =
+                m.how == MatchKind::LoadBalancerIp && !m.load_balancer_source_ranges.is_empty();
+            let mut out = Vec::new();
+            if firewalled {
+                out.push(chain(
+                    userspace::KUBE_USERSPACE,
+                    format!("nat: -> {}", chains.firewall),
+                ));
+                out.push(chain(
+                    &chains.firewall,
+                    format!(
+                        "nat: sources in loadBalancerSourceRanges -> {}, others marked and \
+                         dropped in {}",
+                        chains.external,
+                        userspace::KUBE_USERSPACE_FILTER
+                    ),
+                ));
+            } else {
+                out.push(chain(
+                    userspace::KUBE_USERSPACE,
+                    format!("nat: -> {}", chains.external),
+                ));
+            }
+            out.push(chain(&chains.external, redirect));
+            out
+        }
+    }
+}
