@@ -83,8 +83,7 @@ fn run(options: Options) -> anyhow::Result<()> {
                 &mut registry,
                 options.cleanup,
             )?;
-            let result = runtime.block_on(app::run(settings, backend, registry, options.cleanup));
-            with_sysctl_cleanup(result, options.cleanup)
+            run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
         }
         ProxyMode::Nftables => {
             let backend = modes::nftables(
@@ -93,8 +92,7 @@ fn run(options: Options) -> anyhow::Result<()> {
                 &mut registry,
                 options.cleanup,
             )?;
-            let result = runtime.block_on(app::run(settings, backend, registry, options.cleanup));
-            with_sysctl_cleanup(result, options.cleanup)
+            run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
         }
         ProxyMode::Userspace => {
             let backend = userspace::backend(settings.config(), &mut registry);
@@ -104,9 +102,7 @@ fn run(options: Options) -> anyhow::Result<()> {
         ProxyMode::Ipvs => {
             match ipvs_mode::build(settings.config(), node_ports.clone(), options.cleanup)? {
                 Ok(backend) => {
-                    let result =
-                        runtime.block_on(app::run(settings, backend, registry, options.cleanup));
-                    with_sysctl_cleanup(result, options.cleanup)
+                    run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
                 }
                 Err(why) => {
                     // Upstream's wording; older upstream releases fell back the same way.
@@ -118,9 +114,7 @@ fn run(options: Options) -> anyhow::Result<()> {
                         &mut registry,
                         options.cleanup,
                     )?;
-                    let result =
-                        runtime.block_on(app::run(settings, backend, registry, options.cleanup));
-                    with_sysctl_cleanup(result, options.cleanup)
+                    run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
                 }
             }
         }
@@ -131,9 +125,17 @@ fn run(options: Options) -> anyhow::Result<()> {
     }
 }
 
-/// After a kernel mode's `--cleanup` (successful or not: everything is attempted, as upstream),
-/// restore the kernel settings it changed; the first error wins.
-fn with_sysctl_cleanup(result: anyhow::Result<()>, cleanup: bool) -> anyhow::Result<()> {
+/// Runs a kernel mode until SIGTERM (or its `--cleanup`). After a cleanup (successful or not:
+/// everything is attempted, as upstream) it restores the kernel settings the proxy changed;
+/// the first error wins.
+fn run_kernel_mode<B: kp_core::backend::Backend + 'static>(
+    runtime: &tokio::runtime::Runtime,
+    settings: app::Settings,
+    backend: B,
+    registry: prometheus_client::registry::Registry,
+    cleanup: bool,
+) -> anyhow::Result<()> {
+    let result = runtime.block_on(app::run(settings, backend, registry, cleanup));
     if !cleanup {
         return result;
     }
