@@ -41,7 +41,7 @@ fn command_output(program: &str, args: &[&str]) -> String {
     let out = Command::new(program)
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("{program} {args:?}: {e} (install it: .ci/setup)"));
+        .unwrap_or_else(|e| panic!("{program} {args:?}: {e} (install it: ./setup.sh)"));
     assert!(
         out.status.success(),
         "{program} {args:?}: {}",
