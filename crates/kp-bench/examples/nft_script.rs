@@ -45,7 +45,8 @@ fn main() -> anyhow::Result<()> {
     let full = timed(SyncKind::Full, &BTreeSet::new(), &NftState::default())?;
     let first = loaded.state.services.keys().next();
     let changed = first.map(|n| BTreeSet::from([n.service.clone()]));
-    timed(SyncKind::Partial, &changed.unwrap_or_default(), &full.state)?;
+    let installed = full.state_after(&NftState::default());
+    timed(SyncKind::Partial, &changed.unwrap_or_default(), &installed)?;
     print!("{}", full.script);
     Ok(())
 }

@@ -381,7 +381,7 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
                     if !output.flushed_stale.is_empty() {
                         table.last_flush = Some(Instant::now());
                     }
-                    table.installed = output.state;
+                    output.update.apply(&mut table.installed);
                 }
                 // The other family is independent: still program it.
                 Err(err) => {

@@ -7,18 +7,21 @@
 //! chains, which pick an endpoint with `numgen random`.
 //!
 //! Syncs are incremental, as upstream's are. The renderer is pure, so what is installed is
-//! described by an [`NftState`] that the caller keeps: each [`NftOutput`] carries the state the
-//! kernel holds once its script has been applied, to be passed back (in [`NftScope`]) on the
-//! next call. A failed `nft -f` changes nothing (the transaction is atomic), so after a
-//! failure the caller passes the previous state again.
+//! described by an [`NftState`] that the caller keeps: each [`NftOutput`] carries the update
+//! that turns it into the state the kernel holds once the script has been applied, to be
+//! passed back (in [`NftScope`]) on the next call. A partial sync's update, like its script,
+//! only covers the services it rewrites, so its cost does not grow with the number of
+//! services installed. A failed `nft -f` changes nothing (the transaction is atomic), so
+//! after a failure the caller passes the previous state again.
 //!
 //! - A [`SyncKind::Full`] sync (re)creates the table's fixed part (base chains, helper
 //!   chains, sets and maps), flushes the sets and maps and refills them, and rewrites every
 //!   service chain. Like upstream it never flushes the whole table, so affinity sets keep
 //!   their clients and nothing else in the table is disturbed.
 //! - A [`SyncKind::Partial`] sync rewrites only the chains of the services in
-//!   [`NftScope::changed`] (plus any service whose objects do not match `existing`), and
-//!   updates map elements by difference. An idle partial sync is an empty script. A partial
+//!   [`NftScope::changed`] (plus any service port that appeared or vanished unreported, so
+//!   no element points at a missing chain), and updates map elements by difference; other
+//!   services are not even planned. An idle partial sync is an empty script. A partial
 //!   sync is promoted to a full one when the fixed part would differ from what `existing`
 //!   records (first sync, new node addresses or service CIDRs, another configuration).
 //! - Chains that are no longer used are flushed in the sync that finds them stale, and deleted
@@ -45,8 +48,10 @@
 //! })?;
 //! assert_eq!(out.kind, SyncKind::Full, "nothing installed yet");
 //! // The backend runs `nft -f -` with `out.script` (if not empty); once that succeeded,
-//! // `out.state` describes the kernel and is the next `existing`.
-//! assert!(out.state.is_initialized());
+//! // `out.update` turns `installed` into the state of the kernel: the next `existing`.
+//! let mut installed = installed;
+//! out.update.apply(&mut installed);
+//! assert!(installed.is_initialized());
 //! # Ok::<(), kp_rules::nftables::RenderError>(())
 //! ```
 //!
@@ -265,8 +270,12 @@ pub struct NftState {
     foreign_sets: BTreeMap<String, Option<u64>>,
     /// Flushed chains waiting for [`NftScope::delete_stale`].
     pending_deletions: BTreeSet<String>,
-    /// The elements of every maintained set and map.
-    elements: BTreeMap<ElementSet, BTreeMap<String, ElementValue>>,
+    /// The elements of every maintained set and map, each with the service port whose value
+    /// it holds and how many claim its key.
+    elements: BTreeMap<ElementSet, BTreeMap<String, Installed>>,
+    /// Per service port: the elements it asks for. Kept so that a partial sync can release a
+    /// rewritten service's elements without planning every other service again.
+    claims: BTreeMap<ServicePortName, Vec<Claim>>,
     /// Whether every per-service chain in the table is known (listed by [`NftState::adopt`]
     /// or written by us): then a new chain is created empty and needs no `flush`, which
     /// saves one statement per chain (~10% of a 10k-service first sync). Unknown (the
@@ -350,9 +359,98 @@ impl NftState {
         self.owned.get(name)
     }
 
-    /// The elements of one set or map, keyed by their nft key text.
-    pub fn elements(&self, set: ElementSet) -> Option<&BTreeMap<String, ElementValue>> {
-        self.elements.get(&set)
+    /// The elements of one set or map with their nft key text, in key order.
+    pub fn elements(&self, set: ElementSet) -> impl Iterator<Item = (&str, &ElementValue)> {
+        self.elements
+            .get(&set)
+            .into_iter()
+            .flatten()
+            .map(|(key, installed)| (key.as_str(), &installed.value))
+    }
+
+    /// One element of one set or map, by its nft key text.
+    pub fn element(&self, set: ElementSet, key: &str) -> Option<&ElementValue> {
+        self.elements.get(&set)?.get(key).map(|i| &i.value)
+    }
+}
+
+/// One element a service port asks for: several may ask for the same key (every port of a
+/// service for its ClusterIP, or two services sharing an external IP and port by mistake);
+/// the first in service order holds it, as on a full sync.
+pub(crate) type Claim = (ElementSet, String, ElementValue);
+
+/// What a rewritten service port leaves in the state: its objects and its claims.
+pub(crate) type PortObjects = (OwnedObjects, Vec<Claim>);
+
+/// An element as installed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Installed {
+    /// What the kernel holds: the owner's value.
+    pub(crate) value: ElementValue,
+    /// The first service port (in service order) claiming the key.
+    pub(crate) owner: ServicePortName,
+    /// How many service ports claim the key (at least 1).
+    pub(crate) claims: u32,
+}
+
+/// How the state changes once a sync's script has been applied. A partial sync carries only
+/// what its services changed, so keeping the state costs nothing per unchanged service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateUpdate(pub(crate) Update);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Update {
+    /// A full sync: the whole new state.
+    Replace(Box<NftState>),
+    /// A partial sync: the rewritten service ports and touched elements.
+    Patch(Patch),
+}
+
+/// The part of the state a partial sync changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Patch {
+    /// Rewritten service ports: their objects and claims, or `None` once gone.
+    pub(crate) ports: Vec<(ServicePortName, Option<PortObjects>)>,
+    /// Touched elements: the new installed element, or `None` once deleted.
+    pub(crate) elements: Vec<(ElementSet, String, Option<Installed>)>,
+    /// The chains pending deletion afterwards.
+    pub(crate) pending_deletions: BTreeSet<String>,
+}
+
+impl StateUpdate {
+    /// Turns `state` (the one the sync was rendered against) into the state the kernel holds
+    /// once the sync's script has been applied.
+    pub fn apply(self, state: &mut NftState) {
+        match self.0 {
+            Update::Replace(new) => *state = *new,
+            Update::Patch(patch) => {
+                for (name, objects) in patch.ports {
+                    match objects {
+                        Some((owned, claims)) => {
+                            state.owned.insert(name.clone(), owned);
+                            state.claims.insert(name, claims);
+                        }
+                        None => {
+                            state.owned.remove(&name);
+                            state.claims.remove(&name);
+                        }
+                    }
+                }
+                for (set, key, installed) in patch.elements {
+                    let elements = state.elements.entry(set).or_default();
+                    match installed {
+                        Some(installed) => {
+                            elements.insert(key, installed);
+                        }
+                        None => {
+                            elements.remove(&key);
+                        }
+                    }
+                }
+                state.pending_deletions = patch.pending_deletions;
+                state.chains_known = true;
+            }
+        }
     }
 }
 
@@ -363,7 +461,7 @@ pub struct NftScope<'a> {
     pub kind: SyncKind,
     /// Services whose Service or EndpointSlices changed since the last successful sync.
     pub changed: &'a BTreeSet<ServiceName>,
-    /// What is installed now: the previous [`NftOutput::state`] after a successful apply (or
+    /// What is installed now: the previous `existing` with [`NftOutput::update`] applied after a successful apply (or
     /// the one before it after a failed apply).
     pub existing: &'a NftState,
     /// Delete the chains in [`NftState::pending_deletions`] (those not needed again). Upstream
@@ -391,6 +489,18 @@ pub struct NftOutput {
     pub deleted_chains: BTreeSet<String>,
     /// Affinity sets `script` deletes (stale, or re-created with a new timeout).
     pub deleted_sets: BTreeSet<String>,
-    /// The installed state once `script` is applied: the next [`NftScope::existing`].
-    pub state: NftState,
+    /// How [`NftScope::existing`] becomes the installed state once `script` is applied (the
+    /// next sync's `existing`): see [`StateUpdate::apply`] and [`NftOutput::state_after`].
+    pub update: StateUpdate,
+}
+
+impl NftOutput {
+    /// The installed state once `script` is applied to a kernel holding `existing` (the state
+    /// this output was rendered against). Clones `existing`; a caller that keeps the state
+    /// applies [`NftOutput::update`] in place instead.
+    pub fn state_after(&self, existing: &NftState) -> NftState {
+        let mut state = existing.clone();
+        self.update.clone().apply(&mut state);
+        state
+    }
 }

@@ -121,7 +121,7 @@ fn nft_applies_hostile_names_without_side_effects() {
                         true,
                     ),
                 };
-                existing = out.state.clone();
+                existing = out.state_after(&existing);
                 scripts.push(out.script);
                 previous = Some(now);
             }

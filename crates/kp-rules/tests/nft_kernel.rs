@@ -20,7 +20,7 @@ use kp_core::model::{
     Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName, SessionAffinity,
 };
 use kp_core::tracker::ProxyState;
-use kp_rules::nftables::{LocalDetector, NodePortAddresses, RenderConfig};
+use kp_rules::nftables::{LocalDetector, NftState, NodePortAddresses, RenderConfig};
 use nft_common::*;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -281,7 +281,9 @@ fn check_case(family: IpFamily, before: Vec<Item>, after: Vec<Item>, config: &Re
 
     let first = full(&before, family, config);
     check_structure(&first.script, family);
-    let second = partial(&after, family, config, &changed, &first.state, false);
+    let first_state = first.state_after(&NftState::default());
+    let second = partial(&after, family, config, &changed, &first_state, false);
+    let second_state = second.state_after(&first_state);
     assert_eq!(second.kind, SyncKind::Partial);
     check_structure(&second.script, family);
     let cleanup = partial(
@@ -289,9 +291,10 @@ fn check_case(family: IpFamily, before: Vec<Item>, after: Vec<Item>, config: &Re
         family,
         config,
         &BTreeSet::new(),
-        &second.state,
+        &second_state,
         true,
     );
+    let cleanup_state = cleanup.state_after(&second_state);
     assert_eq!(
         cleanup.operations,
         cleanup.deleted_chains.len(),
@@ -301,8 +304,8 @@ fn check_case(family: IpFamily, before: Vec<Item>, after: Vec<Item>, config: &Re
     assert_eq!(cleanup.deleted_chains, second.flushed_stale);
     let fresh = full(&after, family, config);
     // The bookkeeping converges on what a fresh full sync produces.
-    assert_eq!(cleanup.state, fresh.state);
-    let again = partial(&after, family, config, &changed, &cleanup.state, true);
+    assert_eq!(cleanup_state, fresh.state_after(&NftState::default()));
+    let again = partial(&after, family, config, &changed, &cleanup_state, true);
     assert_eq!(again.flushed_stale.len(), 0);
 
     if nft_unavailable().is_some() {

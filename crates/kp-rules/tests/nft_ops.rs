@@ -31,8 +31,8 @@ impl Sequence {
         let out = full(state, IpFamily::V4, &nft_config());
         Self {
             family: IpFamily::V4,
+            state: out.state_after(&NftState::default()),
             scripts: vec![out.script],
-            state: out.state,
         }
     }
 
@@ -53,7 +53,7 @@ impl Sequence {
         assert_eq!(out.kind, SyncKind::Partial);
         check_structure(&out.script, self.family);
         self.scripts.push(out.script.clone());
-        self.state = out.state.clone();
+        self.state = out.state_after(&self.state);
         out
     }
 
@@ -201,18 +201,28 @@ fn upstream_repeated_sync_operation_counts() {
 }
 
 #[test]
-fn partial_sync_repairs_services_the_caller_did_not_report() {
+fn partial_sync_writes_services_that_appear_or_vanish_unreported() {
     let before = state(vec![svc1(), svc3(&["10.0.3.1"])]);
     let mut seq = Sequence::start(&before);
-    // svc3 gained an endpoint and svc4 appeared, but only svc1 is reported (unchanged).
-    let after = state(vec![
-        svc1(),
-        svc3(&["10.0.3.1", "10.0.3.2"]),
-        svc4(&["10.0.4.1"]),
-    ]);
+    // svc4 appeared, but only svc1 is reported (unchanged): svc4 is written all the same,
+    // so its map elements never point at a chain that does not exist.
+    let after = state(vec![svc1(), svc3(&["10.0.3.1"]), svc4(&["10.0.4.1"])]);
     let out = seq.sync(&after, &changed(&[("ns1", "svc1")]), false);
-    assert_eq!(out.services_written, 3);
-    seq.verify_in_kernel(&after);
+    assert_eq!(out.services_written, 2, "{}", out.script);
+    // svc3 vanished, unreported: its elements go and its chains are flushed.
+    let later = state(vec![svc1(), svc4(&["10.0.4.1"])]);
+    let out = seq.sync(&later, &BTreeSet::new(), false);
+    assert_eq!(out.services_written, 0, "{}", out.script);
+    assert_eq!(out.flushed_stale.len(), 2, "{}", out.script);
+    // An unreported change to a service that stays is not looked for: partial syncs do
+    // not plan unchanged services (that is what keeps them cheap at 10k services), so it
+    // waits for the caller's report or the next full sync.
+    let moved = state(vec![svc1(), svc4(&["10.0.4.2"])]);
+    let out = seq.sync(&moved, &BTreeSet::new(), false);
+    assert_eq!(out.operations, 0, "{}", out.script);
+    let out = seq.sync(&moved, &changed(&[("ns4", "svc4")]), false);
+    assert_eq!(out.services_written, 1, "{}", out.script);
+    seq.verify_in_kernel(&moved);
 }
 
 #[test]
@@ -260,7 +270,7 @@ fn restart_adopts_leftovers_of_a_previous_process() {
     let old = state(vec![svc1(), svc2(), svc3(&["10.0.3.1"])]);
     let previous = full(&old, IpFamily::V4, &nft_config());
     let leftover_chains: Vec<String> = previous
-        .state
+        .state_after(&NftState::default())
         .chains()
         .into_iter()
         .map(str::to_owned)
@@ -293,7 +303,7 @@ fn restart_adopts_leftovers_of_a_previous_process() {
         IpFamily::V4,
         &nft_config(),
         &BTreeSet::new(),
-        &first.state,
+        &first.state_after(&adopted),
         true,
     );
     assert_eq!(cleanup.operations, 2);
@@ -334,9 +344,9 @@ fn restart_keeps_affinity_sets_still_in_use() {
         affine("ns6", "svc6", "172.30.0.46", 600, &["10.0.6.1"]),
     ]);
     let previous = full(&old, IpFamily::V4, &nft_config());
+    let previous_state = previous.state_after(&NftState::default());
     let set_of = |ns_name: &str, ep: &str| -> String {
-        previous
-            .state
+        previous_state
             .affinity_sets()
             .into_iter()
             .find(|s| s.contains(ns_name) && s.contains(ep))
@@ -347,8 +357,7 @@ fn restart_keeps_affinity_sets_still_in_use() {
     let gone = set_of("ns5/svc5", "10.0.5.2");
     let retimed = set_of("ns6/svc6", "10.0.6.1");
     let timeout_of = |set: &str| if set.contains("ns5/svc5") { 10800 } else { 600 };
-    let chains: Vec<String> = previous
-        .state
+    let chains: Vec<String> = previous_state
         .chains()
         .into_iter()
         .map(str::to_owned)
@@ -431,19 +440,48 @@ fn colliding_keys_keep_the_first_service() {
     let key = "192.168.99.50 . tcp . 80";
     let owner = |state: &NftState| {
         state
-            .elements(ElementSet::ServiceIps)
-            .and_then(|e| e.get(key))
+            .element(ElementSet::ServiceIps, key)
             .map(|v| v.verdict.clone())
             .unwrap_or_default()
     };
     assert!(owner(&seq.state).contains("a/first"));
-    let only_b = state(vec![(b, vec![endpoint("10.0.9.2", 80, false)])]);
+    let only_b = state(vec![(b.clone(), vec![endpoint("10.0.9.2", 80, false)])]);
     let out = seq.sync(&only_b, &changed(&[("a", "first")]), false);
     assert!(owner(&seq.state).contains("b/second"));
     assert!(out.script.contains(&format!(
         "delete element ip kube-proxy service-ips {{ {key} }}"
     )));
-    seq.verify_in_kernel(&only_b);
+    // The first service comes back: it holds the key again although only it was rewritten.
+    let out = seq.sync(&both, &changed(&[("a", "first")]), false);
+    assert!(owner(&seq.state).contains("a/first"), "{}", out.script);
+    // A third service claims the key too, after both: nothing changes in the kernel.
+    let c = c_only();
+    let three = state(vec![
+        (a, vec![endpoint("10.0.9.1", 80, false)]),
+        (b.clone(), vec![endpoint("10.0.9.2", 80, false)]),
+        (c, vec![endpoint("10.0.9.3", 80, false)]),
+    ]);
+    let out = seq.sync(&three, &changed(&[("c", "third")]), false);
+    assert!(!out.script.contains(key), "{}", out.script);
+    // The holder goes while both others stay unchanged: the next in order (b) takes over,
+    // found among the claims the state keeps, and the state matches a fresh full sync.
+    let b_and_c = state(vec![
+        (b, vec![endpoint("10.0.9.2", 80, false)]),
+        (c_only(), vec![endpoint("10.0.9.3", 80, false)]),
+    ]);
+    seq.sync(&b_and_c, &changed(&[("a", "first")]), false);
+    assert!(owner(&seq.state).contains("b/second"));
+    seq.sync(&b_and_c, &BTreeSet::new(), true); // deletes a's flushed chains
+    let fresh = full(&b_and_c, IpFamily::V4, &nft_config()).state_after(&NftState::default());
+    assert_eq!(seq.state, fresh);
+    seq.verify_in_kernel(&b_and_c);
+}
+
+/// The third service of `colliding_keys_keep_the_first_service`.
+fn c_only() -> ServicePort {
+    let mut c = cluster_ip("c", "third", "p", "172.30.0.53", 80);
+    c.external_ips = vec![common::ip("192.168.99.50")];
+    c
 }
 
 #[test]

@@ -87,7 +87,7 @@ pub fn annotate(
                 delete_stale: false,
                 service_cidrs: &[],
             };
-            let rendered = nftables::render(state, family, config, &scope)?.state;
+            let rendered = nftables::render(state, family, config, &scope)?.state_after(&existing);
             Box::new(move |m| nft_objects(&rendered, family, m))
         }
         Mode::Ipvs(ipvs_config) => {
@@ -147,10 +147,7 @@ fn nft_objects(rendered: &NftState, family: IpFamily, m: &ServiceMatch) -> Vec<D
         ElementSet::ServiceIps,
         ElementSet::ServiceNodePorts,
     ] {
-        let Some(elements) = rendered.elements(set) else {
-            continue;
-        };
-        for (key, value) in elements {
+        for (key, value) in rendered.elements(set) {
             if !nft_key_matches(key, set, m) {
                 continue;
             }

@@ -10,13 +10,14 @@
 use std::borrow::Cow;
 
 use crate::family::{family_endpoints, for_family};
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kp_core::backend::SyncKind;
-use kp_core::model::{Endpoint, IpFamily, NodeInfo, ServicePort, ServicePortName};
+use kp_core::model::{Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName};
 use kp_core::topology::categorize;
 use kp_core::tracker::ProxyState;
 
@@ -25,8 +26,10 @@ use super::{
     BASE_CHAINS, CLUSTER_IPS, ElementSet, ElementValue, FIREWALL_IPS, LEGACY_BASE_CHAINS,
     LEGACY_CHAINS, LocalDetector, MARK_FOR_MASQUERADE, MAX_COMMENT_BYTES, NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES, NODEPORT_IPS, NftOutput, NftScope, NftState, NodePortAddresses,
-    OwnedObjects, REJECT_CHAIN, RenderConfig, RenderError, SERVICE_IPS, SERVICE_NODEPORTS, TABLE,
+    OwnedObjects, REJECT_CHAIN, RenderConfig, RenderError, SERVICE_IPS, SERVICE_NODEPORTS,
+    StateUpdate, TABLE,
 };
+use super::{Installed, Patch, Update};
 use crate::iptables::comment::sanitize;
 
 /// The API server caps affinity timeouts at one day; clamping keeps the set valid even if a
@@ -276,72 +279,64 @@ pub fn render(
     let setup = setup_text(&ctx, mark, scope.service_cidrs);
     let full = scope.kind == SyncKind::Full || existing.setup.as_deref() != Some(setup.as_str());
 
-    // Each service port of this family with its endpoints of this family.
-    let inputs: Vec<_> = state
-        .services
+    // The service ports to (re)write: every one on a full sync, otherwise those of changed
+    // services and any that appeared or vanished unnamed (so a caller that missed a change
+    // cannot leave a rule pointing at a missing chain). Unchanged services are not even
+    // planned: a partial sync costs the same with 10 or 10k services installed.
+    let targets: Vec<&ServicePortName> = if full {
+        state
+            .services
+            .iter()
+            .filter(|(_, svc)| has_family(svc, family))
+            .map(|(name, _)| name)
+            .collect()
+    } else {
+        dirty_ports(state, family, scope)
+    };
+    let inputs: Vec<_> = targets
         .iter()
-        .filter_map(|(name, svc)| {
+        .filter_map(|name| {
+            let (name, svc) = state.services.get_key_value(*name)?;
             let (cluster_ip, port) = for_family(svc, family)?;
             let all = state.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[]);
             Some((name, cluster_ip, port, family_endpoints(all, family)))
         })
         .collect();
-    // A partial sync formats rules only for the services it rewrites: the others' plans only
-    // serve to compare their objects with what is installed (see `dirty`).
-    let mut plans: Vec<ServicePlan<'_>> = inputs
+    let plans: Vec<ServicePlan<'_>> = inputs
         .iter()
-        .map(|(name, ip, port, eps)| plan_service(&ctx, name, *ip, port, eps, full))
+        .map(|(name, ip, port, eps)| plan_service(&ctx, name, *ip, port, eps))
         .collect();
-
-    // Which services get their chains rewritten: all of them on a full sync; otherwise the
-    // changed ones, and any whose objects differ from what is installed (so a caller that
-    // missed a change cannot leave a rule pointing at a missing chain).
-    let dirty: Vec<bool> = plans
-        .iter()
-        .map(|plan| {
-            full || scope.changed.contains(&plan.name.service)
-                || existing.owned.get(plan.name) != Some(&plan.owned())
-                || plan
-                    .chains
-                    .iter()
-                    .any(|(c, _)| existing.pending_deletions.contains(c))
-        })
-        .collect();
-    if !full {
-        for ((plan, (name, ip, port, eps)), _) in plans
-            .iter_mut()
-            .zip(&inputs)
-            .zip(&dirty)
-            .filter(|(_, d)| **d)
-        {
-            *plan = plan_service(&ctx, name, *ip, port, eps, true);
-        }
-    }
-
-    // What the table should hold. The first service claiming an element key keeps it (two
-    // different values for one key would fail the transaction).
-    let mut desired_elements: BTreeMap<ElementSet, BTreeMap<String, ElementValue>> =
-        ElementSet::ALL
+    // Rewritten ports that no longer exist in this family (partial syncs only).
+    let gone: Vec<&ServicePortName> = if full {
+        Vec::new()
+    } else {
+        let planned: BTreeSet<&ServicePortName> = plans.iter().map(|p| p.name).collect();
+        targets
             .iter()
-            .map(|s| (*s, BTreeMap::new()))
-            .collect();
+            .copied()
+            .filter(|name| !planned.contains(name))
+            .collect()
+    };
+
     let mut desired_chains: BTreeSet<&str> = BTreeSet::new();
     let mut desired_sets: BTreeMap<&str, u64> = BTreeMap::new();
     for plan in &plans {
-        for (set, key, value) in &plan.elements {
-            desired_elements
-                .entry(*set)
-                .or_default()
-                .entry(key.clone())
-                .or_insert_with(|| value.clone());
-        }
         desired_chains.extend(plan.chains.iter().map(|(c, _)| c.as_str()));
         desired_sets.extend(plan.affinity_sets.iter().map(|(s, t)| (s.as_str(), *t)));
     }
+    // What the rewritten ports owned before: everything on a full sync. Per-service names
+    // are unique to their service port, so no other port can still want one of these.
+    let previous: Vec<&OwnedObjects> = if full {
+        existing.owned.values().collect()
+    } else {
+        targets
+            .iter()
+            .filter_map(|name| existing.owned.get(*name))
+            .collect()
+    };
 
-    let stale_chains: BTreeSet<String> = existing
-        .owned
-        .values()
+    let stale_chains: BTreeSet<String> = previous
+        .iter()
         .flat_map(|o| o.chains.iter())
         .chain(&existing.foreign_chains)
         .filter(|c| !desired_chains.contains(c.as_str()))
@@ -351,9 +346,8 @@ pub fn render(
     // older kernels cannot change a set's timeout in place. The same holds for sets adopted
     // from a previous process: those still wanted with their timeout stay, elements and all
     // (upstream deletes only unused affinity sets, so pinned clients survive a restart).
-    let mut deleted_sets: BTreeSet<String> = existing
-        .owned
-        .values()
+    let mut deleted_sets: BTreeSet<String> = previous
+        .iter()
         .flat_map(|o| o.affinity_sets.iter())
         .filter(|(set, timeout)| desired_sets.get(set.as_str()) != Some(*timeout))
         .map(|(set, _)| set.clone())
@@ -367,6 +361,8 @@ pub fn render(
             })
             .map(|(set, _)| set.clone()),
     );
+    // Only the rewritten ports can want a pending chain again: the others' chains were all
+    // in use when the pending ones went stale.
     let deleted_chains: BTreeSet<String> = if scope.delete_stale {
         existing
             .pending_deletions
@@ -376,6 +372,12 @@ pub fn render(
             .collect()
     } else {
         BTreeSet::new()
+    };
+
+    let elements = if full {
+        ElementPlan::full(&plans)
+    } else {
+        ElementPlan::partial(existing, &plans, &gone)
     };
 
     let mut tx = Tx {
@@ -408,7 +410,7 @@ pub fn render(
     for chain in &stale_chains {
         tx.flush_chain(chain);
     }
-    for (plan, _) in plans.iter().zip(&dirty).filter(|(_, d)| **d) {
+    for plan in &plans {
         for (chain, _) in &plan.chains {
             tx.add_chain(chain);
             if existing.may_hold_chain(plan.name, chain) {
@@ -419,9 +421,7 @@ pub fn render(
     for set in &deleted_sets {
         tx.stmt("delete set", format_args!("{set}"));
     }
-    let mut services_written = 0;
-    for (plan, _) in plans.iter().zip(&dirty).filter(|(_, d)| **d) {
-        services_written += 1;
+    for plan in &plans {
         for (set, timeout) in &plan.affinity_sets {
             tx.stmt(
                 "add set",
@@ -437,22 +437,7 @@ pub fn render(
             }
         }
     }
-
-    for (set, desired) in &desired_elements {
-        let installed = existing.elements.get(set).filter(|_| !full);
-        if let Some(installed) = installed {
-            for (key, value) in installed {
-                if desired.get(key) != Some(value) {
-                    tx.delete_element(*set, key);
-                }
-            }
-        }
-        for (key, value) in desired {
-            if installed.and_then(|i| i.get(key)) != Some(value) {
-                tx.add_element(*set, key, value);
-            }
-        }
-    }
+    elements.write(&mut tx);
 
     for chain in &deleted_chains {
         tx.delete_chain(chain);
@@ -466,19 +451,40 @@ pub fn render(
         .collect();
     pending.extend(stale_chains.iter().cloned());
 
-    let new_state = NftState {
-        setup: Some(setup),
-        owned: plans
-            .iter()
-            .map(|plan| (plan.name.clone(), plan.owned()))
-            .collect(),
-        foreign_chains: BTreeSet::new(),
-        foreign_sets: BTreeMap::new(),
-        pending_deletions: pending,
-        elements: desired_elements,
-        // Every chain of ours is in `owned` or `pending_deletions` now; chains it did not know
-        // before were flushed (stale) and are pending deletion.
-        chains_known: true,
+    let update = if full {
+        Update::Replace(Box::new(NftState {
+            setup: Some(setup),
+            owned: plans
+                .iter()
+                .map(|plan| (plan.name.clone(), plan.owned()))
+                .collect(),
+            claims: plans
+                .iter()
+                .map(|plan| (plan.name.clone(), plan.elements.clone()))
+                .collect(),
+            foreign_chains: BTreeSet::new(),
+            foreign_sets: BTreeMap::new(),
+            pending_deletions: pending,
+            elements: elements.into_installed(),
+            // Every chain of ours is in `owned` or `pending_deletions` now; chains it did not
+            // know before were flushed (stale) and are pending deletion.
+            chains_known: true,
+        }))
+    } else {
+        Update::Patch(Patch {
+            ports: plans
+                .iter()
+                .map(|plan| {
+                    (
+                        plan.name.clone(),
+                        Some((plan.owned(), plan.elements.clone())),
+                    )
+                })
+                .chain(gone.iter().map(|name| ((*name).clone(), None)))
+                .collect(),
+            elements: elements.into_changes(),
+            pending_deletions: pending,
+        })
     };
     Ok(NftOutput {
         operations: tx.ops,
@@ -488,12 +494,238 @@ pub fn render(
         } else {
             SyncKind::Partial
         },
-        services_written,
+        services_written: plans.len(),
         flushed_stale: stale_chains,
         deleted_chains,
         deleted_sets,
-        state: new_state,
+        update: StateUpdate(update),
     })
+}
+
+/// Whether `svc` has a ClusterIP of `family` (what [`for_family`] needs), without copying it.
+fn has_family(svc: &ServicePort, family: IpFamily) -> bool {
+    svc.cluster_ips.iter().any(|ip| IpFamily::of(ip) == family)
+}
+
+/// The service ports a partial sync rewrites, in service order: every port (in the state or
+/// installed) of a changed service, and any port of this family that is installed but gone,
+/// or present but not installed. The latter walk compares names only.
+fn dirty_ports<'a>(
+    state: &'a ProxyState,
+    family: IpFamily,
+    scope: &NftScope<'a>,
+) -> Vec<&'a ServicePortName> {
+    let existing = scope.existing;
+    let mut dirty: BTreeSet<&ServicePortName> = BTreeSet::new();
+    for service in scope.changed {
+        let first = ServicePortName {
+            service: service.clone(),
+            port: String::new(),
+            protocol: Protocol::Tcp,
+        };
+        dirty.extend(ports_from(&state.services, &first));
+        dirty.extend(ports_from(&existing.owned, &first));
+    }
+    let mut present = state
+        .services
+        .iter()
+        .filter(|(_, svc)| has_family(svc, family))
+        .map(|(name, _)| name)
+        .peekable();
+    let mut installed = existing.owned.keys().peekable();
+    loop {
+        match (present.peek(), installed.peek()) {
+            (None, None) => break,
+            (Some(p), Some(i)) if p == i => {
+                present.next();
+                installed.next();
+            }
+            (Some(p), i) if i.is_none_or(|i| p < i) => {
+                dirty.insert(p);
+                present.next();
+            }
+            (_, Some(i)) => {
+                dirty.insert(i);
+                installed.next();
+            }
+            (Some(_), None) => unreachable!("handled by the arm above"),
+        }
+    }
+    dirty.into_iter().collect()
+}
+
+/// The keys of `map` that are ports of `first`'s service (`first` being its smallest port).
+fn ports_from<'a, V>(
+    map: &'a BTreeMap<ServicePortName, V>,
+    first: &ServicePortName,
+) -> impl Iterator<Item = &'a ServicePortName> {
+    let service = first.service.clone();
+    map.range(first..)
+        .map(|(name, _)| name)
+        .take_while(move |name| name.service == service)
+}
+
+/// The element changes of one sync: every element on a full sync (whose fixed part flushed
+/// the sets and maps), the difference on a partial one.
+struct ElementPlan {
+    /// Touched keys: the element as installed afterwards, or `None` once deleted. On a
+    /// partial sync a key may only change its holder or count, with no statement.
+    changes: BTreeMap<(ElementSet, String), Option<Installed>>,
+    /// Keys whose installed element is deleted first (gone, or its value changes).
+    deletes: BTreeSet<(ElementSet, String)>,
+    /// Keys whose element (new, or with a new value) is added.
+    adds: BTreeSet<(ElementSet, String)>,
+}
+
+impl ElementPlan {
+    /// Every element the plans ask for; the first claim of a key (in service order) holds it.
+    fn full(plans: &[ServicePlan<'_>]) -> Self {
+        let mut changes: BTreeMap<(ElementSet, String), Option<Installed>> = BTreeMap::new();
+        for plan in plans {
+            for (set, key, value) in &plan.elements {
+                match changes.entry((*set, key.clone())) {
+                    Entry::Vacant(e) => {
+                        e.insert(Some(Installed {
+                            value: value.clone(),
+                            owner: plan.name.clone(),
+                            claims: 1,
+                        }));
+                    }
+                    Entry::Occupied(mut e) => {
+                        if let Some(installed) = e.get_mut() {
+                            installed.claims += 1;
+                        }
+                    }
+                }
+            }
+        }
+        Self {
+            adds: changes.keys().cloned().collect(),
+            changes,
+            deletes: BTreeSet::new(),
+        }
+    }
+
+    /// The difference made by rewriting `plans` and dropping `gone`, against `existing`.
+    /// A key is held by the first of its claimants in service order: an unchanged holder
+    /// stays unless a rewritten port before it claims the key; when a rewritten port held it
+    /// and unchanged ports still claim it, the stored claims are searched for the next one
+    /// (rare: only ports of different services share keys).
+    fn partial(existing: &NftState, plans: &[ServicePlan<'_>], gone: &[&ServicePortName]) -> Self {
+        let rewritten: BTreeSet<&ServicePortName> = plans
+            .iter()
+            .map(|p| p.name)
+            .chain(gone.iter().copied())
+            .collect();
+        // Per touched key: how many claims the rewritten ports release, and their new ones.
+        let mut released: BTreeMap<(ElementSet, &str), u32> = BTreeMap::new();
+        for name in &rewritten {
+            for (set, key, _) in existing.claims.get(*name).into_iter().flatten() {
+                *released.entry((*set, key.as_str())).or_default() += 1;
+            }
+        }
+        let mut claimed: BTreeMap<(ElementSet, &str), Vec<(&ServicePortName, &ElementValue)>> =
+            BTreeMap::new();
+        for plan in plans {
+            for (set, key, value) in &plan.elements {
+                claimed
+                    .entry((*set, key.as_str()))
+                    .or_default()
+                    .push((plan.name, value));
+            }
+        }
+        let touched: BTreeSet<(ElementSet, &str)> =
+            released.keys().chain(claimed.keys()).copied().collect();
+
+        let mut plan = Self {
+            changes: BTreeMap::new(),
+            deletes: BTreeSet::new(),
+            adds: BTreeSet::new(),
+        };
+        for (set, key) in touched {
+            let before = existing.elements.get(&set).and_then(|e| e.get(key));
+            let new_claims = claimed.get(&(set, key)).map(Vec::as_slice).unwrap_or(&[]);
+            let unchanged_claims = before
+                .map_or(0, |b| b.claims)
+                .saturating_sub(released.get(&(set, key)).copied().unwrap_or(0));
+            // The first claimant among the ports not rewritten, with its value.
+            let unchanged_holder: Option<(&ServicePortName, &ElementValue)> = match before {
+                _ if unchanged_claims == 0 => None,
+                Some(b) if !rewritten.contains(&b.owner) => Some((&b.owner, &b.value)),
+                _ => existing
+                    .claims
+                    .iter()
+                    .filter(|(name, _)| !rewritten.contains(name))
+                    .find_map(|(name, claims)| {
+                        claims
+                            .iter()
+                            .find(|(s, k, _)| *s == set && k == key)
+                            .map(|(_, _, value)| (name, value))
+                    }),
+            };
+            let first_new = new_claims.iter().min_by_key(|(name, _)| *name).copied();
+            let holder = match (unchanged_holder, first_new) {
+                (Some(old), Some(new)) => Some(if new.0 < old.0 { new } else { old }),
+                (old, new) => old.or(new),
+            };
+            let after = holder.map(|(owner, value)| Installed {
+                value: value.clone(),
+                owner: owner.clone(),
+                claims: unchanged_claims + u32::try_from(new_claims.len()).unwrap_or(u32::MAX),
+            });
+            if after.as_ref() == before {
+                continue;
+            }
+            let entry = (set, key.to_owned());
+            if after.as_ref().map(|a| &a.value) != before.map(|b| &b.value) {
+                if before.is_some() {
+                    plan.deletes.insert(entry.clone());
+                }
+                if after.is_some() {
+                    plan.adds.insert(entry.clone());
+                }
+            }
+            plan.changes.insert(entry, after);
+        }
+        plan
+    }
+
+    /// The statements: per set, deletions first, then additions.
+    fn write(&self, tx: &mut Tx<'_>) {
+        for set in ElementSet::ALL {
+            let of_set = |(s, _): &&(ElementSet, String)| *s == set;
+            for (s, key) in self.deletes.iter().filter(of_set) {
+                tx.delete_element(*s, key);
+            }
+            for entry in self.adds.iter().filter(of_set) {
+                if let Some(Some(installed)) = self.changes.get(entry) {
+                    tx.add_element(entry.0, &entry.1, &installed.value);
+                }
+            }
+        }
+    }
+
+    /// A full sync's elements as the state keeps them (every set present, maybe empty).
+    fn into_installed(self) -> BTreeMap<ElementSet, BTreeMap<String, Installed>> {
+        let mut out: BTreeMap<ElementSet, BTreeMap<String, Installed>> = ElementSet::ALL
+            .iter()
+            .map(|set| (*set, BTreeMap::new()))
+            .collect();
+        for ((set, key), installed) in self.changes {
+            if let Some(installed) = installed {
+                out.entry(set).or_default().insert(key, installed);
+            }
+        }
+        out
+    }
+
+    /// A partial sync's element changes for [`Patch`].
+    fn into_changes(self) -> Vec<(ElementSet, String, Option<Installed>)> {
+        self.changes
+            .into_iter()
+            .map(|((set, key), installed)| (set, key, installed))
+            .collect()
+    }
 }
 
 /// The fixed part of the table: base chains, helper chains, sets and maps (flushed), and
@@ -714,7 +946,6 @@ fn plan_service<'a>(
     cluster_ip: IpAddr,
     svc: &ServicePort,
     endpoints: &[Endpoint],
-    with_rules: bool,
 ) -> ServicePlan<'a> {
     let ip = ctx.fam.ip;
     let cat = categorize(svc, endpoints, ctx.node);
@@ -876,9 +1107,6 @@ fn plan_service<'a>(
     };
     let balance = |chain: &String, eps: &[&Endpoint]| -> (String, Vec<String>) {
         let mut rules = Vec::new();
-        if !with_rules {
-            return (chain.clone(), rules);
-        }
         if chain == internal_chain
             && let Some(masquerade) = &internal_masquerade
         {
@@ -929,8 +1157,7 @@ fn plan_service<'a>(
 
     if uses_external_chain {
         let mut rules = Vec::new();
-        if !with_rules {
-        } else if !external_local {
+        if !external_local {
             // Endpoints may be on other nodes: masquerade so replies come back through us.
             rules.push(format!("jump {MARK_FOR_MASQUERADE}"));
         } else if uses_cluster_chain {
@@ -954,15 +1181,13 @@ fn plan_service<'a>(
                 comment("short-circuit local traffic")
             ));
         }
-        if has_external && with_rules {
+        if has_external {
             rules.push(format!("goto {external_policy_chain}"));
         }
         plan_chains.push((chains.external.clone(), rules));
     }
 
-    if uses_firewall_chain && !with_rules {
-        plan_chains.push((chains.firewall.clone(), Vec::new()));
-    } else if uses_firewall_chain {
+    if uses_firewall_chain {
         let mut sources: Vec<IpNet> = svc
             .load_balancer_source_ranges
             .iter()
@@ -989,10 +1214,6 @@ fn plan_service<'a>(
         let names = names_of(ep);
         if let Some(seconds) = affinity {
             affinity_sets.insert(names.affinity_set.clone(), seconds);
-        }
-        if !with_rules {
-            plan_chains.push((names.chain.clone(), Vec::new()));
-            continue;
         }
         let mut rules = vec![
             // Hairpin: an endpoint reaching itself through the service must be masqueraded,

@@ -69,13 +69,14 @@ fn partial_sync_without_setup_is_promoted_to_full() {
     )
     .expect("renders");
     assert_eq!(out.kind, SyncKind::Full);
-    assert!(out.state.is_initialized());
+    let installed = out.state_after(&existing);
+    assert!(installed.is_initialized());
     // Same configuration again: an idle partial sync does nothing.
     let again = render(
         &state,
         IpFamily::V4,
         &config,
-        &scope(SyncKind::Partial, &none, &out.state),
+        &scope(SyncKind::Partial, &none, &installed),
     )
     .expect("renders");
     assert_eq!(again.kind, SyncKind::Partial);
@@ -90,7 +91,7 @@ fn partial_sync_without_setup_is_promoted_to_full() {
         &state,
         IpFamily::V4,
         &other,
-        &scope(SyncKind::Partial, &none, &out.state),
+        &scope(SyncKind::Partial, &none, &installed),
     )
     .expect("renders");
     assert_eq!(changed.kind, SyncKind::Full);
