@@ -368,6 +368,59 @@ pub fn conntrack_relevant(state: &ProxyState) -> ProxyState {
     }
 }
 
+/// Brings `programmed` (a [`conntrack_relevant`] state) up to `state` after a sync: only the
+/// `changed` services are copied again when given (a partial sync), so that keeping it costs
+/// nothing per unchanged service; everything otherwise.
+pub fn refresh_conntrack_relevant(
+    programmed: &mut Option<ProxyState>,
+    state: &ProxyState,
+    changed: Option<&BTreeSet<ServiceName>>,
+) {
+    let (Some(previous), Some(changed)) = (programmed.as_mut(), changed) else {
+        *programmed = Some(conntrack_relevant(state));
+        return;
+    };
+    let relevant = |name: &ServicePortName| name.protocol != Protocol::Tcp;
+    for service in changed {
+        let of_service = |name: &ServicePortName| name.service == *service;
+        let first = ServicePortName {
+            service: service.clone(),
+            port: String::new(),
+            protocol: Protocol::Tcp,
+        };
+        let old: Vec<ServicePortName> = previous
+            .services
+            .range(&first..)
+            .map(|(name, _)| name)
+            .take_while(|name| of_service(name))
+            .chain(
+                previous
+                    .endpoints
+                    .range(&first..)
+                    .map(|(name, _)| name)
+                    .take_while(|name| of_service(name)),
+            )
+            .cloned()
+            .collect();
+        for name in &old {
+            previous.services.remove(name);
+            previous.endpoints.remove(name);
+        }
+        let ports = state
+            .services
+            .range(&first..)
+            .take_while(|(name, _)| of_service(name))
+            .filter(|(name, _)| relevant(name));
+        for (name, svc) in ports {
+            previous.services.insert(name.clone(), svc.clone());
+            if let Some(eps) = state.endpoints.get(name) {
+                previous.endpoints.insert(name.clone(), eps.clone());
+            }
+        }
+    }
+    previous.node = state.node.clone();
+}
+
 /// The service port as `family` programs it, and the `ip:port`s its rules DNAT to.
 fn used_endpoints(
     state: &ProxyState,

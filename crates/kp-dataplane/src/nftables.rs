@@ -47,7 +47,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
-use crate::conntrack::{Conntrack, DefaultConntrack, conntrack_relevant, delete_stale};
+use crate::conntrack::{Conntrack, DefaultConntrack, delete_stale, refresh_conntrack_relevant};
 
 pub use runner::{
     DEFAULT_NFT_BINARY, ExecNft, FakeNft, NftCall, NftRunner, parse_listing, table_family,
@@ -408,7 +408,11 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
             took = ?sync_start.elapsed(),
             "nftables sync finished"
         );
-        self.programmed = Some(conntrack_relevant(request.state));
+        refresh_conntrack_relevant(
+            &mut self.programmed,
+            request.state,
+            (!full).then_some(request.changed),
+        );
         Ok(SyncReport {
             rules_written: operations,
             skipped: Vec::new(),

@@ -13,6 +13,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 
 use super::*;
+use crate::conntrack::conntrack_relevant;
 use crate::conntrack::{FakeConntrack, FlowFilter};
 use crate::testutil::*;
 
@@ -586,6 +587,12 @@ async fn stale_udp_entries_are_deleted_as_in_iptables_mode() {
     );
     assert!(!expected.is_empty());
     assert_eq!(conntrack.deleted(), expected);
+    // The partial sync refreshed only the changed service, to the same result as a copy of
+    // everything.
+    assert_eq!(
+        backend.programmed.as_ref(),
+        Some(&conntrack_relevant(&after))
+    );
     assert!(conntrack.deleted().contains(&FlowFilter {
         family: IpFamily::V4,
         protocol: Protocol::Udp,
@@ -594,6 +601,47 @@ async fn stale_udp_entries_are_deleted_as_in_iptables_mode() {
         reply_src: Some(ip("10.244.2.6")),
         reply_src_port: Some(5353),
     }));
+}
+
+#[tokio::test]
+async fn partial_syncs_refresh_only_changed_services_for_conntrack() {
+    let (mut backend, _, _) = backend(vec![IpFamily::V4]);
+    let none = BTreeSet::new();
+    let dns = |eps: &[&str]| {
+        let svc = service("kube-system", "dns", Protocol::Udp, "10.96.0.10", 53);
+        (svc, eps.iter().map(|e| endpoint(e, 5353)).collect())
+    };
+    let syslog = |eps: &[&str]| {
+        let svc = service("logs", "syslog", Protocol::Udp, "10.96.0.11", 514);
+        (svc, eps.iter().map(|e| endpoint(e, 514)).collect())
+    };
+    let web = || {
+        let svc = service("default", "web", Protocol::Tcp, "10.96.0.12", 80);
+        (svc, vec![endpoint("10.244.3.1", 8080)])
+    };
+    let before = state(vec![dns(&["10.244.1.5"]), syslog(&["10.244.4.1"]), web()]);
+    backend
+        .sync(&request(&before, SyncKind::Full, &none, true))
+        .await
+        .expect("fake succeeds");
+    assert_eq!(
+        backend.programmed.as_ref(),
+        Some(&conntrack_relevant(&before))
+    );
+    // dns changes, syslog goes, web (TCP, never relevant) stays.
+    let after = state(vec![dns(&["10.244.1.6"]), web()]);
+    let changed = BTreeSet::from([
+        service_name("kube-system", "dns"),
+        service_name("logs", "syslog"),
+    ]);
+    backend
+        .sync(&request(&after, SyncKind::Partial, &changed, true))
+        .await
+        .expect("fake succeeds");
+    assert_eq!(
+        backend.programmed.as_ref(),
+        Some(&conntrack_relevant(&after))
+    );
 }
 
 #[tokio::test]
