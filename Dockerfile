@@ -9,7 +9,8 @@ RUN cargo build --release --locked -p kube-proxy \
     && install -D -m 0755 target/release/kube-proxy /out/kube-proxy
 
 FROM debian:bookworm-slim
-# The userspace tools kube-proxy drives on the node.
+# The userspace tools kube-proxy drives on the node (util-linux's `unshare`, which isolates a
+# failing iptables restore in a throwaway network namespace, is in the base image).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         iptables nftables ipset conntrack iproute2 \

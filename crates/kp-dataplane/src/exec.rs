@@ -177,6 +177,16 @@ pub trait RuleRunner: Send + Sync {
         input: &str,
     ) -> impl Future<Output = Result<(), ExecError>> + Send;
 
+    /// Apply `input` with `iptables-restore` in a new, empty network namespace that is then
+    /// thrown away: everything the kernel checks when a restore commits is checked, and
+    /// nothing on the node changes. Used to find which service breaks a restore whose error
+    /// names no line of its own.
+    fn restore_isolated(
+        &self,
+        family: IpFamily,
+        input: &str,
+    ) -> impl Future<Output = Result<(), ExecError>> + Send;
+
     /// The output of `iptables-save -t <table>`.
     fn save(
         &self,
@@ -193,6 +203,10 @@ pub trait RuleRunner: Send + Sync {
         args: &[String],
     ) -> impl Future<Output = Result<(), ExecError>> + Send;
 }
+
+/// util-linux's `unshare`, on the `PATH`: runs a restore in a network namespace of its own
+/// ([`RuleRunner::restore_isolated`]); needs the `CAP_SYS_ADMIN` a kube-proxy pod has.
+pub const UNSHARE_BINARY: &str = "unshare";
 
 /// Runs the real tools with `tokio::process`.
 #[derive(Clone, Debug, Default)]
@@ -226,6 +240,18 @@ impl RuleRunner for ExecRunner {
             format!("--wait={DEFAULT_LOCK_WAIT_SECONDS}"),
         ];
         run_program(self.tools.restore(family), &args, Some(input)).await?;
+        Ok(())
+    }
+
+    async fn restore_isolated(&self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        let args = [
+            "--net".to_owned(),
+            "--".to_owned(),
+            self.tools.restore(family).display().to_string(),
+            "--noflush".to_owned(),
+            format!("--wait={DEFAULT_LOCK_WAIT_SECONDS}"),
+        ];
+        run_program(&PathBuf::from(UNSHARE_BINARY), &args, Some(input)).await?;
         Ok(())
     }
 
@@ -356,6 +382,13 @@ pub enum RunnerCall {
         /// The restore input.
         input: String,
     },
+    /// [`RuleRunner::restore_isolated`].
+    RestoreIsolated {
+        /// The family.
+        family: IpFamily,
+        /// The restore input.
+        input: String,
+    },
     /// [`RuleRunner::save`].
     Save {
         /// The family.
@@ -378,6 +411,11 @@ impl fmt::Display for RunnerCall {
             RunnerCall::Restore { family, input } => {
                 write!(f, "restore {family:?} ({} lines)", input.lines().count())
             }
+            RunnerCall::RestoreIsolated { family, input } => write!(
+                f,
+                "restore in an empty namespace {family:?} ({} lines)",
+                input.lines().count()
+            ),
             RunnerCall::Save { family, table } => write!(f, "save {family:?} {}", table.as_str()),
             RunnerCall::Run { family, args } => write!(f, "run {family:?} {}", args.join(" ")),
         }
@@ -497,6 +535,24 @@ impl RuleRunner for FakeRunner {
             None => state.fail_when.as_ref().is_some_and(|f| f(family, input)),
         };
         if fail {
+            return Err(fake_failure(
+                "fake-iptables-restore",
+                1,
+                "injected failure\nError occurred at line: 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Fails iff [`FakeRunner::fail_restores_when`] says so: a failure that depends on the
+    /// content reproduces in an empty namespace; scripted ones model the node and do not.
+    async fn restore_isolated(&self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        let mut state = self.lock();
+        state.calls.push(RunnerCall::RestoreIsolated {
+            family,
+            input: input.to_owned(),
+        });
+        if state.fail_when.as_ref().is_some_and(|f| f(family, input)) {
             return Err(fake_failure(
                 "fake-iptables-restore",
                 1,

@@ -219,6 +219,51 @@ fn restore_failures_in_a_netns() {
 }
 
 #[test]
+fn restore_in_an_empty_namespace_leaves_this_one_alone() {
+    in_netns(
+        "restore_in_an_empty_namespace_leaves_this_one_alone",
+        &["iptables-restore", "unshare"],
+        || {
+            block_on(async {
+                use kp_dataplane::exec::RuleRunner as _;
+                let runner = ExecRunner::new(Tools::default());
+                let none = BTreeSet::new();
+                let scope = kp_rules::iptables::SyncScope {
+                    kind: SyncKind::Full,
+                    changed: &none,
+                    existing_chains: &BTreeSet::new(),
+                };
+                let text = kp_rules::iptables::render(
+                    &web("10.244.1.1"),
+                    IpFamily::V4,
+                    &RenderConfig::default(),
+                    &scope,
+                )
+                .expect("renders")
+                .text;
+                let before = save(IpFamily::V4);
+                runner
+                    .restore_isolated(IpFamily::V4, &text)
+                    .await
+                    .expect("a full ruleset applies to an empty namespace");
+                assert_eq!(save(IpFamily::V4), before, "this namespace is untouched");
+                // What the kernel rejects fails there too.
+                let bad = "*nat\n:KUBE-SVC-TESTONLY - [0:0]\n-A KUBE-SVC-TESTONLY -j KUBE-SEP-MISSING\nCOMMIT\n";
+                let err = runner
+                    .restore_isolated(IpFamily::V4, bad)
+                    .await
+                    .expect_err("a jump to a missing chain");
+                assert!(
+                    matches!(err, kp_dataplane::exec::ExecError::Failed { .. }),
+                    "{err}"
+                );
+                assert_eq!(save(IpFamily::V4), before);
+            });
+        },
+    );
+}
+
+#[test]
 fn setup_is_idempotent_across_restarts() {
     in_netns(
         "setup_is_idempotent_across_restarts",

@@ -12,7 +12,10 @@
 //!    other service still gets programmed; upstream would only count the failure and make
 //!    the next sync full.
 //! 4. If a full restore fails and the line it names belongs to one service ([`isolate`]),
-//!    render again without that service and retry, for at most
+//!    or, when the line is no service's (the kernel checks a table at `COMMIT`), halves of
+//!    the ruleset restored in throwaway network namespaces point at one service
+//!    ([`RuleRunner::restore_isolated`]), render again without that service and retry, for
+//!    at most
 //!    [`isolate::MAX_ISOLATED_SERVICES`] services. The excluded services' chains are left
 //!    as they are (neither written nor deleted), each is logged at error level and reported
 //!    in [`SyncReport::skipped`], which the proxier hands to the next sync as changed.
@@ -334,8 +337,12 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                 return Err(failure.into_backend(family));
             };
             let message = error.to_string();
-            let service = isolate::failed_line(&message)
+            let named = isolate::failed_line(&message)
                 .and_then(|line| isolate::service_of_line(text, line, state));
+            let service = match named {
+                Some(service) => Some(service),
+                None => self.find_breaking_service(family, state, request).await,
+            };
             let Some(service) = service else {
                 return Err(failure.into_backend(family));
             };
@@ -355,6 +362,106 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             );
             skipped.insert(service);
             reduced = Some(isolate::without(request.state, &skipped));
+        }
+    }
+
+    /// When a full restore fails at a line of no service (typically its `COMMIT`, where the
+    /// kernel checks the whole table at once), finds the one service whose rules make it
+    /// fail, by restoring halves of the ruleset in empty network namespaces
+    /// ([`RuleRunner::restore_isolated`]): at most 1 + 2·log2(services) restores, none of
+    /// which touches the node. `None` when the whole ruleset applies there (the node is the
+    /// problem, not a service), when only services together fail, or when the namespace
+    /// cannot be made.
+    async fn find_breaking_service(
+        &self,
+        family: IpFamily,
+        state: &ProxyState,
+        request: &SyncRequest<'_>,
+    ) -> Option<ServiceName> {
+        let mut suspects: Vec<ServiceName> =
+            state.services.keys().map(|n| n.service.clone()).collect();
+        suspects.dedup();
+        let started = Instant::now();
+        let mut restores = 1;
+        if self
+            .applies_alone(family, state, request, &suspects)
+            .await?
+        {
+            warn!(
+                ?family,
+                "the ruleset applies in an empty network namespace: the restore fails because \
+                 of the node, not of a service"
+            );
+            return None;
+        }
+        while suspects.len() > 1 {
+            let (first, second) = suspects.split_at(suspects.len() / 2);
+            restores += 1;
+            if !self.applies_alone(family, state, request, first).await? {
+                suspects = first.to_vec();
+                continue;
+            }
+            restores += 1;
+            if !self.applies_alone(family, state, request, second).await? {
+                suspects = second.to_vec();
+                continue;
+            }
+            warn!(
+                ?family,
+                suspects = suspects.len(),
+                "the restore fails only with several services together; not isolating"
+            );
+            return None;
+        }
+        // Every subset failing (a shared part of the ruleset is bad) also ends here: the
+        // suspect is only blamed if the others apply without it.
+        let suspect = suspects.pop()?;
+        let others: Vec<ServiceName> = state
+            .services
+            .keys()
+            .map(|n| n.service.clone())
+            .filter(|s| *s != suspect)
+            .collect();
+        restores += 1;
+        if !self.applies_alone(family, state, request, &others).await? {
+            warn!(?family, %suspect, "the restore fails without this service too; not isolating");
+            return None;
+        }
+        debug!(?family, restores, took = ?started.elapsed(), "found the service breaking the restore");
+        Some(suspect)
+    }
+
+    /// Whether the full ruleset of `only` (services of `state`) applies in an empty network
+    /// namespace; `None` when that could not be tried.
+    async fn applies_alone(
+        &self,
+        family: IpFamily,
+        state: &ProxyState,
+        request: &SyncRequest<'_>,
+        only: &[ServiceName],
+    ) -> Option<bool> {
+        let keep: BTreeSet<&ServiceName> = only.iter().collect();
+        let others: BTreeSet<ServiceName> = state
+            .services
+            .keys()
+            .map(|n| &n.service)
+            .filter(|s| !keep.contains(s))
+            .cloned()
+            .collect();
+        let reduced = isolate::without(state, &others);
+        let scope = SyncScope {
+            kind: SyncKind::Full,
+            changed: request.changed,
+            existing_chains: &BTreeSet::new(),
+        };
+        let output = render(&reduced, family, &self.config.render, &scope).ok()?;
+        match self.runner.restore_isolated(family, &output.text).await {
+            Ok(()) => Some(true),
+            Err(ExecError::Failed { .. }) => Some(false),
+            Err(err) => {
+                warn!(?family, error = %err, "cannot restore in an empty network namespace");
+                None
+            }
         }
     }
 

@@ -571,6 +571,9 @@ async fn a_cleanup_plan_looks_now_and_removes_later() {
 struct LineFailRunner {
     inner: FakeRunner,
     bad: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Text whose presence fails a restore at its `COMMIT` (a line of no service), as the
+    /// kernel's checks at commit do.
+    bad_at_commit: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl LineFailRunner {
@@ -580,20 +583,32 @@ impl LineFailRunner {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = chains;
     }
-}
 
-impl crate::exec::RuleRunner for LineFailRunner {
-    async fn restore(&self, family: IpFamily, input: &str) -> Result<(), crate::exec::ExecError> {
-        self.inner.restore(family, input).await?;
-        let bad = self
-            .bad
+    fn fail_at_commit_on(&self, texts: Vec<String>) {
+        *self
+            .bad_at_commit
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let Some(line) = input
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = texts;
+    }
+
+    /// The failure `input` meets, wherever it is applied.
+    fn check(&self, family: IpFamily, input: &str) -> Result<(), crate::exec::ExecError> {
+        let lock = |m: &std::sync::Mutex<Vec<String>>| {
+            m.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        };
+        let (bad, bad_at_commit) = (lock(&self.bad), lock(&self.bad_at_commit));
+        let failing = input
             .lines()
             .position(|line| bad.iter().any(|chain| line.contains(chain.as_str())))
-        else {
+            .or_else(|| {
+                bad_at_commit
+                    .iter()
+                    .any(|text| input.contains(text.as_str()))
+                    .then(|| input.lines().count() - 1)
+            });
+        let Some(line) = failing else {
             return Ok(());
         };
         let stderr = match family {
@@ -608,6 +623,22 @@ impl crate::exec::RuleRunner for LineFailRunner {
             code: Some(2),
             stderr,
         })
+    }
+}
+
+impl crate::exec::RuleRunner for LineFailRunner {
+    async fn restore(&self, family: IpFamily, input: &str) -> Result<(), crate::exec::ExecError> {
+        self.inner.restore(family, input).await?;
+        self.check(family, input)
+    }
+
+    async fn restore_isolated(
+        &self,
+        family: IpFamily,
+        input: &str,
+    ) -> Result<(), crate::exec::ExecError> {
+        self.inner.restore_isolated(family, input).await?;
+        self.check(family, input)
     }
 
     async fn save(&self, family: IpFamily, table: Table) -> Result<String, crate::exec::ExecError> {
@@ -771,6 +802,80 @@ async fn unmappable_restore_error_fails_as_before() {
     );
     assert_eq!(runner.inner.restores().len(), 1);
     assert!(backend.next_sync_is_full());
+}
+
+#[tokio::test]
+async fn a_service_failing_at_commit_is_found_in_empty_namespaces() {
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let (mut backend, runner) = line_fail_backend(vec![family]);
+        let state = services_of(family, 9);
+        // The error names the `COMMIT` line, so no line points at ns/s6.
+        let bad = sep_chain("ns", "s6", &endpoint_ip(family, 6), 8080);
+        runner.fail_at_commit_on(vec![bad.clone()]);
+        let none = BTreeSet::new();
+        let report = backend
+            .sync(&request(&state, SyncKind::Full, &none, false))
+            .await
+            .expect("the other services are programmed");
+        assert_eq!(report.skipped, [service_name("ns", "s6")], "{family:?}");
+        let calls = runner.inner.calls();
+        let isolated: Vec<&String> = calls
+            .iter()
+            .filter_map(|c| match c {
+                crate::exec::RunnerCall::RestoreIsolated { input, .. } => Some(input),
+                _ => None,
+            })
+            .collect();
+        // The whole set, halves down to one service (at most two tries per halving), and
+        // the set without it: bounded by 2 + 2·log2(9).
+        assert!(isolated.len() <= 2 + 2 * 4, "{}", isolated.len());
+        assert!(isolated.last().is_some_and(|t| !t.contains(&bad)));
+        let restores = runner.inner.restores();
+        assert_eq!(
+            restores.len(),
+            2,
+            "the failure, and the retry without ns/s6"
+        );
+        assert!(!restores[1].1.contains(&bad));
+        assert!(
+            restores[1]
+                .1
+                .contains(&svc_chain("ns", "s5", Protocol::Tcp))
+        );
+        assert!(
+            restores[1]
+                .1
+                .contains(&svc_chain("ns", "s7", Protocol::Tcp))
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_commit_failure_of_the_node_isolates_no_service() {
+    let (mut backend, runner) = line_fail_backend(vec![IpFamily::V4]);
+    let state = services(4);
+    // Fails on the node only: the same rules apply in an empty namespace.
+    runner.inner.fail_next_restores(1);
+    let none = BTreeSet::new();
+    backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect_err("nothing to isolate");
+    let isolated = runner
+        .inner
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, crate::exec::RunnerCall::RestoreIsolated { .. }))
+        .count();
+    assert_eq!(isolated, 1, "one try of the whole ruleset");
+    // Failing with every service's rules (a shared part is bad): no service is blamed.
+    let (mut backend, runner) = line_fail_backend(vec![IpFamily::V4]);
+    runner.fail_at_commit_on(vec![":KUBE-SERVICES".to_owned()]);
+    backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect_err("nothing to isolate");
+    assert_eq!(runner.inner.restores().len(), 1);
 }
 
 #[tokio::test]
