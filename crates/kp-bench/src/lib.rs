@@ -16,6 +16,7 @@ pub mod state;
 pub mod summary;
 pub mod svg;
 pub mod sys;
+pub mod topology;
 
 #[cfg(test)]
 mod tests;

@@ -14,9 +14,9 @@
 //! server's address, and reports p50/p99. Measurements only; nothing is asserted.
 
 use std::io::{Read as _, Write as _};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
@@ -26,8 +26,7 @@ use kp_bench::generate::NODE_NAME;
 use kp_bench::logs::{FIRST_SYNC, LogLine};
 use kp_bench::report::{Figure, Table, human, mib};
 use kp_bench::sys::{self, Netns};
-
-const SERVER: Ipv4Addr = Ipv4Addr::new(10, 200, 2, 2);
+use kp_bench::topology::{SERVER, spawn_in, topology};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mode {
@@ -182,86 +181,6 @@ fn probe(target: SocketAddr, count: usize, warmup: usize) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// A child process killed (by pid) with its descendants when dropped.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        for pid in sys::descendants(self.0.id()) {
-            sys::kill(pid, "KILL");
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Topology {
-    client: Netns,
-    node: Netns,
-    server: Netns,
-}
-
-fn ns_run(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
-    ns.output(args[0], &args[1..]).map(|_| ())
-}
-
-fn topology(tag: &str) -> anyhow::Result<Topology> {
-    let pid = std::process::id();
-    let client = Netns::create(&format!("kpconn-{pid}-{tag}-cl"))?;
-    let node = Netns::create(&format!("kpconn-{pid}-{tag}-node"))?;
-    let server = Netns::create(&format!("kpconn-{pid}-{tag}-srv"))?;
-    let (c, s) = (client.name(), server.name());
-    ns_run(
-        &node,
-        &[
-            "ip", "link", "add", "n0", "type", "veth", "peer", "name", "c0", "netns", c,
-        ],
-    )?;
-    ns_run(
-        &node,
-        &[
-            "ip", "link", "add", "n1", "type", "veth", "peer", "name", "s0", "netns", s,
-        ],
-    )?;
-    for (ns, dev, addr) in [
-        (&client, "c0", "10.200.1.2/24"),
-        (&node, "n0", "10.200.1.1/24"),
-        (&node, "n1", "10.200.2.1/24"),
-        (&server, "s0", "10.200.2.2/24"),
-    ] {
-        ns_run(ns, &["ip", "addr", "add", addr, "dev", dev])?;
-        ns_run(ns, &["ip", "link", "set", dev, "up"])?;
-    }
-    ns_run(
-        &client,
-        &["ip", "route", "add", "default", "via", "10.200.1.1"],
-    )?;
-    ns_run(
-        &server,
-        &["ip", "route", "add", "default", "via", "10.200.2.1"],
-    )?;
-    ns_run(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
-    Ok(Topology {
-        client,
-        node,
-        server,
-    })
-}
-
-fn spawn_in(ns: &Netns, program: &Path, args: &[&str], stderr: Stdio) -> anyhow::Result<Guard> {
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns.name()])
-        .arg(program)
-        .args(args)
-        .env(kp_dataplane::sysctls::STATE_DIR_ENV, ns.state_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .with_context(|| format!("starting {} in {}", program.display(), ns.name()))?;
-    Ok(Guard(child))
-}
-
 fn run_probe(exe: &Path, ns: &Netns, target: SocketAddr, count: usize) -> anyhow::Result<Stats> {
     let target = target.to_string();
     let count = count.to_string();
@@ -291,13 +210,14 @@ fn measure(args: &RunArgs, mode: Mode, services: usize, dir: &Path) -> anyhow::R
     for (name, text) in connect::manifests(services, args.endpoints, SERVER).files {
         std::fs::write(manifests_dir.join(name), text)?;
     }
-    let topo = topology(&format!("{}{services}", &mode.name()[..1]))?;
+    let topo = topology("kpconn", &format!("{}{services}", &mode.name()[..1]))?;
     let port = ECHO_PORT.to_string();
     let server = spawn_in(
         &topo.server,
         &exe,
         &["serve", "--port", &port],
         Stdio::null(),
+        &[],
     )?;
     let log_path = dir.join(format!("proxy-{}-{services}.log", mode.name()));
     let log = std::fs::File::create(&log_path)?;
@@ -319,6 +239,7 @@ fn measure(args: &RunArgs, mode: Mode, services: usize, dir: &Path) -> anyhow::R
             "--conntrack-max-per-core=0",
         ],
         Stdio::from(log),
+        &[],
     )?;
     let limit = Duration::from_secs(args.timeout);
     let took = loop {
@@ -335,7 +256,7 @@ fn measure(args: &RunArgs, mode: Mode, services: usize, dir: &Path) -> anyhow::R
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let rss = sys::vm_hwm_kib(proxy.0.id());
+    let rss = sys::vm_hwm_kib(proxy.id());
     let load = || format!("{load_start}→{}", sys::load());
     let Some(took) = took else {
         eprintln!(
@@ -366,7 +287,7 @@ fn measure(args: &RunArgs, mode: Mode, services: usize, dir: &Path) -> anyhow::R
         args.count,
     );
     // The proxy's own pid is `ip netns exec`'s (it execs).
-    let rss = sys::vm_hwm_kib(proxy.0.id()).or(rss);
+    let rss = sys::vm_hwm_kib(proxy.id()).or(rss);
     drop(proxy);
     drop(server);
     Ok(Row {

@@ -20,7 +20,7 @@
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
@@ -30,8 +30,8 @@ use kp_bench::generate::NODE_NAME;
 use kp_bench::logs::{FIRST_SYNC, LogLine};
 use kp_bench::report::{Table, human};
 use kp_bench::sys::{self, Netns};
+use kp_bench::topology::{Guard, SERVER, Topology, spawn_in, topology};
 
-const SERVER: Ipv4Addr = Ipv4Addr::new(10, 200, 2, 2);
 const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 97, 255, 250);
 /// The measured iperf3 server.
 const IPERF_PORT: u16 = 5201;
@@ -117,98 +117,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// A child process killed (by pid) with its descendants when dropped.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        for pid in sys::descendants(self.0.id()) {
-            sys::kill(pid, "KILL");
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Topology {
-    client: Netns,
-    node: Netns,
-    server: Netns,
-}
-
-fn ns_run(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
-    ns.output(args[0], &args[1..]).map(|_| ())
-}
-
-fn topology(tag: &str) -> anyhow::Result<Topology> {
-    let pid = std::process::id();
-    let client = Netns::create(&format!("kpr-{pid}-{tag}-cl"))?;
-    let node = Netns::create(&format!("kpr-{pid}-{tag}-node"))?;
-    let server = Netns::create(&format!("kpr-{pid}-{tag}-srv"))?;
-    let (c, s) = (client.name(), server.name());
-    for (dev, peer, ns) in [("n0", "c0", c), ("n1", "s0", s)] {
-        ns_run(
-            &node,
-            &[
-                "ip", "link", "add", dev, "type", "veth", "peer", "name", peer, "netns", ns,
-            ],
-        )?;
-    }
-    for (ns, dev, addr) in [
-        (&client, "c0", "10.200.1.2/24"),
-        (&node, "n0", "10.200.1.1/24"),
-        (&node, "n1", "10.200.2.1/24"),
-        (&server, "s0", "10.200.2.2/24"),
-    ] {
-        ns_run(ns, &["ip", "addr", "add", addr, "dev", dev])?;
-        ns_run(ns, &["ip", "link", "set", dev, "up"])?;
-    }
-    ns_run(
-        &client,
-        &["ip", "route", "add", "default", "via", "10.200.1.1"],
-    )?;
-    ns_run(
-        &server,
-        &["ip", "route", "add", "default", "via", "10.200.2.1"],
-    )?;
-    ns_run(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
-    Ok(Topology {
-        client,
-        node,
-        server,
-    })
-}
-
-fn spawn_in(
-    ns: &Netns,
-    program: impl AsRef<Path>,
-    args: &[&str],
-    stderr: Stdio,
-) -> anyhow::Result<Guard> {
-    spawn_with_env(ns, program, args, stderr, &[])
-}
-
-fn spawn_with_env(
-    ns: &Netns,
-    program: impl AsRef<Path>,
-    args: &[&str],
-    stderr: Stdio,
-    env: &[(&str, &str)],
-) -> anyhow::Result<Guard> {
-    let program = program.as_ref();
-    let child = Command::new("ip")
-        .envs(env.iter().copied())
-        .args(["netns", "exec", ns.name()])
-        .arg(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .with_context(|| format!("starting {} in {}", program.display(), ns.name()))?;
-    Ok(Guard(child))
 }
 
 /// The Service (three ports) and its EndpointSlice.
@@ -300,15 +208,28 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
         PathKind::UserspacePipe64k => "m",
         _ => &path.name()[..1],
     };
-    let topo = topology(&format!("{tag}{n}"))?;
+    let topo = topology("kpr", &format!("{tag}{n}"))?;
     let _servers = [
-        spawn_in(&topo.server, "iperf3", &["-s", "-p", "5201"], Stdio::null())?,
-        spawn_in(&topo.server, "iperf3", &["-s", "-p", "5202"], Stdio::null())?,
+        spawn_in(
+            &topo.server,
+            "iperf3",
+            &["-s", "-p", "5201"],
+            Stdio::null(),
+            &[],
+        )?,
+        spawn_in(
+            &topo.server,
+            "iperf3",
+            &["-s", "-p", "5202"],
+            Stdio::null(),
+            &[],
+        )?,
         spawn_in(
             &topo.server,
             exe.with_file_name("kp-connect"),
             &["serve", "--port", "8080"],
             Stdio::null(),
+            &[],
         )?,
     ];
     let proxy = match path.mode() {
@@ -329,7 +250,7 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
     };
     // Wait for the path (iperf3 servers start asynchronously).
     latency(&topo.client, SocketAddr::from((target, echo)), 10)?;
-    let ticks = |p: &Option<Guard>| p.as_ref().and_then(|g| sys::cpu_ticks(g.0.id()));
+    let ticks = |p: &Option<Guard>| p.as_ref().and_then(|g| sys::cpu_ticks(g.id()));
     let (cpu_before, started) = (ticks(&proxy), Instant::now());
     let one_stream = iperf(&topo.client, target, args.seconds, 1)?;
     let cpu = match (cpu_before, ticks(&proxy)) {
@@ -351,6 +272,7 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
         "iperf3",
         &["-c", &ip, "-p", "5202", "-t", &t, "-b", &b],
         Stdio::null(),
+        &[],
     )?;
     std::thread::sleep(Duration::from_secs(1));
     let loaded = latency(&topo.client, SocketAddr::from((target, echo)), args.count)?;
@@ -381,7 +303,7 @@ fn start_proxy(args: &Args, path: PathKind, topo: &Topology, dir: &Path) -> anyh
         PathKind::UserspacePipe64k => &[("KP_RELAY_COPY", "pipe-64")],
         _ => &[],
     };
-    let proxy = spawn_with_env(
+    let proxy = spawn_in(
         &topo.node,
         &binary,
         &[
