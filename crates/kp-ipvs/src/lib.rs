@@ -7,10 +7,12 @@
 
 pub mod codec;
 mod fake;
+#[cfg(target_os = "linux")]
 mod socket;
 mod types;
 
 pub use fake::{FakeIpvs, Op};
+#[cfg(target_os = "linux")]
 pub use socket::NetlinkIpvs;
 pub use types::*;
 
