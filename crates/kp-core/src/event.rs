@@ -6,6 +6,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 /// One change reported by a source.
 // Each event is moved once through a channel; boxing the objects would add an allocation per
@@ -19,6 +20,8 @@ pub enum SourceEvent {
     EndpointSlice(ObjectEvent<EndpointSlice>),
     /// This node's Node object changed.
     Node(ObjectEvent<Node>),
+    /// A ServiceCIDR changed (cluster-wide; clusters without the API never send these).
+    ServiceCidr(ObjectEvent<ServiceCIDR>),
 }
 
 /// A change to one kind of object.

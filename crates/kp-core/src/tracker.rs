@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
 
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Serialize;
@@ -37,6 +38,9 @@ pub struct ProxyState {
     pub endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
     /// This node.
     pub node: NodeInfo,
+    /// The ranges of every ServiceCIDR, sorted, without duplicates (empty when the cluster
+    /// has none or no ServiceCIDR API).
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl ProxyState {
@@ -79,6 +83,8 @@ pub enum ObjectKind {
     EndpointSlice,
     /// `v1/Node` (only this node's).
     Node,
+    /// `networking.k8s.io/v1/ServiceCIDR`.
+    ServiceCidr,
 }
 
 impl ObjectKind {
@@ -88,6 +94,7 @@ impl ObjectKind {
             ObjectKind::Service => "Service",
             ObjectKind::EndpointSlice => "EndpointSlice",
             ObjectKind::Node => "Node",
+            ObjectKind::ServiceCidr => "ServiceCIDR",
         }
     }
 }
@@ -242,6 +249,10 @@ pub struct ChangeTracker {
     node: NodeInfo,
     /// The node as of the last apply.
     applied_node: Option<NodeInfo>,
+    /// The ranges of each ServiceCIDR, by name (latest versions).
+    service_cidrs: BTreeMap<String, Vec<IpNet>>,
+    /// The ranges as of the last apply.
+    applied_service_cidrs: Vec<IpNet>,
     invalid: Vec<ModelError>,
     synced: BTreeSet<ObjectKind>,
     /// Node and zone names, shared by all endpoints (here and in the applied state).
@@ -264,6 +275,8 @@ impl ChangeTracker {
             slice_owners: BTreeMap::new(),
             trigger_times: BTreeMap::new(),
             applied_node: None,
+            service_cidrs: BTreeMap::new(),
+            applied_service_cidrs: Vec::new(),
             invalid: Vec::new(),
             synced: BTreeSet::new(),
             names: Names::default(),
@@ -323,7 +336,33 @@ impl ChangeTracker {
                 }
                 ObjectEvent::Synced => self.synced(ObjectKind::Node),
             },
+            SourceEvent::ServiceCidr(event) => match event {
+                ObjectEvent::Applied(object) => {
+                    let name = object.metadata.name.clone().unwrap_or_default();
+                    match model::service_cidr_ranges(&object) {
+                        Ok(ranges) => changed_if(
+                            self.service_cidrs.insert(name, ranges.clone()) != Some(ranges),
+                        ),
+                        Err(error) => {
+                            // Keep the last good version, as for Services.
+                            self.invalid.push(error);
+                            Recorded::Invalid
+                        }
+                    }
+                }
+                ObjectEvent::Deleted(object) => {
+                    let name = object.metadata.name.clone().unwrap_or_default();
+                    changed_if(self.service_cidrs.remove(&name).is_some())
+                }
+                ObjectEvent::Synced => self.synced(ObjectKind::ServiceCidr),
+            },
         }
+    }
+
+    /// Every ServiceCIDR's ranges, sorted, without duplicates.
+    fn latest_service_cidrs(&self) -> Vec<IpNet> {
+        let ranges: BTreeSet<IpNet> = self.service_cidrs.values().flatten().copied().collect();
+        ranges.into_iter().collect()
     }
 
     /// Whether the source of `kind` has finished its initial list.
@@ -352,6 +391,7 @@ impl ChangeTracker {
             || !self.slices.pending.is_empty()
             || !self.invalid.is_empty()
             || self.applied_node.as_ref() != Some(&self.node)
+            || self.applied_service_cidrs != self.latest_service_cidrs()
     }
 
     /// Fold every recorded change into `state` and report what changed.
@@ -421,6 +461,11 @@ impl ChangeTracker {
             state.node = self.node.clone();
         }
         self.applied_node = Some(self.node.clone());
+        let cidrs = self.latest_service_cidrs();
+        if state.service_cidrs != cidrs {
+            state.service_cidrs.clone_from(&cidrs);
+        }
+        self.applied_service_cidrs = cidrs;
         result
     }
 

@@ -365,6 +365,7 @@ pub fn conntrack_relevant(state: &ProxyState) -> ProxyState {
             .map(|(name, eps)| (name.clone(), eps.clone()))
             .collect(),
         node: state.node.clone(),
+        service_cidrs: Vec::new(),
     }
 }
 

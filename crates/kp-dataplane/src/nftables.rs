@@ -27,10 +27,10 @@
 //! After every family succeeded, stale UDP/SCTP conntrack entries are deleted exactly as in
 //! iptables mode, with the shared logic of [`crate::conntrack`].
 //!
-//! Not done yet: the "drop traffic to unallocated ClusterIPs" rule needs the service CIDRs
-//! (ServiceCIDR objects or `--service-cluster-ip-range`), which nothing passes to the
-//! backend today, so the renderer gets none; the `nftables.tableName` setting of the newest
-//! upstream is not supported (the table is always `kube-proxy`).
+//! The "drop traffic to unallocated ClusterIPs" rule covers the ranges of the cluster's
+//! ServiceCIDR objects ([`ProxyState::service_cidrs`](kp_core::tracker::ProxyState)); a
+//! cluster without them gets no such rule, as upstream. Not supported: the
+//! `nftables.tableName` setting of the newest upstream (the table is always `kube-proxy`).
 
 mod runner;
 #[cfg(test)]
@@ -232,8 +232,7 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             changed: request.changed,
             existing,
             delete_stale,
-            // Nothing passes the service CIDRs to the backend yet (see the module docs).
-            service_cidrs: &[],
+            service_cidrs: &request.state.service_cidrs,
         };
         // `validate` ran in the constructor; a failure here is a renderer bug.
         render(request.state, family, &self.config.render, &scope).map_err(|e| {

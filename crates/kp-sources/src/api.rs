@@ -1,4 +1,5 @@
-//! The API server source: kube-rs watchers on Services, EndpointSlices and this node's Node.
+//! The API server source: kube-rs watchers on Services, EndpointSlices, this node's Node and
+//! ServiceCIDRs (when the API server serves them).
 //!
 //! Each watcher's `Init … InitDone` sequence is treated as a full resync: objects known before
 //! a relist (for example after `410 Gone`) but missing from it are reported as deleted, so the
@@ -15,6 +16,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kp_core::event::{ObjectEvent, SourceEvent};
 use kube::config::{
     InClusterError, InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError,
@@ -290,9 +292,21 @@ impl ApiSource {
                 Watch {
                     kind: "Node",
                     api: Api::<Node>::all(self.client.clone()),
-                    config: base.fields(&format!("metadata.name={}", self.node_name)),
+                    config: base
+                        .clone()
+                        .fields(&format!("metadata.name={}", self.node_name)),
                     tracker: Tracker::new(None),
                     wrap: SourceEvent::Node,
+                },
+                &ctx,
+            ),
+            watch_kind(
+                Watch {
+                    kind: "ServiceCIDR",
+                    api: Api::<ServiceCIDR>::all(self.client.clone()),
+                    config: base.clone(),
+                    tracker: Tracker::new(None),
+                    wrap: SourceEvent::ServiceCidr,
                 },
                 &ctx,
             ),
@@ -359,6 +373,17 @@ where
         };
         let event = match item {
             Some(Ok(event)) => event,
+            Some(Err(error)) if not_served(&error) && kind == "ServiceCIDR" => {
+                // Clusters before the ServiceCIDR API (v1.33), or a role without it: nftables
+                // mode then has no unallocated-ClusterIP drop, as upstream without the API.
+                tracing::warn!(
+                    kind,
+                    %error,
+                    "cannot list (API not served, or RBAC lacks list/watch on servicecidrs); \
+                     not watched: nftables mode will not drop traffic to unallocated ClusterIPs"
+                );
+                return;
+            }
             Some(Err(error)) => {
                 tracing::warn!(kind, %error, "watch failed; retrying, last state kept");
                 continue;
@@ -383,6 +408,16 @@ where
             }
         }
     }
+}
+
+/// Whether the list of the watched kind is refused for good: not served (404) or not
+/// allowed (403).
+fn not_served(error: &watcher::Error) -> bool {
+    matches!(
+        error,
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+            if status.is_not_found() || status.code == 403
+    )
 }
 
 /// Accepts objects without the service-proxy-name label, or with it equal to this proxy's name.

@@ -1,9 +1,9 @@
-//! The manifests source: Services, EndpointSlices and this node's Node from local YAML/JSON
-//! files, for running without a cluster and for tests.
+//! The manifests source: Services, EndpointSlices, this node's Node and ServiceCIDRs from
+//! local YAML/JSON files, for running without a cluster and for tests.
 //!
 //! The files hold what users write for `kubectl apply`: multi-document YAML, `kind: List`, or
-//! JSON, with `v1` Service, `discovery.k8s.io/v1` EndpointSlice and `v1` Node objects (other
-//! kinds are ignored). Namespaced objects without a namespace get `default`, and the API
+//! JSON, with `v1` Service, `discovery.k8s.io/v1` EndpointSlice, `v1` Node and
+//! `networking.k8s.io/v1` ServiceCIDR objects (other kinds are ignored). Namespaced objects without a namespace get `default`, and the API
 //! server's defaults are applied ([`crate::defaults`]), so the proxy sees the same objects it
 //! would get from a cluster.
 //!
@@ -172,6 +172,7 @@ impl ManifestsSource {
                     SourceEvent::Service(ObjectEvent::Synced),
                     SourceEvent::EndpointSlice(ObjectEvent::Synced),
                     SourceEvent::Node(ObjectEvent::Synced),
+                    SourceEvent::ServiceCidr(ObjectEvent::Synced),
                 ]);
             }
             // Each change becomes an event (a copy of its object) only as it is sent.

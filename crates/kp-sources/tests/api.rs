@@ -530,6 +530,7 @@ fn describe(ev: &SourceEvent) -> String {
         SourceEvent::Service(e) => one("Service", e),
         SourceEvent::EndpointSlice(e) => one("EndpointSlice", e),
         SourceEvent::Node(e) => one("Node", e),
+        SourceEvent::ServiceCidr(e) => one("ServiceCIDR", e),
     }
 }
 

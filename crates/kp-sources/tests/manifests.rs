@@ -49,6 +49,7 @@ fn describe(event: &SourceEvent) -> String {
         SourceEvent::Service(e) => one("Service", e, |o| name(&o.metadata)),
         SourceEvent::EndpointSlice(e) => one("EndpointSlice", e, |o| name(&o.metadata)),
         SourceEvent::Node(e) => one("Node", e, |o| name(&o.metadata)),
+        SourceEvent::ServiceCidr(e) => one("ServiceCIDR", e, |o| name(&o.metadata)),
     }
 }
 
@@ -138,7 +139,7 @@ impl Running {
     async fn initial(&mut self) -> Vec<String> {
         let mut events = Vec::new();
         let mut synced = 0;
-        while synced < 3 {
+        while synced < 4 {
             let (event, before) = self
                 .until("Synced", |e| describe(e).starts_with("Synced"))
                 .await;
@@ -200,7 +201,7 @@ async fn initial_load_reports_every_object_then_synced() {
 
     let mut source = Running::start(dir.path());
     let mut events = source.initial().await;
-    let synced = events.split_off(events.len() - 3);
+    let synced = events.split_off(events.len() - 4);
     events.sort();
     assert_eq!(
         events,
@@ -213,7 +214,12 @@ async fn initial_load_reports_every_object_then_synced() {
     );
     assert_eq!(
         synced,
-        ["Synced Service", "Synced EndpointSlice", "Synced Node"]
+        [
+            "Synced Service",
+            "Synced EndpointSlice",
+            "Synced Node",
+            "Synced ServiceCIDR"
+        ]
     );
     assert_eq!(source.errors.get(), 0);
     source.stop().await;
@@ -401,7 +407,7 @@ async fn a_later_file_wins_a_duplicate() {
     let (event, _) = source.until_described("Applied Service default/dup").await;
     assert_eq!(applied_service(&event).map(first_port), Some(82));
     let events = source.initial().await;
-    assert_eq!(events.len(), 3, "one Service only: {events:?}");
+    assert_eq!(events.len(), 4, "one Service only: {events:?}");
     source.stop().await;
 }
 
@@ -424,7 +430,8 @@ async fn a_single_file_path_is_watched() {
             "Applied Service default/a",
             "Synced Service",
             "Synced EndpointSlice",
-            "Synced Node"
+            "Synced Node",
+            "Synced ServiceCIDR"
         ]
     );
 

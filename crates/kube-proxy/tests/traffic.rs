@@ -65,6 +65,11 @@ macro_rules! mode_tests {
             fn interface_name_prefix() {
                 scenarios::interface_name_prefix(MODE);
             }
+
+            #[test]
+            fn unallocated_cluster_ips() {
+                scenarios::unallocated_cluster_ips(MODE);
+            }
         }
     };
 }
@@ -83,7 +88,7 @@ mod ipvs {
 
     const MODE: Mode = Mode::Ipvs;
     /// The ignored scenarios below: every one must pass inside the VM.
-    const GUEST_TESTS: usize = 2;
+    const GUEST_TESTS: usize = 3;
 
     #[test]
     fn ipvs_scenarios_in_the_vm() {
@@ -111,6 +116,12 @@ mod ipvs {
     #[ignore = "runs inside the IPVS VM (ipvs_scenarios_in_the_vm)"]
     fn udp_endpoint_replaced() {
         scenarios::udp_endpoint_replaced(MODE);
+    }
+
+    #[test]
+    #[ignore = "runs inside the IPVS VM (ipvs_scenarios_in_the_vm)"]
+    fn unallocated_cluster_ips() {
+        scenarios::unallocated_cluster_ips(MODE);
     }
 
     // `edits_and_restart` is not run in ipvs mode yet: in one of about five VM runs a service

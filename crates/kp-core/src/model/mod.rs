@@ -19,6 +19,7 @@ mod names;
 mod node;
 mod parse;
 mod service;
+mod service_cidr;
 #[cfg(test)]
 mod tests;
 
@@ -27,6 +28,7 @@ pub use names::Names;
 pub use node::{TO_BE_DELETED_TAINT, node_info};
 pub use parse::{parse_cidr_lenient, parse_ip_lenient};
 pub use service::{DEFAULT_AFFINITY_TIMEOUT_SECONDS, MAX_AFFINITY_TIMEOUT_SECONDS, service_ports};
+pub use service_cidr::service_cidr_ranges;
 
 /// Transport protocol of a service port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -289,7 +291,7 @@ impl NodeInfo {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{kind} {namespace}/{name}: {}", problems.join("; "))]
 pub struct ModelError {
-    /// `Service`, `EndpointSlice` or `Node`.
+    /// `Service`, `EndpointSlice`, `Node` or `ServiceCIDR`.
     pub kind: &'static str,
     /// Namespace (empty for Nodes).
     pub namespace: String,

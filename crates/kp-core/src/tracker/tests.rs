@@ -500,3 +500,76 @@ fn trigger_times_are_reported_for_changed_services() {
     assert_eq!(result.changed, names(&["web"]));
     assert_eq!(result.trigger_times, vec![]);
 }
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> k8s_openapi::api::networking::v1::ServiceCIDR {
+    k8s_openapi::api::networking::v1::ServiceCIDR {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::networking::v1::ServiceCIDRSpec {
+            cidrs: Some(cidrs.iter().map(|c| (*c).to_owned()).collect()),
+        }),
+        status: None,
+    }
+}
+
+#[test]
+fn service_cidrs_reach_the_state_sorted_and_merged() {
+    let mut tracker = ChangeTracker::new("node-1");
+    let mut state = ProxyState::default();
+    let applied = |o| SourceEvent::ServiceCidr(ObjectEvent::Applied(o));
+    assert_eq!(
+        tracker.record(applied(service_cidr(
+            "kubernetes",
+            &["10.96.0.0/16", "fd00::/112"]
+        ))),
+        Recorded::Changed
+    );
+    assert_eq!(
+        tracker.record(applied(service_cidr(
+            "extra",
+            &["10.0.0.0/24", "10.96.0.0/16"]
+        ))),
+        Recorded::Changed
+    );
+    assert!(tracker.has_pending());
+    let update = tracker.apply(&mut state);
+    assert!(update.changed.is_empty(), "no service changed");
+    let shown: Vec<String> = state
+        .service_cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(shown, ["10.0.0.0/24", "10.96.0.0/16", "fd00::/112"]);
+    assert!(!tracker.has_pending());
+
+    // The same object again changes nothing; an invalid update keeps the last good ranges.
+    assert_eq!(
+        tracker.record(applied(service_cidr(
+            "extra",
+            &["10.0.0.0/24", "10.96.0.0/16"]
+        ))),
+        Recorded::Unchanged
+    );
+    assert_eq!(
+        tracker.record(applied(service_cidr("extra", &["10.0.0.1/24"]))),
+        Recorded::Invalid
+    );
+    let update = tracker.apply(&mut state);
+    assert_eq!(update.invalid.len(), 1);
+    assert_eq!(update.invalid[0].kind, "ServiceCIDR");
+    assert_eq!(state.service_cidrs.len(), 3);
+
+    let deleted = SourceEvent::ServiceCidr(ObjectEvent::Deleted(service_cidr("extra", &[])));
+    assert_eq!(tracker.record(deleted), Recorded::Changed);
+    tracker.apply(&mut state);
+    let shown: Vec<String> = state
+        .service_cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(shown, ["10.96.0.0/16", "fd00::/112"]);
+    // Not needed before the first sync: clusters without the API never send it.
+    assert!(!tracker.is_synced(ObjectKind::ServiceCidr));
+}

@@ -702,3 +702,39 @@ async fn cleanup_reports_a_failure_but_tries_every_family() {
     assert!(err.to_string().contains("ip kube-proxy"), "{err}");
     assert_eq!(runner.scripts().len(), 2);
 }
+
+#[tokio::test]
+async fn service_cidrs_of_the_state_drop_unallocated_cluster_ips() {
+    let (mut backend, runner, _) = backend(vec![IpFamily::V4, IpFamily::V6]);
+    let mut state = two_services();
+    let none = BTreeSet::new();
+    sync(&mut backend, &state, SyncKind::Full, &none).await;
+    assert!(
+        !runner
+            .scripts()
+            .concat()
+            .contains("Drop traffic to unallocated ClusterIPs")
+    );
+
+    // A ServiceCIDR appears: each family's table gets its own range, in a full sync (the
+    // fixed part changed) although the core asked for a partial one.
+    state.service_cidrs = vec![
+        "10.96.0.0/16".parse().expect("literal"),
+        "fd00:96::/112".parse().expect("literal"),
+    ];
+    runner.clear_calls();
+    sync(&mut backend, &state, SyncKind::Partial, &none).await;
+    let scripts = runner.scripts();
+    let v4 = scripts.iter().find(|s| s.contains("table ip kube-proxy"));
+    let v6 = scripts.iter().find(|s| s.contains("table ip6 kube-proxy"));
+    assert!(
+        v4.is_some_and(|s| is_full(s)
+            && s.contains("ip daddr { 10.96.0.0/16 } drop")
+            && !s.contains("fd00:96::")),
+        "{scripts:?}"
+    );
+    assert!(
+        v6.is_some_and(|s| s.contains("ip6 daddr { fd00:96::/112 } drop")),
+        "{scripts:?}"
+    );
+}

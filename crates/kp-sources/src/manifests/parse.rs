@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kp_core::event::{ObjectEvent, SourceEvent};
 use serde::Deserialize;
@@ -29,6 +30,8 @@ pub enum Object {
     EndpointSlice(EndpointSlice),
     /// A `v1` Node.
     Node(Node),
+    /// A `networking.k8s.io/v1` ServiceCIDR.
+    ServiceCidr(ServiceCIDR),
 }
 
 /// The kinds of [`Object`], in the order their events are sent.
@@ -40,6 +43,8 @@ pub enum Kind {
     EndpointSlice,
     /// `v1` Node.
     Node,
+    /// `networking.k8s.io/v1` ServiceCIDR.
+    ServiceCidr,
 }
 
 impl Kind {
@@ -49,6 +54,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         }
     }
 }
@@ -80,6 +86,7 @@ impl Object {
             Object::Service(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
             Object::Node(o) => &o.metadata,
+            Object::ServiceCidr(o) => &o.metadata,
         }
     }
 
@@ -89,6 +96,7 @@ impl Object {
             Object::Service(_) => Kind::Service,
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::Node(_) => Kind::Node,
+            Object::ServiceCidr(_) => Kind::ServiceCidr,
         }
     }
 
@@ -108,6 +116,7 @@ impl Object {
             Object::Service(o) => SourceEvent::Service(ObjectEvent::Applied(o)),
             Object::EndpointSlice(o) => SourceEvent::EndpointSlice(ObjectEvent::Applied(o)),
             Object::Node(o) => SourceEvent::Node(ObjectEvent::Applied(o)),
+            Object::ServiceCidr(o) => SourceEvent::ServiceCidr(ObjectEvent::Applied(o)),
         }
     }
 
@@ -117,6 +126,7 @@ impl Object {
             Object::Service(o) => SourceEvent::Service(ObjectEvent::Deleted(o)),
             Object::EndpointSlice(o) => SourceEvent::EndpointSlice(ObjectEvent::Deleted(o)),
             Object::Node(o) => SourceEvent::Node(ObjectEvent::Deleted(o)),
+            Object::ServiceCidr(o) => SourceEvent::ServiceCidr(ObjectEvent::Deleted(o)),
         }
     }
 }
@@ -395,6 +405,7 @@ fn known_kind(api_version: &str, kind: &str) -> Option<Kind> {
         ("v1", "Service") => Some(Kind::Service),
         ("discovery.k8s.io/v1", "EndpointSlice") => Some(Kind::EndpointSlice),
         ("v1", "Node") => Some(Kind::Node),
+        ("networking.k8s.io/v1", "ServiceCIDR") => Some(Kind::ServiceCidr),
         _ => None,
     }
 }
@@ -467,6 +478,7 @@ impl Parser<'_> {
             Kind::Service => decode(document).map(Object::Service),
             Kind::EndpointSlice => decode(document).map(Object::EndpointSlice),
             Kind::Node => decode(document).map(Object::Node),
+            Kind::ServiceCidr => decode(document).map(Object::ServiceCidr),
         };
         match object.map(finish) {
             Ok(Ok(object)) => (self.each)(object),
@@ -514,24 +526,26 @@ fn item_object(value: serde_json::Value) -> Result<Option<Object>, Problem> {
         Kind::Service => serde_json::from_value(value).map(Object::Service),
         Kind::EndpointSlice => serde_json::from_value(value).map(Object::EndpointSlice),
         Kind::Node => serde_json::from_value(value).map(Object::Node),
+        Kind::ServiceCidr => serde_json::from_value(value).map(Object::ServiceCidr),
     }
     .map_err(decode_error)?;
     finish(object).map(Some)
 }
 
-/// What `kubectl apply` and the API server add: the default namespace (none for Nodes,
-/// which are cluster-scoped) and the API's defaults. The name is required.
+/// What `kubectl apply` and the API server add: the default namespace (none for Nodes and
+/// ServiceCIDRs, which are cluster-scoped) and the API's defaults. The name is required.
 fn finish(mut object: Object) -> Result<Object, Problem> {
     let kind = object.kind();
     let metadata = match &mut object {
         Object::Service(o) => &mut o.metadata,
         Object::EndpointSlice(o) => &mut o.metadata,
         Object::Node(o) => &mut o.metadata,
+        Object::ServiceCidr(o) => &mut o.metadata,
     };
     if metadata.name.as_deref().is_none_or(str::is_empty) {
         return Err(Problem::MissingName(kind.as_str()));
     }
-    if kind == Kind::Node {
+    if matches!(kind, Kind::Node | Kind::ServiceCidr) {
         metadata.namespace = None;
     } else if metadata.namespace.as_deref().is_none_or(str::is_empty) {
         metadata.namespace = Some(DEFAULT_NAMESPACE.to_owned());
@@ -539,7 +553,7 @@ fn finish(mut object: Object) -> Result<Object, Problem> {
     match &mut object {
         Object::Service(service) => default_service(service)?,
         Object::EndpointSlice(slice) => default_endpoint_slice(slice),
-        Object::Node(_) => {}
+        Object::Node(_) | Object::ServiceCidr(_) => {}
     }
     Ok(object)
 }

@@ -118,6 +118,7 @@ impl Stored {
             Object::Service(o) => serde_json::to_vec(o),
             Object::EndpointSlice(o) => serde_json::to_vec(o),
             Object::Node(o) => serde_json::to_vec(o),
+            Object::ServiceCidr(o) => serde_json::to_vec(o),
         };
         let body = match json {
             Ok(json) if decode(key.kind, &json).as_ref() == Some(&object) => {
@@ -163,6 +164,7 @@ fn decode(kind: Kind, json: &[u8]) -> Option<Object> {
         Kind::Service => serde_json::from_slice(json).map(Object::Service).ok(),
         Kind::EndpointSlice => serde_json::from_slice(json).map(Object::EndpointSlice).ok(),
         Kind::Node => serde_json::from_slice(json).map(Object::Node).ok(),
+        Kind::ServiceCidr => serde_json::from_slice(json).map(Object::ServiceCidr).ok(),
     }
 }
 

@@ -302,3 +302,24 @@ fn the_example_cluster_parses_cleanly() {
         ]
     );
 }
+
+#[test]
+fn service_cidrs_are_cluster_scoped() {
+    let text = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  name: kubernetes\n  \
+                namespace: ignored\nspec:\n  cidrs: [10.96.0.0/16, \"fd00:10:96::/112\"]\n---\n\
+                apiVersion: networking.k8s.io/v1beta1\nkind: ServiceCIDR\nmetadata:\n  name: old\n";
+    let (objects, errors) = parse(text, "cidrs.yaml");
+    assert!(errors.is_empty(), "{errors:?}");
+    // Only the v1 object; no namespace, as the API server stores it.
+    assert_eq!(keys(&objects), ["ServiceCIDR kubernetes"]);
+    let Some(Object::ServiceCidr(cidr)) = objects.first() else {
+        panic!("{objects:?}");
+    };
+    assert_eq!(
+        cidr.spec.as_ref().and_then(|s| s.cidrs.clone()),
+        Some(vec![
+            "10.96.0.0/16".to_owned(),
+            "fd00:10:96::/112".to_owned()
+        ])
+    );
+}

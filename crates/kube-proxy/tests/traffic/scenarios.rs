@@ -511,8 +511,8 @@ pub fn edits_and_restart(mode: Mode) {
     // 13. Before: the VIP is not handled at all: the node routes it to the LAN router, which
     //     has no route for the service range, nor one back to the pod network for its ICMP
     //     error, so the flow just times out (neither answered nor REJECTed). nftables mode
-    //     DROPs unallocated addresses of the service CIDRs, when it knows them (it does not
-    //     yet: no ServiceCIDRs reach the backend); a drop would time out the same way.
+    //     DROPs unallocated addresses of the service CIDRs when ServiceCIDR objects name
+    //     them (none here; see `unallocated_cluster_ips`); a drop would time out the same way.
     let unallocated = match mode {
         Mode::Iptables | Mode::Nftables | Mode::Userspace | Mode::Ipvs => Outcome::TimedOut,
     };
@@ -1435,4 +1435,93 @@ pub fn interface_name_prefix(mode: Mode) {
             env.diag()
         );
     }
+}
+
+/// ServiceCIDR objects: nftables mode DROPs new flows to an address of a service CIDR that
+/// no Service holds (upstream's "Drop traffic to unallocated ClusterIPs"); the other modes,
+/// like upstream's, leave such traffic alone. So that a drop is told apart from "not
+/// handled" (both would time out towards the LAN router), the unallocated address is made
+/// reachable: pod `a` holds it too, and the node routes it there.
+pub fn unallocated_cluster_ips(mode: Mode) {
+    const UNALLOCATED: &str = "10.96.0.200";
+    let c = cluster(false);
+    let services = [Service::new("web", "10.96.0.10")
+        .tcp(80)
+        .endpoints(&c, &["a", "b"])];
+    let service_cidr = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  \
+                        name: kubernetes\nspec:\n  cidrs: [10.96.0.0/16]\n";
+    let env = Env::start_with(
+        mode,
+        c,
+        Flags::cluster_cidr(CLUSTER_CIDR_V4),
+        &services,
+        &[("servicecidr.yaml", service_cidr)],
+    );
+    let a = env.pod("a").clone();
+    let client = env.pod("client").clone();
+    let node = env.cluster.node_ns().to_owned();
+    env.cluster
+        .exec(
+            a.ns(),
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{UNALLOCATED}/32"),
+                "dev",
+                "lo",
+            ],
+        )
+        .expect("address on pod a");
+    let to_a = env
+        .cluster
+        .exec(&node, &["ip", "-o", "route", "get", &a.ip().to_string()])
+        .expect("route to pod a");
+    let dev = to_a
+        .split_whitespace()
+        .skip_while(|w| *w != "dev")
+        .nth(1)
+        .expect("route names a device")
+        .to_owned();
+    env.cluster
+        .exec(
+            &node,
+            &[
+                "ip",
+                "route",
+                "add",
+                &format!("{UNALLOCATED}/32"),
+                "dev",
+                &dev,
+            ],
+        )
+        .expect("route to the unallocated address");
+
+    let outcome = env
+        .cluster
+        .tcp(&client, ip(UNALLOCATED), kp_testbed::DEFAULT_ECHO_PORT)
+        .expect("probe");
+    match mode {
+        Mode::Nftables => assert_eq!(
+            outcome,
+            Outcome::TimedOut,
+            "dropped: inside the ServiceCIDR, no Service{}",
+            env.diag()
+        ),
+        Mode::Iptables | Mode::Userspace | Mode::Ipvs => assert!(
+            outcome.answered_by("a"),
+            "not the proxy's business: {outcome:?}{}",
+            env.diag()
+        ),
+    }
+    // The Service inside the range answers as ever.
+    let outcome = env
+        .cluster
+        .tcp(&client, ip("10.96.0.10"), 80)
+        .expect("probe");
+    assert!(
+        outcome.answered_by("a") || outcome.answered_by("b"),
+        "{outcome:?}{}",
+        env.diag()
+    );
 }
