@@ -32,6 +32,7 @@
 //! backend today, so the renderer gets none; the `nftables.tableName` setting of the newest
 //! upstream is not supported (the table is always `kube-proxy`).
 
+mod netlink;
 mod runner;
 #[cfg(test)]
 mod tests;
@@ -49,6 +50,7 @@ use tracing::{debug, info, warn};
 
 use crate::conntrack::{Conntrack, DefaultConntrack, conntrack_relevant, delete_stale};
 
+pub use netlink::NetlinkNft;
 pub use runner::{
     DEFAULT_NFT_BINARY, ExecNft, FakeNft, NftCall, NftRunner, parse_listing, table_family,
 };
@@ -88,6 +90,9 @@ pub struct NftablesMetrics {
     /// `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`: failed deletions of
     /// stale chains.
     pub cleanup_failures: Counter,
+    /// `kube_proxy_rs_nftables_netlink_fallbacks_total` (ours): transactions applied with
+    /// `nft -f -` because they held a statement the netlink translator does not support.
+    pub netlink_fallbacks: Counter,
 }
 
 impl NftablesMetrics {
@@ -103,6 +108,11 @@ impl NftablesMetrics {
             "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
             "Cumulative proxy nftables cleanup failures",
             metrics.cleanup_failures.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_nftables_netlink_fallbacks",
+            "Transactions applied with nft -f because the netlink translator does not support one of their statements",
+            metrics.netlink_fallbacks.clone(),
         );
         metrics
     }
@@ -121,7 +131,7 @@ struct FamilyTable {
 
 /// nftables mode. `R` runs `nft`, `C` deletes conntrack entries; both are fakes in tests.
 #[derive(Debug)]
-pub struct NftablesBackend<R = ExecNft, C = DefaultConntrack> {
+pub struct NftablesBackend<R = NetlinkNft, C = DefaultConntrack> {
     config: NftablesConfig,
     runner: R,
     conntrack: C,
@@ -135,9 +145,21 @@ pub struct NftablesBackend<R = ExecNft, C = DefaultConntrack> {
 }
 
 impl NftablesBackend {
-    /// The real backend: runs `nft` from the `PATH`; stale conntrack entries go over ctnetlink.
+    /// The real backend: transactions go over nf_tables netlink ([`NetlinkNft`]), or to
+    /// `nft` from the `PATH` when the translator does not support a statement; stale
+    /// conntrack entries go over ctnetlink.
     pub fn new(config: NftablesConfig) -> Result<Self, RenderError> {
-        Self::with_parts(config, ExecNft::default(), DefaultConntrack::default())
+        Self::with_metrics_registered(config, NftablesMetrics::default())
+    }
+
+    /// [`NftablesBackend::new`] reporting into `metrics` (from
+    /// [`NftablesMetrics::register`]), the runner's fallbacks included.
+    pub fn with_metrics_registered(
+        config: NftablesConfig,
+        metrics: NftablesMetrics,
+    ) -> Result<Self, RenderError> {
+        let runner = NetlinkNft::new(ExecNft::default(), metrics.netlink_fallbacks.clone());
+        Ok(Self::with_parts(config, runner, DefaultConntrack::default())?.with_metrics(metrics))
     }
 }
 

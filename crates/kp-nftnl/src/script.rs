@@ -1,0 +1,735 @@
+//! From nft script text to [`Command`]s.
+//!
+//! This is not an nft parser: it accepts exactly the statement shapes the nftables renderer
+//! (`kp_rules::nftables`) writes, one statement per line, and answers
+//! [`ScriptError::Unsupported`] for anything else, so that the caller can apply the whole
+//! script with `nft -f -` instead. Names are nft identifiers (`[A-Za-z0-9_./-]`, the
+//! renderer guarantees it); quoted strings hold no quote or backslash (comments are
+//! percent-encoded by the renderer). Anything else is refused rather than guessed at.
+
+use std::net::IpAddr;
+
+use crate::codec::Family;
+use crate::expr::{
+    CmpOp, Expr, META_IIFNAME, META_L4PROTO, PAYLOAD_NETWORK, REG_1, REG_2, Verdict,
+};
+
+/// Why a script cannot be translated.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ScriptError {
+    /// A statement whose shape this translator does not know; `nft` has to apply the
+    /// script.
+    #[error("statement not supported over netlink (line {line}): {statement}")]
+    Unsupported {
+        /// 1-based line number.
+        line: usize,
+        /// The statement.
+        statement: String,
+    },
+}
+
+/// What a base chain hooks into.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseChain {
+    /// `filter` or `nat`.
+    pub kind: &'static str,
+    /// `NF_INET_*` hook number.
+    pub hook: u32,
+    /// Priority.
+    pub priority: i32,
+}
+
+/// A set's (or map's) declaration, as the kernel wants it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetSpec {
+    /// `NFT_SET_*` flags.
+    pub flags: u32,
+    /// nft's data type id of the key (concatenations combine ids).
+    pub key_type: u32,
+    /// Key length in bytes.
+    pub key_len: u32,
+    /// Data type and length, for maps.
+    pub data: Option<(u32, u32)>,
+    /// Default element timeout.
+    pub timeout_ms: Option<u64>,
+    /// User data nft writes before the comment (byte orders, ...).
+    pub udata_prefix: Vec<u8>,
+    /// The comment, shown by `nft list`.
+    pub comment: Option<String>,
+}
+
+/// One operation on a table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `add table`.
+    AddTable {
+        /// Table comment.
+        comment: Option<String>,
+    },
+    /// `add chain`.
+    AddChain {
+        /// Chain name.
+        chain: String,
+        /// For base chains: the hook.
+        base: Option<BaseChain>,
+        /// Chain comment.
+        comment: Option<String>,
+    },
+    /// `flush chain`.
+    FlushChain {
+        /// Chain name.
+        chain: String,
+    },
+    /// `delete chain`.
+    DeleteChain {
+        /// Chain name.
+        chain: String,
+    },
+    /// `add set` / `add map`.
+    AddSet {
+        /// Set name.
+        set: String,
+        /// Declaration.
+        spec: SetSpec,
+    },
+    /// `flush set` / `flush map`.
+    FlushSet {
+        /// Set name.
+        set: String,
+    },
+    /// `delete set` / `delete map`.
+    DeleteSet {
+        /// Set name.
+        set: String,
+    },
+    /// `add rule`.
+    AddRule {
+        /// Chain name.
+        chain: String,
+        /// The rule's expressions.
+        exprs: Vec<Expr>,
+        /// Rule comment.
+        comment: Option<String>,
+    },
+    /// `add element` (one element).
+    AddElement {
+        /// Set name.
+        set: String,
+        /// The key, encoded.
+        key: Vec<u8>,
+        /// The value, for verdict maps.
+        verdict: Option<Verdict>,
+        /// Element comment.
+        comment: Option<String>,
+    },
+    /// `delete element` (one element).
+    DeleteElement {
+        /// Set name.
+        set: String,
+        /// The key, encoded.
+        key: Vec<u8>,
+    },
+}
+
+/// One statement, translated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Command {
+    /// The table's family.
+    pub family: Family,
+    /// The table.
+    pub table: String,
+    /// What to do.
+    pub op: Op,
+    /// 1-based line number in the script, for error messages.
+    pub line: usize,
+}
+
+/// Translate every statement of `script` (blank lines are skipped).
+pub fn parse_script(script: &str) -> Result<Vec<Command>, ScriptError> {
+    let mut out = Vec::new();
+    for (index, text) in script.lines().enumerate() {
+        let text = text.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let unsupported = || ScriptError::Unsupported {
+            line: index + 1,
+            statement: text.to_owned(),
+        };
+        let tokens = tokenize(text).ok_or_else(unsupported)?;
+        let command = parse_statement(&tokens, index + 1).ok_or_else(unsupported)?;
+        out.push(command);
+    }
+    Ok(out)
+}
+
+/// Split on whitespace; a `"..."` string (no quote or backslash inside) is one token,
+/// kept with its quotes. `None` for anything else odd.
+fn tokenize(text: &str) -> Option<Vec<&str>> {
+    let mut tokens = Vec::new();
+    let mut rest = text.trim_start();
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix('"') {
+            let end = after.find('"')?;
+            let inner = &after[..end];
+            if inner.contains('\\') {
+                return None;
+            }
+            tokens.push(&rest[..end + 2]);
+            rest = after[end + 1..].trim_start();
+            // A string must end its token.
+            if !rest.is_empty() && !after[end + 1..].starts_with(char::is_whitespace) {
+                return None;
+            }
+        } else {
+            let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+            let token = &rest[..end];
+            if token.contains('"') || token.contains('\\') {
+                return None;
+            }
+            tokens.push(token);
+            rest = rest[end..].trim_start();
+        }
+    }
+    Some(tokens)
+}
+
+/// Whether `name` is a plain nft identifier (what the renderer writes).
+fn identifier(name: &str) -> Option<String> {
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    let ok = first.is_ascii_alphabetic()
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-'))
+        && name.len() < 256;
+    ok.then(|| name.to_owned())
+}
+
+/// The text of a quoted string token (nft's limit for comments is 128 bytes).
+fn quoted(token: &str) -> Option<String> {
+    let inner = token.strip_prefix('"')?.strip_suffix('"')?;
+    (inner.len() <= 128).then(|| inner.to_owned())
+}
+
+fn parse_statement(tokens: &[&str], line: usize) -> Option<Command> {
+    let [verb, object, family, table, rest @ ..] = tokens else {
+        return None;
+    };
+    let family = match *family {
+        "ip" => Family::Ipv4,
+        "ip6" => Family::Ipv6,
+        _ => return None,
+    };
+    let table = identifier(table)?;
+    let op = match (*verb, *object) {
+        ("add", "table") => parse_add_table(rest)?,
+        ("add", "chain") => parse_add_chain(rest)?,
+        ("flush", "chain") => Op::FlushChain {
+            chain: single_name(rest)?,
+        },
+        ("delete", "chain") => Op::DeleteChain {
+            chain: single_name(rest)?,
+        },
+        ("add", "set") => parse_add_set(family, rest)?,
+        ("flush", "set" | "map") => Op::FlushSet {
+            set: single_name(rest)?,
+        },
+        ("delete", "set" | "map") => Op::DeleteSet {
+            set: single_name(rest)?,
+        },
+        ("add", "rule") => {
+            let [chain, rule @ ..] = rest else {
+                return None;
+            };
+            let (exprs, comment) = parse_rule(family, rule)?;
+            Op::AddRule {
+                chain: identifier(chain)?,
+                exprs,
+                comment,
+            }
+        }
+        ("add", "element") => parse_element(rest, true)?,
+        ("delete", "element") => parse_element(rest, false)?,
+        _ => return None,
+    };
+    Some(Command {
+        family,
+        table,
+        op,
+        line,
+    })
+}
+
+fn single_name(rest: &[&str]) -> Option<String> {
+    match rest {
+        [name] => identifier(name),
+        _ => None,
+    }
+}
+
+/// `{ comment "..." ; }` or nothing.
+fn parse_comment_block(rest: &[&str]) -> Option<Option<String>> {
+    match rest {
+        [] => Some(None),
+        ["{", "comment", text, ";", "}"] => Some(Some(quoted(text)?)),
+        _ => None,
+    }
+}
+
+fn parse_add_table(rest: &[&str]) -> Option<Op> {
+    Some(Op::AddTable {
+        comment: parse_comment_block(rest)?,
+    })
+}
+
+fn parse_add_chain(rest: &[&str]) -> Option<Op> {
+    let [name, block @ ..] = rest else {
+        return None;
+    };
+    let chain = identifier(name)?;
+    if let [
+        "{",
+        "type",
+        kind,
+        "hook",
+        hook,
+        "priority",
+        priority,
+        ";",
+        "}",
+    ] = block
+    {
+        let kind = match *kind {
+            "filter" => "filter",
+            "nat" => "nat",
+            _ => return None,
+        };
+        let hook = match *hook {
+            "prerouting" => 0,
+            "input" => 1,
+            "forward" => 2,
+            "output" => 3,
+            "postrouting" => 4,
+            _ => return None,
+        };
+        let priority: i32 = priority.parse().ok()?;
+        return Some(Op::AddChain {
+            chain,
+            base: Some(BaseChain {
+                kind,
+                hook,
+                priority,
+            }),
+            comment: None,
+        });
+    }
+    Some(Op::AddChain {
+        chain,
+        base: None,
+        comment: parse_comment_block(block)?,
+    })
+}
+
+/// nft's data type ids.
+const TYPE_IPV4_ADDR: u32 = 7;
+const TYPE_IPV6_ADDR: u32 = 8;
+/// `NFT_SET_TIMEOUT`.
+const SET_TIMEOUT: u32 = 0x10;
+/// `NFT_SET_EVAL`: the set is updated from the packet path (`dynamic`).
+const SET_EVAL: u32 = 0x20;
+/// libnftnl user data: the key's byte order is big endian (`NFTNL_UDATA_SET_KEYBYTEORDER`,
+/// `BYTEORDER_BIG_ENDIAN`, as a host-order `u32`).
+fn key_byteorder_big_endian() -> Vec<u8> {
+    let mut out = vec![0u8, 4];
+    out.extend_from_slice(&2u32.to_ne_bytes());
+    out
+}
+
+/// `add set NAME { type ipv4_addr|ipv6_addr ; [flags dynamic,timeout ; timeout Ns ;]
+/// [comment "..." ;] }`.
+fn parse_add_set(family: Family, rest: &[&str]) -> Option<Op> {
+    let [name, "{", "type", ty, ";", tail @ ..] = rest else {
+        return None;
+    };
+    let (key_type, key_len) = match (family, *ty) {
+        (Family::Ipv4, "ipv4_addr") => (TYPE_IPV4_ADDR, 4),
+        (Family::Ipv6, "ipv6_addr") => (TYPE_IPV6_ADDR, 16),
+        _ => return None,
+    };
+    let (flags, timeout_ms, comment) = match tail {
+        [
+            "flags",
+            "dynamic,timeout",
+            ";",
+            "timeout",
+            timeout,
+            ";",
+            "}",
+        ] => {
+            let seconds: u64 = timeout.strip_suffix('s')?.parse().ok()?;
+            (
+                SET_TIMEOUT | SET_EVAL,
+                Some(seconds.checked_mul(1000)?),
+                None,
+            )
+        }
+        ["comment", text, ";", "}"] => (0, None, Some(quoted(text)?)),
+        ["}"] => (0, None, None),
+        _ => return None,
+    };
+    Some(Op::AddSet {
+        set: identifier(name)?,
+        spec: SetSpec {
+            flags,
+            key_type,
+            key_len,
+            data: None,
+            timeout_ms,
+            udata_prefix: key_byteorder_big_endian(),
+            comment,
+        },
+    })
+}
+
+fn parse_verdict(tokens: &[&str]) -> Option<Verdict> {
+    match tokens {
+        ["drop"] => Some(Verdict::Drop),
+        ["accept"] => Some(Verdict::Accept),
+        ["return"] => Some(Verdict::Return),
+        ["jump", chain] => Some(Verdict::Jump(identifier(chain)?)),
+        ["goto", chain] => Some(Verdict::Goto(identifier(chain)?)),
+        _ => None,
+    }
+}
+
+/// `NAME { KEY [comment "..."] [: VERDICT] }`.
+fn parse_element(rest: &[&str], add: bool) -> Option<Op> {
+    let [name, "{", inner @ .., "}"] = rest else {
+        return None;
+    };
+    let set = identifier(name)?;
+    let colon = inner.iter().position(|t| *t == ":");
+    let (before, verdict) = match colon {
+        Some(i) => (&inner[..i], Some(parse_verdict(&inner[i + 1..])?)),
+        None => (inner, None),
+    };
+    let (key_tokens, comment) = match before {
+        [key @ .., "comment", text] => (key, Some(quoted(text)?)),
+        key => (key, None),
+    };
+    let key = parse_key(key_tokens)?;
+    if add {
+        Some(Op::AddElement {
+            set,
+            key,
+            verdict,
+            comment,
+        })
+    } else if verdict.is_none() && comment.is_none() {
+        Some(Op::DeleteElement { set, key })
+    } else {
+        None
+    }
+}
+
+/// An element key: `ADDR`, `ADDR . PROTO . PORT` or `PROTO . PORT`; each part of a
+/// concatenation takes a multiple of 4 bytes, as the kernel lays registers out.
+fn parse_key(tokens: &[&str]) -> Option<Vec<u8>> {
+    let parts: Vec<&str> = tokens
+        .split(|t| *t == ".")
+        .map(|p| match p {
+            [one] => Some(*one),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let mut key = Vec::new();
+    match parts.as_slice() {
+        [addr] => key.extend(addr_bytes(addr.parse().ok()?)),
+        [addr, proto, port] => {
+            key.extend(addr_bytes(addr.parse().ok()?));
+            push_proto_port(&mut key, proto, port)?;
+        }
+        [proto, port] => push_proto_port(&mut key, proto, port)?,
+        _ => return None,
+    }
+    Some(key)
+}
+
+fn push_proto_port(key: &mut Vec<u8>, proto: &str, port: &str) -> Option<()> {
+    key.extend_from_slice(&[protocol_number(proto)?, 0, 0, 0]);
+    let port: u16 = port.parse().ok()?;
+    key.extend_from_slice(&port.to_be_bytes());
+    key.extend_from_slice(&[0, 0]);
+    Some(())
+}
+
+fn protocol_number(name: &str) -> Option<u8> {
+    match name {
+        "tcp" => Some(6),
+        "udp" => Some(17),
+        "sctp" => Some(132),
+        _ => None,
+    }
+}
+
+fn addr_bytes(addr: IpAddr) -> Vec<u8> {
+    match addr {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+/// Header offsets of the source and destination addresses.
+fn addr_offset(family: Family, which: &str) -> Option<(u32, u32)> {
+    match (family, which) {
+        (Family::Ipv4, "saddr") => Some((12, 4)),
+        (Family::Ipv4, "daddr") => Some((16, 4)),
+        (Family::Ipv6, "saddr") => Some((8, 16)),
+        (Family::Ipv6, "daddr") => Some((24, 16)),
+        _ => None,
+    }
+}
+
+/// Match an address against a host or prefix, as nft compiles it: a whole-byte prefix
+/// loads only its bytes; any other prefix loads the address and masks it.
+fn match_prefix(
+    exprs: &mut Vec<Expr>,
+    family: Family,
+    which: &str,
+    op: CmpOp,
+    value: &str,
+) -> Option<()> {
+    let (offset, len) = addr_offset(family, which)?;
+    let (addr, prefix) = match value.split_once('/') {
+        Some((addr, prefix)) => (addr.parse::<IpAddr>().ok()?, prefix.parse::<u32>().ok()?),
+        None => (value.parse::<IpAddr>().ok()?, len * 8),
+    };
+    let bytes = addr_bytes(addr);
+    if bytes.len() as u32 != len || prefix > len * 8 || prefix == 0 {
+        return None;
+    }
+    if prefix % 8 == 0 {
+        let n = prefix / 8;
+        exprs.push(Expr::Payload {
+            base: PAYLOAD_NETWORK,
+            offset,
+            len: n,
+            dreg: REG_1,
+        });
+        exprs.push(Expr::Cmp {
+            sreg: REG_1,
+            op,
+            data: bytes[..n as usize].to_vec(),
+        });
+    } else {
+        let mask: Vec<u8> = (0..len)
+            .map(|i| {
+                let bits = prefix.saturating_sub(i * 8).min(8);
+                (0xffu16 << (8 - bits)) as u8
+            })
+            .collect();
+        // The renderer writes canonical (truncated) prefixes; anything else is not ours.
+        if bytes.iter().zip(&mask).any(|(b, m)| b & !m != 0) {
+            return None;
+        }
+        exprs.push(Expr::Payload {
+            base: PAYLOAD_NETWORK,
+            offset,
+            len,
+            dreg: REG_1,
+        });
+        exprs.push(Expr::Bitwise {
+            sreg: REG_1,
+            dreg: REG_1,
+            xor: vec![0; mask.len()],
+            mask,
+        });
+        exprs.push(Expr::Cmp {
+            sreg: REG_1,
+            op,
+            data: bytes,
+        });
+    }
+    Some(())
+}
+
+/// `iifname [!=] "name"` or `"prefix*"`.
+fn match_iifname(exprs: &mut Vec<Expr>, op: CmpOp, value: &str) -> Option<()> {
+    let name = quoted(value)?;
+    let data = match name.strip_suffix('*') {
+        Some(prefix) if !prefix.is_empty() && !prefix.contains('*') => prefix.as_bytes().to_vec(),
+        Some(_) => return None,
+        None => {
+            // IFNAMSIZ, NUL-padded.
+            if name.is_empty() || name.len() >= 16 || name.contains('*') {
+                return None;
+            }
+            let mut data = name.into_bytes();
+            data.resize(16, 0);
+            data
+        }
+    };
+    exprs.push(Expr::Meta {
+        key: META_IIFNAME,
+        dreg: REG_1,
+    });
+    exprs.push(Expr::Cmp {
+        sreg: REG_1,
+        op,
+        data,
+    });
+    Some(())
+}
+
+/// The rule part of `add rule T CHAIN <rule>`: matches, then one final statement, then an
+/// optional comment.
+fn parse_rule(family: Family, tokens: &[&str]) -> Option<(Vec<Expr>, Option<String>)> {
+    let (tokens, comment) = match tokens {
+        [rule @ .., "comment", text] => (rule, Some(quoted(text)?)),
+        rule => (rule, None),
+    };
+    let ip = family.keyword();
+    let mut exprs = Vec::new();
+    let mut rest = tokens;
+    loop {
+        match rest {
+            // Address matches.
+            [kw, which @ ("saddr" | "daddr"), value, tail @ ..] if *kw == ip => {
+                if let Some(set) = value.strip_prefix('@') {
+                    let (offset, len) = addr_offset(family, which)?;
+                    exprs.push(Expr::Payload {
+                        base: PAYLOAD_NETWORK,
+                        offset,
+                        len,
+                        dreg: REG_1,
+                    });
+                    exprs.push(Expr::Lookup {
+                        set: identifier(set)?,
+                        sreg: REG_1,
+                        dreg: None,
+                    });
+                } else if *value == "!=" {
+                    let [value, tail2 @ ..] = tail else {
+                        return None;
+                    };
+                    match_prefix(&mut exprs, family, which, CmpOp::Neq, value)?;
+                    rest = tail2;
+                    continue;
+                } else {
+                    match_prefix(&mut exprs, family, which, CmpOp::Eq, value)?;
+                }
+                rest = tail;
+            }
+            ["iifname", "!=", value, tail @ ..] => {
+                match_iifname(&mut exprs, CmpOp::Neq, value)?;
+                rest = tail;
+            }
+            ["iifname", value, tail @ ..] => {
+                match_iifname(&mut exprs, CmpOp::Eq, value)?;
+                rest = tail;
+            }
+            [
+                "fib",
+                which @ ("saddr" | "daddr"),
+                "type",
+                "local",
+                tail @ ..,
+            ] => {
+                exprs.push(Expr::FibAddrType {
+                    flags: if *which == "saddr" { 1 } else { 2 },
+                    dreg: REG_1,
+                });
+                // RTN_LOCAL, host order.
+                exprs.push(Expr::Cmp {
+                    sreg: REG_1,
+                    op: CmpOp::Eq,
+                    data: 2u32.to_ne_bytes().to_vec(),
+                });
+                rest = tail;
+            }
+            ["numgen", "random", "mod", modulus, value, tail @ ..]
+                if value.chars().all(|c| c.is_ascii_digit()) =>
+            {
+                let modulus: u32 = modulus.parse().ok()?;
+                let value: u32 = value.parse().ok()?;
+                if modulus == 0 || value >= modulus {
+                    return None;
+                }
+                exprs.push(Expr::NumgenRandom {
+                    dreg: REG_1,
+                    modulus,
+                });
+                exprs.push(Expr::Cmp {
+                    sreg: REG_1,
+                    op: CmpOp::Eq,
+                    data: value.to_ne_bytes().to_vec(),
+                });
+                rest = tail;
+            }
+            ["meta", "l4proto", proto, tail @ ..] if protocol_number(proto).is_some() => {
+                exprs.push(Expr::Meta {
+                    key: META_L4PROTO,
+                    dreg: REG_1,
+                });
+                exprs.push(Expr::Cmp {
+                    sreg: REG_1,
+                    op: CmpOp::Eq,
+                    data: vec![protocol_number(proto)?],
+                });
+                rest = tail;
+            }
+            _ => break,
+        }
+    }
+    // The final statement.
+    match rest {
+        ["update", set, "{", kw, "saddr", "}"] if *kw == ip => {
+            let set = identifier(set.strip_prefix('@')?)?;
+            let (offset, len) = addr_offset(family, "saddr")?;
+            exprs.push(Expr::Payload {
+                base: PAYLOAD_NETWORK,
+                offset,
+                len,
+                dreg: REG_1,
+            });
+            exprs.push(Expr::DynsetUpdate {
+                set,
+                sreg_key: REG_1,
+            });
+        }
+        ["dnat", "to", target] => {
+            let (addr, port) = parse_socket(family, target)?;
+            exprs.push(Expr::ImmediateData {
+                dreg: REG_1,
+                data: addr,
+            });
+            exprs.push(Expr::ImmediateData {
+                dreg: REG_2,
+                data: port.to_be_bytes().to_vec(),
+            });
+            exprs.push(Expr::Dnat {
+                family: u32::from(family.nfproto()),
+                reg_addr: REG_1,
+                reg_proto: REG_2,
+            });
+        }
+        verdict => exprs.push(Expr::Immediate(parse_verdict(verdict)?)),
+    }
+    Some((exprs, comment))
+}
+
+/// `A.B.C.D:port` or `[v6]:port`, in the table's family.
+fn parse_socket(family: Family, text: &str) -> Option<(Vec<u8>, u16)> {
+    let (addr, port) = match family {
+        Family::Ipv4 => text.rsplit_once(':')?,
+        Family::Ipv6 => {
+            let inner = text.strip_prefix('[')?;
+            inner.split_once("]:")?
+        }
+    };
+    let addr: IpAddr = addr.parse().ok()?;
+    match (family, addr) {
+        (Family::Ipv4, IpAddr::V4(_)) | (Family::Ipv6, IpAddr::V6(_)) => {}
+        _ => return None,
+    }
+    Some((addr_bytes(addr), port.parse().ok()?))
+}
