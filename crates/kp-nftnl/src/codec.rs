@@ -85,7 +85,6 @@ const NFTA_TABLE_USERDATA: u16 = 6;
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_CHAIN_POLICY: u16 = 5;
 const NFTA_CHAIN_TYPE: u16 = 7;
 const NFTA_CHAIN_USERDATA: u16 = 12;
 const NFTA_HOOK_HOOKNUM: u16 = 1;
@@ -309,13 +308,12 @@ impl Batch {
                 wr.put_str(NFTA_CHAIN_TABLE, table);
                 wr.put_str(NFTA_CHAIN_NAME, chain);
                 if let Some(base) = base {
+                    // No policy: the kernel's default (accept), as nft sends it.
+                    wr.put_str(NFTA_CHAIN_TYPE, base.kind);
                     let hook = wr.nest(NFTA_CHAIN_HOOK);
                     wr.put_u32(NFTA_HOOK_HOOKNUM, base.hook);
                     wr.put_u32(NFTA_HOOK_PRIORITY, base.priority as u32);
                     wr.nest_end(hook);
-                    // Base chains accept by default.
-                    wr.put_u32(NFTA_CHAIN_POLICY, 1);
-                    wr.put_str(NFTA_CHAIN_TYPE, base.kind);
                 }
                 if let Some(comment) = comment {
                     wr.put(NFTA_CHAIN_USERDATA, &comment_udata(UDATA_COMMENT, comment));

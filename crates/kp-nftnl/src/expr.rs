@@ -149,6 +149,28 @@ pub enum Expr {
     },
     /// End the rule with a verdict.
     Immediate(Verdict),
+    /// Load conntrack state into `dreg`.
+    CtState {
+        /// Destination register.
+        dreg: u32,
+    },
+    /// Set a meta key (the mark) from `sreg`.
+    MetaSet {
+        /// `NFT_META_*`.
+        key: u32,
+        /// Source register.
+        sreg: u32,
+    },
+    /// `masquerade`, with `NF_NAT_RANGE_*` flags (`fully-random`) or none.
+    Masquerade {
+        /// Flags, if any.
+        flags: Option<u32>,
+    },
+    /// `reject`: ICMP(v6) port unreachable.
+    Reject {
+        /// The ICMP code (3 for ICMP, 4 for ICMPv6).
+        icmp_code: u8,
+    },
     /// `dnat to <addr reg>:<port reg>`.
     Dnat {
         /// `NFPROTO_IPV4` or `NFPROTO_IPV6`.
@@ -175,6 +197,14 @@ const NFTA_BITWISE_MASK: u16 = 4;
 const NFTA_BITWISE_XOR: u16 = 5;
 const NFTA_META_DREG: u16 = 1;
 const NFTA_META_KEY: u16 = 2;
+const NFTA_META_SREG: u16 = 3;
+const NFTA_CT_DREG: u16 = 1;
+const NFTA_CT_KEY: u16 = 2;
+const NFT_CT_STATE: u32 = 0;
+const NFTA_MASQ_FLAGS: u16 = 1;
+const NFTA_REJECT_TYPE: u16 = 1;
+const NFTA_REJECT_ICMP_CODE: u16 = 2;
+const NFT_REJECT_ICMP_UNREACH: u32 = 0;
 const NFTA_LOOKUP_SET: u16 = 1;
 const NFTA_LOOKUP_SREG: u16 = 2;
 const NFTA_LOOKUP_DREG: u16 = 3;
@@ -216,6 +246,10 @@ impl Expr {
             Expr::FibAddrType { .. } => "fib",
             Expr::ImmediateData { .. } | Expr::Immediate(_) => "immediate",
             Expr::Dnat { .. } => "nat",
+            Expr::CtState { .. } => "ct",
+            Expr::MetaSet { .. } => "meta",
+            Expr::Masquerade { .. } => "masq",
+            Expr::Reject { .. } => "reject",
         }
     }
 
@@ -285,6 +319,23 @@ impl Expr {
             Expr::Immediate(verdict) => {
                 w.put_u32(NFTA_IMMEDIATE_DREG, REG_VERDICT);
                 w.put_verdict(NFTA_IMMEDIATE_DATA, verdict);
+            }
+            Expr::CtState { dreg } => {
+                w.put_u32(NFTA_CT_KEY, NFT_CT_STATE);
+                w.put_u32(NFTA_CT_DREG, *dreg);
+            }
+            Expr::MetaSet { key, sreg } => {
+                w.put_u32(NFTA_META_KEY, *key);
+                w.put_u32(NFTA_META_SREG, *sreg);
+            }
+            Expr::Masquerade { flags } => {
+                if let Some(flags) = flags {
+                    w.put_u32(NFTA_MASQ_FLAGS, *flags);
+                }
+            }
+            Expr::Reject { icmp_code } => {
+                w.put_u32(NFTA_REJECT_TYPE, NFT_REJECT_ICMP_UNREACH);
+                w.put(NFTA_REJECT_ICMP_CODE, &[*icmp_code]);
             }
             Expr::Dnat {
                 family,

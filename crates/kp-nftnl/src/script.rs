@@ -11,7 +11,8 @@ use std::net::IpAddr;
 
 use crate::codec::Family;
 use crate::expr::{
-    CmpOp, Expr, META_IIFNAME, META_L4PROTO, PAYLOAD_NETWORK, REG_1, REG_2, Verdict,
+    CmpOp, Expr, META_IIFNAME, META_L4PROTO, META_MARK, PAYLOAD_NETWORK, PAYLOAD_TRANSPORT, REG_1,
+    REG_2, REG_VERDICT, Verdict,
 };
 
 /// Why a script cannot be translated.
@@ -230,6 +231,7 @@ fn parse_statement(tokens: &[&str], line: usize) -> Option<Command> {
             chain: single_name(rest)?,
         },
         ("add", "set") => parse_add_set(family, rest)?,
+        ("add", "map") => parse_add_map(family, rest)?,
         ("flush", "set" | "map") => Op::FlushSet {
             set: single_name(rest)?,
         },
@@ -593,7 +595,7 @@ fn parse_rule(family: Family, tokens: &[&str]) -> Option<(Vec<Expr>, Option<Stri
     loop {
         match rest {
             // Address matches.
-            [kw, which @ ("saddr" | "daddr"), value, tail @ ..] if *kw == ip => {
+            [kw, which @ ("saddr" | "daddr"), value, tail @ ..] if *kw == ip && *value != "." => {
                 if let Some(set) = value.strip_prefix('@') {
                     let (offset, len) = addr_offset(family, which)?;
                     exprs.push(Expr::Payload {
@@ -677,11 +679,101 @@ fn parse_rule(family: Family, tokens: &[&str]) -> Option<(Vec<Expr>, Option<Stri
                 });
                 rest = tail;
             }
+            ["ct", "state", "new", tail @ ..] => {
+                exprs.push(Expr::CtState { dreg: REG_1 });
+                exprs.push(Expr::Bitwise {
+                    sreg: REG_1,
+                    dreg: REG_1,
+                    mask: CT_STATE_NEW.to_ne_bytes().to_vec(),
+                    xor: vec![0; 4],
+                });
+                exprs.push(Expr::Cmp {
+                    sreg: REG_1,
+                    op: CmpOp::Neq,
+                    data: vec![0; 4],
+                });
+                rest = tail;
+            }
+            ["mark", "and", mask, "==", value, tail @ ..] => {
+                exprs.push(Expr::Meta {
+                    key: META_MARK,
+                    dreg: REG_1,
+                });
+                exprs.push(Expr::Bitwise {
+                    sreg: REG_1,
+                    dreg: REG_1,
+                    mask: parse_u32(mask)?.to_ne_bytes().to_vec(),
+                    xor: vec![0; 4],
+                });
+                exprs.push(Expr::Cmp {
+                    sreg: REG_1,
+                    op: CmpOp::Eq,
+                    data: parse_u32(value)?.to_ne_bytes().to_vec(),
+                });
+                rest = tail;
+            }
             _ => break,
         }
     }
     // The final statement.
     match rest {
+        [
+            kw,
+            "daddr",
+            ".",
+            "meta",
+            "l4proto",
+            ".",
+            "th",
+            "dport",
+            "vmap",
+            map,
+        ] if *kw == ip => {
+            let (offset, len) = addr_offset(family, "daddr")?;
+            exprs.push(Expr::Payload {
+                base: PAYLOAD_NETWORK,
+                offset,
+                len,
+                dreg: REG_1,
+            });
+            push_proto_port_load(&mut exprs, len);
+            push_vmap(&mut exprs, map)?;
+        }
+        ["meta", "l4proto", ".", "th", "dport", "vmap", map] => {
+            push_proto_port_load(&mut exprs, 0);
+            push_vmap(&mut exprs, map)?;
+        }
+        ["reject"] => exprs.push(Expr::Reject {
+            icmp_code: match family {
+                // ICMP_PORT_UNREACH, ICMPV6_PORT_UNREACH.
+                Family::Ipv4 => 3,
+                Family::Ipv6 => 4,
+            },
+        }),
+        ["masquerade"] => exprs.push(Expr::Masquerade { flags: None }),
+        ["masquerade", "fully-random"] => exprs.push(Expr::Masquerade {
+            flags: Some(NAT_RANGE_PROTO_RANDOM_FULLY),
+        }),
+        ["mark", "set", "mark", op @ ("or" | "xor"), value] => {
+            let value = parse_u32(value)?;
+            // nft computes `mark | v` as `(mark & !v) ^ v` and `mark ^ v` as
+            // `(mark & all) ^ v`.
+            let mask = if *op == "or" { !value } else { u32::MAX };
+            exprs.push(Expr::Meta {
+                key: META_MARK,
+                dreg: REG_1,
+            });
+            exprs.push(Expr::Bitwise {
+                sreg: REG_1,
+                dreg: REG_1,
+                mask: mask.to_ne_bytes().to_vec(),
+                xor: value.to_ne_bytes().to_vec(),
+            });
+            exprs.push(Expr::MetaSet {
+                key: META_MARK,
+                sreg: REG_1,
+            });
+        }
         ["update", set, "{", kw, "saddr", "}"] if *kw == ip => {
             let set = identifier(set.strip_prefix('@')?)?;
             let (offset, len) = addr_offset(family, "saddr")?;
@@ -715,6 +807,118 @@ fn parse_rule(family: Family, tokens: &[&str]) -> Option<(Vec<Expr>, Option<Stri
         verdict => exprs.push(Expr::Immediate(parse_verdict(verdict)?)),
     }
     Some((exprs, comment))
+}
+
+/// `ct state new`: the `NF_CT_STATE_BIT(IP_CT_NEW)` bit.
+const CT_STATE_NEW: u32 = 8;
+/// `NF_NAT_RANGE_PROTO_RANDOM_FULLY`.
+const NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
+
+/// A number as the renderer writes marks: `0x4000` or decimal.
+fn parse_u32(text: &str) -> Option<u32> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
+/// The register holding byte `offset` of a concatenation: a 16-byte register when the
+/// offset is aligned to one (as nft picks), else a 4-byte one (`NFT_REG32_00` is 8).
+fn concat_register(offset: u32) -> u32 {
+    if offset.is_multiple_of(16) {
+        offset / 16 + 1
+    } else {
+        8 + offset / 4
+    }
+}
+
+/// `meta l4proto . th dport`, loaded after `offset` bytes of a concatenation.
+fn push_proto_port_load(exprs: &mut Vec<Expr>, offset: u32) {
+    exprs.push(Expr::Meta {
+        key: META_L4PROTO,
+        dreg: concat_register(offset),
+    });
+    exprs.push(Expr::Payload {
+        base: PAYLOAD_TRANSPORT,
+        offset: 2,
+        len: 2,
+        dreg: concat_register(offset + 4),
+    });
+}
+
+/// `vmap @map` over the concatenation loaded from the first register.
+fn push_vmap(exprs: &mut Vec<Expr>, map: &str) -> Option<()> {
+    exprs.push(Expr::Lookup {
+        set: identifier(map.strip_prefix('@')?)?,
+        sreg: REG_1,
+        dreg: Some(REG_VERDICT),
+    });
+    Some(())
+}
+
+/// nft's id of a concatenated type: each part's id shifted in 6 bits at a time.
+fn concat_type(parts: &[u32]) -> u32 {
+    parts.iter().fold(0, |acc, part| (acc << 6) | part)
+}
+
+const TYPE_INET_PROTO: u32 = 12;
+const TYPE_INET_SERVICE: u32 = 13;
+/// nft's id of the verdict type.
+const TYPE_VERDICT: u32 = 0xffff_ff00;
+/// `NFT_SET_MAP`.
+const SET_MAP: u32 = 0x8;
+
+/// The user data nft 1.0.6 writes for our verdict maps before their comment: key and data
+/// byte order unset, the concatenation's layout, no data interval.
+const MAP_UDATA_PREFIX: [u8; 28] = [
+    0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x03, 0x08, 0x00, 0x04,
+    0x0d, 0x00, 0x00, 0x00, 0x01, 0x00, 0x06, 0x04, 0x00, 0x00, 0x00, 0x00,
+];
+
+/// `add map NAME { type [ADDR .] inet_proto . inet_service : verdict ; comment "..." ; }`.
+fn parse_add_map(family: Family, rest: &[&str]) -> Option<Op> {
+    let [
+        name,
+        "{",
+        "type",
+        spec @ ..,
+        ":",
+        "verdict",
+        ";",
+        "comment",
+        text,
+        ";",
+        "}",
+    ] = rest
+    else {
+        return None;
+    };
+    let (key_type, key_len) = match (family, spec) {
+        (Family::Ipv4, ["ipv4_addr", ".", "inet_proto", ".", "inet_service"]) => (
+            concat_type(&[TYPE_IPV4_ADDR, TYPE_INET_PROTO, TYPE_INET_SERVICE]),
+            12,
+        ),
+        (Family::Ipv6, ["ipv6_addr", ".", "inet_proto", ".", "inet_service"]) => (
+            concat_type(&[TYPE_IPV6_ADDR, TYPE_INET_PROTO, TYPE_INET_SERVICE]),
+            24,
+        ),
+        (_, ["inet_proto", ".", "inet_service"]) => {
+            (concat_type(&[TYPE_INET_PROTO, TYPE_INET_SERVICE]), 8)
+        }
+        _ => return None,
+    };
+    Some(Op::AddSet {
+        set: identifier(name)?,
+        spec: SetSpec {
+            flags: SET_MAP,
+            key_type,
+            key_len,
+            data: Some((TYPE_VERDICT, 0)),
+            timeout_ms: None,
+            udata_prefix: MAP_UDATA_PREFIX.to_vec(),
+            comment: Some(quoted(text)?),
+        },
+    })
 }
 
 /// `A.B.C.D:port` or `[v6]:port`, in the table's family.

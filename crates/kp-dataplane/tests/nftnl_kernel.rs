@@ -1,0 +1,308 @@
+//! The netlink runner ([`NetlinkNft`], `kp-nftnl`) against `nft -f -`, on a real kernel in
+//! a throwaway network namespace (see `netns`): the same syncs (full and partial) are run
+//! once with each runner, the tables are removed in between, and `nft list ruleset` after
+//! every sync must be identical. Plus: a statement the kernel rejects is reported by line
+//! and text, and nothing of its transaction stays.
+//!
+//! Without root, `unshare` or `nft` the tests are skipped with a message, unless `CI` or
+//! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
+
+mod netns;
+#[path = "../src/testutil.rs"]
+mod testutil;
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use kp_core::backend::{Backend, SyncKind};
+use kp_core::model::{IpFamily, Protocol, ServiceName, SessionAffinity};
+use kp_core::tracker::ProxyState;
+use kp_dataplane::conntrack::FakeConntrack;
+use kp_dataplane::exec::ExecError;
+use kp_dataplane::nftables::{ExecNft, NetlinkNft, NftRunner, NftablesBackend, NftablesConfig};
+use kp_nftnl::{ApplyError, NftSocket, apply_script, parse_script};
+use kp_rules::nftables::{LocalDetector, RenderConfig};
+use prometheus_client::metrics::counter::Counter;
+use testutil::*;
+
+fn unavailable() -> Option<String> {
+    let nft = Command::new("nft")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !nft.is_ok_and(|s| s.success()) {
+        return Some("nft not found (apt-get install -y nftables)".into());
+    }
+    let probe = Command::new("unshare")
+        .args(["-n", "nft", "add", "table", "ip", "kp-probe"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        return Some("cannot use nftables in a new network namespace (needs root)".into());
+    }
+    None
+}
+
+fn in_netns(name: &str, body: impl FnOnce()) {
+    netns::run_isolated(name, unavailable, body);
+}
+
+fn nft(args: &[&str]) -> String {
+    let output = Command::new("nft").args(args).output().expect("run nft");
+    assert!(
+        output.status.success(),
+        "`nft {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Records every script, then hands it to the inner runner.
+#[derive(Clone)]
+struct Recording<R> {
+    inner: R,
+    scripts: Arc<Mutex<Vec<String>>>,
+}
+
+impl<R: NftRunner> NftRunner for Recording<R> {
+    async fn apply(&self, script: &str) -> Result<(), ExecError> {
+        self.scripts
+            .lock()
+            .expect("not poisoned")
+            .push(script.to_owned());
+        self.inner.apply(script).await
+    }
+
+    async fn list_table(&self, family: IpFamily) -> Result<Option<String>, ExecError> {
+        self.inner.list_table(family).await
+    }
+}
+
+fn config() -> NftablesConfig {
+    let render = RenderConfig {
+        local_detector: LocalDetector::Cidrs(vec![
+            "10.244.0.0/16".parse().expect("cidr"),
+            "fd00:10:244::/48".parse().expect("cidr"),
+        ]),
+        ..RenderConfig::default()
+    };
+    NftablesConfig::new(vec![IpFamily::V4, IpFamily::V6], render)
+}
+
+fn local(mut ep: kp_core::model::Endpoint) -> kp_core::model::Endpoint {
+    ep.node_name = Some(NODE.into());
+    ep.is_local = true;
+    ep
+}
+
+/// The fixture states, in sync order, with the services each one changed.
+fn steps() -> Vec<(ProxyState, BTreeSet<ServiceName>)> {
+    let affinity = |mut svc: kp_core::model::ServicePort| {
+        svc.session_affinity = Some(SessionAffinity {
+            timeout: Duration::from_secs(10800),
+        });
+        svc
+    };
+    let node_port = |mut svc: kp_core::model::ServicePort, port: u16| {
+        svc.node_port = Some(port);
+        svc.external_ips = vec![ip("192.0.2.10")];
+        svc.external_policy_local = true;
+        svc
+    };
+    let lb = |mut svc: kp_core::model::ServicePort, ranges: &[&str]| {
+        svc.load_balancer_ips = vec![ip("192.0.2.20")];
+        svc.load_balancer_source_ranges = ranges
+            .iter()
+            .map(|r| r.parse::<IpNet>().expect("range"))
+            .collect();
+        svc
+    };
+    let hostile = "we\"ird\n;name";
+    let first = state(vec![
+        (
+            affinity(service("ns", "aff", Protocol::Tcp, "10.96.0.1", 80)),
+            vec![
+                endpoint("10.244.1.1", 8080),
+                endpoint("10.244.1.2", 8080),
+                endpoint("10.244.1.3", 8080),
+            ],
+        ),
+        (
+            service(hostile, hostile, Protocol::Udp, "10.96.0.2", 53),
+            vec![endpoint("10.244.1.4", 5353)],
+        ),
+        (
+            node_port(service("ns", "np", Protocol::Tcp, "10.96.0.3", 80), 30080),
+            vec![
+                local(endpoint("10.244.0.5", 8080)),
+                endpoint("10.244.1.5", 8080),
+            ],
+        ),
+        (
+            service("ns", "empty", Protocol::Sctp, "10.96.0.4", 9000),
+            vec![],
+        ),
+        (
+            affinity(service("ns", "v6", Protocol::Tcp, "fd00:96::1", 443)),
+            vec![
+                endpoint("fd00:10:244:1::1", 8443),
+                endpoint("fd00:10:244:1::2", 8443),
+            ],
+        ),
+        (
+            node_port(service("ns", "np6", Protocol::Udp, "fd00:96::2", 53), 30053),
+            vec![local(endpoint("fd00:10:244::7", 53))],
+        ),
+    ]);
+    // Endpoints move, a service goes, one gets its first endpoint, another appears.
+    let mut second = first.clone();
+    let aff = port_name("ns", "aff", "p", Protocol::Tcp);
+    second.endpoints.insert(
+        aff.clone(),
+        vec![endpoint("10.244.1.1", 8080), endpoint("10.244.2.9", 8080)],
+    );
+    let np = port_name("ns", "np", "p", Protocol::Tcp);
+    second.services.remove(&np);
+    second.endpoints.remove(&np);
+    let empty = port_name("ns", "empty", "p", Protocol::Sctp);
+    second
+        .endpoints
+        .insert(empty.clone(), vec![endpoint("10.244.3.1", 9000)]);
+    let v6 = port_name("ns", "v6", "p", Protocol::Tcp);
+    second
+        .endpoints
+        .insert(v6.clone(), vec![endpoint("fd00:10:244:1::3", 8443)]);
+    let added = service("ns", "added", Protocol::Tcp, "10.96.0.9", 8080);
+    second
+        .endpoints
+        .insert(added.name.clone(), vec![endpoint("10.244.4.1", 80)]);
+    second.services.insert(added.name.clone(), added);
+    let changed_second: BTreeSet<ServiceName> = [&aff, &np, &empty, &v6]
+        .into_iter()
+        .map(|p| p.service.clone())
+        .chain([service_name("ns", "added")])
+        .collect();
+    // A load balancer with source ranges (its firewall rule has an anonymous set, which
+    // goes to nft), then gone again.
+    let mut third = second.clone();
+    let fw = lb(
+        service("ns", "fw", Protocol::Tcp, "10.96.0.10", 443),
+        &["203.0.113.0/24", "198.51.100.7/32"],
+    );
+    third
+        .endpoints
+        .insert(fw.name.clone(), vec![endpoint("10.244.5.1", 8443)]);
+    third.services.insert(fw.name.clone(), fw);
+    let changed_fw = BTreeSet::from([service_name("ns", "fw")]);
+    let fourth = second.clone();
+    vec![
+        (first, BTreeSet::new()),
+        (second.clone(), changed_second),
+        // Nothing changed: only the deletion of stale chains.
+        (second, BTreeSet::new()),
+        (third, changed_fw.clone()),
+        (fourth, changed_fw),
+    ]
+}
+
+/// Run every step with `runner`; `nft list ruleset` after each.
+async fn run_steps<R: NftRunner>(runner: R) -> Vec<String> {
+    // Stale chains are deleted by the next sync, so the deletions are part of the test.
+    let mut backend = NftablesBackend::with_parts(config(), runner, FakeConntrack::default())
+        .expect("valid config")
+        .with_stale_chain_delay(Duration::ZERO);
+    let mut listings = Vec::new();
+    for (index, (state, changed)) in steps().iter().enumerate() {
+        let kind = if index == 0 {
+            SyncKind::Full
+        } else {
+            SyncKind::Partial
+        };
+        backend
+            .sync(&request(state, kind, changed, false))
+            .await
+            .unwrap_or_else(|e| panic!("sync {index} failed: {e}"));
+        listings.push(nft(&["list", "ruleset"]));
+    }
+    listings
+}
+
+#[test]
+fn netlink_and_nft_build_identical_tables() {
+    in_netns("netlink_and_nft_build_identical_tables", || {
+        block_on(async {
+            let fallbacks = Counter::default();
+            let scripts = Arc::new(Mutex::new(Vec::new()));
+            let netlink = Recording {
+                inner: NetlinkNft::new(ExecNft::default(), fallbacks.clone()),
+                scripts: Arc::clone(&scripts),
+            };
+            let via_netlink = run_steps(netlink).await;
+            nft(&["flush", "ruleset"]);
+            let via_nft = run_steps(ExecNft::default()).await;
+            for (step, (a, b)) in via_netlink.iter().zip(&via_nft).enumerate() {
+                assert_eq!(a, b, "step {step}: netlink and nft tables differ");
+            }
+            assert!(via_netlink[0].contains("table ip kube-proxy"));
+            assert!(via_netlink[0].contains("table ip6 kube-proxy"));
+
+            // Only scripts with a firewall rule's anonymous set may go to nft; everything
+            // else went over netlink.
+            let scripts = scripts.lock().expect("not poisoned").clone();
+            let mut unsupported = 0;
+            for script in &scripts {
+                if let Err(err) = parse_script(script) {
+                    unsupported += 1;
+                    let text = err.to_string();
+                    assert!(text.contains("saddr != {"), "unexpected fallback: {text}");
+                }
+            }
+            assert_eq!(fallbacks.get(), unsupported);
+            assert!(
+                (unsupported as usize) < scripts.len() / 2,
+                "{unsupported} of {} scripts fell back",
+                scripts.len()
+            );
+        });
+    });
+}
+
+#[test]
+fn a_rejected_statement_is_named_and_nothing_stays() {
+    in_netns("a_rejected_statement_is_named_and_nothing_stays", || {
+        let mut socket = NftSocket::open().expect("socket");
+        apply_script(
+            &mut socket,
+            "add table ip kube-proxy\nadd chain ip kube-proxy kept\n",
+        )
+        .expect("first transaction");
+        let script = "add chain ip kube-proxy new-chain\n\
+                      add rule ip kube-proxy new-chain goto kept\n\
+                      add rule ip kube-proxy missing-chain goto kept\n\
+                      add chain ip kube-proxy other\n";
+        let err = apply_script(&mut socket, script).expect_err("rejected");
+        match &err {
+            ApplyError::Kernel {
+                line, statement, ..
+            } => {
+                assert_eq!(*line, 3);
+                assert_eq!(statement, "add rule ip kube-proxy missing-chain goto kept");
+            }
+            other => panic!("unexpected error {other:?}"),
+        }
+        // ENOENT: no such chain.
+        assert_eq!(err.errno(), Some(2));
+        let table = nft(&["list", "table", "ip", "kube-proxy"]);
+        assert!(table.contains("chain kept"), "{table}");
+        assert!(!table.contains("new-chain"), "{table}");
+        assert!(!table.contains("other"), "{table}");
+        // The socket is still usable.
+        apply_script(&mut socket, "add chain ip kube-proxy after\n").expect("next transaction");
+        assert!(nft(&["list", "table", "ip", "kube-proxy"]).contains("chain after"));
+    });
+}
