@@ -509,6 +509,16 @@ fn match_prefix(
     if bytes.len() as u32 != len || prefix > len * 8 || prefix == 0 {
         return None;
     }
+    let mask: Vec<u8> = (0..len)
+        .map(|i| {
+            let bits = prefix.saturating_sub(i * 8).min(8);
+            (0xffu16 << (8 - bits)) as u8
+        })
+        .collect();
+    // The renderer writes canonical (truncated) prefixes; anything else is not ours.
+    if bytes.iter().zip(&mask).any(|(b, m)| b & !m != 0) {
+        return None;
+    }
     if prefix % 8 == 0 {
         let n = prefix / 8;
         exprs.push(Expr::Payload {
@@ -523,16 +533,6 @@ fn match_prefix(
             data: bytes[..n as usize].to_vec(),
         });
     } else {
-        let mask: Vec<u8> = (0..len)
-            .map(|i| {
-                let bits = prefix.saturating_sub(i * 8).min(8);
-                (0xffu16 << (8 - bits)) as u8
-            })
-            .collect();
-        // The renderer writes canonical (truncated) prefixes; anything else is not ours.
-        if bytes.iter().zip(&mask).any(|(b, m)| b & !m != 0) {
-            return None;
-        }
         exprs.push(Expr::Payload {
             base: PAYLOAD_NETWORK,
             offset,
@@ -936,4 +936,105 @@ fn parse_socket(family: Family, text: &str) -> Option<(Vec<u8>, u16)> {
         _ => return None,
     }
     Some((addr_bytes(addr), port.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unsupported(statement: &str) -> bool {
+        matches!(
+            parse_script(statement),
+            Err(ScriptError::Unsupported { line: 1, .. })
+        )
+    }
+
+    #[test]
+    fn shapes_outside_the_renderer_are_refused() {
+        for statement in [
+            // Anonymous sets and maps go to nft.
+            "add rule ip kube-proxy fw ip saddr != { 10.0.0.0/8, 192.0.2.1 } drop",
+            "add rule ip kube-proxy s numgen random mod 2 vmap { 0 : goto a , 1 : goto b }",
+            // Quotes, escapes and odd names never pass.
+            "add rule ip kube-proxy c goto a comment \"x\\\" ; drop\"",
+            "add rule ip kube-proxy c\"x goto a",
+            "add chain ip kube-proxy 1abc",
+            "add element ip kube-proxy service-ips { 10.0.0.1 . icmp . 1 : drop }",
+            "add rule ip kube-proxy c ip saddr 10.0.0.1/8 goto a",
+            "add rule ip kube-proxy c ip6 saddr ::1 goto a",
+            "insert rule ip kube-proxy c goto a",
+            "add table inet kube-proxy",
+        ] {
+            assert!(unsupported(statement), "{statement}");
+        }
+    }
+
+    #[test]
+    fn element_keys_are_laid_out_in_registers() {
+        let commands = parse_script(
+            "add element ip6 kube-proxy service-ips { fd00::1 . sctp . 443 comment \"ns/a:p\" : goto service-X }\n\
+             delete element ip kube-proxy service-nodeports { udp . 30053 }\n",
+        )
+        .expect("supported");
+        let Op::AddElement {
+            key,
+            verdict,
+            comment,
+            ..
+        } = &commands[0].op
+        else {
+            panic!("{commands:?}");
+        };
+        let mut expected = vec![0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        expected.extend([132, 0, 0, 0, 0x01, 0xbb, 0, 0]);
+        assert_eq!(key, &expected);
+        assert_eq!(verdict, &Some(Verdict::Goto("service-X".into())));
+        assert_eq!(comment.as_deref(), Some("ns/a:p"));
+        assert_eq!(commands[1].line, 2);
+        assert_eq!(
+            commands[1].op,
+            Op::DeleteElement {
+                set: "service-nodeports".into(),
+                key: vec![17, 0, 0, 0, 0x75, 0x65, 0, 0],
+            }
+        );
+    }
+
+    #[test]
+    fn prefixes_compile_as_nft_compiles_them() {
+        let rule = |text: &str| match parse_script(text).expect("supported").remove(0).op {
+            Op::AddRule { exprs, .. } => exprs,
+            other => panic!("{other:?}"),
+        };
+        // A whole-byte prefix loads only its bytes.
+        let exprs = rule("add rule ip kube-proxy c ip saddr 10.1.0.0/16 goto a");
+        assert_eq!(
+            exprs[..2],
+            [
+                Expr::Payload {
+                    base: PAYLOAD_NETWORK,
+                    offset: 12,
+                    len: 2,
+                    dreg: REG_1
+                },
+                Expr::Cmp {
+                    sreg: REG_1,
+                    op: CmpOp::Eq,
+                    data: vec![10, 1]
+                }
+            ]
+        );
+        // Any other prefix is masked.
+        let exprs = rule("add rule ip kube-proxy c ip saddr != 10.16.0.0/12 goto a");
+        assert_eq!(
+            exprs[1],
+            Expr::Bitwise {
+                sreg: REG_1,
+                dreg: REG_1,
+                mask: vec![0xff, 0xf0, 0, 0],
+                xor: vec![0; 4]
+            }
+        );
+        assert!(matches!(exprs[2], Expr::Cmp { op: CmpOp::Neq, .. }));
+    }
 }
