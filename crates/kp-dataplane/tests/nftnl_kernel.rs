@@ -187,8 +187,9 @@ fn steps() -> Vec<(ProxyState, BTreeSet<ServiceName>)> {
         .map(|p| p.service.clone())
         .chain([service_name("ns", "added")])
         .collect();
-    // A load balancer with source ranges (its firewall rule has an anonymous set, which
-    // goes to nft), then gone again.
+    // A load balancer with source ranges (its firewall rule has an anonymous set), and a
+    // service with more endpoints than the renderer's numgen cascade takes (an anonymous
+    // verdict map), then both gone again.
     let mut third = second.clone();
     let fw = lb(
         service("ns", "fw", Protocol::Tcp, "10.96.0.10", 443),
@@ -198,7 +199,29 @@ fn steps() -> Vec<(ProxyState, BTreeSet<ServiceName>)> {
         .endpoints
         .insert(fw.name.clone(), vec![endpoint("10.244.5.1", 8443)]);
     third.services.insert(fw.name.clone(), fw);
-    let changed_fw = BTreeSet::from([service_name("ns", "fw")]);
+    let big = service("ns", "big", Protocol::Tcp, "10.96.0.11", 80);
+    third.endpoints.insert(
+        big.name.clone(),
+        (1..=40)
+            .map(|i| endpoint(&format!("10.244.6.{i}"), 80))
+            .collect(),
+    );
+    third.services.insert(big.name.clone(), big);
+    let fw6 = lb(
+        service("ns", "fw6", Protocol::Tcp, "fd00:96::3", 443),
+        &["2001:db8::/64", "2001:db8:1::7/128"],
+    );
+    let mut fw6 = fw6;
+    fw6.load_balancer_ips = vec![ip("2001:db8:2::20")];
+    third
+        .endpoints
+        .insert(fw6.name.clone(), vec![endpoint("fd00:10:244:5::1", 8443)]);
+    third.services.insert(fw6.name.clone(), fw6);
+    let changed_fw = BTreeSet::from([
+        service_name("ns", "fw"),
+        service_name("ns", "big"),
+        service_name("ns", "fw6"),
+    ]);
     let fourth = second.clone();
     vec![
         (first, BTreeSet::new()),
@@ -251,23 +274,19 @@ fn netlink_and_nft_build_identical_tables() {
             assert!(via_netlink[0].contains("table ip kube-proxy"));
             assert!(via_netlink[0].contains("table ip6 kube-proxy"));
 
-            // Only scripts with a firewall rule's anonymous set may go to nft; everything
-            // else went over netlink.
+            // Every script went over netlink: none fell back to nft.
             let scripts = scripts.lock().expect("not poisoned").clone();
-            let mut unsupported = 0;
+            assert_eq!(
+                scripts.len(),
+                steps().len() * 2,
+                "one script per family and step"
+            );
             for script in &scripts {
                 if let Err(err) = parse_script(script) {
-                    unsupported += 1;
-                    let text = err.to_string();
-                    assert!(text.contains("saddr != {"), "unexpected fallback: {text}");
+                    panic!("fell back to nft: {err}");
                 }
             }
-            assert_eq!(fallbacks.get(), unsupported);
-            assert!(
-                (unsupported as usize) < scripts.len() / 2,
-                "{unsupported} of {} scripts fell back",
-                scripts.len()
-            );
+            assert_eq!(fallbacks.get(), 0);
         });
     });
 }

@@ -8,7 +8,7 @@
 //! created them.
 
 use crate::expr::{Expr, Verdict};
-use crate::script::{Command, Op, SetSpec};
+use crate::script::{AnonymousSet, Command, Op, SetSpec};
 
 /// `NLMSG_ERROR`: an error (or, with code 0, an acknowledgement) for one request.
 pub const NLMSG_ERROR: u16 = 2;
@@ -116,6 +116,34 @@ const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
 const NFTA_VERDICT_CHAIN: u16 = 2;
+
+const NFTA_SET_DESC: u16 = 9;
+const NFTA_SET_DESC_SIZE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
+const NFTA_SET_ELEM_FLAGS: u16 = 3;
+const SET_ANONYMOUS: u32 = 0x1;
+const SET_CONSTANT: u32 = 0x2;
+const SET_INTERVAL: u32 = 0x4;
+const SET_MAP: u32 = 0x8;
+const SET_ELEM_INTERVAL_END: u32 = 0x1;
+/// nft's integer and verdict data types.
+const TYPE_INTEGER: u32 = 4;
+const TYPE_VERDICT: u32 = 0xffff_ff00;
+/// nft's ids in the typeof record of an anonymous set: the payload expression, the IPv4
+/// and IPv6 header descriptions, and their address fields.
+const EXPR_PAYLOAD: u32 = 7;
+const PROTO_DESC_IP: u32 = 12;
+const PROTO_DESC_IP6: u32 = 13;
+const IPHDR_SADDR: u32 = 11;
+const IPHDR_DADDR: u32 = 12;
+const IP6HDR_SADDR: u32 = 7;
+const IP6HDR_DADDR: u32 = 8;
+/// The user data nft 1.0.6 writes for a `numgen ... vmap { }` map: host-order integer
+/// keys, the data's typeof record, no data interval.
+const NUMGEN_MAP_UDATA: [u8; 28] = [
+    0x00, 0x04, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x04, 0x08, 0x00, 0x04,
+    0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x06, 0x04, 0x00, 0x00, 0x00, 0x00,
+];
 
 /// `NFTNL_UDATA_*_COMMENT`: the comment inside rule, element, table and chain user data.
 const UDATA_COMMENT: u8 = 0;
@@ -360,12 +388,16 @@ impl Batch {
                 chain,
                 exprs,
                 comment,
+                anonymous,
             } => {
+                let anonymous = anonymous
+                    .as_ref()
+                    .map(|set| self.push_anonymous(family, table, set, owner));
                 let m = self.message(MsgKind::NewRule, NLM_F_CREATE | NLM_F_APPEND, family, owner);
                 let wr = w(self);
                 wr.put_str(NFTA_RULE_TABLE, table);
                 wr.put_str(NFTA_RULE_CHAIN, chain);
-                encode_exprs(wr, exprs);
+                encode_exprs(wr, exprs, anonymous);
                 if let Some(comment) = comment {
                     wr.put(NFTA_RULE_USERDATA, &comment_udata(UDATA_COMMENT, comment));
                 }
@@ -410,6 +442,96 @@ impl Batch {
                 wr.end(m);
             }
         }
+    }
+
+    /// Create `set` and its elements; returns its name and batch id for the lookup.
+    fn push_anonymous(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &AnonymousSet,
+        owner: usize,
+    ) -> (&'static str, u32) {
+        let id = self.next_set_id;
+        self.next_set_id += 1;
+        let (name, size) = match set {
+            AnonymousSet::Prefixes { elements, .. } => ("__set%d", elements.len()),
+            AnonymousSet::NumgenMap { verdicts } => ("__map%d", verdicts.len()),
+        };
+        let m = self.message(MsgKind::NewSet, NLM_F_CREATE, family, owner);
+        let wr = &mut self.writer;
+        wr.put_str(NFTA_SET_TABLE, table);
+        wr.put_str(NFTA_SET_NAME, name);
+        match set {
+            AnonymousSet::Prefixes { family, source, .. } => {
+                wr.put_u32(NFTA_SET_FLAGS, SET_ANONYMOUS | SET_CONSTANT | SET_INTERVAL);
+                let (key_type, key_len, desc, field) = match (family, source) {
+                    (Family::Ipv4, true) => (7, 4, PROTO_DESC_IP, IPHDR_SADDR),
+                    (Family::Ipv4, false) => (7, 4, PROTO_DESC_IP, IPHDR_DADDR),
+                    (Family::Ipv6, true) => (8, 16, PROTO_DESC_IP6, IP6HDR_SADDR),
+                    (Family::Ipv6, false) => (8, 16, PROTO_DESC_IP6, IP6HDR_DADDR),
+                };
+                wr.put_u32(NFTA_SET_KEY_TYPE, key_type);
+                wr.put_u32(NFTA_SET_KEY_LEN, key_len);
+                wr.put_u32(NFTA_SET_ID, id);
+                put_desc_size(wr, size);
+                // Key byte order big endian; merge adjacent elements; the key is the
+                // payload expression `<desc> <field>` (nft's typeof record).
+                let mut udata = vec![0, 4];
+                udata.extend_from_slice(&2u32.to_ne_bytes());
+                udata.extend_from_slice(&[2, 4]);
+                udata.extend_from_slice(&1u32.to_ne_bytes());
+                udata.extend_from_slice(&[3, 20, 0, 4]);
+                udata.extend_from_slice(&EXPR_PAYLOAD.to_ne_bytes());
+                udata.extend_from_slice(&[1, 12, 0, 4]);
+                udata.extend_from_slice(&desc.to_ne_bytes());
+                udata.extend_from_slice(&[1, 4]);
+                udata.extend_from_slice(&field.to_ne_bytes());
+                wr.put(NFTA_SET_USERDATA, &udata);
+            }
+            AnonymousSet::NumgenMap { .. } => {
+                wr.put_u32(NFTA_SET_FLAGS, SET_ANONYMOUS | SET_CONSTANT | SET_MAP);
+                wr.put_u32(NFTA_SET_KEY_TYPE, TYPE_INTEGER);
+                wr.put_u32(NFTA_SET_KEY_LEN, 4);
+                wr.put_u32(NFTA_SET_DATA_TYPE, TYPE_VERDICT);
+                wr.put_u32(NFTA_SET_DATA_LEN, 0);
+                wr.put_u32(NFTA_SET_ID, id);
+                put_desc_size(wr, size);
+                wr.put(NFTA_SET_USERDATA, &NUMGEN_MAP_UDATA);
+            }
+        }
+        wr.end(m);
+
+        let m = self.message(MsgKind::NewSetElem, NLM_F_CREATE, family, owner);
+        let wr = &mut self.writer;
+        wr.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
+        wr.put_str(NFTA_SET_ELEM_LIST_SET, name);
+        wr.put_u32(NFTA_SET_ELEM_LIST_SET_ID, id);
+        let list = wr.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+        match set {
+            AnonymousSet::Prefixes { elements, .. } => {
+                for (index, (key, end)) in elements.iter().enumerate() {
+                    // libnftnl numbers the list entries; the kernel ignores the numbers.
+                    let elem = wr.nest(index as u16 + 1);
+                    if *end {
+                        wr.put_u32(NFTA_SET_ELEM_FLAGS, SET_ELEM_INTERVAL_END);
+                    }
+                    wr.put_data(NFTA_SET_ELEM_KEY, key);
+                    wr.nest_end(elem);
+                }
+            }
+            AnonymousSet::NumgenMap { verdicts } => {
+                for (index, verdict) in verdicts.iter().enumerate() {
+                    let elem = wr.nest(index as u16 + 1);
+                    wr.put_data(NFTA_SET_ELEM_KEY, &(index as u32).to_ne_bytes());
+                    wr.put_verdict(NFTA_SET_ELEM_DATA, verdict);
+                    wr.nest_end(elem);
+                }
+            }
+        }
+        wr.nest_end(list);
+        wr.end(m);
+        (name, id)
     }
 
     /// Close the batch with `NFNL_MSG_BATCH_END`, then append a `NFT_MSG_GETGEN` request
@@ -493,13 +615,19 @@ fn encode_set(wr: &mut Writer, table: &str, set: &str, spec: &SetSpec, id: u32) 
     wr.put(NFTA_SET_USERDATA, &udata);
 }
 
-fn encode_exprs(wr: &mut Writer, exprs: &[Expr]) {
+fn put_desc_size(wr: &mut Writer, size: usize) {
+    let desc = wr.nest(NFTA_SET_DESC);
+    wr.put_u32(NFTA_SET_DESC_SIZE, size as u32);
+    wr.nest_end(desc);
+}
+
+fn encode_exprs(wr: &mut Writer, exprs: &[Expr], anonymous: Option<(&str, u32)>) {
     let list = wr.nest(NFTA_RULE_EXPRESSIONS);
     for expr in exprs {
         let elem = wr.nest(NFTA_LIST_ELEM);
         wr.put_str(NFTA_EXPR_NAME, expr.name());
         let data = wr.nest(NFTA_EXPR_DATA);
-        expr.encode(wr);
+        expr.encode(wr, anonymous);
         wr.nest_end(data);
         wr.nest_end(elem);
     }

@@ -119,6 +119,16 @@ pub enum Expr {
         /// Destination register, for maps.
         dreg: Option<u32>,
     },
+    /// Look `sreg` up in the rule's anonymous set or map (created in the same batch, so
+    /// referred to by its batch id).
+    LookupAnonymous {
+        /// Source register.
+        sreg: u32,
+        /// Destination register, for maps.
+        dreg: Option<u32>,
+        /// Match when the key is absent (`!=`).
+        invert: bool,
+    },
     /// `update @set { <sreg> }`: add the key or refresh its timeout.
     DynsetUpdate {
         /// The set's name.
@@ -208,6 +218,9 @@ const NFT_REJECT_ICMP_UNREACH: u32 = 0;
 const NFTA_LOOKUP_SET: u16 = 1;
 const NFTA_LOOKUP_SREG: u16 = 2;
 const NFTA_LOOKUP_DREG: u16 = 3;
+const NFTA_LOOKUP_SET_ID: u16 = 4;
+const NFTA_LOOKUP_FLAGS: u16 = 5;
+const NFT_LOOKUP_F_INV: u32 = 1;
 const NFTA_DYNSET_SET_NAME: u16 = 1;
 const NFTA_DYNSET_OP: u16 = 3;
 const NFTA_DYNSET_SREG_KEY: u16 = 4;
@@ -240,7 +253,7 @@ impl Expr {
             Expr::Cmp { .. } => "cmp",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Meta { .. } => "meta",
-            Expr::Lookup { .. } => "lookup",
+            Expr::Lookup { .. } | Expr::LookupAnonymous { .. } => "lookup",
             Expr::DynsetUpdate { .. } => "dynset",
             Expr::NumgenRandom { .. } => "numgen",
             Expr::FibAddrType { .. } => "fib",
@@ -254,9 +267,21 @@ impl Expr {
     }
 
     /// Write the expression's attributes (the contents of `NFTA_EXPR_DATA`), in libnftnl's
-    /// order.
-    pub fn encode(&self, w: &mut Writer) {
+    /// order. `anonymous` is the name and batch id of the rule's anonymous set, if any.
+    pub fn encode(&self, w: &mut Writer, anonymous: Option<(&str, u32)>) {
         match self {
+            Expr::LookupAnonymous { sreg, dreg, invert } => {
+                let (name, id) = anonymous.unwrap_or(("", 0));
+                w.put_u32(NFTA_LOOKUP_SREG, *sreg);
+                if let Some(dreg) = dreg {
+                    w.put_u32(NFTA_LOOKUP_DREG, *dreg);
+                }
+                w.put_str(NFTA_LOOKUP_SET, name);
+                w.put_u32(NFTA_LOOKUP_SET_ID, id);
+                if *invert {
+                    w.put_u32(NFTA_LOOKUP_FLAGS, NFT_LOOKUP_F_INV);
+                }
+            }
             Expr::Payload {
                 base,
                 offset,

@@ -111,6 +111,8 @@ pub enum Op {
         exprs: Vec<Expr>,
         /// Rule comment.
         comment: Option<String>,
+        /// The anonymous set or map the rule looks up, created just before it.
+        anonymous: Option<AnonymousSet>,
     },
     /// `add element` (one element).
     AddElement {
@@ -129,6 +131,27 @@ pub enum Op {
         set: String,
         /// The key, encoded.
         key: Vec<u8>,
+    },
+}
+
+/// An anonymous (constant) set or map, as nft creates one for `{ ... }` in a rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AnonymousSet {
+    /// Address prefixes: an interval set. `elements` are what nft sends: each interval's
+    /// start and, flagged as an end, the first address after it (and a leading end at
+    /// zero); adjacent intervals merged, as nft merges them.
+    Prefixes {
+        /// The table's family (the key type).
+        family: Family,
+        /// Whether the rule matches the source (else destination) address.
+        source: bool,
+        /// `(key, is_interval_end)`, in ascending order.
+        elements: Vec<(Vec<u8>, bool)>,
+    },
+    /// `numgen ... vmap { i : verdict, ... }`: integer keys (host order).
+    NumgenMap {
+        /// Key `i` maps to `verdicts[i]`.
+        verdicts: Vec<Verdict>,
     },
 }
 
@@ -242,11 +265,12 @@ fn parse_statement(tokens: &[&str], line: usize) -> Option<Command> {
             let [chain, rule @ ..] = rest else {
                 return None;
             };
-            let (exprs, comment) = parse_rule(family, rule)?;
+            let (exprs, comment, anonymous) = parse_rule(family, rule)?;
             Op::AddRule {
                 chain: identifier(chain)?,
                 exprs,
                 comment,
+                anonymous,
             }
         }
         ("add", "element") => parse_element(rest, true)?,
@@ -584,16 +608,51 @@ fn match_iifname(exprs: &mut Vec<Expr>, op: CmpOp, value: &str) -> Option<()> {
 
 /// The rule part of `add rule T CHAIN <rule>`: matches, then one final statement, then an
 /// optional comment.
-fn parse_rule(family: Family, tokens: &[&str]) -> Option<(Vec<Expr>, Option<String>)> {
+fn parse_rule(
+    family: Family,
+    tokens: &[&str],
+) -> Option<(Vec<Expr>, Option<String>, Option<AnonymousSet>)> {
     let (tokens, comment) = match tokens {
         [rule @ .., "comment", text] => (rule, Some(quoted(text)?)),
         rule => (rule, None),
     };
     let ip = family.keyword();
     let mut exprs = Vec::new();
+    let mut anonymous = None;
     let mut rest = tokens;
     loop {
         match rest {
+            // `ip saddr [!=] { PREFIX, ... }`: an anonymous interval set.
+            [kw, which @ ("saddr" | "daddr"), tail @ ..]
+                if *kw == ip
+                    && anonymous.is_none()
+                    && matches!(tail, ["{", ..] | ["!=", "{", ..]) =>
+            {
+                let (invert, tail) = match tail {
+                    ["!=", tail @ ..] => (true, tail),
+                    tail => (false, tail),
+                };
+                let close = tail.iter().position(|t| *t == "}")?;
+                let elements = prefix_intervals(family, &tail[1..close])?;
+                let (offset, len) = addr_offset(family, which)?;
+                exprs.push(Expr::Payload {
+                    base: PAYLOAD_NETWORK,
+                    offset,
+                    len,
+                    dreg: REG_1,
+                });
+                exprs.push(Expr::LookupAnonymous {
+                    sreg: REG_1,
+                    dreg: None,
+                    invert,
+                });
+                anonymous = Some(AnonymousSet::Prefixes {
+                    family,
+                    source: *which == "saddr",
+                    elements,
+                });
+                rest = &tail[close + 1..];
+            }
             // Address matches.
             [kw, which @ ("saddr" | "daddr"), value, tail @ ..] if *kw == ip && *value != "." => {
                 if let Some(set) = value.strip_prefix('@') {
@@ -718,6 +777,41 @@ fn parse_rule(family: Family, tokens: &[&str]) -> Option<(Vec<Expr>, Option<Stri
     // The final statement.
     match rest {
         [
+            "numgen",
+            "random",
+            "mod",
+            modulus,
+            "vmap",
+            "{",
+            arms @ ..,
+            "}",
+        ] if anonymous.is_none() => {
+            let modulus: u32 = modulus.parse().ok()?;
+            let mut verdicts = Vec::new();
+            for (index, arm) in arms.split(|t| *t == ",").enumerate() {
+                let [key, ":", verdict @ ..] = arm else {
+                    return None;
+                };
+                if key.parse::<usize>().ok()? != index {
+                    return None;
+                }
+                verdicts.push(parse_verdict(verdict)?);
+            }
+            if verdicts.len() != modulus as usize || modulus == 0 {
+                return None;
+            }
+            exprs.push(Expr::NumgenRandom {
+                dreg: REG_1,
+                modulus,
+            });
+            exprs.push(Expr::LookupAnonymous {
+                sreg: REG_1,
+                dreg: Some(REG_VERDICT),
+                invert: false,
+            });
+            anonymous = Some(AnonymousSet::NumgenMap { verdicts });
+        }
+        [
             kw,
             "daddr",
             ".",
@@ -806,7 +900,67 @@ fn parse_rule(family: Family, tokens: &[&str]) -> Option<(Vec<Expr>, Option<Stri
         }
         verdict => exprs.push(Expr::Immediate(parse_verdict(verdict)?)),
     }
-    Some((exprs, comment))
+    Some((exprs, comment, anonymous))
+}
+
+/// `PREFIX, PREFIX, ...` (commas may end a token) as the elements nft sends for an
+/// interval set. Ranges touching zero or the top of the address space are refused (nft
+/// encodes those differently).
+fn prefix_intervals(family: Family, tokens: &[&str]) -> Option<Vec<(Vec<u8>, bool)>> {
+    let text = tokens.join(" ");
+    let mut ranges: Vec<(u128, u128)> = Vec::new();
+    let bits = match family {
+        Family::Ipv4 => 32,
+        Family::Ipv6 => 128,
+    };
+    for item in text.split(',') {
+        let item = item.trim();
+        let (addr, prefix) = match item.split_once('/') {
+            Some((addr, prefix)) => (addr.parse::<IpAddr>().ok()?, prefix.parse::<u32>().ok()?),
+            None => (item.parse::<IpAddr>().ok()?, bits),
+        };
+        let value = match (family, addr) {
+            (Family::Ipv4, IpAddr::V4(v4)) => u128::from(u32::from(v4)),
+            (Family::Ipv6, IpAddr::V6(v6)) => u128::from(v6),
+            _ => return None,
+        };
+        if prefix == 0 || prefix > bits {
+            return None;
+        }
+        let size = 1u128 << (bits - prefix);
+        if value % size != 0 {
+            return None;
+        }
+        ranges.push((value, value + (size - 1)));
+    }
+    ranges.sort_unstable();
+    // Merge overlapping and adjacent ranges, as nft does.
+    let mut merged: Vec<(u128, u128)> = Vec::new();
+    for (start, end) in ranges {
+        match merged.last_mut() {
+            Some(last) if start <= last.1.saturating_add(1) => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    let max = if bits == 128 {
+        u128::MAX
+    } else {
+        (1u128 << bits) - 1
+    };
+    let key = |value: u128| -> Vec<u8> {
+        let bytes = value.to_be_bytes();
+        bytes[16 - (bits as usize / 8)..].to_vec()
+    };
+    let first = merged.first()?;
+    if first.0 == 0 || merged.iter().any(|r| r.1 == max) {
+        return None;
+    }
+    let mut elements = vec![(key(0), true)];
+    for (start, end) in merged {
+        elements.push((key(start), false));
+        elements.push((key(end + 1), true));
+    }
+    Some(elements)
 }
 
 /// `ct state new`: the `NF_CT_STATE_BIT(IP_CT_NEW)` bit.
@@ -952,9 +1106,11 @@ mod tests {
     #[test]
     fn shapes_outside_the_renderer_are_refused() {
         for statement in [
-            // Anonymous sets and maps go to nft.
-            "add rule ip kube-proxy fw ip saddr != { 10.0.0.0/8, 192.0.2.1 } drop",
-            "add rule ip kube-proxy s numgen random mod 2 vmap { 0 : goto a , 1 : goto b }",
+            // Anonymous sets nft would encode differently, or that are not canonical.
+            "add rule ip kube-proxy fw ip saddr != { 0.0.0.0/1 } drop",
+            "add rule ip kube-proxy fw ip saddr != { 10.0.0.1/8 } drop",
+            "add rule ip kube-proxy s numgen random mod 3 vmap { 0 : goto a , 1 : goto b }",
+            "add rule ip kube-proxy s numgen random mod 2 vmap { 1 : goto a , 0 : goto b }",
             // Quotes, escapes and odd names never pass.
             "add rule ip kube-proxy c goto a comment \"x\\\" ; drop\"",
             "add rule ip kube-proxy c\"x goto a",
@@ -998,6 +1154,44 @@ mod tests {
                 key: vec![17, 0, 0, 0, 0x75, 0x65, 0, 0],
             }
         );
+    }
+
+    #[test]
+    fn anonymous_prefix_sets_are_intervals_merged_as_nft_merges_them() {
+        let commands = parse_script(
+            "add rule ip kube-proxy fw ip saddr != { 10.0.0.2/31, 10.0.0.1, 192.0.2.0/24 } drop",
+        )
+        .expect("supported");
+        let Op::AddRule {
+            anonymous:
+                Some(AnonymousSet::Prefixes {
+                    elements, source, ..
+                }),
+            exprs,
+            ..
+        } = &commands[0].op
+        else {
+            panic!("{commands:?}");
+        };
+        assert!(source);
+        assert_eq!(
+            elements,
+            &vec![
+                (vec![0, 0, 0, 0], true),
+                (vec![10, 0, 0, 1], false),
+                (vec![10, 0, 0, 4], true),
+                (vec![192, 0, 2, 0], false),
+                (vec![192, 0, 3, 0], true),
+            ]
+        );
+        assert!(matches!(
+            exprs[1],
+            Expr::LookupAnonymous {
+                invert: true,
+                dreg: None,
+                ..
+            }
+        ));
     }
 
     #[test]
