@@ -26,6 +26,8 @@ use kp_dataplane::nftables::{ExecNft, NetlinkNft, NftRunner, NftablesBackend, Nf
 use kp_nftnl::{ApplyError, NftSocket, apply_script, parse_script};
 use kp_rules::nftables::{LocalDetector, RenderConfig};
 use prometheus_client::metrics::counter::Counter;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
 use testutil::*;
 
 fn unavailable() -> Option<String> {
@@ -324,4 +326,179 @@ fn a_rejected_statement_is_named_and_nothing_stays() {
         apply_script(&mut socket, "add chain ip kube-proxy after\n").expect("next transaction");
         assert!(nft(&["list", "table", "ip", "kube-proxy"]).contains("chain after"));
     });
+}
+
+/// Random prefixes, with the edge cases nft encodes differently: `/0`, from zero, to the top.
+fn prefix(v6: bool) -> impl Strategy<Value = IpNet> {
+    let bits = if v6 { 128u8 } else { 32 };
+    prop_oneof![
+        3 => (any::<u128>(), 0..=bits).prop_map(move |(raw, len)| {
+            let net = if v6 {
+                IpNet::V6(ipnet::Ipv6Net::new(raw.into(), len).expect("valid length"))
+            } else {
+                IpNet::V4(ipnet::Ipv4Net::new((raw as u32).into(), len).expect("valid length"))
+            };
+            net.trunc()
+        }),
+        1 => Just(if v6 { "::/0" } else { "0.0.0.0/0" }.parse().expect("literal")),
+        1 => Just(if v6 { "ffff::/16" } else { "255.0.0.0/8" }.parse().expect("literal")),
+        1 => Just(if v6 { "::/3" } else { "0.0.0.0/3" }.parse().expect("literal")),
+        // Contains the node's address: the LB IPs become allowed sources.
+        1 => Just(if v6 { "2001:db8::/32" } else { "192.168.0.0/16" }.parse().expect("literal")),
+    ]
+}
+
+fn svc_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => "[a-z][a-z0-9-]{0,6}",
+        1 => Just("a\" ; flush ruleset".to_owned()),
+        1 => "\\PC{0,10}",
+    ]
+}
+
+/// One service with its endpoints; `index` keeps ClusterIPs apart.
+fn random_service(
+    index: u8,
+) -> impl Strategy<Value = (kp_core::model::ServicePort, Vec<kp_core::model::Endpoint>)> {
+    (
+        (
+            any::<bool>(),
+            svc_name(),
+            0usize..3,
+            proptest::option::of(1u64..100_000),
+        ),
+        (proptest::option::of(30000u16..30010), 0usize..3, 0usize..3),
+        proptest::collection::vec(any::<bool>(), 0..3),
+        any::<[bool; 2]>(),
+        prop_oneof![4 => 0usize..4, 1 => 33usize..40],
+        any::<u8>(),
+    )
+        .prop_flat_map(move |(head, ports, ranges, policies, endpoints, salt)| {
+            let v6 = head.0;
+            (
+                Just((head, ports, policies, endpoints, salt)),
+                proptest::collection::vec(prefix(v6), ranges.len()),
+            )
+        })
+        .prop_map(move |((head, ports, policies, endpoints, salt), ranges)| {
+            let (v6, name, protocol, affinity) = head;
+            let (node_port, externals, lbs) = ports;
+            let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp][protocol];
+            let addr = |net: u8, host: u8| {
+                if v6 {
+                    format!("fd00:{net}::{host:x}")
+                } else {
+                    format!("10.{net}.{}.{host}", salt % 4)
+                }
+            };
+            let mut svc = service("ns", &name, protocol, &addr(96, index + 1), 80);
+            svc.name = port_name("ns", &format!("{name}-{index}"), "p", protocol);
+            svc.session_affinity = affinity.map(|s| SessionAffinity {
+                timeout: Duration::from_secs(s),
+            });
+            svc.node_port = node_port;
+            svc.external_ips = (0..externals).map(|i| ip(&addr(50, i as u8 + 1))).collect();
+            svc.load_balancer_ips = (0..lbs).map(|i| ip(&addr(60, i as u8 + 1))).collect();
+            svc.load_balancer_source_ranges = ranges;
+            svc.external_policy_local = policies[0];
+            svc.internal_policy_local = policies[1];
+            let eps = (0..endpoints)
+                .map(|i| {
+                    let ep = endpoint(&addr(244, i as u8 + 1 + salt % 7), 8080);
+                    if (i + usize::from(salt)) % 3 == 0 {
+                        local(ep)
+                    } else {
+                        ep
+                    }
+                })
+                .collect();
+            (svc, eps)
+        })
+}
+
+/// Two random states over the same slots: some services change, go or come.
+fn random_states() -> impl Strategy<Value = (ProxyState, ProxyState, BTreeSet<ServiceName>)> {
+    let slots: Vec<_> = (0..5u8)
+        .map(|i| (random_service(i), random_service(i), 0u8..4))
+        .collect();
+    slots.prop_map(|slots| {
+        let (mut before, mut after) = (Vec::new(), Vec::new());
+        let mut changed = BTreeSet::new();
+        for (first, second, fate) in slots {
+            match fate {
+                0 => {
+                    before.push(first.clone());
+                    after.push(first);
+                }
+                1 => {
+                    changed.insert(first.0.name.service.clone());
+                    before.push(first);
+                }
+                _ => {
+                    changed.insert(first.0.name.service.clone());
+                    changed.insert(second.0.name.service.clone());
+                    before.push(first);
+                    after.push(second);
+                }
+            }
+        }
+        (state(before), state(after), changed)
+    })
+}
+
+/// A full sync of `before`, then a partial one to `after`, with `runner`; the ruleset
+/// after each.
+async fn full_then_partial<R: NftRunner>(
+    runner: R,
+    before: &ProxyState,
+    after: &ProxyState,
+    changed: &BTreeSet<ServiceName>,
+) -> Vec<String> {
+    nft(&["flush", "ruleset"]);
+    let mut backend = NftablesBackend::with_parts(config(), runner, FakeConntrack::default())
+        .expect("valid config")
+        .with_stale_chain_delay(Duration::ZERO);
+    let none = BTreeSet::new();
+    let mut out = Vec::new();
+    for (state, kind, changed) in [
+        (before, SyncKind::Full, &none),
+        (after, SyncKind::Partial, changed),
+    ] {
+        backend
+            .sync(&request(state, kind, changed, false))
+            .await
+            .unwrap_or_else(|e| panic!("{kind:?} sync failed: {e}"));
+        out.push(nft(&["list", "ruleset"]));
+    }
+    out
+}
+
+#[test]
+fn random_services_give_identical_tables_over_netlink_and_nft() {
+    in_netns(
+        "random_services_give_identical_tables_over_netlink_and_nft",
+        || {
+            // Each case runs nft a dozen times; keep the count modest.
+            let mut runner = TestRunner::new(Config {
+                cases: 24,
+                failure_persistence: None,
+                ..Config::default()
+            });
+            let fallbacks = Counter::default();
+            runner
+                .run(&random_states(), |(before, after, changed)| {
+                    block_on(async {
+                        let netlink = NetlinkNft::new(ExecNft::default(), fallbacks.clone());
+                        let via_netlink =
+                            full_then_partial(netlink, &before, &after, &changed).await;
+                        let via_nft =
+                            full_then_partial(ExecNft::default(), &before, &after, &changed).await;
+                        prop_assert_eq!(&via_netlink, &via_nft);
+                        Ok(())
+                    })
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(fallbacks.get(), 0, "some scripts fell back to nft");
+        },
+    );
 }

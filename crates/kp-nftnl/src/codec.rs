@@ -8,7 +8,7 @@
 //! created them.
 
 use crate::expr::{Expr, Verdict};
-use crate::script::{AnonymousSet, Command, Op, SetSpec};
+use crate::script::{AnonymousSet, Command, IntervalMark, Op, SetSpec};
 
 /// `NLMSG_ERROR`: an error (or, with code 0, an acknowledgement) for one request.
 pub const NLMSG_ERROR: u16 = 2;
@@ -455,7 +455,19 @@ impl Batch {
         let id = self.next_set_id;
         self.next_set_id += 1;
         let (name, size) = match set {
-            AnonymousSet::Prefixes { elements, .. } => ("__set%d", elements.len()),
+            // nft sizes an interval set at two keys per interval, plus the leading end.
+            AnonymousSet::Prefixes { elements, .. } => (
+                "__set%d",
+                2 * elements
+                    .iter()
+                    .filter(|(_, mark)| *mark != IntervalMark::End)
+                    .count()
+                    + usize::from(
+                        elements
+                            .first()
+                            .is_some_and(|(_, m)| *m == IntervalMark::End),
+                    ),
+            ),
             AnonymousSet::NumgenMap { verdicts } => ("__map%d", verdicts.len()),
         };
         let m = self.message(MsgKind::NewSet, NLM_F_CREATE, family, owner);
@@ -510,13 +522,19 @@ impl Batch {
         let list = wr.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
         match set {
             AnonymousSet::Prefixes { elements, .. } => {
-                for (index, (key, end)) in elements.iter().enumerate() {
+                for (index, (key, mark)) in elements.iter().enumerate() {
                     // libnftnl numbers the list entries; the kernel ignores the numbers.
                     let elem = wr.nest(index as u16 + 1);
-                    if *end {
+                    if *mark == IntervalMark::End {
                         wr.put_u32(NFTA_SET_ELEM_FLAGS, SET_ELEM_INTERVAL_END);
                     }
                     wr.put_data(NFTA_SET_ELEM_KEY, key);
+                    if *mark == IntervalMark::StartOpen {
+                        // NFTNL_UDATA_SET_ELEM_FLAGS: NFTNL_SET_ELEM_F_INTERVAL_OPEN.
+                        let mut udata = vec![1, 4];
+                        udata.extend_from_slice(&1u32.to_ne_bytes());
+                        wr.put(NFTA_SET_ELEM_USERDATA, &udata);
+                    }
                     wr.nest_end(elem);
                 }
             }

@@ -137,16 +137,15 @@ pub enum Op {
 /// An anonymous (constant) set or map, as nft creates one for `{ ... }` in a rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AnonymousSet {
-    /// Address prefixes: an interval set. `elements` are what nft sends: each interval's
-    /// start and, flagged as an end, the first address after it (and a leading end at
-    /// zero); adjacent intervals merged, as nft merges them.
+    /// Address prefixes: an interval set, with the elements nft sends for it (see
+    /// [`IntervalMark`]).
     Prefixes {
         /// The table's family (the key type).
         family: Family,
         /// Whether the rule matches the source (else destination) address.
         source: bool,
-        /// `(key, is_interval_end)`, in ascending order.
-        elements: Vec<(Vec<u8>, bool)>,
+        /// Keys in ascending order.
+        elements: Vec<(Vec<u8>, IntervalMark)>,
     },
     /// `numgen ... vmap { i : verdict, ... }`: integer keys (host order).
     NumgenMap {
@@ -530,7 +529,7 @@ fn match_prefix(
         None => (value.parse::<IpAddr>().ok()?, len * 8),
     };
     let bytes = addr_bytes(addr);
-    if bytes.len() as u32 != len || prefix > len * 8 || prefix == 0 {
+    if bytes.len() as u32 != len || prefix > len * 8 {
         return None;
     }
     let mask: Vec<u8> = (0..len)
@@ -543,7 +542,8 @@ fn match_prefix(
     if bytes.iter().zip(&mask).any(|(b, m)| b & !m != 0) {
         return None;
     }
-    if prefix % 8 == 0 {
+    // A /0 is masked too (nft does not load zero bytes).
+    if prefix % 8 == 0 && prefix > 0 {
         let n = prefix / 8;
         exprs.push(Expr::Payload {
             base: PAYLOAD_NETWORK,
@@ -633,7 +633,25 @@ fn parse_rule(
                     tail => (false, tail),
                 };
                 let close = tail.iter().position(|t| *t == "}")?;
-                let elements = prefix_intervals(family, &tail[1..close])?;
+                let items = prefix_items(family, &tail[1..close])?;
+                rest = &tail[close + 1..];
+                let op = if invert { CmpOp::Neq } else { CmpOp::Eq };
+                if let [(value, prefix)] = items.as_slice() {
+                    // nft compiles a one-element set as a plain match.
+                    let bits = family_bits(family);
+                    let addr = match family {
+                        Family::Ipv4 => IpAddr::from(std::net::Ipv4Addr::from(*value as u32)),
+                        Family::Ipv6 => IpAddr::from(std::net::Ipv6Addr::from(*value)),
+                    };
+                    let text = if *prefix == bits {
+                        addr.to_string()
+                    } else {
+                        format!("{addr}/{prefix}")
+                    };
+                    match_prefix(&mut exprs, family, which, op, &text)?;
+                    continue;
+                }
+                let elements = prefix_intervals(family, &items);
                 let (offset, len) = addr_offset(family, which)?;
                 exprs.push(Expr::Payload {
                     base: PAYLOAD_NETWORK,
@@ -651,7 +669,6 @@ fn parse_rule(
                     source: *which == "saddr",
                     elements,
                 });
-                rest = &tail[close + 1..];
             }
             // Address matches.
             [kw, which @ ("saddr" | "daddr"), value, tail @ ..] if *kw == ip && *value != "." => {
@@ -903,38 +920,77 @@ fn parse_rule(
     Some((exprs, comment, anonymous))
 }
 
-/// `PREFIX, PREFIX, ...` (commas may end a token) as the elements nft sends for an
-/// interval set. Ranges touching zero or the top of the address space are refused (nft
-/// encodes those differently).
-fn prefix_intervals(family: Family, tokens: &[&str]) -> Option<Vec<(Vec<u8>, bool)>> {
+/// One element nft sends for an interval set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntervalMark {
+    /// The first key of an interval.
+    Start,
+    /// The first key of an interval that runs to the top of the address space (it has no
+    /// end element; nft flags it in the element's user data).
+    StartOpen,
+    /// The first key after an interval.
+    End,
+}
+
+/// The items of `{ PREFIX, PREFIX, ... }` (commas may end a token): `(address, prefix
+/// length)`, canonical prefixes only.
+fn prefix_items(family: Family, tokens: &[&str]) -> Option<Vec<(u128, u32)>> {
     let text = tokens.join(" ");
-    let mut ranges: Vec<(u128, u128)> = Vec::new();
-    let bits = match family {
+    let bits = family_bits(family);
+    text.split(',')
+        .map(|item| {
+            let item = item.trim();
+            let (addr, prefix) = match item.split_once('/') {
+                Some((addr, prefix)) => (addr.parse::<IpAddr>().ok()?, prefix.parse::<u32>().ok()?),
+                None => (item.parse::<IpAddr>().ok()?, bits),
+            };
+            let value = match (family, addr) {
+                (Family::Ipv4, IpAddr::V4(v4)) => u128::from(u32::from(v4)),
+                (Family::Ipv6, IpAddr::V6(v6)) => u128::from(v6),
+                _ => return None,
+            };
+            let host_bits = bits.checked_sub(prefix)?;
+            let size = 1u128.checked_shl(host_bits).unwrap_or(0);
+            // A /0 (size wraps to 0) must be all zeros; others must have no host bits.
+            let canonical = if size == 0 {
+                value == 0
+            } else {
+                value % size == 0
+            };
+            canonical.then_some((value, prefix))
+        })
+        .collect()
+}
+
+fn family_bits(family: Family) -> u32 {
+    match family {
         Family::Ipv4 => 32,
         Family::Ipv6 => 128,
-    };
-    for item in text.split(',') {
-        let item = item.trim();
-        let (addr, prefix) = match item.split_once('/') {
-            Some((addr, prefix)) => (addr.parse::<IpAddr>().ok()?, prefix.parse::<u32>().ok()?),
-            None => (item.parse::<IpAddr>().ok()?, bits),
-        };
-        let value = match (family, addr) {
-            (Family::Ipv4, IpAddr::V4(v4)) => u128::from(u32::from(v4)),
-            (Family::Ipv6, IpAddr::V6(v6)) => u128::from(v6),
-            _ => return None,
-        };
-        if prefix == 0 || prefix > bits {
-            return None;
-        }
-        let size = 1u128 << (bits - prefix);
-        if value % size != 0 {
-            return None;
-        }
-        ranges.push((value, value + (size - 1)));
     }
+}
+
+/// The elements nft sends for an interval set of `items`: overlapping and adjacent
+/// intervals merged; a leading end at zero unless the first interval starts there; no end
+/// after an interval that reaches the top.
+fn prefix_intervals(family: Family, items: &[(u128, u32)]) -> Vec<(Vec<u8>, IntervalMark)> {
+    let bits = family_bits(family);
+    let max = if bits == 128 {
+        u128::MAX
+    } else {
+        (1u128 << bits) - 1
+    };
+    let mut ranges: Vec<(u128, u128)> = items
+        .iter()
+        .map(|(value, prefix)| {
+            let span = if *prefix == 0 {
+                max
+            } else {
+                (1u128 << (bits - prefix)) - 1
+            };
+            (*value, value + span)
+        })
+        .collect();
     ranges.sort_unstable();
-    // Merge overlapping and adjacent ranges, as nft does.
     let mut merged: Vec<(u128, u128)> = Vec::new();
     for (start, end) in ranges {
         match merged.last_mut() {
@@ -942,25 +998,20 @@ fn prefix_intervals(family: Family, tokens: &[&str]) -> Option<Vec<(Vec<u8>, boo
             _ => merged.push((start, end)),
         }
     }
-    let max = if bits == 128 {
-        u128::MAX
-    } else {
-        (1u128 << bits) - 1
-    };
-    let key = |value: u128| -> Vec<u8> {
-        let bytes = value.to_be_bytes();
-        bytes[16 - (bits as usize / 8)..].to_vec()
-    };
-    let first = merged.first()?;
-    if first.0 == 0 || merged.iter().any(|r| r.1 == max) {
-        return None;
+    let key = |value: u128| -> Vec<u8> { value.to_be_bytes()[16 - (bits as usize / 8)..].to_vec() };
+    let mut elements = Vec::new();
+    if merged.first().is_some_and(|first| first.0 != 0) {
+        elements.push((key(0), IntervalMark::End));
     }
-    let mut elements = vec![(key(0), true)];
     for (start, end) in merged {
-        elements.push((key(start), false));
-        elements.push((key(end + 1), true));
+        if end == max {
+            elements.push((key(start), IntervalMark::StartOpen));
+        } else {
+            elements.push((key(start), IntervalMark::Start));
+            elements.push((key(end + 1), IntervalMark::End));
+        }
     }
-    Some(elements)
+    elements
 }
 
 /// `ct state new`: the `NF_CT_STATE_BIT(IP_CT_NEW)` bit.
@@ -1106,9 +1157,9 @@ mod tests {
     #[test]
     fn shapes_outside_the_renderer_are_refused() {
         for statement in [
-            // Anonymous sets nft would encode differently, or that are not canonical.
-            "add rule ip kube-proxy fw ip saddr != { 0.0.0.0/1 } drop",
-            "add rule ip kube-proxy fw ip saddr != { 10.0.0.1/8 } drop",
+            // Prefixes that are not canonical.
+            "add rule ip kube-proxy fw ip saddr != { 10.0.0.1/8, 192.0.2.1 } drop",
+            "add rule ip kube-proxy fw ip saddr != { 0.0.0.1/0 } drop",
             "add rule ip kube-proxy s numgen random mod 3 vmap { 0 : goto a , 1 : goto b }",
             "add rule ip kube-proxy s numgen random mod 2 vmap { 1 : goto a , 0 : goto b }",
             // Quotes, escapes and odd names never pass.
@@ -1174,16 +1225,6 @@ mod tests {
             panic!("{commands:?}");
         };
         assert!(source);
-        assert_eq!(
-            elements,
-            &vec![
-                (vec![0, 0, 0, 0], true),
-                (vec![10, 0, 0, 1], false),
-                (vec![10, 0, 0, 4], true),
-                (vec![192, 0, 2, 0], false),
-                (vec![192, 0, 3, 0], true),
-            ]
-        );
         assert!(matches!(
             exprs[1],
             Expr::LookupAnonymous {
@@ -1192,6 +1233,56 @@ mod tests {
                 ..
             }
         ));
+        use IntervalMark::*;
+        assert_eq!(
+            elements,
+            &vec![
+                (vec![0, 0, 0, 0], End),
+                (vec![10, 0, 0, 1], Start),
+                (vec![10, 0, 0, 4], End),
+                (vec![192, 0, 2, 0], Start),
+                (vec![192, 0, 3, 0], End),
+            ]
+        );
+        // From zero, and to the top: no leading end, no final end.
+        let commands =
+            parse_script("add rule ip kube-proxy fw ip saddr != { 0.0.0.0/2, 192.0.0.0/2 } drop")
+                .expect("supported");
+        let Op::AddRule {
+            anonymous: Some(AnonymousSet::Prefixes { elements, .. }),
+            ..
+        } = &commands[0].op
+        else {
+            panic!("{commands:?}");
+        };
+        assert_eq!(
+            elements,
+            &vec![
+                (vec![0, 0, 0, 0], Start),
+                (vec![64, 0, 0, 0], End),
+                (vec![192, 0, 0, 0], StartOpen),
+            ]
+        );
+        // One element is a plain match, as nft compiles it.
+        let commands = parse_script("add rule ip kube-proxy fw ip saddr != { 0.0.0.0/0 } drop")
+            .expect("supported");
+        let Op::AddRule {
+            anonymous: None,
+            exprs,
+            ..
+        } = &commands[0].op
+        else {
+            panic!("{commands:?}");
+        };
+        assert_eq!(
+            exprs[1],
+            Expr::Bitwise {
+                sreg: REG_1,
+                dreg: REG_1,
+                mask: vec![0; 4],
+                xor: vec![0; 4]
+            }
+        );
     }
 
     #[test]
