@@ -31,6 +31,8 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 pub enum MsgKind {
     /// Create (or update) a table.
     NewTable = 0,
+    /// Delete a table.
+    DelTable = 2,
     /// Create (or update) a chain.
     NewChain = 3,
     /// Delete a chain.
@@ -324,6 +326,12 @@ impl Batch {
                 if let Some(comment) = comment {
                     wr.put(NFTA_TABLE_USERDATA, &comment_udata(UDATA_COMMENT, comment));
                 }
+                wr.end(m);
+            }
+            Op::DeleteTable => {
+                let m = self.message(MsgKind::DelTable, 0, family, owner);
+                let wr = w(self);
+                wr.put_str(NFTA_TABLE_NAME, table);
                 wr.end(m);
             }
             Op::AddChain {

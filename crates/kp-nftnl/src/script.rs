@@ -67,6 +67,8 @@ pub enum Op {
         /// Table comment.
         comment: Option<String>,
     },
+    /// `delete table` (with everything in it).
+    DeleteTable,
     /// `add chain`.
     AddChain {
         /// Chain name.
@@ -245,6 +247,7 @@ fn parse_statement(tokens: &[&str], line: usize) -> Option<Command> {
     let table = identifier(table)?;
     let op = match (*verb, *object) {
         ("add", "table") => parse_add_table(rest)?,
+        ("delete", "table") if rest.is_empty() => Op::DeleteTable,
         ("add", "chain") => parse_add_chain(rest)?,
         ("flush", "chain") => Op::FlushChain {
             chain: single_name(rest)?,
