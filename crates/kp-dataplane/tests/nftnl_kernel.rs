@@ -24,7 +24,7 @@ use kp_dataplane::conntrack::FakeConntrack;
 use kp_dataplane::exec::ExecError;
 use kp_dataplane::nftables::{ExecNft, NetlinkNft, NftRunner, NftablesBackend, NftablesConfig};
 use kp_nftnl::{ApplyError, NftSocket, apply_script, parse_script};
-use kp_rules::nftables::{LocalDetector, RenderConfig};
+use kp_rules::nftables::{LocalDetector, NodePortAddresses, RenderConfig};
 use prometheus_client::metrics::counter::Counter;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -85,15 +85,36 @@ impl<R: NftRunner> NftRunner for Recording<R> {
     }
 }
 
-fn config() -> NftablesConfig {
-    let render = RenderConfig {
+/// The configurations the tests run with: every local-traffic detector, restricted
+/// NodePort addresses, masqueradeAll, with and without fully random masquerading.
+fn configs() -> Vec<NftablesConfig> {
+    let cidrs = RenderConfig {
         local_detector: LocalDetector::Cidrs(vec![
             "10.244.0.0/16".parse().expect("cidr"),
             "fd00:10:244::/48".parse().expect("cidr"),
         ]),
         ..RenderConfig::default()
     };
-    NftablesConfig::new(vec![IpFamily::V4, IpFamily::V6], render)
+    let prefix = RenderConfig {
+        local_detector: LocalDetector::InterfaceNamePrefix("veth".into()),
+        masquerade_all: true,
+        masquerade_bit: 5,
+        random_fully: false,
+        node_port_addresses: NodePortAddresses::Ips(vec![
+            ip("192.168.0.2"),
+            ip("2001:db8::2"),
+            ip("127.0.0.1"),
+        ]),
+        ..RenderConfig::default()
+    };
+    let bridge = RenderConfig {
+        local_detector: LocalDetector::BridgeInterface("cbr0".into()),
+        ..RenderConfig::default()
+    };
+    [cidrs, prefix, bridge]
+        .into_iter()
+        .map(|render| NftablesConfig::new(vec![IpFamily::V4, IpFamily::V6], render))
+        .collect()
 }
 
 fn local(mut ep: kp_core::model::Endpoint) -> kp_core::model::Endpoint {
@@ -235,10 +256,11 @@ fn steps() -> Vec<(ProxyState, BTreeSet<ServiceName>)> {
     ]
 }
 
-/// Run every step with `runner`; `nft list ruleset` after each.
-async fn run_steps<R: NftRunner>(runner: R) -> Vec<String> {
+/// Run every step with `runner` from an empty ruleset; `nft list ruleset` after each.
+async fn run_steps<R: NftRunner>(config: NftablesConfig, runner: R) -> Vec<String> {
+    nft(&["flush", "ruleset"]);
     // Stale chains are deleted by the next sync, so the deletions are part of the test.
-    let mut backend = NftablesBackend::with_parts(config(), runner, FakeConntrack::default())
+    let mut backend = NftablesBackend::with_parts(config, runner, FakeConntrack::default())
         .expect("valid config")
         .with_stale_chain_delay(Duration::ZERO);
     let mut listings = Vec::new();
@@ -263,24 +285,25 @@ fn netlink_and_nft_build_identical_tables() {
         block_on(async {
             let fallbacks = Counter::default();
             let scripts = Arc::new(Mutex::new(Vec::new()));
-            let netlink = Recording {
-                inner: NetlinkNft::new(ExecNft::default(), fallbacks.clone()),
-                scripts: Arc::clone(&scripts),
-            };
-            let via_netlink = run_steps(netlink).await;
-            nft(&["flush", "ruleset"]);
-            let via_nft = run_steps(ExecNft::default()).await;
-            for (step, (a, b)) in via_netlink.iter().zip(&via_nft).enumerate() {
-                assert_eq!(a, b, "step {step}: netlink and nft tables differ");
+            for (index, config) in configs().into_iter().enumerate() {
+                let netlink = Recording {
+                    inner: NetlinkNft::new(ExecNft::default(), fallbacks.clone()),
+                    scripts: Arc::clone(&scripts),
+                };
+                let via_netlink = run_steps(config.clone(), netlink).await;
+                let via_nft = run_steps(config, ExecNft::default()).await;
+                for (step, (a, b)) in via_netlink.iter().zip(&via_nft).enumerate() {
+                    assert_eq!(a, b, "config {index}, step {step}: netlink and nft differ");
+                }
+                assert!(via_netlink[0].contains("table ip kube-proxy"));
+                assert!(via_netlink[0].contains("table ip6 kube-proxy"));
             }
-            assert!(via_netlink[0].contains("table ip kube-proxy"));
-            assert!(via_netlink[0].contains("table ip6 kube-proxy"));
 
             // Every script went over netlink: none fell back to nft.
             let scripts = scripts.lock().expect("not poisoned").clone();
             assert_eq!(
                 scripts.len(),
-                steps().len() * 2,
+                configs().len() * steps().len() * 2,
                 "one script per family and step"
             );
             for script in &scripts {
@@ -449,13 +472,14 @@ fn random_states() -> impl Strategy<Value = (ProxyState, ProxyState, BTreeSet<Se
 /// A full sync of `before`, then a partial one to `after`, with `runner`; the ruleset
 /// after each.
 async fn full_then_partial<R: NftRunner>(
+    config: NftablesConfig,
     runner: R,
     before: &ProxyState,
     after: &ProxyState,
     changed: &BTreeSet<ServiceName>,
 ) -> Vec<String> {
     nft(&["flush", "ruleset"]);
-    let mut backend = NftablesBackend::with_parts(config(), runner, FakeConntrack::default())
+    let mut backend = NftablesBackend::with_parts(config, runner, FakeConntrack::default())
         .expect("valid config")
         .with_stale_chain_delay(Duration::ZERO);
     let none = BTreeSet::new();
@@ -486,17 +510,34 @@ fn random_services_give_identical_tables_over_netlink_and_nft() {
             });
             let fallbacks = Counter::default();
             runner
-                .run(&random_states(), |(before, after, changed)| {
-                    block_on(async {
-                        let netlink = NetlinkNft::new(ExecNft::default(), fallbacks.clone());
-                        let via_netlink =
-                            full_then_partial(netlink, &before, &after, &changed).await;
-                        let via_nft =
-                            full_then_partial(ExecNft::default(), &before, &after, &changed).await;
-                        prop_assert_eq!(&via_netlink, &via_nft);
-                        Ok(())
-                    })
-                })
+                .run(
+                    &(random_states(), 0..configs().len()),
+                    |(states, config)| {
+                        let (before, after, changed) = states;
+                        let config = configs().swap_remove(config);
+                        block_on(async {
+                            let netlink = NetlinkNft::new(ExecNft::default(), fallbacks.clone());
+                            let via_netlink = full_then_partial(
+                                config.clone(),
+                                netlink,
+                                &before,
+                                &after,
+                                &changed,
+                            )
+                            .await;
+                            let via_nft = full_then_partial(
+                                config,
+                                ExecNft::default(),
+                                &before,
+                                &after,
+                                &changed,
+                            )
+                            .await;
+                            prop_assert_eq!(&via_netlink, &via_nft);
+                            Ok(())
+                        })
+                    },
+                )
                 .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(fallbacks.get(), 0, "some scripts fell back to nft");
         },
