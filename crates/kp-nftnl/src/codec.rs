@@ -196,10 +196,12 @@ impl Writer {
 
     /// A NUL-terminated string attribute.
     pub fn put_str(&mut self, ty: u16, value: &str) {
-        let mut bytes = Vec::with_capacity(value.len() + 1);
-        bytes.extend_from_slice(value.as_bytes());
-        bytes.push(0);
-        self.put(ty, &bytes);
+        let len = (4 + value.len() + 1) as u16;
+        self.buf.extend_from_slice(&len.to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self.buf.extend_from_slice(value.as_bytes());
+        self.buf.push(0);
+        self.align();
     }
 
     /// A big-endian `u32` attribute.
@@ -313,7 +315,7 @@ impl Batch {
     /// Append the message(s) of `command`, which is command number `owner` of the script.
     pub fn push(&mut self, command: &Command, owner: usize) {
         let family = command.family;
-        let table = command.table.as_str();
+        let table: &str = &command.table;
         fn w(b: &mut Batch) -> &mut Writer {
             &mut b.writer
         }

@@ -8,6 +8,7 @@
 //! percent-encoded by the renderer). Anything else is refused rather than guessed at.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::codec::Family;
 use crate::expr::{
@@ -161,8 +162,8 @@ pub enum AnonymousSet {
 pub struct Command {
     /// The table's family.
     pub family: Family,
-    /// The table.
-    pub table: String,
+    /// The table (shared by the commands of one script).
+    pub table: Arc<str>,
     /// What to do.
     pub op: Op,
     /// 1-based line number in the script, for error messages.
@@ -172,6 +173,9 @@ pub struct Command {
 /// Translate every statement of `script` (blank lines are skipped).
 pub fn parse_script(script: &str) -> Result<Vec<Command>, ScriptError> {
     let mut out = Vec::new();
+    // Every statement names the table; share one allocation per table.
+    let mut table: Option<Arc<str>> = None;
+    let mut tokens = Vec::new();
     for (index, text) in script.lines().enumerate() {
         let text = text.trim();
         if text.is_empty() {
@@ -181,8 +185,8 @@ pub fn parse_script(script: &str) -> Result<Vec<Command>, ScriptError> {
             line: index + 1,
             statement: text.to_owned(),
         };
-        let tokens = tokenize(text).ok_or_else(unsupported)?;
-        let command = parse_statement(&tokens, index + 1).ok_or_else(unsupported)?;
+        tokenize(text, &mut tokens).ok_or_else(unsupported)?;
+        let command = parse_statement(&tokens, index + 1, &mut table).ok_or_else(unsupported)?;
         out.push(command);
     }
     Ok(out)
@@ -190,8 +194,8 @@ pub fn parse_script(script: &str) -> Result<Vec<Command>, ScriptError> {
 
 /// Split on whitespace; a `"..."` string (no quote or backslash inside) is one token,
 /// kept with its quotes. `None` for anything else odd.
-fn tokenize(text: &str) -> Option<Vec<&str>> {
-    let mut tokens = Vec::new();
+fn tokenize<'a>(text: &'a str, tokens: &mut Vec<&'a str>) -> Option<()> {
+    tokens.clear();
     let mut rest = text.trim_start();
     while !rest.is_empty() {
         if let Some(after) = rest.strip_prefix('"') {
@@ -216,7 +220,7 @@ fn tokenize(text: &str) -> Option<Vec<&str>> {
             rest = rest[end..].trim_start();
         }
     }
-    Some(tokens)
+    Some(())
 }
 
 /// Whether `name` is a plain nft identifier (what the renderer writes).
@@ -235,7 +239,11 @@ fn quoted(token: &str) -> Option<String> {
     (inner.len() <= 128).then(|| inner.to_owned())
 }
 
-fn parse_statement(tokens: &[&str], line: usize) -> Option<Command> {
+fn parse_statement(
+    tokens: &[&str],
+    line: usize,
+    last_table: &mut Option<Arc<str>>,
+) -> Option<Command> {
     let [verb, object, family, table, rest @ ..] = tokens else {
         return None;
     };
@@ -244,7 +252,14 @@ fn parse_statement(tokens: &[&str], line: usize) -> Option<Command> {
         "ip6" => Family::Ipv6,
         _ => return None,
     };
-    let table = identifier(table)?;
+    let table = match last_table {
+        Some(last) if **last == **table => Arc::clone(last),
+        _ => {
+            let name: Arc<str> = identifier(table)?.into();
+            *last_table = Some(Arc::clone(&name));
+            name
+        }
+    };
     let op = match (*verb, *object) {
         ("add", "table") => parse_add_table(rest)?,
         ("delete", "table") if rest.is_empty() => Op::DeleteTable,
