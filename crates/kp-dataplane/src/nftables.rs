@@ -7,8 +7,11 @@
 //!    ([`NftState::adopt`]): the first (full) sync rewrites those still in use and flushes
 //!    the others, so a restart only changes what differs.
 //! 2. Render against the state the kernel holds ([`NftState`], kept here) and apply the
-//!    script with one `nft -f -`: a single atomic transaction. An empty script (an idle
-//!    partial sync) is not applied at all.
+//!    script as a single atomic transaction: over nf_tables netlink ([`NetlinkNft`], which
+//!    translates the script with `kp_nftnl` and never dumps the table), or with `nft -f -`
+//!    when the translator meets a statement it does not support (counted in
+//!    `kube_proxy_rs_nftables_netlink_fallbacks_total`). An empty script (an idle partial
+//!    sync) is not applied at all.
 //! 3. Syncs are full at first, after any failure and when the core asks; partial otherwise
 //!    (the renderer promotes a partial sync to a full one when the table's fixed part would
 //!    change).
@@ -22,7 +25,8 @@
 //!
 //! A failed transaction changes nothing in the kernel, so the previous [`NftState`] is kept,
 //! the failure is counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and
-//! returned as [`BackendError::Apply`] with nft's stderr, and the next sync is full.
+//! returned as [`BackendError::Apply`] with nft's stderr (or, over netlink, the kernel's
+//! error and the statement it rejected), and the next sync is full.
 //!
 //! After every family succeeded, stale UDP/SCTP conntrack entries are deleted exactly as in
 //! iptables mode, with the shared logic of [`crate::conntrack`].

@@ -141,11 +141,21 @@ const IPHDR_DADDR: u32 = 12;
 const IP6HDR_SADDR: u32 = 7;
 const IP6HDR_DADDR: u32 = 8;
 /// The user data nft 1.0.6 writes for a `numgen ... vmap { }` map: host-order integer
-/// keys, the data's typeof record, no data interval.
-const NUMGEN_MAP_UDATA: [u8; 28] = [
-    0x00, 0x04, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x04, 0x08, 0x00, 0x04,
-    0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x06, 0x04, 0x00, 0x00, 0x00, 0x00,
-];
+/// keys, the data's typeof record, no data interval (libnftnl TLVs, integers in host order).
+fn numgen_map_udata() -> Vec<u8> {
+    let mut out = Vec::with_capacity(28);
+    for (head, value, tail) in [
+        (&[0u8, 4][..], 1u32, &[][..]),
+        (&[1, 4], 0, &[]),
+        (&[4, 8, 0, 4], 1, &[1, 0]),
+        (&[6, 4], 0, &[]),
+    ] {
+        out.extend_from_slice(head);
+        out.extend_from_slice(&value.to_ne_bytes());
+        out.extend_from_slice(tail);
+    }
+    out
+}
 
 /// `NFTNL_UDATA_*_COMMENT`: the comment inside rule, element, table and chain user data.
 const UDATA_COMMENT: u8 = 0;
@@ -519,7 +529,7 @@ impl Batch {
                 wr.put_u32(NFTA_SET_DATA_LEN, 0);
                 wr.put_u32(NFTA_SET_ID, id);
                 put_desc_size(wr, size);
-                wr.put(NFTA_SET_USERDATA, &NUMGEN_MAP_UDATA);
+                wr.put(NFTA_SET_USERDATA, &numgen_map_udata());
             }
         }
         wr.end(m);

@@ -9,7 +9,10 @@
 //!   not support, so the caller can hand the whole script to `nft` instead;
 //! - [`codec`] encodes commands as nf_tables netlink messages inside one
 //!   `NFNL_MSG_BATCH_BEGIN` ... `END` batch: one atomic transaction, as `nft -f` sends it,
-//!   with the bytes `nft` 1.0.6 sends for the same statement (checked by golden tests);
+//!   with the attributes and user data `nft` 1.0.6 sends for the same statement (golden
+//!   tests compare bytes for several; lookups and set elements leave out the set's batch id,
+//!   which the kernel only needs for sets without a name), so `nft list` shows the result
+//!   exactly as if `nft` had applied it;
 //! - [`socket`] sends a batch over a `NETLINK_NETFILTER` socket and maps a kernel error back
 //!   to the statement that caused it. Nothing is dumped.
 

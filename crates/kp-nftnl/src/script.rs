@@ -1092,11 +1092,22 @@ const TYPE_VERDICT: u32 = 0xffff_ff00;
 const SET_MAP: u32 = 0x8;
 
 /// The user data nft 1.0.6 writes for our verdict maps before their comment: key and data
-/// byte order unset, the concatenation's layout, no data interval.
-const MAP_UDATA_PREFIX: [u8; 28] = [
-    0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x03, 0x08, 0x00, 0x04,
-    0x0d, 0x00, 0x00, 0x00, 0x01, 0x00, 0x06, 0x04, 0x00, 0x00, 0x00, 0x00,
-];
+/// byte order unset, the concatenation's typeof record, no data interval (libnftnl TLVs,
+/// integers in host order).
+fn map_udata_prefix() -> Vec<u8> {
+    let mut out = Vec::with_capacity(28);
+    for (head, value, tail) in [
+        (&[0u8, 4][..], 0u32, &[][..]),
+        (&[1, 4], 0, &[]),
+        (&[3, 8, 0, 4], TYPE_INET_SERVICE, &[1, 0]),
+        (&[6, 4], 0, &[]),
+    ] {
+        out.extend_from_slice(head);
+        out.extend_from_slice(&value.to_ne_bytes());
+        out.extend_from_slice(tail);
+    }
+    out
+}
 
 /// `add map NAME { type [ADDR .] inet_proto . inet_service : verdict ; comment "..." ; }`.
 fn parse_add_map(family: Family, rest: &[&str]) -> Option<Op> {
@@ -1138,7 +1149,7 @@ fn parse_add_map(family: Family, rest: &[&str]) -> Option<Op> {
             key_len,
             data: Some((TYPE_VERDICT, 0)),
             timeout_ms: None,
-            udata_prefix: MAP_UDATA_PREFIX.to_vec(),
+            udata_prefix: map_udata_prefix(),
             comment: Some(quoted(text)?),
         },
     })

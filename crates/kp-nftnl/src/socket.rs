@@ -38,9 +38,9 @@ pub enum ApplyError {
     /// is none of ours.
     #[error("nf_tables rejected the batch: {0}")]
     Batch(io::Error),
-    /// Opening, configuring or using the socket failed; the transaction may or may not
-    /// have been applied only if this happened after sending (the next sync is full
-    /// anyway, as after any failure).
+    /// Opening, configuring or using the socket failed. When this happens after the batch
+    /// was sent, whether it was applied is unknown; callers treat it as a failure (the next
+    /// sync is then full, which converges either way).
     #[error("netfilter netlink socket: {0}")]
     Socket(io::Error),
 }
