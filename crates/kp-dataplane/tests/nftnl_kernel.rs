@@ -8,11 +8,11 @@
 //! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
 
 mod netns;
+mod nft_tools;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,43 +25,14 @@ use kp_dataplane::exec::ExecError;
 use kp_dataplane::nftables::{ExecNft, NetlinkNft, NftRunner, NftablesBackend, NftablesConfig};
 use kp_nftnl::{ApplyError, NftSocket, apply_script, parse_script};
 use kp_rules::nftables::{LocalDetector, NodePortAddresses, RenderConfig};
+use nft_tools::{nft, unavailable};
 use prometheus_client::metrics::counter::Counter;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use testutil::*;
 
-fn unavailable() -> Option<String> {
-    let nft = Command::new("nft")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    if !nft.is_ok_and(|s| s.success()) {
-        return Some("nft not found (apt-get install -y nftables)".into());
-    }
-    let probe = Command::new("unshare")
-        .args(["-n", "nft", "add", "table", "ip", "kp-probe"])
-        .stderr(Stdio::null())
-        .status();
-    if !probe.is_ok_and(|s| s.success()) {
-        return Some("cannot use nftables in a new network namespace (needs root)".into());
-    }
-    None
-}
-
 fn in_netns(name: &str, body: impl FnOnce()) {
     netns::run_isolated(name, unavailable, body);
-}
-
-fn nft(args: &[&str]) -> String {
-    let output = Command::new("nft").args(args).output().expect("run nft");
-    assert!(
-        output.status.success(),
-        "`nft {}` failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// Records every script, then hands it to the inner runner.

@@ -140,21 +140,26 @@ const IPHDR_SADDR: u32 = 11;
 const IPHDR_DADDR: u32 = 12;
 const IP6HDR_SADDR: u32 = 7;
 const IP6HDR_DADDR: u32 = 8;
-/// The user data nft 1.0.6 writes for a `numgen ... vmap { }` map: host-order integer
-/// keys, the data's typeof record, no data interval (libnftnl TLVs, integers in host order).
-fn numgen_map_udata() -> Vec<u8> {
-    let mut out = Vec::with_capacity(28);
-    for (head, value, tail) in [
-        (&[0u8, 4][..], 1u32, &[][..]),
-        (&[1, 4], 0, &[]),
-        (&[4, 8, 0, 4], 1, &[1, 0]),
-        (&[6, 4], 0, &[]),
-    ] {
+/// libnftnl user data made of `u32` records (host order): each `(header, value, trailer)`.
+pub(crate) fn udata_u32s(records: &[(&[u8], u32, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (head, value, tail) in records {
         out.extend_from_slice(head);
         out.extend_from_slice(&value.to_ne_bytes());
         out.extend_from_slice(tail);
     }
     out
+}
+
+/// The user data nft 1.0.6 writes for a `numgen ... vmap { }` map: host-order integer
+/// keys, the data's typeof record, no data interval.
+fn numgen_map_udata() -> Vec<u8> {
+    udata_u32s(&[
+        (&[0, 4], 1, &[]),
+        (&[1, 4], 0, &[]),
+        (&[4, 8, 0, 4], 1, &[1, 0]),
+        (&[6, 4], 0, &[]),
+    ])
 }
 
 /// `NFTNL_UDATA_*_COMMENT`: the comment inside rule, element, table and chain user data.
@@ -369,18 +374,22 @@ impl Batch {
                 wr.end(m);
             }
             Op::FlushChain { chain } => {
-                let m = self.message(MsgKind::DelRule, 0, family, owner);
-                let wr = w(self);
-                wr.put_str(NFTA_RULE_TABLE, table);
-                wr.put_str(NFTA_RULE_CHAIN, chain);
-                wr.end(m);
+                self.named(
+                    MsgKind::DelRule,
+                    family,
+                    owner,
+                    (NFTA_RULE_TABLE, table),
+                    (NFTA_RULE_CHAIN, chain),
+                );
             }
             Op::DeleteChain { chain } => {
-                let m = self.message(MsgKind::DelChain, 0, family, owner);
-                let wr = w(self);
-                wr.put_str(NFTA_CHAIN_TABLE, table);
-                wr.put_str(NFTA_CHAIN_NAME, chain);
-                wr.end(m);
+                self.named(
+                    MsgKind::DelChain,
+                    family,
+                    owner,
+                    (NFTA_CHAIN_TABLE, table),
+                    (NFTA_CHAIN_NAME, chain),
+                );
             }
             Op::AddSet { set, spec } => {
                 let id = self.next_set_id;
@@ -391,18 +400,22 @@ impl Batch {
                 wr.end(m);
             }
             Op::FlushSet { set } => {
-                let m = self.message(MsgKind::DelSetElem, 0, family, owner);
-                let wr = w(self);
-                wr.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
-                wr.put_str(NFTA_SET_ELEM_LIST_SET, set);
-                wr.end(m);
+                self.named(
+                    MsgKind::DelSetElem,
+                    family,
+                    owner,
+                    (NFTA_SET_ELEM_LIST_TABLE, table),
+                    (NFTA_SET_ELEM_LIST_SET, set),
+                );
             }
             Op::DeleteSet { set } => {
-                let m = self.message(MsgKind::DelSet, 0, family, owner);
-                let wr = w(self);
-                wr.put_str(NFTA_SET_TABLE, table);
-                wr.put_str(NFTA_SET_NAME, set);
-                wr.end(m);
+                self.named(
+                    MsgKind::DelSet,
+                    family,
+                    owner,
+                    (NFTA_SET_TABLE, table),
+                    (NFTA_SET_NAME, set),
+                );
             }
             Op::AddRule {
                 chain,
@@ -429,39 +442,65 @@ impl Batch {
                 verdict,
                 comment,
             } => {
-                let m = self.message(MsgKind::NewSetElem, NLM_F_CREATE, family, owner);
-                let wr = w(self);
-                wr.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
-                wr.put_str(NFTA_SET_ELEM_LIST_SET, set);
-                let list = wr.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
-                let elem = wr.nest(NFTA_LIST_ELEM);
-                wr.put_data(NFTA_SET_ELEM_KEY, key);
-                if let Some(verdict) = verdict {
-                    wr.put_verdict(NFTA_SET_ELEM_DATA, verdict);
-                }
-                if let Some(comment) = comment {
-                    wr.put(
-                        NFTA_SET_ELEM_USERDATA,
-                        &comment_udata(UDATA_COMMENT, comment),
-                    );
-                }
-                wr.nest_end(elem);
-                wr.nest_end(list);
-                wr.end(m);
+                let element = (key.as_slice(), verdict.as_ref(), comment.as_deref());
+                self.element(MsgKind::NewSetElem, family, owner, table, set, element);
             }
             Op::DeleteElement { set, key } => {
-                let m = self.message(MsgKind::DelSetElem, 0, family, owner);
-                let wr = w(self);
-                wr.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
-                wr.put_str(NFTA_SET_ELEM_LIST_SET, set);
-                let list = wr.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
-                let elem = wr.nest(NFTA_LIST_ELEM);
-                wr.put_data(NFTA_SET_ELEM_KEY, key);
-                wr.nest_end(elem);
-                wr.nest_end(list);
-                wr.end(m);
+                let element = (key.as_slice(), None, None);
+                self.element(MsgKind::DelSetElem, family, owner, table, set, element);
             }
         }
+    }
+
+    /// One set element added (with its verdict and comment) or deleted.
+    fn element(
+        &mut self,
+        kind: MsgKind,
+        family: Family,
+        owner: usize,
+        table: &str,
+        set: &str,
+        (key, verdict, comment): (&[u8], Option<&Verdict>, Option<&str>),
+    ) {
+        let flags = if kind == MsgKind::NewSetElem {
+            NLM_F_CREATE
+        } else {
+            0
+        };
+        let m = self.message(kind, flags, family, owner);
+        let wr = &mut self.writer;
+        wr.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
+        wr.put_str(NFTA_SET_ELEM_LIST_SET, set);
+        let list = wr.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+        let elem = wr.nest(NFTA_LIST_ELEM);
+        wr.put_data(NFTA_SET_ELEM_KEY, key);
+        if let Some(verdict) = verdict {
+            wr.put_verdict(NFTA_SET_ELEM_DATA, verdict);
+        }
+        if let Some(comment) = comment {
+            wr.put(
+                NFTA_SET_ELEM_USERDATA,
+                &comment_udata(UDATA_COMMENT, comment),
+            );
+        }
+        wr.nest_end(elem);
+        wr.nest_end(list);
+        wr.end(m);
+    }
+
+    /// A deletion that names its object by table and name only.
+    fn named(
+        &mut self,
+        kind: MsgKind,
+        family: Family,
+        owner: usize,
+        table: (u16, &str),
+        name: (u16, &str),
+    ) {
+        let m = self.message(kind, 0, family, owner);
+        self.writer.put_str(table.0, table.1);
+        self.writer.put_str(name.0, name.1);
+        self.writer.end(m);
     }
 
     /// Create `set` and its elements; returns its name and batch id for the lookup.

@@ -10,7 +10,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::codec::Family;
+use crate::codec::{Family, udata_u32s};
 use crate::expr::{
     CmpOp, Expr, META_IIFNAME, META_L4PROTO, META_MARK, PAYLOAD_NETWORK, PAYLOAD_TRANSPORT, REG_1,
     REG_2, REG_VERDICT, Verdict,
@@ -532,6 +532,18 @@ fn addr_offset(family: Family, which: &str) -> Option<(u32, u32)> {
     }
 }
 
+/// Load the whole source or destination address into the first register.
+fn load_addr(exprs: &mut Vec<Expr>, family: Family, which: &str) -> Option<()> {
+    let (offset, len) = addr_offset(family, which)?;
+    exprs.push(Expr::Payload {
+        base: PAYLOAD_NETWORK,
+        offset,
+        len,
+        dreg: REG_1,
+    });
+    Some(())
+}
+
 /// Match an address against a host or prefix, as nft compiles it: a whole-byte prefix
 /// loads only its bytes; any other prefix loads the address and masks it.
 fn match_prefix(
@@ -670,13 +682,7 @@ fn parse_rule(
                     continue;
                 }
                 let elements = prefix_intervals(family, &items);
-                let (offset, len) = addr_offset(family, which)?;
-                exprs.push(Expr::Payload {
-                    base: PAYLOAD_NETWORK,
-                    offset,
-                    len,
-                    dreg: REG_1,
-                });
+                load_addr(&mut exprs, family, which)?;
                 exprs.push(Expr::LookupAnonymous {
                     sreg: REG_1,
                     dreg: None,
@@ -691,13 +697,7 @@ fn parse_rule(
             // Address matches.
             [kw, which @ ("saddr" | "daddr"), value, tail @ ..] if *kw == ip && *value != "." => {
                 if let Some(set) = value.strip_prefix('@') {
-                    let (offset, len) = addr_offset(family, which)?;
-                    exprs.push(Expr::Payload {
-                        base: PAYLOAD_NETWORK,
-                        offset,
-                        len,
-                        dreg: REG_1,
-                    });
+                    load_addr(&mut exprs, family, which)?;
                     exprs.push(Expr::Lookup {
                         set: identifier(set)?,
                         sreg: REG_1,
@@ -905,13 +905,7 @@ fn parse_rule(
         }
         ["update", set, "{", kw, "saddr", "}"] if *kw == ip => {
             let set = identifier(set.strip_prefix('@')?)?;
-            let (offset, len) = addr_offset(family, "saddr")?;
-            exprs.push(Expr::Payload {
-                base: PAYLOAD_NETWORK,
-                offset,
-                len,
-                dreg: REG_1,
-            });
+            load_addr(&mut exprs, family, "saddr")?;
             exprs.push(Expr::DynsetUpdate {
                 set,
                 sreg_key: REG_1,
@@ -1092,21 +1086,14 @@ const TYPE_VERDICT: u32 = 0xffff_ff00;
 const SET_MAP: u32 = 0x8;
 
 /// The user data nft 1.0.6 writes for our verdict maps before their comment: key and data
-/// byte order unset, the concatenation's typeof record, no data interval (libnftnl TLVs,
-/// integers in host order).
+/// byte order unset, the concatenation's typeof record, no data interval.
 fn map_udata_prefix() -> Vec<u8> {
-    let mut out = Vec::with_capacity(28);
-    for (head, value, tail) in [
-        (&[0u8, 4][..], 0u32, &[][..]),
+    udata_u32s(&[
+        (&[0, 4], 0, &[]),
         (&[1, 4], 0, &[]),
         (&[3, 8, 0, 4], TYPE_INET_SERVICE, &[1, 0]),
         (&[6, 4], 0, &[]),
-    ] {
-        out.extend_from_slice(head);
-        out.extend_from_slice(&value.to_ne_bytes());
-        out.extend_from_slice(tail);
-    }
-    out
+    ])
 }
 
 /// `add map NAME { type [ADDR .] inet_proto . inet_service : verdict ; comment "..." ; }`.
