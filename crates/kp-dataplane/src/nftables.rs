@@ -7,8 +7,11 @@
 //!    ([`NftState::adopt`]): the first (full) sync rewrites those still in use and flushes
 //!    the others, so a restart only changes what differs.
 //! 2. Render against the state the kernel holds ([`NftState`], kept here) and apply the
-//!    script with one `nft -f -`: a single atomic transaction. An empty script (an idle
-//!    partial sync) is not applied at all.
+//!    script as a single atomic transaction: over nf_tables netlink ([`NetlinkNft`], which
+//!    translates the script with `kp_nftnl` and never dumps the table), or with `nft -f -`
+//!    when the translator meets a statement it does not support (counted in
+//!    `kube_proxy_rs_nftables_netlink_fallbacks_total`). An empty script (an idle partial
+//!    sync) is not applied at all.
 //! 3. Syncs are full at first, after any failure and when the core asks; partial otherwise
 //!    (the renderer promotes a partial sync to a full one when the table's fixed part would
 //!    change).
@@ -22,7 +25,8 @@
 //!
 //! A failed transaction changes nothing in the kernel, so the previous [`NftState`] is kept,
 //! the failure is counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and
-//! returned as [`BackendError::Apply`] with nft's stderr, and the next sync is full.
+//! returned as [`BackendError::Apply`] with nft's stderr (or, over netlink, the kernel's
+//! error and the statement it rejected), and the next sync is full.
 //!
 //! After every family succeeded, stale UDP/SCTP conntrack entries are deleted exactly as in
 //! iptables mode, with the shared logic of [`crate::conntrack`].
@@ -32,6 +36,7 @@
 //! cluster without them gets no such rule, as upstream. Not supported: the
 //! `nftables.tableName` setting of the newest upstream (the table is always `kube-proxy`).
 
+mod netlink;
 mod runner;
 #[cfg(test)]
 mod tests;
@@ -49,6 +54,7 @@ use tracing::{debug, info, warn};
 
 use crate::conntrack::{Conntrack, DefaultConntrack, delete_stale, refresh_conntrack_relevant};
 
+pub use netlink::NetlinkNft;
 pub use runner::{
     DEFAULT_NFT_BINARY, ExecNft, FakeNft, NftCall, NftRunner, parse_listing, table_family,
 };
@@ -88,6 +94,9 @@ pub struct NftablesMetrics {
     /// `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total`: failed deletions of
     /// stale chains.
     pub cleanup_failures: Counter,
+    /// `kube_proxy_rs_nftables_netlink_fallbacks_total` (ours): transactions applied with
+    /// `nft -f -` because they held a statement the netlink translator does not support.
+    pub netlink_fallbacks: Counter,
 }
 
 impl NftablesMetrics {
@@ -103,6 +112,11 @@ impl NftablesMetrics {
             "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
             "Cumulative proxy nftables cleanup failures",
             metrics.cleanup_failures.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_nftables_netlink_fallbacks",
+            "Transactions applied with nft -f because the netlink translator does not support one of their statements",
+            metrics.netlink_fallbacks.clone(),
         );
         metrics
     }
@@ -121,7 +135,7 @@ struct FamilyTable {
 
 /// nftables mode. `R` runs `nft`, `C` deletes conntrack entries; both are fakes in tests.
 #[derive(Debug)]
-pub struct NftablesBackend<R = ExecNft, C = DefaultConntrack> {
+pub struct NftablesBackend<R = NetlinkNft, C = DefaultConntrack> {
     config: NftablesConfig,
     runner: R,
     conntrack: C,
@@ -135,9 +149,21 @@ pub struct NftablesBackend<R = ExecNft, C = DefaultConntrack> {
 }
 
 impl NftablesBackend {
-    /// The real backend: runs `nft` from the `PATH`; stale conntrack entries go over ctnetlink.
+    /// The real backend: transactions go over nf_tables netlink ([`NetlinkNft`]), or to
+    /// `nft` from the `PATH` when the translator does not support a statement; stale
+    /// conntrack entries go over ctnetlink.
     pub fn new(config: NftablesConfig) -> Result<Self, RenderError> {
-        Self::with_parts(config, ExecNft::default(), DefaultConntrack::default())
+        Self::with_metrics_registered(config, NftablesMetrics::default())
+    }
+
+    /// [`NftablesBackend::new`] reporting into `metrics` (from
+    /// [`NftablesMetrics::register`]), the runner's fallbacks included.
+    pub fn with_metrics_registered(
+        config: NftablesConfig,
+        metrics: NftablesMetrics,
+    ) -> Result<Self, RenderError> {
+        let runner = NetlinkNft::new(ExecNft::default(), metrics.netlink_fallbacks.clone());
+        Ok(Self::with_parts(config, runner, DefaultConntrack::default())?.with_metrics(metrics))
     }
 }
 

@@ -7,11 +7,11 @@
 //! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
 
 mod netns;
+mod nft_tools;
 #[path = "../src/testutil.rs"]
 mod testutil;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kp_core::backend::{Backend, BackendError, SyncKind};
@@ -20,48 +20,17 @@ use kp_core::tracker::ProxyState;
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_rules::nftables::RenderConfig;
 use kp_rules::nftables::names::{EndpointNames, ServiceChains};
+use nft_tools::{nft, unavailable};
 use prometheus_client::registry::Registry;
 use testutil::*;
 
 /// Longer than the backend's stale-chain delay.
 const AFTER_STALE_DELAY: Duration = Duration::from_millis(1100);
 
-fn unavailable() -> Option<String> {
-    let nft = Command::new("nft")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    if !nft.is_ok_and(|s| s.success()) {
-        return Some("nft not found (apt-get install -y nftables)".into());
-    }
-    // Creating a table inside a fresh namespace proves both root and nf_tables support.
-    let probe = Command::new("unshare")
-        .args(["-n", "nft", "add", "table", "ip", "kp-probe"])
-        .stderr(Stdio::null())
-        .status();
-    if !probe.is_ok_and(|s| s.success()) {
-        return Some("cannot use nftables in a new network namespace (needs root)".into());
-    }
-    None
-}
-
 /// Run `body` in a fresh network namespace (see `netns`). `name` must be the test
 /// function's name.
 fn in_netns(name: &str, body: impl FnOnce()) {
     netns::run_isolated(name, unavailable, body);
-}
-
-/// Runs `nft args` and returns its stdout (panics on failure).
-fn nft(args: &[&str]) -> String {
-    let output = Command::new("nft").args(args).output().expect("run nft");
-    assert!(
-        output.status.success(),
-        "`nft {}` failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn list(family: &str) -> String {

@@ -88,9 +88,11 @@ pub fn nftables(
         );
     }
     let render = render_config(config, None, node_ports)?;
-    let nft = NftablesBackend::new(NftablesConfig::new(families.clone(), render.clone()))
-        .context("invalid nftables configuration")?
-        .with_metrics(NftablesMetrics::register(registry));
+    let nft = NftablesBackend::with_metrics_registered(
+        NftablesConfig::new(families.clone(), render.clone()),
+        NftablesMetrics::register(registry),
+    )
+    .context("invalid nftables configuration")?;
     // Only for cleaning up what iptables mode left; its metrics are not registered.
     let iptables = IptablesBackend::new(
         IptablesConfig::new(families, render),

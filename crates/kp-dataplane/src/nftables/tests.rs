@@ -549,6 +549,7 @@ async fn metrics_have_upstream_names() {
         [
             "kubeproxy_sync_proxy_rules_nftables_sync_failures_total 1",
             "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total 0",
+            "kube_proxy_rs_nftables_netlink_fallbacks_total 0",
         ],
         "{text}"
     );

@@ -1,0 +1,187 @@
+//! A blocking `NETLINK_NETFILTER` socket that applies translated scripts as one batch.
+//!
+//! The kernel runs a batch while `sendmsg` delivers it, and only answers messages that fail
+//! (none of ours asks for an acknowledgement), so after the batch we send one request that
+//! does ask for one (`NFT_MSG_GETGEN`, see [`crate::codec::fence`]); every error of the batch
+//! is queued before that answer. Nothing is ever dumped, so the cost does not grow with the
+//! size of the table.
+
+use std::io;
+
+use netlink_sys::protocols::NETLINK_NETFILTER;
+use netlink_sys::{Socket, SocketAddr};
+
+use crate::codec::{Batch, NLMSG_DONE, NLMSG_ERROR, fence};
+use crate::script::{Command, ScriptError};
+
+/// Receive buffer: room for the errors of a batch whose messages all fail (errors are
+/// capped to the failed message's header, see `NETLINK_CAP_ACK`).
+const DEFAULT_RECV_BUFFER: usize = 8 << 20;
+
+/// Why a transaction was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The script holds a statement the translator does not know.
+    #[error(transparent)]
+    Script(ScriptError),
+    /// The kernel rejected a statement; the whole transaction was discarded.
+    #[error("line {line}: {statement}: {source}")]
+    Kernel {
+        /// 1-based line of the statement in the script.
+        line: usize,
+        /// The statement (empty when only commands, not the script, were given).
+        statement: String,
+        /// The kernel's error.
+        source: io::Error,
+    },
+    /// The kernel rejected the batch as a whole, or answered with a sequence number that
+    /// is none of ours.
+    #[error("nf_tables rejected the batch: {0}")]
+    Batch(io::Error),
+    /// Opening, configuring or using the socket failed. When this happens after the batch
+    /// was sent, whether it was applied is unknown; callers treat it as a failure (the next
+    /// sync is then full, which converges either way).
+    #[error("netfilter netlink socket: {0}")]
+    Socket(io::Error),
+}
+
+impl ApplyError {
+    /// The `errno` behind the error, if there is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            ApplyError::Kernel { source, .. }
+            | ApplyError::Batch(source)
+            | ApplyError::Socket(source) => source.raw_os_error(),
+            ApplyError::Script(_) => None,
+        }
+    }
+}
+
+/// nf_tables over netlink in the network namespace of the thread that opened it.
+#[derive(Debug)]
+pub struct NftSocket {
+    socket: Socket,
+    seq: u32,
+    send_buffer: usize,
+}
+
+impl NftSocket {
+    /// Open and bind a socket.
+    pub fn open() -> Result<Self, ApplyError> {
+        let mut socket = Socket::new(NETLINK_NETFILTER).map_err(ApplyError::Socket)?;
+        socket.bind_auto().map_err(ApplyError::Socket)?;
+        socket
+            .connect(&SocketAddr::new(0, 0))
+            .map_err(ApplyError::Socket)?;
+        // Errors carry the failed message's header only, not the whole message.
+        socket.set_cap_ack(true).map_err(ApplyError::Socket)?;
+        rustix::net::sockopt::set_socket_recv_buffer_size_force(&socket, DEFAULT_RECV_BUFFER)
+            .or_else(|_| {
+                rustix::net::sockopt::set_socket_recv_buffer_size(&socket, DEFAULT_RECV_BUFFER)
+            })
+            .map_err(|e| ApplyError::Socket(e.into()))?;
+        Ok(Self {
+            socket,
+            // Any start works; the kernel only echoes it.
+            seq: 1,
+            send_buffer: 0,
+        })
+    }
+
+    /// Apply `commands` as one transaction. On error nothing was applied.
+    pub fn apply(&mut self, commands: &[Command]) -> Result<(), ApplyError> {
+        if commands.is_empty() {
+            return Ok(());
+        }
+        let mut batch = Batch::new(self.seq);
+        for (index, command) in commands.iter().enumerate() {
+            batch.push(command, index);
+        }
+        let encoded = batch.finish();
+        self.seq = encoded.fence_seq.wrapping_add(1);
+        // The whole batch must arrive in one message (the kernel runs a batch per skb).
+        let needed = encoded.bytes.len() + 4096;
+        if needed > self.send_buffer {
+            rustix::net::sockopt::set_socket_send_buffer_size_force(&self.socket, needed)
+                .or_else(|_| {
+                    rustix::net::sockopt::set_socket_send_buffer_size(&self.socket, needed)
+                })
+                .map_err(|e| ApplyError::Socket(e.into()))?;
+            self.send_buffer = needed;
+        }
+        let sent = self
+            .socket
+            .send(&encoded.bytes, 0)
+            .map_err(ApplyError::Socket)?;
+        if sent != encoded.bytes.len() {
+            return Err(ApplyError::Socket(io::Error::other(format!(
+                "sent {sent} of {} bytes",
+                encoded.bytes.len()
+            ))));
+        }
+        self.socket
+            .send(&fence(encoded.fence_seq), 0)
+            .map_err(ApplyError::Socket)?;
+
+        let mut first_error: Option<ApplyError> = None;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = self
+                .socket
+                .recv(&mut &mut buf[..], 0)
+                .map_err(ApplyError::Socket)?;
+            for reply in replies(&buf[..n]) {
+                let reply = reply.map_err(ApplyError::Socket)?;
+                if reply.seq == encoded.fence_seq {
+                    if reply.kind == NLMSG_ERROR || reply.kind == NLMSG_DONE {
+                        return first_error.map_or(Ok(()), Err);
+                    }
+                    // The generation itself: the acknowledgement follows.
+                    continue;
+                }
+                let Some(code) = reply.error.filter(|code| *code != 0) else {
+                    continue;
+                };
+                let source = io::Error::from_raw_os_error(-code);
+                let error = match encoded.owner(reply.seq) {
+                    Some(index) => ApplyError::Kernel {
+                        line: commands[index].line,
+                        statement: String::new(),
+                        source,
+                    },
+                    None => ApplyError::Batch(source),
+                };
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+}
+
+/// One netlink message received.
+struct Reply {
+    kind: u16,
+    seq: u32,
+    /// For `NLMSG_ERROR`: the (negative) error code, 0 for an acknowledgement.
+    error: Option<i32>,
+}
+
+/// The messages in one datagram.
+fn replies(mut data: &[u8]) -> impl Iterator<Item = io::Result<Reply>> + '_ {
+    std::iter::from_fn(move || {
+        if data.len() < 16 {
+            return None;
+        }
+        let field = |at: usize| [data[at], data[at + 1], data[at + 2], data[at + 3]];
+        let len = u32::from_ne_bytes(field(0)) as usize;
+        if len < 16 || len > data.len() {
+            data = &[];
+            return Some(Err(io::Error::other("truncated netlink message")));
+        }
+        let kind = u16::from_ne_bytes([data[4], data[5]]);
+        let seq = u32::from_ne_bytes(field(8));
+        let error = (kind == NLMSG_ERROR && len >= 20).then(|| i32::from_ne_bytes(field(16)));
+        let aligned = len.next_multiple_of(4).min(data.len());
+        data = &data[aligned..];
+        Some(Ok(Reply { kind, seq, error }))
+    })
+}
