@@ -2,7 +2,7 @@
 //! and closes frontends, hands them their endpoints, and has the [`Capture`] steer service
 //! traffic to them.
 //!
-//! Frontends: one per service port, family and scope. The internal frontend serves ClusterIP
+//! Frontends: one per service port, family and scope, all of a service sharing its caps. The internal frontend serves ClusterIP
 //! traffic with the internal traffic policy's endpoints; the external one (only for ports with
 //! a NodePort, externalIPs or LB IPs) serves the rest with the external policy's endpoints.
 //! Two frontends are the only way a relay can honour both policies: by the time a connection
@@ -142,14 +142,15 @@ impl<C: Capture> UserspaceBackend<C> {
             return Ok((addr.port(), false));
         }
         let bind = SocketAddr::new(self.bind.of(key.family), 0);
+        let service = key.port.service.to_string();
         let addr = match key.port.protocol {
             Protocol::Tcp => {
                 let listener = TcpListener::bind(bind).await?;
-                self.relay.add_tcp(key.clone(), listener)?
+                self.relay.add_tcp(key.clone(), &service, listener)?
             }
             Protocol::Udp => {
                 let socket = UdpSocket::bind(bind).await?;
-                self.relay.add_udp(key.clone(), socket)?
+                self.relay.add_udp(key.clone(), &service, socket)?
             }
             Protocol::Sctp => {
                 return Err(std::io::Error::new(

@@ -15,12 +15,13 @@ pub const DEFAULT_MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// default for its userspace proxy; short because a session holds a socket and a task.
 pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// Open TCP connections per frontend (one service port, one family, one scope). Each costs
-/// two copy buffers and two sockets; the cap keeps one busy service from exhausting the
-/// node's file descriptors and memory.
+/// Open TCP connections per service, over all its ports, families and scopes. Each holds
+/// two sockets and, with splice, two pipes: six descriptors, so one service at the cap holds
+/// about 24k; the cap keeps one busy service from taking the descriptors and memory that
+/// every other service of the node needs.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
-/// Live UDP sessions per frontend, for the same reason (each holds a socket and a task).
+/// Live UDP sessions per service, for the same reason (each holds a socket and a task).
 pub const DEFAULT_MAX_UDP_SESSIONS: usize = 4096;
 
 /// Copy buffer per direction of a TCP connection copied through user space. 64 KiB lets one
@@ -48,9 +49,9 @@ pub struct RelayConfig {
     pub max_connect_timeout: Duration,
     /// UDP session idle timeout ([`DEFAULT_UDP_IDLE_TIMEOUT`]).
     pub udp_idle_timeout: Duration,
-    /// Open TCP connections per frontend ([`DEFAULT_MAX_CONNECTIONS`]).
+    /// Open TCP connections per service ([`DEFAULT_MAX_CONNECTIONS`]).
     pub max_connections: usize,
-    /// Live UDP sessions per frontend ([`DEFAULT_MAX_UDP_SESSIONS`]).
+    /// Live UDP sessions per service ([`DEFAULT_MAX_UDP_SESSIONS`]).
     pub max_udp_sessions: usize,
     /// Copy buffer per direction without splice ([`DEFAULT_BUFFER_BYTES`]).
     pub buffer_bytes: usize,
@@ -89,13 +90,13 @@ impl RelayConfig {
         self
     }
 
-    /// Sets the per-frontend cap on open TCP connections.
+    /// Sets the per-service cap on open TCP connections.
     pub fn with_max_connections(mut self, max: usize) -> Self {
         self.max_connections = max;
         self
     }
 
-    /// Sets the per-frontend cap on UDP sessions.
+    /// Sets the per-service cap on UDP sessions.
     pub fn with_max_udp_sessions(mut self, max: usize) -> Self {
         self.max_udp_sessions = max;
         self

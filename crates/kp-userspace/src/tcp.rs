@@ -27,9 +27,9 @@ pub(crate) async fn serve(listener: TcpListener, frontend: Arc<Frontend>, stop: 
         };
         match accepted {
             Ok((client, peer)) => {
-                let Ok(permit) = frontend.connections.clone().try_acquire_owned() else {
-                    frontend.metrics.limit_hit(&frontend.label, "tcp");
-                    debug!(frontend = %frontend.label, %peer, "connection cap reached; resetting");
+                let Ok(permit) = frontend.budget.connections.clone().try_acquire_owned() else {
+                    frontend.metrics.limit_hit(&frontend.budget.service, "tcp");
+                    debug!(frontend = %frontend.label, %peer, "the service's connection cap is reached; resetting");
                     reset(client);
                     continue;
                 };
