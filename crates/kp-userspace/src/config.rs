@@ -1,5 +1,6 @@
 //! The relay's tunables, with documented defaults.
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 /// First connect attempt's timeout. Inside a cluster a connect takes well under a
@@ -60,6 +61,9 @@ pub struct RelayConfig {
     /// Linux: copy TCP payload with splice(2) through a pipe instead of user-space buffers
     /// ([`DEFAULT_SPLICE`]). Ignored elsewhere.
     pub splice: bool,
+    /// The ports frontends listen on (upstream's `--proxy-port-range`); `None` (the default)
+    /// lets the kernel pick ephemeral ports.
+    pub port_range: Option<RangeInclusive<u16>>,
 }
 
 impl Default for RelayConfig {
@@ -73,6 +77,7 @@ impl Default for RelayConfig {
             buffer_bytes: DEFAULT_BUFFER_BYTES,
             pipe_bytes: DEFAULT_PIPE_BYTES,
             splice: DEFAULT_SPLICE,
+            port_range: None,
         }
     }
 }
@@ -117,6 +122,12 @@ impl RelayConfig {
     /// Turns splice(2) copying on or off (Linux only).
     pub fn with_splice(mut self, splice: bool) -> Self {
         self.splice = splice;
+        self
+    }
+
+    /// Sets the ports frontends listen on; `None` for ephemeral ports.
+    pub fn with_port_range(mut self, range: Option<RangeInclusive<u16>>) -> Self {
+        self.port_range = range;
         self
     }
 

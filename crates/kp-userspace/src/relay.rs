@@ -237,6 +237,11 @@ where
         }
     }
 
+    /// The configuration the relay was made with.
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
+    }
+
     /// The local address of frontend `key`.
     pub fn local_addr(&self, key: &K) -> Option<SocketAddr> {
         self.frontends.get(key).map(|e| e.local)

@@ -337,3 +337,38 @@ async fn a_service_s_internal_and_external_frontends_share_its_connection_cap() 
         0
     );
 }
+
+#[tokio::test]
+async fn with_a_port_range_frontends_listen_inside_it() {
+    let a = greeter("a").await;
+    // A port the kernel just handed out is free; holding it makes the range full.
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = holder.local_addr().expect("address").port();
+    let capture = FakeCapture::new();
+    let config = RelayConfig::default().with_port_range(Some(port..=port));
+    let mut b = backend_with(config, RelayMetrics::default(), capture.clone());
+    let s = state(vec![(
+        service("web", "10.96.0.60"),
+        vec![endpoint(a, true)],
+    )]);
+    let changed = BTreeSet::new();
+    let request = SyncRequest {
+        state: &s,
+        kind: SyncKind::Full,
+        changed: &changed,
+        conntrack_cleanup_required: false,
+    };
+    let report = b.sync(&request).await.expect("sync");
+    assert_eq!(
+        report.skipped,
+        [name("web").service],
+        "no free port: skipped"
+    );
+    assert_eq!(b.relay().keys().count(), 0);
+    drop(holder);
+    let report = b.sync(&request).await.expect("sync");
+    assert!(report.skipped.is_empty(), "{report:?}");
+    let web = redirect_port(captured(&capture, "web").internal);
+    assert_eq!(web, port, "the range's only port");
+    assert_eq!(greeted_by(web).await, "a");
+}
