@@ -30,13 +30,18 @@ pub const DEFAULT_MAX_UDP_SESSIONS: usize = 4096;
 pub const DEFAULT_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Pipe size per direction with splice(2): the kernel's default `pipe-max-size`. Larger
-/// pipes move more per wake-up, which matters when the relay waits for a CPU: 0.65× vs 0.59×
-/// direct on one stream, 0.81× vs 0.68× on four, against 64 KiB pipes (`kp-datapath`, load
-/// ~12). Pages are only held while data is in flight.
+/// pipes move more per wake-up, which matters when the relay waits for a CPU: 0.61× vs 0.50×
+/// direct on one stream, 0.69× vs 0.62× on four, against 64 KiB pipes (`kp-datapath`, load
+/// ~9, one run of 3 rounds each; an earlier comparison had the 64 KiB switch set the wrong
+/// field). Pages are only held while data is in flight.
 pub const DEFAULT_PIPE_BYTES: usize = 1024 * 1024;
 
 /// Copy with splice(2) on Linux: measured with `kp-datapath` (see `crates/kp-bench/README.md`).
 pub const DEFAULT_SPLICE: bool = true;
+
+/// TCP_NODELAY on both sockets of a relayed connection: a request or an ack a protocol
+/// waits for must not sit in Nagle's buffer for a round trip on either hop.
+pub const DEFAULT_NODELAY: bool = true;
 
 /// Largest UDP payload (IPv4's 65,535-byte datagram minus headers; IPv6 jumbograms aside).
 pub(crate) const MAX_DATAGRAM: usize = 65_535;
@@ -61,6 +66,8 @@ pub struct RelayConfig {
     /// Linux: copy TCP payload with splice(2) through a pipe instead of user-space buffers
     /// ([`DEFAULT_SPLICE`]). Ignored elsewhere.
     pub splice: bool,
+    /// TCP_NODELAY on both sockets of a relayed connection ([`DEFAULT_NODELAY`]).
+    pub nodelay: bool,
     /// The ports frontends listen on (upstream's `--proxy-port-range`); `None` (the default)
     /// lets the kernel pick ephemeral ports.
     pub port_range: Option<RangeInclusive<u16>>,
@@ -77,6 +84,7 @@ impl Default for RelayConfig {
             buffer_bytes: DEFAULT_BUFFER_BYTES,
             pipe_bytes: DEFAULT_PIPE_BYTES,
             splice: DEFAULT_SPLICE,
+            nodelay: DEFAULT_NODELAY,
             port_range: None,
         }
     }
@@ -122,6 +130,12 @@ impl RelayConfig {
     /// Turns splice(2) copying on or off (Linux only).
     pub fn with_splice(mut self, splice: bool) -> Self {
         self.splice = splice;
+        self
+    }
+
+    /// Turns TCP_NODELAY on the relayed connections on or off.
+    pub fn with_nodelay(mut self, nodelay: bool) -> Self {
+        self.nodelay = nodelay;
         self
     }
 

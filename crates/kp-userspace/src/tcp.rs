@@ -72,9 +72,10 @@ async fn relay(
     frontend
         .balancer()
         .connected(peer.ip(), endpoint, Instant::now());
-    // Small writes (requests, acks of a protocol) must not wait for Nagle on either hop.
-    let _ = client.set_nodelay(true);
-    let _ = backend.set_nodelay(true);
+    if frontend.config.nodelay {
+        let _ = client.set_nodelay(true);
+        let _ = backend.set_nodelay(true);
+    }
     frontend.metrics.open_connections.inc();
     let size = frontend.config.buffer_bytes;
     #[cfg(target_os = "linux")]

@@ -12,9 +12,9 @@ use prometheus_client::registry::Registry;
 /// Why `--proxy-mode=winuserspace` does not start here.
 pub const WINUSERSPACE_ON_LINUX: &str = "proxy mode \"winuserspace\" is for Windows nodes; on Linux use --proxy-mode=userspace, which runs the same relay with iptables capture";
 
-/// Benchmark switch: `KP_RELAY_COPY=buffers` makes the relay copy through user-space buffers
-/// instead of splice(2), `KP_RELAY_COPY=pipe-<KiB>` splices through another pipe size, so
-/// `kp-datapath` compares them with one build. Not a user setting.
+/// Benchmark switch, comma-separated: `buffers` makes the relay copy through user-space
+/// buffers instead of splice(2), `pipe-<KiB>` splices through another pipe size, `nagle`
+/// leaves TCP_NODELAY off, so `kp-datapath` compares them with one build. Not a user setting.
 pub const COPY_ENV: &str = "KP_RELAY_COPY";
 
 /// Userspace mode as the binary runs it.
@@ -35,12 +35,14 @@ pub fn backend(config: &KubeProxyConfiguration, registry: &mut Registry) -> User
         families.clone(),
     );
     let copy = std::env::var(COPY_ENV).unwrap_or_default();
-    let splice = copy != "buffers";
-    let mut relay = relay_config(config).with_splice(splice);
-    // `KP_RELAY_COPY=pipe-<KiB>`: a larger splice pipe, for the benchmark's comparison.
-    if let Some(kib) = copy
-        .strip_prefix("pipe-")
-        .and_then(|k| k.parse::<usize>().ok())
+    let switches: Vec<&str> = copy.split(',').map(str::trim).collect();
+    let splice = !switches.contains(&"buffers");
+    let mut relay = relay_config(config)
+        .with_splice(splice)
+        .with_nodelay(!switches.contains(&"nagle"));
+    if let Some(kib) = switches
+        .iter()
+        .find_map(|s| s.strip_prefix("pipe-")?.parse::<usize>().ok())
     {
         relay = relay.with_pipe_bytes(kib * 1024);
     }
@@ -52,6 +54,7 @@ pub fn backend(config: &KubeProxyConfiguration, registry: &mut Registry) -> User
         max_udp_sessions_per_service = relay.max_udp_sessions,
         pipe_bytes = relay.pipe_bytes,
         buffer_bytes = relay.buffer_bytes,
+        nodelay = relay.nodelay,
         "Using userspace Proxier"
     );
     UserspaceBackend::new(relay, RelayMetrics::register(registry), capture, families)
