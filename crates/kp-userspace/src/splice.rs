@@ -21,7 +21,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 const DEFAULT_PIPE_BYTES: usize = 64 * 1024;
 
 /// Copies both ways between `a` and `b` until both directions ended; returns the bytes
-/// moved a→b and b→a. `pipe_bytes` is the pipe size asked for per direction.
+/// moved a→b and b→a. `pipe_bytes` is the pipe size asked for per direction and the most
+/// that is in flight in it.
 pub(crate) async fn copy_bidirectional(
     a: TcpStream,
     b: TcpStream,
@@ -59,7 +60,10 @@ async fn one_way(
         // Best effort: without the privilege for a larger pipe, the default one still works.
         let _ = fcntl_setpipe_size(&pipe_in, pipe_bytes);
     }
-    let capacity = fcntl_getpipe_size(&pipe_in).unwrap_or(DEFAULT_PIPE_BYTES);
+    // What the pipe holds, but no more than asked for: a smaller size bounds each splice.
+    let capacity = fcntl_getpipe_size(&pipe_in)
+        .unwrap_or(DEFAULT_PIPE_BYTES)
+        .min(pipe_bytes.max(1));
     let flags = SpliceFlags::NONBLOCK | SpliceFlags::MOVE;
     let source: &TcpStream = from.as_ref();
     let mut in_pipe = 0usize;
