@@ -33,18 +33,24 @@ pub(crate) async fn copy_bidirectional(
     tokio::try_join!(one_way(ar, bw, pipe_bytes), one_way(br, aw, pipe_bytes))
 }
 
-/// One splice on `socket` in the direction of `interest`: tried at once, and on EAGAIN once
-/// more through tokio's `try_io`, so that the reactor's readiness for `socket` is cleared
-/// only by a syscall that started after the readiness was read (no lost wake-up) and the
-/// caller may then wait for readiness.
+/// One splice on `socket` in the direction of `interest`. Through tokio's `try_io` while
+/// the reactor has the socket ready (an EAGAIN then clears that readiness, with no wake-up
+/// lost); when it has not, tried anyway, as data may have come before the reactor's next
+/// turn. Either way one syscall, and after a WouldBlock the caller may wait for readiness.
 fn attempt(
     socket: &TcpStream,
     interest: Interest,
     op: impl Fn() -> rustix::io::Result<usize>,
 ) -> io::Result<usize> {
-    match op() {
-        Err(rustix::io::Errno::AGAIN) => socket.try_io(interest, || op().map_err(io::Error::from)),
-        result => result.map_err(io::Error::from),
+    let called = std::cell::Cell::new(false);
+    match socket.try_io(interest, || {
+        called.set(true);
+        op().map_err(io::Error::from)
+    }) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && !called.get() => {
+            op().map_err(io::Error::from)
+        }
+        result => result,
     }
 }
 
