@@ -453,9 +453,36 @@ pub struct Options {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Client")]
     pub config_sync_period: Option<Duration>,
 
-    /// Unused (userspace proxy only); accepted so old command lines still parse.
-    #[arg(long, value_name = "RANGE", hide = true)]
+    /// Userspace mode: host ports the relay may listen on (BEGIN-END, BASE+SIZE or one
+    /// port); empty, 0 or 0-0 let the kernel pick.
+    #[arg(long, value_name = "RANGE", help_heading = "Userspace")]
     pub proxy_port_range: Option<String>,
+
+    /// Userspace mode: how long an idle UDP session is kept (e.g. 250ms, 2s); must be
+    /// greater than 0.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Userspace")]
+    pub udp_timeout: Option<Duration>,
+
+    /// kube-proxy-rs extension, userspace mode: open TCP connections per Service (over all
+    /// its ports); further ones are reset and counted in
+    /// kube_proxy_rs_userspace_limit_rejections_total.
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        help_heading = "Userspace"
+    )]
+    pub userspace_max_connections_per_service: Option<i32>,
+
+    /// kube-proxy-rs extension, userspace mode: live UDP sessions per Service (over all its
+    /// ports); datagrams of further clients are dropped and counted.
+    #[arg(
+        long = "userspace-max-udp-sessions-per-service",
+        value_name = "N",
+        allow_negative_numbers = true,
+        help_heading = "Userspace"
+    )]
+    pub userspace_max_udp_sessions_per_service: Option<i32>,
 
     /// Windows: HNS network name.
     #[arg(long, value_name = "NAME", help_heading = "Windows")]
@@ -761,7 +788,22 @@ impl Options {
             self.proxy_port_range,
             "--proxy-port-range",
             ["portRange"],
-            |v| { c.port_range = v.clone() }
+            |v| { c.port_range = v.trim().to_owned() }
+        );
+        flag!(self.udp_timeout, "--udp-timeout", ["udpIdleTimeout"], |v| {
+            c.udp_idle_timeout = *v
+        });
+        flag!(
+            self.userspace_max_connections_per_service,
+            "--userspace-max-connections-per-service",
+            ["userspace.maxConnectionsPerService"],
+            |v| { c.userspace.max_connections_per_service = *v }
+        );
+        flag!(
+            self.userspace_max_udp_sessions_per_service,
+            "--userspace-max-udp-sessions-per-service",
+            ["userspace.maxUDPSessionsPerService"],
+            |v| { c.userspace.max_udp_sessions_per_service = *v }
         );
         let wk = &mut c.winkernel;
         flag!(

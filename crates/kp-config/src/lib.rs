@@ -38,10 +38,11 @@ pub use types::{
     DEFAULT_LOG_FORMAT, DEFAULT_LOG_INFO_BUFFER_SIZE, DEFAULT_MASQUERADE_BIT,
     DEFAULT_METRICS_BIND_ADDRESS, DEFAULT_METRICS_BIND_ADDRESS_V6, DEFAULT_METRICS_PORT,
     DEFAULT_NFTABLES_MIN_SYNC_PERIOD, DEFAULT_OOM_SCORE_ADJ, DEFAULT_QPS, DEFAULT_SYNC_PERIOD,
-    DetectLocalConfiguration, IPVS_SCHEDULERS, IptablesConfiguration, IpvsConfiguration, KIND,
-    KubeProxyConfiguration, LocalMode, LogFormatOptions, Logging, LoggingOptions,
-    NODE_PORT_ADDRESSES_PRIMARY, NftablesConfiguration, NodePortAddresses, ProxyMode, VModuleItem,
-    WinkernelConfiguration,
+    DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_USERSPACE_MAX_CONNECTIONS_PER_SERVICE,
+    DEFAULT_USERSPACE_MAX_UDP_SESSIONS_PER_SERVICE, DetectLocalConfiguration, IPVS_SCHEDULERS,
+    IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration, LocalMode,
+    LogFormatOptions, Logging, LoggingOptions, NODE_PORT_ADDRESSES_PRIMARY, NftablesConfiguration,
+    NodePortAddresses, ProxyMode, UserspaceConfiguration, VModuleItem, WinkernelConfiguration,
 };
 pub use validate::{ConfigErrors, FieldError};
 pub use write::{WriteError, write_config};

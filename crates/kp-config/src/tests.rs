@@ -575,6 +575,13 @@ fn written_config_round_trips() {
             "--healthz-bind-address=",
             "--kube-api-qps=12.5",
         ],
+        &[
+            "--proxy-mode=userspace",
+            "--proxy-port-range=30000+100",
+            "--udp-timeout=2s",
+            "--userspace-max-connections-per-service=10",
+            "--userspace-max-udp-sessions-per-service=20",
+        ],
     ];
     for (i, args) in cases.iter().enumerate() {
         let original = loaded(&options(args)).config;
@@ -596,4 +603,123 @@ fn write_config_reports_unwritable_paths() {
     let path = dir.path().join("no-such-dir").join("out.yaml");
     let result = write_config(&path, &KubeProxyConfiguration::default());
     assert!(matches!(result, Err(WriteError::Write { .. })));
+}
+
+#[test]
+fn userspace_settings_from_a_file() {
+    let c = decoded(&doc("\
+mode: userspace
+portRange: 30000-30100
+udpIdleTimeout: 1m30s
+userspace:
+  maxConnectionsPerService: 100
+  maxUDPSessionsPerService: 50
+"));
+    assert_eq!(c.proxy_port_range(), Some(30000..=30100));
+    assert_eq!(c.udp_idle_timeout, Duration::from_secs(90));
+    assert_eq!(c.userspace.max_connections_per_service, 100);
+    assert_eq!(c.userspace.max_udp_sessions_per_service, 50);
+    // Unset: upstream's UDP timeout, ephemeral ports, our caps' defaults.
+    let d = decoded(&doc("mode: userspace\nportRange: \"\"\n"));
+    assert_eq!(d.udp_idle_timeout, Duration::from_millis(250));
+    assert_eq!(d.proxy_port_range(), None);
+    assert_eq!(d.userspace, UserspaceConfiguration::default());
+    assert_eq!(
+        d.userspace.max_connections_per_service,
+        DEFAULT_USERSPACE_MAX_CONNECTIONS_PER_SERVICE
+    );
+    // A default file does not mention the extension or the removed upstream field.
+    let text = KubeProxyConfiguration::default()
+        .to_yaml()
+        .unwrap_or_default();
+    assert!(text.contains("portRange"), "{text}");
+    assert!(!text.contains("udpIdleTimeout"), "{text}");
+    assert!(!text.contains("userspace:"), "{text}");
+}
+
+#[test]
+fn bad_userspace_settings_are_all_reported_at_once() {
+    let text = doc("\
+portRange: 40000-30000
+udpIdleTimeout: 250
+userspace:
+  maxConnectionsPerService: 0
+  maxUDPSessionsPerService: -5
+iptables:
+  masqueradeBit: 40
+");
+    let error = load_err(&text);
+    let mut fields = invalid_fields(&error);
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "iptables.masqueradeBit",
+            "portRange",
+            "udpIdleTimeout",
+            "userspace.maxConnectionsPerService",
+            "userspace.maxUDPSessionsPerService",
+        ]
+    );
+    let shown = error.to_string();
+    assert!(
+        shown.contains("udpIdleTimeout: invalid value \"250\": "),
+        "{shown}"
+    );
+    assert!(shown.contains("(line 4)"), "{shown}");
+    assert!(
+        shown.contains("end port 30000 is below the start 40000"),
+        "{shown}"
+    );
+    // A zero timeout parses but is not a timeout.
+    let zero = load_err(&doc("udpIdleTimeout: 0s\n"));
+    assert_eq!(invalid_fields(&zero), ["udpIdleTimeout"]);
+    // Unknown fields in the extension block are decode errors, as elsewhere.
+    let unknown = load_err(&doc("userspace:\n  maxConnections: 5\n"));
+    assert!(
+        matches!(unknown, LoadError::Decode { line: 4, .. }),
+        "{unknown}"
+    );
+}
+
+#[test]
+fn userspace_flags_set_the_fields_and_bad_ones_are_named() {
+    let c = loaded(&options(&[
+        "--proxy-mode=userspace",
+        "--proxy-port-range=8080",
+        "--udp-timeout=500ms",
+        "--userspace-max-connections-per-service=7",
+        "--userspace-max-udp-sessions-per-service=9",
+    ]))
+    .config;
+    assert_eq!(c.proxy_port_range(), Some(8080..=8080));
+    assert_eq!(c.udp_idle_timeout, Duration::from_millis(500));
+    assert_eq!(c.userspace.max_connections_per_service, 7);
+    assert_eq!(c.userspace.max_udp_sessions_per_service, 9);
+
+    let error = match options(&[
+        "--proxy-port-range=0-10",
+        "--udp-timeout=0s",
+        "--userspace-max-connections-per-service=-1",
+        "--userspace-max-udp-sessions-per-service=0",
+    ])
+    .load()
+    {
+        Ok(l) => panic!("accepted {:?}", l.config),
+        Err(e) => e,
+    };
+    let mut fields = invalid_fields(&error);
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "--proxy-port-range",
+            "--udp-timeout",
+            "--userspace-max-connections-per-service",
+            "--userspace-max-udp-sessions-per-service",
+        ]
+    );
+    // A timeout that is not a duration is refused by the flag parser itself.
+    let bad = Options::try_parse_from(["kube-proxy", "--udp-timeout=250"]);
+    assert!(bad.is_err_and(|e| e.to_string().contains("--udp-timeout")));
 }

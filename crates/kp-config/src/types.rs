@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -76,6 +77,16 @@ pub const DEFAULT_CONNTRACK_TCP_CLOSE_WAIT_TIMEOUT: Duration = Duration::from_se
 pub const DEFAULT_CONFIG_SYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
 /// The special `nodePortAddresses` entry meaning "the node's primary IPs".
 pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
+/// Upstream's `--udp-timeout` default for its userspace proxy: a UDP session holds a socket
+/// and a task, and most UDP exchanges in a cluster (DNS) are over in milliseconds.
+pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_millis(250);
+/// kube-proxy-rs extension, userspace mode: open TCP connections per Service (all its ports,
+/// families and scopes). Each holds six descriptors (two sockets, two pipes), so one service
+/// at the cap holds about 24k; the cap keeps it from taking what every other service needs.
+pub const DEFAULT_USERSPACE_MAX_CONNECTIONS_PER_SERVICE: i32 = 4096;
+/// kube-proxy-rs extension, userspace mode: live UDP sessions per Service, for the same
+/// reason (each holds a socket and a task).
+pub const DEFAULT_USERSPACE_MAX_UDP_SESSIONS_PER_SERVICE: i32 = 4096;
 /// IPVS schedulers kube-proxy accepts (`mh` is Maglev, kernel >= 4.18).
 pub const IPVS_SCHEDULERS: &[&str] = &[
     "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh",
@@ -352,8 +363,48 @@ pub struct KubeProxyConfiguration {
     /// Informer resync period.
     #[serde(with = "serde_go")]
     pub config_sync_period: Duration,
-    /// Unused since the userspace proxy was removed; kept so old files still load.
+    /// Userspace mode: the host ports the relay listens on, as upstream's
+    /// `--proxy-port-range` (`BEGIN-END`, `BASE+SIZE` or one port); empty, `0` or `0-0` let
+    /// the kernel pick ephemeral ports.
     pub port_range: String,
+    /// Userspace mode: how long a UDP session without traffic either way lives (upstream's
+    /// `udpIdleTimeout`). Written only when not the default, as upstream no longer has it.
+    #[serde(with = "serde_go", skip_serializing_if = "is_default_udp_idle_timeout")]
+    pub udp_idle_timeout: Duration,
+    /// kube-proxy-rs extension: userspace mode's per-Service caps. Written only when not the
+    /// default, so other files stay readable by upstream.
+    #[serde(skip_serializing_if = "UserspaceConfiguration::is_default")]
+    pub userspace: UserspaceConfiguration,
+}
+
+fn is_default_udp_idle_timeout(timeout: &Duration) -> bool {
+    *timeout == DEFAULT_UDP_IDLE_TIMEOUT
+}
+
+/// kube-proxy-rs extension: limits of userspace mode's relay that keep the node safe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserspaceConfiguration {
+    /// Open TCP connections per Service; more are reset and counted.
+    pub max_connections_per_service: i32,
+    /// Live UDP sessions per Service; datagrams of further clients are dropped and counted.
+    #[serde(rename = "maxUDPSessionsPerService")]
+    pub max_udp_sessions_per_service: i32,
+}
+
+impl Default for UserspaceConfiguration {
+    fn default() -> Self {
+        UserspaceConfiguration {
+            max_connections_per_service: DEFAULT_USERSPACE_MAX_CONNECTIONS_PER_SERVICE,
+            max_udp_sessions_per_service: DEFAULT_USERSPACE_MAX_UDP_SESSIONS_PER_SERVICE,
+        }
+    }
+}
+
+impl UserspaceConfiguration {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// API server client settings (component-base `ClientConnectionConfiguration`).
@@ -564,6 +615,8 @@ impl Default for KubeProxyConfiguration {
             conntrack: ConntrackConfiguration::default(),
             config_sync_period: DEFAULT_CONFIG_SYNC_PERIOD,
             port_range: String::new(),
+            udp_idle_timeout: DEFAULT_UDP_IDLE_TIMEOUT,
+            userspace: UserspaceConfiguration::default(),
         }
     }
 }
@@ -786,6 +839,12 @@ impl KubeProxyConfiguration {
         Some(self.hostname_override.trim()).filter(|h| !h.is_empty())
     }
 
+    /// `portRange` as the relay's listening ports; `None` for ephemeral ports (also when it
+    /// does not parse: validation rejects that).
+    pub fn proxy_port_range(&self) -> Option<RangeInclusive<u16>> {
+        parse_port_range(&self.port_range).ok().flatten()
+    }
+
     /// Whether a feature gate was set to true in the configuration; `None` if not mentioned.
     pub fn feature_gate(&self, name: &str) -> Option<bool> {
         self.feature_gates.get(name).copied()
@@ -815,6 +874,39 @@ fn socket_addr(value: Option<&str>, default: &str) -> Option<SocketAddr> {
     match value.unwrap_or(default).trim() {
         "" => None,
         text => text.parse().ok(),
+    }
+}
+
+/// Upstream's port range syntax: `BEGIN-END`, `BASE+SIZE` (BASE to BASE+SIZE) or one port.
+/// `Ok(None)` for "no range" (empty, `0`, `0-0`); a range must lie within 1..=65535.
+pub(crate) fn parse_port_range(text: &str) -> Result<Option<RangeInclusive<u16>>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let port = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .map_err(|_| format!("{:?} is not a port number (0-65535)", p.trim()))
+    };
+    let (low, high) = if let Some((low, high)) = text.split_once('-') {
+        (port(low)?, port(high)?)
+    } else if let Some((base, size)) = text.split_once('+') {
+        let base = port(base)?;
+        let size = port(size)?;
+        let high = base
+            .checked_add(size)
+            .ok_or_else(|| format!("{base}+{size} goes past port 65535"))?;
+        (base, high)
+    } else {
+        let single = port(text)?;
+        (single, single)
+    };
+    match (low, high) {
+        (0, 0) => Ok(None),
+        (0, _) => Err("a range must start at port 1 or above (0 alone means any port)".into()),
+        (low, high) if low > high => Err(format!("the end port {high} is below the start {low}")),
+        (low, high) => Ok(Some(low..=high)),
     }
 }
 
@@ -965,6 +1057,28 @@ mod tests {
         assert_eq!("NodeCIDR".parse(), Ok(LocalMode::NodeCidr));
         assert_eq!("".parse(), Ok(LocalMode::ClusterCidr));
         assert!("nodecidr".parse::<LocalMode>().is_err());
+    }
+
+    #[test]
+    fn port_ranges_parse_as_upstream_writes_them() {
+        let ok = [
+            ("", None),
+            ("0", None),
+            ("0-0", None),
+            (" 30000-30100 ", Some(30000..=30100)),
+            ("30000+100", Some(30000..=30100)),
+            ("8080", Some(8080..=8080)),
+            ("65535", Some(65535..=65535)),
+            ("1-65535", Some(1..=65535)),
+        ];
+        for (text, want) in ok {
+            assert_eq!(parse_port_range(text), Ok(want), "{text:?}");
+        }
+        for bad in [
+            "abc", "100-", "-100", "200-100", "0-100", "65535+1", "70000", "1-2-3", "1,2",
+        ] {
+            assert!(parse_port_range(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ use ipnet::IpNet;
 use crate::duration;
 use crate::types::{
     IPVS_SCHEDULERS, KubeProxyConfiguration, LocalMode, NODE_PORT_ADDRESSES_PRIMARY, ProxyMode,
+    parse_port_range,
 };
 
 /// One invalid value.
@@ -186,6 +187,35 @@ pub(crate) fn validate(c: &KubeProxyConfiguration) -> Vec<FieldError> {
     }
     if c.conntrack.min < 0 {
         v.error("conntrack.min", c.conntrack.min, "must not be negative");
+    }
+    if let Err(reason) = parse_port_range(&c.port_range) {
+        v.error(
+            "portRange",
+            &c.port_range,
+            format!("{reason}; expected BEGIN-END, BASE+SIZE or one port, or empty for any"),
+        );
+    }
+    if c.udp_idle_timeout.is_zero() {
+        v.error(
+            "udpIdleTimeout",
+            duration::format(c.udp_idle_timeout),
+            "must be greater than 0",
+        );
+    }
+    let caps = [
+        (
+            "userspace.maxConnectionsPerService",
+            c.userspace.max_connections_per_service,
+        ),
+        (
+            "userspace.maxUDPSessionsPerService",
+            c.userspace.max_udp_sessions_per_service,
+        ),
+    ];
+    for (field, cap) in caps {
+        if cap < 1 {
+            v.error(field, cap, "must be at least 1");
+        }
     }
     if c.config_sync_period.is_zero() {
         v.error(

@@ -19,7 +19,8 @@ use crate::load::LoadError;
 use crate::types::{
     API_VERSION, ClientConnection, ConntrackConfiguration, DetectLocalConfiguration,
     IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration, LogFormatOptions,
-    Logging, LoggingOptions, NftablesConfiguration, VModuleItem, WinkernelConfiguration,
+    Logging, LoggingOptions, NftablesConfiguration, UserspaceConfiguration, VModuleItem,
+    WinkernelConfiguration,
 };
 use crate::validate::FieldError;
 
@@ -67,6 +68,16 @@ struct Config {
     conntrack: Option<Conntrack>,
     config_sync_period: Located,
     port_range: Text,
+    udp_idle_timeout: Located,
+    userspace: Option<Userspace>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Userspace {
+    max_connections_per_service: Option<i32>,
+    #[serde(rename = "maxUDPSessionsPerService")]
+    max_udp_sessions_per_service: Option<i32>,
 }
 
 #[derive(Deserialize, Default)]
@@ -270,6 +281,12 @@ impl Converter {
                 d.config_sync_period,
             ),
             port_range: w.port_range.unwrap_or_default(),
+            udp_idle_timeout: self.duration(
+                "udpIdleTimeout",
+                w.udp_idle_timeout,
+                d.udp_idle_timeout,
+            ),
+            userspace: userspace(w.userspace.unwrap_or_default()),
         }
     }
 
@@ -461,6 +478,18 @@ fn winkernel(w: Winkernel) -> WinkernelConfiguration {
         enable_dsr: w.enable_dsr.unwrap_or_default(),
         root_hns_endpoint_name: w.root_hns_endpoint_name.unwrap_or_default(),
         forward_health_check_vip: w.forward_health_check_vip.unwrap_or_default(),
+    }
+}
+
+fn userspace(w: Userspace) -> UserspaceConfiguration {
+    let d = UserspaceConfiguration::default();
+    UserspaceConfiguration {
+        max_connections_per_service: w
+            .max_connections_per_service
+            .unwrap_or(d.max_connections_per_service),
+        max_udp_sessions_per_service: w
+            .max_udp_sessions_per_service
+            .unwrap_or(d.max_udp_sessions_per_service),
     }
 }
 

@@ -2,7 +2,7 @@
 //! and closes frontends, hands them their endpoints, and has the [`Capture`] steer service
 //! traffic to them.
 //!
-//! Frontends: one per service port, family and scope. The internal frontend serves ClusterIP
+//! Frontends: one per service port, family and scope, all of a service sharing its caps. The internal frontend serves ClusterIP
 //! traffic with the internal traffic policy's endpoints; the external one (only for ports with
 //! a NodePort, externalIPs or LB IPs) serves the rest with the external policy's endpoints.
 //! Two frontends are the only way a relay can honour both policies: by the time a connection
@@ -104,6 +104,28 @@ pub struct UserspaceBackend<C> {
     bind: BindAddresses,
     force_full: bool,
     sctp_warned: BTreeSet<ServicePortName>,
+    /// With a port range: where in it the next frontend's search starts, so a port just
+    /// given up is not the first one handed out again.
+    next_port: u32,
+}
+
+/// A bound frontend socket.
+enum Bound {
+    Tcp(TcpListener),
+    Udp(UdpSocket),
+}
+
+impl Bound {
+    async fn bind(protocol: Protocol, addr: SocketAddr) -> std::io::Result<Self> {
+        match protocol {
+            Protocol::Tcp => TcpListener::bind(addr).await.map(Bound::Tcp),
+            Protocol::Udp => UdpSocket::bind(addr).await.map(Bound::Udp),
+            Protocol::Sctp => Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "the relay has no SCTP",
+            )),
+        }
+    }
 }
 
 impl<C: Capture> UserspaceBackend<C> {
@@ -122,6 +144,7 @@ impl<C: Capture> UserspaceBackend<C> {
             bind: BindAddresses::default(),
             force_full: true,
             sctp_warned: BTreeSet::new(),
+            next_port: 0,
         }
     }
 
@@ -141,25 +164,46 @@ impl<C: Capture> UserspaceBackend<C> {
         if let Some(addr) = self.relay.local_addr(key) {
             return Ok((addr.port(), false));
         }
-        let bind = SocketAddr::new(self.bind.of(key.family), 0);
-        let addr = match key.port.protocol {
-            Protocol::Tcp => {
-                let listener = TcpListener::bind(bind).await?;
-                self.relay.add_tcp(key.clone(), listener)?
-            }
-            Protocol::Udp => {
-                let socket = UdpSocket::bind(bind).await?;
-                self.relay.add_udp(key.clone(), socket)?
-            }
-            Protocol::Sctp => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::Unsupported,
-                    "the relay has no SCTP",
-                ));
-            }
+        let service = key.port.service.to_string();
+        let addr = match self.bind_frontend(key.port.protocol, key.family).await? {
+            Bound::Tcp(listener) => self.relay.add_tcp(key.clone(), &service, listener)?,
+            Bound::Udp(socket) => self.relay.add_udp(key.clone(), &service, socket)?,
         };
         debug!(frontend = %key, %addr, "opened frontend");
         Ok((addr.port(), true))
+    }
+
+    /// Binds a frontend socket: on an ephemeral port, or with a port range on its first
+    /// free port, searching from after the last port handed out.
+    async fn bind_frontend(
+        &mut self,
+        protocol: Protocol,
+        family: IpFamily,
+    ) -> std::io::Result<Bound> {
+        let ip = self.bind.of(family);
+        let Some(range) = self.relay.config().port_range.clone() else {
+            return Bound::bind(protocol, SocketAddr::new(ip, 0)).await;
+        };
+        let (low, high) = (*range.start(), *range.end());
+        let size = u32::from(high.saturating_sub(low)) + 1;
+        for i in 0..size {
+            let offset = (self.next_port + i) % size;
+            let Ok(port) = u16::try_from(u32::from(low) + offset) else {
+                continue;
+            };
+            match Bound::bind(protocol, SocketAddr::new(ip, port)).await {
+                Ok(bound) => {
+                    self.next_port = (offset + 1) % size;
+                    return Ok(bound);
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("no free port in the proxy port range {low}-{high}"),
+        ))
     }
 
     /// The target for one scope: a frontend (opened if needed) when there are endpoints,

@@ -1,5 +1,6 @@
 //! The relay's tunables, with documented defaults.
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 /// First connect attempt's timeout. Inside a cluster a connect takes well under a
@@ -15,12 +16,13 @@ pub const DEFAULT_MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// default for its userspace proxy; short because a session holds a socket and a task.
 pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// Open TCP connections per frontend (one service port, one family, one scope). Each costs
-/// two copy buffers and two sockets; the cap keeps one busy service from exhausting the
-/// node's file descriptors and memory.
+/// Open TCP connections per service, over all its ports, families and scopes. Each holds
+/// two sockets and, with splice, two pipes: six descriptors, so one service at the cap holds
+/// about 24k; the cap keeps one busy service from taking the descriptors and memory that
+/// every other service of the node needs.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
-/// Live UDP sessions per frontend, for the same reason (each holds a socket and a task).
+/// Live UDP sessions per service, for the same reason (each holds a socket and a task).
 pub const DEFAULT_MAX_UDP_SESSIONS: usize = 4096;
 
 /// Copy buffer per direction of a TCP connection copied through user space. 64 KiB lets one
@@ -28,13 +30,18 @@ pub const DEFAULT_MAX_UDP_SESSIONS: usize = 4096;
 pub const DEFAULT_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Pipe size per direction with splice(2): the kernel's default `pipe-max-size`. Larger
-/// pipes move more per wake-up, which matters when the relay waits for a CPU: 0.65× vs 0.59×
-/// direct on one stream, 0.81× vs 0.68× on four, against 64 KiB pipes (`kp-datapath`, load
-/// ~12). Pages are only held while data is in flight.
+/// pipes move more per wake-up, which matters when the relay waits for a CPU: 0.61× vs 0.50×
+/// direct on one stream, 0.69× vs 0.62× on four, against 64 KiB pipes (`kp-datapath`, load
+/// ~9, one run of 3 rounds each; an earlier comparison had the 64 KiB switch set the wrong
+/// field). Pages are only held while data is in flight.
 pub const DEFAULT_PIPE_BYTES: usize = 1024 * 1024;
 
 /// Copy with splice(2) on Linux: measured with `kp-datapath` (see `crates/kp-bench/README.md`).
 pub const DEFAULT_SPLICE: bool = true;
+
+/// TCP_NODELAY on both sockets of a relayed connection: a request or an ack a protocol
+/// waits for must not sit in Nagle's buffer for a round trip on either hop.
+pub const DEFAULT_NODELAY: bool = true;
 
 /// Largest UDP payload (IPv4's 65,535-byte datagram minus headers; IPv6 jumbograms aside).
 pub(crate) const MAX_DATAGRAM: usize = 65_535;
@@ -48,9 +55,9 @@ pub struct RelayConfig {
     pub max_connect_timeout: Duration,
     /// UDP session idle timeout ([`DEFAULT_UDP_IDLE_TIMEOUT`]).
     pub udp_idle_timeout: Duration,
-    /// Open TCP connections per frontend ([`DEFAULT_MAX_CONNECTIONS`]).
+    /// Open TCP connections per service ([`DEFAULT_MAX_CONNECTIONS`]).
     pub max_connections: usize,
-    /// Live UDP sessions per frontend ([`DEFAULT_MAX_UDP_SESSIONS`]).
+    /// Live UDP sessions per service ([`DEFAULT_MAX_UDP_SESSIONS`]).
     pub max_udp_sessions: usize,
     /// Copy buffer per direction without splice ([`DEFAULT_BUFFER_BYTES`]).
     pub buffer_bytes: usize,
@@ -59,6 +66,11 @@ pub struct RelayConfig {
     /// Linux: copy TCP payload with splice(2) through a pipe instead of user-space buffers
     /// ([`DEFAULT_SPLICE`]). Ignored elsewhere.
     pub splice: bool,
+    /// TCP_NODELAY on both sockets of a relayed connection ([`DEFAULT_NODELAY`]).
+    pub nodelay: bool,
+    /// The ports frontends listen on (upstream's `--proxy-port-range`); `None` (the default)
+    /// lets the kernel pick ephemeral ports.
+    pub port_range: Option<RangeInclusive<u16>>,
 }
 
 impl Default for RelayConfig {
@@ -72,6 +84,8 @@ impl Default for RelayConfig {
             buffer_bytes: DEFAULT_BUFFER_BYTES,
             pipe_bytes: DEFAULT_PIPE_BYTES,
             splice: DEFAULT_SPLICE,
+            nodelay: DEFAULT_NODELAY,
+            port_range: None,
         }
     }
 }
@@ -89,13 +103,13 @@ impl RelayConfig {
         self
     }
 
-    /// Sets the per-frontend cap on open TCP connections.
+    /// Sets the per-service cap on open TCP connections.
     pub fn with_max_connections(mut self, max: usize) -> Self {
         self.max_connections = max;
         self
     }
 
-    /// Sets the per-frontend cap on UDP sessions.
+    /// Sets the per-service cap on UDP sessions.
     pub fn with_max_udp_sessions(mut self, max: usize) -> Self {
         self.max_udp_sessions = max;
         self
@@ -116,6 +130,18 @@ impl RelayConfig {
     /// Turns splice(2) copying on or off (Linux only).
     pub fn with_splice(mut self, splice: bool) -> Self {
         self.splice = splice;
+        self
+    }
+
+    /// Turns TCP_NODELAY on the relayed connections on or off.
+    pub fn with_nodelay(mut self, nodelay: bool) -> Self {
+        self.nodelay = nodelay;
+        self
+    }
+
+    /// Sets the ports frontends listen on; `None` for ephemeral ports.
+    pub fn with_port_range(mut self, range: Option<RangeInclusive<u16>>) -> Self {
+        self.port_range = range;
         self
     }
 

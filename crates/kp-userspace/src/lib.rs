@@ -4,7 +4,7 @@
 //! - [`balancer`]: round robin and sessionAffinity ClientIP, without I/O.
 //! - [`relay`]: frontends (one listening TCP or UDP socket each), endpoint updates, TCP
 //!   connections with retries on the next endpoint, UDP sessions with an idle timeout,
-//!   per-frontend caps. Portable: nothing here is Linux-specific, so `winuserspace` would be
+//!   per-service caps. Portable: nothing here is Linux-specific, so `winuserspace` would be
 //!   this relay with another capture.
 //! - [`config`], [`metrics`]: tunables with their defaults, and the relay's metrics.
 //! - [`capture`]: the trait that steers service traffic to the relay, and a fake.

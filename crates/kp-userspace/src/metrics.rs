@@ -7,11 +7,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Labels of the per-frontend counters.
+/// Labels of the per-service counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FrontendLabel {
-    /// The frontend (`ns/name:port` plus family and scope in userspace mode).
-    pub frontend: String,
+pub struct ServiceLabel {
+    /// The service (`namespace/name` in userspace mode), whose cap bit.
+    pub service: String,
     /// `tcp` or `udp`.
     pub protocol: &'static str,
 }
@@ -32,10 +32,11 @@ pub struct RelayMetrics {
     pub open_connections: Gauge,
     /// `kube_proxy_rs_userspace_udp_sessions`: live UDP sessions.
     pub udp_sessions: Gauge,
-    /// `kube_proxy_rs_userspace_limit_rejections_total{frontend,protocol}`: connections
-    /// reset or datagrams dropped because the frontend's cap was reached. Series appear
-    /// only for frontends whose cap bit.
-    pub limit_rejections: Family<FrontendLabel, Counter>,
+    /// `kube_proxy_rs_userspace_limit_rejections_total{service,protocol}`: connections
+    /// reset or datagrams dropped because the service's cap was reached (one budget per
+    /// service over all its ports, families and scopes). Series appear only for services
+    /// whose cap bit.
+    pub limit_rejections: Family<ServiceLabel, Counter>,
     /// `kube_proxy_rs_userspace_connect_failures_total`: backend connect attempts refused or
     /// timed out (each followed by a try on the next endpoint, if any).
     pub connect_failures: Counter,
@@ -59,7 +60,7 @@ impl RelayMetrics {
         );
         registry.register(
             "kube_proxy_rs_userspace_limit_rejections",
-            "Connections reset or datagrams dropped because a frontend's cap was reached",
+            "Connections reset or datagrams dropped because a service's cap was reached",
             m.limit_rejections.clone(),
         );
         registry.register(
@@ -75,10 +76,10 @@ impl RelayMetrics {
         m
     }
 
-    pub(crate) fn limit_hit(&self, frontend: &str, protocol: &'static str) {
+    pub(crate) fn limit_hit(&self, service: &str, protocol: &'static str) {
         self.limit_rejections
-            .get_or_create(&FrontendLabel {
-                frontend: frontend.to_owned(),
+            .get_or_create(&ServiceLabel {
+                service: service.to_owned(),
                 protocol,
             })
             .inc();

@@ -7,15 +7,20 @@
 //! connection: each connection is its own task and ends when either side closes. UDP has no
 //! such notion: sessions to a removed endpoint end at once (as kernel modes delete the
 //! conntrack entries), so the next datagram goes to a current endpoint.
+//!
+//! Caps are per service, not per frontend: every frontend added with the same service name
+//! (its ports, families and scopes) draws on one [`Budget`] of TCP connections and one of UDP
+//! sessions, so a service cannot multiply its share of the node by having more ports.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::balancer::Balancer;
@@ -42,16 +47,39 @@ impl Transport {
     }
 }
 
+/// One service's caps, shared by all of its frontends. A connection or session holds a
+/// permit for its whole life, so the budget counts what is open, wherever it came in.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    /// The service (`namespace/name`): the limit metric's label.
+    pub(crate) service: String,
+    /// Permits for open TCP connections.
+    pub(crate) connections: Arc<Semaphore>,
+    /// Permits for live UDP sessions.
+    pub(crate) udp_sessions: Arc<Semaphore>,
+}
+
+impl Budget {
+    fn new(service: &str, config: &RelayConfig) -> Self {
+        let permits = |n: usize| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS)));
+        Self {
+            service: service.to_owned(),
+            connections: permits(config.max_connections),
+            udp_sessions: permits(config.max_udp_sessions),
+        }
+    }
+}
+
 /// What every task of one frontend shares.
 #[derive(Debug)]
 pub(crate) struct Frontend {
-    /// The frontend's name in logs and metric labels.
+    /// The frontend's name in logs.
     pub(crate) label: String,
     pub(crate) balancer: Mutex<Balancer>,
     pub(crate) config: RelayConfig,
     pub(crate) metrics: RelayMetrics,
-    /// Permits for open TCP connections: the frontend's cap.
-    pub(crate) connections: Arc<tokio::sync::Semaphore>,
+    /// The service's caps (shared with its other frontends).
+    pub(crate) budget: Arc<Budget>,
     /// Live UDP sessions by client address (empty for TCP).
     pub(crate) sessions: Mutex<HashMap<SocketAddr, udp::SessionEntry>>,
 }
@@ -82,6 +110,10 @@ pub struct Relay<K> {
     config: RelayConfig,
     metrics: RelayMetrics,
     frontends: HashMap<K, Entry>,
+    /// Budgets by service. Weak: a budget lives while a frontend or a connection or session
+    /// of the service does (each holds its frontend), so a service that comes back while old
+    /// connections drain still counts them.
+    budgets: HashMap<String, Weak<Budget>>,
 }
 
 impl<K> Relay<K>
@@ -94,30 +126,55 @@ where
             config,
             metrics,
             frontends: HashMap::new(),
+            budgets: HashMap::new(),
         }
     }
 
-    /// Serves `listener` as TCP frontend `key` (replacing any frontend of that key) and
-    /// returns its local address. It has no endpoints until [`Relay::update`].
-    pub fn add_tcp(&mut self, key: K, listener: TcpListener) -> std::io::Result<SocketAddr> {
+    /// Serves `listener` as TCP frontend `key` of `service` (replacing any frontend of that
+    /// key) and returns its local address. It has no endpoints until [`Relay::update`]; its
+    /// connections count against `service`'s cap.
+    pub fn add_tcp(
+        &mut self,
+        key: K,
+        service: &str,
+        listener: TcpListener,
+    ) -> std::io::Result<SocketAddr> {
         let local = listener.local_addr()?;
-        let (shared, stop) = self.insert(key, Transport::Tcp, local);
+        let (shared, stop) = self.insert(key, service, Transport::Tcp, local);
         tokio::spawn(tcp::serve(listener, shared, stop));
         Ok(local)
     }
 
-    /// Serves `socket` as UDP frontend `key` (replacing any frontend of that key) and
-    /// returns its local address.
-    pub fn add_udp(&mut self, key: K, socket: UdpSocket) -> std::io::Result<SocketAddr> {
+    /// Serves `socket` as UDP frontend `key` of `service` (replacing any frontend of that
+    /// key) and returns its local address; its sessions count against `service`'s cap.
+    pub fn add_udp(
+        &mut self,
+        key: K,
+        service: &str,
+        socket: UdpSocket,
+    ) -> std::io::Result<SocketAddr> {
         let local = socket.local_addr()?;
-        let (shared, stop) = self.insert(key, Transport::Udp, local);
+        let (shared, stop) = self.insert(key, service, Transport::Udp, local);
         tokio::spawn(udp::serve(socket, shared, stop));
         Ok(local)
+    }
+
+    /// `service`'s budget: the live one, or a new one.
+    fn budget(&mut self, service: &str) -> Arc<Budget> {
+        if let Some(budget) = self.budgets.get(service).and_then(Weak::upgrade) {
+            return budget;
+        }
+        self.budgets.retain(|_, b| b.strong_count() > 0);
+        let budget = Arc::new(Budget::new(service, &self.config));
+        self.budgets
+            .insert(service.to_owned(), Arc::downgrade(&budget));
+        budget
     }
 
     fn insert(
         &mut self,
         key: K,
+        service: &str,
         transport: Transport,
         local: SocketAddr,
     ) -> (Arc<Frontend>, CancellationToken) {
@@ -126,11 +183,7 @@ where
             balancer: Mutex::new(Balancer::new()),
             config: self.config.clone(),
             metrics: self.metrics.clone(),
-            connections: Arc::new(tokio::sync::Semaphore::new(
-                self.config
-                    .max_connections
-                    .min(tokio::sync::Semaphore::MAX_PERMITS),
-            )),
+            budget: self.budget(service),
             sessions: Mutex::new(HashMap::new()),
         });
         let stop = CancellationToken::new();
@@ -182,6 +235,11 @@ where
             }
             None => false,
         }
+    }
+
+    /// The configuration the relay was made with.
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
     }
 
     /// The local address of frontend `key`.

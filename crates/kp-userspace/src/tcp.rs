@@ -27,9 +27,9 @@ pub(crate) async fn serve(listener: TcpListener, frontend: Arc<Frontend>, stop: 
         };
         match accepted {
             Ok((client, peer)) => {
-                let Ok(permit) = frontend.connections.clone().try_acquire_owned() else {
-                    frontend.metrics.limit_hit(&frontend.label, "tcp");
-                    debug!(frontend = %frontend.label, %peer, "connection cap reached; resetting");
+                let Ok(permit) = frontend.budget.connections.clone().try_acquire_owned() else {
+                    frontend.metrics.limit_hit(&frontend.budget.service, "tcp");
+                    debug!(frontend = %frontend.label, %peer, "the service's connection cap is reached; resetting");
                     reset(client);
                     continue;
                 };
@@ -72,9 +72,10 @@ async fn relay(
     frontend
         .balancer()
         .connected(peer.ip(), endpoint, Instant::now());
-    // Small writes (requests, acks of a protocol) must not wait for Nagle on either hop.
-    let _ = client.set_nodelay(true);
-    let _ = backend.set_nodelay(true);
+    if frontend.config.nodelay {
+        let _ = client.set_nodelay(true);
+        let _ = backend.set_nodelay(true);
+    }
     frontend.metrics.open_connections.inc();
     let size = frontend.config.buffer_bytes;
     #[cfg(target_os = "linux")]

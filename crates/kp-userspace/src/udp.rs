@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -78,18 +79,18 @@ pub(crate) async fn serve(socket: UdpSocket, frontend: Arc<Frontend>, stop: Canc
 }
 
 /// Starts a session for `client` with the endpoint the balancer picks; `None` (datagram
-/// dropped) without endpoints, at the cap, or when no socket can be opened.
+/// dropped) without endpoints, at the service's cap, or when no socket can be opened.
 async fn open_session(
     frontend: &Arc<Frontend>,
     socket: &Arc<UdpSocket>,
     client: SocketAddr,
     id: u64,
 ) -> Option<Arc<UdpSocket>> {
-    if frontend.sessions().len() >= frontend.config.max_udp_sessions {
-        frontend.metrics.limit_hit(&frontend.label, "udp");
-        debug!(frontend = %frontend.label, %client, "UDP session cap reached; dropping");
+    let Ok(permit) = frontend.budget.udp_sessions.clone().try_acquire_owned() else {
+        frontend.metrics.limit_hit(&frontend.budget.service, "udp");
+        debug!(frontend = %frontend.label, %client, "the service's UDP session cap is reached; dropping");
         return None;
-    }
+    };
     let now = Instant::now();
     let candidates = frontend.balancer().candidates(client.ip(), now);
     let Some(&endpoint) = candidates.first() else {
@@ -134,11 +135,14 @@ async fn open_session(
         last_seen,
         stop,
         id,
+        permit,
     ));
     Some(upstream)
 }
 
-/// Copies the backend's replies to `client` until the session ends.
+/// Copies the backend's replies to `client` until the session ends, holding the session's
+/// place in the service's budget until then.
+#[allow(clippy::too_many_arguments)]
 async fn replies(
     frontend: Arc<Frontend>,
     socket: Arc<UdpSocket>,
@@ -147,6 +151,7 @@ async fn replies(
     last_seen: Arc<Mutex<Instant>>,
     stop: CancellationToken,
     id: u64,
+    _permit: OwnedSemaphorePermit,
 ) {
     let idle = frontend.config.udp_idle_timeout;
     let mut buf = vec![0u8; MAX_DATAGRAM];

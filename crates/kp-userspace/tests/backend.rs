@@ -62,16 +62,19 @@ async fn greeted_by(port: u16) -> String {
 }
 
 fn backend(capture: FakeCapture) -> UserspaceBackend<FakeCapture> {
-    UserspaceBackend::new(
-        RelayConfig::default(),
-        RelayMetrics::default(),
-        capture,
-        vec![IpFamily::V4, IpFamily::V6],
-    )
-    .with_bind_addresses(BindAddresses {
-        v4: "127.0.0.1".parse().expect("literal"),
-        v6: "::1".parse().expect("literal"),
-    })
+    backend_with(RelayConfig::default(), RelayMetrics::default(), capture)
+}
+
+fn backend_with(
+    config: RelayConfig,
+    metrics: RelayMetrics,
+    capture: FakeCapture,
+) -> UserspaceBackend<FakeCapture> {
+    UserspaceBackend::new(config, metrics, capture, vec![IpFamily::V4, IpFamily::V6])
+        .with_bind_addresses(BindAddresses {
+            v4: "127.0.0.1".parse().expect("literal"),
+            v6: "::1".parse().expect("literal"),
+        })
 }
 
 async fn sync(
@@ -265,4 +268,107 @@ async fn dual_stack_services_get_a_frontend_per_family() {
         greeted_by(redirect_port(captured(&capture, "dual").internal)).await,
         "v4"
     );
+}
+
+/// Connects to `port` on loopback; `Some(greeting)` if a backend answered, `None` if the
+/// relay closed the connection first. The stream stays open (holding its place in the
+/// service's budget) until dropped.
+async fn try_greeting(port: u16) -> (Option<String>, BufReader<TcpStream>) {
+    let stream = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the frontend");
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        reader.read_line(&mut line),
+    )
+    .await
+    .expect("an answer in time");
+    let greeting = matches!(read, Ok(n) if n > 0).then(|| line.trim().to_owned());
+    (greeting, reader)
+}
+
+#[tokio::test]
+async fn a_service_s_internal_and_external_frontends_share_its_connection_cap() {
+    let a = greeter("a").await;
+    let mut web = service("web", "10.96.0.50");
+    web.node_port = Some(30050);
+    let capture = FakeCapture::new();
+    let metrics = RelayMetrics::default();
+    let mut b = backend_with(
+        RelayConfig::default().with_max_connections(1),
+        metrics.clone(),
+        capture.clone(),
+    );
+    let s = state(vec![
+        (web, vec![endpoint(a, true)]),
+        (service("api", "10.96.0.51"), vec![endpoint(a, true)]),
+    ]);
+    sync(&mut b, &s, SyncKind::Full, &[]).await;
+    let web = captured(&capture, "web");
+    let (internal, external) = (redirect_port(web.internal), redirect_port(web.external));
+    assert_ne!(internal, external, "two frontends");
+    let (greeting, _held) = try_greeting(internal).await;
+    assert_eq!(greeting.as_deref(), Some("a"));
+    // The NodePort frontend is a different listener of the same service: no place left.
+    let (greeting, _) = try_greeting(external).await;
+    assert_eq!(greeting, None, "over ns/web's cap");
+    let label = |service: &str| kp_userspace::metrics::ServiceLabel {
+        service: service.into(),
+        protocol: "tcp",
+    };
+    assert_eq!(
+        metrics
+            .limit_rejections
+            .get_or_create(&label("ns/web"))
+            .get(),
+        1
+    );
+    // Another service is not affected.
+    let api = redirect_port(captured(&capture, "api").internal);
+    let (greeting, _also_held) = try_greeting(api).await;
+    assert_eq!(greeting.as_deref(), Some("a"));
+    assert_eq!(
+        metrics
+            .limit_rejections
+            .get_or_create(&label("ns/api"))
+            .get(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn with_a_port_range_frontends_listen_inside_it() {
+    let a = greeter("a").await;
+    // A port the kernel just handed out is free; holding it makes the range full.
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = holder.local_addr().expect("address").port();
+    let capture = FakeCapture::new();
+    let config = RelayConfig::default().with_port_range(Some(port..=port));
+    let mut b = backend_with(config, RelayMetrics::default(), capture.clone());
+    let s = state(vec![(
+        service("web", "10.96.0.60"),
+        vec![endpoint(a, true)],
+    )]);
+    let changed = BTreeSet::new();
+    let request = SyncRequest {
+        state: &s,
+        kind: SyncKind::Full,
+        changed: &changed,
+        conntrack_cleanup_required: false,
+    };
+    let report = b.sync(&request).await.expect("sync");
+    assert_eq!(
+        report.skipped,
+        [name("web").service],
+        "no free port: skipped"
+    );
+    assert_eq!(b.relay().keys().count(), 0);
+    drop(holder);
+    let report = b.sync(&request).await.expect("sync");
+    assert!(report.skipped.is_empty(), "{report:?}");
+    let web = redirect_port(captured(&capture, "web").internal);
+    assert_eq!(web, port, "the range's only port");
+    assert_eq!(greeted_by(web).await, "a");
 }

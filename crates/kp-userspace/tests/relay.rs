@@ -65,7 +65,9 @@ async fn tcp_relay(
     let metrics = RelayMetrics::default();
     let mut relay = Relay::new(config, metrics.clone());
     let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
-    let front = relay.add_tcp("svc", listener).expect("add frontend");
+    let front = relay
+        .add_tcp("svc", "ns/svc", listener)
+        .expect("add frontend");
     assert!(relay.update(&"svc", endpoints, affinity));
     (relay, front, metrics)
 }
@@ -253,16 +255,7 @@ async fn the_connection_cap_resets_extra_clients_and_counts_them() {
     let (_, second) = greeted_by(front).await;
     let third = TcpStream::connect(front).await.expect("the kernel accepts");
     assert!(closed_without_data(third).await, "over the cap: reset");
-    assert_eq!(
-        metrics
-            .limit_rejections
-            .get_or_create(&kp_userspace::metrics::FrontendLabel {
-                frontend: "svc".into(),
-                protocol: "tcp"
-            })
-            .get(),
-        1
-    );
+    assert_eq!(rejections(&metrics, "ns/svc", "tcp"), 1);
     assert_eq!(echo(&mut first, "still-here").await, "still-here");
     // A closed connection frees its place.
     drop(second);
@@ -272,6 +265,90 @@ async fn the_connection_cap_resets_extra_clients_and_counts_them() {
     .await;
     let (who, _) = greeted_by(front).await;
     assert_eq!(who, "a");
+}
+
+fn rejections(metrics: &RelayMetrics, service: &str, protocol: &'static str) -> u64 {
+    metrics
+        .limit_rejections
+        .get_or_create(&kp_userspace::metrics::ServiceLabel {
+            service: service.into(),
+            protocol,
+        })
+        .get()
+}
+
+/// Frontends `web-80` and `web-443` of service `ns/web`, `other` of `ns/other`, all TCP
+/// over `endpoint`.
+async fn two_services(
+    config: RelayConfig,
+    endpoint: SocketAddr,
+) -> (Relay<&'static str>, [SocketAddr; 3], RelayMetrics) {
+    let metrics = RelayMetrics::default();
+    let mut relay = Relay::new(config, metrics.clone());
+    let mut fronts = Vec::new();
+    for (key, service) in [
+        ("web-80", "ns/web"),
+        ("web-443", "ns/web"),
+        ("other", "ns/other"),
+    ] {
+        let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
+        fronts.push(relay.add_tcp(key, service, listener).expect("add frontend"));
+        assert!(relay.update(&key, vec![endpoint], None));
+    }
+    (relay, [fronts[0], fronts[1], fronts[2]], metrics)
+}
+
+#[tokio::test]
+async fn the_connection_cap_is_one_budget_per_service_across_its_ports() {
+    let config = RelayConfig::default().with_max_connections(2);
+    let (_relay, [web80, web443, other], metrics) =
+        two_services(config, tcp_backend("a").await).await;
+    // One connection on each port of ns/web uses up its budget of two...
+    let (_, mut first) = greeted_by(web80).await;
+    let (_, _second) = greeted_by(web443).await;
+    for front in [web80, web443] {
+        let extra = TcpStream::connect(front).await.expect("the kernel accepts");
+        assert!(closed_without_data(extra).await, "over ns/web's cap: reset");
+    }
+    assert_eq!(rejections(&metrics, "ns/web", "tcp"), 2);
+    // ...while another service has a budget of its own.
+    let (_, _third) = greeted_by(other).await;
+    let (_, _fourth) = greeted_by(other).await;
+    assert_eq!(rejections(&metrics, "ns/other", "tcp"), 0);
+    assert_eq!(echo(&mut first, "still-here").await, "still-here");
+    // Closing a connection on one port frees a place for the other.
+    drop(first);
+    eventually("ns/web's slot to free up", || {
+        metrics.open_connections.get() == 3
+    })
+    .await;
+    let (who, _) = greeted_by(web443).await;
+    assert_eq!(who, "a");
+    assert_eq!(rejections(&metrics, "ns/web", "tcp"), 2);
+}
+
+#[tokio::test]
+async fn a_service_coming_back_counts_its_draining_connections() {
+    let config = RelayConfig::default().with_max_connections(1);
+    let metrics = RelayMetrics::default();
+    let mut relay = Relay::new(config, metrics.clone());
+    let a = tcp_backend("a").await;
+    let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
+    let old = relay.add_tcp("web-80", "ns/web", listener).expect("add");
+    relay.update(&"web-80", vec![a], None);
+    let (_, mut draining) = greeted_by(old).await;
+    // The service's last frontend goes and comes back while the connection lasts.
+    relay.remove(&"web-80");
+    let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
+    let new = relay.add_tcp("web-80", "ns/web", listener).expect("add");
+    relay.update(&"web-80", vec![a], None);
+    let extra = TcpStream::connect(new).await.expect("the kernel accepts");
+    assert!(
+        closed_without_data(extra).await,
+        "the draining one holds the place"
+    );
+    assert_eq!(rejections(&metrics, "ns/web", "tcp"), 1);
+    assert_eq!(echo(&mut draining, "still-here").await, "still-here");
 }
 
 #[tokio::test]
@@ -303,7 +380,9 @@ async fn udp_relay(
     let metrics = RelayMetrics::default();
     let mut relay = Relay::new(config, metrics.clone());
     let socket = UdpSocket::bind(LOOPBACK).await.expect("bind frontend");
-    let front = relay.add_udp("dns", socket).expect("add frontend");
+    let front = relay
+        .add_udp("dns", "ns/dns", socket)
+        .expect("add frontend");
     relay.update(&"dns", endpoints, None);
     (relay, front, metrics)
 }
@@ -393,8 +472,8 @@ async fn the_udp_session_cap_drops_new_clients_and_counts_them() {
     let two = udp_client(front).await;
     assert_eq!(ask(&one, "1", PATIENCE).await.as_deref(), Some("a:1"));
     two.send(b"2").await.expect("send");
-    let label = kp_userspace::metrics::FrontendLabel {
-        frontend: "dns".into(),
+    let label = kp_userspace::metrics::ServiceLabel {
+        service: "ns/dns".into(),
         protocol: "udp",
     };
     eventually("the cap to bite", || {
@@ -404,6 +483,41 @@ async fn the_udp_session_cap_drops_new_clients_and_counts_them() {
     assert_eq!(relay.udp_sessions(&"dns"), 1);
     // The session inside the cap keeps working.
     assert_eq!(ask(&one, "3", PATIENCE).await.as_deref(), Some("a:3"));
+}
+
+#[tokio::test]
+async fn the_udp_session_cap_is_one_budget_per_service_across_its_ports() {
+    let config = RelayConfig::default()
+        .with_udp_idle_timeout(Duration::from_secs(30))
+        .with_max_udp_sessions(1);
+    let metrics = RelayMetrics::default();
+    let mut relay = Relay::new(config, metrics.clone());
+    let a = udp_backend("a").await;
+    let mut fronts = Vec::new();
+    for (key, service) in [
+        ("dns-53", "ns/dns"),
+        ("dns-5353", "ns/dns"),
+        ("ntp", "ns/ntp"),
+    ] {
+        let socket = UdpSocket::bind(LOOPBACK).await.expect("bind frontend");
+        fronts.push(relay.add_udp(key, service, socket).expect("add frontend"));
+        relay.update(&key, vec![a], None);
+    }
+    let one = udp_client(fronts[0]).await;
+    assert_eq!(ask(&one, "1", PATIENCE).await.as_deref(), Some("a:1"));
+    // ns/dns's only session is taken: its other port drops new clients...
+    let two = udp_client(fronts[1]).await;
+    two.send(b"2").await.expect("send");
+    eventually("ns/dns's cap to bite on its second port", || {
+        rejections(&metrics, "ns/dns", "udp") == 1
+    })
+    .await;
+    assert_eq!(relay.udp_sessions(&"dns-5353"), 0);
+    // ...while ns/ntp has a session of its own.
+    let three = udp_client(fronts[2]).await;
+    assert_eq!(ask(&three, "3", PATIENCE).await.as_deref(), Some("a:3"));
+    assert_eq!(rejections(&metrics, "ns/ntp", "udp"), 0);
+    assert_eq!(ask(&one, "4", PATIENCE).await.as_deref(), Some("a:4"));
 }
 
 #[tokio::test]

@@ -12,9 +12,9 @@ use prometheus_client::registry::Registry;
 /// Why `--proxy-mode=winuserspace` does not start here.
 pub const WINUSERSPACE_ON_LINUX: &str = "proxy mode \"winuserspace\" is for Windows nodes; on Linux use --proxy-mode=userspace, which runs the same relay with iptables capture";
 
-/// Benchmark switch: `KP_RELAY_COPY=buffers` makes the relay copy through user-space buffers
-/// instead of splice(2), `KP_RELAY_COPY=pipe-<KiB>` splices through another pipe size, so
-/// `kp-datapath` compares them with one build. Not a user setting.
+/// Benchmark switch, comma-separated: `buffers` makes the relay copy through user-space
+/// buffers instead of splice(2), `pipe-<KiB>` splices through another pipe size, `nagle`
+/// leaves TCP_NODELAY off, so `kp-datapath` compares them with one build. Not a user setting.
 pub const COPY_ENV: &str = "KP_RELAY_COPY";
 
 /// Userspace mode as the binary runs it.
@@ -35,19 +35,95 @@ pub fn backend(config: &KubeProxyConfiguration, registry: &mut Registry) -> User
         families.clone(),
     );
     let copy = std::env::var(COPY_ENV).unwrap_or_default();
-    let splice = copy != "buffers";
-    let mut relay = RelayConfig::default().with_splice(splice);
-    // `KP_RELAY_COPY=pipe-<KiB>`: a larger splice pipe, for the benchmark's comparison.
-    if let Some(kib) = copy
-        .strip_prefix("pipe-")
-        .and_then(|k| k.parse::<usize>().ok())
+    let switches: Vec<&str> = copy.split(',').map(str::trim).collect();
+    let splice = !switches.contains(&"buffers");
+    let mut relay = relay_config(config)
+        .with_splice(splice)
+        .with_nodelay(!switches.contains(&"nagle"));
+    if let Some(kib) = switches
+        .iter()
+        .find_map(|s| s.strip_prefix("pipe-")?.parse::<usize>().ok())
     {
-        relay = relay.with_buffer_bytes(kib * 1024);
+        relay = relay.with_pipe_bytes(kib * 1024);
     }
     tracing::info!(
         splice,
+        udp_idle_timeout = ?relay.udp_idle_timeout,
+        port_range = ?relay.port_range,
+        max_connections_per_service = relay.max_connections,
+        max_udp_sessions_per_service = relay.max_udp_sessions,
+        pipe_bytes = relay.pipe_bytes,
         buffer_bytes = relay.buffer_bytes,
+        nodelay = relay.nodelay,
         "Using userspace Proxier"
     );
     UserspaceBackend::new(relay, RelayMetrics::register(registry), capture, families)
+}
+
+/// The relay's settings from the configuration: upstream's `udpIdleTimeout` and `portRange`,
+/// and our per-Service caps (validated to be at least 1).
+pub fn relay_config(config: &KubeProxyConfiguration) -> RelayConfig {
+    let cap = |n: i32, default: usize| usize::try_from(n).unwrap_or(default);
+    RelayConfig::default()
+        .with_udp_idle_timeout(config.udp_idle_timeout)
+        .with_port_range(config.proxy_port_range())
+        .with_max_connections(cap(
+            config.userspace.max_connections_per_service,
+            kp_userspace::config::DEFAULT_MAX_CONNECTIONS,
+        ))
+        .with_max_udp_sessions(cap(
+            config.userspace.max_udp_sessions_per_service,
+            kp_userspace::config::DEFAULT_MAX_UDP_SESSIONS,
+        ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kp_config::{
+        DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_USERSPACE_MAX_CONNECTIONS_PER_SERVICE,
+        DEFAULT_USERSPACE_MAX_UDP_SESSIONS_PER_SERVICE, KubeProxyConfiguration,
+    };
+    use kp_userspace::config as relay;
+
+    use super::relay_config;
+
+    #[test]
+    fn configuration_defaults_are_the_relay_s() {
+        let defaults = relay_config(&KubeProxyConfiguration::default());
+        assert_eq!(defaults, kp_userspace::RelayConfig::default());
+        assert_eq!(DEFAULT_UDP_IDLE_TIMEOUT, relay::DEFAULT_UDP_IDLE_TIMEOUT);
+        assert_eq!(
+            usize::try_from(DEFAULT_USERSPACE_MAX_CONNECTIONS_PER_SERVICE).ok(),
+            Some(relay::DEFAULT_MAX_CONNECTIONS)
+        );
+        assert_eq!(
+            usize::try_from(DEFAULT_USERSPACE_MAX_UDP_SESSIONS_PER_SERVICE).ok(),
+            Some(relay::DEFAULT_MAX_UDP_SESSIONS)
+        );
+    }
+
+    #[test]
+    fn configured_values_reach_the_relay() {
+        let config = KubeProxyConfiguration::from_yaml(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: userspace
+portRange: 30000+10
+udpIdleTimeout: 3s
+userspace:
+  maxConnectionsPerService: 12
+  maxUDPSessionsPerService: 34
+",
+        );
+        let config = match config {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        let r = relay_config(&config);
+        assert_eq!(r.udp_idle_timeout, Duration::from_secs(3));
+        assert_eq!(r.port_range, Some(30000..=30010));
+        assert_eq!((r.max_connections, r.max_udp_sessions), (12, 34));
+    }
 }
