@@ -37,6 +37,7 @@ const RETRY: Duration = Duration::from_millis(20);
 const SERVICES: &str = "services";
 const SLICES: &str = "endpointslices";
 const NODES: &str = "nodes";
+const SERVICE_CIDRS: &str = "servicecidrs";
 /// Upstream's one selector for Services and EndpointSlices alike.
 const SELECTOR: &str = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name";
 
@@ -119,6 +120,7 @@ impl Fake {
             (SERVICES, "v1", "Service"),
             (SLICES, "discovery.k8s.io/v1", "EndpointSlice"),
             (NODES, "v1", "Node"),
+            (SERVICE_CIDRS, "networking.k8s.io/v1", "ServiceCIDR"),
         ] {
             let (tx, rx) = mpsc::unbounded_channel();
             res.insert(
@@ -143,8 +145,18 @@ impl Fake {
         self.0.lock().expect("fake state lock")
     }
 
-    fn router(&self) -> Router {
-        Router::new()
+    /// The routes of every resource; ServiceCIDRs only with `service_cidrs` (clusters before
+    /// v1.33 do not serve them: a 404).
+    fn router(&self, service_cidrs: bool) -> Router {
+        let router = if service_cidrs {
+            Router::new().route(
+                "/apis/networking.k8s.io/v1/servicecidrs",
+                get(|State(f): State<Fake>, Query(q)| async move { f.serve(SERVICE_CIDRS, q) }),
+            )
+        } else {
+            Router::new()
+        };
+        router
             .route(
                 "/api/v1/services",
                 get(|State(f): State<Fake>, Query(q)| async move { f.serve(SERVICES, q) }),
@@ -397,10 +409,15 @@ struct Harness {
 
 impl Harness {
     async fn new() -> Self {
+        Self::serving(false).await
+    }
+
+    /// A fake API server that serves ServiceCIDRs (`service_cidrs`) or not.
+    async fn serving(service_cidrs: bool) -> Self {
         let (fake, requests) = Fake::new();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake");
         let backend = listener.local_addr().expect("fake address");
-        let app = fake.router();
+        let app = fake.router(service_cidrs);
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -628,6 +645,45 @@ async fn initial_list_then_watch_events() {
     assert_eq!(h.recv().await, "Node applied node-a");
     h.fake.delete(SERVICES, "default/b");
     assert_eq!(h.recv().await, "Service deleted default/b");
+    h.assert_quiet().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn service_cidrs_are_watched_where_served() {
+    let cidr = |name: &str, cidrs: Value| {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+               "metadata": {"name": name}, "spec": {"cidrs": cidrs}})
+    };
+    let mut h = Harness::serving(true).await;
+    seed(&h.fake);
+    h.fake
+        .put(SERVICE_CIDRS, cidr("kubernetes", json!(["10.96.0.0/16"])));
+    h.start(|s| s);
+    let events = h.until_synced(4).await;
+    assert_eq!(
+        of_kind(&events, "ServiceCIDR"),
+        ["ServiceCIDR applied kubernetes", "ServiceCIDR synced"]
+    );
+    let list = h.next_request(SERVICE_CIDRS).await;
+    assert!(!list.watch, "first a list");
+    h.expect_watch(SERVICE_CIDRS).await;
+    h.fake.apply(
+        SERVICE_CIDRS,
+        "ADDED",
+        cidr("extra", json!(["10.97.0.0/16"])),
+    );
+    assert_eq!(h.recv().await, "ServiceCIDR applied extra");
+    h.fake.delete(SERVICE_CIDRS, "extra");
+    assert_eq!(h.recv().await, "ServiceCIDR deleted extra");
+    h.stop().await;
+
+    // Not served (the other tests' fake): one list, a 404, no events and no retries.
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    h.start(|s| s);
+    let events = h.until_synced(3).await;
+    assert!(of_kind(&events, "ServiceCIDR").is_empty(), "{events:?}");
     h.assert_quiet().await;
     h.stop().await;
 }
