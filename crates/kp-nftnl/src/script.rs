@@ -173,6 +173,14 @@ pub struct Command {
 /// Translate every statement of `script` (blank lines are skipped).
 pub fn parse_script(script: &str) -> Result<Vec<Command>, ScriptError> {
     let mut out = Vec::new();
+    for_each_command(script, |command| out.push(command))?;
+    Ok(out)
+}
+
+/// Translate `script` one statement at a time, handing each command to `each` (which may
+/// encode it at once, so a large script never exists as commands all at the same time).
+/// Stops at the first statement that cannot be translated.
+pub fn for_each_command(script: &str, mut each: impl FnMut(Command)) -> Result<(), ScriptError> {
     // Every statement names the table; share one allocation per table.
     let mut table: Option<Arc<str>> = None;
     let mut tokens = Vec::new();
@@ -187,9 +195,9 @@ pub fn parse_script(script: &str) -> Result<Vec<Command>, ScriptError> {
         };
         tokenize(text, &mut tokens).ok_or_else(unsupported)?;
         let command = parse_statement(&tokens, index + 1, &mut table).ok_or_else(unsupported)?;
-        out.push(command);
+        each(command);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Split on whitespace; a `"..."` string (no quote or backslash inside) is one token,
