@@ -287,8 +287,8 @@ pub struct Batch {
     writer: Writer,
     first_seq: u32,
     next_seq: u32,
-    /// For each message after BEGIN, in order: the index of the command it encodes.
-    owners: Vec<usize>,
+    /// For each message after BEGIN, in order: the script line of the command it encodes.
+    owners: Vec<u32>,
     /// Numbers sets created in this batch (`NFTA_SET_ID`), as nft does.
     next_set_id: u32,
 }
@@ -317,7 +317,7 @@ impl Batch {
     fn message(&mut self, kind: MsgKind, flags: u16, family: Family, owner: usize) -> usize {
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
-        self.owners.push(owner);
+        self.owners.push(u32::try_from(owner).unwrap_or(u32::MAX));
         self.writer.begin(
             (NFNL_SUBSYS_NFTABLES << 8) | kind as u16,
             NLM_F_REQUEST | flags,
@@ -327,7 +327,8 @@ impl Batch {
         )
     }
 
-    /// Append the message(s) of `command`, which is command number `owner` of the script.
+    /// Append the message(s) of `command`; a kernel error for them is reported as `owner`
+    /// (the script line, for [`Batch::push_line`]).
     pub fn push(&mut self, command: &Command, owner: usize) {
         let family = command.family;
         let table: &str = &command.table;
@@ -488,6 +489,16 @@ impl Batch {
         wr.end(m);
     }
 
+    /// Append `command`, reported under its script line.
+    pub fn push_line(&mut self, command: &Command) {
+        self.push(command, command.line);
+    }
+
+    /// Whether nothing was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.owners.is_empty()
+    }
+
     /// A deletion that names its object by table and name only.
     fn named(
         &mut self,
@@ -642,17 +653,17 @@ pub struct EncodedBatch {
     pub bytes: Vec<u8>,
     /// The sequence number of BEGIN; message `i` has `first_seq + 1 + i`.
     pub first_seq: u32,
-    /// The command index of each message.
-    pub owners: Vec<usize>,
+    /// The owner (see [`Batch::push`]) of each message.
+    pub owners: Vec<u32>,
     /// The sequence number the fence request must use.
     pub fence_seq: u32,
 }
 
 impl EncodedBatch {
-    /// The command that message `seq` encodes, if `seq` is one of this batch's.
+    /// The owner of message `seq` (see [`Batch::push`]), if `seq` is one of this batch's.
     pub fn owner(&self, seq: u32) -> Option<usize> {
         let index = seq.wrapping_sub(self.first_seq).checked_sub(1)?;
-        self.owners.get(index as usize).copied()
+        self.owners.get(index as usize).map(|owner| *owner as usize)
     }
 }
 

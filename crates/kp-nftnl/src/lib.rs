@@ -22,22 +22,10 @@ pub mod script;
 pub mod socket;
 
 pub use codec::{Batch, Family};
-pub use script::{Command, ScriptError, parse_script};
+pub use script::{Command, ScriptError, for_each_command, parse_script};
 pub use socket::{ApplyError, NftSocket};
 
 /// Translate `script` and apply it as one transaction: the whole script or nothing.
 pub fn apply_script(socket: &mut NftSocket, script: &str) -> Result<(), ApplyError> {
-    let commands = parse_script(script).map_err(ApplyError::Script)?;
-    socket.apply(&commands).map_err(|err| match err {
-        ApplyError::Kernel { line, source, .. } => ApplyError::Kernel {
-            line,
-            statement: script
-                .lines()
-                .nth(line.saturating_sub(1))
-                .unwrap_or_default()
-                .to_owned(),
-            source,
-        },
-        other => other,
-    })
+    socket.apply_script(script)
 }

@@ -173,6 +173,14 @@ pub struct Command {
 /// Translate every statement of `script` (blank lines are skipped).
 pub fn parse_script(script: &str) -> Result<Vec<Command>, ScriptError> {
     let mut out = Vec::new();
+    for_each_command(script, |command| out.push(command))?;
+    Ok(out)
+}
+
+/// Translate `script` one statement at a time, handing each command to `each` (which may
+/// encode it at once, so a large script never exists as commands all at the same time).
+/// Stops at the first statement that cannot be translated.
+pub fn for_each_command(script: &str, mut each: impl FnMut(Command)) -> Result<(), ScriptError> {
     // Every statement names the table; share one allocation per table.
     let mut table: Option<Arc<str>> = None;
     let mut tokens = Vec::new();
@@ -187,37 +195,40 @@ pub fn parse_script(script: &str) -> Result<Vec<Command>, ScriptError> {
         };
         tokenize(text, &mut tokens).ok_or_else(unsupported)?;
         let command = parse_statement(&tokens, index + 1, &mut table).ok_or_else(unsupported)?;
-        out.push(command);
+        each(command);
     }
-    Ok(out)
+    Ok(())
 }
 
-/// Split on whitespace; a `"..."` string (no quote or backslash inside) is one token,
-/// kept with its quotes. `None` for anything else odd.
+/// Split on spaces and tabs (what nft's scanner skips); a `"..."` string (no quote or
+/// backslash inside) is one token, kept with its quotes. `None` for a quote or backslash
+/// anywhere else. Works on bytes: every split point is an ASCII byte, so a char boundary.
 fn tokenize<'a>(text: &'a str, tokens: &mut Vec<&'a str>) -> Option<()> {
     tokens.clear();
-    let mut rest = text.trim_start();
-    while !rest.is_empty() {
-        if let Some(after) = rest.strip_prefix('"') {
-            let end = after.find('"')?;
-            let inner = &after[..end];
-            if inner.contains('\\') {
+    let bytes = text.as_bytes();
+    let blank = |b: u8| b == b' ' || b == b'\t';
+    let mut i = 0;
+    while i < bytes.len() {
+        if blank(bytes[i]) {
+            i += 1;
+        } else if bytes[i] == b'"' {
+            let end = i + 1 + bytes[i + 1..].iter().position(|b| *b == b'"')?;
+            // A string holds no backslash and must end its token.
+            if bytes[i + 1..end].contains(&b'\\') || bytes.get(end + 1).is_some_and(|b| !blank(*b))
+            {
                 return None;
             }
-            tokens.push(&rest[..end + 2]);
-            rest = after[end + 1..].trim_start();
-            // A string must end its token.
-            if !rest.is_empty() && !after[end + 1..].starts_with(char::is_whitespace) {
-                return None;
-            }
+            tokens.push(&text[i..=end]);
+            i = end + 1;
         } else {
-            let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
-            let token = &rest[..end];
-            if token.contains('"') || token.contains('\\') {
-                return None;
+            let start = i;
+            while i < bytes.len() && !blank(bytes[i]) {
+                if bytes[i] == b'"' || bytes[i] == b'\\' {
+                    return None;
+                }
+                i += 1;
             }
-            tokens.push(token);
-            rest = rest[end..].trim_start();
+            tokens.push(&text[start..i]);
         }
     }
     Some(())
@@ -1182,6 +1193,9 @@ mod tests {
             "add rule ip kube-proxy c goto a comment \"x\\\" ; drop\"",
             "add rule ip kube-proxy c\"x goto a",
             "add chain ip kube-proxy 1abc",
+            "add chain ip kube-proxy a\u{a0}b",
+            "add rule ip kube-proxy c goto a comment \"x\"y",
+            "add rule ip kube-proxy c goto a comment \"unterminated",
             "add element ip kube-proxy service-ips { 10.0.0.1 . icmp . 1 : drop }",
             "add rule ip kube-proxy c ip saddr 10.0.0.1/8 goto a",
             "add rule ip kube-proxy c ip6 saddr ::1 goto a",

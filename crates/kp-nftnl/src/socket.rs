@@ -12,7 +12,7 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
 use crate::codec::{Batch, NLMSG_DONE, NLMSG_ERROR, fence};
-use crate::script::{Command, ScriptError};
+use crate::script::{Command, ScriptError, for_each_command};
 
 /// Receive buffer: room for the errors of a batch whose messages all fail (errors are
 /// capped to the failed message's header, see `NETLINK_CAP_ACK`).
@@ -88,14 +88,40 @@ impl NftSocket {
         })
     }
 
-    /// Apply `commands` as one transaction. On error nothing was applied.
+    /// Apply `commands` as one transaction. On error nothing was applied; a kernel error
+    /// names the command's line ([`Command::line`]), without its text.
     pub fn apply(&mut self, commands: &[Command]) -> Result<(), ApplyError> {
-        if commands.is_empty() {
-            return Ok(());
-        }
         let mut batch = Batch::new(self.seq);
-        for (index, command) in commands.iter().enumerate() {
-            batch.push(command, index);
+        for command in commands {
+            batch.push_line(command);
+        }
+        self.send_batch(batch)
+    }
+
+    /// Translate `script` and apply it as one transaction, encoding each statement as it
+    /// is translated. On error nothing was applied; a kernel error names the statement.
+    pub fn apply_script(&mut self, script: &str) -> Result<(), ApplyError> {
+        let mut batch = Batch::new(self.seq);
+        for_each_command(script, |command| batch.push_line(&command))
+            .map_err(ApplyError::Script)?;
+        self.send_batch(batch).map_err(|err| match err {
+            ApplyError::Kernel { line, source, .. } => ApplyError::Kernel {
+                line,
+                statement: script
+                    .lines()
+                    .nth(line.saturating_sub(1))
+                    .unwrap_or_default()
+                    .to_owned(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    /// Send `batch` and collect the kernel's verdict on it.
+    fn send_batch(&mut self, batch: Batch) -> Result<(), ApplyError> {
+        if batch.is_empty() {
+            return Ok(());
         }
         let encoded = batch.finish();
         self.seq = encoded.fence_seq.wrapping_add(1);
@@ -144,8 +170,8 @@ impl NftSocket {
                 };
                 let source = io::Error::from_raw_os_error(-code);
                 let error = match encoded.owner(reply.seq) {
-                    Some(index) => ApplyError::Kernel {
-                        line: commands[index].line,
+                    Some(line) => ApplyError::Kernel {
+                        line,
                         statement: String::new(),
                         source,
                     },

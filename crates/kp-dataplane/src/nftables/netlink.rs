@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::IpFamily;
-use kp_nftnl::{ApplyError, NftSocket, ScriptError, parse_script};
+use kp_nftnl::{ApplyError, NftSocket, ScriptError};
 use prometheus_client::metrics::counter::Counter;
 use tracing::debug;
 
@@ -52,26 +52,21 @@ impl Default for NetlinkNft {
     }
 }
 
-/// Apply `script` through `socket` (opened if needed): the blocking part.
-fn apply_blocking(
-    socket: &Mutex<Option<NftSocket>>,
-    script: &str,
-) -> Result<Result<(), ApplyError>, ScriptError> {
-    let commands = parse_script(script)?;
+/// Apply `script` through `socket` (opened if needed): the blocking part. Translation
+/// and encoding run statement by statement into the batch, so only the script and the
+/// encoded batch are ever in memory at once.
+fn apply_blocking(socket: &Mutex<Option<NftSocket>>, script: &str) -> Result<(), ApplyError> {
     let mut guard = socket.lock().unwrap_or_else(PoisonError::into_inner);
     let open = match guard.as_mut() {
         Some(open) => open,
-        None => match NftSocket::open() {
-            Ok(opened) => guard.insert(opened),
-            Err(err) => return Ok(Err(err)),
-        },
+        None => guard.insert(NftSocket::open()?),
     };
-    let result = open.apply(&commands);
+    let result = open.apply_script(script);
     if matches!(result, Err(ApplyError::Socket(_))) {
         // Start over with a fresh socket next time.
         *guard = None;
     }
-    Ok(result)
+    result
 }
 
 /// A netlink failure as the `ExecError` the backend reports (and logs) for `nft` failures.
@@ -93,22 +88,26 @@ fn exec_error(err: ApplyError, script: &str) -> ExecError {
 
 impl NftRunner for NetlinkNft {
     async fn apply(&self, script: &str) -> Result<(), ExecError> {
-        let socket = Arc::clone(&self.socket);
-        let owned = script.to_owned();
-        let outcome = tokio::task::spawn_blocking(move || apply_blocking(&socket, &owned))
-            .await
-            .map_err(|err| ExecError::Io {
-                program: PROGRAM.to_owned(),
-                source: std::io::Error::other(err),
-            })?;
+        // Blocking (up to seconds for a full sync of a large table), but the script is
+        // borrowed: on a multi-threaded runtime hand the worker's other tasks away instead
+        // of copying the script into a blocking task; a current-thread runtime (tests) just
+        // blocks.
+        let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
+            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        });
+        let outcome = if multi_thread {
+            tokio::task::block_in_place(|| apply_blocking(&self.socket, script))
+        } else {
+            apply_blocking(&self.socket, script)
+        };
         match outcome {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(err)) => Err(exec_error(err, script)),
-            Err(ScriptError::Unsupported { line, statement }) => {
+            Ok(()) => Ok(()),
+            Err(ApplyError::Script(ScriptError::Unsupported { line, statement })) => {
                 self.fallbacks.inc();
                 debug!(line, %statement, "statement not supported over netlink; applying the script with nft");
                 self.fallback.apply(script).await
             }
+            Err(err) => Err(exec_error(err, script)),
         }
     }
 
