@@ -459,13 +459,13 @@ pub struct Options {
     pub proxy_port_range: Option<String>,
 
     /// Userspace mode: how long an idle UDP session is kept (e.g. 250ms, 2s); must be
-    /// greater than 0.
+    /// greater than 0. Default 250ms.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Userspace")]
     pub udp_timeout: Option<Duration>,
 
     /// kube-proxy-rs extension, userspace mode: open TCP connections per Service (over all
     /// its ports); further ones are reset and counted in
-    /// kube_proxy_rs_userspace_limit_rejections_total.
+    /// kube_proxy_rs_userspace_limit_rejections_total. Default 4096.
     #[arg(
         long,
         value_name = "N",
@@ -475,7 +475,7 @@ pub struct Options {
     pub userspace_max_connections_per_service: Option<i32>,
 
     /// kube-proxy-rs extension, userspace mode: live UDP sessions per Service (over all its
-    /// ports); datagrams of further clients are dropped and counted.
+    /// ports); datagrams of further clients are dropped and counted. Default 4096.
     #[arg(
         long = "userspace-max-udp-sessions-per-service",
         value_name = "N",
