@@ -216,6 +216,14 @@ fn steps() -> Vec<(ProxyState, BTreeSet<ServiceName>)> {
         service_name("ns", "big"),
         service_name("ns", "fw6"),
     ]);
+    // ServiceCIDRs appear with the third step (the fixed part changes: a full sync with the
+    // unallocated-ClusterIP drop) and go again with the fourth.
+    let mut third = third;
+    third.service_cidrs = vec![
+        "172.30.0.0/16".parse().expect("literal"),
+        "10.96.0.0/12".parse().expect("literal"),
+        "fd00:10:96::/112".parse().expect("literal"),
+    ];
     let fourth = second.clone();
     vec![
         (first, BTreeSet::new()),
