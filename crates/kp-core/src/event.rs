@@ -19,6 +19,11 @@ pub enum SourceEvent {
     EndpointSlice(ObjectEvent<EndpointSlice>),
     /// This node's Node object changed.
     Node(ObjectEvent<Node>),
+    /// Changes that belong together, such as the objects of one manifests file: the proxier
+    /// records them all before it may sync, so no sync programs half of them (a Service
+    /// without the EndpointSlice written next to it, which would refuse connections until
+    /// the next sync).
+    Batch(Vec<SourceEvent>),
 }
 
 /// A change to one kind of object.

@@ -530,6 +530,11 @@ fn describe(ev: &SourceEvent) -> String {
         SourceEvent::Service(e) => one("Service", e),
         SourceEvent::EndpointSlice(e) => one("EndpointSlice", e),
         SourceEvent::Node(e) => one("Node", e),
+        // The API source sends single events only.
+        SourceEvent::Batch(events) => {
+            let inner: Vec<String> = events.iter().map(describe).collect();
+            format!("Batch [{}]", inner.join(", "))
+        }
     }
 }
 
