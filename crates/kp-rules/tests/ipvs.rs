@@ -176,6 +176,35 @@ fn external_policy_local_uses_only_local_endpoints_outside() {
 }
 
 #[test]
+fn source_ranges_admitting_the_node_allow_the_lb_ip_as_source() {
+    let entries = |node: &str| -> Vec<String> {
+        let mut state = mixed_state();
+        state.node.addresses = vec![ip(node), ip("2001:db8::1")];
+        let d = plan(&state, IpFamily::V4, &ipvs_config());
+        let fw = &d.sets[&SetKind::LoadBalancerFw];
+        assert_eq!(
+            fw.iter().collect::<Vec<_>>(),
+            ["198.51.100.20,tcp:80"],
+            "the LB IP is firewalled either way"
+        );
+        d.sets[&SetKind::LoadBalancerSourceIp]
+            .iter()
+            .cloned()
+            .collect()
+    };
+    // 192.0.2.7/32 is one of the ranges: the node's connections (source: the LB IP, local
+    // on kube-ipvs0) pass the firewall, as upstream's allowFromNode.
+    assert_eq!(entries("192.0.2.7"), ["198.51.100.20,tcp:80,198.51.100.20"]);
+    assert_eq!(
+        entries("203.0.113.100"),
+        ["198.51.100.20,tcp:80,198.51.100.20"]
+    );
+    // Outside every range: nothing, so the node is dropped like any other source.
+    assert!(entries("192.168.0.2").is_empty());
+    assert!(entries("203.0.113.200").is_empty());
+}
+
+#[test]
 fn every_scheduler_is_applied_to_every_virtual_server() {
     for s in Scheduler::ALL {
         let config = IpvsConfig {

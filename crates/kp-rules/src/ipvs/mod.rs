@@ -141,6 +141,14 @@ pub fn plan(state: &ProxyState, family: IpFamily, config: &IpvsConfig) -> Desire
         sets: empty_sets(),
     };
     let none = Vec::new();
+    // The Node's own addresses of this family (the iptables renderer's notion of node IP).
+    let node_ips: Vec<IpAddr> = state
+        .node
+        .addresses
+        .iter()
+        .copied()
+        .filter(|ip| IpFamily::of(ip) == family)
+        .collect();
     for (name, full) in &state.services {
         let Some(svc) = full.for_family(family) else {
             continue;
@@ -210,6 +218,15 @@ pub fn plan(state: &ProxyState, family: IpFamily, config: &IpvsConfig) -> Desire
                         SetKind::LoadBalancerSourceCidr,
                         format!("{entry},{}", net_entry(net)),
                     );
+                }
+                // The node's own connections to the LB IP (local on kube-ipvs0) leave with
+                // the LB IP as source; allowed when a range admits the node, as upstream.
+                let allow_from_node = svc
+                    .load_balancer_source_ranges
+                    .iter()
+                    .any(|net| node_ips.iter().any(|n| net.contains(n)));
+                if allow_from_node {
+                    put(SetKind::LoadBalancerSourceIp, format!("{entry},{ip}"));
                 }
             }
         }
