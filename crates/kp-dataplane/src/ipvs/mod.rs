@@ -271,8 +271,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         }
 
         // 3. iptables: the rules depend on the configuration only.
-        for family in self.config.families.clone() {
-            let text = rules::render(family, &self.config.plan)
+        for p in &plans {
+            let family = p.family;
+            let text = rules::render(family, &self.config.plan, &p.lb_no_node_access)
                 .map_err(|e| apply_error("ipvs iptables rules")(e.to_string()))?;
             if !full && self.rules_applied.get(&family) == Some(&text) {
                 continue;

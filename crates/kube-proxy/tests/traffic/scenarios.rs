@@ -237,7 +237,7 @@ pub fn cluster_ip(mode: Mode) {
 /// (with its health-check node ports).
 pub fn external(mode: Mode) {
     let c = cluster(false);
-    let services = [
+    let mut services = vec![
         Service::new("np", "10.96.0.20")
             .tcp(80)
             .node_port(30080)
@@ -262,6 +262,17 @@ pub fn external(mode: Mode) {
             .etp_local(32083)
             .endpoints(&c, &["c"]),
     ];
+    if mode == Mode::Ipvs {
+        // Source ranges admitting the node's LAN (for the node's own connections below).
+        services.push(
+            Service::new("ranged-node", "10.96.0.24")
+                .tcp(80)
+                .node_port(30084)
+                .load_balancer("198.51.100.24")
+                .source_range("192.168.50.0/24")
+                .endpoints(&c, &["a", "b", "c"]),
+        );
+    }
     let env = Env::start(mode, c, CLUSTER_CIDR_V4, &services);
     let cl = &env.cluster;
     let ext_in = cl.external_in();
@@ -332,6 +343,31 @@ pub fn external(mode: Mode) {
         &tally,
         &Outcome::TimedOut,
     );
+    // ipvs mode: the node's own connections to an LB IP (local on kube-ipvs0, so their source
+    // is the LB IP itself) pass KUBE-IPVS-OUT-FILTER only when a range admits the node
+    // (KUBE-LOAD-BALANCER-SOURCE-IP, upstream's allowFromNode). Not asserted for the other
+    // modes here.
+    if mode == Mode::Ipvs {
+        let tally = cl
+            .tcp_repeat(cl.node(), ip("198.51.100.21"), 80, 2)
+            .expect("probe");
+        assert_all(
+            &env,
+            "LB IP from the node, outside the source ranges",
+            &tally,
+            &Outcome::TimedOut,
+        );
+        let tally = cl
+            .tcp_repeat(cl.node(), ip("198.51.100.24"), 80, SPREAD_FLOWS)
+            .expect("probe");
+        assert_flows(
+            &env,
+            "LB IP from the node, inside the source ranges",
+            &tally,
+            &["a", "b", "c"],
+            Source::Masqueraded,
+        );
+    }
     // ... while the ranges do not apply to the service's NodePort.
     let tally = cl
         .tcp_repeat(ext_out, node_ip, 30081, SPREAD_FLOWS)
@@ -388,13 +424,11 @@ pub fn external(mode: Mode) {
     );
 
     // eTP Local with only remote endpoints: external traffic dropped, ClusterIP still works.
-    // ipvs mode, as upstream's: the NodePort and LB IP virtual servers exist without real
-    // servers, and IPVS answers a connection it cannot schedule with an ICMP port
-    // unreachable (the kernel's ip_vs_leave): refused, not dropped.
-    let no_local = match mode {
-        Mode::Iptables | Mode::Nftables | Mode::Userspace => Outcome::TimedOut,
-        Mode::Ipvs => Outcome::Refused,
-    };
+    // ipvs mode, as upstream's (kubernetes#97081): the external virtual servers fall back to
+    // the remote endpoint, so pods can still use them; an outside client's flow reaches it
+    // unmasqueraded, its answer leaves through the other node and never completes the
+    // handshake: timed out all the same.
+    let no_local = Outcome::TimedOut;
     let tally = cl.tcp_repeat(ext_in, node_ip, 30083, 2).expect("probe");
     assert_all(
         &env,
