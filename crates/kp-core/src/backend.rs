@@ -70,6 +70,13 @@ pub trait Backend: Send {
 
     /// Remove everything this mode ever installed (`--cleanup`).
     fn cleanup(&mut self) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// After a successful sync: how soon the kernel needs another look even if nothing
+    /// changes (ipvs mode's real servers draining at weight 0, deleted once their
+    /// connections are gone). The runner syncs by then at the latest; `None`: no need.
+    fn recheck_after(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// One sync as seen by [`FakeBackend`].

@@ -22,6 +22,11 @@ pub enum SourceEvent {
     Node(ObjectEvent<Node>),
     /// A ServiceCIDR changed (cluster-wide; clusters without the API never send these).
     ServiceCidr(ObjectEvent<ServiceCIDR>),
+    /// Changes that belong together, such as the objects of one manifests file: the proxier
+    /// records them all before it may sync, so no sync programs half of them (a Service
+    /// without the EndpointSlice written next to it, which would refuse connections until
+    /// the next sync).
+    Batch(Vec<SourceEvent>),
 }
 
 /// A change to one kind of object.

@@ -296,6 +296,16 @@ impl<B: Backend> Proxier<B> {
 
     /// Record one event and queue a sync if it needs one.
     fn handle(&mut self, event: SourceEvent) {
+        // A batch's events are recorded before the loop can look at the runner again.
+        let event = match event {
+            SourceEvent::Batch(events) => {
+                for event in events {
+                    self.handle(event);
+                }
+                return;
+            }
+            event => event,
+        };
         let mut node_event = false;
         match &event {
             SourceEvent::Service(ObjectEvent::Applied(_) | ObjectEvent::Deleted(_)) => {
@@ -390,7 +400,12 @@ impl<B: Backend> Proxier<B> {
             .await;
         let end = Instant::now();
         let report = match result {
-            Ok(report) => report,
+            Ok(report) => {
+                if let Some(after) = self.backend.recheck_after() {
+                    self.runner.recheck_after(after);
+                }
+                report
+            }
             Err(error) => {
                 error!(%error, ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
                 self.metrics.sync_failures.inc();

@@ -6,6 +6,8 @@
 //!   periodic run re-programs the state even when nothing changed.
 //! - A failed run schedules a retry `retry_interval` after it ended; any later successful run
 //!   cancels it. `min_interval` applies to retries too.
+//! - A backend may ask for another run by a deadline ([`Runner::recheck_after`]: ipvs
+//!   mode's draining real servers); any run before then satisfies it.
 //!
 //! Upstream documents the same end-to-start rule, but its timer starts when a run *starts*,
 //! so a request made during a run longer than `min_interval` runs again as soon as the run
@@ -35,6 +37,8 @@ pub enum RunReason {
     Periodic,
     /// The last run failed and `retry_interval` passed.
     Retry,
+    /// The backend asked to look at the kernel again by now ([`Runner::recheck_after`]).
+    Recheck,
 }
 
 /// Timing of sync runs; see the [module documentation](self).
@@ -51,6 +55,8 @@ pub struct Runner {
     last_end: Option<Instant>,
     /// When a failed run is retried.
     retry_at: Option<Instant>,
+    /// When the backend wants another run even without a request.
+    recheck_at: Option<Instant>,
 }
 
 impl Runner {
@@ -64,7 +70,15 @@ impl Runner {
             running: false,
             last_end: None,
             retry_at: None,
+            recheck_at: None,
         }
+    }
+
+    /// Run again within `after` even if nothing is requested (any run before that does
+    /// instead). Keeps an earlier pending recheck.
+    pub fn recheck_after(&mut self, after: Duration) {
+        let at = Instant::now() + after;
+        self.recheck_at = Some(self.recheck_at.map_or(at, |pending| pending.min(at)));
     }
 
     /// Ask for a run as soon as `min_interval` allows. Coalesces with any pending request.
@@ -95,6 +109,8 @@ impl Runner {
             self.requested
                 .then(|| (not_before(Instant::now()), RunReason::Requested)),
             self.retry_at.map(|at| (not_before(at), RunReason::Retry)),
+            self.recheck_at
+                .map(|at| (not_before(at), RunReason::Recheck)),
             self.last_end
                 .map(|end| (not_before(end + self.max_interval), RunReason::Periodic)),
         ];
@@ -117,6 +133,8 @@ impl Runner {
         sleep_until(at).await;
         self.running = true;
         self.requested = false;
+        // Whatever the reason, this run looks at the kernel again.
+        self.recheck_at = None;
         reason
     }
 

@@ -121,6 +121,24 @@ impl Recorded {
     pub fn needs_sync(self) -> bool {
         matches!(self, Recorded::Changed | Recorded::Invalid)
     }
+
+    /// The result of a batch: the one that asks the most of the proxier (Changed, then
+    /// Invalid, then Synced, then Unchanged). The proxier records a batch's events one by
+    /// one, so it sees every `Synced`; this is for other callers of
+    /// [`ChangeTracker::record`].
+    pub fn strongest(self, other: Recorded) -> Recorded {
+        let rank = |r: &Recorded| match r {
+            Recorded::Changed => 3,
+            Recorded::Invalid => 2,
+            Recorded::Synced(_) => 1,
+            Recorded::Unchanged => 0,
+        };
+        if rank(&other) > rank(&self) {
+            other
+        } else {
+            self
+        }
+    }
 }
 
 /// What one [`ChangeTracker::apply`] changed in the [`ProxyState`].
@@ -356,6 +374,10 @@ impl ChangeTracker {
                 }
                 ObjectEvent::Synced => self.synced(ObjectKind::ServiceCidr),
             },
+            SourceEvent::Batch(events) => events
+                .into_iter()
+                .map(|event| self.record(event))
+                .fold(Recorded::Unchanged, Recorded::strongest),
         }
     }
 

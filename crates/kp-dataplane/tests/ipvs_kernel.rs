@@ -54,6 +54,7 @@ fn backend(scheduler: Scheduler) -> Real {
                 udp: 0,
             },
             strict_arp: true,
+            exclude_cidrs: Vec::new(),
         },
         NetlinkIpvs::open().expect("IPVS in the VM"),
         RtLinks::new(),

@@ -117,7 +117,9 @@ fn plan_ipv6() {
 
 #[test]
 fn rules_ipv4() {
-    insta::assert_snapshot!(rules::render(IpFamily::V4, &ipvs_config()).expect("renders"));
+    insta::assert_snapshot!(
+        rules::render(IpFamily::V4, &ipvs_config(), &Default::default()).expect("renders")
+    );
 }
 
 #[test]
@@ -128,7 +130,9 @@ fn rules_ipv6_masquerade_all() {
         drop_invalid: false,
         ..ipvs_config()
     };
-    insta::assert_snapshot!(rules::render(IpFamily::V6, &config).expect("renders"));
+    insta::assert_snapshot!(
+        rules::render(IpFamily::V6, &config, &Default::default()).expect("renders")
+    );
 }
 
 #[test]
@@ -173,6 +177,72 @@ fn external_policy_local_uses_only_local_endpoints_outside() {
         2,
         "ClusterIP uses every endpoint"
     );
+}
+
+#[test]
+fn source_ranges_admitting_the_node_allow_the_lb_ip_as_source() {
+    let entries = |node: &str| -> Vec<String> {
+        let mut state = mixed_state();
+        state.node.addresses = vec![ip(node), ip("2001:db8::1")];
+        let d = plan(&state, IpFamily::V4, &ipvs_config());
+        // Exactly one of the two: the node is admitted, or its connections are dropped.
+        let dropped = rules::render(IpFamily::V4, &ipvs_config(), &d.lb_no_node_access)
+            .expect("renders")
+            .lines()
+            .filter(|l| l.starts_with("-A KUBE-IPVS-OUT-FILTER"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>();
+        let admitted = !d.sets[&SetKind::LoadBalancerSourceIp].is_empty();
+        let expected_drop = "-A KUBE-IPVS-OUT-FILTER -s 198.51.100.20 -m ipvs --vaddr 198.51.100.20 \
+                             --vproto tcp --vport 80 -j DROP";
+        if admitted {
+            assert!(dropped.is_empty(), "{dropped:?}");
+        } else {
+            assert_eq!(dropped, [expected_drop]);
+        }
+        let fw = &d.sets[&SetKind::LoadBalancerFw];
+        assert_eq!(
+            fw.iter().collect::<Vec<_>>(),
+            ["198.51.100.20,tcp:80"],
+            "the LB IP is firewalled either way"
+        );
+        d.sets[&SetKind::LoadBalancerSourceIp]
+            .iter()
+            .cloned()
+            .collect()
+    };
+    // 192.0.2.7/32 is one of the ranges: the node's connections (source: the LB IP, local
+    // on kube-ipvs0) pass the firewall, as upstream's allowFromNode.
+    assert_eq!(entries("192.0.2.7"), ["198.51.100.20,tcp:80,198.51.100.20"]);
+    assert_eq!(
+        entries("203.0.113.100"),
+        ["198.51.100.20,tcp:80,198.51.100.20"]
+    );
+    // Outside every range: nothing, so the node is dropped like any other source.
+    assert!(entries("192.168.0.2").is_empty());
+    assert!(entries("203.0.113.200").is_empty());
+}
+
+#[test]
+fn local_policies_without_local_endpoints_fall_back_to_the_cluster() {
+    // Only the remote endpoint is left: upstream's ipvs mode (kubernetes#97081) programs
+    // it rather than nothing, for the LB IP and NodePort as for the ClusterIP.
+    let mut state = mixed_state();
+    for (name, eps) in state.endpoints.iter_mut() {
+        if name.service.name == "lb" {
+            eps.retain(|e| !e.is_local);
+        }
+    }
+    let d = plan(&state, IpFamily::V4, &ipvs_config());
+    for address in ["198.51.100.20", "192.168.0.2", "172.30.0.42"] {
+        let servers: Vec<String> = d
+            .services
+            .values()
+            .filter(|s| s.server.key.address == ip(address) && s.owner.name == "lb")
+            .flat_map(|s| s.real_servers.iter().map(|r| r.address.to_string()))
+            .collect();
+        assert_eq!(servers, ["10.180.1.2"], "{address}");
+    }
 }
 
 #[test]
@@ -305,7 +375,7 @@ fn sets_and_rules_apply_in_the_kernel() {
             ("setup", setup_text(&rules::setup())),
             (
                 "rules",
-                rules::render(family, &ipvs_config()).expect("renders"),
+                rules::render(family, &ipvs_config(), &Default::default()).expect("renders"),
             ),
         ];
         for (name, text) in files {

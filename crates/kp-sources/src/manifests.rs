@@ -166,6 +166,7 @@ impl ManifestsSource {
                 joined = task => joined?,
             };
             let mut sync_events = Vec::new();
+            let initial = !synced;
             if poll.complete && !synced {
                 synced = true;
                 sync_events.extend([
@@ -175,9 +176,18 @@ impl ManifestsSource {
                     SourceEvent::ServiceCidr(ObjectEvent::Synced),
                 ]);
             }
-            // Each change becomes an event (a copy of its object) only as it is sent.
-            let changes = poll.events.iter().map(scan::Change::event);
-            for event in changes.chain(sync_events) {
+            // After the initial load, one poll's changes go as one batch, so the proxier
+            // never syncs between a Service and the EndpointSlice written with it. The
+            // initial load needs none (nothing is programmed before the `Synced` events that
+            // follow it) and streams its events, each a copy of its object made only as it
+            // is sent, so a large directory is never held twice.
+            let mut changes = poll.events.iter().map(scan::Change::event);
+            let batch = if initial || poll.events.len() < 2 {
+                None
+            } else {
+                Some(SourceEvent::Batch(changes.by_ref().collect()))
+            };
+            for event in batch.into_iter().chain(changes).chain(sync_events) {
                 tokio::select! {
                     biased;
                     () = shutdown.cancelled() => return Ok(()),

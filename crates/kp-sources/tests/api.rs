@@ -548,6 +548,11 @@ fn describe(ev: &SourceEvent) -> String {
         SourceEvent::EndpointSlice(e) => one("EndpointSlice", e),
         SourceEvent::Node(e) => one("Node", e),
         SourceEvent::ServiceCidr(e) => one("ServiceCIDR", e),
+        // The API source sends single events only.
+        SourceEvent::Batch(events) => {
+            let inner: Vec<String> = events.iter().map(describe).collect();
+            format!("Batch [{}]", inner.join(", "))
+        }
     }
 }
 

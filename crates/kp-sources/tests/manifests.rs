@@ -1,6 +1,7 @@
 //! The manifests source on real files: initial load, every way files get replaced, broken
 //! edits, deletion, a single-file path, a path that appears late, and shutdown.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -50,6 +51,10 @@ fn describe(event: &SourceEvent) -> String {
         SourceEvent::EndpointSlice(e) => one("EndpointSlice", e, |o| name(&o.metadata)),
         SourceEvent::Node(e) => one("Node", e, |o| name(&o.metadata)),
         SourceEvent::ServiceCidr(e) => one("ServiceCIDR", e, |o| name(&o.metadata)),
+        SourceEvent::Batch(events) => {
+            let inner: Vec<String> = events.iter().map(describe).collect();
+            format!("Batch [{}]", inner.join(", "))
+        }
     }
 }
 
@@ -84,6 +89,8 @@ struct Running {
     errors: Counter,
     /// Every event received so far, for failure messages.
     seen: Vec<String>,
+    /// The rest of a received batch, handed out one event at a time by [`Running::until`].
+    pending: VecDeque<SourceEvent>,
 }
 
 impl Running {
@@ -101,10 +108,26 @@ impl Running {
             task,
             errors,
             seen: Vec::new(),
+            pending: VecDeque::new(),
         }
     }
 
-    /// Receive events until one matches; returns it and the events before it.
+    /// The next event as sent (a batch whole).
+    async fn next_sent(&mut self, what: &str, deadline: tokio::time::Instant) -> SourceEvent {
+        let event = match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+            Ok(Some(event)) => event,
+            Ok(None) => panic!(
+                "source stopped while waiting for {what}; seen {:?}",
+                self.seen
+            ),
+            Err(_) => panic!("no {what} within {PATIENCE:?}; seen {:?}", self.seen),
+        };
+        self.seen.push(describe(&event));
+        event
+    }
+
+    /// Receive events (a batch's one by one) until one matches; returns it and the events
+    /// before it.
     async fn until(
         &mut self,
         what: &str,
@@ -113,15 +136,16 @@ impl Running {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         let mut before = Vec::new();
         loop {
-            let event = match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(event)) => event,
-                Ok(None) => panic!(
-                    "source stopped while waiting for {what}; seen {:?}",
-                    self.seen
-                ),
-                Err(_) => panic!("no {what} within {PATIENCE:?}; seen {:?}", self.seen),
+            let event = match self.pending.pop_front() {
+                Some(event) => event,
+                None => match self.next_sent(what, deadline).await {
+                    SourceEvent::Batch(events) => {
+                        self.pending.extend(events);
+                        continue;
+                    }
+                    event => event,
+                },
             };
-            self.seen.push(describe(&event));
             if matches(&event) {
                 return (event, before);
             }
@@ -265,6 +289,34 @@ async fn an_in_place_edit_is_applied() {
         .await;
     assert!(before.is_empty(), "{:?}", source.seen);
     assert_eq!(describe(&event), "Applied Service default/a");
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_added_while_running_arrives_as_one_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut source = Running::start(dir.path());
+    source.initial().await;
+
+    // A Service and its EndpointSlice in one file: one message, so the proxier records both
+    // before it can sync (it would otherwise program the Service without endpoints first).
+    let text = std::fs::read_to_string(data("web.yaml")).expect("read test data");
+    write_atomically(&dir.path().join("web.yaml"), &text);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let event = source.next_sent("the new file", deadline).await;
+    let SourceEvent::Batch(events) = &event else {
+        panic!("expected one batch, got {}", describe(&event));
+    };
+    let kinds: Vec<String> = events.iter().map(describe).collect();
+    assert_eq!(kinds.len(), 2, "{kinds:?}");
+    assert!(
+        kinds[0].starts_with("Applied Service default/web"),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds[1].starts_with("Applied EndpointSlice default/web"),
+        "{kinds:?}"
+    );
     source.stop().await;
 }
 

@@ -115,6 +115,7 @@ pub fn build(
             udp: seconds(config.ipvs.udp_timeout),
         },
         strict_arp: config.ipvs.strict_arp,
+        exclude_cidrs: config.ipvs_exclude_cidrs(),
     };
     let backend = IpvsBackend::with_parts(
         backend_config,

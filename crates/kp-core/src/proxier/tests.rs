@@ -205,6 +205,34 @@ async fn later_change_is_partial_with_exactly_the_changed_service() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_batch_is_recorded_whole_before_its_sync() {
+    let h = Harness::start();
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
+        .await;
+    assert_eq!(h.syncs().len(), 1);
+
+    // A Service and its EndpointSlice as one manifests file delivers them: the sync that
+    // programs the Service already has its endpoint.
+    run_for(Duration::from_secs(5)).await;
+    h.send(SourceEvent::Batch(vec![
+        applied(service("late", "172.30.0.42")),
+        applied(slice("late-a", "late", &[("10.180.0.9", None, true)])),
+    ]))
+    .await;
+    settle().await;
+    let syncs = h.syncs();
+    assert_eq!(syncs.len(), 2, "one sync for the batch");
+    assert_eq!(syncs[1].changed, names(&["late"]));
+    assert_eq!((syncs[1].service_ports, syncs[1].endpoints), (2, 1));
+    // Each event of the batch is counted as a change of its kind.
+    assert_eq!(
+        h.sample("kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+        1.0
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn burst_within_min_sync_period_is_one_sync() {
     let h = Harness::start();
     h.initialize(vec![applied(service("web", "172.30.0.41"))])

@@ -187,3 +187,38 @@ async fn wait_is_cancel_safe() {
     let (reason, _) = next(&mut runner, Instant::now()).await;
     assert_eq!(reason, RunReason::Requested);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_recheck_runs_before_the_periodic_run_and_any_run_satisfies_it() {
+    let mut runner = runner();
+    runner.request();
+    runner.wait().await;
+    runner.recheck_after(Duration::from_secs(5));
+    runner.finished(true);
+    let end = Instant::now();
+    assert_eq!(
+        next(&mut runner, end).await,
+        (RunReason::Recheck, Duration::from_secs(5))
+    );
+    runner.finished(true);
+    // Not asked again: the periodic run is next.
+    let end = Instant::now();
+    assert_eq!(next(&mut runner, end).await, (RunReason::Periodic, MAX));
+
+    // A requested run before the deadline takes the recheck's place.
+    runner.recheck_after(Duration::from_secs(20));
+    runner.finished(true);
+    let end = Instant::now();
+    advance(Duration::from_secs(2)).await;
+    runner.request();
+    assert_eq!(next(&mut runner, end).await.0, RunReason::Requested);
+    runner.finished(true);
+    let end = Instant::now();
+    assert_eq!(next(&mut runner, end).await, (RunReason::Periodic, MAX));
+    runner.finished(true);
+
+    // min_interval applies to rechecks too.
+    runner.recheck_after(Duration::ZERO);
+    let end = Instant::now();
+    assert_eq!(next(&mut runner, end).await, (RunReason::Recheck, MIN));
+}

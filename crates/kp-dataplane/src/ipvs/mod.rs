@@ -9,7 +9,9 @@
 //!
 //! A real server that leaves a TCP service while it still has connections is kept at weight
 //! 0 until they drain (upstream's graceful termination); later syncs delete it once its
-//! counters reach zero. UDP and SCTP real servers are deleted at once.
+//! counters reach zero, and while any drains the backend asks the runner for a sync within
+//! [`DRAIN_CHECK_INTERVAL`] ([`Backend::recheck_after`]). UDP and SCTP real servers are
+//! deleted at once.
 //!
 //! Full syncs read every virtual server's real servers back from the kernel; partial syncs
 //! read back only those whose plan changed (or that are draining), so a one-service change
@@ -26,6 +28,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_core::tracker::ProxyState;
@@ -46,6 +49,11 @@ pub use links::{FakeLinks, LinkError, Links, RtLinks};
 /// The mode name served on `/proxyMode`.
 pub const MODE: &str = "ipvs";
 
+/// How often real servers draining at weight 0 are checked for remaining connections, and
+/// deleted once they have none: upstream's graceful-termination check interval (one
+/// minute), so a long syncPeriod does not keep drained real servers around.
+pub const DRAIN_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What the ipvs backend needs to know besides the plan's configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IpvsBackendConfig {
@@ -57,6 +65,10 @@ pub struct IpvsBackendConfig {
     pub timeouts: Timeouts,
     /// `ipvs.strictARP`: do not answer ARP for kube-ipvs0's addresses on other interfaces.
     pub strict_arp: bool,
+    /// `ipvs.excludeCIDRs`: virtual servers on these addresses are never deleted as stale
+    /// (another agent's, e.g. on a node IP); `--cleanup` still flushes everything, as
+    /// upstream.
+    pub exclude_cidrs: Vec<IpNet>,
 }
 
 /// The sysctls upstream's ipvs mode sets: IPVS keeps conntrack entries (needed for
@@ -259,8 +271,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         }
 
         // 3. iptables: the rules depend on the configuration only.
-        for family in self.config.families.clone() {
-            let text = rules::render(family, &self.config.plan)
+        for p in &plans {
+            let family = p.family;
+            let text = rules::render(family, &self.config.plan, &p.lb_no_node_access)
                 .map_err(|e| apply_error("ipvs iptables rules")(e.to_string()))?;
             if !full && self.rules_applied.get(&family) == Some(&text) {
                 continue;
@@ -321,16 +334,21 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             .chain(&self.config.plan.node_ips)
             .copied()
             .collect();
-        for key in current.keys() {
-            if !desired_keys.contains(key) && ours.contains(&key.address) {
-                match self.ipvs.delete_service(key) {
-                    Ok(()) => {
-                        debug!(virtual_server = %key, "deleted stale virtual server");
-                        report.rules_written += 1;
-                    }
-                    Err(error) => {
-                        warn!(virtual_server = %key, %error, "cannot delete stale virtual server")
-                    }
+        let excluded = |ip: &IpAddr| self.config.exclude_cidrs.iter().any(|n| n.contains(ip));
+        let stale: Vec<ServiceKey> = current
+            .keys()
+            .filter(|k| !desired_keys.contains(k) && ours.contains(&k.address))
+            .filter(|k| !excluded(&k.address))
+            .copied()
+            .collect();
+        for key in &stale {
+            match self.ipvs.delete_service(key) {
+                Ok(()) => {
+                    debug!(virtual_server = %key, "deleted stale virtual server");
+                    report.rules_written += 1;
+                }
+                Err(error) => {
+                    warn!(virtual_server = %key, %error, "cannot delete stale virtual server")
                 }
             }
         }
@@ -434,6 +452,12 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
 {
     fn mode(&self) -> &'static str {
         MODE
+    }
+
+    /// While real servers drain, the runner syncs again within [`DRAIN_CHECK_INTERVAL`]
+    /// however long syncPeriod is, so drained ones are deleted on that timer.
+    fn recheck_after(&self) -> Option<std::time::Duration> {
+        (!self.draining.is_empty()).then_some(DRAIN_CHECK_INTERVAL)
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {

@@ -61,6 +61,7 @@ fn config() -> IpvsBackendConfig {
         },
         timeouts: Timeouts::default(),
         strict_arp: false,
+        exclude_cidrs: Vec::new(),
     }
 }
 
@@ -74,12 +75,17 @@ fn key(addr: &str, port: u16) -> ServiceKey {
 
 impl Harness {
     fn sync(&mut self, state: &ProxyState) -> SyncReport {
+        self.sync_as(state, SyncKind::Full)
+    }
+
+    /// A partial sync with nothing changed (a periodic run or a recheck).
+    fn sync_partial(&mut self, state: &ProxyState) -> SyncReport {
+        self.sync_as(state, SyncKind::Partial)
+    }
+
+    fn sync_as(&mut self, state: &ProxyState, kind: SyncKind) -> SyncReport {
         let changed = BTreeSet::new();
-        block_on(
-            self.backend
-                .sync(&request(state, SyncKind::Full, &changed, false)),
-        )
-        .expect("sync succeeds")
+        block_on(self.backend.sync(&request(state, kind, &changed, false))).expect("sync succeeds")
     }
 
     /// Everything done to the kernel since the last call.
@@ -230,16 +236,20 @@ fn removed_endpoints_with_connections_drain_at_weight_zero() {
             Op::UpdateDest(key("10.96.0.1", 80), ip("10.244.1.1"), 8080, 0),
         ]
     );
-    // Still connected: left alone. Drained: deleted.
-    h.sync(&next);
+    // Still connected: left alone, and the runner is asked to look again in a minute.
+    assert_eq!(h.backend.recheck_after(), Some(DRAIN_CHECK_INTERVAL));
+    h.sync_partial(&next);
     assert!(h.changes().0.is_empty());
+    assert_eq!(h.backend.recheck_after(), Some(DRAIN_CHECK_INTERVAL));
+    // Drained: that recheck (a partial sync with nothing changed) deletes it.
     h.ipvs
         .set_connections(&key("10.96.0.1", 80), ip("10.244.1.1"), 8080, 0, 0);
-    h.sync(&next);
+    h.sync_partial(&next);
     assert_eq!(
         h.changes().0,
         vec![Op::DeleteDest(key("10.96.0.1", 80), ip("10.244.1.1"), 8080)]
     );
+    assert_eq!(h.backend.recheck_after(), None);
 }
 
 #[test]
@@ -295,6 +305,37 @@ fn foreign_virtual_servers_are_left_alone() {
     h.ipvs.clone().add_service(&foreign).expect("add");
     h.sync(&two_services());
     assert!(h.ipvs.clone().services().expect("list").contains(&foreign));
+}
+
+#[test]
+fn virtual_servers_inside_exclude_cidrs_are_never_deleted_as_stale() {
+    // Another agent's virtual servers on the node IP (an address kube-proxy manages).
+    let theirs = kp_ipvs::VirtualServer::new(key("192.168.0.2", 8443), Scheduler::Wrr, None);
+    let stale_node_port =
+        kp_ipvs::VirtualServer::new(key("192.168.0.2", 30080), Scheduler::Rr, None);
+    let run = |exclude: Vec<ipnet::IpNet>| {
+        let mut h = harness(IpvsBackendConfig {
+            exclude_cidrs: exclude,
+            ..config()
+        });
+        let mut ipvs = h.ipvs.clone();
+        ipvs.add_service(&theirs).expect("add");
+        ipvs.add_service(&stale_node_port).expect("add");
+        h.sync(&two_services());
+        h.ipvs.clone().services().expect("list")
+    };
+    // Without excludeCIDRs both go: they are on a node IP and no service wants them.
+    let left = run(Vec::new());
+    assert!(
+        !left.contains(&theirs) && !left.contains(&stale_node_port),
+        "{left:?}"
+    );
+    let exclude = vec!["192.168.0.2/32".parse().expect("cidr")];
+    let left = run(exclude);
+    assert!(
+        left.contains(&theirs) && left.contains(&stale_node_port),
+        "{left:?}"
+    );
 }
 
 #[test]

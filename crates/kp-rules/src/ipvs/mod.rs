@@ -72,6 +72,9 @@ pub struct Desired {
     pub addresses: BTreeSet<IpAddr>,
     /// ipset contents.
     pub sets: SetEntries,
+    /// Load-balancer virtual servers with source ranges that do not admit the node: the
+    /// node's own connections to them are dropped ([`rules::render`]).
+    pub lb_no_node_access: BTreeSet<ServiceKey>,
 }
 
 fn ipvs_protocol(p: Protocol) -> IpvsProtocol {
@@ -139,24 +142,36 @@ pub fn plan(state: &ProxyState, family: IpFamily, config: &IpvsConfig) -> Desire
         services: BTreeMap::new(),
         addresses: BTreeSet::new(),
         sets: empty_sets(),
+        lb_no_node_access: BTreeSet::new(),
     };
     let none = Vec::new();
+    // The Node's own addresses of this family (the iptables renderer's notion of node IP).
+    let node_ips: Vec<IpAddr> = state
+        .node
+        .addresses
+        .iter()
+        .copied()
+        .filter(|ip| IpFamily::of(ip) == family)
+        .collect();
     for (name, full) in &state.services {
         let Some(svc) = full.for_family(family) else {
             continue;
         };
         let endpoints = state.endpoints.get(name).unwrap_or(&none);
         let categories = categorize(&svc, endpoints, &state.node);
-        let internal: &[&Endpoint] = if svc.internal_policy_local {
-            &categories.local
-        } else {
-            &categories.cluster
+        // A Local policy without local endpoints falls back to the cluster's (upstream's
+        // ipvs mode, kubernetes#97081): pods keep reaching the service through its external
+        // addresses, while an outside client's unmasqueraded flow gets its answer from the
+        // remote endpoint's own node and never completes.
+        let local_or_cluster = |local: bool| -> &[&Endpoint] {
+            if local && !categories.local.is_empty() {
+                &categories.local
+            } else {
+                &categories.cluster
+            }
         };
-        let external: &[&Endpoint] = if svc.external_policy_local {
-            &categories.local
-        } else {
-            &categories.cluster
-        };
+        let internal = local_or_cluster(svc.internal_policy_local);
+        let external = local_or_cluster(svc.external_policy_local);
         let internal_servers = real_servers(internal, endpoints, family);
         let external_servers = real_servers(external, endpoints, family);
         let proto = name.protocol;
@@ -177,6 +192,7 @@ pub fn plan(state: &ProxyState, family: IpFamily, config: &IpvsConfig) -> Desire
                 },
             );
         };
+        let no_node_access = &mut desired.lb_no_node_access;
         let sets = &mut desired.sets;
         let mut put = |kind: SetKind, entry: String| {
             sets.entry(kind).or_default().insert(entry);
@@ -210,6 +226,21 @@ pub fn plan(state: &ProxyState, family: IpFamily, config: &IpvsConfig) -> Desire
                         SetKind::LoadBalancerSourceCidr,
                         format!("{entry},{}", net_entry(net)),
                     );
+                }
+                // The node's own connections to the LB IP (local on kube-ipvs0) leave with
+                // the LB IP as source; allowed when a range admits the node, as upstream.
+                let allow_from_node = svc
+                    .load_balancer_source_ranges
+                    .iter()
+                    .any(|net| node_ips.iter().any(|n| net.contains(n)));
+                if allow_from_node {
+                    put(SetKind::LoadBalancerSourceIp, format!("{entry},{ip}"));
+                } else {
+                    no_node_access.insert(ServiceKey {
+                        address: ip,
+                        protocol: ipvs_protocol(proto),
+                        port: svc.port,
+                    });
                 }
             }
         }

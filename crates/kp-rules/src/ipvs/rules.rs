@@ -4,9 +4,11 @@
 //! not depend on the services (the ipsets carry those), so they change only with the
 //! configuration.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use kp_core::model::IpFamily;
+use kp_ipvs::{Protocol, ServiceKey};
 
 use super::IpvsConfig;
 use super::ipset::SetKind;
@@ -76,7 +78,13 @@ impl Text<'_> {
 
 /// The `iptables-restore --noflush` input for `family` (tables filter and nat). Declaring
 /// each chain flushes it, so applying the text replaces kube-proxy's chains whole.
-pub fn render(family: IpFamily, config: &IpvsConfig) -> Result<String, RenderError> {
+/// `no_node_access`: load-balancer virtual servers whose source ranges do not admit the node
+/// ([`super::Desired::lb_no_node_access`]).
+pub fn render(
+    family: IpFamily,
+    config: &IpvsConfig,
+    no_node_access: &BTreeSet<ServiceKey>,
+) -> Result<String, RenderError> {
     let mark = 1u32
         .checked_shl(u32::from(config.masquerade_bit))
         .filter(|_| config.masquerade_bit <= crate::iptables::MAX_MASQUERADE_BIT)
@@ -112,11 +120,28 @@ pub fn render(family: IpFamily, config: &IpvsConfig) -> Result<String, RenderErr
         &format!("{hc} -j ACCEPT"),
     );
     let fw = t.set(SetKind::LoadBalancerFw, "dst,dst");
-    for chain in [KUBE_PROXY_FIREWALL, KUBE_IPVS_OUT_FILTER] {
+    t.rule(
+        KUBE_PROXY_FIREWALL,
+        Some("Kubernetes service load balancer ip + port for load balancer with sourceRange"),
+        &format!("{fw} -j {KUBE_SOURCE_RANGES_FIREWALL}"),
+    );
+    // The node's own connections to a local LB IP leave with the LB IP as source and are
+    // already rewritten by IPVS (its LOCAL_OUT hook runs before the filter table), so only
+    // the ipvs match still sees the virtual server they went to.
+    for key in no_node_access
+        .iter()
+        .filter(|k| IpFamily::of(&k.address) == family)
+    {
+        let proto = match key.protocol {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        };
+        let (ip, port) = (key.address, key.port);
         t.rule(
-            chain,
-            Some("Kubernetes service load balancer ip + port for load balancer with sourceRange"),
-            &format!("{fw} -j {KUBE_SOURCE_RANGES_FIREWALL}"),
+            KUBE_IPVS_OUT_FILTER,
+            None,
+            &format!("-s {ip} -m ipvs --vaddr {ip} --vproto {proto} --vport {port} -j DROP"),
         );
     }
     let cidr = t.set(SetKind::LoadBalancerSourceCidr, "dst,dst,src");

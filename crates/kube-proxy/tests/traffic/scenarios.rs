@@ -28,12 +28,6 @@ fn kept(mode: Mode) -> Source {
     }
 }
 
-/// The arm of a mode-specific expectation in a scenario the ipvs VM suite does not run
-/// (yet): see the `ipvs` module of traffic.rs for the scenarios it does.
-fn not_in_ipvs_suite() -> ! {
-    panic!("this scenario is not part of the ipvs suite (traffic.rs) yet")
-}
-
 fn ip(text: &str) -> IpAddr {
     text.parse().expect("literal address")
 }
@@ -243,7 +237,7 @@ pub fn cluster_ip(mode: Mode) {
 /// (with its health-check node ports).
 pub fn external(mode: Mode) {
     let c = cluster(false);
-    let services = [
+    let mut services = vec![
         Service::new("np", "10.96.0.20")
             .tcp(80)
             .node_port(30080)
@@ -268,6 +262,17 @@ pub fn external(mode: Mode) {
             .etp_local(32083)
             .endpoints(&c, &["c"]),
     ];
+    if mode == Mode::Ipvs {
+        // Source ranges admitting the node's LAN (for the node's own connections below).
+        services.push(
+            Service::new("ranged-node", "10.96.0.24")
+                .tcp(80)
+                .node_port(30084)
+                .load_balancer("198.51.100.24")
+                .source_range("192.168.50.0/24")
+                .endpoints(&c, &["a", "b", "c"]),
+        );
+    }
     let env = Env::start(mode, c, CLUSTER_CIDR_V4, &services);
     let cl = &env.cluster;
     let ext_in = cl.external_in();
@@ -338,6 +343,31 @@ pub fn external(mode: Mode) {
         &tally,
         &Outcome::TimedOut,
     );
+    // ipvs mode: the node's own connections to an LB IP (local on kube-ipvs0, so their source
+    // is the LB IP itself) pass KUBE-IPVS-OUT-FILTER only when a range admits the node
+    // (KUBE-LOAD-BALANCER-SOURCE-IP, upstream's allowFromNode). Not asserted for the other
+    // modes here.
+    if mode == Mode::Ipvs {
+        let tally = cl
+            .tcp_repeat(cl.node(), ip("198.51.100.21"), 80, 2)
+            .expect("probe");
+        assert_all(
+            &env,
+            "LB IP from the node, outside the source ranges",
+            &tally,
+            &Outcome::TimedOut,
+        );
+        let tally = cl
+            .tcp_repeat(cl.node(), ip("198.51.100.24"), 80, SPREAD_FLOWS)
+            .expect("probe");
+        assert_flows(
+            &env,
+            "LB IP from the node, inside the source ranges",
+            &tally,
+            &["a", "b", "c"],
+            Source::Masqueraded,
+        );
+    }
     // ... while the ranges do not apply to the service's NodePort.
     let tally = cl
         .tcp_repeat(ext_out, node_ip, 30081, SPREAD_FLOWS)
@@ -372,14 +402,15 @@ pub fn external(mode: Mode) {
         &["a", "b"],
         kept(mode),
     );
-    // A pod using the LB IP: the kernel modes short-circuit it to every endpoint, not
-    // masqueraded. Userspace mode cannot tell a pod from an outside client once the
-    // destination is the LB IP (both reach the external frontend), so the pod gets the
-    // external policy: local endpoints only.
+    // A pod using the LB IP: iptables and nftables modes short-circuit it to every
+    // endpoint, not masqueraded. Userspace mode cannot tell a pod from an outside client once
+    // the destination is the LB IP (both reach the external frontend), so the pod gets the
+    // external policy: local endpoints only. ipvs mode, as upstream's: the LB IP is one
+    // virtual server whatever the source, with the external policy's real servers (local
+    // only), and KUBE-LOAD-BALANCER-LOCAL leaves it unmasqueraded.
     let (expected, what): (&[&str], _) = match mode {
         Mode::Iptables | Mode::Nftables => (&["a", "b", "c"], SPREAD_FLOWS),
-        Mode::Userspace => (&["a", "b"], SPREAD_FLOWS_TWO),
-        Mode::Ipvs => not_in_ipvs_suite(),
+        Mode::Userspace | Mode::Ipvs => (&["a", "b"], SPREAD_FLOWS_TWO),
     };
     let tally = cl
         .tcp_repeat(cl.client(), ip("198.51.100.22"), 80, what)
@@ -393,12 +424,17 @@ pub fn external(mode: Mode) {
     );
 
     // eTP Local with only remote endpoints: external traffic dropped, ClusterIP still works.
+    // ipvs mode, as upstream's (kubernetes#97081): the external virtual servers fall back to
+    // the remote endpoint, so pods can still use them; an outside client's flow reaches it
+    // unmasqueraded, its answer leaves through the other node and never completes the
+    // handshake: timed out all the same.
+    let no_local = Outcome::TimedOut;
     let tally = cl.tcp_repeat(ext_in, node_ip, 30083, 2).expect("probe");
     assert_all(
         &env,
         "eTP Local NodePort without local endpoints",
         &tally,
-        &Outcome::TimedOut,
+        &no_local,
     );
     let tally = cl
         .tcp_repeat(ext_in, ip("198.51.100.23"), 80, 2)
@@ -407,7 +443,7 @@ pub fn external(mode: Mode) {
         &env,
         "eTP Local LB IP without local endpoints",
         &tally,
-        &Outcome::TimedOut,
+        &no_local,
     );
     let tally = cl
         .tcp_repeat(cl.client(), ip("10.96.0.23"), 80, 5)
@@ -521,7 +557,9 @@ pub fn edits_and_restart(mode: Mode) {
         .tcp(&client, ip("10.96.0.32"), 80)
         .expect("probe");
     assert_eq!(before, unallocated, "{}", env.diag());
-    // Added while running: answers on the first try after the sync.
+    // Added while running: answers on the first try after the sync. (The manifests source
+    // delivers the file's Service and EndpointSlice as one batch, so no sync programs the
+    // Service alone, which every mode would refuse: ipvs mode flaked on that, issue 6.)
     env.apply(&late);
     let outcome = env
         .cluster
@@ -805,7 +843,22 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
     let cl = &env.cluster;
 
     match mode {
-        Mode::Ipvs => not_in_ipvs_suite(),
+        Mode::Ipvs => {
+            // 1. No localhost NodePorts in ipvs mode, as upstream's: the NodePort virtual
+            //    servers are on the node's addresses without loopback.
+            assert_no_localhost_node_port(&env, 30090, "ipvs mode");
+            // nodePortAddresses unset: a virtual server on every node address, the second
+            // one included.
+            for (address, what) in [
+                (cl.node_ip(), "NodePort on the node IP"),
+                (ip(SECOND_NODE_IP), "NodePort on a second node address"),
+            ] {
+                let tally = cl
+                    .tcp_repeat(cl.external_in(), address, 30090, SPREAD_FLOWS)
+                    .expect("probe");
+                assert_all_masqueraded(&env, what, &tally, &["a", "b", "c"]);
+            }
+        }
         Mode::Iptables | Mode::Userspace => {
             // 1. Localhost NodePort: every endpoint, always masqueraded (a source of
             //    127.0.0.1 cannot leave the node). iptables mode turns route_localnet on;
@@ -839,19 +892,8 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
             );
         }
         Mode::Nftables => {
-            // 1. No localhost NodePorts in nftables mode: 127.0.0.1 is never DNATed, the SYN
-            //    reaches the node's own stack where nothing listens (RST), and route_localnet
-            //    stays off.
-            assert_eq!(route_localnet(&env), "0", "route_localnet{}", env.diag());
-            let tally = cl
-                .tcp_repeat(cl.node(), localhost, 30090, 2)
-                .expect("probe");
-            assert_all(
-                &env,
-                "localhost NodePort in nftables mode",
-                &tally,
-                &Outcome::Refused,
-            );
+            // 1. No localhost NodePorts in nftables mode: 127.0.0.1 is never DNATed.
+            assert_no_localhost_node_port(&env, 30090, "nftables mode");
             // nodePortAddresses defaults to `primary`: the node IP answers ...
             let tally = cl
                 .tcp_repeat(cl.external_in(), cl.node_ip(), 30090, SPREAD_FLOWS)
@@ -886,8 +928,8 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
     // 5. The conntrack INVALID drop: there by default in iptables mode, in both families;
     //    never in nftables mode (upstream relies on nf_conntrack_tcp_be_liberal there), nor
     //    in userspace mode (no DNAT: the relay terminates every connection itself).
+    //    ipvs mode has upstream's KUBE-FORWARD, INVALID drop included.
     match mode {
-        Mode::Ipvs => not_in_ipvs_suite(),
         Mode::Userspace => {
             for tool in ["iptables-save", "ip6tables-save"] {
                 let filter = env.node_exec(&[tool, "-t", "filter"]);
@@ -897,7 +939,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 );
             }
         }
-        Mode::Iptables => {
+        Mode::Iptables | Mode::Ipvs => {
             for tool in ["iptables-save", "ip6tables-save"] {
                 let filter = env.node_exec(&[tool, "-t", "filter"]);
                 assert_eq!(
@@ -927,7 +969,21 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
     };
     let before = saves(&env);
     match mode {
-        Mode::Ipvs => not_in_ipvs_suite(),
+        Mode::Ipvs => {
+            for save in &before {
+                assert!(
+                    !kube_lines(save, &KUBELET_CHAINS).is_empty(),
+                    "the proxy programmed nothing?\n{save}"
+                );
+            }
+            let state = ipvs_state(&env);
+            for vs in ["10.96.0.50:80", "[fd00:10:96::50]:80", ":30090"] {
+                assert!(state.contains(vs), "no virtual server {vs}?\n{state}");
+            }
+            for set in ["KUBE-CLUSTER-IP", "KUBE-6-CLUSTER-IP"] {
+                assert!(state.contains(set), "no ipset {set}?\n{state}");
+            }
+        }
         Mode::Iptables | Mode::Userspace => {
             for save in &before {
                 assert!(
@@ -950,8 +1006,8 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
         .tcp(&client, ip("10.96.0.50"), 80)
         .expect("probe");
     match mode {
-        Mode::Ipvs => not_in_ipvs_suite(),
-        Mode::Iptables | Mode::Nftables => assert!(
+        // IPVS's virtual servers and kube-ipvs0 stay too.
+        Mode::Iptables | Mode::Nftables | Mode::Ipvs => assert!(
             outcome.pod().is_some(),
             "rules must outlive the proxy's exit: {outcome:?}{}",
             env.diag()
@@ -1004,6 +1060,14 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
         "a foreign chain was removed by --cleanup:\n{}",
         after[0]
     );
+    if mode == Mode::Ipvs {
+        // Every virtual server, kube-ipvs0 and every KUBE- ipset are gone too.
+        let state = ipvs_state(&env);
+        assert!(
+            !state.contains("TCP") && !state.contains("KUBE-") && !state.contains("kube-ipvs0"),
+            "ipvs state left after --cleanup:\n{state}"
+        );
+    }
     let tables_after = env.node_exec(&["nft", "list", "tables"]);
     assert!(
         !tables_after.contains("kube-proxy"),
@@ -1053,6 +1117,36 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
         foreign_after,
         "a second --cleanup changed a foreign table"
     );
+}
+
+/// 127.0.0.1:`port` is no NodePort: the SYN reaches the node's own stack where nothing
+/// listens (RST), and route_localnet stays off.
+fn assert_no_localhost_node_port(env: &Env, port: u16, what: &str) {
+    assert_eq!(route_localnet(env), "0", "route_localnet{}", env.diag());
+    let cl = &env.cluster;
+    let tally = cl
+        .tcp_repeat(cl.node(), ip(LOCALHOST), port, 2)
+        .expect("probe");
+    assert_all(
+        env,
+        &format!("localhost NodePort in {what}"),
+        &tally,
+        &Outcome::Refused,
+    );
+}
+
+/// ipvs mode's kernel state in the node namespace: `ipvsadm -Ln`, the names of the ipsets,
+/// and kube-ipvs0's addresses (or nothing when the device is gone).
+fn ipvs_state(env: &Env) -> String {
+    let ipvs = env.node_exec(&["ipvsadm", "-Ln"]);
+    let sets = env.node_exec(&["ipset", "list", "-n"]);
+    let links = env.node_exec(&["ip", "-o", "addr", "show"]);
+    let dummy: String = links
+        .lines()
+        .filter(|l| l.contains("kube-ipvs0"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    format!("{ipvs}\n{sets}\n{dummy}")
 }
 
 /// `--nodeport-addresses` restricted to the node LAN, with `nf_conntrack_tcp_be_liberal`
@@ -1130,8 +1224,8 @@ pub fn restricted_node_ports(mode: Mode) {
     // 5. tcp_be_liberal: no INVALID drop in either family, the rest of the forward filter
     //    kept. Userspace mode has no forward filter and never an INVALID drop; its filter
     //    chain is there.
+    //    ipvs mode has iptables mode's KUBE-FORWARD (upstream's), so the same checks.
     match mode {
-        Mode::Ipvs => not_in_ipvs_suite(),
         Mode::Userspace => {
             let v4 = env.node_exec(&["iptables-save", "-t", "filter"]);
             assert!(
@@ -1144,7 +1238,7 @@ pub fn restricted_node_ports(mode: Mode) {
                 assert!(invalid_drop_rules(save).is_empty(), "{save}");
             }
         }
-        Mode::Iptables => {
+        Mode::Iptables | Mode::Ipvs => {
             let v4 = env.node_exec(&["iptables-save", "-t", "filter"]);
             assert!(
                 v4.lines()
@@ -1257,7 +1351,22 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
         .expect("probe");
     assert_all_masqueraded(&env, "service with a quote in a port name", &tally, &["b"]);
     match mode {
-        Mode::Ipvs => not_in_ipvs_suite(),
+        // No name reaches the kernel in ipvs mode: virtual servers are keyed by address, and
+        // the iptables rules do not depend on the services (the ipsets carry them).
+        Mode::Ipvs => {
+            let state = ipvs_state(&env);
+            for vs in ["10.96.0.71:80", "10.96.0.72:80"] {
+                assert!(state.contains(vs), "no virtual server {vs}?\n{state}");
+            }
+            assert!(
+                !state.contains("10.96.0.73") && !state.contains("10.96.0.300"),
+                "skipped objects must not be programmed:\n{state}"
+            );
+            let save = env.node_exec(&["iptables-save"]);
+            for name in ["quoted", "ACCEPT #", "longest-port-nm", "bad-"] {
+                assert!(!save.contains(name), "{name} in the rules:\n{save}");
+            }
+        }
         // Both write the names into rule comments only.
         Mode::Iptables | Mode::Userspace => {
             let nat = env.node_exec(&["iptables-save", "-t", "nat"]);
@@ -1343,13 +1452,17 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
     );
     assert_eq!(route_localnet(&env), "0", "route_localnet{}", env.diag());
     match mode {
-        Mode::Ipvs => not_in_ipvs_suite(),
-        Mode::Iptables | Mode::Userspace => {
+        Mode::Iptables | Mode::Userspace | Mode::Ipvs => {
             let filter = env.node_exec(&["iptables-save", "-t", "filter"]);
             assert!(
                 !filter.contains("KUBE-FIREWALL"),
                 "no localnet firewall without localhost NodePorts:\n{filter}"
             );
+            if mode == Mode::Ipvs {
+                // Never a virtual server on loopback.
+                let state = ipvs_state(&env);
+                assert!(!state.contains("127.0.0.1"), "{state}");
+            }
         }
         Mode::Nftables => {
             // Never localhost NodePorts: the NodePort addresses are the node's primary IP.
