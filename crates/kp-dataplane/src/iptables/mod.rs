@@ -11,12 +11,11 @@
 //! 3. If a partial restore fails, retry at once as a full sync (setup included), so every
 //!    other service still gets programmed; upstream would only count the failure and make
 //!    the next sync full.
-//! 4. If a full restore fails and the line it names belongs to one service ([`isolate`]),
+//! 4. If a full restore fails and the line it names belongs to one service (module `isolate`),
 //!    or, when the line is no service's (the kernel checks a table at `COMMIT`), halves of
 //!    the ruleset restored in throwaway network namespaces point at one service
 //!    ([`RuleRunner::restore_isolated`]), render again without that service and retry, for
-//!    at most
-//!    [`isolate::MAX_ISOLATED_SERVICES`] services. The excluded services' chains are left
+//!    at most three services (`isolate::MAX_ISOLATED_SERVICES`). The excluded services' chains are left
 //!    as they are (neither written nor deleted), each is logged at error level and reported
 //!    in [`SyncReport::skipped`], which the proxier hands to the next sync as changed.
 //!    Otherwise the sync fails with [`BackendError::Apply`] and the next one is full
