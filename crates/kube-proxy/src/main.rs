@@ -2,6 +2,7 @@
 //! logging, picks the proxy mode and hands over to [`app::run`]. `anyhow` lives only here.
 
 mod app;
+mod cleanup;
 mod debug_explain;
 mod demo;
 mod dryrun;
@@ -66,6 +67,12 @@ fn run(options: Options) -> anyhow::Result<()> {
     // Resolved once: the backend's rules and the health-check servers must agree.
     let node_ports = modes::node_port_addresses(&config);
     let settings = app::Settings::new(&options, config, node_ports.clone());
+    // As upstream, `--cleanup` removes every kernel mode's state whatever mode is set.
+    let kernel_mode = !matches!(mode, ProxyMode::Fake | ProxyMode::Winuserspace);
+    if options.cleanup && kernel_mode {
+        let backend = cleanup::build(settings.config(), node_ports, &mut registry)?;
+        return run_kernel_mode(&runtime, settings, backend, registry, true);
+    }
     match mode {
         ProxyMode::Fake => {
             tracing::info!("Using the fake proxier: nothing is programmed, every sync is logged");
