@@ -90,6 +90,7 @@ fn run(options: Options) -> anyhow::Result<()> {
                 &mut registry,
                 options.cleanup,
             )?;
+            let backend = modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
             run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
         }
         ProxyMode::Nftables => {
@@ -109,6 +110,7 @@ fn run(options: Options) -> anyhow::Result<()> {
         ProxyMode::Ipvs => {
             match ipvs_mode::build(settings.config(), node_ports.clone(), options.cleanup)? {
                 Ok(backend) => {
+                    let backend = modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
                     run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
                 }
                 Err(why) => {
@@ -121,6 +123,7 @@ fn run(options: Options) -> anyhow::Result<()> {
                         &mut registry,
                         options.cleanup,
                     )?;
+                    let backend = modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
                     run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
                 }
             }

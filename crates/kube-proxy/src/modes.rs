@@ -454,3 +454,52 @@ mod tests {
         assert_eq!(render.local_detector, LocalDetector::Cidrs(cidrs));
     }
 }
+
+/// iptables or ipvs mode as the binary runs it: like upstream's, it removes nftables mode's
+/// tables once its own first sync succeeded, so a node switched from nftables mode does not
+/// run both (a failure there is only logged).
+#[derive(Debug)]
+pub struct RemovesNftablesLeftovers<B> {
+    inner: B,
+    nft: NftablesBackend,
+    done: bool,
+}
+
+impl<B> RemovesNftablesLeftovers<B> {
+    /// `inner`, which removes nftables mode's tables for `families` after its first sync.
+    pub fn new(inner: B, config: &KubeProxyConfiguration) -> anyhow::Result<Self> {
+        let render = render_config(config, None, NodePortAddresses::All)?;
+        let nft = NftablesBackend::new(NftablesConfig::new(detect_families(), render))
+            .context("invalid nftables configuration")?;
+        Ok(Self {
+            inner,
+            nft,
+            done: false,
+        })
+    }
+}
+
+impl<B: Backend> Backend for RemovesNftablesLeftovers<B> {
+    fn mode(&self) -> &'static str {
+        self.inner.mode()
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let report = self.inner.sync(request).await?;
+        if !self.done {
+            self.done = true;
+            if let Err(error) = self.nft.cleanup().await {
+                tracing::warn!(%error, "cannot remove nftables mode's leftovers");
+            }
+        }
+        Ok(report)
+    }
+
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        self.inner.cleanup().await
+    }
+
+    fn recheck_after(&self) -> Option<std::time::Duration> {
+        self.inner.recheck_after()
+    }
+}

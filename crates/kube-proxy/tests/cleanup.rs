@@ -60,6 +60,19 @@ fn unavailable() -> Option<String> {
     None
 }
 
+/// Whether the test can run; under `CI=true` it must (a missing prerequisite fails).
+fn ready() -> bool {
+    let Some(why) = unavailable() else {
+        return true;
+    };
+    assert!(
+        std::env::var("CI").is_err(),
+        "the cleanup test cannot run under CI: {why}"
+    );
+    eprintln!("skipping: {why}");
+    false
+}
+
 /// What the modes leave behind, and something foreign of each kind.
 fn lay_out_leftovers(ns: &Netns) {
     let rules = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n\
@@ -67,7 +80,7 @@ fn lay_out_leftovers(ns: &Netns) {
                  -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
                  -A KUBE-SERVICES -d 10.96.0.1/32 -p tcp --dport 443 -j KUBE-SVC-ABCDEFGHIJKLMNOP\n\
                  -A FOREIGN-NAT -d 198.18.0.1/32 -j RETURN\nCOMMIT\n";
-    let input = std::env::temp_dir().join(format!("kpcl-{}.rules", std::process::id()));
+    let input = std::env::temp_dir().join(format!("{}.rules", ns.0));
     std::fs::write(&input, rules).expect("write rules");
     let path = input.to_string_lossy().into_owned();
     ns.run(&[
@@ -85,12 +98,7 @@ fn lay_out_leftovers(ns: &Netns) {
 
 #[test]
 fn cleanup_in_any_mode_removes_every_modes_state() {
-    if let Some(why) = unavailable() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "the cleanup test cannot run under CI: {why}"
-        );
-        eprintln!("skipping: {why}");
+    if !ready() {
         return;
     }
     let binary = env!("CARGO_BIN_EXE_kube-proxy");
@@ -122,4 +130,47 @@ fn cleanup_in_any_mode_removes_every_modes_state() {
         );
         assert!(tables.contains("table ip foreign"), "{mode}: {tables}");
     }
+}
+
+#[test]
+fn iptables_mode_removes_nftables_leftovers_after_its_first_sync() {
+    if !ready() {
+        return;
+    }
+    let ns = Netns::new("start");
+    lay_out_leftovers(&ns);
+    let state = tempfile::tempdir().expect("state dir");
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster");
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.0, env!("CARGO_BIN_EXE_kube-proxy")])
+        .args([
+            &format!("--manifests={examples}"),
+            "--hostname-override=node-1",
+            "--proxy-mode=iptables",
+            "--cluster-cidr=10.244.0.0/16",
+            "--conntrack-max-per-core=0",
+        ])
+        .env("KUBE_PROXY_RS_STATE_DIR", state.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start kube-proxy");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let tables = loop {
+        let tables = ns.run(&["nft", "list", "tables"]);
+        if !tables.contains("kube-proxy") || std::time::Instant::now() > deadline {
+            break tables;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let save = ns.run(&["iptables-save", "-t", "nat"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        !tables.contains("kube-proxy"),
+        "nftables mode's tables left while iptables mode runs:\n{tables}"
+    );
+    assert!(tables.contains("table ip foreign"), "{tables}");
+    // The leftovers have no endpoint chains: these are the examples' own, so it synced.
+    assert!(save.contains(":KUBE-SEP-"), "iptables mode synced:\n{save}");
 }
