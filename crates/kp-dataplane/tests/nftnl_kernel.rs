@@ -218,7 +218,6 @@ fn steps() -> Vec<(ProxyState, BTreeSet<ServiceName>)> {
     ]);
     // ServiceCIDRs appear with the third step (the fixed part changes: a full sync with the
     // unallocated-ClusterIP drop) and go again with the fourth.
-    let mut third = third;
     third.service_cidrs = vec![
         "172.30.0.0/16".parse().expect("literal"),
         "10.96.0.0/12".parse().expect("literal"),

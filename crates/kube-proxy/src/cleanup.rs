@@ -29,6 +29,9 @@ pub fn build(
     node_ports: NodePortAddresses,
     registry: &mut Registry,
 ) -> anyhow::Result<CleanupAll> {
+    tracing::info!(
+        "--cleanup: removing the state of every mode (iptables, userspace, ipvs, nftables)"
+    );
     let iptables = modes::iptables(config, node_ports.clone(), registry, true)?;
     let userspace = userspace::backend(config, registry);
     let ipvs = match ipvs_mode::build(config, node_ports.clone(), true)? {
