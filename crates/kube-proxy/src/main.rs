@@ -83,51 +83,35 @@ fn run(options: Options) -> anyhow::Result<()> {
                 options.cleanup,
             ))
         }
-        ProxyMode::Iptables => {
-            let backend = modes::iptables(
-                settings.config(),
-                node_ports,
-                &mut registry,
-                options.cleanup,
-            )?;
+        // `--cleanup` of the kernel modes returned above: these arms only run them.
+        ProxyMode::Iptables | ProxyMode::Ipvs => {
+            if matches!(mode, ProxyMode::Ipvs) {
+                match ipvs_mode::build(settings.config(), node_ports.clone(), false)? {
+                    Ok(backend) => {
+                        let backend =
+                            modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
+                        return run_kernel_mode(&runtime, settings, backend, registry, false);
+                    }
+                    Err(why) => {
+                        // Upstream's wording; older upstream releases fell back the same way.
+                        tracing::error!(error = %why, "Can't use the IPVS proxier");
+                        tracing::info!("Falling back to the iptables proxier");
+                    }
+                }
+            }
+            let backend = modes::iptables(settings.config(), node_ports, &mut registry, false)?;
             let backend = modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
-            run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
+            run_kernel_mode(&runtime, settings, backend, registry, false)
         }
         ProxyMode::Nftables => {
-            let backend = modes::nftables(
-                settings.config(),
-                node_ports,
-                &mut registry,
-                options.cleanup,
-            )?;
-            run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
+            let backend = modes::nftables(settings.config(), node_ports, &mut registry, false)?;
+            run_kernel_mode(&runtime, settings, backend, registry, false)
         }
         ProxyMode::Userspace => {
             let backend = userspace::backend(settings.config(), &mut registry);
-            runtime.block_on(app::run(settings, backend, registry, options.cleanup))
+            runtime.block_on(app::run(settings, backend, registry, false))
         }
         ProxyMode::Winuserspace => anyhow::bail!(userspace::WINUSERSPACE_ON_LINUX),
-        ProxyMode::Ipvs => {
-            match ipvs_mode::build(settings.config(), node_ports.clone(), options.cleanup)? {
-                Ok(backend) => {
-                    let backend = modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
-                    run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
-                }
-                Err(why) => {
-                    // Upstream's wording; older upstream releases fell back the same way.
-                    tracing::error!(error = %why, "Can't use the IPVS proxier");
-                    tracing::info!("Falling back to the iptables proxier");
-                    let backend = modes::iptables(
-                        settings.config(),
-                        node_ports,
-                        &mut registry,
-                        options.cleanup,
-                    )?;
-                    let backend = modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
-                    run_kernel_mode(&runtime, settings, backend, registry, options.cleanup)
-                }
-            }
-        }
         other => anyhow::bail!(
             "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, ipvs, userspace, fake)",
             other.as_str()

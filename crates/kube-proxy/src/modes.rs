@@ -149,9 +149,9 @@ fn parse_nft_version(text: &str) -> Option<(u32, u32, u32)> {
 }
 
 /// nftables mode as the binary runs it: [`NftablesBackend`], plus iptables mode's cleanup.
-/// As upstream, `--cleanup` removes iptables mode's chains too, and a normal start removes
-/// them once the first nftables sync succeeded (errors there are only logged), so a node
-/// switched from iptables mode does not run both.
+/// As upstream, a normal start removes iptables mode's chains once the first nftables sync
+/// succeeded (errors there are only logged), so a node switched from iptables mode does not
+/// run both. (`--cleanup` removes every mode's state through `crate::cleanup`.)
 #[derive(Debug)]
 pub struct NftablesMode {
     nft: NftablesBackend,
