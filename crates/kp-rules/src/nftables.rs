@@ -81,7 +81,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ipnet::IpNet;
 use kp_core::backend::SyncKind;
-use kp_core::model::{ServiceName, ServicePortName};
+use kp_core::model::{IpFamily, ServiceName, ServicePortName};
+use kp_core::tracker::ProxyState;
 
 pub use crate::iptables::{LocalDetector, NodePortAddresses, RenderConfig, RenderError};
 pub use render::render;
@@ -492,6 +493,30 @@ pub struct NftOutput {
     /// How [`NftScope::existing`] becomes the installed state once `script` is applied (the
     /// next sync's `existing`): see [`StateUpdate::apply`] and [`NftOutput::state_after`].
     pub update: StateUpdate,
+}
+
+/// A full sync of `state` onto an empty table, with the state it leaves: the whole layout at
+/// once, as `explain` and tests look at it.
+pub fn render_full(
+    state: &ProxyState,
+    family: IpFamily,
+    config: &RenderConfig,
+) -> Result<(NftOutput, NftState), RenderError> {
+    let existing = NftState::default();
+    let out = render(
+        state,
+        family,
+        config,
+        &NftScope {
+            kind: SyncKind::Full,
+            changed: &BTreeSet::new(),
+            existing: &existing,
+            delete_stale: false,
+            service_cidrs: &state.service_cidrs,
+        },
+    )?;
+    let installed = out.state_after(&existing);
+    Ok((out, installed))
 }
 
 impl NftOutput {

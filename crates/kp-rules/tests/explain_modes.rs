@@ -5,14 +5,12 @@
 mod common;
 
 use common::*;
-use kp_core::backend::SyncKind;
 use kp_core::model::{Endpoint, IpFamily, ServicePort};
 use kp_core::tracker::ProxyState;
 use kp_rules::explain::dataplane::{DataplaneObject, Mode, annotate};
 use kp_rules::explain::{Explanation, Query, ServiceMatch, explain};
 use kp_rules::ipvs::IpvsConfig;
 use kp_rules::nftables::names::{EndpointNames, ServiceChains};
-use kp_rules::nftables::{NftScope, NftState};
 use kp_rules::userspace::{
     CaptureChains, KUBE_USERSPACE, KUBE_USERSPACE_FILTER, KUBE_USERSPACE_NODEPORTS,
 };
@@ -97,17 +95,9 @@ fn map_elements(m: &ServiceMatch) -> Vec<(String, String)> {
 
 /// The nft script a full sync of `state` writes.
 fn nft_script(state: &ProxyState) -> String {
-    let none = Default::default();
-    let existing = NftState::default();
-    let scope = NftScope {
-        kind: SyncKind::Full,
-        changed: &none,
-        existing: &existing,
-        delete_stale: false,
-        service_cidrs: &[],
-    };
-    kp_rules::nftables::render(state, IpFamily::V4, &config(), &scope)
+    kp_rules::nftables::render_full(state, IpFamily::V4, &config())
         .expect("renders")
+        .0
         .script
 }
 

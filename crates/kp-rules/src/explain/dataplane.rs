@@ -9,7 +9,6 @@
 
 use std::net::IpAddr;
 
-use kp_core::backend::SyncKind;
 use kp_core::model::{IpFamily, Protocol};
 use kp_core::tracker::ProxyState;
 use serde::Serialize;
@@ -17,7 +16,7 @@ use serde::Serialize;
 use super::{Explanation, MatchKind, Outcome, ServiceMatch};
 use crate::iptables::{RenderConfig, RenderError};
 use crate::ipvs::{self, IpvsConfig};
-use crate::nftables::{self, ElementSet, NftScope, NftState};
+use crate::nftables::{self, ElementSet, NftState};
 use crate::userspace;
 
 /// The proxy mode whose objects to name (iptables mode's are always in the hops).
@@ -78,16 +77,7 @@ pub fn annotate(
     let family = explanation.family;
     let objects: Box<Namer> = match mode {
         Mode::Nftables => {
-            let none = Default::default();
-            let existing = NftState::default();
-            let scope = NftScope {
-                kind: SyncKind::Full,
-                changed: &none,
-                existing: &existing,
-                delete_stale: false,
-                service_cidrs: &[],
-            };
-            let rendered = nftables::render(state, family, config, &scope)?.state_after(&existing);
+            let (_, rendered) = nftables::render_full(state, family, config)?;
             Box::new(move |m| nft_objects(&rendered, family, m))
         }
         Mode::Ipvs(ipvs_config) => {
