@@ -383,36 +383,17 @@ pub fn refresh_conntrack_relevant(
     };
     let relevant = |name: &ServicePortName| name.protocol != Protocol::Tcp;
     for service in changed {
-        let of_service = |name: &ServicePortName| name.service == *service;
-        let first = ServicePortName {
-            service: service.clone(),
-            port: String::new(),
-            protocol: Protocol::Tcp,
-        };
         let old: Vec<ServicePortName> = previous
-            .services
-            .range(&first..)
+            .service_ports(service)
             .map(|(name, _)| name)
-            .take_while(|name| of_service(name))
-            .chain(
-                previous
-                    .endpoints
-                    .range(&first..)
-                    .map(|(name, _)| name)
-                    .take_while(|name| of_service(name)),
-            )
+            .chain(previous.service_endpoints(service).map(|(name, _)| name))
             .cloned()
             .collect();
         for name in &old {
             previous.services.remove(name);
             previous.endpoints.remove(name);
         }
-        let ports = state
-            .services
-            .range(&first..)
-            .take_while(|(name, _)| of_service(name))
-            .filter(|(name, _)| relevant(name));
-        for (name, svc) in ports {
+        for (name, svc) in state.service_ports(service).filter(|(n, _)| relevant(n)) {
             previous.services.insert(name.clone(), svc.clone());
             if let Some(eps) = state.endpoints.get(name) {
                 previous.endpoints.insert(name.clone(), eps.clone());

@@ -518,12 +518,12 @@ fn dirty_ports<'a>(
     let existing = scope.existing;
     let mut dirty: BTreeSet<&ServicePortName> = BTreeSet::new();
     for service in scope.changed {
+        dirty.extend(state.service_ports(service).map(|(name, _)| name));
         let first = ServicePortName {
             service: service.clone(),
             port: String::new(),
             protocol: Protocol::Tcp,
         };
-        dirty.extend(ports_from(&state.services, &first));
         dirty.extend(ports_from(&existing.owned, &first));
     }
     let mut present = state
@@ -544,11 +544,8 @@ fn dirty_ports<'a>(
                 dirty.insert(p);
                 present.next();
             }
-            (_, Some(i)) => {
-                dirty.insert(i);
-                installed.next();
-            }
-            (Some(_), None) => unreachable!("handled by the arm above"),
+            // Installed only (the other cases are above).
+            _ => dirty.extend(installed.next()),
         }
     }
     dirty.into_iter().collect()
