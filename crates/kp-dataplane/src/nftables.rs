@@ -382,18 +382,24 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
         };
         let mut first_error = None;
         let mut operations = 0;
-        // The family with fewer service ports first: every `nft` run (listing or applying)
-        // first dumps every chain of the namespace, which takes seconds once the other
-        // family's table holds 100k+ chains (see the kp-bench README).
+        // Until both tables are adopted, the family with fewer service ports first: the
+        // `nft` listing that adopts a table dumps every chain of the namespace, which takes
+        // seconds once the other family's table holds 100k+ chains (see the kp-bench README).
+        // Applying goes over netlink without a dump, so later syncs skip this count.
         let mut families = self.config.families.clone();
-        families.sort_by_key(|family| {
-            request
-                .state
-                .services
-                .values()
-                .filter(|svc| svc.cluster_ips.iter().any(|ip| IpFamily::of(ip) == *family))
-                .count()
-        });
+        if families
+            .iter()
+            .any(|f| !self.tables.get(f).is_some_and(|t| t.adopted))
+        {
+            families.sort_by_key(|family| {
+                request
+                    .state
+                    .services
+                    .values()
+                    .filter(|svc| svc.cluster_ips.iter().any(|ip| IpFamily::of(ip) == *family))
+                    .count()
+            });
+        }
         for family in families {
             let mut table = self.tables.remove(&family).unwrap_or_default();
             if !table.adopted {
