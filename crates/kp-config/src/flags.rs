@@ -540,6 +540,65 @@ pub struct Options {
     /// Log format: text or json. Applies even with --config.
     #[arg(long, value_name = "FORMAT", help_heading = "Logging")]
     pub logging_format: Option<String>,
+
+    /// Maximum time between log flushes (logs are unbuffered here; accepted for upstream's
+    /// command lines and warned about). Applies even with --config.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Logging")]
+    pub log_flush_frequency: Option<Duration>,
+
+    /// JSON logs: errors to stderr, info to stdout (accepted, warned about).
+    #[arg(
+        long,
+        help_heading = "Logging",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        value_name = "BOOL"
+    )]
+    pub log_json_split_stream: Option<bool>,
+
+    /// JSON logs: buffer size of the info stream (accepted, warned about).
+    #[arg(long, value_name = "QUANTITY", help_heading = "Logging")]
+    pub log_json_info_buffer_size: Option<String>,
+
+    /// Text logs: errors to stderr, info to stdout (accepted, warned about).
+    #[arg(
+        long,
+        help_heading = "Logging",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        value_name = "BOOL"
+    )]
+    pub log_text_split_stream: Option<bool>,
+
+    /// Text logs: buffer size of the info stream (accepted, warned about).
+    #[arg(long, value_name = "QUANTITY", help_heading = "Logging")]
+    pub log_text_info_buffer_size: Option<String>,
+
+    /// Deprecated upstream: port of the health server; 0 disables it. Ignored with --config
+    /// or --write-config-to, and (as upstream) it only sets the port of a
+    /// --healthz-bind-address given without one.
+    #[arg(long, value_name = "PORT", hide = true, help_heading = "Servers")]
+    pub healthz_port: Option<i32>,
+
+    /// Deprecated upstream: port of the metrics server; 0 disables it. As --healthz-port.
+    #[arg(long, value_name = "PORT", hide = true, help_heading = "Servers")]
+    pub metrics_port: Option<i32>,
+
+    /// Windows: run as a Windows service (accepted, warned about on Linux).
+    #[arg(
+        long = "windows-service",
+        help_heading = "Windows",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        value_name = "BOOL"
+    )]
+    pub windows_service: Option<bool>,
 }
 
 /// A flag that was given and the configuration fields it set.
@@ -836,6 +895,26 @@ impl Options {
             ["winkernel.forwardHealthCheckVip"],
             |v| { wk.forward_health_check_vip = *v }
         );
+        flag!(
+            self.windows_service,
+            "--windows-service",
+            ["windowsRunAsService"],
+            |v| { c.windows_run_as_service = *v }
+        );
+        if self.write_config_to.is_none() {
+            flag!(
+                self.healthz_port,
+                "--healthz-port",
+                ["healthzBindAddress"],
+                |v| { port_from_deprecated_flag(&mut c.healthz_bind_address, *v) }
+            );
+            flag!(
+                self.metrics_port,
+                "--metrics-port",
+                ["metricsBindAddress"],
+                |v| { port_from_deprecated_flag(&mut c.metrics_bind_address, *v) }
+            );
+        }
         set
     }
 
@@ -864,7 +943,55 @@ impl Options {
             c.logging.format = format.trim().to_owned();
             set.push(("--logging-format", &["logging.format"]));
         }
+        if let Some(frequency) = self.log_flush_frequency {
+            c.logging.flush_frequency = frequency;
+            set.push(("--log-flush-frequency", &["logging.flushFrequency"]));
+        }
+        let options = &mut c.logging.options;
+        if let Some(split) = self.log_json_split_stream {
+            options.json.split_stream = split;
+            set.push((
+                "--log-json-split-stream",
+                &["logging.options.json.splitStream"],
+            ));
+        }
+        if let Some(size) = &self.log_json_info_buffer_size {
+            options.json.info_buffer_size = size.trim().to_owned();
+            set.push((
+                "--log-json-info-buffer-size",
+                &["logging.options.json.infoBufferSize"],
+            ));
+        }
+        if let Some(split) = self.log_text_split_stream {
+            options.text.split_stream = split;
+            set.push((
+                "--log-text-split-stream",
+                &["logging.options.text.splitStream"],
+            ));
+        }
+        if let Some(size) = &self.log_text_info_buffer_size {
+            options.text.info_buffer_size = size.trim().to_owned();
+            set.push((
+                "--log-text-info-buffer-size",
+                &["logging.options.text.infoBufferSize"],
+            ));
+        }
         set
+    }
+}
+
+/// Upstream's `addressFromDeprecatedFlags`: port 0 disables the server; another port is
+/// appended only to an address given without one (the default address has a port, so
+/// `--healthz-port=N` alone changes nothing upstream either).
+fn port_from_deprecated_flag(address: &mut Option<String>, port: i32) {
+    if port == 0 {
+        *address = Some(String::new());
+        return;
+    }
+    if let Some(value) = address
+        && let (Ok(ip), Ok(port)) = (value.trim().parse::<IpAddr>(), u16::try_from(port))
+    {
+        *value = std::net::SocketAddr::new(ip, port).to_string();
     }
 }
 

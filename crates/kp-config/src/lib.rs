@@ -6,15 +6,12 @@
 //! warnings and uses the typed accessors of [`KubeProxyConfiguration`]. The crate reads the
 //! `--config` file and nothing else: it does not log and does not look up the host name.
 //!
-//! Deliberate differences from upstream, all in the direction of honouring what the user
-//! wrote:
-//! * an explicit zero duration in a file is kept (upstream replaces a zero `syncPeriod`,
-//!   `iptables`/`nftables` `minSyncPeriod` or `configSyncPeriod` with the default), so
-//!   `syncPeriod: 0s` is a validation error rather than silently 30s;
-//! * `healthzBindAddress: ""` / `metricsBindAddress: ""` in a file disable the server, as
-//!   the empty flag values do; only an absent or `null` field gets the default;
-//! * an unknown field is always an error (upstream retries a lenient decode and only warns).
+//! A file means what it means to upstream: v1alpha1's defaulting turns absent, `null` and the
+//! zero values upstream treats as unset into defaults (`iptables.syncPeriod: 0s` is 30s), and
+//! unknown or duplicate fields are warnings (upstream decodes strictly, then leniently). Every
+//! setting kube-proxy-rs cannot honour is listed in [`audit`] and warned about when set.
 
+pub mod audit;
 pub mod duration;
 mod flags;
 mod load;

@@ -23,8 +23,8 @@ pub enum LoadError {
         /// The I/O error.
         source: std::io::Error,
     },
-    /// The file is not valid YAML/JSON for the schema: syntax, wrong type, unknown or
-    /// duplicate field.
+    /// The file is not valid YAML/JSON for the schema: syntax or a value of the wrong type.
+    /// (Unknown and duplicate fields are warnings, as upstream's lenient decoding makes them.)
     #[error("{}", decode_message(origin, *line, *column, message))]
     Decode {
         /// The file (or `<input>` for in-memory text).
@@ -49,9 +49,17 @@ pub enum LoadError {
         /// The `kind` found (empty if missing).
         kind: String,
     },
-    /// One or more values are invalid; all of them are listed.
+    /// One or more values are invalid; all of them are listed. (Not a `source`: the list is
+    /// already in the message, and error reporters that print the source chain would print
+    /// every error twice.)
     #[error("invalid kube-proxy configuration:\n{0}")]
-    Invalid(#[from] ConfigErrors),
+    Invalid(ConfigErrors),
+}
+
+impl From<ConfigErrors> for LoadError {
+    fn from(errors: ConfigErrors) -> Self {
+        LoadError::Invalid(errors)
+    }
 }
 
 fn decode_message(origin: &str, line: u64, column: u64, message: &str) -> String {
@@ -67,8 +75,10 @@ fn decode_message(origin: &str, line: u64, column: u64, message: &str) -> String
 pub struct Loaded {
     /// The effective configuration: defaults applied, validated.
     pub config: KubeProxyConfiguration,
-    /// One line per flag that was given but ignored because `--config` was also given;
-    /// the caller decides how to log them.
+    /// One line per problem that does not stop kube-proxy, for the caller to log as
+    /// warnings: flags ignored because `--config` was also given, unknown or duplicate fields
+    /// of the file (decoded leniently, as upstream), and settings that have no effect in
+    /// kube-proxy-rs ([`KubeProxyConfiguration::ignored_settings`]).
     pub warnings: Vec<String>,
 }
 
@@ -85,7 +95,9 @@ impl Options {
                     path: path.clone(),
                     source,
                 })?;
-                let (config, errors) = wire::decode(&text, &path.display().to_string())?;
+                let decoded = wire::decode(&text, &path.display().to_string())?;
+                warnings.extend(decoded.warnings);
+                let (config, errors) = (decoded.config, decoded.errors);
                 // Apply to a scratch copy only to learn which flags were given.
                 let mut scratch = KubeProxyConfiguration::default();
                 for (flag, fields) in self.apply_config_flags(&mut scratch) {
@@ -109,6 +121,7 @@ impl Options {
         flags::attribute_to_flags(&mut invalid, &from_flags);
         errors.extend(invalid);
         if errors.is_empty() {
+            warnings.extend(config.ignored_settings());
             Ok(Loaded { config, warnings })
         } else {
             Err(ConfigErrors { errors }.into())
@@ -118,12 +131,21 @@ impl Options {
 
 impl KubeProxyConfiguration {
     /// Decodes a configuration file's text (YAML or JSON), applies defaults and validates.
+    /// Warnings (unknown fields and the like) are dropped; see [`Self::from_yaml_with_warnings`].
     pub fn from_yaml(text: &str) -> Result<Self, LoadError> {
-        let (mut config, mut errors) = wire::decode(text, "<input>")?;
+        Self::from_yaml_with_warnings(text).map(|(config, _)| config)
+    }
+
+    /// As [`Self::from_yaml`], also returning the warnings [`Loaded::warnings`] would hold.
+    pub fn from_yaml_with_warnings(text: &str) -> Result<(Self, Vec<String>), LoadError> {
+        let decoded = wire::decode(text, "<input>")?;
+        let (mut config, mut errors, mut warnings) =
+            (decoded.config, decoded.errors, decoded.warnings);
         config.complete_defaults();
         errors.extend(validate::validate(&config));
         if errors.is_empty() {
-            Ok(config)
+            warnings.extend(config.ignored_settings());
+            Ok((config, warnings))
         } else {
             Err(ConfigErrors { errors }.into())
         }

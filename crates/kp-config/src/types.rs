@@ -371,6 +371,8 @@ pub struct KubeProxyConfiguration {
     /// `udpIdleTimeout`). Written only when not the default, as upstream no longer has it.
     #[serde(with = "serde_go", skip_serializing_if = "is_default_udp_idle_timeout")]
     pub udp_idle_timeout: Duration,
+    /// Windows only: run as a Windows service (upstream's `windowsRunAsService`).
+    pub windows_run_as_service: bool,
     /// kube-proxy-rs extension: userspace mode's per-Service caps. Written only when not the
     /// default, so other files stay readable by upstream.
     #[serde(skip_serializing_if = "UserspaceConfiguration::is_default")]
@@ -616,6 +618,7 @@ impl Default for KubeProxyConfiguration {
             config_sync_period: DEFAULT_CONFIG_SYNC_PERIOD,
             port_range: String::new(),
             udp_idle_timeout: DEFAULT_UDP_IDLE_TIMEOUT,
+            windows_run_as_service: false,
             userspace: UserspaceConfiguration::default(),
         }
     }

@@ -1,19 +1,27 @@
-//! Strict decoding of configuration files.
+//! Decoding of configuration files, with upstream's v1alpha1 defaulting.
 //!
-//! The file is read into a mirror of the schema where every field is optional, so that an
-//! absent or `null` field (upstream treats both as unset) takes the default while explicit
-//! values are kept. Unknown and duplicate fields are decode errors carrying the line, as
-//! upstream decodes strictly. Values whose syntax serde cannot judge with a useful message
-//! (durations, modes) are converted afterwards so that all of them are reported together,
-//! each naming its field and line.
+//! As upstream, a file is first checked strictly: unknown and duplicate fields are strict
+//! errors. Upstream then decodes leniently (unknown fields skipped, the last of duplicate
+//! fields wins) and only logs the strict errors; so does this module, returning one warning
+//! per problem that names the field and its line.
+//!
+//! The file is read into a mirror of the schema where every field is optional. Upstream's
+//! defaulting (`SetDefaults_KubeProxyConfiguration`) then fills absent and `null` fields, and
+//! also the zero values it treats as unset: a `0s` `iptables.syncPeriod` is 30s, `qps: 0` is
+//! 5, `healthzBindAddress: ""` is the default address. Values whose syntax serde cannot judge
+//! with a useful message (durations, modes) are converted afterwards so that all of them are
+//! reported together, each naming its field and line.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Deserialize;
-use serde_saphyr::Spanned;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_saphyr::{DuplicateKeyPolicy, Spanned};
 
+use crate::audit;
 use crate::duration;
 use crate::load::LoadError;
 use crate::types::{
@@ -37,7 +45,7 @@ struct TypeMeta {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct Config {
     #[allow(dead_code)]
     api_version: Text,
@@ -69,11 +77,12 @@ struct Config {
     config_sync_period: Located,
     port_range: Text,
     udp_idle_timeout: Located,
+    windows_run_as_service: Option<bool>,
     userspace: Option<Userspace>,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct Userspace {
     max_connections_per_service: Option<i32>,
     #[serde(rename = "maxUDPSessionsPerService")]
@@ -81,7 +90,7 @@ struct Userspace {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct Client {
     kubeconfig: Text,
     accept_content_types: Text,
@@ -91,7 +100,7 @@ struct Client {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct Log {
     format: Text,
     flush_frequency: Located,
@@ -101,28 +110,28 @@ struct Log {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct VModule {
     file_pattern: String,
     verbosity: u32,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 struct LogOptions {
     json: Option<LogFormat>,
     text: Option<LogFormat>,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct LogFormat {
     split_stream: Option<bool>,
-    info_buffer_size: Text,
+    /// A resource quantity: upstream accepts a string (`"64Ki"`) or a number.
+    info_buffer_size: Option<Scalar>,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct Iptables {
     masquerade_bit: Option<i32>,
     masquerade_all: Option<bool>,
@@ -132,7 +141,7 @@ struct Iptables {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct Ipvs {
     sync_period: Located,
     min_sync_period: Located,
@@ -147,7 +156,7 @@ struct Ipvs {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct Nftables {
     masquerade_bit: Option<i32>,
     masquerade_all: Option<bool>,
@@ -157,7 +166,7 @@ struct Nftables {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct Winkernel {
     network_name: Text,
     source_vip: Text,
@@ -168,14 +177,14 @@ struct Winkernel {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct DetectLocal {
     bridge_interface: Text,
     interface_name_prefix: Text,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct Conntrack {
     max_per_core: Option<i32>,
     min: Option<i32>,
@@ -186,16 +195,22 @@ struct Conntrack {
     udp_stream_timeout: Located,
 }
 
-/// Decodes a YAML or JSON `KubeProxyConfiguration`, applying the static defaults.
+/// What [`decode`] produced.
+pub(crate) struct Decoded {
+    /// The configuration with upstream's static defaults applied.
+    pub config: KubeProxyConfiguration,
+    /// Values that were syntactically bad (each replaced by its default).
+    pub errors: Vec<FieldError>,
+    /// Strict-decoding problems that the lenient decode skipped, one line each.
+    pub warnings: Vec<String>,
+}
+
+/// Decodes a YAML or JSON `KubeProxyConfiguration`, applying upstream's static defaults.
 ///
-/// `origin` names the input in errors (usually the path). Returns the configuration plus
-/// the values that were syntactically bad (each replaced by its default); dependent
-/// defaults and validation are left to the caller.
-pub(crate) fn decode(
-    text: &str,
-    origin: &str,
-) -> Result<(KubeProxyConfiguration, Vec<FieldError>), LoadError> {
-    let meta = serde_saphyr::from_str::<Option<TypeMeta>>(text)
+/// `origin` names the input in errors (usually the path). Dependent defaults and validation
+/// are left to the caller.
+pub(crate) fn decode(text: &str, origin: &str) -> Result<Decoded, LoadError> {
+    let meta = serde_saphyr::from_str_with_options::<Option<TypeMeta>>(text, lenient())
         .map_err(|e| decode_error(origin, &e))?
         .ok_or_else(|| LoadError::Decode {
             origin: origin.to_owned(),
@@ -212,10 +227,167 @@ pub(crate) fn decode(
             kind,
         });
     }
-    let wire: Config = serde_saphyr::from_str(text).map_err(|e| decode_error(origin, &e))?;
+    let wire: Config = serde_saphyr::from_str_with_options(text, lenient())
+        .map_err(|e| decode_error(origin, &e))?;
+    let warnings = strict_problems(text)
+        .into_iter()
+        .map(|problem| {
+            format!(
+                "{origin}: {problem}; ignored (strict decoding failed, decoded leniently as upstream does)"
+            )
+        })
+        .collect();
     let mut conv = Converter::default();
     let config = conv.config(wire);
-    Ok((config, conv.errors))
+    Ok(Decoded {
+        config,
+        errors: conv.errors,
+        warnings,
+    })
+}
+
+/// Upstream's lenient decoder: unknown fields are skipped, the last duplicate wins.
+fn lenient() -> serde_saphyr::Options {
+    let mut options = serde_saphyr::Options::default();
+    options.duplicate_keys = DuplicateKeyPolicy::LastWins;
+    options
+}
+
+/// What upstream's strict decoder would complain about: every unknown field (by its full
+/// path, e.g. `iptables.masqueradeBitt`) and every duplicate field, in document order.
+fn strict_problems(text: &str) -> Vec<String> {
+    let mut options = serde_saphyr::Options::default();
+    options.duplicate_keys = DuplicateKeyPolicy::PassThrough;
+    // The lenient decode succeeded, so this one does too; if not, there is nothing to add.
+    let Ok(root) = serde_saphyr::from_str_with_options::<Node>(text, options) else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    walk(&root, "", &mut problems);
+    problems
+}
+
+/// A YAML/JSON value reduced to what the strict check needs: mappings with every entry
+/// (duplicates included) and the line of each key.
+enum Node {
+    Map(Vec<(String, usize, Node)>),
+    Other,
+}
+
+fn walk(node: &Node, prefix: &str, problems: &mut Vec<String>) {
+    let Node::Map(entries) = node else {
+        return;
+    };
+    // Maps with free keys (featureGates) have no unknown keys.
+    if !prefix.is_empty() && audit::is_free_map(prefix.trim_end_matches('.')) {
+        return;
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (key, line, value) in entries {
+        let path = format!("{prefix}{key}");
+        let at = if *line == 0 {
+            String::new()
+        } else {
+            format!(" (line {line})")
+        };
+        if !seen.insert(key.as_str()) {
+            problems.push(format!("duplicate field {path:?}{at}"));
+            continue;
+        }
+        if !audit::is_known_path(&path) {
+            problems.push(format!("unknown field {path:?}{at}"));
+            continue;
+        }
+        walk(value, &format!("{path}."), problems);
+    }
+}
+
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(NodeVisitor)
+    }
+}
+
+struct NodeVisitor;
+
+impl<'de> Visitor<'de> for NodeVisitor {
+    type Value = Node;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(key) = map.next_key::<Spanned<Scalar>>()? {
+            let value: Node = map.next_value()?;
+            entries.push((key.value.0, key.referenced.line() as usize, value));
+        }
+        Ok(Node::Map(entries))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
+        while seq.next_element::<Node>()?.is_some() {}
+        Ok(Node::Other)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_unit<E>(self) -> Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_none<E>(self) -> Result<Node, E> {
+        Ok(Node::Other)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Node, D::Error> {
+        d.deserialize_any(NodeVisitor)
+    }
+}
+
+/// Any scalar (string, number, bool) as its text: map keys, and resource quantities that
+/// upstream accepts as a string or a number.
+#[derive(Debug, Clone, PartialEq)]
+struct Scalar(String);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ScalarVisitor;
+        impl Visitor<'_> for ScalarVisitor {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or a number")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_owned()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+        }
+        deserializer.deserialize_any(ScalarVisitor)
+    }
 }
 
 fn decode_error(origin: &str, error: &serde_saphyr::Error) -> LoadError {
@@ -254,8 +426,10 @@ impl Converter {
                 .bind_address
                 .filter(|a| !a.is_empty())
                 .unwrap_or(d.bind_address),
-            healthz_bind_address: w.healthz_bind_address,
-            metrics_bind_address: w.metrics_bind_address,
+            // Upstream defaults an empty address like an absent one (only the flag can
+            // disable a server).
+            healthz_bind_address: w.healthz_bind_address.filter(|a| !a.is_empty()),
+            metrics_bind_address: w.metrics_bind_address.filter(|a| !a.is_empty()),
             bind_address_hard_fail: w.bind_address_hard_fail.unwrap_or_default(),
             enable_profiling: w.enable_profiling.unwrap_or_default(),
             show_hidden_metrics_for_version: w.show_hidden_metrics_for_version.unwrap_or_default(),
@@ -275,17 +449,18 @@ impl Converter {
             node_port_addresses: w.node_port_addresses,
             oom_score_adj: w.oom_score_adj.unwrap_or(d.oom_score_adj),
             conntrack: self.conntrack(w.conntrack.unwrap_or_default()),
-            config_sync_period: self.duration(
+            config_sync_period: self.duration_or_default(
                 "configSyncPeriod",
                 w.config_sync_period,
                 d.config_sync_period,
             ),
             port_range: w.port_range.unwrap_or_default(),
-            udp_idle_timeout: self.duration(
+            udp_idle_timeout: self.duration_or_default(
                 "udpIdleTimeout",
                 w.udp_idle_timeout,
                 d.udp_idle_timeout,
             ),
+            windows_run_as_service: w.windows_run_as_service.unwrap_or_default(),
             userspace: userspace(w.userspace.unwrap_or_default()),
         }
     }
@@ -338,9 +513,12 @@ impl Converter {
             .as_ref()
             .and_then(|r| r.value.trim().parse::<u64>().ok())
         {
-            return Duration::from_nanos(nanos);
+            return match nanos {
+                0 => default,
+                nanos => Duration::from_nanos(nanos),
+            };
         }
-        self.duration("logging.flushFrequency", raw, default)
+        self.duration_or_default("logging.flushFrequency", raw, default)
     }
 
     fn iptables(&mut self, w: Iptables) -> IptablesConfiguration {
@@ -349,8 +527,12 @@ impl Converter {
             masquerade_bit: w.masquerade_bit.unwrap_or(d.masquerade_bit),
             masquerade_all: w.masquerade_all.unwrap_or(d.masquerade_all),
             localhost_node_ports: w.localhost_node_ports.unwrap_or(d.localhost_node_ports),
-            sync_period: self.duration("iptables.syncPeriod", w.sync_period, d.sync_period),
-            min_sync_period: self.duration(
+            sync_period: self.duration_or_default(
+                "iptables.syncPeriod",
+                w.sync_period,
+                d.sync_period,
+            ),
+            min_sync_period: self.duration_or_default(
                 "iptables.minSyncPeriod",
                 w.min_sync_period,
                 d.min_sync_period,
@@ -361,7 +543,7 @@ impl Converter {
     fn ipvs(&mut self, w: Ipvs) -> IpvsConfiguration {
         let d = IpvsConfiguration::default();
         IpvsConfiguration {
-            sync_period: self.duration("ipvs.syncPeriod", w.sync_period, d.sync_period),
+            sync_period: self.duration_or_default("ipvs.syncPeriod", w.sync_period, d.sync_period),
             min_sync_period: self.duration(
                 "ipvs.minSyncPeriod",
                 w.min_sync_period,
@@ -385,8 +567,12 @@ impl Converter {
         NftablesConfiguration {
             masquerade_bit: w.masquerade_bit.unwrap_or(d.masquerade_bit),
             masquerade_all: w.masquerade_all.unwrap_or(d.masquerade_all),
-            sync_period: self.duration("nftables.syncPeriod", w.sync_period, d.sync_period),
-            min_sync_period: self.duration(
+            sync_period: self.duration_or_default(
+                "nftables.syncPeriod",
+                w.sync_period,
+                d.sync_period,
+            ),
+            min_sync_period: self.duration_or_default(
                 "nftables.minSyncPeriod",
                 w.min_sync_period,
                 d.min_sync_period,
@@ -417,6 +603,15 @@ impl Converter {
                 w.udp_stream_timeout,
                 d.udp_stream_timeout,
             ),
+        }
+    }
+
+    /// Upstream's defaulting for `metav1.Duration` fields that are not pointers: zero is
+    /// "unset" and gets the default.
+    fn duration_or_default(&mut self, field: &str, raw: Located, default: Duration) -> Duration {
+        match self.duration(field, raw, default) {
+            Duration::ZERO => default,
+            value => value,
         }
     }
 
@@ -458,8 +653,9 @@ fn client(w: Client) -> ClientConnection {
             .content_type
             .filter(|c| !c.is_empty())
             .unwrap_or(d.content_type),
-        qps: w.qps.unwrap_or(d.qps),
-        burst: w.burst.unwrap_or(d.burst),
+        // Zero is unset for upstream's defaulting.
+        qps: w.qps.filter(|q| *q != 0.0).unwrap_or(d.qps),
+        burst: w.burst.filter(|b| *b != 0).unwrap_or(d.burst),
     }
 }
 
@@ -467,7 +663,11 @@ fn log_format(w: LogFormat) -> LogFormatOptions {
     let d = LogFormatOptions::default();
     LogFormatOptions {
         split_stream: w.split_stream.unwrap_or(d.split_stream),
-        info_buffer_size: w.info_buffer_size.unwrap_or(d.info_buffer_size),
+        info_buffer_size: w
+            .info_buffer_size
+            .map(|q| q.0)
+            .filter(|q| !q.is_empty())
+            .unwrap_or(d.info_buffer_size),
     }
 }
 
