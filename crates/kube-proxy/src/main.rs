@@ -73,6 +73,12 @@ fn run(options: Options) -> anyhow::Result<()> {
         let backend = cleanup::build(settings.config(), node_ports, &mut registry)?;
         return run_kernel_mode(&runtime, settings, backend, registry, true);
     }
+    if options.init_only {
+        modes::init_only(settings.config(), node_ports).context("--init-only")?;
+        tracing::info!("System initialized and --init-only specified");
+        return Ok(());
+    }
+    modes::apply_oom_score_adj(settings.config());
     match mode {
         ProxyMode::Fake => {
             tracing::info!("Using the fake proxier: nothing is programmed, every sync is logged");

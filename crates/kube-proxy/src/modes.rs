@@ -80,13 +80,6 @@ pub fn nftables(
             "clusterCIDR is empty: pod traffic cannot be told apart, so ClusterIP traffic is not masqueraded"
         );
     }
-    let table = config.nftables.table_name.trim();
-    if !table.is_empty() && table != kp_rules::nftables::TABLE {
-        tracing::warn!(
-            table,
-            "nftables.tableName is not supported yet; using table \"kube-proxy\""
-        );
-    }
     let render = render_config(config, None, node_ports)?;
     let nft = NftablesBackend::with_metrics_registered(
         NftablesConfig::new(families.clone(), render.clone()),
@@ -196,18 +189,7 @@ impl Backend for NftablesMode {
 /// fatal: the proxy still works with the kernel's values (inside a container or a network
 /// namespace some of these files are read-only).
 pub(crate) fn conntrack_sysctls(config: &KubeProxyConfiguration, host: &FsSysctl) {
-    let c = &config.conntrack;
-    let settings = ConntrackSettings {
-        max_per_core: u32::try_from(c.max_per_core).unwrap_or(0),
-        min: u32::try_from(c.min).unwrap_or(0),
-        tcp_established_timeout: c.tcp_established_timeout,
-        tcp_close_wait_timeout: c.tcp_close_wait_timeout,
-        tcp_be_liberal: c.tcp_be_liberal,
-        udp_timeout: c.udp_timeout,
-        udp_stream_timeout: c.udp_stream_timeout,
-    };
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    match sysctls::apply(host, &sysctls::conntrack_plan(&settings, cpus)) {
+    match sysctls::apply_conntrack_sysctls(host, &conntrack_settings(config)) {
         Ok(report) => {
             record(&report.applied);
             for warning in report.warnings {
@@ -217,6 +199,76 @@ pub(crate) fn conntrack_sysctls(config: &KubeProxyConfiguration, host: &FsSysctl
         Err(error) => {
             tracing::error!(%error, "cannot apply conntrack settings; keeping the kernel's")
         }
+    }
+}
+
+/// `conntrack.*` as the sysctl layer takes it.
+fn conntrack_settings(config: &KubeProxyConfiguration) -> ConntrackSettings {
+    let c = &config.conntrack;
+    ConntrackSettings {
+        max_per_core: u32::try_from(c.max_per_core).unwrap_or(0),
+        min: u32::try_from(c.min).unwrap_or(0),
+        tcp_established_timeout: c.tcp_established_timeout,
+        tcp_close_wait_timeout: c.tcp_close_wait_timeout,
+        tcp_be_liberal: c.tcp_be_liberal,
+        udp_timeout: c.udp_timeout,
+        udp_stream_timeout: c.udp_stream_timeout,
+    }
+}
+
+/// The kernel settings `--init-only` makes, in order: what upstream's start-up does before
+/// its proxier needs only `CAP_NET_ADMIN` (`platformSetup`'s conntrack limits and timeouts,
+/// then the proxier constructor's sysctls: `route_localnet` in iptables mode with localhost
+/// NodePorts, IPVS's sysctls in ipvs mode). nftables, userspace and fake mode need nothing
+/// beyond conntrack. Upstream loads no kernel modules in any of this (its IPVS check only
+/// reads which are loaded), so neither does kube-proxy-rs.
+pub(crate) fn init_plan(
+    config: &KubeProxyConfiguration,
+    node_ports: NodePortAddresses,
+    cpus: usize,
+) -> anyhow::Result<Vec<sysctls::Setting>> {
+    let mut plan = sysctls::conntrack_plan(&conntrack_settings(config), cpus);
+    match config.mode() {
+        kp_config::ProxyMode::Iptables => {
+            let render = render_config(config, None, node_ports)?;
+            plan.extend(sysctls::route_localnet_plan(&render, &detect_families()));
+        }
+        kp_config::ProxyMode::Ipvs => {
+            plan.extend(kp_dataplane::ipvs::sysctl_plan(config.ipvs.strict_arp));
+        }
+        _ => {}
+    }
+    Ok(plan)
+}
+
+/// `--init-only`: makes the [`init_plan`] settings on this node and returns, so that the
+/// long-running proxy (another container of the pod) can run without the privileges they
+/// need. Unlike a normal start, where a setting that cannot be made is logged and the proxy
+/// runs on the kernel's value, a failure here is an error (as upstream's): making these
+/// settings is all the init container is for. A read-only `/sys` for the conntrack hash
+/// size is only a warning, as at every start.
+pub fn init_only(
+    config: &KubeProxyConfiguration,
+    node_ports: NodePortAddresses,
+) -> anyhow::Result<()> {
+    let host = FsSysctl::host();
+    let plan = init_plan(config, node_ports, sysctls::online_cpus(&host))?;
+    let report = sysctls::apply(&host, &plan).context("setting kernel parameters")?;
+    record(&report.applied);
+    for warning in report.warnings {
+        tracing::warn!(%warning, "kernel setting left as is");
+    }
+    Ok(())
+}
+
+/// Upstream's OOM score adjustment at start (`oomScoreAdj`, -999 by default, so the OOM
+/// killer picks almost anything else first). As upstream, a failure (an unprivileged
+/// container may not lower its score) is logged at verbosity 2 and changes nothing else.
+pub fn apply_oom_score_adj(config: &KubeProxyConfiguration) {
+    let value = config.oom_score_adj;
+    match std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
+        Ok(()) => tracing::debug!(value, "Set oom_score_adj"),
+        Err(error) => tracing::debug!(value, %error, "Failed to apply OOMScore"),
     }
 }
 
