@@ -251,7 +251,9 @@ impl RuleRunner for ExecRunner {
             "--noflush".to_owned(),
             format!("--wait={DEFAULT_LOCK_WAIT_SECONDS}"),
         ];
-        run_program(&PathBuf::from(UNSHARE_BINARY), &args, Some(input)).await?;
+        run_program(&PathBuf::from(UNSHARE_BINARY), &args, Some(input))
+            .await
+            .map_err(unshare_failure)?;
         Ok(())
     }
 
@@ -269,6 +271,20 @@ impl RuleRunner for ExecRunner {
 }
 
 /// Runs `program args`, feeding `input` on stdin, and returns its stdout.
+/// `unshare` itself failing (no `CAP_SYS_ADMIN` in an unprivileged container: "unshare:
+/// unshare failed: Operation not permitted") exits 1 like a failing restore. It must not be
+/// taken for the restore's verdict, or the search for a bad service would blame good ones;
+/// it becomes [`ExecError::Spawn`] (the restore could not be run at all).
+fn unshare_failure(error: ExecError) -> ExecError {
+    match error {
+        ExecError::Failed { stderr, .. } if stderr.starts_with("unshare:") => ExecError::Spawn {
+            program: UNSHARE_BINARY.to_owned(),
+            source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, stderr),
+        },
+        other => other,
+    }
+}
+
 pub(crate) async fn run_program(
     program: &PathBuf,
     args: &[String],
@@ -627,6 +643,27 @@ impl RuleRunner for FakeRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unshare_refused_is_not_a_restore_verdict() {
+        // What util-linux prints without CAP_SYS_ADMIN (measured here under
+        // `setpriv --bounding-set=-sys_admin`).
+        let refused = ExecError::Failed {
+            program: UNSHARE_BINARY.to_owned(),
+            code: Some(1),
+            stderr: "unshare: unshare failed: Operation not permitted".to_owned(),
+        };
+        assert!(matches!(
+            unshare_failure(refused),
+            ExecError::Spawn { ref program, .. } if program == UNSHARE_BINARY
+        ));
+        let restore_failed = ExecError::Failed {
+            program: UNSHARE_BINARY.to_owned(),
+            code: Some(2),
+            stderr: "iptables-restore: line 5 failed".to_owned(),
+        };
+        assert_eq!(unshare_failure(restore_failed).exit_code(), Some(2));
+    }
 
     #[test]
     fn split_keeps_quoted_comments_whole() {
