@@ -435,6 +435,7 @@ mod tests {
         c.logging.options.json.split_stream = true;
         c.logging.options.text.split_stream = true;
         c.nftables.table_name = "t".into();
+        c.windows_run_as_service = true;
         c
     }
 

@@ -371,7 +371,9 @@ pub struct KubeProxyConfiguration {
     /// `udpIdleTimeout`). Written only when not the default, as upstream no longer has it.
     #[serde(with = "serde_go", skip_serializing_if = "is_default_udp_idle_timeout")]
     pub udp_idle_timeout: Duration,
-    /// Windows only: run as a Windows service (upstream's `windowsRunAsService`).
+    /// Windows only: run as a Windows service (upstream's `windowsRunAsService`, which
+    /// upstream also omits when false).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub windows_run_as_service: bool,
     /// kube-proxy-rs extension: userspace mode's per-Service caps. Written only when not the
     /// default, so other files stay readable by upstream.
