@@ -226,6 +226,14 @@ fn every_invalid_flag_is_reported_and_nothing_starts() {
             "{name} missing from:\n{stderr}"
         );
     }
+    // Each error once (the error chain once printed the whole list a second time).
+    for flag in [
+        "--iptables-masquerade-bit: invalid value",
+        "--oom-score-adj: invalid value",
+        "--healthz-bind-address: invalid value",
+    ] {
+        assert_eq!(stderr.matches(flag).count(), 1, "{flag} in:\n{stderr}");
+    }
 }
 
 #[test]

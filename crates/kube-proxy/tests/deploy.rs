@@ -1,7 +1,13 @@
 //! The deployment files: every manifest in `deploy/` parses as its Kubernetes type, the
-//! DaemonSet has the shape of kubeadm's kube-proxy DaemonSet, the shipped configuration is
-//! accepted by the real binary run with the DaemonSet's own command line, and the kustomization
-//! and the Dockerfile agree with the manifests.
+//! DaemonSet has the shape of kubeadm's kube-proxy DaemonSet with upstream's current split (a
+//! privileged `--init-only` init container, an unprivileged proxy with only the capabilities
+//! it needs), the shipped configuration is accepted by the real binary run with the
+//! DaemonSet's own command line, both containers' command lines run on a stand-in node (a
+//! network namespace) with the proxy confined to its declared capabilities and a read-only
+//! `/proc/sys`, and the kustomization and the Dockerfile agree with the manifests.
+
+#[path = "support/node.rs"]
+mod node;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -81,6 +87,25 @@ fn container(ds: &DaemonSet) -> &Container {
     let containers = &pod_spec(ds).containers;
     assert_eq!(containers.len(), 1, "one container");
     &containers[0]
+}
+
+fn init_container(ds: &DaemonSet) -> &Container {
+    let containers = pod_spec(ds).init_containers.as_deref().unwrap_or_default();
+    assert_eq!(containers.len(), 1, "one init container");
+    &containers[0]
+}
+
+/// The capabilities the proxy container adds, sorted; it must drop all others.
+fn added_capabilities(c: &Container) -> Vec<String> {
+    let caps = c
+        .security_context
+        .as_ref()
+        .and_then(|s| s.capabilities.as_ref())
+        .expect("capabilities");
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+    let mut added = caps.add.clone().unwrap_or_default();
+    added.sort();
+    added
 }
 
 fn volume<'a>(ds: &'a DaemonSet, name: &str) -> &'a Volume {
@@ -192,10 +217,35 @@ fn daemonset_has_upstreams_shape() {
         }),
         "tolerates every taint"
     );
+    // The proxy is unprivileged; the init container does the privileged set-up.
     assert_eq!(
         c.security_context.as_ref().and_then(|s| s.privileged),
+        Some(false)
+    );
+    assert_eq!(added_capabilities(c), ["NET_ADMIN", "NET_RAW"]);
+    let init = init_container(&ds);
+    assert_eq!(
+        init.security_context.as_ref().and_then(|s| s.privileged),
         Some(true)
     );
+    assert_eq!(init.image, c.image, "the same image");
+    let mut init_command = c.command.clone().expect("command");
+    init_command.push("--init-only".to_owned());
+    assert_eq!(init.command.as_ref(), Some(&init_command));
+    assert_eq!(init.env, c.env, "the same NODE_NAME");
+    for path in [CONFIG_DIR, kp_dataplane::sysctls::DEFAULT_STATE_DIR] {
+        let mounted = init
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == path)
+            .map(|m| m.name.clone());
+        assert_eq!(
+            mounted,
+            Some(mount(&ds, path).0),
+            "{path} in the init container"
+        );
+    }
 
     // Selector matches the template, and updates roll node by node.
     let spec = ds.spec.as_ref().expect("spec");
@@ -320,6 +370,109 @@ fn shipped_config_is_accepted_by_the_binary() {
     let effective = parse_value(&read(&written), "written config");
     assert_eq!(effective["hostnameOverride"], TEST_NODE);
     assert_same_values(&shipped, &effective, "");
+}
+
+/// The ConfigMap laid out as the kubelet mounts it, under a temporary directory.
+fn mounted_configmap() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (key, text) in configmap().data.expect("ConfigMap data") {
+        std::fs::write(dir.path().join(key), text).expect("write ConfigMap key");
+    }
+    dir
+}
+
+/// A container's command line as the kubelet would run it here, minus the binary.
+fn args_of(c: &Container, config_dir: &Path) -> Vec<String> {
+    let command = c.command.clone().expect("command");
+    command[1..]
+        .iter()
+        .map(|arg| {
+            arg.replace(CONFIG_DIR, &config_dir.display().to_string())
+                .replace("$(NODE_NAME)", TEST_NODE)
+        })
+        .collect()
+}
+
+#[test]
+fn init_container_then_unprivileged_proxy_run_on_a_node() {
+    use node::{BIN, Globals, NETFILTER, Netns, ROUTE_LOCALNET, stderr};
+    if node::skip() {
+        return;
+    }
+    let ds = daemonset();
+    let config = mounted_configmap();
+    let ns = Netns::new("deploy");
+    ns.write(ROUTE_LOCALNET, "0");
+    ns.write(
+        &format!("{NETFILTER}/nf_conntrack_tcp_timeout_close_wait"),
+        "60",
+    );
+    let globals = Globals::new(1000, 250);
+
+    // The init container: sets what the shipped (iptables-mode) configuration asks for.
+    let init_args = args_of(init_container(&ds), config.path());
+    let init_args: Vec<&str> = init_args.iter().map(String::as_str).collect();
+    let out = globals.run(&ns, &init_args);
+    assert!(
+        out.status.success(),
+        "init container failed: {}",
+        stderr(&out)
+    );
+    assert_eq!(ns.read(ROUTE_LOCALNET), "1");
+    assert_eq!(
+        ns.read(&format!("{NETFILTER}/nf_conntrack_tcp_timeout_close_wait")),
+        "3600"
+    );
+    assert!(globals.get("max") >= 131_072);
+
+    // The proxy: the DaemonSet's command line, confined to the container's capabilities and
+    // a read-only /proc/sys as in an unprivileged container, reading Services from the
+    // examples instead of an API server. It must program the node without any kernel
+    // setting left to make.
+    let caps: Vec<String> = added_capabilities(container(&ds))
+        .iter()
+        .map(|c| format!("+{}", c.to_lowercase()))
+        .collect();
+    let caps = caps.join(",");
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster");
+    let args = args_of(container(&ds), config.path()).join(" ");
+    let script = format!(
+        "{}mount --bind -o ro /proc/sys /proc/sys && \
+         exec setpriv --bounding-set=-all,{caps} --inh-caps=-all \
+         {BIN} {args} --manifests={examples}",
+        globals.mounts()
+    );
+    let mut proxy = ns
+        .command(&script)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the proxy");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let synced = loop {
+        let save = ns.sh("iptables-save -t nat");
+        let text = String::from_utf8_lossy(&save.stdout).into_owned();
+        if text.contains(":KUBE-SEP-") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        if let Ok(Some(status)) = proxy.try_wait() {
+            panic!("the proxy exited early with {status}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    // `ip netns exec` and `unshare` exec into the binary, so this is the proxy itself.
+    let _ = proxy.kill();
+    let output = proxy.wait_with_output().expect("proxy output");
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        synced.contains(":KUBE-SEP-"),
+        "no rules programmed:\n{synced}\n{log}"
+    );
+    assert!(
+        !log.contains("read-only"),
+        "a kernel setting was still to make:\n{log}"
+    );
+    assert!(!log.contains("Permission denied"), "{log}");
 }
 
 /// Every non-null scalar of `shipped` has the same value at the same place in `effective`.
