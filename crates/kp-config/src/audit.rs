@@ -82,10 +82,7 @@ pub const FIELDS: &[FieldTreatment] = &[
     field("bindAddress", Effective),
     field("healthzBindAddress", Effective),
     field("metricsBindAddress", Effective),
-    field(
-        "bindAddressHardFail",
-        Warned("a port that cannot be bound is retried every 5s; the process does not exit"),
-    ),
+    field("bindAddressHardFail", Effective),
     field("enableProfiling", Warned(PROFILING)),
     field(
         "showHiddenMetricsForVersion",
@@ -516,7 +513,6 @@ logging:
     text:
       splitStream: true
       infoBufferSize: 1Mi
-bindAddressHardFail: true
 enableProfiling: true
 showHiddenMetricsForVersion: \"1.33\"
 nftables:

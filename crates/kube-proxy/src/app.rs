@@ -108,6 +108,7 @@ pub async fn run<B: Backend + 'static>(
     let admin = Admin {
         healthz: config.healthz_bind_address(),
         metrics: config.metrics_bind_address(),
+        hard_fail: config.bind_address_hard_fail,
         health,
         health_metrics,
         registry: Arc::new(registry),
@@ -141,10 +142,17 @@ pub async fn run<B: Backend + 'static>(
     if let Err(error) = source.await {
         tracing::warn!(%error, "source task ended abnormally");
     }
-    if admin_thread.join().is_err() {
-        tracing::warn!("admin server thread panicked");
-    }
+    let fatal = match admin_thread.join() {
+        Ok(fatal) => fatal,
+        Err(_) => {
+            tracing::warn!("admin server thread panicked");
+            None
+        }
+    };
     result.context("proxier")?;
+    if let Some(fatal) = fatal {
+        anyhow::bail!(fatal);
+    }
     tracing::info!("Shut down cleanly");
     Ok(())
 }
@@ -224,6 +232,9 @@ async fn stop_on_signal(shutdown: CancellationToken) {
 struct Admin {
     healthz: Option<SocketAddr>,
     metrics: Option<SocketAddr>,
+    /// `bindAddressHardFail`: a health or metrics port that cannot be bound stops the process
+    /// instead of being retried.
+    hard_fail: bool,
     health: Arc<ProxyHealth>,
     health_metrics: HealthMetrics,
     registry: Arc<Registry>,
@@ -237,8 +248,12 @@ struct Admin {
 }
 
 impl Admin {
-    /// Runs every admin server on its own thread and runtime until `shutdown`.
-    fn spawn(self, shutdown: CancellationToken) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    /// Runs every admin server on its own thread and runtime until `shutdown`. The thread
+    /// returns why it stopped the process, if it did (`bindAddressHardFail`).
+    fn spawn(
+        self,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<std::thread::JoinHandle<Option<String>>> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -249,8 +264,9 @@ impl Admin {
             .context("starting the admin thread")
     }
 
-    async fn serve(self, shutdown: CancellationToken) {
+    async fn serve(self, shutdown: CancellationToken) -> Option<String> {
         let mut tasks = tokio::task::JoinSet::new();
+        let hard_fail = self.hard_fail;
         if let Some(addr) = self.healthz {
             let (health, metrics, families, stop) = (
                 self.health.clone(),
@@ -259,19 +275,20 @@ impl Admin {
                 shutdown.clone(),
             );
             tasks.spawn(async move {
-                if let Some(listener) = bind_with_retry("healthz", addr, &stop).await
+                if let Some(listener) = bind_with_retry("healthz", addr, &stop, hard_fail).await?
                     && let Err(error) =
                         kp_server::serve_health(listener, health, families, metrics, stop).await
                 {
                     tracing::error!(%error, "health server stopped");
                 }
+                Ok(())
             });
         }
         if let Some(addr) = self.metrics {
             let (registry, info, explainer, stop) =
                 (self.registry, self.info, self.explainer, shutdown.clone());
             tasks.spawn(async move {
-                if let Some(listener) = bind_with_retry("metrics", addr, &stop).await
+                if let Some(listener) = bind_with_retry("metrics", addr, &stop, hard_fail).await?
                     && let Err(error) = kp_server::serve_metrics_with_explain(
                         listener, registry, info, explainer, stop,
                     )
@@ -279,33 +296,53 @@ impl Admin {
                 {
                     tracing::error!(%error, "metrics server stopped");
                 }
+                Ok(())
             });
         }
         // Health-check node ports answer on the addresses NodePorts do.
         let servers = ServiceHealthServers::new(self.node_port_ips, self.health);
         let (updates, stop) = (self.service_health, shutdown.clone());
-        tasks.spawn(async move { servers.run(updates, stop).await });
-        while tasks.join_next().await.is_some() {}
+        tasks.spawn(async move {
+            servers.run(updates, stop).await;
+            Ok(())
+        });
+        let mut fatal = None;
+        while let Some(done) = tasks.join_next().await {
+            if let Ok(Err(error)) = done {
+                tracing::error!(%error, "stopping: bindAddressHardFail is set");
+                shutdown.cancel();
+                fatal = Some(error);
+            }
+        }
+        fatal
     }
 }
 
-/// Binds `addr`, retrying every [`BIND_RETRY`] as upstream does, until shutdown.
+/// Binds `addr`, retrying every [`BIND_RETRY`] as upstream does, until shutdown (`Ok(None)`);
+/// with `hard_fail` (`bindAddressHardFail`) the first failure is the error that stops the
+/// process, as upstream.
 async fn bind_with_retry(
     server: &str,
     addr: SocketAddr,
     shutdown: &CancellationToken,
-) -> Option<tokio::net::TcpListener> {
+    hard_fail: bool,
+) -> Result<Option<tokio::net::TcpListener>, String> {
     loop {
         match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
                 tracing::info!(server, address = %addr, "Serving");
-                return Some(listener);
+                return Ok(Some(listener));
+            }
+            Err(error) if hard_fail => {
+                return Err(format!(
+                    "cannot bind the {server} server to {addr}: {error}"
+                ));
             }
             Err(error) => tracing::error!(server, address = %addr, %error, "cannot bind; retrying"),
         }
         tokio::select! {
             () = tokio::time::sleep(BIND_RETRY) => {}
-            () = shutdown.cancelled() => return None,
+            () = shutdown.cancelled() => return Ok(None),
         }
     }
 }

@@ -309,3 +309,48 @@ fn winuserspace_is_refused_on_linux_with_a_pointer_to_userspace() {
         "{stderr}"
     );
 }
+
+#[test]
+fn bind_address_hard_fail_stops_on_a_taken_port() {
+    // The port stays taken for the whole test.
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let port = taken.local_addr().expect("local addr").port();
+    let mut child = Command::new(binary())
+        .arg(format!("--manifests={}", examples().display()))
+        .args([
+            "--hostname-override=node-1",
+            "--proxy-mode=fake",
+            "--healthz-bind-address=",
+            &format!("--metrics-bind-address=127.0.0.1:{port}"),
+            "--bind-address-hard-fail",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start kube-proxy");
+    let deadline = Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    let _ = child.wait();
+    let status = status.unwrap_or_else(|| panic!("still running with the port taken:\n{stderr}"));
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot bind the metrics server to 127.0.0.1:{port}"
+        )),
+        "{stderr}"
+    );
+    drop(taken);
+}
