@@ -321,6 +321,13 @@ pub const FEATURE_GATES: &[(&str, GateTreatment)] = &[
     ("LoadBalancerIPMode", GateTreatment::AlwaysOn),
     ("MultiCIDRServiceAllocator", GateTreatment::AlwaysOn),
     ("NFTablesProxyMode", GateTreatment::AlwaysOn),
+    (
+        "KubeProxyNFTablesLocalhostNodePorts",
+        GateTreatment::NoEffect(
+            "localhost NodePorts (nodePortAddresses \"primary,localhost\") are not implemented \
+             in nftables mode",
+        ),
+    ),
     ("WinDSR", GateTreatment::NoEffect(WINDOWS)),
     ("WinOverlay", GateTreatment::NoEffect(WINDOWS)),
     ("LoggingAlphaOptions", GateTreatment::NoEffect(LOG_OPTIONS)),

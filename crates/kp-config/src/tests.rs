@@ -801,3 +801,67 @@ fn userspace_flags_set_the_fields_and_bad_ones_are_named() {
     let bad = Options::try_parse_from(["kube-proxy", "--udp-timeout=250"]);
     assert!(bad.is_err_and(|e| e.to_string().contains("--udp-timeout")));
 }
+
+#[test]
+fn deprecated_port_flags_work_as_upstreams() {
+    // Port 0 disables the server.
+    let off = loaded(&options(&["--metrics-port=0", "--healthz-port=0"])).config;
+    assert_eq!(off.metrics_bind_address(), None);
+    assert_eq!(off.healthz_bind_address(), None);
+    // Another port only applies to an address given without one (upstream's
+    // addressFromDeprecatedFlags appends a port only if there is none).
+    let bare = loaded(&options(&[
+        "--metrics-bind-address=0.0.0.0",
+        "--metrics-port=9999",
+    ]))
+    .config;
+    assert_eq!(bare.metrics_bind_address(), "0.0.0.0:9999".parse().ok());
+    let alone = loaded(&options(&["--metrics-port=9999"])).config;
+    assert_eq!(alone.metrics_bind_address(), "127.0.0.1:10249".parse().ok());
+    // With a config file they are ignored, with a warning.
+    let dir = tempdir();
+    let config = config_file(&dir, HEADER);
+    let with_file = loaded(&options(&[&config, "--healthz-port=0"]));
+    assert_eq!(
+        with_file.config.healthz_bind_address(),
+        "0.0.0.0:10256".parse().ok()
+    );
+    assert!(
+        with_file
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("flag --healthz-port is ignored")),
+        "{:#?}",
+        with_file.warnings
+    );
+}
+
+#[test]
+fn logging_flags_apply_over_the_file_and_are_warned_about() {
+    let dir = tempdir();
+    let config = config_file(&dir, HEADER);
+    let l = loaded(&options(&[
+        &config,
+        "--log-flush-frequency=2s",
+        "--log-json-split-stream",
+        "--log-text-info-buffer-size=1Mi",
+        "--windows-service",
+    ]));
+    assert_eq!(l.config.logging.flush_frequency, Duration::from_secs(2));
+    assert!(l.config.logging.options.json.split_stream);
+    assert_eq!(l.config.logging.options.text.info_buffer_size, "1Mi");
+    // --windows-service is a configuration flag: ignored with --config, as upstream.
+    assert!(!l.config.windows_run_as_service);
+    for named in [
+        "logging.flushFrequency is set",
+        "logging.options.json.splitStream is set",
+        "logging.options.text.infoBufferSize is set",
+        "flag --windows-service is ignored",
+    ] {
+        assert!(
+            l.warnings.iter().any(|w| w.starts_with(named)),
+            "{named}: {:#?}",
+            l.warnings
+        );
+    }
+}
