@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::types::KubeProxyConfiguration;
+use crate::types::{KubeProxyConfiguration, ProxyMode};
 
 /// What kube-proxy-rs does with a setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -386,6 +386,27 @@ impl KubeProxyConfiguration {
                     "{} is set to {value} but has no effect in kube-proxy-rs: {reason}",
                     f.path
                 ));
+            }
+        }
+        // The blocks of other modes: upstream reads them only in their own mode.
+        for (block, mode) in [("ipvs", ProxyMode::Ipvs), ("nftables", ProxyMode::Nftables)] {
+            if self.mode == mode {
+                continue;
+            }
+            if let (Some(Value::Object(set)), Some(Value::Object(unset))) =
+                (this.get(block), default.get(block))
+            {
+                for (key, value) in set {
+                    if unset.get(key) != Some(value)
+                        && field_treatment(&format!("{block}.{key}")) == Some(Effective)
+                    {
+                        out.push(format!(
+                            "{block}.{key} is set to {value} but has no effect in {} mode: it \
+                             applies to {mode} mode only",
+                            self.mode
+                        ));
+                    }
+                }
             }
         }
         out.extend(gate_warnings(&self.feature_gates));

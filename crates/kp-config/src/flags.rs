@@ -716,11 +716,13 @@ impl Options {
             ["iptables.masqueradeAll", "nftables.masqueradeAll"],
             |v| { (c.iptables.masquerade_all, c.nftables.masquerade_all) = (*v, *v) }
         );
+        // As upstream, only iptables.masqueradeBit (iptables and ipvs modes): nftables mode's
+        // bit is nftables.masqueradeBit, which no flag sets (warned about in nftables mode).
         flag!(
             self.iptables_masquerade_bit,
             "--iptables-masquerade-bit",
-            ["iptables.masqueradeBit", "nftables.masqueradeBit"],
-            |v| { (c.iptables.masquerade_bit, c.nftables.masquerade_bit) = (*v, *v) }
+            ["iptables.masqueradeBit"],
+            |v| { c.iptables.masquerade_bit = *v }
         );
         flag!(
             self.iptables_localhost_nodeports,
@@ -977,6 +979,53 @@ impl Options {
             ));
         }
         set
+    }
+}
+
+impl Options {
+    /// Flags given that upstream's `mode` ignores: named, so that nothing is dropped silently.
+    pub(crate) fn flags_of_other_modes(&self, mode: ProxyMode) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut other = |given: bool, flag: &str, applies: &str| {
+            if given {
+                out.push(format!(
+                    "flag {flag} has no effect in {mode} mode (it applies to {applies}), as upstream"
+                ));
+            }
+        };
+        let iptables_based = matches!(mode, ProxyMode::Iptables | ProxyMode::Ipvs);
+        other(
+            self.iptables_masquerade_bit.is_some() && !iptables_based,
+            "--iptables-masquerade-bit",
+            "iptables and ipvs modes; nftables mode uses nftables.masqueradeBit from a config file",
+        );
+        other(
+            self.iptables_localhost_nodeports.is_some() && mode != ProxyMode::Iptables,
+            "--iptables-localhost-nodeports",
+            "iptables mode",
+        );
+        other(
+            (self.iptables_sync_period.is_some() || self.iptables_min_sync_period.is_some())
+                && mode == ProxyMode::Ipvs,
+            "--iptables-sync-period / --iptables-min-sync-period",
+            "iptables and nftables modes; ipvs mode uses --ipvs-sync-period / --ipvs-min-sync-period",
+        );
+        let ipvs_flags = [
+            self.ipvs_sync_period.is_some(),
+            self.ipvs_min_sync_period.is_some(),
+            self.ipvs_scheduler.is_some(),
+            self.ipvs_exclude_cidrs.is_some(),
+            self.ipvs_strict_arp.is_some(),
+            self.ipvs_tcp_timeout.is_some(),
+            self.ipvs_tcpfin_timeout.is_some(),
+            self.ipvs_udp_timeout.is_some(),
+        ];
+        other(
+            ipvs_flags.contains(&true) && mode != ProxyMode::Ipvs,
+            "--ipvs-*",
+            "ipvs mode",
+        );
+        out
     }
 }
 

@@ -116,6 +116,9 @@ impl Options {
             }
         };
         from_flags.extend(self.apply_overriding_flags(&mut config));
+        if self.config.is_none() {
+            warnings.extend(self.flags_of_other_modes(config.mode));
+        }
         config.complete_defaults();
         let mut invalid = validate::validate(&config);
         flags::attribute_to_flags(&mut invalid, &from_flags);

@@ -865,3 +865,54 @@ fn logging_flags_apply_over_the_file_and_are_warned_about() {
         );
     }
 }
+
+#[test]
+fn settings_of_another_mode_are_named() {
+    let l = loaded(&options(&[
+        "--proxy-mode=nftables",
+        "--iptables-masquerade-bit=15",
+        "--iptables-localhost-nodeports=false",
+        "--ipvs-scheduler=wrr",
+        "--iptables-sync-period=10s",
+    ]));
+    // As upstream: the iptables bit is not nftables mode's.
+    assert_eq!(l.config.masquerade().0, DEFAULT_MASQUERADE_BIT);
+    assert_eq!(l.config.sync_period(), Duration::from_secs(10));
+    for flag in [
+        "flag --iptables-masquerade-bit has no effect in nftables mode",
+        "flag --iptables-localhost-nodeports has no effect in nftables mode",
+        "flag --ipvs-* has no effect in nftables mode",
+    ] {
+        assert!(
+            l.warnings.iter().any(|w| w.starts_with(flag)),
+            "{flag}: {:#?}",
+            l.warnings
+        );
+    }
+    let ipvs = loaded(&options(&[
+        "--proxy-mode=ipvs",
+        "--iptables-min-sync-period=5s",
+    ]));
+    assert!(
+        ipvs.warnings
+            .iter()
+            .any(|w| w.starts_with("flag --iptables-sync-period / --iptables-min-sync-period")),
+        "{:#?}",
+        ipvs.warnings
+    );
+    assert_eq!(ipvs.config.min_sync_period(), Duration::ZERO);
+
+    // In a file, the blocks of other modes.
+    let (_, warnings) = decoded_with_warnings(&doc(
+        "mode: iptables\nipvs:\n  scheduler: wrr\n  syncPeriod: 0s\nnftables:\n  masqueradeAll: true\n",
+    ));
+    assert_eq!(
+        warnings,
+        [
+            "ipvs.scheduler is set to \"wrr\" but has no effect in iptables mode: it applies to \
+             ipvs mode only",
+            "nftables.masqueradeAll is set to true but has no effect in iptables mode: it applies \
+             to nftables mode only",
+        ]
+    );
+}
