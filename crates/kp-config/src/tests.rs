@@ -244,7 +244,8 @@ fn unknown_fields_are_warned_by_path_and_line_and_skipped() {
     // are logged. Every unknown field is named with its full path and line.
     let text = format!(
         "{HEADER}iptables:\n  syncPeriod: 20s\n  masqueradeBitt: 3\nmasqueradeAll: true\n\
-         featureGates:\n  AnyGateName: true\nlogging:\n  options:\n    json:\n      bogus: 1\n"
+         featureGates:\n  AnyGateName: true\nlogging:\n  options:\n    json:\n      bogus: 1\n\
+         \x20 vmodule:\n  - filePattern: proxier\n    verbosity: 4\n    level: 2\n"
     );
     let (c, warnings) = decoded_with_warnings(&text);
     assert_eq!(c.iptables.sync_period, Duration::from_secs(20));
@@ -254,7 +255,8 @@ fn unknown_fields_are_warned_by_path_and_line_and_skipped() {
         .iter()
         .filter(|w| w.contains("strict decoding"))
         .collect();
-    assert_eq!(strict.len(), 3, "{warnings:#?}");
+    assert_eq!(strict.len(), 4, "{warnings:#?}");
+    assert!(strict[3].contains("unknown field \"logging.vmodule[0].level\" (line 16)"));
     assert!(
         strict[0].starts_with("<input>: unknown field \"iptables.masqueradeBitt\" (line 5)"),
         "{}",

@@ -271,12 +271,33 @@ fn strict_problems(text: &str) -> Vec<String> {
 /// (duplicates included) and the line of each key.
 enum Node {
     Map(Vec<(String, usize, Node)>),
+    Seq(Vec<Node>),
     Other,
 }
 
+/// The keys of `logging.vmodule` entries (the only list of objects in the schema).
+const VMODULE_KEYS: [&str; 2] = ["filePattern", "verbosity"];
+
 fn walk(node: &Node, prefix: &str, problems: &mut Vec<String>) {
-    let Node::Map(entries) = node else {
-        return;
+    let entries = match node {
+        Node::Map(entries) => entries,
+        Node::Seq(items) if prefix == "logging.vmodule." => {
+            for (i, item) in items.iter().enumerate() {
+                let Node::Map(entries) = item else { continue };
+                for (key, line, _) in entries {
+                    if !VMODULE_KEYS.contains(&key.as_str()) {
+                        let at = if *line == 0 {
+                            String::new()
+                        } else {
+                            format!(" (line {line})")
+                        };
+                        problems.push(format!("unknown field \"logging.vmodule[{i}].{key}\"{at}"));
+                    }
+                }
+            }
+            return;
+        }
+        _ => return,
     };
     // Maps with free keys (featureGates) have no unknown keys.
     if !prefix.is_empty() && audit::is_free_map(prefix.trim_end_matches('.')) {
@@ -327,8 +348,11 @@ impl<'de> Visitor<'de> for NodeVisitor {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
-        while seq.next_element::<Node>()?.is_some() {}
-        Ok(Node::Other)
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<Node>()? {
+            items.push(item);
+        }
+        Ok(Node::Seq(items))
     }
 
     fn visit_bool<E>(self, _: bool) -> Result<Node, E> {
