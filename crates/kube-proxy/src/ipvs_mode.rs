@@ -72,6 +72,17 @@ fn seconds(d: Duration) -> u32 {
     u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
 }
 
+/// Whether ipvs mode can run here, as [`build`] checks it. Loading `ip_vs` (which the probe
+/// tries) needs privileges only `--init-only`'s container has, so it probes too.
+pub fn available(config: &KubeProxyConfiguration) -> anyhow::Result<Result<(), Unavailable>> {
+    let scheduler: Scheduler = config
+        .ipvs
+        .scheduler
+        .parse()
+        .context("invalid ipvs.scheduler")?;
+    Ok(probe(scheduler).map(drop))
+}
+
 /// Builds ipvs mode, or says why it cannot run here (`Ok(Err(..))`, for the fallback).
 /// Configuration errors are `Err`. `node_ports` is nodePortAddresses resolved once at start-up.
 pub fn build(

@@ -220,8 +220,8 @@ fn conntrack_settings(config: &KubeProxyConfiguration) -> ConntrackSettings {
 /// its proxier needs only `CAP_NET_ADMIN` (`platformSetup`'s conntrack limits and timeouts,
 /// then the proxier constructor's sysctls: `route_localnet` in iptables mode with localhost
 /// NodePorts, IPVS's sysctls in ipvs mode). nftables, userspace and fake mode need nothing
-/// beyond conntrack. Upstream loads no kernel modules in any of this (its IPVS check only
-/// reads which are loaded), so neither does kube-proxy-rs.
+/// beyond conntrack. (The one kernel module, `ip_vs`, is loaded by [`init_only`]'s IPVS
+/// probe, not by this plan.)
 pub(crate) fn init_plan(
     config: &KubeProxyConfiguration,
     node_ports: NodePortAddresses,
@@ -246,13 +246,23 @@ pub(crate) fn init_plan(
 /// need. Unlike a normal start, where a setting that cannot be made is logged and the proxy
 /// runs on the kernel's value, a failure here is an error (as upstream's): making these
 /// settings is all the init container is for. A read-only `/sys` for the conntrack hash
-/// size is only a warning, as at every start.
+/// size is only a warning, as at every start. In ipvs mode it probes IPVS first (loading
+/// `ip_vs` if needed, which only this privileged container may); without IPVS it prepares
+/// iptables mode, which the proxy then falls back to.
 pub fn init_only(
     config: &KubeProxyConfiguration,
     node_ports: NodePortAddresses,
 ) -> anyhow::Result<()> {
     let host = FsSysctl::host();
-    let plan = init_plan(config, node_ports, sysctls::online_cpus(&host))?;
+    let mut config = std::borrow::Cow::Borrowed(config);
+    if config.mode() == kp_config::ProxyMode::Ipvs
+        && let Err(why) = crate::ipvs_mode::available(&config)?
+    {
+        tracing::error!(error = %why, "Can't use the IPVS proxier");
+        tracing::info!("Falling back to the iptables proxier");
+        config.to_mut().mode = kp_config::ProxyMode::Iptables;
+    }
+    let plan = init_plan(&config, node_ports, sysctls::online_cpus(&host))?;
     let report = sysctls::apply(&host, &plan).context("setting kernel parameters")?;
     record(&report.applied);
     for warning in report.warnings {

@@ -148,3 +148,29 @@ fn a_setting_that_cannot_be_made_fails_the_init_container() {
         "{log}"
     );
 }
+
+#[test]
+fn ipvs_mode_prepares_ipvs_or_the_iptables_fallback() {
+    if skip() {
+        return;
+    }
+    let ns = Netns::new("ipvs");
+    ns.write(ROUTE_LOCALNET, "0");
+    let globals = Globals::new(1000, 250);
+    let out = globals.run(&ns, &["--init-only", "--proxy-mode=ipvs"]);
+    assert!(out.status.success(), "init-only failed: {}", stderr(&out));
+    let log = stderr(&out);
+    if log.contains("Can't use the IPVS proxier") {
+        // No IPVS in this kernel (the case on the CI host): the proxy will fall back to
+        // iptables mode, so its settings are the ones made.
+        assert!(
+            log.contains("Falling back to the iptables proxier"),
+            "{log}"
+        );
+        assert_eq!(ns.read(ROUTE_LOCALNET), "1");
+    } else {
+        // IPVS works here: its sysctls are made (IPVS needs conntrack for SNAT).
+        assert_eq!(ns.read("/proc/sys/net/ipv4/vs/conntrack"), "1");
+    }
+    assert!(globals.get("max") >= 131_072);
+}
