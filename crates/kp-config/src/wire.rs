@@ -233,7 +233,7 @@ pub(crate) fn decode(text: &str, origin: &str) -> Result<Decoded, LoadError> {
         .into_iter()
         .map(|problem| {
             format!(
-                "{origin}: {problem}; ignored (strict decoding failed, decoded leniently as upstream does)"
+                "{origin}: {problem} (strict decoding failed; decoded leniently, as upstream does)"
             )
         })
         .collect();
@@ -291,7 +291,9 @@ fn walk(node: &Node, prefix: &str, problems: &mut Vec<String>) {
                         } else {
                             format!(" (line {line})")
                         };
-                        problems.push(format!("unknown field \"logging.vmodule[{i}].{key}\"{at}"));
+                        problems.push(format!(
+                            "unknown field \"logging.vmodule[{i}].{key}\"{at}: skipped"
+                        ));
                     }
                 }
             }
@@ -312,11 +314,13 @@ fn walk(node: &Node, prefix: &str, problems: &mut Vec<String>) {
             format!(" (line {line})")
         };
         if !seen.insert(key.as_str()) {
-            problems.push(format!("duplicate field {path:?}{at}"));
+            problems.push(format!(
+                "duplicate field {path:?}{at}: the last one is used"
+            ));
             continue;
         }
         if !audit::is_known_path(&path) {
-            problems.push(format!("unknown field {path:?}{at}"));
+            problems.push(format!("unknown field {path:?}{at}: skipped"));
             continue;
         }
         walk(value, &format!("{path}."), problems);
