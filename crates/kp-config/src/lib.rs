@@ -10,6 +10,12 @@
 //! zero values upstream treats as unset into defaults (`iptables.syncPeriod: 0s` is 30s), and
 //! unknown or duplicate fields are warnings (upstream decodes strictly, then leniently). Every
 //! setting kube-proxy-rs cannot honour is listed in [`audit`] and warned about when set.
+//!
+//! Adding a setting: the field in `types.rs` (with its default in `Default`), its optional
+//! mirror and conversion in `wire.rs` (zero meaning "unset" only if upstream's defaulting says
+//! so), a flag in `flags.rs` if it has one (and its `apply_config_flags` entry), and its
+//! treatment in [`audit::FIELDS`] / [`audit::FLAGS`]; the audit tests fail until the tables
+//! name it, and the strict-decoding check learns the field's path from `audit::FIELDS`.
 
 pub mod audit;
 pub mod duration;
