@@ -425,6 +425,43 @@ fn parse_ip_addr(text: &str) -> Vec<IpAddr> {
 mod tests {
     use super::*;
 
+    fn keys(config: &KubeProxyConfiguration) -> Vec<&'static str> {
+        match init_plan(config, NodePortAddresses::All, 2) {
+            Ok(plan) => plan.iter().map(|s| s.key).collect(),
+            Err(e) => panic!("{e:#}"),
+        }
+    }
+
+    #[test]
+    fn init_plan_follows_the_mode_as_upstreams_proxiers_do() {
+        let mut config = KubeProxyConfiguration::default();
+        let conntrack = [
+            sysctls::CONNTRACK_MAX,
+            sysctls::CONNTRACK_HASHSIZE,
+            sysctls::TCP_TIMEOUT_ESTABLISHED,
+            sysctls::TCP_TIMEOUT_CLOSE_WAIT,
+        ];
+        config.mode = kp_config::ProxyMode::Nftables;
+        assert_eq!(keys(&config), conntrack);
+        config.mode = kp_config::ProxyMode::Ipvs;
+        config.ipvs.strict_arp = true;
+        let ipvs = keys(&config);
+        assert_eq!(ipvs[..4], conntrack);
+        assert!(ipvs.contains(&"proc/sys/net/ipv4/vs/conntrack"), "{ipvs:?}");
+        assert!(
+            ipvs.contains(&"proc/sys/net/ipv4/conf/all/arp_ignore"),
+            "{ipvs:?}"
+        );
+        // iptables mode: route_localnet only with localhost NodePorts (and IPv4 programmed).
+        config.mode = kp_config::ProxyMode::Iptables;
+        config.iptables.localhost_node_ports = false;
+        assert_eq!(keys(&config), conntrack);
+        // conntrack.maxPerCore 0 leaves the table size alone; zero timeouts leave theirs.
+        config.conntrack.max_per_core = 0;
+        config.conntrack.tcp_established_timeout = std::time::Duration::ZERO;
+        assert_eq!(keys(&config), [sysctls::TCP_TIMEOUT_CLOSE_WAIT]);
+    }
+
     #[test]
     fn parses_ip_addr_output() {
         let text = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n\
