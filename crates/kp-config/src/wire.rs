@@ -70,6 +70,7 @@ struct Config {
     port_range: Text,
     udp_idle_timeout: Located,
     userspace: Option<Userspace>,
+    iptables_backend: Located,
 }
 
 #[derive(Deserialize, Default)]
@@ -287,6 +288,11 @@ impl Converter {
                 d.udp_idle_timeout,
             ),
             userspace: userspace(w.userspace.unwrap_or_default()),
+            iptables_backend: self.parsed(
+                "iptablesBackend",
+                w.iptables_backend,
+                d.iptables_backend,
+            ),
         }
     }
 
