@@ -58,6 +58,7 @@ const TOOLS: &[&[&str]] = &[
     &["conntrack", "--version"],
     &["ip", "-V"],
     &["unshare", "--version"],
+    &["modprobe", "--version"],
 ];
 
 /// Mounts what the DaemonSet and a container runtime give the container, then runs the
