@@ -47,7 +47,10 @@ pub fn select(
     let configured =
         configured(flag, env.as_deref(), file).context("choosing the iptables backend")?;
     let choice = runtime.block_on(xtables::choose(configured, &ExecProbe));
-    use_on_host(choice.variant);
+    anyhow::ensure!(
+        use_on_host(choice.variant),
+        "the iptables backend was already chosen differently in this process"
+    );
     let tools = Tools::host();
     tracing::info!(
         backend = xtables::variant_name(choice.variant),
