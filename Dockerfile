@@ -9,11 +9,13 @@ RUN cargo build --release --locked -p kube-proxy \
     && install -D -m 0755 target/release/kube-proxy /out/kube-proxy
 
 FROM debian:bookworm-slim
-# The userspace tools kube-proxy drives on the node (util-linux's `unshare`, which isolates a
-# failing iptables restore in a throwaway network namespace, is in the base image).
+# The userspace tools kube-proxy drives on the node: deploy/image/packages.txt, the one list the
+# image test (crates/kube-proxy/tests/image.rs) also builds its root file system from. util-linux's
+# `unshare`, which isolates a failing iptables restore in a throwaway network namespace, is in
+# the base image.
+COPY deploy/image/packages.txt /tmp/packages.txt
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends \
-        iptables nftables ipset conntrack iproute2 \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get install -y --no-install-recommends $(sed 's/#.*//' /tmp/packages.txt) \
+    && rm -rf /var/lib/apt/lists/* /tmp/packages.txt
 COPY --from=builder /out/kube-proxy /usr/local/bin/kube-proxy
 ENTRYPOINT ["/usr/local/bin/kube-proxy"]

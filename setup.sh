@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Installs the tools the proxy, its demo and its tests exec, when a fresh Debian/Ubuntu machine
-# lacks them (apt-get, only what is missing). README's first command and .ci/run call this;
-# `--tests` adds what only the test suites need.
+# lacks them (apt-get, only what is missing). README's first command calls this; `--tests`
+# (README's test command, which .ci/run runs) adds what only the test suites need.
 set -euo pipefail
+
+# The Rust toolchain is not a Debian package we can use (bookworm's is too old): say so early.
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup.sh: cargo is missing; install the Rust toolchain first (rustup), then run this again" >&2
+  exit 1
+fi
 
 # command -> Debian package providing it.
 declare -A packages=(
@@ -13,6 +19,8 @@ declare -A packages=(
   [ipset]=ipset
   [sysctl]=procps
   [kill]=procps
+  # Building: the linker, and the C compiler and libc headers `ring` needs.
+  [cc]=build-essential
 )
 if [ "${1:-}" = "--tests" ]; then
   # The IPVS/SCTP suites boot Debian's kernel in QEMU (crates/kp-vm); the kernel package
@@ -22,6 +30,8 @@ if [ "${1:-}" = "--tests" ]; then
     [depmod]=kmod
     [xz]=xz-utils
     [ipvsadm]=ipvsadm
+    # The image test builds the runtime image's root file system (deploy/image/rootfs.sh).
+    [debootstrap]=debootstrap
   )
 fi
 missing=()

@@ -192,24 +192,6 @@ pub fn kill(pid: u32, signal: &str) {
         .status();
 }
 
-/// A directory whose `iptables*`/`ip6tables*` names point at the legacy tools, to put first
-/// on the proxy's `PATH`: the proxy runs the tools by name, and has no flag for the variant.
-pub fn legacy_shim(dir: &Path) -> anyhow::Result<PathBuf> {
-    let shim = dir.join("legacy-shim");
-    std::fs::create_dir_all(&shim)?;
-    for base in ["iptables", "ip6tables"] {
-        for suffix in ["", "-save", "-restore"] {
-            let name = format!("{base}{suffix}");
-            let target = which(&format!("{base}-legacy{suffix}"))
-                .with_context(|| format!("{base}-legacy{suffix} not found"))?;
-            let link = shim.join(&name);
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(&target, &link)?;
-        }
-    }
-    Ok(shim)
-}
-
 /// The first `name` on the `PATH` (plus the sbin directories).
 pub fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var("PATH").unwrap_or_default();

@@ -219,6 +219,12 @@ pub struct Options {
     #[arg(long, value_name = "NAME", help_heading = "Node")]
     pub hostname_override: Option<String>,
 
+    /// kube-proxy-rs extension: the iptables backend, auto (the one the node's kubelet and
+    /// rules use), legacy or nft. Wins over $KUBE_PROXY_RS_IPTABLES_BACKEND, which wins over
+    /// iptablesBackend in the file. Applies even with --config (it describes the node).
+    #[arg(long, value_name = "auto|legacy|nft", value_parser = crate::IptablesBackend::from_str, help_heading = "Node")]
+    pub iptables_backend: Option<crate::IptablesBackend>,
+
     /// Use this IP as the node's primary IP for rule programming; `::` selects IPv6
     /// defaults for the servers. Nothing listens on it.
     #[arg(long, value_name = "IP", help_heading = "Node")]
@@ -932,6 +938,10 @@ impl Options {
         {
             c.hostname_override = name.to_lowercase();
             set.push(("--hostname-override", &["hostnameOverride"]));
+        }
+        if let Some(backend) = self.iptables_backend {
+            c.iptables_backend = backend;
+            set.push(("--iptables-backend", &["iptablesBackend"]));
         }
         if let Some(level) = self.verbosity {
             c.logging.verbosity = level;

@@ -20,6 +20,7 @@
 pub mod audit;
 pub mod duration;
 mod flags;
+mod iptables_backend;
 mod load;
 mod types;
 mod validate;
@@ -43,9 +44,10 @@ pub use types::{
     DEFAULT_NFTABLES_MIN_SYNC_PERIOD, DEFAULT_OOM_SCORE_ADJ, DEFAULT_QPS, DEFAULT_SYNC_PERIOD,
     DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_USERSPACE_MAX_CONNECTIONS_PER_SERVICE,
     DEFAULT_USERSPACE_MAX_UDP_SESSIONS_PER_SERVICE, DetectLocalConfiguration, IPVS_SCHEDULERS,
-    IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration, LocalMode,
-    LogFormatOptions, Logging, LoggingOptions, NODE_PORT_ADDRESSES_PRIMARY, NftablesConfiguration,
-    NodePortAddresses, ProxyMode, UserspaceConfiguration, VModuleItem, WinkernelConfiguration,
+    IptablesBackend, IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration,
+    LocalMode, LogFormatOptions, Logging, LoggingOptions, NODE_PORT_ADDRESSES_PRIMARY,
+    NftablesConfiguration, NodePortAddresses, ProxyMode, UserspaceConfiguration, VModuleItem,
+    WinkernelConfiguration,
 };
 pub use validate::{ConfigErrors, FieldError};
 pub use write::{WriteError, write_config};

@@ -1,9 +1,10 @@
 //! Producing the effective configuration from the command line and the optional file.
 //!
 //! Precedence is upstream's: with `--config` the file is the configuration and only
-//! `--hostname-override` and the logging flags still apply on top of it; any other
-//! configuration flag that was given is ignored and reported as a warning. Without
-//! `--config`, flags override the defaults.
+//! `--hostname-override`, the logging flags and our `--iptables-backend` (it describes the
+//! node, like the host name) still apply on top of it; any other configuration flag that was
+//! given is ignored and reported as a warning. Without `--config`, flags override the
+//! defaults.
 
 use std::path::PathBuf;
 

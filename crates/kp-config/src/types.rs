@@ -17,6 +17,7 @@ use ipnet::IpNet;
 use serde::Serialize;
 
 use crate::duration::serde_go;
+pub use crate::iptables_backend::IptablesBackend;
 
 /// The only `apiVersion` upstream has ever shipped for this kind.
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
@@ -379,6 +380,10 @@ pub struct KubeProxyConfiguration {
     /// default, so other files stay readable by upstream.
     #[serde(skip_serializing_if = "UserspaceConfiguration::is_default")]
     pub userspace: UserspaceConfiguration,
+    /// kube-proxy-rs extension: the iptables backend (`auto` detects the node's; see
+    /// [`IptablesBackend`]). Written only when set.
+    #[serde(skip_serializing_if = "IptablesBackend::is_auto")]
+    pub iptables_backend: IptablesBackend,
 }
 
 fn is_default_udp_idle_timeout(timeout: &Duration) -> bool {
@@ -622,6 +627,7 @@ impl Default for KubeProxyConfiguration {
             udp_idle_timeout: DEFAULT_UDP_IDLE_TIMEOUT,
             windows_run_as_service: false,
             userspace: UserspaceConfiguration::default(),
+            iptables_backend: IptablesBackend::Auto,
         }
     }
 }

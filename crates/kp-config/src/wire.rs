@@ -79,6 +79,7 @@ struct Config {
     udp_idle_timeout: Located,
     windows_run_as_service: Option<bool>,
     userspace: Option<Userspace>,
+    iptables_backend: Located,
 }
 
 #[derive(Deserialize, Default)]
@@ -490,6 +491,11 @@ impl Converter {
             ),
             windows_run_as_service: w.windows_run_as_service.unwrap_or_default(),
             userspace: userspace(w.userspace.unwrap_or_default()),
+            iptables_backend: self.parsed(
+                "iptablesBackend",
+                w.iptables_backend,
+                d.iptables_backend,
+            ),
         }
     }
 

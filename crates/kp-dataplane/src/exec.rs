@@ -8,20 +8,23 @@
 //!
 //! # Which iptables
 //!
-//! Like upstream, the default is whatever `iptables` is on the `PATH` (the distribution's
-//! alternatives decide between the nf_tables and the legacy backend). [`IptablesVariant`]
-//! lets the operator pick one explicitly. On our machines (`measured-here.md`) the legacy
+//! Mixing backends on one node is wrong (kubelet, the CNI plugin and the node's firewall must
+//! share one), so the binary decides once at start-up which backend the node uses
+//! ([`crate::xtables`], as upstream's image does with its iptables-wrapper) and records it
+//! with [`use_on_host`]; [`Tools::host`] (and so `Tools::default()`, `ExecRunner::default()`)
+//! then names that backend's `-legacy` or `-nft` binaries everywhere in the process. Without
+//! a recorded choice (tests, tools) it is [`IptablesVariant::System`], whatever `iptables` the
+//! distribution's alternatives point at. On our machines (`measured-here.md`) the legacy
 //! backend restores upstream-shaped rulesets about 10x faster at scale (1,000 services x 10
 //! endpoints: 0.84 s legacy vs 8.7 s nf_tables) and scales linearly, while the nf_tables
-//! backend grows super-linearly with the size of one restore. Mixing backends on one node
-//! is wrong (kubelet and the CNI plugin must use the same one), so the choice is explicit
-//! rather than automatic; [`backend_of_version`] tells which one a binary uses, for logs.
+//! backend grows super-linearly with the size of one restore; [`backend_of_version`] tells
+//! which one a binary uses, for logs.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use kp_core::model::IpFamily;
 use kp_rules::iptables::Table;
@@ -90,9 +93,26 @@ pub enum IptablesVariant {
     Nft,
 }
 
+/// The backend this process uses, once decided ([`use_on_host`]).
+static HOST_VARIANT: OnceLock<IptablesVariant> = OnceLock::new();
+
+/// Records the backend every [`Tools::host`] of this process names from now on. Only the first
+/// call counts (the choice is made once at start-up and never mixed); returns whether this
+/// call's variant is the one in force.
+pub fn use_on_host(variant: IptablesVariant) -> bool {
+    *HOST_VARIANT.get_or_init(|| variant) == variant
+}
+
+/// The backend recorded with [`use_on_host`], or [`IptablesVariant::System`] if none was.
+pub fn host_variant() -> IptablesVariant {
+    HOST_VARIANT.get().copied().unwrap_or_default()
+}
+
 /// The paths (or `PATH`-relative names) of the six tools.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tools {
+    /// The backend they belong to (for logs; the paths decide what runs).
+    pub variant: IptablesVariant,
     /// `iptables`.
     pub iptables: PathBuf,
     /// `iptables-save`.
@@ -117,6 +137,7 @@ impl Tools {
         };
         let name = |base: &str, suffix: &str| PathBuf::from(format!("{base}{infix}{suffix}"));
         Self {
+            variant,
             iptables: name("iptables", ""),
             iptables_save: name("iptables", "-save"),
             iptables_restore: name("iptables", "-restore"),
@@ -124,6 +145,11 @@ impl Tools {
             ip6tables_save: name("ip6tables", "-save"),
             ip6tables_restore: name("ip6tables", "-restore"),
         }
+    }
+
+    /// The tools of the backend this process uses ([`use_on_host`]).
+    pub fn host() -> Self {
+        Self::new(host_variant())
     }
 
     /// `iptables` or `ip6tables`.
@@ -151,9 +177,10 @@ impl Tools {
     }
 }
 
+/// [`Tools::host`]: whatever builds tools without naming a backend follows the process's choice.
 impl Default for Tools {
     fn default() -> Self {
-        Self::new(IptablesVariant::System)
+        Self::host()
     }
 }
 
@@ -202,6 +229,11 @@ pub trait RuleRunner: Send + Sync {
         family: IpFamily,
         args: &[String],
     ) -> impl Future<Output = Result<(), ExecError>> + Send;
+
+    /// The backend the tools belong to, for sync logs (`None`: not a real one, e.g. a fake).
+    fn variant(&self) -> Option<IptablesVariant> {
+        None
+    }
 }
 
 /// util-linux's `unshare`, on the `PATH`: runs a restore in a network namespace of its own
@@ -267,6 +299,10 @@ impl RuleRunner for ExecRunner {
         full.extend_from_slice(args);
         run_program(self.tools.iptables(family), &full, None).await?;
         Ok(())
+    }
+
+    fn variant(&self) -> Option<IptablesVariant> {
+        Some(self.tools.variant)
     }
 }
 
@@ -701,7 +737,7 @@ mod tests {
             legacy.save(IpFamily::V6),
             &PathBuf::from("ip6tables-legacy-save")
         );
-        let system = Tools::default();
+        let system = Tools::new(IptablesVariant::System);
         assert_eq!(system.iptables(IpFamily::V4), &PathBuf::from("iptables"));
         assert_eq!(
             Tools::new(IptablesVariant::Nft).restore(IpFamily::V6),

@@ -10,6 +10,8 @@
 //!   ctnetlink ([`conntrack::Conntrack`]).
 //! - [`sysctls`]: conntrack table size and timeouts, `route_localnet`
 //!   ([`sysctls::Sysctl`]).
+//! - [`xtables`]: which iptables backend (legacy or nf_tables) the node uses, detected as
+//!   upstream's image does; [`exec::Tools::host`] then runs that backend's tools.
 //!
 //! Nothing here decides *what* to program; that is `kp-core` (state, change tracking) and
 //! `kp-rules` (rule text).
@@ -20,6 +22,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
 pub mod sysctls;
+pub mod xtables;
 
 #[cfg(test)]
 mod testutil;

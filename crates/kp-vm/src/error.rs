@@ -8,7 +8,7 @@ use std::path::PathBuf;
 pub enum VmError {
     /// Host tools the runner needs are not installed.
     #[error(
-        "the test VM needs {tools}; install them with `apt-get install -y --no-install-recommends {packages}` (.ci/run does)"
+        "the test VM needs {tools}; install them with `apt-get install -y --no-install-recommends {packages}` (./setup.sh --tests, part of README's test command, does)"
     )]
     Missing {
         /// The missing commands or files.

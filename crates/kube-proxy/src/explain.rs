@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
-use kp_config::{KubeProxyConfiguration, Options, ProxyMode, parse_go_bool};
+use kp_config::{IptablesBackend, KubeProxyConfiguration, Options, ProxyMode, parse_go_bool};
 use kp_core::backend::SyncKind;
 use kp_core::event::SourceEvent;
 use kp_core::model::IpFamily;
@@ -130,6 +130,11 @@ struct Args {
     /// iptables.
     #[arg(long, value_name = "MODE", value_parser = ProxyMode::from_str, help_heading = "Proxy configuration")]
     proxy_mode: Option<ProxyMode>,
+
+    /// The iptables backend --verify reads (as the proxy's; default: detected as the proxy
+    /// detects it, after $KUBE_PROXY_RS_IPTABLES_BACKEND and the file's iptablesBackend).
+    #[arg(long, value_name = "auto|legacy|nft", value_parser = IptablesBackend::from_str, help_heading = "Proxy configuration")]
+    iptables_backend: Option<IptablesBackend>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, kp_config::duration::DurationError> {
@@ -176,6 +181,7 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
         cluster_cidr: args.cluster_cidr.clone(),
         masquerade_all: args.masquerade_all,
         proxy_mode: args.proxy_mode,
+        iptables_backend: args.iptables_backend,
         ..Options::default()
     };
     let loaded = options.load().context("invalid configuration")?;
@@ -218,6 +224,8 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
     annotate_mode(&mut explanation, &state, &render_config, &config)?;
 
     let report = if args.verify {
+        // The backend the proxy on this node uses, chosen the same way.
+        crate::iptables_backend::select(&runtime, args.iptables_backend, config.iptables_backend)?;
         Some(verify_kernel(&state, &render_config, &explanation)?)
     } else {
         None
@@ -411,7 +419,7 @@ fn verify_kernel(
     .context("rendering the desired rules")?;
     let desired = RuleSet::parse(&desired.text).context("reading the rendered rules")?;
     let tool = save_tool(family);
-    let output = std::process::Command::new(tool)
+    let output = std::process::Command::new(&tool)
         .output()
         .with_context(|| format!("running {tool}"))?;
     if !output.status.success() {
@@ -426,10 +434,10 @@ fn verify_kernel(
     Ok(verify(explanation, &desired, &actual))
 }
 
-/// The save tool of a family.
-fn save_tool(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => "iptables-save",
-        IpFamily::V6 => "ip6tables-save",
-    }
+/// The save tool of a family, of the backend chosen for this process.
+pub(crate) fn save_tool(family: IpFamily) -> String {
+    kp_dataplane::exec::Tools::host()
+        .save(family)
+        .display()
+        .to_string()
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use kp_config::KubeProxyConfiguration;
-use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools};
+use kp_dataplane::exec::{ExecRunner, Tools};
 use kp_dataplane::iptables::detect_families;
 use kp_dataplane::ipvs::{ExecIpset, IpvsBackend, IpvsBackendConfig, RtLinks};
 use kp_dataplane::sysctls::{self, FsSysctl};
@@ -132,7 +132,7 @@ pub fn build(
         backend_config,
         ipvs,
         RtLinks::new(),
-        ExecRunner::new(Tools::new(IptablesVariant::System)),
+        ExecRunner::new(Tools::host()),
         ExecIpset,
         Box::new(host),
     );

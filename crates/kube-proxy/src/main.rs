@@ -7,6 +7,7 @@ mod debug_explain;
 mod demo;
 mod dryrun;
 mod explain;
+mod iptables_backend;
 mod ipvs_mode;
 mod log;
 mod modes;
@@ -69,6 +70,15 @@ fn run(options: Options) -> anyhow::Result<()> {
     let settings = app::Settings::new(&options, config, node_ports.clone());
     // As upstream, `--cleanup` removes every kernel mode's state whatever mode is set.
     let kernel_mode = !matches!(mode, ProxyMode::Fake | ProxyMode::Winuserspace);
+    if kernel_mode {
+        // Once, before any iptables tool runs: every mode runs some (nftables mode removes
+        // iptables mode's leftovers), and all of them must use the node's backend.
+        iptables_backend::select(
+            &runtime,
+            options.iptables_backend,
+            settings.config().iptables_backend,
+        )?;
+    }
     if options.cleanup && kernel_mode {
         let backend = cleanup::build(settings.config(), node_ports, &mut registry)?;
         return run_kernel_mode(&runtime, settings, backend, registry, true);

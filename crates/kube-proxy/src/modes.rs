@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use ipnet::IpNet;
 use kp_config::{KubeProxyConfiguration, LocalMode, NodePortAddresses as ConfigAddresses};
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
-use kp_dataplane::exec::{IptablesVariant, Tools};
+use kp_dataplane::exec::Tools;
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics, detect_families};
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::sysctls::{self, Applied, ConntrackSettings, FsSysctl, SysctlRecord};
@@ -46,12 +46,9 @@ pub fn iptables(
             ),
         }
     }
-    let backend = IptablesBackend::new(
-        IptablesConfig::new(families, render),
-        Tools::new(IptablesVariant::System),
-    )
-    .context("invalid iptables configuration")?
-    .with_metrics(IptablesMetrics::register(registry));
+    let backend = IptablesBackend::new(IptablesConfig::new(families, render), Tools::host())
+        .context("invalid iptables configuration")?
+        .with_metrics(IptablesMetrics::register(registry));
     tracing::info!("Using iptables Proxier");
     Ok(backend)
 }
@@ -87,11 +84,8 @@ pub fn nftables(
     )
     .context("invalid nftables configuration")?;
     // Only for cleaning up what iptables mode left; its metrics are not registered.
-    let iptables = IptablesBackend::new(
-        IptablesConfig::new(families, render),
-        Tools::new(IptablesVariant::System),
-    )
-    .context("invalid iptables configuration")?;
+    let iptables = IptablesBackend::new(IptablesConfig::new(families, render), Tools::host())
+        .context("invalid iptables configuration")?;
     tracing::info!("Using nftables Proxier");
     Ok(NftablesMode {
         nft,

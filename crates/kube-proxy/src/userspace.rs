@@ -2,7 +2,7 @@
 //! `winuserspace` is refused with a pointer to this mode, which runs the same relay.
 
 use kp_config::KubeProxyConfiguration;
-use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools};
+use kp_dataplane::exec::{ExecRunner, Tools};
 use kp_dataplane::iptables::detect_families;
 use kp_rules::userspace::{CaptureConfig, DEFAULT_DROP_BIT};
 use kp_userspace::iptables::IptablesCapture;
@@ -26,7 +26,7 @@ pub type UserspaceMode = UserspaceBackend<IptablesCapture<ExecRunner>>;
 pub fn backend(config: &KubeProxyConfiguration, registry: &mut Registry) -> UserspaceMode {
     let families = detect_families();
     let capture = IptablesCapture::new(
-        ExecRunner::new(Tools::new(IptablesVariant::System)),
+        ExecRunner::new(Tools::host()),
         CaptureConfig {
             node_port_addresses: crate::modes::node_port_addresses(config),
             localhost_node_ports: config.iptables.localhost_node_ports,

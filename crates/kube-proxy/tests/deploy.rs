@@ -548,14 +548,34 @@ fn dockerfile_ships_the_binary_where_the_daemonset_runs_it() {
         "release build of the kube-proxy package"
     );
 
+    // The packages come from the one list the image test builds its root file system from.
+    let list = "deploy/image/packages.txt";
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("COPY") && l.contains(&format!(" {list} "))),
+        "the Dockerfile copies {list}"
+    );
     let install = lines
         .iter()
         .find(|l| l.contains("apt-get install"))
         .expect("apt-get install");
-    let words: BTreeSet<&str> = install.split_whitespace().collect();
+    assert!(
+        install.contains("$(sed 's/#.*//' /tmp/packages.txt)"),
+        "installs the list's packages: {install}"
+    );
+    let packages: BTreeSet<String> = read(&repo_root().join(list))
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect();
     for package in ["iptables", "nftables", "ipset", "conntrack", "iproute2"] {
-        assert!(words.contains(package), "{package} is installed: {install}");
+        assert!(
+            packages.contains(package),
+            "{package} is in {list}: {packages:?}"
+        );
     }
+    let words: BTreeSet<&str> = install.split_whitespace().collect();
     assert!(words.contains("--no-install-recommends"), "{install}");
     assert!(install.contains("rm -rf /var/lib/apt/lists/*"), "{install}");
 

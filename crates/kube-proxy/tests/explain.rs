@@ -330,8 +330,13 @@ impl Netns {
     }
 
     fn restore(&self, text: &str) {
+        self.restore_with("iptables-restore", text);
+    }
+
+    /// `tool --noflush` (an `iptables-restore` of some backend) with `text`.
+    fn restore_with(&self, tool: &str, text: &str) {
         let mut child = self
-            .command("iptables-restore")
+            .command(tool)
             .arg("--noflush")
             .stdin(Stdio::piped())
             .stderr(Stdio::piped())
@@ -344,7 +349,7 @@ impl Netns {
             .write_all(text.as_bytes())
             .expect("write rules");
         let out = child.wait_with_output().expect("wait");
-        assert!(out.status.success(), "iptables-restore: {}", stderr(&out));
+        assert!(out.status.success(), "{tool}: {}", stderr(&out));
     }
 
     /// `explain --verify -o json` inside the namespace: (exit code, JSON).
@@ -414,6 +419,37 @@ fn differences(v: &Value) -> Vec<Value> {
         .as_array()
         .cloned()
         .expect("differences array")
+}
+
+/// On a node whose kubelet uses the legacy backend, `--verify` reads the legacy rules (where
+/// the proxy put them), and says so; forced to nf_tables it finds nothing there.
+#[test]
+fn verify_reads_the_backend_the_proxy_uses() {
+    let Some(ns) = Netns::create() else {
+        return;
+    };
+    ns.restore_with(
+        "iptables-legacy-restore",
+        &format!(
+            "*mangle\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n{}",
+            rendered_rules()
+        ),
+    );
+    let (code, v) = ns.verify(&["10.96.0.10:80"]);
+    assert_eq!(code, Some(0), "{v:#}");
+    let out = ns
+        .command(binary())
+        .args(base_args(&["10.96.0.10:80", "--verify"]))
+        .output()
+        .expect("explain");
+    assert!(
+        stdout(&out).contains("verify against iptables-legacy-save: "),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let (code, v) = ns.verify(&["10.96.0.10:80", "--iptables-backend=nft"]);
+    assert_eq!(code, Some(3), "nothing in nf_tables: {v:#}");
 }
 
 #[test]

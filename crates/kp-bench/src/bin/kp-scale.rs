@@ -44,9 +44,10 @@ enum Mode {
 /// Which iptables the proxy runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Variant {
-    /// Whatever `iptables` is on the PATH (nf_tables here).
+    /// The proxy's own choice (`--iptables-backend` unset): in the benchmark's empty namespace
+    /// that is nf_tables, as upstream's image would choose.
     System,
-    /// The legacy tools, through a PATH shim (the proxy has no flag for this yet).
+    /// The legacy tools (`--iptables-backend=legacy`).
     Legacy,
 }
 
@@ -215,13 +216,7 @@ struct Proxy {
 }
 
 impl Proxy {
-    fn spawn(
-        netns: &Netns,
-        args: &Args,
-        manifests: &Path,
-        log: &Path,
-        path_prefix: Option<&Path>,
-    ) -> anyhow::Result<Self> {
+    fn spawn(netns: &Netns, args: &Args, manifests: &Path, log: &Path) -> anyhow::Result<Self> {
         let binary = std::fs::canonicalize(&args.binary)
             .with_context(|| format!("kube-proxy binary {}", args.binary.display()))?;
         let manifests = format!("--manifests={}", manifests.display());
@@ -232,12 +227,17 @@ impl Proxy {
             Mode::Ipvs => "--proxy-mode=ipvs",
         };
         let hostname = format!("--hostname-override={NODE_NAME}");
+        let backend = match args.iptables {
+            Variant::System => "--iptables-backend=auto",
+            Variant::Legacy => "--iptables-backend=legacy",
+        };
         let mut command = netns.command(
             &binary,
             &[
                 &manifests,
                 mode,
                 &hostname,
+                backend,
                 "-v=2",
                 "--iptables-min-sync-period=0s",
                 "--ipvs-min-sync-period=0s",
@@ -246,10 +246,6 @@ impl Proxy {
                 "--conntrack-max-per-core=0",
             ],
         );
-        if let Some(prefix) = path_prefix {
-            let path = std::env::var("PATH").unwrap_or_default();
-            command.env("PATH", format!("{}:{path}", prefix.display()));
-        }
         command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -452,12 +448,8 @@ async fn proxy_run(
     ]);
     let load_start = sys::load();
     let netns = Netns::create(&format!("kpbench-{}", std::process::id()))?;
-    let shim = match args.iptables {
-        Variant::System => None,
-        Variant::Legacy => Some(sys::legacy_shim(dir)?),
-    };
     let save_tool = match args.iptables {
-        Variant::System => "iptables-save",
+        Variant::System => "iptables-nft-save",
         Variant::Legacy => "iptables-legacy-save",
     };
     let label = format!(
@@ -472,8 +464,8 @@ async fn proxy_run(
             (Mode::Fake, _) => "-",
             (Mode::Ipvs, _) => "IPVS netlink + ipset",
             (Mode::Nftables, _) => "nft",
-            (_, Variant::System) => "nf_tables (system)",
-            (_, Variant::Legacy) => "legacy (PATH shim)",
+            (_, Variant::System) => "nf_tables (detected)",
+            (_, Variant::Legacy) => "legacy (--iptables-backend)",
         }
     );
     let log = dir.join(format!(
@@ -482,7 +474,7 @@ async fn proxy_run(
         scale.endpoints,
         label.replace([' ', '/', '(', ')'], "")
     ));
-    let mut proxy = Proxy::spawn(&netns, args, manifests_dir, &log, shim.as_deref())?;
+    let mut proxy = Proxy::spawn(&netns, args, manifests_dir, &log)?;
     eprintln!(
         "kp-scale: proxy pid {} in netns {}, log {}",
         proxy.pid,

@@ -560,6 +560,8 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
             filter_rules,
             nat_rules,
             took = ?sync_start.elapsed(),
+            // Which backend restored them: legacy restores are much faster at scale.
+            iptables_backend = self.runner.variant().map_or("", crate::xtables::variant_name),
             "iptables sync finished"
         );
         // Skipped services count as not programmed, so the sync that programs them treats

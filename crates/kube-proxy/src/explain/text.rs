@@ -48,10 +48,7 @@ pub fn render(e: &Explanation, report: Option<&VerifyReport>) -> String {
     }
     if let Some(report) = report {
         out.push('\n');
-        let tool = match e.family {
-            kp_core::model::IpFamily::V4 => "iptables-save",
-            kp_core::model::IpFamily::V6 => "ip6tables-save",
-        };
+        let tool = super::save_tool(e.family);
         let _ = writeln!(
             out,
             "verify against {tool}: {} chains compared, {} differences",

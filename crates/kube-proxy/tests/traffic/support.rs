@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Host, Outcome, Role, Tally};
@@ -427,6 +427,32 @@ impl Flags {
     }
 }
 
+/// Appends the binary under test to `ip netns exec NODE`, with `--manifests` pointing at
+/// `manifests` and its record of changed kernel settings kept in `state`; the proxy's other
+/// flags follow.
+pub type Launcher = fn(command: &mut Command, manifests: &Path, state: &Path);
+
+/// How this test process starts the proxy: [`run_built_binary`] unless [`set_launcher`] chose
+/// another way (the image test runs it chrooted into the runtime image).
+static LAUNCHER: OnceLock<Launcher> = OnceLock::new();
+
+/// Starts every proxy of this test process with `launcher` (only the first call counts).
+#[allow(
+    dead_code,
+    reason = "only the image test (image.rs) runs the proxy differently"
+)]
+pub fn set_launcher(launcher: Launcher) {
+    let _ = LAUNCHER.set(launcher);
+}
+
+/// The default [`Launcher`]: the binary cargo built, as it is.
+fn run_built_binary(command: &mut Command, manifests: &Path, state: &Path) {
+    command
+        .arg(KUBE_PROXY)
+        .arg(format!("--manifests={}", manifests.display()))
+        .env(kp_dataplane::sysctls::STATE_DIR_ENV, state);
+}
+
 /// The real binary running inside the node namespace; its stderr lines are collected. Killed
 /// on drop (the harness also kills whatever is left in its namespaces).
 #[derive(Debug)]
@@ -449,10 +475,9 @@ impl Proxy {
     ) -> Self {
         let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
         let mut command = Command::new("ip");
+        command.args(["netns", "exec", cluster.node_ns()]);
+        LAUNCHER.get().copied().unwrap_or(run_built_binary)(&mut command, manifests, state);
         command
-            .args(["netns", "exec", cluster.node_ns()])
-            .arg(KUBE_PROXY)
-            .arg(format!("--manifests={}", manifests.display()))
             .arg(format!("--proxy-mode={}", mode.name()))
             .arg(format!("--hostname-override={THIS_NODE}"))
             .args(flags.cluster_cidr.map(|c| format!("--cluster-cidr={c}")))
@@ -462,7 +487,6 @@ impl Proxy {
             .arg("-v=2")
             .args(mode.flags())
             .args(&flags.extra)
-            .env(kp_dataplane::sysctls::STATE_DIR_ENV, state)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
