@@ -364,10 +364,22 @@ pub fn default_endpoint_slice(slice: &mut EndpointSlice) {
 
 /// `Kind namespace/name`, or `Kind name` without a namespace, for messages.
 pub(crate) fn describe(kind: &str, metadata: &ObjectMeta) -> String {
-    let name = metadata.name.as_deref().unwrap_or("<unnamed>");
+    let name = shown(metadata.name.as_deref().unwrap_or("<unnamed>"));
     match metadata.namespace.as_deref() {
-        Some(namespace) if !namespace.is_empty() => format!("{kind} {namespace}/{name}"),
+        Some(namespace) if !namespace.is_empty() => {
+            format!("{kind} {}/{name}", shown(namespace))
+        }
         _ => format!("{kind} {name}"),
+    }
+}
+
+/// A name as messages show it: as it is, unless it holds control characters (a newline
+/// would forge a log line of its own), which are escaped as Rust string escapes (`\n`).
+pub(crate) fn shown(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.chars().any(char::is_control) {
+        std::borrow::Cow::Owned(name.escape_debug().to_string())
+    } else {
+        std::borrow::Cow::Borrowed(name)
     }
 }
 

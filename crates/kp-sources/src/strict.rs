@@ -14,6 +14,8 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kp_core::model::{check_strict_cidr, check_strict_ip};
 
+use crate::defaults::describe;
+
 /// An object with address values the API server would refuse on create.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{object}: {}", problems.join("; "))]
@@ -63,14 +65,6 @@ impl Check {
     }
 }
 
-fn describe(kind: &str, namespace: Option<&str>, name: Option<&str>) -> String {
-    let name = name.unwrap_or_default();
-    match namespace.filter(|ns| !ns.is_empty()) {
-        Some(namespace) => format!("{kind} {namespace}/{name}"),
-        None => format!("{kind} {name}"),
-    }
-}
-
 /// A Service's `spec.clusterIP(s)` (except `None`), `spec.externalIPs`,
 /// `spec.loadBalancerIP`, `spec.loadBalancerSourceRanges` and
 /// `status.loadBalancer.ingress[].ip`.
@@ -105,12 +99,7 @@ pub fn check_service(service: &Service) -> Result<(), StrictError> {
             check.ip(format_args!("status.loadBalancer.ingress[{index}].ip"), ip);
         }
     }
-    let meta = &service.metadata;
-    check.finish(describe(
-        "Service",
-        meta.namespace.as_deref(),
-        meta.name.as_deref(),
-    ))
+    check.finish(describe("Service", &service.metadata))
 }
 
 /// Every address of an `IPv4` or `IPv6` EndpointSlice's endpoints.
@@ -124,12 +113,7 @@ pub fn check_endpoint_slice(slice: &EndpointSlice) -> Result<(), StrictError> {
             );
         }
     }
-    let meta = &slice.metadata;
-    check.finish(describe(
-        "EndpointSlice",
-        meta.namespace.as_deref(),
-        meta.name.as_deref(),
-    ))
+    check.finish(describe("EndpointSlice", &slice.metadata))
 }
 
 /// A Node's `spec.podCIDR` and `spec.podCIDRs`. Its `status.addresses` are not checked: the
@@ -143,7 +127,7 @@ pub fn check_node(node: &Node) -> Result<(), StrictError> {
         );
         check.cidrs("spec.podCIDRs", spec.pod_cidrs.iter().flatten());
     }
-    check.finish(describe("Node", None, node.metadata.name.as_deref()))
+    check.finish(describe("Node", &node.metadata))
 }
 
 #[cfg(test)]

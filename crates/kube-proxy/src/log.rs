@@ -122,7 +122,15 @@ where
         );
         let mut fields = Fields::default();
         event.record(&mut fields);
-        line.push_str(&fields.message);
+        // Messages may interpolate object names; a newline there would forge a log line of
+        // its own. Field values are already quoted (escaped) above.
+        for c in fields.message.chars() {
+            if c.is_control() {
+                line.extend(c.escape_default());
+            } else {
+                line.push(c);
+            }
+        }
         line.push_str(&fields.pairs);
         writeln!(writer, "{line}")
     }
@@ -188,6 +196,27 @@ mod tests {
                 .ends_with(r#"] Using proxier mode="iptables" services="3""#),
             "{text}"
         );
+    }
+
+    #[test]
+    fn every_event_is_one_line_whatever_it_interpolates() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let sink = buf.clone();
+        let subscriber = tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .event_format(KlogFormat)
+                .with_writer(move || SinkWriter(sink.clone())),
+        );
+        let name = "web\nI1122 08:09:44.313052 1 forged.rs:1] all good\r";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(service = name, "skipping {name}");
+            tracing::warn!(error = %name, "skipping");
+        });
+        let text = String::from_utf8(buf.lock().map(|b| b.clone()).unwrap_or_default())
+            .unwrap_or_default();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.contains(r"skipping web\nI1122"), "{text}");
     }
 
     struct SinkWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);

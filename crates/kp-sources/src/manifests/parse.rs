@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde_saphyr::MessageFormatter as _;
 use tracing::debug;
 
-use crate::defaults::{DefaultsError, default_endpoint_slice, default_service};
+use crate::defaults::{DefaultsError, default_endpoint_slice, default_service, shown};
 use crate::strict::{StrictError, check_endpoint_slice, check_node, check_service};
 
 /// The namespace of a namespaced object that names none, as `kubectl apply` without `-n`
@@ -72,11 +72,19 @@ pub struct ObjectKey {
 }
 
 impl fmt::Display for ObjectKey {
+    /// `Kind namespace/name`, control characters in names escaped (one line whatever the
+    /// names hold).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = shown(&self.name);
         if self.namespace.is_empty() {
-            write!(f, "{} {}", self.kind.as_str(), self.name)
+            write!(f, "{} {name}", self.kind.as_str())
         } else {
-            write!(f, "{} {}/{}", self.kind.as_str(), self.namespace, self.name)
+            write!(
+                f,
+                "{} {}/{name}",
+                self.kind.as_str(),
+                shown(&self.namespace)
+            )
         }
     }
 }
