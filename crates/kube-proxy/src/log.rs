@@ -176,19 +176,9 @@ mod tests {
 
     #[test]
     fn fields_are_quoted_pairs() {
-        use tracing_subscriber::layer::SubscriberExt as _;
-        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
-        let sink = buf.clone();
-        let subscriber = tracing_subscriber::registry().with(
-            tracing_subscriber::fmt::layer()
-                .event_format(KlogFormat)
-                .with_writer(move || SinkWriter(sink.clone())),
-        );
-        tracing::subscriber::with_default(subscriber, || {
+        let text = capture(|| {
             tracing::info!(mode = "iptables", services = 3, "Using proxier");
         });
-        let text = String::from_utf8(buf.lock().map(|b| b.clone()).unwrap_or_default())
-            .unwrap_or_default();
         assert!(text.starts_with('I'), "{text}");
         assert!(text.contains("log.rs:"), "{text}");
         assert!(
@@ -200,6 +190,17 @@ mod tests {
 
     #[test]
     fn every_event_is_one_line_whatever_it_interpolates() {
+        let name = "web\nI1122 08:09:44.313052 1 forged.rs:1] all good\r";
+        let text = capture(|| {
+            tracing::warn!(service = name, "skipping {name}");
+            tracing::warn!(error = %name, "skipping");
+        });
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.contains(r"skipping web\nI1122"), "{text}");
+    }
+
+    /// What `events` log through [`KlogFormat`].
+    fn capture(events: impl FnOnce()) -> String {
         use tracing_subscriber::layer::SubscriberExt as _;
         let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
         let sink = buf.clone();
@@ -208,15 +209,8 @@ mod tests {
                 .event_format(KlogFormat)
                 .with_writer(move || SinkWriter(sink.clone())),
         );
-        let name = "web\nI1122 08:09:44.313052 1 forged.rs:1] all good\r";
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::warn!(service = name, "skipping {name}");
-            tracing::warn!(error = %name, "skipping");
-        });
-        let text = String::from_utf8(buf.lock().map(|b| b.clone()).unwrap_or_default())
-            .unwrap_or_default();
-        assert_eq!(text.lines().count(), 2, "{text}");
-        assert!(text.contains(r"skipping web\nI1122"), "{text}");
+        tracing::subscriber::with_default(subscriber, events);
+        String::from_utf8(buf.lock().map(|b| b.clone()).unwrap_or_default()).unwrap_or_default()
     }
 
     struct SinkWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
