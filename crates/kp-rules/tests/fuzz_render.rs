@@ -24,10 +24,11 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use kp_core::backend::SyncKind;
+use kp_core::event::{ObjectEvent, SourceEvent};
 use kp_core::model::{
     Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName, SessionAffinity,
 };
-use kp_core::tracker::ProxyState;
+use kp_core::tracker::{ChangeTracker, ProxyState};
 use kp_ipvs::Scheduler;
 use kp_rules::iptables::{self, LocalDetector, NodePortAddresses, SyncScope};
 use kp_rules::ipvs::{self, IpvsConfig};
@@ -550,9 +551,8 @@ fn nftables_renders_keep_names_in_comments_and_identifiers() {
         .unwrap_or_else(|failure| panic!("{failure}"));
 }
 
-#[test]
-fn ipvs_outputs_hold_no_names() {
-    let config = IpvsConfig {
+fn ipvs_config() -> IpvsConfig {
+    IpvsConfig {
         scheduler: Scheduler::Rr,
         node_ips: vec![
             "192.168.0.2".parse().expect("literal"),
@@ -566,40 +566,44 @@ fn ipvs_outputs_hold_no_names() {
         masquerade_bit: 14,
         drop_invalid: true,
         random_fully: true,
-    };
-    runner()
-        .run(&proxy_state(), |state| {
-            let safe = benign(&state);
-            for family in [IpFamily::V4, IpFamily::V6] {
-                let hostile = ipvs::plan(&state, family, &config);
-                let plain = ipvs::plan(&safe, family, &config);
-                // Virtual and real servers, addresses and sets are the same; only the owner
-                // (kept for error reports, never written to the kernel) differs.
-                prop_assert_eq!(hostile.services.len(), plain.services.len());
-                for ((hk, hs), (pk, ps)) in hostile.services.iter().zip(&plain.services) {
-                    prop_assert_eq!(hk, pk);
-                    prop_assert_eq!(&hs.server, &ps.server);
-                    prop_assert_eq!(&hs.real_servers, &ps.real_servers);
-                }
-                prop_assert_eq!(&hostile.addresses, &plain.addresses);
-                let restore = |d: &ipvs::Desired| {
-                    ipvs::ipset::restore_input(family, &d.sets, &Default::default())
-                };
-                let sets = restore(&hostile);
-                prop_assert_eq!(&sets, &restore(&plain));
-                shapes(&sets, |_| false);
-                let rules = |d: &ipvs::Desired| {
-                    ipvs::rules::render(family, &config, &d.lb_no_node_access).expect("renders")
-                };
-                let text = rules(&hostile);
-                prop_assert_eq!(&text, &rules(&plain));
-                shapes(&text, |_| false);
-            }
-            Ok(())
-        })
-        .unwrap_or_else(|failure| panic!("{failure}"));
+    }
 }
 
+/// ipvs mode writes no names: its plan (but the owner kept for error reports), ipset input
+/// and iptables rules are the same under both namings, and well-formed.
+fn check_ipvs(state: &ProxyState, safe: &ProxyState) -> Result<(), TestCaseError> {
+    let config = ipvs_config();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let hostile = ipvs::plan(state, family, &config);
+        let plain = ipvs::plan(safe, family, &config);
+        prop_assert_eq!(hostile.services.len(), plain.services.len());
+        for ((hk, hs), (pk, ps)) in hostile.services.iter().zip(&plain.services) {
+            prop_assert_eq!(hk, pk);
+            prop_assert_eq!(&hs.server, &ps.server);
+            prop_assert_eq!(&hs.real_servers, &ps.real_servers);
+        }
+        prop_assert_eq!(&hostile.addresses, &plain.addresses);
+        let restore =
+            |d: &ipvs::Desired| ipvs::ipset::restore_input(family, &d.sets, &Default::default());
+        let sets = restore(&hostile);
+        prop_assert_eq!(&sets, &restore(&plain));
+        shapes(&sets, |_| false);
+        let rules = |d: &ipvs::Desired| {
+            ipvs::rules::render(family, &config, &d.lb_no_node_access).expect("renders")
+        };
+        let text = rules(&hostile);
+        prop_assert_eq!(&text, &rules(&plain));
+        shapes(&text, |_| false);
+    }
+    Ok(())
+}
+
+#[test]
+fn ipvs_outputs_hold_no_names() {
+    runner()
+        .run(&proxy_state(), |state| check_ipvs(&state, &benign(&state)))
+        .unwrap_or_else(|failure| panic!("{failure}"));
+}
 /// The capture rules' input for one family, as the userspace backend builds it (a relay port
 /// per service port, from its ClusterIP so that it does not depend on the names' order;
 /// REJECT without endpoints).
@@ -661,6 +665,68 @@ fn userspace_capture_rules_keep_names_in_comments() {
             Ok(())
         })
         .unwrap_or_else(|failure| panic!("{failure}"));
+}
+
+/// Every mode's checks above on one state.
+fn check_all_modes(state: &ProxyState) -> Result<(), TestCaseError> {
+    let safe = benign(state);
+    check_ipvs(state, &safe)?;
+    for family in [IpFamily::V4, IpFamily::V6] {
+        same_shapes(
+            &iptables_full(state, family).text,
+            &iptables_full(&safe, family).text,
+            is_iptables_hashed,
+        )?;
+        let nft = |s: &ProxyState| {
+            nftables::render_full(s, family, &nft_config())
+                .expect("renders")
+                .0
+                .script
+        };
+        same_shapes(&nft(state), &nft(&safe), is_nft_hashed)?;
+        let capture = |s: &ProxyState| {
+            userspace::render(
+                family,
+                &captured(s, family),
+                &CaptureConfig::default(),
+                None,
+                &BTreeSet::new(),
+            )
+            .text
+        };
+        same_shapes(&capture(state), &capture(&safe), is_iptables_hashed)?;
+    }
+    Ok(())
+}
+
+/// The hostile manifests corpus (kp-sources/tests/data/hostile), read as the manifests
+/// source reads it and tracked as the proxier tracks it, rendered in every mode.
+#[test]
+fn hostile_corpus_renders_keep_names_in_comments() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kp-sources/tests/data/hostile");
+    let mut tracker = ChangeTracker::new(common::NODE);
+    for entry in std::fs::read_dir(&dir).expect("corpus") {
+        let path = entry.expect("entry").path();
+        // Unreadable files (not UTF-8) and the README hold no objects.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        for object in kp_sources::manifests::parse_manifests(&text, &path).0 {
+            tracker.record(object.applied());
+        }
+    }
+    tracker.record(SourceEvent::Service(ObjectEvent::Synced));
+    tracker.record(SourceEvent::EndpointSlice(ObjectEvent::Synced));
+    let mut state = ProxyState::default();
+    tracker.apply(&mut state);
+    let hostile = state
+        .services
+        .keys()
+        .filter(|k| k.service.name.contains('"') || k.service.namespace.contains('\n'))
+        .count();
+    assert!(hostile > 0, "the corpus's hostile names were not tracked");
+    check_all_modes(&state).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The checker itself: an injected token, line or open quote is caught.
