@@ -642,23 +642,25 @@ fn captured(state: &ProxyState, family: IpFamily) -> Vec<CapturedPort> {
     out
 }
 
+/// A full render of the capture rules.
+fn capture(state: &ProxyState, family: IpFamily) -> userspace::CaptureRender {
+    userspace::render(
+        family,
+        &captured(state, family),
+        &CaptureConfig::default(),
+        None,
+        &BTreeSet::new(),
+    )
+}
+
 #[test]
 fn userspace_capture_rules_keep_names_in_comments() {
     runner()
         .run(&proxy_state(), |state| {
             let safe = benign(&state);
             for family in [IpFamily::V4, IpFamily::V6] {
-                let render = |s: &ProxyState| {
-                    userspace::render(
-                        family,
-                        &captured(s, family),
-                        &CaptureConfig::default(),
-                        None,
-                        &BTreeSet::new(),
-                    )
-                };
-                let hostile = render(&state);
-                let plain = render(&safe);
+                let hostile = capture(&state, family);
+                let plain = capture(&safe, family);
                 same_shapes(&hostile.text, &plain.text, is_iptables_hashed)?;
                 prop_assert_eq!(hostile.chains.len(), plain.chains.len());
             }
@@ -684,17 +686,11 @@ fn check_all_modes(state: &ProxyState) -> Result<(), TestCaseError> {
                 .script
         };
         same_shapes(&nft(state), &nft(&safe), is_nft_hashed)?;
-        let capture = |s: &ProxyState| {
-            userspace::render(
-                family,
-                &captured(s, family),
-                &CaptureConfig::default(),
-                None,
-                &BTreeSet::new(),
-            )
-            .text
-        };
-        same_shapes(&capture(state), &capture(&safe), is_iptables_hashed)?;
+        same_shapes(
+            &capture(state, family).text,
+            &capture(&safe, family).text,
+            is_iptables_hashed,
+        )?;
     }
     Ok(())
 }
