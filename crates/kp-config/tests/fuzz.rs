@@ -155,6 +155,23 @@ fn walk(value: &mut Value, target: &mut usize, on_leaves: bool, edit: &Edit) -> 
     }
 }
 
+/// `message` names every one of `words` (case aside).
+fn reports_all<'a>(
+    message: &str,
+    words: impl IntoIterator<Item = &'a str>,
+) -> Result<(), TestCaseError> {
+    let message = message.to_lowercase();
+    for word in words {
+        prop_assert!(
+            message.contains(word),
+            "{} not reported:\n{}",
+            word,
+            message
+        );
+    }
+    Ok(())
+}
+
 fn runner() -> TestRunner {
     TestRunner::new(Config {
         cases: CASES,
@@ -236,16 +253,7 @@ fn every_invalid_value_is_reported() {
             }
             let error = KubeProxyConfiguration::from_yaml(&value.to_string())
                 .expect_err("invalid values accepted");
-            let message = error.to_string().to_lowercase();
-            for (_, _, word) in &chosen {
-                prop_assert!(
-                    message.contains(word),
-                    "{} not reported:\n{}",
-                    word,
-                    message
-                );
-            }
-            Ok(())
+            reports_all(&error.to_string(), chosen.iter().map(|(_, _, word)| *word))
         })
         .unwrap_or_else(|failure| panic!("{failure}"));
 }
@@ -356,19 +364,8 @@ fn every_invalid_flag_is_reported_and_a_config_file_is_read_through_load() {
                 }
                 // Every value refused by validation is reported at once.
                 Ok(options) => {
-                    let message = options
-                        .load()
-                        .expect_err("invalid flags accepted")
-                        .to_string()
-                        .to_lowercase();
-                    for (_, word) in &chosen {
-                        prop_assert!(
-                            message.contains(word),
-                            "{} not reported:\n{}",
-                            word,
-                            message
-                        );
-                    }
+                    let error = options.load().expect_err("invalid flags accepted");
+                    reports_all(&error.to_string(), chosen.iter().map(|(_, word)| *word))?;
                 }
             }
             Ok(())
