@@ -744,3 +744,74 @@ fn shape_check_catches_injection() {
     let nft_injected = "add chain ip kube-proxy service-BBBBBBBB-x ; flush ruleset\n";
     assert!(same_shapes(nft_injected, nft, is_nft_hashed).is_err());
 }
+
+/// `DEST[:PORT][/PROTO]` texts: arbitrary, and well-formed ones aimed at the generated
+/// services' addresses and ports (with hostile protocol and port spellings mixed in).
+fn destination_text() -> impl Strategy<Value = String> {
+    let ip = prop_oneof![
+        (0u8..8).prop_map(|i| format!("172.30.0.{i}")),
+        (0u8..8).prop_map(|i| format!("[fd00:172::{i}]")),
+        (0u8..8, 0u8..4).prop_map(|(i, h)| format!("10.180.{}.{h}", 100 + i)),
+        Just("192.168.0.2".to_owned()),
+        Just("::ffff:1.2.3.4".to_owned()),
+        Just("fe80::1%eth0".to_owned()),
+        any::<String>(),
+    ];
+    let port = prop_oneof![
+        Just(String::new()),
+        (0u32..70000).prop_map(|p| format!(":{p}")),
+        Just(":-1".to_owned()),
+        Just(":".to_owned()),
+    ];
+    let proto = prop_oneof![
+        Just(String::new()),
+        Just("/tcp".to_owned()),
+        Just("/UDP".to_owned()),
+        Just("/sctp".to_owned()),
+        Just("/icmp".to_owned()),
+        Just("/24".to_owned()),
+    ];
+    prop_oneof![
+        1 => any::<String>(),
+        4 => (ip, port, proto).prop_map(|(ip, port, proto)| format!("{ip}{port}{proto}")),
+    ]
+}
+
+/// `kp_rules::explain` (behind `kube-proxy explain` and `/debug/explain`) answers any query
+/// against any state, hostile names included, or refuses it with an error; never panics.
+#[test]
+fn explain_answers_or_refuses_any_query() {
+    let strategy = (
+        proxy_state(),
+        destination_text(),
+        proptest::option::of(prop_oneof![
+            Just("203.0.113.200".to_owned()),
+            Just("fd00:10::9".to_owned()),
+            any::<String>(),
+        ]),
+    );
+    runner()
+        .run(&strategy, |(state, dest, from)| {
+            let Ok(destination) = dest.parse::<kp_rules::explain::Destination>() else {
+                return Ok(());
+            };
+            let Some(source) = from.map(|f| f.parse::<IpAddr>()).transpose().ok() else {
+                return Ok(());
+            };
+            let query = kp_rules::explain::Query {
+                destination,
+                source,
+            };
+            match kp_rules::explain::explain(&state, &iptables_config(), &query) {
+                Ok(_) => {}
+                Err(kp_rules::explain::ExplainError::FamilyMismatch { .. }) => {
+                    prop_assert!(source.is_some_and(|s| s.is_ipv4() != destination.ip.is_ipv4()));
+                }
+                Err(other) => {
+                    return Err(TestCaseError::fail(format!("{query:?}: {other}")));
+                }
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|failure| panic!("{failure}"));
+}
