@@ -17,6 +17,7 @@
 //! Bounded for CI: [`CASES`] cases per property, small states.
 
 mod common;
+mod nft_common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -723,6 +724,34 @@ fn hostile_corpus_renders_keep_names_in_comments() {
         .count();
     assert!(hostile > 0, "the corpus's hostile names were not tracked");
     check_all_modes(&state).unwrap_or_else(|e| panic!("{e}"));
+
+    // The real tools read the renders back as the renderer meant them: the same rules per
+    // chain, nothing else (in a throwaway network namespace).
+    let text = iptables_full(&state, IpFamily::V4).text;
+    if let Some(reason) = common::netns_unavailable("iptables-restore") {
+        eprintln!("skipping kernel check: {reason}");
+    } else {
+        let save = common::apply_in_netns("iptables-restore", &[&text])
+            .unwrap_or_else(|e| panic!("iptables-restore refused the corpus's rules: {e}"));
+        let rules = |text: &str, chain: &str| {
+            let prefix = format!("-A {chain} ");
+            text.lines().filter(|l| l.starts_with(&prefix)).count()
+        };
+        for chain in ["KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-EXTERNAL-SERVICES"] {
+            assert_eq!(rules(&save, chain), rules(&text, chain), "{chain}:\n{save}");
+        }
+    }
+    if let Some(reason) = nft_common::nft_unavailable() {
+        eprintln!("skipping kernel check: {reason}");
+    } else {
+        let script = nftables::render_full(&state, IpFamily::V4, &nft_config())
+            .expect("renders")
+            .0
+            .script;
+        let listing = nft_common::apply_in_netns_then(&[&script], "nft list tables")
+            .unwrap_or_else(|e| panic!("nft refused the corpus's script: {e}"));
+        assert_eq!(listing.trim(), "table ip kube-proxy", "{listing}");
+    }
 }
 
 /// The checker itself: an injected token, line or open quote is caught.
