@@ -4,13 +4,15 @@
 //! state from them in-process (to render and restore without the proxy), [`logs`] reads the
 //! figures out of the proxy's `-v=2` log, [`split`] cuts one restore into several
 //! transactions, [`sys`] holds the namespace and `/proc` plumbing, [`report`] prints
-//! markdown, and [`summary`] with [`svg`] turns the runs' tables into `bench/REPORT.md` and
+//! markdown, [`soak`] summarises the churn soak's samples (the `kp-soak` binary), and
+//! [`summary`] with [`svg`] turns the runs' tables into `bench/REPORT.md` and
 //! its plots (the `kp-report` binary). Nothing here asserts on timings: these are measurements, not tests.
 
 pub mod connect;
 pub mod generate;
 pub mod logs;
 pub mod report;
+pub mod soak;
 pub mod split;
 pub mod state;
 pub mod summary;

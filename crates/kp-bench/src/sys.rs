@@ -114,6 +114,17 @@ pub fn vm_rss_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmRSS:")
 }
 
+/// `Threads` of `pid`.
+pub fn threads(pid: u32) -> Option<u64> {
+    status_kib(pid, "Threads:")
+}
+
+/// Open file descriptors of `pid` (entries of `/proc/PID/fd`).
+pub fn open_fds(pid: u32) -> Option<usize> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+}
+
+/// The first number after `key` in `/proc/PID/status` (in KiB for the `Vm*` keys).
 fn status_kib(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status

@@ -168,3 +168,92 @@ pub(crate) async fn handler(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The query string is outside input: any query, percent-encoded bytes included, is
+    //! either taken or refused with a message, never a panic.
+
+    use axum::http::Uri;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    use super::*;
+
+    /// Percent-encodes every byte outside unreserved characters.
+    fn encode(text: &str) -> String {
+        text.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    char::from(b).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    }
+
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("10.96.0.10:80/tcp".to_owned()),
+            Just("[fd00::1]:53/udp".to_owned()),
+            Just("10.96.0.10:65536".to_owned()),
+            Just("::ffff:1.2.3.4".to_owned()),
+            Just("json".to_owned()),
+            Just(String::new()),
+            any::<String>(),
+        ]
+    }
+
+    #[test]
+    fn any_query_is_parsed_or_refused_with_a_message() {
+        let key = prop_oneof![
+            Just("dest"),
+            Just("from"),
+            Just("format"),
+            Just("other"),
+            Just("")
+        ];
+        let strategy = (
+            proptest::collection::vec((key, value(), any::<bool>()), 0..5),
+            proptest::option::of("[ -~]{0,40}"),
+        );
+        let mut runner = TestRunner::new(Config {
+            cases: 512,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&strategy, |(pairs, raw)| {
+                let query = match raw {
+                    // Raw printable text, as a client might send it unencoded.
+                    Some(raw) => raw.replace([' ', '#'], "+"),
+                    None => pairs
+                        .iter()
+                        .map(|(k, v, encoded)| {
+                            if *encoded {
+                                format!("{k}={}", encode(v))
+                            } else {
+                                format!("{k}={}", v.replace(['&', '#', ' '], ""))
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join("&"),
+                };
+                let Ok(uri) = format!("/debug/explain?{query}").parse::<Uri>() else {
+                    return Ok(());
+                };
+                let params = Query::<Params>::try_from_uri(&uri);
+                match parse(params, &HeaderMap::new()) {
+                    Ok((parsed, _)) => {
+                        // A taken query names a real destination port (or none).
+                        prop_assert!(parsed.destination.port != Some(0));
+                        prop_assert!(query.contains("dest="));
+                    }
+                    Err(message) => prop_assert!(!message.trim().is_empty()),
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|failure| panic!("{failure}"));
+    }
+}

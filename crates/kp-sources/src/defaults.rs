@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{ClientIPConfig, Service, SessionAffinityConfig}
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kp_core::model::parse_ip_lenient;
+use kp_core::model::{AddressError, parse_ip};
 
 /// `spec.type` when unset: the API defaults every Service to a cluster-internal virtual IP.
 pub const DEFAULT_SERVICE_TYPE: &str = "ClusterIP";
@@ -67,8 +67,8 @@ pub enum DefaultsError {
         /// Its `spec.type`, after defaulting.
         service_type: String,
     },
-    /// A cluster IP is not an IP address, so its family cannot be known.
-    #[error("{object}: {field} {value:?} is not an IP address")]
+    /// A cluster IP is not an IP address the API accepts, so its family cannot be known.
+    #[error("{object}: {field} {value:?} {error}")]
     InvalidClusterIp {
         /// The object, as `Service namespace/name`.
         object: String,
@@ -76,6 +76,8 @@ pub enum DefaultsError {
         field: String,
         /// The text found there.
         value: String,
+        /// What is wrong with it.
+        error: AddressError,
     },
     /// `spec.clusterIP` and `spec.clusterIPs[0]` are both set and differ; the API requires
     /// them equal, so there is no telling which one was meant.
@@ -258,13 +260,14 @@ fn default_cluster_ips(
     let families = ips
         .iter()
         .enumerate()
-        .map(|(index, text)| match parse_ip_lenient(text) {
-            Some(IpAddr::V4(_)) => Ok("IPv4"),
-            Some(IpAddr::V6(_)) => Ok("IPv6"),
-            None => Err(DefaultsError::InvalidClusterIp {
+        .map(|(index, text)| match parse_ip(text) {
+            Ok(IpAddr::V4(_)) => Ok("IPv4"),
+            Ok(IpAddr::V6(_)) => Ok("IPv6"),
+            Err(error) => Err(DefaultsError::InvalidClusterIp {
                 object: object.to_owned(),
                 field: format!("spec.clusterIPs[{index}]"),
                 value: text.clone(),
+                error,
             }),
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -361,10 +364,22 @@ pub fn default_endpoint_slice(slice: &mut EndpointSlice) {
 
 /// `Kind namespace/name`, or `Kind name` without a namespace, for messages.
 pub(crate) fn describe(kind: &str, metadata: &ObjectMeta) -> String {
-    let name = metadata.name.as_deref().unwrap_or("<unnamed>");
+    let name = shown(metadata.name.as_deref().unwrap_or("<unnamed>"));
     match metadata.namespace.as_deref() {
-        Some(namespace) if !namespace.is_empty() => format!("{kind} {namespace}/{name}"),
+        Some(namespace) if !namespace.is_empty() => {
+            format!("{kind} {}/{name}", shown(namespace))
+        }
         _ => format!("{kind} {name}"),
+    }
+}
+
+/// A name as messages show it: as it is, unless it holds control characters (a newline
+/// would forge a log line of its own), which are escaped as Rust string escapes (`\n`).
+pub(crate) fn shown(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.chars().any(char::is_control) {
+        std::borrow::Cow::Owned(name.escape_debug().to_string())
+    } else {
+        std::borrow::Cow::Borrowed(name)
     }
 }
 

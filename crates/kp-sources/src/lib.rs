@@ -5,7 +5,10 @@
 //!   (in place, by atomic rename, or by a ConfigMap volume's symlink swap).
 //! - [`defaults`]: the defaults the API server would apply, so hand-written manifests yield
 //!   the same model as objects read from a cluster.
+//! - [`strict`]: the API server's create-time address validation, which manifests (new
+//!   objects no API server has seen) go through.
 
 pub mod api;
 pub mod defaults;
 pub mod manifests;
+pub mod strict;

@@ -441,3 +441,50 @@ pub(crate) fn save_tool(family: IpFamily) -> String {
         .display()
         .to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    //! `kube-proxy explain`'s command line is outside input: any argument list is parsed or
+    //! refused with clap's message, never a panic.
+
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    use super::*;
+
+    #[test]
+    fn any_command_line_is_parsed_or_refused_with_a_message() {
+        let arg = prop_oneof![
+            Just("10.96.0.10:80/tcp".to_owned()),
+            Just("[fd00::1]:53/udp".to_owned()),
+            Just("10.96.0.10:0".to_owned()),
+            Just("::ffff:1.2.3.4".to_owned()),
+            Just("--from".to_owned()),
+            Just("--from=fe80::1%eth0".to_owned()),
+            Just("-o".to_owned()),
+            Just("json".to_owned()),
+            Just("--timeout=-1s".to_owned()),
+            Just("--timeout=99999999999h".to_owned()),
+            Just("--verify".to_owned()),
+            Just("--proxy-mode=bogus".to_owned()),
+            Just("--manifests".to_owned()),
+            Just("--".to_owned()),
+            any::<String>(),
+        ];
+        let mut runner = TestRunner::new(Config {
+            cases: 512,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&proptest::collection::vec(arg, 0..6), |args| {
+                let argv = std::iter::once("explain".to_owned()).chain(args);
+                match Args::try_parse_from(argv) {
+                    Ok(parsed) => prop_assert!(parsed.dest.port != Some(0)),
+                    Err(error) => prop_assert!(!error.to_string().trim().is_empty()),
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|failure| panic!("{failure}"));
+    }
+}

@@ -122,7 +122,15 @@ where
         );
         let mut fields = Fields::default();
         event.record(&mut fields);
-        line.push_str(&fields.message);
+        // Messages may interpolate object names; a newline there would forge a log line of
+        // its own. Field values are already quoted (escaped) above.
+        for c in fields.message.chars() {
+            if c.is_control() {
+                line.extend(c.escape_default());
+            } else {
+                line.push(c);
+            }
+        }
         line.push_str(&fields.pairs);
         writeln!(writer, "{line}")
     }
@@ -168,6 +176,31 @@ mod tests {
 
     #[test]
     fn fields_are_quoted_pairs() {
+        let text = capture(|| {
+            tracing::info!(mode = "iptables", services = 3, "Using proxier");
+        });
+        assert!(text.starts_with('I'), "{text}");
+        assert!(text.contains("log.rs:"), "{text}");
+        assert!(
+            text.trim_end()
+                .ends_with(r#"] Using proxier mode="iptables" services="3""#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn every_event_is_one_line_whatever_it_interpolates() {
+        let name = "web\nI1122 08:09:44.313052 1 forged.rs:1] all good\r";
+        let text = capture(|| {
+            tracing::warn!(service = name, "skipping {name}");
+            tracing::warn!(error = %name, "skipping");
+        });
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.contains(r"skipping web\nI1122"), "{text}");
+    }
+
+    /// What `events` log through [`KlogFormat`].
+    fn capture(events: impl FnOnce()) -> String {
         use tracing_subscriber::layer::SubscriberExt as _;
         let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
         let sink = buf.clone();
@@ -176,18 +209,8 @@ mod tests {
                 .event_format(KlogFormat)
                 .with_writer(move || SinkWriter(sink.clone())),
         );
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::info!(mode = "iptables", services = 3, "Using proxier");
-        });
-        let text = String::from_utf8(buf.lock().map(|b| b.clone()).unwrap_or_default())
-            .unwrap_or_default();
-        assert!(text.starts_with('I'), "{text}");
-        assert!(text.contains("log.rs:"), "{text}");
-        assert!(
-            text.trim_end()
-                .ends_with(r#"] Using proxier mode="iptables" services="3""#),
-            "{text}"
-        );
+        tracing::subscriber::with_default(subscriber, events);
+        String::from_utf8(buf.lock().map(|b| b.clone()).unwrap_or_default()).unwrap_or_default()
     }
 
     struct SinkWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);

@@ -353,4 +353,89 @@ fn bind_address_hard_fail_stops_on_a_taken_port() {
         "{stderr}"
     );
     drop(taken);
+
+/// The hostile manifests corpus (kp-sources/tests/data/hostile): the real binary logs every
+/// rejected object by name and every broken document by file and line, counts each in its
+/// metric, and programs the valid objects next to them. The expectations come from reading
+/// the corpus with the same library calls, so the test follows the corpus as it grows.
+#[test]
+fn hostile_corpus_is_logged_and_counted() {
+    use kp_core::event::{ObjectEvent, SourceEvent};
+    use kp_core::tracker::{ChangeTracker, ProxyState};
+
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kp-sources/tests/data/hostile");
+    let mut broken = Vec::new();
+    let mut tracker = ChangeTracker::new("node-1");
+    for entry in std::fs::read_dir(&corpus).expect("corpus") {
+        let path = entry.expect("entry").path();
+        if !path.extension().is_some_and(|e| e == "yaml" || e == "json") {
+            continue;
+        }
+        let file = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            broken.push((file, None));
+            continue;
+        };
+        let (objects, errors) = kp_sources::manifests::parse_manifests(&text, &path);
+        broken.extend(errors.iter().map(|e| (file.clone(), e.line)));
+        for object in objects {
+            tracker.record(object.applied());
+        }
+    }
+    tracker.record(SourceEvent::Service(ObjectEvent::Synced));
+    tracker.record(SourceEvent::EndpointSlice(ObjectEvent::Synced));
+    let mut state = ProxyState::default();
+    let invalid = tracker.apply(&mut state).invalid;
+    assert!(!invalid.is_empty() && !broken.is_empty());
+
+    let mut proxy = Proxy::start(&corpus, &[]);
+    proxy.wait_for(&["first sync of proxy rules complete"]);
+    let log = proxy.seen.join("\n");
+    for error in &invalid {
+        // Names in the corpus's rejected objects are plain, so they show as they are.
+        let name = format!("{} {}/{}", error.kind, error.namespace, error.name);
+        let named = proxy
+            .seen
+            .iter()
+            .any(|line| line.contains("skipping invalid object") && line.contains(&name));
+        assert!(named, "no log line names {name}:\n{log}");
+    }
+    for (file, line) in &broken {
+        let place = match line {
+            Some(line) => format!("{file}:{line}"),
+            None => file.clone(),
+        };
+        assert!(
+            proxy.seen.iter().any(|l| l.contains(&place)),
+            "no log line for the broken document at {place}:\n{log}"
+        );
+    }
+    let (code, metrics) = get(proxy.metrics, "/metrics");
+    assert_eq!(code, 200);
+    let sum = |metric: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(metric))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        sum("kube_proxy_rs_invalid_objects_total"),
+        invalid.len() as f64,
+        "{metrics}"
+    );
+    assert_eq!(
+        sum("kube_proxy_rs_manifest_errors_total"),
+        broken.len() as f64,
+        "{metrics}"
+    );
+    // The valid service ports, hostile names and all, are programmed.
+    let ports = format!("service_ports={:?}", state.services.len().to_string());
+    assert!(log.contains(&ports), "expected {ports}:\n{log}");
+    let status = proxy.terminate();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
 }

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::discovery::v1::{EndpointHints, EndpointSlice};
 
-use super::parse::parse_ip_lenient;
+use super::parse::parse_ip;
 use super::{
     Endpoint, IpFamily, ModelError, Names, Problems, Protocol, ServiceName, ServicePortName,
     SliceEndpoints, port_number,
@@ -107,9 +107,12 @@ pub fn slice_endpoints_with(
             continue;
         };
         let path = format_args!("endpoints[{index}].addresses[0]");
-        let Some(ip) = parse_ip_lenient(text) else {
-            problems.push(path, format_args!("{text:?} is not an IP address"));
-            continue;
+        let ip = match parse_ip(text) {
+            Ok(ip) => ip,
+            Err(error) => {
+                problems.push(path, format_args!("{text:?} {error}"));
+                continue;
+            }
         };
         if let Some(family) = family
             && IpFamily::of(&ip) != family

@@ -26,7 +26,9 @@ mod tests;
 pub use endpoints::{SERVICE_NAME_LABEL, merge_slices, slice_endpoints, slice_endpoints_with};
 pub use names::Names;
 pub use node::{TO_BE_DELETED_TAINT, node_info};
-pub use parse::{parse_cidr_lenient, parse_ip_lenient};
+pub use parse::{
+    AddressError, IpNetOrAddr, check_strict_cidr, check_strict_ip, parse_cidr, parse_ip,
+};
 pub use service::{DEFAULT_AFFINITY_TIMEOUT_SECONDS, MAX_AFFINITY_TIMEOUT_SECONDS, service_ports};
 pub use service_cidr::service_cidr_ranges;
 

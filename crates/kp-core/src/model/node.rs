@@ -3,7 +3,7 @@
 use k8s_openapi::api::core::v1::Node;
 
 use super::NodeInfo;
-use super::parse::{parse_cidr_lenient, parse_ip_lenient};
+use super::parse::{parse_cidr, parse_ip};
 
 /// The taint the cluster autoscaler puts on a node it is about to delete; upstream's
 /// /healthz then reports the node as not eligible so load balancers drain it.
@@ -11,7 +11,8 @@ pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 /// Build the node's information from its Node object.
 ///
-/// Addresses and pod CIDRs that do not parse are skipped: they only refine behaviour
+/// Addresses and pod CIDRs that do not parse ([`super::parse_ip`], [`super::parse_cidr`])
+/// are skipped: they only refine behaviour
 /// (node-IP checks, local-traffic detection) and must not stop the proxy.
 pub fn node_info(node: &Node) -> NodeInfo {
     let spec = node.spec.as_ref();
@@ -23,7 +24,7 @@ pub fn node_info(node: &Node) -> NodeInfo {
     let mut addresses = Vec::new();
     for wanted in ["InternalIP", "ExternalIP"] {
         for address in node_addresses.iter().filter(|a| a.type_ == wanted) {
-            if let Some(ip) = parse_ip_lenient(&address.address)
+            if let Ok(ip) = parse_ip(&address.address)
                 && !addresses.contains(&ip)
             {
                 addresses.push(ip);
@@ -37,7 +38,7 @@ pub fn node_info(node: &Node) -> NodeInfo {
     };
     let pod_cidrs = pod_cidr_texts
         .into_iter()
-        .filter_map(|text| parse_cidr_lenient(text))
+        .filter_map(|text| parse_cidr(text).ok())
         .collect();
 
     let tainted = spec

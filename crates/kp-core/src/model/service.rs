@@ -7,7 +7,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
-use super::parse::{parse_cidr_lenient, parse_ip_lenient};
+use super::parse::{parse_cidr, parse_ip};
 use super::{
     IpFamily, ModelError, Problems, Protocol, ServiceName, ServicePort, ServicePortName,
     SessionAffinity, port_number,
@@ -166,9 +166,12 @@ fn cluster_ips(field: &str, texts: &[&String], problems: &mut Problems) -> Vec<I
         } else {
             format!("{field}[{index}]")
         };
-        let Some(ip) = parse_ip_lenient(text) else {
-            problems.push(&path, format_args!("{text:?} is not an IP address"));
-            continue;
+        let ip = match parse_ip(text) {
+            Ok(ip) => ip,
+            Err(error) => {
+                problems.push(&path, format_args!("{text:?} {error}"));
+                continue;
+            }
         };
         let family = IpFamily::of(&ip);
         if let Some(first) = first_of_family.get(&family) {
@@ -193,14 +196,14 @@ fn ip_list(field: &str, texts: &[String], problems: &mut Problems) -> Vec<IpAddr
         .iter()
         .enumerate()
         .filter_map(|(index, text)| {
-            let ip = parse_ip_lenient(text);
-            if ip.is_none() {
-                problems.push(
-                    format_args!("{field}[{index}]"),
-                    format_args!("{text:?} is not an IP address"),
-                );
-            }
-            ip
+            parse_ip(text)
+                .map_err(|error| {
+                    problems.push(
+                        format_args!("{field}[{index}]"),
+                        format_args!("{text:?} {error}"),
+                    );
+                })
+                .ok()
         })
         .collect()
 }
@@ -222,11 +225,11 @@ fn load_balancer_ips(service: &Service, problems: &mut Problems) -> Vec<IpAddr> 
         if entry.ip_mode.as_deref() == Some("Proxy") {
             continue;
         }
-        match parse_ip_lenient(text) {
-            Some(ip) => ips.push(ip),
-            None => problems.push(
+        match parse_ip(text) {
+            Ok(ip) => ips.push(ip),
+            Err(error) => problems.push(
                 format_args!("status.loadBalancer.ingress[{index}].ip"),
-                format_args!("{text:?} is not an IP address"),
+                format_args!("{text:?} {error}"),
             ),
         }
     }
@@ -242,11 +245,11 @@ fn source_ranges(spec: &ServiceSpec, problems: &mut Problems) -> Vec<IpNet> {
         .unwrap_or_default();
     let mut ranges = Vec::new();
     for (index, text) in texts.iter().enumerate() {
-        match parse_cidr_lenient(text.trim()) {
-            Some(net) => ranges.push(net),
-            None => problems.push(
+        match parse_cidr(text.trim()) {
+            Ok(net) => ranges.push(net),
+            Err(error) => problems.push(
                 format_args!("spec.loadBalancerSourceRanges[{index}]"),
-                format_args!("{text:?} is not a CIDR"),
+                format_args!("{text:?} {error}"),
             ),
         }
     }

@@ -5,21 +5,21 @@ use ipnet::IpNet;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 use super::ModelError;
+use super::parse::check_strict_cidr;
 
 /// The ranges of one ServiceCIDR (`spec.cidrs`, at most one per family), or every problem
-/// found. A range with host bits set is an error, as the API server's validation makes it.
+/// found. A range with host bits set, leading zeros or an IPv4-mapped IPv6 address is an
+/// error, as the API server's validation makes it.
 pub fn service_cidr_ranges(object: &ServiceCIDR) -> Result<Vec<IpNet>, ModelError> {
     let mut ranges = Vec::new();
     let mut problems = Vec::new();
     let cidrs = object.spec.as_ref().and_then(|s| s.cidrs.as_ref());
     for (i, text) in cidrs.into_iter().flatten().enumerate() {
-        match text.parse::<IpNet>() {
-            Ok(net) if net.trunc() == net => ranges.push(net),
-            Ok(net) => problems.push(format!(
-                "spec.cidrs[{i}]: {text:?} has host bits set (the range is {})",
-                net.trunc()
-            )),
-            Err(_) => problems.push(format!("spec.cidrs[{i}]: {text:?} is not a CIDR")),
+        // A new API (networking.k8s.io/v1, 1.33): validated strictly from the start, so no
+        // stored value can have a legacy form.
+        match check_strict_cidr(text) {
+            Ok(net) => ranges.push(net),
+            Err(error) => problems.push(format!("spec.cidrs[{i}]: {text:?} {error}")),
         }
     }
     if problems.is_empty() {
@@ -68,7 +68,7 @@ mod tests {
             .expect_err("invalid");
         assert_eq!(err.kind, "ServiceCIDR");
         assert_eq!(err.problems.len(), 2, "{:?}", err.problems);
-        assert!(err.problems[0].contains("host bits"));
+        assert!(err.problems[0].contains("bits set beyond the prefix length"));
         assert!(err.problems[1].contains("spec.cidrs[1]"));
     }
 }

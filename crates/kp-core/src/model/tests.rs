@@ -46,54 +46,141 @@ fn problems_of(value: Value) -> Vec<String> {
         .problems
 }
 
-// ---------------------------------------------------------------- lenient parsing
+// ---------------------------------------------------------------- address parsing
 
 #[test]
-fn lenient_ip_parsing() {
-    let cases: &[(&str, Option<&str>)] = &[
-        ("10.0.0.1", Some("10.0.0.1")),
-        ("172.30.0.041", Some("172.30.0.41")),
-        ("010.000.001.009", Some("10.0.1.9")),
-        ("0001.2.3.4", Some("1.2.3.4")),
-        ("fd00:10::0001", Some("fd00:10::1")),
-        ("::ffff:1.2.3.4", Some("1.2.3.4")),
-        ("64:ff9b::010.1.2.3", Some("64:ff9b::a01:203")),
-        ("1.2.3", None),
-        ("1.2.3.4.5", None),
-        ("256.1.1.1", None),
-        ("1.2.3.0256", None),
-        (" 1.2.3.4", None),
-        ("1.2.3.-4", None),
-        ("1.2.3.4/32", None),
-        ("", None),
-        ("None", None),
-        ("fd00::g", None),
+fn ip_parsing_follows_the_api_legacy_rules() {
+    let cases: &[(&str, Result<&str, AddressError>)] = &[
+        ("10.0.0.1", Ok("10.0.0.1")),
+        ("172.30.0.041", Ok("172.30.0.41")),
+        ("010.000.001.009", Ok("10.0.1.9")),
+        ("0001.2.3.4", Ok("1.2.3.4")),
+        ("fd00:10::0001", Ok("fd00:10::1")),
+        ("64:ff9b::010.1.2.3", Ok("64:ff9b::a01:203")),
+        // IPv4-compatible (deprecated, not mapped): IPv6, as the API reads it.
+        ("::1.2.3.4", Ok("::102:304")),
+        (
+            "::ffff:1.2.3.4",
+            Err(AddressError::Ipv4Mapped("1.2.3.4".parse().expect("v4"))),
+        ),
+        (
+            "::FFFF:010.1.2.3",
+            Err(AddressError::Ipv4Mapped("10.1.2.3".parse().expect("v4"))),
+        ),
+        (
+            "0:0:0:0:0:ffff:102:304",
+            Err(AddressError::Ipv4Mapped("1.2.3.4".parse().expect("v4"))),
+        ),
+        ("fe80::1%eth0", Err(AddressError::Zone)),
+        ("fe80::1%", Err(AddressError::Zone)),
+        ("1.2.3.4%eth0", Err(AddressError::NotAnIp)),
+        ("1.2.3", Err(AddressError::NotAnIp)),
+        ("1.2.3.4.5", Err(AddressError::NotAnIp)),
+        ("256.1.1.1", Err(AddressError::NotAnIp)),
+        ("1.2.3.0256", Err(AddressError::NotAnIp)),
+        (" 1.2.3.4", Err(AddressError::NotAnIp)),
+        ("1.2.3.4\n", Err(AddressError::NotAnIp)),
+        ("1.2.3.-4", Err(AddressError::NotAnIp)),
+        ("0x01.2.3.4", Err(AddressError::NotAnIp)),
+        ("1.2.3.4/32", Err(AddressError::NotAnIp)),
+        ("[fd00::1]", Err(AddressError::NotAnIp)),
+        ("", Err(AddressError::NotAnIp)),
+        ("None", Err(AddressError::NotAnIp)),
+        ("fd00::g", Err(AddressError::NotAnIp)),
     ];
     for (text, want) in cases {
-        assert_eq!(parse_ip_lenient(text), want.map(ip), "{text:?}");
+        assert_eq!(parse_ip(text), want.map(ip), "{text:?}");
     }
 }
 
 #[test]
-fn lenient_cidr_parsing_returns_the_network() {
-    let cases: &[(&str, Option<&str>)] = &[
-        ("203.0.113.0/25", Some("203.0.113.0/25")),
-        ("203.0.113.000/025", Some("203.0.113.0/25")),
-        ("203.0.113.130/25", Some("203.0.113.128/25")),
-        ("10.1.2.3/8", Some("10.0.0.0/8")),
-        ("0.0.0.0/0", Some("0.0.0.0/0")),
-        ("fd00:10::1/64", Some("fd00:10::/64")),
-        ("203.0.113.0/33", None),
-        ("fd00::/129", None),
-        ("203.0.113.0/", None),
-        ("203.0.113.0", None),
-        ("203.0.113.0/2x", None),
-        ("1.2.3/24", None),
-        ("203.0.113.0/25/1", None),
+fn strict_ip_rules_refuse_leading_zeros() {
+    assert_eq!(check_strict_ip("10.0.0.1"), Ok(ip("10.0.0.1")));
+    assert_eq!(check_strict_ip("0.0.0.0"), Ok(ip("0.0.0.0")));
+    assert_eq!(check_strict_ip("FD00:10::0001"), Ok(ip("fd00:10::1")));
+    for text in ["010.0.0.1", "10.0.0.01", "64:ff9b::010.1.2.3"] {
+        assert!(
+            matches!(check_strict_ip(text), Err(AddressError::LeadingZeros(_))),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        check_strict_ip("010.0.0.1")
+            .expect_err("leading zeros")
+            .to_string(),
+        "has leading zeros, which the API refuses in new objects: write 10.0.0.1"
+    );
+    assert!(matches!(
+        check_strict_ip("::ffff:10.0.0.1"),
+        Err(AddressError::Ipv4Mapped(_))
+    ));
+}
+
+#[test]
+fn cidr_parsing_returns_the_network() {
+    let cases: &[(&str, Result<&str, AddressError>)] = &[
+        ("203.0.113.0/25", Ok("203.0.113.0/25")),
+        ("203.0.113.000/025", Ok("203.0.113.0/25")),
+        ("203.0.113.130/25", Ok("203.0.113.128/25")),
+        ("10.1.2.3/8", Ok("10.0.0.0/8")),
+        ("0.0.0.0/0", Ok("0.0.0.0/0")),
+        ("fd00:10::1/64", Ok("fd00:10::/64")),
+        (
+            "::ffff:1.2.3.0/120",
+            Err(AddressError::Ipv4Mapped("1.2.3.0".parse().expect("v4"))),
+        ),
+        ("fe80::%eth0/64", Err(AddressError::Zone)),
+        ("203.0.113.0/33", Err(AddressError::NotACidr)),
+        ("fd00::/129", Err(AddressError::NotACidr)),
+        ("203.0.113.0/", Err(AddressError::NotACidr)),
+        ("203.0.113.0", Err(AddressError::NotACidr)),
+        ("203.0.113.0/2x", Err(AddressError::NotACidr)),
+        ("203.0.113.0/-1", Err(AddressError::NotACidr)),
+        ("1.2.3/24", Err(AddressError::NotACidr)),
+        ("203.0.113.0/25/1", Err(AddressError::NotACidr)),
     ];
     for (text, want) in cases {
-        assert_eq!(parse_cidr_lenient(text), want.map(net), "{text:?}");
+        assert_eq!(parse_cidr(text), want.map(net), "{text:?}");
     }
+}
+
+#[test]
+fn strict_cidr_rules_refuse_leading_zeros_and_host_bits() {
+    assert_eq!(check_strict_cidr("10.0.0.0/8"), Ok(net("10.0.0.0/8")));
+    assert_eq!(check_strict_cidr("0.0.0.0/0"), Ok(net("0.0.0.0/0")));
+    assert_eq!(check_strict_cidr("fd00:10::/64"), Ok(net("fd00:10::/64")));
+    assert_eq!(
+        check_strict_cidr("10.1.2.3/8"),
+        Err(AddressError::HostBits(net("10.0.0.0/8")))
+    );
+    for text in ["010.0.0.0/8", "10.0.0.0/08"] {
+        assert!(
+            matches!(check_strict_cidr(text), Err(AddressError::LeadingZeros(_))),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn ipv4_mapped_and_zoned_addresses_are_rejected_in_every_field() {
+    let mut value = svc_json(json!({
+        "type": "LoadBalancer",
+        "clusterIP": "::ffff:1.2.3.4",
+        "clusterIPs": ["::ffff:1.2.3.4"],
+        "externalIPs": ["::ffff:192.168.99.22", "fe80::1%eth0"],
+        "loadBalancerSourceRanges": ["::ffff:203.0.113.0/120"],
+        "ports": [{"port": 80, "nodePort": 3001}],
+    }));
+    value["status"] = json!({"loadBalancer": {"ingress": [{"ip": "::ffff:1.2.3.5"}]}});
+    let problems = problems_of(value);
+    assert_eq!(problems.len(), 5, "{problems:#?}");
+    assert!(
+        problems[0].starts_with(
+            r#"spec.clusterIPs[0]: "::ffff:1.2.3.4" is an IPv4-mapped IPv6 address, which the API refuses: write the IPv4 address 1.2.3.4"#
+        ),
+        "{problems:#?}"
+    );
+    assert!(problems[2].contains("IPv6 zone"), "{problems:#?}");
 }
 
 // ---------------------------------------------------------------- Service

@@ -297,7 +297,8 @@ fn contradictory_cluster_ips_are_errors() {
         DefaultsError::InvalidClusterIp {
             object: "Service n/a".into(),
             field: "spec.clusterIPs[0]".into(),
-            value: "10.0.0.x".into()
+            value: "10.0.0.x".into(),
+            error: kp_core::model::AddressError::NotAnIp,
         }
     );
     assert!(matches!(

@@ -13,7 +13,8 @@ use serde::de::DeserializeOwned;
 use serde_saphyr::MessageFormatter as _;
 use tracing::debug;
 
-use crate::defaults::{DefaultsError, default_endpoint_slice, default_service};
+use crate::defaults::{DefaultsError, default_endpoint_slice, default_service, shown};
+use crate::strict::{StrictError, check_endpoint_slice, check_node, check_service};
 
 /// The namespace of a namespaced object that names none, as `kubectl apply` without `-n`
 /// would use with a default kubeconfig context.
@@ -71,11 +72,19 @@ pub struct ObjectKey {
 }
 
 impl fmt::Display for ObjectKey {
+    /// `Kind namespace/name`, control characters in names escaped (one line whatever the
+    /// names hold).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = shown(&self.name);
         if self.namespace.is_empty() {
-            write!(f, "{} {}", self.kind.as_str(), self.name)
+            write!(f, "{} {name}", self.kind.as_str())
         } else {
-            write!(f, "{} {}/{}", self.kind.as_str(), self.namespace, self.name)
+            write!(
+                f,
+                "{} {}/{name}",
+                self.kind.as_str(),
+                shown(&self.namespace)
+            )
         }
     }
 }
@@ -187,6 +196,9 @@ pub enum Problem {
     /// The API server's defaults cannot be applied.
     #[error(transparent)]
     Defaults(#[from] DefaultsError),
+    /// An address value the API server refuses in a new object (see [`crate::strict`]).
+    #[error(transparent)]
+    Strict(#[from] StrictError),
 }
 
 /// Parse one manifests file's text into objects (defaults applied, namespace defaulted) and
@@ -533,7 +545,8 @@ fn item_object(value: serde_json::Value) -> Result<Option<Object>, Problem> {
 }
 
 /// What `kubectl apply` and the API server add: the default namespace (none for Nodes and
-/// ServiceCIDRs, which are cluster-scoped) and the API's defaults. The name is required.
+/// ServiceCIDRs, which are cluster-scoped), the API's create-time address validation
+/// ([`crate::strict`]) and its defaults. The name is required.
 fn finish(mut object: Object) -> Result<Object, Problem> {
     let kind = object.kind();
     let metadata = match &mut object {
@@ -549,6 +562,14 @@ fn finish(mut object: Object) -> Result<Object, Problem> {
         metadata.namespace = None;
     } else if metadata.namespace.as_deref().is_none_or(str::is_empty) {
         metadata.namespace = Some(DEFAULT_NAMESPACE.to_owned());
+    }
+    // Validated as written, before defaults copy values around (clusterIP to clusterIPs).
+    // ServiceCIDRs are validated strictly by the model itself, whatever their source.
+    match &object {
+        Object::Service(service) => check_service(service)?,
+        Object::EndpointSlice(slice) => check_endpoint_slice(slice)?,
+        Object::Node(node) => check_node(node)?,
+        Object::ServiceCidr(_) => {}
     }
     match &mut object {
         Object::Service(service) => default_service(service)?,

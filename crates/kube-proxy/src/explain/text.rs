@@ -12,7 +12,8 @@ use kp_rules::explain::{
 /// The whole answer as text, ending in a newline.
 pub fn render(e: &Explanation, report: Option<&VerifyReport>) -> String {
     let mut out = String::new();
-    let _ = write!(out, "{} ({})", e.destination, e.family.api_name());
+    let mut head = String::new();
+    let _ = write!(head, "{} ({})", e.destination, e.family.api_name());
     match &e.source {
         Some(s) => {
             let mut what = Vec::new();
@@ -24,22 +25,25 @@ pub fn render(e: &Explanation, report: Option<&VerifyReport>) -> String {
             if s.node_address {
                 what.push("this node");
             }
-            let _ = write!(out, " from {}", s.ip);
+            let _ = write!(head, " from {}", s.ip);
             if !what.is_empty() {
-                let _ = write!(out, " ({})", what.join(", "));
+                let _ = write!(head, " ({})", what.join(", "));
             }
         }
-        None => out.push_str(", source not given"),
+        None => head.push_str(", source not given"),
     }
-    let _ = writeln!(out, ": {}", e.summary);
+    let _ = write!(head, ": {}", e.summary);
+    line(&mut out, &head);
     for miss in &e.near_misses {
-        let _ = writeln!(
-            out,
-            "  note: {} listens here as {} on {}/{}, not this port/protocol",
-            miss.service_port,
-            miss.how.describe(),
-            miss.port,
-            miss.protocol.api_name()
+        line(
+            &mut out,
+            &format!(
+                "  note: {} listens here as {} on {}/{}, not this port/protocol",
+                miss.service_port,
+                miss.how.describe(),
+                miss.port,
+                miss.protocol.api_name()
+            ),
         );
     }
     for m in &e.matches {
@@ -56,7 +60,7 @@ pub fn render(e: &Explanation, report: Option<&VerifyReport>) -> String {
             report.differences.len()
         );
         for d in &report.differences {
-            let _ = writeln!(out, "  - {d}");
+            line(&mut out, &format!("  - {d}"));
         }
     }
     out
@@ -74,13 +78,15 @@ fn service_match(out: &mut String, m: &ServiceMatch) {
         std::net::IpAddr::V6(v6) => format!("[{v6}]"),
         v4 => v4.to_string(),
     };
-    let _ = writeln!(
+    line(
         out,
-        "{}: {} {ip}:{}/{}",
-        m.service_port,
-        m.how.describe(),
-        m.port,
-        m.name.protocol.api_name()
+        &format!(
+            "{}: {} {ip}:{}/{}",
+            m.service_port,
+            m.how.describe(),
+            m.port,
+            m.name.protocol.api_name()
+        ),
     );
     let mut lines: Vec<(String, Vec<String>)> = Vec::new();
     lines.push((format!("verdict: {}", m.outcome_reason), Vec::new()));
@@ -195,15 +201,48 @@ fn endpoint(e: &EndpointExplanation, iptables: bool) -> String {
 fn tree(out: &mut String, items: &[(String, Vec<String>)]) {
     for (i, (head, children)) in items.iter().enumerate() {
         let last = i + 1 == items.len();
-        let _ = writeln!(out, "{}{head}", if last { "└─ " } else { "├─ " });
+        line(out, &format!("{}{head}", if last { "└─ " } else { "├─ " }));
         for (j, child) in children.iter().enumerate() {
             let child_last = j + 1 == children.len();
-            let _ = writeln!(
+            line(
                 out,
-                "{}{}{child}",
-                if last { "   " } else { "│  " },
-                if child_last { "└─ " } else { "├─ " }
+                &format!(
+                    "{}{}{child}",
+                    if last { "   " } else { "│  " },
+                    if child_last { "└─ " } else { "├─ " }
+                ),
             );
         }
+    }
+}
+
+/// One line of the answer. Names come from objects: a newline or carriage return in one
+/// would forge lines of the answer, so control characters are shown escaped (`\n`).
+fn line(out: &mut String, text: &str) {
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_never_start_a_line_of_their_own() {
+        let mut out = String::new();
+        line(
+            &mut out,
+            "ns\n-A KUBE-SERVICES -j ACCEPT/web: node-1\r\nCOMMIT",
+        );
+        assert_eq!(
+            out,
+            "ns\\n-A KUBE-SERVICES -j ACCEPT/web: node-1\\r\\nCOMMIT\n"
+        );
     }
 }
