@@ -294,6 +294,11 @@ where
         }
     }
 
+    /// The service ports' ClientIP affinity tables (shared with the metrics).
+    pub fn affinity(&self) -> &crate::pins::AffinityTables {
+        &self.metrics.affinity
+    }
+
     /// The configuration the relay was made with.
     pub fn config(&self) -> &RelayConfig {
         &self.config
