@@ -1720,6 +1720,13 @@ pub fn affinity_and_node_traffic(mode: Mode) {
     // One client through every address of the service port: one endpoint. ipvs mode, by
     // design as upstream's: affinity is IPVS persistence, kept per virtual server, so each
     // address pins the client on its own.
+    // Another client first, through the NodePort: a relay whose frontends kept pins (and
+    // round robin) of their own would then send the pod's NodePort connection to another
+    // endpoint than its ClusterIP one.
+    let other = cl
+        .tcp_repeat(cl.external_out(), node_ip, 30090, 1)
+        .expect("probe");
+    answering_pods(&env, "NodePort from another client", &other);
     let frontends = [
         ("ClusterIP", ip("10.96.0.30"), 80),
         ("NodePort", node_ip, 30090),
