@@ -33,6 +33,21 @@ impl Drop for Guard {
     }
 }
 
+/// How the node is addressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// 10.200.1.1/24 towards the client, 10.200.2.1/24 towards the server.
+    Subnets,
+    /// The node's only address is 169.254.100.2/30 on the server's link (the server holds
+    /// 169.254.100.1 there as well as [`SERVER`]/32), no default route; client and server
+    /// are on `/32` routes behind veths without an address on the node's side and use
+    /// 169.254.100.2 as their gateway.
+    LinkLocal,
+}
+
+/// The node's address in [`Shape::LinkLocal`].
+pub const LINK_LOCAL_NODE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 100, 2);
+
 /// The three namespaces, deleted when dropped.
 pub struct Topology {
     /// Where the client runs (10.200.1.2, default route via the node).
@@ -41,6 +56,8 @@ pub struct Topology {
     pub node: Netns,
     /// Where the servers run ([`SERVER`], default route via the node).
     pub server: Netns,
+    /// The node's address the client side reaches it by (its Node object's InternalIP).
+    pub node_ip: std::net::Ipv4Addr,
 }
 
 /// Runs `args[0] args[1..]` in `ns`.
@@ -48,8 +65,13 @@ pub fn ns_run(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
     ns.output(args[0], &args[1..]).map(|_| ())
 }
 
-/// Creates `<prefix>-<pid>-<tag>-{cl,node,srv}` and wires them up.
+/// Creates `<prefix>-<pid>-<tag>-{cl,node,srv}` and wires them up ([`Shape::Subnets`]).
 pub fn topology(prefix: &str, tag: &str) -> anyhow::Result<Topology> {
+    topology_of(Shape::Subnets, prefix, tag)
+}
+
+/// Creates `<prefix>-<pid>-<tag>-{cl,node,srv}` and wires them up as `shape`.
+pub fn topology_of(shape: Shape, prefix: &str, tag: &str) -> anyhow::Result<Topology> {
     let pid = std::process::id();
     let client = Netns::create(&format!("{prefix}-{pid}-{tag}-cl"))?;
     let node = Netns::create(&format!("{prefix}-{pid}-{tag}-node"))?;
@@ -63,28 +85,59 @@ pub fn topology(prefix: &str, tag: &str) -> anyhow::Result<Topology> {
             ],
         )?;
     }
-    for (ns, dev, addr) in [
-        (&client, "c0", "10.200.1.2/24"),
-        (&node, "n0", "10.200.1.1/24"),
-        (&node, "n1", "10.200.2.1/24"),
-        (&server, "s0", "10.200.2.2/24"),
-    ] {
-        ns_run(ns, &["ip", "addr", "add", addr, "dev", dev])?;
-        ns_run(ns, &["ip", "link", "set", dev, "up"])?;
-    }
-    ns_run(
-        &client,
-        &["ip", "route", "add", "default", "via", "10.200.1.1"],
-    )?;
-    ns_run(
-        &server,
-        &["ip", "route", "add", "default", "via", "10.200.2.1"],
-    )?;
+    let node_ip = match shape {
+        Shape::Subnets => {
+            for (ns, dev, addr) in [
+                (&client, "c0", "10.200.1.2/24"),
+                (&node, "n0", "10.200.1.1/24"),
+                (&node, "n1", "10.200.2.1/24"),
+                (&server, "s0", "10.200.2.2/24"),
+            ] {
+                ns_run(ns, &["ip", "addr", "add", addr, "dev", dev])?;
+                ns_run(ns, &["ip", "link", "set", dev, "up"])?;
+            }
+            for (ns, gateway) in [(&client, "10.200.1.1"), (&server, "10.200.2.1")] {
+                ns_run(ns, &["ip", "route", "add", "default", "via", gateway])?;
+            }
+            std::net::Ipv4Addr::new(10, 200, 1, 1)
+        }
+        Shape::LinkLocal => {
+            for (ns, dev, addrs) in [
+                (&client, "c0", &["10.200.1.2/32"][..]),
+                (&node, "n0", &[][..]),
+                (&node, "n1", &["169.254.100.2/30"][..]),
+                (&server, "s0", &["10.200.2.2/32", "169.254.100.1/30"][..]),
+            ] {
+                for addr in addrs {
+                    ns_run(ns, &["ip", "addr", "add", addr, "dev", dev])?;
+                }
+                ns_run(ns, &["ip", "link", "set", dev, "up"])?;
+            }
+            let gateway = LINK_LOCAL_NODE.to_string();
+            for (ns, dev) in [(&client, "c0"), (&server, "s0")] {
+                ns_run(
+                    ns,
+                    &["ip", "route", "add", &format!("{gateway}/32"), "dev", dev],
+                )?;
+                ns_run(
+                    ns,
+                    &[
+                        "ip", "route", "replace", "default", "via", &gateway, "dev", dev,
+                    ],
+                )?;
+            }
+            for (pod, dev) in [("10.200.1.2/32", "n0"), ("10.200.2.2/32", "n1")] {
+                ns_run(&node, &["ip", "route", "add", pod, "dev", dev])?;
+            }
+            LINK_LOCAL_NODE
+        }
+    };
     ns_run(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
     Ok(Topology {
         client,
         node,
         server,
+        node_ip,
     })
 }
 

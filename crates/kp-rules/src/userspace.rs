@@ -8,11 +8,20 @@
 //!   LoadBalancer IPs to `KUBE-USX-<hash>` (through `KUBE-USF-<hash>` when the service has
 //!   loadBalancerSourceRanges), and local destinations to `KUBE-USERSPACE-NODEPORTS`, which
 //!   sends NodePorts to `KUBE-USX-<hash>`.
-//! - `KUBE-USR-*` / `KUBE-USX-*` hold one `REDIRECT --to-ports` to the relay's internal or
-//!   external frontend. `REDIRECT` rewrites the destination to the receiving interface's
-//!   address (127.0.0.1 for locally generated traffic), so the relay listens on the
-//!   wildcard address and replies flow back through conntrack's reverse translation.
-//! - `KUBE-USF-*` redirects sources inside the ranges and marks the rest with the drop bit.
+//! - `KUBE-USR-*` / `KUBE-USX-*` hold one rule sending the packet to the relay's internal or
+//!   external frontend: `DNAT` to the relay's address and port when the plan has a relay
+//!   address for the family (a local address of the node), else `REDIRECT --to-ports`.
+//!   `REDIRECT` rewrites the destination to the primary address of the receiving interface
+//!   (127.0.0.1 for locally generated traffic) and the kernel drops the packet when that
+//!   interface has no address of the family, as a routed pod veth (Calico style, or the
+//!   node ends of `/32` pod routes) often has none; `DNAT` to a fixed local address works
+//!   whatever the interface. Replies flow back through conntrack's reverse translation.
+//! - `KUBE-USX-*` first sends the node's own traffic (`--src-type LOCAL`) to `KUBE-USR-*`
+//!   when the port says so (`externalTrafficPolicy: Local` with cluster-wide internal
+//!   endpoints): upstream treats the node's traffic to its external addresses as internal.
+//! - `KUBE-USF-*` redirects sources inside the ranges (and, when a node IP is inside them,
+//!   the LB IPs themselves as sources: a VIP on the node, upstream's allowFromNode) and marks
+//!   the rest with the drop bit.
 //! - filter `KUBE-USERSPACE-FILTER` (from `INPUT`, `FORWARD`, `OUTPUT`) drops marked
 //!   packets, REJECTs services without endpoints and DROPs external traffic of
 //!   `externalTrafficPolicy: Local` services without a local endpoint (as iptables mode).
@@ -90,6 +99,13 @@ pub struct CapturedPort {
     pub internal: Target,
     /// NodePort, externalIP and LB IP traffic (unused when there is none).
     pub external: Target,
+    /// The node's own traffic to external destinations is internal traffic (goes where
+    /// ClusterIP traffic goes): set for `externalTrafficPolicy: Local` when the internal
+    /// policy uses cluster-wide endpoints, as upstream's "route LOCAL traffic" rule.
+    pub local_source_internal: bool,
+    /// A node IP of this family is inside `source_ranges`, so LB IPs as sources are admitted
+    /// too (the node's own traffic to a VIP it holds has the VIP as its source).
+    pub allow_from_node: bool,
 }
 
 impl CapturedPort {
@@ -103,6 +119,11 @@ impl CapturedPort {
     /// Whether LB IPs are guarded by source ranges.
     fn firewalled(&self) -> bool {
         !self.load_balancer_ips.is_empty() && !self.source_ranges.is_empty()
+    }
+
+    /// Whether `KUBE-USX-*` sends the node's own traffic to `KUBE-USR-*`.
+    fn local_shortcut(&self) -> bool {
+        self.local_source_internal && matches!(self.internal, Target::Redirect(_))
     }
 }
 
@@ -161,13 +182,15 @@ pub struct CaptureRender {
 }
 
 /// Renders one family's capture rules. `ports` must be that family's (their addresses of
-/// `family`); `changed` is `None` for a full render (every per-service chain written) or the
-/// ports whose chains must be rewritten; `existing` the per-service chains currently in the
-/// kernel (those no longer used are deleted).
+/// `family`); `relay_address` is where to DNAT to (a local address of `family` the relay
+/// listens on), or `None` to REDIRECT; `changed` is `None` for a full render (every
+/// per-service chain written) or the ports whose chains must be rewritten; `existing` the
+/// per-service chains currently in the kernel (those no longer used are deleted).
 pub fn render(
     family: IpFamily,
     ports: &[CapturedPort],
     config: &CaptureConfig,
+    relay_address: Option<IpAddr>,
     changed: Option<&BTreeSet<ServicePortName>>,
     existing: &BTreeSet<String>,
 ) -> CaptureRender {
@@ -215,7 +238,14 @@ pub fn render(
                     chain.internal
                 );
                 if write {
-                    redirect(&mut service_rules, &chain.internal, &p.name, proto, relay);
+                    redirect(
+                        &mut service_rules,
+                        &chain.internal,
+                        &p.name,
+                        proto,
+                        relay_address,
+                        relay,
+                    );
                 }
             }
             Target::Reject | Target::Drop => {
@@ -232,88 +262,124 @@ pub fn render(
         if !p.externally_accessible() {
             continue;
         }
-        chains.insert(chain.external.clone());
-        if write {
-            let _ = writeln!(nat_heads, ":{} - [0:0]", chain.external);
-        }
-        if p.firewalled() {
-            chains.insert(chain.firewall.clone());
+        let external_dests = || {
+            p.external_ips
+                .iter()
+                .map(|ip| (ip, "external IP"))
+                .chain(p.load_balancer_ips.iter().map(|ip| (ip, "loadbalancer IP")))
+        };
+        let redirects = matches!(p.external, Target::Redirect(_));
+        if redirects || p.local_shortcut() {
+            chains.insert(chain.external.clone());
             if write {
-                let _ = writeln!(nat_heads, ":{} - [0:0]", chain.firewall);
+                let _ = writeln!(nat_heads, ":{} - [0:0]", chain.external);
             }
-        }
-        let external_dests = p
-            .external_ips
-            .iter()
-            .map(|ip| (ip, "external IP"))
-            .chain(p.load_balancer_ips.iter().map(|ip| (ip, "loadbalancer IP")));
-        match p.external {
-            Target::Redirect(relay) => {
-                for (ip, what) in external_dests {
-                    let to = if what == "loadbalancer IP" && p.firewalled() {
-                        &chain.firewall
-                    } else {
-                        &chain.external
-                    };
-                    let _ = writeln!(
-                        dispatch,
-                        "-A {KUBE_USERSPACE} {} {} -j {to}",
-                        comment_args(&format!("{} {what}", p.name)),
-                        dest(ip, p.port)
-                    );
-                }
-                if let Some(node_port) = p.node_port {
-                    let _ = writeln!(
-                        nodeports,
-                        "-A {KUBE_USERSPACE_NODEPORTS} {} -p {proto} -m {proto} --dport {node_port} -j {}",
-                        comment_args(&p.name.to_string()),
-                        chain.external
-                    );
-                }
+            if p.firewalled() {
+                chains.insert(chain.firewall.clone());
                 if write {
-                    redirect(&mut service_rules, &chain.external, &p.name, proto, relay);
-                    if p.firewalled() {
-                        for range in &p.source_ranges {
+                    let _ = writeln!(nat_heads, ":{} - [0:0]", chain.firewall);
+                }
+            }
+            for (ip, what) in external_dests() {
+                let to = if what == "loadbalancer IP" && p.firewalled() {
+                    &chain.firewall
+                } else {
+                    &chain.external
+                };
+                let _ = writeln!(
+                    dispatch,
+                    "-A {KUBE_USERSPACE} {} {} -j {to}",
+                    comment_args(&format!("{} {what}", p.name)),
+                    dest(ip, p.port)
+                );
+            }
+            if let Some(node_port) = p.node_port {
+                let _ = writeln!(
+                    nodeports,
+                    "-A {KUBE_USERSPACE_NODEPORTS} {} -p {proto} -m {proto} --dport {node_port} -j {}",
+                    comment_args(&p.name.to_string()),
+                    chain.external
+                );
+            }
+            if write {
+                if p.local_shortcut() {
+                    let _ = writeln!(
+                        service_rules,
+                        "-A {} {} -m addrtype --src-type LOCAL -j {}",
+                        chain.external,
+                        comment_args(&format!(
+                            "route LOCAL traffic for {} external destinations",
+                            p.name
+                        )),
+                        chain.internal
+                    );
+                }
+                if let Target::Redirect(relay) = p.external {
+                    redirect(
+                        &mut service_rules,
+                        &chain.external,
+                        &p.name,
+                        proto,
+                        relay_address,
+                        relay,
+                    );
+                }
+                if p.firewalled() {
+                    let lb_comment = comment_args(&format!("{} loadbalancer IP", p.name));
+                    for range in &p.source_ranges {
+                        let _ = writeln!(
+                            service_rules,
+                            "-A {} {lb_comment} -s {} -j {}",
+                            chain.firewall,
+                            range.trunc(),
+                            chain.external
+                        );
+                    }
+                    if p.allow_from_node {
+                        // The LB IP is often a local address, so the node's own traffic to
+                        // it has the LB IP as its source.
+                        for ip in &p.load_balancer_ips {
                             let _ = writeln!(
                                 service_rules,
-                                "-A {} {} -s {range} -j {}",
+                                "-A {} {lb_comment} -s {} -j {}",
                                 chain.firewall,
-                                comment_args(&format!("{} loadbalancer IP", p.name)),
+                                host(ip),
                                 chain.external
                             );
                         }
-                        let _ = writeln!(
-                            service_rules,
-                            "-A {} {} -j MARK --set-xmark {mark}",
-                            chain.firewall,
-                            comment_args(&format!("{} outside loadBalancerSourceRanges", p.name)),
-                        );
                     }
-                }
-            }
-            Target::Reject | Target::Drop => {
-                let why = if p.external == Target::Reject {
-                    "has no endpoints"
-                } else {
-                    "has no local endpoints"
-                };
-                let text = comment_args(&format!("{} {why}", p.name));
-                for (ip, _) in external_dests {
                     let _ = writeln!(
-                        filter,
-                        "-A {KUBE_USERSPACE_FILTER} {text} {} -j {}",
-                        dest(ip, p.port),
-                        verdict(p.external)
+                        service_rules,
+                        "-A {} {} -j MARK --set-xmark {mark}",
+                        chain.firewall,
+                        comment_args(&format!("{} outside loadBalancerSourceRanges", p.name)),
                     );
                 }
-                if let Some(node_port) = p.node_port {
-                    for local in local_matches(family, config) {
-                        let _ = writeln!(
-                            filter,
-                            "-A {KUBE_USERSPACE_FILTER} {text} {local} -p {proto} -m {proto} --dport {node_port} -j {}",
-                            verdict(p.external)
-                        );
-                    }
+            }
+        }
+        if !redirects {
+            // Packets the rules above sent to the relay no longer have these destinations.
+            let why = if p.external == Target::Reject {
+                "has no endpoints"
+            } else {
+                "has no local endpoints"
+            };
+            let text = comment_args(&format!("{} {why}", p.name));
+            for (ip, _) in external_dests() {
+                let _ = writeln!(
+                    filter,
+                    "-A {KUBE_USERSPACE_FILTER} {text} {} -j {}",
+                    dest(ip, p.port),
+                    verdict(p.external)
+                );
+            }
+            if let Some(node_port) = p.node_port {
+                for local in local_matches(family, config) {
+                    let _ = writeln!(
+                        filter,
+                        "-A {KUBE_USERSPACE_FILTER} {text} {local} -p {proto} -m {proto} --dport {node_port} -j {}",
+                        verdict(p.external)
+                    );
                 }
             }
         }
@@ -353,13 +419,28 @@ pub fn render(
     CaptureRender { text, chains }
 }
 
-/// `-A <chain> ... -j REDIRECT --to-ports <relay>`.
-fn redirect(out: &mut String, chain: &str, name: &ServicePortName, proto: &str, relay: u16) {
-    let _ = writeln!(
-        out,
-        "-A {chain} {} -p {proto} -j REDIRECT --to-ports {relay}",
-        comment_args(&format!("{name} to the userspace relay"))
-    );
+/// `-A <chain> ... -j DNAT --to-destination <address>:<relay>`, or without an address
+/// `-j REDIRECT --to-ports <relay>`.
+fn redirect(
+    out: &mut String,
+    chain: &str,
+    name: &ServicePortName,
+    proto: &str,
+    address: Option<IpAddr>,
+    relay: u16,
+) {
+    let comment = comment_args(&format!("{name} to the userspace relay"));
+    let _ = match address {
+        Some(ip) => writeln!(
+            out,
+            "-A {chain} {comment} -p {proto} -j DNAT --to-destination {}",
+            std::net::SocketAddr::new(ip, relay)
+        ),
+        None => writeln!(
+            out,
+            "-A {chain} {comment} -p {proto} -j REDIRECT --to-ports {relay}"
+        ),
+    };
 }
 
 fn verdict(target: Target) -> &'static str {

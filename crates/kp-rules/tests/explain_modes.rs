@@ -241,6 +241,57 @@ fn userspace_capture_chains() {
     );
 }
 
+/// The node's own traffic to an externalIP of an eTP Local service goes through the
+/// ClusterIP's chain (not only when asked from the node), and affinity is explained as the
+/// relay keeps it: one table per service port.
+#[test]
+fn userspace_node_traffic_and_affinity() {
+    let mut svc = web();
+    svc.external_ips = vec![ip("192.168.99.41")];
+    svc.external_policy_local = true;
+    svc.session_affinity = Some(kp_core::model::SessionAffinity {
+        timeout: std::time::Duration::from_secs(300),
+    });
+    let chains = CaptureChains::new(&svc.name);
+    let state = state(vec![(svc, vec![endpoint("10.180.0.1", 80, false)])]);
+    let from = |source: Option<&str>| {
+        let mut e = explain(
+            &state,
+            &config(),
+            &Query {
+                destination: "192.168.99.41:80".parse().expect("destination"),
+                source: source.map(ip),
+            },
+        )
+        .expect("explainable");
+        annotate(&mut e, &state, &config(), &Mode::Userspace).expect("renders");
+        e.matches.remove(0)
+    };
+    let m = from(Some(NODE_IP));
+    assert_eq!(
+        names_of(&m, "chain"),
+        vec![
+            KUBE_USERSPACE.to_owned(),
+            chains.external.clone(),
+            chains.internal.clone()
+        ]
+    );
+    let affinity = objects(&m)
+        .into_iter()
+        .find(|(kind, _, _)| *kind == "affinity")
+        .expect("an affinity object");
+    assert!(
+        affinity.2.contains("300s") && affinity.2.contains("per client IP for this service port"),
+        "{affinity:?}"
+    );
+    // From outside: no local endpoint, dropped in filter.
+    let m = from(Some("203.0.113.9"));
+    assert_eq!(
+        names_of(&m, "chain"),
+        vec![KUBE_USERSPACE_FILTER.to_owned()]
+    );
+}
+
 fn state_with_none() -> ProxyState {
     state(vec![(web(), vec![])])
 }

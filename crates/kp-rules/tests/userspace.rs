@@ -26,6 +26,8 @@ fn port(ns: &str, name: &str, cluster_ip: &str, number: u16, relay: u16) -> Capt
         node_port: None,
         internal: Target::Redirect(relay),
         external: Target::Redirect(relay + 1),
+        local_source_internal: false,
+        allow_from_node: false,
     }
 }
 
@@ -67,7 +69,7 @@ fn apply(family: IpFamily, renders: &[&CaptureRender]) -> Option<String> {
 }
 
 fn full(family: IpFamily, ports: &[CapturedPort], config: &CaptureConfig) -> CaptureRender {
-    render(family, ports, config, None, &BTreeSet::new())
+    render(family, ports, config, None, None, &BTreeSet::new())
 }
 
 #[test]
@@ -93,7 +95,10 @@ fn every_kind_of_destination() {
     let ports = [plain, np, lb, udp, empty, local];
     let out = full(IpFamily::V4, &ports, &CaptureConfig::default());
     insta::assert_snapshot!("userspace_every_destination", out.text);
-    assert_eq!(out.chains.len(), 6 + 4 + 1, "{:?}", out.chains);
+    // Every ClusterIP chain, the external chains of the two ports that redirect external
+    // traffic (those without endpoints, or without local ones, have rules only in filter),
+    // and one firewall chain.
+    assert_eq!(out.chains.len(), 6 + 2 + 1, "{:?}", out.chains);
     if let Some(save) = apply(IpFamily::V4, &[&out]) {
         assert!(save.contains("-j REDIRECT --to-ports 40001"), "{save}");
         assert!(save.contains("-A PREROUTING"), "{save}");
@@ -153,6 +158,7 @@ fn partial_renders_rewrite_changed_ports_and_delete_stale_chains() {
         IpFamily::V4,
         &[a.clone(), b2],
         &config,
+        None,
         Some(&changed),
         &first.chains,
     );
@@ -181,6 +187,84 @@ fn partial_renders_rewrite_changed_ports_and_delete_stale_chains() {
         assert!(
             !save.contains(&chains_c.internal),
             "c's chains are gone: {save}"
+        );
+    }
+}
+
+/// With a relay address the redirects are DNATs to it; the node's own traffic to external
+/// destinations of an eTP Local port goes to the ClusterIP's frontend, also when the port
+/// has no local endpoints (the rest is still dropped); a node inside the source ranges
+/// admits the LB IPs as sources.
+#[test]
+fn relay_address_node_traffic_and_allow_from_node() {
+    let mut local = port("ns", "local", "172.30.0.51", 80, 40001);
+    local.external_ips = vec![ip("192.168.99.51")];
+    local.load_balancer_ips = vec![ip("1.2.3.51")];
+    local.source_ranges = vec![net("192.168.0.0/24")];
+    local.node_port = Some(30051);
+    local.external = Target::Drop;
+    local.local_source_internal = true;
+    local.allow_from_node = true;
+    let mut v6 = port("ns", "six", "fd00:96::52", 80, 40003);
+    v6.load_balancer_ips = vec![ip("2001:db8:100::52")];
+    v6.source_ranges = vec![net("2001:db8:1::/64")];
+    v6.local_source_internal = true;
+    let config = CaptureConfig::default();
+    let out = render(
+        IpFamily::V4,
+        std::slice::from_ref(&local),
+        &config,
+        Some(ip("192.168.0.2")),
+        None,
+        &BTreeSet::new(),
+    );
+    insta::assert_snapshot!("userspace_relay_address_node_traffic", out.text);
+    let chains = CaptureChains::new(&local.name);
+    for expected in [
+        "-j DNAT --to-destination 192.168.0.2:40001".to_owned(),
+        format!("-m addrtype --src-type LOCAL -j {}", chains.internal),
+        format!("-s 1.2.3.51/32 -j {}", chains.external),
+        format!("-s 192.168.0.0/24 -j {}", chains.external),
+    ] {
+        assert!(out.text.contains(&expected), "{expected}:\n{}", out.text);
+    }
+    // No local endpoints: only the shortcut in the external chain, the rest dropped.
+    assert!(!out.text.contains("40002"), "{}", out.text);
+    assert!(
+        out.text
+            .contains("-d 192.168.99.51/32 -p tcp -m tcp --dport 80 -j DROP"),
+        "{}",
+        out.text
+    );
+    let six = render(
+        IpFamily::V6,
+        std::slice::from_ref(&v6),
+        &config,
+        Some(ip("fd00:50::2")),
+        None,
+        &BTreeSet::new(),
+    );
+    assert!(
+        six.text
+            .contains("-j DNAT --to-destination [fd00:50::2]:40004"),
+        "{}",
+        six.text
+    );
+    assert!(
+        !six.text.contains("-s 2001:db8:100::52"),
+        "no node IP in the ranges: {}",
+        six.text
+    );
+    if let Some(save) = apply(IpFamily::V4, &[&out]) {
+        assert!(
+            save.contains("--to-destination 192.168.0.2:40001"),
+            "{save}"
+        );
+    }
+    if let Some(save) = apply(IpFamily::V6, &[&six]) {
+        assert!(
+            save.contains("--to-destination [fd00:50::2]:40004"),
+            "{save}"
         );
     }
 }

@@ -23,6 +23,12 @@ pub const NODE2_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 3);
 /// The node LAN (IPv6).
 pub const LAN_CIDR_V6: &str = "fd00:50::/64";
 
+/// This node's only address in the link-local node shape
+/// ([`crate::ClusterBuilder::link_local_node`]): a `/30` towards the router.
+pub const LINK_LOCAL_NODE_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 100, 2);
+/// The router's end of that `/30` (on the LAN bridge, next to its LAN address).
+pub const LINK_LOCAL_PEER_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 100, 1);
+
 /// The whole pod network (a proxy's `clusterCIDR`).
 pub const CLUSTER_CIDR_V4: &str = "10.244.0.0/16";
 /// The whole pod network, IPv6.

@@ -9,9 +9,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::addresses::{
-    EXTERNAL_IN_V4, EXTERNAL_IN_V6, EXTERNAL_OUT_V4, EXTERNAL_OUT_V6, LOAD_BALANCER_CIDR_V4,
-    LOAD_BALANCER_CIDR_V6, LOCAL_POD_CIDR_V4, LOCAL_POD_CIDR_V6, NODE_V4, NODE_V6, NODE2_V4,
-    NODE2_V6, REMOTE_POD_CIDR_V4, REMOTE_POD_CIDR_V6, ROUTER_V4, ROUTER_V6, pod_v4, pod_v6,
+    EXTERNAL_IN_V4, EXTERNAL_IN_V6, EXTERNAL_OUT_V4, EXTERNAL_OUT_V6, LINK_LOCAL_NODE_V4,
+    LINK_LOCAL_PEER_V4, LOAD_BALANCER_CIDR_V4, LOAD_BALANCER_CIDR_V6, LOCAL_POD_CIDR_V4,
+    LOCAL_POD_CIDR_V6, NODE_V4, NODE_V6, NODE2_V4, NODE2_V6, REMOTE_POD_CIDR_V4,
+    REMOTE_POD_CIDR_V6, ROUTER_V4, ROUTER_V6, pod_v4, pod_v6,
 };
 use crate::command::{
     COMMAND_DEADLINE, check_prerequisites, describe, in_namespace, ip_batch, run, run_checked,
@@ -122,6 +123,19 @@ pub struct ClusterBuilder {
     probe_timeout: Duration,
     echo_binary: Option<PathBuf>,
     echo_args: Vec<String>,
+    link_local: Option<LinkLocalScope>,
+}
+
+/// The scope of the node's address in the link-local node shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkLocalScope {
+    /// `scope global` (what `ip addr add` sets unless told otherwise): the kernel may use the
+    /// address as the source towards any route.
+    Global,
+    /// `scope link`, as link-local configurators (systemd-networkd's IPv4LL, avahi-autoipd)
+    /// set it: the kernel uses it as a source only on its own link, so the node has no
+    /// source address for its pods' routes.
+    Link,
 }
 
 impl Default for ClusterBuilder {
@@ -136,6 +150,7 @@ impl Default for ClusterBuilder {
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
             echo_binary: None,
             echo_args: Vec::new(),
+            link_local: None,
         }
     }
 }
@@ -217,6 +232,21 @@ impl ClusterBuilder {
         self
     }
 
+    /// The link-local node shape: this node's only address is
+    /// [`LINK_LOCAL_NODE_V4`]`/30` (the router holds the other end) with `scope`, it has no
+    /// default route (only routes to the remote pods, the external clients and the load
+    /// balancer range's clients, via the router), and its pods hang off veths without an
+    /// address on the node's side, on `/32` routes, using the node's address as their
+    /// gateway (the node answers ARP for it on every interface). IPv4 only (implies
+    /// `dual_stack(false)`). The remote node, the router and the external clients are as
+    /// usual; the router routes this node's pod subnet and the load balancer range to it.
+    #[must_use]
+    pub fn link_local_node(mut self, scope: LinkLocalScope) -> Self {
+        self.link_local = Some(scope);
+        self.dual_stack = false;
+        self
+    }
+
     /// Creates the namespaces, links, addresses, routes and echo servers.
     ///
     /// Fails with [`TestbedError::NotRoot`] or [`TestbedError::ToolMissing`] when the
@@ -290,7 +320,16 @@ impl ClusterBuilder {
             probe_timeout: self.probe_timeout,
             dual_stack: self.dual_stack,
             router: fixed("ext", Role::Router, ROUTER_V4, ROUTER_V6),
-            node: fixed("node", Role::Node, NODE_V4, NODE_V6),
+            node: fixed(
+                "node",
+                Role::Node,
+                if self.link_local.is_some() {
+                    LINK_LOCAL_NODE_V4
+                } else {
+                    NODE_V4
+                },
+                NODE_V6,
+            ),
             node2: fixed("node2", Role::RemoteNode, NODE2_V4, NODE2_V6),
             external_in: fixed(
                 "external-in",
@@ -306,6 +345,7 @@ impl ClusterBuilder {
             ),
             client,
             pods,
+            link_local: self.link_local,
         };
         // From here on, dropping `cluster` (on any error) removes what exists so far.
         cluster.set_up(&self.echo_tcp, &self.echo_udp, &self.echo_sctp)?;
@@ -380,6 +420,7 @@ pub struct Cluster {
     external_out: Host,
     client: Host,
     pods: Vec<Host>,
+    link_local: Option<LinkLocalScope>,
 }
 
 /// `ip` commands to run inside one namespace, in order.
@@ -518,6 +559,9 @@ impl Cluster {
         let v6 = self.dual_stack;
         let router = &self.router;
         add(router, format!("addr add {ROUTER_V4}/24 dev lan"));
+        if self.link_local.is_some() {
+            add(router, format!("addr add {LINK_LOCAL_PEER_V4}/30 dev lan"));
+        }
         if v6 {
             add(router, format!("addr add {ROUTER_V6}/64 dev lan nodad"));
         }
@@ -542,6 +586,20 @@ impl Cluster {
             (&self.external_in, 25, 64),
             (&self.external_out, 25, 64),
         ] {
+            if host.role == Role::Node
+                && let Some(scope) = self.link_local
+            {
+                let scope = match scope {
+                    LinkLocalScope::Global => "global",
+                    LinkLocalScope::Link => "link",
+                };
+                add(
+                    host,
+                    format!("addr add {}/30 dev eth0 scope {scope}", host.ipv4),
+                );
+                add(host, "link set eth0 up".to_owned());
+                continue;
+            }
             add(host, format!("addr add {}/{v4_len} dev eth0", host.ipv4));
             if let Some(addr) = host.ipv6 {
                 add(host, format!("addr add {addr}/{v6_len} dev eth0 nodad"));
@@ -554,8 +612,10 @@ impl Cluster {
             .collect();
         for (pod, link) in &links {
             let node = self.node_of(pod);
-            let (gw4, gw6) = gateways(pod);
-            add(node, format!("addr add {gw4}/32 dev {link}"));
+            let (gw4, gw6) = self.gateways(pod);
+            if !self.address_less_veth(pod) {
+                add(node, format!("addr add {gw4}/32 dev {link}"));
+            }
             if v6 {
                 add(node, format!("addr add {gw6}/128 dev {link} nodad"));
             }
@@ -577,7 +637,24 @@ impl Cluster {
         let mut steps = Vec::new();
         let mut add = |host: &Host, line: String| steps.push((host.ns.clone(), line));
         let v6 = self.dual_stack;
-        for (node, other_cidr4, other_cidr6, other_node4, other_node6) in [
+        if self.link_local.is_some() {
+            // No default route: the remote pods and the external clients via the router,
+            // which routes this node's pod subnet and the load balancer range back here.
+            for cidr in [REMOTE_POD_CIDR_V4, "203.0.113.0/24"] {
+                add(
+                    &self.node,
+                    format!("route add {cidr} via {LINK_LOCAL_PEER_V4}"),
+                );
+            }
+            add(&self.node2, format!("route add default via {ROUTER_V4}"));
+            for (cidr, via) in [
+                (LOCAL_POD_CIDR_V4, LINK_LOCAL_NODE_V4),
+                (REMOTE_POD_CIDR_V4, NODE2_V4),
+            ] {
+                add(&self.router, format!("route add {cidr} via {via}"));
+            }
+        }
+        let nodes = [
             (
                 &self.node,
                 REMOTE_POD_CIDR_V4,
@@ -592,7 +669,11 @@ impl Cluster {
                 NODE_V4,
                 NODE_V6,
             ),
-        ] {
+        ];
+        let skip = usize::from(self.link_local.is_some()) * nodes.len();
+        for (node, other_cidr4, other_cidr6, other_node4, other_node6) in
+            nodes.into_iter().skip(skip)
+        {
             add(node, format!("route add default via {ROUTER_V4}"));
             add(node, format!("route add {other_cidr4} via {other_node4}"));
             if v6 {
@@ -611,7 +692,7 @@ impl Cluster {
         }
         add(
             &self.router,
-            format!("route add {LOAD_BALANCER_CIDR_V4} via {NODE_V4}"),
+            format!("route add {LOAD_BALANCER_CIDR_V4} via {}", self.node.ipv4),
         );
         if v6 {
             add(
@@ -625,7 +706,7 @@ impl Cluster {
             .collect();
         for (pod, link) in &links {
             let node = self.node_of(pod);
-            let (gw4, gw6) = gateways(pod);
+            let (gw4, gw6) = self.gateways(pod);
             add(node, format!("route add {}/32 dev {link}", pod.ipv4));
             add(pod, format!("route add {gw4}/32 dev eth0 scope link"));
             add(pod, format!("route add default via {gw4} dev eth0"));
@@ -971,14 +1052,28 @@ impl Drop for Cluster {
     }
 }
 
-/// The gateway addresses (on the node's end of the veth) for a pod.
-fn gateways(pod: &Host) -> (Ipv4Addr, Ipv6Addr) {
-    let node_index = if pod.role == (Role::Pod { remote: true }) {
-        2
-    } else {
-        1
-    };
-    (pod_v4(node_index, 1), pod_v6(node_index, 1))
+impl Cluster {
+    /// Whether the node's end of `pod`'s veth has no address (this node's pods in the
+    /// link-local shape).
+    fn address_less_veth(&self, pod: &Host) -> bool {
+        self.link_local.is_some() && pod.role == (Role::Pod { remote: false })
+    }
+
+    /// The gateway addresses for a pod: the node's end of its veth, or in the link-local
+    /// shape this node's own address.
+    fn gateways(&self, pod: &Host) -> (Ipv4Addr, Ipv6Addr) {
+        let node_index = if pod.role == (Role::Pod { remote: true }) {
+            2
+        } else {
+            1
+        };
+        let v4 = if self.address_less_veth(pod) {
+            self.node.ipv4
+        } else {
+            pod_v4(node_index, 1)
+        };
+        (v4, pod_v6(node_index, 1))
+    }
 }
 
 /// Runs steps, batching consecutive lines for the same namespace into one `ip` call.

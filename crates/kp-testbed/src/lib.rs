@@ -46,6 +46,10 @@
 //! client's namespace (`ip netns exec`) and come back as an [`Outcome`]: `Answered`
 //! (with [`Outcome::masqueraded`]), `Refused`, `TimedOut`, `NoRoute`, `Unreachable`, ...
 //!
+//! [`ClusterBuilder::link_local_node`] builds another node shape (IPv4 only): the node's only
+//! address is `169.254.100.2/30` towards the router, without a default route, and its pods'
+//! veths have no address on the node's side (routed CNIs such as Calico do this).
+//!
 //! SCTP (one-to-one style sockets, answered like TCP) needs a kernel with SCTP sockets, such
 //! as the kp-vm guest's: pods answer it only with [`ClusterBuilder::echo_sctp_ports`], and
 //! probing it elsewhere is [`TestbedError::SctpUnsupported`].
@@ -88,7 +92,8 @@ mod session;
 pub mod tool;
 
 pub use cluster::{
-    CLIENT_POD, Cluster, ClusterBuilder, DEFAULT_ECHO_PORT, DEFAULT_PREFIX, Host, Role,
+    CLIENT_POD, Cluster, ClusterBuilder, DEFAULT_ECHO_PORT, DEFAULT_PREFIX, Host, LinkLocalScope,
+    Role,
 };
 pub use echo::{ECHO_BINARY_ENV, EchoSpec, echo_binary};
 pub use error::{Result, TestbedError};

@@ -3,7 +3,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, EchoSpec, Host, Outcome, TestbedError};
+use kp_testbed::{
+    Cluster, DEFAULT_ECHO_PORT, EchoSpec, Host, LinkLocalScope, Outcome, TestbedError,
+};
 
 /// A service VIP no route knows: only a DNAT rule in the node makes it answer.
 const VIP: &str = "10.96.0.10";
@@ -80,6 +82,46 @@ fn pod_to_pod_flows_are_direct_and_not_masqueraded() -> Result<(), TestbedError>
     let outcome = cluster.tcp(client, a6, DEFAULT_ECHO_PORT)?;
     let (seen, _, _) = answer(&outcome, "a");
     assert_eq!(seen.ip(), IpAddr::V6(client.ipv6().expect("dual-stack")));
+    Ok(())
+}
+
+/// The link-local node shape: the node's only address is 169.254.100.2, it has no default
+/// route and no address on its pods' veths, yet pods reach local and remote pods directly.
+#[test]
+fn link_local_node_routes_pods_without_addresses_on_their_veths() -> Result<(), TestbedError> {
+    for scope in [LinkLocalScope::Global, LinkLocalScope::Link] {
+        let cluster = Cluster::builder()
+            .echo_binary(env!("CARGO_BIN_EXE_kp-echo"))
+            .pod("a")
+            .remote_pod("c")
+            .link_local_node(scope)
+            .build()?;
+        let node = cluster.node_ns();
+        let addresses = cluster.exec(node, &["ip", "-4", "-o", "addr", "show"])?;
+        let mut own: Vec<&str> = addresses
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3))
+            .collect();
+        own.sort_unstable();
+        assert_eq!(own, ["127.0.0.1/8", "169.254.100.2/30"], "{addresses}");
+        let routes = cluster.exec(node, &["ip", "-4", "route", "show"])?;
+        assert!(!routes.contains("default"), "{routes}");
+        assert_eq!(
+            cluster.node_ip(),
+            "169.254.100.2".parse::<IpAddr>().expect("literal")
+        );
+        let client = cluster.client();
+        for pod in ["a", "c"] {
+            let target = cluster.pod(pod)?;
+            for outcome in [
+                cluster.tcp(client, target.ip(), DEFAULT_ECHO_PORT)?,
+                cluster.udp(client, target.ip(), DEFAULT_ECHO_PORT)?,
+            ] {
+                let (seen, _, _) = answer(&outcome, pod);
+                assert_eq!(seen.ip(), client.ip(), "{scope:?}: {outcome:?}");
+            }
+        }
+    }
     Ok(())
 }
 

@@ -10,9 +10,15 @@
 //!
 //! A frontend exists only while it has endpoints to relay to; without any, capture refuses or
 //! drops the traffic as the kernel modes do. Its listener (and relay port) stays the same for
-//! as long as it exists, so unchanged services keep their rules on partial syncs.
+//! as long as it exists (and the relay address does), so unchanged services keep their rules
+//! on partial syncs. The frontends of one service port share its ClientIP affinity table.
+//!
+//! Relay address: per family, the first of the Node's addresses that is local (can be bound).
+//! Frontends listen on it and the capture DNATs to it; without one they listen on the
+//! wildcard address and the capture REDIRECTs (which fails for traffic arriving on an
+//! interface without an address of the family: see `kp_rules::userspace`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -21,10 +27,10 @@ use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest}
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
 use kp_core::topology::categorize;
 use tokio::net::{TcpListener, UdpSocket};
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::capture::{Capture, CapturePlan, CapturedPort, Target};
-use crate::relay::Relay;
+use crate::relay::{Owner, Relay};
 use crate::{RelayConfig, RelayMetrics};
 
 /// The mode name served on `/proxyMode`.
@@ -67,6 +73,12 @@ impl fmt::Display for FrontendKey {
     }
 }
 
+/// The name a service port's affinity table goes by (metrics, `/debug/explain`):
+/// `namespace/name:port/protocol`.
+pub fn service_port_label(name: &ServicePortName) -> String {
+    format!("{name}/{}", name.protocol.as_str())
+}
+
 /// Where the backend opens frontends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BindAddresses {
@@ -107,6 +119,11 @@ pub struct UserspaceBackend<C> {
     /// With a port range: where in it the next frontend's search starts, so a port just
     /// given up is not the first one handed out again.
     next_port: u32,
+    /// Whether relay addresses are chosen from the Node's addresses (off when the caller
+    /// fixed the bind addresses).
+    choose_relay_addresses: bool,
+    /// The Node addresses the relay addresses were last chosen from, and the choice.
+    relay_addresses: (Vec<IpAddr>, BTreeMap<IpFamily, IpAddr>),
 }
 
 /// A bound frontend socket.
@@ -145,13 +162,57 @@ impl<C: Capture> UserspaceBackend<C> {
             force_full: true,
             sctp_warned: BTreeSet::new(),
             next_port: 0,
+            choose_relay_addresses: true,
+            relay_addresses: (Vec::new(), BTreeMap::new()),
         }
     }
 
-    /// Opens frontends on these addresses instead of the wildcards (tests use loopback).
+    /// Opens frontends on these addresses instead of the wildcards or the Node's addresses
+    /// (tests use loopback).
     pub fn with_bind_addresses(mut self, bind: BindAddresses) -> Self {
         self.bind = bind;
+        self.choose_relay_addresses = false;
         self
+    }
+
+    /// Chooses the relay address of each family anew when the Node's addresses changed:
+    /// the first that is local (a socket can be bound to it).
+    fn choose_relay_addresses(&mut self, node_addresses: &[IpAddr]) {
+        if !self.choose_relay_addresses || self.relay_addresses.0 == node_addresses {
+            return;
+        }
+        let mut chosen = BTreeMap::new();
+        for family in &self.families {
+            let local = node_addresses.iter().copied().find(|ip| {
+                IpFamily::of(ip) == *family
+                    && !ip.is_loopback()
+                    && std::net::UdpSocket::bind(SocketAddr::new(*ip, 0)).is_ok()
+            });
+            match local {
+                Some(ip) => {
+                    info!(?family, relay_address = %ip, "userspace relay listens on this node address; service traffic is DNATed to it");
+                }
+                None => {
+                    info!(
+                        ?family,
+                        "no local node address for the userspace relay; service traffic is REDIRECTed (needs an address on every interface it arrives on)"
+                    );
+                }
+            }
+            if let Some(ip) = local {
+                chosen.insert(*family, ip);
+            }
+        }
+        self.relay_addresses = (node_addresses.to_vec(), chosen);
+    }
+
+    /// Where frontends of `family` listen.
+    fn bind_ip(&self, family: IpFamily) -> IpAddr {
+        self.relay_addresses
+            .1
+            .get(&family)
+            .copied()
+            .unwrap_or_else(|| self.bind.of(family))
     }
 
     /// The relay (for tests and diagnostics).
@@ -159,15 +220,22 @@ impl<C: Capture> UserspaceBackend<C> {
         &self.relay
     }
 
-    /// Opens frontend `key` unless it is open; returns its port and whether it is new.
+    /// Opens frontend `key` unless it is open on the family's current address (one on
+    /// another address is replaced); returns its port and whether it is new.
     async fn ensure_frontend(&mut self, key: &FrontendKey) -> std::io::Result<(u16, bool)> {
-        if let Some(addr) = self.relay.local_addr(key) {
+        let ip = self.bind_ip(key.family);
+        if let Some(addr) = self.relay.local_addr(key).filter(|a| a.ip() == ip) {
             return Ok((addr.port(), false));
         }
         let service = key.port.service.to_string();
-        let addr = match self.bind_frontend(key.port.protocol, key.family).await? {
-            Bound::Tcp(listener) => self.relay.add_tcp(key.clone(), &service, listener)?,
-            Bound::Udp(socket) => self.relay.add_udp(key.clone(), &service, socket)?,
+        let service_port = service_port_label(&key.port);
+        let owner = Owner {
+            service: &service,
+            service_port: &service_port,
+        };
+        let addr = match self.bind_frontend(key.port.protocol, ip).await? {
+            Bound::Tcp(listener) => self.relay.add_tcp(key.clone(), owner, listener)?,
+            Bound::Udp(socket) => self.relay.add_udp(key.clone(), owner, socket)?,
         };
         debug!(frontend = %key, %addr, "opened frontend");
         Ok((addr.port(), true))
@@ -175,12 +243,7 @@ impl<C: Capture> UserspaceBackend<C> {
 
     /// Binds a frontend socket: on an ephemeral port, or with a port range on its first
     /// free port, searching from after the last port handed out.
-    async fn bind_frontend(
-        &mut self,
-        protocol: Protocol,
-        family: IpFamily,
-    ) -> std::io::Result<Bound> {
-        let ip = self.bind.of(family);
+    async fn bind_frontend(&mut self, protocol: Protocol, ip: IpAddr) -> std::io::Result<Bound> {
         let Some(range) = self.relay.config().port_range.clone() else {
             return Bound::bind(protocol, SocketAddr::new(ip, 0)).await;
         };
@@ -249,7 +312,11 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let state = request.state;
-        let mut plan = CapturePlan::default();
+        self.choose_relay_addresses(&state.node.addresses);
+        let mut plan = CapturePlan {
+            relay_addresses: self.relay_addresses.1.clone(),
+            ..CapturePlan::default()
+        };
         let mut wanted: BTreeSet<FrontendKey> = BTreeSet::new();
         let mut reopened: BTreeSet<ServicePortName> = BTreeSet::new();
         let mut skipped = BTreeSet::new();
@@ -321,6 +388,17 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                         continue;
                     }
                 };
+                let node_ips = || {
+                    state
+                        .node
+                        .addresses
+                        .iter()
+                        .filter(|ip| IpFamily::of(ip) == family)
+                };
+                let allow_from_node = port
+                    .load_balancer_source_ranges
+                    .iter()
+                    .any(|r| node_ips().any(|ip| r.trunc().contains(ip)));
                 plan.families.entry(family).or_default().push(CapturedPort {
                     name: name.clone(),
                     port: port.port,
@@ -331,6 +409,11 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                     node_port: port.node_port,
                     internal,
                     external,
+                    // As upstream: under eTP Local the node's own traffic to external
+                    // addresses uses the cluster-wide endpoints when the service has them
+                    // in use (here: the internal frontend's, under iTP Cluster).
+                    local_source_internal: svc.external_policy_local && !svc.internal_policy_local,
+                    allow_from_node,
                 });
             }
         }
@@ -350,6 +433,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                     .map(|k| k.port.clone()),
             )
             .collect();
+        self.relay.forget_stale_pins();
         self.force_full = true;
         self.capture
             .apply(&plan, (!full).then_some(&changed))

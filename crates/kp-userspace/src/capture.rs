@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::{IpFamily, ServicePortName};
@@ -15,6 +16,9 @@ pub use kp_rules::userspace::{CapturedPort, Target};
 pub struct CapturePlan {
     /// Per family, its service ports with that family's addresses.
     pub families: BTreeMap<IpFamily, Vec<CapturedPort>>,
+    /// Per family, the local address the relay's frontends listen on, to DNAT to; a family
+    /// without one is REDIRECTed (frontends on the wildcard address).
+    pub relay_addresses: BTreeMap<IpFamily, IpAddr>,
 }
 
 impl CapturePlan {

@@ -42,6 +42,9 @@ pub struct IptablesCapture<R, C = ExecConntrack> {
     families: Vec<IpFamily>,
     /// Per family, the per-service chains the last successful apply left.
     chains: BTreeMap<IpFamily, BTreeSet<String>>,
+    /// The relay addresses of the last successful apply: every chain is rewritten when they
+    /// change.
+    relay_addresses: BTreeMap<IpFamily, std::net::IpAddr>,
     /// Whether the next apply must be full (and start by removing leftovers).
     force_full: bool,
     leftovers_removed: bool,
@@ -69,6 +72,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
             config,
             families,
             chains: BTreeMap::new(),
+            relay_addresses: BTreeMap::new(),
             force_full: true,
             leftovers_removed: false,
         }
@@ -124,9 +128,10 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
     }
 
     /// Deletes the conntrack entries of UDP ports whose redirect target changed or went
-    /// (deleted ports included), and remembers the new ones. Failures are logged: the rules
-    /// are already right, and the entries expire on their own.
-    async fn forget_stale_udp(&mut self, plan: &CapturePlan) {
+    /// (deleted ports included; every port when the relay's address `moved`), and remembers
+    /// the new ones. Failures are logged: the rules are already right, and the entries
+    /// expire on their own.
+    async fn forget_stale_udp(&mut self, plan: &CapturePlan, moved: bool) {
         let mut now: BTreeMap<(IpFamily, ServicePortName), CapturedPort> = BTreeMap::new();
         for (family, list) in &plan.families {
             for p in list.iter().filter(|p| p.name.protocol == Protocol::Udp) {
@@ -144,10 +149,11 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
                 reply_src: None,
                 reply_src_port: None,
             };
-            if after.map(|a| a.internal) != Some(before.internal) {
+            if moved || after.map(|a| a.internal) != Some(before.internal) {
                 filters.push(filter(Some(before.cluster_ip), before.port));
             }
-            if before.externally_accessible() && after.map(|a| a.external) != Some(before.external)
+            if before.externally_accessible()
+                && (moved || after.map(|a| a.external) != Some(before.external))
             {
                 for ip in before.external_ips.iter().chain(&before.load_balancer_ips) {
                     filters.push(filter(Some(*ip), before.port));
@@ -189,7 +195,8 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         plan: &CapturePlan,
         changed: Option<&BTreeSet<ServicePortName>>,
     ) -> Result<(), CaptureError> {
-        let full = self.force_full || changed.is_none();
+        let full =
+            self.force_full || changed.is_none() || plan.relay_addresses != self.relay_addresses;
         self.force_full = true;
         if !self.leftovers_removed {
             for family in self.families.clone() {
@@ -209,7 +216,8 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             let scope = if full { None } else { changed };
-            let out = render(family, ports, &self.config, scope, &existing);
+            let relay_address = plan.relay_addresses.get(&family).copied();
+            let out = render(family, ports, &self.config, relay_address, scope, &existing);
             self.runner
                 .restore(family, &out.text)
                 .await
@@ -220,7 +228,9 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
             self.chains.insert(family, out.chains);
         }
         self.force_full = false;
-        self.forget_stale_udp(plan).await;
+        let moved = plan.relay_addresses != self.relay_addresses;
+        self.relay_addresses.clone_from(&plan.relay_addresses);
+        self.forget_stale_udp(plan, moved).await;
         Ok(())
     }
 
@@ -266,12 +276,15 @@ mod tests {
             node_port: None,
             internal: Target::Redirect(relay),
             external: Target::Reject,
+            local_source_internal: false,
+            allow_from_node: false,
         }
     }
 
     fn plan(ports: Vec<CapturedPort>) -> CapturePlan {
         CapturePlan {
             families: [(IpFamily::V4, ports)].into(),
+            relay_addresses: BTreeMap::new(),
         }
     }
 

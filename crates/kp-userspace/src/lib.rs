@@ -1,7 +1,9 @@
 //! Userspace mode: a relay on tokio that accepts service traffic on local ports and copies it
 //! to a backend, and the capture that steers service traffic to those ports.
 //!
-//! - [`balancer`]: round robin and sessionAffinity ClientIP, without I/O.
+//! - [`balancer`]: round robin and sessionAffinity ClientIP (one table per service port,
+//!   shared by its frontends), without I/O; [`pins`]: the tables by service port, for
+//!   metrics and `/debug/explain`.
 //! - [`relay`]: frontends (one listening TCP or UDP socket each), endpoint updates, TCP
 //!   connections with retries on the next endpoint, UDP sessions with an idle timeout,
 //!   per-service caps. Portable: nothing here is Linux-specific, so `winuserspace` would be
@@ -20,7 +22,9 @@ pub mod config;
 #[cfg(target_os = "linux")]
 pub mod iptables;
 pub mod metrics;
+pub mod pins;
 pub mod relay;
+mod source;
 #[cfg(target_os = "linux")]
 mod splice;
 mod tcp;
@@ -30,4 +34,5 @@ pub use backend::{FrontendKey, Scope, UserspaceBackend};
 pub use capture::{Capture, CapturePlan, FakeCapture};
 pub use config::RelayConfig;
 pub use metrics::RelayMetrics;
-pub use relay::{Relay, Transport};
+pub use pins::{AffinityTables, PinLookup};
+pub use relay::{Owner, Relay, Transport};

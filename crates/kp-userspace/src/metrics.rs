@@ -7,6 +7,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::pins::{AffinityTables, PinCollector};
+
 /// Labels of the per-service counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServiceLabel {
@@ -42,6 +44,9 @@ pub struct RelayMetrics {
     pub connect_failures: Counter,
     /// `kube_proxy_rs_userspace_unserved_total{reason,protocol}`: clients given up on.
     pub unserved: Family<ReasonLabel, Counter>,
+    /// The service ports' ClientIP affinity tables, encoded at each scrape as
+    /// `kube_proxy_rs_userspace_affinity_clients{service_port,endpoint}` (live pins).
+    pub affinity: AffinityTables,
 }
 
 impl RelayMetrics {
@@ -73,6 +78,7 @@ impl RelayMetrics {
             "Clients the relay gave up on, by reason",
             m.unserved.clone(),
         );
+        registry.register_collector(Box::new(PinCollector(m.affinity.clone())));
         m
     }
 

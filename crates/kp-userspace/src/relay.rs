@@ -11,8 +11,10 @@
 //! Caps are per service, not per frontend: every frontend added with the same service name
 //! (its ports, families and scopes) draws on one [`Budget`] of TCP connections and one of UDP
 //! sessions, so a service cannot multiply its share of the node by having more ports.
+//! ClientIP affinity is per service port: frontends added with the same service port share
+//! one table of pins (see [`crate::balancer`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::Hash;
 use std::net::SocketAddr;
@@ -23,7 +25,7 @@ use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::balancer::Balancer;
+use crate::balancer::{Balancer, lock};
 use crate::config::RelayConfig;
 use crate::metrics::RelayMetrics;
 use crate::{tcp, udp};
@@ -45,6 +47,17 @@ impl Transport {
             Transport::Udp => "udp",
         }
     }
+}
+
+/// Whose a frontend is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner<'a> {
+    /// The service (`namespace/name`): its frontends share one budget of connections and
+    /// sessions, and it labels the limit metric.
+    pub service: &'a str,
+    /// The service port (`namespace/name:port/protocol`): its frontends share one ClientIP
+    /// affinity table, and it labels the affinity metric.
+    pub service_port: &'a str,
 }
 
 /// One service's caps, shared by all of its frontends. A connection or session holds a
@@ -82,6 +95,10 @@ pub(crate) struct Frontend {
     pub(crate) budget: Arc<Budget>,
     /// Live UDP sessions by client address (empty for TCP).
     pub(crate) sessions: Mutex<HashMap<SocketAddr, udp::SessionEntry>>,
+    /// The service port (its affinity table's name).
+    service_port: String,
+    /// Which endpoints the relay must connect to from an explicit source.
+    pub(crate) sources: crate::source::SourceCache,
 }
 
 impl Frontend {
@@ -114,6 +131,9 @@ pub struct Relay<K> {
     /// of the service does (each holds its frontend), so a service that comes back while old
     /// connections drain still counts them.
     budgets: HashMap<String, Weak<Budget>>,
+    /// Service ports whose frontends' endpoints changed since the last
+    /// [`Relay::forget_stale_pins`].
+    changed_ports: HashSet<String>,
 }
 
 impl<K> Relay<K>
@@ -127,34 +147,35 @@ where
             metrics,
             frontends: HashMap::new(),
             budgets: HashMap::new(),
+            changed_ports: HashSet::new(),
         }
     }
 
-    /// Serves `listener` as TCP frontend `key` of `service` (replacing any frontend of that
+    /// Serves `listener` as TCP frontend `key` of `owner` (replacing any frontend of that
     /// key) and returns its local address. It has no endpoints until [`Relay::update`]; its
-    /// connections count against `service`'s cap.
+    /// connections count against the service's cap.
     pub fn add_tcp(
         &mut self,
         key: K,
-        service: &str,
+        owner: Owner<'_>,
         listener: TcpListener,
     ) -> std::io::Result<SocketAddr> {
         let local = listener.local_addr()?;
-        let (shared, stop) = self.insert(key, service, Transport::Tcp, local);
+        let (shared, stop) = self.insert(key, owner, Transport::Tcp, local);
         tokio::spawn(tcp::serve(listener, shared, stop));
         Ok(local)
     }
 
-    /// Serves `socket` as UDP frontend `key` of `service` (replacing any frontend of that
-    /// key) and returns its local address; its sessions count against `service`'s cap.
+    /// Serves `socket` as UDP frontend `key` of `owner` (replacing any frontend of that
+    /// key) and returns its local address; its sessions count against the service's cap.
     pub fn add_udp(
         &mut self,
         key: K,
-        service: &str,
+        owner: Owner<'_>,
         socket: UdpSocket,
     ) -> std::io::Result<SocketAddr> {
         let local = socket.local_addr()?;
-        let (shared, stop) = self.insert(key, service, Transport::Udp, local);
+        let (shared, stop) = self.insert(key, owner, Transport::Udp, local);
         tokio::spawn(udp::serve(socket, shared, stop));
         Ok(local)
     }
@@ -174,17 +195,20 @@ where
     fn insert(
         &mut self,
         key: K,
-        service: &str,
+        owner: Owner<'_>,
         transport: Transport,
         local: SocketAddr,
     ) -> (Arc<Frontend>, CancellationToken) {
+        let affinity = self.metrics.affinity.table(owner.service_port);
         let shared = Arc::new(Frontend {
             label: key.to_string(),
-            balancer: Mutex::new(Balancer::new()),
+            balancer: Mutex::new(Balancer::sharing(affinity)),
             config: self.config.clone(),
             metrics: self.metrics.clone(),
-            budget: self.budget(service),
+            budget: self.budget(owner.service),
             sessions: Mutex::new(HashMap::new()),
+            service_port: owner.service_port.to_owned(),
+            sources: crate::source::SourceCache::default(),
         });
         let stop = CancellationToken::new();
         let entry = Entry {
@@ -199,9 +223,11 @@ where
         (shared, stop)
     }
 
-    /// Sets frontend `key`'s endpoints and ClientIP affinity timeout. New connections use
-    /// them at once; established TCP connections are left alone; UDP sessions whose endpoint
-    /// is gone end. Returns false if there is no such frontend.
+    /// Sets frontend `key`'s endpoints and its service port's ClientIP affinity timeout. New
+    /// connections use them at once; established TCP connections are left alone; UDP
+    /// sessions whose endpoint is gone end. Returns false if there is no such frontend.
+    /// Pins to endpoints gone from every frontend of the service port go at the next
+    /// [`Relay::forget_stale_pins`].
     pub fn update(
         &mut self,
         key: &K,
@@ -215,6 +241,8 @@ where
             let mut balancer = entry.shared.balancer();
             if balancer.endpoints() != endpoints.as_slice() {
                 balancer.set_endpoints(endpoints.clone());
+                entry.shared.sources.retain(&endpoints);
+                self.changed_ports.insert(entry.shared.service_port.clone());
             }
             balancer.set_affinity(affinity);
         }
@@ -222,6 +250,35 @@ where
             udp::end_sessions_not_in(&entry.shared, &endpoints);
         }
         true
+    }
+
+    /// Drops the pins to endpoints that no frontend of their service port has any more (for
+    /// the service ports whose endpoints changed since the last call): their clients are
+    /// balanced again, as upstream. Call after a round of [`Relay::update`]s.
+    pub fn forget_stale_pins(&mut self) {
+        if self.changed_ports.is_empty() {
+            return;
+        }
+        let mut endpoints: HashMap<&str, HashSet<SocketAddr>> = self
+            .changed_ports
+            .iter()
+            .map(|p| (p.as_str(), HashSet::new()))
+            .collect();
+        let mut tables = HashMap::new();
+        for entry in self.frontends.values() {
+            let port = entry.shared.service_port.as_str();
+            if let Some(set) = endpoints.get_mut(port) {
+                let balancer = entry.shared.balancer();
+                set.extend(balancer.endpoints().iter().copied());
+                tables.insert(port, balancer.affinity().clone());
+            }
+        }
+        for (port, table) in tables {
+            if let Some(set) = endpoints.get(port) {
+                lock(&table).retain_endpoints(set);
+            }
+        }
+        self.changed_ports.clear();
     }
 
     /// Stops frontend `key` from taking new clients. Established TCP connections finish;
@@ -235,6 +292,11 @@ where
             }
             None => false,
         }
+    }
+
+    /// The service ports' ClientIP affinity tables (shared with the metrics).
+    pub fn affinity(&self) -> &crate::pins::AffinityTables {
+        &self.metrics.affinity
     }
 
     /// The configuration the relay was made with.

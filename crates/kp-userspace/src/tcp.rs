@@ -1,11 +1,11 @@
 //! TCP frontends: accept, pick a backend (retrying the next endpoint when a connect is
 //! refused or times out), then copy both ways until both sides are done.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -63,7 +63,10 @@ async fn relay(
         reset(client);
         return;
     }
-    let Some((mut backend, endpoint)) = connect_any(&frontend, &candidates).await else {
+    // Where the client reached us (the address the capture sent it to): the source of last
+    // resort toward endpoints the kernel has no source address for.
+    let local = client.local_addr().map(|a| a.ip()).ok();
+    let Some((mut backend, endpoint)) = connect_any(&frontend, &candidates, local).await else {
         frontend.metrics.unserved("all_endpoints_failed", "tcp");
         warn!(frontend = %frontend.label, %peer, tried = candidates.len(), "no endpoint accepted the connection");
         reset(client);
@@ -93,14 +96,33 @@ async fn relay(
     }
 }
 
+/// Connects to `endpoint`, from `local` when the kernel has no source address for it.
+async fn connect(
+    frontend: &Frontend,
+    endpoint: SocketAddr,
+    local: Option<IpAddr>,
+) -> std::io::Result<TcpStream> {
+    let Some(source) = local.and_then(|l| frontend.sources.source_for(endpoint.ip(), l)) else {
+        return TcpStream::connect(endpoint).await;
+    };
+    let socket = if endpoint.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.bind(SocketAddr::new(source, 0))?;
+    socket.connect(endpoint).await
+}
+
 /// Tries `candidates` in order, each once, with the doubling attempt timeout.
 async fn connect_any(
     frontend: &Frontend,
     candidates: &[SocketAddr],
+    local: Option<IpAddr>,
 ) -> Option<(TcpStream, SocketAddr)> {
     for (attempt, endpoint) in candidates.iter().enumerate() {
         let timeout = frontend.config.attempt_timeout(attempt);
-        match tokio::time::timeout(timeout, TcpStream::connect(endpoint)).await {
+        match tokio::time::timeout(timeout, connect(frontend, *endpoint, local)).await {
             Ok(Ok(stream)) => return Some((stream, *endpoint)),
             Ok(Err(error)) => {
                 debug!(frontend = %frontend.label, %endpoint, %error, "connect failed; trying the next endpoint");

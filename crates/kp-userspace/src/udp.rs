@@ -101,7 +101,14 @@ async fn open_session(
         IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     };
-    let upstream = match UdpSocket::bind(SocketAddr::new(any, 0)).await {
+    // From the frontend's own address when the kernel has no source for the endpoint (see
+    // `crate::source`); a frontend on the wildcard address has none to offer.
+    let from = socket
+        .local_addr()
+        .ok()
+        .and_then(|l| frontend.sources.source_for(endpoint.ip(), l.ip()))
+        .unwrap_or(any);
+    let upstream = match UdpSocket::bind(SocketAddr::new(from, 0)).await {
         Ok(upstream) => upstream,
         Err(error) => {
             debug!(frontend = %frontend.label, %error, "cannot open a UDP socket");

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kp_userspace::{Relay, RelayConfig, RelayMetrics};
+use kp_userspace::{Owner, Relay, RelayConfig, RelayMetrics};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 
@@ -56,6 +56,14 @@ async fn dead_port() -> SocketAddr {
     listener.local_addr().expect("address")
 }
 
+/// A frontend of `service` whose key names its service port.
+fn owner<'a>(service: &'a str, key: &'a str) -> Owner<'a> {
+    Owner {
+        service,
+        service_port: key,
+    }
+}
+
 /// A relay with one TCP frontend `svc` over `endpoints`.
 async fn tcp_relay(
     config: RelayConfig,
@@ -66,7 +74,7 @@ async fn tcp_relay(
     let mut relay = Relay::new(config, metrics.clone());
     let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
     let front = relay
-        .add_tcp("svc", "ns/svc", listener)
+        .add_tcp("svc", owner("ns/svc", "svc"), listener)
         .expect("add frontend");
     assert!(relay.update(&"svc", endpoints, affinity));
     (relay, front, metrics)
@@ -159,6 +167,107 @@ async fn client_ip_affinity_pins_a_client() {
         seen.iter().all(|w| *w == seen[0]),
         "one client, one endpoint: {seen:?}"
     );
+}
+
+/// Two frontends of one service port (its ClusterIP and its NodePort, say) and a TCP and a
+/// UDP one: the pin made through one holds through the other of the same service port, the
+/// metrics count it per endpoint, and a lookup (what `/debug/explain` shows) finds it.
+#[tokio::test]
+async fn frontends_of_one_service_port_share_client_ip_affinity() {
+    let endpoints = vec![
+        tcp_backend("a").await,
+        tcp_backend("b").await,
+        tcp_backend("c").await,
+    ];
+    let metrics = RelayMetrics::default();
+    let mut relay = Relay::new(RelayConfig::default(), metrics.clone());
+    let affinity = Some(Duration::from_secs(60));
+    let mut fronts = Vec::new();
+    for key in ["internal", "external"] {
+        let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
+        let owner = Owner {
+            service: "ns/web",
+            service_port: "ns/web:http/tcp",
+        };
+        fronts.push(relay.add_tcp(key, owner, listener).expect("add frontend"));
+        assert!(relay.update(&key, endpoints.clone(), affinity));
+    }
+    relay.forget_stale_pins();
+    // Another client moves the external frontend's round robin on, so that only a shared
+    // pin can keep 127.0.0.1 there on the endpoint it got through the internal one.
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.2:0".parse().expect("literal"))
+        .expect("bind another loopback address");
+    let other = socket.connect(fronts[1]).await.expect("connect");
+    let mut line = String::new();
+    BufReader::new(other)
+        .read_line(&mut line)
+        .await
+        .expect("greeting");
+    let (first, _) = greeted_by(fronts[0]).await;
+    assert_eq!(
+        line.trim(),
+        first,
+        "both round robins started at the first endpoint"
+    );
+    for _ in 0..4 {
+        assert_eq!(
+            greeted_by(fronts[1]).await.0,
+            first,
+            "pin held across frontends"
+        );
+        assert_eq!(greeted_by(fronts[0]).await.0, first);
+    }
+    let pinned = endpoints[["a", "b", "c"]
+        .iter()
+        .position(|n| *n == first)
+        .expect("a known backend")];
+    match metrics
+        .affinity
+        .lookup("ns/web:http/tcp", "127.0.0.1".parse().expect("literal"))
+    {
+        kp_userspace::PinLookup::Pinned { endpoint, .. } => assert_eq!(endpoint, pinned),
+        other => panic!("expected a pin, got {other:?}"),
+    }
+    assert_eq!(
+        metrics
+            .affinity
+            .lookup("ns/other:http/tcp", "127.0.0.1".parse().expect("literal")),
+        kp_userspace::PinLookup::NoAffinity
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    let registered = RelayMetrics::register(&mut registry);
+    let mut relay2 = Relay::new(RelayConfig::default(), registered);
+    let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
+    let owner = Owner {
+        service: "ns/web",
+        service_port: "ns/web:http/tcp",
+    };
+    let front = relay2
+        .add_tcp("one", owner, listener)
+        .expect("add frontend");
+    assert!(relay2.update(&"one", vec![pinned], affinity));
+    assert_eq!(greeted_by(front).await.0, first);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let series = format!(
+        "kube_proxy_rs_userspace_affinity_clients{{service_port=\"ns/web:http/tcp\",endpoint=\"{pinned}\"}} 1"
+    );
+    assert!(text.contains(&series), "{series} in:\n{text}");
+
+    // The endpoint leaves every frontend of the service port: the pin goes.
+    for key in ["internal", "external"] {
+        let rest: Vec<SocketAddr> = endpoints.iter().copied().filter(|e| *e != pinned).collect();
+        assert!(relay.update(&key, rest, affinity));
+    }
+    relay.forget_stale_pins();
+    assert!(matches!(
+        metrics
+            .affinity
+            .lookup("ns/web:http/tcp", "127.0.0.1".parse().expect("literal")),
+        kp_userspace::PinLookup::Unpinned { .. }
+    ));
 }
 
 #[tokio::test]
@@ -292,7 +401,11 @@ async fn two_services(
         ("other", "ns/other"),
     ] {
         let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
-        fronts.push(relay.add_tcp(key, service, listener).expect("add frontend"));
+        fronts.push(
+            relay
+                .add_tcp(key, owner(service, key), listener)
+                .expect("add frontend"),
+        );
         assert!(relay.update(&key, vec![endpoint], None));
     }
     (relay, [fronts[0], fronts[1], fronts[2]], metrics)
@@ -334,13 +447,17 @@ async fn a_service_coming_back_counts_its_draining_connections() {
     let mut relay = Relay::new(config, metrics.clone());
     let a = tcp_backend("a").await;
     let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
-    let old = relay.add_tcp("web-80", "ns/web", listener).expect("add");
+    let old = relay
+        .add_tcp("web-80", owner("ns/web", "web-80"), listener)
+        .expect("add");
     relay.update(&"web-80", vec![a], None);
     let (_, mut draining) = greeted_by(old).await;
     // The service's last frontend goes and comes back while the connection lasts.
     relay.remove(&"web-80");
     let listener = TcpListener::bind(LOOPBACK).await.expect("bind frontend");
-    let new = relay.add_tcp("web-80", "ns/web", listener).expect("add");
+    let new = relay
+        .add_tcp("web-80", owner("ns/web", "web-80"), listener)
+        .expect("add");
     relay.update(&"web-80", vec![a], None);
     let extra = TcpStream::connect(new).await.expect("the kernel accepts");
     assert!(
@@ -381,7 +498,7 @@ async fn udp_relay(
     let mut relay = Relay::new(config, metrics.clone());
     let socket = UdpSocket::bind(LOOPBACK).await.expect("bind frontend");
     let front = relay
-        .add_udp("dns", "ns/dns", socket)
+        .add_udp("dns", owner("ns/dns", "dns"), socket)
         .expect("add frontend");
     relay.update(&"dns", endpoints, None);
     (relay, front, metrics)
@@ -500,7 +617,11 @@ async fn the_udp_session_cap_is_one_budget_per_service_across_its_ports() {
         ("ntp", "ns/ntp"),
     ] {
         let socket = UdpSocket::bind(LOOPBACK).await.expect("bind frontend");
-        fronts.push(relay.add_udp(key, service, socket).expect("add frontend"));
+        fronts.push(
+            relay
+                .add_udp(key, owner(service, key), socket)
+                .expect("add frontend"),
+        );
         relay.update(&key, vec![a], None);
     }
     let one = udp_client(fronts[0]).await;

@@ -39,6 +39,8 @@ pub struct Settings {
     master: Option<String>,
     node_ports: NodePortAddresses,
     debug_explain: bool,
+    /// Userspace mode's affinity tables, for `/debug/explain` to name a client's pin.
+    affinity: Option<kp_userspace::AffinityTables>,
 }
 
 impl Settings {
@@ -55,7 +57,14 @@ impl Settings {
             master: options.master.clone(),
             node_ports,
             debug_explain: options.debug_explain,
+            affinity: None,
         }
+    }
+
+    /// Lets `/debug/explain` name which endpoint a client is pinned to (userspace mode).
+    pub fn with_affinity(mut self, affinity: kp_userspace::AffinityTables) -> Self {
+        self.affinity = Some(affinity);
+        self
     }
 
     /// The effective configuration.
@@ -118,11 +127,14 @@ pub async fn run<B: Backend + 'static>(
         },
         service_health: proxier.service_health(),
         explainer: settings.debug_explain.then(|| {
-            Arc::new(crate::debug_explain::StateExplainer::new(
-                config.clone(),
-                settings.node_ports.clone(),
-                proxier.state(),
-            )) as Arc<dyn kp_server::Explainer>
+            Arc::new(
+                crate::debug_explain::StateExplainer::new(
+                    config.clone(),
+                    settings.node_ports.clone(),
+                    proxier.state(),
+                )
+                .with_affinity(settings.affinity.clone()),
+            ) as Arc<dyn kp_server::Explainer>
         }),
         families: if mode == "fake" {
             vec![IpFamily::V4]

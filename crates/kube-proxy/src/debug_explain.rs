@@ -7,9 +7,13 @@ use std::sync::Arc;
 
 use kp_config::KubeProxyConfiguration;
 use kp_core::tracker::ProxyState;
-use kp_rules::explain::{ExplainError, Query, explain};
+use std::net::IpAddr;
+
+use kp_rules::explain::dataplane::DataplaneObject;
+use kp_rules::explain::{ExplainError, Explanation, Query, explain};
 use kp_rules::iptables::NodePortAddresses;
 use kp_server::{ExplainFailure, Explained, Explainer};
+use kp_userspace::{AffinityTables, PinLookup};
 use tokio::sync::watch;
 
 /// Explains queries against the proxier's published state.
@@ -18,6 +22,9 @@ pub(crate) struct StateExplainer {
     /// nodePortAddresses as resolved once at start-up, like the rules it explains.
     node_ports: NodePortAddresses,
     state: watch::Receiver<Arc<ProxyState>>,
+    /// Userspace mode's ClientIP affinity tables: with a source in the query, the answer
+    /// names the endpoint that client is pinned to.
+    affinity: Option<AffinityTables>,
 }
 
 impl StateExplainer {
@@ -33,7 +40,51 @@ impl StateExplainer {
             config,
             node_ports,
             state,
+            affinity: None,
         }
+    }
+
+    /// Names clients' pins from these tables (userspace mode).
+    pub(crate) fn with_affinity(mut self, affinity: Option<AffinityTables>) -> Self {
+        self.affinity = affinity;
+        self
+    }
+}
+
+/// Adds, to every match with ClientIP affinity, what the relay's table says about `client`.
+fn add_pins(explanation: &mut Explanation, tables: &AffinityTables, client: IpAddr) {
+    for m in &mut explanation.matches {
+        let Some(dataplane) = m.dataplane.as_mut() else {
+            continue;
+        };
+        if m.session_affinity.is_none() {
+            continue;
+        }
+        let label = kp_userspace::backend::service_port_label(&m.name);
+        let detail = match tables.lookup(&label, client) {
+            PinLookup::Pinned {
+                endpoint,
+                idle,
+                timeout,
+            } => format!(
+                "client {client} pinned to {endpoint} (last used {}s ago, {}s timeout)",
+                idle.as_secs(),
+                timeout.as_secs()
+            ),
+            PinLookup::Unpinned { timeout } => format!(
+                "client {client} has no live pin ({}s timeout): its next connection is \
+                 balanced round robin and pins it",
+                timeout.as_secs()
+            ),
+            PinLookup::NoAffinity => {
+                "the relay has no frontend with affinity for this service port".to_owned()
+            }
+        };
+        dataplane.objects.push(DataplaneObject {
+            kind: "affinity pin",
+            name: label,
+            detail,
+        });
     }
 }
 
@@ -60,6 +111,9 @@ impl Explainer for StateExplainer {
             })?;
         crate::explain::annotate_mode(&mut explanation, &state, &render_config, &self.config)
             .map_err(|error| ExplainFailure::Unavailable(format!("{error:#}")))?;
+        if let (Some(tables), Some(client)) = (&self.affinity, query.source) {
+            add_pins(&mut explanation, tables, client);
+        }
         // Exactly what `kube-proxy explain` prints on stdout, with the configured mode's objects.
         let text = crate::explain::text::render(&explanation, None);
         let json = serde_json::to_value(&explanation)

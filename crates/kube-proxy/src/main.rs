@@ -125,6 +125,7 @@ fn run(options: Options) -> anyhow::Result<()> {
         }
         ProxyMode::Userspace => {
             let backend = userspace::backend(settings.config(), &mut registry);
+            let settings = settings.with_affinity(backend.relay().affinity().clone());
             runtime.block_on(app::run(settings, backend, registry, false))
         }
         ProxyMode::Winuserspace => anyhow::bail!(userspace::WINUSERSPACE_ON_LINUX),

@@ -74,6 +74,18 @@ macro_rules! scenario_tests {
         fn unallocated_cluster_ips() {
             scenarios::unallocated_cluster_ips(MODE);
         }
+
+        #[test]
+        $(#[$attr])*
+        fn affinity_and_node_traffic() {
+            scenarios::affinity_and_node_traffic(MODE);
+        }
+
+        #[test]
+        $(#[$attr])*
+        fn link_local_node() {
+            scenarios::link_local_node(MODE);
+        }
     };
 }
 
@@ -104,7 +116,7 @@ mod ipvs {
 
     const MODE: Mode = Mode::Ipvs;
     /// The ignored scenarios below: every one must pass inside the VM.
-    const GUEST_TESTS: usize = 10;
+    const GUEST_TESTS: usize = 12;
     /// Debian's perl-base modules (IO::Socket::INET for the HTTP probe).
     const PERL_BASE: &str = "/usr/lib/x86_64-linux-gnu/perl-base";
 

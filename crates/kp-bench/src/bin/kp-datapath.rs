@@ -30,7 +30,7 @@ use kp_bench::generate::NODE_NAME;
 use kp_bench::logs::{FIRST_SYNC, LogLine};
 use kp_bench::report::{Table, human};
 use kp_bench::sys::{self, Netns};
-use kp_bench::topology::{Guard, SERVER, Topology, spawn_in, topology};
+use kp_bench::topology::{Guard, SERVER, Shape, Topology, spawn_in, topology_of};
 
 const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 97, 255, 250);
 /// The measured iperf3 server.
@@ -107,6 +107,11 @@ struct Args {
     /// Append the markdown table to this file.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Build the node as the link-local shape: its only address 169.254.100.2/30 (towards
+    /// the server), no default route, client and server on `/32` routes behind veths
+    /// without an address on the node's side.
+    #[arg(long)]
+    link_local: bool,
 }
 
 fn main() -> ExitCode {
@@ -117,6 +122,16 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// This node's Node object, with `address` as its InternalIP (the address userspace mode's
+/// relay listens on and the capture DNATs to, as on a real node).
+fn node_manifest(address: Ipv4Addr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE_NAME}\n  labels:\n    \
+         kubernetes.io/hostname: {NODE_NAME}\nstatus:\n  addresses:\n    - type: InternalIP\n      \
+         address: \"{address}\"\n"
+    )
 }
 
 /// The Service (three ports) and its EndpointSlice.
@@ -208,7 +223,12 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
         PathKind::UserspacePipe64k => "m",
         _ => &path.name()[..1],
     };
-    let topo = topology("kpr", &format!("{tag}{n}"))?;
+    let shape = if args.link_local {
+        Shape::LinkLocal
+    } else {
+        Shape::Subnets
+    };
+    let topo = topology_of(shape, "kpr", &format!("{tag}{n}"))?;
     let _servers = [
         spawn_in(
             &topo.server,
@@ -292,6 +312,7 @@ fn start_proxy(args: &Args, path: PathKind, topo: &Topology, dir: &Path) -> anyh
         .with_context(|| format!("kube-proxy binary {}", args.binary.display()))?;
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("bench.yaml"), manifest())?;
+    std::fs::write(dir.join("node.yaml"), node_manifest(topo.node_ip))?;
     let log_path = dir.join("proxy.log");
     let log = std::fs::File::create(&log_path)?;
     let manifests = format!("--manifests={}", dir.display());
@@ -465,12 +486,17 @@ fn run(args: &Args) -> anyhow::Result<()> {
         ]);
     }
     let text = format!(
-        "{}\n{} rounds (medians), {} s per iperf3 run, {} connections per latency figure, background load {} Mbit/s; load 1m at the end {}\n",
+        "{}\n{} rounds (medians), {} s per iperf3 run, {} connections per latency figure, background load {} Mbit/s{}; load 1m at the end {}\n",
         table.render(),
         args.rounds,
         args.seconds,
         args.count,
         args.load_mbps,
+        if args.link_local {
+            ", link-local node"
+        } else {
+            ""
+        },
         sys::load()
     );
     println!("{text}");

@@ -84,7 +84,10 @@ pub fn annotate(
             let desired = ipvs::plan(state, family, ipvs_config);
             Box::new(move |m| ipvs_objects(&desired, family, m))
         }
-        Mode::Userspace => Box::new(userspace_objects),
+        Mode::Userspace => {
+            let from_node = explanation.source.as_ref().is_some_and(|s| s.node_address);
+            Box::new(move |m| userspace_objects(m, from_node))
+        }
     };
     for m in &mut explanation.matches {
         m.dataplane = Some(Dataplane {
@@ -265,7 +268,7 @@ fn ipvs_objects(
     out
 }
 
-fn userspace_objects(m: &ServiceMatch) -> Vec<DataplaneObject> {
+fn userspace_objects(m: &ServiceMatch, from_node: bool) -> Vec<DataplaneObject> {
     let chains = userspace::CaptureChains::new(&m.name);
     let chain = |name: &str, detail: String| DataplaneObject {
         kind: "chain",
@@ -288,26 +291,49 @@ fn userspace_objects(m: &ServiceMatch) -> Vec<DataplaneObject> {
         }
         Outcome::Dnat | Outcome::DropSourceRange => {}
     }
-    let redirect = "nat: REDIRECT to the relay's port for this service port".to_owned();
+    let redirect = "nat: DNAT to the relay's address and its port for this service port \
+                    (REDIRECT when the node has no local address of this family)"
+        .to_owned();
+    // The node's own traffic to an external address of an eTP Local service is internal
+    // traffic: `KUBE-USX-…` sends it to the ClusterIP's chain (and frontend).
+    let node_shortcut = from_node
+        && m.how.is_external()
+        && m.external_traffic_policy == Some(super::TrafficPolicy::Local)
+        && m.internal_traffic_policy == super::TrafficPolicy::Cluster
+        && m.endpoint_list == super::EndpointList::Cluster;
+    let external_chain = |out: &mut Vec<DataplaneObject>| {
+        if node_shortcut {
+            out.push(chain(
+                &chains.external,
+                format!(
+                    "nat: the node's own traffic (--src-type LOCAL) -> {}",
+                    chains.internal
+                ),
+            ));
+            out.push(chain(&chains.internal, redirect.clone()));
+        } else {
+            out.push(chain(&chains.external, redirect.clone()));
+        }
+    };
+    let mut out = Vec::new();
     match m.how {
-        MatchKind::ClusterIp => vec![
-            chain(
+        MatchKind::ClusterIp => {
+            out.push(chain(
                 userspace::KUBE_USERSPACE,
                 format!("nat: -> {}", chains.internal),
-            ),
-            chain(&chains.internal, redirect),
-        ],
-        MatchKind::NodePort => vec![
-            chain(
+            ));
+            out.push(chain(&chains.internal, redirect.clone()));
+        }
+        MatchKind::NodePort => {
+            out.push(chain(
                 userspace::KUBE_USERSPACE_NODEPORTS,
                 format!("nat: -> {}", chains.external),
-            ),
-            chain(&chains.external, redirect),
-        ],
+            ));
+            external_chain(&mut out);
+        }
         MatchKind::ExternalIp | MatchKind::LoadBalancerIp => {
             let firewalled =
                 m.how == MatchKind::LoadBalancerIp && !m.load_balancer_source_ranges.is_empty();
-            let mut out = Vec::new();
             if firewalled {
                 out.push(chain(
                     userspace::KUBE_USERSPACE,
@@ -316,8 +342,8 @@ fn userspace_objects(m: &ServiceMatch) -> Vec<DataplaneObject> {
                 out.push(chain(
                     &chains.firewall,
                     format!(
-                        "nat: sources in loadBalancerSourceRanges -> {}, others marked and \
-                         dropped in {}",
+                        "nat: sources in loadBalancerSourceRanges (and the LB IPs themselves \
+                         when a node IP is in them) -> {}, others marked and dropped in {}",
                         chains.external,
                         userspace::KUBE_USERSPACE_FILTER
                     ),
@@ -328,8 +354,21 @@ fn userspace_objects(m: &ServiceMatch) -> Vec<DataplaneObject> {
                     format!("nat: -> {}", chains.external),
                 ));
             }
-            out.push(chain(&chains.external, redirect));
-            out
+            external_chain(&mut out);
         }
     }
+    if let Some(affinity) = m.session_affinity {
+        out.push(DataplaneObject {
+            kind: "affinity",
+            name: m.service_port.clone(),
+            detail: format!(
+                "ClientIP, {}s: the relay keeps one pin per client IP for this service port, \
+                 shared by its ClusterIP, NodePort, externalIPs and LB IPs (both families); \
+                 which endpoint a client is pinned to is known only to the running proxy \
+                 (/debug/explain with from=, metric kube_proxy_rs_userspace_affinity_clients)",
+                affinity.timeout_seconds
+            ),
+        });
+    }
+    out
 }

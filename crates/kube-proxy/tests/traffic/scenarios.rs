@@ -3,14 +3,15 @@
 //! manifests, runs the real binary in the node namespace and checks real flows: who answered,
 //! which source they saw, and how refused or dropped flows ended.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
-use kp_testbed::{Cluster, Outcome, TestbedError};
+use kp_testbed::{Cluster, LinkLocalScope, Outcome, TestbedError};
 
 use crate::support::{
     CLUSTER_CIDR_DUAL, CLUSTER_CIDR_V4, Env, Flags, KUBE_PROXY, Mode, NODE_POD_GATEWAY_V4,
     NODE_POD_GATEWAY_V6, POD_VETH_PREFIX, Service, Source, assert_all, assert_flows, assert_source,
-    http_get, kube_lines, metric_sum, normalized_save, udp_from_port,
+    http_get, http_get_path, kube_lines, metric_sum, normalized_save, udp_from_port,
 };
 
 /// Flows per balancing check: with 3 endpoints the chance that one of them gets none of 45
@@ -1637,4 +1638,264 @@ pub fn unallocated_cluster_ips(mode: Mode) {
         "{outcome:?}{}",
         env.diag()
     );
+}
+
+// --- affinity across a service port's addresses, the node's own traffic ------------------
+
+/// The answering pod of every flow of `tally`, asserting that each was answered.
+fn answering_pods(env: &Env, what: &str, tally: &kp_testbed::Tally) -> Vec<String> {
+    assert!(
+        tally.all_answered(),
+        "{what}: not every flow was answered: {:?}{}",
+        tally.outcomes(),
+        env.diag()
+    );
+    tally.by_pod().into_keys().collect()
+}
+
+/// ClientIP affinity is kept per service port, whichever of its addresses (ClusterIP,
+/// NodePort, externalIP, LB IP) a client uses, with its timeout; and the node's own traffic:
+/// to an externalIP or NodePort of an `externalTrafficPolicy: Local` service with only a
+/// remote endpoint it goes to that endpoint (internal traffic, as upstream), and a node inside
+/// `loadBalancerSourceRanges` reaches an LB IP it holds itself (a VIP on the node, so its
+/// source is the VIP: upstream's allowFromNode), while one outside them does not.
+pub fn affinity_and_node_traffic(mode: Mode) {
+    let c = cluster(false);
+    let services = [
+        Service::new("sticky", "10.96.0.30")
+            .tcp(80)
+            .node_port(30090)
+            .external_ip("192.168.50.130")
+            .load_balancer("198.51.100.30")
+            .affinity(600)
+            .endpoints(&c, &["a", "b", "c"]),
+        Service::new("brief", "10.96.0.31")
+            .tcp(80)
+            .affinity(2)
+            .endpoints(&c, &["a", "b", "c"]),
+        Service::new("remote-local", "10.96.0.32")
+            .tcp(80)
+            .node_port(30092)
+            .external_ip("192.168.50.132")
+            .load_balancer("198.51.100.32")
+            .etp_local(32092)
+            .endpoints(&c, &["c"]),
+        Service::new("vip-admitted", "10.96.0.33")
+            .tcp(80)
+            .load_balancer("198.51.100.33")
+            .source_range("192.168.50.0/24")
+            .endpoints(&c, &["a", "b", "c"]),
+        Service::new("vip-refused", "10.96.0.34")
+            .tcp(80)
+            .load_balancer("198.51.100.34")
+            .source_range("203.0.113.0/25")
+            .endpoints(&c, &["a", "b", "c"]),
+    ];
+    let node_ip = c.node_ip().to_string();
+    for ext in ["192.168.50.130", "192.168.50.132"] {
+        c.exec(
+            c.router().ns(),
+            &["ip", "route", "add", &format!("{ext}/32"), "via", &node_ip],
+        )
+        .expect("route the external IP to the node");
+    }
+    let env = Env::start_with(
+        mode,
+        c,
+        Flags::cluster_cidr(CLUSTER_CIDR_V4).flag("--debug-explain"),
+        &services,
+        &[],
+    );
+    let cl = &env.cluster;
+    // The VIPs on the node itself (ipvs mode makes every LB IP local on kube-ipvs0 anyway).
+    // Added once the proxy runs: on `lo`, they would otherwise be the "first local address"
+    // that nftables mode's default nodePortAddresses (`primary`) resolves to at start-up.
+    if mode != Mode::Ipvs {
+        for vip in ["198.51.100.33/32", "198.51.100.34/32"] {
+            node_setup(cl, &["ip", "addr", "add", vip, "dev", "lo"]);
+        }
+    }
+    let node_ip = cl.node_ip();
+
+    // One client through every address of the service port: one endpoint. ipvs mode, by
+    // design as upstream's: affinity is IPVS persistence, kept per virtual server, so each
+    // address pins the client on its own.
+    // Another client first, through the NodePort: a relay whose frontends kept pins (and
+    // round robin) of their own would then send the pod's NodePort connection to another
+    // endpoint than its ClusterIP one.
+    let other = cl
+        .tcp_repeat(cl.external_out(), node_ip, 30090, 1)
+        .expect("probe");
+    answering_pods(&env, "NodePort from another client", &other);
+    let frontends = [
+        ("ClusterIP", ip("10.96.0.30"), 80),
+        ("NodePort", node_ip, 30090),
+        ("externalIP", ip("192.168.50.130"), 80),
+        ("LB IP", ip("198.51.100.30"), 80),
+    ];
+    for (client, name) in [(cl.client(), "a pod"), (cl.external_in(), "outside")] {
+        let mut seen = Vec::new();
+        for (what, dst, port) in frontends {
+            if what == "ClusterIP" && client.name() != "client" {
+                continue;
+            }
+            let tally = cl.tcp_repeat(client, dst, port, 4).expect("probe");
+            let pods = answering_pods(&env, what, &tally);
+            assert_eq!(
+                pods.len(),
+                1,
+                "affinity through the {what} from {name}: {pods:?}{}",
+                env.diag()
+            );
+            seen.push((what, pods[0].clone()));
+        }
+        if mode != Mode::Ipvs {
+            assert!(
+                seen.iter().all(|(_, pod)| *pod == seen[0].1),
+                "one endpoint per client across the service port's addresses, from {name}: \
+                 {seen:?}{}",
+                env.diag()
+            );
+        }
+    }
+
+    // The timeout: the relay's metrics and /debug/explain name the pin while it lives, and it
+    // goes after the timeout unused (the kernel modes' pins are kernel state).
+    let brief = cl
+        .tcp_repeat(cl.client(), ip("10.96.0.31"), 80, 3)
+        .expect("probe");
+    let pods = answering_pods(&env, "affinity with a 2 s timeout", &brief);
+    assert_eq!(pods.len(), 1, "{pods:?}{}", env.diag());
+    if mode == Mode::Userspace {
+        let pinned = format!("{}:8080", env.pod(&pods[0]).ip());
+        let series = format!(
+            "kube_proxy_rs_userspace_affinity_clients{{service_port=\"default/brief:tcp/tcp\",endpoint=\"{pinned}\"}} 1"
+        );
+        let sticky_series =
+            "kube_proxy_rs_userspace_affinity_clients{service_port=\"default/sticky:tcp/tcp\"";
+        let metrics = env.metrics();
+        assert!(
+            metrics.contains(&series) && metrics.contains(sticky_series),
+            "{series} and {sticky_series} in:\n{metrics}"
+        );
+        let explained = http_get_path(
+            cl,
+            cl.node(),
+            env.metrics_address(),
+            &format!(
+                "/debug/explain?dest=10.96.0.31:80&from={}",
+                cl.client().ip()
+            ),
+        );
+        assert!(
+            explained.body.contains(&format!("pinned to {pinned}")),
+            "the pin in /debug/explain: {}",
+            explained.body
+        );
+        // Unused for longer than the timeout: no live pin left.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while env.metrics().contains(&series) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pin outlived its 2 s timeout{}",
+                env.diag()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    }
+
+    // The node's own connections to an eTP Local service with only a remote endpoint: any
+    // ready endpoint (the remote one), through the externalIP, the LB IP and the NodePort,
+    // while outside clients are still dropped there. ipvs mode: the external virtual
+    // servers fall back to the remote endpoint for everyone (see `external`), so the node's
+    // flows are answered there too.
+    for (what, dst, port) in [
+        ("externalIP", ip("192.168.50.132"), 80),
+        ("LB IP", ip("198.51.100.32"), 80),
+        ("NodePort", node_ip, 30092),
+    ] {
+        let tally = cl.tcp_repeat(cl.node(), dst, port, 3).expect("probe");
+        let pods = answering_pods(&env, &format!("eTP Local {what} from the node"), &tally);
+        assert_eq!(pods, ["c"], "{what} from the node{}", env.diag());
+    }
+    let tally = cl
+        .tcp_repeat(cl.external_in(), ip("192.168.50.132"), 80, 2)
+        .expect("probe");
+    assert_all(
+        &env,
+        "eTP Local externalIP without local endpoints, from outside",
+        &tally,
+        &Outcome::TimedOut,
+    );
+
+    // A VIP on the node: reachable from the node when a node IP is inside the ranges,
+    // dropped when none is; outside clients are held to the ranges as ever.
+    let tally = cl
+        .tcp_repeat(cl.node(), ip("198.51.100.33"), 80, SPREAD_FLOWS)
+        .expect("probe");
+    let pods = answering_pods(&env, "VIP on the node, node inside the ranges", &tally);
+    assert_eq!(pods, ["a", "b", "c"], "{}", env.diag());
+    let tally = cl
+        .tcp_repeat(cl.node(), ip("198.51.100.34"), 80, 2)
+        .expect("probe");
+    assert_all(
+        &env,
+        "VIP on the node, node outside the ranges",
+        &tally,
+        &Outcome::TimedOut,
+    );
+    let tally = cl
+        .tcp_repeat(cl.external_in(), ip("198.51.100.33"), 80, 2)
+        .expect("probe");
+    assert_all(
+        &env,
+        "VIP from a client outside the ranges",
+        &tally,
+        &Outcome::TimedOut,
+    );
+}
+
+/// The link-local node shape: the node's only address is 169.254.100.2/30 (scope global or
+/// link), no default route, its pods on `/32` routes behind veths without an address. Pods
+/// reach a ClusterIP (TCP and UDP) with local and remote endpoints. The kernel modes keep the
+/// pod's address; userspace mode's relay connects from the node's address (the one the
+/// capture DNATs to: REDIRECT would pick the address of the pod's veth, which has none).
+pub fn link_local_node(mode: Mode) {
+    for scope in [LinkLocalScope::Global, LinkLocalScope::Link] {
+        let c = Cluster::builder()
+            .pod("a")
+            .pod("b")
+            .remote_pod("c")
+            .link_local_node(scope)
+            .build()
+            .expect("link-local test cluster builds");
+        let services = [Service::new("web", "10.96.0.40")
+            .tcp(80)
+            .udp(80)
+            .endpoints(&c, &["a", "b", "c"])];
+        let env = Env::start(mode, c, CLUSTER_CIDR_V4, &services);
+        let cl = &env.cluster;
+        let client = cl.client();
+        let tcp = cl
+            .tcp_repeat(client, ip("10.96.0.40"), 80, SPREAD_FLOWS)
+            .expect("probe");
+        let udp = cl
+            .udp_repeat(client, ip("10.96.0.40"), 80, SPREAD_FLOWS)
+            .expect("probe");
+        for (what, tally) in [("TCP", &tcp), ("UDP", &udp)] {
+            let what = format!("ClusterIP {what} from a pod, link-local node ({scope:?})");
+            let pods = answering_pods(&env, &what, tally);
+            assert_eq!(pods, ["a", "b", "c"], "{what}{}", env.diag());
+            let expected = match mode {
+                Mode::Userspace => cl.node_ip(),
+                Mode::Iptables | Mode::Nftables | Mode::Ipvs => client.ip(),
+            };
+            assert_eq!(
+                tally.seen_source_ips().into_iter().collect::<BTreeSet<_>>(),
+                BTreeSet::from([expected]),
+                "{what}: the source the endpoints saw{}",
+                env.diag()
+            );
+        }
+    }
 }

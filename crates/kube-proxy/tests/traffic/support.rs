@@ -784,6 +784,14 @@ impl Env {
         response.body
     }
 
+    /// The running proxy's metrics (and `/debug/explain`) address, inside the node namespace.
+    pub fn metrics_address(&self) -> SocketAddr {
+        self.proxy
+            .as_ref()
+            .expect("the proxy is running")
+            .metrics_address()
+    }
+
     /// What a failing assertion should show: the rules and the proxy's latest log lines.
     pub fn diag(&self) -> String {
         let log = self.proxy.as_ref().map(Proxy::tail).unwrap_or_default();
