@@ -18,7 +18,7 @@ use axum::response::Response;
 use axum::routing::get;
 use k8s_openapi::api::core::v1::Node;
 use kp_core::event::{ObjectEvent, SourceEvent};
-use kp_sources::api::{self, ApiError, ApiSource, ClientOptions};
+use kp_sources::api::{self, ApiError, ApiMetrics, ApiSource, ClientOptions, RetryPolicy};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
@@ -405,6 +405,7 @@ struct Harness {
     rx: Option<mpsc::Receiver<SourceEvent>>,
     shutdown: CancellationToken,
     task: Option<JoinHandle<Result<(), ApiError>>>,
+    metrics: Option<ApiMetrics>,
 }
 
 impl Harness {
@@ -430,6 +431,7 @@ impl Harness {
             rx: None,
             shutdown: CancellationToken::new(),
             task: None,
+            metrics: None,
         }
     }
 
@@ -447,6 +449,7 @@ impl Harness {
     fn start_source(&mut self, source: ApiSource) {
         let (tx, rx) = mpsc::channel(64);
         self.rx = Some(rx);
+        self.metrics = Some(source.metrics());
         self.task = Some(tokio::spawn(source.run(tx, self.shutdown.clone())));
     }
 
@@ -521,6 +524,18 @@ impl Harness {
             );
         }
         events
+    }
+
+    /// Asserts that the source's metrics, as `/metrics` shows them, have every line.
+    fn assert_metrics(&self, lines: &[&str]) {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = self.metrics.as_ref().expect("started");
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for line in lines {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
     }
 
     async fn stop(mut self) {
@@ -797,6 +812,7 @@ async fn unreachable_server_deletes_nothing_and_converges_after() {
     h.proxy.down().await;
     h.assert_quiet().await;
     h.assert_quiet().await;
+    h.assert_metrics(&["kube_proxy_rs_api_server_unreachable 1\n"]);
     // Meanwhile b is deleted on the server.
     h.fake.remove(SERVICES, "default/b");
     h.proxy.up().await;
@@ -816,8 +832,47 @@ async fn unreachable_server_deletes_nothing_and_converges_after() {
             "Service synced"
         ]
     );
+    // One outage, ended by the first answer; one relist.
+    h.assert_metrics(&[
+        "kube_proxy_rs_api_server_unreachable 0\n",
+        "kube_proxy_rs_api_server_outages_total 1\n",
+        "kube_proxy_rs_api_server_outage_duration_seconds_count 1\n",
+        "kube_proxy_rs_watch_relists_total{kind=\"Service\"} 1\n",
+        "kube_proxy_rs_watch_failures_total{kind=\"Service\",reason=\"expired\"} 1\n",
+    ]);
     h.fake.apply(NODES, "MODIFIED", node("node-a", "zone-3"));
     assert_eq!(h.recv().await, "Node applied node-a");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn expired_relists_at_once_whatever_the_backoff() {
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    // A retry delay far longer than the test waits for anything: only a relist that does not
+    // wait for it passes.
+    h.start(|s| s.retry(RetryPolicy::fixed(Duration::from_secs(600))));
+    h.initial_sync().await;
+    h.fake.remove(SERVICES, "default/b");
+    h.fake.expire(SERVICES);
+    let events = h.until_synced(1).await;
+    assert_eq!(
+        events,
+        [
+            "Service applied default/a",
+            "Service deleted default/b",
+            "Service synced"
+        ]
+    );
+    // The relisted watch is open: it delivers.
+    while !h.next_request(SERVICES).await.watch {}
+    h.fake.apply(SERVICES, "ADDED", svc("c", json!({})));
+    assert_eq!(h.recv().await, "Service applied default/c");
+    h.assert_metrics(&[
+        "kube_proxy_rs_watch_relists_total{kind=\"Service\"} 1\n",
+        "kube_proxy_rs_watch_failures_total{kind=\"Service\",reason=\"expired\"} 1\n",
+        "kube_proxy_rs_api_server_outages_total 0\n",
+    ]);
     h.stop().await;
 }
 
