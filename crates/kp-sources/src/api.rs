@@ -168,8 +168,16 @@ async fn load_config(opts: &ClientOptions) -> Result<(Config, String), ApiError>
     }
     if let Some(master) = &opts.master {
         // Without TLS settings client-go defaults a bare host to plain http.
-        let url = parse_master(master, "http")?;
-        return Ok((Config::new(url), format!("--master {master}")));
+        let url: http::Uri = parse_master(master, "http")?;
+        let plain = url.scheme_str() == Some("http");
+        let mut config = Config::new(url);
+        if plain {
+            // kube-rs builds its TLS settings even for plain http, and without a CA of its own
+            // they need the system's trust store: on a host without CA certificates the client
+            // would not build at all. An empty store of its own is never used over http.
+            config.root_cert = Some(Vec::new());
+        }
+        return Ok((config, format!("--master {master}")));
     }
     match Config::incluster() {
         Ok(config) => Ok((config, "in-cluster service account".to_owned())),

@@ -77,6 +77,7 @@
 //! ```
 
 pub mod addresses;
+pub mod apiserver;
 mod cluster;
 mod command;
 mod echo;
