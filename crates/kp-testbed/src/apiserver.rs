@@ -593,12 +593,15 @@ impl FakeApiProcess {
     /// Creates or replaces every object in `yaml` (multi-document manifests).
     pub fn apply_yaml(&self, yaml: &str) -> Result<()> {
         let objects = yaml_objects(yaml).map_err(|detail| TestbedError::ApiServer { detail })?;
+        objects.into_iter().try_for_each(|obj| self.apply(obj))
+    }
+
+    /// Creates or replaces `obj` (with its `kind`).
+    pub fn apply(&self, obj: Value) -> Result<()> {
         let mut state = self.lock();
-        for obj in objects {
-            let kind = obj["kind"].as_str().unwrap_or_default().to_owned();
-            state.objects.insert((kind, object_key(&obj)), obj.clone());
-            state.send("apply", &obj)?;
-        }
+        let kind = obj["kind"].as_str().unwrap_or_default().to_owned();
+        state.send("apply", &obj)?;
+        state.objects.insert((kind, object_key(&obj)), obj);
         Ok(())
     }
 
