@@ -35,7 +35,7 @@ use kp_core::metrics::KindLabel;
 pub use recovery::{
     ApiMetrics, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, RetryPolicy, WatchFailureLabels,
 };
-use recovery::{Backoff, Contact, Failure, Observed, jitter_unit};
+use recovery::{Backoff, Contact, Failure, Observed, RESUME_SETTLE, jitter_unit};
 
 /// Label naming the proxy that should handle a Service (and its EndpointSlices); kube-proxy
 /// ignores objects carrying it unless it names this proxy.
@@ -298,19 +298,19 @@ impl ApiSource {
         let service_config = base.clone().labels(&labels);
         let filter = ProxyNameFilter(self.service_proxy_name.clone());
         let contact = Contact::new(self.metrics.clone());
-        // Every watcher's requests go through a client that reports answers to `contact`.
-        let client = Observed::client(&self.client, &contact);
+        // Each watcher's requests go through a client that reports answers to `contact`.
+        let client = |kind| Observed::client(&self.client, &contact, kind);
         let ctx = Ctx {
             tx,
             shutdown,
             retry: self.retry,
-            contact,
+            contact: contact.clone(),
         };
         tokio::join!(
             watch_kind(
                 Watch {
                     kind: "Service",
-                    api: Api::<Service>::all(client.clone()),
+                    api: Api::<Service>::all(client("Service")),
                     config: service_config,
                     tracker: Tracker::new(Some(filter.clone())),
                     wrap: SourceEvent::Service,
@@ -320,7 +320,7 @@ impl ApiSource {
             watch_kind(
                 Watch {
                     kind: "EndpointSlice",
-                    api: Api::<EndpointSlice>::all(client.clone()),
+                    api: Api::<EndpointSlice>::all(client("EndpointSlice")),
                     config: base.clone().labels(&labels),
                     tracker: Tracker::new(Some(filter)),
                     wrap: SourceEvent::EndpointSlice,
@@ -330,7 +330,7 @@ impl ApiSource {
             watch_kind(
                 Watch {
                     kind: "Node",
-                    api: Api::<Node>::all(client.clone()),
+                    api: Api::<Node>::all(client("Node")),
                     config: base
                         .clone()
                         .fields(&format!("metadata.name={}", self.node_name)),
@@ -342,7 +342,7 @@ impl ApiSource {
             watch_kind(
                 Watch {
                     kind: "ServiceCIDR",
-                    api: Api::<ServiceCIDR>::all(client.clone()),
+                    api: Api::<ServiceCIDR>::all(client("ServiceCIDR")),
                     config: base.clone(),
                     tracker: Tracker::new(None),
                     wrap: SourceEvent::ServiceCidr,
@@ -399,20 +399,32 @@ async fn drive<K>(
     K: ResourceExt + Clone,
 {
     let mut backoff = Backoff::new(ctx.retry);
-    // The first list is not a relist; every later `Init` is one.
+    // The first list is not a relist; every later completed one is.
     let mut listed = false;
     // When the current relist started, to log how long it took.
     let mut relist_started: Option<tokio::time::Instant> = None;
     loop {
+        // After an outage, a watch resumed without events shows only by staying open: look
+        // again every so often while an outage or the recovery from one goes on (`next()` is
+        // cancel-safe: the watcher keeps its progress in the stream).
+        let look_again = ctx.contact.is_down() || ctx.contact.resuming(kind);
         let item = tokio::select! {
             biased;
             () = ctx.shutdown.cancelled() => return,
             () = ctx.tx.closed() => return,
             item = stream.next() => item,
+            () = tokio::time::sleep(RESUME_SETTLE), if look_again => {
+                ctx.contact.check_settled(kind);
+                continue;
+            }
         };
         let event = match item {
             Some(Ok(event)) => {
                 backoff.succeeded();
+                if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                    // A relist finished or an event came: in step again.
+                    ctx.contact.resumed(kind);
+                }
                 event
             }
             Some(Err(error)) if not_served(&error) && kind == "ServiceCIDR" => {
@@ -424,12 +436,14 @@ async fn drive<K>(
                     "cannot list (API not served, or RBAC lacks list/watch on servicecidrs); \
                      not watched: nftables mode will not drop traffic to unallocated ClusterIPs"
                 );
+                ctx.contact.resumed(kind);
                 return;
             }
             Some(Err(error)) => {
                 let failure = Failure::of(&error);
                 let delay = backoff.failed(failure, jitter_unit());
                 ctx.contact.count_failure(kind, failure);
+                ctx.contact.failed(kind);
                 match failure {
                     Failure::Expired => tracing::info!(
                         kind,
@@ -438,9 +452,6 @@ async fn drive<K>(
                         "watch history expired; relisting"
                     ),
                     // Logged once per outage by `Contact`; each retry only at debug level.
-                    Failure::Unreachable if ctx.contact.is_down() => {
-                        tracing::debug!(kind, %error, ?delay, "API server still unreachable");
-                    }
                     Failure::Unreachable => ctx.contact.unreachable(kind, &error, delay),
                     Failure::Refused => tracing::warn!(
                         kind,
@@ -462,19 +473,21 @@ async fn drive<K>(
             None => {
                 // The watcher never ends by itself; if it ever does, keep the last state.
                 tracing::error!(kind, "watch stream ended; no further updates");
+                ctx.contact.resumed(kind);
                 return;
             }
         };
-        if matches!(event, watcher::Event::Init) {
-            if listed {
+        match event {
+            watcher::Event::Init => relist_started = Some(tokio::time::Instant::now()),
+            watcher::Event::InitDone if listed => {
                 ctx.contact
                     .metrics()
                     .relists
                     .get_or_create(&KindLabel { kind })
                     .inc();
             }
-            listed = true;
-            relist_started = Some(tokio::time::Instant::now());
+            watcher::Event::InitDone => listed = true,
+            _ => {}
         }
         for out in tracker.handle(event) {
             if matches!(out, ObjectEvent::Synced) {

@@ -259,15 +259,34 @@ impl Harness {
         events
     }
 
-    /// Asserts that the source's metrics, as `/metrics` shows them, have every line.
-    fn assert_metrics(&self, lines: &[&str]) {
+    /// The source's metrics as `/metrics` shows them.
+    fn metrics_text(&self) -> String {
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = self.metrics.as_ref().expect("started");
         metrics.register(&mut registry);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        text
+    }
+
+    /// Asserts that the source's metrics have every line.
+    fn assert_metrics(&self, lines: &[&str]) {
+        let text = self.metrics_text();
         for line in lines {
             assert!(text.contains(line), "{line} in:\n{text}");
+        }
+    }
+
+    /// Waits (bounded) until the source's metrics have `line`.
+    async fn eventually_metric(&self, line: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !self.metrics_text().contains(line) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{line} never showed in:\n{}",
+                self.metrics_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -573,6 +592,9 @@ async fn unreachable_server_deletes_nothing_and_converges_after() {
         "kube_proxy_rs_watch_relists_total{kind=\"Service\"} 1\n",
         "kube_proxy_rs_watch_failures_total{kind=\"Service\",reason=\"expired\"} 1\n",
     ]);
+    // Every broken watch is back: the relisted one, and the resumed ones (open, quiet).
+    h.eventually_metric("kube_proxy_rs_api_server_recovery_duration_seconds_count 1\n")
+        .await;
     h.fake.apply(NODES, "MODIFIED", node("node-a", "zone-3"));
     assert_eq!(h.recv().await, "Node applied node-a");
     h.stop().await;

@@ -229,7 +229,15 @@ impl FakeApiServer {
                 ),
             );
         }
-        router.with_state(self.clone())
+        // What a real server answers for an API it does not serve: a `Status`, not a bare 404.
+        router
+            .fallback(|| async {
+                let status = json!({ "kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "message": "the server could not find the requested resource",
+                    "reason": "NotFound", "details": {}, "code": 404 });
+                json_response(StatusCode::NOT_FOUND, Body::from(status.to_string()))
+            })
+            .with_state(self.clone())
     }
 
     fn serve(&self, resource: &str, query: HashMap<String, String>) -> Response {

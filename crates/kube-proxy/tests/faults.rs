@@ -299,7 +299,13 @@ fn api_server_outages(mode: Mode, outage: Duration) {
     // kill was one outage.
     let lost = proxy.logged(|l| l.contains("API server unreachable"));
     let back = proxy.logged(|l| l.contains("API server answers again"));
-    assert_eq!((lost.len(), back.len()), (1, 1), "{lost:?} {back:?}");
+    let recovered = proxy.logged(|l| l.contains("watches recovered from the API server outage"));
+    assert_eq!(
+        (lost.len(), back.len(), recovered.len()),
+        (1, 1, 1),
+        "{lost:?} {back:?} {recovered:?}"
+    );
+    println!("{mode:?}: {}\n{}\n{}", lost[0], back[0], recovered[0]);
     let metrics = http_get_path(cluster, cluster.node(), proxy.metrics_address(), "/metrics");
     let outages = metric_sum(&metrics.body, "kube_proxy_rs_api_server_outages_total");
     assert_eq!(outages, Some(1.0), "{}", metrics.body);

@@ -7,6 +7,7 @@
 //! an error too, so the relist waited out a backoff of up to 30 s more. Here the delay is
 //! capped at a few seconds, resets on every success, and a `410` relists at once.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,7 +34,7 @@ pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_millis(800);
 /// API server host nothing, and the jitter spreads a cluster's nodes over half the delay.
 pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(3);
 
-/// Buckets of the outage-duration histogram, in seconds: from a blip to ten minutes.
+/// Buckets of the outage- and recovery-duration histograms, in seconds: a blip to ten minutes.
 const OUTAGE_BUCKETS: [f64; 10] = [0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
 
 /// How the watchers retry a failed list or watch.
@@ -182,6 +183,9 @@ pub struct ApiMetrics {
     /// `kube_proxy_rs_api_server_outage_duration_seconds`: from the first failed attempt to
     /// the first answer.
     pub outage_duration: Histogram,
+    /// `kube_proxy_rs_api_server_recovery_duration_seconds`: from the first answer after an
+    /// outage until every broken watch is back in step (relisted or resumed).
+    pub recovery_duration: Histogram,
 }
 
 impl Default for ApiMetrics {
@@ -192,6 +196,7 @@ impl Default for ApiMetrics {
             unreachable: Gauge::default(),
             outages: Counter::default(),
             outage_duration: Histogram::new(OUTAGE_BUCKETS),
+            recovery_duration: Histogram::new(OUTAGE_BUCKETS),
         }
     }
 }
@@ -225,23 +230,58 @@ impl ApiMetrics {
             "Seconds from the first unanswered request of an outage to the API server's next answer",
             self.outage_duration.clone(),
         );
+        registry.register(
+            "kube_proxy_rs_api_server_recovery_duration_seconds",
+            "Seconds from the API server's first answer after an outage until every broken watch is back in step",
+            self.recovery_duration.clone(),
+        );
     }
 }
 
 /// Whether the API server answers: shared by the watchers, so an outage is logged once when
-/// the first request goes unanswered and once when the first answer comes back.
+/// the first request goes unanswered, once when the first answer comes back (with the
+/// outage's duration), and once when every watch that broke is back in step (with the time
+/// that took: relists after `410 Gone` included).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Contact {
-    down_since: Arc<Mutex<Option<Instant>>>,
+    state: Arc<Mutex<ContactState>>,
     metrics: ApiMetrics,
 }
+
+#[derive(Debug, Default)]
+struct ContactState {
+    /// When the outage going on started.
+    down_since: Option<Instant>,
+    /// The watchers whose requests failed during it.
+    affected: BTreeSet<&'static str>,
+    /// After the outage's end: the watchers not back in step yet.
+    recovering: Option<Recovering>,
+    /// Per watcher: when its current watch was answered (a resumed watch delivers no event,
+    /// so it counts as back in step once it stayed open for [`RESUME_SETTLE`]).
+    watch_open_since: BTreeMap<&'static str, Instant>,
+}
+
+#[derive(Debug)]
+struct Recovering {
+    answered: Instant,
+    outage: Duration,
+    pending: BTreeSet<&'static str>,
+}
+
+/// How long a watch answered after an outage must stay open without an error (such as the
+/// `410 Gone` a restarted server streams right after answering) to count as resumed.
+pub(crate) const RESUME_SETTLE: Duration = Duration::from_millis(500);
 
 impl Contact {
     pub(crate) fn new(metrics: ApiMetrics) -> Self {
         Self {
-            down_since: Arc::default(),
+            state: Arc::default(),
             metrics,
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ContactState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn metrics(&self) -> &ApiMetrics {
@@ -249,13 +289,15 @@ impl Contact {
     }
 
     /// A request of `kind`'s watcher got no answer; starts an outage unless one is going on.
-    pub(crate) fn unreachable(&self, kind: &str, error: &dyn Display, retry: Duration) {
-        let mut down = self
-            .down_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if down.is_none() {
-            *down = Some(Instant::now());
+    pub(crate) fn unreachable(&self, kind: &'static str, error: &dyn Display, retry: Duration) {
+        let mut state = self.lock();
+        state.watch_open_since.remove(kind);
+        if state.down_since.is_none() {
+            state.down_since = Some(Instant::now());
+            // Watchers still resuming from the last outage are part of this one.
+            if let Some(recovering) = state.recovering.take() {
+                state.affected.extend(recovering.pending);
+            }
             self.metrics.unreachable.set(1);
             tracing::warn!(
                 kind,
@@ -263,16 +305,25 @@ impl Contact {
                 ?retry,
                 "API server unreachable; keeping the last state programmed and retrying every few seconds"
             );
+        } else {
+            tracing::debug!(kind, %error, ?retry, "API server still unreachable");
         }
+        state.affected.insert(kind);
     }
 
-    /// The API server answered a request (whatever the status): ends an outage.
-    pub(crate) fn answered(&self) {
-        let mut down = self
-            .down_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(since) = down.take() {
+    /// `kind`'s list or watch failed some other way: its watch is not open.
+    pub(crate) fn failed(&self, kind: &'static str) {
+        self.lock().watch_open_since.remove(kind);
+    }
+
+    /// The API server answered a request of `kind`'s watcher (whatever the status; `watch`
+    /// when it opened a watch): ends an outage.
+    pub(crate) fn answered(&self, kind: &'static str, watch: bool) {
+        let mut state = self.lock();
+        if watch {
+            state.watch_open_since.insert(kind, Instant::now());
+        }
+        if let Some(since) = state.down_since.take() {
             let outage = since.elapsed();
             self.metrics.unreachable.set(0);
             self.metrics.outages.inc();
@@ -281,15 +332,54 @@ impl Contact {
                 outage = ?outage,
                 "API server answers again; watches resume (relisting where its history expired)"
             );
+            state.recovering = Some(Recovering {
+                answered: Instant::now(),
+                outage,
+                pending: std::mem::take(&mut state.affected),
+            });
+        }
+    }
+
+    /// Whether `kind`'s watcher is still to resume after an outage.
+    pub(crate) fn resuming(&self, kind: &'static str) -> bool {
+        self.lock()
+            .recovering
+            .as_ref()
+            .is_some_and(|r| r.pending.contains(kind))
+    }
+
+    /// `kind`'s watch is open again if it has been for [`RESUME_SETTLE`] without an error.
+    pub(crate) fn check_settled(&self, kind: &'static str) {
+        let open = self.lock().watch_open_since.get(kind).copied();
+        if open.is_some_and(|since| since.elapsed() >= RESUME_SETTLE) {
+            self.resumed(kind);
+        }
+    }
+
+    /// `kind`'s watcher is back in step (a relist finished, an event arrived, its watch
+    /// stays open, or it stopped watching); the last one logs the recovery.
+    pub(crate) fn resumed(&self, kind: &'static str) {
+        let mut state = self.lock();
+        let Some(recovering) = state.recovering.as_mut() else {
+            return;
+        };
+        recovering.pending.remove(kind);
+        if recovering.pending.is_empty() {
+            let took = recovering.answered.elapsed();
+            let outage = recovering.outage;
+            state.recovering = None;
+            self.metrics.recovery_duration.observe(took.as_secs_f64());
+            tracing::info!(
+                took = ?took,
+                outage = ?outage,
+                "watches recovered from the API server outage"
+            );
         }
     }
 
     /// Whether an outage is going on.
     pub(crate) fn is_down(&self) -> bool {
-        self.down_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+        self.lock().down_since.is_some()
     }
 
     /// Counts a failed list or watch of `kind`.
@@ -304,21 +394,28 @@ impl Contact {
     }
 }
 
-/// A `kube::Client` that tells [`Contact`] about every answer: the watcher itself reports a
-/// watch resumed without events to nobody, so only the transport sees the end of an outage.
+/// A `kube::Client` that tells [`Contact`] about every answer to one watcher's requests:
+/// the watcher itself reports a watch resumed without events to nobody, so only the
+/// transport sees the end of an outage.
 #[derive(Clone)]
 pub(crate) struct Observed {
     inner: kube::Client,
     contact: Contact,
+    kind: &'static str,
 }
 
 impl Observed {
     /// A client sending through `inner` (its authentication and TLS included).
-    pub(crate) fn client(inner: &kube::Client, contact: &Contact) -> kube::Client {
+    pub(crate) fn client(
+        inner: &kube::Client,
+        contact: &Contact,
+        kind: &'static str,
+    ) -> kube::Client {
         let namespace = inner.default_namespace().to_owned();
         let service = Self {
             inner: inner.clone(),
             contact: contact.clone(),
+            kind,
         };
         kube::Client::new(service, namespace)
     }
@@ -336,10 +433,15 @@ impl tower_service::Service<http::Request<Body>> for Observed {
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let this = self.clone();
+        let watch = request
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
         Box::pin(async move {
             let result = this.inner.send(request).await;
-            if result.is_ok() {
-                this.contact.answered();
+            if let Ok(response) = &result {
+                let opened = watch && response.status().is_success();
+                this.contact.answered(this.kind, opened);
             }
             result
         })
@@ -471,7 +573,7 @@ mod tests {
     async fn an_outage_is_counted_once_with_its_duration() {
         let metrics = ApiMetrics::default();
         let contact = Contact::new(metrics.clone());
-        contact.answered();
+        contact.answered("Service", true);
         assert_eq!(metrics.outages.get(), 0);
         contact.unreachable("Service", &"connection refused", S(1));
         tokio::time::advance(S(30)).await;
@@ -479,17 +581,39 @@ mod tests {
         assert!(contact.is_down());
         assert_eq!(metrics.unreachable.get(), 1);
         tokio::time::advance(S(2)).await;
-        contact.answered();
-        contact.answered();
+        // The restarted server answers the Service watch, then streams `410 Gone`.
+        contact.answered("Service", true);
+        contact.failed("Service");
+        contact.answered("Node", true);
         assert!(!contact.is_down());
         assert_eq!(metrics.unreachable.get(), 0);
         assert_eq!(metrics.outages.get(), 1);
+        assert!(contact.resuming("Service") && contact.resuming("Node"));
+        tokio::time::advance(RESUME_SETTLE).await;
+        // The Node watch stayed open: resumed. The Service watch failed: not until its
+        // relist ends, 3 s later.
+        contact.check_settled("Node");
+        contact.check_settled("Service");
+        assert!(!contact.resuming("Node"));
+        assert!(contact.resuming("Service"));
+        tokio::time::advance(S(3) - RESUME_SETTLE).await;
+        contact.resumed("Service");
+        contact.resumed("Service");
+        assert!(!contact.resuming("Service"));
         let mut text = String::new();
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
         assert!(
             text.contains("kube_proxy_rs_api_server_outage_duration_seconds_sum 32.0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kube_proxy_rs_api_server_recovery_duration_seconds_sum 3.0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kube_proxy_rs_api_server_recovery_duration_seconds_count 1\n"),
             "{text}"
         );
         assert!(
