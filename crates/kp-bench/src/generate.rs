@@ -196,6 +196,14 @@ pub fn edited_file(scale: Scale, edits: &[Edit]) -> Option<(String, String)> {
     Some((file_name(file), chunk(scale, file, edits)))
 }
 
+/// Service `index`'s EndpointSlice alone, after `generation` edits (see [`Edit`]), as one
+/// YAML document: what an API server sends when only that slice changes.
+pub fn slice_yaml(scale: Scale, index: usize, generation: Option<usize>) -> String {
+    let mut out = String::new();
+    slice(&mut out, scale, index, generation);
+    out
+}
+
 /// `services-NNN.yaml`.
 pub fn file_name(file: usize) -> String {
     format!("services-{file:03}.yaml")

@@ -5,7 +5,10 @@
 //! a relist (for example after `410 Gone`) but missing from it are reported as deleted, so the
 //! core converges without flushing anything. Watch failures and an unreachable API server never
 //! produce deletions: the watcher retries with backoff and the last state stays programmed,
-//! as with upstream's informers.
+//! as with upstream's informers. The backoff is short and a `410` relists at once, so the
+//! watches resume within seconds of the API server answering again (see [`recovery`]).
+
+mod recovery;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
@@ -21,12 +24,18 @@ use kp_core::event::{ObjectEvent, SourceEvent};
 use kube::config::{
     InClusterError, InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError,
 };
-use kube::runtime::utils::Backoff;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Config, Resource, ResourceExt};
+use prometheus_client::registry::Registry;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use kp_core::metrics::KindLabel;
+pub use recovery::{
+    ApiMetrics, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, RetryPolicy, WatchFailureLabels,
+};
+use recovery::{Backoff, Contact, Failure, Observed, RESUME_SETTLE, jitter_unit};
 
 /// Label naming the proxy that should handle a Service (and its EndpointSlices); kube-proxy
 /// ignores objects carrying it unless it names this proxy.
@@ -159,8 +168,16 @@ async fn load_config(opts: &ClientOptions) -> Result<(Config, String), ApiError>
     }
     if let Some(master) = &opts.master {
         // Without TLS settings client-go defaults a bare host to plain http.
-        let url = parse_master(master, "http")?;
-        return Ok((Config::new(url), format!("--master {master}")));
+        let url: http::Uri = parse_master(master, "http")?;
+        let plain = url.scheme_str() == Some("http");
+        let mut config = Config::new(url);
+        if plain {
+            // kube-rs builds its TLS settings even for plain http, and without a CA of its own
+            // they need the system's trust store: on a host without CA certificates the client
+            // would not build at all. An empty store of its own is never used over http.
+            config.root_cert = Some(Vec::new());
+        }
+        return Ok((config, format!("--master {master}")));
     }
     match Config::incluster() {
         Ok(config) => Ok((config, "in-cluster service account".to_owned())),
@@ -201,8 +218,9 @@ pub struct ApiSource {
     client: kube::Client,
     node_name: String,
     service_proxy_name: Option<String>,
-    retry_delay: Option<Duration>,
+    retry: RetryPolicy,
     page_size: u32,
+    metrics: ApiMetrics,
 }
 
 impl ApiSource {
@@ -212,8 +230,9 @@ impl ApiSource {
             client,
             node_name: node_name.into(),
             service_proxy_name: None,
-            retry_delay: None,
+            retry: RetryPolicy::default(),
             page_size: DEFAULT_LIST_PAGE_SIZE,
+            metrics: ApiMetrics::default(),
         }
     }
 
@@ -225,11 +244,27 @@ impl ApiSource {
         self
     }
 
-    /// Retry a failed list or watch after a fixed `delay` instead of the default (client-go's
-    /// reflector backoff: exponential from 800 ms to 30 s with jitter). Meant for tests.
-    pub fn retry_delay(mut self, delay: Duration) -> Self {
-        self.retry_delay = Some(delay);
+    /// Retry a failed list or watch after a fixed `delay` instead of the default backoff
+    /// ([`RetryPolicy::default`]). Meant for tests.
+    pub fn retry_delay(self, delay: Duration) -> Self {
+        self.retry(RetryPolicy::fixed(delay))
+    }
+
+    /// Retry failed lists and watches with `policy` (a `410 Gone` still relists at once).
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
         self
+    }
+
+    /// Register the source's metrics (outages, failed and expired watches) in `registry`.
+    pub fn register_metrics(self, registry: &mut Registry) -> Self {
+        self.metrics.register(registry);
+        self
+    }
+
+    /// The source's metrics, for callers that read or register them themselves.
+    pub fn metrics(&self) -> ApiMetrics {
+        self.metrics.clone()
     }
 
     /// Objects per list page (default [`DEFAULT_LIST_PAGE_SIZE`]; 0 means unpaged).
@@ -262,16 +297,20 @@ impl ApiSource {
         };
         let service_config = base.clone().labels(&labels);
         let filter = ProxyNameFilter(self.service_proxy_name.clone());
+        let contact = Contact::new(self.metrics.clone());
+        // Each watcher's requests go through a client that reports answers to `contact`.
+        let client = |kind| Observed::client(&self.client, &contact, kind);
         let ctx = Ctx {
             tx,
             shutdown,
-            retry_delay: self.retry_delay,
+            retry: self.retry,
+            contact: contact.clone(),
         };
         tokio::join!(
             watch_kind(
                 Watch {
                     kind: "Service",
-                    api: Api::<Service>::all(self.client.clone()),
+                    api: Api::<Service>::all(client("Service")),
                     config: service_config,
                     tracker: Tracker::new(Some(filter.clone())),
                     wrap: SourceEvent::Service,
@@ -281,7 +320,7 @@ impl ApiSource {
             watch_kind(
                 Watch {
                     kind: "EndpointSlice",
-                    api: Api::<EndpointSlice>::all(self.client.clone()),
+                    api: Api::<EndpointSlice>::all(client("EndpointSlice")),
                     config: base.clone().labels(&labels),
                     tracker: Tracker::new(Some(filter)),
                     wrap: SourceEvent::EndpointSlice,
@@ -291,7 +330,7 @@ impl ApiSource {
             watch_kind(
                 Watch {
                     kind: "Node",
-                    api: Api::<Node>::all(self.client.clone()),
+                    api: Api::<Node>::all(client("Node")),
                     config: base
                         .clone()
                         .fields(&format!("metadata.name={}", self.node_name)),
@@ -303,7 +342,7 @@ impl ApiSource {
             watch_kind(
                 Watch {
                     kind: "ServiceCIDR",
-                    api: Api::<ServiceCIDR>::all(self.client.clone()),
+                    api: Api::<ServiceCIDR>::all(client("ServiceCIDR")),
                     config: base.clone(),
                     tracker: Tracker::new(None),
                     wrap: SourceEvent::ServiceCidr,
@@ -319,7 +358,8 @@ impl ApiSource {
 struct Ctx {
     tx: mpsc::Sender<SourceEvent>,
     shutdown: CancellationToken,
-    retry_delay: Option<Duration>,
+    retry: RetryPolicy,
+    contact: Contact,
 }
 
 /// One kind to watch.
@@ -329,21 +369,6 @@ struct Watch<K> {
     config: watcher::Config,
     tracker: Tracker<K>,
     wrap: fn(ObjectEvent<K>) -> SourceEvent,
-}
-
-/// A constant retry delay, for tests.
-struct FixedBackoff(Duration);
-
-impl Iterator for FixedBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        Some(self.0)
-    }
-}
-
-impl Backoff for FixedBackoff {
-    fn reset(&mut self) {}
 }
 
 /// Runs one watcher until shutdown or until nobody listens.
@@ -358,21 +383,50 @@ where
         mut tracker,
         wrap,
     } = watch;
-    let raw = watcher(api, config);
-    let mut stream: BoxStream<'static, Result<watcher::Event<K>, watcher::Error>> =
-        match ctx.retry_delay {
-            None => raw.default_backoff().boxed(),
-            Some(delay) => raw.backoff(FixedBackoff(delay)).boxed(),
-        };
+    let stream = watcher(api, config).boxed();
+    drive(kind, stream, &mut tracker, wrap, ctx).await;
+}
+
+/// Forwards one watcher's events until shutdown or until nobody listens, waiting out the
+/// [`Backoff`] after each failure.
+async fn drive<K>(
+    kind: &'static str,
+    mut stream: BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
+    tracker: &mut Tracker<K>,
+    wrap: fn(ObjectEvent<K>) -> SourceEvent,
+    ctx: &Ctx,
+) where
+    K: ResourceExt + Clone,
+{
+    let mut backoff = Backoff::new(ctx.retry);
+    // The first list is not a relist; every later completed one is.
+    let mut listed = false;
+    // When the current relist started, to log how long it took.
+    let mut relist_started: Option<tokio::time::Instant> = None;
     loop {
+        // After an outage, a watch resumed without events shows only by staying open: look
+        // again every so often while an outage or the recovery from one goes on (`next()` is
+        // cancel-safe: the watcher keeps its progress in the stream).
+        let look_again = ctx.contact.is_down() || ctx.contact.resuming(kind);
         let item = tokio::select! {
             biased;
             () = ctx.shutdown.cancelled() => return,
             () = ctx.tx.closed() => return,
             item = stream.next() => item,
+            () = tokio::time::sleep(RESUME_SETTLE), if look_again => {
+                ctx.contact.check_settled(kind);
+                continue;
+            }
         };
         let event = match item {
-            Some(Ok(event)) => event,
+            Some(Ok(event)) => {
+                backoff.succeeded();
+                if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                    // A relist finished or an event came: in step again.
+                    ctx.contact.resumed(kind);
+                }
+                event
+            }
             Some(Err(error)) if not_served(&error) && kind == "ServiceCIDR" => {
                 // Clusters before the ServiceCIDR API (v1.33), or a role without it: nftables
                 // mode then has no unallocated-ClusterIP drop, as upstream without the API.
@@ -382,21 +436,63 @@ where
                     "cannot list (API not served, or RBAC lacks list/watch on servicecidrs); \
                      not watched: nftables mode will not drop traffic to unallocated ClusterIPs"
                 );
+                ctx.contact.resumed(kind);
                 return;
             }
             Some(Err(error)) => {
-                tracing::warn!(kind, %error, "watch failed; retrying, last state kept");
+                let failure = Failure::of(&error);
+                let delay = backoff.failed(failure, jitter_unit());
+                ctx.contact.count_failure(kind, failure);
+                ctx.contact.failed(kind);
+                match failure {
+                    Failure::Expired => tracing::info!(
+                        kind,
+                        %error,
+                        ?delay,
+                        "watch history expired; relisting"
+                    ),
+                    // Logged once per outage by `Contact`; each retry only at debug level.
+                    Failure::Unreachable => ctx.contact.unreachable(kind, &error, delay),
+                    Failure::Refused => tracing::warn!(
+                        kind,
+                        %error,
+                        ?delay,
+                        "watch failed; retrying, last state kept"
+                    ),
+                }
+                if !delay.is_zero() {
+                    tokio::select! {
+                        biased;
+                        () = ctx.shutdown.cancelled() => return,
+                        () = ctx.tx.closed() => return,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
                 continue;
             }
             None => {
                 // The watcher never ends by itself; if it ever does, keep the last state.
                 tracing::error!(kind, "watch stream ended; no further updates");
+                ctx.contact.resumed(kind);
                 return;
             }
         };
+        match event {
+            watcher::Event::Init => relist_started = Some(tokio::time::Instant::now()),
+            watcher::Event::InitDone if listed => {
+                ctx.contact
+                    .metrics()
+                    .relists
+                    .get_or_create(&KindLabel { kind })
+                    .inc();
+            }
+            watcher::Event::InitDone => listed = true,
+            _ => {}
+        }
         for out in tracker.handle(event) {
             if matches!(out, ObjectEvent::Synced) {
-                tracing::info!(kind, objects = tracker.len(), "synced");
+                let took = relist_started.take().map(|t| t.elapsed());
+                tracing::info!(kind, objects = tracker.len(), ?took, "synced");
             }
             let sent = tokio::select! {
                 biased;
@@ -601,5 +697,90 @@ mod tests {
         let out = t.handle(watcher::Event::Delete(svc("mine", Some("mine"))));
         assert_eq!(out, vec![ObjectEvent::Deleted(svc("mine", Some("mine")))]);
         assert_eq!(t.len(), 0);
+    }
+
+    /// A scripted watcher: an outage (five refused connections), then the restarted server's
+    /// `410`, a relist, and one more refused connection. Returns when each item was taken.
+    #[tokio::test(start_paused = true)]
+    async fn drive_waits_the_backoff_but_relists_at_once_after_410() {
+        use kube::core::Status;
+        let refused = || {
+            Err(watcher::Error::WatchStartFailed(kube::Error::Service(
+                Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+            )))
+        };
+        let gone = Err(watcher::Error::WatchError(
+            Status::failure("too old resource version: 5 (90)", "Expired")
+                .with_code(410)
+                .boxed(),
+        ));
+        let mut script = vec![refused(), refused(), refused(), refused(), refused()];
+        script.extend([
+            gone,
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(svc("a", None))),
+            Ok(watcher::Event::InitDone),
+            refused(),
+            Ok(watcher::Event::Apply(svc("b", None))),
+        ]);
+        let start = tokio::time::Instant::now();
+        let taken = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = taken.clone();
+        let stream = futures::stream::iter(script)
+            .inspect(move |_| {
+                let at = start.elapsed().as_millis();
+                record.lock().expect("lock").push(at);
+            })
+            .boxed();
+        let (tx, mut rx) = mpsc::channel(16);
+        let metrics = ApiMetrics::default();
+        let ctx = Ctx {
+            tx,
+            shutdown: CancellationToken::new(),
+            retry: RetryPolicy {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(3),
+                jitter: false,
+            },
+            contact: Contact::new(metrics.clone()),
+        };
+        let mut tracker = Tracker::new(None);
+        drive("Service", stream, &mut tracker, SourceEvent::Service, &ctx).await;
+        // 1, 2, 3 (capped), 3 s between the refusals; the 410 relists at once; after the
+        // relist succeeded the next refusal waits the initial 1 s again.
+        assert_eq!(
+            *taken.lock().expect("lock"),
+            [
+                0, 1000, 3000, 6000, 9000, 12000, 12000, 12000, 12000, 12000, 13000
+            ]
+        );
+        drop(ctx);
+        // a applied, synced, b applied.
+        let mut events = 0;
+        while rx.recv().await.is_some() {
+            events += 1;
+        }
+        assert_eq!(events, 3);
+        let text = exposition(&metrics);
+        assert!(
+            text.contains(
+                "kube_proxy_rs_watch_failures_total{kind=\"Service\",reason=\"unreachable\"} 6\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kube_proxy_rs_watch_failures_total{kind=\"Service\",reason=\"expired\"} 1\n"
+            ),
+            "{text}"
+        );
+    }
+
+    fn exposition(metrics: &ApiMetrics) -> String {
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        text
     }
 }

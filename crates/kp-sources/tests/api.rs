@@ -1,24 +1,20 @@
-//! The API server source against a fake Kubernetes API server speaking list/watch.
+//! The API server source against a fake Kubernetes API server speaking list/watch
+//! (`kp_testbed::apiserver`, shared with the fault suite).
 //!
-//! The fake serves Services, EndpointSlices and Nodes: paged lists with a resourceVersion, and
-//! watches as chunked newline-delimited JSON events that the test sends through a channel. A
-//! TCP proxy in front of it lets a test cut every connection or make the server unreachable.
+//! The fake serves Services, EndpointSlices, Nodes (and ServiceCIDRs where asked): paged lists
+//! with a resourceVersion, and watches as chunked newline-delimited JSON events that the test
+//! sends. A TCP proxy in front of it lets a test cut every connection or make the server
+//! unreachable.
 
-use std::collections::{BTreeMap, HashMap};
-use std::convert::Infallible;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Body;
-use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
-use axum::response::Response;
-use axum::routing::get;
 use k8s_openapi::api::core::v1::Node;
 use kp_core::event::{ObjectEvent, SourceEvent};
-use kp_sources::api::{self, ApiError, ApiSource, ClientOptions};
+use kp_sources::api::{self, ApiError, ApiMetrics, ApiSource, ClientOptions, RetryPolicy};
+use kp_testbed::apiserver::{FakeApiServer, NODES, Request, SERVICE_CIDRS, SERVICES, SLICES};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
@@ -34,278 +30,11 @@ const QUIET: Duration = Duration::from_millis(400);
 /// Retry delay given to the source so reconnects are fast.
 const RETRY: Duration = Duration::from_millis(20);
 
-const SERVICES: &str = "services";
-const SLICES: &str = "endpointslices";
-const NODES: &str = "nodes";
-const SERVICE_CIDRS: &str = "servicecidrs";
 /// Upstream's one selector for Services and EndpointSlices alike.
 const SELECTOR: &str = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name";
 
 // ---------------------------------------------------------------------------------------------
-// Fake API server
-
-/// One request the fake server saw.
-#[derive(Clone, Debug)]
-struct Req {
-    watch: bool,
-    query: HashMap<String, String>,
-}
-
-impl Req {
-    fn param(&self, name: &str) -> Option<&str> {
-        self.query.get(name).map(String::as_str)
-    }
-}
-
-struct Res {
-    api_version: &'static str,
-    kind: &'static str,
-    /// Current objects by `namespace/name` (or `name`).
-    items: BTreeMap<String, Value>,
-    /// The open watch, if any: lines to send.
-    watch: Option<mpsc::UnboundedSender<String>>,
-    requests: mpsc::UnboundedSender<Req>,
-}
-
-struct Inner {
-    rv: u64,
-    res: HashMap<&'static str, Res>,
-}
-
-#[derive(Clone)]
-struct Fake(Arc<Mutex<Inner>>);
-
-fn key(obj: &Value) -> String {
-    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
-    match obj["metadata"]["namespace"].as_str() {
-        Some(ns) => format!("{ns}/{name}"),
-        None => name.to_owned(),
-    }
-}
-
-/// Minimal label selector: comma-separated `!k`, `k=v`, `k!=v`, `k`.
-fn labels_match(obj: &Value, selector: &str) -> bool {
-    let labels = &obj["metadata"]["labels"];
-    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
-        if let Some(k) = term.strip_prefix('!') {
-            labels.get(k).is_none()
-        } else if let Some((k, v)) = term.split_once("!=") {
-            labels.get(k).and_then(Value::as_str) != Some(v)
-        } else if let Some((k, v)) = term.split_once('=') {
-            labels.get(k).and_then(Value::as_str) == Some(v)
-        } else {
-            labels.get(term).is_some()
-        }
-    })
-}
-
-/// Minimal field selector: `metadata.name=x` and `metadata.namespace=x`.
-fn fields_match(obj: &Value, selector: &str) -> bool {
-    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
-        let (field, value) = term.split_once('=').expect("field selector term");
-        let actual = match field {
-            "metadata.name" => obj["metadata"]["name"].as_str(),
-            "metadata.namespace" => obj["metadata"]["namespace"].as_str(),
-            other => panic!("unsupported field selector {other}"),
-        };
-        actual == Some(value)
-    })
-}
-
-impl Fake {
-    fn new() -> (Self, HashMap<&'static str, mpsc::UnboundedReceiver<Req>>) {
-        let mut res = HashMap::new();
-        let mut receivers = HashMap::new();
-        for (name, api_version, kind) in [
-            (SERVICES, "v1", "Service"),
-            (SLICES, "discovery.k8s.io/v1", "EndpointSlice"),
-            (NODES, "v1", "Node"),
-            (SERVICE_CIDRS, "networking.k8s.io/v1", "ServiceCIDR"),
-        ] {
-            let (tx, rx) = mpsc::unbounded_channel();
-            res.insert(
-                name,
-                Res {
-                    api_version,
-                    kind,
-                    items: BTreeMap::new(),
-                    watch: None,
-                    requests: tx,
-                },
-            );
-            receivers.insert(name, rx);
-        }
-        (
-            Fake(Arc::new(Mutex::new(Inner { rv: 100, res }))),
-            receivers,
-        )
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.0.lock().expect("fake state lock")
-    }
-
-    /// The routes of every resource; ServiceCIDRs only with `service_cidrs` (clusters before
-    /// v1.33 do not serve them: a 404).
-    fn router(&self, service_cidrs: bool) -> Router {
-        let router = if service_cidrs {
-            Router::new().route(
-                "/apis/networking.k8s.io/v1/servicecidrs",
-                get(|State(f): State<Fake>, Query(q)| async move { f.serve(SERVICE_CIDRS, q) }),
-            )
-        } else {
-            Router::new()
-        };
-        router
-            .route(
-                "/api/v1/services",
-                get(|State(f): State<Fake>, Query(q)| async move { f.serve(SERVICES, q) }),
-            )
-            .route(
-                "/apis/discovery.k8s.io/v1/endpointslices",
-                get(|State(f): State<Fake>, Query(q)| async move { f.serve(SLICES, q) }),
-            )
-            .route(
-                "/api/v1/nodes",
-                get(|State(f): State<Fake>, Query(q)| async move { f.serve(NODES, q) }),
-            )
-            .with_state(self.clone())
-    }
-
-    fn serve(&self, res: &'static str, query: HashMap<String, String>) -> Response {
-        eprintln!("fake apiserver: GET {res} {query:?}");
-        let watch = query.get("watch").is_some_and(|v| v == "true" || v == "1");
-        let mut inner = self.lock();
-        let rv = inner.rv;
-        let r = inner.res.get_mut(res).expect("known resource");
-        if watch {
-            let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-            r.watch = Some(tx);
-            let _ = r.requests.send(Req { watch, query });
-            let body = futures::stream::poll_fn(move |cx| {
-                rx.poll_recv(cx).map(|line| line.map(Ok::<_, Infallible>))
-            });
-            return Response::builder()
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from_stream(body))
-                .expect("watch response");
-        }
-        let labels = query.get("labelSelector").cloned().unwrap_or_default();
-        let fields = query.get("fieldSelector").cloned().unwrap_or_default();
-        let matching: Vec<Value> = r
-            .items
-            .values()
-            .filter(|o| labels_match(o, &labels) && fields_match(o, &fields))
-            .map(|o| {
-                // Like a real server, list items carry no apiVersion/kind.
-                let mut o = o.clone();
-                if let Some(map) = o.as_object_mut() {
-                    map.remove("apiVersion");
-                    map.remove("kind");
-                }
-                o
-            })
-            .collect();
-        let start: usize = query
-            .get("continue")
-            .map(|c| c.parse().expect("our continue token"))
-            .unwrap_or(0);
-        let limit: usize = query
-            .get("limit")
-            .map(|l| l.parse().expect("limit"))
-            .filter(|l| *l > 0)
-            .unwrap_or(usize::MAX);
-        let end = start.saturating_add(limit).min(matching.len());
-        let mut metadata = json!({ "resourceVersion": rv.to_string() });
-        if end < matching.len() {
-            metadata["continue"] = json!(end.to_string());
-        }
-        let list = json!({
-            "apiVersion": r.api_version,
-            "kind": format!("{}List", r.kind),
-            "metadata": metadata,
-            "items": matching[start.min(end)..end],
-        });
-        let _ = r.requests.send(Req { watch, query });
-        Response::builder()
-            .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(list.to_string()))
-            .expect("list response")
-    }
-
-    /// Stores `obj` (without telling watchers) and returns it with its new resourceVersion.
-    fn put(&self, res: &str, mut obj: Value) -> Value {
-        let mut inner = self.lock();
-        inner.rv += 1;
-        obj["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
-        let r = inner.res.get_mut(res).expect("known resource");
-        obj["apiVersion"] = json!(r.api_version);
-        obj["kind"] = json!(r.kind);
-        r.items.insert(key(&obj), obj.clone());
-        obj
-    }
-
-    /// Removes an object without telling watchers.
-    fn remove(&self, res: &str, key: &str) -> Value {
-        let mut inner = self.lock();
-        inner.rv += 1;
-        let rv = inner.rv;
-        let r = inner.res.get_mut(res).expect("known resource");
-        let mut obj = r.items.remove(key).expect("object to remove exists");
-        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        obj
-    }
-
-    fn send_line(&self, res: &str, event: Value) {
-        let inner = self.lock();
-        let watch = inner.res[res].watch.as_ref().expect("a watch is open");
-        watch.send(format!("{event}\n")).expect("watch still open");
-    }
-
-    /// Changes the object and sends ADDED/MODIFIED on the open watch; returns its resourceVersion.
-    fn apply(&self, res: &str, kind: &str, obj: Value) -> String {
-        let obj = self.put(res, obj);
-        self.send_line(res, json!({ "type": kind, "object": obj }));
-        obj["metadata"]["resourceVersion"]
-            .as_str()
-            .expect("rv")
-            .to_owned()
-    }
-
-    /// Deletes the object and sends DELETED on the open watch.
-    fn delete(&self, res: &str, key: &str) {
-        let obj = self.remove(res, key);
-        self.send_line(res, json!({ "type": "DELETED", "object": obj }));
-    }
-
-    /// Sends `410 Gone` on the open watch, as a server does when the resourceVersion expired.
-    fn expire(&self, res: &str) {
-        self.send_line(
-            res,
-            json!({ "type": "ERROR", "object": {
-                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": "too old resource version", "reason": "Expired", "code": 410 } }),
-        );
-    }
-
-    /// Ends the open watch response cleanly, as a server does at `timeoutSeconds`.
-    fn rv(&self) -> String {
-        self.lock().rv.to_string()
-    }
-
-    fn bookmark(&self, res: &str, rv: &str) {
-        self.send_line(
-            res,
-            json!({ "type": "BOOKMARK", "object": { "kind": "Service", "apiVersion": "v1",
-                    "metadata": { "resourceVersion": rv } } }),
-        );
-    }
-
-    fn close_watch(&self, res: &str) {
-        self.lock().res.get_mut(res).expect("known resource").watch = None;
-    }
-}
+// Objects
 
 fn svc(name: &str, labels: Value) -> Value {
     json!({ "metadata": { "namespace": "default", "name": name, "labels": labels },
@@ -398,13 +127,14 @@ impl Proxy {
 // Harness
 
 struct Harness {
-    fake: Fake,
-    requests: HashMap<&'static str, mpsc::UnboundedReceiver<Req>>,
+    fake: FakeApiServer,
+    requests: HashMap<&'static str, mpsc::UnboundedReceiver<Request>>,
     proxy: Proxy,
     backend: SocketAddr,
     rx: Option<mpsc::Receiver<SourceEvent>>,
     shutdown: CancellationToken,
     task: Option<JoinHandle<Result<(), ApiError>>>,
+    metrics: Option<ApiMetrics>,
 }
 
 impl Harness {
@@ -414,7 +144,11 @@ impl Harness {
 
     /// A fake API server that serves ServiceCIDRs (`service_cidrs`) or not.
     async fn serving(service_cidrs: bool) -> Self {
-        let (fake, requests) = Fake::new();
+        let fake = FakeApiServer::new(100);
+        let requests = [SERVICES, SLICES, NODES, SERVICE_CIDRS]
+            .into_iter()
+            .map(|res| (res, fake.requests(res)))
+            .collect();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake");
         let backend = listener.local_addr().expect("fake address");
         let app = fake.router(service_cidrs);
@@ -430,6 +164,7 @@ impl Harness {
             rx: None,
             shutdown: CancellationToken::new(),
             task: None,
+            metrics: None,
         }
     }
 
@@ -447,10 +182,11 @@ impl Harness {
     fn start_source(&mut self, source: ApiSource) {
         let (tx, rx) = mpsc::channel(64);
         self.rx = Some(rx);
+        self.metrics = Some(source.metrics());
         self.task = Some(tokio::spawn(source.run(tx, self.shutdown.clone())));
     }
 
-    async fn next_request(&mut self, res: &str) -> Req {
+    async fn next_request(&mut self, res: &str) -> Request {
         let rx = self.requests.get_mut(res).expect("known resource");
         timeout(WAIT, rx.recv())
             .await
@@ -459,7 +195,7 @@ impl Harness {
     }
 
     /// Waits for the next watch on `res`, asserting no list happens before it.
-    async fn expect_watch(&mut self, res: &str) -> Req {
+    async fn expect_watch(&mut self, res: &str) -> Request {
         let req = self.next_request(res).await;
         assert!(req.watch, "{res}: expected a watch, got a list {req:?}");
         req
@@ -523,6 +259,37 @@ impl Harness {
         events
     }
 
+    /// The source's metrics as `/metrics` shows them.
+    fn metrics_text(&self) -> String {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = self.metrics.as_ref().expect("started");
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        text
+    }
+
+    /// Asserts that the source's metrics have every line.
+    fn assert_metrics(&self, lines: &[&str]) {
+        let text = self.metrics_text();
+        for line in lines {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
+    }
+
+    /// Waits (bounded) until the source's metrics have `line`.
+    async fn eventually_metric(&self, line: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !self.metrics_text().contains(line) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{line} never showed in:\n{}",
+                self.metrics_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn stop(mut self) {
         self.shutdown.cancel();
         let task = self.task.take().expect("started");
@@ -573,7 +340,7 @@ fn no_deletions(events: &[String]) {
 }
 
 /// The usual cluster: two Services and a slice the proxy handles, plus objects it must not see.
-fn seed(fake: &Fake) {
+fn seed(fake: &FakeApiServer) {
     fake.put(SERVICES, svc("a", json!({})));
     fake.put(SERVICES, svc("b", json!({})));
     fake.put(
@@ -758,7 +525,7 @@ async fn dropped_connections_resume_without_relist_or_deletions() {
     // The server ends the watch response cleanly (as at timeoutSeconds): resume from the last
     // resourceVersion seen, here a bookmark's.
     h.fake.bookmark(SERVICES, "5000");
-    h.fake.close_watch(SERVICES);
+    h.fake.close_watches(SERVICES);
     let watch = h.expect_watch(SERVICES).await;
     assert_eq!(watch.param("resourceVersion"), Some("5000"));
     let rv = h
@@ -797,6 +564,7 @@ async fn unreachable_server_deletes_nothing_and_converges_after() {
     h.proxy.down().await;
     h.assert_quiet().await;
     h.assert_quiet().await;
+    h.assert_metrics(&["kube_proxy_rs_api_server_unreachable 1\n"]);
     // Meanwhile b is deleted on the server.
     h.fake.remove(SERVICES, "default/b");
     h.proxy.up().await;
@@ -816,8 +584,50 @@ async fn unreachable_server_deletes_nothing_and_converges_after() {
             "Service synced"
         ]
     );
+    // One outage, ended by the first answer; one relist.
+    h.assert_metrics(&[
+        "kube_proxy_rs_api_server_unreachable 0\n",
+        "kube_proxy_rs_api_server_outages_total 1\n",
+        "kube_proxy_rs_api_server_outage_duration_seconds_count 1\n",
+        "kube_proxy_rs_watch_relists_total{kind=\"Service\"} 1\n",
+        "kube_proxy_rs_watch_failures_total{kind=\"Service\",reason=\"expired\"} 1\n",
+    ]);
+    // Every broken watch is back: the relisted one, and the resumed ones (open, quiet).
+    h.eventually_metric("kube_proxy_rs_api_server_recovery_duration_seconds_count 1\n")
+        .await;
     h.fake.apply(NODES, "MODIFIED", node("node-a", "zone-3"));
     assert_eq!(h.recv().await, "Node applied node-a");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn expired_relists_at_once_whatever_the_backoff() {
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    // A retry delay far longer than the test waits for anything: only a relist that does not
+    // wait for it passes.
+    h.start(|s| s.retry(RetryPolicy::fixed(Duration::from_secs(600))));
+    h.initial_sync().await;
+    h.fake.remove(SERVICES, "default/b");
+    h.fake.expire(SERVICES);
+    let events = h.until_synced(1).await;
+    assert_eq!(
+        events,
+        [
+            "Service applied default/a",
+            "Service deleted default/b",
+            "Service synced"
+        ]
+    );
+    // The relisted watch is open: it delivers.
+    while !h.next_request(SERVICES).await.watch {}
+    h.fake.apply(SERVICES, "ADDED", svc("c", json!({})));
+    assert_eq!(h.recv().await, "Service applied default/c");
+    h.assert_metrics(&[
+        "kube_proxy_rs_watch_relists_total{kind=\"Service\"} 1\n",
+        "kube_proxy_rs_watch_failures_total{kind=\"Service\",reason=\"expired\"} 1\n",
+        "kube_proxy_rs_api_server_outages_total 0\n",
+    ]);
     h.stop().await;
 }
 

@@ -125,6 +125,12 @@ pub enum TestbedError {
         /// What is known about the end.
         detail: String,
     },
+    /// The fake API server process did not start, or was driven wrongly.
+    #[error("fake API server: {detail}")]
+    ApiServer {
+        /// What went wrong.
+        detail: String,
+    },
     /// Reading or writing a helper process's pipes failed.
     #[error("talking to a helper process failed: {0}")]
     Io(#[from] std::io::Error),

@@ -81,6 +81,7 @@
 //! ```
 
 pub mod addresses;
+pub mod apiserver;
 mod cluster;
 mod command;
 mod echo;

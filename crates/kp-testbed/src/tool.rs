@@ -89,6 +89,16 @@ enum Command {
         #[arg(long = "timeout-ms", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_ms: u64,
     },
+    /// Serves a fake Kubernetes API server (list/watch of Services, EndpointSlices, Nodes,
+    /// ServiceCIDRs) fed with objects on stdin; see [`crate::apiserver::serve_commands`].
+    Apiserver {
+        /// The address to listen on.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Where the server's history starts: watches from older versions get 410 Gone.
+        #[arg(long = "first-resource-version", default_value_t = 1)]
+        first_resource_version: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -99,7 +109,7 @@ enum ProbeProtocol {
 }
 
 /// Runs the tool with command-line `args`, the first being the program name as in
-/// `std::env::args_os()`: `serve`, `probe` or `session` and their flags. Bad arguments
+/// `std::env::args_os()`: `serve`, `probe`, `session` or `apiserver` and their flags. Bad arguments
 /// print clap's usage and exit the process (status 2), as a binary's `main` would.
 pub fn main<I, T>(args: I) -> ExitCode
 where
@@ -136,6 +146,10 @@ where
             })
         }
         Command::Session { to, timeout_ms } => session(to, Duration::from_millis(timeout_ms)),
+        Command::Apiserver {
+            listen,
+            first_resource_version,
+        } => crate::apiserver::serve_commands(listen, first_resource_version),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -201,7 +201,8 @@ async fn spawn_source(
     let client = kp_sources::api::client(&options)
         .await
         .context("connecting to the API server")?;
-    let source = kp_sources::api::ApiSource::new(client, node_name.to_string());
+    let source =
+        kp_sources::api::ApiSource::new(client, node_name.to_string()).register_metrics(registry);
     Ok(tokio::spawn(async move {
         if let Err(error) = source.run(tx, shutdown).await {
             tracing::error!(%error, "API source stopped; keeping the last state");

@@ -114,7 +114,10 @@ fn rootfs() -> &'static Path {
 }
 
 /// The traffic suite's launcher for this test: the binary as the image runs it.
-fn in_image(command: &mut Command, manifests: &Path, state: &Path) {
+fn in_image(command: &mut Command, source: &support::Source<'_>, state: &Path) {
+    let support::Source::Manifests(manifests) = source else {
+        panic!("the image test runs the proxy on manifests only, not {source:?}");
+    };
     command
         .env_clear()
         .env("PATH", IMAGE_PATH)
@@ -124,7 +127,7 @@ fn in_image(command: &mut Command, manifests: &Path, state: &Path) {
         .arg(manifests)
         .arg(state)
         .arg(IMAGE_BINARY)
-        .arg(format!("--manifests={IMAGE_MANIFESTS}"));
+        .arg(source.flag(Path::new(IMAGE_MANIFESTS)));
 }
 
 /// Every proxy this process starts runs in the image.

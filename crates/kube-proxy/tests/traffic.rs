@@ -112,28 +112,15 @@ mode_tests!(userspace, Mode::Userspace);
 /// differences are stated in each scenario where the mode is matched.
 mod ipvs {
     use crate::scenarios;
-    use crate::support::{KUBE_PROXY, Mode};
+    use crate::support::{Mode, ipvs_vm};
 
     const MODE: Mode = Mode::Ipvs;
     /// The ignored scenarios below: every one must pass inside the VM.
     const GUEST_TESTS: usize = 12;
-    /// Debian's perl-base modules (IO::Socket::INET for the HTTP probe).
-    const PERL_BASE: &str = "/usr/lib/x86_64-linux-gnu/perl-base";
 
     #[test]
     fn ipvs_scenarios_in_the_vm() {
-        let echo = kp_testbed::echo_binary().unwrap_or_else(|e| panic!("{e}"));
-        let out = kp_vm::Vm::from_env()
-            .iptables()
-            .program("ipvsadm")
-            .program("ipset")
-            .program("conntrack")
-            .program("nft")
-            // The HTTP probe (health-check node ports, metrics) is a perl one-liner.
-            .program("perl")
-            .directory(PERL_BASE)
-            .program(KUBE_PROXY)
-            .program(&echo.to_string_lossy())
+        let out = ipvs_vm()
             .run_current_exe(&["--ignored", "--test-threads=1", "ipvs::"])
             .unwrap_or_else(|e| panic!("the IPVS VM did not run: {e}"));
         println!("VM run took {:.1} s", out.elapsed.as_secs_f64());

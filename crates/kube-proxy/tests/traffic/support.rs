@@ -409,6 +409,8 @@ pub struct Flags {
     pub cluster_cidr: Option<&'static str>,
     /// Further flags, e.g. `--masquerade-all`.
     pub extra: Vec<String>,
+    /// `--master=URL`: watch this API server instead of reading the manifests directory.
+    pub master: Option<String>,
 }
 
 impl Flags {
@@ -416,8 +418,15 @@ impl Flags {
     pub fn cluster_cidr(cidr: &'static str) -> Self {
         Self {
             cluster_cidr: Some(cidr),
-            extra: Vec::new(),
+            ..Self::default()
         }
+    }
+
+    /// Watch the API server at `url` (`--master`) instead of the manifests.
+    #[allow(dead_code, reason = "the fault suite's")]
+    pub fn master(mut self, url: String) -> Self {
+        self.master = Some(url);
+        self
     }
 
     /// Adds a flag (`--name=value` or a bare `--name`).
@@ -430,7 +439,26 @@ impl Flags {
 /// Appends the binary under test to `ip netns exec NODE`, with `--manifests` pointing at
 /// `manifests` and its record of changed kernel settings kept in `state`; the proxy's other
 /// flags follow.
-pub type Launcher = fn(command: &mut Command, manifests: &Path, state: &Path);
+pub type Launcher = fn(command: &mut Command, source: &Source<'_>, state: &Path);
+
+/// Where the proxy under test reads its objects from.
+#[derive(Debug)]
+pub enum Source<'a> {
+    /// `--manifests=PATH`.
+    Manifests(&'a Path),
+    /// `--master=URL` (a list/watch server).
+    Master(&'a str),
+}
+
+impl Source<'_> {
+    /// The flag naming this source, with `manifests` as the path the proxy sees.
+    pub fn flag(&self, manifests: &Path) -> String {
+        match self {
+            Source::Manifests(_) => format!("--manifests={}", manifests.display()),
+            Source::Master(url) => format!("--master={url}"),
+        }
+    }
+}
 
 /// How this test process starts the proxy: [`run_built_binary`] unless [`set_launcher`] chose
 /// another way (the image test runs it chrooted into the runtime image).
@@ -446,10 +474,14 @@ pub fn set_launcher(launcher: Launcher) {
 }
 
 /// The default [`Launcher`]: the binary cargo built, as it is.
-fn run_built_binary(command: &mut Command, manifests: &Path, state: &Path) {
+fn run_built_binary(command: &mut Command, source: &Source<'_>, state: &Path) {
+    let manifests = match source {
+        Source::Manifests(path) => *path,
+        Source::Master(_) => Path::new(""),
+    };
     command
         .arg(KUBE_PROXY)
-        .arg(format!("--manifests={}", manifests.display()))
+        .arg(source.flag(manifests))
         .env(kp_dataplane::sysctls::STATE_DIR_ENV, state);
 }
 
@@ -461,11 +493,14 @@ pub struct Proxy {
     lines: mpsc::Receiver<String>,
     log: Arc<Mutex<Vec<String>>>,
     metrics: SocketAddr,
+    #[allow(dead_code, reason = "the fault suite's")]
+    healthz: SocketAddr,
 }
 
 impl Proxy {
-    /// Starts `kube-proxy --manifests DIR --proxy-mode=<mode>` inside the node namespace,
-    /// keeping its record of changed kernel settings in `state` (not the host's `/run`).
+    /// Starts `kube-proxy --manifests DIR --proxy-mode=<mode>` (or `--master` from `flags`)
+    /// inside the node namespace, keeping its record of changed kernel settings in `state`
+    /// (not the host's `/run`).
     pub fn start(
         mode: Mode,
         cluster: &Cluster,
@@ -474,15 +509,20 @@ impl Proxy {
         flags: &Flags,
     ) -> Self {
         let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
+        let healthz = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
+        let source = match &flags.master {
+            Some(url) => Source::Master(url),
+            None => Source::Manifests(manifests),
+        };
         let mut command = Command::new("ip");
         command.args(["netns", "exec", cluster.node_ns()]);
-        LAUNCHER.get().copied().unwrap_or(run_built_binary)(&mut command, manifests, state);
+        LAUNCHER.get().copied().unwrap_or(run_built_binary)(&mut command, &source, state);
         command
             .arg(format!("--proxy-mode={}", mode.name()))
             .arg(format!("--hostname-override={THIS_NODE}"))
             .args(flags.cluster_cidr.map(|c| format!("--cluster-cidr={c}")))
             .arg("--conntrack-max-per-core=0")
-            .arg(format!("--healthz-bind-address=127.0.0.1:{}", free_port()))
+            .arg(format!("--healthz-bind-address={healthz}"))
             .arg(format!("--metrics-bind-address={metrics}"))
             .arg("-v=2")
             .args(mode.flags())
@@ -512,12 +552,43 @@ impl Proxy {
             lines,
             log,
             metrics,
+            healthz,
         }
+    }
+
+    /// Like [`Proxy::start`], then waits for the first sync, and checks that ipvs mode did
+    /// not fall back to iptables.
+    pub fn start_synced(
+        mode: Mode,
+        cluster: &Cluster,
+        manifests: &Path,
+        state: &Path,
+        flags: &Flags,
+    ) -> Self {
+        let mut proxy = Self::start(mode, cluster, manifests, state, flags);
+        proxy.wait_first_sync();
+        if mode == Mode::Ipvs {
+            // A kernel without IPVS makes the binary fall back to iptables: not this mode.
+            assert!(
+                !proxy
+                    .logged(|l| l.contains("Using ipvs Proxier"))
+                    .is_empty(),
+                "ipvs mode must be used (no fallback):\n{}",
+                proxy.tail()
+            );
+        }
+        proxy
     }
 
     /// The address of the metrics server (inside the node namespace).
     pub fn metrics_address(&self) -> SocketAddr {
         self.metrics
+    }
+
+    /// The address of the health server (inside the node namespace).
+    #[allow(dead_code, reason = "the fault suite's")]
+    pub fn healthz_address(&self) -> SocketAddr {
+        self.healthz
     }
 
     /// Every line logged so far that `matches` accepts.
@@ -569,6 +640,13 @@ impl Proxy {
         })
     }
 
+    /// SIGKILL, and waits for the exit: none of the proxy's own shutdown runs.
+    #[allow(dead_code, reason = "the fault suite's")]
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM, then waits (bounded) for the exit.
     pub fn terminate(mut self) -> ExitStatus {
         let pid = self.child.id().to_string();
@@ -597,6 +675,29 @@ impl Drop for Proxy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The test VM with everything ipvs-mode scenarios run: the proxy, the echo helper, the
+/// ipvs, ipset, iptables, conntrack and nft tools, and perl for the HTTP probe.
+#[allow(
+    dead_code,
+    reason = "the ipvs scenarios' of the traffic and fault suites"
+)]
+pub fn ipvs_vm() -> kp_vm::Vm {
+    /// Debian's perl-base modules (IO::Socket::INET for the HTTP probe).
+    const PERL_BASE: &str = "/usr/lib/x86_64-linux-gnu/perl-base";
+    let echo = kp_testbed::echo_binary().unwrap_or_else(|e| panic!("{e}"));
+    kp_vm::Vm::from_env()
+        .iptables()
+        .program("ipvsadm")
+        .program("ipset")
+        .program("conntrack")
+        .program("nft")
+        // The HTTP probe (health-check node ports, metrics) is a perl one-liner.
+        .program("perl")
+        .directory(PERL_BASE)
+        .program(KUBE_PROXY)
+        .program(&echo.to_string_lossy())
 }
 
 // --- one scenario's world ----------------------------------------------------------------
@@ -663,25 +764,13 @@ impl Env {
     }
 
     fn start_proxy(&mut self) {
-        let mut proxy = Proxy::start(
+        self.proxy = Some(Proxy::start_synced(
             self.mode,
             &self.cluster,
             self.dir.path(),
             self.state.path(),
             &self.flags,
-        );
-        proxy.wait_first_sync();
-        if self.mode == Mode::Ipvs {
-            // A kernel without IPVS makes the binary fall back to iptables: not this mode.
-            assert!(
-                !proxy
-                    .logged(|l| l.contains("Using ipvs Proxier"))
-                    .is_empty(),
-                "ipvs mode must be used (no fallback):\n{}",
-                proxy.tail()
-            );
-        }
-        self.proxy = Some(proxy);
+        ));
     }
 
     /// The running proxy.

@@ -1,0 +1,318 @@
+//! `kp-churn`: endpoint churn through the API server path, with programming latency and
+//! memory recorded.
+//!
+//! Inside a network namespace it runs the fake API server (`kp-echo apiserver`, from
+//! kp-testbed) holding N generated Services × M endpoints (`generate`), and the real
+//! `kube-proxy` watching it (`--master`, upstream's default 1 s minimum sync period unless
+//! `--min-sync-period` says otherwise). Then it changes one EndpointSlice `--rate` times a
+//! second for `--duration` (round robin over the services; each change replaces an endpoint
+//! address) and records:
+//!
+//! - the programming latency of each change: from sending it to the end of the first sync
+//!   that started after it (the sync's start is its log line's arrival minus its `apply` and
+//!   `backend` times; the event reaches the proxy within milliseconds, so that sync has it);
+//! - the proxy's resident memory (VmRSS) every second, and its peak (VmHWM).
+//!
+//! Measurements, not a test: nothing here judges the numbers.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, ValueEnum};
+use kp_bench::generate::{self, NODE_NAME, Scale, slice_yaml};
+use kp_bench::logs::{self, LogLine};
+use kp_bench::sys::{self, Netns};
+use kp_testbed::apiserver::{FakeApiProcess, yaml_objects};
+
+/// Where the fake API server listens inside the namespace.
+const API_ADDRESS: &str = "127.0.0.1:6443";
+/// How long the first sync may take.
+const FIRST_SYNC_WAIT: Duration = Duration::from_secs(300);
+/// How long the proxy may take to program the last change after the churn ends.
+const DRAIN: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Mode {
+    Iptables,
+    Nftables,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kp-churn",
+    about = "Endpoint churn through the API server: programming latency and memory"
+)]
+struct Args {
+    /// The proxy mode.
+    #[arg(long, value_enum, default_value = "iptables")]
+    mode: Mode,
+    /// Services.
+    #[arg(long, default_value_t = 100)]
+    services: usize,
+    /// Endpoints per service.
+    #[arg(long, default_value_t = 10)]
+    endpoints: usize,
+    /// EndpointSlice changes per second.
+    #[arg(long, default_value_t = 10.0)]
+    rate: f64,
+    /// How long to churn, in seconds.
+    #[arg(long, default_value_t = 60)]
+    duration: u64,
+    /// `--iptables-min-sync-period` (both modes), e.g. `1s` (upstream's default) or `0s`.
+    #[arg(long, default_value = "1s")]
+    min_sync_period: String,
+    /// The kube-proxy binary.
+    #[arg(long, default_value = "target/release/kube-proxy")]
+    binary: PathBuf,
+    /// The kp-echo binary (default: next to this one).
+    #[arg(long)]
+    echo: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("kp-churn: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A completed sync: when its log line arrived and when it started.
+#[derive(Debug, Clone, Copy)]
+struct Sync {
+    start: Instant,
+    end: Instant,
+}
+
+/// The proxy process and its log lines, stamped on arrival.
+struct Proxy {
+    child: Child,
+    lines: mpsc::Receiver<(Instant, String)>,
+}
+
+impl Proxy {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Every completed sync logged until `until`.
+    fn syncs_until(&self, until: Instant, out: &mut Vec<Sync>) {
+        while let Some(left) = until.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok((at, line)) => {
+                    if let Some(sync) = parse_sync(at, &line) {
+                        out.push(sync);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => return,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        sys::kill(self.child.id(), "TERM");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn parse_sync(at: Instant, line: &str) -> Option<Sync> {
+    let parsed = LogLine::parse(line)?;
+    if parsed.message != logs::SYNCED {
+        return None;
+    }
+    let took = parsed.duration("apply")? + parsed.duration("backend")?;
+    Some(Sync {
+        start: at.checked_sub(took)?,
+        end: at,
+    })
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    let scale = Scale::new(args.services, args.endpoints);
+    let echo = match &args.echo {
+        Some(path) => path.clone(),
+        None => kp_testbed::echo_binary().context("the kp-echo binary")?,
+    };
+    let binary = std::fs::canonicalize(&args.binary)
+        .with_context(|| format!("kube-proxy binary {}", args.binary.display()))?;
+    let netns = Netns::create(&format!("kp-churn-{}", std::process::id()))?;
+    let listen: SocketAddr = API_ADDRESS.parse().context("API address")?;
+    let api = FakeApiProcess::start(&echo, netns.name(), listen)?;
+    for (_, text) in generate::generate(scale).files {
+        api.apply_yaml(&text)?;
+    }
+
+    let mode = match args.mode {
+        Mode::Iptables => "iptables",
+        Mode::Nftables => "nftables",
+    };
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", netns.name()])
+        .arg(&binary)
+        .arg(format!("--master={}", api.url()))
+        .arg(format!("--proxy-mode={mode}"))
+        .arg(format!("--hostname-override={NODE_NAME}"))
+        .arg("--cluster-cidr=10.128.0.0/9")
+        .arg("--conntrack-max-per-core=0")
+        .arg(format!(
+            "--iptables-min-sync-period={}",
+            args.min_sync_period
+        ))
+        .arg("--healthz-bind-address=127.0.0.1:10256")
+        .arg("--metrics-bind-address=127.0.0.1:10249")
+        .arg("-v=2")
+        .env(
+            kp_dataplane::sysctls::STATE_DIR_ENV,
+            netns.state_dir().as_os_str(),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting kube-proxy")?;
+    let stderr = child.stderr.take().context("stderr is piped")?;
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    let proxy = Proxy { child, lines };
+
+    let started = Instant::now();
+    loop {
+        let Some(left) = (started + FIRST_SYNC_WAIT).checked_duration_since(Instant::now()) else {
+            bail!("no first sync within {FIRST_SYNC_WAIT:?}");
+        };
+        match proxy.lines.recv_timeout(left) {
+            Ok((_, line)) if line.contains(logs::FIRST_SYNC) => break,
+            Ok(_) => {}
+            Err(_) => bail!("kube-proxy exited or stayed silent before its first sync"),
+        }
+    }
+    println!(
+        "kp-churn: {mode}, {}×{} (first sync after {:.1} s), {} changes/s for {} s, min sync period {}, load {}",
+        args.services,
+        args.endpoints,
+        started.elapsed().as_secs_f64(),
+        args.rate,
+        args.duration,
+        args.min_sync_period,
+        sys::load()
+    );
+
+    let rss_start = sys::vm_rss_kib(proxy.pid()).unwrap_or(0);
+    let interval = Duration::from_secs_f64(1.0 / args.rate.max(0.01));
+    let churn_end = Instant::now() + Duration::from_secs(args.duration);
+    let mut changes: Vec<Instant> = Vec::new();
+    let mut syncs: Vec<Sync> = Vec::new();
+    let mut rss: Vec<(f64, u64)> = Vec::new();
+    let mut next_sample = Instant::now();
+    let mut next_change = Instant::now();
+    let mut generation = 0;
+    while Instant::now() < churn_end {
+        if Instant::now() >= next_sample {
+            let at = Instant::now().duration_since(started).as_secs_f64();
+            rss.push((at, sys::vm_rss_kib(proxy.pid()).unwrap_or(0)));
+            next_sample += Duration::from_secs(1);
+        }
+        let service = changes.len() % args.services.max(1);
+        if service == 0 {
+            generation += 1;
+        }
+        let slice = slice_yaml(scale, service, Some(generation));
+        let objects = yaml_objects(&slice).map_err(anyhow::Error::msg)?;
+        for obj in objects {
+            api.apply(obj)?;
+        }
+        changes.push(Instant::now());
+        next_change += interval;
+        proxy.syncs_until(next_change, &mut syncs);
+    }
+    proxy.syncs_until(Instant::now() + DRAIN, &mut syncs);
+    let rss_end = sys::vm_rss_kib(proxy.pid()).unwrap_or(0);
+    let peak = sys::vm_hwm_kib(proxy.pid()).unwrap_or(0);
+
+    let mut latencies: Vec<Duration> = Vec::new();
+    let mut unprogrammed = 0;
+    for sent in &changes {
+        match syncs.iter().find(|s| s.start >= *sent) {
+            Some(sync) => latencies.push(sync.end.duration_since(*sent)),
+            None => unprogrammed += 1,
+        }
+    }
+    latencies.sort();
+    let quantile = |q: f64| -> Duration {
+        let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
+        latencies.get(i).copied().unwrap_or_default()
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "changes {} (not seen programmed: {unprogrammed}), syncs {}",
+        changes.len(),
+        syncs.len()
+    );
+    println!(
+        "programming latency ms: p50 {:.0}  p90 {:.0}  p99 {:.0}  max {:.0}",
+        ms(quantile(0.5)),
+        ms(quantile(0.9)),
+        ms(quantile(0.99)),
+        ms(quantile(1.0))
+    );
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!(
+        "RSS MiB: at start {:.1}, at end {:.1}, peak {:.1}; slope {:+.3} MiB/min over the churn",
+        mib(rss_start),
+        mib(rss_end),
+        mib(peak),
+        slope(&rss) * 60.0 / 1024.0
+    );
+    let samples: Vec<String> = rss
+        .iter()
+        .step_by(10)
+        .map(|(t, kib)| format!("{t:.0}s {:.1}", mib(*kib)))
+        .collect();
+    println!("RSS MiB every 10 s: {}", samples.join(", "));
+    drop(proxy);
+    drop(api);
+    drop(netns);
+    Ok(())
+}
+
+/// Least-squares slope of `(seconds, KiB)` samples, in KiB per second.
+fn slope(samples: &[(f64, u64)]) -> f64 {
+    let n = samples.len() as f64;
+    if n < 2.0 {
+        return 0.0;
+    }
+    let mean_t = samples.iter().map(|(t, _)| t).sum::<f64>() / n;
+    let mean_v = samples.iter().map(|(_, v)| *v as f64).sum::<f64>() / n;
+    let (num, den) = samples.iter().fold((0.0, 0.0), |(num, den), (t, v)| {
+        (
+            num + (t - mean_t) * (*v as f64 - mean_v),
+            den + (t - mean_t).powi(2),
+        )
+    });
+    if den == 0.0 { 0.0 } else { num / den }
+}
