@@ -95,9 +95,10 @@ struct ServiceBody<'a> {
 
 impl ServiceHealthServers {
     /// Listens on `addresses`: the node IPs allowed by `nodePortAddresses`, or `0.0.0.0`
-    /// when unrestricted (an empty list means that too). On Linux with the default
-    /// `net.ipv6.bindv6only=0`, `::` also accepts IPv4, which is how Go's unspecified
-    /// listener serves dual-stack nodes.
+    /// when unrestricted (an empty list means that too). In a list, `::` stands for every
+    /// IPv6 address and is bound IPv6-only, so it neither takes IPv4 connections nor
+    /// collides with the listed IPv4 addresses (a family nodePortAddresses does not
+    /// restrict is unrestricted, as upstream).
     ///
     /// `health` is the proxy health: a service is only reported healthy while the proxy is
     /// (node eligibility is not considered, as upstream).
@@ -222,14 +223,11 @@ impl ServiceHealthServers {
         let mut listeners = Vec::with_capacity(self.addresses.len());
         for ip in &self.addresses {
             let addr = SocketAddr::new(*ip, port);
-            let listener =
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| ServiceHealthError::Bind {
-                        service: service.clone(),
-                        addr,
-                        source,
-                    })?;
+            let listener = bind(addr).map_err(|source| ServiceHealthError::Bind {
+                service: service.clone(),
+                addr,
+                source,
+            })?;
             listeners.push(listener);
         }
         let state = ServiceState {
@@ -249,6 +247,23 @@ impl ServiceHealthServers {
         }
         Ok(stop)
     }
+}
+
+/// Binds `addr` as tokio's `TcpListener::bind` does (address reuse, so a restart does not
+/// wait for TIME_WAIT), IPv6 sockets IPv6-only.
+fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    /// The backlog tokio uses.
+    const BACKLOG: i32 = 1024;
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    TcpListener::from_std(socket.into())
 }
 
 async fn service_health(State(state): State<ServiceState>) -> Response {

@@ -1,0 +1,217 @@
+//! The start-up wait for this node's Node object, as upstream's node manager does it before
+//! the proxier is built: poll for the Node every [`DEFAULT_NODE_POLL_INTERVAL`] until it exists
+//! and lists an IP (`InternalIP`/`ExternalIP`), for at most [`DEFAULT_NODE_IPS_TIMEOUT`].
+//! Running out of time is not fatal (upstream kept going for backward compatibility): the
+//! caller falls back to `bindAddress` or loopback. This is separate from the watchers in
+//! [`crate::api`], which keep reporting the Node afterwards.
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kp_core::model::{host_ips, node_info};
+use kube::Api;
+use tokio_util::sync::CancellationToken;
+
+/// Upstream polls its Node informer's cache once a second.
+pub const DEFAULT_NODE_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Upstream gives up waiting for the Node's IPs after 30 seconds and starts anyway.
+pub const DEFAULT_NODE_IPS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the wait ended with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeWait {
+    /// The Node, with at least one IP.
+    Found(Node),
+    /// The Node exists but lists no IP (the time ran out, or shutdown).
+    WithoutIps(Node),
+    /// No Node of that name was seen (the time ran out, or shutdown).
+    Missing,
+}
+
+impl NodeWait {
+    /// The Node, if one was seen.
+    pub fn node(&self) -> Option<&Node> {
+        match self {
+            NodeWait::Found(node) | NodeWait::WithoutIps(node) => Some(node),
+            NodeWait::Missing => None,
+        }
+    }
+}
+
+/// Whether `node` lists an IP kube-proxy can use as node IP.
+pub fn has_ips(node: &Node) -> bool {
+    !host_ips(&node_info(node).addresses).is_empty()
+}
+
+/// Polls `fetch` (the Node, or `None` while it does not exist or cannot be read) until it
+/// returns a Node with an IP, every `interval` for at most `timeout` or until `shutdown`.
+/// The first poll is immediate. Logs upstream's lines when the time runs out.
+pub async fn wait_for_node<F, Fut>(
+    node_name: &str,
+    mut fetch: F,
+    interval: Duration,
+    timeout: Duration,
+    shutdown: &CancellationToken,
+) -> NodeWait
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<Node>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = None;
+    loop {
+        if let Some(node) = fetch().await {
+            if has_ips(&node) {
+                return NodeWait::Found(node);
+            }
+            last = Some(node);
+        }
+        let next = tokio::time::Instant::now() + interval;
+        if next > deadline {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = shutdown.cancelled() => break,
+        }
+    }
+    match last {
+        None => {
+            tracing::error!(node = node_name, "Timed out waiting for node to exist");
+            NodeWait::Missing
+        }
+        Some(node) => {
+            tracing::error!(
+                node = node_name,
+                "Timed out waiting for node to be assigned IPs"
+            );
+            NodeWait::WithoutIps(node)
+        }
+    }
+}
+
+/// [`wait_for_node`] against the API server: `GET /api/v1/nodes/NAME`. A failed request
+/// counts as "not there yet" (logged at `-v=2`), as upstream's informer keeps retrying.
+pub async fn wait_for_api_node(
+    client: kube::Client,
+    node_name: &str,
+    interval: Duration,
+    timeout: Duration,
+    shutdown: &CancellationToken,
+) -> NodeWait {
+    let nodes: Api<Node> = Api::all(client);
+    let fetch = || {
+        let nodes = nodes.clone();
+        async move {
+            match nodes.get_opt(node_name).await {
+                Ok(node) => node,
+                Err(error) => {
+                    tracing::debug!(%error, node = node_name, "cannot read the Node yet");
+                    None
+                }
+            }
+        }
+    };
+    wait_for_node(node_name, fetch, interval, timeout, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn node(addresses: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                ..ObjectMeta::default()
+            },
+            status: Some(NodeStatus {
+                addresses: Some(
+                    addresses
+                        .iter()
+                        .map(|(kind, address)| NodeAddress {
+                            type_: (*kind).into(),
+                            address: (*address).into(),
+                        })
+                        .collect(),
+                ),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_until_the_node_has_an_ip() {
+        let calls = AtomicUsize::new(0);
+        let started = tokio::time::Instant::now();
+        let wait = wait_for_node(
+            "n1",
+            || {
+                let call = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    match call {
+                        0 => None,
+                        1 | 2 => Some(node(&[("Hostname", "n1")])),
+                        _ => Some(node(&[("InternalIP", "10.0.0.5")])),
+                    }
+                }
+            },
+            DEFAULT_NODE_POLL_INTERVAL,
+            DEFAULT_NODE_IPS_TIMEOUT,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(wait, NodeWait::Found(node(&[("InternalIP", "10.0.0.5")])));
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        assert_eq!(started.elapsed(), DEFAULT_NODE_POLL_INTERVAL * 3);
+    }
+
+    /// Waits with upstream's timing for a Node that never exists.
+    async fn wait_for_nothing(shutdown: &CancellationToken) -> NodeWait {
+        wait_for_node(
+            "n1",
+            || async { None },
+            DEFAULT_NODE_POLL_INTERVAL,
+            DEFAULT_NODE_IPS_TIMEOUT,
+            shutdown,
+        )
+        .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gives_up_after_the_timeout() {
+        let started = tokio::time::Instant::now();
+        let shutdown = CancellationToken::new();
+        let missing = wait_for_nothing(&shutdown).await;
+        assert_eq!(missing, NodeWait::Missing);
+        assert_eq!(started.elapsed(), DEFAULT_NODE_IPS_TIMEOUT);
+
+        let bare = node(&[("Hostname", "n1")]);
+        let without = wait_for_node(
+            "n1",
+            || async { Some(node(&[("Hostname", "n1")])) },
+            DEFAULT_NODE_POLL_INTERVAL,
+            Duration::from_secs(3),
+            &shutdown,
+        )
+        .await;
+        assert_eq!(without, NodeWait::WithoutIps(bare));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_ends_the_wait() {
+        let shutdown = CancellationToken::new();
+        shutdown.cancel();
+        let started = tokio::time::Instant::now();
+        let wait = wait_for_nothing(&shutdown).await;
+        assert_eq!(wait, NodeWait::Missing);
+        assert!(started.elapsed() < DEFAULT_NODE_POLL_INTERVAL);
+    }
+}
