@@ -74,6 +74,12 @@ macro_rules! scenario_tests {
         fn unallocated_cluster_ips() {
             scenarios::unallocated_cluster_ips(MODE);
         }
+
+        #[test]
+        $(#[$attr])*
+        fn node_port_address_forms() {
+            scenarios::node_port_address_forms(MODE);
+        }
     };
 }
 
@@ -104,7 +110,7 @@ mod ipvs {
 
     const MODE: Mode = Mode::Ipvs;
     /// The ignored scenarios below: every one must pass inside the VM.
-    const GUEST_TESTS: usize = 10;
+    const GUEST_TESTS: usize = 11;
     /// Debian's perl-base modules (IO::Socket::INET for the HTTP probe).
     const PERL_BASE: &str = "/usr/lib/x86_64-linux-gnu/perl-base";
 
