@@ -84,6 +84,9 @@ fn run(options: Options) -> anyhow::Result<()> {
     let detected = runtime
         .block_on(node_ips::detect(&source, &config, &app::node_name(&config)))
         .context("reading this node's IPs")?;
+    for warning in node_ips::config_warnings(&config, &detected.ips) {
+        tracing::error!(error = %warning, "Kube-proxy configuration may be incomplete or incorrect");
+    }
     let settings = app::Settings::new(&options, config, &detected);
     let node = settings.node().clone();
     match mode {

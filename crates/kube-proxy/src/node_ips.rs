@@ -248,18 +248,79 @@ pub async fn forward_watching(
     }
 }
 
-/// nodePortAddresses resolved for this node: `primary` is each known node IP (as upstream:
-/// a /32 or /128 CIDR of it), a CIDR list selects the node's interface addresses inside it
-/// (one `ip -o addr show`). Per family, as upstream: a family the list has no CIDR for (or a
-/// `0.0.0.0/0`, `::/0` one) is unrestricted, which [`NodePortAddresses`] marks with that
-/// family's unspecified address.
+/// nodePortAddresses as CIDRs: `primary` is each known node IP (as upstream: a /32 or /128
+/// CIDR of it); `None` when unset (every address).
+fn node_port_cidrs(config: &KubeProxyConfiguration, node: &NodeIps) -> Option<Vec<IpNet>> {
+    match config.node_port_addresses() {
+        ConfigAddresses::All => None,
+        ConfigAddresses::Primary => Some(node.known().into_iter().map(IpNet::from).collect()),
+        ConfigAddresses::Cidrs(cidrs) => Some(cidrs),
+    }
+}
+
+/// nodePortAddresses resolved for this node: the node's interface addresses inside
+/// [`node_port_cidrs`] (one `ip -o addr show`). Per family, as upstream: a family the list
+/// has no CIDR for (or a `0.0.0.0/0`, `::/0` one) is unrestricted, which
+/// [`NodePortAddresses`] marks with that family's unspecified address.
 pub fn node_port_addresses(config: &KubeProxyConfiguration, node: &NodeIps) -> NodePortAddresses {
-    let cidrs: Vec<IpNet> = match config.node_port_addresses() {
-        ConfigAddresses::All => return NodePortAddresses::All,
-        ConfigAddresses::Primary => node.known().into_iter().map(IpNet::from).collect(),
-        ConfigAddresses::Cidrs(cidrs) => cidrs,
+    match node_port_cidrs(config, node) {
+        None => NodePortAddresses::All,
+        Some(cidrs) => resolve(&cidrs, &crate::modes::local_addresses()),
+    }
+}
+
+/// Upstream's start-up warnings about nodePortAddresses leaving a family unrestricted
+/// (logged as "Kube-proxy configuration may be incomplete or incorrect").
+pub fn config_warnings(config: &KubeProxyConfiguration, node: &NodeIps) -> Vec<String> {
+    let Some(cidrs) = node_port_cidrs(config, node) else {
+        return vec![
+            "nodePortAddresses is unset; NodePort connections will be accepted on all local \
+             IPs. Consider using `--nodeport-addresses primary`"
+                .to_owned(),
+        ];
     };
-    resolve(&cidrs, &crate::modes::local_addresses())
+    let primary = node.primary;
+    let other = match primary {
+        IpFamily::V4 => IpFamily::V6,
+        IpFamily::V6 => IpFamily::V4,
+    };
+    let of = |family: IpFamily| {
+        cidrs
+            .iter()
+            .filter(|c| IpFamily::of_net(c) == family)
+            .count()
+    };
+    let dual = |nets: &[IpNet]| {
+        let mut families = nets.iter().map(IpFamily::of_net);
+        families
+            .next()
+            .is_some_and(|first| families.any(|f| f != first))
+    };
+    let any_dual_stack = [
+        config.cluster_cidrs(),
+        cidrs.clone(),
+        config.ipvs_exclude_cidrs(),
+    ]
+    .iter()
+    .any(|nets| dual(nets));
+    if any_dual_stack && of(primary) == cidrs.len() {
+        vec![format!(
+            "cluster appears to be dual-stack but nodePortAddresses contains only {} addresses; \
+             NodePort connections will be accepted on all local {} IPs",
+            primary.api_name(),
+            other.api_name()
+        )]
+    } else if of(primary) == 0 {
+        vec![format!(
+            "cluster appears to be {}-primary but nodePortAddresses contains only {} addresses; \
+             NodePort connections will be accepted on all local {} IPs",
+            primary.api_name(),
+            other.api_name(),
+            primary.api_name()
+        )]
+    } else {
+        Vec::new()
+    }
 }
 
 /// [`node_port_addresses`]'s pure part: `cidrs` against the node's `local` addresses.
@@ -404,6 +465,39 @@ mod tests {
         assert!(
             late.check(&SourceEvent::Node(ObjectEvent::Applied(appeared)))
                 .is_some()
+        );
+    }
+
+    #[test]
+    fn warns_as_upstream_when_a_family_is_left_unrestricted() {
+        let config = |yaml: &str| {
+            KubeProxyConfiguration::from_yaml(&format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{yaml}"
+            ))
+            .expect("valid config")
+        };
+        let dual = NodeIps::detect(&[ip("192.168.1.10"), ip("fd00::10")], None);
+        let single = NodeIps::detect(&[ip("192.168.1.10")], None);
+        let unset = config_warnings(&config("mode: iptables\n"), &dual);
+        assert!(
+            unset[0].starts_with("nodePortAddresses is unset"),
+            "{unset:?}"
+        );
+        // nftables' default `primary` on a dual-stack node restricts both families.
+        assert!(config_warnings(&config("mode: nftables\n"), &dual).is_empty());
+        // On a single-stack node with a dual-stack cluster CIDR, IPv6 stays open.
+        let open_v6 = config_warnings(
+            &config("mode: nftables\nclusterCIDR: 10.244.0.0/16,fd00:10:244::/48\n"),
+            &single,
+        );
+        assert!(
+            open_v6[0].contains("dual-stack") && open_v6[0].contains("all local IPv6"),
+            "{open_v6:?}"
+        );
+        let v6_only = config_warnings(&config("nodePortAddresses: [\"fd00::/64\"]\n"), &dual);
+        assert!(
+            v6_only[0].contains("IPv4-primary") && v6_only[0].contains("all local IPv4"),
+            "{v6_only:?}"
         );
     }
 
