@@ -93,17 +93,7 @@ impl Proxy {
     fn terminate(mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "kube-proxy did not exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_exit(&mut self)
     }
 }
 
