@@ -1,6 +1,7 @@
 //! The start-up wait for this node's Node object, as upstream's node manager does it before
 //! the proxier is built: poll for the Node every [`DEFAULT_NODE_POLL_INTERVAL`] until it exists
-//! and lists an IP (`InternalIP`/`ExternalIP`), for at most [`DEFAULT_NODE_IPS_TIMEOUT`].
+//! and lists an IP (`InternalIP`/`ExternalIP`), for at most [`DEFAULT_NODE_IPS_TIMEOUT`] from
+//! the server's first answer (before it, upstream waits for its Node cache to sync).
 //! Running out of time is not fatal (upstream kept going for backward compatibility): the
 //! caller falls back to `bindAddress` or loopback. This is separate from the watchers in
 //! [`crate::api`], which keep reporting the Node afterwards.
@@ -17,6 +18,9 @@ use tokio_util::sync::CancellationToken;
 pub const DEFAULT_NODE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Upstream gives up waiting for the Node's IPs after 30 seconds and starts anyway.
 pub const DEFAULT_NODE_IPS_TIMEOUT: Duration = Duration::from_secs(30);
+/// While the API server cannot be read, one failure in this many is logged (about one line
+/// every half minute at the poll interval).
+const LOG_EVERY_FAILURES: u32 = 30;
 
 /// What the wait ended with.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,10 +48,12 @@ pub fn has_ips(node: &Node) -> bool {
     !host_ips(&node_info(node).addresses).is_empty()
 }
 
-/// Polls `fetch` (the Node, or `None` while it does not exist or cannot be read) until it
-/// returns a Node with an IP, every `interval` for at most `timeout` or until `shutdown`.
-/// The first poll is immediate. Logs upstream's lines when the time runs out.
-pub async fn wait_for_node<F, Fut>(
+/// Polls `fetch` until it returns a Node with an IP, every `interval`, until `shutdown`. As
+/// upstream's informer, the server must answer once first (a failed request, `Err`, is
+/// retried without limit: upstream waits for its Node cache to sync); from that answer on,
+/// the wait lasts at most `timeout`. `Ok(None)` means no such Node (yet). The first poll is
+/// immediate. Logs upstream's lines when the time runs out.
+pub async fn wait_for_node<F, Fut, E>(
     node_name: &str,
     mut fetch: F,
     interval: Duration,
@@ -56,19 +62,34 @@ pub async fn wait_for_node<F, Fut>(
 ) -> NodeWait
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Option<Node>>,
+    Fut: Future<Output = Result<Option<Node>, E>>,
+    E: std::fmt::Display,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
+    let mut deadline = None;
     let mut last = None;
+    let mut failures: u32 = 0;
     loop {
-        if let Some(node) = fetch().await {
-            if has_ips(&node) {
-                return NodeWait::Found(node);
+        match fetch().await {
+            Ok(node) => {
+                let now = tokio::time::Instant::now();
+                deadline.get_or_insert(now + timeout);
+                if let Some(node) = node {
+                    if has_ips(&node) {
+                        return NodeWait::Found(node);
+                    }
+                    last = Some(node);
+                }
             }
-            last = Some(node);
+            Err(error) => {
+                // The first failure and then one in a while, not one line a second.
+                if failures.is_multiple_of(LOG_EVERY_FAILURES) {
+                    tracing::warn!(%error, node = node_name, "cannot read this node's Node yet; retrying");
+                }
+                failures = failures.saturating_add(1);
+            }
         }
         let next = tokio::time::Instant::now() + interval;
-        if next > deadline {
+        if deadline.is_some_and(|deadline| next > deadline) {
             break;
         }
         tokio::select! {
@@ -91,8 +112,8 @@ where
     }
 }
 
-/// [`wait_for_node`] against the API server: `GET /api/v1/nodes/NAME`. A failed request
-/// counts as "not there yet" (logged at `-v=2`), as upstream's informer keeps retrying.
+/// [`wait_for_node`] against the API server: `GET /api/v1/nodes/NAME` (404: no Node yet; any
+/// other failure: the server is not answering yet).
 pub async fn wait_for_api_node(
     client: kube::Client,
     node_name: &str,
@@ -103,15 +124,7 @@ pub async fn wait_for_api_node(
     let nodes: Api<Node> = Api::all(client);
     let fetch = || {
         let nodes = nodes.clone();
-        async move {
-            match nodes.get_opt(node_name).await {
-                Ok(node) => node,
-                Err(error) => {
-                    tracing::debug!(%error, node = node_name, "cannot read the Node yet");
-                    None
-                }
-            }
-        }
+        async move { nodes.get_opt(node_name).await }
     };
     wait_for_node(node_name, fetch, interval, timeout, shutdown).await
 }
@@ -156,11 +169,11 @@ mod tests {
             || {
                 let call = calls.fetch_add(1, Ordering::SeqCst);
                 async move {
-                    match call {
+                    Ok::<_, String>(match call {
                         0 => None,
                         1 | 2 => Some(node(&[("Hostname", "n1")])),
                         _ => Some(node(&[("InternalIP", "10.0.0.5")])),
-                    }
+                    })
                 }
             },
             DEFAULT_NODE_POLL_INTERVAL,
@@ -177,7 +190,7 @@ mod tests {
     async fn wait_for_nothing(shutdown: &CancellationToken) -> NodeWait {
         wait_for_node(
             "n1",
-            || async { None },
+            || async { Ok::<_, String>(None) },
             DEFAULT_NODE_POLL_INTERVAL,
             DEFAULT_NODE_IPS_TIMEOUT,
             shutdown,
@@ -196,13 +209,42 @@ mod tests {
         let bare = node(&[("Hostname", "n1")]);
         let without = wait_for_node(
             "n1",
-            || async { Some(node(&[("Hostname", "n1")])) },
+            || async { Ok::<_, String>(Some(node(&[("Hostname", "n1")]))) },
             DEFAULT_NODE_POLL_INTERVAL,
             Duration::from_secs(3),
             &shutdown,
         )
         .await;
         assert_eq!(without, NodeWait::WithoutIps(bare));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_timeout_starts_once_the_server_answers() {
+        let calls = AtomicUsize::new(0);
+        let started = tokio::time::Instant::now();
+        // Unreachable for two minutes, then no such Node: 120 s + upstream's 30 s.
+        let wait = wait_for_node(
+            "n1",
+            || {
+                let call = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if call < 120 {
+                        Err("connection refused".to_owned())
+                    } else {
+                        Ok(None)
+                    }
+                }
+            },
+            DEFAULT_NODE_POLL_INTERVAL,
+            DEFAULT_NODE_IPS_TIMEOUT,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(wait, NodeWait::Missing);
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_secs(120) + DEFAULT_NODE_IPS_TIMEOUT
+        );
     }
 
     #[tokio::test(start_paused = true)]

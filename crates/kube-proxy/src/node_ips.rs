@@ -1,8 +1,9 @@
 //! This node's IPs, as upstream's node manager (`pkg/proxy`, `NodeManager`) handles them:
 //! read once at start-up, before any backend is built, and never changed while running.
 //!
-//! - Start-up: from the API server, poll for the Node every second for up to 30 s until it
-//!   lists an `InternalIP`/`ExternalIP` (`kp_sources::node`); from `--manifests`, the Node of
+//! - Start-up: from the API server, poll for the Node every second until it lists an
+//!   `InternalIP`/`ExternalIP`, for up to 30 s once the server answers (`kp_sources::node`;
+//!   upstream's node manager waits for its cache to sync first); from `--manifests`, the Node of
 //!   that name in the files' first reading (nobody registers a Node into local files later, so
 //!   there is nothing to wait for). Without one, upstream's fallback applies: a specific
 //!   `bindAddress`, else loopback, with upstream's log lines.
