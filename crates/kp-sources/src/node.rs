@@ -160,91 +160,66 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn waits_until_the_node_has_an_ip() {
+    /// Runs the wait with upstream's timing against `answer(poll number)`; returns what it
+    /// ended with, how many polls it made and how long it took.
+    async fn scripted(
+        answer: impl Fn(usize) -> Result<Option<Node>, String>,
+    ) -> (NodeWait, usize, Duration) {
         let calls = AtomicUsize::new(0);
         let started = tokio::time::Instant::now();
         let wait = wait_for_node(
             "n1",
             || {
-                let call = calls.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    Ok::<_, String>(match call {
-                        0 => None,
-                        1 | 2 => Some(node(&[("Hostname", "n1")])),
-                        _ => Some(node(&[("InternalIP", "10.0.0.5")])),
-                    })
-                }
+                let result = answer(calls.fetch_add(1, Ordering::SeqCst));
+                async move { result }
             },
             DEFAULT_NODE_POLL_INTERVAL,
             DEFAULT_NODE_IPS_TIMEOUT,
             &CancellationToken::new(),
         )
         .await;
-        assert_eq!(wait, NodeWait::Found(node(&[("InternalIP", "10.0.0.5")])));
-        assert_eq!(calls.load(Ordering::SeqCst), 4);
-        assert_eq!(started.elapsed(), DEFAULT_NODE_POLL_INTERVAL * 3);
+        (wait, calls.load(Ordering::SeqCst), started.elapsed())
     }
 
-    /// Waits with upstream's timing for a Node that never exists.
-    async fn wait_for_nothing(shutdown: &CancellationToken) -> NodeWait {
-        wait_for_node(
-            "n1",
-            || async { Ok::<_, String>(None) },
-            DEFAULT_NODE_POLL_INTERVAL,
-            DEFAULT_NODE_IPS_TIMEOUT,
-            shutdown,
-        )
-        .await
+    #[tokio::test(start_paused = true)]
+    async fn waits_until_the_node_has_an_ip() {
+        let (wait, calls, took) = scripted(|call| {
+            Ok(match call {
+                0 => None,
+                1 | 2 => Some(node(&[("Hostname", "n1")])),
+                _ => Some(node(&[("InternalIP", "10.0.0.5")])),
+            })
+        })
+        .await;
+        assert_eq!(wait, NodeWait::Found(node(&[("InternalIP", "10.0.0.5")])));
+        assert_eq!(calls, 4);
+        assert_eq!(took, DEFAULT_NODE_POLL_INTERVAL * 3);
     }
 
     #[tokio::test(start_paused = true)]
     async fn gives_up_after_the_timeout() {
-        let started = tokio::time::Instant::now();
-        let shutdown = CancellationToken::new();
-        let missing = wait_for_nothing(&shutdown).await;
+        let (missing, _, took) = scripted(|_| Ok(None)).await;
         assert_eq!(missing, NodeWait::Missing);
-        assert_eq!(started.elapsed(), DEFAULT_NODE_IPS_TIMEOUT);
+        assert_eq!(took, DEFAULT_NODE_IPS_TIMEOUT);
 
         let bare = node(&[("Hostname", "n1")]);
-        let without = wait_for_node(
-            "n1",
-            || async { Ok::<_, String>(Some(node(&[("Hostname", "n1")]))) },
-            DEFAULT_NODE_POLL_INTERVAL,
-            Duration::from_secs(3),
-            &shutdown,
-        )
-        .await;
+        let (without, _, _) = scripted(|_| Ok(Some(node(&[("Hostname", "n1")])))).await;
         assert_eq!(without, NodeWait::WithoutIps(bare));
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_timeout_starts_once_the_server_answers() {
-        let calls = AtomicUsize::new(0);
-        let started = tokio::time::Instant::now();
         // Unreachable for two minutes, then no such Node: 120 s + upstream's 30 s.
-        let wait = wait_for_node(
-            "n1",
-            || {
-                let call = calls.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    if call < 120 {
-                        Err("connection refused".to_owned())
-                    } else {
-                        Ok(None)
-                    }
-                }
-            },
-            DEFAULT_NODE_POLL_INTERVAL,
-            DEFAULT_NODE_IPS_TIMEOUT,
-            &CancellationToken::new(),
-        )
+        let (wait, _, took) = scripted(|call| {
+            if call < 120 {
+                Err("connection refused".to_owned())
+            } else {
+                Ok(None)
+            }
+        })
         .await;
         assert_eq!(wait, NodeWait::Missing);
-        assert_eq!(
-            started.elapsed(),
-            Duration::from_secs(120) + DEFAULT_NODE_IPS_TIMEOUT
-        );
+        assert_eq!(took, Duration::from_secs(120) + DEFAULT_NODE_IPS_TIMEOUT);
     }
 
     #[tokio::test(start_paused = true)]
@@ -252,7 +227,14 @@ mod tests {
         let shutdown = CancellationToken::new();
         shutdown.cancel();
         let started = tokio::time::Instant::now();
-        let wait = wait_for_nothing(&shutdown).await;
+        let wait = wait_for_node(
+            "n1",
+            || async { Ok::<_, String>(None) },
+            DEFAULT_NODE_POLL_INTERVAL,
+            DEFAULT_NODE_IPS_TIMEOUT,
+            &shutdown,
+        )
+        .await;
         assert_eq!(wait, NodeWait::Missing);
         assert!(started.elapsed() < DEFAULT_NODE_POLL_INTERVAL);
     }
