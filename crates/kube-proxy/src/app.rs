@@ -51,7 +51,11 @@ impl Settings {
         detected: &crate::node_ips::Detected,
     ) -> Self {
         Self {
-            node: crate::modes::NodeAddressing::new(&config, detected),
+            node: crate::modes::NodeAddressing::new(
+                &config,
+                detected,
+                &crate::modes::local_addresses(),
+            ),
             node_raw_ips: detected.raw.clone(),
             config,
             manifests: options.manifests.clone(),

@@ -206,8 +206,20 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
 
     // The node IPs as the proxy would detect them from this Node (no start-up wait here).
+    // nodePortAddresses select among this machine's addresses and the Node's, so the answer
+    // fits the node whether explain runs on it or elsewhere.
     let detected = crate::node_ips::Detected::new(state.node.host_ips(), config.bind_address());
-    let node = crate::modes::NodeAddressing::new(&config, &detected);
+    let mut local = crate::modes::local_addresses();
+    local.extend(
+        state
+            .node
+            .addresses
+            .iter()
+            .filter(|ip| !local.contains(ip))
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    let node = crate::modes::NodeAddressing::new(&config, &detected, &local);
     let render_config = crate::modes::render_config(&config, Some(&state.node.pod_cidrs), &node)?;
     let query = Query {
         destination: args.dest,

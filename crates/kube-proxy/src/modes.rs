@@ -27,10 +27,14 @@ pub struct NodeAddressing {
 }
 
 impl NodeAddressing {
-    /// From the node IPs detected at start-up.
-    pub fn new(config: &KubeProxyConfiguration, detected: &crate::node_ips::Detected) -> Self {
+    /// From the node IPs detected at start-up and the node's `local` addresses.
+    pub fn new(
+        config: &KubeProxyConfiguration,
+        detected: &crate::node_ips::Detected,
+        local: &[IpAddr],
+    ) -> Self {
         Self {
-            node_ports: crate::node_ips::node_port_addresses(config, &detected.ips),
+            node_ports: crate::node_ips::node_port_addresses(config, &detected.ips, local),
             node_ips: detected.ips.all().to_vec(),
         }
     }

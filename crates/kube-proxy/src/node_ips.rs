@@ -259,14 +259,18 @@ fn node_port_cidrs(config: &KubeProxyConfiguration, node: &NodeIps) -> Option<Ve
     }
 }
 
-/// nodePortAddresses resolved for this node: the node's interface addresses inside
-/// [`node_port_cidrs`] (one `ip -o addr show`). Per family, as upstream: a family the list
+/// nodePortAddresses resolved for this node: its `local` addresses (the proxy reads them with
+/// `ip -o addr show`) inside [`node_port_cidrs`]. Per family, as upstream: a family the list
 /// has no CIDR for (or a `0.0.0.0/0`, `::/0` one) is unrestricted, which
 /// [`NodePortAddresses`] marks with that family's unspecified address.
-pub fn node_port_addresses(config: &KubeProxyConfiguration, node: &NodeIps) -> NodePortAddresses {
+pub fn node_port_addresses(
+    config: &KubeProxyConfiguration,
+    node: &NodeIps,
+    local: &[IpAddr],
+) -> NodePortAddresses {
     match node_port_cidrs(config, node) {
         None => NodePortAddresses::All,
-        Some(cidrs) => resolve(&cidrs, &crate::modes::local_addresses()),
+        Some(cidrs) => resolve(&cidrs, local),
     }
 }
 
