@@ -94,7 +94,8 @@ pub fn build(
         modes::conntrack_sysctls(config, &host);
     }
     let render = modes::render_config(config, None, node)?;
-    let node_ips = node_port_ips(&node.node_ports, node_addresses);
+    let every = node_addresses();
+    let node_ips = node_port_ips(&node.node_ports, || every.clone());
     let (masquerade_bit, masquerade_all) = config.masquerade();
     let backend_config = IpvsBackendConfig {
         families: detect_families(),
@@ -115,6 +116,7 @@ pub fn build(
         },
         strict_arp: config.ipvs.strict_arp,
         exclude_cidrs: config.ipvs_exclude_cidrs(),
+        node_addresses: every,
     };
     let backend = IpvsBackend::with_parts(
         backend_config,
