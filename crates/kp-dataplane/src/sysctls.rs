@@ -349,7 +349,7 @@ pub fn conntrack_plan(settings: &ConntrackSettings, cpus: usize) -> Vec<Setting>
 /// NodePorts are on, IPv4 is programmed and nodePortAddresses includes IPv4 loopback (the
 /// default, all addresses, does).
 pub fn route_localnet_plan(config: &RenderConfig, families: &[IpFamily]) -> Vec<Setting> {
-    let loopback = match &config.node_port_addresses {
+    let loopback = match config.node_port_addresses.for_family(IpFamily::V4) {
         NodePortAddresses::All => true,
         NodePortAddresses::Ips(ips) => ips.iter().any(|ip| ip.is_ipv4() && ip.is_loopback()),
     };

@@ -55,6 +55,7 @@ fn backend(scheduler: Scheduler) -> Real {
             },
             strict_arp: true,
             exclude_cidrs: Vec::new(),
+            node_addresses: Vec::new(),
         },
         NetlinkIpvs::open().expect("IPVS in the VM"),
         RtLinks::new(),

@@ -512,12 +512,19 @@ impl Context<'_> {
         &self.state.node
     }
 
-    fn node_ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+    /// The Node's addresses of this family: what iptables' `--dst-type LOCAL` matches
+    /// as far as the Node object tells.
+    fn node_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.node()
             .addresses
             .iter()
             .copied()
             .filter(|ip| IpFamily::of(ip) == self.family)
+    }
+
+    /// The node IP (upstream's, see [`crate::iptables::node_ip`]) of this family.
+    fn node_ip(&self) -> Option<IpAddr> {
+        crate::iptables::node_ip(&self.config.node_ips, self.node(), self.family)
     }
 
     fn local_traffic(&self, ip: IpAddr) -> Option<bool> {
@@ -528,7 +535,7 @@ impl Context<'_> {
     }
 
     fn is_node_address(&self, ip: IpAddr) -> bool {
-        ip.is_loopback() || self.node_ips().any(|n| n == ip)
+        ip.is_loopback() || self.node_addresses().any(|n| n == ip)
     }
 
     /// Whether nat `KUBE-SERVICES` sends traffic to `ip` on to `KUBE-NODEPORTS`.
@@ -536,13 +543,13 @@ impl Context<'_> {
         let loopback_ok = self.family == IpFamily::V4 && self.config.localhost_node_ports;
         if ip.is_loopback() {
             return loopback_ok
-                && match &self.config.node_port_addresses {
+                && match self.config.node_port_addresses.for_family(self.family) {
                     NodePortAddresses::All => true,
                     NodePortAddresses::Ips(ips) => ips.iter().any(|n| n.is_loopback()),
                 };
         }
-        match &self.config.node_port_addresses {
-            NodePortAddresses::All => self.node_ips().any(|n| n == ip),
+        match self.config.node_port_addresses.for_family(self.family) {
+            NodePortAddresses::All => self.node_addresses().any(|n| n == ip),
             NodePortAddresses::Ips(ips) => ips.contains(&ip),
         }
     }
@@ -652,7 +659,7 @@ impl Context<'_> {
         let range_allowed = self.source.map(|s| {
             let node_allowed = ranges
                 .iter()
-                .any(|r| self.node_ips().any(|n| r.trunc().contains(&n)));
+                .any(|r| self.node_ip().is_some_and(|n| r.trunc().contains(&n)));
             ranges.iter().any(|r| r.trunc().contains(&s))
                 || (node_allowed && svc.load_balancer_ips.contains(&s))
         });

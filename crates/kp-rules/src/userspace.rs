@@ -453,7 +453,7 @@ fn verdict(target: Target) -> &'static str {
 /// The matches selecting NodePort destinations of `family`: every local address (minus
 /// loopback unless localhost NodePorts are on), or each allowed node address.
 fn local_matches(family: IpFamily, config: &CaptureConfig) -> Vec<String> {
-    match &config.node_port_addresses {
+    match config.node_port_addresses.for_family(family) {
         NodePortAddresses::All => {
             let mut m = "-m addrtype --dst-type LOCAL".to_owned();
             if family == IpFamily::V4 && !config.localhost_node_ports {
@@ -463,7 +463,6 @@ fn local_matches(family: IpFamily, config: &CaptureConfig) -> Vec<String> {
         }
         NodePortAddresses::Ips(ips) => ips
             .iter()
-            .filter(|ip| IpFamily::of(ip) == family)
             .map(|ip| match ip {
                 IpAddr::V4(_) => format!("-d {ip}/32"),
                 IpAddr::V6(_) => format!("-d {ip}/128"),

@@ -559,6 +559,7 @@ fn ipvs_config() -> IpvsConfig {
             "192.168.0.2".parse().expect("literal"),
             "2001:db8::1".parse().expect("literal"),
         ],
+        detected_node_ips: Vec::new(),
         local_detector: LocalDetector::Cidrs(vec![
             "10.0.0.0/8".parse().expect("literal"),
             "fd00:10::/64".parse().expect("literal"),
@@ -638,6 +639,9 @@ fn captured(state: &ProxyState, family: IpFamily) -> Vec<CapturedPort> {
             } else {
                 target
             },
+            // Both rule kinds present whenever they can be, so names meet them too.
+            local_source_internal: svc.external_policy_local,
+            allow_from_node: !svc.load_balancer_source_ranges.is_empty(),
         });
     }
     out
@@ -649,6 +653,7 @@ fn capture(state: &ProxyState, family: IpFamily) -> userspace::CaptureRender {
         family,
         &captured(state, family),
         &CaptureConfig::default(),
+        None,
         None,
         &BTreeSet::new(),
     )

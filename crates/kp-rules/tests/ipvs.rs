@@ -20,6 +20,7 @@ fn ipvs_config() -> IpvsConfig {
     IpvsConfig {
         scheduler: Scheduler::Rr,
         node_ips: vec![ip("192.168.0.2"), ip("2001:db8::1")],
+        detected_node_ips: Vec::new(),
         local_detector: LocalDetector::Cidrs(vec![net("10.0.0.0/8"), net("fd00:10::/64")]),
         masquerade_all: false,
         masquerade_bit: 14,

@@ -279,6 +279,7 @@ fn render_config(family: IpFamily) -> impl Strategy<Value = RenderConfig> {
                     masquerade_all: all,
                     local_detector,
                     node_port_addresses,
+                    node_ips: Vec::new(),
                     localhost_node_ports: localhost,
                     drop_invalid: invalid,
                     random_fully: random,

@@ -20,6 +20,22 @@ fn one_service() -> kp_core::tracker::ProxyState {
     )])
 }
 
+/// The `KUBE-SERVICES` rules jumping to `KUBE-NODEPORTS` for an IPv6 NodePort service.
+fn v6_nodeport_dispatch(config: &RenderConfig) -> Vec<String> {
+    let mut v6_svc = cluster_ip("ns1", "svc1", "p80", "fd00:172:30::41", 80);
+    v6_svc.node_port = Some(3001);
+    let v6 = full(
+        &state(vec![(v6_svc, vec![endpoint("fd00:10::1", 80, false)])]),
+        IpFamily::V6,
+        config,
+    );
+    lines_of(&v6.text, "KUBE-SERVICES")
+        .into_iter()
+        .filter(|l| l.ends_with("-j KUBE-NODEPORTS"))
+        .map(str::to_owned)
+        .collect()
+}
+
 fn lines_of<'t>(text: &'t str, chain: &str) -> Vec<&'t str> {
     let prefix = format!("-A {chain} ");
     text.lines().filter(|l| l.starts_with(&prefix)).collect()
@@ -160,17 +176,7 @@ fn restricted_node_port_addresses_dispatch_per_ip() {
     };
     let v4 = full(&one_service(), IpFamily::V4, &no_localhost);
     assert!(!v4.text.contains("-d 127.0.0.1 "));
-    let mut v6_svc = cluster_ip("ns1", "svc1", "p80", "fd00:172:30::41", 80);
-    v6_svc.node_port = Some(3001);
-    let v6 = full(
-        &state(vec![(v6_svc, vec![endpoint("fd00:10::1", 80, false)])]),
-        IpFamily::V6,
-        &config,
-    );
-    let v6_dispatch: Vec<&str> = lines_of(&v6.text, "KUBE-SERVICES")
-        .into_iter()
-        .filter(|l| l.ends_with("-j KUBE-NODEPORTS"))
-        .collect();
+    let v6_dispatch = v6_nodeport_dispatch(&config);
     assert_eq!(v6_dispatch.len(), 1, "{v6_dispatch:?}");
     assert!(v6_dispatch[0].contains("-d 2001:db8::1 "));
 }
@@ -397,4 +403,57 @@ fn setup_lists_upstream_jumps_and_canaries() {
     for jump in &s.jumps {
         assert!(s.chains.contains(&(jump.table, jump.to)), "{jump:?}");
     }
+}
+
+#[test]
+fn an_unspecified_address_leaves_its_family_unrestricted() {
+    // `primary` on an IPv4-only node: IPv4 on the node IP, IPv6 everywhere (upstream).
+    let config = RenderConfig {
+        node_port_addresses: NodePortAddresses::Ips(vec![ip("192.168.0.2"), ip("::")]),
+        ..config()
+    };
+    let v4 = full(&one_service(), IpFamily::V4, &config);
+    let v4_dispatch: Vec<&str> = lines_of(&v4.text, "KUBE-SERVICES")
+        .into_iter()
+        .filter(|l| l.ends_with("-j KUBE-NODEPORTS"))
+        .collect();
+    assert_eq!(v4_dispatch.len(), 1, "{v4_dispatch:?}");
+    assert!(v4_dispatch[0].contains("-d 192.168.0.2 "));
+    let v6_dispatch = v6_nodeport_dispatch(&config);
+    assert_eq!(v6_dispatch.len(), 1, "{v6_dispatch:?}");
+    assert!(
+        v6_dispatch[0].contains("-m addrtype --dst-type LOCAL"),
+        "{v6_dispatch:?}"
+    );
+}
+
+#[test]
+fn source_ranges_admit_the_node_by_its_node_ip_only() {
+    // The Node lists two InternalIPs; upstream's node IP is the first one, or the one
+    // detected at start-up (`node_ips`, e.g. from bindAddress).
+    let mut lb = cluster_ip("ns1", "lb", "p80", "172.30.0.42", 80);
+    lb.load_balancer_ips = vec![ip("1.2.3.4")];
+    lb.load_balancer_source_ranges = vec![net("192.168.7.0/24")];
+    let mut state = state(vec![(lb, vec![endpoint("10.180.0.1", 80, false)])]);
+    state.node.addresses = vec![ip("192.168.0.2"), ip("192.168.7.9")];
+    let allows_node = |config: &RenderConfig| {
+        full(&state, IpFamily::V4, config)
+            .text
+            .lines()
+            .any(|l| l.contains("-s 1.2.3.4 ") && l.contains("loadbalancer IP"))
+    };
+    assert!(!allows_node(&config()), "the first address is the node IP");
+    let detected = RenderConfig {
+        node_ips: vec![ip("192.168.7.9"), ip("::1")],
+        ..config()
+    };
+    assert!(
+        allows_node(&detected),
+        "the detected node IP is in the range"
+    );
+    let loopback = RenderConfig {
+        node_ips: vec![ip("127.0.0.1"), ip("::1")],
+        ..config()
+    };
+    assert!(!allows_node(&loopback));
 }

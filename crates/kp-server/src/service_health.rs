@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +66,8 @@ pub enum ServiceHealthError {
 #[derive(Debug)]
 pub struct ServiceHealthServers {
     addresses: Vec<IpAddr>,
+    /// `addresses` is the dual-stack `[::]` (nodePortAddresses unrestricted).
+    dual_stack: bool,
     health: Arc<ProxyHealth>,
     retry_interval: Duration,
 }
@@ -94,21 +96,25 @@ struct ServiceBody<'a> {
 }
 
 impl ServiceHealthServers {
-    /// Listens on `addresses`: the node IPs allowed by `nodePortAddresses`, or `0.0.0.0`
-    /// when unrestricted (an empty list means that too). On Linux with the default
-    /// `net.ipv6.bindv6only=0`, `::` also accepts IPv4, which is how Go's unspecified
-    /// listener serves dual-stack nodes.
+    /// Listens on `addresses`: the node IPs allowed by `nodePortAddresses`. An empty list
+    /// means every address of both families: one dual-stack `[::]` socket, as Go's listener
+    /// on `0.0.0.0` is upstream (`0.0.0.0` alone where the kernel has no IPv6). In a list,
+    /// `::` stands for every IPv6 address and is bound IPv6-only, so it neither takes IPv4
+    /// connections nor collides with the listed IPv4 addresses (a family nodePortAddresses
+    /// does not restrict is unrestricted, as upstream).
     ///
     /// `health` is the proxy health: a service is only reported healthy while the proxy is
     /// (node eligibility is not considered, as upstream).
     pub fn new(addresses: Vec<IpAddr>, health: Arc<ProxyHealth>) -> Self {
-        let addresses = if addresses.is_empty() {
-            vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)]
+        let dual_stack = addresses.is_empty();
+        let addresses = if dual_stack {
+            vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)]
         } else {
             addresses
         };
         Self {
             addresses,
+            dual_stack,
             health,
             retry_interval: DEFAULT_BIND_RETRY_INTERVAL,
         }
@@ -223,13 +229,11 @@ impl ServiceHealthServers {
         for ip in &self.addresses {
             let addr = SocketAddr::new(*ip, port);
             let listener =
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| ServiceHealthError::Bind {
-                        service: service.clone(),
-                        addr,
-                        source,
-                    })?;
+                bind(addr, self.dual_stack).map_err(|source| ServiceHealthError::Bind {
+                    service: service.clone(),
+                    addr,
+                    source,
+                })?;
             listeners.push(listener);
         }
         let state = ServiceState {
@@ -249,6 +253,30 @@ impl ServiceHealthServers {
         }
         Ok(stop)
     }
+}
+
+/// Binds `addr` as tokio's `TcpListener::bind` does (address reuse, so a restart does not
+/// wait for TIME_WAIT); IPv6 sockets IPv6-only unless `dual_stack`. A dual-stack `[::]` the
+/// kernel cannot open (no IPv6) becomes `0.0.0.0`.
+fn bind(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    /// The backlog tokio uses.
+    const BACKLOG: i32 = 1024;
+    let socket = match Socket::new(Domain::for_address(addr), Type::STREAM, None) {
+        Err(_) if dual_stack => {
+            let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), addr.port());
+            return bind(v4, false);
+        }
+        other => other?,
+    };
+    if addr.is_ipv6() {
+        socket.set_only_v6(!dual_stack)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    TcpListener::from_std(socket.into())
 }
 
 async fn service_health(State(state): State<ServiceState>) -> Response {

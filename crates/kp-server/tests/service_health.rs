@@ -237,3 +237,33 @@ async fn shutdown_closes_every_listener_and_ends_run() {
     assert!(TcpStream::connect(addr(port_a)).await.is_err());
     assert!(TcpStream::connect(addr(port_b)).await.is_err());
 }
+
+/// Serves one healthy service on `addresses` and checks it answers on 127.0.0.1 and [::1].
+async fn answers_on_both_loopbacks(addresses: Vec<IpAddr>) {
+    let svc = name("shop", "web");
+    let port = free_port().await;
+    let servers = ServiceHealthServers::new(addresses, healthy())
+        .with_retry_interval(Duration::from_secs(3600));
+    let run = start(servers, map(&[(&svc, port, 1)]));
+    assert_eq!(answered(port, "/", |_| true).await.status, 200);
+    let v6 = SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST), port);
+    let resp = eventually("an answer on [::1]", || async {
+        request(v6, "GET", "/").await.ok()
+    })
+    .await;
+    assert_eq!(resp.status, 200);
+    run.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn an_ipv4_address_and_every_ipv6_address_listen_side_by_side() {
+    // nodePortAddresses restricting IPv4 only: the node IP, plus `::` for unrestricted IPv6.
+    // A dual-stack `::` socket would take the IPv4 port too and fail the IPv4 bind.
+    answers_on_both_loopbacks(vec![LOCALHOST, IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)]).await;
+}
+
+#[tokio::test]
+async fn unrestricted_listens_on_both_families() {
+    // nodePortAddresses unset: every address of both families, as upstream's listener.
+    answers_on_both_loopbacks(Vec::new()).await;
+}

@@ -29,6 +29,38 @@ pub const LINK_LOCAL_NODE_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 100, 2);
 /// The router's end of that `/30` (on the LAN bridge, next to its LAN address).
 pub const LINK_LOCAL_PEER_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 100, 1);
 
+// --- the extra addresses of a node shaped like real ones (`ClusterBuilder::real_node_shape`)
+
+/// A secondary IPv4 address of this node on its LAN interface (after [`NODE_V4`], so the
+/// kernel keeps choosing [`NODE_V4`] as source).
+pub const NODE_SECONDARY_V4: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 20);
+/// A secondary IPv6 address of this node on its LAN interface.
+pub const NODE_SECONDARY_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 0x20);
+/// The router's address on the second NIC's network (this node's default gateway there).
+pub const ROUTER_NIC2_V4: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 1);
+/// This node's address on its second NIC (`eth1`), a network of its own.
+pub const NODE_NIC2_V4: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 2);
+/// The second NIC's network.
+pub const NIC2_CIDR_V4: &str = "192.168.60.0/24";
+/// The router's IPv6 address on the second NIC's network.
+pub const ROUTER_NIC2_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x60, 0, 0, 0, 0, 0, 1);
+/// This node's IPv6 address on its second NIC.
+pub const NODE_NIC2_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x60, 0, 0, 0, 0, 0, 2);
+/// The second NIC's IPv6 network.
+pub const NIC2_CIDR_V6: &str = "fd00:60::/64";
+/// A virtual IP on this node's `lo` (as kube-vip or a BGP speaker puts it), routed to the
+/// node by the router.
+pub const NODE_LO_VIP_V4: Ipv4Addr = Ipv4Addr::new(192, 168, 70, 10);
+/// The IPv6 virtual IP on `lo`.
+pub const NODE_LO_VIP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x70, 0, 0, 0, 0, 0, 0x10);
+/// NodeLocal DNSCache's link-local service address, on a dummy-like device of this node.
+pub const LINK_LOCAL_SERVICE_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
+/// The dummy-like device holding [`LINK_LOCAL_SERVICE_V4`] (a veth whose peer stays in the
+/// node: this kernel may lack the `dummy` link type). NodeLocal DNSCache names its device so.
+pub const LINK_LOCAL_DEVICE: &str = "nodelocaldns";
+/// The name of this node's second NIC.
+pub const NIC2_DEVICE: &str = "eth1";
+
 /// The whole pod network (a proxy's `clusterCIDR`).
 pub const CLUSTER_CIDR_V4: &str = "10.244.0.0/16";
 /// The whole pod network, IPv6.

@@ -9,10 +9,12 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::addresses::{
-    EXTERNAL_IN_V4, EXTERNAL_IN_V6, EXTERNAL_OUT_V4, EXTERNAL_OUT_V6, LINK_LOCAL_NODE_V4,
-    LINK_LOCAL_PEER_V4, LOAD_BALANCER_CIDR_V4, LOAD_BALANCER_CIDR_V6, LOCAL_POD_CIDR_V4,
-    LOCAL_POD_CIDR_V6, NODE_V4, NODE_V6, NODE2_V4, NODE2_V6, REMOTE_POD_CIDR_V4,
-    REMOTE_POD_CIDR_V6, ROUTER_V4, ROUTER_V6, pod_v4, pod_v6,
+    EXTERNAL_IN_V4, EXTERNAL_IN_V6, EXTERNAL_OUT_V4, EXTERNAL_OUT_V6, LINK_LOCAL_DEVICE,
+    LINK_LOCAL_NODE_V4, LINK_LOCAL_PEER_V4, LINK_LOCAL_SERVICE_V4, LOAD_BALANCER_CIDR_V4,
+    LOAD_BALANCER_CIDR_V6, LOCAL_POD_CIDR_V4, LOCAL_POD_CIDR_V6, NIC2_DEVICE, NODE_LO_VIP_V4,
+    NODE_LO_VIP_V6, NODE_NIC2_V4, NODE_NIC2_V6, NODE_SECONDARY_V4, NODE_SECONDARY_V6, NODE_V4,
+    NODE_V6, NODE2_V4, NODE2_V6, REMOTE_POD_CIDR_V4, REMOTE_POD_CIDR_V6, ROUTER_NIC2_V4,
+    ROUTER_NIC2_V6, ROUTER_V4, ROUTER_V6, pod_v4, pod_v6,
 };
 use crate::command::{
     COMMAND_DEADLINE, check_prerequisites, describe, in_namespace, ip_batch, run, run_checked,
@@ -123,6 +125,7 @@ pub struct ClusterBuilder {
     probe_timeout: Duration,
     echo_binary: Option<PathBuf>,
     echo_args: Vec<String>,
+    real_node_shape: bool,
     link_local: Option<LinkLocalScope>,
 }
 
@@ -151,6 +154,7 @@ impl Default for ClusterBuilder {
             echo_binary: None,
             echo_args: Vec::new(),
             link_local: None,
+            real_node_shape: false,
         }
     }
 }
@@ -244,6 +248,20 @@ impl ClusterBuilder {
     pub fn link_local_node(mut self, scope: LinkLocalScope) -> Self {
         self.link_local = Some(scope);
         self.dual_stack = false;
+        // One shape at a time: this one replaces the LAN address the real shape builds on.
+        self.real_node_shape = false;
+        self
+    }
+
+    /// Shapes this node like real nodes (default off): besides `eth0` on the LAN, a second
+    /// NIC `eth1` on a network of its own ([`crate::addresses::NIC2_CIDR_V4`]) that carries
+    /// the default route, secondary addresses on `eth0`, a virtual IP on `lo`, and
+    /// NodeLocal DNSCache's link-local service address on a dummy-like device. The node IP
+    /// (`InternalIP`) stays [`NODE_V4`] / [`NODE_V6`], the source of the node's LAN traffic.
+    /// The router reaches every one of them but the link-local address.
+    #[must_use]
+    pub fn real_node_shape(mut self, on: bool) -> Self {
+        self.real_node_shape = on;
         self
     }
 
@@ -319,6 +337,7 @@ impl ClusterBuilder {
             echo_args: self.echo_args,
             probe_timeout: self.probe_timeout,
             dual_stack: self.dual_stack,
+            real_node_shape: self.real_node_shape,
             router: fixed("ext", Role::Router, ROUTER_V4, ROUTER_V6),
             node: fixed(
                 "node",
@@ -413,6 +432,7 @@ pub struct Cluster {
     echo_args: Vec<String>,
     probe_timeout: Duration,
     dual_stack: bool,
+    real_node_shape: bool,
     router: Host,
     node: Host,
     node2: Host,
@@ -549,6 +569,18 @@ impl Cluster {
                 ),
             ));
         }
+        if self.real_node_shape {
+            let node = &self.node.ns;
+            steps.push((
+                node.clone(),
+                format!("link add {NIC2_DEVICE} type veth peer name lan2-node netns {ext}"),
+            ));
+            // Dummy-like: a veth whose peer stays in the node, so nothing is behind it.
+            steps.push((
+                node.clone(),
+                format!("link add {LINK_LOCAL_DEVICE} type veth peer name {LINK_LOCAL_DEVICE}-p"),
+            ));
+        }
         steps
     }
 
@@ -629,6 +661,47 @@ impl Cluster {
         for host in self.all_hosts() {
             add(host, "link set lo up".to_owned());
         }
+        if self.real_node_shape {
+            let node = &self.node;
+            add(
+                router,
+                format!("addr add {ROUTER_NIC2_V4}/24 dev lan2-node"),
+            );
+            add(
+                node,
+                format!("addr add {NODE_NIC2_V4}/24 dev {NIC2_DEVICE}"),
+            );
+            // Added after the primary address: the kernel marks them secondary.
+            add(node, format!("addr add {NODE_SECONDARY_V4}/24 dev eth0"));
+            add(node, format!("addr add {NODE_LO_VIP_V4}/32 dev lo"));
+            add(
+                node,
+                format!("addr add {LINK_LOCAL_SERVICE_V4}/32 dev {LINK_LOCAL_DEVICE}"),
+            );
+            if v6 {
+                add(
+                    router,
+                    format!("addr add {ROUTER_NIC2_V6}/64 dev lan2-node nodad"),
+                );
+                add(
+                    node,
+                    format!("addr add {NODE_NIC2_V6}/64 dev {NIC2_DEVICE} nodad"),
+                );
+                add(
+                    node,
+                    format!("addr add {NODE_SECONDARY_V6}/64 dev eth0 nodad"),
+                );
+                add(node, format!("addr add {NODE_LO_VIP_V6}/128 dev lo"));
+            }
+            add(router, "link set lan2-node up".to_owned());
+            for link in [
+                NIC2_DEVICE,
+                LINK_LOCAL_DEVICE,
+                &format!("{LINK_LOCAL_DEVICE}-p"),
+            ] {
+                add(node, format!("link set {link} up"));
+            }
+        }
         steps
     }
 
@@ -674,10 +747,16 @@ impl Cluster {
         for (node, other_cidr4, other_cidr6, other_node4, other_node6) in
             nodes.into_iter().skip(skip)
         {
-            add(node, format!("route add default via {ROUTER_V4}"));
+            // A real-shaped node's default route leaves through its second NIC.
+            let (gw4, gw6) = if self.real_node_shape && node.role == Role::Node {
+                (ROUTER_NIC2_V4, ROUTER_NIC2_V6)
+            } else {
+                (ROUTER_V4, ROUTER_V6)
+            };
+            add(node, format!("route add default via {gw4}"));
             add(node, format!("route add {other_cidr4} via {other_node4}"));
             if v6 {
-                add(node, format!("route add default via {ROUTER_V6}"));
+                add(node, format!("route add default via {gw6}"));
                 add(node, format!("route add {other_cidr6} via {other_node6}"));
             }
         }
@@ -694,6 +773,18 @@ impl Cluster {
             &self.router,
             format!("route add {LOAD_BALANCER_CIDR_V4} via {}", self.node.ipv4),
         );
+        if self.real_node_shape {
+            add(
+                &self.router,
+                format!("route add {NODE_LO_VIP_V4}/32 via {NODE_V4}"),
+            );
+            if v6 {
+                add(
+                    &self.router,
+                    format!("route add {NODE_LO_VIP_V6}/128 via {NODE_V6}"),
+                );
+            }
+        }
         if v6 {
             add(
                 &self.router,
@@ -788,6 +879,11 @@ impl Cluster {
     /// Whether the cluster has IPv6 addresses too.
     pub fn dual_stack(&self) -> bool {
         self.dual_stack
+    }
+
+    /// Whether this node is shaped like real nodes ([`ClusterBuilder::real_node_shape`]).
+    pub fn real_node_shape(&self) -> bool {
+        self.real_node_shape
     }
 
     /// The probe timeout in force.

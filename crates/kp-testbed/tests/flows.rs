@@ -328,3 +328,66 @@ fn sctp_and_foreign_namespaces_are_clear_errors() {
         Err(TestbedError::UnknownPod { .. })
     ));
 }
+
+#[test]
+fn a_real_shaped_node_has_its_addresses_and_routes() -> Result<(), TestbedError> {
+    use kp_testbed::addresses::{
+        LINK_LOCAL_DEVICE, LINK_LOCAL_SERVICE_V4, NIC2_DEVICE, NODE_LO_VIP_V4, NODE_LO_VIP_V6,
+        NODE_NIC2_V4, NODE_NIC2_V6, NODE_SECONDARY_V4, NODE_SECONDARY_V6, NODE_V6,
+    };
+    let cluster = Cluster::builder()
+        .echo_binary(env!("CARGO_BIN_EXE_kp-echo"))
+        .pod("a")
+        .real_node_shape(true)
+        .build()?;
+    assert!(cluster.real_node_shape());
+    let node = cluster.node();
+    let routes = cluster.exec(node.ns(), &["ip", "route", "show", "default"])?;
+    assert!(routes.contains(&format!("dev {NIC2_DEVICE}")), "{routes}");
+    let routes6 = cluster.exec(node.ns(), &["ip", "-6", "route", "show", "default"])?;
+    assert!(routes6.contains(&format!("dev {NIC2_DEVICE}")), "{routes6}");
+    let lo = cluster.exec(node.ns(), &["ip", "-o", "addr", "show", "dev", "lo"])?;
+    assert!(lo.contains(&format!("{NODE_LO_VIP_V4}/32")), "{lo}");
+    let dummy = cluster.exec(
+        node.ns(),
+        &["ip", "-o", "addr", "show", "dev", LINK_LOCAL_DEVICE],
+    )?;
+    assert!(
+        dummy.contains(&format!("{LINK_LOCAL_SERVICE_V4}/32")),
+        "{dummy}"
+    );
+    let eth0 = cluster.exec(node.ns(), &["ip", "-o", "addr", "show", "dev", "eth0"])?;
+    assert!(
+        eth0.lines()
+            .any(|l| l.contains(&format!("{NODE_SECONDARY_V4}/24")) && l.contains("secondary")),
+        "{eth0}"
+    );
+
+    // Every address but the link-local one answers an external client, and the node's
+    // replies leave through the second NIC (the default route) without breaking the flow.
+    cluster.start_echo(node, EchoSpec::new("node").tcp(30080))?;
+    let from = cluster.external_in();
+    for dst in [
+        node.ip(),
+        IpAddr::V4(NODE_SECONDARY_V4),
+        IpAddr::V4(NODE_NIC2_V4),
+        IpAddr::V4(NODE_LO_VIP_V4),
+        IpAddr::V6(NODE_V6),
+        IpAddr::V6(NODE_SECONDARY_V6),
+        IpAddr::V6(NODE_NIC2_V6),
+        IpAddr::V6(NODE_LO_VIP_V6),
+    ] {
+        let outcome = cluster.tcp(from, dst, 30080)?;
+        let (seen, _, _) = answer(&outcome, "node");
+        let client = if dst.is_ipv6() {
+            IpAddr::V6(from.ipv6().expect("dual-stack"))
+        } else {
+            from.ip()
+        };
+        assert_eq!(seen.ip(), client, "{dst}: {outcome:?}");
+    }
+    // The link-local service address is the node's own.
+    let own = cluster.tcp(node, IpAddr::V4(LINK_LOCAL_SERVICE_V4), 30080)?;
+    answer(&own, "node");
+    Ok(())
+}

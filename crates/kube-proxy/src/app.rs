@@ -16,7 +16,6 @@ use kp_core::health::{ProxyHealth, ServiceHealthMap};
 use kp_core::metrics::Metrics;
 use kp_core::model::IpFamily;
 use kp_core::proxier::{Proxier, ProxierConfig};
-use kp_rules::iptables::NodePortAddresses;
 use kp_server::{HealthMetrics, MetricsInfo, ServiceHealthServers};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
@@ -37,25 +36,32 @@ pub struct Settings {
     config: KubeProxyConfiguration,
     manifests: Option<PathBuf>,
     master: Option<String>,
-    node_ports: NodePortAddresses,
+    node: crate::modes::NodeAddressing,
+    /// The Node's IPs at start-up, which later Node events are compared with.
+    node_raw_ips: Vec<std::net::IpAddr>,
     debug_explain: bool,
     /// Userspace mode's affinity tables, for `/debug/explain` to name a client's pin.
     affinity: Option<kp_userspace::AffinityTables>,
 }
 
 impl Settings {
-    /// Settings from the parsed flags, the effective configuration and nodePortAddresses as
-    /// resolved at start-up (the same answer the backend's rules use).
+    /// Settings from the parsed flags, the effective configuration and the node IPs
+    /// detected at start-up with what they decide (the same answer the backend's rules use).
     pub fn new(
         options: &Options,
         config: KubeProxyConfiguration,
-        node_ports: NodePortAddresses,
+        detected: &crate::node_ips::Detected,
     ) -> Self {
         Self {
+            node: crate::modes::NodeAddressing::new(
+                &config,
+                detected,
+                &crate::modes::local_addresses(),
+            ),
+            node_raw_ips: detected.raw.clone(),
             config,
             manifests: options.manifests.clone(),
             master: options.master.clone(),
-            node_ports,
             debug_explain: options.debug_explain,
             affinity: None,
         }
@@ -65,6 +71,24 @@ impl Settings {
     pub fn with_affinity(mut self, affinity: kp_userspace::AffinityTables) -> Self {
         self.affinity = Some(affinity);
         self
+    }
+
+    /// Settings for `--cleanup`, which needs no node IPs.
+    pub fn for_cleanup(options: &Options, config: KubeProxyConfiguration) -> Self {
+        Self {
+            node: crate::modes::NodeAddressing::default(),
+            node_raw_ips: Vec::new(),
+            config,
+            manifests: options.manifests.clone(),
+            master: options.master.clone(),
+            debug_explain: options.debug_explain,
+            affinity: None,
+        }
+    }
+
+    /// What the node's IPs decide.
+    pub fn node(&self) -> &crate::modes::NodeAddressing {
+        &self.node
     }
 
     /// The effective configuration.
@@ -95,17 +119,26 @@ pub async fn run<B: Backend + 'static>(
     let metrics = Metrics::register(&mut registry);
     let health_metrics = HealthMetrics::register(&mut registry);
 
-    let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+    let (source_tx, source_rx) = mpsc::channel(EVENT_QUEUE);
     let source = spawn_source(
         &settings.manifests,
         settings.master.as_deref(),
         &config,
         &node_name,
         &mut registry,
-        events_tx,
+        source_tx,
         shutdown.clone(),
     )
     .await?;
+    // As upstream's node manager: a Node whose IPs differ from the start-up ones (or its
+    // deletion) ends the proxy with an error, so it restarts with the new ones.
+    let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+    let watchdog = tokio::spawn(crate::node_ips::forward_watching(
+        crate::node_ips::NodeIpsWatch::new(node_name.clone(), settings.node_raw_ips.clone()),
+        source_rx,
+        events_tx,
+        shutdown.clone(),
+    ));
 
     let proxier_config = ProxierConfig::new(node_name)
         .with_min_sync_period(config.min_sync_period())
@@ -130,7 +163,7 @@ pub async fn run<B: Backend + 'static>(
             Arc::new(
                 crate::debug_explain::StateExplainer::new(
                     config.clone(),
-                    settings.node_ports.clone(),
+                    settings.node.clone(),
                     proxier.state(),
                 )
                 .with_affinity(settings.affinity.clone()),
@@ -141,10 +174,7 @@ pub async fn run<B: Backend + 'static>(
         } else {
             kp_dataplane::iptables::detect_families()
         },
-        node_port_ips: match settings.node_ports {
-            NodePortAddresses::All => Vec::new(),
-            NodePortAddresses::Ips(ips) => ips,
-        },
+        node_port_ips: crate::node_ips::health_check_addresses(&settings.node.node_ports),
     };
     let admin_thread = admin.spawn(shutdown.clone())?;
     tracing::info!(mode, "Proxier starting");
@@ -164,6 +194,9 @@ pub async fn run<B: Backend + 'static>(
     result.context("proxier")?;
     if let Some(fatal) = fatal {
         anyhow::bail!(fatal);
+    }
+    if let Ok(Some(restart)) = watchdog.await {
+        return Err(restart.into());
     }
     tracing::info!("Shut down cleanly");
     Ok(())
@@ -190,17 +223,7 @@ async fn spawn_source(
             }
         }));
     }
-    let kubeconfig = Some(config.client_connection.kubeconfig.trim())
-        .filter(|k| !k.is_empty())
-        .map(PathBuf::from);
-    let options = kp_sources::api::ClientOptions {
-        kubeconfig,
-        master: master.map(str::to_string),
-        ..kp_sources::api::ClientOptions::default()
-    };
-    let client = kp_sources::api::client(&options)
-        .await
-        .context("connecting to the API server")?;
+    let client = api_client(master, config).await?;
     let source =
         kp_sources::api::ApiSource::new(client, node_name.to_string()).register_metrics(registry);
     Ok(tokio::spawn(async move {
@@ -210,9 +233,28 @@ async fn spawn_source(
     }))
 }
 
+/// A client of the API server from `--master` and the configuration's kubeconfig, else the
+/// in-cluster service account, as upstream.
+pub(crate) async fn api_client(
+    master: Option<&str>,
+    config: &KubeProxyConfiguration,
+) -> anyhow::Result<kube::Client> {
+    let kubeconfig = Some(config.client_connection.kubeconfig.trim())
+        .filter(|k| !k.is_empty())
+        .map(PathBuf::from);
+    let options = kp_sources::api::ClientOptions {
+        kubeconfig,
+        master: master.map(str::to_string),
+        ..kp_sources::api::ClientOptions::default()
+    };
+    kp_sources::api::client(&options)
+        .await
+        .context("connecting to the API server")
+}
+
 /// The node name: `--hostname-override` / `hostnameOverride`, else the host name, lowercased
 /// as upstream does.
-fn node_name(config: &KubeProxyConfiguration) -> String {
+pub(crate) fn node_name(config: &KubeProxyConfiguration) -> String {
     if let Some(name) = config.hostname_override() {
         return name.to_lowercase();
     }

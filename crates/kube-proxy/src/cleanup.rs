@@ -7,7 +7,6 @@
 use kp_config::KubeProxyConfiguration;
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig};
-use kp_rules::iptables::NodePortAddresses;
 use prometheus_client::registry::Registry;
 
 use crate::ipvs_mode::{self, RealIpvsBackend};
@@ -26,22 +25,22 @@ pub struct CleanupAll {
 /// The cleanups of every mode, built without touching the kernel.
 pub fn build(
     config: &KubeProxyConfiguration,
-    node_ports: NodePortAddresses,
+    node: &modes::NodeAddressing,
     registry: &mut Registry,
 ) -> anyhow::Result<CleanupAll> {
     tracing::info!(
         "--cleanup: removing the state of every mode (iptables, userspace, ipvs, nftables)"
     );
-    let iptables = modes::iptables(config, node_ports.clone(), registry, true)?;
-    let userspace = userspace::backend(config, registry);
-    let ipvs = match ipvs_mode::build(config, node_ports.clone(), true)? {
+    let iptables = modes::iptables(config, node, registry, true)?;
+    let userspace = userspace::backend(config, node, registry);
+    let ipvs = match ipvs_mode::build(config, node, true)? {
         Ok(backend) => Some(backend),
         Err(why) => {
             tracing::info!(reason = %why, "no IPVS here: nothing of ipvs mode to clean up");
             None
         }
     };
-    let render = modes::render_config(config, None, node_ports)?;
+    let render = modes::render_config(config, None, node)?;
     let nftables = NftablesBackend::new(NftablesConfig::new(
         kp_dataplane::iptables::detect_families(),
         render,

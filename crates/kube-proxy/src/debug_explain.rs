@@ -5,13 +5,13 @@
 
 use std::sync::Arc;
 
+use crate::modes::NodeAddressing;
 use kp_config::KubeProxyConfiguration;
 use kp_core::tracker::ProxyState;
 use std::net::IpAddr;
 
 use kp_rules::explain::dataplane::DataplaneObject;
 use kp_rules::explain::{ExplainError, Explanation, Query, explain};
-use kp_rules::iptables::NodePortAddresses;
 use kp_server::{ExplainFailure, Explained, Explainer};
 use kp_userspace::{AffinityTables, PinLookup};
 use tokio::sync::watch;
@@ -19,8 +19,8 @@ use tokio::sync::watch;
 /// Explains queries against the proxier's published state.
 pub(crate) struct StateExplainer {
     config: KubeProxyConfiguration,
-    /// nodePortAddresses as resolved once at start-up, like the rules it explains.
-    node_ports: NodePortAddresses,
+    /// The node's addresses as resolved once at start-up, like the rules it explains.
+    node: NodeAddressing,
     state: watch::Receiver<Arc<ProxyState>>,
     /// Userspace mode's ClientIP affinity tables: with a source in the query, the answer
     /// names the endpoint that client is pinned to.
@@ -33,12 +33,12 @@ impl StateExplainer {
     /// state a reader may hold in place), which is why this is off by default.
     pub(crate) fn new(
         config: KubeProxyConfiguration,
-        node_ports: NodePortAddresses,
+        node: NodeAddressing,
         state: watch::Receiver<Arc<ProxyState>>,
     ) -> Self {
         Self {
             config,
-            node_ports,
+            node,
             state,
             affinity: None,
         }
@@ -98,12 +98,9 @@ impl Explainer for StateExplainer {
             ));
         }
         let state = Arc::clone(&self.state.borrow());
-        let render_config = crate::modes::render_config(
-            &self.config,
-            Some(&state.node.pod_cidrs),
-            self.node_ports.clone(),
-        )
-        .map_err(|error| ExplainFailure::Unavailable(format!("{error:#}")))?;
+        let render_config =
+            crate::modes::render_config(&self.config, Some(&state.node.pod_cidrs), &self.node)
+                .map_err(|error| ExplainFailure::Unavailable(format!("{error:#}")))?;
         let mut explanation =
             explain(&state, &render_config, query).map_err(|error| match error {
                 ExplainError::FamilyMismatch { .. } => ExplainFailure::BadQuery(error.to_string()),

@@ -211,11 +211,22 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let render_config = crate::modes::render_config(
-        &config,
-        Some(&state.node.pod_cidrs),
-        crate::modes::node_port_addresses(&config),
-    )?;
+    // The node IPs as the proxy would detect them from this Node (no start-up wait here).
+    // nodePortAddresses select among this machine's addresses and the Node's, so the answer
+    // fits the node whether explain runs on it or elsewhere.
+    let detected = crate::node_ips::Detected::new(state.node.host_ips(), config.bind_address());
+    let mut local = crate::modes::local_addresses();
+    local.extend(
+        state
+            .node
+            .addresses
+            .iter()
+            .filter(|ip| !local.contains(ip))
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    let node = crate::modes::NodeAddressing::new(&config, &detected, &local);
+    let render_config = crate::modes::render_config(&config, Some(&state.node.pod_cidrs), &node)?;
     let query = Query {
         destination: args.dest,
         source: args.from,
@@ -272,13 +283,14 @@ pub(crate) fn annotate_mode(
                 .scheduler
                 .parse()
                 .context("invalid ipvs.scheduler")?;
-            let node_ips = match &render_config.node_port_addresses {
-                kp_rules::iptables::NodePortAddresses::Ips(ips) => ips.clone(),
-                kp_rules::iptables::NodePortAddresses::All => state.node.addresses.clone(),
-            };
+            let node_ips =
+                crate::ipvs_mode::node_port_ips(&render_config.node_port_addresses, || {
+                    state.node.addresses.clone()
+                });
             ipvs_config = kp_rules::ipvs::IpvsConfig {
                 scheduler,
                 node_ips,
+                detected_node_ips: render_config.node_ips.clone(),
                 ..Default::default()
             };
             Mode::Ipvs(&ipvs_config)

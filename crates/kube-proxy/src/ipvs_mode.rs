@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use kp_config::KubeProxyConfiguration;
+use kp_core::model::IpFamily;
 use kp_dataplane::exec::{ExecRunner, Tools};
 use kp_dataplane::iptables::detect_families;
 use kp_dataplane::ipvs::{ExecIpset, IpvsBackend, IpvsBackendConfig, RtLinks};
@@ -84,10 +85,10 @@ pub fn available(config: &KubeProxyConfiguration) -> anyhow::Result<Result<(), U
 }
 
 /// Builds ipvs mode, or says why it cannot run here (`Ok(Err(..))`, for the fallback).
-/// Configuration errors are `Err`. `node_ports` is nodePortAddresses resolved once at start-up.
+/// Configuration errors are `Err`. `node` is resolved once at start-up.
 pub fn build(
     config: &KubeProxyConfiguration,
-    node_ports: NodePortAddresses,
+    node: &modes::NodeAddressing,
     cleanup_only: bool,
 ) -> anyhow::Result<Result<RealIpvsBackend, Unavailable>> {
     let scheduler: Scheduler = config
@@ -103,17 +104,16 @@ pub fn build(
     if !cleanup_only {
         modes::conntrack_sysctls(config, &host);
     }
-    let render = modes::render_config(config, None, node_ports.clone())?;
-    let node_ips = match node_ports {
-        NodePortAddresses::Ips(ips) => ips,
-        NodePortAddresses::All => node_addresses(),
-    };
+    let render = modes::render_config(config, None, node)?;
+    let every = node_addresses();
+    let node_ips = node_port_ips(&node.node_ports, || every.clone());
     let (masquerade_bit, masquerade_all) = config.masquerade();
     let backend_config = IpvsBackendConfig {
         families: detect_families(),
         plan: IpvsConfig {
             scheduler,
             node_ips,
+            detected_node_ips: node.node_ips.clone(),
             local_detector: render.local_detector.clone(),
             masquerade_all,
             masquerade_bit: u8::try_from(masquerade_bit).context("masqueradeBit out of range")?,
@@ -127,6 +127,7 @@ pub fn build(
         },
         strict_arp: config.ipvs.strict_arp,
         exclude_cidrs: config.ipvs_exclude_cidrs(),
+        node_addresses: every,
     };
     let backend = IpvsBackend::with_parts(
         backend_config,
@@ -138,6 +139,30 @@ pub fn build(
     );
     tracing::info!(%scheduler, "Using ipvs Proxier");
     Ok(Ok(backend))
+}
+
+/// Where IPVS NodePort virtual servers go: per family, the addresses nodePortAddresses
+/// allows, or every node address (`all`, read only when a family is unrestricted) as
+/// upstream, which creates one virtual server per node address.
+pub(crate) fn node_port_ips(
+    node_ports: &NodePortAddresses,
+    all: impl FnOnce() -> Vec<IpAddr>,
+) -> Vec<IpAddr> {
+    let mut all = Some(all);
+    let mut every = Vec::new();
+    let mut ips = Vec::new();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        match node_ports.for_family(family) {
+            NodePortAddresses::Ips(mine) => ips.extend(mine),
+            NodePortAddresses::All => {
+                if let Some(read) = all.take() {
+                    every = read();
+                }
+                ips.extend(every.iter().filter(|ip| IpFamily::of(ip) == family));
+            }
+        }
+    }
+    ips
 }
 
 /// The node's addresses for NodePorts when nodePortAddresses is unset: every address except

@@ -11,6 +11,7 @@ mod iptables_backend;
 mod ipvs_mode;
 mod log;
 mod modes;
+mod node_ips;
 mod userspace;
 
 use std::process::ExitCode;
@@ -65,29 +66,45 @@ fn run(options: Options) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let mut registry = prometheus_client::registry::Registry::default();
-    // Resolved once: the backend's rules and the health-check servers must agree.
-    let node_ports = modes::node_port_addresses(&config);
-    let settings = app::Settings::new(&options, config, node_ports.clone());
     // As upstream, `--cleanup` removes every kernel mode's state whatever mode is set.
     let kernel_mode = !matches!(mode, ProxyMode::Fake | ProxyMode::Winuserspace);
     if kernel_mode {
         // Once, before any iptables tool runs: every mode runs some (nftables mode removes
         // iptables mode's leftovers), and all of them must use the node's backend.
-        iptables_backend::select(
-            &runtime,
-            options.iptables_backend,
-            settings.config().iptables_backend,
-        )?;
+        iptables_backend::select(&runtime, options.iptables_backend, config.iptables_backend)?;
     }
     if options.cleanup && kernel_mode {
-        let backend = cleanup::build(settings.config(), node_ports, &mut registry)?;
+        let settings = app::Settings::for_cleanup(&options, config);
+        let backend = cleanup::build(settings.config(), settings.node(), &mut registry)?;
         return run_kernel_mode(&runtime, settings, backend, registry, true);
     }
     if options.init_only {
-        modes::init_only(settings.config(), node_ports).context("--init-only")?;
+        // Before the node's IPs are read: the set-up needs no API server, and what it decides
+        // (route_localnet for localhost NodePorts) follows the nodePortAddresses setting.
+        let fallback = kp_core::model::NodeIps::detect(&[], config.bind_address());
+        let node_ports =
+            node_ips::node_port_addresses(&config, &fallback, &modes::local_addresses());
+        modes::init_only(&config, node_ports).context("--init-only")?;
         tracing::info!("System initialized and --init-only specified");
         return Ok(());
     }
+    if mode == ProxyMode::Winuserspace {
+        anyhow::bail!(userspace::WINUSERSPACE_ON_LINUX);
+    }
+    // As upstream, the node's IPs are read once, before any rule is built; the backend's
+    // rules and the health-check servers use the same answer.
+    let source = node_ips::SourceSpec {
+        manifests: options.manifests.as_ref(),
+        master: options.master.as_deref(),
+    };
+    let detected = runtime
+        .block_on(node_ips::detect(&source, &config, &app::node_name(&config)))
+        .context("reading this node's IPs")?;
+    for warning in node_ips::config_warnings(&config, &detected.ips) {
+        tracing::error!(error = %warning, "Kube-proxy configuration may be incomplete or incorrect");
+    }
+    let settings = app::Settings::new(&options, config, &detected);
+    let node = settings.node().clone();
     modes::apply_oom_score_adj(settings.config());
     match mode {
         ProxyMode::Fake => {
@@ -102,7 +119,7 @@ fn run(options: Options) -> anyhow::Result<()> {
         // `--cleanup` of the kernel modes returned above: these arms only run them.
         ProxyMode::Iptables | ProxyMode::Ipvs => {
             if matches!(mode, ProxyMode::Ipvs) {
-                match ipvs_mode::build(settings.config(), node_ports.clone(), false)? {
+                match ipvs_mode::build(settings.config(), &node, false)? {
                     Ok(backend) => {
                         let backend =
                             modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
@@ -115,16 +132,16 @@ fn run(options: Options) -> anyhow::Result<()> {
                     }
                 }
             }
-            let backend = modes::iptables(settings.config(), node_ports, &mut registry, false)?;
+            let backend = modes::iptables(settings.config(), &node, &mut registry, false)?;
             let backend = modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
             run_kernel_mode(&runtime, settings, backend, registry, false)
         }
         ProxyMode::Nftables => {
-            let backend = modes::nftables(settings.config(), node_ports, &mut registry, false)?;
+            let backend = modes::nftables(settings.config(), &node, &mut registry, false)?;
             run_kernel_mode(&runtime, settings, backend, registry, false)
         }
         ProxyMode::Userspace => {
-            let backend = userspace::backend(settings.config(), &mut registry);
+            let backend = userspace::backend(settings.config(), &node, &mut registry);
             let settings = settings.with_affinity(backend.relay().affinity().clone());
             runtime.block_on(app::run(settings, backend, registry, false))
         }

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use anyhow::Context as _;
 use ipnet::IpNet;
-use kp_config::{KubeProxyConfiguration, LocalMode, NodePortAddresses as ConfigAddresses};
+use kp_config::{KubeProxyConfiguration, LocalMode};
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_dataplane::exec::Tools;
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics, detect_families};
@@ -15,13 +15,37 @@ use kp_dataplane::sysctls::{self, Applied, ConntrackSettings, FsSysctl, SysctlRe
 use kp_rules::iptables::{LocalDetector, NodePortAddresses, RenderConfig};
 use prometheus_client::registry::Registry;
 
+/// What this node's IPs decide, resolved once at start-up ([`crate::node_ips`]): where
+/// NodePorts (and health-check node ports) answer, and the node IP of each family the rules
+/// use (`loadBalancerSourceRanges`' allowance for the node).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeAddressing {
+    /// nodePortAddresses resolved ([`crate::node_ips::node_port_addresses`]).
+    pub node_ports: NodePortAddresses,
+    /// One node IP per family ([`kp_core::model::NodeIps::all`]).
+    pub node_ips: Vec<IpAddr>,
+}
+
+impl NodeAddressing {
+    /// From the node IPs detected at start-up and the node's `local` addresses.
+    pub fn new(
+        config: &KubeProxyConfiguration,
+        detected: &crate::node_ips::Detected,
+        local: &[IpAddr],
+    ) -> Self {
+        Self {
+            node_ports: crate::node_ips::node_port_addresses(config, &detected.ips, local),
+            node_ips: detected.ips.all().to_vec(),
+        }
+    }
+}
+
 /// Builds the iptables backend, applying upstream's start-up sysctls first unless the backend
-/// is only wanted for `--cleanup`. `node_ports` is nodePortAddresses resolved once at start-up
-/// ([`node_port_addresses`]). Changed sysctls are recorded for `--cleanup`
-/// ([`restore_sysctls`]).
+/// is only wanted for `--cleanup`. `node` is resolved once at start-up. Changed sysctls are
+/// recorded for `--cleanup` ([`restore_sysctls`]).
 pub fn iptables(
     config: &KubeProxyConfiguration,
-    node_ports: NodePortAddresses,
+    node: &NodeAddressing,
     registry: &mut Registry,
     cleanup_only: bool,
 ) -> anyhow::Result<IptablesBackend> {
@@ -35,7 +59,7 @@ pub fn iptables(
             "clusterCIDR is empty: pod traffic cannot be told apart, so ClusterIP traffic is not masqueraded"
         );
     }
-    let mut render = render_config(config, None, node_ports)?;
+    let mut render = render_config(config, None, node)?;
     render.drop_invalid = !sysctls::tcp_be_liberal(&host);
     if !cleanup_only {
         match sysctls::apply(&host, &sysctls::route_localnet_plan(&render, &families)) {
@@ -58,11 +82,11 @@ const MIN_NFT_VERSION: (u32, u32, u32) = (1, 0, 1);
 
 /// Builds the nftables backend, applying upstream's start-up conntrack sysctls first unless
 /// the backend is only wanted for `--cleanup`. nodePortAddresses defaults to `primary` in
-/// this mode ([`node_port_addresses`] resolves it); localhost NodePorts, route_localnet and
-/// the conntrack INVALID drop do not exist in nftables mode.
+/// this mode ([`crate::node_ips::node_port_addresses`] resolves it); localhost NodePorts,
+/// route_localnet and the conntrack INVALID drop do not exist in nftables mode.
 pub fn nftables(
     config: &KubeProxyConfiguration,
-    node_ports: NodePortAddresses,
+    node: &NodeAddressing,
     registry: &mut Registry,
     cleanup_only: bool,
 ) -> anyhow::Result<NftablesMode> {
@@ -77,7 +101,7 @@ pub fn nftables(
             "clusterCIDR is empty: pod traffic cannot be told apart, so ClusterIP traffic is not masqueraded"
         );
     }
-    let render = render_config(config, None, node_ports)?;
+    let render = render_config(config, None, node)?;
     let nft = NftablesBackend::with_metrics_registered(
         NftablesConfig::new(families.clone(), render.clone()),
         NftablesMetrics::register(registry),
@@ -224,7 +248,11 @@ pub(crate) fn init_plan(
     let mut plan = sysctls::conntrack_plan(&conntrack_settings(config), cpus);
     match config.mode() {
         kp_config::ProxyMode::Iptables => {
-            let render = render_config(config, None, node_ports)?;
+            let node = NodeAddressing {
+                node_ports,
+                node_ips: Vec::new(),
+            };
+            let render = render_config(config, None, &node)?;
             plan.extend(sysctls::route_localnet_plan(&render, &detect_families()));
         }
         kp_config::ProxyMode::Ipvs => {
@@ -305,11 +333,11 @@ pub fn restore_sysctls() -> anyhow::Result<()> {
 /// The renderer's configuration from `KubeProxyConfiguration`, shared by the proxy and
 /// `explain`. `node_pod_cidrs` is the Node's podCIDRs when known (`explain` reads the Node);
 /// the proxy starts before the Node is read, so it refuses NodeCIDR detection for now.
-/// `node_ports` is [`node_port_addresses`]'s answer, resolved once by the caller.
+/// `node` is resolved once by the caller.
 pub(crate) fn render_config(
     config: &KubeProxyConfiguration,
     node_pod_cidrs: Option<&[IpNet]>,
-    node_ports: NodePortAddresses,
+    node: &NodeAddressing,
 ) -> anyhow::Result<RenderConfig> {
     let (bit, masquerade_all) = config.masquerade();
     let local_detector = match config.detect_local_mode {
@@ -333,61 +361,16 @@ pub(crate) fn render_config(
         masquerade_bit: u8::try_from(bit).context("masqueradeBit out of range")?,
         masquerade_all,
         local_detector,
-        node_port_addresses: node_ports,
+        node_port_addresses: node.node_ports.clone(),
+        node_ips: node.node_ips.clone(),
         localhost_node_ports: config.iptables.localhost_node_ports,
         ..RenderConfig::default()
     })
 }
 
-/// nodePortAddresses resolved against this node's interface addresses (one `ip -o addr show`
-/// run when they are restricted). Resolved once at start-up by `main`, for the rules and the
-/// health-check servers alike.
-pub fn node_port_addresses(config: &KubeProxyConfiguration) -> NodePortAddresses {
-    match config.node_port_addresses() {
-        ConfigAddresses::All => NodePortAddresses::All,
-        ConfigAddresses::Primary => {
-            NodePortAddresses::Ips(primary_addresses(config.bind_address(), &local_addresses()))
-        }
-        ConfigAddresses::Cidrs(cidrs) => NodePortAddresses::Ips(select(&local_addresses(), &cidrs)),
-    }
-}
-
-/// `primary`: one address per family, as upstream gives each family's proxier its own node
-/// IP. A specified `bindAddress` is its family's primary; otherwise the first local address
-/// of the family that could be a node IP (not loopback, not IPv6 link-local, which every
-/// IPv6 interface has).
-fn primary_addresses(bind_address: Option<IpAddr>, local: &[IpAddr]) -> Vec<IpAddr> {
-    let bind = bind_address.filter(|ip| !ip.is_unspecified());
-    let candidate = |ip: &&IpAddr| match ip {
-        IpAddr::V4(v4) => !v4.is_loopback(),
-        IpAddr::V6(v6) => !v6.is_loopback() && !v6.is_unicast_link_local(),
-    };
-    [IpAddr::is_ipv4, IpAddr::is_ipv6]
-        .into_iter()
-        .filter_map(|is_family| {
-            bind.filter(&is_family).or_else(|| {
-                local
-                    .iter()
-                    .filter(candidate)
-                    .find(|ip| is_family(ip))
-                    .copied()
-            })
-        })
-        .collect()
-}
-
-/// The addresses among `addresses` inside any of `cidrs`.
-fn select(addresses: &[IpAddr], cidrs: &[IpNet]) -> Vec<IpAddr> {
-    addresses
-        .iter()
-        .copied()
-        .filter(|ip| cidrs.iter().any(|c| c.contains(ip)))
-        .collect()
-}
-
 /// This node's interface addresses, from `ip -o addr show` (empty, with a warning, if that
 /// fails: NodePorts then answer nowhere rather than everywhere).
-fn local_addresses() -> Vec<IpAddr> {
+pub(crate) fn local_addresses() -> Vec<IpAddr> {
     match std::process::Command::new("ip")
         .args(["-o", "addr", "show"])
         .output()
@@ -471,46 +454,6 @@ mod tests {
     }
 
     #[test]
-    fn selects_addresses_in_cidrs() {
-        let ips = parse_ip_addr("2: eth0 inet 192.168.49.2/24\n3: eth1 inet 10.0.0.5/8\n");
-        let cidrs = vec!["192.168.0.0/16".parse().expect("cidr")];
-        assert_eq!(
-            select(&ips, &cidrs),
-            vec!["192.168.49.2".parse::<IpAddr>().expect("ip")]
-        );
-    }
-
-    #[test]
-    fn primary_is_one_address_per_family() {
-        let ip = |s: &str| s.parse::<IpAddr>().expect("literal");
-        let local = [
-            ip("127.0.0.1"),
-            ip("::1"),
-            ip("fe80::1"),
-            ip("192.168.49.2"),
-            ip("10.0.0.5"),
-            ip("fd00::2"),
-            ip("fd00::3"),
-        ];
-        assert_eq!(
-            primary_addresses(None, &local),
-            [ip("192.168.49.2"), ip("fd00::2")]
-        );
-        // bindAddress overrides its own family only; 0.0.0.0 overrides nothing.
-        assert_eq!(
-            primary_addresses(Some(ip("10.0.0.5")), &local),
-            [ip("10.0.0.5"), ip("fd00::2")]
-        );
-        assert_eq!(
-            primary_addresses(Some(ip("0.0.0.0")), &local),
-            [ip("192.168.49.2"), ip("fd00::2")]
-        );
-        // Single-stack: no IPv6 beyond loopback and link-local.
-        assert_eq!(primary_addresses(None, &local[..5]), [ip("192.168.49.2")]);
-        assert!(primary_addresses(None, &local[..3]).is_empty());
-    }
-
-    #[test]
     fn parses_nft_versions() {
         assert_eq!(
             parse_nft_version("nftables v1.0.6 (Lester Gooch #5)\n"),
@@ -532,7 +475,7 @@ mod tests {
              clusterCIDR: 10.244.0.0/16\niptables:\n  masqueradeAll: true\n  masqueradeBit: 15\n",
         )
         .expect("valid config");
-        let render = render_config(&config, None, NodePortAddresses::All).expect("renders");
+        let render = render_config(&config, None, &NodeAddressing::default()).expect("renders");
         assert!(render.masquerade_all);
         assert_eq!(render.masquerade_bit, 15);
         assert_eq!(
@@ -540,9 +483,9 @@ mod tests {
             LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")])
         );
         config.detect_local_mode = LocalMode::NodeCidr;
-        assert!(render_config(&config, None, NodePortAddresses::All).is_err());
+        assert!(render_config(&config, None, &NodeAddressing::default()).is_err());
         let cidrs: Vec<IpNet> = vec!["10.244.1.0/24".parse().expect("cidr")];
-        let render = render_config(&config, Some(&cidrs), NodePortAddresses::All)
+        let render = render_config(&config, Some(&cidrs), &NodeAddressing::default())
             .expect("renders with the Node's podCIDRs");
         assert_eq!(render.local_detector, LocalDetector::Cidrs(cidrs));
     }
@@ -561,7 +504,7 @@ pub struct RemovesNftablesLeftovers<B> {
 impl<B> RemovesNftablesLeftovers<B> {
     /// `inner`, which removes nftables mode's tables for `families` after its first sync.
     pub fn new(inner: B, config: &KubeProxyConfiguration) -> anyhow::Result<Self> {
-        let render = render_config(config, None, NodePortAddresses::All)?;
+        let render = render_config(config, None, &NodeAddressing::default())?;
         let nft = NftablesBackend::new(NftablesConfig::new(detect_families(), render))
             .context("invalid nftables configuration")?;
         Ok(Self {

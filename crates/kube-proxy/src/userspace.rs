@@ -23,12 +23,16 @@ pub type UserspaceMode = UserspaceBackend<IptablesCapture<ExecRunner>>;
 /// Builds userspace mode. NodePorts answer where iptables mode's would
 /// (`nodePortAddresses`, localhost NodePorts), without needing `route_localnet`: the
 /// redirect keeps loopback traffic on the node.
-pub fn backend(config: &KubeProxyConfiguration, registry: &mut Registry) -> UserspaceMode {
+pub fn backend(
+    config: &KubeProxyConfiguration,
+    node: &crate::modes::NodeAddressing,
+    registry: &mut Registry,
+) -> UserspaceMode {
     let families = detect_families();
     let capture = IptablesCapture::new(
         ExecRunner::new(Tools::host()),
         CaptureConfig {
-            node_port_addresses: crate::modes::node_port_addresses(config),
+            node_port_addresses: node.node_ports.clone(),
             localhost_node_ports: config.iptables.localhost_node_ports,
             drop_bit: DEFAULT_DROP_BIT,
         },

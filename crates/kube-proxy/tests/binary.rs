@@ -93,17 +93,7 @@ impl Proxy {
     fn terminate(mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "kube-proxy did not exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_exit(&mut self)
     }
 }
 
@@ -353,6 +343,7 @@ fn bind_address_hard_fail_stops_on_a_taken_port() {
         "{stderr}"
     );
     drop(taken);
+}
 
 /// The hostile manifests corpus (kp-sources/tests/data/hostile): the real binary logs every
 /// rejected object by name and every broken document by file and line, counts each in its
@@ -436,6 +427,109 @@ fn hostile_corpus_is_logged_and_counted() {
     // The valid service ports, hostile names and all, are programmed.
     let ports = format!("service_ports={:?}", state.services.len().to_string());
     assert!(log.contains(&ports), "expected {ports}:\n{log}");
+    let status = proxy.terminate();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+/// Waits (bounded) for the proxy to exit by itself and returns its status.
+fn wait_exit(proxy: &mut Proxy) -> std::process::ExitStatus {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(Some(status)) = proxy.child.try_wait() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kube-proxy did not exit; log so far:\n{}",
+            proxy.seen.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A Node named node-1 with these `status.addresses` (type, address).
+fn node_yaml(addresses: &[(&str, &str)]) -> String {
+    let list: String = addresses
+        .iter()
+        .map(|(kind, address)| format!("    - type: {kind}\n      address: \"{address}\"\n"))
+        .collect();
+    format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: node-1\nstatus:\n  addresses:\n{list}")
+}
+
+#[test]
+fn node_ips_are_read_at_start_and_a_change_restarts_the_proxy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_examples(dir.path());
+    let node = dir.path().join("node.yaml");
+    // ExternalIP listed first, a second InternalIP: upstream takes the first InternalIP and
+    // the first address of the other family.
+    std::fs::write(
+        &node,
+        node_yaml(&[
+            ("ExternalIP", "203.0.113.7"),
+            ("InternalIP", "192.168.9.10"),
+            ("InternalIP", "192.168.9.11"),
+            ("InternalIP", "fd00:9::10"),
+            ("Hostname", "node-1"),
+        ]),
+    )
+    .expect("write node.yaml");
+    let mut proxy = Proxy::start(dir.path(), &[]);
+    proxy.wait_for(&["Successfully retrieved NodeIPs", "192.168.9.10,fd00:9::10"]);
+    proxy.wait_for(&["Dry-run sync"]);
+
+    // Labels and further addresses do not change the node IPs: the proxy keeps running.
+    std::fs::write(
+        &node,
+        node_yaml(&[
+            ("InternalIP", "192.168.9.10"),
+            ("InternalIP", "fd00:9::10"),
+            ("InternalIP", "192.168.9.12"),
+        ]),
+    )
+    .expect("rewrite node.yaml");
+    proxy.wait_for(&["Dry-run sync"]);
+    assert!(
+        matches!(proxy.child.try_wait(), Ok(None)),
+        "still running after an edit that keeps the node IPs:\n{}",
+        proxy.seen.join("\n")
+    );
+    // Then the node IP changes: upstream's node manager exits with status 1.
+    std::fs::write(
+        &node,
+        node_yaml(&[("InternalIP", "192.168.9.20"), ("InternalIP", "fd00:9::10")]),
+    )
+    .expect("rewrite node.yaml");
+    let line = proxy.wait_for(&["NodeIPs changed for the node"]);
+    assert!(
+        line.contains("192.168.9.20") && line.contains("192.168.9.10"),
+        "{line}"
+    );
+    let status = wait_exit(&mut proxy);
+    assert_eq!(status.code(), Some(1), "exit status {status}");
+}
+
+#[test]
+fn without_a_node_the_proxy_falls_back_as_upstream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_examples(dir.path());
+    std::fs::remove_file(dir.path().join("node.yaml")).expect("remove node.yaml");
+    let mut proxy = Proxy::start(dir.path(), &[]);
+    proxy.wait_for(&["Timed out waiting for node to exist"]);
+    proxy.wait_for(&["Can't determine this node's IP, assuming loopback"]);
+    proxy.wait_for(&["Dry-run sync"]);
+    let status = proxy.terminate();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+
+    // A specific bindAddress is the node IP then: no loopback notice.
+    let mut proxy = Proxy::start(dir.path(), &["--bind-address=192.168.9.30"]);
+    proxy.wait_for(&["Timed out waiting for node to exist"]);
+    proxy.wait_for(&["Dry-run sync"]);
+    assert!(
+        !proxy.seen.iter().any(|l| l.contains("assuming loopback")),
+        "{}",
+        proxy.seen.join("\n")
+    );
     let status = proxy.terminate();
     assert!(status.success(), "exit status after SIGTERM: {status}");
 }

@@ -559,3 +559,50 @@ fn verify_against_kernel_rules() {
     assert!(text.contains("3 differences"), "{text}");
     assert!(text.contains("unexpected rule nat"), "{text}");
 }
+
+#[test]
+fn node_ports_follow_the_node_ip_and_the_mode_default() {
+    // The example cluster with a Node listing a second InternalIP after the node IP.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(examples()).expect("examples dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path).expect("read example");
+            let text = text.replace(
+                "    - type: Hostname\n",
+                "    - type: InternalIP\n      address: 192.168.49.3\n    - type: Hostname\n",
+            );
+            std::fs::write(dir.path().join(path.file_name().expect("name")), text)
+                .expect("write example");
+        }
+    }
+    let explain = |dest: &str, mode: &str| -> Value {
+        let out = Command::new(binary())
+            .args([
+                "explain",
+                &format!("--manifests={}", dir.path().display()),
+                "--hostname-override=node-1",
+                &format!("--proxy-mode={mode}"),
+                dest,
+                "-o",
+                "json",
+            ])
+            .output()
+            .expect("run kube-proxy explain");
+        assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+    };
+    let node_port = |v: &Value| {
+        v["matches"]
+            .as_array()
+            .expect("matches")
+            .iter()
+            .any(|m| m["how"] == "NodePort")
+    };
+    // iptables mode, nodePortAddresses unset: every node address.
+    assert!(node_port(&explain("192.168.49.2:30443", "iptables")));
+    assert!(node_port(&explain("192.168.49.3:30443", "iptables")));
+    // nftables mode defaults to `primary`: the node IP (the first InternalIP) only.
+    assert!(node_port(&explain("192.168.49.2:30443", "nftables")));
+    assert!(!node_port(&explain("192.168.49.3:30443", "nftables")));
+}

@@ -114,8 +114,8 @@ fn rootfs() -> &'static Path {
 }
 
 /// The traffic suite's launcher for this test: the binary as the image runs it.
-fn in_image(command: &mut Command, source: &support::Source<'_>, state: &Path) {
-    let support::Source::Manifests(manifests) = source else {
+fn in_image(command: &mut Command, source: &support::ObjectSource<'_>, state: &Path) {
+    let support::ObjectSource::Manifests(manifests) = source else {
         panic!("the image test runs the proxy on manifests only, not {source:?}");
     };
     command

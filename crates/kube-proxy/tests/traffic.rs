@@ -86,6 +86,12 @@ macro_rules! scenario_tests {
         fn link_local_node() {
             scenarios::link_local_node(MODE);
         }
+
+        #[test]
+        $(#[$attr])*
+        fn node_port_address_forms() {
+            scenarios::node_port_address_forms(MODE);
+        }
     };
 }
 
@@ -116,7 +122,7 @@ mod ipvs {
 
     const MODE: Mode = Mode::Ipvs;
     /// The ignored scenarios below: every one must pass inside the VM.
-    const GUEST_TESTS: usize = 12;
+    const GUEST_TESTS: usize = 13;
 
     #[test]
     fn ipvs_scenarios_in_the_vm() {

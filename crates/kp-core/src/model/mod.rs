@@ -17,6 +17,7 @@ use serde::Serialize;
 mod endpoints;
 mod names;
 mod node;
+mod node_ips;
 mod parse;
 mod service;
 mod service_cidr;
@@ -26,6 +27,7 @@ mod tests;
 pub use endpoints::{SERVICE_NAME_LABEL, merge_slices, slice_endpoints, slice_endpoints_with};
 pub use names::Names;
 pub use node::{TO_BE_DELETED_TAINT, node_info};
+pub use node_ips::{NodeIps, host_ips};
 pub use parse::{
     AddressError, IpNetOrAddr, check_strict_cidr, check_strict_ip, parse_cidr, parse_ip,
 };

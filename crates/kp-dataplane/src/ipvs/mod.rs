@@ -69,6 +69,11 @@ pub struct IpvsBackendConfig {
     /// (another agent's, e.g. on a node IP); `--cleanup` still flushes everything, as
     /// upstream.
     pub exclude_cidrs: Vec<IpNet>,
+    /// Every address of the node besides `plan.node_ips` (kube-ipvs0's aside): virtual
+    /// servers on them that no service wants are stale too, as NodePorts of an earlier
+    /// `nodePortAddresses` are (upstream deletes every unwanted virtual server of its
+    /// family; [`IpvsBackendConfig::exclude_cidrs`] protects another agent's).
+    pub node_addresses: Vec<IpAddr>,
 }
 
 /// The sysctls upstream's ipvs mode sets: IPVS keeps conntrack entries (needed for
@@ -332,6 +337,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             .iter()
             .chain(&wanted_addresses)
             .chain(&self.config.plan.node_ips)
+            .chain(&self.config.node_addresses)
             .copied()
             .collect();
         let excluded = |ip: &IpAddr| self.config.exclude_cidrs.iter().any(|n| n.contains(ip));

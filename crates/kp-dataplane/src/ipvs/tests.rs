@@ -62,6 +62,7 @@ fn config() -> IpvsBackendConfig {
         timeouts: Timeouts::default(),
         strict_arp: false,
         exclude_cidrs: Vec::new(),
+        node_addresses: Vec::new(),
     }
 }
 
@@ -305,6 +306,25 @@ fn foreign_virtual_servers_are_left_alone() {
     h.ipvs.clone().add_service(&foreign).expect("add");
     h.sync(&two_services());
     assert!(h.ipvs.clone().services().expect("list").contains(&foreign));
+}
+
+#[test]
+fn node_ports_on_node_addresses_no_longer_allowed_are_stale() {
+    // An earlier run served NodePorts on every node address; nodePortAddresses now allows
+    // only the node IP (plan.node_ips), the second address is still the node's.
+    let old = kp_ipvs::VirtualServer::new(key("192.168.0.3", 30080), Scheduler::Rr, None);
+    let run = |node_addresses: Vec<IpAddr>| {
+        let mut h = harness(IpvsBackendConfig {
+            node_addresses,
+            ..config()
+        });
+        h.ipvs.clone().add_service(&old).expect("add");
+        h.sync(&two_services());
+        h.ipvs.clone().services().expect("list")
+    };
+    assert!(!run(vec![ip("192.168.0.3")]).contains(&old));
+    // Not an address of this node: someone else's, left alone.
+    assert!(run(Vec::new()).contains(&old));
 }
 
 #[test]

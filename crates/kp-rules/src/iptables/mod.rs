@@ -76,9 +76,48 @@ pub enum NodePortAddresses {
     #[default]
     All,
     /// Only these addresses: the node's addresses matching `--nodeport-addresses`, resolved
-    /// by the caller (that needs the interface list, which is I/O). Addresses of the other
-    /// family are ignored; empty means no NodePort traffic is accepted.
+    /// by the caller (that needs the interface list, which is I/O). An unspecified address
+    /// (`0.0.0.0`, `::`) leaves its whole family unrestricted, as upstream treats a family
+    /// that has no CIDR in the list (or a `0.0.0.0/0`, `::/0` one); any other family accepts
+    /// NodePorts only on its listed addresses, nowhere when none is listed.
     Ips(Vec<IpAddr>),
+}
+
+impl NodePortAddresses {
+    /// `family`'s part: [`NodePortAddresses::All`] when that family is unrestricted, else
+    /// its own listed addresses (possibly none).
+    pub fn for_family(&self, family: IpFamily) -> NodePortAddresses {
+        match self {
+            NodePortAddresses::All => NodePortAddresses::All,
+            NodePortAddresses::Ips(ips) => {
+                let mine = ips.iter().copied().filter(|ip| IpFamily::of(ip) == family);
+                if mine.clone().any(|ip| ip.is_unspecified()) {
+                    NodePortAddresses::All
+                } else {
+                    NodePortAddresses::Ips(mine.collect())
+                }
+            }
+        }
+    }
+}
+
+/// The node IP of `family` where upstream uses "the node IP" (the allowance
+/// `loadBalancerSourceRanges` gives the node's own traffic): from `configured` (the IPs the
+/// proxy detected at start-up, [`RenderConfig::node_ips`]) or, when that is empty, the
+/// Node's own first address of that family.
+pub fn node_ip(
+    configured: &[IpAddr],
+    node: &kp_core::model::NodeInfo,
+    family: IpFamily,
+) -> Option<IpAddr> {
+    let from_node;
+    let ips = if configured.is_empty() {
+        from_node = node.host_ips();
+        &from_node
+    } else {
+        configured
+    };
+    ips.iter().copied().find(|ip| IpFamily::of(ip) == family)
 }
 
 /// The proxy configuration the renderer depends on.
@@ -92,6 +131,10 @@ pub struct RenderConfig {
     pub local_detector: LocalDetector,
     /// Which node addresses accept NodePorts.
     pub node_port_addresses: NodePortAddresses,
+    /// This node's IP of each family as detected at start-up (`kp_core::model::NodeIps`:
+    /// the Node's, `bindAddress`, or loopback), for [`node_ip`]. Empty: the Node's addresses
+    /// in the state are used.
+    pub node_ips: Vec<IpAddr>,
     /// Accept NodePorts on 127.0.0.0/8 (`iptables.localhostNodePorts`, IPv4 only).
     pub localhost_node_ports: bool,
     /// Drop forwarded packets in conntrack state INVALID. Upstream omits the rule when
@@ -111,6 +154,7 @@ impl Default for RenderConfig {
             masquerade_all: false,
             local_detector: LocalDetector::None,
             node_port_addresses: NodePortAddresses::All,
+            node_ips: Vec::new(),
             localhost_node_ports: true,
             drop_invalid: true,
             random_fully: true,

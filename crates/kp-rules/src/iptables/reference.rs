@@ -172,12 +172,8 @@ pub(super) fn render(
         config,
         detector,
         large_cluster: total_endpoints > config.large_cluster_threshold,
-        node_ips: state
-            .node
-            .addresses
-            .iter()
-            .copied()
-            .filter(|ip| IpFamily::of(ip) == family)
+        node_ips: super::node_ip(&config.node_ips, &state.node, family)
+            .into_iter()
             .collect(),
     };
 
@@ -316,7 +312,7 @@ pub(super) fn render(
 fn render_nodeport_dispatch(ctx: &Context<'_>, nat: &mut TableText) {
     let comment = "kubernetes service nodeports; NOTE: this must be the last rule in this chain";
     let ipv4 = ctx.family == IpFamily::V4;
-    match &ctx.config.node_port_addresses {
+    match &ctx.config.node_port_addresses.for_family(ctx.family) {
         NodePortAddresses::All => {
             let mut rule = Rule::append(KUBE_SERVICES)
                 .comment(comment)

@@ -238,6 +238,7 @@ mod same_as_reference {
                         masquerade_all: all,
                         local_detector,
                         node_port_addresses: ports,
+                        node_ips: Vec::new(),
                         localhost_node_ports: localhost,
                         drop_invalid: invalid,
                         random_fully: random,

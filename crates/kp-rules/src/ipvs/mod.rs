@@ -38,6 +38,12 @@ pub struct IpvsConfig {
     /// The node addresses that accept NodePorts (resolved from nodePortAddresses, without
     /// loopback and kube-ipvs0's own addresses).
     pub node_ips: Vec<IpAddr>,
+    /// This node's IP of each family as detected at start-up, for the allowance
+    /// `loadBalancerSourceRanges` gives the node (as [`RenderConfig::node_ips`]; empty: the
+    /// Node's addresses in the state).
+    ///
+    /// [`RenderConfig::node_ips`]: crate::iptables::RenderConfig::node_ips
+    pub detected_node_ips: Vec<IpAddr>,
     /// How local pod traffic is recognised (for the masquerade rule).
     pub local_detector: LocalDetector,
     /// Masquerade all ClusterIP traffic.
@@ -145,14 +151,8 @@ pub fn plan(state: &ProxyState, family: IpFamily, config: &IpvsConfig) -> Desire
         lb_no_node_access: BTreeSet::new(),
     };
     let none = Vec::new();
-    // The Node's own addresses of this family (the iptables renderer's notion of node IP).
-    let node_ips: Vec<IpAddr> = state
-        .node
-        .addresses
-        .iter()
-        .copied()
-        .filter(|ip| IpFamily::of(ip) == family)
-        .collect();
+    // Upstream's node IP of this family (see `crate::iptables::node_ip`).
+    let node_ip = crate::iptables::node_ip(&config.detected_node_ips, &state.node, family);
     for (name, full) in &state.services {
         let Some(svc) = full.for_family(family) else {
             continue;
@@ -232,7 +232,7 @@ pub fn plan(state: &ProxyState, family: IpFamily, config: &IpvsConfig) -> Desire
                 let allow_from_node = svc
                     .load_balancer_source_ranges
                     .iter()
-                    .any(|net| node_ips.iter().any(|n| net.contains(n)));
+                    .any(|net| node_ip.is_some_and(|n| net.contains(&n)));
                 if allow_from_node {
                     put(SetKind::LoadBalancerSourceIp, format!("{entry},{ip}"));
                 } else {

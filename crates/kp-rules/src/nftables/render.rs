@@ -266,12 +266,8 @@ pub fn render(
         fam,
         config,
         node: &state.node,
-        node_ips: state
-            .node
-            .addresses
-            .iter()
-            .copied()
-            .filter(|ip| IpFamily::of(ip) == family)
+        node_ips: crate::iptables::node_ip(&config.node_ips, &state.node, family)
+            .into_iter()
             .collect(),
     };
     let existing = scope.existing;
@@ -810,7 +806,7 @@ fn setup_text(ctx: &Context<'_>, mark: u32, service_cidrs: &[IpNet]) -> String {
     ));
     // Which destinations accept NodePorts: the listed node addresses, or every local address
     // but loopback (nftables mode never supports localhost NodePorts).
-    let nodeport_match = match &ctx.config.node_port_addresses {
+    let nodeport_match = match &ctx.config.node_port_addresses.for_family(ctx.family) {
         NodePortAddresses::All => {
             // Ensure the set is gone: `add` first so the `delete` cannot fail.
             stmt(format_args!("delete set {table} {NODEPORT_IPS}"));

@@ -33,12 +33,15 @@ fn ip(text: &str) -> IpAddr {
     text.parse().expect("literal address")
 }
 
-/// Local pods `a` and `b`, remote pod `c`.
+/// Local pods `a` and `b`, remote pod `c`, on a node shaped like real ones (a second NIC
+/// with the default route, secondary addresses, a VIP on `lo`, a link-local service address
+/// on a dummy-like device): every scenario must hold there with default flags.
 fn cluster(dual_stack: bool) -> Cluster {
     Cluster::builder()
         .pod("a")
         .pod("b")
         .remote_pod("c")
+        .real_node_shape(true)
         .dual_stack(dual_stack)
         .build()
         .expect(
@@ -1896,6 +1899,173 @@ pub fn link_local_node(mode: Mode) {
                 "{what}: the source the endpoints saw{}",
                 env.diag()
             );
+        }
+    }
+}
+
+// --- nodePortAddresses on a real-shaped node ---------------------------------------------
+
+/// One `nodePortAddresses` form and where NodePorts (and, for IPv4, health-check node ports)
+/// must answer on the real-shaped node; every other candidate address must refuse.
+struct NodePortForm {
+    /// What the check is called in messages.
+    what: &'static str,
+    /// The `--nodeport-addresses` flag, `None` for the mode's default.
+    flag: Option<String>,
+    /// The answering addresses (link-local ones are probed from the node itself).
+    answer: Vec<IpAddr>,
+}
+
+/// Every address of the real-shaped node that could take NodePorts: the node IPs, the
+/// secondary addresses, the second NIC's, the VIPs on `lo`, NodeLocal DNSCache's link-local
+/// address.
+fn node_port_candidates() -> Vec<IpAddr> {
+    use kp_testbed::addresses::{
+        LINK_LOCAL_SERVICE_V4, NODE_LO_VIP_V4, NODE_LO_VIP_V6, NODE_NIC2_V4, NODE_NIC2_V6,
+        NODE_SECONDARY_V4, NODE_SECONDARY_V6, NODE_V4, NODE_V6,
+    };
+    vec![
+        IpAddr::V4(NODE_V4),
+        IpAddr::V4(NODE_SECONDARY_V4),
+        IpAddr::V4(NODE_NIC2_V4),
+        IpAddr::V4(NODE_LO_VIP_V4),
+        IpAddr::V4(LINK_LOCAL_SERVICE_V4),
+        IpAddr::V6(NODE_V6),
+        IpAddr::V6(NODE_SECONDARY_V6),
+        IpAddr::V6(NODE_NIC2_V6),
+        IpAddr::V6(NODE_LO_VIP_V6),
+    ]
+}
+
+/// Each `nodePortAddresses` form on the real-shaped node (dual-stack), one proxy run each
+/// over the rules of the previous one: the mode's default (every local address in the
+/// iptables, userspace and ipvs modes; `primary` in nftables mode), `primary` (the Node's
+/// InternalIP of each family, not the secondary, second-NIC, VIP or link-local addresses),
+/// a CIDR list (the LAN's addresses, primary and secondary), and a CIDR list that matches
+/// only the second NIC (IPv4 there only; IPv6, which the list does not name, unrestricted,
+/// as upstream). Health-check node ports answer on the same IPv4 addresses.
+pub fn node_port_address_forms(mode: Mode) {
+    use kp_testbed::addresses::{
+        LAN_CIDR_V4, LAN_CIDR_V6, NIC2_CIDR_V4, NODE_NIC2_V4, NODE_SECONDARY_V4, NODE_SECONDARY_V6,
+        NODE_V4, NODE_V6,
+    };
+    let c = cluster(true);
+    let services = [
+        Service::new("np", "10.96.0.95")
+            .tcp(80)
+            .node_port(30095)
+            .endpoints(&c, &["a", "b", "c"]),
+        Service::new("np6", "fd00:10:96::95")
+            .tcp(80)
+            .node_port(30096)
+            .endpoints(&c, &["a", "b", "c"]),
+        // Health-check node ports exist for LoadBalancer Services with eTP Local only.
+        Service::new("hc", "10.96.0.96")
+            .tcp(80)
+            .node_port(30097)
+            .load_balancer("198.51.100.95")
+            .etp_local(32095)
+            .endpoints(&c, &["a"]),
+    ];
+    let all = node_port_candidates();
+    let primary = vec![IpAddr::V4(NODE_V4), IpAddr::V6(NODE_V6)];
+    let forms = [
+        NodePortForm {
+            what: "default nodePortAddresses",
+            flag: None,
+            answer: if mode == Mode::Nftables {
+                primary.clone()
+            } else {
+                all.clone()
+            },
+        },
+        NodePortForm {
+            what: "nodePortAddresses primary",
+            flag: Some("primary".to_owned()),
+            answer: primary,
+        },
+        NodePortForm {
+            what: "nodePortAddresses: the LAN's CIDRs",
+            flag: Some(format!("{LAN_CIDR_V4},{LAN_CIDR_V6}")),
+            answer: vec![
+                IpAddr::V4(NODE_V4),
+                IpAddr::V4(NODE_SECONDARY_V4),
+                IpAddr::V6(NODE_V6),
+                IpAddr::V6(NODE_SECONDARY_V6),
+            ],
+        },
+        NodePortForm {
+            what: "nodePortAddresses: the second NIC's IPv4 CIDR only",
+            flag: Some(NIC2_CIDR_V4.to_owned()),
+            answer: std::iter::once(IpAddr::V4(NODE_NIC2_V4))
+                .chain(all.iter().copied().filter(IpAddr::is_ipv6))
+                .collect(),
+        },
+    ];
+    let flags_of = |form: &NodePortForm| {
+        let flags = Flags::cluster_cidr(CLUSTER_CIDR_DUAL);
+        match &form.flag {
+            Some(value) => flags.flag(&format!("--nodeport-addresses={value}")),
+            None => flags,
+        }
+    };
+    let mut env = Env::start_with(mode, c, flags_of(&forms[0]), &services, &[]);
+    for (index, form) in forms.iter().enumerate() {
+        if index > 0 {
+            env.restart_with(flags_of(form));
+        }
+        check_node_port_form(&env, form, &all);
+    }
+}
+
+/// Probes every candidate address for the NodePorts and (IPv4) the health-check node port.
+fn check_node_port_form(env: &Env, form: &NodePortForm, all: &[IpAddr]) {
+    let cl = &env.cluster;
+    let what = form.what;
+    for &address in all {
+        // The link-local address is only reachable from the node itself.
+        let from = if matches!(address, IpAddr::V4(v4) if v4.is_link_local()) {
+            cl.node()
+        } else {
+            cl.external_in()
+        };
+        let port = if address.is_ipv6() { 30096 } else { 30095 };
+        let answers = form.answer.contains(&address);
+        let tally = cl.tcp_repeat(from, address, port, 3).expect("probe");
+        if answers {
+            assert!(
+                tally.all_answered(),
+                "{what}: NodePort on {address} must answer: {:?}{}",
+                tally.outcomes(),
+                env.diag()
+            );
+        } else {
+            assert_all(
+                env,
+                &format!("{what}: NodePort on {address} must not answer"),
+                &tally,
+                &Outcome::Refused,
+            );
+        }
+        if address.is_ipv4() {
+            let health = SocketAddr::new(address, 32095);
+            if answers {
+                let response = http_get(cl, from, health);
+                assert_eq!(
+                    response.status,
+                    200,
+                    "{what}: health check on {health}: {response:?}{}",
+                    env.diag()
+                );
+            } else {
+                let outcome = cl.tcp(from, address, 32095).expect("probe");
+                assert_eq!(
+                    outcome,
+                    Outcome::Refused,
+                    "{what}: nothing may listen for health checks on {health}{}",
+                    env.diag()
+                );
+            }
         }
     }
 }

@@ -439,23 +439,23 @@ impl Flags {
 /// Appends the binary under test to `ip netns exec NODE`, with `--manifests` pointing at
 /// `manifests` and its record of changed kernel settings kept in `state`; the proxy's other
 /// flags follow.
-pub type Launcher = fn(command: &mut Command, source: &Source<'_>, state: &Path);
+pub type Launcher = fn(command: &mut Command, source: &ObjectSource<'_>, state: &Path);
 
 /// Where the proxy under test reads its objects from.
 #[derive(Debug)]
-pub enum Source<'a> {
+pub enum ObjectSource<'a> {
     /// `--manifests=PATH`.
     Manifests(&'a Path),
     /// `--master=URL` (a list/watch server).
     Master(&'a str),
 }
 
-impl Source<'_> {
+impl ObjectSource<'_> {
     /// The flag naming this source, with `manifests` as the path the proxy sees.
     pub fn flag(&self, manifests: &Path) -> String {
         match self {
-            Source::Manifests(_) => format!("--manifests={}", manifests.display()),
-            Source::Master(url) => format!("--master={url}"),
+            ObjectSource::Manifests(_) => format!("--manifests={}", manifests.display()),
+            ObjectSource::Master(url) => format!("--master={url}"),
         }
     }
 }
@@ -474,10 +474,10 @@ pub fn set_launcher(launcher: Launcher) {
 }
 
 /// The default [`Launcher`]: the binary cargo built, as it is.
-fn run_built_binary(command: &mut Command, source: &Source<'_>, state: &Path) {
+fn run_built_binary(command: &mut Command, source: &ObjectSource<'_>, state: &Path) {
     let manifests = match source {
-        Source::Manifests(path) => *path,
-        Source::Master(_) => Path::new(""),
+        ObjectSource::Manifests(path) => *path,
+        ObjectSource::Master(_) => Path::new(""),
     };
     command
         .arg(KUBE_PROXY)
@@ -511,8 +511,8 @@ impl Proxy {
         let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
         let healthz = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
         let source = match &flags.master {
-            Some(url) => Source::Master(url),
-            None => Source::Manifests(manifests),
+            Some(url) => ObjectSource::Master(url),
+            None => ObjectSource::Manifests(manifests),
         };
         let mut command = Command::new("ip");
         command.args(["netns", "exec", cluster.node_ns()]);
@@ -813,6 +813,12 @@ impl Env {
     /// Stops the proxy with SIGTERM (asserting a clean exit) and starts a new one over the
     /// same rules and manifests, waiting for its first sync.
     pub fn restart_proxy(&mut self) {
+        let flags = self.flags.clone();
+        self.restart_with(flags);
+    }
+
+    /// Like [`Env::restart_proxy`], with `flags` from now on.
+    pub fn restart_with(&mut self, flags: Flags) {
         let proxy = self.proxy.take().expect("the proxy is running");
         let tail = proxy.tail();
         let status = proxy.terminate();
@@ -820,6 +826,7 @@ impl Env {
             status.success(),
             "exit status after SIGTERM: {status}; log:\n{tail}"
         );
+        self.flags = flags;
         self.start_proxy();
     }
 
@@ -909,16 +916,32 @@ pub enum Source {
     Masqueraded,
 }
 
-/// The address a masqueraded flow to `pod` leaves the node with.
+/// The address a masqueraded flow to `pod` leaves the node with: the veth gateway for a
+/// local pod; for a remote pod, the source the node's kernel picks for the route to it (on
+/// a real-shaped node with several IPv6 addresses on the LAN interface that need not be the
+/// node IP: IPv6 has no "primary" address, and MASQUERADE takes the kernel's choice).
 pub fn masquerade_address(cluster: &Cluster, pod: &Host, v6: bool) -> IpAddr {
     match (pod.role(), v6) {
-        (Role::Pod { remote: true }, false) => cluster.node().ip(),
+        (Role::Pod { remote: true }, false) => route_source(cluster, pod.ip()),
         (Role::Pod { remote: true }, true) => {
-            IpAddr::V6(cluster.node().ipv6().expect("dual-stack cluster"))
+            route_source(cluster, IpAddr::V6(pod.ipv6().expect("dual-stack cluster")))
         }
         (_, false) => IpAddr::V4(NODE_POD_GATEWAY_V4),
         (_, true) => IpAddr::V6(NODE_POD_GATEWAY_V6),
     }
+}
+
+/// The source address the node's kernel picks towards `dst` (`ip route get`).
+fn route_source(cluster: &Cluster, dst: IpAddr) -> IpAddr {
+    let out = cluster
+        .exec(cluster.node_ns(), &["ip", "route", "get", &dst.to_string()])
+        .unwrap_or_else(|e| panic!("ip route get {dst} in the node namespace: {e}"));
+    let mut words = out.split_whitespace();
+    words
+        .find(|w| *w == "src")
+        .and_then(|_| words.next())
+        .and_then(|src| src.parse().ok())
+        .unwrap_or_else(|| panic!("no source address in `ip route get {dst}`: {out}"))
 }
 
 /// Asserts that every flow was answered, that exactly the pods in `expected` answered (each
