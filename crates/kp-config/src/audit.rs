@@ -89,6 +89,7 @@ pub const FIELDS: &[FieldTreatment] = &[
         Warned("kube-proxy-rs has no hidden (deprecated) metrics to show"),
     ),
     field("serviceProxyName", Extension),
+    field("iptablesBackend", Extension),
     field("mode", Effective),
     field("iptables.masqueradeBit", Effective),
     field("iptables.masqueradeAll", Effective),
@@ -183,6 +184,7 @@ pub const FLAGS: &[FlagTreatment] = &[
     flag("--help", Effective),
     flag("--manifests", Extension),
     flag("--debug-explain", Extension),
+    sets("--iptables-backend", "iptablesBackend"),
     sets("--feature-gates", "featureGates"),
     sets("--kubeconfig", "clientConnection.kubeconfig"),
     sets("--kube-api-content-type", "clientConnection.contentType"),
@@ -461,6 +463,7 @@ mod tests {
         c.logging.options.text.split_stream = true;
         c.nftables.table_name = "t".into();
         c.windows_run_as_service = true;
+        c.iptables_backend = crate::IptablesBackend::Legacy;
         c
     }
 
