@@ -22,7 +22,8 @@ pub type UserspaceMode = UserspaceBackend<IptablesCapture<ExecRunner>>;
 
 /// Builds userspace mode. NodePorts answer where iptables mode's would
 /// (`nodePortAddresses`, localhost NodePorts), without needing `route_localnet`: the
-/// redirect keeps loopback traffic on the node.
+/// capture (DNAT to the relay on a node address, or REDIRECT) keeps loopback traffic on the
+/// node.
 pub fn backend(config: &KubeProxyConfiguration, registry: &mut Registry) -> UserspaceMode {
     let families = detect_families();
     let capture = IptablesCapture::new(
