@@ -175,10 +175,12 @@ impl<C: Capture> UserspaceBackend<C> {
         self
     }
 
-    /// Chooses the relay address of each family anew when the Node's addresses changed:
-    /// the first that is local (a socket can be bound to it).
-    fn choose_relay_addresses(&mut self, node_addresses: &[IpAddr]) {
-        if !self.choose_relay_addresses || self.relay_addresses.0 == node_addresses {
+    /// Chooses the relay address of each family: the first of the Node's addresses that is
+    /// local (a socket can be bound to it). Checked again when they change and on every full
+    /// sync, so an address that only becomes usable later (IPv6 duplicate address detection)
+    /// or goes away from the node is noticed within a sync period.
+    fn choose_relay_addresses(&mut self, node_addresses: &[IpAddr], full: bool) {
+        if !self.choose_relay_addresses || (!full && self.relay_addresses.0 == node_addresses) {
             return;
         }
         let mut chosen = BTreeMap::new();
@@ -188,15 +190,15 @@ impl<C: Capture> UserspaceBackend<C> {
                     && !ip.is_loopback()
                     && std::net::UdpSocket::bind(SocketAddr::new(*ip, 0)).is_ok()
             });
-            match local {
-                Some(ip) => {
-                    info!(?family, relay_address = %ip, "userspace relay listens on this node address; service traffic is DNATed to it");
-                }
-                None => {
-                    info!(
+            if self.relay_addresses.1.get(family) != local.as_ref() {
+                match local {
+                    Some(ip) => {
+                        info!(?family, relay_address = %ip, "userspace relay listens on this node address; service traffic is DNATed to it")
+                    }
+                    None => info!(
                         ?family,
                         "no local node address for the userspace relay; service traffic is REDIRECTed (needs an address on every interface it arrives on)"
-                    );
+                    ),
                 }
             }
             if let Some(ip) = local {
@@ -312,7 +314,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let state = request.state;
-        self.choose_relay_addresses(&state.node.addresses);
+        self.choose_relay_addresses(&state.node.addresses, request.kind == SyncKind::Full);
         let mut plan = CapturePlan {
             relay_addresses: self.relay_addresses.1.clone(),
             ..CapturePlan::default()
