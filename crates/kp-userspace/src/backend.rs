@@ -124,6 +124,9 @@ pub struct UserspaceBackend<C> {
     choose_relay_addresses: bool,
     /// The Node addresses the relay addresses were last chosen from, and the choice.
     relay_addresses: (Vec<IpAddr>, BTreeMap<IpFamily, IpAddr>),
+    /// This node's IP of each family as detected at start-up (upstream's node IP), for the
+    /// allowance `loadBalancerSourceRanges` give the node; empty: the Node's addresses.
+    node_ips: Vec<IpAddr>,
 }
 
 /// A bound frontend socket.
@@ -164,7 +167,15 @@ impl<C: Capture> UserspaceBackend<C> {
             next_port: 0,
             choose_relay_addresses: true,
             relay_addresses: (Vec::new(), BTreeMap::new()),
+            node_ips: Vec::new(),
         }
+    }
+
+    /// Uses these node IPs (one per family, as detected at start-up) where upstream uses
+    /// "the node IP", as the kernel modes' renderers do.
+    pub fn with_node_ips(mut self, node_ips: Vec<IpAddr>) -> Self {
+        self.node_ips = node_ips;
+        self
     }
 
     /// Opens frontends on these addresses instead of the wildcards or the Node's addresses
@@ -175,10 +186,12 @@ impl<C: Capture> UserspaceBackend<C> {
         self
     }
 
-    /// Chooses the relay address of each family anew when the Node's addresses changed:
-    /// the first that is local (a socket can be bound to it).
-    fn choose_relay_addresses(&mut self, node_addresses: &[IpAddr]) {
-        if !self.choose_relay_addresses || self.relay_addresses.0 == node_addresses {
+    /// Chooses the relay address of each family: the first of the Node's addresses that is
+    /// local (a socket can be bound to it). Checked again when they change and on every full
+    /// sync, so an address that only becomes usable later (IPv6 duplicate address detection)
+    /// or goes away from the node is noticed within a sync period.
+    fn choose_relay_addresses(&mut self, node_addresses: &[IpAddr], full: bool) {
+        if !self.choose_relay_addresses || (!full && self.relay_addresses.0 == node_addresses) {
             return;
         }
         let mut chosen = BTreeMap::new();
@@ -188,15 +201,15 @@ impl<C: Capture> UserspaceBackend<C> {
                     && !ip.is_loopback()
                     && std::net::UdpSocket::bind(SocketAddr::new(*ip, 0)).is_ok()
             });
-            match local {
-                Some(ip) => {
-                    info!(?family, relay_address = %ip, "userspace relay listens on this node address; service traffic is DNATed to it");
-                }
-                None => {
-                    info!(
+            if self.relay_addresses.1.get(family) != local.as_ref() {
+                match local {
+                    Some(ip) => {
+                        info!(?family, relay_address = %ip, "userspace relay listens on this node address; service traffic is DNATed to it")
+                    }
+                    None => info!(
                         ?family,
                         "no local node address for the userspace relay; service traffic is REDIRECTed (needs an address on every interface it arrives on)"
-                    );
+                    ),
                 }
             }
             if let Some(ip) = local {
@@ -312,7 +325,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let state = request.state;
-        self.choose_relay_addresses(&state.node.addresses);
+        self.choose_relay_addresses(&state.node.addresses, request.kind == SyncKind::Full);
         let mut plan = CapturePlan {
             relay_addresses: self.relay_addresses.1.clone(),
             ..CapturePlan::default()
@@ -388,17 +401,13 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                         continue;
                     }
                 };
-                let node_ips = || {
-                    state
-                        .node
-                        .addresses
+                // Upstream's allowFromNode: the node IP of this family inside the ranges.
+                let node_ip = kp_rules::iptables::node_ip(&self.node_ips, &state.node, family);
+                let allow_from_node = node_ip.is_some_and(|ip| {
+                    port.load_balancer_source_ranges
                         .iter()
-                        .filter(|ip| IpFamily::of(ip) == family)
-                };
-                let allow_from_node = port
-                    .load_balancer_source_ranges
-                    .iter()
-                    .any(|r| node_ips().any(|ip| r.trunc().contains(ip)));
+                        .any(|r| r.trunc().contains(&ip))
+                });
                 plan.families.entry(family).or_default().push(CapturedPort {
                     name: name.clone(),
                     port: port.port,

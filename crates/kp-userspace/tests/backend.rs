@@ -372,3 +372,58 @@ async fn with_a_port_range_frontends_listen_inside_it() {
     assert_eq!(web, port, "the range's only port");
     assert_eq!(greeted_by(web).await, "a");
 }
+
+/// What the capture is told about the node's own traffic: under eTP Local with iTP Cluster
+/// it is internal; a node IP (192.168.0.2 in the test state) inside the source ranges admits
+/// the LB IPs as sources. Without a local node address nothing is DNATed (REDIRECT).
+#[tokio::test]
+async fn node_traffic_flags_and_no_relay_address_without_a_local_node_address() {
+    let up = greeter("up").await;
+    let mut local = service("local", "10.96.0.20");
+    local.external_policy_local = true;
+    local.node_port = Some(30020);
+    let mut both_local = service("both", "10.96.0.21");
+    both_local.external_policy_local = true;
+    both_local.internal_policy_local = true;
+    both_local.node_port = Some(30021);
+    let mut ranged = service("ranged", "10.96.0.22");
+    ranged.load_balancer_ips = vec!["198.51.100.22".parse().expect("literal")];
+    ranged.load_balancer_source_ranges = vec!["192.168.0.0/24".parse().expect("literal")];
+    let mut elsewhere = ranged.clone();
+    elsewhere.name = name("elsewhere");
+    elsewhere.cluster_ips = vec!["10.96.0.23".parse().expect("literal")];
+    elsewhere.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().expect("literal")];
+    let eps = || vec![endpoint(up, true)];
+    let mut st = state(vec![
+        (local, eps()),
+        (both_local, eps()),
+        (ranged, eps()),
+        (elsewhere, eps()),
+    ]);
+    // Not this machine's addresses (the loopback one never serves as the relay's).
+    st.node.addresses = vec![
+        "192.168.0.2".parse().expect("literal"),
+        "127.0.0.1".parse().expect("literal"),
+    ];
+    let capture = FakeCapture::new();
+    let mut b = UserspaceBackend::new(
+        RelayConfig::default(),
+        RelayMetrics::default(),
+        capture.clone(),
+        vec![IpFamily::V4],
+    );
+    sync(&mut b, &st, SyncKind::Full, &[]).await;
+    assert!(captured(&capture, "local").local_source_internal);
+    assert!(!captured(&capture, "both").local_source_internal);
+    assert!(captured(&capture, "ranged").allow_from_node);
+    assert!(!captured(&capture, "elsewhere").allow_from_node);
+    let applies = capture.applies();
+    let plan = &applies.last().expect("an apply").plan;
+    if std::net::UdpSocket::bind("192.168.0.2:0").is_err() {
+        assert!(
+            plan.relay_addresses.is_empty(),
+            "{:?}",
+            plan.relay_addresses
+        );
+    }
+}

@@ -22,7 +22,8 @@ pub type UserspaceMode = UserspaceBackend<IptablesCapture<ExecRunner>>;
 
 /// Builds userspace mode. NodePorts answer where iptables mode's would
 /// (`nodePortAddresses`, localhost NodePorts), without needing `route_localnet`: the
-/// redirect keeps loopback traffic on the node.
+/// capture (DNAT to the relay on a node address, or REDIRECT) keeps loopback traffic on the
+/// node.
 pub fn backend(
     config: &KubeProxyConfiguration,
     node: &crate::modes::NodeAddressing,
@@ -62,6 +63,7 @@ pub fn backend(
         "Using userspace Proxier"
     );
     UserspaceBackend::new(relay, RelayMetrics::register(registry), capture, families)
+        .with_node_ips(node.node_ips.clone())
 }
 
 /// The relay's settings from the configuration: upstream's `udpIdleTimeout` and `portRange`,
