@@ -297,13 +297,21 @@ fn api_server_outages(mode: Mode, outage: Duration) {
 
     // Logged and counted once: the freeze hung connections without failing a request, the
     // kill was one outage.
+    // The recovery is logged once every watch is back in step, which may be after the new
+    // Service is programmed (another kind's retry may still be due).
+    let is_recovery = |l: &str| l.contains("watches recovered from the API server outage");
+    let deadline = Instant::now() + EVENTUALLY;
+    while proxy.logged(is_recovery).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let lost = proxy.logged(|l| l.contains("API server unreachable"));
     let back = proxy.logged(|l| l.contains("API server answers again"));
-    let recovered = proxy.logged(|l| l.contains("watches recovered from the API server outage"));
+    let recovered = proxy.logged(is_recovery);
     assert_eq!(
         (lost.len(), back.len(), recovered.len()),
         (1, 1, 1),
-        "{lost:?} {back:?} {recovered:?}"
+        "{lost:?} {back:?} {recovered:?}\n{}",
+        proxy.tail()
     );
     println!("{mode:?}: {}\n{}\n{}", lost[0], back[0], recovered[0]);
     let metrics = http_get_path(cluster, cluster.node(), proxy.metrics_address(), "/metrics");
