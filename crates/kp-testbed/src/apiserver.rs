@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::Response;
 use axum::routing::get;
@@ -229,15 +229,27 @@ impl FakeApiServer {
                 ),
             );
         }
+        // One Node by name: the proxy reads its own at start-up (`GET /api/v1/nodes/NAME`).
+        router = router.route(
+            "/api/v1/nodes/{name}",
+            get(
+                |State(f): State<FakeApiServer>, Path(name): Path<String>| async move {
+                    f.get_one(NODES, &name)
+                },
+            ),
+        );
         // What a real server answers for an API it does not serve: a `Status`, not a bare 404.
         router
-            .fallback(|| async {
-                let status = json!({ "kind": "Status", "apiVersion": "v1", "metadata": {},
-                    "status": "Failure", "message": "the server could not find the requested resource",
-                    "reason": "NotFound", "details": {}, "code": 404 });
-                json_response(StatusCode::NOT_FOUND, Body::from(status.to_string()))
-            })
+            .fallback(|| async { not_found("the server could not find the requested resource") })
             .with_state(self.clone())
+    }
+
+    /// One object of `resource` by its key, or the `Status` a real server sends when it has none.
+    fn get_one(&self, resource: &str, key: &str) -> Response {
+        self.with(resource, |r, _| match r.items.get(key) {
+            Some(obj) => json_response(StatusCode::OK, Body::from(obj.to_string())),
+            None => not_found(&format!("{} \"{key}\" not found", r.kind.to_lowercase())),
+        })
     }
 
     fn serve(&self, resource: &str, query: HashMap<String, String>) -> Response {
@@ -409,6 +421,13 @@ impl FakeApiServer {
         }
         Ok(())
     }
+}
+
+/// A 404 `Status` with `message`, as a real server sends it.
+fn not_found(message: &str) -> Response {
+    let status = json!({ "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": "NotFound", "details": {}, "code": 404 });
+    json_response(StatusCode::NOT_FOUND, Body::from(status.to_string()))
 }
 
 /// A (paged) list response of `r` at `rv`.
