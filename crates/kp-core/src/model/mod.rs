@@ -27,7 +27,8 @@ pub use endpoints::{SERVICE_NAME_LABEL, merge_slices, slice_endpoints, slice_end
 pub use names::Names;
 pub use node::{TO_BE_DELETED_TAINT, node_info};
 pub use parse::{
-    AddressError, IpNetOrAddr, check_strict_cidr, check_strict_ip, parse_cidr, parse_ip,
+    AddressError, IpNetOrAddr, check_strict_cidr, check_strict_ip, parse_cidr, parse_cidr_lenient,
+    parse_ip, parse_ip_lenient,
 };
 pub use service::{DEFAULT_AFFINITY_TIMEOUT_SECONDS, MAX_AFFINITY_TIMEOUT_SECONDS, service_ports};
 pub use service_cidr::service_cidr_ranges;
