@@ -48,6 +48,9 @@ pub struct Summary {
     pub rss_max_kib: u64,
     /// RSS slope after the warm-up, KiB per minute.
     pub rss_kib_per_min: Option<f64>,
+    /// RSS slope over the last half of the samples after the warm-up: growth that is
+    /// settling (caches, arenas) falls towards zero here, a leak keeps its slope.
+    pub rss_kib_per_min_late: Option<f64>,
     /// Open fds after the warm-up and at the end.
     pub fds: (usize, usize),
     /// fd slope after the warm-up, per minute.
@@ -69,11 +72,13 @@ pub fn summarise(samples: &[Sample], warmup: Duration) -> Option<Summary> {
         .map(|s| (minutes(s), s.rss_kib as f64))
         .collect();
     let fds: Vec<(f64, f64)> = steady.iter().map(|s| (minutes(s), s.fds as f64)).collect();
+    let late = &rss[rss.len() / 2..];
     Some(Summary {
         rss_start_kib: first.rss_kib,
         rss_end_kib: last.rss_kib,
         rss_max_kib: samples.iter().map(|s| s.rss_kib).max().unwrap_or(0),
         rss_kib_per_min: slope(&rss),
+        rss_kib_per_min_late: slope(late),
         fds: (first.fds, last.fds),
         fds_per_min: slope(&fds),
         threads: (first.threads, last.threads),
@@ -145,6 +150,8 @@ mod tests {
         assert_eq!(summary.rss_max_kib, 50_400);
         let per_min = summary.rss_kib_per_min.expect("slope");
         assert!((per_min - 100.0).abs() < 1e-6, "{per_min}");
+        let late = summary.rss_kib_per_min_late.expect("slope");
+        assert!((late - 100.0).abs() < 1e-6, "{late}");
         assert_eq!(summary.fds, (30, 30));
         assert_eq!(summary.fds_per_min, Some(0.0));
         assert_eq!(summary.edits, 3000);
