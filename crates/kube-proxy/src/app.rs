@@ -224,8 +224,9 @@ async fn spawn_source(
         }));
     }
     let client = api_client(master, config).await?;
-    let source =
-        kp_sources::api::ApiSource::new(client, node_name.to_string()).register_metrics(registry);
+    let source = kp_sources::api::ApiSource::new(client, node_name.to_string())
+        .service_proxy_name(config.service_proxy_name.clone())
+        .register_metrics(registry);
     Ok(tokio::spawn(async move {
         if let Err(error) = source.run(tx, shutdown).await {
             tracing::error!(%error, "API source stopped; keeping the last state");

@@ -337,17 +337,7 @@ async fn read_state(
             tokio::spawn(async move { Ok(source.run(tx, stop).await?) })
         }
         None => {
-            let kubeconfig = Some(config.client_connection.kubeconfig.trim())
-                .filter(|k| !k.is_empty())
-                .map(PathBuf::from);
-            let options = kp_sources::api::ClientOptions {
-                kubeconfig,
-                master: args.master.clone(),
-                ..kp_sources::api::ClientOptions::default()
-            };
-            let client = kp_sources::api::client(&options)
-                .await
-                .context("connecting to the API server")?;
+            let client = crate::app::api_client(args.master.as_deref(), config).await?;
             let source = kp_sources::api::ApiSource::new(client, node_name)
                 .service_proxy_name(config.service_proxy_name.clone());
             let stop = shutdown.clone();

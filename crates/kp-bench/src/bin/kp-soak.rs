@@ -22,7 +22,8 @@ use kp_bench::report::{Table, mib};
 use kp_bench::soak::{Sample, series_table, signed, summarise};
 use kp_bench::sys::{self, Netns};
 
-/// Proxy modes the host kernel runs (ipvs needs the test VM; see the README).
+/// Proxy modes. ipvs needs a kernel with IPVS: run kp-soak in the test VM for it
+/// (`kp-vm-run`; see the kp-bench README).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 enum Mode {
     /// `--proxy-mode fake`: the control plane only.
@@ -33,6 +34,8 @@ enum Mode {
     Nftables,
     /// `--proxy-mode userspace`: capture rules and the in-process relay.
     Userspace,
+    /// `--proxy-mode ipvs`: virtual servers, kube-ipvs0, ipsets and iptables rules.
+    Ipvs,
 }
 
 impl Mode {
@@ -42,6 +45,7 @@ impl Mode {
             Mode::Iptables => "--proxy-mode=iptables",
             Mode::Nftables => "--proxy-mode=nftables",
             Mode::Userspace => "--proxy-mode=userspace",
+            Mode::Ipvs => "--proxy-mode=ipvs",
         }
     }
 
@@ -244,6 +248,13 @@ fn soak(args: &Args, mode: Mode) -> anyhow::Result<Run> {
             );
         }
         std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Without IPVS the proxy falls back to iptables mode: figures under "ipvs" would lie.
+    if mode == Mode::Ipvs && read_log(&log_path).contains("Can't use the IPVS proxier") {
+        bail!(
+            "this kernel has no IPVS (the proxy fell back to iptables mode); run kp-soak in the test VM"
+        );
     }
 
     // Churn: edit service after service, each edit a new endpoint address.
