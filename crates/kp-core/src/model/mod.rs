@@ -29,8 +29,7 @@ pub use names::Names;
 pub use node::{TO_BE_DELETED_TAINT, node_info};
 pub use node_ips::{NodeIps, host_ips};
 pub use parse::{
-    AddressError, IpNetOrAddr, check_strict_cidr, check_strict_ip, parse_cidr, parse_cidr_lenient,
-    parse_ip, parse_ip_lenient,
+    AddressError, IpNetOrAddr, check_strict_cidr, check_strict_ip, parse_cidr, parse_ip,
 };
 pub use service::{DEFAULT_AFFINITY_TIMEOUT_SECONDS, MAX_AFFINITY_TIMEOUT_SECONDS, service_ports};
 pub use service_cidr::service_cidr_ranges;

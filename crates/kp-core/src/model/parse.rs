@@ -117,16 +117,6 @@ pub fn parse_cidr(text: &str) -> Result<IpNet, AddressError> {
         .map_err(|_| AddressError::NotACidr)
 }
 
-/// [`parse_ip`] as an `Option`, for callers that only skip what does not parse.
-pub fn parse_ip_lenient(text: &str) -> Option<IpAddr> {
-    parse_ip(text).ok()
-}
-
-/// [`parse_cidr`] as an `Option`, for callers that only skip what does not parse.
-pub fn parse_cidr_lenient(text: &str) -> Option<IpNet> {
-    parse_cidr(text).ok()
-}
-
 /// The strict rules on top of [`parse_ip`], for new objects: no leading zeros.
 pub fn check_strict_ip(text: &str) -> Result<IpAddr, AddressError> {
     let ip = parse_ip(text)?;
