@@ -23,7 +23,7 @@ declare -A packages=(
   [cc]=build-essential
 )
 if [ "${1:-}" = "--tests" ]; then
-  # The IPVS/SCTP suites boot Debian's kernel in QEMU (crates/kp-vm); the kernel package
+  # The IPVS/SCTP suites boot Debian's kernel in QEMU (tools/kp-vm); the kernel package
   # itself is fetched by `apt-get download` on first use and cached.
   packages+=(
     [qemu-system-x86_64]=qemu-system-x86

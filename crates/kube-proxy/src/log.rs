@@ -150,7 +150,7 @@ mod tests {
             &mut out,
             &Level::INFO,
             ts,
-            "crates/kp-core/src/proxier.rs",
+            "crates/core/kp-core/src/proxier.rs",
             185,
         );
         let expected = format!(

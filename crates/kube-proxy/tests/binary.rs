@@ -354,7 +354,8 @@ fn hostile_corpus_is_logged_and_counted() {
     use kp_core::event::{ObjectEvent, SourceEvent};
     use kp_core::tracker::{ChangeTracker, ProxyState};
 
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kp-sources/tests/data/hostile");
+    let corpus =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../input/kp-sources/tests/data/hostile");
     let mut broken = Vec::new();
     let mut tracker = ChangeTracker::new("node-1");
     for entry in std::fs::read_dir(&corpus).expect("corpus") {

@@ -12,7 +12,7 @@
 //!   seconds. The outage is logged once and counted once.
 //!
 //! iptables and nftables modes run here; ipvs mode runs the same scenarios inside the test VM
-//! (crates/kp-vm) with shorter outages, as the traffic suite's `ipvs::` scenarios do. Needs
+//! (tools/kp-vm) with shorter outages, as the traffic suite's `ipvs::` scenarios do. Needs
 //! root; build the helpers first: `cargo build -p kp-testbed --bins`.
 
 #[allow(dead_code, unused_imports)]
@@ -353,7 +353,7 @@ mod nftables {
     }
 }
 
-/// ipvs mode: this machine's kernel has no IPVS, so one boot of the test VM (crates/kp-vm)
+/// ipvs mode: this machine's kernel has no IPVS, so one boot of the test VM (tools/kp-vm)
 /// runs the `#[ignore]`d scenarios below in Debian's kernel, with [`VM_OUTAGE`]s.
 mod ipvs {
     use super::*;

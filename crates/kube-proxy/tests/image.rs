@@ -9,7 +9,7 @@
 //! there fails here instead of on a user's node.
 //!
 //! ipvs mode is not run here: this machine's kernel has no IPVS (the binary would fall back
-//! to iptables mode), and the VM that has it (crates/kp-vm) does not carry the image.
+//! to iptables mode), and the VM that has it (tools/kp-vm) does not carry the image.
 //!
 //! Needs root, debootstrap (`./setup.sh --tests`) and Debian's package mirror for the first
 //! build; it fails, with the reason, when any of them is missing.

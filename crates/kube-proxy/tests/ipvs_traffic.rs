@@ -1,5 +1,5 @@
 //! ipvs mode with real traffic, in a kernel that has IPVS: one boot of the test VM
-//! (crates/kp-vm) runs the `#[ignore]`d tests below. Each builds a `kp-testbed` cluster
+//! (tools/kp-vm) runs the `#[ignore]`d tests below. Each builds a `kp-testbed` cluster
 //! (network namespaces, veths, `kp-echo` pods) inside the VM, runs the real `kube-proxy`
 //! binary with `--proxy-mode=ipvs` in the node namespace, and sends real TCP flows through
 //! IPVS: round robin spreads evenly, source hashing pins a client, weight 0 (a terminating

@@ -1,5 +1,5 @@
 //! SCTP services with real traffic, in a kernel that has SCTP sockets: this machine's kernel
-//! has none, so one boot of the test VM (crates/kp-vm) runs the `#[ignore]`d tests below.
+//! has none, so one boot of the test VM (tools/kp-vm) runs the `#[ignore]`d tests below.
 //! Each builds a `kp-testbed` cluster whose pods also answer SCTP, runs the real
 //! `kube-proxy` binary in one kernel mode in the node namespace (through the shared traffic
 //! suite's `Env`), and opens real SCTP associations: a ClusterIP service is balanced over

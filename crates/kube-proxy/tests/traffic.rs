@@ -113,7 +113,7 @@ mode_tests!(iptables, Mode::Iptables);
 mode_tests!(nftables, Mode::Nftables);
 mode_tests!(userspace, Mode::Userspace);
 
-/// ipvs mode: this machine's kernel has no IPVS, so one boot of the test VM (crates/kp-vm)
+/// ipvs mode: this machine's kernel has no IPVS, so one boot of the test VM (tools/kp-vm)
 /// runs the `#[ignore]`d scenarios below in Debian's kernel: the whole suite. By-design
 /// differences are stated in each scenario where the mode is matched.
 mod ipvs {

@@ -470,7 +470,7 @@ pub fn render(
     let _ = writeln!(
         md,
         "## Raw output\n\nThe benchmarks' own tables, as printed (column meanings in \
-         `crates/kp-bench/README.md`).\n\n{raw}"
+         `tools/kp-bench/README.md`).\n\n{raw}"
     );
     Report {
         markdown: md,

@@ -1,4 +1,4 @@
-//! IPVS in a real kernel: one boot of the test VM (crates/kp-vm, Debian's kernel) runs every
+//! IPVS in a real kernel: one boot of the test VM (tools/kp-vm, Debian's kernel) runs every
 //! `#[ignore]`d test below; the host test fails when the VM cannot start or any of them fails.
 //! Guest tests share the VM's IPVS table, so they run one at a time and each starts with a
 //! flush. Results are cross-checked with the real `ipvsadm`.

@@ -705,8 +705,8 @@ fn check_all_modes(state: &ProxyState) -> Result<(), TestCaseError> {
 /// source reads it and tracked as the proxier tracks it, rendered in every mode.
 #[test]
 fn hostile_corpus_renders_keep_names_in_comments() {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kp-sources/tests/data/hostile");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../input/kp-sources/tests/data/hostile");
     let mut tracker = ChangeTracker::new(common::NODE);
     for entry in std::fs::read_dir(&dir).expect("corpus") {
         let path = entry.expect("entry").path();

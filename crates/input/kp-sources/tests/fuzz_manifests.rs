@@ -35,7 +35,7 @@ fn data(name: &str) -> PathBuf {
 /// file and `kind: List`.
 fn seeds() -> Vec<(String, String)> {
     let mut out = Vec::new();
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../examples/cluster");
     for path in [
         data("web.yaml"),
         data("nodes.yaml"),

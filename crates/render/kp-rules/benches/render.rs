@@ -1,7 +1,7 @@
 //! The pure iptables render at scale: full renders of 1,000 and 10,000 services × 10
 //! endpoints, and the partial render of one changed service among 10,000 × 10.
 //!
-//! The state has the shape `kp-scale` (crates/kp-bench) generates as manifests: ClusterIP
+//! The state has the shape `kp-scale` (tools/kp-bench) generates as manifests: ClusterIP
 //! services, a third of them NodePort, every 10th UDP, every 5th with a second port, every
 //! 50th endpoint on this node. It is built from model types directly so the benchmark
 //! measures the renderer only. Run with `cargo bench -p kp-rules --bench render`

@@ -1,7 +1,7 @@
 //! ipvs mode's pure planner: virtual and real servers, kube-ipvs0 addresses, ipset entries
 //! and the iptables rules (snapshots), hostile names, and the ipset diff. The rules and sets
 //! are also applied for real inside a throwaway network namespace (the host kernel has
-//! ipset and iptables; IPVS itself is tested in the VM, crates/kp-ipvs and kp-dataplane).
+//! ipset and iptables; IPVS itself is tested in the VM, crates/backend/kp-ipvs and kp-dataplane).
 
 mod common;
 

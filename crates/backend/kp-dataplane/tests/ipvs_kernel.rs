@@ -1,4 +1,4 @@
-//! ipvs mode against a real kernel with IPVS: one boot of the test VM (crates/kp-vm, Debian's
+//! ipvs mode against a real kernel with IPVS: one boot of the test VM (tools/kp-vm, Debian's
 //! kernel) runs the `#[ignore]`d tests below with the real IPVS netlink family, rtnetlink,
 //! `ipset` and `iptables`; the host test fails if the VM cannot start or any of them fails.
 //! Guest tests share the VM's kernel, so they run one at a time and each cleans up first.

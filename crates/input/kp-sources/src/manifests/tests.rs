@@ -280,7 +280,7 @@ fn a_non_mapping_document_is_an_error() {
 
 #[test]
 fn the_example_cluster_parses_cleanly() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../examples/cluster");
     let mut all = Vec::new();
     for name in ["dns.yaml", "node.yaml", "shop.yaml", "web.yaml"] {
         let path = dir.join(name);
