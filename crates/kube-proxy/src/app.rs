@@ -42,28 +42,29 @@ pub struct Settings {
     debug_explain: bool,
     /// Userspace mode's affinity tables, for `/debug/explain` to name a client's pin.
     affinity: Option<kp_userspace::AffinityTables>,
+    /// The IP families the kernel has (what `/healthz` reports on).
+    families: Vec<IpFamily>,
 }
 
 impl Settings {
-    /// Settings from the parsed flags, the effective configuration and the node IPs
-    /// detected at start-up with what they decide (the same answer the backend's rules use).
+    /// Settings from the parsed flags, the effective configuration, the node IPs detected
+    /// at start-up with what they decide (the same answer the backend's rules use) and the
+    /// host's facts.
     pub fn new(
         options: &Options,
         config: KubeProxyConfiguration,
         detected: &crate::node_ips::Detected,
+        host: &crate::modes::Host,
     ) -> Self {
         Self {
-            node: crate::modes::NodeAddressing::new(
-                &config,
-                detected,
-                &crate::modes::local_addresses(),
-            ),
+            node: crate::modes::NodeAddressing::new(&config, detected, &host.local_addresses()),
             node_raw_ips: detected.raw.clone(),
             config,
             manifests: options.manifests.clone(),
             master: options.master.clone(),
             debug_explain: options.debug_explain,
             affinity: None,
+            families: host.families.clone(),
         }
     }
 
@@ -71,19 +72,6 @@ impl Settings {
     pub fn with_affinity(mut self, affinity: kp_userspace::AffinityTables) -> Self {
         self.affinity = Some(affinity);
         self
-    }
-
-    /// Settings for `--cleanup`, which needs no node IPs.
-    pub fn for_cleanup(options: &Options, config: KubeProxyConfiguration) -> Self {
-        Self {
-            node: crate::modes::NodeAddressing::default(),
-            node_raw_ips: Vec::new(),
-            config,
-            manifests: options.manifests.clone(),
-            master: options.master.clone(),
-            debug_explain: options.debug_explain,
-            affinity: None,
-        }
     }
 
     /// What the node's IPs decide.
@@ -97,18 +85,12 @@ impl Settings {
     }
 }
 
-/// Runs the proxy until SIGTERM or SIGINT, or performs `--cleanup` and returns.
+/// Runs the proxy until SIGTERM or SIGINT.
 pub async fn run<B: Backend + 'static>(
     settings: Settings,
-    mut backend: B,
+    backend: B,
     mut registry: Registry,
-    cleanup: bool,
 ) -> anyhow::Result<()> {
-    if cleanup {
-        backend.cleanup().await.context("cleanup")?;
-        tracing::info!(mode = backend.mode(), "Cleanup done");
-        return Ok(());
-    }
     let config = settings.config;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
@@ -172,7 +154,7 @@ pub async fn run<B: Backend + 'static>(
         families: if mode == "fake" {
             vec![IpFamily::V4]
         } else {
-            kp_dataplane::iptables::detect_families()
+            settings.families.clone()
         },
         node_port_ips: crate::node_ips::health_check_addresses(&settings.node.node_ports),
     };

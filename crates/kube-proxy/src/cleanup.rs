@@ -1,84 +1,57 @@
 //! `--cleanup` as upstream's: whatever mode is configured, every kernel mode's state goes
 //! (iptables mode's chains, userspace mode's capture chains, IPVS virtual servers with
-//! kube-ipvs0 and the ipsets, the nftables tables), so a node can move between modes in any
-//! direction. Every part is tried even when an earlier one failed; the first error is the
-//! result.
+//! kube-ipvs0 and the ipsets where the kernel has IPVS, the nftables tables), so a node can
+//! move between modes in any direction; then the kernel settings this proxy changed are put
+//! back. Every part is tried even when an earlier one failed; the first error is the result.
+//! Nothing here needs the API server or the node's IPs.
 
 use kp_config::KubeProxyConfiguration;
-use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
-use kp_dataplane::nftables::{NftablesBackend, NftablesConfig};
-use prometheus_client::registry::Registry;
+use kp_core::backend::Backend as _;
 
-use crate::ipvs_mode::{self, RealIpvsBackend};
-use crate::modes;
-use crate::userspace::{self, UserspaceMode};
+use crate::modes::{self, Host};
 
-/// Every kernel mode's cleanup, in upstream's order (iptables, ipvs, nftables).
-pub struct CleanupAll {
-    iptables: kp_dataplane::iptables::IptablesBackend,
-    userspace: UserspaceMode,
-    /// `None` when the kernel has no IPVS: then there is nothing of ipvs mode to remove.
-    ipvs: Option<RealIpvsBackend>,
-    nftables: NftablesBackend,
-}
-
-/// The cleanups of every mode, built without touching the kernel.
-pub fn build(
-    config: &KubeProxyConfiguration,
-    node: &modes::NodeAddressing,
-    registry: &mut Registry,
-) -> anyhow::Result<CleanupAll> {
+/// Removes every kernel mode's state, in upstream's order (iptables, ipvs, nftables; userspace
+/// mode's capture chains after iptables mode's), then restores the recorded sysctls. `host`
+/// was probed for [`modes::host::Task::Cleanup`]. Fake mode programmed nothing, so there is
+/// nothing to remove.
+pub async fn run(config: &KubeProxyConfiguration, host: &Host) -> anyhow::Result<()> {
+    if !modes::host::programs_the_kernel(config.mode()) {
+        return modes::fake::DryRun.cleanup().await.map_err(Into::into);
+    }
     tracing::info!(
         "--cleanup: removing the state of every mode (iptables, userspace, ipvs, nftables)"
     );
-    let iptables = modes::iptables(config, node, registry, true)?;
-    let userspace = userspace::backend(config, node, registry);
-    let ipvs = match ipvs_mode::build(config, node, true)? {
-        Ok(backend) => Some(backend),
-        Err(why) => {
-            tracing::info!(reason = %why, "no IPVS here: nothing of ipvs mode to clean up");
-            None
+    let mut results: Vec<anyhow::Result<()>> = Vec::new();
+    results.push(match modes::iptables::leftovers(host) {
+        Ok(mut iptables) => iptables.cleanup().await.map_err(Into::into),
+        Err(error) => Err(error),
+    });
+    results.push(modes::userspace::remove_leftovers(host).await);
+    results.push(match modes::ipvs::leftovers(config, host) {
+        Ok(Some(mut ipvs)) => ipvs.cleanup().await.map_err(Into::into),
+        Ok(None) => Ok(()),
+        Err(error) => Err(error),
+    });
+    results.push(match modes::nftables::leftovers(host) {
+        Ok(mut nftables) => nftables.cleanup().await.map_err(Into::into),
+        Err(error) => Err(error),
+    });
+    // After the rules: a restored route_localnet must not outlive the rules that needed it.
+    results.push(modes::restore_sysctls());
+    let mut first = None;
+    for result in results {
+        if let Err(error) = result {
+            match first {
+                None => first = Some(error),
+                Some(_) => tracing::error!("{error:#}"),
+            }
         }
-    };
-    let render = modes::render_config(config, None, node)?;
-    let nftables = NftablesBackend::new(NftablesConfig::new(
-        kp_dataplane::iptables::detect_families(),
-        render,
-    ))
-    .map_err(|e| anyhow::anyhow!("invalid nftables configuration: {e}"))?;
-    Ok(CleanupAll {
-        iptables,
-        userspace,
-        ipvs,
-        nftables,
-    })
-}
-
-impl Backend for CleanupAll {
-    fn mode(&self) -> &'static str {
-        "cleanup"
     }
-
-    /// Never called: `--cleanup` runs [`Backend::cleanup`] and exits.
-    async fn sync(&mut self, _request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        Err(BackendError::Apply {
-            what: "--cleanup".to_owned(),
-            message: "this backend only cleans up".to_owned(),
-        })
-    }
-
-    async fn cleanup(&mut self) -> Result<(), BackendError> {
-        let mut results = vec![
-            self.iptables.cleanup().await,
-            self.userspace.cleanup().await,
-        ];
-        if let Some(ipvs) = &mut self.ipvs {
-            results.push(ipvs.cleanup().await);
+    match first {
+        Some(error) => Err(error.context("cleanup")),
+        None => {
+            tracing::info!("Cleanup done");
+            Ok(())
         }
-        results.push(self.nftables.cleanup().await);
-        results
-            .into_iter()
-            .collect::<Result<Vec<()>, _>>()
-            .map(drop)
     }
 }

@@ -29,9 +29,7 @@ use kp_testbed::{Cluster, Host, TestbedError};
 use proxy::DemoProxy;
 use report::{Answer, Scenario};
 
-/// The hidden subcommand under which this binary serves as the testbed's echo server and
-/// prober (`kube-proxy testbed-echo serve --name web-a --tcp 8080`).
-pub const ECHO_SUBCOMMAND: &str = "testbed-echo";
+use crate::ECHO_SUBCOMMAND;
 
 /// Namespace prefix of the demo's cluster; names are `kpdemo-<pid>-<n>-<role>`, and a new
 /// demo removes those of an earlier one that was killed before it could clean up.

@@ -215,7 +215,16 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // nodePortAddresses select among this machine's addresses and the Node's, so the answer
     // fits the node whether explain runs on it or elsewhere.
     let detected = crate::node_ips::Detected::new(state.node.host_ips(), config.bind_address());
-    let mut local = crate::modes::local_addresses();
+    // This machine's facts, probed as the proxy does: its addresses, and with --verify the
+    // iptables backend the proxy on this node uses, chosen the same way.
+    let wants = crate::modes::host::Wants {
+        iptables_backend: args.verify,
+        addresses: true,
+        ..Default::default()
+    };
+    let probe = crate::modes::host::SystemProbe::new(args.iptables_backend, &config);
+    let host = runtime.block_on(crate::modes::Host::probe(&probe, &wants))?;
+    let mut local = host.local_addresses();
     local.extend(
         state
             .node
@@ -235,8 +244,6 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
     annotate_mode(&mut explanation, &state, &render_config, &config)?;
 
     let report = if args.verify {
-        // The backend the proxy on this node uses, chosen the same way.
-        crate::iptables_backend::select(&runtime, args.iptables_backend, config.iptables_backend)?;
         Some(verify_kernel(&state, &render_config, &explanation)?)
     } else {
         None
@@ -284,7 +291,7 @@ pub(crate) fn annotate_mode(
                 .parse()
                 .context("invalid ipvs.scheduler")?;
             let node_ips =
-                crate::ipvs_mode::node_port_ips(&render_config.node_port_addresses, || {
+                crate::modes::ipvs::node_port_ips(&render_config.node_port_addresses, || {
                     state.node.addresses.clone()
                 });
             ipvs_config = kp_rules::ipvs::IpvsConfig {

@@ -37,16 +37,15 @@ pub fn configured(
 }
 
 /// Decides the backend (detecting it unless configured), records it for the whole process and
-/// logs it once with the reason.
-pub fn select(
-    runtime: &tokio::runtime::Runtime,
+/// logs it once with the reason. Called through the host probe ([`crate::modes::host`]).
+pub async fn select(
     flag: Option<IptablesBackend>,
     file: IptablesBackend,
 ) -> anyhow::Result<Choice> {
     let env = std::env::var(BACKEND_ENV).ok();
     let configured =
         configured(flag, env.as_deref(), file).context("choosing the iptables backend")?;
-    let choice = runtime.block_on(xtables::choose(configured, &ExecProbe));
+    let choice = xtables::choose(configured, &ExecProbe).await;
     anyhow::ensure!(
         use_on_host(choice.variant),
         "the iptables backend was already chosen differently in this process"

@@ -4,29 +4,80 @@
 mod app;
 mod cleanup;
 mod debug_explain;
+#[cfg(feature = "demo")]
 mod demo;
-mod dryrun;
 mod explain;
 mod iptables_backend;
-mod ipvs_mode;
 mod log;
 mod modes;
 mod node_ips;
-mod userspace;
 
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser as _;
 use kp_config::{Options, ProxyMode};
+use modes::host::{Host, SystemProbe, Task, Wants};
+
+/// The hidden subcommand under which this binary serves as the testbed's echo server and
+/// prober for the demo (`kube-proxy testbed-echo serve --name web-a --tcp 8080`).
+const ECHO_SUBCOMMAND: &str = "testbed-echo";
+
+/// What a build without the `demo` feature (the container image's) says to `kube-proxy demo`.
+const NO_DEMO: &str = "kube-proxy: this build has no demo (it was built without the `demo` cargo feature, as the container image is); build it from a checkout with `cargo run --release -p kube-proxy -- demo`";
+
+/// What the first argument asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Command {
+    /// `kube-proxy explain ...`.
+    Explain,
+    /// `kube-proxy demo ...`.
+    Demo,
+    /// `kube-proxy testbed-echo ...`, the demo's echo servers and probes.
+    DemoEcho,
+    /// Anything else: upstream's flag-only command line.
+    Proxy,
+}
+
+impl Command {
+    fn of(first: Option<&str>) -> Self {
+        match first {
+            Some("explain") => Self::Explain,
+            Some("demo") => Self::Demo,
+            Some(ECHO_SUBCOMMAND) => Self::DemoEcho,
+            _ => Self::Proxy,
+        }
+    }
+}
+
+/// The demo's subcommands in a build with the demo.
+#[cfg(feature = "demo")]
+fn demo(command: Command) -> ExitCode {
+    if command == Command::DemoEcho {
+        return kp_testbed::tool::main(std::env::args_os().skip(1));
+    }
+    demo::main(std::env::args().skip(1))
+}
+
+/// The demo's subcommands in a build without it: a clear refusal.
+#[cfg(not(feature = "demo"))]
+fn demo(_command: Command) -> ExitCode {
+    ExitCode::from(no_demo(&mut std::io::stderr()))
+}
+
+/// Says this build has no demo; returns the exit status.
+#[cfg_attr(feature = "demo", allow(dead_code))]
+fn no_demo(out: &mut impl std::io::Write) -> u8 {
+    let _ = writeln!(out, "{NO_DEMO}");
+    1
+}
 
 fn main() -> ExitCode {
     // Subcommands come first; everything else is upstream's flag-only command line.
-    match std::env::args().nth(1).as_deref() {
-        Some("explain") => return explain::main(std::env::args().skip(1)),
-        Some("demo") => return demo::main(std::env::args().skip(1)),
-        Some(demo::ECHO_SUBCOMMAND) => return kp_testbed::tool::main(std::env::args_os().skip(1)),
-        _ => {}
+    match Command::of(std::env::args().nth(1).as_deref()) {
+        Command::Explain => return explain::main(std::env::args().skip(1)),
+        command @ (Command::Demo | Command::DemoEcho) => return demo(command),
+        Command::Proxy => {}
     }
     let options = Options::parse();
     match run(options) {
@@ -65,32 +116,32 @@ fn run(options: Options) -> anyhow::Result<()> {
         .thread_name("kube-proxy")
         .build()
         .context("starting the async runtime")?;
-    let mut registry = prometheus_client::registry::Registry::default();
+    // The node's facts, once, for what this start is for; the iptables backend is chosen
+    // first, before any iptables tool runs (every kernel mode runs some: nftables mode
+    // removes iptables mode's leftovers), so all of them use the node's backend.
+    let probe = SystemProbe::new(options.iptables_backend, &config);
+    let probe_host = |task| -> anyhow::Result<Host> {
+        let wants = Wants::new(&config, task)?;
+        runtime.block_on(Host::probe(&probe, &wants))
+    };
     // As upstream, `--cleanup` removes every kernel mode's state whatever mode is set.
-    let kernel_mode = !matches!(mode, ProxyMode::Fake | ProxyMode::Winuserspace);
-    if kernel_mode {
-        // Once, before any iptables tool runs: every mode runs some (nftables mode removes
-        // iptables mode's leftovers), and all of them must use the node's backend.
-        iptables_backend::select(&runtime, options.iptables_backend, config.iptables_backend)?;
-    }
-    if options.cleanup && kernel_mode {
-        let settings = app::Settings::for_cleanup(&options, config);
-        let backend = cleanup::build(settings.config(), settings.node(), &mut registry)?;
-        return run_kernel_mode(&runtime, settings, backend, registry, true);
+    if options.cleanup && mode != ProxyMode::Winuserspace {
+        let host = probe_host(Task::Cleanup)?;
+        return runtime.block_on(cleanup::run(&config, &host));
     }
     if options.init_only {
         // Before the node's IPs are read: the set-up needs no API server, and what it decides
         // (route_localnet for localhost NodePorts) follows the nodePortAddresses setting.
+        let host = probe_host(Task::InitOnly)?;
         let fallback = kp_core::model::NodeIps::detect(&[], config.bind_address());
-        let node_ports =
-            node_ips::node_port_addresses(&config, &fallback, &modes::local_addresses());
-        modes::init_only(&config, node_ports).context("--init-only")?;
+        let node_ports = node_ips::node_port_addresses(&config, &fallback, &host.local_addresses());
+        modes::init_only(&config, node_ports, &host).context("--init-only")?;
         tracing::info!("System initialized and --init-only specified");
         return Ok(());
     }
-    if mode == ProxyMode::Winuserspace {
-        anyhow::bail!(userspace::WINUSERSPACE_ON_LINUX);
-    }
+    modes::check_runnable(mode)?;
+    let host = probe_host(Task::Run)?;
+    let mode = host.mode_to_run(mode);
     // As upstream, the node's IPs are read once, before any rule is built; the backend's
     // rules and the health-check servers use the same answer.
     let source = node_ips::SourceSpec {
@@ -103,73 +154,35 @@ fn run(options: Options) -> anyhow::Result<()> {
     for warning in node_ips::config_warnings(&config, &detected.ips) {
         tracing::error!(error = %warning, "Kube-proxy configuration may be incomplete or incorrect");
     }
-    let settings = app::Settings::new(&options, config, &detected);
-    let node = settings.node().clone();
+    let settings = app::Settings::new(&options, config, &detected, &host);
     modes::apply_oom_score_adj(settings.config());
-    match mode {
-        ProxyMode::Fake => {
-            tracing::info!("Using the fake proxier: nothing is programmed, every sync is logged");
-            runtime.block_on(app::run(
-                settings,
-                dryrun::DryRun,
-                registry,
-                options.cleanup,
-            ))
-        }
-        // `--cleanup` of the kernel modes returned above: these arms only run them.
-        ProxyMode::Iptables | ProxyMode::Ipvs => {
-            if matches!(mode, ProxyMode::Ipvs) {
-                match ipvs_mode::build(settings.config(), &node, false)? {
-                    Ok(backend) => {
-                        let backend =
-                            modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
-                        return run_kernel_mode(&runtime, settings, backend, registry, false);
-                    }
-                    Err(why) => {
-                        // Upstream's wording; older upstream releases fell back the same way.
-                        tracing::error!(error = %why, "Can't use the IPVS proxier");
-                        tracing::info!("Falling back to the iptables proxier");
-                    }
-                }
-            }
-            let backend = modes::iptables(settings.config(), &node, &mut registry, false)?;
-            let backend = modes::RemovesNftablesLeftovers::new(backend, settings.config())?;
-            run_kernel_mode(&runtime, settings, backend, registry, false)
-        }
-        ProxyMode::Nftables => {
-            let backend = modes::nftables(settings.config(), &node, &mut registry, false)?;
-            run_kernel_mode(&runtime, settings, backend, registry, false)
-        }
-        ProxyMode::Userspace => {
-            let backend = userspace::backend(settings.config(), &node, &mut registry);
-            let settings = settings.with_affinity(backend.relay().affinity().clone());
-            runtime.block_on(app::run(settings, backend, registry, false))
-        }
-        ProxyMode::Winuserspace => anyhow::bail!(userspace::WINUSERSPACE_ON_LINUX),
-        other => anyhow::bail!(
-            "proxy mode {:?} is not available in this build of kube-proxy-rs yet (available: iptables, nftables, ipvs, userspace, fake)",
-            other.as_str()
-        ),
-    }
+    let registry = prometheus_client::registry::Registry::default();
+    modes::run(&runtime, mode, settings, &host, registry)
 }
 
-/// Runs a kernel mode until SIGTERM (or its `--cleanup`). After a cleanup (successful or not:
-/// everything is attempted, as upstream) it restores the kernel settings the proxy changed;
-/// the first error wins.
-fn run_kernel_mode<B: kp_core::backend::Backend + 'static>(
-    runtime: &tokio::runtime::Runtime,
-    settings: app::Settings,
-    backend: B,
-    registry: prometheus_client::registry::Registry,
-    cleanup: bool,
-) -> anyhow::Result<()> {
-    let result = runtime.block_on(app::run(settings, backend, registry, cleanup));
-    if !cleanup {
-        return result;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subcommands_come_first() {
+        assert_eq!(Command::of(Some("explain")), Command::Explain);
+        assert_eq!(Command::of(Some("demo")), Command::Demo);
+        assert_eq!(Command::of(Some(ECHO_SUBCOMMAND)), Command::DemoEcho);
+        assert_eq!(Command::of(Some("--proxy-mode=fake")), Command::Proxy);
+        assert_eq!(Command::of(None), Command::Proxy);
     }
-    let restored = modes::restore_sysctls();
-    if let (Err(error), Err(_)) = (&restored, &result) {
-        tracing::error!("{error:#}");
+
+    #[test]
+    fn a_build_without_the_demo_says_so() {
+        let mut out = Vec::new();
+        assert_eq!(no_demo(&mut out), 1);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("this build has no demo"), "{text}");
+        assert!(text.contains("`demo` cargo feature"), "{text}");
+        assert!(
+            text.contains("cargo run --release -p kube-proxy -- demo"),
+            "{text}"
+        );
     }
-    result.and(restored)
 }

@@ -547,6 +547,14 @@ fn dockerfile_ships_the_binary_where_the_daemonset_runs_it() {
             .any(|l| l.contains("cargo build --release --locked -p kube-proxy")),
         "release build of the kube-proxy package"
     );
+    // The image leaves the demo (and its test bed) out.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l
+                .contains("cargo build --release --locked -p kube-proxy --no-default-features")),
+        "the image is built without the demo feature"
+    );
 
     // The packages come from the one list the image test builds its root file system from.
     let list = "deploy/image/packages.txt";

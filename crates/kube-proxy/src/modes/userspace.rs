@@ -1,13 +1,16 @@
-//! Building userspace mode: the relay (`kp-userspace`) with iptables capture. On Linux,
+//! `--proxy-mode userspace`: the relay (`kp-userspace`) with iptables capture. On Linux,
 //! `winuserspace` is refused with a pointer to this mode, which runs the same relay.
 
+use anyhow::Context as _;
 use kp_config::KubeProxyConfiguration;
 use kp_dataplane::exec::{ExecRunner, Tools};
-use kp_dataplane::iptables::detect_families;
+use kp_rules::iptables::NodePortAddresses;
 use kp_rules::userspace::{CaptureConfig, DEFAULT_DROP_BIT};
 use kp_userspace::iptables::IptablesCapture;
-use kp_userspace::{RelayConfig, RelayMetrics, UserspaceBackend};
-use prometheus_client::registry::Registry;
+use kp_userspace::{AffinityTables, Capture as _, RelayConfig, RelayMetrics, UserspaceBackend};
+
+use super::host::Host;
+use super::{Input, Mode};
 
 /// Why `--proxy-mode=winuserspace` does not start here.
 pub const WINUSERSPACE_ON_LINUX: &str = "proxy mode \"winuserspace\" is for Windows nodes; on Linux use --proxy-mode=userspace, which runs the same relay with iptables capture";
@@ -20,24 +23,57 @@ pub const COPY_ENV: &str = "KP_RELAY_COPY";
 /// Userspace mode as the binary runs it.
 pub type UserspaceMode = UserspaceBackend<IptablesCapture<ExecRunner>>;
 
-/// Builds userspace mode. NodePorts answer where iptables mode's would
-/// (`nodePortAddresses`, localhost NodePorts), without needing `route_localnet`: the
-/// capture (DNAT to the relay on a node address, or REDIRECT) keeps loopback traffic on the
-/// node.
-pub fn backend(
-    config: &KubeProxyConfiguration,
-    node: &crate::modes::NodeAddressing,
-    registry: &mut Registry,
-) -> UserspaceMode {
-    let families = detect_families();
-    let capture = IptablesCapture::new(
+/// userspace mode.
+#[derive(Debug)]
+pub struct Userspace;
+
+impl Mode for Userspace {
+    type Backend = UserspaceMode;
+
+    /// NodePorts answer where iptables mode's would (`nodePortAddresses`, localhost
+    /// NodePorts), without needing `route_localnet`: the capture (DNAT to the relay on a node
+    /// address, or REDIRECT) keeps loopback traffic on the node.
+    fn build(input: Input<'_>) -> anyhow::Result<Self::Backend> {
+        Ok(backend(input))
+    }
+
+    fn affinity(backend: &Self::Backend) -> Option<AffinityTables> {
+        Some(backend.relay().affinity().clone())
+    }
+}
+
+/// The capture of `host`'s families.
+fn capture(
+    host: &Host,
+    node_port_addresses: NodePortAddresses,
+    localhost_node_ports: bool,
+) -> IptablesCapture<ExecRunner> {
+    IptablesCapture::new(
         ExecRunner::new(Tools::host()),
         CaptureConfig {
-            node_port_addresses: node.node_ports.clone(),
-            localhost_node_ports: config.iptables.localhost_node_ports,
+            node_port_addresses,
+            localhost_node_ports,
             drop_bit: DEFAULT_DROP_BIT,
         },
-        families.clone(),
+        host.families.clone(),
+    )
+}
+
+/// Removes userspace mode's capture chains (`--cleanup`): which chains go depends on the
+/// families alone.
+pub(crate) async fn remove_leftovers(host: &Host) -> anyhow::Result<()> {
+    capture(host, NodePortAddresses::All, false)
+        .cleanup()
+        .await
+        .context("userspace cleanup")
+}
+
+fn backend(input: Input<'_>) -> UserspaceMode {
+    let (config, node, host) = (input.config, input.node, input.host);
+    let capture = capture(
+        host,
+        node.node_ports.clone(),
+        config.iptables.localhost_node_ports,
     );
     let copy = std::env::var(COPY_ENV).unwrap_or_default();
     let switches: Vec<&str> = copy.split(',').map(str::trim).collect();
@@ -62,8 +98,13 @@ pub fn backend(
         nodelay = relay.nodelay,
         "Using userspace Proxier"
     );
-    UserspaceBackend::new(relay, RelayMetrics::register(registry), capture, families)
-        .with_node_ips(node.node_ips.clone())
+    UserspaceBackend::new(
+        relay,
+        RelayMetrics::register(input.registry),
+        capture,
+        host.families.clone(),
+    )
+    .with_node_ips(node.node_ips.clone())
 }
 
 /// The relay's settings from the configuration: upstream's `udpIdleTimeout` and `portRange`,

@@ -5,6 +5,21 @@
 
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 
+use super::{Input, Mode};
+
+/// fake mode.
+#[derive(Debug)]
+pub struct Fake;
+
+impl Mode for Fake {
+    type Backend = DryRun;
+
+    fn build(_input: Input<'_>) -> anyhow::Result<Self::Backend> {
+        tracing::info!("Using the fake proxier: nothing is programmed, every sync is logged");
+        Ok(DryRun)
+    }
+}
+
 /// Logs every sync. Unlike the tests' recording fake it keeps nothing, so it can run for
 /// as long as the proxy does.
 #[derive(Debug, Default)]

@@ -1,0 +1,70 @@
+//! `--proxy-mode iptables` (the Linux default, and ipvs mode's fallback): upstream's
+//! start-up sysctls, then [`IptablesBackend`], which removes nftables mode's tables once its
+//! own first sync succeeded.
+
+use anyhow::Context as _;
+use kp_config::{KubeProxyConfiguration, LocalMode};
+use kp_dataplane::exec::Tools;
+use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics};
+use kp_dataplane::sysctls;
+use kp_rules::iptables::RenderConfig;
+
+use super::host::Host;
+use super::nftables::RemovesNftablesLeftovers;
+use super::{Input, Mode};
+
+/// iptables mode.
+#[derive(Debug)]
+pub struct Iptables;
+
+impl Mode for Iptables {
+    type Backend = RemovesNftablesLeftovers<IptablesBackend>;
+
+    /// Applies upstream's conntrack sysctls and, with localhost NodePorts, `route_localnet`
+    /// (recorded for `--cleanup`), then builds the backend with its metrics registered.
+    fn build(input: Input<'_>) -> anyhow::Result<Self::Backend> {
+        let (sysctl, mut render) = super::start_kernel_mode(&input)?;
+        warn_without_cluster_cidr(input.config);
+        let host = input.host;
+        render.drop_invalid = !sysctls::tcp_be_liberal(&sysctl);
+        match sysctls::apply(
+            &sysctl,
+            &sysctls::route_localnet_plan(&render, &host.families),
+        ) {
+            Ok(report) => super::record(&report.applied),
+            Err(error) => tracing::error!(
+                %error,
+                "cannot enable route_localnet; localhost NodePorts will not answer"
+            ),
+        }
+        let backend = IptablesBackend::new(
+            IptablesConfig::new(host.families.clone(), render),
+            Tools::host(),
+        )
+        .context("invalid iptables configuration")?
+        .with_metrics(IptablesMetrics::register(input.registry));
+        tracing::info!("Using iptables Proxier");
+        RemovesNftablesLeftovers::new(backend, host)
+    }
+}
+
+/// Logs that pod traffic cannot be told apart when ClusterCIDR detection has no CIDR (iptables
+/// and nftables modes).
+pub(super) fn warn_without_cluster_cidr(config: &KubeProxyConfiguration) {
+    if config.detect_local_mode == LocalMode::ClusterCidr && config.cluster_cidrs().is_empty() {
+        tracing::warn!(
+            "clusterCIDR is empty: pod traffic cannot be told apart, so ClusterIP traffic is not masqueraded"
+        );
+    }
+}
+
+/// An iptables backend only for removing iptables mode's chains (`--cleanup`, nftables
+/// mode's start): what it removes depends on the families alone, so it needs no
+/// configuration, and it registers no metrics.
+pub(crate) fn leftovers(host: &Host) -> anyhow::Result<IptablesBackend> {
+    IptablesBackend::new(
+        IptablesConfig::new(host.families.clone(), RenderConfig::default()),
+        Tools::host(),
+    )
+    .context("invalid iptables configuration")
+}

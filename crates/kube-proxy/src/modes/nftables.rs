@@ -1,0 +1,227 @@
+//! `--proxy-mode nftables`: [`NftablesBackend`] once `nft` is new enough, plus the removal of
+//! iptables mode's chains after the first sync; and [`RemovesNftablesLeftovers`], which the
+//! iptables-based modes wrap themselves in for the opposite move.
+
+use anyhow::Context as _;
+use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
+use kp_dataplane::iptables::IptablesBackend;
+use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
+use kp_rules::iptables::RenderConfig;
+
+use super::host::Host;
+use super::{Input, Mode};
+
+/// nftables mode.
+#[derive(Debug)]
+pub struct Nftables;
+
+impl Mode for Nftables {
+    type Backend = NftablesMode;
+
+    /// Checks `nft`'s version and applies upstream's conntrack sysctls. nodePortAddresses
+    /// defaults to `primary` in this mode ([`crate::node_ips::node_port_addresses`] resolves
+    /// it); localhost NodePorts, route_localnet and the conntrack INVALID drop do not exist
+    /// here.
+    fn build(input: Input<'_>) -> anyhow::Result<Self::Backend> {
+        let host = input.host;
+        check_nft_version(host)?;
+        let (_, render) = super::start_kernel_mode(&input)?;
+        super::iptables::warn_without_cluster_cidr(input.config);
+        let nft = NftablesBackend::with_metrics_registered(
+            NftablesConfig::new(host.families.clone(), render),
+            NftablesMetrics::register(input.registry),
+        )
+        .context("invalid nftables configuration")?;
+        let iptables = super::iptables::leftovers(host)?;
+        tracing::info!("Using nftables Proxier");
+        Ok(NftablesMode {
+            nft,
+            iptables,
+            iptables_cleaned: false,
+        })
+    }
+}
+
+/// The oldest `nft` upstream's nftables mode accepts.
+const MIN_NFT_VERSION: (u32, u32, u32) = (1, 0, 1);
+
+/// Fails unless the host's `nft --version` reports at least [`MIN_NFT_VERSION`], as upstream;
+/// a version it cannot read is only a warning.
+fn check_nft_version(host: &Host) -> anyhow::Result<()> {
+    let text = match &host.nft_version {
+        Some(Ok(text)) => text,
+        Some(Err(why)) => anyhow::bail!("{why}"),
+        None => anyhow::bail!("nft was not probed (a bug: nftables mode probes it)"),
+    };
+    match parse_nft_version(text) {
+        Some(version) if version >= MIN_NFT_VERSION => {
+            tracing::info!(version = %text.trim(), "Using nft");
+            Ok(())
+        }
+        Some(_) => anyhow::bail!(
+            "nftables mode needs nft >= {}.{}.{}, found {:?}",
+            MIN_NFT_VERSION.0,
+            MIN_NFT_VERSION.1,
+            MIN_NFT_VERSION.2,
+            text.trim()
+        ),
+        None => {
+            tracing::warn!(version = %text.trim(), "cannot read the nft version; going on");
+            Ok(())
+        }
+    }
+}
+
+/// `nftables v1.0.6 (Lester Gooch #5)` -> (1, 0, 6).
+fn parse_nft_version(text: &str) -> Option<(u32, u32, u32)> {
+    let word = text.split_whitespace().find(|w| w.starts_with('v'))?;
+    let mut parts = word[1..].split('.').map(|p| p.parse::<u32>().ok());
+    let major = parts.next()??;
+    let minor = parts.next().flatten().unwrap_or(0);
+    let patch = parts.next().flatten().unwrap_or(0);
+    Some((major, minor, patch))
+}
+
+/// nftables mode as the binary runs it: [`NftablesBackend`], plus iptables mode's cleanup.
+/// As upstream, a normal start removes iptables mode's chains once the first nftables sync
+/// succeeded (errors there are only logged), so a node switched from iptables mode does not
+/// run both. (`--cleanup` removes every mode's state through [`crate::cleanup`].)
+#[derive(Debug)]
+pub struct NftablesMode {
+    nft: NftablesBackend,
+    iptables: IptablesBackend,
+    iptables_cleaned: bool,
+}
+
+impl Backend for NftablesMode {
+    fn mode(&self) -> &'static str {
+        self.nft.mode()
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        // Look for iptables mode's leftovers before the first sync (cheap while the nftables
+        // table is small, see `cleanup_plan`), remove them after it succeeded.
+        let plan = if self.iptables_cleaned {
+            None
+        } else {
+            Some(self.iptables.cleanup_plan().await)
+        };
+        let report = self.nft.sync(request).await?;
+        if let Some(plan) = plan {
+            self.iptables_cleaned = true;
+            if plan.is_empty() {
+                return Ok(report);
+            }
+            if let Err(error) = self.iptables.apply_cleanup(plan).await {
+                tracing::warn!(%error, "cannot remove iptables mode's leftovers");
+            }
+        }
+        Ok(report)
+    }
+
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        let nft = self.nft.cleanup().await;
+        let iptables = self.iptables.cleanup().await;
+        nft.and(iptables)
+    }
+}
+
+/// An nftables backend only for removing nftables mode's tables (`--cleanup`, the
+/// iptables-based modes' start): one `kube-proxy` table per family, whatever the
+/// configuration; it registers no metrics.
+pub(crate) fn leftovers(host: &Host) -> anyhow::Result<NftablesBackend> {
+    NftablesBackend::new(NftablesConfig::new(
+        host.families.clone(),
+        RenderConfig::default(),
+    ))
+    .context("invalid nftables configuration")
+}
+
+/// iptables or ipvs mode as the binary runs it: like upstream's, it removes nftables mode's
+/// tables once its own first sync succeeded, so a node switched from nftables mode does not
+/// run both (a failure there is only logged).
+#[derive(Debug)]
+pub struct RemovesNftablesLeftovers<B> {
+    inner: B,
+    nft: NftablesBackend,
+    done: bool,
+}
+
+impl<B> RemovesNftablesLeftovers<B> {
+    /// `inner`, which removes nftables mode's tables of `host`'s families after its first
+    /// sync.
+    pub fn new(inner: B, host: &Host) -> anyhow::Result<Self> {
+        Ok(Self {
+            inner,
+            nft: leftovers(host)?,
+            done: false,
+        })
+    }
+}
+
+impl<B: Backend> Backend for RemovesNftablesLeftovers<B> {
+    fn mode(&self) -> &'static str {
+        self.inner.mode()
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let report = self.inner.sync(request).await?;
+        if !self.done {
+            self.done = true;
+            if let Err(error) = self.nft.cleanup().await {
+                tracing::warn!(%error, "cannot remove nftables mode's leftovers");
+            }
+        }
+        Ok(report)
+    }
+
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        self.inner.cleanup().await
+    }
+
+    fn recheck_after(&self) -> Option<std::time::Duration> {
+        self.inner.recheck_after()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_nft_versions() {
+        assert_eq!(
+            parse_nft_version("nftables v1.0.6 (Lester Gooch #5)\n"),
+            Some((1, 0, 6))
+        );
+        assert_eq!(
+            parse_nft_version("nftables v0.9.8 (E.D.S.)"),
+            Some((0, 9, 8))
+        );
+        assert!(parse_nft_version("nftables v0.9.8 (E.D.S.)") < Some(MIN_NFT_VERSION));
+        assert_eq!(parse_nft_version("nftables v1.1"), Some((1, 1, 0)));
+        assert_eq!(parse_nft_version("garbage"), None);
+    }
+
+    #[test]
+    fn the_probed_nft_decides_whether_nftables_mode_starts() {
+        let host = |answer: Result<&str, &str>| Host {
+            nft_version: Some(answer.map(str::to_owned).map_err(str::to_owned)),
+            ..Host::default()
+        };
+        assert!(check_nft_version(&host(Ok("nftables v1.0.6 (Lester Gooch #5)"))).is_ok());
+        let old = check_nft_version(&host(Ok("nftables v0.9.8 (E.D.S.)"))).expect_err("too old");
+        assert!(old.to_string().contains("nft >= 1.0.1"), "{old}");
+        // A version it cannot read does not stop the proxy.
+        assert!(check_nft_version(&host(Ok("nftables (unknown)"))).is_ok());
+        let missing = check_nft_version(&host(Err(
+            "nftables mode needs `nft` (package nftables): No such file or directory",
+        )))
+        .expect_err("no nft");
+        assert!(
+            missing.to_string().contains("package nftables"),
+            "{missing}"
+        );
+        assert!(check_nft_version(&Host::default()).is_err());
+    }
+}
