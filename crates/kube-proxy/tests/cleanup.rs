@@ -174,3 +174,22 @@ fn iptables_mode_removes_nftables_leftovers_after_its_first_sync() {
     // The leftovers have no endpoint chains: these are the examples' own, so it synced.
     assert!(save.contains(":KUBE-SEP-"), "iptables mode synced:\n{save}");
 }
+
+#[test]
+fn cleanup_needs_no_api_server_and_fake_mode_has_nothing_to_remove() {
+    // Nothing listens at --master: --cleanup must neither wait for it nor read the Node.
+    let state = tempfile::tempdir().expect("state dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_kube-proxy"))
+        .args([
+            "--cleanup",
+            "--proxy-mode=fake",
+            "--master=https://127.0.0.1:1",
+        ])
+        .env("KUBE_PROXY_RS_STATE_DIR", state.path())
+        .output()
+        .expect("run kube-proxy");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("nothing was ever installed"), "{log}");
+    assert!(!log.contains("Using node name"), "the proxy started: {log}");
+}
