@@ -94,9 +94,18 @@ pub async fn detect(
     Ok(Detected::new(raw, config.bind_address()))
 }
 
+/// How long the first reading of a manifests path that exists may take before the search for
+/// this node's Node ends: reading existing files always ends, but a large directory takes its
+/// time (a 10k-service one took minutes in the test VM under emulation), and giving up
+/// after upstream's 30 s would start the proxy with no node IPs, then make it exit ("NodeIPs
+/// changed") as soon as the same reading delivers the Node. Still bounded, for a path that
+/// never finishes (a FIFO).
+const DEFAULT_MANIFESTS_FIRST_READING_WAIT: Duration = Duration::from_secs(600);
+
 /// The Node named `node_name` in the manifests' first reading. A path that does not exist
-/// (the source waits for it) or a reading that takes longer than upstream's wait ends the
-/// search, with upstream's log line.
+/// (the source waits for it) ends the search after upstream's wait, a path that exists when
+/// its first reading ends (bounded by [`DEFAULT_MANIFESTS_FIRST_READING_WAIT`]); without the
+/// Node, with upstream's log line.
 async fn manifests_node(path: &std::path::Path, node_name: &str) -> Option<Node> {
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(64);
     let stop = CancellationToken::new();
@@ -107,7 +116,12 @@ async fn manifests_node(path: &std::path::Path, node_name: &str) -> Option<Node>
         async move { source.run(tx, stop).await }
     });
     let mut found = None;
-    let deadline = tokio::time::Instant::now() + DEFAULT_NODE_IPS_TIMEOUT;
+    let wait = if path.exists() {
+        DEFAULT_MANIFESTS_FIRST_READING_WAIT
+    } else {
+        DEFAULT_NODE_IPS_TIMEOUT
+    };
+    let deadline = tokio::time::Instant::now() + wait;
     let mut synced = false;
     while !synced {
         tokio::select! {

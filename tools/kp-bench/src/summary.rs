@@ -399,7 +399,10 @@ pub fn render(
          EndpointSlice edit and the partial sync it causes; peak RSS (`VmHWM`) of the proxy. \
          A first sync that did not finish within the per-point limit is recorded as \
          **timed out**, and larger sizes of that mode are then skipped. `fake` programs \
-         nothing: it is the control plane alone.\n"
+         nothing: it is the control plane alone. `iptables-nft` and `iptables-legacy` are \
+         iptables mode with `--iptables-backend=nft` / `=legacy`. `ipvs` runs inside the test \
+         VM (Debian's kernel under QEMU, usually software emulation, one vCPU), so its times \
+         are not comparable with the host's modes, only with each other.\n"
     );
     let _ = writeln!(md, "![first sync vs services]({SYNC_PLOT})\n");
     let _ = writeln!(md, "![peak RSS vs services]({RSS_PLOT})\n");

@@ -77,15 +77,31 @@ impl Image {
     /// Every file below host directory `host` at the same place under `path`.
     pub fn host_tree(&mut self, path: &str, host: &Path) -> Result<(), VmError> {
         self.dir(path);
-        for entry in fs::read_dir(host).map_err(VmError::io(host))? {
-            let entry = entry.map_err(VmError::io(host))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let guest = format!("{}/{name}", path.trim_end_matches('/'));
-            let kind = entry.file_type().map_err(VmError::io(entry.path()))?;
+        for (guest, entry, kind) in children(path, host)? {
             if kind.is_dir() {
-                self.host_tree(&guest, &entry.path())?;
+                self.host_tree(&guest, &entry)?;
             } else {
-                self.host_file(&guest, &entry.path())?;
+                self.host_file(&guest, &entry)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every entry below host directory `host` at guest path `path`, as it is: symbolic links
+    /// stay links (an absolute target then means the tree's own root once chrooted into it),
+    /// directories and regular files keep their permissions. Device nodes, sockets and FIFOs
+    /// are left out (a root file system gets its `/dev` mounted). For whole root file systems
+    /// such as the runtime image's.
+    pub fn copy_tree(&mut self, path: &str, host: &Path) -> Result<(), VmError> {
+        self.dir(path);
+        for (guest, entry, kind) in children(path, host)? {
+            if kind.is_symlink() {
+                let target = fs::read_link(&entry).map_err(VmError::io(&entry))?;
+                self.symlink(&guest, &target.to_string_lossy());
+            } else if kind.is_dir() {
+                self.copy_tree(&guest, &entry)?;
+            } else if kind.is_file() {
+                self.host_file(&guest, &entry)?;
             }
         }
         Ok(())
@@ -149,6 +165,20 @@ impl Image {
     }
 }
 
+/// The entries of host directory `host` as (guest path below `path`, host path, type; links
+/// not followed).
+fn children(path: &str, host: &Path) -> Result<Vec<(String, PathBuf, fs::FileType)>, VmError> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(host).map_err(VmError::io(host))? {
+        let entry = entry.map_err(VmError::io(host))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let guest = format!("{}/{name}", path.trim_end_matches('/'));
+        let kind = entry.file_type().map_err(VmError::io(entry.path()))?;
+        out.push((guest, entry.path(), kind));
+    }
+    Ok(out)
+}
+
 /// The shared libraries `ldd` reports for an ELF program (nothing for a static one or a
 /// script).
 fn libraries(program: &Path) -> Result<Vec<String>, VmError> {
@@ -204,6 +234,35 @@ mod tests {
             ])
         );
         assert!(parse_ldd("\tlibfoo.so.1 => not found\n").is_err());
+    }
+
+    #[test]
+    fn copied_trees_keep_links_and_leave_out_special_files() {
+        let dir = std::env::temp_dir().join(format!("kp-vm-copy-tree-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("usr/bin")).unwrap_or_else(|e| panic!("{e}"));
+        fs::write(dir.join("usr/bin/tool"), "x").unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::symlink("usr/bin", dir.join("bin")).unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::symlink("/nowhere", dir.join("dangling"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let fifo = dir.join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        let mut image = Image::new();
+        let copied = image.copy_tree("/r", &dir);
+        let _ = fs::remove_dir_all(&dir);
+        copied.unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(image.entries.get("/r/bin"), Some(Entry::Symlink(t)) if t == "usr/bin"));
+        assert!(matches!(
+            image.entries.get("/r/dangling"),
+            Some(Entry::Symlink(_))
+        ));
+        assert!(matches!(
+            image.entries.get("/r/usr/bin/tool"),
+            Some(Entry::Host(..))
+        ));
+        if made.is_ok_and(|s| s.success()) {
+            assert!(!image.contains("/r/fifo"));
+        }
     }
 
     #[test]

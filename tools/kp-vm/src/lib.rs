@@ -137,6 +137,7 @@ pub struct Vm {
     modules: Vec<String>,
     programs: Vec<String>,
     directories: Vec<PathBuf>,
+    trees: Vec<PathBuf>,
     env: Vec<(String, String)>,
 }
 
@@ -173,6 +174,7 @@ impl Vm {
                 .iter()
                 .flat_map(|v| v.split_whitespace().map(PathBuf::from).collect::<Vec<_>>())
                 .collect(),
+            trees: Vec::new(),
             env: Vec::new(),
         }
     }
@@ -198,6 +200,32 @@ impl Vm {
     /// libraries each needs: plugin directories such as iptables' `xtables`.
     pub fn directory(mut self, path: impl Into<PathBuf>) -> Self {
         self.directories.push(path.into());
+        self
+    }
+
+    /// Also copy host directory `path` as it is (links kept, no libraries added), at the same
+    /// place: a whole root file system to chroot into, such as the runtime image's. It is
+    /// unpacked into guest RAM, which grows by its size.
+    pub fn tree(mut self, path: impl Into<PathBuf>) -> Self {
+        self.trees.push(path.into());
+        self
+    }
+
+    /// Kill the VM after `timeout` instead of [`DEFAULT_TIMEOUT`] (`KP_VM_TIMEOUT` still
+    /// wins when set): a suite's own bound.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        if std::env::var_os("KP_VM_TIMEOUT").is_none_or(|v| v.is_empty()) {
+            self.timeout = timeout;
+        }
+        self
+    }
+
+    /// Guest RAM besides the initramfs, in MiB (`KP_VM_MEMORY_MIB` still wins when set): for
+    /// programs that need more than the default 512.
+    pub fn memory_mib(mut self, mib: u64) -> Self {
+        if std::env::var_os("KP_VM_MEMORY_MIB").is_none_or(|v| v.is_empty()) {
+            self.memory_mib = mib;
+        }
         self
     }
 
@@ -268,6 +296,9 @@ impl Vm {
         }
         for dir in &self.directories {
             image.program_tree(dir)?;
+        }
+        for tree in &self.trees {
+            image.copy_tree(&tree.to_string_lossy(), tree)?;
         }
         let exe = fs::canonicalize(exe).map_err(VmError::io(exe))?;
         image.program(&exe)?;

@@ -311,25 +311,14 @@ pub enum GateTreatment {
     NoEffect(&'static str),
 }
 
-/// The feature gates upstream kube-proxy consults (pkg/proxy and its logging), through the
-/// newest release. Upstream accepts every Kubernetes gate name and refuses unknown names;
-/// kube-proxy-rs cannot list all of them, so other names are warned about, not refused.
+/// The feature gates upstream kube-proxy consults (pkg/proxy and its logging) that its newest
+/// release still has. Every other gate upstream knows ([`crate::gates::UPSTREAM_GATES`]) is
+/// accepted and warned about as one kube-proxy does not consult; a gate upstream does not know,
+/// or a locked one set against its lock, is refused by validation with upstream's message.
 pub const FEATURE_GATES: &[(&str, GateTreatment)] = &[
-    ("TopologyAwareHints", GateTreatment::AlwaysOn),
-    ("ServiceTrafficDistribution", GateTreatment::AlwaysOn),
     ("PreferSameTrafficDistribution", GateTreatment::AlwaysOn),
-    ("ProxyTerminatingEndpoints", GateTreatment::AlwaysOn),
-    ("KubeProxyDrainingTerminatingNodes", GateTreatment::AlwaysOn),
-    ("LoadBalancerIPMode", GateTreatment::AlwaysOn),
     ("MultiCIDRServiceAllocator", GateTreatment::AlwaysOn),
     ("NFTablesProxyMode", GateTreatment::AlwaysOn),
-    (
-        "KubeProxyNFTablesLocalhostNodePorts",
-        GateTreatment::NoEffect(
-            "localhost NodePorts (nodePortAddresses \"primary,localhost\") are not implemented \
-             in nftables mode",
-        ),
-    ),
     ("WinDSR", GateTreatment::NoEffect(WINDOWS)),
     ("WinOverlay", GateTreatment::NoEffect(WINDOWS)),
     ("LoggingAlphaOptions", GateTreatment::NoEffect(LOG_OPTIONS)),
@@ -416,9 +405,12 @@ impl KubeProxyConfiguration {
     }
 }
 
+/// One warning per gate upstream accepts that changes nothing here. Gates upstream refuses
+/// are validation errors ([`crate::gates::upstream_refusal`]), not warnings.
 fn gate_warnings(gates: &BTreeMap<String, bool>) -> Vec<String> {
     gates
         .iter()
+        .filter(|(name, enabled)| crate::gates::upstream_refusal(name, **enabled).is_none())
         .filter_map(|(name, &enabled)| {
             match FEATURE_GATES.iter().find(|(known, _)| known == name) {
                 Some((_, GateTreatment::AlwaysOn)) if enabled => None,
@@ -430,8 +422,8 @@ fn gate_warnings(gates: &BTreeMap<String, bool>) -> Vec<String> {
                     "feature gate {name}={enabled} has no effect in kube-proxy-rs: {reason}"
                 )),
                 None => Some(format!(
-                    "feature gate {name}={enabled} is not one kube-proxy consults; ignored \
-                     (upstream refuses gate names that Kubernetes does not have)"
+                    "feature gate {name}={enabled} is not one kube-proxy consults; ignored, as \
+                     upstream ignores it"
                 )),
             }
         })
@@ -577,18 +569,32 @@ configSyncPeriod: 1m
     #[test]
     fn feature_gates_are_judged_by_the_table() {
         let gates: BTreeMap<String, bool> = [
-            ("ServiceTrafficDistribution", true),
-            ("TopologyAwareHints", false),
+            ("PreferSameTrafficDistribution", true),
+            ("ContextualLogging", false),
             ("WinDSR", true),
+            ("GracefulNodeShutdown", true),
+            // Refused by validation, so not warned about.
             ("NoSuchGate", true),
+            ("NFTablesProxyMode", false),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
         let warnings = gate_warnings(&gates);
         assert_eq!(warnings.len(), 3, "{warnings:#?}");
-        assert!(warnings[0].starts_with("feature gate NoSuchGate=true is not one"));
-        assert!(warnings[1].contains("TopologyAwareHints=false has no effect"));
+        assert!(warnings[0].contains("ContextualLogging=false has no effect"));
+        assert!(warnings[1].starts_with("feature gate GracefulNodeShutdown=true is not one"));
         assert!(warnings[2].contains("WinDSR=true has no effect"));
+    }
+
+    #[test]
+    fn every_gate_the_table_judges_is_one_upstream_knows() {
+        for (name, _) in FEATURE_GATES {
+            assert_eq!(
+                crate::gates::upstream_refusal(name, true),
+                None,
+                "{name} is not an upstream gate"
+            );
+        }
     }
 }

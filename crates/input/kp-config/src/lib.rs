@@ -20,6 +20,7 @@
 pub mod audit;
 pub mod duration;
 mod flags;
+pub mod gates;
 mod iptables_backend;
 mod load;
 mod types;

@@ -37,7 +37,7 @@ detectLocalMode: InterfaceNamePrefix
 enableProfiling: true
 featureGates:
   NFTablesProxyMode: true
-  SomeAlphaGate: false
+  GangScheduling: false
 healthzBindAddress: 0.0.0.0:10266
 hostnameOverride: node-a
 iptables:
@@ -188,7 +188,7 @@ fn decodes_a_full_upstream_file() {
     assert_eq!(c.detect_local_mode, LocalMode::InterfaceNamePrefix);
     assert_eq!(c.detect_local.interface_name_prefix, "veth");
     assert_eq!(c.feature_gate("NFTablesProxyMode"), Some(true));
-    assert_eq!(c.feature_gate("SomeAlphaGate"), Some(false));
+    assert_eq!(c.feature_gate("GangScheduling"), Some(false));
     assert_eq!(c.healthz_bind_address(), "0.0.0.0:10266".parse().ok());
     assert_eq!(c.metrics_bind_address(), "0.0.0.0:10249".parse().ok());
     assert_eq!(c.hostname_override(), Some("node-a"));
@@ -226,7 +226,7 @@ fn json_files_are_accepted() {
         "nftables": {"syncPeriod": "20s", "minSyncPeriod": "0s", "masqueradeBit": 3},
         "conntrack": {"maxPerCore": 1024},
         "nodePortAddresses": null,
-        "featureGates": {"A": true}
+        "featureGates": {"AllAlpha": true}
     }"#;
     let c = decoded(json);
     assert_eq!(c.mode(), ProxyMode::Nftables);
@@ -235,7 +235,7 @@ fn json_files_are_accepted() {
     assert_eq!(c.min_sync_period(), DEFAULT_NFTABLES_MIN_SYNC_PERIOD);
     assert_eq!(c.nftables.masquerade_bit, 3);
     assert_eq!(c.conntrack.max_per_core, 1024);
-    assert_eq!(c.feature_gate("A"), Some(true));
+    assert_eq!(c.feature_gate("AllAlpha"), Some(true));
 }
 
 #[test]
@@ -244,7 +244,7 @@ fn unknown_fields_are_warned_by_path_and_line_and_skipped() {
     // are logged. Every unknown field is named with its full path and line.
     let text = format!(
         "{HEADER}iptables:\n  syncPeriod: 20s\n  masqueradeBitt: 3\nmasqueradeAll: true\n\
-         featureGates:\n  AnyGateName: true\nlogging:\n  options:\n    json:\n      bogus: 1\n\
+         featureGates:\n  GracefulNodeShutdown: true\nlogging:\n  options:\n    json:\n      bogus: 1\n\
          \x20 vmodule:\n  - filePattern: proxier\n    verbosity: 4\n    level: 2\n"
     );
     let (c, warnings) = decoded_with_warnings(&text);
@@ -264,11 +264,12 @@ fn unknown_fields_are_warned_by_path_and_line_and_skipped() {
     );
     assert!(strict[1].contains("unknown field \"masqueradeAll\" (line 6)"));
     assert!(strict[2].contains("unknown field \"logging.options.json.bogus\" (line 12)"));
-    // featureGates keys are free; an unknown gate is judged by the gate table instead.
+    // featureGates keys are free; a gate upstream knows but kube-proxy does not consult is
+    // named in a warning (unknown gates are refused: see the gates module).
     assert!(
         warnings
             .iter()
-            .any(|w| w.contains("feature gate AnyGateName=true")),
+            .any(|w| w.contains("feature gate GracefulNodeShutdown=true is not one")),
         "{warnings:#?}"
     );
 }
@@ -635,7 +636,7 @@ fn written_config_round_trips() {
             "--ipvs-scheduler=mh",
             "--ipvs-exclude-cidrs=10.0.0.0/8",
             "--ipvs-min-sync-period=1500ms",
-            "--feature-gates=Foo=true",
+            "--feature-gates=GangScheduling=true",
             "--vmodule=proxier=4",
             "--bind-address=fd00::1",
             "--conntrack-tcp-timeout-established=2h45m10.5s",
@@ -916,5 +917,35 @@ fn settings_of_another_mode_are_named() {
             "nftables.masqueradeAll is set to true but has no effect in iptables mode: it applies \
              to nftables mode only",
         ]
+    );
+}
+
+#[test]
+fn unknown_and_locked_feature_gates_are_refused_with_upstreams_message() {
+    // Every refused gate at once; a known gate beside them is no error.
+    let file = format!(
+        "{HEADER}featureGates:\n  NoSuchGate: true\n  NFTablesProxyMode: false\n  GangScheduling: true\n"
+    );
+    let err = load_err(&file).to_string();
+    assert!(
+        err.contains(
+            "featureGates: invalid value \"NoSuchGate=true\": unrecognized feature gate: NoSuchGate"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "cannot set feature gate NFTablesProxyMode to false, feature is locked to true"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("GangScheduling"), "{err}");
+    // The flag is refused the same way, naming the flag.
+    let opts = Options::try_parse_from(["kube-proxy", "--feature-gates=TopologyAwareHints=true"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let err = opts.load().err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        err.contains("unrecognized feature gate: TopologyAwareHints"),
+        "{err}"
     );
 }

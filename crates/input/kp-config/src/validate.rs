@@ -106,6 +106,13 @@ pub(crate) fn validate(c: &KubeProxyConfiguration) -> Vec<FieldError> {
         );
     }
 
+    // Upstream refuses gates its registry does not have, and locked gates set against their
+    // lock, with component-base's messages.
+    for (name, &enabled) in &c.feature_gates {
+        if let Some(reason) = crate::gates::upstream_refusal(name, enabled) {
+            v.error("featureGates", format!("{name}={enabled}"), reason);
+        }
+    }
     v.ip("bindAddress", &c.bind_address);
     v.optional_host_port("healthzBindAddress", c.healthz_bind_address.as_deref());
     v.optional_host_port("metricsBindAddress", c.metrics_bind_address.as_deref());

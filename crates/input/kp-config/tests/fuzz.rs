@@ -35,7 +35,7 @@ fn base() -> Value {
         "ipvs": {"scheduler": "rr", "excludeCIDRs": ["10.96.0.0/12"], "tcpTimeout": "0s"},
         "conntrack": {"maxPerCore": 32768, "min": 131072, "tcpEstablishedTimeout": "24h0m0s"},
         "nodePortAddresses": ["10.0.0.0/8"],
-        "featureGates": {"SomeGate": true},
+        "featureGates": {"GracefulNodeShutdown": true},
         "clientConnection": {"kubeconfig": "", "qps": 5, "burst": 10},
         "detectLocalMode": "ClusterCIDR",
     })

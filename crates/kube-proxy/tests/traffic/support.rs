@@ -31,6 +31,20 @@ pub const NODE_POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 
 
 /// How long the proxy may take for something it does within a second or two.
 const PATIENCE: Duration = Duration::from_secs(30);
+
+/// [`PATIENCE`] inside the test VM: software emulation on a loaded 2-core machine runs the
+/// proxy's tools several times slower (seen: one `iptables` call 1-2 s, a first ipvs-mode
+/// sync over 30 s at load 19).
+const GUEST_PATIENCE: Duration = Duration::from_secs(120);
+
+/// How long to wait for something the proxy should do soon, here or in the test VM.
+fn patience() -> Duration {
+    if kp_vm::in_guest() {
+        GUEST_PATIENCE
+    } else {
+        PATIENCE
+    }
+}
 /// How many proxy log lines a failure message shows.
 const LOG_TAIL: usize = 60;
 
@@ -611,14 +625,15 @@ impl Proxy {
 
     /// Waits (bounded) for a log line `matches` accepts and returns it.
     pub fn wait_for(&mut self, what: &str, matches: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + PATIENCE;
+        let patience = patience();
+        let deadline = Instant::now() + patience;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) if matches(&line) => return line,
                 Ok(_) => {}
                 Err(_) => panic!(
-                    "kube-proxy never logged {what} within {PATIENCE:?}; log:\n{}",
+                    "kube-proxy never logged {what} within {patience:?}; log:\n{}",
                     self.tail()
                 ),
             }
@@ -655,7 +670,8 @@ impl Proxy {
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -TERM {pid} failed");
-        let deadline = Instant::now() + PATIENCE;
+        let patience = patience();
+        let deadline = Instant::now() + patience;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for kube-proxy") {
                 return status;
@@ -1058,7 +1074,8 @@ pub fn http_get(cluster: &Cluster, from: &Host, addr: SocketAddr) -> HttpRespons
 
 /// Like [`http_get`], for `path`.
 pub fn http_get_path(cluster: &Cluster, from: &Host, addr: SocketAddr, path: &str) -> HttpResponse {
-    let deadline = Instant::now() + PATIENCE;
+    let patience = patience();
+    let deadline = Instant::now() + patience;
     loop {
         let out = cluster
             .exec(
@@ -1076,7 +1093,7 @@ pub fn http_get_path(cluster: &Cluster, from: &Host, addr: SocketAddr, path: &st
         if out.starts_with("connect-failed") {
             assert!(
                 Instant::now() < deadline,
-                "nothing accepted connections on {addr} within {PATIENCE:?}: {out}"
+                "nothing accepted connections on {addr} within {patience:?}: {out}"
             );
             std::thread::sleep(Duration::from_millis(100));
             continue;

@@ -18,37 +18,82 @@ use kp_bench::report::human;
 use kp_bench::summary::{self, ConnectPoint, Environment, Measured, ScalePoint};
 use kp_bench::sys;
 
-/// A proxy mode the report covers, and which benchmarks can run it. New modes (userspace,
-/// ipvs) join here once `kp-scale --mode` / `kp-connect --modes` accept them.
+/// A series of the report: a proxy mode (with its variant), and which benchmarks run it.
 struct ModeSpec {
+    /// The series' name in tables and plots, and in `--modes`.
     name: &'static str,
-    /// `kp-scale --mode NAME` works.
+    /// `kp-scale --mode` / `kp-connect run --modes`.
+    proxy_mode: &'static str,
+    /// More `kp-scale` arguments (the iptables backend).
+    scale_args: &'static [&'static str],
+    /// `kp-scale` runs it.
     scale: bool,
-    /// `kp-connect run --modes NAME` works (a mode that forwards traffic).
+    /// `kp-connect run --modes` runs it (a mode that forwards traffic).
     connect: bool,
+    /// `kp-scale` runs inside the test VM (tools/kp-vm): the mode needs IPVS, which the
+    /// host kernel may lack.
+    vm: bool,
 }
 
-/// Every mode, in the order the report lists them.
+/// Every series, in the order the report lists them: the control plane alone, iptables mode
+/// on each backend (chosen with `--iptables-backend`, as an operator would), nftables, and
+/// ipvs in the test VM.
 const MODES: &[ModeSpec] = &[
     ModeSpec {
         name: "fake",
+        proxy_mode: "fake",
+        scale_args: &[],
         scale: true,
         connect: false,
+        vm: false,
     },
     ModeSpec {
-        name: "iptables",
+        name: "iptables-nft",
+        proxy_mode: "iptables",
+        scale_args: &["--iptables", "nft"],
         scale: true,
+        // kp-connect's proxy picks its backend itself: nf_tables in an empty namespace.
         connect: true,
+        vm: false,
+    },
+    ModeSpec {
+        name: "iptables-legacy",
+        proxy_mode: "iptables",
+        scale_args: &["--iptables", "legacy"],
+        scale: true,
+        connect: false,
+        vm: false,
     },
     ModeSpec {
         name: "nftables",
+        proxy_mode: "nftables",
+        scale_args: &[],
         scale: true,
         connect: true,
+        vm: false,
+    },
+    ModeSpec {
+        name: "ipvs",
+        proxy_mode: "ipvs",
+        scale_args: &[],
+        scale: true,
+        connect: false,
+        vm: true,
     },
 ];
 
 /// Endpoints per generated service, as in the issues' N×10 targets.
 const ENDPOINTS: usize = 10;
+
+/// The first-sync limit inside the test VM, in seconds, counted from the proxy's start (so it
+/// includes parsing the manifests): under emulation ipvs mode reached its first sync 218 s
+/// after start at 1k services (debug build) and 402 s at 10k (release) in earlier runs;
+/// 15 minutes lets 20k finish if it scales linearly and bounds it if not.
+const DEFAULT_VM_TIMEOUT: u64 = 900;
+
+/// Guest RAM for VM points: the proxy (hundreds of MiB at 20k services), the generated
+/// manifests (in the guest's RAM too) and the kernel's IPVS state.
+const DEFAULT_VM_MEMORY_MIB: u64 = 3072;
 
 /// Beyond the benchmark's own first-sync limit, how long a run may take (partial syncs of
 /// up to two minutes each, building and deleting namespaces) before it is killed.
@@ -64,7 +109,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// Service counts for the scale benchmark (10 endpoints each).
-    #[arg(long, value_delimiter = ',', default_value = "100,300,1000,3000")]
+    #[arg(long, value_delimiter = ',', default_value = "1000,3000,10000,20000")]
     sizes: Vec<usize>,
     /// Installed-service counts for the connect-latency benchmark.
     #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
@@ -75,6 +120,13 @@ struct Args {
     /// Per-point limit on the first sync, in seconds (a longer one is recorded as timed out).
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// The same limit for points run inside the test VM (software emulation is several
+    /// times slower than the host).
+    #[arg(long, default_value_t = DEFAULT_VM_TIMEOUT)]
+    vm_timeout: u64,
+    /// Guest RAM for points run inside the test VM, in MiB.
+    #[arg(long, default_value_t = DEFAULT_VM_MEMORY_MIB)]
+    vm_memory_mib: u64,
     /// Where to write REPORT.md and the plots.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench"))]
     out_dir: PathBuf,
@@ -138,37 +190,19 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
                 scale.push(ScalePoint::missing(mode.name, services, ENDPOINTS, &why));
                 continue;
             }
-            let out = work
-                .path()
-                .join(format!("scale-{}-{services}.md", mode.name));
-            let services_arg = services.to_string();
-            let endpoints_arg = ENDPOINTS.to_string();
-            let timeout_arg = args.timeout.to_string();
-            let status = bounded(
-                &bin_dir.join("kp-scale"),
-                &[
-                    "--services",
-                    &services_arg,
-                    "--endpoints",
-                    &endpoints_arg,
-                    "--mode",
-                    mode.name,
-                    "--timeout",
-                    &timeout_arg,
-                    "--binary",
-                    &kube_proxy.to_string_lossy(),
-                    "--out",
-                    &out.to_string_lossy(),
-                ],
-                Duration::from_secs(args.timeout) + RUN_SLACK,
-            )?;
-            let text = std::fs::read_to_string(&out).unwrap_or_default();
+            let (text, status) = if mode.vm {
+                scale_in_vm(args, mode, services, &bin_dir, &kube_proxy)
+            } else {
+                scale_on_host(args, mode, services, &bin_dir, &kube_proxy, work.path())?
+            };
             let point = if text.is_empty() {
                 ScalePoint::missing(mode.name, services, ENDPOINTS, &status)
             } else {
                 ScalePoint::from_output(mode.name, services, ENDPOINTS, &text)
             };
-            if matches!(point.first_sync, Measured::TimedOut(_)) {
+            // A run killed at its bound did not finish its first sync in time either.
+            if matches!(point.first_sync, Measured::TimedOut(_)) || status.contains("killed after")
+            {
                 timed_out_at = Some(services);
             }
             eprintln!(
@@ -176,8 +210,13 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
                 mode.name, point.first_sync
             );
             raw.push_str(&format!(
-                "### kp-scale --mode {} --services {services}\n\n{}\n",
-                mode.name,
+                "### kp-scale --mode {} {}--services {services}{}\n\n{}\n",
+                mode.proxy_mode,
+                mode.scale_args
+                    .iter()
+                    .map(|a| format!("{a} "))
+                    .collect::<String>(),
+                if mode.vm { " (in the test VM)" } else { "" },
                 if text.is_empty() { &status } else { &text }
             ));
             scale.push(point);
@@ -197,7 +236,7 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
             &[
                 "run",
                 "--modes",
-                mode.name,
+                mode.proxy_mode,
                 "--services",
                 &services_arg,
                 "--count",
@@ -227,7 +266,7 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
         connect.extend(points);
         raw.push_str(&format!(
             "### kp-connect run --modes {}\n\n{}\n",
-            mode.name,
+            mode.proxy_mode,
             if text.is_empty() { &status } else { &text }
         ));
     }
@@ -243,6 +282,97 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
     let path = args.out_dir.join("REPORT.md");
     std::fs::write(&path, &report.markdown)?;
     Ok(path)
+}
+
+/// One `kp-scale` point on this machine, bounded by the first-sync limit plus
+/// [`RUN_SLACK`]: (its tables, how it ended).
+fn scale_on_host(
+    args: &Args,
+    mode: &ModeSpec,
+    services: usize,
+    bin_dir: &Path,
+    kube_proxy: &Path,
+    work: &Path,
+) -> anyhow::Result<(String, String)> {
+    let out = work.join(format!("scale-{}-{services}.md", mode.name));
+    let mut scale_args = scale_args(mode, services, args.timeout, kube_proxy);
+    scale_args.extend(["--out".to_owned(), out.to_string_lossy().into_owned()]);
+    let scale_args: Vec<&str> = scale_args.iter().map(String::as_str).collect();
+    let status = bounded(
+        &bin_dir.join("kp-scale"),
+        &scale_args,
+        Duration::from_secs(args.timeout) + RUN_SLACK,
+    )?;
+    Ok((std::fs::read_to_string(&out).unwrap_or_default(), status))
+}
+
+/// One `kp-scale` point inside the test VM (Debian's kernel under QEMU, see tools/kp-vm),
+/// with the proxy, the benchmark and the tools the mode runs copied in; the VM is killed
+/// after the VM first-sync limit plus [`RUN_SLACK`]. Returns (its tables, how it ended).
+fn scale_in_vm(
+    args: &Args,
+    mode: &ModeSpec,
+    services: usize,
+    bin_dir: &Path,
+    kube_proxy: &Path,
+) -> (String, String) {
+    let limit = Duration::from_secs(args.vm_timeout) + RUN_SLACK;
+    let scale_args = scale_args(mode, services, args.vm_timeout, kube_proxy);
+    let scale_args: Vec<std::ffi::OsString> = scale_args.iter().map(Into::into).collect();
+    eprintln!(
+        "kp-report: in the test VM: kp-scale {}",
+        scale_args
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let vm = kp_vm::Vm::from_env()
+        .iptables()
+        .program("ipvsadm")
+        .program("ipset")
+        .program("conntrack")
+        .program(&kube_proxy.to_string_lossy())
+        .memory_mib(args.vm_memory_mib)
+        .timeout(limit);
+    match vm.run(&bin_dir.join("kp-scale"), &scale_args) {
+        Ok(out) => {
+            let status = if out.status == 0 {
+                format!("kp-scale finished in the VM ({})", human(out.elapsed))
+            } else {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                let last = stderr.lines().last().unwrap_or_default();
+                format!("kp-scale failed in the VM (status {}): {last}", out.status)
+            };
+            (String::from_utf8_lossy(&out.stdout).into_owned(), status)
+        }
+        Err(kp_vm::VmError::Timeout { seconds, .. }) => (
+            String::new(),
+            format!("the test VM was killed after {seconds} s"),
+        ),
+        Err(error) => (String::new(), format!("the test VM did not run: {error}")),
+    }
+}
+
+/// `kp-scale`'s arguments for one point of `mode`.
+fn scale_args(mode: &ModeSpec, services: usize, timeout: u64, kube_proxy: &Path) -> Vec<String> {
+    let mut out: Vec<String> = [
+        "--services",
+        &services.to_string(),
+        "--endpoints",
+        &ENDPOINTS.to_string(),
+        "--mode",
+        mode.proxy_mode,
+        "--timeout",
+        &timeout.to_string(),
+        "--binary",
+        &kube_proxy.to_string_lossy(),
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    out.extend(mode.scale_args.iter().map(|a| (*a).to_owned()));
+    out
 }
 
 /// `cargo build --release` of the proxy and the benchmarks (`cargo run` built only this one).
@@ -392,4 +522,37 @@ fn load_and_neighbours() -> String {
             top.join(", ")
         }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_series_is_named_once_and_selects_its_backend() {
+        let mut names: Vec<&str> = MODES.iter().map(|m| m.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), MODES.len());
+        let args = |name: &str| {
+            let mode = MODES.iter().find(|m| m.name == name).expect(name);
+            scale_args(mode, 1000, 120, Path::new("/k")).join(" ")
+        };
+        assert_eq!(
+            args("iptables-legacy"),
+            "--services 1000 --endpoints 10 --mode iptables --timeout 120 --binary /k --iptables legacy"
+        );
+        assert!(
+            args("iptables-nft")
+                .ends_with("--mode iptables --timeout 120 --binary /k --iptables nft")
+        );
+        assert!(args("nftables").contains("--mode nftables"));
+        // ipvs needs IPVS, which only the test VM's kernel is sure to have.
+        assert!(
+            MODES
+                .iter()
+                .filter(|m| m.vm)
+                .all(|m| m.proxy_mode == "ipvs")
+        );
+    }
 }

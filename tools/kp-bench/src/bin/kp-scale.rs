@@ -49,6 +49,8 @@ enum Variant {
     System,
     /// The legacy tools (`--iptables-backend=legacy`).
     Legacy,
+    /// The nf_tables tools, chosen explicitly (`--iptables-backend=nft`).
+    Nft,
 }
 
 /// Which restore tool the `--restore` comparison times.
@@ -230,6 +232,7 @@ impl Proxy {
         let backend = match args.iptables {
             Variant::System => "--iptables-backend=auto",
             Variant::Legacy => "--iptables-backend=legacy",
+            Variant::Nft => "--iptables-backend=nft",
         };
         let mut command = netns.command(
             &binary,
@@ -449,7 +452,7 @@ async fn proxy_run(
     let load_start = sys::load();
     let netns = Netns::create(&format!("kpbench-{}", std::process::id()))?;
     let save_tool = match args.iptables {
-        Variant::System => "iptables-nft-save",
+        Variant::System | Variant::Nft => "iptables-nft-save",
         Variant::Legacy => "iptables-legacy-save",
     };
     let label = format!(
@@ -466,6 +469,7 @@ async fn proxy_run(
             (Mode::Nftables, _) => "nft",
             (_, Variant::System) => "nf_tables (detected)",
             (_, Variant::Legacy) => "legacy (--iptables-backend)",
+            (_, Variant::Nft) => "nf_tables (--iptables-backend)",
         }
     );
     let log = dir.join(format!(
