@@ -21,6 +21,7 @@ pub mod exec;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
+pub mod sync;
 pub mod sysctls;
 pub mod xtables;
 

@@ -31,15 +31,15 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, ServiceName};
-use kp_core::tracker::ProxyState;
 use kp_ipvs::{Ipvs, IpvsError, Protocol, RealServer, ServiceKey, Timeouts, VirtualServer};
 use kp_rules::ipvs::ipset::{SavedSets, destroy_input, parse_save, restore_input};
 use kp_rules::ipvs::{DUMMY_DEVICE, Desired, IpvsConfig, plan, rules};
 use tracing::{debug, info, warn};
 
-use crate::conntrack::{Conntrack, ExecConntrack, conntrack_relevant, delete_stale};
+use crate::conntrack::{Conntrack, DefaultConntrack};
 use crate::exec::{ExecRunner, RuleRunner};
 use crate::iptables::{SavedTable, cleanup_input, ensure_setup};
+use crate::sync::{FamilyErrors, SyncState};
 use crate::sysctls::{self, Setting, Sysctl, WriteWhen};
 use kp_rules::iptables::Table;
 
@@ -101,22 +101,18 @@ pub fn sysctl_plan(strict_arp: bool) -> Vec<Setting> {
 }
 
 /// ipvs mode. The type parameters are the kernel interfaces, swapped for fakes in tests.
-pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset, C = ExecConntrack> {
+pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset, C = DefaultConntrack> {
     config: IpvsBackendConfig,
     ipvs: I,
     links: L,
     runner: R,
     ipset: S,
     sysctl: Box<dyn Sysctl + Send + Sync>,
-    conntrack: C,
-    /// The UDP/SCTP part of the last programmed state, to find stale conntrack entries.
-    programmed: Option<ProxyState>,
-    /// Rules restored per family, so partial syncs skip identical restores; cleared after
-    /// any failure.
+    /// Full or partial (sysctls, timeouts and jumps are ensured on every full sync), stale
+    /// conntrack entries.
+    sync: SyncState<C>,
+    /// Rules restored per family, so partial syncs skip identical restores.
     rules_applied: BTreeMap<IpFamily, String>,
-    /// Sysctls, timeouts and jumps are ensured on every full sync, and on a partial one after
-    /// a failure.
-    setup_done: bool,
     /// What the last syncs programmed per virtual server, so a partial sync skips reading
     /// back the real servers of virtual servers whose plan did not change. Full syncs (and
     /// the first one, and any after a failure) read everything back.
@@ -153,8 +149,8 @@ fn apply_error(what: &str) -> impl FnOnce(String) -> BackendError + '_ {
 }
 
 impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
-    /// A backend over the given kernel interfaces, deleting stale conntrack entries with the
-    /// `conntrack` tool.
+    /// A backend over the given kernel interfaces, deleting stale conntrack entries over
+    /// ctnetlink.
     pub fn with_parts(
         config: IpvsBackendConfig,
         ipvs: I,
@@ -164,16 +160,14 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
         sysctl: Box<dyn Sysctl + Send + Sync>,
     ) -> Self {
         Self {
+            sync: SyncState::new(config.families.clone(), DefaultConntrack::default()),
             config,
             ipvs,
             links,
             runner,
             ipset,
             sysctl,
-            conntrack: ExecConntrack::default(),
-            programmed: None,
             rules_applied: BTreeMap::new(),
-            setup_done: false,
             applied: BTreeMap::new(),
             draining: BTreeSet::new(),
         }
@@ -190,10 +184,8 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             runner: self.runner,
             ipset: self.ipset,
             sysctl: self.sysctl,
-            conntrack,
-            programmed: self.programmed,
+            sync: self.sync.with_conntrack(conntrack),
             rules_applied: self.rules_applied,
-            setup_done: self.setup_done,
             applied: self.applied,
             draining: self.draining,
         }
@@ -219,19 +211,27 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 .set_timeouts(&self.config.timeouts)
                 .map_err(|e| apply_error("IPVS timeouts")(e.to_string()))?;
         }
-        for family in self.config.families.clone() {
-            ensure_setup(&self.runner, family, &rules::setup()).await?;
+        let mut errors = FamilyErrors::new(MODE);
+        for family in self.sync.families().to_vec() {
+            errors.check(
+                family,
+                ensure_setup(&self.runner, family, &rules::setup()).await,
+            );
         }
-        Ok(())
+        self.sync.families_done(errors)
     }
 
-    async fn sync_all(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        // Full syncs re-check everything that lives outside the diff (sysctls, jumps, the
-        // rules text), so a flushed table or a reset sysctl is repaired within syncPeriod.
-        let full = request.kind == SyncKind::Full;
-        if full || !self.setup_done {
+    async fn sync_all(
+        &mut self,
+        request: &SyncRequest<'_>,
+        kind: SyncKind,
+    ) -> Result<SyncReport, BackendError> {
+        // Full syncs (the first, any after a failure) re-check everything that lives outside
+        // the diff (sysctls, jumps, the rules text), so a flushed table or a reset sysctl is
+        // repaired within syncPeriod.
+        let full = kind == SyncKind::Full;
+        if full {
             self.setup().await?;
-            self.setup_done = true;
         }
         let plans: Vec<Desired> = self
             .config
@@ -467,39 +467,24 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        let result = self.sync_all(request).await;
-        if let Ok(report) = &result {
-            // UDP/SCTP flows conntrack still sends to removed endpoints (IPVS keeps its own
-            // entries in step with conntrack=1), as the other modes do.
-            if request.conntrack_cleanup_required {
-                let full = request.kind == SyncKind::Full;
-                delete_stale(
-                    &self.conntrack,
-                    self.programmed.as_ref(),
-                    request.state,
-                    (!full).then_some(request.changed),
-                    &self.config.families,
-                )
-                .await;
+        let kind = self.sync.kind(request);
+        match self.sync_all(request, kind).await {
+            Ok(report) => {
+                // UDP/SCTP flows conntrack still sends to removed endpoints (IPVS keeps its
+                // own entries in step with conntrack=1), as the other modes do.
+                let skipped: BTreeSet<ServiceName> = report.skipped.iter().cloned().collect();
+                self.sync.succeeded(request, kind, &skipped).await;
+                Ok(report)
             }
-            // Skipped services count as not programmed: the sync that programs them sees
-            // them as new.
-            let mut programmed = conntrack_relevant(request.state);
-            programmed
-                .services
-                .retain(|name, _| !report.skipped.contains(&name.service));
-            programmed
-                .endpoints
-                .retain(|name, _| !report.skipped.contains(&name.service));
-            self.programmed = Some(programmed);
+            Err(err) => {
+                // The kernel may be anywhere between the old and new state: the next sync is
+                // full and checks it all again.
+                self.sync.failed();
+                self.rules_applied.clear();
+                self.applied.clear();
+                Err(err)
+            }
         }
-        if result.is_err() {
-            // The kernel may be anywhere between the old and new state: check it all again.
-            self.setup_done = false;
-            self.rules_applied.clear();
-            self.applied.clear();
-        }
-        result
     }
 
     /// As upstream: flush every virtual server, delete kube-ipvs0, remove the KUBE- iptables
@@ -525,7 +510,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
                 .map(drop)
                 .map_err(|e| apply_error("delete kube-ipvs0")(e.to_string())),
         );
-        for family in self.config.families.clone() {
+        for family in self.sync.families().to_vec() {
             for table in [Table::Filter, Table::Nat, Table::Mangle] {
                 note(self.cleanup_table(family, table).await);
             }
@@ -544,11 +529,10 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
             }
             Err(e) => note(Err(apply_error("ipset save")(e.to_string()))),
         }
-        self.setup_done = false;
+        self.sync.reset();
         self.rules_applied.clear();
         self.applied.clear();
         self.draining.clear();
-        self.programmed = None;
         info!("removed ipvs mode's virtual servers, kube-ipvs0 and ipsets");
         first.map_or(Ok(()), Err)
     }
