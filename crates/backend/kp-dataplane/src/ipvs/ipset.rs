@@ -50,6 +50,7 @@ impl IpsetRunner for ExecIpset {
 struct FakeState {
     sets: SavedSets,
     restores: Vec<String>,
+    saves: usize,
 }
 
 /// In-memory ipset: `create`, `add`, `del`, `flush`, `destroy` lines change its sets; `save`
@@ -70,6 +71,11 @@ impl FakeIpset {
         self.lock().restores.clone()
     }
 
+    /// How many times `ipset save` ran.
+    pub fn saves(&self) -> usize {
+        self.lock().saves
+    }
+
     /// The sets now.
     pub fn sets(&self) -> SavedSets {
         self.lock().sets.clone()
@@ -82,7 +88,8 @@ impl FakeIpset {
 
 impl IpsetRunner for FakeIpset {
     async fn save(&self) -> Result<String, ExecError> {
-        let state = self.lock();
+        let mut state = self.lock();
+        state.saves += 1;
         let mut out = String::new();
         for (name, entries) in &state.sets {
             out.push_str(&format!("create {name} hash:ip\n"));

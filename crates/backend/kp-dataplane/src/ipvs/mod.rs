@@ -13,9 +13,14 @@
 //! [`DRAIN_CHECK_INTERVAL`] ([`Backend::recheck_after`]). UDP and SCTP real servers are
 //! deleted at once.
 //!
-//! Full syncs read every virtual server's real servers back from the kernel; partial syncs
-//! read back only those whose plan changed (or that are draining), so a one-service change
-//! costs a few netlink round trips however many services exist.
+//! Full syncs (the first, every one after a failure, and when the core asks) list what the
+//! kernel holds (virtual servers and their real servers, kube-ipvs0's addresses, `ipset save`)
+//! and reconcile against it. Partial syncs list nothing: they diff against what the last
+//! syncs programmed (virtual servers, real servers, ipset entries, addresses, kept here) and
+//! read back only the real servers of virtual servers whose plan changed (or that are
+//! draining), so a one-service change costs a few netlink round trips however many services
+//! exist. Where the bookkeeping and the kernel disagree (a virtual server whose programming
+//! failed half-way), adding and updating fall back to each other.
 //!
 //! One virtual server the kernel refuses is reported in [`SyncReport::skipped`] with its
 //! Service; the others are still programmed.
@@ -32,7 +37,7 @@ use ipnet::IpNet;
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_ipvs::{Ipvs, IpvsError, Protocol, RealServer, ServiceKey, Timeouts, VirtualServer};
-use kp_rules::ipvs::ipset::{SavedSets, destroy_input, parse_save, restore_input};
+use kp_rules::ipvs::ipset::{SavedSets, SetKind, destroy_input, parse_save, restore_input};
 use kp_rules::ipvs::{DUMMY_DEVICE, Desired, IpvsConfig, plan, rules};
 use tracing::{debug, info, warn};
 
@@ -48,6 +53,11 @@ pub use links::{FakeLinks, LinkError, Links, RtLinks};
 
 /// The mode name served on `/proxyMode`.
 pub const MODE: &str = "ipvs";
+
+/// The kernel's "already exists" (adding a virtual server the kernel has).
+const EEXIST: i32 = 17;
+/// The kernel's "no such process" (IPVS: no such virtual server).
+const ESRCH: i32 = 3;
 
 /// How often real servers draining at weight 0 are checked for remaining connections, and
 /// deleted once they have none: upstream's graceful-termination check interval (one
@@ -113,12 +123,29 @@ pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset, C = Defaul
     sync: SyncState<C>,
     /// Rules restored per family, so partial syncs skip identical restores.
     rules_applied: BTreeMap<IpFamily, String>,
-    /// What the last syncs programmed per virtual server, so a partial sync skips reading
-    /// back the real servers of virtual servers whose plan did not change. Full syncs (and
-    /// the first one, and any after a failure) read everything back.
-    applied: BTreeMap<ServiceKey, (VirtualServer, Vec<RealServer>)>,
+    /// What the last syncs programmed per virtual server (`None`: ours, but its state is
+    /// unknown because programming it failed), so a partial sync neither lists the virtual
+    /// servers nor reads back the real servers of those whose plan did not change, and
+    /// knows which of ours became stale. Full syncs (and the first one, and any after a
+    /// failure) list and read everything back.
+    applied: BTreeMap<ServiceKey, Option<(VirtualServer, Vec<RealServer>)>>,
     /// Virtual servers with real servers still draining at weight 0: read back every sync.
     draining: BTreeSet<ServiceKey>,
+    /// kube-ipvs0 and the ipsets as the last successful sync left them; `None` until a
+    /// full sync succeeded and after any failure.
+    installed: Option<Installed>,
+}
+
+/// What ipvs mode keeps of the kernel besides the virtual servers, so partial syncs change
+/// the difference without listing addresses or running `ipset save`.
+#[derive(Debug)]
+struct Installed {
+    /// kube-ipvs0's interface index.
+    dummy_index: u32,
+    /// The addresses bound on kube-ipvs0.
+    addresses: BTreeSet<IpAddr>,
+    /// kube-proxy's ipsets by name, with their entries.
+    sets: SavedSets,
 }
 
 impl<I, L, R, S, C> std::fmt::Debug for IpvsBackend<I, L, R, S, C> {
@@ -170,6 +197,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
             rules_applied: BTreeMap::new(),
             applied: BTreeMap::new(),
             draining: BTreeSet::new(),
+            installed: None,
         }
     }
 }
@@ -188,6 +216,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             rules_applied: self.rules_applied,
             applied: self.applied,
             draining: self.draining,
+            installed: self.installed,
         }
     }
 
@@ -227,9 +256,14 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         kind: SyncKind,
     ) -> Result<SyncReport, BackendError> {
         // Full syncs (the first, any after a failure) re-check everything that lives outside
-        // the diff (sysctls, jumps, the rules text), so a flushed table or a reset sysctl is
-        // repaired within syncPeriod.
-        let full = kind == SyncKind::Full;
+        // the diff (sysctls, jumps, the rules text) and list what the kernel holds, so a
+        // flushed table, a reset sysctl or someone else's change is repaired within
+        // syncPeriod. Partial ones diff against what the last syncs installed.
+        let installed = match kind {
+            SyncKind::Full => None,
+            SyncKind::Partial => self.installed.take(),
+        };
+        let full = installed.is_none();
         if full {
             self.setup().await?;
         }
@@ -246,24 +280,30 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
 
         // 1. Service addresses first, so new virtual servers receive traffic at once.
         let link_err = |e: LinkError| apply_error("kube-ipvs0")(e.to_string());
-        let index = self
-            .links
-            .ensure_dummy(DUMMY_DEVICE)
-            .await
-            .map_err(link_err)?;
-        let bound = self.links.addresses(index).await.map_err(link_err)?;
+        let (index, bound, saved) = match installed {
+            Some(i) => (i.dummy_index, i.addresses, i.sets),
+            None => {
+                let index = self
+                    .links
+                    .ensure_dummy(DUMMY_DEVICE)
+                    .await
+                    .map_err(link_err)?;
+                let bound = self.links.addresses(index).await.map_err(link_err)?;
+                let saved = parse_save(
+                    &self
+                        .ipset
+                        .save()
+                        .await
+                        .map_err(|e| apply_error("ipset save")(e.to_string()))?,
+                );
+                (index, bound, saved)
+            }
+        };
         for ip in wanted_addresses.difference(&bound) {
             self.links.add_address(index, *ip).await.map_err(link_err)?;
         }
 
         // 2. ipsets: only the entries that differ, one restore for both families.
-        let saved: SavedSets = parse_save(
-            &self
-                .ipset
-                .save()
-                .await
-                .map_err(|e| apply_error("ipset save")(e.to_string()))?,
-        );
         let input: String = plans
             .iter()
             .map(|p| restore_input(p.family, &p.sets, &saved))
@@ -273,6 +313,13 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 .restore(&input)
                 .await
                 .map_err(|e| apply_error("ipset restore")(e.to_string()))?;
+        }
+        let mut sets = saved;
+        for p in &plans {
+            for set_kind in SetKind::ALL {
+                let entries = p.sets.get(&set_kind).cloned().unwrap_or_default();
+                sets.insert(set_kind.name(p.family), entries);
+            }
         }
 
         // 3. iptables: the rules depend on the configuration only.
@@ -290,32 +337,41 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             self.rules_applied.insert(family, text);
         }
 
-        // 4. IPVS.
-        let current: BTreeMap<ServiceKey, VirtualServer> = self
-            .ipvs
-            .services()
-            .map_err(|e| apply_error("IPVS list")(e.to_string()))?
-            .into_iter()
-            .map(|vs| (vs.key, vs))
-            .collect();
+        // 4. IPVS: full syncs list the kernel's virtual servers, partial ones trust what the
+        // last syncs programmed and touch only what differs from it.
+        let listed: Option<BTreeMap<ServiceKey, VirtualServer>> = if full {
+            Some(
+                self.ipvs
+                    .services()
+                    .map_err(|e| apply_error("IPVS list")(e.to_string()))?
+                    .into_iter()
+                    .map(|vs| (vs.key, vs))
+                    .collect(),
+            )
+        } else {
+            None
+        };
         let mut report = SyncReport::default();
         let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
         let mut applied = BTreeMap::new();
         for p in &plans {
             for (key, want) in &p.services {
                 let planned = (want.server.clone(), want.real_servers.clone());
-                let unchanged = !full
-                    && !self.draining.contains(key)
-                    && current.get(key) == Some(&want.server)
-                    && self.applied.get(key) == Some(&planned);
+                let known = self.applied.get(key).and_then(Option::as_ref);
+                let have = match &listed {
+                    Some(listed) => listed.get(key),
+                    None => known.map(|(vs, _)| vs),
+                };
+                let unchanged = !full && !self.draining.contains(key) && known == Some(&planned);
                 if unchanged {
-                    applied.insert(*key, planned);
+                    applied.insert(*key, Some(planned));
                     continue;
                 }
-                match self.sync_service(current.get(key), &want.server, &want.real_servers) {
+                let have = have.cloned();
+                match self.sync_service(have.as_ref(), &want.server, &want.real_servers) {
                     Ok((changes, draining)) => {
                         report.rules_written += changes;
-                        applied.insert(*key, planned);
+                        applied.insert(*key, Some(planned));
                         if draining {
                             self.draining.insert(*key);
                         } else {
@@ -325,28 +381,39 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                     Err(error) => {
                         warn!(service = %want.owner, virtual_server = %key, %error, "cannot program virtual server; skipping it");
                         skipped.insert(want.owner.clone());
+                        // Ours, in whatever state the failure left it.
+                        applied.insert(*key, None);
                     }
                 }
             }
         }
 
-        // 5. Stale state last: virtual servers on addresses kube-proxy manages, then addresses.
-        let desired_keys: BTreeSet<&ServiceKey> =
-            plans.iter().flat_map(|p| p.services.keys()).collect();
-        let ours: BTreeSet<IpAddr> = bound
-            .iter()
-            .chain(&wanted_addresses)
-            .chain(&self.config.plan.node_ips)
-            .chain(&self.config.node_addresses)
-            .copied()
-            .collect();
+        // 5. Stale state last: virtual servers on addresses kube-proxy manages (full syncs:
+        // of those listed; partial ones: of those the last syncs programmed), then addresses.
         let excluded = |ip: &IpAddr| self.config.exclude_cidrs.iter().any(|n| n.contains(ip));
-        let stale: Vec<ServiceKey> = current
-            .keys()
-            .filter(|k| !desired_keys.contains(k) && ours.contains(&k.address))
-            .filter(|k| !excluded(&k.address))
-            .copied()
-            .collect();
+        let stale: Vec<ServiceKey> = match &listed {
+            Some(listed) => {
+                let ours: BTreeSet<IpAddr> = bound
+                    .iter()
+                    .chain(&wanted_addresses)
+                    .chain(&self.config.plan.node_ips)
+                    .chain(&self.config.node_addresses)
+                    .copied()
+                    .collect();
+                listed
+                    .keys()
+                    .filter(|k| !applied.contains_key(*k) && ours.contains(&k.address))
+                    .filter(|k| !excluded(&k.address))
+                    .copied()
+                    .collect()
+            }
+            None => self
+                .applied
+                .keys()
+                .filter(|k| !applied.contains_key(*k) && !excluded(&k.address))
+                .copied()
+                .collect(),
+        };
         for key in &stale {
             match self.ipvs.delete_service(key) {
                 Ok(()) => {
@@ -354,7 +421,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                     report.rules_written += 1;
                 }
                 Err(error) => {
-                    warn!(virtual_server = %key, %error, "cannot delete stale virtual server")
+                    warn!(virtual_server = %key, %error, "cannot delete stale virtual server");
+                    // Still ours: a later sync tries again.
+                    applied.insert(*key, None);
                 }
             }
         }
@@ -366,6 +435,11 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         }
         self.draining.retain(|k| applied.contains_key(k));
         self.applied = applied;
+        self.installed = Some(Installed {
+            dummy_index: index,
+            addresses: wanted_addresses,
+            sets,
+        });
         report.skipped = skipped.into_iter().collect();
         Ok(report)
     }
@@ -398,18 +472,32 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
     ) -> Result<(usize, bool), IpvsError> {
         let mut changes = 0;
         let mut draining = false;
-        match have {
-            None => {
-                self.ipvs.add_service(want)?;
-                changes += 1;
-            }
-            Some(have) if have != want => {
-                self.ipvs.update_service(want)?;
-                changes += 1;
-            }
-            Some(_) => {}
+        // A partial sync's `have` is what the last syncs programmed; where the kernel
+        // disagrees (a virtual server whose programming failed half-way, or one deleted behind
+        // our back), add and update swap so the service still converges.
+        let exists = match have {
+            None => match self.ipvs.add_service(want) {
+                Err(err) if err.errno() == Some(EEXIST) => {
+                    self.ipvs.update_service(want)?;
+                    true
+                }
+                Err(err) => return Err(err),
+                Ok(()) => false,
+            },
+            Some(have) if have != want => match self.ipvs.update_service(want) {
+                Err(err) if err.errno() == Some(ESRCH) => {
+                    self.ipvs.add_service(want)?;
+                    false
+                }
+                Err(err) => return Err(err),
+                Ok(()) => true,
+            },
+            Some(_) => true,
+        };
+        if have.is_none_or(|have| have != want) {
+            changes += 1;
         }
-        let listed = if have.is_some() {
+        let listed = if exists {
             self.ipvs.destinations(&want.key)?
         } else {
             Vec::new()
@@ -482,6 +570,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
                 self.sync.failed();
                 self.rules_applied.clear();
                 self.applied.clear();
+                self.installed = None;
                 Err(err)
             }
         }
@@ -533,6 +622,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
         self.rules_applied.clear();
         self.applied.clear();
         self.draining.clear();
+        self.installed = None;
         info!("removed ipvs mode's virtual servers, kube-ipvs0 and ipsets");
         first.map_or(Ok(()), Err)
     }
