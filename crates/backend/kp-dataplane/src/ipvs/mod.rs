@@ -27,6 +27,7 @@
 
 mod ipset;
 mod links;
+mod planned;
 #[cfg(test)]
 mod tests;
 
@@ -37,8 +38,8 @@ use ipnet::IpNet;
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_ipvs::{Ipvs, IpvsError, Protocol, RealServer, ServiceKey, Timeouts, VirtualServer};
-use kp_rules::ipvs::ipset::{SavedSets, SetKind, destroy_input, parse_save, restore_input};
-use kp_rules::ipvs::{DUMMY_DEVICE, Desired, IpvsConfig, plan, rules};
+use kp_rules::ipvs::ipset::{SavedSets, change_input, destroy_input, parse_save, restore_input};
+use kp_rules::ipvs::{DUMMY_DEVICE, Desired, DesiredService, IpvsConfig, rules};
 use tracing::{debug, info, warn};
 
 use crate::conntrack::{Conntrack, DefaultConntrack};
@@ -50,6 +51,7 @@ use kp_rules::iptables::Table;
 
 pub use ipset::{ExecIpset, FakeIpset, IpsetRunner};
 pub use links::{FakeLinks, LinkError, Links, RtLinks};
+use planned::{Delta, Planned};
 
 /// The mode name served on `/proxyMode`.
 pub const MODE: &str = "ipvs";
@@ -136,16 +138,15 @@ pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset, C = Defaul
     installed: Option<Installed>,
 }
 
-/// What ipvs mode keeps of the kernel besides the virtual servers, so partial syncs change
-/// the difference without listing addresses or running `ipset save`.
+/// What ipvs mode keeps between syncs besides the virtual servers, so partial syncs plan only
+/// the changed services and change the difference without listing addresses or running
+/// `ipset save`: after a successful sync the kernel holds exactly these plans.
 #[derive(Debug)]
 struct Installed {
     /// kube-ipvs0's interface index.
     dummy_index: u32,
-    /// The addresses bound on kube-ipvs0.
-    addresses: BTreeSet<IpAddr>,
-    /// kube-proxy's ipsets by name, with their entries.
-    sets: SavedSets,
+    /// Per family (in the configured order), every service's plan.
+    planned: Vec<Planned>,
 }
 
 impl<I, L, R, S, C> std::fmt::Debug for IpvsBackend<I, L, R, S, C> {
@@ -166,6 +167,10 @@ impl Sysctl for BoxedSysctl<'_> {
     fn write(&self, key: &str, value: &str) -> Result<(), sysctls::SysctlError> {
         self.0.write(key, value)
     }
+}
+
+fn link_error(e: LinkError) -> BackendError {
+    apply_error("kube-ipvs0")(e.to_string())
 }
 
 fn apply_error(what: &str) -> impl FnOnce(String) -> BackendError + '_ {
@@ -255,75 +260,211 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         request: &SyncRequest<'_>,
         kind: SyncKind,
     ) -> Result<SyncReport, BackendError> {
-        // Full syncs (the first, any after a failure) re-check everything that lives outside
-        // the diff (sysctls, jumps, the rules text) and list what the kernel holds, so a
-        // flushed table, a reset sysctl or someone else's change is repaired within
-        // syncPeriod. Partial ones diff against what the last syncs installed.
+        // Partial syncs diff against what the last syncs installed; without that (the first
+        // sync, any after a failure) or when asked, a full one.
         let installed = match kind {
             SyncKind::Full => None,
             SyncKind::Partial => self.installed.take(),
         };
-        let full = installed.is_none();
-        if full {
-            self.setup().await?;
+        match installed {
+            Some(installed) => self.partial_sync(request, installed).await,
+            None => self.full_sync(request).await,
         }
-        let plans: Vec<Desired> = self
+    }
+
+    /// Plans every service and reconciles against what the kernel holds: re-checks what
+    /// lives outside the diff (sysctls, jumps, the rules text) and lists virtual servers,
+    /// their real servers, kube-ipvs0's addresses and the ipsets, so a flushed table, a reset
+    /// sysctl or someone else's change is repaired within syncPeriod.
+    async fn full_sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        self.setup().await?;
+        let planned: Vec<Planned> = self
             .config
             .families
             .iter()
-            .map(|f| plan(request.state, *f, &self.config.plan))
+            .map(|f| Planned::build(request.state, *f, &self.config.plan))
             .collect();
+        let plans: Vec<&Desired> = planned.iter().map(|p| &p.desired).collect();
         let wanted_addresses: BTreeSet<IpAddr> = plans
             .iter()
             .flat_map(|p| p.addresses.iter().copied())
             .collect();
 
         // 1. Service addresses first, so new virtual servers receive traffic at once.
-        let link_err = |e: LinkError| apply_error("kube-ipvs0")(e.to_string());
-        let (index, bound, saved) = match installed {
-            Some(i) => (i.dummy_index, i.addresses, i.sets),
-            None => {
-                let index = self
-                    .links
-                    .ensure_dummy(DUMMY_DEVICE)
-                    .await
-                    .map_err(link_err)?;
-                let bound = self.links.addresses(index).await.map_err(link_err)?;
-                let saved = parse_save(
-                    &self
-                        .ipset
-                        .save()
-                        .await
-                        .map_err(|e| apply_error("ipset save")(e.to_string()))?,
-                );
-                (index, bound, saved)
-            }
-        };
+        let index = self
+            .links
+            .ensure_dummy(DUMMY_DEVICE)
+            .await
+            .map_err(link_error)?;
+        let bound = self.links.addresses(index).await.map_err(link_error)?;
         for ip in wanted_addresses.difference(&bound) {
-            self.links.add_address(index, *ip).await.map_err(link_err)?;
+            self.links
+                .add_address(index, *ip)
+                .await
+                .map_err(link_error)?;
         }
 
         // 2. ipsets: only the entries that differ, one restore for both families.
+        let saved: SavedSets = parse_save(
+            &self
+                .ipset
+                .save()
+                .await
+                .map_err(|e| apply_error("ipset save")(e.to_string()))?,
+        );
         let input: String = plans
             .iter()
             .map(|p| restore_input(p.family, &p.sets, &saved))
             .collect();
-        if !input.is_empty() {
-            self.ipset
-                .restore(&input)
-                .await
-                .map_err(|e| apply_error("ipset restore")(e.to_string()))?;
-        }
-        let mut sets = saved;
+        self.restore_sets(&input).await?;
+
+        // 3. iptables.
+        self.restore_rules(&plans, true).await?;
+
+        // 4. IPVS, against the kernel's list.
+        let listed: BTreeMap<ServiceKey, VirtualServer> = self
+            .ipvs
+            .services()
+            .map_err(|e| apply_error("IPVS list")(e.to_string()))?
+            .into_iter()
+            .map(|vs| (vs.key, vs))
+            .collect();
+        let mut report = SyncReport::default();
+        let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
+        let mut applied = BTreeMap::new();
         for p in &plans {
-            for set_kind in SetKind::ALL {
-                let entries = p.sets.get(&set_kind).cloned().unwrap_or_default();
-                sets.insert(set_kind.name(p.family), entries);
+            for (key, want) in &p.services {
+                let done =
+                    self.program(key, want, listed.get(key), false, &mut report, &mut skipped);
+                applied.insert(*key, done);
             }
         }
 
-        // 3. iptables: the rules depend on the configuration only.
-        for p in &plans {
+        // 5. Stale state last: virtual servers on addresses kube-proxy manages, then addresses.
+        let ours: BTreeSet<IpAddr> = bound
+            .iter()
+            .chain(&wanted_addresses)
+            .chain(&self.config.plan.node_ips)
+            .chain(&self.config.node_addresses)
+            .copied()
+            .collect();
+        let stale: Vec<ServiceKey> = listed
+            .keys()
+            .filter(|k| !applied.contains_key(*k) && ours.contains(&k.address))
+            .copied()
+            .collect();
+        self.applied = applied;
+        self.delete_stale(&stale, &mut report);
+        for ip in bound.difference(&wanted_addresses) {
+            self.links
+                .delete_address(index, *ip)
+                .await
+                .map_err(link_error)?;
+        }
+        let applied = &self.applied;
+        self.draining.retain(|k| applied.contains_key(k));
+        self.installed = Some(Installed {
+            dummy_index: index,
+            planned,
+        });
+        report.skipped = skipped.into_iter().collect();
+        Ok(report)
+    }
+
+    /// Plans only the changed services and changes only what that changes, listing nothing:
+    /// their virtual servers (reading back the real servers of those whose plan differs from
+    /// what was programmed), kube-ipvs0 addresses and set entries no other service shares, and
+    /// the real servers still draining.
+    async fn partial_sync(
+        &mut self,
+        request: &SyncRequest<'_>,
+        mut installed: Installed,
+    ) -> Result<SyncReport, BackendError> {
+        let deltas: Vec<Delta> = installed
+            .planned
+            .iter_mut()
+            .map(|p| p.update(request.state, &self.config.plan, request.changed))
+            .collect();
+        let index = installed.dummy_index;
+
+        // 1. New service addresses first.
+        for ip in deltas.iter().flat_map(|d| &d.added_addresses) {
+            self.links
+                .add_address(index, *ip)
+                .await
+                .map_err(link_error)?;
+        }
+
+        // 2. ipsets: the changed entries, one restore for both families.
+        let input: String = installed
+            .planned
+            .iter()
+            .zip(&deltas)
+            .map(|(p, d)| change_input(p.desired.family, &d.removed_entries, &d.added_entries))
+            .collect();
+        self.restore_sets(&input).await?;
+
+        // 3. iptables, when a load balancer's node access changed.
+        let plans: Vec<&Desired> = installed.planned.iter().map(|p| &p.desired).collect();
+        self.restore_rules(&plans, false).await?;
+
+        // 4. IPVS: the changed virtual servers and those draining.
+        let mut report = SyncReport::default();
+        let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
+        for (p, d) in plans.iter().zip(&deltas) {
+            let draining = self
+                .draining
+                .iter()
+                .filter(|k| p.services.contains_key(*k))
+                .copied();
+            let keys: BTreeSet<ServiceKey> = d.touched.iter().copied().chain(draining).collect();
+            for key in keys {
+                let Some(want) = p.services.get(&key) else {
+                    continue;
+                };
+                let have = self
+                    .applied
+                    .get(&key)
+                    .and_then(Option::as_ref)
+                    .map(|(vs, _)| vs.clone());
+                let done = self.program(&key, want, have.as_ref(), true, &mut report, &mut skipped);
+                self.applied.insert(key, done);
+            }
+        }
+
+        // 5. Stale state last.
+        let stale: Vec<ServiceKey> = deltas.iter().flat_map(|d| &d.removed).copied().collect();
+        for key in &stale {
+            self.applied.remove(key);
+            self.draining.remove(key);
+        }
+        self.delete_stale(&stale, &mut report);
+        for ip in deltas.iter().flat_map(|d| &d.removed_addresses) {
+            self.links
+                .delete_address(index, *ip)
+                .await
+                .map_err(link_error)?;
+        }
+        self.installed = Some(installed);
+        report.skipped = skipped.into_iter().collect();
+        Ok(report)
+    }
+
+    /// One `ipset restore` of `input`, unless it is empty.
+    async fn restore_sets(&mut self, input: &str) -> Result<(), BackendError> {
+        if input.is_empty() {
+            return Ok(());
+        }
+        self.ipset
+            .restore(input)
+            .await
+            .map_err(|e| apply_error("ipset restore")(e.to_string()))
+    }
+
+    /// Restores each family's iptables rules (they depend on the configuration and on which
+    /// load balancers admit the node); partial syncs skip a text restored before.
+    async fn restore_rules(&mut self, plans: &[&Desired], full: bool) -> Result<(), BackendError> {
+        for p in plans {
             let family = p.family;
             let text = rules::render(family, &self.config.plan, &p.lb_no_node_access)
                 .map_err(|e| apply_error("ipvs iptables rules")(e.to_string()))?;
@@ -336,112 +477,66 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 .map_err(|e| apply_error("iptables-restore")(e.to_string()))?;
             self.rules_applied.insert(family, text);
         }
+        Ok(())
+    }
 
-        // 4. IPVS: full syncs list the kernel's virtual servers, partial ones trust what the
-        // last syncs programmed and touch only what differs from it.
-        let listed: Option<BTreeMap<ServiceKey, VirtualServer>> = if full {
-            Some(
-                self.ipvs
-                    .services()
-                    .map_err(|e| apply_error("IPVS list")(e.to_string()))?
-                    .into_iter()
-                    .map(|vs| (vs.key, vs))
-                    .collect(),
-            )
-        } else {
-            None
-        };
-        let mut report = SyncReport::default();
-        let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
-        let mut applied = BTreeMap::new();
-        for p in &plans {
-            for (key, want) in &p.services {
-                let planned = (want.server.clone(), want.real_servers.clone());
-                let known = self.applied.get(key).and_then(Option::as_ref);
-                let have = match &listed {
-                    Some(listed) => listed.get(key),
-                    None => known.map(|(vs, _)| vs),
-                };
-                let unchanged = !full && !self.draining.contains(key) && known == Some(&planned);
-                if unchanged {
-                    applied.insert(*key, Some(planned));
-                    continue;
+    /// Brings virtual server `key` to `want` (`have`: what the kernel, or for a partial sync
+    /// the bookkeeping, says it is) unless the bookkeeping says it is there already
+    /// (`trust_applied`); returns its new bookkeeping entry, `None` when programming failed
+    /// and its service was skipped.
+    fn program(
+        &mut self,
+        key: &ServiceKey,
+        want: &DesiredService,
+        have: Option<&VirtualServer>,
+        trust_applied: bool,
+        report: &mut SyncReport,
+        skipped: &mut BTreeSet<ServiceName>,
+    ) -> Option<(VirtualServer, Vec<RealServer>)> {
+        let planned = (want.server.clone(), want.real_servers.clone());
+        let known = self.applied.get(key).and_then(Option::as_ref);
+        if trust_applied && !self.draining.contains(key) && known == Some(&planned) {
+            return Some(planned);
+        }
+        match self.sync_service(have, &want.server, &want.real_servers) {
+            Ok((changes, draining)) => {
+                report.rules_written += changes;
+                if draining {
+                    self.draining.insert(*key);
+                } else {
+                    self.draining.remove(key);
                 }
-                let have = have.cloned();
-                match self.sync_service(have.as_ref(), &want.server, &want.real_servers) {
-                    Ok((changes, draining)) => {
-                        report.rules_written += changes;
-                        applied.insert(*key, Some(planned));
-                        if draining {
-                            self.draining.insert(*key);
-                        } else {
-                            self.draining.remove(key);
-                        }
-                    }
-                    Err(error) => {
-                        warn!(service = %want.owner, virtual_server = %key, %error, "cannot program virtual server; skipping it");
-                        skipped.insert(want.owner.clone());
-                        // Ours, in whatever state the failure left it.
-                        applied.insert(*key, None);
-                    }
-                }
+                Some(planned)
+            }
+            Err(error) => {
+                warn!(service = %want.owner, virtual_server = %key, %error, "cannot program virtual server; skipping it");
+                skipped.insert(want.owner.clone());
+                None
             }
         }
+    }
 
-        // 5. Stale state last: virtual servers on addresses kube-proxy manages (full syncs:
-        // of those listed; partial ones: of those the last syncs programmed), then addresses.
+    /// Deletes the stale virtual servers `keys` outside `exclude_cidrs`; one that cannot be
+    /// deleted stays in the bookkeeping (state unknown) so a later sync tries again.
+    fn delete_stale(&mut self, keys: &[ServiceKey], report: &mut SyncReport) {
         let excluded = |ip: &IpAddr| self.config.exclude_cidrs.iter().any(|n| n.contains(ip));
-        let stale: Vec<ServiceKey> = match &listed {
-            Some(listed) => {
-                let ours: BTreeSet<IpAddr> = bound
-                    .iter()
-                    .chain(&wanted_addresses)
-                    .chain(&self.config.plan.node_ips)
-                    .chain(&self.config.node_addresses)
-                    .copied()
-                    .collect();
-                listed
-                    .keys()
-                    .filter(|k| !applied.contains_key(*k) && ours.contains(&k.address))
-                    .filter(|k| !excluded(&k.address))
-                    .copied()
-                    .collect()
-            }
-            None => self
-                .applied
-                .keys()
-                .filter(|k| !applied.contains_key(*k) && !excluded(&k.address))
-                .copied()
-                .collect(),
-        };
-        for key in &stale {
-            match self.ipvs.delete_service(key) {
+        let keys: Vec<ServiceKey> = keys
+            .iter()
+            .filter(|k| !excluded(&k.address))
+            .copied()
+            .collect();
+        for key in keys {
+            match self.ipvs.delete_service(&key) {
                 Ok(()) => {
                     debug!(virtual_server = %key, "deleted stale virtual server");
                     report.rules_written += 1;
                 }
                 Err(error) => {
                     warn!(virtual_server = %key, %error, "cannot delete stale virtual server");
-                    // Still ours: a later sync tries again.
-                    applied.insert(*key, None);
+                    self.applied.insert(key, None);
                 }
             }
         }
-        for ip in bound.difference(&wanted_addresses) {
-            self.links
-                .delete_address(index, *ip)
-                .await
-                .map_err(link_err)?;
-        }
-        self.draining.retain(|k| applied.contains_key(k));
-        self.applied = applied;
-        self.installed = Some(Installed {
-            dummy_index: index,
-            addresses: wanted_addresses,
-            sets,
-        });
-        report.skipped = skipped.into_iter().collect();
-        Ok(report)
     }
 
     /// Removes every KUBE- chain of `table` and the jumps into them (iptables mode's
