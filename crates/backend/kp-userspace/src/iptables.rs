@@ -18,17 +18,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use kp_core::backend::SyncKind;
 use kp_core::model::{IpFamily, Protocol, ServicePortName};
 use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, FlowFilter, delete_flows};
-use kp_dataplane::exec::{ExecError, RuleRunner, split_args};
-use kp_dataplane::iptables::{SavedTable, cleanup_input};
+use kp_dataplane::exec::{ExecError, RuleRunner};
+use kp_dataplane::iptables::{SavedTable, cleanup_input, ensure_setup};
 use kp_dataplane::sync::{FamilyErrors, FullSync};
-use kp_rules::iptables::Table;
+use kp_rules::iptables::{Setup, Table};
 use kp_rules::userspace::{CaptureConfig, CapturedPort, SERVICE_CHAIN_PREFIXES, jumps, render};
-use tracing::{debug, info};
+use tracing::info;
 
 use crate::capture::{Capture, CaptureError, CapturePlan};
-
-/// iptables exits with 1 for "no such rule" (`-C`).
-const EXIT_NOT_APPLICABLE: i32 = 1;
 
 /// The tables this mode (and cleanup) touches.
 const TABLES: [Table; 3] = [Table::Filter, Table::Nat, Table::Mangle];
@@ -87,27 +84,18 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
         }
     }
 
+    /// Inserts the jumps from the built-in chains that are missing, as iptables mode does.
     async fn ensure_jumps(&self, family: IpFamily) -> Result<(), CaptureError> {
-        let fail = Self::fail(format!("userspace jumps ({family:?})"));
-        for jump in jumps() {
-            let spec = split_args(&jump.spec);
-            let mut check: Vec<String> = ["-t", jump.table.as_str(), "-C", jump.from]
-                .map(str::to_owned)
-                .to_vec();
-            check.extend(spec.iter().cloned());
-            match self.runner.run(family, &check).await {
-                Ok(()) => continue,
-                Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
-                Err(err) => return Err(fail(err)),
-            }
-            let mut insert: Vec<String> = ["-t", jump.table.as_str(), "-I", jump.from, "1"]
-                .map(str::to_owned)
-                .to_vec();
-            insert.extend(spec);
-            self.runner.run(family, &insert).await.map_err(&fail)?;
-            debug!(?family, from = jump.from, to = jump.to, "inserted jump");
-        }
-        Ok(())
+        let setup = Setup {
+            chains: Vec::new(),
+            jumps: jumps(),
+        };
+        ensure_setup(&self.runner, family, &setup)
+            .await
+            .map_err(|err| CaptureError::Apply {
+                what: format!("userspace jumps ({family:?})"),
+                message: err.to_string(),
+            })
     }
 
     async fn cleanup_family(&self, family: IpFamily) -> Result<(), CaptureError> {

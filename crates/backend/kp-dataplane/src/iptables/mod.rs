@@ -617,8 +617,9 @@ fn cleanup_error(what: &str, family: IpFamily, table: Table, err: ExecError) -> 
 }
 
 /// Creates the chains of `setup` that are missing and inserts its jumps (at position 1 of
-/// their built-in chain) unless an equal rule is there already. Shared with ipvs mode.
-pub(crate) async fn ensure_setup<R: RuleRunner>(
+/// their built-in chain) unless an equal rule is there already. Shared with ipvs mode and the
+/// userspace capture.
+pub async fn ensure_setup<R: RuleRunner>(
     runner: &R,
     family: IpFamily,
     setup: &kp_rules::iptables::Setup,

@@ -129,6 +129,9 @@ impl Planned {
             }
         }
         if !piece.services.is_empty() || !piece.addresses.is_empty() {
+            // Kept for its next change only: without its empty sets.
+            let mut piece = piece;
+            piece.sets.retain(|_, entries| !entries.is_empty());
             self.pieces.insert(name.clone(), piece);
         }
     }
