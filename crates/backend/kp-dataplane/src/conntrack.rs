@@ -329,19 +329,27 @@ pub async fn delete_stale<C: Conntrack>(
         return 0;
     };
     let flows = stale_flows(previous, current, services, families);
-    if flows.is_empty() {
+    delete_flows(conntrack, &flows).await
+}
+
+/// Deletes the entries matching `filters` through `conntrack` in one pass (a mode's own
+/// notion of stale, such as the userspace relay's moved ports, as well as
+/// [`delete_stale`]'s). Failures are logged and skipped, as upstream does (the entries time
+/// out eventually). Returns how many were deleted.
+pub async fn delete_flows<C: Conntrack>(conntrack: &C, filters: &[FlowFilter]) -> usize {
+    if filters.is_empty() {
         return 0;
     }
-    let deleted = match conntrack.delete_matching(&flows).await {
+    let deleted = match conntrack.delete_matching(filters).await {
         Ok(n) => n,
         // As upstream: log and go on; the entries time out eventually.
         Err(err) => {
-            warn!(filters = flows.len(), error = %err, "deleting stale conntrack entries failed");
+            warn!(filters = filters.len(), error = %err, "deleting stale conntrack entries failed");
             0
         }
     };
     debug!(
-        filters = flows.len(),
+        filters = filters.len(),
         deleted, "deleted stale conntrack entries"
     );
     deleted

@@ -8,6 +8,8 @@
 //!   (`kp-ipvs`), the kube-ipvs0 dummy device over rtnetlink, ipsets and a few iptables rules.
 //! - [`conntrack`]: which UDP/SCTP conntrack entries a sync made stale, and deleting them over
 //!   ctnetlink ([`conntrack::Conntrack`]).
+//! - [`sync`]: the sync skeleton every backend shares (full or partial, per-family errors,
+//!   stale-flow bookkeeping), so a mode writes only its own apply.
 //! - [`sysctls`]: conntrack table size and timeouts, `route_localnet`
 //!   ([`sysctls::Sysctl`]).
 //! - [`xtables`]: which iptables backend (legacy or nf_tables) the node uses, detected as
@@ -21,6 +23,7 @@ pub mod exec;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
+pub mod sync;
 pub mod sysctls;
 pub mod xtables;
 

@@ -41,18 +41,18 @@ mod runner;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::IpFamily;
-use kp_core::tracker::ProxyState;
 use kp_rules::nftables::{NftOutput, NftScope, NftState, RenderConfig, RenderError, TABLE, render};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
-use crate::conntrack::{Conntrack, DefaultConntrack, delete_stale, refresh_conntrack_relevant};
+use crate::conntrack::{Conntrack, DefaultConntrack};
+use crate::sync::{FamilyErrors, SyncState};
 
 pub use netlink::NetlinkNft;
 pub use runner::{
@@ -138,14 +138,11 @@ struct FamilyTable {
 pub struct NftablesBackend<R = NetlinkNft, C = DefaultConntrack> {
     config: NftablesConfig,
     runner: R,
-    conntrack: C,
     metrics: NftablesMetrics,
     stale_delay: Duration,
     tables: BTreeMap<IpFamily, FamilyTable>,
-    /// The next sync must be full: nothing synced yet, or the last sync failed.
-    force_full: bool,
-    /// The UDP/SCTP part of the last successfully programmed state, for conntrack cleanup.
-    programmed: Option<ProxyState>,
+    /// Full or partial, stale conntrack entries.
+    sync: SyncState<C>,
 }
 
 impl NftablesBackend {
@@ -177,14 +174,12 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
     ) -> Result<Self, RenderError> {
         config.render.validate()?;
         Ok(Self {
+            sync: SyncState::new(config.families.clone(), conntrack),
             config,
             runner,
-            conntrack,
             metrics: NftablesMetrics::default(),
             stale_delay: STALE_CHAIN_DELAY,
             tables: BTreeMap::new(),
-            force_full: true,
-            programmed: None,
         })
     }
 
@@ -213,7 +208,7 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
 
     /// Whether the next sync will be full regardless of the request.
     pub fn next_sync_is_full(&self) -> bool {
-        self.force_full
+        self.sync.next_sync_is_full()
     }
 
     /// What the backend believes `family`'s table holds.
@@ -352,19 +347,6 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             Err(_) => Err(err),
         }
     }
-
-    /// Delete conntrack entries the change from the last programmed state made stale: the
-    /// same decisions as iptables mode ([`stale_flows`]).
-    async fn clean_conntrack(&self, request: &SyncRequest<'_>, full: bool) {
-        delete_stale(
-            &self.conntrack,
-            self.programmed.as_ref(),
-            request.state,
-            (!full).then_some(request.changed),
-            &self.config.families,
-        )
-        .await;
-    }
 }
 
 impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
@@ -374,19 +356,15 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let sync_start = Instant::now();
-        let full = self.force_full || request.kind == SyncKind::Full;
-        let kind = if full {
-            SyncKind::Full
-        } else {
-            SyncKind::Partial
-        };
-        let mut first_error = None;
+        let kind = self.sync.kind(request);
+        let full = kind == SyncKind::Full;
+        let mut errors = FamilyErrors::new(MODE);
         let mut operations = 0;
         // Until both tables are adopted, the family with fewer service ports first: the
         // `nft` listing that adopts a table dumps every chain of the namespace, which takes
         // seconds once the other family's table holds 100k+ chains (see the kp-bench README).
         // Applying goes over netlink without a dump, so later syncs skip this count.
-        let mut families = self.config.families.clone();
+        let mut families = self.sync.families().to_vec();
         if families
             .iter()
             .any(|f| !self.tables.get(f).is_some_and(|t| t.adopted))
@@ -406,43 +384,26 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
                 table.installed = self.adopt(family).await;
                 table.adopted = true;
             }
-            match self.sync_family(family, request, kind, &table).await {
-                Ok(output) => {
-                    operations += output.operations;
-                    if !output.flushed_stale.is_empty() {
-                        table.last_flush = Some(Instant::now());
-                    }
-                    output.update.apply(&mut table.installed);
+            let result = self.sync_family(family, request, kind, &table).await;
+            if result.is_err() {
+                self.metrics.sync_failures.inc();
+            }
+            if let Some(output) = errors.check(family, result) {
+                operations += output.operations;
+                if !output.flushed_stale.is_empty() {
+                    table.last_flush = Some(Instant::now());
                 }
-                // The other family is independent: still program it.
-                Err(err) => {
-                    self.metrics.sync_failures.inc();
-                    warn!(?family, error = %err, "nftables sync failed; previous rules stay");
-                    first_error.get_or_insert(err);
-                }
+                output.update.apply(&mut table.installed);
             }
             self.tables.insert(family, table);
         }
-        if let Some(err) = first_error {
-            self.force_full = true;
-            return Err(err);
-        }
-        self.force_full = false;
-        if request.conntrack_cleanup_required {
-            let cleanup_start = Instant::now();
-            self.clean_conntrack(request, full).await;
-            debug!(took = ?cleanup_start.elapsed(), "conntrack cleanup finished");
-        }
+        self.sync.families_done(errors)?;
+        self.sync.succeeded(request, kind, &BTreeSet::new()).await;
         debug!(
             full,
             operations,
             took = ?sync_start.elapsed(),
             "nftables sync finished"
-        );
-        refresh_conntrack_relevant(
-            &mut self.programmed,
-            request.state,
-            (!full).then_some(request.changed),
         );
         Ok(SyncReport {
             rules_written: operations,
@@ -452,7 +413,7 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
 
     async fn cleanup(&mut self) -> Result<(), BackendError> {
         let mut first_error = None;
-        for family in self.config.families.clone() {
+        for family in self.sync.families().to_vec() {
             let fam = table_family(family);
             // `add` first, so that deleting an absent table is not an error.
             let script = format!("add table {fam} {TABLE}\ndelete table {fam} {TABLE}\n");
@@ -470,8 +431,7 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
         // Whatever happened, the kernel no longer matches our bookkeeping; the next sync
         // starts over (and adopts whatever is left).
         self.tables.clear();
-        self.force_full = true;
-        self.programmed = None;
+        self.sync.reset();
         first_error.map_or(Ok(()), Err)
     }
 }

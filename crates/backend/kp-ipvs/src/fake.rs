@@ -44,6 +44,7 @@ struct Table {
     log: Vec<Op>,
     fail: Vec<Op>,
     destination_lists: usize,
+    requests: usize,
 }
 
 /// An in-memory [`Ipvs`]. Clones share one table.
@@ -73,6 +74,12 @@ impl FakeIpvs {
     /// should skip for unchanged services).
     pub fn destination_lists(&self) -> usize {
         self.lock().destination_lists
+    }
+
+    /// How many requests were made (each one netlink request to a kernel: a listing, a read
+    /// or a change), to show what a sync costs.
+    pub fn requests(&self) -> usize {
+        self.lock().requests
     }
 
     /// Makes the first request equal to `op` fail with EIO (once).
@@ -110,6 +117,7 @@ impl FakeIpvs {
         apply: impl FnOnce(&mut Table) -> Result<(), i32>,
     ) -> Result<(), IpvsError> {
         let mut table = self.lock();
+        table.requests += 1;
         let describe = format!("{op:?}");
         if let Some(i) = table.fail.iter().position(|f| *f == op) {
             table.fail.remove(i);
@@ -137,12 +145,9 @@ fn check_scheduler(vs: &VirtualServer) -> Result<(), i32> {
 
 impl Ipvs for FakeIpvs {
     fn services(&mut self) -> Result<Vec<VirtualServer>, IpvsError> {
-        Ok(self
-            .lock()
-            .services
-            .values()
-            .map(|(vs, _)| vs.clone())
-            .collect())
+        let mut table = self.lock();
+        table.requests += 1;
+        Ok(table.services.values().map(|(vs, _)| vs.clone()).collect())
     }
 
     fn add_service(&mut self, vs: &VirtualServer) -> Result<(), IpvsError> {
@@ -175,6 +180,7 @@ impl Ipvs for FakeIpvs {
         // As the kernel's dump: a missing service has no destinations, not an error.
         let mut table = self.lock();
         table.destination_lists += 1;
+        table.requests += 1;
         Ok(table
             .services
             .get(key)
@@ -217,7 +223,9 @@ impl Ipvs for FakeIpvs {
     }
 
     fn timeouts(&mut self) -> Result<Timeouts, IpvsError> {
-        Ok(self.lock().timeouts)
+        let mut table = self.lock();
+        table.requests += 1;
+        Ok(table.timeouts)
     }
 
     fn set_timeouts(&mut self, t: &Timeouts) -> Result<(), IpvsError> {

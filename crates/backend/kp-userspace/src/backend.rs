@@ -29,6 +29,8 @@ use kp_core::topology::categorize;
 use tokio::net::{TcpListener, UdpSocket};
 use tracing::{debug, error, info, warn};
 
+use kp_dataplane::sync::FullSync;
+
 use crate::capture::{Capture, CapturePlan, CapturedPort, Target};
 use crate::relay::{Owner, Relay};
 use crate::{RelayConfig, RelayMetrics};
@@ -114,7 +116,8 @@ pub struct UserspaceBackend<C> {
     capture: C,
     families: Vec<IpFamily>,
     bind: BindAddresses,
-    force_full: bool,
+    /// Full or partial, decided as in the kernel modes.
+    gate: FullSync,
     sctp_warned: BTreeSet<ServicePortName>,
     /// With a port range: where in it the next frontend's search starts, so a port just
     /// given up is not the first one handed out again.
@@ -162,7 +165,7 @@ impl<C: Capture> UserspaceBackend<C> {
             capture,
             families,
             bind: BindAddresses::default(),
-            force_full: true,
+            gate: FullSync::default(),
             sctp_warned: BTreeSet::new(),
             next_port: 0,
             choose_relay_addresses: true,
@@ -427,7 +430,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
             }
         }
 
-        let full = self.force_full || request.kind == SyncKind::Full;
+        let full = self.gate.kind(request.kind) == SyncKind::Full;
         let changed: BTreeSet<ServicePortName> = state
             .services
             .keys()
@@ -443,7 +446,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
             )
             .collect();
         self.relay.forget_stale_pins();
-        self.force_full = true;
+        self.gate.failed();
         self.capture
             .apply(&plan, (!full).then_some(&changed))
             .await
@@ -451,7 +454,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                 what: "userspace capture".into(),
                 message: e.to_string(),
             })?;
-        self.force_full = false;
+        self.gate.succeeded();
         // Only now that no rule points at them: stop frontends no longer wanted.
         // Established connections finish on their own.
         let stale: Vec<FrontendKey> = self

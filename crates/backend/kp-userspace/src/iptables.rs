@@ -15,25 +15,24 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use kp_core::backend::SyncKind;
 use kp_core::model::{IpFamily, Protocol, ServicePortName};
-use kp_dataplane::conntrack::{Conntrack, ExecConntrack, FlowFilter};
-use kp_dataplane::exec::{ExecError, RuleRunner, split_args};
-use kp_dataplane::iptables::{SavedTable, cleanup_input};
-use kp_rules::iptables::Table;
+use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, FlowFilter, delete_flows};
+use kp_dataplane::exec::{ExecError, RuleRunner};
+use kp_dataplane::iptables::{SavedTable, cleanup_input, ensure_setup};
+use kp_dataplane::sync::{FamilyErrors, FullSync};
+use kp_rules::iptables::{Setup, Table};
 use kp_rules::userspace::{CaptureConfig, CapturedPort, SERVICE_CHAIN_PREFIXES, jumps, render};
-use tracing::{debug, info, warn};
+use tracing::info;
 
 use crate::capture::{Capture, CaptureError, CapturePlan};
-
-/// iptables exits with 1 for "no such rule" (`-C`).
-const EXIT_NOT_APPLICABLE: i32 = 1;
 
 /// The tables this mode (and cleanup) touches.
 const TABLES: [Table; 3] = [Table::Filter, Table::Nat, Table::Mangle];
 
 /// Capture with iptables `REDIRECT` rules.
 #[derive(Debug)]
-pub struct IptablesCapture<R, C = ExecConntrack> {
+pub struct IptablesCapture<R, C = DefaultConntrack> {
     runner: R,
     conntrack: C,
     /// Per family, the UDP ports as the last successful apply captured them.
@@ -45,15 +44,15 @@ pub struct IptablesCapture<R, C = ExecConntrack> {
     /// The relay addresses of the last successful apply: every chain is rewritten when they
     /// change.
     relay_addresses: BTreeMap<IpFamily, std::net::IpAddr>,
-    /// Whether the next apply must be full (and start by removing leftovers).
-    force_full: bool,
+    /// Whether the next apply must be full.
+    gate: FullSync,
     leftovers_removed: bool,
 }
 
 impl<R: RuleRunner> IptablesCapture<R> {
     /// Capture for `families` with `config`, running the tools through `runner`.
     pub fn new(runner: R, config: CaptureConfig, families: Vec<IpFamily>) -> Self {
-        Self::with_conntrack(runner, ExecConntrack::default(), config, families)
+        Self::with_conntrack(runner, DefaultConntrack::default(), config, families)
     }
 }
 
@@ -73,7 +72,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
             families,
             chains: BTreeMap::new(),
             relay_addresses: BTreeMap::new(),
-            force_full: true,
+            gate: FullSync::default(),
             leftovers_removed: false,
         }
     }
@@ -85,27 +84,18 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
         }
     }
 
+    /// Inserts the jumps from the built-in chains that are missing, as iptables mode does.
     async fn ensure_jumps(&self, family: IpFamily) -> Result<(), CaptureError> {
-        let fail = Self::fail(format!("userspace jumps ({family:?})"));
-        for jump in jumps() {
-            let spec = split_args(&jump.spec);
-            let mut check: Vec<String> = ["-t", jump.table.as_str(), "-C", jump.from]
-                .map(str::to_owned)
-                .to_vec();
-            check.extend(spec.iter().cloned());
-            match self.runner.run(family, &check).await {
-                Ok(()) => continue,
-                Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
-                Err(err) => return Err(fail(err)),
-            }
-            let mut insert: Vec<String> = ["-t", jump.table.as_str(), "-I", jump.from, "1"]
-                .map(str::to_owned)
-                .to_vec();
-            insert.extend(spec);
-            self.runner.run(family, &insert).await.map_err(&fail)?;
-            debug!(?family, from = jump.from, to = jump.to, "inserted jump");
-        }
-        Ok(())
+        let setup = Setup {
+            chains: Vec::new(),
+            jumps: jumps(),
+        };
+        ensure_setup(&self.runner, family, &setup)
+            .await
+            .map_err(|err| CaptureError::Apply {
+                what: format!("userspace jumps ({family:?})"),
+                message: err.to_string(),
+            })
     }
 
     async fn cleanup_family(&self, family: IpFamily) -> Result<(), CaptureError> {
@@ -163,15 +153,46 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
                 }
             }
         }
-        for f in &filters {
-            match self.conntrack.delete(f).await {
-                Ok(_) => debug!(filter = %f, "deleted stale UDP conntrack entries"),
-                Err(error) => {
-                    warn!(%error, filter = %f, "cannot delete stale UDP conntrack entries");
-                }
-            }
-        }
+        delete_flows(&self.conntrack, &filters).await;
         self.udp_ports = now;
+    }
+
+    /// Renders and restores one family (`changed`: `None` for a full apply, which also
+    /// lists the chains in place and ensures the jumps); returns the chains it leaves.
+    async fn apply_family(
+        &self,
+        family: IpFamily,
+        plan: &CapturePlan,
+        changed: Option<&BTreeSet<ServicePortName>>,
+    ) -> Result<BTreeSet<String>, CaptureError> {
+        let full = changed.is_none();
+        let existing = if full {
+            self.listed_chains(family).await?
+        } else {
+            self.chains.get(&family).cloned().unwrap_or_default()
+        };
+        let ports = plan
+            .families
+            .get(&family)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let relay_address = plan.relay_addresses.get(&family).copied();
+        let out = render(
+            family,
+            ports,
+            &self.config,
+            relay_address,
+            changed,
+            &existing,
+        );
+        self.runner
+            .restore(family, &out.text)
+            .await
+            .map_err(Self::fail(format!("iptables-restore ({family:?})")))?;
+        if full {
+            self.ensure_jumps(family).await?;
+        }
+        Ok(out.chains)
     }
 
     /// The per-service chains of this mode present in the kernel.
@@ -195,39 +216,29 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         plan: &CapturePlan,
         changed: Option<&BTreeSet<ServicePortName>>,
     ) -> Result<(), CaptureError> {
-        let full =
-            self.force_full || changed.is_none() || plan.relay_addresses != self.relay_addresses;
-        self.force_full = true;
+        let requested = if changed.is_none() || plan.relay_addresses != self.relay_addresses {
+            SyncKind::Full
+        } else {
+            SyncKind::Partial
+        };
+        let full = self.gate.kind(requested) == SyncKind::Full;
+        self.gate.failed();
         if !self.leftovers_removed {
             for family in self.families.clone() {
                 self.cleanup_family(family).await?;
             }
             self.leftovers_removed = true;
         }
+        let mut errors = FamilyErrors::new(crate::backend::MODE);
         for family in self.families.clone() {
-            let existing = if full {
-                self.listed_chains(family).await?
-            } else {
-                self.chains.get(&family).cloned().unwrap_or_default()
-            };
-            let ports = plan
-                .families
-                .get(&family)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
             let scope = if full { None } else { changed };
-            let relay_address = plan.relay_addresses.get(&family).copied();
-            let out = render(family, ports, &self.config, relay_address, scope, &existing);
-            self.runner
-                .restore(family, &out.text)
-                .await
-                .map_err(Self::fail(format!("iptables-restore ({family:?})")))?;
-            if full {
-                self.ensure_jumps(family).await?;
+            let result = self.apply_family(family, plan, scope).await;
+            if let Some(chains) = errors.check(family, result) {
+                self.chains.insert(family, chains);
             }
-            self.chains.insert(family, out.chains);
         }
-        self.force_full = false;
+        errors.into_result()?;
+        self.gate.succeeded();
         let moved = plan.relay_addresses != self.relay_addresses;
         self.relay_addresses.clone_from(&plan.relay_addresses);
         self.forget_stale_udp(plan, moved).await;
@@ -235,15 +246,13 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
     }
 
     async fn cleanup(&mut self) -> Result<(), CaptureError> {
-        let mut first = None;
+        let mut errors = FamilyErrors::new(crate::backend::MODE);
         for family in self.families.clone() {
-            if let Err(err) = self.cleanup_family(family).await {
-                first.get_or_insert(err);
-            }
+            errors.check(family, self.cleanup_family(family).await);
         }
         self.chains.clear();
-        self.force_full = true;
-        first.map_or(Ok(()), Err)
+        self.gate.failed();
+        errors.into_result()
     }
 }
 

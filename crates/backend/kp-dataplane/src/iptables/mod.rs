@@ -45,8 +45,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tracing::{debug, error, info, warn};
 
-use crate::conntrack::{Conntrack, DefaultConntrack, conntrack_relevant, delete_stale};
+use crate::conntrack::{Conntrack, DefaultConntrack};
 use crate::exec::{ExecError, ExecRunner, RuleRunner, Tools, split_args};
+use crate::sync::{FamilyErrors, SyncState};
 
 pub use save::{KUBE_CHAIN_PREFIX, KUBELET_CHAINS, SavedTable, cleanup_input, rule_target};
 
@@ -174,15 +175,12 @@ impl ApplyFailure {
 pub struct IptablesBackend<R = ExecRunner, C = DefaultConntrack> {
     config: IptablesConfig,
     runner: R,
-    conntrack: C,
     metrics: IptablesMetrics,
     /// Per family: the per-service nat chains the kernel has after the last successful
     /// restore (the next render's `existing_chains`).
     chains: BTreeMap<IpFamily, BTreeSet<String>>,
-    /// The next sync must be full: nothing synced yet, or the last sync failed.
-    force_full: bool,
-    /// The UDP/SCTP part of the last successfully programmed state, for conntrack cleanup.
-    programmed: Option<ProxyState>,
+    /// Full or partial, stale conntrack entries.
+    sync: SyncState<C>,
 }
 
 impl IptablesBackend {
@@ -202,13 +200,11 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
     ) -> Result<Self, RenderError> {
         config.render.validate()?;
         Ok(Self {
+            sync: SyncState::new(config.families.clone(), conntrack),
             config,
             runner,
-            conntrack,
             metrics: IptablesMetrics::default(),
             chains: BTreeMap::new(),
-            force_full: true,
-            programmed: None,
         })
     }
 
@@ -230,7 +226,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
 
     /// Whether the next sync will be full regardless of the request.
     pub fn next_sync_is_full(&self) -> bool {
-        self.force_full
+        self.sync.next_sync_is_full()
     }
 
     /// Ensure the chains and jumps of [`setup`] for `family`.
@@ -491,20 +487,6 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         }
         self.full_sync(family, request).await
     }
-
-    /// Delete conntrack entries the change from the last programmed state made stale.
-    async fn clean_conntrack(&self, request: &SyncRequest<'_>, full: bool) {
-        // The core accumulates `changed` until a sync succeeds, so partial syncs need only
-        // look at those services; full ones check everything.
-        delete_stale(
-            &self.conntrack,
-            self.programmed.as_ref(),
-            request.state,
-            (!full).then_some(request.changed),
-            &self.config.families,
-        )
-        .await;
-    }
 }
 
 impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
@@ -514,46 +496,34 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let sync_start = Instant::now();
-        let full = self.force_full || request.kind == SyncKind::Full;
-        let mut first_error = None;
+        let kind = self.sync.kind(request);
+        let full = kind == SyncKind::Full;
+        let mut errors = FamilyErrors::new(MODE);
         let mut rules_written = 0;
         let (mut filter_rules, mut nat_rules) = (0, 0);
         let mut skipped = BTreeSet::new();
-        for family in self.config.families.clone() {
-            match self.sync_family(family, request, full).await {
-                Ok(FamilyResult {
-                    output,
-                    skipped: family_skipped,
-                }) => {
-                    skipped.extend(family_skipped);
-                    rules_written += output.rules_written;
-                    filter_rules += output.filter_rules;
-                    nat_rules += output.nat_rules;
-                    self.chains.insert(family, output.chains);
-                }
-                // The other family is independent: still program it.
-                Err(err) => {
-                    warn!(?family, error = %err, "iptables sync failed; previous rules stay");
-                    first_error.get_or_insert(err);
-                }
+        for family in self.sync.families().to_vec() {
+            let result = self.sync_family(family, request, full).await;
+            if let Some(FamilyResult {
+                output,
+                skipped: family_skipped,
+            }) = errors.check(family, result)
+            {
+                skipped.extend(family_skipped);
+                rules_written += output.rules_written;
+                filter_rules += output.filter_rules;
+                nat_rules += output.nat_rules;
+                self.chains.insert(family, output.chains);
             }
         }
-        if let Some(err) = first_error {
-            self.force_full = true;
-            return Err(err);
-        }
-        self.force_full = false;
+        self.sync.families_done(errors)?;
         for (table, count) in [("filter", filter_rules), ("nat", nat_rules)] {
             self.metrics
                 .rules
                 .get_or_create(&TableLabel { table })
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
-        if request.conntrack_cleanup_required {
-            let cleanup_start = Instant::now();
-            self.clean_conntrack(request, full).await;
-            debug!(took = ?cleanup_start.elapsed(), "conntrack cleanup finished");
-        }
+        self.sync.succeeded(request, kind, &skipped).await;
         debug!(
             full,
             rules_written,
@@ -564,12 +534,6 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
             iptables_backend = self.runner.variant().map_or("", crate::xtables::variant_name),
             "iptables sync finished"
         );
-        // Skipped services count as not programmed, so the sync that programs them treats
-        // them as new for conntrack purposes.
-        self.programmed = Some(isolate::without(
-            &conntrack_relevant(request.state),
-            &skipped,
-        ));
         Ok(SyncReport {
             rules_written,
             skipped: skipped.into_iter().collect(),
@@ -605,7 +569,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
     /// not), while the removal itself must wait until the nftables rules are in place.
     pub async fn cleanup_plan(&self) -> CleanupPlan {
         let mut plan = CleanupPlan::default();
-        for family in self.config.families.clone() {
+        for family in self.sync.families().to_vec() {
             for table in CLEANUP_TABLES {
                 let text = match self.runner.save(family, table).await {
                     Ok(text) => text,
@@ -640,8 +604,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         }
         // Whatever happened, the kernel no longer matches our bookkeeping.
         self.chains.clear();
-        self.force_full = true;
-        self.programmed = None;
+        self.sync.reset();
         first_error.map_or(Ok(()), Err)
     }
 }
@@ -654,8 +617,9 @@ fn cleanup_error(what: &str, family: IpFamily, table: Table, err: ExecError) -> 
 }
 
 /// Creates the chains of `setup` that are missing and inserts its jumps (at position 1 of
-/// their built-in chain) unless an equal rule is there already. Shared with ipvs mode.
-pub(crate) async fn ensure_setup<R: RuleRunner>(
+/// their built-in chain) unless an equal rule is there already. Shared with ipvs mode and the
+/// userspace capture.
+pub async fn ensure_setup<R: RuleRunner>(
     runner: &R,
     family: IpFamily,
     setup: &kp_rules::iptables::Setup,

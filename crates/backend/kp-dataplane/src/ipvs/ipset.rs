@@ -2,13 +2,12 @@
 //! that applies restore input the way ipset does.
 
 use std::future::Future;
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_rules::ipvs::ipset::{SavedSets, parse_save};
-use tokio::io::AsyncWriteExt as _;
 
-use crate::exec::ExecError;
+use crate::exec::{ExecError, run_program};
 
 /// The two ipset operations ipvs mode needs.
 pub trait IpsetRunner: Send + Sync {
@@ -18,60 +17,32 @@ pub trait IpsetRunner: Send + Sync {
     fn restore(&self, input: &str) -> impl Future<Output = Result<(), ExecError>> + Send;
 }
 
-/// The real `ipset` binary.
+/// The `ipset` binary on the `PATH`.
+pub const DEFAULT_IPSET_BINARY: &str = "ipset";
+
+/// The real `ipset` binary ([`DEFAULT_IPSET_BINARY`]), run through the shared exec layer
+/// (killed when a cancelled sync drops it, as every tool the backends run).
 #[derive(Clone, Debug, Default)]
 pub struct ExecIpset;
 
-async fn run(args: &[&str], input: Option<&str>) -> Result<String, ExecError> {
-    let command = format!("ipset {}", args.join(" "));
-    let mut child = tokio::process::Command::new("ipset")
-        .args(args)
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| ExecError::Spawn {
-            program: command.clone(),
-            source,
-        })?;
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin
-            .write_all(text.as_bytes())
-            .await
-            .map_err(|source| ExecError::Io {
-                program: command.clone(),
-                source,
-            })?;
-    }
-    let out = child
-        .wait_with_output()
-        .await
-        .map_err(|source| ExecError::Io {
-            program: command.clone(),
-            source,
-        })?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(ExecError::Failed {
-            program: command,
-            code: out.status.code(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        })
-    }
-}
-
 impl IpsetRunner for ExecIpset {
     async fn save(&self) -> Result<String, ExecError> {
-        run(&["save"], None).await
+        run_program(
+            &PathBuf::from(DEFAULT_IPSET_BINARY),
+            &["save".to_owned()],
+            None,
+        )
+        .await
     }
 
     async fn restore(&self, input: &str) -> Result<(), ExecError> {
-        run(&["restore"], Some(input)).await.map(drop)
+        run_program(
+            &PathBuf::from(DEFAULT_IPSET_BINARY),
+            &["restore".to_owned()],
+            Some(input),
+        )
+        .await
+        .map(drop)
     }
 }
 
@@ -79,6 +50,7 @@ impl IpsetRunner for ExecIpset {
 struct FakeState {
     sets: SavedSets,
     restores: Vec<String>,
+    saves: usize,
 }
 
 /// In-memory ipset: `create`, `add`, `del`, `flush`, `destroy` lines change its sets; `save`
@@ -99,6 +71,11 @@ impl FakeIpset {
         self.lock().restores.clone()
     }
 
+    /// How many times `ipset save` ran.
+    pub fn saves(&self) -> usize {
+        self.lock().saves
+    }
+
     /// The sets now.
     pub fn sets(&self) -> SavedSets {
         self.lock().sets.clone()
@@ -111,7 +88,8 @@ impl FakeIpset {
 
 impl IpsetRunner for FakeIpset {
     async fn save(&self) -> Result<String, ExecError> {
-        let state = self.lock();
+        let mut state = self.lock();
+        state.saves += 1;
         let mut out = String::new();
         for (name, entries) in &state.sets {
             out.push_str(&format!("create {name} hash:ip\n"));

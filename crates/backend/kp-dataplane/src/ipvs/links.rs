@@ -203,6 +203,7 @@ impl Links for RtLinks {
 struct FakeTable {
     links: BTreeMap<String, (u32, BTreeSet<IpAddr>)>,
     changes: Vec<String>,
+    requests: usize,
 }
 
 /// In-memory [`Links`]; clones share the table. Records every change as text.
@@ -222,6 +223,11 @@ impl FakeLinks {
         self.lock().links.get(name).map(|(_, a)| a.clone())
     }
 
+    /// How many requests were made (each at least one rtnetlink round trip).
+    pub fn requests(&self) -> usize {
+        self.lock().requests
+    }
+
     /// Changes since the last call (`add IP`, `del IP`, `create NAME`, `delete NAME`).
     pub fn take_changes(&self) -> Vec<String> {
         std::mem::take(&mut self.lock().changes)
@@ -229,6 +235,11 @@ impl FakeLinks {
 
     fn lock(&self) -> MutexGuard<'_, FakeTable> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts one request.
+    fn request(&self) {
+        self.lock().requests += 1;
     }
 
     fn with_index<T>(
@@ -251,6 +262,7 @@ impl FakeLinks {
 
 impl Links for FakeLinks {
     async fn ensure_dummy(&mut self, name: &str) -> Result<u32, LinkError> {
+        self.request();
         let mut t = self.lock();
         let next = u32::try_from(t.links.len()).unwrap_or(u32::MAX - 10) + 10;
         if let Some((i, _)) = t.links.get(name) {
@@ -262,22 +274,26 @@ impl Links for FakeLinks {
     }
 
     async fn addresses(&mut self, index: u32) -> Result<BTreeSet<IpAddr>, LinkError> {
+        self.request();
         self.with_index(index, |a| a.clone())
     }
 
     async fn add_address(&mut self, index: u32, ip: IpAddr) -> Result<(), LinkError> {
+        self.request();
         self.with_index(index, |a| a.insert(ip))?;
         self.lock().changes.push(format!("add {ip}"));
         Ok(())
     }
 
     async fn delete_address(&mut self, index: u32, ip: IpAddr) -> Result<(), LinkError> {
+        self.request();
         self.with_index(index, |a| a.remove(&ip))?;
         self.lock().changes.push(format!("del {ip}"));
         Ok(())
     }
 
     async fn delete_link(&mut self, name: &str) -> Result<bool, LinkError> {
+        self.request();
         let mut t = self.lock();
         let existed = t.links.remove(name).is_some();
         if existed {

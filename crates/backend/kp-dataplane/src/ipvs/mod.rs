@@ -13,15 +13,21 @@
 //! [`DRAIN_CHECK_INTERVAL`] ([`Backend::recheck_after`]). UDP and SCTP real servers are
 //! deleted at once.
 //!
-//! Full syncs read every virtual server's real servers back from the kernel; partial syncs
-//! read back only those whose plan changed (or that are draining), so a one-service change
-//! costs a few netlink round trips however many services exist.
+//! Full syncs (the first, every one after a failure, and when the core asks) list what the
+//! kernel holds (virtual servers and their real servers, kube-ipvs0's addresses, `ipset save`)
+//! and reconcile against it. Partial syncs list nothing: they diff against what the last
+//! syncs programmed (virtual servers, real servers, ipset entries, addresses, kept here) and
+//! read back only the real servers of virtual servers whose plan changed (or that are
+//! draining), so a one-service change costs a few netlink round trips however many services
+//! exist. Where the bookkeeping and the kernel disagree (a virtual server whose programming
+//! failed half-way), adding and updating fall back to each other.
 //!
 //! One virtual server the kernel refuses is reported in [`SyncReport::skipped`] with its
 //! Service; the others are still programmed.
 
 mod ipset;
 mod links;
+mod planned;
 #[cfg(test)]
 mod tests;
 
@@ -31,23 +37,29 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, ServiceName};
-use kp_core::tracker::ProxyState;
 use kp_ipvs::{Ipvs, IpvsError, Protocol, RealServer, ServiceKey, Timeouts, VirtualServer};
-use kp_rules::ipvs::ipset::{SavedSets, destroy_input, parse_save, restore_input};
-use kp_rules::ipvs::{DUMMY_DEVICE, Desired, IpvsConfig, plan, rules};
+use kp_rules::ipvs::ipset::{SavedSets, change_input, destroy_input, parse_save, restore_input};
+use kp_rules::ipvs::{DUMMY_DEVICE, Desired, DesiredService, IpvsConfig, rules};
 use tracing::{debug, info, warn};
 
-use crate::conntrack::{Conntrack, ExecConntrack, conntrack_relevant, delete_stale};
+use crate::conntrack::{Conntrack, DefaultConntrack};
 use crate::exec::{ExecRunner, RuleRunner};
 use crate::iptables::{SavedTable, cleanup_input, ensure_setup};
+use crate::sync::{FamilyErrors, SyncState};
 use crate::sysctls::{self, Setting, Sysctl, WriteWhen};
 use kp_rules::iptables::Table;
 
 pub use ipset::{ExecIpset, FakeIpset, IpsetRunner};
 pub use links::{FakeLinks, LinkError, Links, RtLinks};
+use planned::{Delta, Planned};
 
 /// The mode name served on `/proxyMode`.
 pub const MODE: &str = "ipvs";
+
+/// The kernel's "already exists" (adding a virtual server the kernel has).
+const EEXIST: i32 = 17;
+/// The kernel's "no such process" (IPVS: no such virtual server).
+const ESRCH: i32 = 3;
 
 /// How often real servers draining at weight 0 are checked for remaining connections, and
 /// deleted once they have none: upstream's graceful-termination check interval (one
@@ -101,28 +113,40 @@ pub fn sysctl_plan(strict_arp: bool) -> Vec<Setting> {
 }
 
 /// ipvs mode. The type parameters are the kernel interfaces, swapped for fakes in tests.
-pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset, C = ExecConntrack> {
+pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset, C = DefaultConntrack> {
     config: IpvsBackendConfig,
     ipvs: I,
     links: L,
     runner: R,
     ipset: S,
     sysctl: Box<dyn Sysctl + Send + Sync>,
-    conntrack: C,
-    /// The UDP/SCTP part of the last programmed state, to find stale conntrack entries.
-    programmed: Option<ProxyState>,
-    /// Rules restored per family, so partial syncs skip identical restores; cleared after
-    /// any failure.
+    /// Full or partial (sysctls, timeouts and jumps are ensured on every full sync), stale
+    /// conntrack entries.
+    sync: SyncState<C>,
+    /// Rules restored per family, so partial syncs skip identical restores.
     rules_applied: BTreeMap<IpFamily, String>,
-    /// Sysctls, timeouts and jumps are ensured on every full sync, and on a partial one after
-    /// a failure.
-    setup_done: bool,
-    /// What the last syncs programmed per virtual server, so a partial sync skips reading
-    /// back the real servers of virtual servers whose plan did not change. Full syncs (and
-    /// the first one, and any after a failure) read everything back.
-    applied: BTreeMap<ServiceKey, (VirtualServer, Vec<RealServer>)>,
+    /// What the last syncs programmed per virtual server (`None`: ours, but its state is
+    /// unknown because programming it failed), so a partial sync neither lists the virtual
+    /// servers nor reads back the real servers of those whose plan did not change, and
+    /// knows which of ours became stale. Full syncs (and the first one, and any after a
+    /// failure) list and read everything back.
+    applied: BTreeMap<ServiceKey, Option<(VirtualServer, Vec<RealServer>)>>,
     /// Virtual servers with real servers still draining at weight 0: read back every sync.
     draining: BTreeSet<ServiceKey>,
+    /// kube-ipvs0 and the ipsets as the last successful sync left them; `None` until a
+    /// full sync succeeded and after any failure.
+    installed: Option<Installed>,
+}
+
+/// What ipvs mode keeps between syncs besides the virtual servers, so partial syncs plan only
+/// the changed services and change the difference without listing addresses or running
+/// `ipset save`: after a successful sync the kernel holds exactly these plans.
+#[derive(Debug)]
+struct Installed {
+    /// kube-ipvs0's interface index.
+    dummy_index: u32,
+    /// Per family (in the configured order), every service's plan.
+    planned: Vec<Planned>,
 }
 
 impl<I, L, R, S, C> std::fmt::Debug for IpvsBackend<I, L, R, S, C> {
@@ -145,6 +169,10 @@ impl Sysctl for BoxedSysctl<'_> {
     }
 }
 
+fn link_error(e: LinkError) -> BackendError {
+    apply_error("kube-ipvs0")(e.to_string())
+}
+
 fn apply_error(what: &str) -> impl FnOnce(String) -> BackendError + '_ {
     move |message| BackendError::Apply {
         what: what.to_owned(),
@@ -153,8 +181,8 @@ fn apply_error(what: &str) -> impl FnOnce(String) -> BackendError + '_ {
 }
 
 impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
-    /// A backend over the given kernel interfaces, deleting stale conntrack entries with the
-    /// `conntrack` tool.
+    /// A backend over the given kernel interfaces, deleting stale conntrack entries over
+    /// ctnetlink.
     pub fn with_parts(
         config: IpvsBackendConfig,
         ipvs: I,
@@ -164,18 +192,17 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
         sysctl: Box<dyn Sysctl + Send + Sync>,
     ) -> Self {
         Self {
+            sync: SyncState::new(config.families.clone(), DefaultConntrack::default()),
             config,
             ipvs,
             links,
             runner,
             ipset,
             sysctl,
-            conntrack: ExecConntrack::default(),
-            programmed: None,
             rules_applied: BTreeMap::new(),
-            setup_done: false,
             applied: BTreeMap::new(),
             draining: BTreeSet::new(),
+            installed: None,
         }
     }
 }
@@ -190,12 +217,11 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             runner: self.runner,
             ipset: self.ipset,
             sysctl: self.sysctl,
-            conntrack,
-            programmed: self.programmed,
+            sync: self.sync.with_conntrack(conntrack),
             rules_applied: self.rules_applied,
-            setup_done: self.setup_done,
             applied: self.applied,
             draining: self.draining,
+            installed: self.installed,
         }
     }
 
@@ -219,41 +245,63 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 .set_timeouts(&self.config.timeouts)
                 .map_err(|e| apply_error("IPVS timeouts")(e.to_string()))?;
         }
-        for family in self.config.families.clone() {
-            ensure_setup(&self.runner, family, &rules::setup()).await?;
+        let mut errors = FamilyErrors::new(MODE);
+        for family in self.sync.families().to_vec() {
+            errors.check(
+                family,
+                ensure_setup(&self.runner, family, &rules::setup()).await,
+            );
         }
-        Ok(())
+        self.sync.families_done(errors)
     }
 
-    async fn sync_all(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        // Full syncs re-check everything that lives outside the diff (sysctls, jumps, the
-        // rules text), so a flushed table or a reset sysctl is repaired within syncPeriod.
-        let full = request.kind == SyncKind::Full;
-        if full || !self.setup_done {
-            self.setup().await?;
-            self.setup_done = true;
+    async fn sync_all(
+        &mut self,
+        request: &SyncRequest<'_>,
+        kind: SyncKind,
+    ) -> Result<SyncReport, BackendError> {
+        // Partial syncs diff against what the last syncs installed; without that (the first
+        // sync, any after a failure) or when asked, a full one.
+        let installed = match kind {
+            SyncKind::Full => None,
+            SyncKind::Partial => self.installed.take(),
+        };
+        match installed {
+            Some(installed) => self.partial_sync(request, installed).await,
+            None => self.full_sync(request).await,
         }
-        let plans: Vec<Desired> = self
+    }
+
+    /// Plans every service and reconciles against what the kernel holds: re-checks what
+    /// lives outside the diff (sysctls, jumps, the rules text) and lists virtual servers,
+    /// their real servers, kube-ipvs0's addresses and the ipsets, so a flushed table, a reset
+    /// sysctl or someone else's change is repaired within syncPeriod.
+    async fn full_sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        self.setup().await?;
+        let planned: Vec<Planned> = self
             .config
             .families
             .iter()
-            .map(|f| plan(request.state, *f, &self.config.plan))
+            .map(|f| Planned::build(request.state, *f, &self.config.plan))
             .collect();
+        let plans: Vec<&Desired> = planned.iter().map(|p| &p.desired).collect();
         let wanted_addresses: BTreeSet<IpAddr> = plans
             .iter()
             .flat_map(|p| p.addresses.iter().copied())
             .collect();
 
         // 1. Service addresses first, so new virtual servers receive traffic at once.
-        let link_err = |e: LinkError| apply_error("kube-ipvs0")(e.to_string());
         let index = self
             .links
             .ensure_dummy(DUMMY_DEVICE)
             .await
-            .map_err(link_err)?;
-        let bound = self.links.addresses(index).await.map_err(link_err)?;
+            .map_err(link_error)?;
+        let bound = self.links.addresses(index).await.map_err(link_error)?;
         for ip in wanted_addresses.difference(&bound) {
-            self.links.add_address(index, *ip).await.map_err(link_err)?;
+            self.links
+                .add_address(index, *ip)
+                .await
+                .map_err(link_error)?;
         }
 
         // 2. ipsets: only the entries that differ, one restore for both families.
@@ -268,15 +316,155 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             .iter()
             .map(|p| restore_input(p.family, &p.sets, &saved))
             .collect();
-        if !input.is_empty() {
-            self.ipset
-                .restore(&input)
-                .await
-                .map_err(|e| apply_error("ipset restore")(e.to_string()))?;
+        self.restore_sets(&input).await?;
+
+        // 3. iptables.
+        self.restore_rules(&plans, true).await?;
+
+        // 4. IPVS, against the kernel's list.
+        let listed: BTreeMap<ServiceKey, VirtualServer> = self
+            .ipvs
+            .services()
+            .map_err(|e| apply_error("IPVS list")(e.to_string()))?
+            .into_iter()
+            .map(|vs| (vs.key, vs))
+            .collect();
+        let mut report = SyncReport::default();
+        let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
+        let mut applied = BTreeMap::new();
+        for p in &plans {
+            for (key, want) in &p.services {
+                let done =
+                    self.program(key, want, listed.get(key), false, &mut report, &mut skipped);
+                applied.insert(*key, done);
+            }
         }
 
-        // 3. iptables: the rules depend on the configuration only.
-        for p in &plans {
+        // 5. Stale state last: virtual servers on addresses kube-proxy manages, then addresses.
+        let ours: BTreeSet<IpAddr> = bound
+            .iter()
+            .chain(&wanted_addresses)
+            .chain(&self.config.plan.node_ips)
+            .chain(&self.config.node_addresses)
+            .copied()
+            .collect();
+        let stale: Vec<ServiceKey> = listed
+            .keys()
+            .filter(|k| !applied.contains_key(*k) && ours.contains(&k.address))
+            .copied()
+            .collect();
+        self.applied = applied;
+        self.delete_stale(&stale, &mut report);
+        for ip in bound.difference(&wanted_addresses) {
+            self.links
+                .delete_address(index, *ip)
+                .await
+                .map_err(link_error)?;
+        }
+        let applied = &self.applied;
+        self.draining.retain(|k| applied.contains_key(k));
+        self.installed = Some(Installed {
+            dummy_index: index,
+            planned,
+        });
+        report.skipped = skipped.into_iter().collect();
+        Ok(report)
+    }
+
+    /// Plans only the changed services and changes only what that changes, listing nothing:
+    /// their virtual servers (reading back the real servers of those whose plan differs from
+    /// what was programmed), kube-ipvs0 addresses and set entries no other service shares, and
+    /// the real servers still draining.
+    async fn partial_sync(
+        &mut self,
+        request: &SyncRequest<'_>,
+        mut installed: Installed,
+    ) -> Result<SyncReport, BackendError> {
+        let deltas: Vec<Delta> = installed
+            .planned
+            .iter_mut()
+            .map(|p| p.update(request.state, &self.config.plan, request.changed))
+            .collect();
+        let index = installed.dummy_index;
+
+        // 1. New service addresses first.
+        for ip in deltas.iter().flat_map(|d| &d.added_addresses) {
+            self.links
+                .add_address(index, *ip)
+                .await
+                .map_err(link_error)?;
+        }
+
+        // 2. ipsets: the changed entries, one restore for both families.
+        let input: String = installed
+            .planned
+            .iter()
+            .zip(&deltas)
+            .map(|(p, d)| change_input(p.desired.family, &d.removed_entries, &d.added_entries))
+            .collect();
+        self.restore_sets(&input).await?;
+
+        // 3. iptables, when a load balancer's node access changed.
+        let plans: Vec<&Desired> = installed.planned.iter().map(|p| &p.desired).collect();
+        self.restore_rules(&plans, false).await?;
+
+        // 4. IPVS: the changed virtual servers and those draining.
+        let mut report = SyncReport::default();
+        let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
+        for (p, d) in plans.iter().zip(&deltas) {
+            let draining = self
+                .draining
+                .iter()
+                .filter(|k| p.services.contains_key(*k))
+                .copied();
+            let keys: BTreeSet<ServiceKey> = d.touched.iter().copied().chain(draining).collect();
+            for key in keys {
+                let Some(want) = p.services.get(&key) else {
+                    continue;
+                };
+                let have = self
+                    .applied
+                    .get(&key)
+                    .and_then(Option::as_ref)
+                    .map(|(vs, _)| vs.clone());
+                let done = self.program(&key, want, have.as_ref(), true, &mut report, &mut skipped);
+                self.applied.insert(key, done);
+            }
+        }
+
+        // 5. Stale state last.
+        let stale: Vec<ServiceKey> = deltas.iter().flat_map(|d| &d.removed).copied().collect();
+        for key in &stale {
+            self.applied.remove(key);
+            self.draining.remove(key);
+        }
+        self.delete_stale(&stale, &mut report);
+        for ip in deltas.iter().flat_map(|d| &d.removed_addresses) {
+            self.links
+                .delete_address(index, *ip)
+                .await
+                .map_err(link_error)?;
+        }
+        self.installed = Some(installed);
+        report.skipped = skipped.into_iter().collect();
+        Ok(report)
+    }
+
+    /// One `ipset restore` of `input`, unless it is empty.
+    async fn restore_sets(&mut self, input: &str) -> Result<(), BackendError> {
+        if input.is_empty() {
+            return Ok(());
+        }
+        self.ipset
+            .restore(input)
+            .await
+            .map_err(|e| apply_error("ipset restore")(e.to_string()))
+    }
+
+    /// Restores each family's iptables rules (they depend on the configuration and on which
+    /// load balancers admit the node); partial syncs skip a text restored before.
+    async fn restore_rules(&mut self, plans: &[&Desired], full: bool) -> Result<(), BackendError> {
+        for p in plans {
             let family = p.family;
             let text = rules::render(family, &self.config.plan, &p.lb_no_node_access)
                 .map_err(|e| apply_error("ipvs iptables rules")(e.to_string()))?;
@@ -289,85 +477,66 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 .map_err(|e| apply_error("iptables-restore")(e.to_string()))?;
             self.rules_applied.insert(family, text);
         }
+        Ok(())
+    }
 
-        // 4. IPVS.
-        let current: BTreeMap<ServiceKey, VirtualServer> = self
-            .ipvs
-            .services()
-            .map_err(|e| apply_error("IPVS list")(e.to_string()))?
-            .into_iter()
-            .map(|vs| (vs.key, vs))
-            .collect();
-        let mut report = SyncReport::default();
-        let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
-        let mut applied = BTreeMap::new();
-        for p in &plans {
-            for (key, want) in &p.services {
-                let planned = (want.server.clone(), want.real_servers.clone());
-                let unchanged = !full
-                    && !self.draining.contains(key)
-                    && current.get(key) == Some(&want.server)
-                    && self.applied.get(key) == Some(&planned);
-                if unchanged {
-                    applied.insert(*key, planned);
-                    continue;
+    /// Brings virtual server `key` to `want` (`have`: what the kernel, or for a partial sync
+    /// the bookkeeping, says it is) unless the bookkeeping says it is there already
+    /// (`trust_applied`); returns its new bookkeeping entry, `None` when programming failed
+    /// and its service was skipped.
+    fn program(
+        &mut self,
+        key: &ServiceKey,
+        want: &DesiredService,
+        have: Option<&VirtualServer>,
+        trust_applied: bool,
+        report: &mut SyncReport,
+        skipped: &mut BTreeSet<ServiceName>,
+    ) -> Option<(VirtualServer, Vec<RealServer>)> {
+        let planned = (want.server.clone(), want.real_servers.clone());
+        let known = self.applied.get(key).and_then(Option::as_ref);
+        if trust_applied && !self.draining.contains(key) && known == Some(&planned) {
+            return Some(planned);
+        }
+        match self.sync_service(have, &want.server, &want.real_servers) {
+            Ok((changes, draining)) => {
+                report.rules_written += changes;
+                if draining {
+                    self.draining.insert(*key);
+                } else {
+                    self.draining.remove(key);
                 }
-                match self.sync_service(current.get(key), &want.server, &want.real_servers) {
-                    Ok((changes, draining)) => {
-                        report.rules_written += changes;
-                        applied.insert(*key, planned);
-                        if draining {
-                            self.draining.insert(*key);
-                        } else {
-                            self.draining.remove(key);
-                        }
-                    }
-                    Err(error) => {
-                        warn!(service = %want.owner, virtual_server = %key, %error, "cannot program virtual server; skipping it");
-                        skipped.insert(want.owner.clone());
-                    }
-                }
+                Some(planned)
+            }
+            Err(error) => {
+                warn!(service = %want.owner, virtual_server = %key, %error, "cannot program virtual server; skipping it");
+                skipped.insert(want.owner.clone());
+                None
             }
         }
+    }
 
-        // 5. Stale state last: virtual servers on addresses kube-proxy manages, then addresses.
-        let desired_keys: BTreeSet<&ServiceKey> =
-            plans.iter().flat_map(|p| p.services.keys()).collect();
-        let ours: BTreeSet<IpAddr> = bound
-            .iter()
-            .chain(&wanted_addresses)
-            .chain(&self.config.plan.node_ips)
-            .chain(&self.config.node_addresses)
-            .copied()
-            .collect();
+    /// Deletes the stale virtual servers `keys` outside `exclude_cidrs`; one that cannot be
+    /// deleted stays in the bookkeeping (state unknown) so a later sync tries again.
+    fn delete_stale(&mut self, keys: &[ServiceKey], report: &mut SyncReport) {
         let excluded = |ip: &IpAddr| self.config.exclude_cidrs.iter().any(|n| n.contains(ip));
-        let stale: Vec<ServiceKey> = current
-            .keys()
-            .filter(|k| !desired_keys.contains(k) && ours.contains(&k.address))
+        let keys: Vec<ServiceKey> = keys
+            .iter()
             .filter(|k| !excluded(&k.address))
             .copied()
             .collect();
-        for key in &stale {
-            match self.ipvs.delete_service(key) {
+        for key in keys {
+            match self.ipvs.delete_service(&key) {
                 Ok(()) => {
                     debug!(virtual_server = %key, "deleted stale virtual server");
                     report.rules_written += 1;
                 }
                 Err(error) => {
-                    warn!(virtual_server = %key, %error, "cannot delete stale virtual server")
+                    warn!(virtual_server = %key, %error, "cannot delete stale virtual server");
+                    self.applied.insert(key, None);
                 }
             }
         }
-        for ip in bound.difference(&wanted_addresses) {
-            self.links
-                .delete_address(index, *ip)
-                .await
-                .map_err(link_err)?;
-        }
-        self.draining.retain(|k| applied.contains_key(k));
-        self.applied = applied;
-        report.skipped = skipped.into_iter().collect();
-        Ok(report)
     }
 
     /// Removes every KUBE- chain of `table` and the jumps into them (iptables mode's
@@ -398,18 +567,32 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
     ) -> Result<(usize, bool), IpvsError> {
         let mut changes = 0;
         let mut draining = false;
-        match have {
-            None => {
-                self.ipvs.add_service(want)?;
-                changes += 1;
-            }
-            Some(have) if have != want => {
-                self.ipvs.update_service(want)?;
-                changes += 1;
-            }
-            Some(_) => {}
+        // A partial sync's `have` is what the last syncs programmed; where the kernel
+        // disagrees (a virtual server whose programming failed half-way, or one deleted behind
+        // our back), add and update swap so the service still converges.
+        let exists = match have {
+            None => match self.ipvs.add_service(want) {
+                Err(err) if err.errno() == Some(EEXIST) => {
+                    self.ipvs.update_service(want)?;
+                    true
+                }
+                Err(err) => return Err(err),
+                Ok(()) => false,
+            },
+            Some(have) if have != want => match self.ipvs.update_service(want) {
+                Err(err) if err.errno() == Some(ESRCH) => {
+                    self.ipvs.add_service(want)?;
+                    false
+                }
+                Err(err) => return Err(err),
+                Ok(()) => true,
+            },
+            Some(_) => true,
+        };
+        if have.is_none_or(|have| have != want) {
+            changes += 1;
         }
-        let listed = if have.is_some() {
+        let listed = if exists {
             self.ipvs.destinations(&want.key)?
         } else {
             Vec::new()
@@ -467,39 +650,25 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        let result = self.sync_all(request).await;
-        if let Ok(report) = &result {
-            // UDP/SCTP flows conntrack still sends to removed endpoints (IPVS keeps its own
-            // entries in step with conntrack=1), as the other modes do.
-            if request.conntrack_cleanup_required {
-                let full = request.kind == SyncKind::Full;
-                delete_stale(
-                    &self.conntrack,
-                    self.programmed.as_ref(),
-                    request.state,
-                    (!full).then_some(request.changed),
-                    &self.config.families,
-                )
-                .await;
+        let kind = self.sync.kind(request);
+        match self.sync_all(request, kind).await {
+            Ok(report) => {
+                // UDP/SCTP flows conntrack still sends to removed endpoints (IPVS keeps its
+                // own entries in step with conntrack=1), as the other modes do.
+                let skipped: BTreeSet<ServiceName> = report.skipped.iter().cloned().collect();
+                self.sync.succeeded(request, kind, &skipped).await;
+                Ok(report)
             }
-            // Skipped services count as not programmed: the sync that programs them sees
-            // them as new.
-            let mut programmed = conntrack_relevant(request.state);
-            programmed
-                .services
-                .retain(|name, _| !report.skipped.contains(&name.service));
-            programmed
-                .endpoints
-                .retain(|name, _| !report.skipped.contains(&name.service));
-            self.programmed = Some(programmed);
+            Err(err) => {
+                // The kernel may be anywhere between the old and new state: the next sync is
+                // full and checks it all again.
+                self.sync.failed();
+                self.rules_applied.clear();
+                self.applied.clear();
+                self.installed = None;
+                Err(err)
+            }
         }
-        if result.is_err() {
-            // The kernel may be anywhere between the old and new state: check it all again.
-            self.setup_done = false;
-            self.rules_applied.clear();
-            self.applied.clear();
-        }
-        result
     }
 
     /// As upstream: flush every virtual server, delete kube-ipvs0, remove the KUBE- iptables
@@ -525,7 +694,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
                 .map(drop)
                 .map_err(|e| apply_error("delete kube-ipvs0")(e.to_string())),
         );
-        for family in self.config.families.clone() {
+        for family in self.sync.families().to_vec() {
             for table in [Table::Filter, Table::Nat, Table::Mangle] {
                 note(self.cleanup_table(family, table).await);
             }
@@ -544,11 +713,11 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
             }
             Err(e) => note(Err(apply_error("ipset save")(e.to_string()))),
         }
-        self.setup_done = false;
+        self.sync.reset();
         self.rules_applied.clear();
         self.applied.clear();
         self.draining.clear();
-        self.programmed = None;
+        self.installed = None;
         info!("removed ipvs mode's virtual servers, kube-ipvs0 and ipsets");
         first.map_or(Ok(()), Err)
     }

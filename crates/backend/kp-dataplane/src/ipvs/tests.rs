@@ -14,7 +14,9 @@ use kp_rules::ipvs::IpvsConfig;
 use super::*;
 use crate::exec::{FakeRunner, RunnerCall};
 use crate::sysctls::FakeSysctl;
-use crate::testutil::{block_on, endpoint, ip, request, service, state, two_services};
+use crate::testutil::{
+    block_on, endpoint, ip, request, service, service_name, state, two_services,
+};
 
 struct Harness {
     backend: IpvsBackend<FakeIpvs, FakeLinks, FakeRunner, FakeIpset>,
@@ -426,16 +428,18 @@ fn cleanup_removes_everything_ipvs_mode_made() {
 fn partial_syncs_read_back_only_what_changed() {
     let mut h = harness(config());
     h.sync(&two_services());
-    let changed = BTreeSet::new();
-    let partial = |h: &mut Harness, state: &ProxyState| {
+    let none = BTreeSet::new();
+    // As the core sends them: a partial sync names the services changed since the last one.
+    let only_a = BTreeSet::from([service_name("ns", "a")]);
+    let partial = |h: &mut Harness, state: &ProxyState, changed: &BTreeSet<ServiceName>| {
         block_on(
             h.backend
-                .sync(&request(state, SyncKind::Partial, &changed, false)),
+                .sync(&request(state, SyncKind::Partial, changed, false)),
         )
         .expect("partial sync")
     };
     let before = h.ipvs.destination_lists();
-    partial(&mut h, &two_services());
+    partial(&mut h, &two_services(), &none);
     assert_eq!(
         h.ipvs.destination_lists(),
         before,
@@ -448,7 +452,7 @@ fn partial_syncs_read_back_only_what_changed() {
         .expect("a's endpoints")
         .push(endpoint("10.244.1.9", 8080));
     h.changes();
-    partial(&mut h, &next);
+    partial(&mut h, &next, &only_a);
     assert_eq!(
         h.ipvs.destination_lists(),
         before + 1,
@@ -466,7 +470,7 @@ fn partial_syncs_read_back_only_what_changed() {
             &RealServer::new(ip("10.244.1.2"), 8080, 1),
         )
         .expect("foreign change");
-    partial(&mut h, &next);
+    partial(&mut h, &next, &none);
     assert!(
         h.ipvs
             .clone()
@@ -509,4 +513,205 @@ fn replaced_udp_endpoints_lose_their_conntrack_entries() {
     assert_eq!(deleted.len(), 1, "{deleted:?}");
     assert_eq!(deleted[0].orig_dst, Some(ip("10.96.0.10")));
     assert_eq!(deleted[0].reply_src, Some(ip("10.244.1.1")));
+}
+
+/// `n` TCP services `ns/s{i}` on 10.96.x.y:80 with two endpoints each; every third has a
+/// NodePort.
+fn many_services(n: u32) -> ProxyState {
+    let nth = |base: [u8; 2], i: u32| {
+        let [_, _, y, z] = i.to_be_bytes();
+        format!("{}.{}.{y}.{z}", base[0], base[1])
+    };
+    state(
+        (0..n)
+            .map(|i| {
+                let mut svc = service(
+                    "ns",
+                    &format!("s{i}"),
+                    Protocol::Tcp,
+                    &nth([10, 96], i + 1),
+                    80,
+                );
+                if i % 3 == 0 {
+                    svc.node_port = Some(30000 + u16::try_from(i / 3).expect("few NodePorts"));
+                }
+                let eps = (0..2)
+                    .map(|e| endpoint(&nth([10, 128], i * 2 + e + 1), 8080))
+                    .collect();
+                (svc, eps)
+            })
+            .collect(),
+    )
+}
+
+impl Harness {
+    /// Requests to the kernel since the last call: IPVS netlink requests, rtnetlink
+    /// requests, `ipset save`s, `ipset restore`s and `iptables-restore`s.
+    fn requests(
+        &self,
+        since: &mut (usize, usize, usize, usize),
+    ) -> (usize, usize, usize, usize, usize) {
+        let now = (
+            self.ipvs.requests(),
+            self.links.requests(),
+            self.ipset.saves(),
+            self.ipset.restores().len(),
+        );
+        let restores = self
+            .runner
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, RunnerCall::Restore { .. }))
+            .count();
+        self.runner.clear_calls();
+        let delta = (
+            now.0 - since.0,
+            now.1 - since.1,
+            now.2 - since.2,
+            now.3 - since.3,
+            restores,
+        );
+        *since = now;
+        delta
+    }
+
+    fn sync_changed(&mut self, state: &ProxyState, changed: &[&str]) -> SyncReport {
+        let changed: BTreeSet<ServiceName> =
+            changed.iter().map(|n| service_name("ns", n)).collect();
+        block_on(
+            self.backend
+                .sync(&request(state, SyncKind::Partial, &changed, false)),
+        )
+        .expect("partial sync")
+    }
+}
+
+#[test]
+fn a_one_service_change_costs_the_same_among_a_thousand_services() {
+    let mut h = harness(config());
+    let mut s = many_services(1000);
+    h.sync(&s);
+    let mut since = (0, 0, 0, 0);
+    let (ipvs, links, saves, _, _) = h.requests(&mut since);
+    assert!(ipvs > 1000, "the first sync programs everything: {ipvs}");
+    assert_eq!(
+        (links, saves),
+        (2 + 1000, 1),
+        "it lists kube-ipvs0 and the ipsets once, then adds each ClusterIP"
+    );
+    h.changes();
+
+    // One more endpoint for a NodePort service: two real servers added, each after reading
+    // its virtual server's real servers back. Nothing listed, no ipset or rules touched.
+    let s0 = s
+        .services
+        .keys()
+        .find(|n| n.service.name == "s0")
+        .expect("s0")
+        .clone();
+    s.endpoints
+        .get_mut(&s0)
+        .expect("s0's endpoints")
+        .push(endpoint("10.250.0.1", 8080));
+    h.sync_changed(&s, &["s0"]);
+    assert_eq!(h.requests(&mut since), (4, 0, 0, 0, 0));
+    let (ops, links, _, _) = h.changes();
+    assert_eq!(
+        ops,
+        vec![
+            Op::AddDest(key("10.96.0.1", 80), ip("10.250.0.1"), 8080),
+            Op::AddDest(key("192.168.0.2", 30000), ip("10.250.0.1"), 8080),
+        ]
+    );
+    assert!(links.is_empty());
+
+    // A new service: its virtual server and real servers, its address, its set entries.
+    let mut next = many_services(1000);
+    next.endpoints = s.endpoints.clone();
+    let new = service("ns", "new", Protocol::Tcp, "10.97.0.1", 80);
+    next.endpoints
+        .insert(new.name.clone(), vec![endpoint("10.251.0.1", 8080)]);
+    next.services.insert(new.name.clone(), new.clone());
+    h.sync_changed(&next, &["new"]);
+    assert_eq!(h.requests(&mut since), (2, 1, 0, 1, 0));
+    assert_eq!(
+        h.ipset.restores().last().map(String::as_str),
+        Some("add KUBE-CLUSTER-IP 10.97.0.1,tcp:80 -exist\nadd KUBE-IPVS-IPS 10.97.0.1 -exist\n")
+    );
+
+    // And gone again: one delete each, found without listing.
+    next.services.remove(&new.name);
+    next.endpoints.remove(&new.name);
+    h.changes();
+    h.sync_changed(&next, &["new"]);
+    assert_eq!(h.requests(&mut since), (1, 1, 0, 1, 0));
+    let (ops, links, _, _) = h.changes();
+    assert_eq!(ops, vec![Op::DeleteService(key("10.97.0.1", 80))]);
+    assert_eq!(links, ["del 10.97.0.1"]);
+
+    // A full resync still lists and reads back everything.
+    h.sync(&next);
+    let (ipvs, links, saves, _, restores) = h.requests(&mut since);
+    assert!(ipvs > 1000, "{ipvs}");
+    assert_eq!((links, saves, restores), (2, 1, 1));
+}
+
+#[test]
+fn partial_syncs_after_a_failure_reconcile_against_the_kernel() {
+    let mut h = harness(config());
+    let s = two_services();
+    h.sync(&s);
+    // Someone deletes a virtual server and an address behind our back; a partial sync
+    // trusts what it programmed and does not notice.
+    h.ipvs
+        .clone()
+        .delete_service(&key("10.96.0.2", 80))
+        .expect("delete");
+    block_on(h.links.clone().delete_address(10, ip("10.96.0.2"))).expect("delete address");
+    h.changes();
+    h.sync_partial(&s);
+    assert!(h.changes().0.is_empty());
+    assert_eq!(h.links.addresses_of("kube-ipvs0").map(|a| a.len()), Some(1));
+    // A sync that fails (its rules restore, after the addresses were listed and repaired):
+    // the next one, though asked to be partial, lists the kernel and repairs the rest.
+    h.runner.fail_next_restores(1);
+    let changed = BTreeSet::new();
+    block_on(
+        h.backend
+            .sync(&request(&s, SyncKind::Full, &changed, false)),
+    )
+    .expect_err("fails");
+    assert_eq!(h.changes().1, ["add 10.96.0.2"]);
+    h.sync_partial(&s);
+    let (ops, _, _, _) = h.changes();
+    assert_eq!(
+        ops,
+        vec![
+            Op::AddService(key("10.96.0.2", 80)),
+            Op::AddDest(key("10.96.0.2", 80), ip("10.244.1.2"), 8080),
+        ]
+    );
+}
+
+#[test]
+fn a_virtual_server_the_bookkeeping_does_not_know_is_updated_not_added_twice() {
+    let mut h = harness(config());
+    let s = two_services();
+    // Adding a's real server fails after its virtual server was made: a is skipped and its
+    // state unknown.
+    h.ipvs
+        .fail_on(Op::AddDest(key("10.96.0.1", 80), ip("10.244.1.1"), 8080));
+    let report = h.sync(&s);
+    assert_eq!(report.skipped.len(), 1);
+    h.changes();
+    // The retry (partial, a named as changed) finds it in the kernel and completes it.
+    let report = h.sync_changed(&s, &["a"]);
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert_eq!(
+        h.changes().0,
+        vec![
+            Op::UpdateService(key("10.96.0.1", 80)),
+            Op::AddDest(key("10.96.0.1", 80), ip("10.244.1.1"), 8080),
+        ]
+    );
 }

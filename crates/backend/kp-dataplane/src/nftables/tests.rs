@@ -590,10 +590,7 @@ async fn stale_udp_entries_are_deleted_as_in_iptables_mode() {
     assert_eq!(conntrack.deleted(), expected);
     // The partial sync refreshed only the changed service, to the same result as a copy of
     // everything.
-    assert_eq!(
-        backend.programmed.as_ref(),
-        Some(&conntrack_relevant(&after))
-    );
+    assert_eq!(backend.sync.programmed(), Some(&conntrack_relevant(&after)));
     assert!(conntrack.deleted().contains(&FlowFilter {
         family: IpFamily::V4,
         protocol: Protocol::Udp,
@@ -626,7 +623,7 @@ async fn partial_syncs_refresh_only_changed_services_for_conntrack() {
         .await
         .expect("fake succeeds");
     assert_eq!(
-        backend.programmed.as_ref(),
+        backend.sync.programmed(),
         Some(&conntrack_relevant(&before))
     );
     // dns changes, syslog goes, web (TCP, never relevant) stays.
@@ -639,10 +636,7 @@ async fn partial_syncs_refresh_only_changed_services_for_conntrack() {
         .sync(&request(&after, SyncKind::Partial, &changed, true))
         .await
         .expect("fake succeeds");
-    assert_eq!(
-        backend.programmed.as_ref(),
-        Some(&conntrack_relevant(&after))
-    );
+    assert_eq!(backend.sync.programmed(), Some(&conntrack_relevant(&after)));
 }
 
 #[tokio::test]

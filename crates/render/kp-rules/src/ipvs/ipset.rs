@@ -173,6 +173,22 @@ pub fn restore_input(family: IpFamily, desired: &SetEntries, current: &SavedSets
     out
 }
 
+/// The `ipset restore` input that deletes `gone` from and adds `new` to `family`'s sets, which
+/// exist already: a partial sync's change, written without reading the sets back.
+pub fn change_input(family: IpFamily, gone: &SetEntries, new: &SetEntries) -> String {
+    let mut out = String::new();
+    for kind in SetKind::ALL {
+        let name = kind.name(family);
+        for entry in gone.get(&kind).into_iter().flatten() {
+            let _ = writeln!(out, "del {name} {entry} -exist");
+        }
+        for entry in new.get(&kind).into_iter().flatten() {
+            let _ = writeln!(out, "add {name} {entry} -exist");
+        }
+    }
+    out
+}
+
 /// Sets as read back with `ipset save`: name to entries.
 pub type SavedSets = BTreeMap<String, BTreeSet<String>>;
 

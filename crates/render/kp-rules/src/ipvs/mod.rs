@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort};
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
 use kp_core::topology::categorize;
 use kp_core::tracker::ProxyState;
 use kp_ipvs::{Protocol as IpvsProtocol, RealServer, Scheduler, ServiceKey, VirtualServer};
@@ -143,6 +143,26 @@ fn real_servers(chosen: &[&Endpoint], all: &[Endpoint], family: IpFamily) -> Vec
 
 /// The desired ipvs-mode state of `family`.
 pub fn plan(state: &ProxyState, family: IpFamily, config: &IpvsConfig) -> Desired {
+    plan_ports(state, family, config, state.services.iter())
+}
+
+/// The desired ipvs-mode state of `service`'s ports alone, in `family`: what a partial sync
+/// that changes only this service needs. The union of every service's is [`plan`]'s.
+pub fn plan_service(
+    state: &ProxyState,
+    family: IpFamily,
+    config: &IpvsConfig,
+    service: &ServiceName,
+) -> Desired {
+    plan_ports(state, family, config, state.service_ports(service))
+}
+
+fn plan_ports<'a>(
+    state: &ProxyState,
+    family: IpFamily,
+    config: &IpvsConfig,
+    ports: impl Iterator<Item = (&'a ServicePortName, &'a ServicePort)>,
+) -> Desired {
     let mut desired = Desired {
         family,
         services: BTreeMap::new(),
@@ -153,7 +173,7 @@ pub fn plan(state: &ProxyState, family: IpFamily, config: &IpvsConfig) -> Desire
     let none = Vec::new();
     // Upstream's node IP of this family (see `crate::iptables::node_ip`).
     let node_ip = crate::iptables::node_ip(&config.detected_node_ips, &state.node, family);
-    for (name, full) in &state.services {
+    for (name, full) in ports {
         let Some(svc) = full.for_family(family) else {
             continue;
         };
