@@ -100,7 +100,9 @@ fn repo_root() -> PathBuf {
 fn rootfs() -> &'static Path {
     static ROOTFS: OnceLock<PathBuf> = OnceLock::new();
     ROOTFS.get_or_init(|| {
-        if let Some(path) = std::env::var_os(ROOTFS_ENV).filter(|p| !p.is_empty()) {
+        if kp_vm::in_guest()
+            && let Some(path) = std::env::var_os(ROOTFS_ENV).filter(|p| !p.is_empty())
+        {
             return PathBuf::from(path);
         }
         let script = repo_root().join("deploy/image/rootfs.sh");

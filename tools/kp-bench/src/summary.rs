@@ -402,7 +402,8 @@ pub fn render(
          nothing: it is the control plane alone. `iptables-nft` and `iptables-legacy` are \
          iptables mode with `--iptables-backend=nft` / `=legacy`. `ipvs` runs inside the test \
          VM (Debian's kernel under QEMU, usually software emulation, one vCPU), so its times \
-         are not comparable with the host's modes, only with each other.\n"
+         are not comparable with the host's modes, only with each other (its load column is \
+         the guest's).\n"
     );
     let _ = writeln!(md, "![first sync vs services]({SYNC_PLOT})\n");
     let _ = writeln!(md, "![peak RSS vs services]({RSS_PLOT})\n");

@@ -6,11 +6,13 @@
 //! registered fails start-up with "unrecognized feature gate: NAME", and a gate locked to its
 //! default (GA or deprecated and no longer switchable) set the other way fails with "cannot
 //! set feature gate NAME to VALUE, feature is locked to DEFAULT" (component-base's
-//! `featuregate`). Gates removed upstream (e.g. `TopologyAwareHints`, GA in 1.33) are unknown.
+//! `featuregate`). Gates removed upstream after graduating (e.g. `TopologyAwareHints`) are
+//! unknown.
 //!
 //! [`UPSTREAM_GATES`] is upstream's registry at the newest release (Kubernetes 1.36), taken
 //! from `test/compatibility_lifecycle/reference/versioned_feature_list.yaml` of the Kubernetes
-//! source (each gate's newest spec at or before 1.36; gates first listed after 1.36 left out)
+//! source as of the 1.37 development cycle (each gate's newest spec at or before 1.36; gates
+//! first listed for 1.37 left out; a gate removed during 1.37 development would be missing)
 //! plus client-go's `features/known_features.go` at v0.36.0 and component-base's two special
 //! gates. It lists every gate the compatibility tooling sees, a few of which upstream
 //! kube-proxy does not register (cloud-provider's): those are accepted here and refused there.
@@ -303,7 +305,7 @@ mod tests {
             upstream_refusal("NoSuchGate", true).as_deref(),
             Some("unrecognized feature gate: NoSuchGate")
         );
-        // Removed upstream after graduating (GA in 1.33, gone by 1.35).
+        // Removed upstream after graduating: not in the registry any more.
         assert!(upstream_refusal("TopologyAwareHints", true).is_some());
         assert_eq!(
             upstream_refusal("NFTablesProxyMode", false).as_deref(),
