@@ -340,6 +340,4 @@ pub struct RenderOutput {
 }
 
 #[cfg(test)]
-mod reference;
-#[cfg(test)]
 mod tests;
