@@ -629,22 +629,20 @@ fn render_service<S: RuleSink + ?Sized>(
 
     // The service's own chains, right after its dispatch rules.
     let mut own = Own { out, write };
-    // Masquerade ClusterIP traffic that does not come from a local pod.
-    let not_local = match (plan.internal_masquerade, &ctx.detector) {
-        (InternalMasquerade::All, _) => Some(None),
-        (InternalMasquerade::NotLocal, Some(detector)) => Some(Some(detector)),
-        (InternalMasquerade::NotLocal, None) | (InternalMasquerade::None, _) => None,
+    // Masquerade ClusterIP traffic that does not come from a local pod (all of it with
+    // masqueradeAll).
+    let masquerade_unless = match plan.internal_masquerade {
+        InternalMasquerade::All => Some(None),
+        InternalMasquerade::NotLocal => ctx.detector.as_ref().map(|d| Some(d.if_not_local())),
+        InternalMasquerade::None => None,
     };
-    if let Some(detector) = not_local {
+    if let Some(unless) = masquerade_unless {
         own.rule(|| {
-            let rule = Rule::new(internal_chain.as_str())
+            Rule::new(internal_chain.as_str())
                 .comment(cluster_comment.clone())
-                .with_all(to(protocol, cluster_ip, svc.port));
-            match detector {
-                Some(detector) => rule.with(detector.if_not_local()),
-                None => rule,
-            }
-            .jump(KUBE_MARK_MASQ)
+                .with_all(to(protocol, cluster_ip, svc.port))
+                .with_all(unless)
+                .jump(KUBE_MARK_MASQ)
         });
     }
 
