@@ -2,6 +2,10 @@
 //! long its render and a one-service partial render against it took. An investigation aid:
 //! `cargo run --release -p kp-bench --example nft_script -- 10000 10 > s.nft`, then time
 //! `nft -f s.nft` in a throwaway network namespace.
+//!
+//! With a third argument `apply`, the full sync is applied over netlink instead (in the
+//! current network namespace: run it under `ip netns exec`), as the proxy sends it, and the
+//! time it took is printed; `apply 0` sends it as one transaction instead of steps.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -47,6 +51,23 @@ fn main() -> anyhow::Result<()> {
     let changed = first.map(|n| BTreeSet::from([n.service.clone()]));
     let installed = full.state_after(&NftState::default());
     timed(SyncKind::Partial, &changed.unwrap_or_default(), &installed)?;
-    print!("{}", full.script);
+    if args.next().as_deref() == Some("apply") {
+        let max_step = match args.next() {
+            Some(n) if n == "0" => usize::MAX,
+            Some(n) => n.parse()?,
+            None => kp_nftnl::DEFAULT_MAX_STEP_COMMANDS,
+        };
+        let mut socket = kp_nftnl::NftSocket::open()?;
+        let started = Instant::now();
+        socket.apply(&full.transaction, max_step)?;
+        eprintln!(
+            "applied {} commands in {} transaction(s): {:?}",
+            full.transaction.len(),
+            full.transaction.steps(max_step).len(),
+            started.elapsed()
+        );
+    } else {
+        print!("{}", full.transaction);
+    }
     Ok(())
 }

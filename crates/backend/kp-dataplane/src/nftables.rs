@@ -7,11 +7,15 @@
 //!    ([`NftState::adopt`]): the first (full) sync rewrites those still in use and flushes
 //!    the others, so a restart only changes what differs.
 //! 2. Render against the state the kernel holds ([`NftState`], kept here) and apply the
-//!    script as a single atomic transaction: over nf_tables netlink ([`NetlinkNft`], which
-//!    translates the script with `kp_nftnl` and never dumps the table), or with `nft -f -`
-//!    when the translator meets a statement it does not support (counted in
-//!    `kube_proxy_rs_nftables_netlink_fallbacks_total`). An empty script (an idle partial
-//!    sync) is not applied at all.
+//!    typed transaction: over nf_tables netlink ([`NetlinkNft`], which encodes the commands
+//!    with `kp_nftnl` and never dumps the table), or with `nft -f -` (the transaction's
+//!    text) when the encoder refuses a command (counted in
+//!    `kube_proxy_rs_nftables_netlink_fallbacks_total`). A partial sync is one atomic
+//!    transaction; a large full sync goes over netlink as several, in the safe order of
+//!    [`Transaction::steps`](kp_rules::nftables::Transaction::steps) (services' own chains
+//!    first, what makes them reachable last), so the netlink bytes of a whole first sync
+//!    are never in memory at once. An empty transaction (an idle partial sync) is not
+//!    applied at all.
 //! 3. Syncs are full at first, after any failure and when the core asks; partial otherwise
 //!    (the renderer promotes a partial sync to a full one when the table's fixed part would
 //!    change).
@@ -23,7 +27,9 @@
 //!    only `..._nftables_cleanup_failures_total` counts it (upstream deletes in a separate
 //!    transaction with that metric), so a chain that cannot be deleted never blocks syncs.
 //!
-//! A failed transaction changes nothing in the kernel, so the previous [`NftState`] is kept,
+//! A failed transaction changes nothing in the kernel, so the previous [`NftState`] is kept
+//! (after a failed full sync, with its chains marked as possibly holding rules, since earlier
+//! steps may have been applied: the next sync empties every chain it writes),
 //! the failure is counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and
 //! returned as [`BackendError::Apply`] with nft's stderr (or, over netlink, the kernel's
 //! error and the statement it rejected), and the next sync is full.
@@ -46,7 +52,9 @@ use std::time::{Duration, Instant};
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::IpFamily;
-use kp_rules::nftables::{NftOutput, NftScope, NftState, RenderConfig, RenderError, TABLE, render};
+use kp_rules::nftables::{
+    NftOutput, NftScope, NftState, RenderConfig, RenderError, TABLE, Transaction, render,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
@@ -273,7 +281,7 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
     ) -> Result<(), BackendError> {
         let start = Instant::now();
         self.runner
-            .apply(&output.script)
+            .apply(&output.transaction)
             .await
             .map_err(|err| BackendError::Apply {
                 what: format!("nft -f - ({} {TABLE})", table_family(family)),
@@ -284,7 +292,6 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             kind = ?output.kind,
             took = ?start.elapsed(),
             render = ?render_took,
-            bytes = output.script.len(),
             operations = output.operations,
             services_written = output.services_written,
             flushed_stale = output.flushed_stale.len(),
@@ -297,12 +304,15 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
 
     /// Render and apply one family; on success returns the output whose state is now
     /// installed.
+    /// On failure, `partly_applied` tells whether the runner may have applied some steps of
+    /// the failed transaction ([`NftRunner::splits`]).
     async fn sync_family(
         &self,
         family: IpFamily,
         request: &SyncRequest<'_>,
         kind: SyncKind,
         table: &FamilyTable,
+        partly_applied: &mut bool,
     ) -> Result<NftOutput, BackendError> {
         let existing = &table.installed;
         let delete_stale = !existing.pending_deletions().is_empty()
@@ -311,7 +321,7 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
                 .is_none_or(|at| at.elapsed() >= self.stale_delay);
         let render_start = Instant::now();
         let output = self.render(family, request, kind, existing, delete_stale)?;
-        if output.script.is_empty() {
+        if output.transaction.is_empty() {
             return Ok(output);
         }
         let Err(err) = self
@@ -320,14 +330,25 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
         else {
             return Ok(output);
         };
+        *partly_applied = self.runner.splits(&output.transaction);
         if output.deleted_chains.is_empty() {
             return Err(err);
         }
         // Perhaps only the deletion of stale chains failed (a chain still referenced): do
-        // the sync without it, and leave the chains pending for a later one.
+        // the sync without it, and leave the chains pending for a later one. If earlier
+        // steps may have been applied, every chain may hold rules.
+        let forgotten;
+        let existing = if *partly_applied {
+            let mut state = existing.clone();
+            state.forget_chain_contents();
+            forgotten = state;
+            &forgotten
+        } else {
+            existing
+        };
         let render_start = Instant::now();
         let retry = self.render(family, request, kind, existing, false)?;
-        let retried = if retry.script.is_empty() {
+        let retried = if retry.transaction.is_empty() {
             Ok(())
         } else {
             self.run_script(family, &retry, render_start.elapsed())
@@ -384,9 +405,16 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
                 table.installed = self.adopt(family).await;
                 table.adopted = true;
             }
-            let result = self.sync_family(family, request, kind, &table).await;
+            let mut partly_applied = false;
+            let result = self
+                .sync_family(family, request, kind, &table, &mut partly_applied)
+                .await;
             if result.is_err() {
                 self.metrics.sync_failures.inc();
+                if partly_applied {
+                    // Chains written by the applied steps are not in the state.
+                    table.installed.forget_chain_contents();
+                }
             }
             if let Some(output) = errors.check(family, result) {
                 operations += output.operations;
@@ -416,8 +444,7 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
         for family in self.sync.families().to_vec() {
             let fam = table_family(family);
             // `add` first, so that deleting an absent table is not an error.
-            let script = format!("add table {fam} {TABLE}\ndelete table {fam} {TABLE}\n");
-            match self.runner.apply(&script).await {
+            match self.runner.apply(&Transaction::remove_table(family)).await {
                 Ok(()) => info!(?family, "removed the nftables {fam} {TABLE} table"),
                 Err(err) => {
                     warn!(?family, error = %err, "nftables cleanup failed");

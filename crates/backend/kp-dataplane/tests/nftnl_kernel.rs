@@ -23,8 +23,9 @@ use kp_core::tracker::ProxyState;
 use kp_dataplane::conntrack::FakeConntrack;
 use kp_dataplane::exec::ExecError;
 use kp_dataplane::nftables::{ExecNft, NetlinkNft, NftRunner, NftablesBackend, NftablesConfig};
-use kp_nftnl::{ApplyError, NftSocket, apply_script, parse_script};
-use kp_rules::nftables::{LocalDetector, NodePortAddresses, RenderConfig};
+use kp_nftnl::{ApplyError, NftSocket};
+use kp_rules::nftables::cmd::{Command, Name, Rule, Verdict};
+use kp_rules::nftables::{LocalDetector, NodePortAddresses, RenderConfig, Transaction};
 use nft_tools::{nft, unavailable};
 use prometheus_client::metrics::counter::Counter;
 use proptest::prelude::*;
@@ -35,7 +36,7 @@ fn in_netns(name: &str, body: impl FnOnce()) {
     netns::run_isolated(name, unavailable, body);
 }
 
-/// Records every script, then hands it to the inner runner.
+/// Records every transaction's text, then hands it to the inner runner.
 #[derive(Clone)]
 struct Recording<R> {
     inner: R,
@@ -43,12 +44,12 @@ struct Recording<R> {
 }
 
 impl<R: NftRunner> NftRunner for Recording<R> {
-    async fn apply(&self, script: &str) -> Result<(), ExecError> {
+    async fn apply(&self, transaction: &Transaction) -> Result<(), ExecError> {
         self.scripts
             .lock()
             .expect("not poisoned")
-            .push(script.to_owned());
-        self.inner.apply(script).await
+            .push(transaction.to_string());
+        self.inner.apply(transaction).await
     }
 
     async fn list_table(&self, family: IpFamily) -> Result<Option<String>, ExecError> {
@@ -277,18 +278,13 @@ fn netlink_and_nft_build_identical_tables() {
                 assert!(via_netlink[0].contains("table ip6 kube-proxy"));
             }
 
-            // Every script went over netlink: none fell back to nft.
+            // Every transaction went over netlink: none fell back to nft.
             let scripts = scripts.lock().expect("not poisoned").clone();
             assert_eq!(
                 scripts.len(),
                 configs().len() * steps().len() * 2,
-                "one script per family and step"
+                "one transaction per family and step"
             );
-            for script in &scripts {
-                if let Err(err) = parse_script(script) {
-                    panic!("fell back to nft: {err}");
-                }
-            }
             assert_eq!(fallbacks.get(), 0);
         });
     });
@@ -298,21 +294,35 @@ fn netlink_and_nft_build_identical_tables() {
 fn a_rejected_statement_is_named_and_nothing_stays() {
     in_netns("a_rejected_statement_is_named_and_nothing_stays", || {
         let mut socket = NftSocket::open().expect("socket");
-        apply_script(
+        let chain = |name: &'static str| Command::AddChain {
+            chain: Name::Fixed(name),
+            hook: None,
+            comment: None,
+        };
+        let goto_kept = |from: &'static str| Command::AddRule {
+            chain: Name::Fixed(from),
+            rule: Rule::verdict(Vec::new(), Verdict::Goto(Name::Fixed("kept"))),
+        };
+        let apply = |socket: &mut NftSocket, commands: Vec<Command>| {
+            socket.apply(&Transaction::new(IpFamily::V4, commands), usize::MAX)
+        };
+        apply(
             &mut socket,
-            "add table ip kube-proxy\nadd chain ip kube-proxy kept\n",
+            vec![Command::AddTable { comment: None }, chain("kept")],
         )
         .expect("first transaction");
-        let script = "add chain ip kube-proxy new-chain\n\
-                      add rule ip kube-proxy new-chain goto kept\n\
-                      add rule ip kube-proxy missing-chain goto kept\n\
-                      add chain ip kube-proxy other\n";
-        let err = apply_script(&mut socket, script).expect_err("rejected");
+        let commands = vec![
+            chain("new-chain"),
+            goto_kept("new-chain"),
+            goto_kept("missing-chain"),
+            chain("other"),
+        ];
+        let err = apply(&mut socket, commands).expect_err("rejected");
         match &err {
             ApplyError::Kernel {
                 line, statement, ..
             } => {
-                assert_eq!(*line, 3);
+                assert_eq!(line, &3);
                 assert_eq!(statement, "add rule ip kube-proxy missing-chain goto kept");
             }
             other => panic!("unexpected error {other:?}"),
@@ -324,7 +334,7 @@ fn a_rejected_statement_is_named_and_nothing_stays() {
         assert!(!table.contains("new-chain"), "{table}");
         assert!(!table.contains("other"), "{table}");
         // The socket is still usable.
-        apply_script(&mut socket, "add chain ip kube-proxy after\n").expect("next transaction");
+        apply(&mut socket, vec![chain("after")]).expect("next transaction");
         assert!(nft(&["list", "table", "ip", "kube-proxy"]).contains("chain after"));
     });
 }

@@ -8,7 +8,7 @@
 //! created them.
 
 use crate::expr::{Expr, Verdict};
-use crate::script::{AnonymousSet, Command, IntervalMark, Op, SetSpec};
+use crate::lower::{AnonymousSet, IntervalMark, Lowered, Op, SetSpec};
 
 /// `NLMSG_ERROR`: an error (or, with code 0, an acknowledgement) for one request.
 pub const NLMSG_ERROR: u16 = 2;
@@ -287,7 +287,8 @@ pub struct Batch {
     writer: Writer,
     first_seq: u32,
     next_seq: u32,
-    /// For each message after BEGIN, in order: the script line of the command it encodes.
+    /// For each message after BEGIN, in order: the owner (see [`Batch::push`]) of the
+    /// command it encodes.
     owners: Vec<u32>,
     /// Numbers sets created in this batch (`NFTA_SET_ID`), as nft does.
     next_set_id: u32,
@@ -328,10 +329,10 @@ impl Batch {
     }
 
     /// Append the message(s) of `command`; a kernel error for them is reported as `owner`
-    /// (the script line, for [`Batch::push_line`]).
-    pub fn push(&mut self, command: &Command, owner: usize) {
+    /// (the caller's number for the command).
+    pub fn push(&mut self, command: &Lowered, owner: usize) {
         let family = command.family;
-        let table: &str = &command.table;
+        let table: &str = command.table;
         fn w(b: &mut Batch) -> &mut Writer {
             &mut b.writer
         }
@@ -489,14 +490,14 @@ impl Batch {
         wr.end(m);
     }
 
-    /// Append `command`, reported under its script line.
-    pub fn push_line(&mut self, command: &Command) {
-        self.push(command, command.line);
-    }
-
     /// Whether nothing was pushed.
     pub fn is_empty(&self) -> bool {
         self.owners.is_empty()
+    }
+
+    /// The bytes encoded so far.
+    pub fn len_bytes(&self) -> usize {
+        self.writer.buf.len()
     }
 
     /// A deletion that names its object by table and name only.
@@ -724,8 +725,69 @@ fn encode_exprs(wr: &mut Writer, exprs: &[Expr], anonymous: Option<(&str, u32)>)
 
 #[cfg(test)]
 mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use kp_core::model::{IpFamily, Protocol};
+    use kp_rules::nftables::cmd::{
+        self, AddrField, Command, ElementKey, KeyParts, Match, Name, Rule, SetKind,
+    };
+
     use super::*;
-    use crate::script::parse_script;
+    use crate::lower::lower;
+
+    fn chain(name: &'static str) -> Name {
+        Name::Fixed(name)
+    }
+
+    /// The commands of [`GOLDEN`], in its order.
+    fn golden_commands() -> Vec<Command> {
+        vec![
+            Command::AddSet {
+                set: chain("aff-c"),
+                kind: SetKind::Addresses {
+                    timeout: Some(10800),
+                },
+                comment: None,
+            },
+            Command::AddChain {
+                chain: chain("svc/c"),
+                hook: None,
+                comment: None,
+            },
+            Command::FlushChain(chain("svc/c")),
+            Command::DeleteChain(chain("svc/c")),
+            Command::DeleteElement {
+                set: chain("service-ips"),
+                key: ElementKey::new(KeyParts::AddrProtoPort(
+                    IpAddr::V4(Ipv4Addr::new(172, 30, 0, 3)),
+                    Protocol::Udp,
+                    53,
+                )),
+            },
+            Command::DeleteSet(chain("aff-c")),
+            Command::AddRule {
+                chain: chain("svc/a"),
+                rule: Rule::verdict(
+                    vec![Match::Numgen {
+                        modulus: 3,
+                        value: 0,
+                    }],
+                    cmd::Verdict::Goto(chain("ep/a")),
+                ),
+            },
+            Command::AddRule {
+                chain: chain("ep/a"),
+                rule: Rule::verdict(
+                    vec![Match::Addr {
+                        field: AddrField::Source,
+                        negate: false,
+                        value: cmd::Addr::Host(IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3))),
+                    }],
+                    cmd::Verdict::Jump(chain("mark-for-masquerade")),
+                ),
+            },
+        ]
+    }
 
     /// What `nft` 1.0.6 sent for the same statement (captured with `nft --debug=mnl`):
     /// message type and everything after the netlink header.
@@ -778,10 +840,16 @@ mod tests {
 
     #[test]
     fn messages_match_what_nft_sends() {
-        for (statement, ty, body) in GOLDEN {
-            let commands = parse_script(statement).expect("supported");
+        let commands = golden_commands();
+        assert_eq!(commands.len(), GOLDEN.len());
+        for ((statement, ty, body), command) in GOLDEN.iter().zip(&commands) {
+            assert_eq!(
+                command.display(IpFamily::V4).to_string(),
+                *statement,
+                "the command prints as the statement nft was given"
+            );
             let mut batch = Batch::new(100);
-            batch.push(&commands[0], 0);
+            batch.push(&lower(IpFamily::V4, command).expect("supported"), 0);
             let encoded = batch.finish();
             // BEGIN is 20 bytes; then our message; END is 20 bytes.
             let message = &encoded.bytes[20..encoded.bytes.len() - 20];
@@ -801,13 +869,21 @@ mod tests {
 
     #[test]
     fn batch_is_framed_and_flagged() {
-        let commands = parse_script(
-            "add chain ip kube-proxy a\nadd rule ip kube-proxy a goto b\ndelete chain ip kube-proxy c\n",
-        )
-        .expect("supported");
+        let commands = [
+            Command::AddChain {
+                chain: chain("a"),
+                hook: None,
+                comment: None,
+            },
+            Command::AddRule {
+                chain: chain("a"),
+                rule: Rule::verdict(Vec::new(), cmd::Verdict::Goto(chain("b"))),
+            },
+            Command::DeleteChain(chain("c")),
+        ];
         let mut batch = Batch::new(7);
         for (i, c) in commands.iter().enumerate() {
-            batch.push(c, i);
+            batch.push(&lower(IpFamily::V4, c).expect("supported"), i);
         }
         let encoded = batch.finish();
         let mut at = 0;

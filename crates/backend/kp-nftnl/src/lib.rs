@@ -4,9 +4,11 @@
 //! cache (hundreds of milliseconds once the table holds 100k chains) and most of a large
 //! one parsing and evaluating text. This crate sends the same transaction itself:
 //!
-//! - [`script`] turns the renderer's script text (the statement shapes `kp_rules::nftables`
-//!   emits, nothing more) into typed [`script::Command`]s, or says which statement it does
-//!   not support, so the caller can hand the whole script to `nft` instead;
+//! - [`lower`] translates the renderer's typed commands ([`kp_rules::nftables::cmd`]) into
+//!   the operations and expressions nft would send for them (no text is parsed: the
+//!   renderer's `Display` of the same commands is only for `nft -f -`, snapshots and error
+//!   messages), or says which value it cannot send, so the caller can hand the transaction
+//!   to `nft` instead;
 //! - [`codec`] encodes commands as nf_tables netlink messages inside one
 //!   `NFNL_MSG_BATCH_BEGIN` ... `END` batch: one atomic transaction, as `nft -f` sends it,
 //!   with the attributes and user data `nft` 1.0.6 sends for the same statement (golden
@@ -14,18 +16,17 @@
 //!   which the kernel only needs for sets without a name), so `nft list` shows the result
 //!   exactly as if `nft` had applied it;
 //! - [`socket`] sends a batch over a `NETLINK_NETFILTER` socket and maps a kernel error back
-//!   to the statement that caused it. Nothing is dumped.
+//!   to the statement that caused it. Nothing is dumped. A large full sync goes as several
+//!   transactions in the safe order of [`Transaction::steps`](kp_rules::nftables::Transaction::steps),
+//!   each encoded only when the one before it is applied, so the process never holds the
+//!   netlink bytes of the whole sync (the kernel takes one batch per `sendmsg`, so a single
+//!   transaction cannot be streamed).
 
 pub mod codec;
 pub mod expr;
-pub mod script;
+pub mod lower;
 pub mod socket;
 
 pub use codec::{Batch, Family};
-pub use script::{Command, ScriptError, for_each_command, parse_script};
-pub use socket::{ApplyError, NftSocket};
-
-/// Translate `script` and apply it as one transaction: the whole script or nothing.
-pub fn apply_script(socket: &mut NftSocket, script: &str) -> Result<(), ApplyError> {
-    socket.apply_script(script)
-}
+pub use lower::{LowerError, Lowered, lower};
+pub use socket::{ApplyError, DEFAULT_MAX_STEP_COMMANDS, NftSocket};

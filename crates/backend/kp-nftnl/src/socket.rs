@@ -1,4 +1,4 @@
-//! A blocking `NETLINK_NETFILTER` socket that applies translated scripts as one batch.
+//! A blocking `NETLINK_NETFILTER` socket that applies the renderer's transactions.
 //!
 //! The kernel runs a batch while `sendmsg` delivers it, and only answers messages that fail
 //! (none of ours asks for an acknowledgement), so after the batch we send one request that
@@ -11,25 +11,43 @@ use std::io;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
+use kp_core::model::IpFamily;
+use kp_rules::nftables::{Command, Transaction};
+
 use crate::codec::{Batch, NLMSG_DONE, NLMSG_ERROR, fence};
-use crate::script::{Command, ScriptError, for_each_command};
+use crate::lower::{LowerError, lower};
 
 /// Receive buffer: room for the errors of a batch whose messages all fail (errors are
 /// capped to the failed message's header, see `NETLINK_CAP_ACK`).
 const DEFAULT_RECV_BUFFER: usize = 8 << 20;
 
+/// At most this many commands per transaction when a full sync is split into steps
+/// ([`Transaction::steps`]): about 7 MB of netlink messages, against ~100 MB for the whole
+/// first sync of 10k services × 10 endpoints (666k commands). Larger steps hold more memory;
+/// smaller ones cost more commits (each validates the table's loops once its base chains
+/// reach the new chains, ~0.2 s at 10k×10 on a loaded table).
+pub const DEFAULT_MAX_STEP_COMMANDS: usize = 50_000;
+
 /// Why a transaction was not applied.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
-    /// The script holds a statement the translator does not know.
-    #[error(transparent)]
-    Script(ScriptError),
-    /// The kernel rejected a statement; the whole transaction was discarded.
-    #[error("line {line}: {statement}: {source}")]
+    /// A command holds a value that cannot be sent as nft would send it. Nothing was
+    /// applied unless `committed` (earlier steps of a split sync were).
+    #[error("{error}")]
+    Lower {
+        /// Which command.
+        error: LowerError,
+        /// Whether earlier steps of the sync were applied already.
+        committed: bool,
+    },
+    /// The kernel rejected a statement; its transaction was discarded (earlier steps of a
+    /// split sync stay applied).
+    #[error("statement {line}: {statement}: {source}")]
     Kernel {
-        /// 1-based line of the statement in the script.
+        /// 1-based position of the statement among those sent for the transaction (its line
+        /// in the `nft -f` script when the transaction was not split).
         line: usize,
-        /// The statement (empty when only commands, not the script, were given).
+        /// The statement, as `nft -f` text.
         statement: String,
         /// The kernel's error.
         source: io::Error,
@@ -52,7 +70,7 @@ impl ApplyError {
             ApplyError::Kernel { source, .. }
             | ApplyError::Batch(source)
             | ApplyError::Socket(source) => source.raw_os_error(),
-            ApplyError::Script(_) => None,
+            ApplyError::Lower { .. } => None,
         }
     }
 }
@@ -88,30 +106,50 @@ impl NftSocket {
         })
     }
 
-    /// Apply `commands` as one transaction. On error nothing was applied; a kernel error
-    /// names the command's line ([`Command::line`]), without its text.
-    pub fn apply(&mut self, commands: &[Command]) -> Result<(), ApplyError> {
-        let mut batch = Batch::new(self.seq);
-        for command in commands {
-            batch.push_line(command);
+    /// Apply `transaction`: as one transaction, or, for a large full sync, as the steps of
+    /// [`Transaction::steps`] with at most `max_step` commands each, each encoded only once
+    /// the step before it is applied. On error, nothing of the failed step was applied
+    /// (earlier steps were: see [`Transaction::steps`] for what the caller must then do).
+    pub fn apply(&mut self, transaction: &Transaction, max_step: usize) -> Result<(), ApplyError> {
+        let family = transaction.family();
+        let mut sent = 0;
+        for (index, step) in transaction.steps(max_step).iter().enumerate() {
+            self.apply_commands(family, step, sent)
+                .map_err(|err| match err {
+                    ApplyError::Lower { error, .. } => ApplyError::Lower {
+                        error,
+                        committed: index > 0,
+                    },
+                    other => other,
+                })?;
+            sent += step.len();
         }
-        self.send_batch(batch)
+        Ok(())
     }
 
-    /// Translate `script` and apply it as one transaction, encoding each statement as it
-    /// is translated. On error nothing was applied; a kernel error names the statement.
-    pub fn apply_script(&mut self, script: &str) -> Result<(), ApplyError> {
+    /// Apply `commands` (on `family`'s table) as one transaction; a kernel error names the
+    /// statement at its position after `offset` others.
+    pub fn apply_commands(
+        &mut self,
+        family: IpFamily,
+        commands: &[&Command],
+        offset: usize,
+    ) -> Result<(), ApplyError> {
         let mut batch = Batch::new(self.seq);
-        for_each_command(script, |command| batch.push_line(&command))
-            .map_err(ApplyError::Script)?;
+        for (index, command) in commands.iter().enumerate() {
+            let lowered = lower(family, command).map_err(|error| ApplyError::Lower {
+                error,
+                committed: false,
+            })?;
+            batch.push(&lowered, index);
+        }
         self.send_batch(batch).map_err(|err| match err {
             ApplyError::Kernel { line, source, .. } => ApplyError::Kernel {
-                line,
-                statement: script
-                    .lines()
-                    .nth(line.saturating_sub(1))
-                    .unwrap_or_default()
-                    .to_owned(),
+                line: offset + line + 1,
+                statement: commands
+                    .get(line)
+                    .map(|c| c.display(family).to_string())
+                    .unwrap_or_default(),
                 source,
             },
             other => other,
@@ -170,6 +208,7 @@ impl NftSocket {
                 };
                 let source = io::Error::from_raw_os_error(-code);
                 let error = match encoded.owner(reply.seq) {
+                    // The command's index; [`Self::apply_commands`] names it.
                     Some(line) => ApplyError::Kernel {
                         line,
                         statement: String::new(),

@@ -1,7 +1,7 @@
 //! nftables mode: the pure renderer of upstream kube-proxy's nftables layout.
 //!
-//! [`render`] turns the proxy state into one `nft -f -` script: a single atomic transaction
-//! on table `ip kube-proxy` (or `ip6 kube-proxy`) with upstream's object names, so that a node
+//! [`render`] turns the proxy state into one [`Transaction`] of typed [`cmd`] commands (its
+//! `Display` is the `nft -f -` script): a single atomic transaction on table `ip kube-proxy` (or `ip6 kube-proxy`) with upstream's object names, so that a node
 //! can move between upstream kube-proxy and this one. Dispatch is O(1): verdict maps keyed by
 //! `address . protocol . port` (and `protocol . port` for NodePorts) jump to per-service
 //! chains, which pick an endpoint with `numgen random`.
@@ -47,7 +47,8 @@
 //!     service_cidrs: &[],
 //! })?;
 //! assert_eq!(out.kind, SyncKind::Full, "nothing installed yet");
-//! // The backend runs `nft -f -` with `out.script` (if not empty); once that succeeded,
+//! // The backend applies `out.transaction` (if not empty; `out.script()` is its text for
+//! // `nft -f -`); once that succeeded,
 //! // `out.update` turns `installed` into the state of the kernel: the next `existing`.
 //! let mut installed = installed;
 //! out.update.apply(&mut installed);
@@ -72,6 +73,7 @@
 //! of 10k services did not finish in minutes (see the kp-bench README). The table's chains,
 //! maps, sets and their names are upstream's.
 
+pub mod cmd;
 pub mod names;
 mod render;
 #[cfg(test)]
@@ -85,6 +87,7 @@ use kp_core::model::{IpFamily, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
 
 pub use crate::iptables::{LocalDetector, NodePortAddresses, RenderConfig, RenderError};
+pub use cmd::{Command, ElementKey, ElementValue, Transaction};
 pub use render::render;
 
 /// The table kube-proxy owns in each family (`ip kube-proxy`, `ip6 kube-proxy`).
@@ -235,15 +238,6 @@ impl ElementSet {
     }
 }
 
-/// The data of one set or map element: what a diff compares.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ElementValue {
-    /// The verdict (`goto <chain>`, `drop`); empty for a plain set element.
-    pub verdict: String,
-    /// The element comment, already encoded.
-    pub comment: Option<String>,
-}
-
 /// The per-service objects one service port owns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OwnedObjects {
@@ -273,7 +267,7 @@ pub struct NftState {
     pending_deletions: BTreeSet<String>,
     /// The elements of every maintained set and map, each with the service port whose value
     /// it holds and how many claim its key.
-    elements: BTreeMap<ElementSet, BTreeMap<String, Installed>>,
+    elements: BTreeMap<ElementSet, BTreeMap<ElementKey, Installed>>,
     /// Per service port: the elements it asks for. Kept so that a partial sync can release a
     /// rewritten service's elements without planning every other service again.
     claims: BTreeMap<ServicePortName, Vec<Claim>>,
@@ -369,6 +363,13 @@ impl NftState {
             .map(|(key, installed)| (key.as_str(), &installed.value))
     }
 
+    /// Forget which chains hold rules, so the next sync empties every chain it writes (as
+    /// upstream always does): for when part of a sync may have been applied, see
+    /// [`Transaction::steps`].
+    pub fn forget_chain_contents(&mut self) {
+        self.chains_known = false;
+    }
+
     /// One element of one set or map, by its nft key text.
     pub fn element(&self, set: ElementSet, key: &str) -> Option<&ElementValue> {
         self.elements.get(&set)?.get(key).map(|i| &i.value)
@@ -378,7 +379,7 @@ impl NftState {
 /// One element a service port asks for: several may ask for the same key (every port of a
 /// service for its ClusterIP, or two services sharing an external IP and port by mistake);
 /// the first in service order holds it, as on a full sync.
-pub(crate) type Claim = (ElementSet, String, ElementValue);
+pub(crate) type Claim = (ElementSet, ElementKey, ElementValue);
 
 /// What a rewritten service port leaves in the state: its objects and its claims.
 pub(crate) type PortObjects = (OwnedObjects, Vec<Claim>);
@@ -413,7 +414,7 @@ pub(crate) struct Patch {
     /// Rewritten service ports: their objects and claims, or `None` once gone.
     pub(crate) ports: Vec<(ServicePortName, Option<PortObjects>)>,
     /// Touched elements: the new installed element, or `None` once deleted.
-    pub(crate) elements: Vec<(ElementSet, String, Option<Installed>)>,
+    pub(crate) elements: Vec<(ElementSet, ElementKey, Option<Installed>)>,
     /// The chains pending deletion afterwards.
     pub(crate) pending_deletions: BTreeSet<String>,
 }
@@ -476,21 +477,22 @@ pub struct NftScope<'a> {
 /// The rendered transaction and its bookkeeping.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NftOutput {
-    /// Input for `nft -f -`: one transaction. Empty when there is nothing to do.
-    pub script: String,
+    /// The commands of the transaction (its `Display` is the input for `nft -f -`). Empty
+    /// when there is nothing to do.
+    pub transaction: Transaction,
     /// The kind of sync actually rendered (a partial one may have been promoted).
     pub kind: SyncKind,
-    /// Statements in `script` (upstream's "operations" per transaction).
+    /// Statements in `transaction` (upstream's "operations" per transaction).
     pub operations: usize,
-    /// Service ports whose chains `script` rewrites.
+    /// Service ports whose chains `transaction` rewrites.
     pub services_written: usize,
-    /// Chains found stale and flushed by `script` (now pending deletion).
+    /// Chains found stale and flushed by `transaction` (now pending deletion).
     pub flushed_stale: BTreeSet<String>,
-    /// Chains `script` deletes (pending ones, with [`NftScope::delete_stale`]).
+    /// Chains `transaction` deletes (pending ones, with [`NftScope::delete_stale`]).
     pub deleted_chains: BTreeSet<String>,
-    /// Affinity sets `script` deletes (stale, or re-created with a new timeout).
+    /// Affinity sets `transaction` deletes (stale, or re-created with a new timeout).
     pub deleted_sets: BTreeSet<String>,
-    /// How [`NftScope::existing`] becomes the installed state once `script` is applied (the
+    /// How [`NftScope::existing`] becomes the installed state once `transaction` is applied (the
     /// next sync's `existing`): see [`StateUpdate::apply`] and [`NftOutput::state_after`].
     pub update: StateUpdate,
 }
@@ -520,7 +522,12 @@ pub fn render_full(
 }
 
 impl NftOutput {
-    /// The installed state once `script` is applied to a kernel holding `existing` (the state
+    /// The transaction as an `nft -f -` script.
+    pub fn script(&self) -> String {
+        self.transaction.to_string()
+    }
+
+    /// The installed state once `transaction` is applied to a kernel holding `existing` (the state
     /// this output was rendered against). Clones `existing`; a caller that keeps the state
     /// applies [`NftOutput::update`] in place instead.
     pub fn state_after(&self, existing: &NftState) -> NftState {

@@ -98,7 +98,7 @@ fn nft_script(state: &ProxyState) -> String {
     kp_rules::nftables::render_full(state, IpFamily::V4, &config())
         .expect("renders")
         .0
-        .script
+        .script()
 }
 
 #[test]

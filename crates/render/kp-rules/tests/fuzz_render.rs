@@ -520,9 +520,9 @@ fn nftables_renders_keep_names_in_comments_and_identifiers() {
                     nftables::render_full(&state, family, &nft_config()).expect("renders");
                 let (plain, plain_after) =
                     nftables::render_full(&safe, family, &nft_config()).expect("renders");
-                same_shapes(&hostile.script, &plain.script, is_nft_hashed)?;
+                same_shapes(&hostile.script(), &plain.script(), is_nft_hashed)?;
                 prop_assert_eq!(hostile.operations, plain.operations);
-                prop_assert_eq!(hostile.script.lines().count(), hostile.operations);
+                prop_assert_eq!(hostile.script().lines().count(), hostile.operations);
                 // A partial sync that rewrites every service, over the full one's state.
                 let changed = |s: &ProxyState| -> BTreeSet<ServiceName> {
                     s.services.keys().map(|n| n.service.clone()).collect()
@@ -544,7 +544,7 @@ fn nftables_renders_keep_names_in_comments_and_identifiers() {
                 };
                 let hostile = partial(&state, &hostile_after);
                 let plain = partial(&safe, &plain_after);
-                same_shapes(&hostile.script, &plain.script, is_nft_hashed)?;
+                same_shapes(&hostile.script(), &plain.script(), is_nft_hashed)?;
                 prop_assert_eq!(hostile.operations, plain.operations);
             }
             Ok(())
@@ -689,7 +689,7 @@ fn check_all_modes(state: &ProxyState) -> Result<(), TestCaseError> {
             nftables::render_full(s, family, &nft_config())
                 .expect("renders")
                 .0
-                .script
+                .script()
         };
         same_shapes(&nft(state), &nft(&safe), is_nft_hashed)?;
         same_shapes(
@@ -752,7 +752,7 @@ fn hostile_corpus_renders_keep_names_in_comments() {
         let script = nftables::render_full(&state, IpFamily::V4, &nft_config())
             .expect("renders")
             .0
-            .script;
+            .script();
         let listing = nft_common::apply_in_netns_then(&[&script], "nft list tables")
             .unwrap_or_else(|e| panic!("nft refused the corpus's script: {e}"));
         assert_eq!(listing.trim(), "table ip kube-proxy", "{listing}");

@@ -74,13 +74,13 @@ fn hostile_names_add_no_statements() {
         let benign = full(&hostile_state("benign", family), family, &nft_config());
         for text in HOSTILE {
             let out = full(&hostile_state(text, family), family, &nft_config());
-            check_structure(&out.script, family);
+            check_structure(&out.script(), family);
             assert_eq!(
                 out.operations, benign.operations,
                 "{text:?} changed the statement count"
             );
-            assert_eq!(out.script.lines().count(), out.operations);
-            for line in out.script.lines() {
+            assert_eq!(out.script().lines().count(), out.operations);
+            for line in out.script().lines() {
                 // Identifiers and comments only ever hold these characters.
                 assert!(
                     line.chars().all(|c| c.is_ascii_graphic() || c == ' '),
@@ -122,7 +122,7 @@ fn nft_applies_hostile_names_without_side_effects() {
                     ),
                 };
                 existing = out.state_after(&existing);
-                scripts.push(out.script);
+                scripts.push(out.script());
                 previous = Some(now);
             }
             let refs: Vec<&str> = scripts.iter().map(String::as_str).collect();

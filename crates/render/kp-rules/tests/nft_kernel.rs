@@ -280,12 +280,12 @@ fn check_case(family: IpFamily, before: Vec<Item>, after: Vec<Item>, config: &Re
     let changed = changed(&before, &after);
 
     let first = full(&before, family, config);
-    check_structure(&first.script, family);
+    check_structure(&first.script(), family);
     let first_state = first.state_after(&NftState::default());
     let second = partial(&after, family, config, &changed, &first_state, false);
     let second_state = second.state_after(&first_state);
     assert_eq!(second.kind, SyncKind::Partial);
-    check_structure(&second.script, family);
+    check_structure(&second.script(), family);
     let cleanup = partial(
         &after,
         family,
@@ -299,7 +299,7 @@ fn check_case(family: IpFamily, before: Vec<Item>, after: Vec<Item>, config: &Re
         cleanup.operations,
         cleanup.deleted_chains.len(),
         "{}",
-        cleanup.script
+        cleanup.script()
     );
     assert_eq!(cleanup.deleted_chains, second.flushed_stale);
     let fresh = full(&after, family, config);
@@ -311,20 +311,25 @@ fn check_case(family: IpFamily, before: Vec<Item>, after: Vec<Item>, config: &Re
     if nft_unavailable().is_some() {
         return;
     }
-    let incremental = apply_in_netns(family, &[&first.script, &second.script, &cleanup.script])
-        .unwrap_or_else(|e| {
-            panic!(
-                "nft rejected the sequence: {e}\n--- full\n{}\n--- partial\n{}\n--- cleanup\n{}",
-                first.script, second.script, cleanup.script
-            )
-        });
-    let expected = apply_in_netns(family, &[&fresh.script])
-        .unwrap_or_else(|e| panic!("nft rejected the fresh render: {e}\n{}", fresh.script));
+    let incremental = apply_in_netns(
+        family,
+        &[&first.script(), &second.script(), &cleanup.script()],
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "nft rejected the sequence: {e}\n--- full\n{}\n--- partial\n{}\n--- cleanup\n{}",
+            first.script(),
+            second.script(),
+            cleanup.script()
+        )
+    });
+    let expected = apply_in_netns(family, &[&fresh.script()])
+        .unwrap_or_else(|e| panic!("nft rejected the fresh render: {e}\n{}", fresh.script()));
     assert_eq!(
         normalize_listing(&incremental),
         normalize_listing(&expected),
         "partial sync diverged\n--- partial\n{}",
-        second.script
+        second.script()
     );
 }
 
@@ -377,10 +382,13 @@ fn normalised_listings_still_differ_when_tables_differ() {
     let one = state(vec![(svc.clone(), vec![endpoint("10.180.0.1", 80, false)])]);
     let other = state(vec![(svc, vec![endpoint("10.180.0.2", 80, false)])]);
     let config = nft_config();
-    let a = apply_in_netns(IpFamily::V4, &[&full(&one, IpFamily::V4, &config).script])
+    let a = apply_in_netns(IpFamily::V4, &[&full(&one, IpFamily::V4, &config).script()])
         .expect("applies");
-    let b = apply_in_netns(IpFamily::V4, &[&full(&other, IpFamily::V4, &config).script])
-        .expect("applies");
+    let b = apply_in_netns(
+        IpFamily::V4,
+        &[&full(&other, IpFamily::V4, &config).script()],
+    )
+    .expect("applies");
     assert_ne!(normalize_listing(&a), normalize_listing(&b));
     assert!(normalize_listing(&a).contains("\t\telements = {\n\t\t\t172.30.0.41\n"));
 }

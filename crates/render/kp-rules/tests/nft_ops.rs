@@ -32,7 +32,7 @@ impl Sequence {
         Self {
             family: IpFamily::V4,
             state: out.state_after(&NftState::default()),
-            scripts: vec![out.script],
+            scripts: vec![out.script()],
         }
     }
 
@@ -51,8 +51,8 @@ impl Sequence {
             delete_stale,
         );
         assert_eq!(out.kind, SyncKind::Partial);
-        check_structure(&out.script, self.family);
-        self.scripts.push(out.script.clone());
+        check_structure(&out.script(), self.family);
+        self.scripts.push(out.script().clone());
         self.state = out.state_after(&self.state);
         out
     }
@@ -67,7 +67,7 @@ impl Sequence {
             let incremental = apply_in_netns(self.family, &scripts)
                 .unwrap_or_else(|e| panic!("nft rejected the sequence: {e}"));
             let fresh = full(last, self.family, &nft_config());
-            let fresh = apply_in_netns(self.family, &[&fresh.script])
+            let fresh = apply_in_netns(self.family, &[&fresh.script()])
                 .unwrap_or_else(|e| panic!("nft rejected the fresh render: {e}"));
             assert!(fresh.contains("\tchain services {"), "{fresh}");
             assert_eq!(normalize_listing(&incremental), normalize_listing(&fresh));
@@ -117,46 +117,46 @@ fn upstream_repeated_sync_operation_counts() {
     // they are not in the table yet.
     let s = state(vec![svc1(), svc2(), svc3(&["10.0.3.1"])]);
     let out = seq.sync(&s, &changed(&[("ns3", "svc3")]), false);
-    assert_eq!(out.operations, 8, "{}", out.script);
-    assert!(!out.script.contains("flush chain"), "{}", out.script);
+    assert_eq!(out.operations, 8, "{}", out.script());
+    assert!(!out.script().contains("flush chain"), "{}", out.script());
     assert_eq!(out.services_written, 1);
 
     // Deleting a service: 2 element deletions, 2 chain flushes: 4. The chains are only
     // pending deletion.
     let s = state(vec![svc1(), svc3(&["10.0.3.1"])]);
     let out = seq.sync(&s, &changed(&[("ns2", "svc2")]), false);
-    assert_eq!(out.operations, 4, "{}", out.script);
+    assert_eq!(out.operations, 4, "{}", out.script());
     assert_eq!(out.flushed_stale.len(), 2);
-    assert!(out.script.lines().all(|l| !l.starts_with("delete chain")));
+    assert!(out.script().lines().all(|l| !l.starts_with("delete chain")));
     assert_eq!(seq.state.pending_deletions().len(), 2);
 
     // Idle: nothing at all. Upstream deletes stale chains in a separate transaction; here
     // that is the same kind of sync with `delete_stale`, and holds only the deletions.
     let out = seq.sync(&s, &BTreeSet::new(), false);
     assert_eq!(out.operations, 0);
-    assert!(out.script.is_empty());
+    assert!(out.script().is_empty());
     let out = seq.sync(&s, &BTreeSet::new(), true);
-    assert_eq!(out.operations, 2, "{}", out.script);
+    assert_eq!(out.operations, 2, "{}", out.script());
     assert_eq!(out.deleted_chains.len(), 2);
     assert!(seq.state.pending_deletions().is_empty());
 
     // A service without endpoints: cluster-ips and no-endpoint-services: 2.
     let s = state(vec![svc1(), svc3(&["10.0.3.1"]), svc4(&[])]);
     let out = seq.sync(&s, &changed(&[("ns4", "svc4")]), false);
-    assert_eq!(out.operations, 2, "{}", out.script);
-    assert!(out.script.contains("goto reject-chain"));
+    assert_eq!(out.operations, 2, "{}", out.script());
+    assert!(out.script().contains("goto reject-chain"));
 
     // Its endpoint arrives: one element swapped between maps, 2 new chains written: 8
     // (upstream: 10, with the flushes of the new chains).
     let s = state(vec![svc1(), svc3(&["10.0.3.1"]), svc4(&["10.0.4.1"])]);
     let out = seq.sync(&s, &changed(&[("ns4", "svc4")]), false);
-    assert_eq!(out.operations, 8, "{}", out.script);
+    assert_eq!(out.operations, 8, "{}", out.script());
 
     // An endpoint changes address: service chain rewritten (add, flush, 2 rules), new
     // endpoint chain written (add, 2 rules), old endpoint chain flushed: 8.
     let s = state(vec![svc1(), svc3(&["10.0.3.2"]), svc4(&["10.0.4.1"])]);
     let out = seq.sync(&s, &changed(&[("ns3", "svc3")]), false);
-    assert_eq!(out.operations, 8, "{}", out.script);
+    assert_eq!(out.operations, 8, "{}", out.script());
 
     // A second endpoint: the service chain (add, flush, masquerade and 2 balancing rules
     // where upstream has one vmap rule), the old endpoint chain (4), the new one (3): 12, as
@@ -177,7 +177,7 @@ fn upstream_repeated_sync_operation_counts() {
     // Endpoints go to zero: 3 flushes, one element swapped between maps: 5, as upstream.
     let empty = state(vec![svc1(), svc3(&[]), svc4(&["10.0.4.1"])]);
     let out = seq.sync(&empty, &changed(&[("ns3", "svc3")]), false);
-    assert_eq!(out.operations, 5, "{}", out.script);
+    assert_eq!(out.operations, 5, "{}", out.script());
     assert_eq!(seq.state.pending_deletions().len(), 3);
 
     // Restored before the stale chains were deleted: they are refilled (all three exist:
@@ -189,7 +189,7 @@ fn upstream_repeated_sync_operation_counts() {
         svc4(&["10.0.4.1"]),
     ]);
     let out = seq.sync(&s, &changed(&[("ns3", "svc3")]), true);
-    assert_eq!(out.operations, 15, "{}", out.script);
+    assert_eq!(out.operations, 15, "{}", out.script());
     assert!(out.deleted_chains.is_empty());
     assert!(seq.state.pending_deletions().is_empty());
 
@@ -208,20 +208,20 @@ fn partial_sync_writes_services_that_appear_or_vanish_unreported() {
     // so its map elements never point at a chain that does not exist.
     let after = state(vec![svc1(), svc3(&["10.0.3.1"]), svc4(&["10.0.4.1"])]);
     let out = seq.sync(&after, &changed(&[("ns1", "svc1")]), false);
-    assert_eq!(out.services_written, 2, "{}", out.script);
+    assert_eq!(out.services_written, 2, "{}", out.script());
     // svc3 vanished, unreported: its elements go and its chains are flushed.
     let later = state(vec![svc1(), svc4(&["10.0.4.1"])]);
     let out = seq.sync(&later, &BTreeSet::new(), false);
-    assert_eq!(out.services_written, 0, "{}", out.script);
-    assert_eq!(out.flushed_stale.len(), 2, "{}", out.script);
+    assert_eq!(out.services_written, 0, "{}", out.script());
+    assert_eq!(out.flushed_stale.len(), 2, "{}", out.script());
     // An unreported change to a service that stays is not looked for: partial syncs do
     // not plan unchanged services (that is what keeps them cheap at 10k services), so it
     // waits for the caller's report or the next full sync.
     let moved = state(vec![svc1(), svc4(&["10.0.4.2"])]);
     let out = seq.sync(&moved, &BTreeSet::new(), false);
-    assert_eq!(out.operations, 0, "{}", out.script);
+    assert_eq!(out.operations, 0, "{}", out.script());
     let out = seq.sync(&moved, &changed(&[("ns4", "svc4")]), false);
-    assert_eq!(out.services_written, 1, "{}", out.script);
+    assert_eq!(out.services_written, 1, "{}", out.script());
     seq.verify_in_kernel(&moved);
 }
 
@@ -244,15 +244,15 @@ fn affinity_sets_follow_endpoints_and_timeouts() {
     let s = state(vec![affine(10800, &["10.0.5.1"])]);
     let out = seq.sync(&s, &ns5, false);
     assert_eq!(out.deleted_sets.len(), 1);
-    let flush = out.script.find("flush chain").expect("flushes");
-    let delete = out.script.find("delete set").expect("deletes");
+    let flush = out.script().find("flush chain").expect("flushes");
+    let delete = out.script().find("delete set").expect("deletes");
     assert!(flush < delete);
 
     // The timeout changes: the set is re-created rather than altered in place.
     let s = state(vec![affine(600, &["10.0.5.1"])]);
     let out = seq.sync(&s, &ns5, false);
     assert_eq!(out.deleted_sets.len(), 1);
-    assert!(out.script.contains("timeout 600s"));
+    assert!(out.script().contains("timeout 600s"));
 
     // Affinity switched off: every set goes.
     let s = state(vec![(
@@ -314,11 +314,11 @@ fn restart_adopts_leftovers_of_a_previous_process() {
     }
     let incremental = apply_in_netns(
         IpFamily::V4,
-        &[&previous.script, &first.script, &cleanup.script],
+        &[&previous.script(), &first.script(), &cleanup.script()],
     )
     .unwrap_or_else(|e| panic!("nft rejected the restart: {e}"));
     let fresh = full(&now, IpFamily::V4, &nft_config());
-    let fresh = apply_in_netns(IpFamily::V4, &[&fresh.script]).expect("fresh render applies");
+    let fresh = apply_in_netns(IpFamily::V4, &[&fresh.script()]).expect("fresh render applies");
     assert_eq!(normalize_listing(&incremental), normalize_listing(&fresh));
 }
 
@@ -385,16 +385,20 @@ fn restart_keeps_affinity_sets_still_in_use() {
         first.deleted_sets,
         BTreeSet::from([gone.clone(), retimed.clone()]),
         "{}",
-        first.script
+        first.script()
     );
     assert!(
         !first
-            .script
+            .script()
             .contains(&format!("delete set ip kube-proxy {kept}\n")),
         "{}",
-        first.script
+        first.script()
     );
-    assert!(first.script.contains("timeout 300s"), "{}", first.script);
+    assert!(
+        first.script().contains("timeout 300s"),
+        "{}",
+        first.script()
+    );
 
     // A set whose timeout the listing did not show is re-created.
     let unknown = NftState::adopt(chains, [(kept.clone(), None)]);
@@ -414,7 +418,7 @@ fn restart_keeps_affinity_sets_still_in_use() {
         return;
     }
     let pin = format!("add element ip kube-proxy {kept} {{ 10.9.9.9 }}\n");
-    let listing = apply_in_netns(IpFamily::V4, &[&previous.script, &pin, &first.script])
+    let listing = apply_in_netns(IpFamily::V4, &[&previous.script(), &pin, &first.script()])
         .unwrap_or_else(|e| panic!("nft rejected the restart: {e}"));
     let block = listing
         .split(&format!("set {kept} {{"))
@@ -441,19 +445,19 @@ fn colliding_keys_keep_the_first_service() {
     let owner = |state: &NftState| {
         state
             .element(ElementSet::ServiceIps, key)
-            .map(|v| v.verdict.clone())
+            .and_then(|v| v.verdict.as_ref().map(ToString::to_string))
             .unwrap_or_default()
     };
     assert!(owner(&seq.state).contains("a/first"));
     let only_b = state(vec![(b.clone(), vec![endpoint("10.0.9.2", 80, false)])]);
     let out = seq.sync(&only_b, &changed(&[("a", "first")]), false);
     assert!(owner(&seq.state).contains("b/second"));
-    assert!(out.script.contains(&format!(
+    assert!(out.script().contains(&format!(
         "delete element ip kube-proxy service-ips {{ {key} }}"
     )));
     // The first service comes back: it holds the key again although only it was rewritten.
     let out = seq.sync(&both, &changed(&[("a", "first")]), false);
-    assert!(owner(&seq.state).contains("a/first"), "{}", out.script);
+    assert!(owner(&seq.state).contains("a/first"), "{}", out.script());
     // A third service claims the key too, after both: nothing changes in the kernel.
     let c = c_only();
     let three = state(vec![
@@ -462,7 +466,7 @@ fn colliding_keys_keep_the_first_service() {
         (c, vec![endpoint("10.0.9.3", 80, false)]),
     ]);
     let out = seq.sync(&three, &changed(&[("c", "third")]), false);
-    assert!(!out.script.contains(key), "{}", out.script);
+    assert!(!out.script().contains(key), "{}", out.script());
     // The holder goes while both others stay unchanged: the next in order (b) takes over,
     // found among the claims the state keeps, and the state matches a fresh full sync.
     let b_and_c = state(vec![
@@ -505,10 +509,11 @@ fn configuration_change_promotes_a_partial_sync_to_full() {
     );
     assert_eq!(out.kind, SyncKind::Full);
     assert!(
-        !out.script.contains("delete chain ip kube-proxy nat-output"),
+        !out.script()
+            .contains("delete chain ip kube-proxy nat-output"),
         "no re-creation"
     );
-    seq.scripts.push(out.script);
+    seq.scripts.push(out.script());
     if let Some(reason) = nft_unavailable() {
         eprintln!("skipping kernel replay: {reason}");
         return;
@@ -564,11 +569,11 @@ add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-UL
         eprintln!("skipping kernel replay: {reason}");
         return;
     }
-    let upgraded = apply_in_netns(IpFamily::V4, &[old, &first.script])
+    let upgraded = apply_in_netns(IpFamily::V4, &[old, &first.script()])
         .unwrap_or_else(|e| panic!("upgrade failed: {e}"));
     let fresh = apply_in_netns(
         IpFamily::V4,
-        &[&full(&s, IpFamily::V4, &nft_config()).script],
+        &[&full(&s, IpFamily::V4, &nft_config()).script()],
     )
     .expect("fresh applies");
     assert_eq!(normalize_listing(&upgraded), normalize_listing(&fresh));

@@ -13,14 +13,14 @@ use nft_common::*;
 
 /// The snapshot, plus the kernel's opinion of the same script.
 fn check(name: &str, output: &NftOutput, family: IpFamily) {
-    insta::assert_snapshot!(name, output.script);
-    check_structure(&output.script, family);
+    insta::assert_snapshot!(name, output.script());
+    check_structure(&output.script(), family);
     if let Some(reason) = nft_unavailable() {
         eprintln!("skipping kernel check of {name}: {reason}");
         return;
     }
-    if let Err(e) = apply_in_netns(family, &[&output.script]) {
-        panic!("nft rejected {name}:\n{e}\n{}", output.script);
+    if let Err(e) = apply_in_netns(family, &[&output.script()]) {
+        panic!("nft rejected {name}:\n{e}\n{}", output.script());
     }
 }
 
@@ -39,7 +39,7 @@ fn cluster_ip_with_two_endpoints() {
         ],
     )]);
     let out = full(&state, IpFamily::V4, &nft_config());
-    let script = &out.script;
+    let script = &out.script();
     assert!(script.contains(
         "add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 ip daddr 172.30.0.41 \
          ip saddr != 10.0.0.0/8 jump mark-for-masquerade\n"
@@ -75,7 +75,7 @@ fn node_port_with_external_ip_and_udp() {
         (udp, vec![endpoint("10.180.0.3", 5353, true)]),
     ]);
     let out = full(&state, IpFamily::V4, &nft_config());
-    let script = &out.script;
+    let script = &out.script();
     assert!(script.contains("{ udp . 3053 : goto external-"));
     assert!(script.contains("{ 192.168.99.22 . tcp . 80 : goto external-"));
     assert!(script.contains("meta l4proto udp dnat to 10.180.0.3:5353"));
@@ -92,11 +92,14 @@ fn node_port_with_external_ip_and_udp() {
         ..nft_config()
     };
     let all = full(&state, IpFamily::V4, &config);
-    assert!(all.script.contains(
+    assert!(all.script().contains(
         "add rule ip kube-proxy services fib daddr type local ip daddr != 127.0.0.0/8 meta \
          l4proto . th dport vmap @service-nodeports"
     ));
-    assert!(all.script.contains("delete set ip kube-proxy nodeport-ips"));
+    assert!(
+        all.script()
+            .contains("delete set ip kube-proxy nodeport-ips")
+    );
     check("node_port_all_addresses", &all, IpFamily::V4);
 }
 
@@ -123,7 +126,7 @@ fn etp_local_load_balancer_with_source_ranges() {
         (remote_only, vec![endpoint("10.180.0.3", 80, false)]),
     ]);
     let out = full(&state, IpFamily::V4, &nft_config());
-    let script = &out.script;
+    let script = &out.script();
     // The node is inside a source range, so the LB IP itself is allowed as a source.
     assert!(script.contains("ip saddr != { 1.2.3.4, 192.168.0.0/24, 203.0.113.0/25 } drop"));
     assert!(script.contains("{ 1.2.3.4 . tcp . 80 comment \"ns2/svc2:p80\" : goto firewall-"));
@@ -171,7 +174,7 @@ fn session_affinity() {
         ),
     ]);
     let out = full(&state, IpFamily::V4, &nft_config());
-    let script = &out.script;
+    let script = &out.script();
     assert!(script.contains(
         "add set ip kube-proxy affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 { type \
          ipv4_addr ; flags dynamic,timeout ; timeout 10800s ; }"
@@ -207,7 +210,7 @@ fn no_endpoints() {
         (itp, vec![endpoint("10.180.0.7", 80, false)]),
     ]);
     let out = full(&state, IpFamily::V4, &nft_config());
-    let script = &out.script;
+    let script = &out.script();
     assert!(script.contains(
         "add element ip kube-proxy no-endpoint-services { 172.30.0.46 . tcp . 80 comment \
          \"ns6/svc6:p80\" : goto reject-chain }"
@@ -247,7 +250,7 @@ fn ipv6() {
         (udp, vec![endpoint("fd00:10::53", 53, true)]),
     ]);
     let out = full(&state, IpFamily::V6, &nft_config());
-    let script = &out.script;
+    let script = &out.script();
     assert!(script.starts_with("add table ip6 kube-proxy"));
     assert!(script.contains("dnat to [fd00:10::a1b2:c3d4:e5f6:9999]:8080"));
     assert!(script.contains("__fd00.10..a1b2.c3d4.e5f6.9999/8080"));
@@ -272,11 +275,11 @@ fn masquerade_all_and_interface_detectors() {
         ..nft_config()
     };
     let out = full(&state, IpFamily::V4, &all);
-    assert!(out.script.contains(
+    assert!(out.script().contains(
         "service-ULMVA6XW-ns1/svc1/tcp/p80 ip daddr 172.30.0.41 jump mark-for-masquerade\n"
     ));
-    assert!(out.script.contains("masquerading masquerade\n"));
-    check_structure(&out.script, IpFamily::V4);
+    assert!(out.script().contains("masquerading masquerade\n"));
+    check_structure(&out.script(), IpFamily::V4);
 
     let prefix = RenderConfig {
         local_detector: kp_rules::nftables::LocalDetector::InterfaceNamePrefix("veth".into()),
@@ -284,7 +287,7 @@ fn masquerade_all_and_interface_detectors() {
     };
     let out = full(&state, IpFamily::V4, &prefix);
     assert!(
-        out.script
+        out.script()
             .contains("ip daddr 172.30.0.41 iifname != \"veth*\" jump")
     );
     check("interface_prefix_detector", &out, IpFamily::V4);
@@ -312,7 +315,8 @@ fn balancing_cascade_and_large_services() {
         ),
     ]);
     let out = full(&state, IpFamily::V4, &nft_config());
-    let small_rules: Vec<&str> = lines_with(&out.script, "add rule ip kube-proxy service-")
+    let script = out.script();
+    let small_rules: Vec<&str> = lines_with(&script, "add rule ip kube-proxy service-")
         .into_iter()
         .filter(|l| l.contains("/small/") && !l.contains("mark-for-masquerade"))
         .collect();
@@ -324,18 +328,18 @@ fn balancing_cascade_and_large_services() {
     assert!(small_rules[2].contains("/small/tcp/p80 goto endpoint-"));
     assert!(small_rules[2].ends_with("__10.180.0.3/80"));
 
-    let large_rules: Vec<&str> = lines_with(&out.script, "numgen random mod 40 vmap {");
+    let large_rules: Vec<&str> = lines_with(&script, "numgen random mod 40 vmap {");
     assert_eq!(large_rules.len(), 1);
     assert!(large_rules[0].contains("/large/tcp/p80 numgen random mod 40 vmap { 0 : goto "));
     assert!(large_rules[0].contains(" , 39 : goto endpoint-"));
-    assert!(lines_with(&out.script, "numgen random mod 39 0").is_empty());
+    assert!(lines_with(&out.script(), "numgen random mod 39 0").is_empty());
 
-    check_structure(&out.script, IpFamily::V4);
+    check_structure(&out.script(), IpFamily::V4);
     if let Some(reason) = nft_unavailable() {
         eprintln!("skipping kernel check: {reason}");
         return;
     }
-    let listing = apply_in_netns(IpFamily::V4, &[&out.script])
+    let listing = apply_in_netns(IpFamily::V4, &[&out.script()])
         .unwrap_or_else(|e| panic!("nft rejected the script: {e}"));
     assert!(
         listing.contains("numgen random mod 3 0 goto endpoint-"),

@@ -1,16 +1,20 @@
-//! [`NetlinkNft`]: applies scripts over nf_tables netlink ([`kp_nftnl`]) instead of
-//! `nft -f -`, falling back to `nft` for scripts holding a statement the translator does
-//! not support.
+//! [`NetlinkNft`]: applies the renderer's transactions over nf_tables netlink
+//! ([`kp_nftnl`], encoding the typed commands) instead of `nft -f -`, falling back to `nft`
+//! (with the transaction's text) for a command holding a value the encoder cannot send as
+//! nft would.
 //!
 //! Why: before any command on a table, `nft` 1.0.6 dumps every chain of it into its cache
 //! (0.3 s and 100 MB for one `add element` once the table holds 100k chains), and a large
-//! script spends about half its time in nft's own parser. The translated batch is the same
-//! single atomic transaction, without the dump.
+//! script spends about half its time in nft's own parser. The encoded batch is the same
+//! atomic transaction, without the dump; a large full sync goes as several transactions in
+//! a safe order ([`kp_rules::nftables::Transaction::steps`]), so the netlink bytes of the
+//! whole sync are never in memory at once.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::IpFamily;
-use kp_nftnl::{ApplyError, NftSocket, ScriptError};
+use kp_nftnl::{ApplyError, DEFAULT_MAX_STEP_COMMANDS, NftSocket};
+use kp_rules::nftables::Transaction;
 use prometheus_client::metrics::counter::Counter;
 use tracing::debug;
 
@@ -20,12 +24,14 @@ use crate::exec::ExecError;
 /// How netlink failures are named in [`ExecError::Failed`].
 const PROGRAM: &str = "nf_tables netlink";
 
-/// An [`NftRunner`] that sends transactions over netlink itself; listings and unsupported
-/// scripts go to `nft` ([`ExecNft`]). Clones share the socket.
+/// An [`NftRunner`] that sends transactions over netlink itself; listings and transactions
+/// the encoder refuses go to `nft` ([`ExecNft`]). Clones share the socket.
 #[derive(Clone, Debug)]
 pub struct NetlinkNft {
     /// Opened on first use (in the namespace of the process), dropped after an I/O error.
     socket: Arc<Mutex<Option<NftSocket>>>,
+    /// At most this many commands per kernel transaction of a split full sync.
+    max_step: usize,
     fallback: ExecNft,
     fallbacks: Counter,
 }
@@ -35,12 +41,20 @@ impl NetlinkNft {
     pub fn new(fallback: ExecNft, fallbacks: Counter) -> Self {
         Self {
             socket: Arc::new(Mutex::new(None)),
+            max_step: DEFAULT_MAX_STEP_COMMANDS,
             fallback,
             fallbacks,
         }
     }
 
-    /// How many scripts went to `nft` because of an unsupported statement.
+    /// Split full syncs into kernel transactions of at most `max_step` commands (default
+    /// [`DEFAULT_MAX_STEP_COMMANDS`]; `usize::MAX`: never split).
+    pub fn with_max_step(mut self, max_step: usize) -> Self {
+        self.max_step = max_step.max(1);
+        self
+    }
+
+    /// How many transactions went to `nft` because the encoder refused a command.
     pub fn fallbacks(&self) -> u64 {
         self.fallbacks.get()
     }
@@ -52,16 +66,20 @@ impl Default for NetlinkNft {
     }
 }
 
-/// Apply `script` through `socket` (opened if needed): the blocking part. Translation
-/// and encoding run statement by statement into the batch, so only the script and the
-/// encoded batch are ever in memory at once.
-fn apply_blocking(socket: &Mutex<Option<NftSocket>>, script: &str) -> Result<(), ApplyError> {
+/// Apply `transaction` through `socket` (opened if needed): the blocking part. Commands are
+/// encoded one at a time into the batch of their step, so only the transaction and the
+/// encoded bytes of one step are in memory at once.
+fn apply_blocking(
+    socket: &Mutex<Option<NftSocket>>,
+    transaction: &Transaction,
+    max_step: usize,
+) -> Result<(), ApplyError> {
     let mut guard = socket.lock().unwrap_or_else(PoisonError::into_inner);
     let open = match guard.as_mut() {
         Some(open) => open,
         None => guard.insert(NftSocket::open()?),
     };
-    let result = open.apply_script(script);
+    let result = open.apply(transaction, max_step);
     if matches!(result, Err(ApplyError::Socket(_))) {
         // Start over with a fresh socket next time.
         *guard = None;
@@ -70,13 +88,14 @@ fn apply_blocking(socket: &Mutex<Option<NftSocket>>, script: &str) -> Result<(),
 }
 
 /// A netlink failure as the `ExecError` the backend reports (and logs) for `nft` failures.
-fn exec_error(err: ApplyError, script: &str) -> ExecError {
+fn exec_error(err: ApplyError) -> ExecError {
     let code = err.errno();
     let stderr = match err {
-        ApplyError::Kernel { line, source, .. } => {
-            let statement = script.lines().nth(line.saturating_sub(1)).unwrap_or("");
-            format!("Error: {source} (line {line}): {statement}")
-        }
+        ApplyError::Kernel {
+            line,
+            statement,
+            source,
+        } => format!("Error: {source} (statement {line}): {statement}"),
         other => format!("Error: {other}"),
     };
     ExecError::Failed {
@@ -87,28 +106,36 @@ fn exec_error(err: ApplyError, script: &str) -> ExecError {
 }
 
 impl NftRunner for NetlinkNft {
-    async fn apply(&self, script: &str) -> Result<(), ExecError> {
-        // Blocking (up to seconds for a full sync of a large table), but the script is
+    async fn apply(&self, transaction: &Transaction) -> Result<(), ExecError> {
+        // Blocking (up to seconds for a full sync of a large table), but the transaction is
         // borrowed: on a multi-threaded runtime hand the worker's other tasks away instead
-        // of copying the script into a blocking task; a current-thread runtime (tests) just
-        // blocks.
+        // of copying it into a blocking task; a current-thread runtime (tests) just blocks.
         let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
             handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
         });
         let outcome = if multi_thread {
-            tokio::task::block_in_place(|| apply_blocking(&self.socket, script))
+            tokio::task::block_in_place(|| apply_blocking(&self.socket, transaction, self.max_step))
         } else {
-            apply_blocking(&self.socket, script)
+            apply_blocking(&self.socket, transaction, self.max_step)
         };
         match outcome {
             Ok(()) => Ok(()),
-            Err(ApplyError::Script(ScriptError::Unsupported { line, statement })) => {
+            // Only while nothing was applied: after earlier steps, `nft` would apply the
+            // whole transaction on top of them.
+            Err(ApplyError::Lower {
+                error,
+                committed: false,
+            }) => {
                 self.fallbacks.inc();
-                debug!(line, %statement, "statement not supported over netlink; applying the script with nft");
-                self.fallback.apply(script).await
+                debug!(statement = %error.statement, "statement not supported over netlink; applying the transaction with nft");
+                self.fallback.apply(transaction).await
             }
-            Err(err) => Err(exec_error(err, script)),
+            Err(err) => Err(exec_error(err)),
         }
+    }
+
+    fn splits(&self, transaction: &Transaction) -> bool {
+        transaction.steps(self.max_step).len() > 1
     }
 
     async fn list_table(&self, family: IpFamily) -> Result<Option<String>, ExecError> {

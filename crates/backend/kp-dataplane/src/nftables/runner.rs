@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_core::model::IpFamily;
-use kp_rules::nftables::TABLE;
+use kp_rules::nftables::{TABLE, Transaction};
 
 use crate::exec::{ExecError, run_program};
 
@@ -33,8 +33,20 @@ pub fn table_family(family: IpFamily) -> &'static str {
 /// The two operations nftables mode needs. Implementations must be safe to share between
 /// tasks.
 pub trait NftRunner: Send + Sync {
-    /// Apply `script` as one transaction (`nft -f -`).
-    fn apply(&self, script: &str) -> impl Future<Output = Result<(), ExecError>> + Send;
+    /// Apply `transaction` (`nft -f -` with its text, or its commands over netlink). A
+    /// large full sync may go as several kernel transactions in the safe order of
+    /// [`Transaction::steps`]; on error, the failed one changed nothing.
+    fn apply(
+        &self,
+        transaction: &Transaction,
+    ) -> impl Future<Output = Result<(), ExecError>> + Send;
+
+    /// Whether [`NftRunner::apply`] sends `transaction` as several kernel transactions, so
+    /// that a failure may leave some of them applied.
+    fn splits(&self, transaction: &Transaction) -> bool {
+        let _ = transaction;
+        false
+    }
 
     /// The table `<family> kube-proxy` as `nft -t list table` prints it (set elements
     /// omitted), or `None` when there is no such table.
@@ -71,8 +83,9 @@ impl Default for ExecNft {
     }
 }
 
-impl NftRunner for ExecNft {
-    async fn apply(&self, script: &str) -> Result<(), ExecError> {
+impl ExecNft {
+    /// `nft -f -` with `script`: one transaction.
+    pub async fn apply_script(&self, script: &str) -> Result<(), ExecError> {
         run_program(
             &self.binary,
             &["-f".to_owned(), "-".to_owned()],
@@ -80,6 +93,12 @@ impl NftRunner for ExecNft {
         )
         .await?;
         Ok(())
+    }
+}
+
+impl NftRunner for ExecNft {
+    async fn apply(&self, transaction: &Transaction) -> Result<(), ExecError> {
+        self.apply_script(&transaction.to_string()).await
     }
 
     async fn list_table(&self, family: IpFamily) -> Result<Option<String>, ExecError> {
@@ -160,7 +179,7 @@ fn parse_duration(text: &str) -> Option<u64> {
 /// One call seen by [`FakeNft`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NftCall {
-    /// [`NftRunner::apply`].
+    /// [`NftRunner::apply`], with the transaction's `nft -f` text.
     Apply(String),
     /// [`NftRunner::list_table`].
     List(IpFamily),
@@ -277,13 +296,14 @@ fn fake_failure(stderr: &str) -> ExecError {
 }
 
 impl NftRunner for FakeNft {
-    async fn apply(&self, script: &str) -> Result<(), ExecError> {
+    async fn apply(&self, transaction: &Transaction) -> Result<(), ExecError> {
+        let script = transaction.to_string();
         let mut state = self.lock();
-        state.calls.push(NftCall::Apply(script.to_owned()));
         let fail = match state.scripted.pop_front() {
             Some(fail) => fail,
-            None => state.fail_when.as_ref().is_some_and(|f| f(script)),
+            None => state.fail_when.as_ref().is_some_and(|f| f(&script)),
         };
+        state.calls.push(NftCall::Apply(script));
         if fail {
             return Err(fake_failure(
                 "Error: Could not process rule: Device or resource busy (injected)",

@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::{Explanation, MatchKind, Outcome, ServiceMatch};
 use crate::iptables::{RenderConfig, RenderError};
 use crate::ipvs::{self, IpvsConfig};
+use crate::nftables::cmd::Verdict;
 use crate::nftables::{self, ElementSet, NftState};
 use crate::userspace;
 
@@ -144,13 +145,17 @@ fn nft_objects(rendered: &NftState, family: IpFamily, m: &ServiceMatch) -> Vec<D
             if !nft_key_matches(key, set, m) {
                 continue;
             }
-            if let Some(chain) = value.verdict.strip_prefix("goto ") {
-                goto_chains.push(chain.to_owned());
+            if let Some(Verdict::Goto(chain)) = &value.verdict {
+                goto_chains.push(chain.to_string());
             }
             out.push(DataplaneObject {
                 kind: "map element",
                 name: format!("{} {{ {key} }}", set.name()),
-                detail: value.verdict.clone(),
+                detail: value
+                    .verdict
+                    .as_ref()
+                    .map(Verdict::to_string)
+                    .unwrap_or_default(),
             });
         }
     }

@@ -12,7 +12,6 @@ use std::borrow::Cow;
 use crate::family::{family_endpoints, for_family};
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -21,13 +20,17 @@ use kp_core::model::{Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, Servic
 use kp_core::topology::categorize;
 use kp_core::tracker::ProxyState;
 
+use super::cmd::{
+    Action, Addr, AddrField, Command, ElementKey, ElementValue, Hook, KeyParts, MapKey, Match,
+    Name, Rule, ServiceCommands, SetKind, Transaction, Verdict, script,
+};
 use super::names::{EndpointNames, ServiceChains};
 use super::{
-    BASE_CHAINS, CLUSTER_IPS, ElementSet, ElementValue, FIREWALL_IPS, LEGACY_BASE_CHAINS,
-    LEGACY_CHAINS, LocalDetector, MARK_FOR_MASQUERADE, MAX_COMMENT_BYTES, NO_ENDPOINT_NODEPORTS,
+    BASE_CHAINS, CLUSTER_IPS, ElementSet, FIREWALL_IPS, LEGACY_BASE_CHAINS, LEGACY_CHAINS,
+    LocalDetector, MARK_FOR_MASQUERADE, MAX_COMMENT_BYTES, NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES, NODEPORT_IPS, NftOutput, NftScope, NftState, NodePortAddresses,
     OwnedObjects, REJECT_CHAIN, RenderConfig, RenderError, SERVICE_IPS, SERVICE_NODEPORTS,
-    StateUpdate, TABLE,
+    StateUpdate,
 };
 use super::{Installed, Patch, Update};
 use crate::iptables::comment::sanitize;
@@ -55,77 +58,68 @@ const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
 const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
 const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
 
-/// Family-specific spellings.
+/// Family-specific values.
 struct Family {
-    /// `ip` or `ip6`: the table family and the address match keyword.
-    ip: &'static str,
-    /// `ipv4_addr` or `ipv6_addr`.
-    addr_type: &'static str,
     /// Loopback destinations never accept NodePorts.
-    loopback: &'static str,
-    /// `ip kube-proxy` or `ip6 kube-proxy`.
-    table: String,
+    loopback: Addr,
 }
 
 impl Family {
     fn new(family: IpFamily) -> Self {
-        let (ip, addr_type, loopback) = match family {
-            IpFamily::V4 => ("ip", "ipv4_addr", "127.0.0.0/8"),
-            IpFamily::V6 => ("ip6", "ipv6_addr", "::1"),
+        let loopback = match family {
+            IpFamily::V4 => Addr::Net(IpNet::V4(
+                ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(127, 0, 0, 0), 8).unwrap_or_default(),
+            )),
+            IpFamily::V6 => Addr::Host(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)),
         };
-        Self {
-            ip,
-            addr_type,
-            loopback,
-            table: format!("{ip} {TABLE}"),
-        }
+        Self { loopback }
     }
 }
 
 /// The local-traffic detector as nft matches.
 struct Detector {
-    if_local: String,
-    if_not_local: String,
+    if_local: Match,
+    if_not_local: Match,
 }
 
 impl Detector {
     /// `config` must have been validated (one CIDR per family at most, sane interface names,
     /// which therefore need no escaping inside quotes).
-    fn new(config: &RenderConfig, family: IpFamily, ip: &str) -> Option<Self> {
-        let (if_local, if_not_local) = match &config.local_detector {
-            LocalDetector::None => return None,
-            LocalDetector::Cidrs(cidrs) => {
-                let cidr = cidrs
-                    .iter()
-                    .find(|c| IpFamily::of_net(c) == family)?
-                    .trunc();
-                (
-                    format!("{ip} saddr {cidr}"),
-                    format!("{ip} saddr != {cidr}"),
-                )
-            }
-            LocalDetector::BridgeInterface(name) => (
-                format!("iifname \"{name}\""),
-                format!("iifname != \"{name}\""),
-            ),
-            LocalDetector::InterfaceNamePrefix(prefix) => (
-                format!("iifname \"{prefix}*\""),
-                format!("iifname != \"{prefix}*\""),
-            ),
+    fn new(config: &RenderConfig, family: IpFamily) -> Option<Self> {
+        let matches = |negate: bool| -> Option<Match> {
+            Some(match &config.local_detector {
+                LocalDetector::None => return None,
+                LocalDetector::Cidrs(cidrs) => Match::Addr {
+                    field: AddrField::Source,
+                    negate,
+                    value: Addr::Net(
+                        cidrs
+                            .iter()
+                            .find(|c| IpFamily::of_net(c) == family)?
+                            .trunc(),
+                    ),
+                },
+                LocalDetector::BridgeInterface(name) => Match::Iifname {
+                    negate,
+                    name: name.clone(),
+                    wildcard: false,
+                },
+                LocalDetector::InterfaceNamePrefix(prefix) => Match::Iifname {
+                    negate,
+                    name: prefix.clone(),
+                    wildcard: true,
+                },
+            })
         };
         Some(Self {
-            if_local,
-            if_not_local,
+            if_local: matches(false)?,
+            if_not_local: matches(true)?,
         })
     }
 }
 
-/// `comment "<text>"`: percent-encoded (no quote, backslash or control character survives)
-/// and cut to nft's limit without splitting an escape.
-fn comment(text: &str) -> String {
-    format!("comment \"{}\"", comment_text(text))
-}
-
+/// A comment as nft takes it: percent-encoded (no quote, backslash or control character
+/// survives) and cut to nft's limit without splitting an escape.
 fn comment_text(text: &str) -> String {
     let mut encoded = sanitize(text);
     if encoded.len() > MAX_COMMENT_BYTES {
@@ -141,71 +135,47 @@ fn comment_text(text: &str) -> String {
     encoded
 }
 
-/// An address as an nft set element or match: bare for a single host.
-fn net_text(net: &IpNet) -> String {
-    if net.prefix_len() == net.max_prefix_len() {
-        net.addr().to_string()
-    } else {
-        net.to_string()
+/// `ip daddr ADDR` (or saddr).
+fn addr_is(field: AddrField, addr: IpAddr) -> Match {
+    Match::Addr {
+        field,
+        negate: false,
+        value: Addr::Host(addr),
     }
 }
 
-/// `IP:port`, bracketed for IPv6, as `dnat to` wants it.
-fn socket_text(ip: IpAddr, port: u16) -> String {
-    match ip {
-        IpAddr::V4(v4) => format!("{v4}:{port}"),
-        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+/// `ip daddr @SET` (or saddr).
+fn addr_in_set(field: AddrField, set: impl Into<Name>) -> Match {
+    Match::AddrInSet {
+        field,
+        set: set.into(),
     }
 }
 
-/// The statements of one transaction.
-struct Tx<'a> {
-    table: &'a str,
-    text: String,
-    ops: usize,
+/// A rule ending in `jump CHAIN`.
+fn jump(matches: Vec<Match>, chain: impl Into<Name>) -> Rule {
+    Rule::verdict(matches, Verdict::Jump(chain.into()))
 }
 
-impl Tx<'_> {
-    fn stmt(&mut self, verb: &str, what: std::fmt::Arguments<'_>) {
-        let _ = writeln!(self.text, "{verb} {} {}", self.table, what);
-        self.ops += 1;
-    }
+/// A rule ending in `goto CHAIN`.
+fn goto(matches: Vec<Match>, chain: impl Into<Name>) -> Rule {
+    Rule::verdict(matches, Verdict::Goto(chain.into()))
+}
 
-    fn add_chain(&mut self, name: &str) {
-        self.stmt("add chain", format_args!("{name}"));
+/// `add chain` of a regular chain.
+fn add_chain(chain: impl Into<Name>) -> Command {
+    Command::AddChain {
+        chain: chain.into(),
+        hook: None,
+        comment: None,
     }
+}
 
-    fn flush_chain(&mut self, name: &str) {
-        self.stmt("flush chain", format_args!("{name}"));
-    }
-
-    fn delete_chain(&mut self, name: &str) {
-        self.stmt("delete chain", format_args!("{name}"));
-    }
-
-    fn add_rule(&mut self, chain: &str, rule: &str) {
-        self.stmt("add rule", format_args!("{chain} {rule}"));
-    }
-
-    fn add_element(&mut self, set: ElementSet, key: &str, value: &ElementValue) {
-        let comment = value
-            .comment
-            .as_deref()
-            .map(|c| format!(" comment \"{c}\""))
-            .unwrap_or_default();
-        let verdict = if value.verdict.is_empty() {
-            String::new()
-        } else {
-            format!(" : {}", value.verdict)
-        };
-        self.stmt(
-            "add element",
-            format_args!("{} {{ {key}{comment}{verdict} }}", set.name()),
-        );
-    }
-
-    fn delete_element(&mut self, set: ElementSet, key: &str) {
-        self.stmt("delete element", format_args!("{} {{ {key} }}", set.name()));
+/// `add rule`.
+fn add_rule(chain: impl Into<Name>, rule: Rule) -> Command {
+    Command::AddRule {
+        chain: chain.into(),
+        rule,
     }
 }
 
@@ -223,17 +193,17 @@ struct Context<'a> {
 struct ServicePlan<'a> {
     name: &'a ServicePortName,
     /// Its chains with their rules, in writing order.
-    chains: Vec<(String, Vec<String>)>,
+    chains: Vec<(Name, Vec<Rule>)>,
     /// Its affinity sets and their timeouts.
     affinity_sets: BTreeMap<String, u64>,
     /// Its set and map elements.
-    elements: Vec<(ElementSet, String, ElementValue)>,
+    elements: Vec<(ElementSet, ElementKey, ElementValue)>,
 }
 
 impl ServicePlan<'_> {
     fn owned(&self) -> OwnedObjects {
         OwnedObjects {
-            chains: self.chains.iter().map(|(c, _)| c.clone()).collect(),
+            chains: self.chains.iter().map(|(c, _)| c.to_string()).collect(),
             affinity_sets: self.affinity_sets.clone(),
         }
     }
@@ -262,7 +232,7 @@ pub fn render(
     let fam = Family::new(family);
     let ctx = Context {
         family,
-        detector: Detector::new(config, family, fam.ip),
+        detector: Detector::new(config, family),
         fam,
         config,
         node: &state.node,
@@ -272,8 +242,10 @@ pub fn render(
     };
     let existing = scope.existing;
 
-    let setup = setup_text(&ctx, mark, scope.service_cidrs);
-    let full = scope.kind == SyncKind::Full || existing.setup.as_deref() != Some(setup.as_str());
+    let setup = setup_commands(&ctx, mark, scope.service_cidrs);
+    let fingerprint = script(family, &setup);
+    let full =
+        scope.kind == SyncKind::Full || existing.setup.as_deref() != Some(fingerprint.as_str());
 
     // The service ports to (re)write: every one on a full sync, otherwise those of changed
     // services and any that appeared or vanished unnamed (so a caller that missed a change
@@ -298,7 +270,7 @@ pub fn render(
             Some((name, cluster_ip, port, family_endpoints(all, family)))
         })
         .collect();
-    let plans: Vec<ServicePlan<'_>> = inputs
+    let mut plans: Vec<ServicePlan<'_>> = inputs
         .iter()
         .map(|(name, ip, port, eps)| plan_service(&ctx, name, *ip, port, eps))
         .collect();
@@ -376,16 +348,23 @@ pub fn render(
         ElementPlan::partial(existing, &plans, &gone)
     };
 
-    let mut tx = Tx {
-        table: &ctx.fam.table,
-        text: String::new(),
-        ops: 0,
-    };
+    let mut pending: BTreeSet<String> = existing
+        .pending_deletions
+        .iter()
+        .filter(|c| !desired_chains.contains(c.as_str()) && !deleted_chains.contains(*c))
+        .cloned()
+        .collect();
+    pending.extend(stale_chains.iter().cloned());
+
+    let mut head = Vec::new();
+    let mut prelude = Vec::new();
     if full {
-        tx.stmt(
-            "add table",
-            format_args!("{{ {} ; }}", comment("rules for kube-proxy")),
-        );
+        let table = Command::AddTable {
+            comment: Some(comment_text("rules for kube-proxy")),
+        };
+        prelude.push(table.clone());
+        prelude.push(add_chain(MARK_FOR_MASQUERADE));
+        head.push(table);
         if !existing.is_initialized() {
             // Re-create the base chains once, so that a changed priority (or an older
             // layout's chain) does not make `add chain` fail.
@@ -395,61 +374,73 @@ pub fn render(
                 .chain(LEGACY_BASE_CHAINS)
                 .chain(LEGACY_CHAINS)
             {
-                tx.add_chain(name);
-                tx.delete_chain(name);
+                head.push(add_chain(name));
+                head.push(Command::DeleteChain(name.into()));
             }
         }
-        tx.text.push_str(&setup);
-        tx.ops += setup.lines().count();
+        head.extend(setup);
     }
 
     for chain in &stale_chains {
-        tx.flush_chain(chain);
+        head.push(Command::FlushChain(chain.into()));
     }
-    for plan in &plans {
-        for (chain, _) in &plan.chains {
-            tx.add_chain(chain);
-            if existing.may_hold_chain(plan.name, chain) {
-                tx.flush_chain(chain);
+    let services: Vec<ServiceCommands> = plans
+        .iter_mut()
+        .map(|plan| {
+            let mut chains = Vec::with_capacity(plan.chains.len());
+            let mut body = Vec::new();
+            for (chain, _) in &plan.chains {
+                chains.push(add_chain(chain.clone()));
+                if existing.may_hold_chain(plan.name, chain) {
+                    chains.push(Command::FlushChain(chain.clone()));
+                }
             }
-        }
-    }
-    for set in &deleted_sets {
-        tx.stmt("delete set", format_args!("{set}"));
-    }
-    for plan in &plans {
-        for (set, timeout) in &plan.affinity_sets {
-            tx.stmt(
-                "add set",
-                format_args!(
-                    "{set} {{ type {} ; flags dynamic,timeout ; timeout {timeout}s ; }}",
-                    ctx.fam.addr_type
-                ),
-            );
-        }
-        for (chain, rules) in &plan.chains {
-            for rule in rules {
-                tx.add_rule(chain, rule);
+            for (set, timeout) in &plan.affinity_sets {
+                body.push(Command::AddSet {
+                    set: set.into(),
+                    kind: SetKind::Addresses {
+                        timeout: Some(*timeout),
+                    },
+                    comment: None,
+                });
             }
-        }
-    }
-    elements.write(&mut tx);
-
-    for chain in &deleted_chains {
-        tx.delete_chain(chain);
-    }
-
-    let mut pending: BTreeSet<String> = existing
-        .pending_deletions
-        .iter()
-        .filter(|c| !desired_chains.contains(c.as_str()) && !deleted_chains.contains(*c))
-        .cloned()
+            for (chain, rules) in &mut plan.chains {
+                body.extend(
+                    std::mem::take(rules)
+                        .into_iter()
+                        .map(|rule| add_rule(chain.clone(), rule)),
+                );
+            }
+            let alone = !plan.affinity_sets.keys().any(|s| deleted_sets.contains(s));
+            ServiceCommands {
+                chains,
+                body,
+                alone,
+            }
+        })
         .collect();
-    pending.extend(stale_chains.iter().cloned());
+    let deleted_set_commands = deleted_sets
+        .iter()
+        .map(|set| Command::DeleteSet(set.into()))
+        .collect();
+    let mut tail = elements.commands();
+    tail.extend(
+        deleted_chains
+            .iter()
+            .map(|chain| Command::DeleteChain(chain.into())),
+    );
+    let transaction = Transaction {
+        family,
+        prelude,
+        head,
+        services,
+        deleted_sets: deleted_set_commands,
+        tail,
+    };
 
     let update = if full {
         Update::Replace(Box::new(NftState {
-            setup: Some(setup),
+            setup: Some(fingerprint),
             owned: plans
                 .iter()
                 .map(|plan| (plan.name.clone(), plan.owned()))
@@ -483,8 +474,8 @@ pub fn render(
         })
     };
     Ok(NftOutput {
-        operations: tx.ops,
-        script: tx.text,
+        operations: transaction.len(),
+        transaction,
         kind: if full {
             SyncKind::Full
         } else {
@@ -563,17 +554,17 @@ fn ports_from<'a, V>(
 struct ElementPlan {
     /// Touched keys: the element as installed afterwards, or `None` once deleted. On a
     /// partial sync a key may only change its holder or count, with no statement.
-    changes: BTreeMap<(ElementSet, String), Option<Installed>>,
+    changes: BTreeMap<(ElementSet, ElementKey), Option<Installed>>,
     /// Keys whose installed element is deleted first (gone, or its value changes).
-    deletes: BTreeSet<(ElementSet, String)>,
+    deletes: BTreeSet<(ElementSet, ElementKey)>,
     /// Keys whose element (new, or with a new value) is added.
-    adds: BTreeSet<(ElementSet, String)>,
+    adds: BTreeSet<(ElementSet, ElementKey)>,
 }
 
 impl ElementPlan {
     /// Every element the plans ask for; the first claim of a key (in service order) holds it.
     fn full(plans: &[ServicePlan<'_>]) -> Self {
-        let mut changes: BTreeMap<(ElementSet, String), Option<Installed>> = BTreeMap::new();
+        let mut changes: BTreeMap<(ElementSet, ElementKey), Option<Installed>> = BTreeMap::new();
         for plan in plans {
             for (set, key, value) in &plan.elements {
                 match changes.entry((*set, key.clone())) {
@@ -612,9 +603,12 @@ impl ElementPlan {
             .collect();
         // Per touched key: how many claims the rewritten ports release, and their new ones.
         let mut released: BTreeMap<(ElementSet, &str), u32> = BTreeMap::new();
+        // The typed key of each touched key text.
+        let mut keys: BTreeMap<(ElementSet, &str), &ElementKey> = BTreeMap::new();
         for name in &rewritten {
             for (set, key, _) in existing.claims.get(*name).into_iter().flatten() {
                 *released.entry((*set, key.as_str())).or_default() += 1;
+                keys.insert((*set, key.as_str()), key);
             }
         }
         let mut claimed: BTreeMap<(ElementSet, &str), Vec<(&ServicePortName, &ElementValue)>> =
@@ -625,6 +619,7 @@ impl ElementPlan {
                     .entry((*set, key.as_str()))
                     .or_default()
                     .push((plan.name, value));
+                keys.insert((*set, key.as_str()), key);
             }
         }
         let touched: BTreeSet<(ElementSet, &str)> =
@@ -652,7 +647,7 @@ impl ElementPlan {
                     .find_map(|(name, claims)| {
                         claims
                             .iter()
-                            .find(|(s, k, _)| *s == set && k == key)
+                            .find(|(s, k, _)| *s == set && k.as_str() == key)
                             .map(|(_, _, value)| (name, value))
                     }),
             };
@@ -669,7 +664,10 @@ impl ElementPlan {
             if after.as_ref() == before {
                 continue;
             }
-            let entry = (set, key.to_owned());
+            let Some(typed) = keys.get(&(set, key)) else {
+                continue;
+            };
+            let entry = (set, (*typed).clone());
             if after.as_ref().map(|a| &a.value) != before.map(|b| &b.value) {
                 if before.is_some() {
                     plan.deletes.insert(entry.clone());
@@ -684,23 +682,32 @@ impl ElementPlan {
     }
 
     /// The statements: per set, deletions first, then additions.
-    fn write(&self, tx: &mut Tx<'_>) {
+    fn commands(&self) -> Vec<Command> {
+        let mut out = Vec::with_capacity(self.deletes.len() + self.adds.len());
         for set in ElementSet::ALL {
-            let of_set = |(s, _): &&(ElementSet, String)| *s == set;
+            let of_set = |(s, _): &&(ElementSet, ElementKey)| *s == set;
             for (s, key) in self.deletes.iter().filter(of_set) {
-                tx.delete_element(*s, key);
+                out.push(Command::DeleteElement {
+                    set: s.name().into(),
+                    key: key.clone(),
+                });
             }
             for entry in self.adds.iter().filter(of_set) {
                 if let Some(Some(installed)) = self.changes.get(entry) {
-                    tx.add_element(entry.0, &entry.1, &installed.value);
+                    out.push(Command::AddElement {
+                        set: entry.0.name().into(),
+                        key: entry.1.clone(),
+                        value: installed.value.clone(),
+                    });
                 }
             }
         }
+        out
     }
 
     /// A full sync's elements as the state keeps them (every set present, maybe empty).
-    fn into_installed(self) -> BTreeMap<ElementSet, BTreeMap<String, Installed>> {
-        let mut out: BTreeMap<ElementSet, BTreeMap<String, Installed>> = ElementSet::ALL
+    fn into_installed(self) -> BTreeMap<ElementSet, BTreeMap<ElementKey, Installed>> {
+        let mut out: BTreeMap<ElementSet, BTreeMap<ElementKey, Installed>> = ElementSet::ALL
             .iter()
             .map(|set| (*set, BTreeMap::new()))
             .collect();
@@ -713,7 +720,7 @@ impl ElementPlan {
     }
 
     /// A partial sync's element changes for [`Patch`].
-    fn into_changes(self) -> Vec<(ElementSet, String, Option<Installed>)> {
+    fn into_changes(self) -> Vec<(ElementSet, ElementKey, Option<Installed>)> {
         self.changes
             .into_iter()
             .map(|((set, key), installed)| (set, key, installed))
@@ -724,21 +731,21 @@ impl ElementPlan {
 /// The fixed part of the table: base chains, helper chains, sets and maps (flushed), and
 /// their rules. Written on every full sync; a partial sync is only possible while it is
 /// unchanged, so its text doubles as the fingerprint of the installed layout.
-fn setup_text(ctx: &Context<'_>, mark: u32, service_cidrs: &[IpNet]) -> String {
-    let table = &ctx.fam.table;
-    let ip = ctx.fam.ip;
-    let addr = ctx.fam.addr_type;
-    let mut out = String::new();
-    let mut stmt = |text: std::fmt::Arguments<'_>| {
-        let _ = writeln!(out, "{text}");
-    };
+fn setup_commands(ctx: &Context<'_>, mark: u32, service_cidrs: &[IpNet]) -> Vec<Command> {
+    let mut out = Vec::new();
+    let daddr = AddrField::Destination;
 
     for chain in &BASE_CHAINS {
-        stmt(format_args!(
-            "add chain {table} {} {{ type {} hook {} priority {} ; }}",
-            chain.name, chain.kind, chain.hook, chain.priority
-        ));
-        stmt(format_args!("flush chain {table} {}", chain.name));
+        out.push(Command::AddChain {
+            chain: chain.name.into(),
+            hook: Some(Hook {
+                kind: chain.kind,
+                hook: chain.hook,
+                priority: chain.priority,
+            }),
+            comment: None,
+        });
+        out.push(Command::FlushChain(chain.name.into()));
     }
     for chain in [
         CLUSTER_IPS_CHECK,
@@ -749,116 +756,114 @@ fn setup_text(ctx: &Context<'_>, mark: u32, service_cidrs: &[IpNet]) -> String {
         SERVICES,
         SERVICE_ENDPOINTS_CHECK,
     ] {
-        stmt(format_args!("add chain {table} {chain}"));
-        stmt(format_args!("flush chain {table} {chain}"));
+        out.push(add_chain(chain));
+        out.push(Command::FlushChain(chain.into()));
     }
-    stmt(format_args!(
-        "add chain {table} {REJECT_CHAIN} {{ {} ; }}",
-        comment("helper for @no-endpoint-services / @no-endpoint-nodeports")
-    ));
-    stmt(format_args!("flush chain {table} {REJECT_CHAIN}"));
+    out.push(Command::AddChain {
+        chain: REJECT_CHAIN.into(),
+        hook: None,
+        comment: Some(comment_text(
+            "helper for @no-endpoint-services / @no-endpoint-nodeports",
+        )),
+    });
+    out.push(Command::FlushChain(REJECT_CHAIN.into()));
 
-    let ip_port = format!("{addr} . inet_proto . inet_service : verdict");
-    let port_only = "inet_proto . inet_service : verdict";
-    for (kind, name, spec, text) in [
-        ("set", CLUSTER_IPS, addr, "Active ClusterIPs"),
+    let ip_port = SetKind::VerdictMap(MapKey::AddrProtoPort);
+    let port_only = SetKind::VerdictMap(MapKey::ProtoPort);
+    for (name, kind, text) in [
         (
-            "map",
+            CLUSTER_IPS,
+            SetKind::Addresses { timeout: None },
+            "Active ClusterIPs",
+        ),
+        (
             FIREWALL_IPS,
-            ip_port.as_str(),
+            ip_port,
             "destinations that are subject to LoadBalancerSourceRanges",
         ),
         (
-            "map",
             NO_ENDPOINT_NODEPORTS,
             port_only,
             "vmap to drop or reject packets to service nodeports with no endpoints",
         ),
         (
-            "map",
             NO_ENDPOINT_SERVICES,
-            ip_port.as_str(),
+            ip_port,
             "vmap to drop or reject packets to services with no endpoints",
         ),
         (
-            "map",
             SERVICE_IPS,
-            ip_port.as_str(),
+            ip_port,
             "ClusterIP, ExternalIP and LoadBalancer IP traffic",
         ),
-        ("map", SERVICE_NODEPORTS, port_only, "NodePort traffic"),
+        (SERVICE_NODEPORTS, port_only, "NodePort traffic"),
     ] {
-        stmt(format_args!(
-            "add {kind} {table} {name} {{ type {spec} ; {} ; }}",
-            comment(text)
-        ));
+        out.push(Command::AddSet {
+            set: name.into(),
+            kind,
+            comment: Some(comment_text(text)),
+        });
     }
     for set in ElementSet::ALL {
-        stmt(format_args!(
-            "flush {} {table} {}",
-            set.object(),
-            set.name()
-        ));
+        out.push(Command::FlushSet {
+            set: set.name().into(),
+            map: set.object() == "map",
+        });
     }
-    stmt(format_args!(
-        "add set {table} {NODEPORT_IPS} {{ type {addr} ; {} ; }}",
-        comment("IPs that accept NodePort traffic")
-    ));
+    out.push(Command::AddSet {
+        set: NODEPORT_IPS.into(),
+        kind: SetKind::Addresses { timeout: None },
+        comment: Some(comment_text("IPs that accept NodePort traffic")),
+    });
     // Which destinations accept NodePorts: the listed node addresses, or every local address
     // but loopback (nftables mode never supports localhost NodePorts).
     let nodeport_match = match &ctx.config.node_port_addresses.for_family(ctx.family) {
         NodePortAddresses::All => {
             // Ensure the set is gone: `add` first so the `delete` cannot fail.
-            stmt(format_args!("delete set {table} {NODEPORT_IPS}"));
+            out.push(Command::DeleteSet(NODEPORT_IPS.into()));
             None
         }
         NodePortAddresses::Ips(ips) => {
-            stmt(format_args!("flush set {table} {NODEPORT_IPS}"));
+            out.push(Command::FlushSet {
+                set: NODEPORT_IPS.into(),
+                map: false,
+            });
             let ips: BTreeSet<IpAddr> = ips
                 .iter()
                 .copied()
                 .filter(|ip| IpFamily::of(ip) == ctx.family && !ip.is_loopback())
                 .collect();
             for node_ip in ips {
-                stmt(format_args!(
-                    "add element {table} {NODEPORT_IPS} {{ {node_ip} }}"
-                ));
+                out.push(Command::AddElement {
+                    set: NODEPORT_IPS.into(),
+                    key: ElementKey::new(KeyParts::Addr(node_ip)),
+                    value: ElementValue::default(),
+                });
             }
-            Some(format!("{ip} daddr @{NODEPORT_IPS}"))
+            Some(addr_in_set(daddr, NODEPORT_IPS))
         }
     };
 
-    let mut rule = |chain: &str, text: std::fmt::Arguments<'_>| {
-        stmt(format_args!("add rule {table} {chain} {text}"));
-    };
+    let mut rule = |chain: &'static str, rule: Rule| out.push(add_rule(chain, rule));
+    let new = || vec![Match::CtStateNew];
     for chain in ["filter-prerouting-pre-dnat", "filter-output-pre-dnat"] {
-        rule(chain, format_args!("ct state new jump {FIREWALL_CHECK}"));
+        rule(chain, jump(new(), FIREWALL_CHECK));
     }
     for chain in ["filter-forward", "filter-output"] {
-        rule(
-            chain,
-            format_args!("ct state new jump {SERVICE_ENDPOINTS_CHECK}"),
-        );
-        rule(chain, format_args!("ct state new jump {CLUSTER_IPS_CHECK}"));
+        rule(chain, jump(new(), SERVICE_ENDPOINTS_CHECK));
+        rule(chain, jump(new(), CLUSTER_IPS_CHECK));
     }
-    rule(
-        "filter-input",
-        format_args!("ct state new jump {NODEPORT_ENDPOINTS_CHECK}"),
-    );
-    rule(
-        "filter-input",
-        format_args!("ct state new jump {SERVICE_ENDPOINTS_CHECK}"),
-    );
+    rule("filter-input", jump(new(), NODEPORT_ENDPOINTS_CHECK));
+    rule("filter-input", jump(new(), SERVICE_ENDPOINTS_CHECK));
     for chain in ["nat-prerouting", "nat-output"] {
-        rule(chain, format_args!("jump {SERVICES}"));
+        rule(chain, jump(Vec::new(), SERVICES));
     }
-    rule("nat-postrouting", format_args!("jump {MASQUERADING}"));
+    rule("nat-postrouting", jump(Vec::new(), MASQUERADING));
 
     rule(
         CLUSTER_IPS_CHECK,
-        format_args!(
-            "{ip} daddr @{CLUSTER_IPS} reject {}",
-            comment("Reject traffic to invalid ports of ClusterIPs")
+        Rule::new(vec![addr_in_set(daddr, CLUSTER_IPS)], Action::Reject).with_comment(
+            comment_text("Reject traffic to invalid ports of ClusterIPs"),
         ),
     );
     let cidrs: Vec<IpNet> = service_cidrs
@@ -868,67 +873,124 @@ fn setup_text(ctx: &Context<'_>, mark: u32, service_cidrs: &[IpNet]) -> String {
         .collect();
     let cidrs = IpNet::aggregate(&cidrs);
     if !cidrs.is_empty() {
-        let list: Vec<String> = cidrs.iter().map(net_text).collect();
         rule(
             CLUSTER_IPS_CHECK,
-            format_args!(
-                "{ip} daddr {{ {} }} drop {}",
-                list.join(", "),
-                comment("Drop traffic to unallocated ClusterIPs")
-            ),
+            Rule::verdict(
+                vec![Match::AddrIn {
+                    field: daddr,
+                    negate: false,
+                    nets: cidrs,
+                }],
+                Verdict::Drop,
+            )
+            .with_comment(comment_text("Drop traffic to unallocated ClusterIPs")),
         );
     }
+    let vmap = |key: MapKey, map: &'static str| Action::Vmap {
+        key,
+        map: map.into(),
+    };
     rule(
         FIREWALL_CHECK,
-        format_args!("{ip} daddr . meta l4proto . th dport vmap @{FIREWALL_IPS}"),
+        Rule::new(Vec::new(), vmap(MapKey::AddrProtoPort, FIREWALL_IPS)),
     );
     rule(
         MARK_FOR_MASQUERADE,
-        format_args!("mark set mark or {mark:#x}"),
+        Rule::new(Vec::new(), Action::MarkOr(mark)),
     );
-    rule(MASQUERADING, format_args!("mark and {mark:#x} == 0 return"));
-    rule(MASQUERADING, format_args!("mark set mark xor {mark:#x}"));
-    if ctx.config.random_fully {
-        rule(MASQUERADING, format_args!("masquerade fully-random"));
-    } else {
-        rule(MASQUERADING, format_args!("masquerade"));
-    }
-    let loopback = ctx.fam.loopback;
-    match &nodeport_match {
-        Some(matched) => rule(
-            NODEPORT_ENDPOINTS_CHECK,
-            format_args!("{matched} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"),
+    rule(
+        MASQUERADING,
+        Rule::verdict(
+            vec![Match::MarkAnd {
+                mask: mark,
+                value: 0,
+            }],
+            Verdict::Return,
         ),
-        // Only reached from filter-input, so the destination is local already.
-        None => rule(
-            NODEPORT_ENDPOINTS_CHECK,
-            format_args!(
-                "{ip} daddr != {loopback} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"
-            ),
+    );
+    rule(MASQUERADING, Rule::new(Vec::new(), Action::MarkXor(mark)));
+    rule(
+        MASQUERADING,
+        Rule::new(
+            Vec::new(),
+            Action::Masquerade {
+                fully_random: ctx.config.random_fully,
+            },
         ),
-    }
-    rule(REJECT_CHAIN, format_args!("reject"));
+    );
+    let not_loopback = Match::Addr {
+        field: daddr,
+        negate: true,
+        value: ctx.fam.loopback,
+    };
+    // Only reached from filter-input, so the destination is local already.
+    let no_endpoint_match = nodeport_match.clone().unwrap_or(not_loopback.clone());
+    rule(
+        NODEPORT_ENDPOINTS_CHECK,
+        Rule::new(
+            vec![no_endpoint_match],
+            vmap(MapKey::ProtoPort, NO_ENDPOINT_NODEPORTS),
+        ),
+    );
+    rule(REJECT_CHAIN, Rule::new(Vec::new(), Action::Reject));
     rule(
         SERVICES,
-        format_args!("{ip} daddr . meta l4proto . th dport vmap @{SERVICE_IPS}"),
+        Rule::new(Vec::new(), vmap(MapKey::AddrProtoPort, SERVICE_IPS)),
     );
-    match &nodeport_match {
-        Some(matched) => rule(
-            SERVICES,
-            format_args!("{matched} meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"),
-        ),
-        None => rule(
-            SERVICES,
-            format_args!(
-                "fib daddr type local {ip} daddr != {loopback} meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"
-            ),
-        ),
-    }
+    let nodeport_matches = match nodeport_match {
+        Some(matched) => vec![matched],
+        None => vec![Match::FibLocal(daddr), not_loopback],
+    };
+    rule(
+        SERVICES,
+        Rule::new(nodeport_matches, vmap(MapKey::ProtoPort, SERVICE_NODEPORTS)),
+    );
     rule(
         SERVICE_ENDPOINTS_CHECK,
-        format_args!("{ip} daddr . meta l4proto . th dport vmap @{NO_ENDPOINT_SERVICES}"),
+        Rule::new(
+            Vec::new(),
+            vmap(MapKey::AddrProtoPort, NO_ENDPOINT_SERVICES),
+        ),
     );
     out
+}
+
+/// A service port's chain names ([`ServiceChains`]), each allocated once and shared by the
+/// commands creating and referring to it.
+struct SharedChains {
+    service: Name,
+    local: Name,
+    external: Name,
+    firewall: Name,
+}
+
+impl SharedChains {
+    fn new(name: &ServicePortName) -> Self {
+        let chains = ServiceChains::new(name);
+        Self {
+            service: (&chains.service).into(),
+            local: (&chains.local).into(),
+            external: (&chains.external).into(),
+            firewall: (&chains.firewall).into(),
+        }
+    }
+}
+
+/// An endpoint's object names ([`EndpointNames`]), shared like [`SharedChains`].
+#[derive(Clone)]
+struct SharedEndpointNames {
+    chain: Name,
+    affinity_set: Name,
+}
+
+impl SharedEndpointNames {
+    fn new(name: &ServicePortName, ip: IpAddr, port: u16) -> Self {
+        let names = EndpointNames::new(name, ip, port);
+        Self {
+            chain: (&names.chain).into(),
+            affinity_set: (&names.affinity_set).into(),
+        }
+    }
 }
 
 /// Everything for one service port: its chains and their rules, its affinity sets, and its
@@ -940,11 +1002,11 @@ fn plan_service<'a>(
     svc: &ServicePort,
     endpoints: &[Endpoint],
 ) -> ServicePlan<'a> {
-    let ip = ctx.fam.ip;
+    let (saddr, daddr) = (AddrField::Source, AddrField::Destination);
     let cat = categorize(svc, endpoints, ctx.node);
     let display = name.to_string();
-    let proto = name.protocol.as_str();
-    let chains = ServiceChains::new(name);
+    let proto = name.protocol;
+    let chains = SharedChains::new(name);
 
     // Chains only exist when something points at them, and nothing points at a chain that
     // does not exist: every flag below derives from the endpoint lists actually written.
@@ -966,42 +1028,48 @@ fn plan_service<'a>(
     let uses_firewall_chain =
         !svc.load_balancer_ips.is_empty() && !svc.load_balancer_source_ranges.is_empty();
 
-    let reject = format!("goto {REJECT_CHAIN}");
+    let reject = Verdict::Goto(REJECT_CHAIN.into());
     let (internal_filter, external_filter) = if !has_endpoints {
-        (Some(reject.as_str()), Some(reject.as_str()))
+        (Some(&reject), Some(&reject))
     } else {
         (
-            (!has_internal).then_some("drop"),
-            (!has_external).then_some("drop"),
+            (!has_internal).then_some(&Verdict::Drop),
+            (!has_external).then_some(&Verdict::Drop),
         )
     };
 
-    let mut elements: Vec<(ElementSet, String, ElementValue)> = Vec::new();
-    let mut element = |set: ElementSet, key: String, verdict: &str, with_comment: bool| {
-        elements.push((
-            set,
-            key,
-            ElementValue {
-                verdict: verdict.to_owned(),
-                comment: with_comment.then(|| comment_text(&display)),
-            },
-        ));
-    };
-    let key = |addr: IpAddr| format!("{addr} . {proto} . {}", svc.port);
-    let goto_external = format!("goto {}", chains.external);
+    let mut elements: Vec<(ElementSet, ElementKey, ElementValue)> = Vec::new();
+    let mut element =
+        |set: ElementSet, key: ElementKey, verdict: Option<&Verdict>, with_comment: bool| {
+            elements.push((
+                set,
+                key,
+                ElementValue {
+                    verdict: verdict.cloned(),
+                    comment: with_comment.then(|| comment_text(&display)),
+                },
+            ));
+        };
+    let key = |addr: IpAddr| ElementKey::new(KeyParts::AddrProtoPort(addr, proto, svc.port));
+    let goto_external = Verdict::Goto(chains.external.clone());
 
-    element(ElementSet::ClusterIps, cluster_ip.to_string(), "", false);
+    element(
+        ElementSet::ClusterIps,
+        ElementKey::new(KeyParts::Addr(cluster_ip)),
+        None,
+        false,
+    );
     match internal_filter {
         None => element(
             ElementSet::ServiceIps,
             key(cluster_ip),
-            &format!("goto {internal_chain}"),
+            Some(&Verdict::Goto(internal_chain.clone())),
             false,
         ),
         Some(verdict) => element(
             ElementSet::NoEndpointServices,
             key(cluster_ip),
-            verdict,
+            Some(verdict),
             true,
         ),
     }
@@ -1010,7 +1078,7 @@ fn plan_service<'a>(
             element(
                 ElementSet::ServiceIps,
                 key(*external_ip),
-                &goto_external,
+                Some(&goto_external),
                 false,
             );
         }
@@ -1018,40 +1086,50 @@ fn plan_service<'a>(
             element(
                 ElementSet::NoEndpointServices,
                 key(*external_ip),
-                verdict,
+                Some(verdict),
                 true,
             );
         }
     }
     for lb_ip in &svc.load_balancer_ips {
         if uses_external_chain {
-            element(ElementSet::ServiceIps, key(*lb_ip), &goto_external, false);
+            element(
+                ElementSet::ServiceIps,
+                key(*lb_ip),
+                Some(&goto_external),
+                false,
+            );
         }
         if uses_firewall_chain {
             element(
                 ElementSet::FirewallIps,
                 key(*lb_ip),
-                &format!("goto {}", chains.firewall),
+                Some(&Verdict::Goto(chains.firewall.clone())),
                 true,
             );
         }
         if let Some(verdict) = external_filter {
-            element(ElementSet::NoEndpointServices, key(*lb_ip), verdict, true);
+            element(
+                ElementSet::NoEndpointServices,
+                key(*lb_ip),
+                Some(verdict),
+                true,
+            );
         }
     }
     // NodePorts are not subject to loadBalancerSourceRanges, as upstream.
     if let Some(node_port) = svc.node_port {
-        let key = format!("{proto} . {node_port}");
+        let key = ElementKey::new(KeyParts::ProtoPort(proto, node_port));
         if uses_external_chain {
             element(
                 ElementSet::ServiceNodePorts,
                 key.clone(),
-                &goto_external,
+                Some(&goto_external),
                 false,
             );
         }
         if let Some(verdict) = external_filter {
-            element(ElementSet::NoEndpointNodePorts, key, verdict, true);
+            element(ElementSet::NoEndpointNodePorts, key, Some(verdict), true);
         }
     }
 
@@ -1070,35 +1148,38 @@ fn plan_service<'a>(
         reachable.extend(&cat.local);
     }
     let reachable = dedup_endpoints(&reachable);
-    let endpoint_names: BTreeMap<(IpAddr, u16), EndpointNames> = reachable
+    let endpoint_names: BTreeMap<(IpAddr, u16), SharedEndpointNames> = reachable
         .iter()
-        .map(|ep| ((ep.ip, ep.port), EndpointNames::new(name, ep.ip, ep.port)))
+        .map(|ep| {
+            (
+                (ep.ip, ep.port),
+                SharedEndpointNames::new(name, ep.ip, ep.port),
+            )
+        })
         .collect();
-    let names_of = |ep: &Endpoint| -> Cow<'_, EndpointNames> {
+    let names_of = |ep: &Endpoint| -> Cow<'_, SharedEndpointNames> {
         match endpoint_names.get(&(ep.ip, ep.port)) {
             Some(names) => Cow::Borrowed(names),
-            None => Cow::Owned(EndpointNames::new(name, ep.ip, ep.port)),
+            None => Cow::Owned(SharedEndpointNames::new(name, ep.ip, ep.port)),
         }
     };
 
-    let mut plan_chains: Vec<(String, Vec<String>)> = Vec::new();
+    let mut plan_chains: Vec<(Name, Vec<Rule>)> = Vec::new();
     // Masquerade ClusterIP traffic that does not come from a local pod (all of it with
     // masqueradeAll); without a detector pod traffic cannot be told apart, so none is.
     let internal_masquerade = if !has_internal {
         None
     } else if ctx.config.masquerade_all {
-        Some(format!(
-            "{ip} daddr {cluster_ip} jump {MARK_FOR_MASQUERADE}"
-        ))
+        Some(jump(vec![addr_is(daddr, cluster_ip)], MARK_FOR_MASQUERADE))
     } else {
         ctx.detector.as_ref().map(|d| {
-            format!(
-                "{ip} daddr {cluster_ip} {} jump {MARK_FOR_MASQUERADE}",
-                d.if_not_local
+            jump(
+                vec![addr_is(daddr, cluster_ip), d.if_not_local.clone()],
+                MARK_FOR_MASQUERADE,
             )
         })
     };
-    let balance = |chain: &String, eps: &[&Endpoint]| -> (String, Vec<String>) {
+    let balance = |chain: &Name, eps: &[&Endpoint]| -> (Name, Vec<Rule>) {
         let mut rules = Vec::new();
         if chain == internal_chain
             && let Some(masquerade) = &internal_masquerade
@@ -1109,33 +1190,29 @@ fn plan_service<'a>(
         if affinity.is_some() {
             for ep in &targets {
                 let names = names_of(ep);
-                rules.push(format!(
-                    "{ip} saddr @{} goto {}",
-                    names.affinity_set, names.chain
+                rules.push(goto(
+                    vec![addr_in_set(saddr, names.affinity_set.clone())],
+                    names.chain.clone(),
                 ));
             }
         }
         if targets.len() > MAX_CASCADE_ENDPOINTS {
-            let arms: Vec<String> = targets
+            let arms: Vec<Name> = targets
                 .iter()
-                .enumerate()
-                .map(|(i, ep)| format!("{i} : goto {}", names_of(ep).chain))
+                .map(|ep| names_of(ep).chain.clone())
                 .collect();
-            rules.push(format!(
-                "numgen random mod {} vmap {{ {} }}",
-                targets.len(),
-                arms.join(" , ")
-            ));
+            rules.push(Rule::new(Vec::new(), Action::NumgenVmap(arms)));
         } else {
             // Endpoint i of n is taken with probability 1/(n-i) once the ones before it
             // were passed over, which is 1/n overall; the last one takes the rest.
             let count = targets.len();
             for (i, ep) in targets.iter().enumerate() {
-                let target = &names_of(ep).chain;
+                let target = names_of(ep).chain.clone();
                 if i + 1 == count {
-                    rules.push(format!("goto {target}"));
+                    rules.push(goto(Vec::new(), target));
                 } else {
-                    rules.push(format!("numgen random mod {} 0 goto {target}", count - i));
+                    let modulus = u32::try_from(count - i).unwrap_or(u32::MAX);
+                    rules.push(goto(vec![Match::Numgen { modulus, value: 0 }], target));
                 }
             }
         }
@@ -1152,30 +1229,29 @@ fn plan_service<'a>(
         let mut rules = Vec::new();
         if !external_local {
             // Endpoints may be on other nodes: masquerade so replies come back through us.
-            rules.push(format!("jump {MARK_FOR_MASQUERADE}"));
+            rules.push(jump(Vec::new(), MARK_FOR_MASQUERADE));
         } else if uses_cluster_chain {
             let service = &chains.service;
             if let Some(detector) = &ctx.detector {
                 // Pods reaching an external IP get any endpoint, unmasqueraded, as if the
                 // traffic had gone out to the load balancer and come back.
-                rules.push(format!(
-                    "{} goto {service} {}",
-                    detector.if_local,
-                    comment("short-circuit pod traffic")
-                ));
+                rules.push(
+                    goto(vec![detector.if_local.clone()], service.clone())
+                        .with_comment(comment_text("short-circuit pod traffic")),
+                );
             }
             // The node itself: its source address would not route back from another node.
-            rules.push(format!(
-                "fib saddr type local jump {MARK_FOR_MASQUERADE} {}",
-                comment("masquerade local traffic")
-            ));
-            rules.push(format!(
-                "fib saddr type local goto {service} {}",
-                comment("short-circuit local traffic")
-            ));
+            rules.push(
+                jump(vec![Match::FibLocal(saddr)], MARK_FOR_MASQUERADE)
+                    .with_comment(comment_text("masquerade local traffic")),
+            );
+            rules.push(
+                goto(vec![Match::FibLocal(saddr)], service.clone())
+                    .with_comment(comment_text("short-circuit local traffic")),
+            );
         }
         if has_external {
-            rules.push(format!("goto {external_policy_chain}"));
+            rules.push(goto(Vec::new(), external_policy_chain.clone()));
         }
         plan_chains.push((chains.external.clone(), rules));
     }
@@ -1195,10 +1271,16 @@ fn plan_service<'a>(
             sources.extend(svc.load_balancer_ips.iter().map(|ip| IpNet::from(*ip)));
         }
         // Overlapping entries are merged: older nft rejects overlapping set intervals.
-        let sources: Vec<String> = IpNet::aggregate(&sources).iter().map(net_text).collect();
         plan_chains.push((
             chains.firewall.clone(),
-            vec![format!("{ip} saddr != {{ {} }} drop", sources.join(", "))],
+            vec![Rule::verdict(
+                vec![Match::AddrIn {
+                    field: saddr,
+                    negate: true,
+                    nets: IpNet::aggregate(&sources),
+                }],
+                Verdict::Drop,
+            )],
         ));
     }
 
@@ -1206,19 +1288,25 @@ fn plan_service<'a>(
     for ep in &reachable {
         let names = names_of(ep);
         if let Some(seconds) = affinity {
-            affinity_sets.insert(names.affinity_set.clone(), seconds);
+            affinity_sets.insert(names.affinity_set.to_string(), seconds);
         }
         let mut rules = vec![
             // Hairpin: an endpoint reaching itself through the service must be masqueraded,
             // or it would answer itself directly.
-            format!("{ip} saddr {} jump {MARK_FOR_MASQUERADE}", ep.ip),
+            jump(vec![addr_is(saddr, ep.ip)], MARK_FOR_MASQUERADE),
         ];
         if affinity.is_some() {
-            rules.push(format!("update @{} {{ {ip} saddr }}", names.affinity_set));
+            rules.push(Rule::new(
+                Vec::new(),
+                Action::UpdateSourceSet(names.affinity_set.clone()),
+            ));
         }
-        rules.push(format!(
-            "meta l4proto {proto} dnat to {}",
-            socket_text(ep.ip, ep.port)
+        rules.push(Rule::new(
+            vec![Match::L4Proto(proto)],
+            Action::Dnat {
+                addr: ep.ip,
+                port: ep.port,
+            },
         ));
         plan_chains.push((names.chain.clone(), rules));
     }

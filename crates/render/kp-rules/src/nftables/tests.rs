@@ -81,7 +81,7 @@ fn partial_sync_without_setup_is_promoted_to_full() {
     .expect("renders");
     assert_eq!(again.kind, SyncKind::Partial);
     assert_eq!(again.operations, 0);
-    assert!(again.script.is_empty());
+    assert!(again.script().is_empty());
     // Another configuration changes the fixed part: full again.
     let other = RenderConfig {
         masquerade_bit: 15,
@@ -95,15 +95,15 @@ fn partial_sync_without_setup_is_promoted_to_full() {
     )
     .expect("renders");
     assert_eq!(changed.kind, SyncKind::Full);
-    assert!(changed.script.contains("mark set mark or 0x8000"));
+    assert!(changed.script().contains("mark set mark or 0x8000"));
     // The base chains are only re-created on the very first sync.
     assert!(
-        out.script
+        out.script()
             .contains("delete chain ip kube-proxy filter-input\n")
     );
     assert!(
         !changed
-            .script
+            .script()
             .contains("delete chain ip kube-proxy filter-input\n")
     );
 }
