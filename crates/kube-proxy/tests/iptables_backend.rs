@@ -126,13 +126,14 @@ shift 3
     --healthz-bind-address= --metrics-bind-address= "$@" >"$log" 2>&1 &
 pid=$!
 n=0
-while ! grep -q "first sync of proxy rules complete" "$log" && kill -0 $pid 2>/dev/null && [ $n -lt 600 ]; do
+while ! grep -q "{first_sync}" "$log" && kill -0 $pid 2>/dev/null && [ $n -lt 600 ]; do
     sleep 0.1; n=$((n+1))
 done
 kill -TERM $pid 2>/dev/null; wait $pid
 iptables-legacy-save >"$dump"; ip6tables-legacy-save >>"$dump"
 iptables-nft-save; ip6tables-nft-save
-exit 0"#
+exit 0"#,
+        first_sync = kp_core::proxier::FIRST_SYNC_LOG
     );
     let mut command = Command::new("unshare");
     command
@@ -153,7 +154,7 @@ exit 0"#
         nft: String::from_utf8_lossy(&out.stdout).into_owned(),
     };
     assert!(
-        out.status.success() && run.log.contains("first sync of proxy rules complete"),
+        out.status.success() && run.log.contains(kp_core::proxier::FIRST_SYNC_LOG),
         "setup or proxy failed ({}): {}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr),

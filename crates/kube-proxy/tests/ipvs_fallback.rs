@@ -31,20 +31,23 @@ fn ipvs_mode_falls_back_to_iptables_without_ipvs() {
     let binary = env!("CARGO_BIN_EXE_kube-proxy");
     let log = tempfile::NamedTempFile::new().expect("log file");
     // Start the proxy, wait for its first sync (or its exit), show the nat table, stop it.
-    let script = r#"ip link set lo up
+    let script = format!(
+        r#"ip link set lo up
 "$0" --manifests="$1" --hostname-override=node-1 --proxy-mode=ipvs \
     --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 \
     --healthz-bind-address= --metrics-bind-address= >"$2" 2>&1 &
 pid=$!
 n=0
-while ! grep -q "first sync of proxy rules complete" "$2" && kill -0 $pid 2>/dev/null && [ $n -lt 300 ]; do
+while ! grep -q "{first_sync}" "$2" && kill -0 $pid 2>/dev/null && [ $n -lt 300 ]; do
     sleep 0.1; n=$((n+1))
 done
 iptables-save -t nat
 kill -TERM $pid 2>/dev/null; wait $pid
-exit 0"#;
+exit 0"#,
+        first_sync = kp_core::proxier::FIRST_SYNC_LOG
+    );
     let out = Command::new("unshare")
-        .args(["-n", "sh", "-c", script, binary])
+        .args(["-n", "sh", "-c", &script, binary])
         .arg(examples())
         .arg(log.path())
         .output()
@@ -53,7 +56,7 @@ exit 0"#;
     let nat = String::from_utf8_lossy(&out.stdout);
     let context = format!("log:\n{log_text}\nnat table:\n{nat}");
     assert!(
-        log_text.contains("first sync of proxy rules complete"),
+        log_text.contains(kp_core::proxier::FIRST_SYNC_LOG),
         "{context}"
     );
     if kernel_has_ipvs() {

@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Stdio};
 
 use anyhow::{Context as _, bail};
+use kp_testbed::proxy::ProxyLaunch;
+
+use crate::generate::NODE_NAME;
 
 /// A network namespace that exists while this guard lives.
 #[derive(Debug)]
@@ -58,6 +61,24 @@ impl Netns {
             .env(kp_dataplane::sysctls::STATE_DIR_ENV, self.state_dir())
             .kill_on_drop(true);
         command
+    }
+
+    /// The proxy under benchmark, `binary`, as kp-testbed's harness starts it in this
+    /// namespace: with the namespace's state directory, this benchmark's node name, the admin
+    /// servers on the namespace's loopback and the host-wide conntrack table size left alone.
+    /// The caller adds the source and the mode.
+    pub fn proxy(&self, binary: &Path) -> anyhow::Result<ProxyLaunch> {
+        let binary = std::fs::canonicalize(binary)
+            .with_context(|| format!("kube-proxy binary {}", binary.display()))?;
+        Ok(ProxyLaunch::new(&self.name, binary)
+            .env(kp_dataplane::sysctls::STATE_DIR_ENV, self.state_dir())
+            .arg(format!("--hostname-override={NODE_NAME}"))
+            .args([
+                "--healthz-bind-address=127.0.0.1:10256",
+                "--metrics-bind-address=127.0.0.1:10249",
+                // The conntrack table size is the host's, not the namespace's: leave it.
+                "--conntrack-max-per-core=0",
+            ]))
     }
 
     /// Run `program args` inside the namespace to completion and return its stdout.
@@ -159,48 +180,11 @@ pub fn ticks_per_second() -> u64 {
         .unwrap_or(100)
 }
 
-/// The parent pid of `pid`.
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Every live descendant of `pid` (children, their children, ...).
-pub fn descendants(pid: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let pairs: Vec<(u32, u32)> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|p| Some((p, parent_of(p)?)))
-        .collect();
-    let mut found = vec![pid];
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        found.extend(
-            pairs
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
-        i += 1;
-    }
-    found.remove(0);
-    found
-}
+pub use kp_testbed::proxy::descendants;
 
 /// Send `signal` (`TERM`, `KILL`) to one process by id.
 pub fn kill(pid: u32, signal: &str) {
-    let _ = StdCommand::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    kp_testbed::proxy::signal(pid, signal);
 }
 
 /// The first `name` on the `PATH` (plus the sbin directories).

@@ -24,5 +24,5 @@ pub mod nftables;
 pub mod sysctls;
 pub mod xtables;
 
-#[cfg(test)]
-mod testutil;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testutil;

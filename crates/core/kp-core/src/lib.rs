@@ -28,5 +28,7 @@ pub mod metrics;
 pub mod model;
 pub mod proxier;
 pub mod runner;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testutil;
 pub mod topology;
 pub mod tracker;
