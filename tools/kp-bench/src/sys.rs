@@ -1,47 +1,42 @@
 //! Network namespaces, processes and `/proc`: the I/O the benchmark needs around the proxy.
 //!
 //! Everything the benchmark runs against the kernel runs inside a namespace it created
-//! ([`Netns`]), which is deleted when the guard drops, on errors and interrupts too. Processes
+//! ([`Netns`]), which is deleted when the guard drops, on errors and interrupts too, and
+//! swept by the next run after a crash. Processes
 //! are only ever ended by their process id.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Stdio};
 
 use anyhow::{Context as _, bail};
+use kp_testbed::Namespace;
 use kp_testbed::proxy::ProxyLaunch;
 
 use crate::generate::NODE_NAME;
 
-/// A network namespace that exists while this guard lives.
+/// A network namespace that exists while this guard lives (kp-testbed's [`Namespace`]:
+/// named `<prefix><pid>-<n>-<role>`, swept after a crash, removed with every process still
+/// inside it).
 #[derive(Debug)]
 pub struct Netns {
-    name: String,
+    ns: Namespace,
     /// The proxy's record of kernel settings it changed in this namespace: its own, so runs
     /// never write the host's `/run/kube-proxy-rs`. Removed with the guard.
     state: tempfile::TempDir,
 }
 
 impl Netns {
-    /// Create `name` and bring its loopback up.
-    pub fn create(name: &str) -> anyhow::Result<Self> {
+    /// Create `<prefix><pid>-<n>-<role>` and bring its loopback up.
+    pub fn create(prefix: &str, role: &str) -> anyhow::Result<Self> {
         let state = tempfile::tempdir().context("state directory")?;
-        run_std("ip", &["netns", "add", name]).with_context(|| format!("creating netns {name}"))?;
-        // From here on the guard deletes it, whatever fails next.
-        let netns = Self {
-            name: name.to_owned(),
-            state,
-        };
-        run_std(
-            "ip",
-            &["netns", "exec", name, "ip", "link", "set", "lo", "up"],
-        )
-        .context("bringing lo up in the netns")?;
-        Ok(netns)
+        let ns = Namespace::create(prefix, role)
+            .with_context(|| format!("creating a netns {prefix}...-{role}"))?;
+        Ok(Self { ns, state })
     }
 
     /// The namespace's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.ns.name()
     }
 
     /// The state directory for a proxy running in this namespace
@@ -55,7 +50,7 @@ impl Netns {
     pub fn command(&self, program: impl AsRef<Path>, args: &[&str]) -> tokio::process::Command {
         let mut command = tokio::process::Command::new("ip");
         command
-            .args(["netns", "exec", &self.name])
+            .args(["netns", "exec", self.name()])
             .arg(program.as_ref())
             .args(args)
             .env(kp_dataplane::sysctls::STATE_DIR_ENV, self.state_dir())
@@ -70,7 +65,7 @@ impl Netns {
     pub fn proxy(&self, binary: &Path) -> anyhow::Result<ProxyLaunch> {
         let binary = std::fs::canonicalize(binary)
             .with_context(|| format!("kube-proxy binary {}", binary.display()))?;
-        Ok(ProxyLaunch::new(&self.name, binary)
+        Ok(ProxyLaunch::new(self.name(), binary)
             .env(kp_dataplane::sysctls::STATE_DIR_ENV, self.state_dir())
             .arg(format!("--hostname-override={NODE_NAME}"))
             .args([
@@ -83,27 +78,9 @@ impl Netns {
 
     /// Run `program args` inside the namespace to completion and return its stdout.
     pub fn output(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
-        let mut all = vec!["netns", "exec", &self.name, program];
+        let mut all = vec!["netns", "exec", self.name(), program];
         all.extend_from_slice(args);
         run_std("ip", &all)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        match StdCommand::new("ip")
-            .args(["netns", "del", &self.name])
-            .stdin(Stdio::null())
-            .output()
-        {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => eprintln!(
-                "kp-scale: deleting netns {} failed: {}",
-                self.name,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-            Err(err) => eprintln!("kp-scale: cannot run `ip netns del {}`: {err}", self.name),
-        }
     }
 }
 

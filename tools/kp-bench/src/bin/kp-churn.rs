@@ -121,7 +121,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         Some(path) => path.clone(),
         None => kp_testbed::echo_binary().context("the kp-echo binary")?,
     };
-    let netns = Netns::create(&format!("kp-churn-{}", std::process::id()))?;
+    let netns = Netns::create("kp-churn-", "node")?;
     let listen: SocketAddr = API_ADDRESS.parse().context("API address")?;
     let api = FakeApiProcess::start(&echo, netns.name(), listen)?;
     for (_, text) in generate::generate(scale).files {

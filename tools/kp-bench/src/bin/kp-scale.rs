@@ -393,7 +393,7 @@ async fn proxy_run(
         "load 1m (start→end)",
     ]);
     let load_start = sys::load();
-    let netns = Netns::create(&format!("kpbench-{}", std::process::id()))?;
+    let netns = Netns::create("kpbench-", "node")?;
     let save_tool = match args.iptables {
         Variant::System => "iptables-nft-save",
         Variant::Legacy => "iptables-legacy-save",
@@ -700,7 +700,7 @@ async fn restore_runs(
                 std::fs::write(&path, text)?;
                 paths.push(path);
             }
-            let netns = Netns::create(&format!("kpbench-{}-r", std::process::id()))?;
+            let netns = Netns::create("kpbench-", "restore")?;
             let mut times = Vec::new();
             let mut finished = true;
             let began = Instant::now();

@@ -210,7 +210,7 @@ fn soak(args: &Args, mode: Mode) -> anyhow::Result<Run> {
     for (name, text) in generate::generate(scale).files {
         std::fs::write(manifests.join(name), text)?;
     }
-    let netns = Netns::create(&format!("kpsoak-{}-{}", std::process::id(), mode.name()))?;
+    let netns = Netns::create("kpsoak-", mode.name())?;
     let mut proxy = netns
         .proxy(&args.binary)?
         .arg(format!("--manifests={}", manifests.display()))
