@@ -385,7 +385,7 @@ fn hostile_corpus_is_logged_and_counted() {
     assert!(!invalid.is_empty() && !broken.is_empty());
 
     let mut proxy = Proxy::start(&corpus, &[]);
-    proxy.wait_for(&["first sync of proxy rules complete"]);
+    proxy.wait_for(&[kp_core::proxier::FIRST_SYNC_LOG]);
     let log = proxy.seen.join("\n");
     for error in &invalid {
         // Names in the corpus's rejected objects are plain, so they show as they are.

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kp_testbed::apiserver::FakeApiProcess;
+use kp_testbed::proxy::SYNCED_LOG;
 use kp_testbed::{Cluster, Outcome, Session};
 use support::{CLUSTER_CIDR_V4, Flags, Mode, Proxy, Service, http_get_path, metric_sum, node_yaml};
 
@@ -233,7 +234,7 @@ fn proxy_restarts(mode: Mode) {
         started.mark();
         world.api.apply_yaml(&node_yaml(cluster, 1)).expect("Node");
         started.wait_for("a full sync after the Node changed", |l| {
-            l.contains("synced proxy rules") && l.contains("kind=\"Full\"")
+            l.contains(SYNCED_LOG) && l.contains("kind=\"Full\"")
         });
         echo(&mut session, &pod, "after-full-resync", &started);
         std::thread::sleep(SETTLE);

@@ -1,11 +1,18 @@
 //! The iptables backend in the kernel: the real binary starts in a throwaway network namespace
-//! (`unshare -n`, so the host's rules are never touched) whose "node" already has chains in
+//! (kp-testbed's, so the host's rules are never touched) whose "node" already has chains in
 //! the legacy backend, in nf_tables, or in both, as kubelet, a CNI plugin or a firewall would
 //! leave them. Each test checks the backend the proxy chose (its start-up log line with the
 //! reason) and that its own rules then landed in that backend only.
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
+
+use kp_testbed::Namespace;
+use kp_testbed::proxy::ProxyLaunch;
+
+/// Namespace prefix of these tests.
+const PREFIX: &str = "kpb-";
 
 /// kubelet's two chains in the mangle table of one backend (`iptables-legacy` or
 /// `iptables-nft`), as kubelet 1.17+ creates them.
@@ -106,57 +113,53 @@ fn runnable() -> bool {
     ok
 }
 
-/// Runs `setup` in a fresh namespace, then the proxy (`mode`, `flags`) until its first sync,
-/// and dumps both backends.
+/// How long the proxy may take for its first sync of the example cluster.
+const FIRST_SYNC_WAIT: Duration = Duration::from_secs(60);
+/// How long it gets to exit after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// Runs `setup` in a fresh namespace, then the proxy (`mode`, `flags`) until its first sync
+/// (kp-testbed's proxy harness), and dumps both backends.
 fn run(setup: &str, mode: &str, flags: &[&str], env: &[(&str, &str)]) -> Run {
     let binary = env!("CARGO_BIN_EXE_kube-proxy");
     let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster");
-    let log = tempfile::NamedTempFile::new().expect("log file");
     let state = tempfile::tempdir().expect("state dir");
-    let legacy = tempfile::NamedTempFile::new().expect("dump file");
-    let script = format!(
-        r#"set -e
-ip link set lo up
-{setup}
-set +e
-manifests=$1 log=$2 dump=$3
-shift 3
-"$0" --manifests="$manifests" --hostname-override=node-1 --proxy-mode={mode} \
-    --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 -v=2 \
-    --healthz-bind-address= --metrics-bind-address= "$@" >"$log" 2>&1 &
-pid=$!
-n=0
-while ! grep -q "first sync of proxy rules complete" "$log" && kill -0 $pid 2>/dev/null && [ $n -lt 600 ]; do
-    sleep 0.1; n=$((n+1))
-done
-kill -TERM $pid 2>/dev/null; wait $pid
-iptables-legacy-save >"$dump"; ip6tables-legacy-save >>"$dump"
-iptables-nft-save; ip6tables-nft-save
-exit 0"#
-    );
-    let mut command = Command::new("unshare");
-    command
-        .args(["-n", "sh", "-c", &script, binary])
-        .arg(&examples)
-        .arg(log.path())
-        .arg(legacy.path())
+    let ns = Namespace::create(PREFIX, "node").unwrap_or_else(|e| panic!("namespace: {e}"));
+    ns.exec(&["sh", "-c", &format!("set -e\n{setup}")])
+        .unwrap_or_else(|e| panic!("setup failed: {e}"));
+    let mut launch = ProxyLaunch::new(ns.name(), binary)
+        .arg(format!("--manifests={}", examples.display()))
+        .arg("--hostname-override=node-1")
+        .arg(format!("--proxy-mode={mode}"))
+        .args([
+            "--cluster-cidr=10.244.0.0/16",
+            "--conntrack-max-per-core=0",
+            "-v=2",
+        ])
+        .args(["--healthz-bind-address=", "--metrics-bind-address="])
         .args(flags)
-        .env(kp_dataplane::sysctls::STATE_DIR_ENV, state.path())
+        .env(kp_dataplane::sysctls::STATE_DIR_ENV, state.path());
+    launch
+        .command_mut()
         .env_remove(kp_dataplane::xtables::BACKEND_ENV);
     for (key, value) in env {
-        command.env(key, value);
+        launch = launch.env(key, value);
     }
-    let out = command.output().expect("run the proxy in a namespace");
+    let mut proxy = launch.spawn().expect("start the proxy in the namespace");
+    let synced = proxy.wait_first_sync(FIRST_SYNC_WAIT);
+    let stopped = proxy.terminate(STOP_GRACE);
+    let dump = |tools: &str| {
+        ns.exec(&["sh", "-c", &format!("{tools}; true")])
+            .unwrap_or_else(|e| format!("dump failed: {e}"))
+    };
     let run = Run {
-        log: std::fs::read_to_string(log.path()).expect("read log"),
-        legacy: std::fs::read_to_string(legacy.path()).expect("read dump"),
-        nft: String::from_utf8_lossy(&out.stdout).into_owned(),
+        log: proxy.logged(|_| true).join("\n"),
+        legacy: dump("iptables-legacy-save; ip6tables-legacy-save"),
+        nft: dump("iptables-nft-save; ip6tables-nft-save"),
     };
     assert!(
-        out.status.success() && run.log.contains("first sync of proxy rules complete"),
-        "setup or proxy failed ({}): {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
+        synced.is_ok() && stopped.is_ok(),
+        "proxy failed ({synced:?}, stop: {stopped:?})\n{}",
         run.context()
     );
     run

@@ -1,11 +1,15 @@
 //! `--proxy-mode ipvs` on a kernel without IPVS (this machine's): the binary logs upstream's
 //! "Can't use the IPVS proxier" with the reason and runs iptables mode instead, programming
-//! iptables rules. It runs inside a throwaway network namespace (`unshare -n`), so the
+//! iptables rules. It runs inside a throwaway network namespace (kp-testbed's), so the
 //! host's rules are never touched. On a kernel that does have IPVS the test checks the
 //! opposite: ipvs mode is used.
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
+
+use kp_testbed::Namespace;
+use kp_testbed::proxy::ProxyLaunch;
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster")
@@ -29,32 +33,27 @@ fn ipvs_mode_falls_back_to_iptables_without_ipvs() {
         return;
     }
     let binary = env!("CARGO_BIN_EXE_kube-proxy");
-    let log = tempfile::NamedTempFile::new().expect("log file");
+    let state = tempfile::tempdir().expect("state dir");
+    let ns = Namespace::create("kpfb-", "node").unwrap_or_else(|e| panic!("namespace: {e}"));
     // Start the proxy, wait for its first sync (or its exit), show the nat table, stop it.
-    let script = r#"ip link set lo up
-"$0" --manifests="$1" --hostname-override=node-1 --proxy-mode=ipvs \
-    --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 \
-    --healthz-bind-address= --metrics-bind-address= >"$2" 2>&1 &
-pid=$!
-n=0
-while ! grep -q "first sync of proxy rules complete" "$2" && kill -0 $pid 2>/dev/null && [ $n -lt 300 ]; do
-    sleep 0.1; n=$((n+1))
-done
-iptables-save -t nat
-kill -TERM $pid 2>/dev/null; wait $pid
-exit 0"#;
-    let out = Command::new("unshare")
-        .args(["-n", "sh", "-c", script, binary])
-        .arg(examples())
-        .arg(log.path())
-        .output()
-        .expect("run the proxy in a namespace");
-    let log_text = std::fs::read_to_string(log.path()).expect("read log");
-    let nat = String::from_utf8_lossy(&out.stdout);
+    let mut proxy = ProxyLaunch::new(ns.name(), binary)
+        .arg(format!("--manifests={}", examples().display()))
+        .args(["--hostname-override=node-1", "--proxy-mode=ipvs"])
+        .args(["--cluster-cidr=10.244.0.0/16", "--conntrack-max-per-core=0"])
+        .args(["--healthz-bind-address=", "--metrics-bind-address="])
+        .env(kp_dataplane::sysctls::STATE_DIR_ENV, state.path())
+        .spawn()
+        .expect("start the proxy in the namespace");
+    let synced = proxy.wait_first_sync(Duration::from_secs(30));
+    let nat = ns
+        .exec(&["iptables-save", "-t", "nat"])
+        .unwrap_or_else(|e| format!("iptables-save failed: {e}"));
+    let _ = proxy.terminate(Duration::from_secs(30));
+    let log_text = proxy.logged(|_| true).join("\n");
     let context = format!("log:\n{log_text}\nnat table:\n{nat}");
     assert!(
-        log_text.contains("first sync of proxy rules complete"),
-        "{context}"
+        synced.is_ok() && log_text.contains(kp_core::proxier::FIRST_SYNC_LOG),
+        "{synced:?}\n{context}"
     );
     if kernel_has_ipvs() {
         assert!(log_text.contains("Using ipvs Proxier"), "{context}");

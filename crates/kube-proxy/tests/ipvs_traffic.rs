@@ -10,12 +10,10 @@
 #[path = "traffic/support.rs"]
 mod support;
 
-use std::io::{BufRead as _, BufReader};
 use std::net::IpAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use kp_testbed::proxy::{ProxyLaunch, ProxyProcess};
 use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Tally};
 use support::{CLUSTER_CIDR_V4, KUBE_PROXY, Service, THIS_NODE, node_yaml};
 
@@ -56,9 +54,13 @@ fn cluster() -> Cluster {
         .expect("test cluster builds in the VM")
 }
 
-/// `kube-proxy --proxy-mode=ipvs` in the node namespace; killed on drop.
+/// How long the first sync may take in the emulated VM.
+const FIRST_SYNC_WAIT: Duration = Duration::from_secs(120);
+
+/// `kube-proxy --proxy-mode=ipvs` in the node namespace (kp-testbed's proxy harness); killed
+/// on drop.
 struct Proxy {
-    child: Child,
+    _process: ProxyProcess,
     _dir: tempfile::TempDir,
 }
 
@@ -70,8 +72,7 @@ impl Proxy {
         for (name, text) in manifests {
             std::fs::write(dir.path().join(name), text).expect("manifest");
         }
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", cluster.node_ns(), KUBE_PROXY])
+        let mut process = ProxyLaunch::new(cluster.node_ns(), KUBE_PROXY)
             .arg(format!("--manifests={}", dir.path().display()))
             .args([
                 "--proxy-mode=ipvs",
@@ -81,42 +82,23 @@ impl Proxy {
             .args(["--conntrack-max-per-core=0", "--ipvs-min-sync-period=0s"])
             .args(["--healthz-bind-address=", "--metrics-bind-address="])
             .args(flags)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .echo("proxy: ")
             .spawn()
-            .expect("start kube-proxy");
-        let stderr = child.stderr.take().expect("piped");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("proxy: {line}");
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut seen = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) if line.contains("first sync of proxy rules complete") => break,
-                Ok(line) => seen.push(line),
-                Err(_) => panic!("no first sync; log:\n{}", seen.join("\n")),
-            }
-        }
+            .unwrap_or_else(|e| panic!("start kube-proxy: {e}"));
+        process
+            .wait_first_sync(FIRST_SYNC_WAIT)
+            .unwrap_or_else(|e| panic!("no first sync: {e}"));
         assert!(
-            seen.iter().any(|l| l.contains("Using ipvs Proxier")),
+            !process
+                .logged(|l| l.contains("Using ipvs Proxier"))
+                .is_empty(),
             "ipvs mode must be used in the VM (no fallback):\n{}",
-            seen.join("\n")
+            process.tail(usize::MAX)
         );
-        Self { child, _dir: dir }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        Self {
+            _process: process,
+            _dir: dir,
+        }
     }
 }
 

@@ -18,10 +18,8 @@ use std::time::Duration;
 pub const NFT_APPLIED: &str = "applied nftables transaction";
 /// kp-dataplane nftables: the backend's whole sync.
 pub const NFT_SYNC: &str = "nftables sync finished";
-/// The message of the proxier's first completed sync.
-pub const FIRST_SYNC: &str = "first sync of proxy rules complete";
-/// The message of every completed sync (debug).
-pub const SYNCED: &str = "synced proxy rules";
+/// The message of the proxier's first completed sync, and of every completed sync (debug).
+pub use kp_core::proxier::{FIRST_SYNC_LOG as FIRST_SYNC, SYNCED_LOG as SYNCED};
 /// kp-dataplane: one family rendered.
 pub const RENDERED: &str = "rendered iptables rules";
 /// kp-dataplane: one family restored.

@@ -1,44 +1,42 @@
 //! Network namespaces, processes and `/proc`: the I/O the benchmark needs around the proxy.
 //!
 //! Everything the benchmark runs against the kernel runs inside a namespace it created
-//! ([`Netns`]), which is deleted when the guard drops, on errors and interrupts too. Processes
+//! ([`Netns`]), which is deleted when the guard drops, on errors and interrupts too, and
+//! swept by the next run after a crash. Processes
 //! are only ever ended by their process id.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Stdio};
 
 use anyhow::{Context as _, bail};
+use kp_testbed::Namespace;
+use kp_testbed::proxy::ProxyLaunch;
 
-/// A network namespace that exists while this guard lives.
+use crate::generate::NODE_NAME;
+
+/// A network namespace that exists while this guard lives (kp-testbed's [`Namespace`]:
+/// named `<prefix><pid>-<n>-<role>`, swept after a crash, removed with every process still
+/// inside it).
 #[derive(Debug)]
 pub struct Netns {
-    name: String,
+    ns: Namespace,
     /// The proxy's record of kernel settings it changed in this namespace: its own, so runs
     /// never write the host's `/run/kube-proxy-rs`. Removed with the guard.
     state: tempfile::TempDir,
 }
 
 impl Netns {
-    /// Create `name` and bring its loopback up.
-    pub fn create(name: &str) -> anyhow::Result<Self> {
+    /// Create `<prefix><pid>-<n>-<role>` and bring its loopback up.
+    pub fn create(prefix: &str, role: &str) -> anyhow::Result<Self> {
         let state = tempfile::tempdir().context("state directory")?;
-        run_std("ip", &["netns", "add", name]).with_context(|| format!("creating netns {name}"))?;
-        // From here on the guard deletes it, whatever fails next.
-        let netns = Self {
-            name: name.to_owned(),
-            state,
-        };
-        run_std(
-            "ip",
-            &["netns", "exec", name, "ip", "link", "set", "lo", "up"],
-        )
-        .context("bringing lo up in the netns")?;
-        Ok(netns)
+        let ns = Namespace::create(prefix, role)
+            .with_context(|| format!("creating a netns {prefix}...-{role}"))?;
+        Ok(Self { ns, state })
     }
 
     /// The namespace's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.ns.name()
     }
 
     /// The state directory for a proxy running in this namespace
@@ -52,7 +50,7 @@ impl Netns {
     pub fn command(&self, program: impl AsRef<Path>, args: &[&str]) -> tokio::process::Command {
         let mut command = tokio::process::Command::new("ip");
         command
-            .args(["netns", "exec", &self.name])
+            .args(["netns", "exec", self.name()])
             .arg(program.as_ref())
             .args(args)
             .env(kp_dataplane::sysctls::STATE_DIR_ENV, self.state_dir())
@@ -60,29 +58,29 @@ impl Netns {
         command
     }
 
+    /// The proxy under benchmark, `binary`, as kp-testbed's harness starts it in this
+    /// namespace: with the namespace's state directory, this benchmark's node name, the admin
+    /// servers on the namespace's loopback and the host-wide conntrack table size left alone.
+    /// The caller adds the source and the mode.
+    pub fn proxy(&self, binary: &Path) -> anyhow::Result<ProxyLaunch> {
+        let binary = std::fs::canonicalize(binary)
+            .with_context(|| format!("kube-proxy binary {}", binary.display()))?;
+        Ok(ProxyLaunch::new(self.name(), binary)
+            .env(kp_dataplane::sysctls::STATE_DIR_ENV, self.state_dir())
+            .arg(format!("--hostname-override={NODE_NAME}"))
+            .args([
+                "--healthz-bind-address=127.0.0.1:10256",
+                "--metrics-bind-address=127.0.0.1:10249",
+                // The conntrack table size is the host's, not the namespace's: leave it.
+                "--conntrack-max-per-core=0",
+            ]))
+    }
+
     /// Run `program args` inside the namespace to completion and return its stdout.
     pub fn output(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
-        let mut all = vec!["netns", "exec", &self.name, program];
+        let mut all = vec!["netns", "exec", self.name(), program];
         all.extend_from_slice(args);
         run_std("ip", &all)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        match StdCommand::new("ip")
-            .args(["netns", "del", &self.name])
-            .stdin(Stdio::null())
-            .output()
-        {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => eprintln!(
-                "kp-scale: deleting netns {} failed: {}",
-                self.name,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-            Err(err) => eprintln!("kp-scale: cannot run `ip netns del {}`: {err}", self.name),
-        }
     }
 }
 
@@ -159,48 +157,11 @@ pub fn ticks_per_second() -> u64 {
         .unwrap_or(100)
 }
 
-/// The parent pid of `pid`.
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Every live descendant of `pid` (children, their children, ...).
-pub fn descendants(pid: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let pairs: Vec<(u32, u32)> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|p| Some((p, parent_of(p)?)))
-        .collect();
-    let mut found = vec![pid];
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        found.extend(
-            pairs
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
-        i += 1;
-    }
-    found.remove(0);
-    found
-}
+pub use kp_testbed::proxy::descendants;
 
 /// Send `signal` (`TERM`, `KILL`) to one process by id.
 pub fn kill(pid: u32, signal: &str) {
-    let _ = StdCommand::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    kp_testbed::proxy::signal(pid, signal);
 }
 
 /// The first `name` on the `PATH` (plus the sbin directories).

@@ -65,17 +65,17 @@ pub fn ns_run(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
     ns.output(args[0], &args[1..]).map(|_| ())
 }
 
-/// Creates `<prefix>-<pid>-<tag>-{cl,node,srv}` and wires them up ([`Shape::Subnets`]).
+/// Creates `<prefix>-<pid>-<n>-<tag>-{cl,node,srv}` and wires them up ([`Shape::Subnets`]).
 pub fn topology(prefix: &str, tag: &str) -> anyhow::Result<Topology> {
     topology_of(Shape::Subnets, prefix, tag)
 }
 
-/// Creates `<prefix>-<pid>-<tag>-{cl,node,srv}` and wires them up as `shape`.
+/// Creates `<prefix>-<pid>-<n>-<tag>-{cl,node,srv}` and wires them up as `shape`.
 pub fn topology_of(shape: Shape, prefix: &str, tag: &str) -> anyhow::Result<Topology> {
-    let pid = std::process::id();
-    let client = Netns::create(&format!("{prefix}-{pid}-{tag}-cl"))?;
-    let node = Netns::create(&format!("{prefix}-{pid}-{tag}-node"))?;
-    let server = Netns::create(&format!("{prefix}-{pid}-{tag}-srv"))?;
+    let prefix = format!("{prefix}-");
+    let client = Netns::create(&prefix, &format!("{tag}-cl"))?;
+    let node = Netns::create(&prefix, &format!("{tag}-node"))?;
+    let server = Netns::create(&prefix, &format!("{tag}-srv"))?;
     let (c, s) = (client.name(), server.name());
     for (dev, peer, ns) in [("n0", "c0", c), ("n1", "s0", s)] {
         ns_run(

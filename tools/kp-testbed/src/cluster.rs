@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use crate::command::{
 };
 use crate::echo::{EchoServer, EchoSpec, echo_binary};
 use crate::error::{Result, TestbedError};
-use crate::netns::{NamespaceSet, sweep_stale};
+use crate::netns::{NamespaceSet, exec_in, next_base, sweep_stale};
 use crate::outcome::{Outcome, Protocol, Tally};
 use crate::session::{Session, parse_outcome};
 
@@ -49,9 +48,6 @@ const FIRST_POD_HOST: u8 = 2;
 const MAX_PODS_PER_NODE: usize = 250;
 /// Pod names go into namespace names; short keeps `ip` output readable.
 const MAX_POD_NAME_LEN: usize = 24;
-
-/// Distinguishes clusters built by one process (tests run in parallel threads).
-static NEXT_RUN: AtomicU64 = AtomicU64::new(0);
 
 /// What a namespace stands for in the topology.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -286,8 +282,7 @@ impl ClusterBuilder {
         if !swept.is_empty() {
             tracing::info!(?swept, "removed namespaces of crashed earlier runs");
         }
-        let run = NEXT_RUN.fetch_add(1, Ordering::Relaxed);
-        let base = format!("{}{}-{run}-", self.prefix, std::process::id());
+        let base = next_base(&self.prefix);
         let v6 = |addr: Ipv6Addr| self.dual_stack.then_some(addr);
         let fixed = |name: &str, role, ipv4, ipv6| Host {
             name: name.to_owned(),
@@ -385,7 +380,7 @@ fn first_outcome(tally: &Tally) -> Result<Outcome> {
 }
 
 /// Prefixes end up in namespace names and are parsed back by [`sweep_stale`].
-fn validate_prefix(prefix: &str) -> Result<()> {
+pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     let fine = !prefix.is_empty()
         && prefix.ends_with('-')
         && prefix
@@ -921,15 +916,7 @@ impl Cluster {
     /// Like [`Cluster::exec`], feeding `input` on standard input (e.g. `iptables-restore`).
     pub fn exec_with_input(&self, ns: &str, args: &[&str], input: Option<&str>) -> Result<String> {
         self.own_namespace(ns)?;
-        let Some((program, rest)) = args.split_first() else {
-            return Err(TestbedError::InvalidName {
-                name: String::new(),
-                reason: "exec needs a program",
-            });
-        };
-        let mut command = in_namespace(ns, program);
-        command.args(rest);
-        run_checked(&mut command, input, COMMAND_DEADLINE)
+        exec_in(ns, args, input)
     }
 
     fn echoes(&self) -> MutexGuard<'_, BTreeMap<String, EchoServer>> {

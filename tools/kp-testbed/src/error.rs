@@ -131,6 +131,29 @@ pub enum TestbedError {
         /// What went wrong.
         detail: String,
     },
+    /// The proxy under test exited before logging what was awaited.
+    #[error("kube-proxy exited ({status}) before {what}; its last log lines:\n{log}")]
+    ProxyExited {
+        /// What was awaited (e.g. "its first sync").
+        what: String,
+        /// Its exit status, or "still running" if it closed its log and went on.
+        status: String,
+        /// The last lines it logged.
+        log: String,
+    },
+    /// The proxy under test did not log what was awaited within the bound.
+    #[error("kube-proxy did not log {what} within {after:?}; its last log lines:\n{log}")]
+    ProxyTimedOut {
+        /// What was awaited.
+        what: String,
+        /// The bound.
+        after: Duration,
+        /// The last lines it logged.
+        log: String,
+    },
+    /// A wait was interrupted (a signal arrived).
+    #[error("interrupted")]
+    Interrupted,
     /// Reading or writing a helper process's pipes failed.
     #[error("talking to a helper process failed: {0}")]
     Io(#[from] std::io::Error),

@@ -54,6 +54,11 @@
 //! as the kp-vm guest's: pods answer it only with [`ClusterBuilder::echo_sctp_ports`], and
 //! probing it elsewhere is [`TestbedError::SctpUnsupported`].
 //!
+//! [`proxy`] runs the proxy under test (or benchmark, or demonstration) inside a namespace:
+//! spawned, its log captured, a bounded wait for its first sync (kp-core's
+//! [`proxy::FIRST_SYNC_LOG`]), killed with its children on drop. Tests, the demo and the
+//! benchmark binaries all start it this way.
+//!
 //! # Using it from another crate's tests
 //!
 //! Add `kp-testbed.workspace = true` to `[dev-dependencies]`. Cargo builds a crate's
@@ -89,6 +94,7 @@ mod error;
 mod lines;
 mod netns;
 mod outcome;
+pub mod proxy;
 mod session;
 pub mod tool;
 
@@ -98,6 +104,6 @@ pub use cluster::{
 };
 pub use echo::{ECHO_BINARY_ENV, EchoSpec, echo_binary};
 pub use error::{Result, TestbedError};
-pub use netns::{list_namespaces, sweep_stale};
+pub use netns::{Namespace, list_namespaces, sweep_stale};
 pub use outcome::{Outcome, Protocol, Ready, Reply, Tally};
 pub use session::Session;

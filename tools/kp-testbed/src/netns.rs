@@ -2,9 +2,71 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::command::{COMMAND_DEADLINE, ip, run_checked};
-use crate::error::Result;
+use crate::command::{COMMAND_DEADLINE, check_prerequisites, in_namespace, ip, run_checked};
+use crate::error::{Result, TestbedError};
+
+/// Distinguishes the namespace sets one process creates (tests run in parallel threads).
+static NEXT_RUN: AtomicU64 = AtomicU64::new(0);
+
+/// The base of a new set of namespace names, `<prefix><pid>-<n>-`: unique in this process,
+/// and of the form [`sweep_stale`] recognises.
+pub(crate) fn next_base(prefix: &str) -> String {
+    let run = NEXT_RUN.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}-{run}-", std::process::id())
+}
+
+/// Runs `args` (program first) inside `ns`, feeding `input`; its standard output, or an
+/// error with its standard error.
+pub(crate) fn exec_in(ns: &str, args: &[&str], input: Option<&str>) -> Result<String> {
+    let Some((program, rest)) = args.split_first() else {
+        return Err(TestbedError::InvalidName {
+            name: String::new(),
+            reason: "exec needs a program",
+        });
+    };
+    let mut command = in_namespace(ns, program);
+    command.args(rest);
+    run_checked(&mut command, input, COMMAND_DEADLINE)
+}
+
+/// One network namespace of its own, for a proxy run that needs no cluster (a benchmark, a
+/// check of what the proxy writes on an empty node): named like a cluster's namespaces
+/// (`<prefix><pid>-<n>-<role>`, so [`sweep_stale`] removes it after a crash), loopback up,
+/// and deleted, with every process still inside it, when dropped.
+#[derive(Debug)]
+pub struct Namespace {
+    name: String,
+    // Deletes the namespace on drop.
+    _set: NamespaceSet,
+}
+
+impl Namespace {
+    /// Creates `<prefix><pid>-<n>-<role>` (first removing leftovers of crashed runs under
+    /// `prefix`) and brings its loopback up. Needs root, like a cluster.
+    pub fn create(prefix: &str, role: &str) -> Result<Self> {
+        check_prerequisites()?;
+        crate::cluster::validate_prefix(prefix)?;
+        sweep_stale(prefix)?;
+        let name = format!("{}{role}", next_base(prefix));
+        let mut set = NamespaceSet::default();
+        set.create(&name)?;
+        ip(["-n", &name, "link", "set", "lo", "up"])?;
+        Ok(Self { name, _set: set })
+    }
+
+    /// The namespace's name (for `ip netns exec` and [`crate::proxy::ProxyLaunch::new`]).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `args` (program first) inside the namespace and returns its standard output;
+    /// a non-zero exit is an error carrying its standard error.
+    pub fn exec(&self, args: &[&str]) -> Result<String> {
+        exec_in(&self.name, args, None)
+    }
+}
 
 /// The names of all named network namespaces (`ip netns list`).
 pub fn list_namespaces() -> Result<Vec<String>> {

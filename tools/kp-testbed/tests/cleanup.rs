@@ -127,3 +127,27 @@ fn the_echo_binary_is_found_next_to_test_executables() {
         "{missing}"
     );
 }
+
+#[test]
+fn a_lone_namespace_has_loopback_up_and_goes_with_its_processes() {
+    let prefix = "kpt-lone-";
+    let ns = kp_testbed::Namespace::create(prefix, "node").expect("namespace (needs root)");
+    assert!(ns.name().starts_with(prefix), "{}", ns.name());
+    let lo = ns
+        .exec(&["ip", "-o", "link", "show", "lo"])
+        .expect("ip runs");
+    assert!(lo.contains("UP"), "{lo}");
+    // A proxy started in it through the harness, still running at the drop.
+    let mut sleeper = kp_testbed::proxy::ProxyLaunch::new(ns.name(), "sleep")
+        .arg("600")
+        .spawn()
+        .expect("spawn sleep in the namespace");
+    assert_eq!(leftovers(prefix), vec![ns.name().to_owned()]);
+    drop(ns);
+    assert_eq!(leftovers(prefix), Vec::<String>::new());
+    // The namespace's drop killed it: the exit is already there to reap.
+    let status = sleeper
+        .terminate(std::time::Duration::from_secs(5))
+        .expect("already exited");
+    assert!(!status.success(), "killed, not finished: {status}");
+}

@@ -27,5 +27,5 @@ pub mod sync;
 pub mod sysctls;
 pub mod xtables;
 
-#[cfg(test)]
-mod testutil;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testutil;

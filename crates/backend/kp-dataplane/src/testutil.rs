@@ -1,34 +1,16 @@
-//! Builders for proxy states in tests (also used by the kernel tests via `#[path]`).
-
-#![allow(dead_code)]
+//! Builders for proxy states in tests (the `test-util` feature; this crate's integration
+//! tests enable it). The model builders are kp-core's (`kp_core::testutil`); these are the
+//! backends' conventions on top: one service port `p`, endpoints on another node, this node
+//! at 192.168.0.2.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
 
 use kp_core::backend::{SyncKind, SyncRequest};
-use kp_core::model::{Endpoint, NodeInfo, Protocol, ServiceName, ServicePort, ServicePortName};
+use kp_core::model::{Endpoint, NodeInfo, Protocol, ServicePort};
+use kp_core::testutil::{cluster_ip_port, node_with, state_on};
 use kp_core::tracker::ProxyState;
 
-pub const NODE: &str = "test-node";
-
-pub fn ip(text: &str) -> IpAddr {
-    text.parse().expect("test literal IP")
-}
-
-pub fn service_name(ns: &str, name: &str) -> ServiceName {
-    ServiceName {
-        namespace: ns.into(),
-        name: name.into(),
-    }
-}
-
-pub fn port_name(ns: &str, name: &str, port: &str, protocol: Protocol) -> ServicePortName {
-    ServicePortName {
-        service: service_name(ns, name),
-        port: port.into(),
-        protocol,
-    }
-}
+pub use kp_core::testutil::{NODE, ip, port_name, service_name};
 
 /// A ClusterIP service port `ns/name:p`.
 pub fn service(
@@ -38,59 +20,22 @@ pub fn service(
     cluster_ip: &str,
     port: u16,
 ) -> ServicePort {
-    ServicePort {
-        name: port_name(ns, name, "p", protocol),
-        cluster_ips: vec![ip(cluster_ip)],
-        port,
-        node_port: None,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-    }
+    cluster_ip_port(port_name(ns, name, "p", protocol), cluster_ip, port)
 }
 
 /// A ready endpoint on another node.
 pub fn endpoint(address: &str, port: u16) -> Endpoint {
-    Endpoint {
-        ip: ip(address),
-        port,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: Some("other-node".into()),
-        zone: None,
-        zone_hints: None,
-        node_hints: None,
-        is_local: false,
-    }
+    kp_core::testutil::endpoint(address, port, false)
 }
 
+/// This node, at 192.168.0.2.
 pub fn node() -> NodeInfo {
-    NodeInfo {
-        name: NODE.into(),
-        addresses: vec![ip("192.168.0.2")],
-        eligible: true,
-        known: true,
-        ..NodeInfo::default()
-    }
+    node_with(&["192.168.0.2"])
 }
 
+/// A state on [`node`] holding `items`.
 pub fn state(items: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
-    let mut state = ProxyState {
-        node: node(),
-        ..ProxyState::default()
-    };
-    for (svc, endpoints) in items {
-        if !endpoints.is_empty() {
-            state.endpoints.insert(svc.name.clone(), endpoints);
-        }
-        state.services.insert(svc.name.clone(), svc);
-    }
-    state
+    state_on(node(), items)
 }
 
 /// TCP services `ns/a` (10.96.0.1:80 -> 10.244.1.1:8080) and `ns/b` (10.96.0.2:80 ->
@@ -108,10 +53,11 @@ pub fn two_services() -> ProxyState {
     ])
 }
 
+/// A sync request for `state`.
 pub fn request<'a>(
     state: &'a ProxyState,
     kind: SyncKind,
-    changed: &'a BTreeSet<ServiceName>,
+    changed: &'a BTreeSet<kp_core::model::ServiceName>,
     conntrack: bool,
 ) -> SyncRequest<'a> {
     SyncRequest {

@@ -3,9 +3,6 @@
 //! `ipset` and `iptables`; the host test fails if the VM cannot start or any of them fails.
 //! Guest tests share the VM's kernel, so they run one at a time and each cleans up first.
 
-#[path = "../src/testutil.rs"]
-mod testutil;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
@@ -16,9 +13,9 @@ use kp_core::tracker::ProxyState;
 use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools};
 use kp_dataplane::ipvs::{ExecIpset, IpvsBackend, IpvsBackendConfig, RtLinks};
 use kp_dataplane::sysctls::FsSysctl;
+use kp_dataplane::testutil::*;
 use kp_ipvs::{Ipvs, NetlinkIpvs, Scheduler, Timeouts};
 use kp_rules::ipvs::IpvsConfig;
-use testutil::*;
 
 const GUEST_TESTS: usize = 2;
 

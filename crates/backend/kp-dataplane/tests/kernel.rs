@@ -12,8 +12,6 @@
 //! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` makes that a failure (for CI).
 
 mod netns;
-#[path = "../src/testutil.rs"]
-mod testutil;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -23,9 +21,9 @@ use kp_core::model::{IpFamily, Protocol};
 use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, ExecConntrack};
 use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools, backend_of_version};
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, KUBELET_CHAINS};
+use kp_dataplane::testutil::*;
 use kp_rules::iptables::RenderConfig;
 use netns::sh;
-use testutil::*;
 
 /// Run `body` in a fresh network namespace (see `netns`). `name` must be the test
 /// function's name; `tools` the binaries it needs.

@@ -8,8 +8,6 @@
 
 mod netns;
 mod nft_tools;
-#[path = "../src/testutil.rs"]
-mod testutil;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -18,11 +16,11 @@ use kp_core::backend::{Backend, BackendError, SyncKind};
 use kp_core::model::{IpFamily, Protocol, SessionAffinity};
 use kp_core::tracker::ProxyState;
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
+use kp_dataplane::testutil::*;
 use kp_rules::nftables::RenderConfig;
 use kp_rules::nftables::names::{EndpointNames, ServiceChains};
 use nft_tools::{nft, unavailable};
 use prometheus_client::registry::Registry;
-use testutil::*;
 
 /// Longer than the backend's stale-chain delay.
 const AFTER_STALE_DELAY: Duration = Duration::from_millis(1100);

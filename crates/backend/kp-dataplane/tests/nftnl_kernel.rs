@@ -9,8 +9,6 @@
 
 mod netns;
 mod nft_tools;
-#[path = "../src/testutil.rs"]
-mod testutil;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -23,6 +21,7 @@ use kp_core::tracker::ProxyState;
 use kp_dataplane::conntrack::FakeConntrack;
 use kp_dataplane::exec::ExecError;
 use kp_dataplane::nftables::{ExecNft, NetlinkNft, NftRunner, NftablesBackend, NftablesConfig};
+use kp_dataplane::testutil::*;
 use kp_nftnl::{ApplyError, NftSocket};
 use kp_rules::nftables::cmd::{Command, Name, Rule, Verdict};
 use kp_rules::nftables::{LocalDetector, NodePortAddresses, RenderConfig, Transaction};
@@ -30,7 +29,6 @@ use nft_tools::{nft, unavailable};
 use prometheus_client::metrics::counter::Counter;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use testutil::*;
 
 fn in_netns(name: &str, body: impl FnOnce()) {
     netns::run_isolated(name, unavailable, body);

@@ -14,27 +14,24 @@ use kp_userspace::{FakeCapture, FrontendKey, RelayConfig, RelayMetrics, Scope, U
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-#[path = "../../kp-dataplane/src/testutil.rs"]
-mod testutil;
-
-use testutil::{NODE, port_name, state};
+use kp_core::testutil::{cluster_ip_port, endpoint_at, node_with, port_name, state_on};
 
 fn name(svc: &str) -> ServicePortName {
     port_name("ns", svc, "p", Protocol::Tcp)
 }
 
 fn service(svc: &str, cluster_ip: &str) -> ServicePort {
-    testutil::service("ns", svc, Protocol::Tcp, cluster_ip, 80)
+    cluster_ip_port(name(svc), cluster_ip, 80)
 }
 
 /// A ready endpoint at `addr`, on this node when `local`.
 fn endpoint(addr: SocketAddr, local: bool) -> Endpoint {
-    let mut endpoint = testutil::endpoint(&addr.ip().to_string(), addr.port());
-    if local {
-        endpoint.node_name = Some(NODE.into());
-        endpoint.is_local = true;
-    }
-    endpoint
+    endpoint_at(addr.ip(), addr.port(), local)
+}
+
+/// A state on this node (192.168.0.2) holding `items`.
+fn state(items: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
+    state_on(node_with(&["192.168.0.2"]), items)
 }
 
 /// A TCP backend greeting each connection with `name`.

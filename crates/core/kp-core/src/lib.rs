@@ -18,15 +18,21 @@
 //!
 //! Nothing here does I/O or reads a clock other than `tokio::time`, so every behaviour is
 //! testable with paused time and in-memory fakes.
+//!
+//! With the `test-util` feature (other crates' dev-dependencies enable it), `testutil`
+//! (model builders, proptest strategies) and `fixtures` (Kubernetes objects and source
+//! events as the API serves them) serve every crate's tests.
 
 pub mod backend;
 pub mod event;
-#[cfg(test)]
-pub(crate) mod fixtures;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixtures;
 pub mod health;
 pub mod metrics;
 pub mod model;
 pub mod proxier;
 pub mod runner;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testutil;
 pub mod topology;
 pub mod tracker;

@@ -37,6 +37,14 @@ use crate::tracker::{ChangeTracker, ObjectKind, ProxyState, Recorded};
 #[cfg(test)]
 mod tests;
 
+/// The message the proxier logs (info) once the rules are first in place. Tests, the demo
+/// and the benchmarks wait for it to know the proxy is up, so they match this constant.
+pub const FIRST_SYNC_LOG: &str = "first sync of proxy rules complete";
+
+/// The message the proxier logs (debug) after every completed sync, with its kind, the
+/// changed service count and the time it took.
+pub const SYNCED_LOG: &str = "synced proxy rules";
+
 /// Upstream's default `minSyncPeriod` (iptables and nftables): at most one sync per second
 /// keeps bursts of endpoint changes from saturating the node.
 pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
@@ -443,7 +451,7 @@ impl<B: Backend> Proxier<B> {
             apply = ?(applied - begin),
             backend = ?(end - applied),
             rules = report.rules_written,
-            "synced proxy rules"
+            "{SYNCED_LOG}"
         );
         if !self.synced_once {
             self.synced_once = true;
@@ -453,7 +461,7 @@ impl<B: Backend> Proxier<B> {
                 endpoints,
                 took = ?(end - begin),
                 since_start = ?(end - started),
-                "first sync of proxy rules complete"
+                "{FIRST_SYNC_LOG}"
             );
         }
         self.force_full = false;

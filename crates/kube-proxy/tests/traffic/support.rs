@@ -3,13 +3,13 @@
 //! harness does not offer (an HTTP GET for health-check node ports).
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
+use std::process::{Command, ExitStatus};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use kp_testbed::proxy::{FIRST_SYNC_LOG, ProxyLaunch, ProxyProcess, SYNCED_LOG};
 use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Host, Outcome, Role, Tally};
 
 /// This node's name (`--hostname-override`, and `nodeName` of local endpoints).
@@ -499,13 +499,12 @@ fn run_built_binary(command: &mut Command, source: &ObjectSource<'_>, state: &Pa
         .env(kp_dataplane::sysctls::STATE_DIR_ENV, state);
 }
 
-/// The real binary running inside the node namespace; its stderr lines are collected. Killed
-/// on drop (the harness also kills whatever is left in its namespaces).
+/// The real binary running inside the node namespace (kp-testbed's proxy harness); its
+/// stderr lines are collected. Killed on drop (the harness also kills whatever is left in its
+/// namespaces).
 #[derive(Debug)]
 pub struct Proxy {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    log: Arc<Mutex<Vec<String>>>,
+    process: ProxyProcess,
     metrics: SocketAddr,
     #[allow(dead_code, reason = "the fault suite's")]
     healthz: SocketAddr,
@@ -528,10 +527,9 @@ impl Proxy {
             Some(url) => ObjectSource::Master(url),
             None => ObjectSource::Manifests(manifests),
         };
-        let mut command = Command::new("ip");
-        command.args(["netns", "exec", cluster.node_ns()]);
-        LAUNCHER.get().copied().unwrap_or(run_built_binary)(&mut command, &source, state);
-        command
+        let mut launch = ProxyLaunch::in_namespace(cluster.node_ns());
+        LAUNCHER.get().copied().unwrap_or(run_built_binary)(launch.command_mut(), &source, state);
+        let process = launch
             .arg(format!("--proxy-mode={}", mode.name()))
             .arg(format!("--hostname-override={THIS_NODE}"))
             .args(flags.cluster_cidr.map(|c| format!("--cluster-cidr={c}")))
@@ -541,30 +539,10 @@ impl Proxy {
             .arg("-v=2")
             .args(mode.flags())
             .args(&flags.extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = command
             .spawn()
-            .expect("start kube-proxy in the node namespace");
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let (tx, lines) = mpsc::channel();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let keep = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                keep.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(line.clone());
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+            .unwrap_or_else(|e| panic!("start kube-proxy in the node namespace: {e}"));
         Self {
-            child,
-            lines,
-            log,
+            process,
             metrics,
             healthz,
         }
@@ -607,89 +585,58 @@ impl Proxy {
 
     /// Every line logged so far that `matches` accepts.
     pub fn logged(&self, matches: impl Fn(&str) -> bool) -> Vec<String> {
-        let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
-        log.iter().filter(|l| matches(l)).cloned().collect()
+        self.process.logged(matches)
     }
 
     /// The last lines the proxy logged.
     pub fn tail(&self) -> String {
-        let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
-        let start = log.len().saturating_sub(LOG_TAIL);
-        log[start..].join("\n")
+        self.process.tail(LOG_TAIL)
     }
 
     /// Forgets lines logged so far, so the next wait only sees what happens from now on.
     pub fn mark(&mut self) {
-        while self.lines.try_recv().is_ok() {}
+        self.process.mark();
     }
 
     /// Waits (bounded) for a log line `matches` accepts and returns it.
     pub fn wait_for(&mut self, what: &str, matches: impl Fn(&str) -> bool) -> String {
-        let patience = patience();
-        let deadline = Instant::now() + patience;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if matches(&line) => return line,
-                Ok(_) => {}
-                Err(_) => panic!(
-                    "kube-proxy never logged {what} within {patience:?}; log:\n{}",
-                    self.tail()
-                ),
-            }
+        match self.process.wait_for(what, patience(), matches) {
+            Ok(entry) => entry.line,
+            Err(kp_testbed::TestbedError::ProxyExited { status, .. }) => panic!(
+                "kube-proxy exited ({status}) before it logged {what}; log:\n{}",
+                self.tail()
+            ),
+            Err(_) => panic!(
+                "kube-proxy never logged {what} within {patience():?}; log:\n{}",
+                self.tail()
+            ),
         }
     }
 
     /// Waits for the first complete sync of the rules.
     pub fn wait_first_sync(&mut self) {
-        self.wait_for("its first sync", |l| {
-            l.contains("first sync of proxy rules complete")
-        });
+        self.wait_for("its first sync", |l| l.contains(FIRST_SYNC_LOG));
     }
 
     /// Waits for a sync that programmed at least one changed service port (call
     /// [`Proxy::mark`] before making the change).
     pub fn wait_change_synced(&mut self) -> String {
         self.wait_for("a sync of a change", |l| {
-            l.contains("synced proxy rules") && !l.contains("changed=\"0\"")
+            l.contains(SYNCED_LOG) && !l.contains("changed=\"0\"")
         })
     }
 
     /// SIGKILL, and waits for the exit: none of the proxy's own shutdown runs.
     #[allow(dead_code, reason = "the fault suite's")]
     pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill();
     }
 
     /// SIGTERM, then waits (bounded) for the exit.
     pub fn terminate(mut self) -> ExitStatus {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -TERM {pid} failed");
-        let patience = patience();
-        let deadline = Instant::now() + patience;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait for kube-proxy") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "kube-proxy did not exit after SIGTERM; log:\n{}",
-                self.tail()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process
+            .terminate(patience())
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -822,7 +769,7 @@ impl Env {
         self.write("node.yaml", &node_yaml(&self.cluster, revision));
         self.proxy()
             .wait_for("a full sync after the Node changed", |l| {
-                l.contains("synced proxy rules") && l.contains("kind=\"Full\"")
+                l.contains(SYNCED_LOG) && l.contains("kind=\"Full\"")
             })
     }
 

@@ -20,15 +20,14 @@ mod common;
 mod nft_common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::Duration;
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kp_core::backend::SyncKind;
 use kp_core::event::{ObjectEvent, SourceEvent};
-use kp_core::model::{
-    Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName, SessionAffinity,
-};
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
+use kp_core::testutil;
+use kp_core::testutil::strategies::{self, addr};
 use kp_core::tracker::{ChangeTracker, ProxyState};
 use kp_ipvs::Scheduler;
 use kp_rules::iptables::{self, LocalDetector, NodePortAddresses, SyncScope};
@@ -75,61 +74,12 @@ fn name() -> impl Strategy<Value = String> {
     ]
 }
 
-fn addr(v6: bool, net: u8, host: u8) -> IpAddr {
-    if v6 {
-        IpAddr::V6(Ipv6Addr::new(
-            0xfd00,
-            0x10,
-            0,
-            0,
-            0,
-            0,
-            u16::from(net),
-            u16::from(host),
-        ))
-    } else {
-        IpAddr::V4(Ipv4Addr::new(10, 180, net, host))
-    }
-}
-
-fn any_ip() -> impl Strategy<Value = IpAddr> {
-    (any::<bool>(), 0u8..3, 0u8..6).prop_map(|(v6, net, host)| addr(v6, net, host))
-}
-
 fn any_net() -> impl Strategy<Value = IpNet> {
-    (any::<bool>(), any::<u128>(), 0u8..=128).prop_map(|(v6, bits, len)| {
-        if v6 {
-            IpNet::V6(
-                ipnet::Ipv6Net::new(Ipv6Addr::from(bits), len)
-                    .expect("len")
-                    .trunc(),
-            )
-        } else {
-            let bits = u32::try_from(bits >> 96).expect("32 bits");
-            IpNet::V4(
-                ipnet::Ipv4Net::new(Ipv4Addr::from(bits), len % 33)
-                    .expect("len")
-                    .trunc(),
-            )
-        }
-    })
+    strategies::any_net().prop_map(|net| net.trunc())
 }
 
 fn endpoint() -> impl Strategy<Value = Endpoint> {
-    (any_ip(), 1u16..=u16::MAX, any::<[bool; 4]>()).prop_map(
-        |(ip, port, [ready, serving, terminating, local])| Endpoint {
-            ip,
-            port,
-            ready,
-            serving,
-            terminating,
-            node_name: Some(if local { common::NODE } else { "node-b" }.into()),
-            zone: None,
-            zone_hints: None,
-            node_hints: None,
-            is_local: local,
-        },
-    )
+    strategies::endpoint(1u16..=u16::MAX, common::NODE, "node-b")
 }
 
 /// Addresses only service port `index` uses, so no two services claim the same virtual
@@ -173,49 +123,14 @@ fn service_port(index: u8) -> impl Strategy<Value = (ServicePort, Vec<Endpoint>)
     )
         .prop_map(
             move |(
-                (ns, name, port_name, protocol, [v4, v6], port),
-                (node_port, external_ips, load_balancer_ips, ranges),
-                (affinity, [etp_local, itp_local], hc),
+                (ns, name, port_name, protocol, families, port),
+                exposure,
+                policies,
                 endpoints,
             )| {
-                let mut cluster_ips = Vec::new();
-                if v4 || !v6 {
-                    cluster_ips.push(IpAddr::V4(Ipv4Addr::new(172, 30, 0, index)));
-                }
-                if v6 {
-                    cluster_ips.push(IpAddr::V6(Ipv6Addr::new(
-                        0xfd00,
-                        0x172,
-                        0,
-                        0,
-                        0,
-                        0,
-                        0,
-                        u16::from(index),
-                    )));
-                }
-                let svc = ServicePort {
-                    name: ServicePortName {
-                        service: ServiceName {
-                            namespace: ns,
-                            name,
-                        },
-                        port: port_name,
-                        protocol,
-                    },
-                    cluster_ips,
-                    port,
-                    node_port,
-                    external_ips,
-                    load_balancer_ips,
-                    load_balancer_source_ranges: ranges,
-                    session_affinity: affinity.map(|s| SessionAffinity {
-                        timeout: Duration::from_secs(s),
-                    }),
-                    external_policy_local: etp_local,
-                    internal_policy_local: itp_local,
-                    health_check_node_port: hc,
-                };
+                let names = (ns, name, port_name, protocol);
+                let ips = strategies::cluster_ips(index, families);
+                let svc = testutil::service_port(names, ips, port, exposure, policies);
                 (svc, endpoints)
             },
         )

@@ -8,14 +8,11 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::Duration;
 
 use common::*;
 use ipnet::IpNet;
 use kp_core::backend::SyncKind;
-use kp_core::model::{
-    Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName, SessionAffinity,
-};
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort};
 use kp_core::tracker::ProxyState;
 use kp_rules::iptables::{
     LocalDetector, NodePortAddresses, RenderConfig, RenderOutput, SyncScope, render, setup,
@@ -186,12 +183,7 @@ fn service(family: IpFamily, index: u16) -> impl Strategy<Value = Generated> {
         proptest::collection::vec(endpoint_strategy(family), 0..6),
     )
         .prop_map(
-            move |(
-                (ns, name, port_name, protocol, port),
-                (node_port, external_ips, load_balancer_ips, ranges),
-                (affinity, [etp_local, itp_local], hc),
-                endpoints,
-            )| {
+            move |((ns, name, port_name, protocol, port), exposure, policies, endpoints)| {
                 let cluster_ip = match family {
                     IpFamily::V4 => {
                         IpAddr::V4(Ipv4Addr::new(172, 30, (index >> 8) as u8, index as u8))
@@ -200,28 +192,14 @@ fn service(family: IpFamily, index: u16) -> impl Strategy<Value = Generated> {
                         IpAddr::V6(Ipv6Addr::new(0xfd00, 0x172, 0x30, 0, 0, 0, 0, index))
                     }
                 };
-                let svc = ServicePort {
-                    name: ServicePortName {
-                        service: ServiceName {
-                            namespace: ns,
-                            name,
-                        },
-                        port: port_name,
-                        protocol,
-                    },
-                    cluster_ips: vec![cluster_ip],
+                let names = (ns, name, port_name, protocol);
+                let svc = kp_core::testutil::service_port(
+                    names,
+                    vec![cluster_ip],
                     port,
-                    node_port,
-                    external_ips,
-                    load_balancer_ips,
-                    load_balancer_source_ranges: ranges,
-                    session_affinity: affinity.map(|s| SessionAffinity {
-                        timeout: Duration::from_secs(s),
-                    }),
-                    external_policy_local: etp_local,
-                    internal_policy_local: itp_local,
-                    health_check_node_port: hc,
-                };
+                    exposure,
+                    policies,
+                );
                 (svc, endpoints)
             },
         )

@@ -11,14 +11,12 @@ mod nft_common;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::Duration;
 
 use common::{endpoint, state};
 use ipnet::IpNet;
 use kp_core::backend::SyncKind;
-use kp_core::model::{
-    Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName, SessionAffinity,
-};
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort};
+use kp_core::testutil::service_port;
 use kp_core::tracker::ProxyState;
 use kp_rules::nftables::{LocalDetector, NftState, NodePortAddresses, RenderConfig};
 use nft_common::*;
@@ -149,25 +147,19 @@ fn service(family: IpFamily, index: u8) -> impl Strategy<Value = ServicePort> {
             move |(
                 (namespace, name, port, protocol, number),
                 (cluster_ips, node_port, external_ips, load_balancer_ips, ranges),
-                (affinity, [etp_local, itp_local]),
-            )| ServicePort {
-                name: ServicePortName {
-                    service: ServiceName { namespace, name },
-                    port,
-                    protocol: [Protocol::Tcp, Protocol::Udp, Protocol::Sctp][usize::from(protocol)],
-                },
-                cluster_ips,
-                port: number,
-                node_port,
-                external_ips,
-                load_balancer_ips,
-                load_balancer_source_ranges: ranges,
-                session_affinity: affinity.map(|s| SessionAffinity {
-                    timeout: Duration::from_secs(s),
-                }),
-                external_policy_local: etp_local,
-                internal_policy_local: itp_local,
-                health_check_node_port: None,
+                (affinity, locals),
+            )| {
+                let protocol =
+                    [Protocol::Tcp, Protocol::Udp, Protocol::Sctp][usize::from(protocol)];
+                let exposure = (node_port, external_ips, load_balancer_ips, ranges);
+                let names = (namespace, name, port, protocol);
+                service_port(
+                    names,
+                    cluster_ips,
+                    number,
+                    exposure,
+                    (affinity, locals, None),
+                )
             },
         )
 }

@@ -15,19 +15,18 @@
 //!
 //! Measurements, not a test: nothing here judges the numbers.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::mpsc;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use kp_bench::generate::{self, NODE_NAME, Scale, slice_yaml};
+use kp_bench::generate::{self, Scale, slice_yaml};
 use kp_bench::logs::{self, LogLine};
 use kp_bench::sys::{self, Netns};
 use kp_testbed::apiserver::{FakeApiProcess, yaml_objects};
+use kp_testbed::proxy::{LogEntry, NextLine, ProxyProcess};
 
 /// Where the fake API server listens inside the namespace.
 const API_ADDRESS: &str = "127.0.0.1:6443";
@@ -92,45 +91,15 @@ struct Sync {
     end: Instant,
 }
 
-/// The proxy process and its log lines, stamped on arrival.
-struct Proxy {
-    child: Child,
-    lines: mpsc::Receiver<(Instant, String)>,
-}
+/// How long the proxy gets to exit after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
-impl Proxy {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Every completed sync logged until `until`.
-    fn syncs_until(&self, until: Instant, out: &mut Vec<Sync>) {
-        while let Some(left) = until.checked_duration_since(Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok((at, line)) => {
-                    if let Some(sync) = parse_sync(at, &line) {
-                        out.push(sync);
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => return,
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
-            }
+/// Every completed sync `proxy` logs until `until`.
+fn syncs_until(proxy: &mut ProxyProcess, until: Instant, out: &mut Vec<Sync>) {
+    while let NextLine::Line(LogEntry { at, line }) = proxy.next_line(until) {
+        if let Some(sync) = parse_sync(at, &line) {
+            out.push(sync);
         }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        sys::kill(self.child.id(), "TERM");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -152,9 +121,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         Some(path) => path.clone(),
         None => kp_testbed::echo_binary().context("the kp-echo binary")?,
     };
-    let binary = std::fs::canonicalize(&args.binary)
-        .with_context(|| format!("kube-proxy binary {}", args.binary.display()))?;
-    let netns = Netns::create(&format!("kp-churn-{}", std::process::id()))?;
+    let netns = Netns::create("kp-churn-", "node")?;
     let listen: SocketAddr = API_ADDRESS.parse().context("API address")?;
     let api = FakeApiProcess::start(&echo, netns.name(), listen)?;
     for (_, text) in generate::generate(scale).files {
@@ -165,52 +132,23 @@ fn run(args: &Args) -> anyhow::Result<()> {
         Mode::Iptables => "iptables",
         Mode::Nftables => "nftables",
     };
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", netns.name()])
-        .arg(&binary)
+    let mut proxy = netns
+        .proxy(&args.binary)?
         .arg(format!("--master={}", api.url()))
         .arg(format!("--proxy-mode={mode}"))
-        .arg(format!("--hostname-override={NODE_NAME}"))
         .arg("--cluster-cidr=10.128.0.0/9")
-        .arg("--conntrack-max-per-core=0")
         .arg(format!(
             "--iptables-min-sync-period={}",
             args.min_sync_period
         ))
-        .arg("--healthz-bind-address=127.0.0.1:10256")
-        .arg("--metrics-bind-address=127.0.0.1:10249")
         .arg("-v=2")
-        .env(
-            kp_dataplane::sysctls::STATE_DIR_ENV,
-            netns.state_dir().as_os_str(),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stop_grace(STOP_GRACE)
         .spawn()
         .context("starting kube-proxy")?;
-    let stderr = child.stderr.take().context("stderr is piped")?;
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send((Instant::now(), line)).is_err() {
-                break;
-            }
-        }
-    });
-    let proxy = Proxy { child, lines };
-
-    let started = Instant::now();
-    loop {
-        let Some(left) = (started + FIRST_SYNC_WAIT).checked_duration_since(Instant::now()) else {
-            bail!("no first sync within {FIRST_SYNC_WAIT:?}");
-        };
-        match proxy.lines.recv_timeout(left) {
-            Ok((_, line)) if line.contains(logs::FIRST_SYNC) => break,
-            Ok(_) => {}
-            Err(_) => bail!("kube-proxy exited or stayed silent before its first sync"),
-        }
-    }
+    let started = proxy.started();
+    proxy
+        .wait_first_sync(FIRST_SYNC_WAIT)
+        .context("waiting for the first sync")?;
     println!(
         "kp-churn: {mode}, {}×{} (first sync after {:.1} s), {} changes/s for {} s, min sync period {}, load {}",
         args.services,
@@ -248,9 +186,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         changes.push(Instant::now());
         next_change += interval;
-        proxy.syncs_until(next_change, &mut syncs);
+        syncs_until(&mut proxy, next_change, &mut syncs);
     }
-    proxy.syncs_until(Instant::now() + DRAIN, &mut syncs);
+    syncs_until(&mut proxy, Instant::now() + DRAIN, &mut syncs);
     let rss_end = sys::vm_rss_kib(proxy.pid()).unwrap_or(0);
     let peak = sys::vm_hwm_kib(proxy.pid()).unwrap_or(0);
 

@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use kp_bench::connect::{self, ECHO_PORT, Stats, TARGET_IP, TARGET_PORT};
-use kp_bench::generate::NODE_NAME;
-use kp_bench::logs::{FIRST_SYNC, LogLine};
+use kp_bench::logs::LogLine;
 use kp_bench::report::{Figure, Table, human, mib};
 use kp_bench::sys::{self, Netns};
 use kp_bench::topology::{SERVER, spawn_in, topology};
+use kp_testbed::TestbedError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mode {
@@ -202,8 +202,6 @@ struct Row {
 
 fn measure(args: &RunArgs, mode: Mode, services: usize, dir: &Path) -> anyhow::Result<Row> {
     let exe = std::env::current_exe()?;
-    let binary = std::fs::canonicalize(&args.binary)
-        .with_context(|| format!("kube-proxy binary {}", args.binary.display()))?;
     let load_start = sys::load();
     let manifests_dir = dir.join(format!("manifests-{}-{services}", mode.name()));
     std::fs::create_dir_all(&manifests_dir)?;
@@ -220,43 +218,24 @@ fn measure(args: &RunArgs, mode: Mode, services: usize, dir: &Path) -> anyhow::R
         &[],
     )?;
     let log_path = dir.join(format!("proxy-{}-{services}.log", mode.name()));
-    let log = std::fs::File::create(&log_path)?;
-    let manifests_arg = format!("--manifests={}", manifests_dir.display());
-    let mode_arg = format!("--proxy-mode={}", mode.name());
-    let host_arg = format!("--hostname-override={NODE_NAME}");
-    let started = Instant::now();
-    let proxy = spawn_in(
-        &topo.node,
-        &binary,
-        &[
-            &manifests_arg,
-            &mode_arg,
-            &host_arg,
-            "-v=2",
-            "--iptables-min-sync-period=0s",
-            "--healthz-bind-address=127.0.0.1:10256",
-            "--metrics-bind-address=127.0.0.1:10249",
-            "--conntrack-max-per-core=0",
-        ],
-        Stdio::from(log),
-        &[],
-    )?;
+    let mut proxy = topo
+        .node
+        .proxy(&args.binary)?
+        .arg(format!("--manifests={}", manifests_dir.display()))
+        .arg(format!("--proxy-mode={}", mode.name()))
+        .args(["-v=2", "--iptables-min-sync-period=0s"])
+        .log_file(&log_path)
+        .spawn()
+        .context("starting kube-proxy")?;
     let limit = Duration::from_secs(args.timeout);
-    let took = loop {
-        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if let Some(line) = text
-            .lines()
-            .filter_map(LogLine::parse)
-            .find(|l| l.message == FIRST_SYNC)
-        {
-            break Some(Figure::from_option(line.duration("took")));
-        }
-        if started.elapsed() > limit {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    let took = match proxy.wait_first_sync(limit) {
+        Ok(entry) => Some(Figure::from_option(
+            LogLine::parse(&entry.line).and_then(|l| l.duration("took")),
+        )),
+        Err(TestbedError::ProxyTimedOut { .. }) => None,
+        Err(error) => return Err(error).context("waiting for the first sync"),
     };
-    let rss = sys::vm_hwm_kib(proxy.id());
+    let rss = sys::vm_hwm_kib(proxy.pid());
     let load = || format!("{load_start}→{}", sys::load());
     let Some(took) = took else {
         eprintln!(
@@ -287,7 +266,7 @@ fn measure(args: &RunArgs, mode: Mode, services: usize, dir: &Path) -> anyhow::R
         args.count,
     );
     // The proxy's own pid is `ip netns exec`'s (it execs).
-    let rss = sys::vm_hwm_kib(proxy.id()).or(rss);
+    let rss = sys::vm_hwm_kib(proxy.pid()).or(rss);
     drop(proxy);
     drop(server);
     Ok(Row {

@@ -27,10 +27,10 @@ use anyhow::{Context as _, anyhow, bail};
 use clap::{Parser, ValueEnum};
 use kp_bench::connect::Stats;
 use kp_bench::generate::NODE_NAME;
-use kp_bench::logs::{FIRST_SYNC, LogLine};
 use kp_bench::report::{Table, human};
 use kp_bench::sys::{self, Netns};
-use kp_bench::topology::{Guard, SERVER, Shape, Topology, spawn_in, topology_of};
+use kp_bench::topology::{SERVER, Shape, Topology, spawn_in, topology_of};
+use kp_testbed::proxy::ProxyProcess;
 
 const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 97, 255, 250);
 /// The measured iperf3 server.
@@ -270,7 +270,7 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
     };
     // Wait for the path (iperf3 servers start asynchronously).
     latency(&topo.client, SocketAddr::from((target, echo)), 10)?;
-    let ticks = |p: &Option<Guard>| p.as_ref().and_then(|g| sys::cpu_ticks(g.id()));
+    let ticks = |p: &Option<ProxyProcess>| p.as_ref().and_then(|g| sys::cpu_ticks(g.pid()));
     let (cpu_before, started) = (ticks(&proxy), Instant::now());
     let one_stream = iperf(&topo.client, target, args.seconds, 1)?;
     let cpu = match (cpu_before, ticks(&proxy)) {
@@ -307,53 +307,36 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
     })
 }
 
-fn start_proxy(args: &Args, path: PathKind, topo: &Topology, dir: &Path) -> anyhow::Result<Guard> {
-    let binary = std::fs::canonicalize(&args.binary)
-        .with_context(|| format!("kube-proxy binary {}", args.binary.display()))?;
+/// How long the proxy may take for its first sync of the one benchmark service.
+const FIRST_SYNC_WAIT: Duration = Duration::from_secs(60);
+
+fn start_proxy(
+    args: &Args,
+    path: PathKind,
+    topo: &Topology,
+    dir: &Path,
+) -> anyhow::Result<ProxyProcess> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("bench.yaml"), manifest())?;
     std::fs::write(dir.join("node.yaml"), node_manifest(topo.node_ip))?;
-    let log_path = dir.join("proxy.log");
-    let log = std::fs::File::create(&log_path)?;
-    let manifests = format!("--manifests={}", dir.display());
-    let mode = format!("--proxy-mode={}", path.mode().unwrap_or_default());
-    let host = format!("--hostname-override={NODE_NAME}");
+    let mut launch = topo
+        .node
+        .proxy(&args.binary)?
+        .arg(format!("--manifests={}", dir.display()))
+        .arg(format!("--proxy-mode={}", path.mode().unwrap_or_default()))
+        .arg("--iptables-min-sync-period=0s")
+        .log_file(dir.join("proxy.log"));
     // The relay's copy switch (see kube-proxy's `userspace::COPY_ENV`).
-    let env: &[(&str, &str)] = match path {
-        PathKind::UserspaceBuffers => &[("KP_RELAY_COPY", "buffers")],
-        PathKind::UserspacePipe64k => &[("KP_RELAY_COPY", "pipe-64")],
-        _ => &[],
-    };
-    let proxy = spawn_in(
-        &topo.node,
-        &binary,
-        &[
-            &manifests,
-            &mode,
-            &host,
-            "--iptables-min-sync-period=0s",
-            "--healthz-bind-address=127.0.0.1:10256",
-            "--metrics-bind-address=127.0.0.1:10249",
-            "--conntrack-max-per-core=0",
-        ],
-        Stdio::from(log),
-        env,
-    )?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if text
-            .lines()
-            .filter_map(LogLine::parse)
-            .any(|l| l.message == FIRST_SYNC)
-        {
-            return Ok(proxy);
-        }
-        if Instant::now() > deadline {
-            bail!("{} never synced; log:\n{text}", path.name());
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    match path {
+        PathKind::UserspaceBuffers => launch = launch.env("KP_RELAY_COPY", "buffers"),
+        PathKind::UserspacePipe64k => launch = launch.env("KP_RELAY_COPY", "pipe-64"),
+        _ => {}
     }
+    let mut proxy = launch.spawn().context("starting kube-proxy")?;
+    proxy
+        .wait_first_sync(FIRST_SYNC_WAIT)
+        .with_context(|| format!("{} never synced", path.name()))?;
+    Ok(proxy)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

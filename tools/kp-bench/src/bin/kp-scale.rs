@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Parser, ValueEnum};
-use kp_bench::generate::{self, Edit, Manifests, NODE_NAME, Scale};
+use kp_bench::generate::{self, Edit, Manifests, Scale};
 use kp_bench::logs::{FIRST_SYNC, LogLine, SyncCollector, SyncPhases};
 use kp_bench::report::{Figure, Table, human, mib};
 use kp_bench::split::split_restore;
@@ -25,8 +25,7 @@ use kp_bench::sys::{self, Netns};
 use kp_core::backend::SyncKind;
 use kp_core::model::IpFamily;
 use kp_rules::iptables::{RenderConfig, SyncScope, render};
-use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
-use tokio::sync::mpsc;
+use kp_testbed::proxy::{LogEntry, NextLine, ProxyProcess};
 
 /// Which proxy mode to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -207,82 +206,49 @@ fn replace_file(dir: &Path, name: &str, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The proxy under benchmark. Dropping it kills it and whatever it started (by pid).
+/// How many log lines an error shows.
+const LOG_TAIL: usize = 20;
+
+/// The proxy under benchmark (kp-testbed's harness). Dropping it kills it and whatever it
+/// started (by pid).
 struct Proxy {
-    child: tokio::process::Child,
+    process: ProxyProcess,
     pid: u32,
-    lines: mpsc::UnboundedReceiver<(Instant, String)>,
     collector: SyncCollector,
     started: Instant,
-    tail: Vec<String>,
 }
 
 impl Proxy {
     fn spawn(netns: &Netns, args: &Args, manifests: &Path, log: &Path) -> anyhow::Result<Self> {
-        let binary = std::fs::canonicalize(&args.binary)
-            .with_context(|| format!("kube-proxy binary {}", args.binary.display()))?;
-        let manifests = format!("--manifests={}", manifests.display());
         let mode = match args.mode {
             Mode::Iptables => "--proxy-mode=iptables",
             Mode::Nftables => "--proxy-mode=nftables",
             Mode::Fake => "--proxy-mode=fake",
             Mode::Ipvs => "--proxy-mode=ipvs",
         };
-        let hostname = format!("--hostname-override={NODE_NAME}");
         let backend = match args.iptables {
             Variant::System => "--iptables-backend=auto",
             Variant::Legacy => "--iptables-backend=legacy",
             Variant::Nft => "--iptables-backend=nft",
         };
-        let mut command = netns.command(
-            &binary,
-            &[
-                &manifests,
+        let process = netns
+            .proxy(&args.binary)?
+            .arg(format!("--manifests={}", manifests.display()))
+            .args([
                 mode,
-                &hostname,
                 backend,
                 "-v=2",
                 "--iptables-min-sync-period=0s",
                 "--ipvs-min-sync-period=0s",
-                "--healthz-bind-address=127.0.0.1:10256",
-                "--metrics-bind-address=127.0.0.1:10249",
-                "--conntrack-max-per-core=0",
-            ],
-        );
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let started = Instant::now();
-        let mut child = command.spawn().context("starting kube-proxy")?;
-        let pid = child.id().context("kube-proxy exited at once")?;
-        let stderr = child.stderr.take().context("no stderr pipe")?;
-        let (tx, lines) = mpsc::unbounded_channel();
-        let log = log.to_owned();
-        tokio::spawn(async move {
-            let mut file = tokio::fs::File::create(&log).await.ok();
-            let mut reader = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                let now = Instant::now();
-                if let Some(file) = file.as_mut() {
-                    let _ = file.write_all(line.as_bytes()).await;
-                    let _ = file.write_all(b"\n").await;
-                }
-                if tx.send((now, line)).is_err() {
-                    break;
-                }
-            }
-            if let Some(file) = file.as_mut() {
-                let _ = file.flush().await;
-            }
-        });
+            ])
+            .log_file(log)
+            .spawn()
+            .context("starting kube-proxy")?;
         Ok(Self {
-            child,
-            pid,
-            lines,
+            pid: process.pid(),
+            started: process.started(),
+            process,
             collector: SyncCollector::default(),
-            started,
-            tail: Vec::new(),
         })
     }
 
@@ -294,23 +260,14 @@ impl Proxy {
         done: impl Fn(&SyncPhases, &SyncCollector) -> bool,
     ) -> anyhow::Result<Option<(Instant, SyncPhases)>> {
         loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            let next = tokio::time::timeout(deadline - now, self.lines.recv()).await;
-            let (at, line) = match next {
-                Err(_) => return Ok(None),
-                Ok(Some(item)) => item,
-                Ok(None) => bail!(
+            let LogEntry { at, line } = match self.process.next_line_async(deadline).await {
+                NextLine::Line(entry) => entry,
+                NextLine::Silent => return Ok(None),
+                NextLine::Ended => bail!(
                     "kube-proxy exited; last log lines:\n{}",
-                    self.tail.join("\n")
+                    self.process.tail(LOG_TAIL)
                 ),
             };
-            if self.tail.len() >= 20 {
-                self.tail.remove(0);
-            }
-            self.tail.push(line.clone());
             if line.starts_with('E') {
                 eprintln!("kp-scale: proxy: {line}");
             }
@@ -343,17 +300,6 @@ impl Proxy {
 
     fn cpu(&self) -> Option<(u64, u64)> {
         sys::cpu_ticks(self.pid)
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        // Its children (a running iptables-restore) would outlive a killed proxy.
-        let children = sys::descendants(self.pid);
-        let _ = self.child.start_kill();
-        for pid in children {
-            sys::kill(pid, "KILL");
-        }
     }
 }
 
@@ -450,7 +396,7 @@ async fn proxy_run(
         "load 1m (start→end)",
     ]);
     let load_start = sys::load();
-    let netns = Netns::create(&format!("kpbench-{}", std::process::id()))?;
+    let netns = Netns::create("kpbench-", "node")?;
     let save_tool = match args.iptables {
         Variant::System | Variant::Nft => "iptables-nft-save",
         Variant::Legacy => "iptables-legacy-save",
@@ -758,7 +704,7 @@ async fn restore_runs(
                 std::fs::write(&path, text)?;
                 paths.push(path);
             }
-            let netns = Netns::create(&format!("kpbench-{}-r", std::process::id()))?;
+            let netns = Netns::create("kpbench-", "restore")?;
             let mut times = Vec::new();
             let mut finished = true;
             let began = Instant::now();

@@ -10,17 +10,22 @@
 //! on a number.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
-use kp_bench::generate::{self, Edit, NODE_NAME, Scale};
+use kp_bench::generate::{self, Edit, Scale};
+use kp_bench::logs::SYNCED;
 use kp_bench::report::{Table, mib};
 use kp_bench::soak::{Sample, series_table, signed, summarise};
 use kp_bench::sys::{self, Netns};
+
+/// How long the proxy gets to exit after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+/// How many log lines an error shows.
+const LOG_TAIL: usize = 20;
 
 /// Proxy modes. ipvs needs a kernel with IPVS: run kp-soak in the test VM for it
 /// (`kp-vm-run`; see the kp-bench README).
@@ -205,53 +210,25 @@ fn soak(args: &Args, mode: Mode) -> anyhow::Result<Run> {
     for (name, text) in generate::generate(scale).files {
         std::fs::write(manifests.join(name), text)?;
     }
-    let log_path = dir.path().join("proxy.log");
-    let netns = Netns::create(&format!("kpsoak-{}-{}", std::process::id(), mode.name()))?;
-    let binary = std::fs::canonicalize(&args.binary)
-        .with_context(|| format!("kube-proxy binary {}", args.binary.display()))?;
-    let log = File::create(&log_path)?;
-    let child = std::process::Command::new("ip")
-        .args(["netns", "exec", netns.name()])
-        .arg(&binary)
+    let netns = Netns::create("kpsoak-", mode.name())?;
+    let mut proxy = netns
+        .proxy(&args.binary)?
         .arg(format!("--manifests={}", manifests.display()))
         .arg(mode.flag())
-        .arg(format!("--hostname-override={NODE_NAME}"))
-        .args([
-            "-v=2",
-            "--healthz-bind-address=127.0.0.1:10256",
-            "--metrics-bind-address=127.0.0.1:10249",
-            // The conntrack table size is the host's, not the namespace's: leave it.
-            "--conntrack-max-per-core=0",
-        ])
-        .env(kp_dataplane::sysctls::STATE_DIR_ENV, netns.state_dir())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
+        .arg("-v=2")
+        .stop_grace(STOP_GRACE)
         .spawn()
         .context("starting kube-proxy")?;
-    let mut proxy = Guard { child };
-    let pid = proxy.child.id();
-
-    let deadline = Instant::now() + Duration::from_secs(args.timeout);
-    while !read_log(&log_path).contains("first sync of proxy rules complete") {
-        if let Some(status) = proxy.child.try_wait()? {
-            bail!(
-                "kube-proxy exited ({status}) before its first sync:\n{}",
-                tail(&log_path)
-            );
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "no first sync within {}s:\n{}",
-                args.timeout,
-                tail(&log_path)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let pid = proxy.pid();
+    proxy
+        .wait_first_sync(Duration::from_secs(args.timeout))
+        .context("waiting for the first sync")?;
 
     // Without IPVS the proxy falls back to iptables mode: figures under "ipvs" would lie.
-    if mode == Mode::Ipvs && read_log(&log_path).contains("Can't use the IPVS proxier") {
+    let fell_back = !proxy
+        .logged(|l| l.contains("Can't use the IPVS proxier"))
+        .is_empty();
+    if mode == Mode::Ipvs && fell_back {
         bail!(
             "this kernel has no IPVS (the proxy fell back to iptables mode); run kp-soak in the test VM"
         );
@@ -305,24 +282,21 @@ fn soak(args: &Args, mode: Mode) -> anyhow::Result<Run> {
             edits += 1;
             next_edit += interval;
         }
-        if let Some(status) = proxy.child.try_wait()? {
+        if let Some(status) = proxy.try_exit_status() {
             bail!(
                 "kube-proxy exited ({status}) during the churn:\n{}",
-                tail(&log_path)
+                proxy.tail(LOG_TAIL)
             );
         }
         let wake = next_edit.min(next_sample);
         std::thread::sleep(wake.saturating_duration_since(Instant::now()));
     }
-    proxy.stop();
-    let log = read_log(&log_path);
+    // The stop's own lines count too (a failed stop is the drop's to finish).
+    let _ = proxy.terminate(STOP_GRACE);
     Ok(Run {
         samples,
-        syncs: log
-            .lines()
-            .filter(|l| l.contains("synced proxy rules"))
-            .count(),
-        errors: log.lines().filter(|l| l.starts_with('E')).count(),
+        syncs: proxy.logged(|l| l.contains(SYNCED)).len(),
+        errors: proxy.logged(|l| l.starts_with('E')).len(),
     })
 }
 
@@ -332,44 +306,4 @@ fn replace_file(dir: &Path, name: &str, text: &str) -> anyhow::Result<()> {
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, dir.join(name))?;
     Ok(())
-}
-
-fn read_log(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// The last lines of the log, for errors.
-fn tail(path: &Path) -> String {
-    let log = read_log(path);
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
-}
-
-/// The proxy; stopped (SIGTERM, then SIGKILL) when dropped, by its pid only.
-struct Guard {
-    child: std::process::Child,
-}
-
-impl Guard {
-    fn stop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        sys::kill(self.child.id(), "TERM");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }

@@ -39,15 +39,11 @@ mod partial_is_full_restricted {
     //! typed renderer's text is byte-identical to the old one's.)
 
     use std::collections::BTreeSet;
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-    use std::time::Duration;
 
-    use ipnet::IpNet;
     use kp_core::backend::SyncKind;
-    use kp_core::model::{
-        Endpoint, IpFamily, NodeInfo, Protocol, ServiceName, ServicePort, ServicePortName,
-        SessionAffinity,
-    };
+    use kp_core::model::{Endpoint, IpFamily, NodeInfo, Protocol, ServiceName, ServicePort};
+    use kp_core::testutil;
+    use kp_core::testutil::strategies::{self, any_ip, any_net};
     use kp_core::tracker::ProxyState;
     use proptest::prelude::*;
 
@@ -56,57 +52,9 @@ mod partial_is_full_restricted {
 
     const NODE: &str = "node-a";
 
-    fn addr(v6: bool, net: u8, host: u8) -> IpAddr {
-        if v6 {
-            IpAddr::V6(Ipv6Addr::new(
-                0xfd00,
-                0x10,
-                0,
-                0,
-                0,
-                0,
-                u16::from(net),
-                u16::from(host),
-            ))
-        } else {
-            IpAddr::V4(Ipv4Addr::new(10, 180, net, host))
-        }
-    }
-
-    fn any_ip() -> impl Strategy<Value = IpAddr> {
-        (any::<bool>(), 0u8..3, 0u8..6).prop_map(|(v6, net, host)| addr(v6, net, host))
-    }
-
-    fn any_net() -> impl Strategy<Value = IpNet> {
-        (any::<bool>(), any::<u128>(), 0u8..=128).prop_map(|(v6, bits, len)| {
-            if v6 {
-                IpNet::V6(ipnet::Ipv6Net::new(Ipv6Addr::from(bits), len).expect("len"))
-            } else {
-                IpNet::V4(ipnet::Ipv4Net::new(Ipv4Addr::from(bits as u32), len % 33).expect("len"))
-            }
-        })
-    }
-
     fn endpoint() -> impl Strategy<Value = Endpoint> {
-        (
-            any_ip(),
-            prop_oneof![Just(80u16), Just(8080), 1u16..=u16::MAX],
-            any::<[bool; 4]>(),
-        )
-            .prop_map(
-                |(ip, port, [ready, serving, terminating, local])| Endpoint {
-                    ip,
-                    port,
-                    ready,
-                    serving,
-                    terminating,
-                    node_name: Some(if local { NODE } else { "node-b" }.into()),
-                    zone: None,
-                    zone_hints: None,
-                    node_hints: None,
-                    is_local: local,
-                },
-            )
+        let ports = prop_oneof![Just(80u16), Just(8080), 1u16..=u16::MAX];
+        strategies::endpoint(ports, NODE, "node-b")
     }
 
     /// One service port and its endpoints; `index` keeps ClusterIPs apart.
@@ -138,50 +86,17 @@ mod partial_is_full_restricted {
         )
             .prop_map(
                 move |(
-                    (ns, name, port_name, protocol, [v4, v6]),
-                    (node_port, external_ips, load_balancer_ips, ranges),
-                    (affinity, [etp_local, itp_local], hc),
+                    (ns, name, port_name, protocol, families),
+                    exposure,
+                    policies,
                     endpoints,
                 )| {
-                    let mut cluster_ips = Vec::new();
-                    if v4 || !v6 {
-                        cluster_ips.push(IpAddr::V4(Ipv4Addr::new(172, 30, 0, index)));
-                    }
-                    if v6 {
-                        cluster_ips.push(IpAddr::V6(Ipv6Addr::new(
-                            0xfd00,
-                            0x172,
-                            0,
-                            0,
-                            0,
-                            0,
-                            0,
-                            u16::from(index),
-                        )));
-                    }
-                    let svc = ServicePort {
-                        name: ServicePortName {
-                            service: ServiceName {
-                                namespace: ns.into(),
-                                name: name.into(),
-                            },
-                            port: port_name.into(),
-                            protocol,
-                        },
-                        cluster_ips,
-                        port: 80,
-                        node_port,
-                        external_ips,
-                        load_balancer_ips,
-                        load_balancer_source_ranges: ranges,
-                        session_affinity: affinity.map(|s| SessionAffinity {
-                            timeout: Duration::from_secs(s),
-                        }),
-                        external_policy_local: etp_local,
-                        internal_policy_local: itp_local,
-                        health_check_node_port: hc,
-                    };
-                    (svc, endpoints)
+                    let names = (ns.into(), name.into(), port_name.into(), protocol);
+                    let ips = strategies::cluster_ips(index, families);
+                    (
+                        testutil::service_port(names, ips, 80, exposure, policies),
+                        endpoints,
+                    )
                 },
             )
     }

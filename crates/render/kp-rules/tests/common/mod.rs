@@ -1,65 +1,25 @@
 //! Builders for proxy states in upstream's test conventions (reference section 4.1), and a
 //! runner for `iptables-restore` inside a throwaway network namespace.
 
-#![allow(dead_code, missing_docs)]
+#![allow(dead_code, missing_docs, unused_imports)]
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
-use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ipnet::IpNet;
 use kp_core::backend::SyncKind;
-use kp_core::model::{
-    Endpoint, IpFamily, NodeInfo, Protocol, ServiceName, ServicePort, ServicePortName,
-    SessionAffinity,
-};
+use kp_core::model::{Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, SessionAffinity};
 use kp_core::tracker::ProxyState;
 use kp_rules::iptables::{
     LocalDetector, RenderConfig, RenderOutput, Setup, SyncScope, Table, render,
 };
 
-pub const NODE: &str = "test-node";
-
-pub fn ip(text: &str) -> IpAddr {
-    text.parse().expect("test literal IP")
-}
-
-pub fn net(text: &str) -> IpNet {
-    text.parse().expect("test literal CIDR")
-}
-
-pub fn service_name(ns: &str, name: &str) -> ServiceName {
-    ServiceName {
-        namespace: ns.into(),
-        name: name.into(),
-    }
-}
-
-pub fn port_name(ns: &str, name: &str, port: &str, protocol: Protocol) -> ServicePortName {
-    ServicePortName {
-        service: service_name(ns, name),
-        port: port.into(),
-        protocol,
-    }
-}
+pub use kp_core::testutil::{NODE, endpoint, ip, net, port_name, service_name};
 
 /// A ClusterIP service port with no external exposure.
 pub fn cluster_ip(ns: &str, name: &str, port: &str, cluster_ip: &str, number: u16) -> ServicePort {
-    ServicePort {
-        name: port_name(ns, name, port, Protocol::Tcp),
-        cluster_ips: vec![ip(cluster_ip)],
-        port: number,
-        node_port: None,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        session_affinity: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-    }
+    kp_core::testutil::cluster_ip_port(port_name(ns, name, port, Protocol::Tcp), cluster_ip, number)
 }
 
 pub fn with_affinity(mut svc: ServicePort, seconds: u64) -> ServicePort {
@@ -69,44 +29,13 @@ pub fn with_affinity(mut svc: ServicePort, seconds: u64) -> ServicePort {
     svc
 }
 
-/// A ready endpoint, on this node when `local`.
-pub fn endpoint(address: &str, port: u16, local: bool) -> Endpoint {
-    Endpoint {
-        ip: ip(address),
-        port,
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: Some(if local { NODE } else { "other-node" }.into()),
-        zone: None,
-        zone_hints: None,
-        node_hints: None,
-        is_local: local,
-    }
-}
-
+/// This node, at 192.168.0.2 and 2001:db8::1.
 pub fn node() -> NodeInfo {
-    NodeInfo {
-        name: NODE.into(),
-        addresses: vec![ip("192.168.0.2"), ip("2001:db8::1")],
-        eligible: true,
-        known: true,
-        ..NodeInfo::default()
-    }
+    kp_core::testutil::node_with(&["192.168.0.2", "2001:db8::1"])
 }
 
 pub fn state(items: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
-    let mut state = ProxyState {
-        node: node(),
-        ..ProxyState::default()
-    };
-    for (svc, endpoints) in items {
-        if !endpoints.is_empty() {
-            state.endpoints.insert(svc.name.clone(), endpoints);
-        }
-        state.services.insert(svc.name.clone(), svc);
-    }
-    state
+    kp_core::testutil::state_on(node(), items)
 }
 
 /// Upstream's test configuration: mark 0x4000, pod CIDRs 10.0.0.0/8 and fd00:10::/64.
@@ -134,35 +63,37 @@ pub fn full(state: &ProxyState, family: IpFamily, config: &RenderConfig) -> Rend
 /// Why the kernel checks cannot run here, if they cannot. In CI (`CI` set, where tests run
 /// as root with the tools installed) a missing prerequisite is a failure, never a skip.
 pub fn netns_unavailable(tool: &str) -> Option<String> {
-    let reason = kernel_prerequisite_missing(tool);
+    kernel_check_unavailable(tool, "iptables", &["true"])
+}
+
+/// Why kernel checks with `tool` (from Debian's `package`) cannot run here, if they cannot:
+/// `tool --version` must work, and `probe` must run inside a new network namespace (as
+/// root). In CI (`CI` set, where tests run as root with the tools installed) a missing
+/// prerequisite is a failure, never a skip.
+pub fn kernel_check_unavailable(tool: &str, package: &str, probe: &[&str]) -> Option<String> {
+    let runs = |command: &mut Command| {
+        command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let reason = if !runs(Command::new(tool).arg("--version")) {
+        Some(format!("{tool} not found (apt-get install {package})"))
+    } else if !runs(Command::new("unshare").arg("-n").args(probe)) {
+        Some(format!(
+            "cannot run {probe:?} in a new network namespace (`unshare -n` needs root)"
+        ))
+    } else {
+        None
+    };
     if let Some(reason) = &reason {
         assert!(
             std::env::var_os("CI").is_none(),
-            "kernel checks are required in CI: {reason}"
+            "{tool} kernel checks are required in CI: {reason}"
         );
     }
     reason
-}
-
-fn kernel_prerequisite_missing(tool: &str) -> Option<String> {
-    let found = Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        return Some(format!("{tool} not found (apt-get install iptables)"));
-    }
-    let netns = Command::new("unshare")
-        .args(["-n", "true"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !netns {
-        return Some("cannot create a network namespace (`unshare -n` needs root)".into());
-    }
-    None
 }
 
 /// Feeds each input in turn to `tool --noflush` inside one fresh network namespace, first
@@ -172,23 +103,41 @@ fn kernel_prerequisite_missing(tool: &str) -> Option<String> {
 /// rules are never read or written. Returns the namespace's final `iptables-save` output, or
 /// the failing step and the tool's stderr.
 pub fn apply_in_netns(tool: &str, inputs: &[&str]) -> Result<String, String> {
+    let save = tool.replace("-restore", "-save");
+    run_in_netns(
+        inputs,
+        |i, path| {
+            format!(
+                "echo 'step {i} --test' >&2; {tool} --noflush --test < '{path}'\n\
+                 echo 'step {i} apply' >&2; {tool} --noflush < '{path}'\n"
+            )
+        },
+        &format!("echo 'save' >&2; {save}"),
+    )
+}
+
+/// Writes each input to a file and runs, in one shell inside one fresh network namespace
+/// (`unshare -n`, `set -e`), the lines `steps(i, path)` gives for input `i`, then `last`.
+/// The namespace vanishes when the shell exits. Returns the shell's standard output, or its
+/// standard error (the failing step's message) when a step failed.
+pub fn run_in_netns(
+    inputs: &[&str],
+    steps: impl Fn(usize, &str) -> String,
+    last: &str,
+) -> Result<String, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut script = String::from("set -e\n");
+    let mut shell = String::from("set -e\n");
     for (i, input) in inputs.iter().enumerate() {
-        let path = dir.path().join(format!("{i}.rules"));
+        let path = dir.path().join(format!("{i}.in"));
         let mut file = std::fs::File::create(&path).map_err(|e| e.to_string())?;
         file.write_all(input.as_bytes())
             .map_err(|e| e.to_string())?;
-        let path = path.display();
-        script.push_str(&format!(
-            "echo 'step {i} --test' >&2; {tool} --noflush --test < '{path}'\n\
-             echo 'step {i} apply' >&2; {tool} --noflush < '{path}'\n"
-        ));
+        shell.push_str(&steps(i, &path.display().to_string()));
     }
-    let save = tool.replace("-restore", "-save");
-    script.push_str(&format!("echo 'save' >&2; {save}\n"));
+    shell.push_str(last);
+    shell.push('\n');
     let output = Command::new("unshare")
-        .args(["-n", "sh", "-c", &script])
+        .args(["-n", "sh", "-c", &shell])
         .output()
         .map_err(|e| e.to_string())?;
     if output.status.success() {

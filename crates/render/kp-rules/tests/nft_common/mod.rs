@@ -6,8 +6,6 @@
 #![allow(dead_code, missing_docs)]
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
-use std::process::{Command, Stdio};
 
 use ipnet::IpNet;
 use kp_core::backend::SyncKind;
@@ -150,36 +148,7 @@ pub fn check_structure(script: &str, family: IpFamily) {
 /// Why `nft` cannot be run in a throwaway namespace here, if it cannot. In CI (`CI` set) a
 /// missing prerequisite is a failure, never a skip.
 pub fn nft_unavailable() -> Option<String> {
-    let reason = prerequisite_missing();
-    if let Some(reason) = &reason {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "nft kernel checks are required in CI: {reason}"
-        );
-    }
-    reason
-}
-
-fn prerequisite_missing() -> Option<String> {
-    let found = Command::new("nft")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        return Some("nft not found (apt-get install nftables)".into());
-    }
-    let netns = Command::new("unshare")
-        .args(["-n", "nft", "list", "ruleset"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !netns {
-        return Some("cannot run nft in a new network namespace (`unshare -n` needs root)".into());
-    }
-    None
+    crate::common::kernel_check_unavailable("nft", "nftables", &["nft", "list", "ruleset"])
 }
 
 /// Feeds each script in turn to `nft` inside one fresh network namespace: first `nft -c -f`
@@ -194,32 +163,19 @@ pub fn apply_in_netns(family: IpFamily, scripts: &[&str]) -> Result<String, Stri
 /// As [`apply_in_netns`], with `last` (a shell command) run at the end instead of the
 /// listing; returns its output.
 pub fn apply_in_netns_then(scripts: &[&str], last: &str) -> Result<String, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut shell = String::from("set -e\n");
-    for (i, script) in scripts.iter().enumerate() {
-        if script.is_empty() {
-            continue;
-        }
-        let path = dir.path().join(format!("{i}.nft"));
-        let mut file = std::fs::File::create(&path).map_err(|e| e.to_string())?;
-        file.write_all(script.as_bytes())
-            .map_err(|e| e.to_string())?;
-        let path = path.display();
-        shell.push_str(&format!(
-            "echo 'step {i} check' >&2; nft -c -f '{path}'\n\
-             echo 'step {i} apply' >&2; nft -f '{path}'\n"
-        ));
-    }
-    shell.push_str(&format!("echo 'last' >&2; {last}\n"));
-    let output = Command::new("unshare")
-        .args(["-n", "sh", "-c", &shell])
-        .output()
-        .map_err(|e| e.to_string())?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&output.stderr).into_owned())
-    }
+    crate::common::run_in_netns(
+        scripts,
+        |i, path| {
+            if scripts[i].is_empty() {
+                return String::new();
+            }
+            format!(
+                "echo 'step {i} check' >&2; nft -c -f '{path}'\n\
+                 echo 'step {i} apply' >&2; nft -f '{path}'\n"
+            )
+        },
+        &format!("echo 'last' >&2; {last}"),
+    )
 }
 
 /// `nft list table` output made independent of history: top-level sets, maps and chains
