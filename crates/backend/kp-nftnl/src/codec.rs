@@ -51,6 +51,12 @@ pub enum MsgKind {
     DelSetElem = 14,
     /// Read the ruleset generation (used as a fence after a batch).
     GetGen = 16,
+    /// List tables (a dump).
+    GetTable = 1,
+    /// List chains (a dump).
+    GetChain = 4,
+    /// List rules (a dump).
+    GetRule = 7,
 }
 
 /// The nftables families this crate writes.
@@ -325,6 +331,22 @@ impl Batch {
             family.nfproto(),
             0,
         )
+    }
+
+    /// Append one message of `kind` whose attributes `body` writes (for message shapes
+    /// [`Command`] does not cover, such as iptables-nft's, see [`crate::xt`]); a kernel error
+    /// for it is reported as `owner`. `flags` are netlink flags besides `NLM_F_REQUEST`.
+    pub fn raw(
+        &mut self,
+        kind: MsgKind,
+        flags: u16,
+        family: Family,
+        owner: usize,
+        body: impl FnOnce(&mut Writer),
+    ) {
+        let m = self.message(kind, flags, family, owner);
+        body(&mut self.writer);
+        self.writer.end(m);
     }
 
     /// Append the message(s) of `command`; a kernel error for them is reported as `owner`
@@ -665,6 +687,46 @@ impl EncodedBatch {
         let index = seq.wrapping_sub(self.first_seq).checked_sub(1)?;
         self.owners.get(index as usize).map(|owner| *owner as usize)
     }
+}
+
+/// A dump request (`NLM_F_DUMP`) of `kind` for `family`, with the filter attributes `body`
+/// writes (a table and chain name for rules, for example).
+pub fn dump_request(
+    kind: MsgKind,
+    family: Family,
+    seq: u32,
+    body: impl FnOnce(&mut Writer),
+) -> Vec<u8> {
+    const NLM_F_DUMP: u16 = 0x300;
+    let mut writer = Writer::default();
+    let start = writer.begin(
+        (NFNL_SUBSYS_NFTABLES << 8) | kind as u16,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+        family.nfproto(),
+        0,
+    );
+    body(&mut writer);
+    writer.end(start);
+    writer.buf
+}
+
+/// The attributes in `data` (netlink TLVs): type (without the nested flag) and value.
+pub fn attributes(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if data.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
+        let ty = u16::from_ne_bytes([data[2], data[3]]) & !NLA_F_NESTED;
+        if len < 4 || len > data.len() {
+            data = &[];
+            return None;
+        }
+        let value = &data[4..len];
+        data = &data[len.next_multiple_of(4).min(data.len())..];
+        Some((ty, value))
+    })
 }
 
 /// `NFT_MSG_GETGEN` with an acknowledgement requested, sent after a batch (see

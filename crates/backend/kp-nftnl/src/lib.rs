@@ -20,6 +20,7 @@ pub mod codec;
 pub mod expr;
 pub mod script;
 pub mod socket;
+pub mod xt;
 
 pub use codec::{Batch, Family};
 pub use script::{Command, ScriptError, for_each_command, parse_script};

@@ -11,7 +11,7 @@ use std::io;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
-use crate::codec::{Batch, NLMSG_DONE, NLMSG_ERROR, fence};
+use crate::codec::{Batch, Family, MsgKind, NLMSG_DONE, NLMSG_ERROR, Writer, dump_request, fence};
 use crate::script::{Command, ScriptError, for_each_command};
 
 /// Receive buffer: room for the errors of a batch whose messages all fail (errors are
@@ -118,6 +118,64 @@ impl NftSocket {
         })
     }
 
+    /// Apply `batch` (built with [`Batch::raw`] or [`Batch::push`]) as one transaction. On
+    /// error nothing was applied; a kernel error names the owner the message was pushed with.
+    pub fn apply_batch(&mut self, batch: Batch) -> Result<(), ApplyError> {
+        self.send_batch(batch)
+    }
+
+    /// Dump objects of `kind` (`GetTable`, `GetChain`, `GetRule`) of `family`, filtered by
+    /// the attributes `filter` writes. Each message is returned without its netlink header
+    /// (starting with `struct nfgenmsg`). An object that does not exist (the table or chain
+    /// filtered on) is an empty answer, not an error.
+    pub fn dump(
+        &mut self,
+        kind: MsgKind,
+        family: Family,
+        filter: impl FnOnce(&mut Writer),
+    ) -> Result<Vec<Vec<u8>>, ApplyError> {
+        let seq = self.seq;
+        self.seq = self.seq.wrapping_add(1);
+        let request = dump_request(kind, family, seq, filter);
+        self.socket.send(&request, 0).map_err(ApplyError::Socket)?;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = self
+                .socket
+                .recv(&mut &mut buf[..], 0)
+                .map_err(ApplyError::Socket)?;
+            let mut data = &buf[..n];
+            while data.len() >= 16 {
+                let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
+                if len < 16 || len > data.len() {
+                    return Err(ApplyError::Socket(io::Error::other(
+                        "truncated netlink message",
+                    )));
+                }
+                let ty = u16::from_ne_bytes([data[4], data[5]]);
+                let msg_seq = u32::from_ne_bytes([data[8], data[9], data[10], data[11]]);
+                if msg_seq == seq {
+                    match ty {
+                        NLMSG_DONE => return Ok(out),
+                        NLMSG_ERROR => {
+                            let code = i32::from_ne_bytes([data[16], data[17], data[18], data[19]]);
+                            if code == -libc_enoent() {
+                                return Ok(out);
+                            }
+                            if code != 0 {
+                                return Err(ApplyError::Batch(io::Error::from_raw_os_error(-code)));
+                            }
+                            return Ok(out);
+                        }
+                        _ => out.push(data[16..len].to_vec()),
+                    }
+                }
+                data = &data[len.next_multiple_of(4).min(data.len())..];
+            }
+        }
+    }
+
     /// Send `batch` and collect the kernel's verdict on it.
     fn send_batch(&mut self, batch: Batch) -> Result<(), ApplyError> {
         if batch.is_empty() {
@@ -181,6 +239,11 @@ impl NftSocket {
             }
         }
     }
+}
+
+/// `ENOENT`: the kernel's answer to a dump filtered on a table or chain that does not exist.
+fn libc_enoent() -> i32 {
+    rustix::io::Errno::NOENT.raw_os_error()
 }
 
 /// One netlink message received.
