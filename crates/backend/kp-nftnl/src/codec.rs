@@ -349,6 +349,32 @@ impl Batch {
         self.writer.end(m);
     }
 
+    /// Move the messages of `other` (not its BEGIN) to the end of this batch, renumbered in
+    /// sequence; each keeps its owner plus `owner_offset`. Lets a caller build parts of a
+    /// transaction apart (declarations before the rules that need them) and join them.
+    pub fn append(&mut self, other: Batch, owner_offset: usize) {
+        let bytes = &other.writer.buf;
+        let begin = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        let mut at = begin;
+        for owner in other.owners {
+            let len = u32::from_ne_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+                as usize;
+            let start = self.writer.buf.len();
+            self.writer.buf.extend_from_slice(&bytes[at..at + len]);
+            let seq = self.next_seq;
+            self.next_seq = self.next_seq.wrapping_add(1);
+            self.writer.buf[start + 8..start + 12].copy_from_slice(&seq.to_ne_bytes());
+            self.owners
+                .push(owner.saturating_add(u32::try_from(owner_offset).unwrap_or(u32::MAX)));
+            at += len;
+        }
+    }
+
+    /// Messages pushed so far.
+    pub fn len(&self) -> usize {
+        self.owners.len()
+    }
+
     /// Append the message(s) of `command`; a kernel error for them is reported as `owner`
     /// (the script line, for [`Batch::push_line`]).
     pub fn push(&mut self, command: &Command, owner: usize) {
@@ -859,6 +885,29 @@ mod tests {
             assert_eq!(encoded.owner(100), None);
             assert_eq!(encoded.owner(102), None);
         }
+    }
+
+    #[test]
+    fn appended_batches_are_renumbered() {
+        let commands = parse_script(
+            "add chain ip kube-proxy a\nadd rule ip kube-proxy a goto b\ndelete chain ip kube-proxy c\n",
+        )
+        .expect("supported");
+        let mut first = Batch::new(7);
+        first.push(&commands[0], 1);
+        let mut second = Batch::new(0);
+        second.push(&commands[1], 0);
+        second.push(&commands[2], 1);
+        first.append(second, 10);
+        assert_eq!(first.len(), 3);
+        let mut expected = Batch::new(7);
+        expected.push(&commands[0], 1);
+        expected.push(&commands[1], 10);
+        expected.push(&commands[2], 11);
+        let (got, want) = (first.finish(), expected.finish());
+        assert_eq!(got.bytes, want.bytes);
+        assert_eq!(got.owners, want.owners);
+        assert_eq!(got.fence_seq, want.fence_seq);
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub mod xt;
 
 pub use codec::{Batch, Family};
 pub use script::{Command, ScriptError, for_each_command, parse_script};
-pub use socket::{ApplyError, NftSocket};
+pub use socket::{ApplyError, NftSocket, SharedSocket};
 
 /// Translate `script` and apply it as one transaction: the whole script or nothing.
 pub fn apply_script(socket: &mut NftSocket, script: &str) -> Result<(), ApplyError> {

@@ -7,6 +7,7 @@
 //! size of the table.
 
 use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
@@ -238,6 +239,33 @@ impl NftSocket {
                 first_error.get_or_insert(error);
             }
         }
+    }
+}
+
+/// One [`NftSocket`] shared by clones: opened on first use (in the network namespace of the
+/// thread that first uses it) and dropped after an I/O error, so the next use starts over
+/// with a fresh one.
+#[derive(Clone, Debug, Default)]
+pub struct SharedSocket {
+    inner: Arc<Mutex<Option<NftSocket>>>,
+}
+
+impl SharedSocket {
+    /// Run `f` on the socket, opening it if needed. Blocks while another clone uses it.
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&mut NftSocket) -> Result<T, ApplyError>,
+    ) -> Result<T, ApplyError> {
+        let mut guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let open = match guard.as_mut() {
+            Some(open) => open,
+            None => guard.insert(NftSocket::open()?),
+        };
+        let result = f(open);
+        if matches!(result, Err(ApplyError::Socket(_))) {
+            *guard = None;
+        }
+        result
     }
 }
 

@@ -383,11 +383,13 @@ pub fn addrtype(source: u16, dest: u16) -> (&'static str, u32, Vec<u8>) {
 pub enum RecentOp {
     /// `--set`: add the source address.
     Set,
-    /// `--rcheck --seconds N --reap`: match a source seen in the last `seconds`, and drop
-    /// older entries.
-    CheckReap {
+    /// `--rcheck --seconds N [--reap]`: match a source seen in the last `seconds` (and,
+    /// with `reap`, drop older entries).
+    Check {
         /// The age limit.
         seconds: u32,
+        /// `--reap`.
+        reap: bool,
     },
 }
 
@@ -407,9 +409,9 @@ pub fn recent(name: &str, op: RecentOp) -> Option<(&'static str, u32, Vec<u8>)> 
     let mut data = info(SIZE);
     match op {
         RecentOp::Set => data[CHECK_SET] = XT_RECENT_SET,
-        RecentOp::CheckReap { seconds } => {
+        RecentOp::Check { seconds, reap } => {
             put_u32(&mut data, 0, seconds);
-            data[CHECK_SET] = XT_RECENT_CHECK | XT_RECENT_REAP;
+            data[CHECK_SET] = XT_RECENT_CHECK | if reap { XT_RECENT_REAP } else { 0 };
         }
     }
     put_str(&mut data, NAME, XT_RECENT_NAME_LEN, name)?;
@@ -481,15 +483,13 @@ pub const PROTO_UDP: u8 = 17;
 /// `IPPROTO_SCTP`.
 pub const PROTO_SCTP: u8 = 132;
 
-/// `-j MARK --or-mark BITS` (`or`) or `--xor-mark BITS`: revision 2,
-/// `struct xt_mark_tginfo2 { u32 mark, mask; }`; the kernel computes
-/// `(mark & ~mask) ^ info.mark`, so OR is `{bits, bits}` and XOR `{bits, 0}`.
-pub fn mark_target(bits: u32, or: bool) -> (&'static str, u32, Vec<u8>) {
+/// `-j MARK`: revision 2, `struct xt_mark_tginfo2 { u32 mark, mask; }`; the kernel
+/// computes `(mark & ~mask) ^ info.mark`, so iptables stores `--or-mark B` as `{B, B}` and
+/// `--xor-mark B` as `{B, 0}`.
+pub fn mark_target(mark: u32, mask: u32) -> (&'static str, u32, Vec<u8>) {
     let mut data = info(8);
-    put_u32(&mut data, 0, bits);
-    if or {
-        put_u32(&mut data, 4, bits);
-    }
+    put_u32(&mut data, 0, mark);
+    put_u32(&mut data, 4, mask);
     ("MARK", 2, data)
 }
 

@@ -83,7 +83,14 @@ fn addrtype_local() {
 fn recent_check_and_set() {
     let ones = [0xffu8; 16];
     check(
-        recent("KUBE-SEP-A", RecentOp::CheckReap { seconds: 10800 }).expect("fits"),
+        recent(
+            "KUBE-SEP-A",
+            RecentOp::Check {
+                seconds: 10800,
+                reap: true,
+            },
+        )
+        .expect("fits"),
         "recent",
         1,
         sparse(
@@ -141,13 +148,13 @@ fn ports_and_protocol_matches() {
 #[test]
 fn targets() {
     check(
-        mark_target(0x4000, true),
+        mark_target(0x4000, 0x4000),
         "MARK",
         2,
         sparse(8, &[(1, &[0x40]), (5, &[0x40])]),
     );
     check(
-        mark_target(0x4000, false),
+        mark_target(0x4000, 0),
         "MARK",
         2,
         sparse(8, &[(1, &[0x40])]),
