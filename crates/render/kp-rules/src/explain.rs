@@ -28,15 +28,14 @@ use crate::iptables::{
     KUBE_EXTERNAL_SERVICES, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_SERVICES, LocalDetector,
     NodePortAddresses, RenderConfig, RenderError,
 };
+pub use crate::plan::EndpointList;
+use crate::plan::{ExternalMasquerade, InternalMasquerade, Masquerading, ServicePlan};
 
 pub mod dataplane;
 mod dest;
 pub mod verify;
 
 pub use dest::{Destination, DestinationError};
-
-/// The renderer clamps affinity timeouts to what `xt_recent` accepts (1 s to one day).
-const AFFINITY_SECONDS: (u64, u64) = (1, 86_400);
 
 /// The text shown when the destination matches no service port.
 pub const NOT_A_SERVICE: &str =
@@ -133,15 +132,6 @@ pub enum TrafficPolicy {
     /// Any ready endpoint in the cluster.
     Cluster,
     /// Only endpoints on this node.
-    Local,
-}
-
-/// Which of the two endpoint lists upstream computes a packet uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum EndpointList {
-    /// The cluster-wide list (`KUBE-SVC-…`).
-    Cluster,
-    /// The node-local list (`KUBE-SVL-…`).
     Local,
 }
 
@@ -576,8 +566,17 @@ impl Context<'_> {
             .collect();
         let node = self.node();
         let verdicts = topology::explain(svc, &same_family, node);
-        let categories = topology::categorize(svc, &same_family, node);
-        let has_any = categories.has_any_endpoints;
+        // The renderer's own decisions for this port.
+        let plan = ServicePlan::new(
+            svc,
+            &same_family,
+            node,
+            Masquerading {
+                all: self.config.masquerade_all,
+                detector: !matches!(self.detector, DetectorView::None),
+            },
+        );
+        let has_any = plan.has_endpoints;
         let names = ServiceChains::new(name);
         let chains = ChainNames {
             svc: names.svc.clone(),
@@ -585,7 +584,7 @@ impl Context<'_> {
             ext: names.ext.clone(),
             fw: names.fw.clone(),
         };
-        let external_local = svc.external_policy_local && svc.externally_accessible();
+        let external_local = plan.external_local;
         let mut notes = Vec::new();
 
         let route = if !how.is_external() {
@@ -593,13 +592,16 @@ impl Context<'_> {
         } else if !external_local {
             Route::ExternalCluster
         } else {
-            // The renderer only writes the short-circuits when the Cluster list is in use,
-            // which for an externally accessible service means "has any endpoint".
+            // The short-circuits exist only when the renderer writes them.
             let pod = self.source.and_then(|s| self.local_traffic(s)) == Some(true);
             let from_node = self.source.is_some_and(|s| self.is_node_address(s));
-            if has_any && pod && !matches!(self.detector, DetectorView::None) {
+            let short_circuit = match plan.external_masquerade {
+                ExternalMasquerade::ShortCircuit { pods } => Some(pods),
+                ExternalMasquerade::Always | ExternalMasquerade::Never => None,
+            };
+            if short_circuit == Some(true) && pod {
                 Route::ExternalLocalPod
-            } else if has_any && from_node {
+            } else if short_circuit.is_some() && from_node {
                 Route::ExternalLocalNode
             } else {
                 if self.source.is_none() {
@@ -648,14 +650,11 @@ impl Context<'_> {
                 "externalTrafficPolicy Local: only endpoints on this node".to_owned(),
             ),
         };
-        let chosen_list = match list {
-            EndpointList::Cluster => &categories.cluster,
-            EndpointList::Local => &categories.local,
-        };
+        let chosen_list = plan.list(list);
 
         // Source ranges apply to LB IPs only, and only when the FW chain exists.
         let ranges = &svc.load_balancer_source_ranges;
-        let firewall = how == MatchKind::LoadBalancerIp && !ranges.is_empty() && has_any;
+        let firewall = how == MatchKind::LoadBalancerIp && plan.uses_firewall_chain;
         let range_allowed = self.source.map(|s| {
             let node_allowed = ranges
                 .iter()
@@ -756,14 +755,13 @@ impl Context<'_> {
             })
             .collect();
 
-        let masquerade = self.masquerade(route, outcome, &endpoints);
-        let hops = self.hops(&display, svc, &chains, how, route, list, outcome, ip, port);
-        let session_affinity = svc.session_affinity.map(|a| Affinity {
-            timeout_seconds: a
-                .timeout
-                .as_secs()
-                .clamp(AFFINITY_SECONDS.0, AFFINITY_SECONDS.1),
-        });
+        let masquerade = self.masquerade(&plan, route, outcome, &endpoints);
+        let hops = self.hops(
+            &display, svc, &plan, &chains, how, route, list, outcome, ip, port,
+        );
+        let session_affinity = plan
+            .affinity_seconds
+            .map(|timeout_seconds| Affinity { timeout_seconds });
 
         ServiceMatch {
             service_port: display,
@@ -798,6 +796,7 @@ impl Context<'_> {
 
     fn masquerade(
         &self,
+        plan: &ServicePlan<'_>,
         route: Route,
         outcome: Outcome,
         endpoints: &[EndpointExplanation],
@@ -818,7 +817,7 @@ impl Context<'_> {
         }
         let base = match route {
             Route::Internal => {
-                if self.config.masquerade_all {
+                if plan.internal_masquerade == InternalMasquerade::All {
                     make(
                         D::Yes,
                         R::MasqueradeAll,
@@ -913,6 +912,7 @@ impl Context<'_> {
         &self,
         display: &str,
         svc: &ServicePort,
+        plan: &ServicePlan<'_>,
         chains: &ChainNames,
         how: MatchKind,
         route: Route,
@@ -968,7 +968,7 @@ impl Context<'_> {
         let entry = match how {
             MatchKind::ClusterIp => list_chain,
             MatchKind::NodePort | MatchKind::ExternalIp => &chains.ext,
-            MatchKind::LoadBalancerIp if !svc.load_balancer_source_ranges.is_empty() => &chains.fw,
+            MatchKind::LoadBalancerIp if plan.uses_firewall_chain => &chains.fw,
             MatchKind::LoadBalancerIp => &chains.ext,
         };
         if how == MatchKind::NodePort {
@@ -1026,25 +1026,21 @@ impl Context<'_> {
         }
         let mut action = String::new();
         if how == MatchKind::ClusterIp {
-            if self.config.masquerade_all {
-                action.push_str("mark for masquerade (masqueradeAll); ");
-            } else {
-                match &self.detector {
-                    DetectorView::Cidr(cidr) => {
-                        action.push_str(&format!("mark for masquerade if not from {cidr}; "));
-                    }
-                    DetectorView::Interface(iface) => {
-                        action.push_str(&format!("mark for masquerade unless from {iface}; "));
-                    }
-                    DetectorView::None => {}
+            match (plan.internal_masquerade, &self.detector) {
+                (InternalMasquerade::All, _) => {
+                    action.push_str("mark for masquerade (masqueradeAll); ");
                 }
+                (InternalMasquerade::NotLocal, DetectorView::Cidr(cidr)) => {
+                    action.push_str(&format!("mark for masquerade if not from {cidr}; "));
+                }
+                (InternalMasquerade::NotLocal, DetectorView::Interface(iface)) => {
+                    action.push_str(&format!("mark for masquerade unless from {iface}; "));
+                }
+                (InternalMasquerade::NotLocal, DetectorView::None)
+                | (InternalMasquerade::None, _) => {}
             }
         }
-        if let Some(affinity) = svc.session_affinity {
-            let seconds = affinity
-                .timeout
-                .as_secs()
-                .clamp(AFFINITY_SECONDS.0, AFFINITY_SECONDS.1);
+        if let Some(seconds) = plan.affinity_seconds {
             action.push_str(&format!(
                 "recent client (within {seconds}s) -> its endpoint; "
             ));

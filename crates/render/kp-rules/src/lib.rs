@@ -13,10 +13,13 @@
 //! - [`explain`]: the same decisions as a readable answer for `kube-proxy explain`, and the
 //!   rule comparison behind `--verify`.
 //! - [`userspace`]: userspace mode's capture rules (redirects to the relay's ports).
+//! - [`plan`]: the per-service-port decisions (chains, policies, filters, firewall,
+//!   masquerade, affinity) shared by the iptables renderer and `explain`.
 
 pub mod explain;
 mod family;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
+pub mod plan;
 pub mod userspace;

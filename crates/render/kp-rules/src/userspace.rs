@@ -481,6 +481,7 @@ pub fn jumps() -> Vec<JumpRule> {
             "{extra}{} -j {to}",
             comment_args("kubernetes userspace service portals")
         ),
+        rule: None,
     };
     let new = "-m conntrack --ctstate NEW ";
     vec![

@@ -45,21 +45,31 @@ pub fn comment_args(text: &str) -> String {
 /// into the encoder (no intermediate string).
 pub(crate) fn write_comment_args(out: &mut String, text: impl std::fmt::Display) {
     out.push_str("-m comment --comment \"");
-    let mut writer = Sanitizer::new(out);
-    let _ = std::fmt::Write::write_fmt(&mut writer, format_args!("{text}"));
+    // Writing into a String cannot fail.
+    let _ = write_sanitized(out, text);
     out.push('"');
+}
+
+/// Writes `text` percent-encoded and cut to [`MAX_COMMENT_BYTES`] into `out`, formatting it
+/// straight into the encoder (no intermediate string).
+pub(crate) fn write_sanitized<W: std::fmt::Write + ?Sized>(
+    out: &mut W,
+    text: impl std::fmt::Display,
+) -> std::fmt::Result {
+    let mut writer = Sanitizer::new(out);
+    std::fmt::Write::write_fmt(&mut writer, format_args!("{text}"))
 }
 
 /// A `fmt::Write` that percent-encodes into `out` and stops at [`MAX_COMMENT_BYTES`]
 /// encoded bytes (the first piece that does not fit ends the comment).
-struct Sanitizer<'a> {
-    out: &'a mut String,
+struct Sanitizer<'a, W: ?Sized> {
+    out: &'a mut W,
     len: usize,
     done: bool,
 }
 
-impl<'a> Sanitizer<'a> {
-    fn new(out: &'a mut String) -> Self {
+impl<'a, W: std::fmt::Write + ?Sized> Sanitizer<'a, W> {
+    fn new(out: &'a mut W) -> Self {
         Self {
             out,
             len: 0,
@@ -68,28 +78,47 @@ impl<'a> Sanitizer<'a> {
     }
 }
 
-impl std::fmt::Write for Sanitizer<'_> {
+impl<W: std::fmt::Write + ?Sized> std::fmt::Write for Sanitizer<'_, W> {
     fn write_str(&mut self, text: &str) -> std::fmt::Result {
         const HEX: &[u8; 16] = b"0123456789ABCDEF";
-        for byte in text.bytes() {
-            if self.done {
-                break;
-            }
+        // Runs of literal bytes are written as one slice: the writer may be a formatter.
+        let mut run = 0;
+        for (at, byte) in text.bytes().enumerate() {
             let piece_len = if is_literal(byte) { 1 } else { 3 };
-            if self.len + piece_len > MAX_COMMENT_BYTES {
+            if self.done || self.len + piece_len > MAX_COMMENT_BYTES {
                 self.done = true;
-                break;
+                return write_run(self.out, text, run, at);
             }
             self.len += piece_len;
-            if is_literal(byte) {
-                self.out.push(char::from(byte));
-            } else {
-                self.out.push('%');
-                self.out.push(char::from(HEX[usize::from(byte >> 4)]));
-                self.out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+            if !is_literal(byte) {
+                write_run(self.out, text, run, at)?;
+                let escape = [
+                    b'%',
+                    HEX[usize::from(byte >> 4)],
+                    HEX[usize::from(byte & 0x0f)],
+                ];
+                // Three ASCII bytes.
+                self.out
+                    .write_str(std::str::from_utf8(&escape).map_err(|_| std::fmt::Error)?)?;
+                run = at + 1;
             }
         }
-        Ok(())
+        write_run(self.out, text, run, text.len())
+    }
+}
+
+/// Writes the literal bytes `text[run..at]`, if any. A non-empty run is ASCII and follows a
+/// non-literal byte or the start, so both ends are char boundaries; an empty one may sit
+/// inside a multi-byte character and is not sliced.
+fn write_run<W: std::fmt::Write + ?Sized>(
+    out: &mut W,
+    text: &str,
+    run: usize,
+    at: usize,
+) -> std::fmt::Result {
+    match text.get(run..at) {
+        Some(literal) if run < at => out.write_str(literal),
+        _ => Ok(()),
     }
 }
 

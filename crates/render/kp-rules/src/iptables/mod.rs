@@ -12,6 +12,7 @@
 pub mod comment;
 pub mod names;
 mod render;
+pub mod rule;
 mod setup;
 
 use std::collections::BTreeSet;
@@ -21,7 +22,11 @@ use ipnet::IpNet;
 use kp_core::backend::SyncKind;
 use kp_core::model::{IpFamily, ServiceName};
 
-pub use render::{probability, render};
+pub use render::{probability, render, render_into};
+pub use rule::{
+    AddrType, AddrTypeSide, Address, Comment, CtStates, Entry, MarkOp, Match, Probability,
+    RecentAction, RejectWith, Restore, RestoreText, Rule, RuleSink, TableRestore, Target,
+};
 pub use setup::{CANARY_CHAIN, JumpRule, Setup, Table, setup};
 
 /// nat chain every service dispatch starts from (also a filter chain for REJECT/DROP).
@@ -201,12 +206,19 @@ impl RenderConfig {
     }
 }
 
-/// The local detector resolved for one family: the match arguments for "from a local pod"
-/// and "not from a local pod", or nothing when no detector applies.
+/// The local detector resolved for one family: what "from a local pod" matches, or nothing
+/// when no detector applies.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Detector {
-    if_local: String,
-    if_not_local: String,
+pub(crate) enum Detector {
+    /// Source inside this CIDR (`-s CIDR`).
+    Cidr(IpNet),
+    /// Entering through this interface, or any with this prefix (`-i NAME`, `-i PREFIX+`).
+    Interface {
+        /// The validated name or prefix.
+        name: String,
+        /// `name` is a prefix.
+        wildcard: bool,
+    },
 }
 
 impl Detector {
@@ -214,7 +226,7 @@ impl Detector {
         detector: &LocalDetector,
         family: IpFamily,
     ) -> Result<Option<Self>, RenderError> {
-        let (if_local, if_not_local) = match detector {
+        Ok(Some(match detector {
             LocalDetector::None => return Ok(None),
             LocalDetector::Cidrs(cidrs) => {
                 let mine: Vec<&IpNet> = cidrs
@@ -223,10 +235,7 @@ impl Detector {
                     .collect();
                 match mine.as_slice() {
                     [] => return Ok(None),
-                    [cidr] => {
-                        let cidr = cidr.trunc();
-                        (format!("-s {cidr}"), format!("! -s {cidr}"))
-                    }
+                    [cidr] => Detector::Cidr(cidr.trunc()),
                     _ => {
                         return Err(RenderError::DetectorCidrs {
                             family,
@@ -237,23 +246,45 @@ impl Detector {
             }
             LocalDetector::BridgeInterface(name) => {
                 check_interface(name, MAX_INTERFACE_NAME)?;
-                (format!("-i {name}"), format!("! -i {name}"))
+                Detector::Interface {
+                    name: name.clone(),
+                    wildcard: false,
+                }
             }
             LocalDetector::InterfaceNamePrefix(prefix) => {
                 // The `+` wildcard takes one byte of the name.
                 check_interface(prefix, MAX_INTERFACE_NAME - 1)?;
-                (format!("-i {prefix}+"), format!("! -i {prefix}+"))
+                Detector::Interface {
+                    name: prefix.clone(),
+                    wildcard: true,
+                }
             }
-        };
-        Ok(Some(Self {
-            if_local,
-            if_not_local,
         }))
     }
 
+    /// The match for "from a local pod" (`-s CIDR`, `-i IFACE`), or its negation.
+    fn matching(&self, negated: bool) -> Match<'_> {
+        match self {
+            Detector::Cidr(cidr) => Match::Source {
+                addr: Address::Net(*cidr),
+                negated,
+            },
+            Detector::Interface { name, wildcard } => Match::InInterface {
+                name: std::borrow::Cow::Borrowed(name),
+                wildcard: *wildcard,
+                negated,
+            },
+        }
+    }
+
+    /// The match for "from a local pod" (`-s CIDR`, `-i IFACE`).
+    pub(crate) fn if_local(&self) -> Match<'_> {
+        self.matching(false)
+    }
+
     /// The match for "not from a local pod" (`! -s CIDR`, `! -i IFACE`).
-    pub(crate) fn if_not_local(&self) -> &str {
-        &self.if_not_local
+    pub(crate) fn if_not_local(&self) -> Match<'_> {
+        self.matching(true)
     }
 }
 

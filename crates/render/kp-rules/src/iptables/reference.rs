@@ -513,7 +513,7 @@ fn render_service(
         if ctx.config.masquerade_all {
             own.rule(base.jump(KUBE_MARK_MASQ));
         } else if let Some(detector) = &ctx.detector {
-            own.rule(base.arg(&detector.if_not_local).jump(KUBE_MARK_MASQ));
+            own.rule(base.arg(detector.if_not_local()).jump(KUBE_MARK_MASQ));
         }
     }
 
@@ -535,7 +535,7 @@ fn render_service(
                 own.rule(
                     Rule::append(&chains.ext)
                         .comment(&format!("pod traffic for {display} external destinations"))
-                        .arg(&detector.if_local)
+                        .arg(detector.if_local())
                         .jump(&chains.svc),
                 );
             }

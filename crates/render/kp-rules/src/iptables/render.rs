@@ -1,143 +1,115 @@
-//! The restore text for one sync, following upstream's `syncProxyRules` layout.
+//! The restore input for one sync, following upstream's `syncProxyRules` layout, as typed
+//! [`Rule`]s sent to a [`RuleSink`].
 
 use std::borrow::Cow;
-
-use crate::family::{family_endpoints, for_family};
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use kp_core::backend::SyncKind;
-use kp_core::model::{Endpoint, IpFamily, ServicePort, ServicePortName};
-use kp_core::topology::categorize;
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
 use kp_core::tracker::ProxyState;
 
-use super::comment::write_comment_args;
 use super::names::{EndpointChains, ServiceChains, is_service_chain};
+use super::rule::{
+    AddrType, AddrTypeSide, Address, Comment, CtStates, MarkOp, Match, Probability, RecentAction,
+    RestoreText, Rule, RuleSink, Table, Target,
+};
 use super::{
     Detector, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
     KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES, NodePortAddresses, RenderConfig,
     RenderError, RenderOutput, SyncScope,
 };
+use crate::family::{family_endpoints, for_family};
+use crate::plan::{
+    EndpointList, ExternalMasquerade, InternalMasquerade, Masquerading, NoEndpoints, ServicePlan,
+};
 
-/// The API server caps `sessionAffinityConfig.clientIP.timeoutSeconds` at one day; clamping
-/// keeps `xt_recent --seconds` valid even if a bad value slips through.
-const MAX_AFFINITY_SECONDS: u64 = 86_400;
-/// `xt_recent` needs a positive age; the API minimum is 1 s.
-const MIN_AFFINITY_SECONDS: u64 = 1;
-/// IPv4 loopback, where localhost NodePorts arrive.
-const IPV4_LOOPBACK: &str = "127.0.0.0/8";
-/// IPv6 loopback, never a NodePort address.
-const IPV6_LOOPBACK: &str = "::1/128";
-
-/// Upstream's `--probability` for the i-th of n remaining endpoints: `1/n` with 10 decimals.
-///
-/// Ten decimals keep the values strictly decreasing for n up to 100000 (`1/100001` prints as
-/// `0.0000099999`). `n == 0` never happens (the last endpoint has no probability match) and
-/// yields `1.0000000000` rather than a division by zero.
-pub fn probability(n: usize) -> String {
-    format!("{:.10}", 1.0 / (n.max(1) as f64))
+/// IPv4 loopback (127.0.0.0/8), where localhost NodePorts arrive.
+fn ipv4_loopback() -> Address {
+    Address::Net(IpNet::V4(
+        Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8).unwrap_or_default(),
+    ))
 }
 
-/// One table's part of the restore input.
+/// IPv6 loopback (::1/128), never a NodePort address.
+fn ipv6_loopback() -> Address {
+    Address::Net(IpNet::V6(
+        Ipv6Net::new(Ipv6Addr::LOCALHOST, 128).unwrap_or_default(),
+    ))
+}
+
+/// Upstream's `--probability` for the i-th of n remaining endpoints: `1/n` with 10 decimals
+/// (see [`Probability`]).
+pub fn probability(n: usize) -> String {
+    Probability::one_in(n).to_string()
+}
+
+/// Rule counts of one table.
 #[derive(Default)]
-struct TableText {
-    chains: String,
-    rules: String,
-    /// `-A` lines in `rules`.
+struct Counts {
+    /// Rules sent to the sink.
     written: usize,
     /// Rules in place once applied, including those of chains left as they were.
     total: usize,
 }
 
-impl TableText {
-    fn chain(&mut self, name: &str) {
-        // `:NAME - [0:0]` creates the chain, or flushes it when it exists (with --noflush).
-        self.chains.push(':');
-        self.chains.push_str(name);
-        self.chains.push_str(" - [0:0]\n");
+/// The sink with per-table counts.
+struct Out<'s, S: ?Sized> {
+    sink: &'s mut S,
+    filter: Counts,
+    nat: Counts,
+}
+
+impl<S: RuleSink + ?Sized> Out<'_, S> {
+    fn counts(&mut self, table: Table) -> &mut Counts {
+        match table {
+            Table::Filter => &mut self.filter,
+            // The renderer writes only filter and nat.
+            Table::Nat | Table::Mangle => &mut self.nat,
+        }
     }
 
-    /// Starts an `-A chain` rule, written straight into `rules`.
-    fn append(&mut self, chain: &str) -> Rule<'_> {
-        self.written += 1;
-        self.total += 1;
-        Rule::new(Some(&mut self.rules), chain)
+    fn chain(&mut self, table: Table, chain: &str) {
+        self.sink.chain(table, chain);
+    }
+
+    fn rule(&mut self, table: Table, rule: Rule<'_>) {
+        let counts = self.counts(table);
+        counts.written += 1;
+        counts.total += 1;
+        self.sink.rule(table, rule);
+    }
+
+    fn filter(&mut self, rule: Rule<'_>) {
+        self.rule(Table::Filter, rule);
+    }
+
+    fn nat(&mut self, rule: Rule<'_>) {
+        self.rule(Table::Nat, rule);
     }
 }
 
-/// A service's own nat chains: written into the nat table, or, when a partial sync leaves
-/// them alone, only counted (no text is formatted at all).
-struct Own<'t> {
-    table: &'t mut TableText,
+/// A service's own nat chains: sent to the sink, or, when a partial sync leaves them alone,
+/// only counted (no rule is even built).
+struct Own<'o, 's, S: ?Sized> {
+    out: &'o mut Out<'s, S>,
     write: bool,
 }
 
-impl Own<'_> {
+impl<S: RuleSink + ?Sized> Own<'_, '_, S> {
     fn chain(&mut self, name: &str) {
         if self.write {
-            self.table.chain(name);
+            self.out.chain(Table::Nat, name);
         }
     }
 
-    fn append(&mut self, chain: &str) -> Rule<'_> {
-        self.table.total += 1;
+    /// One rule, built by `make` only when written.
+    fn rule<'r>(&mut self, make: impl FnOnce() -> Rule<'r>) {
         if self.write {
-            self.table.written += 1;
-            Rule::new(Some(&mut self.table.rules), chain)
+            self.out.nat(make());
         } else {
-            Rule::new(None, chain)
-        }
-    }
-}
-
-/// One `-A` rule, built argument by argument straight into the table text; the line ends
-/// when the rule is dropped. Without a target it formats nothing (a counted-only rule).
-struct Rule<'a>(Option<&'a mut String>);
-
-impl<'a> Rule<'a> {
-    fn new(out: Option<&'a mut String>, chain: &str) -> Self {
-        let mut rule = Rule(out);
-        if let Some(out) = rule.0.as_deref_mut() {
-            out.push_str("-A ");
-            out.push_str(chain);
-        }
-        rule
-    }
-
-    fn arg(mut self, arg: impl std::fmt::Display) -> Self {
-        if let Some(out) = self.0.as_deref_mut() {
-            let _ = write!(out, " {arg}");
-        }
-        self
-    }
-
-    fn comment(mut self, text: impl std::fmt::Display) -> Self {
-        if let Some(out) = self.0.as_deref_mut() {
-            out.push(' ');
-            write_comment_args(out, text);
-        }
-        self
-    }
-
-    /// A comment that large-cluster mode drops.
-    fn endpoint_comment(self, text: impl std::fmt::Display, large: bool) -> Self {
-        if large { self } else { self.comment(text) }
-    }
-
-    fn jump(mut self, target: &str) -> Self {
-        if let Some(out) = self.0.as_deref_mut() {
-            out.push_str(" -j ");
-            out.push_str(target);
-        }
-        self
-    }
-}
-
-impl Drop for Rule<'_> {
-    fn drop(&mut self) {
-        if let Some(out) = self.0.as_deref_mut() {
-            out.push('\n');
+            self.out.nat.total += 1;
         }
     }
 }
@@ -164,6 +136,24 @@ pub fn render(
     family: IpFamily,
     config: &RenderConfig,
     scope: &SyncScope<'_>,
+) -> Result<RenderOutput, RenderError> {
+    let mut text = RestoreText::default();
+    let mut output = render_into(state, family, config, scope, &mut text)?;
+    output.text = text.finish();
+    Ok(output)
+}
+
+/// [`render`], sending the typed rules to `sink` instead of formatting them: the returned
+/// bookkeeping's `text` is empty.
+///
+/// Calls arrive as [`RuleSink`] describes (render order, tables interleaved). A partial sync
+/// builds no [`Rule`] at all for the chains it leaves alone.
+pub fn render_into<S: RuleSink + ?Sized>(
+    state: &ProxyState,
+    family: IpFamily,
+    config: &RenderConfig,
+    scope: &SyncScope<'_>,
+    sink: &mut S,
 ) -> Result<RenderOutput, RenderError> {
     let mark = config.masquerade_mark()?;
     let detector = Detector::new(&config.local_detector, family)?;
@@ -201,8 +191,11 @@ pub fn render(
             .collect(),
     };
 
-    let mut filter = TableText::default();
-    let mut nat = TableText::default();
+    let mut out = Out {
+        sink,
+        filter: Counts::default(),
+        nat: Counts::default(),
+    };
     for chain in [
         KUBE_SERVICES,
         KUBE_EXTERNAL_SERVICES,
@@ -210,7 +203,7 @@ pub fn render(
         KUBE_NODEPORTS,
         KUBE_PROXY_FIREWALL,
     ] {
-        filter.chain(chain);
+        out.chain(Table::Filter, chain);
     }
     for chain in [
         KUBE_SERVICES,
@@ -218,37 +211,50 @@ pub fn render(
         KUBE_POSTROUTING,
         KUBE_MARK_MASQ,
     ] {
-        nat.chain(chain);
+        out.chain(Table::Nat, chain);
     }
 
     // Masquerading: only marked packets, the mark cleared so a packet that re-traverses the
     // stack is not masqueraded twice.
-    nat.append(KUBE_POSTROUTING)
-        .arg(format_args!("-m mark ! --mark {mark:#x}/{mark:#x}"))
-        .jump("RETURN");
-    nat.append(KUBE_POSTROUTING)
-        .arg(format_args!("-j MARK --xor-mark {mark:#x}"));
-    {
-        let masquerade = nat
-            .append(KUBE_POSTROUTING)
+    out.nat(
+        Rule::new(KUBE_POSTROUTING)
+            .with(Match::Mark {
+                value: mark,
+                mask: mark,
+                negated: true,
+            })
+            .target(Target::Return),
+    );
+    out.nat(Rule::new(KUBE_POSTROUTING).target(Target::Mark(MarkOp::Xor(mark))));
+    out.nat(
+        Rule::new(KUBE_POSTROUTING)
             .comment("kubernetes service traffic requiring SNAT")
-            .jump("MASQUERADE");
-        if config.random_fully {
-            masquerade.arg("--random-fully");
-        }
-    }
-    nat.append(KUBE_MARK_MASQ)
-        .arg(format_args!("-j MARK --or-mark {mark:#x}"));
+            .target(Target::Masquerade {
+                random_fully: config.random_fully,
+            }),
+    );
+    out.nat(Rule::new(KUBE_MARK_MASQ).target(Target::Mark(MarkOp::Or(mark))));
 
     if family == IpFamily::V4 && config.localhost_node_ports {
         // route_localnet would otherwise let outside hosts reach 127.0.0.0/8 services.
-        filter.chain(KUBE_FIREWALL);
-        filter
-            .append(KUBE_FIREWALL)
-            .comment("block incoming localnet connections")
-            .arg(format_args!("-d {IPV4_LOOPBACK} ! -s {IPV4_LOOPBACK}"))
-            .arg("-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT")
-            .jump("DROP");
+        out.chain(Table::Filter, KUBE_FIREWALL);
+        out.filter(
+            Rule::new(KUBE_FIREWALL)
+                .comment("block incoming localnet connections")
+                .with(Match::Destination {
+                    addr: ipv4_loopback(),
+                    negated: false,
+                })
+                .with(Match::Source {
+                    addr: ipv4_loopback(),
+                    negated: true,
+                })
+                .with(Match::Conntrack {
+                    states: CtStates::RELATED | CtStates::ESTABLISHED | CtStates::DNAT,
+                    negated: true,
+                })
+                .target(Target::Drop),
+        );
     }
 
     let mut active: Vec<String> = Vec::new();
@@ -265,8 +271,7 @@ pub fn render(
             *cluster_ip,
             port,
             &endpoints,
-            &mut filter,
-            &mut nat,
+            &mut out,
             write,
             &mut active,
         );
@@ -287,49 +292,50 @@ pub fn render(
         .collect();
     let active: BTreeSet<String> = active.into_iter().map(|(_, chain)| chain).collect();
     for chain in &deleted {
-        nat.chain(chain);
-        nat.rules.push_str("-X ");
-        nat.rules.push_str(chain);
-        nat.rules.push('\n');
+        out.chain(Table::Nat, chain);
+        out.sink.delete_chain(Table::Nat, chain);
     }
 
-    render_nodeport_dispatch(&ctx, &mut nat);
+    render_nodeport_dispatch(&ctx, &mut out);
 
     if config.drop_invalid {
-        filter
-            .append(KUBE_FORWARD)
-            .arg("-m conntrack --ctstate INVALID")
-            .jump("DROP");
+        out.filter(
+            Rule::new(KUBE_FORWARD)
+                .with(Match::Conntrack {
+                    states: CtStates::INVALID,
+                    negated: false,
+                })
+                .target(Target::Drop),
+        );
     }
     // Marked traffic is service traffic: forward it even when FORWARD's policy is DROP.
-    filter
-        .append(KUBE_FORWARD)
-        .comment("kubernetes forwarding rules")
-        .arg(format_args!("-m mark --mark {mark:#x}/{mark:#x}"))
-        .jump("ACCEPT");
-    filter
-        .append(KUBE_FORWARD)
-        .comment("kubernetes forwarding conntrack rule")
-        .arg("-m conntrack --ctstate RELATED,ESTABLISHED")
-        .jump("ACCEPT");
-
-    let mut text = String::with_capacity(
-        filter.chains.len() + filter.rules.len() + nat.chains.len() + nat.rules.len() + 32,
+    out.filter(
+        Rule::new(KUBE_FORWARD)
+            .comment("kubernetes forwarding rules")
+            .with(Match::Mark {
+                value: mark,
+                mask: mark,
+                negated: false,
+            })
+            .target(Target::Accept),
     );
-    for (header, table) in [("*filter", &filter), ("*nat", &nat)] {
-        text.push_str(header);
-        text.push('\n');
-        text.push_str(&table.chains);
-        text.push_str(&table.rules);
-        text.push_str("COMMIT\n");
-    }
+    out.filter(
+        Rule::new(KUBE_FORWARD)
+            .comment("kubernetes forwarding conntrack rule")
+            .with(Match::Conntrack {
+                states: CtStates::RELATED | CtStates::ESTABLISHED,
+                negated: false,
+            })
+            .target(Target::Accept),
+    );
+
     Ok(RenderOutput {
-        text,
+        text: String::new(),
         chains: active,
         deleted,
-        rules_written: filter.written + nat.written,
-        filter_rules: filter.total,
-        nat_rules: nat.total,
+        rules_written: out.filter.written + out.nat.written,
+        filter_rules: out.filter.total,
+        nat_rules: out.nat.total,
         large_cluster: ctx.large_cluster,
     })
 }
@@ -389,23 +395,29 @@ fn stale_chains<'e>(
 
 /// The last rule(s) of nat `KUBE-SERVICES`: traffic to a node address goes on to
 /// `KUBE-NODEPORTS`. It must come after every service IP rule.
-fn render_nodeport_dispatch(ctx: &Context<'_>, nat: &mut TableText) {
+fn render_nodeport_dispatch<S: RuleSink + ?Sized>(ctx: &Context<'_>, out: &mut Out<'_, S>) {
     let comment = "kubernetes service nodeports; NOTE: this must be the last rule in this chain";
     let ipv4 = ctx.family == IpFamily::V4;
     match &ctx.config.node_port_addresses.for_family(ctx.family) {
         NodePortAddresses::All => {
-            let rule = nat
-                .append(KUBE_SERVICES)
+            let rule = Rule::new(KUBE_SERVICES)
                 .comment(comment)
-                .arg("-m addrtype --dst-type LOCAL");
+                .with(Match::AddrType {
+                    side: AddrTypeSide::Destination,
+                    addr_type: AddrType::Local,
+                });
+            let not_loopback = |addr| Match::Destination {
+                addr,
+                negated: true,
+            };
             let rule = if !ipv4 {
-                rule.arg(format_args!("! -d {IPV6_LOOPBACK}"))
+                rule.with(not_loopback(ipv6_loopback()))
             } else if !ctx.config.localhost_node_ports {
-                rule.arg(format_args!("! -d {IPV4_LOOPBACK}"))
+                rule.with(not_loopback(ipv4_loopback()))
             } else {
                 rule
             };
-            rule.jump(KUBE_NODEPORTS);
+            out.nat(rule.jump(KUBE_NODEPORTS));
         }
         NodePortAddresses::Ips(ips) => {
             let mut seen = BTreeSet::new();
@@ -414,260 +426,340 @@ fn render_nodeport_dispatch(ctx: &Context<'_>, nat: &mut TableText) {
                 if (ip.is_loopback() && !loopback_ok) || !seen.insert(*ip) {
                     continue;
                 }
-                nat.append(KUBE_SERVICES)
-                    .comment(comment)
-                    .arg(format_args!("-d {ip}"))
-                    .jump(KUBE_NODEPORTS);
+                out.nat(
+                    Rule::new(KUBE_SERVICES)
+                        .comment(comment)
+                        .with(Match::Destination {
+                            addr: Address::Ip(*ip),
+                            negated: false,
+                        })
+                        .jump(KUBE_NODEPORTS),
+                );
             }
         }
     }
 }
 
+/// `-m proto -p proto -d ip --dport port`.
+fn to(protocol: Protocol, ip: IpAddr, port: u16) -> [Match<'static>; 3] {
+    [
+        Match::Protocol(protocol),
+        Match::Destination {
+            addr: Address::Ip(ip),
+            negated: false,
+        },
+        Match::DestinationPort(port),
+    ]
+}
+
+/// `{display}{after}`.
+fn about<'a>(display: &'a str, after: &'a str) -> Comment<'a> {
+    Comment::Service {
+        before: "",
+        service: display,
+        after,
+    }
+}
+
+/// `{before}{display}{after}`.
+fn around<'a>(before: &'a str, display: &'a str, after: &'a str) -> Comment<'a> {
+    Comment::Service {
+        before,
+        service: display,
+        after,
+    }
+}
+
+/// The filter rule's target and comment for traffic without endpoints.
+fn no_endpoints(display: &str, verdict: NoEndpoints) -> (Target<'static>, Comment<'_>) {
+    match verdict {
+        NoEndpoints::Reject => (Target::Reject(None), about(display, " has no endpoints")),
+        NoEndpoints::Drop => (Target::Drop, about(display, " has no local endpoints")),
+    }
+}
+
 /// Everything for one service port: its filter rules, its dispatch rules in nat
-/// `KUBE-SERVICES`/`KUBE-NODEPORTS`, and its own chains (written into `nat` right after its
-/// dispatch rules when `write`, else only counted). Its own chains' names go to `active`.
+/// `KUBE-SERVICES`/`KUBE-NODEPORTS`, and its own chains (sent right after its dispatch rules
+/// when `write`, else only counted). Its own chains' names go to `active`.
 #[allow(clippy::too_many_arguments)]
-fn render_service(
+fn render_service<S: RuleSink + ?Sized>(
     ctx: &Context<'_>,
     node: &kp_core::model::NodeInfo,
     name: &ServicePortName,
     cluster_ip: IpAddr,
     svc: &ServicePort,
     endpoints: &[Endpoint],
-    filter: &mut TableText,
-    nat: &mut TableText,
+    out: &mut Out<'_, S>,
     write: bool,
     active: &mut Vec<String>,
 ) {
-    let cat = categorize(svc, endpoints, node);
+    let plan = ServicePlan::new(
+        svc,
+        endpoints,
+        node,
+        Masquerading {
+            all: ctx.config.masquerade_all,
+            detector: ctx.detector.is_some(),
+        },
+    );
     let display = name.to_string();
-    let proto = name.protocol.as_str();
+    let display = display.as_str();
+    let protocol = name.protocol;
     let chains = ServiceChains::new(name);
     let large = ctx.large_cluster;
-
-    // Chains are only created when something jumps to them, and jumps only go to chains that
-    // are created: derive every "has endpoints" flag from the lists actually written.
-    let uses_cluster_chain = svc.uses_cluster_endpoints() && !cat.cluster.is_empty();
-    let uses_local_chain = svc.uses_local_endpoints() && !cat.local.is_empty();
-    let has_endpoints = cat.has_any_endpoints;
-    let policy = |local: bool| {
-        if local {
-            (&chains.svl, has_endpoints && uses_local_chain)
-        } else {
-            (&chains.svc, has_endpoints && uses_cluster_chain)
-        }
+    let policy_chain = |list| match list {
+        EndpointList::Cluster => &chains.svc,
+        EndpointList::Local => &chains.svl,
     };
-    let (internal_chain, has_internal) = policy(svc.internal_policy_local);
-    let external_local = svc.external_policy_local && svc.externally_accessible();
-    let (external_policy_chain, has_external) = policy(external_local);
-    let uses_ext_chain = has_endpoints && svc.externally_accessible();
-    let uses_fw_chain = has_endpoints
-        && !svc.load_balancer_ips.is_empty()
-        && !svc.load_balancer_source_ranges.is_empty();
-    let lb_chain = if uses_fw_chain {
+    let internal_chain = policy_chain(plan.internal.list);
+    let lb_chain = if plan.uses_firewall_chain {
         &chains.fw
     } else {
         &chains.ext
     };
-
-    let no_endpoints = format_args!("{display} has no endpoints");
-    let no_local = format_args!("{display} has no local endpoints");
-    let (internal_filter, external_filter) = if !has_endpoints {
-        (
-            Some(("REJECT", no_endpoints)),
-            Some(("REJECT", no_endpoints)),
-        )
-    } else {
-        (
-            (!has_internal).then_some(("DROP", no_local)),
-            (!has_external).then_some(("DROP", no_local)),
-        )
-    };
-    let to = |ip: IpAddr, port: u16| Destination { proto, ip, port };
-    let proto_match = format_args!("-m {proto} -p {proto}");
+    let internal_filter = plan.internal_filter.map(|v| no_endpoints(display, v));
+    let external_filter = plan.external_filter.map(|v| no_endpoints(display, v));
 
     // ClusterIP.
-    let cluster_comment = format_args!("{display} cluster IP");
-    match internal_filter {
-        None => {
-            nat.append(KUBE_SERVICES)
-                .comment(cluster_comment)
-                .arg(to(cluster_ip, svc.port))
-                .jump(internal_chain);
-        }
-        Some((target, comment)) => {
-            filter
-                .append(KUBE_SERVICES)
-                .comment(comment)
-                .arg(to(cluster_ip, svc.port))
-                .jump(target);
-        }
+    let cluster_comment = about(display, " cluster IP");
+    match &internal_filter {
+        None => out.nat(
+            Rule::new(KUBE_SERVICES)
+                .comment(cluster_comment.clone())
+                .with_all(to(protocol, cluster_ip, svc.port))
+                .jump(internal_chain),
+        ),
+        Some((target, comment)) => out.filter(
+            Rule::new(KUBE_SERVICES)
+                .comment(comment.clone())
+                .with_all(to(protocol, cluster_ip, svc.port))
+                .target(target.clone()),
+        ),
     }
 
     // externalIPs.
     for ip in &svc.external_ips {
-        if uses_ext_chain {
-            nat.append(KUBE_SERVICES)
-                .comment(format_args!("{display} external IP"))
-                .arg(to(*ip, svc.port))
-                .jump(&chains.ext);
+        if plan.uses_external_chain {
+            out.nat(
+                Rule::new(KUBE_SERVICES)
+                    .comment(about(display, " external IP"))
+                    .with_all(to(protocol, *ip, svc.port))
+                    .jump(&chains.ext),
+            );
         }
-        if let Some((target, comment)) = external_filter {
-            filter
-                .append(KUBE_EXTERNAL_SERVICES)
-                .comment(comment)
-                .arg(to(*ip, svc.port))
-                .jump(target);
+        if let Some((target, comment)) = &external_filter {
+            out.filter(
+                Rule::new(KUBE_EXTERNAL_SERVICES)
+                    .comment(comment.clone())
+                    .with_all(to(protocol, *ip, svc.port))
+                    .target(target.clone()),
+            );
         }
     }
 
     // LoadBalancer ingress IPs.
+    let lb_comment = about(display, " loadbalancer IP");
+    let not_accepted = format!(" traffic not accepted by {}", chains.fw);
     for ip in &svc.load_balancer_ips {
-        if uses_ext_chain {
-            nat.append(KUBE_SERVICES)
-                .comment(format_args!("{display} loadbalancer IP"))
-                .arg(to(*ip, svc.port))
-                .jump(lb_chain);
+        if plan.uses_external_chain {
+            out.nat(
+                Rule::new(KUBE_SERVICES)
+                    .comment(lb_comment.clone())
+                    .with_all(to(protocol, *ip, svc.port))
+                    .jump(lb_chain),
+            );
         }
-        if uses_fw_chain {
+        if plan.uses_firewall_chain {
             // Packets KUBE-FW-* accepted were DNATed and no longer match this.
-            filter
-                .append(KUBE_PROXY_FIREWALL)
-                .comment(format_args!(
-                    "{display} traffic not accepted by {}",
-                    chains.fw
-                ))
-                .arg(to(*ip, svc.port))
-                .jump("DROP");
+            out.filter(
+                Rule::new(KUBE_PROXY_FIREWALL)
+                    .comment(about(display, &not_accepted))
+                    .with_all(to(protocol, *ip, svc.port))
+                    .target(Target::Drop),
+            );
         }
     }
-    if let Some((target, comment)) = external_filter {
+    if let Some((target, comment)) = &external_filter {
         for ip in &svc.load_balancer_ips {
-            filter
-                .append(KUBE_EXTERNAL_SERVICES)
-                .comment(comment)
-                .arg(to(*ip, svc.port))
-                .jump(target);
+            out.filter(
+                Rule::new(KUBE_EXTERNAL_SERVICES)
+                    .comment(comment.clone())
+                    .with_all(to(protocol, *ip, svc.port))
+                    .target(target.clone()),
+            );
         }
     }
 
     // NodePort (not subject to loadBalancerSourceRanges, as upstream).
     if let Some(node_port) = svc.node_port {
-        if uses_ext_chain {
-            nat.append(KUBE_NODEPORTS)
-                .comment(&display)
-                .arg(format_args!("{proto_match} --dport {node_port}"))
-                .jump(&chains.ext);
+        if plan.uses_external_chain {
+            out.nat(
+                Rule::new(KUBE_NODEPORTS)
+                    .comment(display)
+                    .with(Match::Protocol(protocol))
+                    .with(Match::DestinationPort(node_port))
+                    .jump(&chains.ext),
+            );
         }
-        if let Some((target, comment)) = external_filter {
-            filter
-                .append(KUBE_EXTERNAL_SERVICES)
-                .comment(comment)
-                .arg("-m addrtype --dst-type LOCAL")
-                .arg(format_args!("{proto_match} --dport {node_port}"))
-                .jump(target);
+        if let Some((target, comment)) = &external_filter {
+            out.filter(
+                Rule::new(KUBE_EXTERNAL_SERVICES)
+                    .comment(comment.clone())
+                    .with(Match::AddrType {
+                        side: AddrTypeSide::Destination,
+                        addr_type: AddrType::Local,
+                    })
+                    .with(Match::Protocol(protocol))
+                    .with(Match::DestinationPort(node_port))
+                    .target(target.clone()),
+            );
         }
     }
 
     // healthCheckNodePort: always TCP, open whether or not local endpoints exist.
     if let Some(hc_port) = svc.health_check_node_port {
-        filter
-            .append(KUBE_NODEPORTS)
-            .comment(format_args!("{display} health check node port"))
-            .arg(format_args!("-m tcp -p tcp --dport {hc_port}"))
-            .jump("ACCEPT");
+        out.filter(
+            Rule::new(KUBE_NODEPORTS)
+                .comment(about(display, " health check node port"))
+                .with(Match::Protocol(Protocol::Tcp))
+                .with(Match::DestinationPort(hc_port))
+                .target(Target::Accept),
+        );
     }
 
     // The service's own chains, right after its dispatch rules.
-    let mut own = Own { table: nat, write };
-    if has_internal {
-        // Masquerade ClusterIP traffic that does not come from a local pod.
-        if ctx.config.masquerade_all {
-            own.append(internal_chain)
-                .comment(cluster_comment)
-                .arg(to(cluster_ip, svc.port))
-                .jump(KUBE_MARK_MASQ);
-        } else if let Some(detector) = &ctx.detector {
-            own.append(internal_chain)
-                .comment(cluster_comment)
-                .arg(to(cluster_ip, svc.port))
-                .arg(&detector.if_not_local)
-                .jump(KUBE_MARK_MASQ);
-        }
-    }
-
-    if uses_ext_chain {
-        own.chain(&chains.ext);
-        active.push(chains.ext.clone());
-        if !external_local {
-            // Endpoints may be on other nodes: masquerade so replies come back through us.
-            own.append(&chains.ext)
-                .comment(format_args!(
-                    "masquerade traffic for {display} external destinations"
-                ))
-                .jump(KUBE_MARK_MASQ);
-        } else if uses_cluster_chain {
-            if let Some(detector) = &ctx.detector {
-                // Pods reaching an external IP of the service get any endpoint, unmasqueraded.
-                own.append(&chains.ext)
-                    .comment(format_args!(
-                        "pod traffic for {display} external destinations"
-                    ))
-                    .arg(&detector.if_local)
-                    .jump(&chains.svc);
+    let mut own = Own { out, write };
+    // Masquerade ClusterIP traffic that does not come from a local pod.
+    let not_local = match (plan.internal_masquerade, &ctx.detector) {
+        (InternalMasquerade::All, _) => Some(None),
+        (InternalMasquerade::NotLocal, Some(detector)) => Some(Some(detector)),
+        (InternalMasquerade::NotLocal, None) | (InternalMasquerade::None, _) => None,
+    };
+    if let Some(detector) = not_local {
+        own.rule(|| {
+            let rule = Rule::new(internal_chain.as_str())
+                .comment(cluster_comment.clone())
+                .with_all(to(protocol, cluster_ip, svc.port));
+            match detector {
+                Some(detector) => rule.with(detector.if_not_local()),
+                None => rule,
             }
-            // The node itself: masquerade (its source would not route back) and use any
-            // endpoint.
-            own.append(&chains.ext)
-                .comment(format_args!(
-                    "masquerade LOCAL traffic for {display} external destinations"
-                ))
-                .arg("-m addrtype --src-type LOCAL")
-                .jump(KUBE_MARK_MASQ);
-            own.append(&chains.ext)
-                .comment(format_args!(
-                    "route LOCAL traffic for {display} external destinations"
-                ))
-                .arg("-m addrtype --src-type LOCAL")
-                .jump(&chains.svc);
+            .jump(KUBE_MARK_MASQ)
+        });
+    }
+
+    if plan.uses_external_chain {
+        let ext = chains.ext.as_str();
+        own.chain(ext);
+        active.push(chains.ext.clone());
+        match plan.external_masquerade {
+            ExternalMasquerade::Always => {
+                // Endpoints may be on other nodes: masquerade so replies come back through us.
+                own.rule(|| {
+                    Rule::new(ext)
+                        .comment(around(
+                            "masquerade traffic for ",
+                            display,
+                            " external destinations",
+                        ))
+                        .jump(KUBE_MARK_MASQ)
+                });
+            }
+            ExternalMasquerade::ShortCircuit { pods } => {
+                if let (true, Some(detector)) = (pods, &ctx.detector) {
+                    // Pods reaching an external IP of the service get any endpoint,
+                    // unmasqueraded.
+                    own.rule(|| {
+                        Rule::new(ext)
+                            .comment(around(
+                                "pod traffic for ",
+                                display,
+                                " external destinations",
+                            ))
+                            .with(detector.if_local())
+                            .jump(chains.svc.as_str())
+                    });
+                }
+                // The node itself: masquerade (its source would not route back) and use any
+                // endpoint.
+                let from_node = Match::AddrType {
+                    side: AddrTypeSide::Source,
+                    addr_type: AddrType::Local,
+                };
+                own.rule(|| {
+                    Rule::new(ext)
+                        .comment(around(
+                            "masquerade LOCAL traffic for ",
+                            display,
+                            " external destinations",
+                        ))
+                        .with(from_node.clone())
+                        .jump(KUBE_MARK_MASQ)
+                });
+                own.rule(|| {
+                    Rule::new(ext)
+                        .comment(around(
+                            "route LOCAL traffic for ",
+                            display,
+                            " external destinations",
+                        ))
+                        .with(from_node)
+                        .jump(chains.svc.as_str())
+                });
+            }
+            ExternalMasquerade::Never => {}
         }
-        if has_external {
-            own.append(&chains.ext).jump(external_policy_chain);
+        if plan.external.has_endpoints {
+            own.rule(|| Rule::new(ext).jump(policy_chain(plan.external.list).as_str()));
         }
     }
 
-    if uses_fw_chain {
-        own.chain(&chains.fw);
+    if plan.uses_firewall_chain {
+        let fw = chains.fw.as_str();
+        own.chain(fw);
         active.push(chains.fw.clone());
-        let lb_comment = format_args!("{display} loadbalancer IP");
         let mut allow_from_node = false;
         for cidr in &svc.load_balancer_source_ranges {
             let cidr = cidr.trunc();
-            own.append(&chains.fw)
-                .comment(lb_comment)
-                .arg(format_args!("-s {cidr}"))
-                .jump(&chains.ext);
+            own.rule(|| {
+                Rule::new(fw)
+                    .comment(lb_comment.clone())
+                    .with(Match::Source {
+                        addr: Address::Net(cidr),
+                        negated: false,
+                    })
+                    .jump(chains.ext.as_str())
+            });
             allow_from_node |= ctx.node_ips.iter().any(|ip| cidr.contains(ip));
         }
         if allow_from_node {
             // The LB VIP is often a local address, so the node's own traffic to it has the
             // VIP as source.
             for ip in &svc.load_balancer_ips {
-                own.append(&chains.fw)
-                    .comment(lb_comment)
-                    .arg(format_args!("-s {ip}"))
-                    .jump(&chains.ext);
+                own.rule(|| {
+                    Rule::new(fw)
+                        .comment(lb_comment.clone())
+                        .with(Match::Source {
+                            addr: Address::Ip(*ip),
+                            negated: false,
+                        })
+                        .jump(chains.ext.as_str())
+                });
             }
         }
         // Falls through un-DNATed, so filter KUBE-PROXY-FIREWALL drops it.
-        own.append(&chains.fw).comment(format_args!(
-            "other traffic to {display} will be dropped by KUBE-PROXY-FIREWALL"
-        ));
+        own.rule(|| {
+            Rule::new(fw).comment(around(
+                "other traffic to ",
+                display,
+                " will be dropped by KUBE-PROXY-FIREWALL",
+            ))
+        });
     }
 
     // Every reachable endpoint's chain name, derived once.
-    let mut sep_names = EndpointChains::new(&display, name);
-    let reachable: Vec<(&Endpoint, String)> = dedup_endpoints(&cat.all_reachable)
+    let mut sep_names = EndpointChains::new(display, name);
+    let reachable: Vec<(&Endpoint, String)> = dedup_endpoints(&plan.endpoints.all_reachable)
         .into_iter()
         .map(|ep| (ep, sep_names.chain(ep.ip, ep.port)))
         .collect();
@@ -682,112 +774,99 @@ fn render_service(
             None => Cow::Owned(sep_names.chain(ep.ip, ep.port)),
         }
     };
-
-    let affinity = svc.session_affinity.map(|a| {
-        a.timeout
-            .as_secs()
-            .clamp(MIN_AFFINITY_SECONDS, MAX_AFFINITY_SECONDS)
-    });
-    let mut balance = |chain: &str, eps: &[&Endpoint], own: &mut Own<'_>| {
+    let mut balance = |list: EndpointList, own: &mut Own<'_, '_, S>| {
+        let chain = policy_chain(list).as_str();
         own.chain(chain);
         active.push(chain.to_owned());
-        let targets = dedup_endpoints(eps);
+        let targets = dedup_endpoints(plan.list(list));
         let n = targets.len();
         if !own.write {
-            let per_endpoint = if affinity.is_some() { 2 } else { 1 };
-            own.table.total += n * per_endpoint;
+            let per_endpoint = if plan.affinity_seconds.is_some() {
+                2
+            } else {
+                1
+            };
+            own.out.nat.total += n * per_endpoint;
             return;
         }
         let targets: Vec<(&Endpoint, Cow<'_, str>)> = targets
             .into_iter()
             .map(|ep| (ep, sep_of(ep, &mut sep_names)))
             .collect();
-        let comment = |ep: &Endpoint| EndpointComment {
-            display: &display,
-            ip: ep.ip,
-            port: ep.port,
+        let comment = |ep: &Endpoint| {
+            (!large).then_some(Comment::Endpoint {
+                service: display,
+                endpoint: SocketAddr::new(ep.ip, ep.port),
+            })
         };
-        if let Some(seconds) = affinity {
+        if let Some(seconds) = plan.affinity_seconds {
+            // Clamped to at most a day, so it fits.
+            let seconds = u32::try_from(seconds).unwrap_or(u32::MAX);
             for (ep, sep) in &targets {
-                own.append(chain)
-                    .endpoint_comment(comment(ep), large)
-                    .arg(format_args!(
-                        "-m recent --name {sep} --rcheck --seconds {seconds} --reap"
-                    ))
-                    .jump(sep);
+                own.rule(|| Rule {
+                    chain: Cow::Borrowed(chain),
+                    comment: comment(ep),
+                    matches: vec![Match::Recent {
+                        name: Cow::Borrowed(sep),
+                        action: RecentAction::Rcheck {
+                            seconds,
+                            reap: true,
+                        },
+                    }],
+                    target: Some(Target::Jump(Cow::Borrowed(sep))),
+                });
             }
         }
         for (i, (ep, sep)) in targets.iter().enumerate() {
-            let rule = own.append(chain).endpoint_comment(comment(ep), large);
-            let rule = if i + 1 < n {
-                rule.arg(format_args!(
-                    "-m statistic --mode random --probability {:.10}",
-                    1.0 / ((n - i) as f64)
-                ))
-            } else {
-                rule
-            };
-            rule.jump(sep);
+            own.rule(|| Rule {
+                chain: Cow::Borrowed(chain),
+                comment: comment(ep),
+                matches: if i + 1 < n {
+                    vec![Match::Statistic(Probability::one_in(n - i))]
+                } else {
+                    Vec::new()
+                },
+                target: Some(Target::Jump(Cow::Borrowed(sep))),
+            });
         }
     };
-    if uses_cluster_chain {
-        balance(&chains.svc, &cat.cluster, &mut own);
+    if plan.uses_cluster_chain {
+        balance(EndpointList::Cluster, &mut own);
     }
-    if uses_local_chain {
-        balance(&chains.svl, &cat.local, &mut own);
+    if plan.uses_local_chain {
+        balance(EndpointList::Local, &mut own);
     }
-
     for (ep, sep) in reachable {
         own.chain(&sep);
+        let comment = || (!large).then_some(Comment::Text(Cow::Borrowed(display)));
         // Hairpin: an endpoint reaching itself through the service must be masqueraded, or
         // it would answer itself directly.
-        own.append(&sep)
-            .endpoint_comment(&display, large)
-            .arg(format_args!("-s {}", ep.ip))
-            .jump(KUBE_MARK_MASQ);
-        let dnat = own.append(&sep).endpoint_comment(&display, large);
-        let dnat = if affinity.is_some() {
-            dnat.arg(format_args!("-m recent --name {sep} --set"))
-        } else {
-            dnat
-        };
-        dnat.arg(proto_match).arg(format_args!(
-            "-j DNAT --to-destination {}",
-            SocketAddr::new(ep.ip, ep.port)
-        ));
+        own.rule(|| Rule {
+            chain: Cow::Borrowed(&sep),
+            comment: comment(),
+            matches: vec![Match::Source {
+                addr: Address::Ip(ep.ip),
+                negated: false,
+            }],
+            target: Some(Target::Jump(Cow::Borrowed(KUBE_MARK_MASQ))),
+        });
+        own.rule(|| {
+            let mut matches = Vec::with_capacity(2);
+            if plan.affinity_seconds.is_some() {
+                matches.push(Match::Recent {
+                    name: Cow::Borrowed(&sep),
+                    action: RecentAction::Set,
+                });
+            }
+            matches.push(Match::Protocol(protocol));
+            Rule {
+                chain: Cow::Borrowed(&sep),
+                comment: comment(),
+                matches,
+                target: Some(Target::Dnat(SocketAddr::new(ep.ip, ep.port))),
+            }
+        });
         active.push(sep);
-    }
-}
-
-/// `-m proto -p proto -d ip --dport port`.
-struct Destination<'a> {
-    proto: &'a str,
-    ip: IpAddr,
-    port: u16,
-}
-
-impl std::fmt::Display for Destination<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Self { proto, ip, port } = self;
-        write!(f, "-m {proto} -p {proto} -d {ip} --dport {port}")
-    }
-}
-
-/// `ns/name:port -> ip:port`, the comment of a load-balancing rule.
-struct EndpointComment<'a> {
-    display: &'a str,
-    ip: IpAddr,
-    port: u16,
-}
-
-impl std::fmt::Display for EndpointComment<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} -> {}",
-            self.display,
-            SocketAddr::new(self.ip, self.port)
-        )
     }
 }
 

@@ -8,6 +8,7 @@
 use kp_core::model::IpFamily;
 
 use super::comment::comment_args;
+use super::rule::{CtStates, Match, Rule};
 use super::{
     KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING,
     KUBE_PROXY_FIREWALL, KUBE_SERVICES, RenderConfig,
@@ -18,7 +19,10 @@ use super::{
 pub const CANARY_CHAIN: &str = "KUBE-PROXY-CANARY";
 
 /// Only new connections need service handling; established ones are already translated.
-const NEW_ONLY: &str = "-m conntrack --ctstate NEW";
+const NEW_ONLY: Match<'static> = Match::Conntrack {
+    states: CtStates::NEW,
+    negated: false,
+};
 
 /// An iptables table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -52,8 +56,12 @@ pub struct JumpRule {
     /// The kube-proxy chain jumped to.
     pub to: &'static str,
     /// The rule specification after the chain name, ending in `-j <to>`; usable with
-    /// `iptables -t <table> -C <from> <spec>` and `-I <from> 1 <spec>`.
+    /// `iptables -t <table> -C <from> <spec>` and `-I <from> 1 <spec>`. Its comment comes
+    /// after the conntrack match, unlike `rule`'s `Display` (which puts comments first).
     pub spec: String,
+    /// The same rule, typed (chain `from`), where the mode builds it from types (iptables
+    /// mode does; ipvs and userspace modes' jumps carry only `spec`).
+    pub rule: Option<Rule<'static>>,
 }
 
 /// Everything to ensure once per full sync, before the restore.
@@ -67,42 +75,46 @@ pub struct Setup {
 
 /// The chains and jumps upstream ensures for `family`.
 pub fn setup(family: IpFamily, config: &RenderConfig) -> Setup {
-    let jump = |table, from, to, extra: Option<&str>, comment: Option<&str>| {
-        let mut spec = String::new();
-        if let Some(extra) = extra {
-            spec.push_str(extra);
-            spec.push(' ');
-        }
-        if let Some(comment) = comment {
-            spec.push_str(&comment_args(comment));
-            spec.push(' ');
-        }
-        spec.push_str("-j ");
-        spec.push_str(to);
-        JumpRule {
-            table,
-            from,
-            to,
-            spec,
-        }
-    };
+    let jump =
+        |table, from: &'static str, to, extra: Option<Match<'static>>, comment: Option<&str>| {
+            let mut spec = String::new();
+            if let Some(extra) = &extra {
+                spec.push_str(&extra.to_string());
+                spec.push(' ');
+            }
+            if let Some(comment) = comment {
+                spec.push_str(&comment_args(comment));
+                spec.push(' ');
+            }
+            spec.push_str("-j ");
+            spec.push_str(to);
+            let mut rule = Rule::new(from).with_all(extra).jump(to);
+            rule.comment = comment.map(|c| super::rule::Comment::Text(c.to_owned().into()));
+            JumpRule {
+                table,
+                from,
+                to,
+                spec,
+                rule: Some(rule),
+            }
+        };
     let external = Some("kubernetes externally-visible service portals");
     let portals = Some("kubernetes service portals");
     let firewall = Some("kubernetes load balancer firewall");
-    let new = Some(NEW_ONLY);
+    let new = || Some(NEW_ONLY);
     let mut jumps = vec![
         jump(
             Table::Filter,
             "INPUT",
             KUBE_EXTERNAL_SERVICES,
-            new,
+            new(),
             external,
         ),
         jump(
             Table::Filter,
             "FORWARD",
             KUBE_EXTERNAL_SERVICES,
-            new,
+            new(),
             external,
         ),
         jump(
@@ -112,8 +124,8 @@ pub fn setup(family: IpFamily, config: &RenderConfig) -> Setup {
             None,
             Some("kubernetes health check service ports"),
         ),
-        jump(Table::Filter, "FORWARD", KUBE_SERVICES, new, portals),
-        jump(Table::Filter, "OUTPUT", KUBE_SERVICES, new, portals),
+        jump(Table::Filter, "FORWARD", KUBE_SERVICES, new(), portals),
+        jump(Table::Filter, "OUTPUT", KUBE_SERVICES, new(), portals),
         jump(
             Table::Filter,
             "FORWARD",
@@ -121,9 +133,21 @@ pub fn setup(family: IpFamily, config: &RenderConfig) -> Setup {
             None,
             Some("kubernetes forwarding rules"),
         ),
-        jump(Table::Filter, "INPUT", KUBE_PROXY_FIREWALL, new, firewall),
-        jump(Table::Filter, "OUTPUT", KUBE_PROXY_FIREWALL, new, firewall),
-        jump(Table::Filter, "FORWARD", KUBE_PROXY_FIREWALL, new, firewall),
+        jump(Table::Filter, "INPUT", KUBE_PROXY_FIREWALL, new(), firewall),
+        jump(
+            Table::Filter,
+            "OUTPUT",
+            KUBE_PROXY_FIREWALL,
+            new(),
+            firewall,
+        ),
+        jump(
+            Table::Filter,
+            "FORWARD",
+            KUBE_PROXY_FIREWALL,
+            new(),
+            firewall,
+        ),
         jump(Table::Nat, "OUTPUT", KUBE_SERVICES, None, portals),
         jump(Table::Nat, "PREROUTING", KUBE_SERVICES, None, portals),
         jump(

@@ -297,6 +297,7 @@ pub fn setup() -> Setup {
         from,
         to,
         spec: format!("{} -j {to}", comment_args(comment)),
+        rule: None,
     };
     let jumps = vec![
         jump(
