@@ -70,9 +70,14 @@ pub fn iptables(
             ),
         }
     }
-    let backend = IptablesBackend::new(IptablesConfig::new(families, render), Tools::host())
+    let tools = Tools::host();
+    let netlink = kp_dataplane::iptables::netlink::for_host(&tools);
+    let mut backend = IptablesBackend::new(IptablesConfig::new(families, render), tools)
         .context("invalid iptables configuration")?
         .with_metrics(IptablesMetrics::register(registry));
+    if let Some(netlink) = netlink {
+        backend = backend.with_netlink(netlink);
+    }
     tracing::info!("Using iptables Proxier");
     Ok(backend)
 }

@@ -125,6 +125,18 @@ impl NftSocket {
         self.send_batch(batch)
     }
 
+    /// Like [`NftSocket::apply_batch`], also returning what the kernel echoed for messages
+    /// sent with `NLM_F_ECHO` (a created rule, with its handle): each echo's owner (see
+    /// [`Batch::push`]) and the message without its netlink header.
+    pub fn apply_batch_echoed(
+        &mut self,
+        batch: Batch,
+    ) -> Result<Vec<(usize, Vec<u8>)>, ApplyError> {
+        let mut echoes = Vec::new();
+        self.send_batch_collecting(batch, Some(&mut echoes))?;
+        Ok(echoes)
+    }
+
     /// Dump objects of `kind` (`GetTable`, `GetChain`, `GetRule`) of `family`, filtered by
     /// the attributes `filter` writes. Each message is returned without its netlink header
     /// (starting with `struct nfgenmsg`). An object that does not exist (the table or chain
@@ -179,6 +191,15 @@ impl NftSocket {
 
     /// Send `batch` and collect the kernel's verdict on it.
     fn send_batch(&mut self, batch: Batch) -> Result<(), ApplyError> {
+        self.send_batch_collecting(batch, None)
+    }
+
+    /// [`NftSocket::send_batch`], keeping the echoes of the batch's messages in `echoes`.
+    fn send_batch_collecting(
+        &mut self,
+        batch: Batch,
+        mut echoes: Option<&mut Vec<(usize, Vec<u8>)>>,
+    ) -> Result<(), ApplyError> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -222,6 +243,14 @@ impl NftSocket {
                         return first_error.map_or(Ok(()), Err);
                     }
                     // The generation itself: the acknowledgement follows.
+                    continue;
+                }
+                if reply.kind != NLMSG_ERROR {
+                    if let (Some(echoes), Some(owner)) =
+                        (echoes.as_deref_mut(), encoded.owner(reply.seq))
+                    {
+                        echoes.push((owner, reply.body.to_vec()));
+                    }
                     continue;
                 }
                 let Some(code) = reply.error.filter(|code| *code != 0) else {
@@ -275,15 +304,17 @@ fn libc_enoent() -> i32 {
 }
 
 /// One netlink message received.
-struct Reply {
+struct Reply<'a> {
     kind: u16,
     seq: u32,
     /// For `NLMSG_ERROR`: the (negative) error code, 0 for an acknowledgement.
     error: Option<i32>,
+    /// The message after its netlink header.
+    body: &'a [u8],
 }
 
 /// The messages in one datagram.
-fn replies(mut data: &[u8]) -> impl Iterator<Item = io::Result<Reply>> + '_ {
+fn replies(mut data: &[u8]) -> impl Iterator<Item = io::Result<Reply<'_>>> + '_ {
     std::iter::from_fn(move || {
         if data.len() < 16 {
             return None;
@@ -297,8 +328,14 @@ fn replies(mut data: &[u8]) -> impl Iterator<Item = io::Result<Reply>> + '_ {
         let kind = u16::from_ne_bytes([data[4], data[5]]);
         let seq = u32::from_ne_bytes(field(8));
         let error = (kind == NLMSG_ERROR && len >= 20).then(|| i32::from_ne_bytes(field(16)));
+        let body = &data[16..len];
         let aligned = len.next_multiple_of(4).min(data.len());
         data = &data[aligned..];
-        Some(Ok(Reply { kind, seq, error }))
+        Some(Ok(Reply {
+            kind,
+            seq,
+            error,
+            body,
+        }))
     })
 }

@@ -58,8 +58,39 @@ const NFTA_HOOK_PRIORITY: u16 = 2;
 const NFTA_TABLE_NAME: u16 = 1;
 
 /// Netlink flags of the messages below.
+const NLM_F_ECHO: u16 = 0x8;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
+
+/// `NFTA_RULE_EXPRESSIONS` of `rule`.
+fn write_expressions(w: &mut Writer, rule: &XtRule) {
+    let list = w.nest(NFTA_RULE_EXPRESSIONS);
+    for expr in &rule.exprs {
+        let elem = w.nest(NFTA_LIST_ELEM);
+        w.put_str(NFTA_EXPR_NAME, expr.name());
+        let data = w.nest(NFTA_EXPR_DATA);
+        expr.encode(w);
+        w.nest_end(data);
+        w.nest_end(elem);
+    }
+    w.nest_end(list);
+}
+
+/// The encoded expressions of `rule` (the `NFTA_RULE_EXPRESSIONS` attribute), for telling
+/// rules apart.
+pub fn expressions(rule: &XtRule) -> Vec<u8> {
+    let mut w = Writer::default();
+    write_expressions(&mut w, rule);
+    w.bytes().to_vec()
+}
+
+/// The handle of a rule the kernel sent (a dump or an echo), from `NFTA_RULE_HANDLE`.
+pub fn rule_handle(message: &[u8]) -> Option<u64> {
+    let attrs = message.get(4..)?;
+    crate::codec::attributes(attrs)
+        .find(|(ty, _)| *ty == NFTA_RULE_HANDLE)
+        .and_then(|(_, value)| Some(u64::from_be_bytes(value.try_into().ok()?)))
+}
 
 /// `NF_ACCEPT`, the policy iptables-nft gives the built-in chains it creates.
 const NF_ACCEPT: u32 = 1;
@@ -659,7 +690,9 @@ pub trait XtBatch {
     fn xt_flush(&mut self, family: Family, table: &str, chain: &str, owner: usize);
     /// Delete a (flushed, unreferenced) user chain.
     fn xt_delete_chain(&mut self, family: Family, table: &str, chain: &str, owner: usize);
-    /// Add `rule` to `chain` at `position`.
+    /// Add `rule` to `chain` at `position`; with `echo`, the kernel sends the created rule
+    /// (and its handle) back ([`crate::NftSocket::apply_batch_echoed`]).
+    #[allow(clippy::too_many_arguments)]
     fn xt_rule(
         &mut self,
         family: Family,
@@ -667,6 +700,7 @@ pub trait XtBatch {
         chain: &str,
         rule: &XtRule,
         position: Position,
+        echo: bool,
         owner: usize,
     );
     /// Delete the rule with `handle` from `chain`.
@@ -734,6 +768,7 @@ impl XtBatch for Batch {
         chain: &str,
         rule: &XtRule,
         position: Position,
+        echo: bool,
         owner: usize,
     ) {
         // Without NLM_F_APPEND the kernel inserts before the position (or at the start);
@@ -744,23 +779,16 @@ impl XtBatch for Batch {
             Position::After(handle) => (true, Some(handle)),
             Position::Before(handle) => (false, Some(handle)),
         };
-        let flags = NLM_F_CREATE | if append { NLM_F_APPEND } else { 0 };
+        let flags = NLM_F_CREATE
+            | if append { NLM_F_APPEND } else { 0 }
+            | if echo { NLM_F_ECHO } else { 0 };
         self.raw(MsgKind::NewRule, flags, family, owner, |w| {
             w.put_str(NFTA_RULE_TABLE, table);
             w.put_str(NFTA_RULE_CHAIN, chain);
             if let Some(handle) = handle {
                 w.put_u64(NFTA_RULE_POSITION, handle);
             }
-            let list = w.nest(NFTA_RULE_EXPRESSIONS);
-            for expr in &rule.exprs {
-                let elem = w.nest(NFTA_LIST_ELEM);
-                w.put_str(NFTA_EXPR_NAME, expr.name());
-                let data = w.nest(NFTA_EXPR_DATA);
-                expr.encode(w);
-                w.nest_end(data);
-                w.nest_end(elem);
-            }
-            w.nest_end(list);
+            write_expressions(w, rule);
             if let Some((proto, invert)) = rule.compat {
                 let compat = w.nest(NFTA_RULE_COMPAT);
                 w.put_u32(NFTA_RULE_COMPAT_PROTO, u32::from(proto));
