@@ -15,13 +15,13 @@
 //! test of random services.
 
 #[path = "../../../render/kp-rules/tests/common/mod.rs"]
-mod fixtures;
+mod common;
 mod netns;
 mod xt_dumps;
 
 use std::collections::BTreeSet;
 
-use fixtures::*;
+use common::*;
 use kp_core::backend::{Backend, SyncKind, SyncRequest};
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort};
 use kp_core::tracker::ProxyState;
@@ -191,9 +191,9 @@ fn check(name: &str, family: IpFamily, config: RenderConfig, state: ProxyState) 
     equivalent(name, family, &config, steps);
 }
 
-// The renderer's snapshot fixtures (`fixtures::fixtures`), and more.
+// The renderer's snapshot fixtures (`common::fixtures`), and more.
 
-use fixtures::fixtures::{
+use common::fixtures::{
     affinity_and_itp_local, cluster_ip_two_endpoints as two_endpoints,
     etp_local_lb_source_ranges as etp_local_lb, no_endpoints, node_port,
 };
@@ -201,7 +201,7 @@ use fixtures::fixtures::{
 /// The IPv6 fixture, with a UDP load balancer under affinity and a service without
 /// endpoints added.
 fn ipv6() -> ProxyState {
-    let mut state = fixtures::fixtures::ipv6();
+    let mut state = common::fixtures::ipv6();
     let mut lb = with_affinity(cluster_ip("ns9", "svc9", "p", "fd00:172:30::42", 53), 60);
     lb.name.protocol = Protocol::Udp;
     lb.load_balancer_ips = vec![ip("2001:db8:9::1")];
