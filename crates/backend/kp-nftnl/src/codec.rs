@@ -51,6 +51,12 @@ pub enum MsgKind {
     DelSetElem = 14,
     /// Read the ruleset generation (used as a fence after a batch).
     GetGen = 16,
+    /// List tables (a dump).
+    GetTable = 1,
+    /// List chains (a dump).
+    GetChain = 4,
+    /// List rules (a dump).
+    GetRule = 7,
 }
 
 /// The nftables families this crate writes.
@@ -326,6 +332,48 @@ impl Batch {
             family.nfproto(),
             0,
         )
+    }
+
+    /// Append one message of `kind` whose attributes `body` writes (for message shapes
+    /// [`Command`] does not cover, such as iptables-nft's, see [`crate::xt`]); a kernel error
+    /// for it is reported as `owner`. `flags` are netlink flags besides `NLM_F_REQUEST`.
+    pub fn raw(
+        &mut self,
+        kind: MsgKind,
+        flags: u16,
+        family: Family,
+        owner: usize,
+        body: impl FnOnce(&mut Writer),
+    ) {
+        let m = self.message(kind, flags, family, owner);
+        body(&mut self.writer);
+        self.writer.end(m);
+    }
+
+    /// Move the messages of `other` (not its BEGIN) to the end of this batch, renumbered in
+    /// sequence; each keeps its owner plus `owner_offset`. Lets a caller build parts of a
+    /// transaction apart (declarations before the rules that need them) and join them.
+    pub fn append(&mut self, other: Batch, owner_offset: usize) {
+        let bytes = &other.writer.buf;
+        let begin = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        let mut at = begin;
+        for owner in other.owners {
+            let len = u32::from_ne_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+                as usize;
+            let start = self.writer.buf.len();
+            self.writer.buf.extend_from_slice(&bytes[at..at + len]);
+            let seq = self.next_seq;
+            self.next_seq = self.next_seq.wrapping_add(1);
+            self.writer.buf[start + 8..start + 12].copy_from_slice(&seq.to_ne_bytes());
+            self.owners
+                .push(owner.saturating_add(u32::try_from(owner_offset).unwrap_or(u32::MAX)));
+            at += len;
+        }
+    }
+
+    /// Messages pushed so far.
+    pub fn len(&self) -> usize {
+        self.owners.len()
     }
 
     /// Append the message(s) of `command`; a kernel error for them is reported as `owner`
@@ -668,6 +716,46 @@ impl EncodedBatch {
     }
 }
 
+/// A dump request (`NLM_F_DUMP`) of `kind` for `family`, with the filter attributes `body`
+/// writes (a table and chain name for rules, for example).
+pub fn dump_request(
+    kind: MsgKind,
+    family: Family,
+    seq: u32,
+    body: impl FnOnce(&mut Writer),
+) -> Vec<u8> {
+    const NLM_F_DUMP: u16 = 0x300;
+    let mut writer = Writer::default();
+    let start = writer.begin(
+        (NFNL_SUBSYS_NFTABLES << 8) | kind as u16,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+        family.nfproto(),
+        0,
+    );
+    body(&mut writer);
+    writer.end(start);
+    writer.buf
+}
+
+/// The attributes in `data` (netlink TLVs): type (without the nested flag) and value.
+pub fn attributes(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if data.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
+        let ty = u16::from_ne_bytes([data[2], data[3]]) & !NLA_F_NESTED;
+        if len < 4 || len > data.len() {
+            data = &[];
+            return None;
+        }
+        let value = &data[4..len];
+        data = &data[len.next_multiple_of(4).min(data.len())..];
+        Some((ty, value))
+    })
+}
+
 /// `NFT_MSG_GETGEN` with an acknowledgement requested, sent after a batch (see
 /// [`Batch::finish`]).
 pub fn fence(seq: u32) -> Vec<u8> {
@@ -865,6 +953,40 @@ mod tests {
             assert_eq!(encoded.owner(100), None);
             assert_eq!(encoded.owner(102), None);
         }
+    }
+
+    #[test]
+    fn appended_batches_are_renumbered() {
+        let commands: Vec<_> = [
+            Command::AddChain {
+                chain: chain("a"),
+                hook: None,
+                comment: None,
+            },
+            Command::AddRule {
+                chain: chain("a"),
+                rule: Rule::verdict(Vec::new(), cmd::Verdict::Goto(chain("b"))),
+            },
+            Command::DeleteChain(chain("c")),
+        ]
+        .iter()
+        .map(|c| lower(IpFamily::V4, c).expect("supported"))
+        .collect();
+        let mut first = Batch::new(7);
+        first.push(&commands[0], 1);
+        let mut second = Batch::new(0);
+        second.push(&commands[1], 0);
+        second.push(&commands[2], 1);
+        first.append(second, 10);
+        assert_eq!(first.len(), 3);
+        let mut expected = Batch::new(7);
+        expected.push(&commands[0], 1);
+        expected.push(&commands[1], 10);
+        expected.push(&commands[2], 11);
+        let (got, want) = (first.finish(), expected.finish());
+        assert_eq!(got.bytes, want.bytes);
+        assert_eq!(got.owners, want.owners);
+        assert_eq!(got.fence_seq, want.fence_seq);
     }
 
     #[test]

@@ -26,7 +26,8 @@ pub mod codec;
 pub mod expr;
 pub mod lower;
 pub mod socket;
+pub mod xt;
 
 pub use codec::{Batch, Family};
 pub use lower::{LowerError, Lowered, lower};
-pub use socket::{ApplyError, DEFAULT_MAX_STEP_COMMANDS, NftSocket};
+pub use socket::{ApplyError, DEFAULT_MAX_STEP_COMMANDS, NftSocket, SharedSocket};

@@ -7,6 +7,7 @@
 //! size of the table.
 
 use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
@@ -14,7 +15,7 @@ use netlink_sys::{Socket, SocketAddr};
 use kp_core::model::IpFamily;
 use kp_rules::nftables::{Command, Transaction};
 
-use crate::codec::{Batch, NLMSG_DONE, NLMSG_ERROR, fence};
+use crate::codec::{Batch, Family, MsgKind, NLMSG_DONE, NLMSG_ERROR, Writer, dump_request, fence};
 use crate::lower::{LowerError, lower};
 
 /// Receive buffer: room for the errors of a batch whose messages all fail (errors are
@@ -156,8 +157,87 @@ impl NftSocket {
         })
     }
 
+    /// Apply `batch` (built with [`Batch::raw`] or [`Batch::push`]) as one transaction. On
+    /// error nothing was applied; a kernel error names the owner the message was pushed with.
+    pub fn apply_batch(&mut self, batch: Batch) -> Result<(), ApplyError> {
+        self.send_batch(batch)
+    }
+
+    /// Like [`NftSocket::apply_batch`], also returning what the kernel echoed for messages
+    /// sent with `NLM_F_ECHO` (a created rule, with its handle): each echo's owner (see
+    /// [`Batch::push`]) and the message without its netlink header.
+    pub fn apply_batch_echoed(
+        &mut self,
+        batch: Batch,
+    ) -> Result<Vec<(usize, Vec<u8>)>, ApplyError> {
+        let mut echoes = Vec::new();
+        self.send_batch_collecting(batch, Some(&mut echoes))?;
+        Ok(echoes)
+    }
+
+    /// Dump objects of `kind` (`GetTable`, `GetChain`, `GetRule`) of `family`, filtered by
+    /// the attributes `filter` writes. Each message is returned without its netlink header
+    /// (starting with `struct nfgenmsg`). An object that does not exist (the table or chain
+    /// filtered on) is an empty answer, not an error.
+    pub fn dump(
+        &mut self,
+        kind: MsgKind,
+        family: Family,
+        filter: impl FnOnce(&mut Writer),
+    ) -> Result<Vec<Vec<u8>>, ApplyError> {
+        let seq = self.seq;
+        self.seq = self.seq.wrapping_add(1);
+        let request = dump_request(kind, family, seq, filter);
+        self.socket.send(&request, 0).map_err(ApplyError::Socket)?;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = self
+                .socket
+                .recv(&mut &mut buf[..], 0)
+                .map_err(ApplyError::Socket)?;
+            let mut data = &buf[..n];
+            while data.len() >= 16 {
+                let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
+                if len < 16 || len > data.len() {
+                    return Err(ApplyError::Socket(io::Error::other(
+                        "truncated netlink message",
+                    )));
+                }
+                let ty = u16::from_ne_bytes([data[4], data[5]]);
+                let msg_seq = u32::from_ne_bytes([data[8], data[9], data[10], data[11]]);
+                if msg_seq == seq {
+                    match ty {
+                        NLMSG_DONE => return Ok(out),
+                        NLMSG_ERROR => {
+                            let code = i32::from_ne_bytes([data[16], data[17], data[18], data[19]]);
+                            if code == -libc_enoent() {
+                                return Ok(out);
+                            }
+                            if code != 0 {
+                                return Err(ApplyError::Batch(io::Error::from_raw_os_error(-code)));
+                            }
+                            return Ok(out);
+                        }
+                        _ => out.push(data[16..len].to_vec()),
+                    }
+                }
+                data = &data[len.next_multiple_of(4).min(data.len())..];
+            }
+        }
+    }
+
     /// Send `batch` and collect the kernel's verdict on it.
     fn send_batch(&mut self, batch: Batch) -> Result<(), ApplyError> {
+        self.send_batch_collecting(batch, None)
+    }
+
+    /// [`NftSocket::send_batch`], keeping the echoes of the batch's messages in `echoes`.
+    fn send_batch_collecting(
+        &mut self,
+        batch: Batch,
+        mut echoes: Option<&mut Vec<(usize, Vec<u8>)>>,
+    ) -> Result<(), ApplyError> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -203,6 +283,14 @@ impl NftSocket {
                     // The generation itself: the acknowledgement follows.
                     continue;
                 }
+                if reply.kind != NLMSG_ERROR {
+                    if let (Some(echoes), Some(owner)) =
+                        (echoes.as_deref_mut(), encoded.owner(reply.seq))
+                    {
+                        echoes.push((owner, reply.body.to_vec()));
+                    }
+                    continue;
+                }
                 let Some(code) = reply.error.filter(|code| *code != 0) else {
                     continue;
                 };
@@ -222,16 +310,50 @@ impl NftSocket {
     }
 }
 
+/// One [`NftSocket`] shared by clones: opened on first use (in the network namespace of the
+/// thread that first uses it) and dropped after an I/O error, so the next use starts over
+/// with a fresh one.
+#[derive(Clone, Debug, Default)]
+pub struct SharedSocket {
+    inner: Arc<Mutex<Option<NftSocket>>>,
+}
+
+impl SharedSocket {
+    /// Run `f` on the socket, opening it if needed. Blocks while another clone uses it.
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&mut NftSocket) -> Result<T, ApplyError>,
+    ) -> Result<T, ApplyError> {
+        let mut guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let open = match guard.as_mut() {
+            Some(open) => open,
+            None => guard.insert(NftSocket::open()?),
+        };
+        let result = f(open);
+        if matches!(result, Err(ApplyError::Socket(_))) {
+            *guard = None;
+        }
+        result
+    }
+}
+
+/// `ENOENT`: the kernel's answer to a dump filtered on a table or chain that does not exist.
+fn libc_enoent() -> i32 {
+    rustix::io::Errno::NOENT.raw_os_error()
+}
+
 /// One netlink message received.
-struct Reply {
+struct Reply<'a> {
     kind: u16,
     seq: u32,
     /// For `NLMSG_ERROR`: the (negative) error code, 0 for an acknowledgement.
     error: Option<i32>,
+    /// The message after its netlink header.
+    body: &'a [u8],
 }
 
 /// The messages in one datagram.
-fn replies(mut data: &[u8]) -> impl Iterator<Item = io::Result<Reply>> + '_ {
+fn replies(mut data: &[u8]) -> impl Iterator<Item = io::Result<Reply<'_>>> + '_ {
     std::iter::from_fn(move || {
         if data.len() < 16 {
             return None;
@@ -245,8 +367,14 @@ fn replies(mut data: &[u8]) -> impl Iterator<Item = io::Result<Reply>> + '_ {
         let kind = u16::from_ne_bytes([data[4], data[5]]);
         let seq = u32::from_ne_bytes(field(8));
         let error = (kind == NLMSG_ERROR && len >= 20).then(|| i32::from_ne_bytes(field(16)));
+        let body = &data[16..len];
         let aligned = len.next_multiple_of(4).min(data.len());
         data = &data[aligned..];
-        Some(Ok(Reply { kind, seq, error }))
+        Some(Ok(Reply {
+            kind,
+            seq,
+            error,
+            body,
+        }))
     })
 }

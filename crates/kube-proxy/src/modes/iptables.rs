@@ -37,12 +37,15 @@ impl Mode for Iptables {
                 "cannot enable route_localnet; localhost NodePorts will not answer"
             ),
         }
-        let backend = IptablesBackend::new(
-            IptablesConfig::new(host.families.clone(), render),
-            Tools::host(),
-        )
-        .context("invalid iptables configuration")?
-        .with_metrics(IptablesMetrics::register(input.registry));
+        let tools = Tools::host();
+        let netlink = kp_dataplane::iptables::netlink::for_host(&tools);
+        let mut backend =
+            IptablesBackend::new(IptablesConfig::new(host.families.clone(), render), tools)
+                .context("invalid iptables configuration")?
+                .with_metrics(IptablesMetrics::register(input.registry));
+        if let Some(netlink) = netlink {
+            backend = backend.with_netlink(netlink);
+        }
         tracing::info!("Using iptables Proxier");
         RemovesNftablesLeftovers::new(backend, host)
     }

@@ -600,14 +600,15 @@ impl Proxy {
 
     /// Waits (bounded) for a log line `matches` accepts and returns it.
     pub fn wait_for(&mut self, what: &str, matches: impl Fn(&str) -> bool) -> String {
-        match self.process.wait_for(what, patience(), matches) {
+        let patience = patience();
+        match self.process.wait_for(what, patience, matches) {
             Ok(entry) => entry.line,
             Err(kp_testbed::TestbedError::ProxyExited { status, .. }) => panic!(
                 "kube-proxy exited ({status}) before it logged {what}; log:\n{}",
                 self.tail()
             ),
             Err(_) => panic!(
-                "kube-proxy never logged {what} within {patience():?}; log:\n{}",
+                "kube-proxy never logged {what} within {patience:?}; log:\n{}",
                 self.tail()
             ),
         }

@@ -25,6 +25,7 @@
 //! says they may exist ([`crate::conntrack`]).
 
 mod isolate;
+pub mod netlink;
 mod save;
 #[cfg(test)]
 mod tests;
@@ -111,6 +112,10 @@ pub struct IptablesMetrics {
     /// `kubeproxy_sync_proxy_rules_iptables_total{table}`: rules in kube-proxy's chains after
     /// the last successful sync, summed over families.
     pub rules: Family<TableLabel, Gauge>,
+    /// `kube_proxy_rs_iptables_netlink_fallbacks_total` (ours): renders the netlink path
+    /// ([`netlink`]) handed to `iptables-restore` (a rule it cannot encode, or a transaction
+    /// the kernel refused).
+    pub netlink_fallbacks: Counter,
 }
 
 impl IptablesMetrics {
@@ -132,6 +137,11 @@ impl IptablesMetrics {
             "kubeproxy_sync_proxy_rules_iptables_total",
             "Total number of iptables rules owned by kube-proxy",
             metrics.rules.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_iptables_netlink_fallbacks",
+            "Syncs whose rules were applied with iptables-restore instead of over nf_tables netlink",
+            metrics.netlink_fallbacks.clone(),
         );
         metrics
     }
@@ -181,6 +191,9 @@ pub struct IptablesBackend<R = ExecRunner, C = DefaultConntrack> {
     chains: BTreeMap<IpFamily, BTreeSet<String>>,
     /// Full or partial, stale conntrack entries.
     sync: SyncState<C>,
+    /// Apply renders over nf_tables netlink instead of `iptables-restore` (nf_tables
+    /// backend only; see [`netlink`]).
+    netlink: Option<netlink::NetlinkRestore>,
 }
 
 impl IptablesBackend {
@@ -205,7 +218,15 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             runner,
             metrics: IptablesMetrics::default(),
             chains: BTreeMap::new(),
+            netlink: None,
         })
+    }
+
+    /// Apply renders with `netlink` (the caller checked [`netlink::usable`]), falling back
+    /// to `iptables-restore` for a sync it cannot apply.
+    pub fn with_netlink(mut self, netlink: netlink::NetlinkRestore) -> Self {
+        self.netlink = Some(netlink);
+        self
     }
 
     /// Report into `metrics` (from [`IptablesMetrics::register`]).
@@ -248,6 +269,29 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             changed: request.changed,
             existing_chains: existing,
         };
+        if let Some(netlink) = &self.netlink {
+            let start = Instant::now();
+            match netlink
+                .apply(family, state, &self.config.render, &scope)
+                .await
+            {
+                Ok(output) => {
+                    debug!(
+                        ?family,
+                        ?kind,
+                        took = ?start.elapsed(),
+                        rules_written = output.rules_written,
+                        deleted_chains = output.deleted.len(),
+                        "applied iptables rules over nf_tables netlink"
+                    );
+                    return Ok(output);
+                }
+                Err(err) => {
+                    self.metrics.netlink_fallbacks.inc();
+                    warn!(?family, ?kind, error = %err, "applying with iptables-restore instead of netlink");
+                }
+            }
+        }
         let render_start = Instant::now();
         // `validate` ran in the constructor; a failure here is a renderer bug.
         let output = render(state, family, &self.config.render, &scope).map_err(|e| {
@@ -297,11 +341,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         let setup_time = setup_start.elapsed();
         let save_start = Instant::now();
         let mut existing = self.chains.get(&family).cloned().unwrap_or_default();
-        match self.runner.save(family, Table::Nat).await {
-            Ok(text) => existing.extend(SavedTable::parse(&text).service_chains()),
-            // Only stale-chain deletion depends on this; the rules can still be written.
-            Err(err) => warn!(?family, error = %err, "cannot list nat chains; stale chains stay"),
-        }
+        existing.extend(self.service_chains_in_place(family).await);
         debug!(
             ?family,
             setup = ?setup_time,
@@ -357,6 +397,27 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             );
             skipped.insert(service);
             reduced = Some(isolate::without(request.state, &skipped));
+        }
+    }
+
+    /// The per-service nat chains the kernel has: one chain dump over netlink when that path
+    /// is on (`iptables-save -t nat` formats every rule, seconds at scale), else the save.
+    /// Only stale-chain deletion depends on this, so a failure leaves stale chains in place.
+    async fn service_chains_in_place(&self, family: IpFamily) -> BTreeSet<String> {
+        if let Some(netlink) = &self.netlink {
+            match netlink.service_chains(family).await {
+                Ok(chains) => return chains,
+                Err(err) => {
+                    warn!(?family, error = %err, "cannot dump nat chains; using iptables-save")
+                }
+            }
+        }
+        match self.runner.save(family, Table::Nat).await {
+            Ok(text) => SavedTable::parse(&text).service_chains(),
+            Err(err) => {
+                warn!(?family, error = %err, "cannot list nat chains; stale chains stay");
+                BTreeSet::new()
+            }
         }
     }
 

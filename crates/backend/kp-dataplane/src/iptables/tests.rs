@@ -276,6 +276,7 @@ async fn metrics_have_upstream_names_and_count_rules() {
     assert_eq!(
         samples.into_iter().collect::<Vec<_>>(),
         [
+            "kube_proxy_rs_iptables_netlink_fallbacks_total",
             "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
             "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
             "kubeproxy_sync_proxy_rules_iptables_total",
