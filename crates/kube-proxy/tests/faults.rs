@@ -100,7 +100,7 @@ impl World {
     fn start_proxy(&self) -> Proxy {
         // The manifests directory is not used with `--master`.
         let unused = Path::new("/nonexistent");
-        Proxy::start_synced(
+        Proxy::start(
             self.mode,
             &self.cluster,
             unused,

@@ -513,7 +513,8 @@ pub struct Proxy {
 impl Proxy {
     /// Starts `kube-proxy --manifests DIR --proxy-mode=<mode>` (or `--master` from `flags`)
     /// inside the node namespace, keeping its record of changed kernel settings in `state`
-    /// (not the host's `/run`).
+    /// (not the host's `/run`), waits for its first sync, and checks that ipvs mode did not
+    /// fall back to iptables.
     pub fn start(
         mode: Mode,
         cluster: &Cluster,
@@ -541,23 +542,11 @@ impl Proxy {
             .args(&flags.extra)
             .spawn()
             .unwrap_or_else(|e| panic!("start kube-proxy in the node namespace: {e}"));
-        Self {
+        let mut proxy = Self {
             process,
             metrics,
             healthz,
-        }
-    }
-
-    /// Like [`Proxy::start`], then waits for the first sync, and checks that ipvs mode did
-    /// not fall back to iptables.
-    pub fn start_synced(
-        mode: Mode,
-        cluster: &Cluster,
-        manifests: &Path,
-        state: &Path,
-        flags: &Flags,
-    ) -> Self {
-        let mut proxy = Self::start(mode, cluster, manifests, state, flags);
+        };
         proxy.wait_first_sync();
         if mode == Mode::Ipvs {
             // A kernel without IPVS makes the binary fall back to iptables: not this mode.
@@ -728,7 +717,7 @@ impl Env {
     }
 
     fn start_proxy(&mut self) {
-        self.proxy = Some(Proxy::start_synced(
+        self.proxy = Some(Proxy::start(
             self.mode,
             &self.cluster,
             self.dir.path(),
