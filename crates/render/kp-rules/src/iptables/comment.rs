@@ -62,14 +62,14 @@ pub(crate) fn write_sanitized<W: std::fmt::Write + ?Sized>(
 
 /// A `fmt::Write` that percent-encodes into `out` and stops at [`MAX_COMMENT_BYTES`]
 /// encoded bytes (the first piece that does not fit ends the comment).
-struct Sanitizer<'a, W: ?Sized> {
+pub(crate) struct Sanitizer<'a, W: ?Sized> {
     out: &'a mut W,
     len: usize,
     done: bool,
 }
 
 impl<'a, W: std::fmt::Write + ?Sized> Sanitizer<'a, W> {
-    fn new(out: &'a mut W) -> Self {
+    pub(crate) fn new(out: &'a mut W) -> Self {
         Self {
             out,
             len: 0,

@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use kp_core::model::Protocol;
 
-use super::comment::write_sanitized;
+use super::comment::Sanitizer;
 pub use super::setup::Table;
 
 /// An address match operand as written: a bare address (`-d 10.0.0.1`, which iptables reads
@@ -58,12 +58,18 @@ impl From<IpNet> for Address {
     }
 }
 
+impl Address {
+    fn write<W: fmt::Write + ?Sized>(&self, out: &mut W) -> fmt::Result {
+        match self {
+            Address::Ip(ip) => write!(out, "{ip}"),
+            Address::Net(net) => write!(out, "{net}"),
+        }
+    }
+}
+
 impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Address::Ip(ip) => write!(f, "{ip}"),
-            Address::Net(net) => write!(f, "{net}"),
-        }
+        self.write(f)
     }
 }
 
@@ -145,19 +151,25 @@ impl std::ops::BitOr for CtStates {
     }
 }
 
-impl fmt::Display for CtStates {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl CtStates {
+    fn write<W: fmt::Write + ?Sized>(self, out: &mut W) -> fmt::Result {
         let mut first = true;
         for (state, name) in Self::NAMES {
             if self.contains(state) {
                 if !first {
-                    f.write_str(",")?;
+                    out.write_str(",")?;
                 }
-                f.write_str(name)?;
+                out.write_str(name)?;
                 first = false;
             }
         }
         Ok(())
+    }
+}
+
+impl fmt::Display for CtStates {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f)
     }
 }
 
@@ -292,56 +304,104 @@ fn bang(negated: bool) -> &'static str {
     if negated { "! " } else { "" }
 }
 
-impl fmt::Display for Match<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+/// Decimal digits of `n` without the formatting machinery (ports and seconds, many per
+/// render).
+fn write_decimal<W: fmt::Write + ?Sized>(out: &mut W, mut n: u32) -> fmt::Result {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        // `n % 10` is a single digit.
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // ASCII digits.
+    out.write_str(std::str::from_utf8(&digits[at..]).map_err(|_| fmt::Error)?)
+}
+
+impl Match<'_> {
+    /// The arguments into `out` (what `Display` gives).
+    fn write<W: fmt::Write + ?Sized>(&self, out: &mut W) -> fmt::Result {
         match self {
             Match::Protocol(protocol) => {
                 let p = protocol.as_str();
-                write!(f, "-m {p} -p {p}")
+                out.write_str("-m ")?;
+                out.write_str(p)?;
+                out.write_str(" -p ")?;
+                out.write_str(p)
             }
-            Match::Source { addr, negated } => write!(f, "{}-s {addr}", bang(*negated)),
-            Match::Destination { addr, negated } => write!(f, "{}-d {addr}", bang(*negated)),
+            Match::Source { addr, negated } => {
+                out.write_str(bang(*negated))?;
+                out.write_str("-s ")?;
+                addr.write(out)
+            }
+            Match::Destination { addr, negated } => {
+                out.write_str(bang(*negated))?;
+                out.write_str("-d ")?;
+                addr.write(out)
+            }
             Match::InInterface {
                 name,
                 wildcard,
                 negated,
             } => {
-                let plus = if *wildcard { "+" } else { "" };
-                write!(f, "{}-i {name}{plus}", bang(*negated))
+                out.write_str(bang(*negated))?;
+                out.write_str("-i ")?;
+                out.write_str(name)?;
+                out.write_str(if *wildcard { "+" } else { "" })
             }
-            Match::DestinationPort(port) => write!(f, "--dport {port}"),
+            Match::DestinationPort(port) => {
+                out.write_str("--dport ")?;
+                write_decimal(out, u32::from(*port))
+            }
             Match::AddrType { side, addr_type } => {
-                let side = match side {
-                    AddrTypeSide::Source => "--src-type",
-                    AddrTypeSide::Destination => "--dst-type",
-                };
-                let addr_type = match addr_type {
+                out.write_str(match side {
+                    AddrTypeSide::Source => "-m addrtype --src-type ",
+                    AddrTypeSide::Destination => "-m addrtype --dst-type ",
+                })?;
+                out.write_str(match addr_type {
                     AddrType::Local => "LOCAL",
-                };
-                write!(f, "-m addrtype {side} {addr_type}")
+                })
             }
             Match::Mark {
                 value,
                 mask,
                 negated,
-            } => write!(f, "-m mark {}--mark {value:#x}/{mask:#x}", bang(*negated)),
+            } => write!(out, "-m mark {}--mark {value:#x}/{mask:#x}", bang(*negated)),
             Match::Conntrack { states, negated } => {
-                write!(f, "-m conntrack {}--ctstate {states}", bang(*negated))
+                out.write_str("-m conntrack ")?;
+                out.write_str(bang(*negated))?;
+                out.write_str("--ctstate ")?;
+                states.write(out)
             }
             Match::Statistic(probability) => {
-                write!(f, "-m statistic --mode random --probability {probability}")
+                write!(
+                    out,
+                    "-m statistic --mode random --probability {probability}"
+                )
             }
-            Match::Recent { name, action } => match action {
-                RecentAction::Set => write!(f, "-m recent --name {name} --set"),
-                RecentAction::Rcheck { seconds, reap } => {
-                    let reap = if *reap { " --reap" } else { "" };
-                    write!(
-                        f,
-                        "-m recent --name {name} --rcheck --seconds {seconds}{reap}"
-                    )
+            Match::Recent { name, action } => {
+                out.write_str("-m recent --name ")?;
+                out.write_str(name)?;
+                match action {
+                    RecentAction::Set => out.write_str(" --set"),
+                    RecentAction::Rcheck { seconds, reap } => {
+                        out.write_str(" --rcheck --seconds ")?;
+                        write_decimal(out, *seconds)?;
+                        out.write_str(if *reap { " --reap" } else { "" })
+                    }
                 }
-            },
+            }
         }
+    }
+}
+
+impl fmt::Display for Match<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f)
     }
 }
 
@@ -451,27 +511,41 @@ pub enum Target<'a> {
     Mark(MarkOp),
 }
 
+impl Target<'_> {
+    /// The arguments into `out` (what `Display` gives).
+    fn write<W: fmt::Write + ?Sized>(&self, out: &mut W) -> fmt::Result {
+        match self {
+            Target::Jump(chain) => {
+                out.write_str("-j ")?;
+                out.write_str(chain)
+            }
+            Target::Goto(chain) => {
+                out.write_str("-g ")?;
+                out.write_str(chain)
+            }
+            Target::Accept => out.write_str("-j ACCEPT"),
+            Target::Drop => out.write_str("-j DROP"),
+            Target::Return => out.write_str("-j RETURN"),
+            Target::Reject(None) => out.write_str("-j REJECT"),
+            Target::Reject(Some(with)) => {
+                out.write_str("-j REJECT --reject-with ")?;
+                out.write_str(with.as_str())
+            }
+            Target::Masquerade { random_fully } => out.write_str(if *random_fully {
+                "-j MASQUERADE --random-fully"
+            } else {
+                "-j MASQUERADE"
+            }),
+            Target::Dnat(to) => write!(out, "-j DNAT --to-destination {to}"),
+            Target::Mark(MarkOp::Or(value)) => write!(out, "-j MARK --or-mark {value:#x}"),
+            Target::Mark(MarkOp::Xor(value)) => write!(out, "-j MARK --xor-mark {value:#x}"),
+        }
+    }
+}
+
 impl fmt::Display for Target<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Target::Jump(chain) => write!(f, "-j {chain}"),
-            Target::Goto(chain) => write!(f, "-g {chain}"),
-            Target::Accept => f.write_str("-j ACCEPT"),
-            Target::Drop => f.write_str("-j DROP"),
-            Target::Return => f.write_str("-j RETURN"),
-            Target::Reject(None) => f.write_str("-j REJECT"),
-            Target::Reject(Some(with)) => write!(f, "-j REJECT --reject-with {}", with.as_str()),
-            Target::Masquerade { random_fully } => {
-                f.write_str("-j MASQUERADE")?;
-                if *random_fully {
-                    f.write_str(" --random-fully")?;
-                }
-                Ok(())
-            }
-            Target::Dnat(to) => write!(f, "-j DNAT --to-destination {to}"),
-            Target::Mark(MarkOp::Or(value)) => write!(f, "-j MARK --or-mark {value:#x}"),
-            Target::Mark(MarkOp::Xor(value)) => write!(f, "-j MARK --xor-mark {value:#x}"),
-        }
+        self.write(f)
     }
 }
 
@@ -525,8 +599,34 @@ impl Comment<'_> {
     pub fn sanitized(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = write_sanitized(&mut out, self);
+        let _ = self.write_sanitized(&mut out);
         out
+    }
+
+    /// The raw text into `out`.
+    fn write<W: fmt::Write + ?Sized>(&self, out: &mut W) -> fmt::Result {
+        match self {
+            Comment::Text(text) => out.write_str(text),
+            Comment::Service {
+                before,
+                service,
+                after,
+            } => {
+                out.write_str(before)?;
+                out.write_str(service)?;
+                out.write_str(after)
+            }
+            Comment::Endpoint { service, endpoint } => {
+                out.write_str(service)?;
+                out.write_str(" -> ")?;
+                write!(out, "{endpoint}")
+            }
+        }
+    }
+
+    /// The sanitized text into `out`.
+    fn write_sanitized<W: fmt::Write + ?Sized>(&self, out: &mut W) -> fmt::Result {
+        self.write(&mut Sanitizer::new(out))
     }
 
     /// The same comment owning its text.
@@ -540,19 +640,7 @@ impl Comment<'_> {
 
 impl fmt::Display for Comment<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Comment::Text(text) => f.write_str(text),
-            Comment::Service {
-                before,
-                service,
-                after,
-            } => {
-                f.write_str(before)?;
-                f.write_str(service)?;
-                f.write_str(after)
-            }
-            Comment::Endpoint { service, endpoint } => write!(f, "{service} -> {endpoint}"),
-        }
+        self.write(f)
     }
 }
 
@@ -629,23 +717,32 @@ impl<'a> Rule<'a> {
     }
 }
 
+impl Rule<'_> {
+    /// The restore line without its newline into `out` (what `Display` gives).
+    fn write<W: fmt::Write + ?Sized>(&self, out: &mut W) -> fmt::Result {
+        out.write_str("-A ")?;
+        out.write_str(&self.chain)?;
+        if let Some(comment) = &self.comment {
+            out.write_str(" -m comment --comment \"")?;
+            comment.write_sanitized(out)?;
+            out.write_str("\"")?;
+        }
+        for m in &self.matches {
+            out.write_str(" ")?;
+            m.write(out)?;
+        }
+        if let Some(target) = &self.target {
+            out.write_str(" ")?;
+            target.write(out)?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for Rule<'_> {
     /// The restore line without its newline: `-A CHAIN ...`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("-A ")?;
-        f.write_str(&self.chain)?;
-        if let Some(comment) = &self.comment {
-            f.write_str(" -m comment --comment \"")?;
-            write_sanitized(f, comment)?;
-            f.write_str("\"")?;
-        }
-        for m in &self.matches {
-            write!(f, " {m}")?;
-        }
-        if let Some(target) = &self.target {
-            write!(f, " {target}")?;
-        }
-        Ok(())
+        self.write(f)
     }
 }
 
@@ -819,10 +916,10 @@ impl RuleSink for RestoreText {
     }
 
     fn rule(&mut self, table: Table, rule: Rule<'_>) {
-        use std::fmt::Write as _;
         let rules = &mut self.table(table).2;
         // Writing into a String cannot fail.
-        let _ = writeln!(rules, "{rule}");
+        let _ = rule.write(rules);
+        rules.push('\n');
     }
 
     fn delete_chain(&mut self, table: Table, chain: &str) {
@@ -959,6 +1056,31 @@ mod tests {
             assert_eq!(m.to_string(), text);
             assert_eq!(m.clone().into_owned(), m);
         }
+    }
+
+    #[test]
+    fn numbers_print_in_decimal_at_the_edges() {
+        for port in [0u16, 1, 9, 10, 65535] {
+            assert_eq!(
+                Match::DestinationPort(port).to_string(),
+                format!("--dport {port}")
+            );
+        }
+        let recent = |seconds| Match::Recent {
+            name: "L".into(),
+            action: RecentAction::Rcheck {
+                seconds,
+                reap: false,
+            },
+        };
+        assert_eq!(
+            recent(u32::MAX).to_string(),
+            format!("-m recent --name L --rcheck --seconds {}", u32::MAX)
+        );
+        assert_eq!(
+            recent(0).to_string(),
+            "-m recent --name L --rcheck --seconds 0"
+        );
     }
 
     #[test]
