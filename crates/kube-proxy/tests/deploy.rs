@@ -595,3 +595,51 @@ fn dockerfile_ships_the_binary_where_the_daemonset_runs_it() {
         ".dockerignore excludes target/"
     );
 }
+
+/// The image's build (`--no-default-features`, see the Dockerfile) compiles, and leaves the
+/// demo's test bed out. No other test builds the binary that way: this one type-checks it in
+/// a target directory of its own (a nested build in the test run's own would wait for the
+/// lock `cargo test` holds).
+#[test]
+fn the_image_build_compiles_without_the_demo() {
+    let cargo = env!("CARGO");
+    let root = repo_root();
+    let tree = Command::new(cargo)
+        .args(["tree", "--locked", "--offline", "-p", "kube-proxy"])
+        .args(["--no-default-features", "-e", "normal", "--prefix", "none"])
+        .current_dir(&root)
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        tree.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&tree.stderr)
+    );
+    let tree = String::from_utf8_lossy(&tree.stdout);
+    assert!(
+        tree.contains("kp-dataplane"),
+        "the tree lists the product's crates:\n{tree}"
+    );
+    assert!(
+        !tree.contains("kp-testbed"),
+        "the image's build pulls in the test bed:\n{tree}"
+    );
+
+    let check = Command::new(cargo)
+        .args(["check", "--locked", "--offline", "-p", "kube-proxy"])
+        .args([
+            "--no-default-features",
+            "--bin",
+            "kube-proxy",
+            "--target-dir",
+        ])
+        .arg(root.join("target/image-build-check"))
+        .current_dir(&root)
+        .output()
+        .expect("run cargo check");
+    assert!(
+        check.status.success(),
+        "the image's build does not compile:\n{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
