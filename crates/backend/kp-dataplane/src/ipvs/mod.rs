@@ -312,9 +312,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 .await
                 .map_err(|e| apply_error("ipset save")(e.to_string()))?,
         );
-        let input: String = plans
+        let input: String = planned
             .iter()
-            .map(|p| restore_input(p.family, &p.sets, &saved))
+            .map(|p| restore_input(p.desired.family, &p.sets(), &saved))
             .collect();
         self.restore_sets(&input).await?;
 

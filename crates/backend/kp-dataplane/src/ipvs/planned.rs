@@ -29,18 +29,28 @@ pub(super) struct Delta {
 }
 
 /// The union of every service's plan for one family ([`Planned::desired`], equal to
-/// `kp_rules::ipvs::plan`'s), with each service's own part and how many services want each
-/// virtual server, address and set entry (two services may share an address or a hairpin
-/// entry; a virtual server two claim goes to the later one, as in `plan`).
+/// `kp_rules::ipvs::plan`'s but for its sets, which [`Planned::sets`] gives), with what each
+/// service contributed and how many services want each virtual server, address and set
+/// entry (two services may share an address or a hairpin entry; a virtual server two claim
+/// goes to the later one, as in `plan`).
 #[derive(Debug)]
 pub(super) struct Planned {
-    /// Everything.
+    /// Everything but the sets (kept once, as the keys of `entries`).
     pub desired: Desired,
-    pieces: BTreeMap<ServiceName, Desired>,
+    pieces: BTreeMap<ServiceName, Piece>,
     keys: BTreeMap<ServiceKey, usize>,
     addresses: BTreeMap<IpAddr, usize>,
     entries: BTreeMap<(SetKind, String), usize>,
     no_node_access: BTreeMap<ServiceKey, usize>,
+}
+
+/// What one service contributed: enough to take it out again.
+#[derive(Debug, Default)]
+struct Piece {
+    keys: Vec<ServiceKey>,
+    addresses: Vec<IpAddr>,
+    entries: Vec<(SetKind, String)>,
+    no_node_access: Vec<ServiceKey>,
 }
 
 impl Planned {
@@ -51,7 +61,7 @@ impl Planned {
                 family,
                 services: BTreeMap::new(),
                 addresses: BTreeSet::new(),
-                sets: kp_rules::ipvs::ipset::empty_sets(),
+                sets: SetEntries::new(),
                 lb_no_node_access: BTreeSet::new(),
             },
             pieces: BTreeMap::new(),
@@ -61,12 +71,20 @@ impl Planned {
             no_node_access: BTreeMap::new(),
         };
         let names: BTreeSet<&ServiceName> = state.services.keys().map(|n| &n.service).collect();
-        let mut ignored = Delta::default();
         for name in names {
             let piece = plan_service(state, family, config, name);
-            planned.add(name, piece, &mut ignored);
+            planned.add(name, piece, None);
         }
         planned
+    }
+
+    /// Every set's wanted entries (what `plan` puts in `sets`).
+    pub fn sets(&self) -> SetEntries {
+        let mut sets = kp_rules::ipvs::ipset::empty_sets();
+        for (kind, entry) in self.entries.keys() {
+            sets.entry(*kind).or_default().insert(entry.clone());
+        }
+        sets
     }
 
     /// Plans `changed` again from `state`; returns what that changes.
@@ -79,65 +97,80 @@ impl Planned {
         let mut delta = Delta::default();
         for name in changed {
             if let Some(old) = self.pieces.remove(name) {
-                self.remove(name, &old, &mut delta);
+                self.remove(name, &old, state, config, &mut delta);
             }
         }
         for name in changed {
             let piece = plan_service(state, self.desired.family, config, name);
-            self.add(name, piece, &mut delta);
+            self.add(name, piece, Some(&mut delta));
         }
         delta
     }
 
-    fn add(&mut self, name: &ServiceName, piece: Desired, delta: &mut Delta) {
+    /// Adds one service's plan; `delta` (none when building) learns what that changes.
+    fn add(&mut self, name: &ServiceName, piece: Desired, mut delta: Option<&mut Delta>) {
         let d = &mut self.desired;
-        for (key, service) in &piece.services {
-            *self.keys.entry(*key).or_default() += 1;
-            d.services.insert(*key, service.clone());
-            delta.removed.remove(key);
-            delta.touched.insert(*key);
+        let mut kept = Piece::default();
+        for (key, service) in piece.services {
+            *self.keys.entry(key).or_default() += 1;
+            d.services.insert(key, service);
+            if let Some(delta) = delta.as_deref_mut() {
+                delta.removed.remove(&key);
+                delta.touched.insert(key);
+            }
+            kept.keys.push(key);
         }
-        for ip in &piece.addresses {
-            if increment(&mut self.addresses, *ip) {
-                d.addresses.insert(*ip);
-                if !delta.removed_addresses.remove(ip) {
-                    delta.added_addresses.insert(*ip);
+        for ip in piece.addresses {
+            if increment(&mut self.addresses, ip) {
+                d.addresses.insert(ip);
+                if let Some(delta) = delta.as_deref_mut()
+                    && !delta.removed_addresses.remove(&ip)
+                {
+                    delta.added_addresses.insert(ip);
                 }
             }
+            kept.addresses.push(ip);
         }
-        for (kind, entries) in &piece.sets {
+        for (kind, entries) in piece.sets {
             for entry in entries {
-                if increment(&mut self.entries, (*kind, entry.clone())) {
-                    d.sets.entry(*kind).or_default().insert(entry.clone());
+                if increment(&mut self.entries, (kind, entry.clone()))
+                    && let Some(delta) = delta.as_deref_mut()
+                {
                     let was_removed = delta
                         .removed_entries
-                        .get_mut(kind)
-                        .is_some_and(|gone| gone.remove(entry));
+                        .get_mut(&kind)
+                        .is_some_and(|gone| gone.remove(&entry));
                     if !was_removed {
                         delta
                             .added_entries
-                            .entry(*kind)
+                            .entry(kind)
                             .or_default()
                             .insert(entry.clone());
                     }
                 }
+                kept.entries.push((kind, entry));
             }
         }
-        for key in &piece.lb_no_node_access {
-            if increment(&mut self.no_node_access, *key) {
-                d.lb_no_node_access.insert(*key);
+        for key in piece.lb_no_node_access {
+            if increment(&mut self.no_node_access, key) {
+                d.lb_no_node_access.insert(key);
             }
+            kept.no_node_access.push(key);
         }
-        if !piece.services.is_empty() || !piece.addresses.is_empty() {
-            // Kept for its next change only: without its empty sets.
-            let mut piece = piece;
-            piece.sets.retain(|_, entries| !entries.is_empty());
-            self.pieces.insert(name.clone(), piece);
+        if !kept.keys.is_empty() || !kept.addresses.is_empty() {
+            self.pieces.insert(name.clone(), kept);
         }
     }
 
-    fn remove(&mut self, name: &ServiceName, piece: &Desired, delta: &mut Delta) {
-        for key in piece.services.keys() {
+    fn remove(
+        &mut self,
+        name: &ServiceName,
+        piece: &Piece,
+        state: &ProxyState,
+        config: &IpvsConfig,
+        delta: &mut Delta,
+    ) {
+        for key in &piece.keys {
             if decrement(&mut self.keys, *key) {
                 self.desired.services.remove(key);
                 delta.touched.remove(key);
@@ -151,11 +184,16 @@ impl Planned {
                 // Another service claims it too: its plan is the one to program now.
                 let other = self
                     .pieces
-                    .values()
-                    .find_map(|p| p.services.get(key))
-                    .cloned();
-                if let Some(other) = other {
-                    self.desired.services.insert(*key, other);
+                    .iter()
+                    .find(|(_, p)| p.keys.contains(key))
+                    .map(|(other, _)| other.clone());
+                let service = other.and_then(|other| {
+                    plan_service(state, self.desired.family, config, &other)
+                        .services
+                        .remove(key)
+                });
+                if let Some(service) = service {
+                    self.desired.services.insert(*key, service);
                     delta.touched.insert(*key);
                 }
             }
@@ -166,21 +204,16 @@ impl Planned {
                 delta.removed_addresses.insert(*ip);
             }
         }
-        for (kind, entries) in &piece.sets {
-            for entry in entries {
-                if decrement(&mut self.entries, (*kind, entry.clone())) {
-                    if let Some(set) = self.desired.sets.get_mut(kind) {
-                        set.remove(entry);
-                    }
-                    delta
-                        .removed_entries
-                        .entry(*kind)
-                        .or_default()
-                        .insert(entry.clone());
-                }
+        for (kind, entry) in &piece.entries {
+            if decrement(&mut self.entries, (*kind, entry.clone())) {
+                delta
+                    .removed_entries
+                    .entry(*kind)
+                    .or_default()
+                    .insert(entry.clone());
             }
         }
-        for key in &piece.lb_no_node_access {
+        for key in &piece.no_node_access {
             if decrement(&mut self.no_node_access, *key) {
                 self.desired.lb_no_node_access.remove(key);
             }
@@ -238,8 +271,12 @@ mod tests {
             (api, vec![endpoint("10.244.1.2", 8443)]),
         ]);
         let mut planned = Planned::build(&before, IpFamily::V4, &config());
+        let whole = |planned: &Planned| Desired {
+            sets: planned.sets(),
+            ..planned.desired.clone()
+        };
         assert_eq!(
-            planned.desired,
+            whole(&planned),
             kp_rules::ipvs::plan(&before, IpFamily::V4, &config())
         );
         // api goes: its ClusterIP goes, the shared external IP stays for web.
@@ -247,7 +284,7 @@ mod tests {
         let changed = [service_name("ns", "api"), service_name("ns", "web")].into();
         let delta = planned.update(&after, &config(), &changed);
         assert_eq!(
-            planned.desired,
+            whole(&planned),
             kp_rules::ipvs::plan(&after, IpFamily::V4, &config())
         );
         assert_eq!(delta.removed_addresses, [ip("10.96.0.2")].into());
