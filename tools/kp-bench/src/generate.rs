@@ -204,6 +204,29 @@ pub fn slice_yaml(scale: Scale, index: usize, generation: Option<usize>) -> Stri
     out
 }
 
+/// The name of the one file of [`generate_single`].
+pub const SINGLE_FILE: &str = "services.yaml";
+
+/// Everything for `scale` in one file ([`SINGLE_FILE`], every Service and EndpointSlice,
+/// the same documents as [`generate`]'s files in the same order) next to `node.yaml`: the
+/// single-file layout, where an edit of one slice rewrites a file holding all of them.
+pub fn generate_single(scale: Scale) -> Manifests {
+    let mut files = vec![("node.yaml".to_owned(), node_yaml())];
+    files.push((SINGLE_FILE.to_owned(), single(scale, &[])));
+    Manifests { files }
+}
+
+/// [`SINGLE_FILE`] rewritten with `edits` applied (every edit made so far).
+pub fn edited_single(scale: Scale, edits: &[Edit]) -> (String, String) {
+    (SINGLE_FILE.to_owned(), single(scale, edits))
+}
+
+fn single(scale: Scale, edits: &[Edit]) -> String {
+    (0..scale.files())
+        .map(|file| chunk(scale, file, edits))
+        .collect()
+}
+
 /// `services-NNN.yaml`.
 pub fn file_name(file: usize) -> String {
     format!("services-{file:03}.yaml")

@@ -377,3 +377,24 @@ fn nftables_phase_lines_are_collected() {
         Some(std::time::Duration::from_millis(1490))
     );
 }
+
+#[test]
+fn the_single_file_layout_holds_the_same_objects_and_edits_one_service() {
+    let scale = Scale::new(1203, 2);
+    let files = Loaded::new(&generate::generate(scale)).expect("valid");
+    let mut single = Loaded::new(&generate::generate_single(scale)).expect("valid");
+    assert_eq!(
+        generate::generate_single(scale).files.len(),
+        2,
+        "node.yaml + one file"
+    );
+    assert_eq!(single.state, files.state);
+    let edit = [Edit {
+        service: 700,
+        generation: 1,
+    }];
+    let (file, text) = generate::edited_single(scale, &edit);
+    assert_eq!(file, generate::SINGLE_FILE);
+    let changed = single.update(&file, &text).expect("valid edit");
+    assert_eq!(changed, BTreeSet::from([name(700)]));
+}

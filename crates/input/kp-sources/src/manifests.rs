@@ -14,14 +14,20 @@
 //! and resolved symlink target are compared with the last look. This sees every way tools
 //! replace a file: writing in place, renaming a new file over it, and a ConfigMap volume's
 //! symlink swap (`x.yaml -> ..data/x.yaml`, with `..data` atomically re-pointed), which
-//! inotify-style watches on the file itself miss. Only changed files are re-read; then the
+//! inotify-style watches on the file itself miss. An inotify watch on the directory (a single
+//! file's own directory) only wakes the poll early, so an edit is looked at at once instead
+//! of at the next poll; it misses symlink targets outside the directory, so the poll keeps
+//! running. Only changed files are re-read, and of a re-read file only the documents whose
+//! text changed are decoded (the others, found by a hash of their text, give the objects
+//! they gave before): one edit in a file of 10,000 Services decodes one document. Then the
 //! whole object set is compared with what was reported: new or changed objects are
-//! `Applied`, vanished ones `Deleted`. An object defined in two files comes from the later
-//! file name, with a warning.
+//! `Applied`, vanished ones `Deleted`, all of one poll in one `SourceEvent::Batch`. An object
+//! defined in two files comes from the later file name, with a warning.
 //!
 //! A change is applied once it has looked the same on two looks a short settle time apart,
-//! so a file caught between truncation and write, or an editor's move-away-and-write, is not
-//! taken for the new content or for a deletion.
+//! with no change in the directory in between (when it is watched), so a file caught between
+//! truncation and write, or an editor's move-away-and-write, is not taken for the new content
+//! or for a deletion.
 //!
 //! # Broken documents
 //!
@@ -52,6 +58,7 @@ mod parse;
 mod scan;
 #[cfg(test)]
 mod tests;
+mod wakeup;
 
 pub use parse::{
     DEFAULT_NAMESPACE, Kind, ManifestError, Object, ObjectKey, Problem, parse_manifests,
@@ -70,6 +77,9 @@ pub const SETTLE_TIME: Duration = Duration::from_millis(100);
 /// The name the error counter is registered under; the exposition adds `_total`.
 const ERRORS_METRIC: &str = "kube_proxy_rs_manifest_errors";
 
+/// The name the decoded-documents counter is registered under.
+const DECODED_METRIC: &str = "kube_proxy_rs_manifest_documents_decoded";
+
 /// Why the manifests source stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestsError {
@@ -87,6 +97,7 @@ pub struct ManifestsSource {
     node_name: Option<String>,
     poll_interval: Duration,
     errors: Counter,
+    decoded: Counter,
 }
 
 impl ManifestsSource {
@@ -97,6 +108,7 @@ impl ManifestsSource {
             node_name: None,
             poll_interval: DEFAULT_POLL_INTERVAL,
             errors: Counter::default(),
+            decoded: Counter::default(),
         }
     }
 
@@ -115,12 +127,18 @@ impl ManifestsSource {
     }
 
     /// Register `kube_proxy_rs_manifest_errors_total` (broken documents and unreadable
-    /// files, each counted once per content seen) in `registry`.
+    /// files, each counted once per content seen) and
+    /// `kube_proxy_rs_manifest_documents_decoded_total` in `registry`.
     pub fn register_metrics(self, registry: &mut Registry) -> Self {
         registry.register(
             ERRORS_METRIC,
             "Manifest documents skipped because they are broken, and manifest files that could not be read",
             self.errors.clone(),
+        );
+        registry.register(
+            DECODED_METRIC,
+            "Manifest documents decoded; a re-read file decodes only the documents whose text changed",
+            self.decoded.clone(),
         );
         self
     }
@@ -128,6 +146,12 @@ impl ManifestsSource {
     /// The error counter, for callers that register metrics themselves.
     pub fn errors_counter(&self) -> Counter {
         self.errors.clone()
+    }
+
+    /// The counter of decoded documents (every document of the first read, then only the
+    /// documents whose text changed), for callers that register metrics themselves.
+    pub fn decoded_counter(&self) -> Counter {
+        self.decoded.clone()
     }
 
     /// Watch the files and send events until `shutdown` is cancelled or `tx`'s receiver is
@@ -143,16 +167,40 @@ impl ManifestsSource {
             self.path.clone(),
             self.node_name.clone(),
             self.errors.clone(),
+            self.decoded.clone(),
             settle,
         );
+        let mut wakeup = wakeup::Wakeup::new();
         let mut synced = false;
         let mut delay = Duration::ZERO;
+        // Whether the last poll left changes to confirm after the settle time.
+        let mut settling = false;
         loop {
+            if let Some(wakeup) = wakeup.as_mut() {
+                wakeup.watch(&self.path);
+            }
+            let watching = wakeup.as_ref();
+            let wait = async {
+                if settling {
+                    quiet(watching, settle, self.poll_interval).await;
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    // A change in the directory cuts the poll interval short; the look waits
+                    // until the directory has been quiet for the settle time, so it does not
+                    // land between a writer's truncation and its write.
+                    () = changed(watching) => quiet(watching, settle, self.poll_interval).await,
+                }
+            };
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(()),
                 () = tx.closed() => return Ok(()),
-                () = tokio::time::sleep(delay) => {}
+                () = wait => {}
+            }
+            if let Some(wakeup) = wakeup.as_ref() {
+                wakeup.drain();
             }
             // `stat` and reads may block on a slow filesystem: keep them off the runtime.
             let task = tokio::task::spawn_blocking(move || {
@@ -196,11 +244,33 @@ impl ManifestsSource {
                     },
                 }
             }
-            delay = if poll.settling {
-                settle
-            } else {
-                self.poll_interval
-            };
+            settling = poll.settling;
+            delay = self.poll_interval;
         }
+    }
+}
+
+/// Resolves once the directory has had no change for `settle` (without a wake-up: after
+/// `settle`), or after `limit` of continuous changes: a writer that never stops must not
+/// stop the polling.
+async fn quiet(wakeup: Option<&wakeup::Wakeup>, settle: Duration, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit.max(settle);
+    loop {
+        if let Some(wakeup) = wakeup {
+            wakeup.drain();
+        }
+        tokio::select! {
+            () = tokio::time::sleep(settle) => return,
+            () = tokio::time::sleep_until(deadline) => return,
+            () = changed(wakeup) => {}
+        }
+    }
+}
+
+/// Resolves when the directory changed; never without a wake-up.
+async fn changed(wakeup: Option<&wakeup::Wakeup>) {
+    match wakeup {
+        Some(wakeup) => wakeup.changed().await,
+        None => std::future::pending().await,
     }
 }

@@ -87,6 +87,8 @@ struct Running {
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ManifestsError>>,
     errors: Counter,
+    /// Documents decoded so far.
+    decoded: Counter,
     /// Every event received so far, for failure messages.
     seen: Vec<String>,
     /// The rest of a received batch, handed out one event at a time by [`Running::until`].
@@ -95,10 +97,16 @@ struct Running {
 
 impl Running {
     fn start(path: &Path) -> Running {
+        Running::polling(path, POLL)
+    }
+
+    /// A source polling every `poll`.
+    fn polling(path: &Path, poll: Duration) -> Running {
         let source = ManifestsSource::new(path)
             .node_name("node-1")
-            .poll_interval(POLL);
+            .poll_interval(poll);
         let errors = source.errors_counter();
+        let decoded = source.decoded_counter();
         let (tx, rx) = mpsc::channel(16);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(source.run(tx, shutdown.clone()));
@@ -107,6 +115,7 @@ impl Running {
             shutdown,
             task,
             errors,
+            decoded,
             seen: Vec::new(),
             pending: VecDeque::new(),
         }
@@ -562,4 +571,143 @@ async fn errors_are_counted_in_the_registered_metric() {
         .expect("stops")
         .expect("no panic");
     assert!(result.is_ok(), "{result:?}");
+}
+
+/// Longer than any test waits: a source polling this rarely sees a change only when its
+/// directory watch wakes it.
+const NEVER: Duration = Duration::from_secs(3600);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_of_one_document_decodes_only_that_document() {
+    const SERVICES: usize = 10_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("many.yaml");
+    let ip = |i: usize| format!("10.1.{}.{}", i / 250, i % 250 + 1);
+    let mut documents: Vec<String> = (0..SERVICES)
+        .map(|i| service_yaml(&format!("s{i}"), &ip(i), 80))
+        .collect();
+    std::fs::write(&file, documents.join("---\n")).expect("write");
+    let mut source = Running::start(dir.path());
+    source.initial().await;
+    assert_eq!(
+        source.decoded.get(),
+        SERVICES as u64,
+        "the first read decodes all"
+    );
+
+    documents[SERVICES / 2] = service_yaml("s5000", &ip(SERVICES / 2), 81);
+    write_atomically(&file, &documents.join("---\n"));
+    let (event, before) = source
+        .until("port 81", |e| {
+            applied_service(e).is_some_and(|s| first_port(s) == 81)
+        })
+        .await;
+    assert!(
+        before.is_empty(),
+        "only the edited Service: {:?}",
+        source.seen
+    );
+    assert_eq!(describe(&event), "Applied Service default/s5000");
+    assert_eq!(
+        source.decoded.get(),
+        SERVICES as u64 + 1,
+        "the edit decodes the one changed document"
+    );
+
+    // Documents that moved (one inserted before them) are not decoded again either.
+    documents.insert(0, service_yaml("first", "10.2.0.1", 80));
+    write_atomically(&file, &documents.join("---\n"));
+    let (_, before) = source
+        .until_described("Applied Service default/first")
+        .await;
+    assert!(before.is_empty(), "{:?}", source.seen);
+    assert_eq!(source.decoded.get(), SERVICES as u64 + 2);
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_document_is_decoded_again_and_reported_once_per_content() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("a.yaml");
+    let a = service_yaml("a", "10.0.0.1", 80);
+    let broken = "apiVersion: v1\nkind: Service\nmetadata: [b\n";
+    std::fs::write(&file, format!("{a}---\n{broken}")).expect("write");
+    let mut source = Running::start(dir.path());
+    source.initial().await;
+    assert_eq!(source.errors.get(), 1);
+    assert_eq!(source.decoded.get(), 2);
+
+    // Another edit: the good document is reused, the broken one is decoded (and reported)
+    // again, as the file's content changed.
+    let c = service_yaml("c", "10.0.0.3", 80);
+    write_atomically(&file, &format!("{a}---\n{broken}---\n{c}"));
+    source.until_described("Applied Service default/c").await;
+    source.errors_reach(2).await;
+    assert_eq!(source.decoded.get(), 4, "the broken and the new document");
+    source.stop().await;
+}
+
+/// The three ways files are replaced, each seen by a source that would not poll again
+/// within the test: the directory watch wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_seen_without_waiting_for_the_poll() {
+    use std::os::unix::fs::symlink;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let file = root.join("svc.yaml");
+    std::fs::write(&file, service_yaml("a", "10.0.0.1", 80)).expect("write");
+    std::fs::create_dir(root.join("..v1")).expect("mkdir");
+    std::fs::write(
+        root.join("..v1/cm.yaml"),
+        service_yaml("cm", "10.0.0.2", 80),
+    )
+    .expect("write");
+    symlink("..v1", root.join("..data")).expect("..data");
+    symlink("..data/cm.yaml", root.join("cm.yaml")).expect("cm.yaml");
+    let mut source = Running::polling(root, NEVER);
+    source.initial().await;
+
+    write_atomically(&file, &service_yaml("a", "10.0.0.1", 81));
+    source
+        .until("port 81 by rename", |e| {
+            applied_service(e).is_some_and(|s| first_port(s) == 81)
+        })
+        .await;
+    std::fs::write(&file, service_yaml("a", "10.0.0.1", 82)).expect("write in place");
+    source
+        .until("port 82 in place", |e| {
+            applied_service(e).is_some_and(|s| first_port(s) == 82)
+        })
+        .await;
+    std::fs::create_dir(root.join("..v2")).expect("mkdir");
+    std::fs::write(
+        root.join("..v2/cm.yaml"),
+        service_yaml("cm", "10.0.0.2", 83),
+    )
+    .expect("write");
+    symlink("..v2", root.join("..data_tmp")).expect("..data_tmp");
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).expect("swap ..data");
+    source
+        .until("port 83 by symlink swap", |e| {
+            applied_service(e).is_some_and(|s| first_port(s) == 83)
+        })
+        .await;
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_file_is_seen_without_waiting_for_the_poll() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("services");
+    std::fs::write(&file, service_yaml("a", "10.0.0.1", 80)).expect("write");
+    let mut source = Running::polling(&file, NEVER);
+    source.initial().await;
+    write_atomically(&file, &service_yaml("a", "10.0.0.1", 81));
+    source
+        .until("port 81", |e| {
+            applied_service(e).is_some_and(|s| first_port(s) == 81)
+        })
+        .await;
+    source.stop().await;
 }

@@ -40,6 +40,16 @@ enum Mode {
     Ipvs,
 }
 
+/// How the generated manifests are laid out on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Layout {
+    /// A directory of a few `services-NNN.yaml` files (at most 8) and `node.yaml`.
+    Files,
+    /// A directory of `node.yaml` and one `services.yaml` holding every Service and
+    /// EndpointSlice: an edit rewrites the one big file.
+    Single,
+}
+
 /// Which iptables the proxy runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Variant {
@@ -79,6 +89,9 @@ struct Args {
     /// iptables tools the proxy uses.
     #[arg(long, value_enum, default_value_t = Variant::System)]
     iptables: Variant,
+    /// How the manifests are laid out (the edits rewrite the file holding the slice).
+    #[arg(long, value_enum, default_value_t = Layout::Files)]
+    layout: Layout,
     /// The kube-proxy binary.
     #[arg(long, default_value = "target/release/kube-proxy")]
     binary: PathBuf,
@@ -152,7 +165,7 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         None => temp.path().to_owned(),
     };
     let manifests_dir = dir.join("manifests");
-    let manifests = generate::generate(scale);
+    let manifests = generate_layout(args.layout, scale);
     write_manifests(&manifests_dir, &manifests)?;
     eprintln!(
         "kp-scale: {}×{}: {} service ports, {} NodePorts, {} files ({:.1} MiB) in {}; load {}",
@@ -188,6 +201,30 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         std::io::Write::write_all(&mut file, report.as_bytes())?;
     }
     Ok(())
+}
+
+/// The generated manifests in `layout`.
+fn generate_layout(layout: Layout, scale: Scale) -> Manifests {
+    match layout {
+        Layout::Files => generate::generate(scale),
+        Layout::Single => generate::generate_single(scale),
+    }
+}
+
+/// The file holding the edited slices, rewritten with `edits` (all so far) in `layout`.
+fn edited_layout(layout: Layout, scale: Scale, edits: &[Edit]) -> Option<(String, String)> {
+    match layout {
+        Layout::Files => {
+            let file = scale.file_of(edits.last()?.service);
+            let same_file: Vec<Edit> = edits
+                .iter()
+                .copied()
+                .filter(|e| scale.file_of(e.service) == file)
+                .collect();
+            generate::edited_file(scale, &same_file)
+        }
+        Layout::Single => Some(generate::edited_single(scale, edits)),
+    }
 }
 
 fn write_manifests(dir: &Path, manifests: &Manifests) -> anyhow::Result<()> {
@@ -390,7 +427,7 @@ async fn proxy_run(
         "first sync: render / restore (nftables: - / `nft -f`)",
         "partial, TCP NodePort svc",
         "partial, UDP svc",
-        "edit → synced (wall, incl. 1 s poll)",
+        "edit → synced (wall, from the rename)",
         "peak RSS (VmHWM; VmRSS at end)",
         "CPU proxy / its children",
         "load 1m (start→end)",
@@ -445,7 +482,15 @@ async fn proxy_run(
             )
         })
     };
-    let scale_cell = format!("{}×{}", scale.services, scale.endpoints);
+    let scale_cell = format!(
+        "{}×{}{}",
+        scale.services,
+        scale.endpoints,
+        match args.layout {
+            Layout::Files => "",
+            Layout::Single => " (one file)",
+        }
+    );
 
     let Some((first_at, first_sync)) = first else {
         let progress = proxy.collector.in_progress().clone();
@@ -502,12 +547,7 @@ async fn proxy_run(
             service,
             generation: 1,
         });
-        let same_file: Vec<Edit> = edits
-            .iter()
-            .copied()
-            .filter(|e| scale.file_of(e.service) == scale.file_of(service))
-            .collect();
-        let Some((name, text)) = generate::edited_file(scale, &same_file) else {
+        let Some((name, text)) = edited_layout(args.layout, scale, &edits) else {
             continue;
         };
         let before = proxy.collector.completed.len();

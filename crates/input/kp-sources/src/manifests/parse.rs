@@ -222,10 +222,25 @@ pub fn parse_manifests_each(
     file: &Path,
     mut each: impl FnMut(Object),
 ) -> Vec<ManifestError> {
+    let (documents, mut errors) = split_documents(text, file);
+    for document in &documents {
+        errors.extend(decode_document(document, file, &mut each));
+    }
+    errors
+}
+
+/// Split a file's text into its documents without decoding any, and the error that ended a
+/// JSON stream early (JSON has no boundary to resume at), if any. Each document decodes on
+/// its own ([`decode_document`]) to the same objects wherever it is in the file, so a caller
+/// can skip documents whose text it has decoded before.
+pub(super) fn split_documents<'a>(
+    text: &'a str,
+    file: &Path,
+) -> (Vec<Document<'a>>, Vec<ManifestError>) {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut parser = Parser {
         file,
-        each: &mut each,
+        each: &mut |_| {},
         errors: Vec::new(),
     };
     let json = file.extension().is_some_and(|ext| ext == "json");
@@ -234,9 +249,22 @@ pub fn parse_manifests_each(
     } else {
         yaml_documents(text)
     };
-    for document in &documents {
-        parser.document(document);
-    }
+    (documents, parser.errors)
+}
+
+/// Decode one document of `file` (from [`split_documents`]), handing each object to `each`;
+/// the document's errors.
+pub(super) fn decode_document(
+    document: &Document<'_>,
+    file: &Path,
+    mut each: impl FnMut(Object),
+) -> Vec<ManifestError> {
+    let mut parser = Parser {
+        file,
+        each: &mut each,
+        errors: Vec::new(),
+    };
+    parser.document(document);
     parser.errors
 }
 
@@ -248,12 +276,24 @@ enum Format {
 
 /// One document of a file: its text, where it starts, how to decode it.
 #[derive(Debug)]
-struct Document<'a> {
+pub(super) struct Document<'a> {
     index: usize,
     /// 1-based line of the document's first line in the file.
     start_line: usize,
     text: &'a str,
     format: Format,
+}
+
+impl Document<'_> {
+    /// The text the document's objects depend on: its text without a bare `---` line it
+    /// starts with (which only separates it from the previous one), so the first document
+    /// of a file, which needs none, is the same document after another is put before it.
+    pub(super) fn content(&self) -> &str {
+        let text = self.text;
+        text.strip_prefix("---\n")
+            .or_else(|| text.strip_prefix("---\r\n"))
+            .unwrap_or(text)
+    }
 }
 
 /// A decoding failure inside a document: message and position in the file.

@@ -1,20 +1,22 @@
 //! The blocking half of the manifests source: look at the files, re-read what changed, and
 //! diff the whole object set against what was reported.
 
-use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use kp_core::event::SourceEvent;
 use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, info, warn};
 
-use super::parse::{Kind, ManifestError, Object, ObjectKey, Problem, parse_manifests_each};
+use super::parse::{
+    Kind, ManifestError, Object, ObjectKey, Problem, decode_document, split_documents,
+};
 
 /// File name extensions read from a directory, as `kubectl apply -f DIR` does.
 const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
@@ -83,11 +85,42 @@ struct FileState {
     stamp: Option<Stamp>,
     /// Hash of the content last parsed, so an unchanged re-read is not parsed (nor its
     /// errors reported) again.
-    content: Option<u64>,
+    content: Option<TextHash>,
     /// The objects this file contributes: the last parse, plus, while the file has broken
     /// documents, objects it contributed before that are now missing. Shared with
     /// `Scanner::reported`, so each object is held once however many sets it is in.
     objects: Vec<Stored>,
+    /// The documents of the last parse, in file order: the hash of each one's text and how
+    /// many of `objects` (in order, from the first) it contributed; the objects after them
+    /// are the kept ones. A document whose text hash is here is not decoded again: its
+    /// objects are reused. `None` for a document with errors, which is always decoded (and
+    /// its errors reported) again.
+    documents: Documents,
+}
+
+/// A file's documents as [`FileState::documents`] lays them out.
+type Documents = Vec<(Option<TextHash>, usize)>;
+
+/// A 128-bit hash of a text: two SipHashes under keys drawn at random for this process, so
+/// no input can be crafted to collide, and an accidental collision (a changed document
+/// taken for unchanged) is as unlikely as it gets without keeping the text itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct TextHash(u64, u64);
+
+/// Builds [`TextHash`]es; the same keys for the scanner's lifetime.
+#[derive(Debug, Default)]
+struct TextHasher([RandomState; 2]);
+
+impl TextHasher {
+    fn of(&self, text: &str) -> TextHash {
+        let one = |state: &RandomState| {
+            let mut hasher = state.build_hasher();
+            text.len().hash(&mut hasher);
+            text.hash(&mut hasher);
+            hasher.finish()
+        };
+        TextHash(one(&self.0[0]), one(&self.0[1]))
+    }
 }
 
 /// An object as the scanner keeps it: its key and, in place of the parsed object (typed
@@ -204,6 +237,9 @@ pub(super) struct Scanner {
     root: PathBuf,
     node_name: Option<String>,
     errors: Counter,
+    /// Documents decoded (not reused from an unchanged text).
+    decoded: Counter,
+    hasher: TextHasher,
     /// How long a change must stay the same before it is applied.
     settle: Duration,
     files: BTreeMap<PathBuf, FileState>,
@@ -222,12 +258,15 @@ impl Scanner {
         root: PathBuf,
         node_name: Option<String>,
         errors: Counter,
+        decoded: Counter,
         settle: Duration,
     ) -> Scanner {
         Scanner {
             root,
             node_name,
             errors,
+            decoded,
+            hasher: TextHasher::default(),
             settle,
             files: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -386,9 +425,7 @@ impl Scanner {
                 return recent;
             }
         };
-        let mut hasher = DefaultHasher::new();
-        text.hash(&mut hasher);
-        let content = hasher.finish();
+        let content = self.hasher.of(&text);
         let Some(state) = self.files.get_mut(path) else {
             return recent;
         };
@@ -396,20 +433,23 @@ impl Scanner {
             return recent;
         }
         state.content = Some(content);
-        // Each object is turned into its compact stored form as soon as it is decoded.
-        let mut objects = Vec::new();
-        let errors = parse_manifests_each(&text, path, |object| objects.push(Stored::new(object)));
+        let previous = std::mem::take(&mut state.objects);
+        let previous_documents = std::mem::take(&mut state.documents);
+        let (objects, documents, errors) = self.parse(&text, path, &previous, &previous_documents);
         // The text is not needed any more: free it before the objects are compared.
         drop(text);
+        let Some(state) = self.files.get_mut(path) else {
+            return recent;
+        };
+        state.documents = documents;
         if errors.is_empty() {
             state.objects = objects;
             return recent;
         }
         // Broken documents: keep what the file contributed before and is now missing, so a
         // half-written save never drops traffic; the file's next clean parse decides.
-        let mut kept = std::mem::take(&mut state.objects);
-        let fresh: std::collections::BTreeSet<ObjectKey> =
-            objects.iter().map(|object| object.key()).collect();
+        let mut kept = previous;
+        let fresh: BTreeSet<ObjectKey> = objects.iter().map(Stored::key).collect();
         kept.retain(|object| !fresh.contains(&object.key()));
         let kept_count = kept.len();
         state.objects = objects;
@@ -425,6 +465,58 @@ impl Scanner {
             );
         }
         recent
+    }
+
+    /// Parse a file's text, decoding only the documents whose text the previous parse
+    /// (`previous` objects laid out by `previous_documents`) did not see: each object is
+    /// turned into its compact stored form as soon as it is decoded, and a document seen
+    /// before contributes the objects it did then. Returns the objects, their layout by
+    /// document, and the errors.
+    fn parse(
+        &self,
+        text: &str,
+        path: &Path,
+        previous: &[Stored],
+        previous_documents: &[(Option<TextHash>, usize)],
+    ) -> (Vec<Stored>, Documents, Vec<ManifestError>) {
+        let started = Instant::now();
+        let mut known: HashMap<TextHash, &[Stored]> = HashMap::new();
+        let mut offset = 0;
+        for &(hash, count) in previous_documents {
+            let end = offset + count;
+            if let (Some(hash), Some(objects)) = (hash, previous.get(offset..end)) {
+                known.insert(hash, objects);
+            }
+            offset = end;
+        }
+        let (documents, mut errors) = split_documents(text, path);
+        let mut objects = Vec::new();
+        let mut layout = Vec::with_capacity(documents.len());
+        let mut decoded = 0_u64;
+        for document in &documents {
+            let hash = self.hasher.of(document.content());
+            if let Some(seen) = known.get(&hash) {
+                objects.extend(seen.iter().cloned());
+                layout.push((Some(hash), seen.len()));
+                continue;
+            }
+            decoded += 1;
+            let before = objects.len();
+            let document_errors =
+                decode_document(document, path, |object| objects.push(Stored::new(object)));
+            let clean = document_errors.is_empty();
+            errors.extend(document_errors);
+            layout.push((clean.then_some(hash), objects.len() - before));
+        }
+        self.decoded.inc_by(decoded);
+        debug!(
+            file = %path.display(),
+            documents = documents.len(),
+            decoded,
+            took = ?started.elapsed(),
+            "parsed manifests file"
+        );
+        (objects, layout, errors)
     }
 
     fn report(&self, error: &ManifestError) {
