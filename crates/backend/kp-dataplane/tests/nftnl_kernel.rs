@@ -337,6 +337,120 @@ fn a_rejected_statement_is_named_and_nothing_stays() {
     });
 }
 
+/// `nft list ruleset` with each table's chains, sets and maps in name order: a full sync
+/// applied in steps creates the per-service chains before the fixed ones, which changes
+/// only the order `nft list` prints them in.
+fn by_name(listing: &str) -> String {
+    let mut out = String::new();
+    let mut blocks: Vec<String> = Vec::new();
+    let mut current: Option<String> = None;
+    for line in listing.lines() {
+        let starts = ["\tchain ", "\tset ", "\tmap "]
+            .iter()
+            .any(|p| line.starts_with(p));
+        if let Some(block) = current.as_mut() {
+            block.push_str(line);
+            block.push('\n');
+            if line == "\t}" {
+                blocks.extend(current.take());
+            }
+        } else if starts {
+            current = Some(format!("{line}\n"));
+        } else {
+            if line == "}" {
+                blocks.sort();
+                out.extend(blocks.drain(..));
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[test]
+fn a_full_sync_in_steps_builds_the_same_tables() {
+    in_netns("a_full_sync_in_steps_builds_the_same_tables", || {
+        block_on(async {
+            for (index, config) in configs().into_iter().enumerate() {
+                let stepped = NetlinkNft::default().with_max_step(7);
+                let via_steps = run_steps(config.clone(), stepped).await;
+                let whole = NetlinkNft::default().with_max_step(usize::MAX);
+                let via_one = run_steps(config, whole).await;
+                for (step, (a, b)) in via_steps.iter().zip(&via_one).enumerate() {
+                    assert_eq!(
+                        by_name(a),
+                        by_name(b),
+                        "config {index}, step {step}: steps and one transaction differ"
+                    );
+                }
+            }
+        });
+    });
+}
+
+#[test]
+fn a_failed_step_leaves_nothing_the_next_sync_duplicates() {
+    in_netns(
+        "a_failed_step_leaves_nothing_the_next_sync_duplicates",
+        || {
+            block_on(async {
+                let config = NftablesConfig::new(vec![IpFamily::V4], RenderConfig::default());
+                let state = &steps()[0].0;
+                let none = BTreeSet::new();
+                let backend = |max_step: usize| {
+                    NftablesBackend::with_parts(
+                        config.clone(),
+                        NetlinkNft::default().with_max_step(max_step),
+                        FakeConntrack::default(),
+                    )
+                    .expect("valid config")
+                };
+                nft(&["flush", "ruleset"]);
+                backend(usize::MAX)
+                    .sync(&request(state, SyncKind::Full, &none, false))
+                    .await
+                    .expect("clean sync");
+                let expected = by_name(&nft(&["list", "ruleset"]));
+
+                // A set where the fixed part wants a map: the last step fails, after the steps
+                // with the services' chains and rules were applied.
+                nft(&["flush", "ruleset"]);
+                nft(&[
+                    "add",
+                    "table",
+                    "ip",
+                    "kube-proxy",
+                    "{ comment \"rules for kube-proxy\" ; }",
+                ]);
+                nft(&[
+                    "add",
+                    "set",
+                    "ip",
+                    "kube-proxy",
+                    "service-ips",
+                    "{ type ipv4_addr ; }",
+                ]);
+                let mut stepped = backend(5);
+                stepped
+                    .sync(&request(state, SyncKind::Full, &none, false))
+                    .await
+                    .expect_err("the fixed part is refused");
+                let partly = nft(&["list", "ruleset"]);
+                assert!(partly.contains("chain endpoint-"), "{partly}");
+                assert!(!partly.contains("chain nat-prerouting"), "{partly}");
+
+                nft(&["delete", "set", "ip", "kube-proxy", "service-ips"]);
+                stepped
+                    .sync(&request(state, SyncKind::Full, &none, false))
+                    .await
+                    .expect("the next sync");
+                assert_eq!(by_name(&nft(&["list", "ruleset"])), expected);
+            });
+        },
+    );
+}
+
 /// Random prefixes, with the edge cases nft encodes differently: `/0`, from zero, to the top.
 fn prefix(v6: bool) -> impl Strategy<Value = IpNet> {
     let bits = if v6 { 128u8 } else { 32 };

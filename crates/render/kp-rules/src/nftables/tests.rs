@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use kp_core::backend::SyncKind;
-use kp_core::model::IpFamily;
+use kp_core::model::{IpFamily, Protocol};
 use kp_core::tracker::ProxyState;
 
 use super::*;
@@ -146,4 +146,151 @@ fn adopt_keeps_only_per_service_objects() {
         state.affinity_sets().into_iter().collect::<Vec<_>>(),
         ["affinity-AAAA-ns/s/tcp/__1.2.3.4/80"]
     );
+}
+
+/// [`Transaction::steps`]: the same commands, services whole, the reaching part last.
+#[test]
+fn a_full_sync_splits_into_safe_steps() {
+    use super::cmd::Command;
+    let mut services = Vec::new();
+    for i in 0..12u8 {
+        let name = ServicePortName {
+            service: kp_core::model::ServiceName {
+                namespace: "ns".into(),
+                name: format!("s{i}"),
+            },
+            port: "p".into(),
+            protocol: Protocol::Tcp,
+        };
+        services.push(name);
+    }
+    let state = steps_state(&services);
+    let out = render_full(&state, IpFamily::V4, &RenderConfig::default())
+        .expect("valid")
+        .0;
+    let tx = &out.transaction;
+    let all: Vec<&Command> = tx.commands().collect();
+    // Small enough: one step, in transaction order.
+    assert_eq!(tx.steps(all.len()), vec![all.clone()]);
+
+    let steps = tx.steps(45);
+    assert!(steps.len() > 2, "{}", steps.len());
+    // The first step creates the table and the chain every service jumps to; after them,
+    // the same commands, each once.
+    assert!(matches!(steps[0][0], Command::AddTable { .. }));
+    assert!(
+        matches!(steps[0][1], Command::AddChain { chain, .. } if chain.as_str() == super::MARK_FOR_MASQUERADE)
+    );
+    let mut flat: Vec<String> = steps
+        .iter()
+        .flatten()
+        .skip(2)
+        .map(|c| format!("{c:?}"))
+        .collect();
+    let mut expected: Vec<String> = all.iter().map(|c| format!("{c:?}")).collect();
+    flat.sort();
+    expected.sort();
+    assert_eq!(flat, expected);
+    // Before the last step: only the services' own chains, sets and rules; no map element,
+    // no base chain, no rule outside a per-service chain.
+    for step in &steps[..steps.len() - 1] {
+        for command in step {
+            match command {
+                Command::AddTable { .. } => {}
+                Command::AddChain { chain, hook, .. } => {
+                    assert!(hook.is_none());
+                    assert!(
+                        chain.contains('/') || chain.as_str() == super::MARK_FOR_MASQUERADE,
+                        "{chain}"
+                    );
+                }
+                Command::AddRule { chain, .. } | Command::FlushChain(chain) => {
+                    assert!(chain.contains('/'), "{chain}")
+                }
+                Command::AddSet { set, .. } => assert!(set.contains('/'), "{set}"),
+                other => panic!("{other:?} before the last step"),
+            }
+        }
+    }
+    // Each step but the first and last holds whole services, within the limit (a step
+    // starts a new service only below it).
+    for step in &steps[1..steps.len() - 1] {
+        assert!(step.len() <= 45, "{}", step.len());
+        assert!(matches!(step[0], Command::AddChain { .. }));
+    }
+    // Every element is in the last step, after every chain it points at was created.
+    let last = steps.last().expect("steps");
+    assert!(last.iter().any(|c| matches!(c, Command::AddElement { .. })));
+    assert!(
+        last.iter()
+            .any(|c| matches!(c, Command::AddChain { hook: Some(_), .. }))
+    );
+
+    // A partial sync is one transaction whatever its size.
+    let mut installed = NftState::default();
+    out.update.apply(&mut installed);
+    let changed: BTreeSet<_> = services.iter().map(|s| s.service.clone()).collect();
+    let partial = render(
+        &state,
+        IpFamily::V4,
+        &RenderConfig::default(),
+        &NftScope {
+            kind: SyncKind::Partial,
+            changed: &changed,
+            existing: &installed,
+            delete_stale: false,
+            service_cidrs: &[],
+        },
+    )
+    .expect("valid");
+    assert_eq!(partial.kind, SyncKind::Partial);
+    assert!(partial.transaction.len() > 45);
+    assert_eq!(partial.transaction.steps(45).len(), 1);
+}
+
+/// `services`, each with a ClusterIP and three endpoints; the first with ClientIP affinity.
+fn steps_state(services: &[ServicePortName]) -> ProxyState {
+    use kp_core::model::{Endpoint, ServicePort, SessionAffinity};
+    use std::net::{IpAddr, Ipv4Addr};
+    let mut state = ProxyState::default();
+    state.node.name = "node".into();
+    state.node.known = true;
+    state.node.eligible = true;
+    for (i, name) in services.iter().enumerate() {
+        let i = u8::try_from(i).expect("few");
+        state.services.insert(
+            name.clone(),
+            ServicePort {
+                name: name.clone(),
+                cluster_ips: vec![IpAddr::V4(Ipv4Addr::new(10, 96, 0, i + 1))],
+                port: 80,
+                node_port: Some(30000 + u16::from(i)),
+                external_ips: Vec::new(),
+                load_balancer_ips: Vec::new(),
+                load_balancer_source_ranges: Vec::new(),
+                session_affinity: (i == 0).then(|| SessionAffinity {
+                    timeout: std::time::Duration::from_secs(60),
+                }),
+                external_policy_local: false,
+                internal_policy_local: false,
+                health_check_node_port: None,
+            },
+        );
+        let endpoints = (1..=3u8)
+            .map(|j| Endpoint {
+                ip: IpAddr::V4(Ipv4Addr::new(10, 244, i, j)),
+                port: 8080,
+                ready: true,
+                serving: true,
+                terminating: false,
+                node_name: Some("other".into()),
+                zone: None,
+                zone_hints: None,
+                node_hints: None,
+                is_local: false,
+            })
+            .collect();
+        state.endpoints.insert(name.clone(), endpoints);
+    }
+    state
 }
