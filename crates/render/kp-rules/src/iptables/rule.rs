@@ -85,18 +85,9 @@ pub enum AddrTypeSide {
 /// An `-m addrtype` address type (only the one kube-proxy uses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AddrType {
-    /// `LOCAL`: an address of this host (kernel `RTN_LOCAL`; xt_addrtype's
-    /// `XT_ADDRTYPE_LOCAL`, bit 1).
+    /// `LOCAL`: an address of this host (kernel `RTN_LOCAL`). The bit iptables-nft puts in
+    /// the match info is the encoder's business (kp-dataplane's `iptables::netlink`).
     Local,
-}
-
-impl AddrType {
-    /// The xt_addrtype bit (`1 << RTN_*`), as iptables puts it in the match info.
-    pub fn xt_bits(self) -> u16 {
-        match self {
-            AddrType::Local => 1 << 1,
-        }
-    }
 }
 
 /// A set of conntrack states for `-m conntrack --ctstate`, with xt_conntrack's bit values
@@ -219,7 +210,8 @@ pub enum RecentAction {
     /// `--set`: add or refresh the source (xt_recent `XT_RECENT_SET`).
     Set,
     /// `--rcheck --seconds S [--reap]`: matches when the source was seen within `seconds`
-    /// (`XT_RECENT_CHECK | XT_RECENT_TTL`, plus `XT_RECENT_REAP` when `reap`).
+    /// (`XT_RECENT_CHECK`, plus `XT_RECENT_REAP` when `reap`; `--seconds` is a field of the
+    /// match info, not a flag).
     Rcheck {
         /// The age limit.
         seconds: u32,
