@@ -955,9 +955,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn appended_batches_are_renumbered() {
-        let commands: Vec<_> = [
+    /// Add a chain, add a rule to it, delete another: one command of each message kind.
+    fn three_commands() -> [Command; 3] {
+        [
             Command::AddChain {
                 chain: chain("a"),
                 hook: None,
@@ -969,9 +969,14 @@ mod tests {
             },
             Command::DeleteChain(chain("c")),
         ]
-        .iter()
-        .map(|c| lower(IpFamily::V4, c).expect("supported"))
-        .collect();
+    }
+
+    #[test]
+    fn appended_batches_are_renumbered() {
+        let commands: Vec<_> = three_commands()
+            .iter()
+            .map(|c| lower(IpFamily::V4, c).expect("supported"))
+            .collect();
         let mut first = Batch::new(7);
         first.push(&commands[0], 1);
         let mut second = Batch::new(0);
@@ -991,18 +996,7 @@ mod tests {
 
     #[test]
     fn batch_is_framed_and_flagged() {
-        let commands = [
-            Command::AddChain {
-                chain: chain("a"),
-                hook: None,
-                comment: None,
-            },
-            Command::AddRule {
-                chain: chain("a"),
-                rule: Rule::verdict(Vec::new(), cmd::Verdict::Goto(chain("b"))),
-            },
-            Command::DeleteChain(chain("c")),
-        ];
+        let commands = three_commands();
         let mut batch = Batch::new(7);
         for (i, c) in commands.iter().enumerate() {
             batch.push(&lower(IpFamily::V4, c).expect("supported"), i);

@@ -17,7 +17,7 @@ use kp_core::tracker::ProxyState;
 use kp_rules::nftables::{NftOutput, NftScope, NftState, RenderConfig, render};
 
 mod shape;
-use shape::{state, v4};
+use shape::{move_one_endpoint, state};
 
 fn run(
     state: &ProxyState,
@@ -63,21 +63,7 @@ fn bench_partial(c: &mut Criterion) {
     let first = run(&state, SyncKind::Full, &none, &empty);
     let mut installed = empty;
     first.update.apply(&mut installed);
-    // One endpoint of one service moves, as after one EndpointSlice update.
-    let moved = state
-        .endpoints
-        .values_mut()
-        .next()
-        .and_then(|list| list.last_mut())
-        .expect("endpoints");
-    moved.ip = v4([10, 64, 0, 1], 0);
-    let changed: BTreeSet<ServiceName> = state
-        .services
-        .keys()
-        .next()
-        .map(|k| k.service.clone())
-        .into_iter()
-        .collect();
+    let changed = move_one_endpoint(&mut state);
     let mut group = c.benchmark_group("nft_render_partial");
     group.sample_size(10);
     group.bench_function("one_service_of_10000x10", |b| {

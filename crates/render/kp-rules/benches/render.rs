@@ -14,12 +14,12 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kp_core::backend::SyncKind;
-use kp_core::model::{IpFamily, ServiceName};
+use kp_core::model::IpFamily;
 use kp_core::tracker::ProxyState;
 use kp_rules::iptables::{RenderConfig, RenderOutput, SyncScope, render};
 
 mod shape;
-use shape::{state, v4};
+use shape::{move_one_endpoint, state};
 
 fn full(state: &ProxyState, config: &RenderConfig) -> RenderOutput {
     let (changed, existing) = (BTreeSet::new(), BTreeSet::new());
@@ -53,21 +53,7 @@ fn bench_partial(c: &mut Criterion) {
     let config = RenderConfig::default();
     let mut state = state(10_000, 10);
     let previous = full(&state, &config);
-    // One endpoint of one service moves, as after one EndpointSlice update.
-    let moved = state
-        .endpoints
-        .values_mut()
-        .next()
-        .and_then(|list| list.last_mut())
-        .expect("endpoints");
-    moved.ip = v4([10, 64, 0, 1], 0);
-    let changed: BTreeSet<ServiceName> = state
-        .services
-        .keys()
-        .next()
-        .map(|k| k.service.clone())
-        .into_iter()
-        .collect();
+    let changed = move_one_endpoint(&mut state);
     let mut group = c.benchmark_group("iptables_render_partial");
     group.sample_size(10);
     group.bench_function("one_service_of_10000x10", |b| {

@@ -1,6 +1,7 @@
 //! The state both render benchmarks use: the shape `kp-scale` (tools/kp-bench) generates as
 //! manifests, built from model types directly so the benchmarks measure the renderers only.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 
 use kp_core::model::{Endpoint, NodeInfo, Protocol, ServiceName, ServicePort, ServicePortName};
@@ -93,4 +94,23 @@ pub fn state(services: usize, endpoints: usize) -> ProxyState {
         }
     }
     state
+}
+
+/// Moves one endpoint of the first service, as one EndpointSlice update does, and returns
+/// that service: the changed set of a one-service partial sync.
+pub fn move_one_endpoint(state: &mut ProxyState) -> BTreeSet<ServiceName> {
+    let moved = state
+        .endpoints
+        .values_mut()
+        .next()
+        .and_then(|list| list.last_mut())
+        .expect("endpoints");
+    moved.ip = v4([10, 64, 0, 1], 0);
+    state
+        .services
+        .keys()
+        .next()
+        .map(|k| k.service.clone())
+        .into_iter()
+        .collect()
 }
