@@ -10,17 +10,14 @@
 //!   EXT/FW/SEP` chains and the filter rules;
 //! - `kube-proxy explain` ([`crate::explain`]) turns it into the route, outcome, masquerade
 //!   answer and chain hops, so an explanation cannot disagree with the rules;
-//! - the nftables renderer (`nftables/render.rs`, `plan_service`) makes the same decisions
-//!   today in its own words. It adopts the plan by replacing its flag block with
-//!   `ServicePlan::new(svc, endpoints, node, Masquerading { all: config.masquerade_all,
-//!   detector: detector.is_some() })` and reading: `uses_cluster_chain` / `uses_local_chain`
-//!   (its `service` / `local` chains), `internal` and `external` (the policy chain and
-//!   whether it is written), `uses_external_chain`, `internal_filter` / `external_filter`
-//!   ([`NoEndpoints::Reject`] is its `goto reject-chain`, [`NoEndpoints::Drop`] its `drop`),
-//!   [`ServicePlan::source_ranges`] for its firewall chain (nftables filters source ranges
-//!   with or without endpoints, as upstream; iptables uses
-//!   [`ServicePlan::uses_firewall_chain`]), `internal_masquerade`, `external_masquerade`
-//!   and `affinity_seconds`. Its output does not change: the values are the ones it computes.
+//! - the nftables renderer (`nftables/render.rs`, `plan_service`) turns it into its
+//!   verdict-map elements and chains; the one difference between the modes is read from
+//!   two fields: nftables filters source ranges with or without endpoints, as upstream
+//!   ([`ServicePlan::source_ranges`]), iptables only when it writes the firewall chain
+//!   ([`ServicePlan::uses_firewall_chain`]).
+//!
+//! ipvs mode's plan (`crate::ipvs`) still decides its own traffic policies: its layout
+//! (virtual servers, ipsets) has no chains to share.
 
 use kp_core::model::{Endpoint, NodeInfo, ServicePort};
 use kp_core::topology::{EndpointCategories, categorize};

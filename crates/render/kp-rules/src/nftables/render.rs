@@ -17,7 +17,6 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kp_core::backend::SyncKind;
 use kp_core::model::{Endpoint, IpFamily, NodeInfo, Protocol, ServicePort, ServicePortName};
-use kp_core::topology::categorize;
 use kp_core::tracker::ProxyState;
 
 use super::cmd::{
@@ -34,12 +33,10 @@ use super::{
 };
 use super::{Installed, Patch, Update};
 use crate::iptables::comment::sanitize;
-
-/// The API server caps affinity timeouts at one day; clamping keeps the set valid even if a
-/// bad value slips through.
-const MAX_AFFINITY_SECONDS: u64 = 86_400;
-/// nft rejects a zero timeout; the API minimum is 1 s.
-const MIN_AFFINITY_SECONDS: u64 = 1;
+use crate::plan::{
+    EndpointList, ExternalMasquerade, InternalMasquerade, Masquerading, NoEndpoints,
+    ServicePlan as Plan,
+};
 
 /// Up to this many endpoints, a service chain picks one with a cascade of `numgen random mod
 /// k` rules instead of upstream's single `numgen random mod n vmap { ... }`. That anonymous
@@ -1003,40 +1000,43 @@ fn plan_service<'a>(
     endpoints: &[Endpoint],
 ) -> ServicePlan<'a> {
     let (saddr, daddr) = (AddrField::Source, AddrField::Destination);
-    let cat = categorize(svc, endpoints, ctx.node);
+    // The decisions are the shared plan's (the iptables renderer and explain read the same
+    // one); what follows only writes them as nftables objects.
+    let plan = Plan::new(
+        svc,
+        endpoints,
+        ctx.node,
+        Masquerading {
+            all: ctx.config.masquerade_all,
+            detector: ctx.detector.is_some(),
+        },
+    );
+    let cat = &plan.endpoints;
     let display = name.to_string();
     let proto = name.protocol;
     let chains = SharedChains::new(name);
 
-    // Chains only exist when something points at them, and nothing points at a chain that
-    // does not exist: every flag below derives from the endpoint lists actually written.
-    let uses_cluster_chain = svc.uses_cluster_endpoints() && !cat.cluster.is_empty();
-    let uses_local_chain = svc.uses_local_endpoints() && !cat.local.is_empty();
-    let has_endpoints = cat.has_any_endpoints;
-    let policy = |local: bool| {
-        if local {
-            (&chains.local, has_endpoints && uses_local_chain)
-        } else {
-            (&chains.service, has_endpoints && uses_cluster_chain)
-        }
+    let uses_cluster_chain = plan.uses_cluster_chain;
+    let uses_local_chain = plan.uses_local_chain;
+    let chain_of = |list: EndpointList| match list {
+        EndpointList::Local => &chains.local,
+        EndpointList::Cluster => &chains.service,
     };
-    let (internal_chain, has_internal) = policy(svc.internal_policy_local);
-    let external_local = svc.external_policy_local && svc.externally_accessible();
-    let (external_policy_chain, has_external) = policy(external_local);
-    let uses_external_chain = has_endpoints && svc.externally_accessible();
+    let internal_chain = chain_of(plan.internal.list);
+    let (external_policy_chain, has_external) =
+        (chain_of(plan.external.list), plan.external.has_endpoints);
+    let uses_external_chain = plan.uses_external_chain;
     // As upstream, the source-range filter applies whether or not there are endpoints.
-    let uses_firewall_chain =
-        !svc.load_balancer_ips.is_empty() && !svc.load_balancer_source_ranges.is_empty();
+    let uses_firewall_chain = plan.source_ranges;
 
     let reject = Verdict::Goto(REJECT_CHAIN.into());
-    let (internal_filter, external_filter) = if !has_endpoints {
-        (Some(&reject), Some(&reject))
-    } else {
-        (
-            (!has_internal).then_some(&Verdict::Drop),
-            (!has_external).then_some(&Verdict::Drop),
-        )
+    let filter_verdict = |filter: Option<NoEndpoints>| match filter {
+        Some(NoEndpoints::Reject) => Some(&reject),
+        Some(NoEndpoints::Drop) => Some(&Verdict::Drop),
+        None => None,
     };
+    let internal_filter = filter_verdict(plan.internal_filter);
+    let external_filter = filter_verdict(plan.external_filter);
 
     let mut elements: Vec<(ElementSet, ElementKey, ElementValue)> = Vec::new();
     let mut element =
@@ -1133,11 +1133,7 @@ fn plan_service<'a>(
         }
     }
 
-    let affinity = svc.session_affinity.map(|a| {
-        a.timeout
-            .as_secs()
-            .clamp(MIN_AFFINITY_SECONDS, MAX_AFFINITY_SECONDS)
-    });
+    let affinity = plan.affinity_seconds;
     // Endpoint chains: every endpoint reachable from here, and (belt and braces, as they
     // are part of it) every endpoint a policy chain written below points at.
     let mut reachable: Vec<&Endpoint> = cat.all_reachable.clone();
@@ -1167,17 +1163,17 @@ fn plan_service<'a>(
     let mut plan_chains: Vec<(Name, Vec<Rule>)> = Vec::new();
     // Masquerade ClusterIP traffic that does not come from a local pod (all of it with
     // masqueradeAll); without a detector pod traffic cannot be told apart, so none is.
-    let internal_masquerade = if !has_internal {
-        None
-    } else if ctx.config.masquerade_all {
-        Some(jump(vec![addr_is(daddr, cluster_ip)], MARK_FOR_MASQUERADE))
-    } else {
-        ctx.detector.as_ref().map(|d| {
+    let internal_masquerade = match plan.internal_masquerade {
+        InternalMasquerade::All => {
+            Some(jump(vec![addr_is(daddr, cluster_ip)], MARK_FOR_MASQUERADE))
+        }
+        InternalMasquerade::NotLocal => ctx.detector.as_ref().map(|d| {
             jump(
                 vec![addr_is(daddr, cluster_ip), d.if_not_local.clone()],
                 MARK_FOR_MASQUERADE,
             )
-        })
+        }),
+        InternalMasquerade::None => None,
     };
     let balance = |chain: &Name, eps: &[&Endpoint]| -> (Name, Vec<Rule>) {
         let mut rules = Vec::new();
@@ -1227,28 +1223,30 @@ fn plan_service<'a>(
 
     if uses_external_chain {
         let mut rules = Vec::new();
-        if !external_local {
+        match plan.external_masquerade {
             // Endpoints may be on other nodes: masquerade so replies come back through us.
-            rules.push(jump(Vec::new(), MARK_FOR_MASQUERADE));
-        } else if uses_cluster_chain {
-            let service = &chains.service;
-            if let Some(detector) = &ctx.detector {
-                // Pods reaching an external IP get any endpoint, unmasqueraded, as if the
-                // traffic had gone out to the load balancer and come back.
+            ExternalMasquerade::Always => rules.push(jump(Vec::new(), MARK_FOR_MASQUERADE)),
+            ExternalMasquerade::ShortCircuit { pods } => {
+                let service = &chains.service;
+                if let Some(detector) = ctx.detector.as_ref().filter(|_| pods) {
+                    // Pods reaching an external IP get any endpoint, unmasqueraded, as if the
+                    // traffic had gone out to the load balancer and come back.
+                    rules.push(
+                        goto(vec![detector.if_local.clone()], service.clone())
+                            .with_comment(comment_text("short-circuit pod traffic")),
+                    );
+                }
+                // The node itself: its source address would not route back from another node.
                 rules.push(
-                    goto(vec![detector.if_local.clone()], service.clone())
-                        .with_comment(comment_text("short-circuit pod traffic")),
+                    jump(vec![Match::FibLocal(saddr)], MARK_FOR_MASQUERADE)
+                        .with_comment(comment_text("masquerade local traffic")),
+                );
+                rules.push(
+                    goto(vec![Match::FibLocal(saddr)], service.clone())
+                        .with_comment(comment_text("short-circuit local traffic")),
                 );
             }
-            // The node itself: its source address would not route back from another node.
-            rules.push(
-                jump(vec![Match::FibLocal(saddr)], MARK_FOR_MASQUERADE)
-                    .with_comment(comment_text("masquerade local traffic")),
-            );
-            rules.push(
-                goto(vec![Match::FibLocal(saddr)], service.clone())
-                    .with_comment(comment_text("short-circuit local traffic")),
-            );
+            ExternalMasquerade::Never => {}
         }
         if has_external {
             rules.push(goto(Vec::new(), external_policy_chain.clone()));
