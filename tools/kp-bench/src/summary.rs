@@ -283,6 +283,22 @@ fn modes_of<'a>(modes: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     seen
 }
 
+/// Below this 1-minute load average (2 cores) and with no build running, a run is called
+/// quiet: the benchmarks themselves keep one core busy at most.
+const QUIET_LOAD: f64 = 1.5;
+
+/// Whether a load line (`load average 0.32 ...; 0 cargo/rustc processes; ...`, or a test's
+/// `2.5 (rustc ×3)`) says other work was running: a 1-minute load at or above
+/// [`QUIET_LOAD`], a build, or a line that cannot be read.
+fn busy(load: &str) -> bool {
+    let first = load
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .find(|w| !w.is_empty())
+        .and_then(|w| w.parse::<f64>().ok());
+    let building = !load.contains("0 cargo/rustc processes");
+    first.is_none_or(|l| l >= QUIET_LOAD) || building
+}
+
 /// Builds the report from the measured points. `raw` is the benchmarks' own output,
 /// appended for reference.
 pub fn render(
@@ -379,14 +395,23 @@ pub fn render(
     ] {
         let _ = writeln!(md, "| {key} | {} |", value.replace('|', "\\|"));
     }
-    let _ = writeln!(
-        md,
-        "\n**Other jobs were running on this machine while it was measured** (other engineers' \
-         builds and tests share its cores; the busy processes at start and end are listed \
-         above, and each point carries the 1-minute load average at its start → end). Read the \
-         figures as what a busy 2-core node gets, and compare modes within one report rather \
-         than across reports. Nothing here is a pass/fail threshold.\n"
-    );
+    if busy(&env.load_start) || busy(&env.load_end) {
+        let _ = writeln!(
+            md,
+            "\n**Other jobs were running on this machine while it was measured** (other \
+             engineers' builds and tests share its cores; the busy processes at start and end \
+             are listed above, and each point carries the 1-minute load average at its start → \
+             end). Read the figures as what a busy 2-core node gets, and compare modes within \
+             one report rather than across reports. Nothing here is a pass/fail threshold.\n"
+        );
+    } else {
+        let _ = writeln!(
+            md,
+            "\nThe machine was otherwise quiet (1-minute load average below {QUIET_LOAD} and no \
+             build running at start and end; each point carries its own load). Nothing here is \
+             a pass/fail threshold.\n"
+        );
+    }
 
     let _ = writeln!(
         md,
@@ -490,6 +515,19 @@ pub fn render(
 mod tests {
     use super::*;
     use crate::report::Figure;
+
+    #[test]
+    fn a_quiet_run_is_told_apart_from_a_busy_one() {
+        let quiet = "load average 0.32 1.87 3.59 (1, 5, 15 min); 0 cargo/rustc processes";
+        assert!(!busy(quiet));
+        assert!(busy(
+            "load average 1.60 1.87 3.59 (1, 5, 15 min); 0 cargo/rustc processes"
+        ));
+        assert!(busy(
+            "load average 0.30 1.87 3.59 (1, 5, 15 min); 2 cargo/rustc processes"
+        ));
+        assert!(busy("unreadable"));
+    }
 
     #[test]
     fn figures_read_back_as_printed() {
