@@ -235,6 +235,16 @@ impl ConnectPoint {
     }
 }
 
+/// Below this 1-minute load average (2 cores) and with no build running, a run is called
+/// quiet: the benchmarks themselves keep one core busy at most.
+pub const QUIET_LOAD: f64 = 1.5;
+
+/// Whether a machine with this 1-minute load average and this many cargo/rustc processes
+/// counts as quiet.
+pub fn is_quiet(load_1m: f64, builds: usize) -> bool {
+    load_1m < QUIET_LOAD && builds == 0
+}
+
 /// What the report says about where and when it was measured.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Environment {
@@ -250,6 +260,9 @@ pub struct Environment {
     pub load_start: String,
     /// The same at the end.
     pub load_end: String,
+    /// Nothing else ran at the start or the end: 1-minute load below [`QUIET_LOAD`] and no
+    /// build (see [`is_quiet`]); decides how the report describes the machine.
+    pub quiet: bool,
     /// How long the whole run took.
     pub duration: String,
     /// The command that produced the report.
@@ -281,22 +294,6 @@ fn modes_of<'a>(modes: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
         }
     }
     seen
-}
-
-/// Below this 1-minute load average (2 cores) and with no build running, a run is called
-/// quiet: the benchmarks themselves keep one core busy at most.
-const QUIET_LOAD: f64 = 1.5;
-
-/// Whether a load line (`load average 0.32 ...; 0 cargo/rustc processes; ...`, or a test's
-/// `2.5 (rustc ×3)`) says other work was running: a 1-minute load at or above
-/// [`QUIET_LOAD`], a build, or a line that cannot be read.
-fn busy(load: &str) -> bool {
-    let first = load
-        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .find(|w| !w.is_empty())
-        .and_then(|w| w.parse::<f64>().ok());
-    let building = !load.contains("0 cargo/rustc processes");
-    first.is_none_or(|l| l >= QUIET_LOAD) || building
 }
 
 /// Builds the report from the measured points. `raw` is the benchmarks' own output,
@@ -395,7 +392,7 @@ pub fn render(
     ] {
         let _ = writeln!(md, "| {key} | {} |", value.replace('|', "\\|"));
     }
-    if busy(&env.load_start) || busy(&env.load_end) {
+    if !env.quiet {
         let _ = writeln!(
             md,
             "\n**Other jobs were running on this machine while it was measured** (other \
@@ -518,15 +515,10 @@ mod tests {
 
     #[test]
     fn a_quiet_run_is_told_apart_from_a_busy_one() {
-        let quiet = "load average 0.32 1.87 3.59 (1, 5, 15 min); 0 cargo/rustc processes";
-        assert!(!busy(quiet));
-        assert!(busy(
-            "load average 1.60 1.87 3.59 (1, 5, 15 min); 0 cargo/rustc processes"
-        ));
-        assert!(busy(
-            "load average 0.30 1.87 3.59 (1, 5, 15 min); 2 cargo/rustc processes"
-        ));
-        assert!(busy("unreadable"));
+        assert!(is_quiet(0.32, 0));
+        assert!(!is_quiet(1.6, 0));
+        assert!(!is_quiet(0.3, 2));
+        assert!(!is_quiet(f64::NAN, 0));
     }
 
     #[test]
@@ -604,6 +596,7 @@ mod tests {
             machine: "2 vCPU".to_owned(),
             command: "cargo run --release -p kp-bench --bin kp-report".to_owned(),
             load_start: "2.5 (rustc ×3)".to_owned(),
+            quiet: false,
             ..Environment::default()
         };
         let scale = vec![

@@ -161,12 +161,14 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
         .filter(|m| args.modes.is_empty() || args.modes.iter().any(|n| n == m.name))
         .collect();
     let started = Instant::now();
+    let (load_start, quiet_start) = load_and_neighbours();
     let mut env = Environment {
         date: utc_now(),
         machine: machine(),
         system: system(),
         tools: tools(),
-        load_start: load_and_neighbours(),
+        load_start,
+        quiet: quiet_start,
         command: "cargo run --release -p kp-bench --bin kp-report".to_owned(),
         ..Environment::default()
     };
@@ -271,7 +273,9 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
         ));
     }
 
-    env.load_end = load_and_neighbours();
+    let (load_end, quiet_end) = load_and_neighbours();
+    env.load_end = load_end;
+    env.quiet = env.quiet && quiet_end;
     env.duration = human(started.elapsed());
     let report = summary::render(&env, &scale, &connect, &raw);
     std::fs::create_dir_all(&args.out_dir)
@@ -496,7 +500,9 @@ fn tools() -> String {
 
 /// The load averages and the other processes using CPU right now (compilers, tests): what
 /// else ran while we measured.
-fn load_and_neighbours() -> String {
+/// The load line the report shows, and whether the machine is quiet
+/// ([`summary::is_quiet`]).
+fn load_and_neighbours() -> (String, bool) {
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let averages: Vec<&str> = loadavg.split_whitespace().take(3).collect();
     let busy = sys::run_std("ps", &["-eo", "pcpu=,comm=", "--sort=-pcpu"]).unwrap_or_default();
@@ -513,7 +519,11 @@ fn load_and_neighbours() -> String {
         .lines()
         .filter(|l| l.contains("rustc") || l.contains("cargo"))
         .count();
-    format!(
+    let load_1m = averages
+        .first()
+        .and_then(|l| l.parse::<f64>().ok())
+        .unwrap_or(f64::NAN);
+    let line = format!(
         "load average {} (1, 5, 15 min); {compilers} cargo/rustc processes; busiest processes (lifetime CPU %): {}",
         averages.join(" "),
         if top.is_empty() {
@@ -521,7 +531,8 @@ fn load_and_neighbours() -> String {
         } else {
             top.join(", ")
         }
-    )
+    );
+    (line, summary::is_quiet(load_1m, compilers))
 }
 
 #[cfg(test)]
