@@ -1,0 +1,195 @@
+//! Repeat the nftables one-service partial sync against a loaded table and time each one: an
+//! investigation aid for the partial's kernel floor (see "nftables partial: where the time
+//! goes" in the kp-bench README).
+//!
+//! `ip netns exec NS nft_partial SERVICES ENDPOINTS ROUNDS [netlink|nft] [DIR]` loads the
+//! full sync of SERVICES × ENDPOINTS (v4) over netlink into the current network namespace,
+//! then edits service 0's EndpointSlice ROUNDS times (the first endpoint moves, as in
+//! kp-scale's edit step), renders each partial sync against the installed state as the
+//! proxy does (stale chains of the previous round deleted) and applies it over netlink
+//! (default) or with `nft -f -`. It prints one line per round (render and apply) and the
+//! median apply. Each round also times two probes on the same socket (see [`probe`]): a
+//! one-rule transaction that makes the kernel validate the table (the floor any change
+//! with a jump pays) and a commit that does not. With DIR, the full script and the first partial script are written there
+//! (`full.nft`, `partial.nft`), for replaying with plain `nft -f`. Run under `perf record -a
+//! -g` to attribute the applies; the full sync's load is done before the line `rounds:` on
+//! stderr.
+
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use kp_bench::generate::{Edit, Scale, edited_file, generate};
+use kp_bench::state::Loaded;
+use kp_core::backend::SyncKind;
+use kp_core::model::IpFamily;
+use kp_rules::nftables::cmd::{Name, Rule, Verdict};
+use kp_rules::nftables::{Command, NftScope, NftState, RenderConfig, Transaction, render};
+
+/// The probe chain of [`probe`]: not reachable from any base chain.
+const PROBE_CHAIN: &str = "floor-probe";
+
+/// The smallest transactions that do and do not make the kernel validate the table:
+/// (re)write `floor-probe` with one `jump mark-for-masquerade` rule (any rule with a verdict,
+/// `dnat`, `mark set` or verdict-map lookup marks the table for validation), or only add
+/// and flush the chain (no rule: no validation). Both leave the table as they found it
+/// after the first round.
+fn probe(with_rule: bool) -> Transaction {
+    let chain = Name::from(PROBE_CHAIN);
+    let mut commands = vec![
+        Command::AddChain {
+            chain: chain.clone(),
+            hook: None,
+            comment: None,
+        },
+        Command::FlushChain(chain.clone()),
+    ];
+    if with_rule {
+        commands.push(Command::AddRule {
+            chain,
+            rule: Rule::verdict(Vec::new(), Verdict::Jump("mark-for-masquerade".into())),
+        });
+    }
+    Transaction::new(IpFamily::V4, commands)
+}
+
+/// The median of `times` (sorted in place).
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort();
+    times
+        .get(times.len() / 2)
+        .copied()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Apply `script` with `nft -f -`.
+fn nft_apply(script: &str) -> anyhow::Result<()> {
+    let mut child = std::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .context("running nft")?;
+    child
+        .stdin
+        .take()
+        .context("nft stdin")?
+        .write_all(script.as_bytes())?;
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("nft -f - failed: {status}");
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let services: usize = args.next().unwrap_or_else(|| "1000".into()).parse()?;
+    let endpoints: usize = args.next().unwrap_or_else(|| "10".into()).parse()?;
+    let rounds: usize = args.next().unwrap_or_else(|| "10".into()).parse()?;
+    let via_nft = match args.next().as_deref() {
+        None | Some("netlink") => false,
+        Some("nft") => true,
+        Some(other) => bail!("unknown applier {other} (netlink or nft)"),
+    };
+    let dump = args.next().map(std::path::PathBuf::from);
+
+    let scale = Scale::new(services, endpoints);
+    let mut loaded = Loaded::new(&generate(scale))?;
+    let config = RenderConfig::default();
+    let none = BTreeSet::new();
+    let empty = NftState::default();
+    let full = render(
+        &loaded.state,
+        IpFamily::V4,
+        &config,
+        &NftScope {
+            kind: SyncKind::Full,
+            changed: &none,
+            existing: &empty,
+            delete_stale: false,
+            service_cidrs: &[],
+        },
+    )?;
+    let mut socket = kp_nftnl::NftSocket::open()?;
+    let started = Instant::now();
+    socket.apply(&full.transaction, kp_nftnl::DEFAULT_MAX_STEP_COMMANDS)?;
+    eprintln!(
+        "full sync: {} commands applied in {:?}",
+        full.transaction.len(),
+        started.elapsed()
+    );
+    if let Some(dir) = &dump {
+        std::fs::write(dir.join("full.nft"), full.transaction.to_string())?;
+    }
+    let mut installed = full.state_after(&empty);
+    drop(full);
+
+    eprintln!("rounds: {rounds}");
+    let mut applies = Vec::with_capacity(rounds);
+    let (mut jumps, mut empties) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let (name, text) = edited_file(
+            scale,
+            &[Edit {
+                service: 0,
+                generation: round,
+            }],
+        )
+        .context("no service to edit")?;
+        let changed = loaded.update(&name, &text)?;
+        let started = Instant::now();
+        let partial = render(
+            &loaded.state,
+            IpFamily::V4,
+            &config,
+            &NftScope {
+                kind: SyncKind::Partial,
+                changed: &changed,
+                existing: &installed,
+                delete_stale: !installed.pending_deletions().is_empty(),
+                service_cidrs: &[],
+            },
+        )?;
+        let rendered = started.elapsed();
+        if round == 1
+            && let Some(dir) = &dump
+        {
+            std::fs::write(dir.join("partial.nft"), partial.transaction.to_string())?;
+        }
+        let started = Instant::now();
+        if via_nft {
+            nft_apply(&partial.transaction.to_string())?;
+        } else {
+            socket.apply(&partial.transaction, kp_nftnl::DEFAULT_MAX_STEP_COMMANDS)?;
+        }
+        let applied = started.elapsed();
+        applies.push(applied);
+        println!(
+            "round {round}: {} commands, render {rendered:?}, apply {applied:?}",
+            partial.transaction.len()
+        );
+        installed = partial.state_after(&installed);
+        // The floor, under the same load: one rule that needs validation, then a commit
+        // that needs none.
+        let mut timed = |with_rule: bool| -> anyhow::Result<Duration> {
+            let started = Instant::now();
+            socket.apply(&probe(with_rule), usize::MAX)?;
+            Ok(started.elapsed())
+        };
+        let (jump, empty) = (timed(true)?, timed(false)?);
+        println!("round {round}: probe: one jump rule {jump:?}, no rule {empty:?}");
+        jumps.push(jump);
+        empties.push(empty);
+    }
+    println!(
+        "{services}x{endpoints} over {rounds} rounds: median partial apply ({}) {:?}; \
+         one jump rule (netlink) {:?}; commit without validation {:?}",
+        if via_nft { "nft -f" } else { "netlink" },
+        median(&mut applies),
+        median(&mut jumps),
+        median(&mut empties)
+    );
+    Ok(())
+}
