@@ -8,7 +8,9 @@
 //! kp-scale's edit step), renders each partial sync against the installed state as the
 //! proxy does (stale chains of the previous round deleted) and applies it over netlink
 //! (default) or with `nft -f -`. It prints one line per round (render and apply) and the
-//! median apply. Each round also times two probes on the same socket (see [`probe`]): a
+//! median apply, in wall time and in time on a CPU (the kernel runs the batch in this
+//! thread, so that is the kernel's work plus ours, without run-queue waits; with `nft -f`
+//! only ours). Each round also times two probes on the same socket (see [`probe`]): a
 //! one-rule transaction that makes the kernel validate the table (the floor any change
 //! with a jump pays) and a commit that does not. With DIR, the full script and the first partial script are written there
 //! (`full.nft`, `partial.nft`), for replaying with plain `nft -f`. Run under `perf record -a
@@ -53,6 +55,26 @@ fn probe(with_rule: bool) -> Transaction {
         });
     }
     Transaction::new(IpFamily::V4, commands)
+}
+
+/// Time this thread has spent on a CPU (user and kernel: the kernel runs a netlink batch in
+/// the sender's context), from `/proc/thread-self/schedstat`; less sensitive to other load
+/// than wall time.
+fn on_cpu() -> anyhow::Result<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat")?;
+    let nanos: u64 = text
+        .split_whitespace()
+        .next()
+        .context("empty schedstat")?
+        .parse()?;
+    Ok(Duration::from_nanos(nanos))
+}
+
+/// Run `f`, returning its wall and on-CPU time.
+fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<(Duration, Duration)> {
+    let (wall, cpu) = (Instant::now(), on_cpu()?);
+    f()?;
+    Ok((wall.elapsed(), on_cpu()?.saturating_sub(cpu)))
 }
 
 /// The median of `times` (sorted in place).
@@ -129,6 +151,7 @@ fn main() -> anyhow::Result<()> {
     eprintln!("rounds: {rounds}");
     let mut applies = Vec::with_capacity(rounds);
     let (mut jumps, mut empties) = (Vec::new(), Vec::new());
+    let (mut apply_cpus, mut jump_cpus) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         let (name, text) = edited_file(
             scale,
@@ -158,37 +181,40 @@ fn main() -> anyhow::Result<()> {
         {
             std::fs::write(dir.join("partial.nft"), partial.transaction.to_string())?;
         }
-        let started = Instant::now();
-        if via_nft {
-            nft_apply(&partial.transaction.to_string())?;
-        } else {
-            socket.apply(&partial.transaction, kp_nftnl::DEFAULT_MAX_STEP_COMMANDS)?;
-        }
-        let applied = started.elapsed();
+        let (applied, cpu) = timed(|| {
+            if via_nft {
+                nft_apply(&partial.transaction.to_string())
+            } else {
+                Ok(socket.apply(&partial.transaction, kp_nftnl::DEFAULT_MAX_STEP_COMMANDS)?)
+            }
+        })?;
         applies.push(applied);
+        apply_cpus.push(cpu);
         println!(
-            "round {round}: {} commands, render {rendered:?}, apply {applied:?}",
+            "round {round}: {} commands, render {rendered:?}, apply {applied:?} (on CPU {cpu:?})",
             partial.transaction.len()
         );
         installed = partial.state_after(&installed);
         // The floor, under the same load: one rule that needs validation, then a commit
         // that needs none.
-        let mut timed = |with_rule: bool| -> anyhow::Result<Duration> {
-            let started = Instant::now();
-            socket.apply(&probe(with_rule), usize::MAX)?;
-            Ok(started.elapsed())
-        };
-        let (jump, empty) = (timed(true)?, timed(false)?);
-        println!("round {round}: probe: one jump rule {jump:?}, no rule {empty:?}");
+        let (jump, jump_cpu) = timed(|| Ok(socket.apply(&probe(true), usize::MAX)?))?;
+        let (empty, empty_cpu) = timed(|| Ok(socket.apply(&probe(false), usize::MAX)?))?;
+        println!(
+            "round {round}: probe: one jump rule {jump:?} (on CPU {jump_cpu:?}), no rule {empty:?} (on CPU {empty_cpu:?})"
+        );
         jumps.push(jump);
+        jump_cpus.push(jump_cpu);
         empties.push(empty);
     }
     println!(
-        "{services}x{endpoints} over {rounds} rounds: median partial apply ({}) {:?}; \
-         one jump rule (netlink) {:?}; commit without validation {:?}",
+        "{services}x{endpoints} over {rounds} rounds: median partial apply ({}) {:?} \
+         (on CPU {:?}); one jump rule (netlink) {:?} (on CPU {:?}); commit without \
+         validation {:?}",
         if via_nft { "nft -f" } else { "netlink" },
         median(&mut applies),
+        median(&mut apply_cpus),
         median(&mut jumps),
+        median(&mut jump_cpus),
         median(&mut empties)
     );
     Ok(())
