@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::summary::{ConnectPoint, Environment, ScalePoint};
+use crate::summary::{ConnectPoint, Environment, Measured, NO_TABLE, ScalePoint};
 
 /// The points file's name, next to `REPORT.md`.
 pub const POINTS_FILE: &str = "points.json";
@@ -186,6 +186,30 @@ impl Points {
         self
     }
 
+    /// Every scale point read again from its stored raw output (e.g. after the parser
+    /// learnt a column): a point whose section has a result table gets that table's
+    /// figures; the others (skipped, failed) stay as they are.
+    pub fn reparse(mut self) -> Points {
+        for stored in &mut self.scale {
+            let services = stored.point.services;
+            let section = self.raw.iter().find(|r| {
+                r.series == stored.series && heading_services(&r.heading) == Some(services)
+            });
+            if let Some(section) = section {
+                let point = ScalePoint::from_output(
+                    &stored.point.mode,
+                    services,
+                    stored.point.endpoints,
+                    &section.text,
+                );
+                if !matches!(&point.first_sync, Measured::Missing(why) if why == NO_TABLE) {
+                    stored.point = point;
+                }
+            }
+        }
+        self
+    }
+
     /// Groups of series measured by one run: (run date, commit, series names), in
     /// first-seen order. More than one group means the report mixes runs.
     pub fn run_groups(&self) -> Vec<(String, String, Vec<String>)> {
@@ -266,12 +290,9 @@ pub fn import_report(markdown: &str, commit: &str, series_of: &impl SeriesOf) ->
             });
         }
         if heading.starts_with("kp-scale") {
-            let services = heading
-                .split_once("--services ")
-                .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok());
-            if let Some(services) = services {
+            if let Some(services) = heading_services(heading) {
                 let mut point = ScalePoint::from_output(&series, services, ENDPOINTS, text);
-                if crate::summary::parse_tables(text).is_empty() {
+                if matches!(&point.first_sync, Measured::Missing(why) if why == NO_TABLE) {
                     point = ScalePoint::missing(&series, services, ENDPOINTS, text.trim());
                 }
                 points.scale.push(StoredScale {
@@ -306,6 +327,12 @@ pub fn import_report(markdown: &str, commit: &str, series_of: &impl SeriesOf) ->
     points
 }
 
+/// N of a `kp-scale ... --services N ...` heading.
+fn heading_services(heading: &str) -> Option<usize> {
+    let (_, rest) = heading.split_once("--services ")?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
 /// Endpoints per service of every report point (the issues' N×10).
 pub const ENDPOINTS: usize = 10;
 
@@ -328,7 +355,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::summary::Measured;
 
     fn run(series: &str, date: &str, commit: &str) -> Run {
         Run {
@@ -475,6 +501,52 @@ mod tests {
         assert_eq!(merged, host_run().merge(Points::default(), ORDER));
         assert_eq!(merged.scale.len(), 3);
         assert_eq!(merged.run_groups().len(), 1);
+    }
+
+    #[test]
+    fn points_are_read_again_from_their_raw_output() {
+        let table = "| N×M | first sync (log `took`) | partial, TCP NodePort svc | partial, UDP svc |\n\
+| --- | --- | --- | --- |\n\
+| 3000×10 | 30.66 s | Partial 19.6 ms | Partial 80.1 ms (conntrack 72.3 ms) |\n";
+        let mut points = Points {
+            runs: vec![run("ipvs", "d2", "b")],
+            scale: vec![
+                scale("ipvs", 1000, "d2", 1),
+                scale("ipvs", 3000, "d2", 1),
+                scale("ipvs", 30000, "d2", 1),
+            ],
+            raw: vec![
+                raw(
+                    "ipvs",
+                    "kp-scale --mode ipvs --services 1000 (in the test VM)",
+                ),
+                RawSection {
+                    text: table.to_owned(),
+                    ..raw(
+                        "ipvs",
+                        "kp-scale --mode ipvs --services 3000 (in the test VM)",
+                    )
+                },
+            ],
+            ..Points::default()
+        };
+        points.scale[1].host_load = Some("9.5→13.8".to_owned());
+        let before = points.clone();
+        let after = points.reparse();
+        // No table in the 1000 section and no section for 30000: left alone.
+        assert_eq!(after.scale[0], before.scale[0]);
+        assert_eq!(after.scale[2], before.scale[2]);
+        let p = &after.scale[1];
+        assert_eq!(
+            p.point.first_sync,
+            Measured::Took(Duration::from_millis(30_660))
+        );
+        assert_eq!(
+            p.point.partial_udp,
+            Measured::Took(Duration::from_micros(80_100))
+        );
+        assert_eq!(p.host_load.as_deref(), Some("9.5→13.8"));
+        assert_eq!(p.date, "d2");
     }
 
     #[test]

@@ -190,6 +190,9 @@ fn cell<'a>(table: &Table, row: &'a [String], column: &str) -> Option<&'a str> {
     row.get(at).map(String::as_str)
 }
 
+/// Why a [`ScalePoint`] read from output without a result table has no figures.
+pub const NO_TABLE: &str = "no result table";
+
 /// One `kp-scale` run: a mode at a size.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScalePoint {
@@ -203,6 +206,9 @@ pub struct ScalePoint {
     pub first_sync: Measured,
     /// The one-service partial sync after an EndpointSlice edit (TCP NodePort service).
     pub partial: Measured,
+    /// The same for a UDP service (adds the stale-conntrack cleanup).
+    #[serde(default = "not_reported")]
+    pub partial_udp: Measured,
     /// Wall clock from that edit (the rename of the manifests file) to the synced line:
     /// the manifests source's share of an edit.
     #[serde(default = "not_reported")]
@@ -222,6 +228,7 @@ impl ScalePoint {
             endpoints,
             first_sync: Measured::Missing(why.to_owned()),
             partial: Measured::Missing(String::new()),
+            partial_udp: Measured::Missing(String::new()),
             edit_synced: Measured::Missing(String::new()),
             rss_mib: None,
             load: "-".to_owned(),
@@ -235,7 +242,7 @@ impl ScalePoint {
             .iter()
             .find_map(|t| cell(t, &t.header, "first sync").and(t.rows.first().map(|r| (t, r))))
         else {
-            return Self::missing(mode, services, endpoints, "no result table");
+            return Self::missing(mode, services, endpoints, NO_TABLE);
         };
         let get = |column: &str| cell(table, row, column).unwrap_or("-");
         Self {
@@ -244,6 +251,7 @@ impl ScalePoint {
             endpoints,
             first_sync: Measured::parse(get("first sync (log")),
             partial: Measured::parse(get("partial, TCP")),
+            partial_udp: Measured::parse(get("partial, UDP")),
             // `107 ms, 106 ms`: the TCP service's edit, then the UDP one's.
             edit_synced: Measured::parse(get("edit → synced")),
             rss_mib: parse_mib(get("peak RSS")),
@@ -762,6 +770,7 @@ mod tests {
         let p = ScalePoint::from_output("nftables", 1000, 10, SCALE_OUTPUT);
         assert_eq!(p.first_sync, Measured::Took(Duration::from_millis(1550)));
         assert_eq!(p.partial, Measured::Took(Duration::from_millis(160)));
+        assert_eq!(p.partial_udp, Measured::Took(Duration::from_millis(175)));
         assert_eq!(p.rss_mib, Some(49.8));
         assert_eq!(p.load, "1.3→1.2");
         let none = ScalePoint::from_output("fake", 10, 10, "crashed");
@@ -877,7 +886,8 @@ mod tests {
             "## Issue 16 targets (10000 × 10)",
             // The nftables 10k point was skipped, so its targets have no figure.
             "| nftables one-service change | `nftables-partial` | < 150 ms | - (skipped: 3000 timed out) | not measured | Measured: the kernel's floor. |",
-            "| ipvs one-service change in the VM (10× less than 6–11 s) | `ipvs-partial` | < 600 ms | 160 ms (2026-11-25 12:50 UTC, in the VM, load 1.3→1.2 (host 6.1→7.2)) | met |  |",
+            "| peak RSS, nftables | `nftables-rss` | < 150 MiB | - (skipped: 3000 timed out) | not measured |",
+            "| ipvs one-service change in the VM (10× less than 6–11 s) | `ipvs-partial` | < 600 ms | TCP 160 ms, UDP 175 ms (2026-11-25 12:50 UTC, in the VM, load 1.3→1.2 (host 6.1→7.2)) | met |  |",
             "| no fake point at 10000 services | not measured | not measured: no reason recorded |",
         ] {
             assert!(md.contains(needle), "missing {needle:?} in\n{md}");

@@ -2,8 +2,6 @@
 //! the hand-written reasons for the missed ones (`bench/reasons.md`: one `## <key>` section
 //! per target, written by whoever measured why). Pure.
 
-use std::time::Duration;
-
 use crate::points::StoredScale;
 use crate::report::human;
 use crate::summary::Measured;
@@ -19,8 +17,11 @@ pub const REASONS_FILE: &str = "reasons.md";
 pub enum Metric {
     /// The first full sync (the proxier's `took`).
     FirstSync,
-    /// The one-service partial sync after an EndpointSlice edit.
+    /// The one-service partial sync after an EndpointSlice edit (the TCP service's).
     Partial,
+    /// The worse of the TCP and the UDP service's partial syncs (the UDP one adds the
+    /// conntrack cleanup): for ipvs, whose 6–11 s before were these two.
+    PartialBoth,
     /// Wall clock from the manifests edit to the synced line.
     EditSynced,
     /// Peak RSS (only from a run whose first sync finished).
@@ -43,8 +44,8 @@ pub struct Target {
 }
 
 /// Issue 16's table. The ipvs one is "10× less than the 6–11 s measured before" (partial
-/// syncs of a TCP NodePort and a UDP service at 10k×10 in the VM, 2026-11-23), so below
-/// 0.6 s; the manifests edit is judged in nftables mode, where the issue measured its 14.8 s.
+/// syncs of a UDP and a TCP NodePort service at 10k×10 in the VM, 2026-11-23: 6.40 s and
+/// 11.22 s), so both below 0.6 s; the manifests edit is judged in nftables mode, where the issue measured its 14.8 s.
 pub const TARGETS: &[Target] = &[
     Target {
         key: "iptables-nft-first-sync",
@@ -113,17 +114,18 @@ pub const TARGETS: &[Target] = &[
         key: "ipvs-partial",
         what: "ipvs one-service change in the VM (10× less than 6–11 s)",
         series: "ipvs",
-        metric: Metric::Partial,
+        metric: Metric::PartialBoth,
         below: 0.6,
     },
 ];
 
 impl Target {
-    /// `< 5 s`, `< 150 MiB`.
+    /// `< 5 s`, `< 150 ms`, `< 150 MiB`.
     pub fn goal(&self) -> String {
         match self.metric {
             Metric::PeakRss => format!("< {} MiB", self.below),
-            _ => format!("< {}", human(Duration::from_secs_f64(self.below))),
+            _ if self.below >= 1.0 => format!("< {} s", self.below),
+            _ => format!("< {} ms", self.below * 1e3),
         }
     }
 }
@@ -188,15 +190,45 @@ fn evaluate_one(target: &Target, scale: &[StoredScale]) -> TargetRow {
             Verdict::Missed
         }
     };
+    // Without a figure, why: the point's own reason, else what became of its first sync.
+    let no_figure = |m: &Measured| match (m, &p.first_sync) {
+        (Measured::Missing(why), _) if !why.is_empty() && why != "-" => format!("{m}"),
+        (_, Measured::Missing(why)) if !why.is_empty() => format!("- ({why})"),
+        (_, first) => format!("- (first sync: {first})"),
+    };
     let time = |m: &Measured| match m {
         Measured::Took(d) => row(format!("{} ({whence})", human(*d)), judge(d.as_secs_f64())),
         Measured::TimedOut(_) => row(format!("{m} ({whence})"), Verdict::Missed),
-        Measured::Missing(_) => row(format!("{m}"), Verdict::NotMeasured),
+        Measured::Missing(_) => row(no_figure(m), Verdict::NotMeasured),
     };
     match target.metric {
         Metric::FirstSync => time(&p.first_sync),
         Metric::Partial => time(&p.partial),
         Metric::EditSynced => time(&p.edit_synced),
+        Metric::PartialBoth => match (&p.partial, &p.partial_udp) {
+            (Measured::Took(tcp), Measured::Took(udp)) => row(
+                format!("TCP {}, UDP {} ({whence})", human(*tcp), human(*udp)),
+                judge(tcp.max(udp).as_secs_f64()),
+            ),
+            // One without a figure: judged on what there is, saying which is missing.
+            (tcp, udp) => {
+                let judged = if matches!(tcp, Measured::Took(_)) {
+                    udp
+                } else {
+                    tcp
+                };
+                let other = if matches!(tcp, Measured::Took(_)) {
+                    tcp
+                } else {
+                    udp
+                };
+                let mut judged = time(judged);
+                if let Measured::Took(d) = other {
+                    judged.measured = format!("{}; the other: {}", judged.measured, human(*d));
+                }
+                judged
+            }
+        },
         Metric::PeakRss => match (&p.first_sync, p.rss_mib) {
             (Measured::Took(_), Some(mib)) => row(format!("{mib:.1} MiB ({whence})"), judge(mib)),
             // At a time out the peak so far is a lower bound: enough to call a miss.
@@ -204,7 +236,10 @@ fn evaluate_one(target: &Target, scale: &[StoredScale]) -> TargetRow {
                 format!("≥ {mib:.1} MiB at the time out ({whence})"),
                 Verdict::Missed,
             ),
-            (first, _) => row(format!("- (first sync: {first})"), Verdict::NotMeasured),
+            (_, _) => row(
+                no_figure(&Measured::Missing(String::new())),
+                Verdict::NotMeasured,
+            ),
         },
     }
 }
@@ -261,6 +296,8 @@ pub fn reason_cell(row: &TargetRow, reasons: &[(String, String)]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::summary::ScalePoint;
 
@@ -313,6 +350,7 @@ mod tests {
             point("ipvs", 10_000, |p| {
                 p.first_sync = took(120_000);
                 p.partial = took(450);
+                p.partial_udp = took(590);
             }),
         ];
         let rows = evaluate(&scale);
@@ -339,7 +377,30 @@ mod tests {
         assert_eq!(ipvs.verdict, Verdict::Met);
         assert_eq!(
             ipvs.measured,
-            "450 ms (2026-11-25 11:38 UTC, in the VM, load 0.4→0.5 (host 5.0→6.0))"
+            "TCP 450 ms, UDP 590 ms (2026-11-25 11:38 UTC, in the VM, load 0.4→0.5 (host 5.0→6.0))"
+        );
+        // The worse of the two decides.
+        let slow_udp = point("ipvs", 10_000, |p| {
+            p.first_sync = took(120_000);
+            p.partial = took(100);
+            p.partial_udp = took(2180);
+        });
+        assert_eq!(
+            find(&evaluate(&[slow_udp]), "ipvs-partial").verdict,
+            Verdict::Missed
+        );
+        let no_udp = point("ipvs", 10_000, |p| {
+            p.first_sync = took(120_000);
+            p.partial = took(100);
+            p.partial_udp = Measured::TimedOut(Duration::from_secs(120));
+        });
+        let row = evaluate(&[no_udp]);
+        let row = find(&row, "ipvs-partial");
+        assert_eq!(row.verdict, Verdict::Missed);
+        assert!(
+            row.measured.ends_with("; the other: 100 ms"),
+            "{}",
+            row.measured
         );
 
         let none = evaluate(&[]);

@@ -136,7 +136,7 @@ struct Args {
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/reasons.md"))]
     reasons: PathBuf,
     /// Measure nothing: render REPORT.md and the plots again from the stored points (e.g.
-    /// after editing the reasons).
+    /// after editing the reasons), re-reading each point from its stored raw output.
     #[arg(long)]
     render_only: bool,
     /// Use the binaries next to this one as they are (skip `cargo build --release`).
@@ -168,7 +168,11 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&args.out_dir)
         .with_context(|| format!("creating {}", args.out_dir.display()))?;
     let mut stored = stored_points(&args.out_dir)?;
-    if !args.render_only {
+    if args.render_only {
+        let path = args.out_dir.join(points::POINTS_FILE);
+        std::fs::write(&path, stored.to_json())
+            .with_context(|| format!("writing {}", path.display()))?;
+    } else {
         let modes: Vec<&ModeSpec> = MODES
             .iter()
             .filter(|m| args.modes.is_empty() || args.modes.iter().any(|n| n == m.name))
@@ -427,8 +431,11 @@ fn connect_series(
 fn stored_points(out_dir: &Path) -> anyhow::Result<Points> {
     let path = out_dir.join(points::POINTS_FILE);
     match std::fs::read_to_string(&path) {
+        // Read again from the raw output, so a column the parser learnt since counts.
         Ok(text) => {
-            return Points::parse(&text).with_context(|| format!("reading {}", path.display()));
+            return Points::parse(&text)
+                .map(Points::reparse)
+                .with_context(|| format!("reading {}", path.display()));
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
         Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
