@@ -266,10 +266,11 @@ pub fn import_report(markdown: &str, commit: &str, series_of: &impl SeriesOf) ->
         machine: header("machine"),
         system: header("system"),
         tools: header("tools"),
-        load_start: header("load at start"),
-        load_end: header("load at end"),
+        // The old report has these for the whole run only, not per series.
+        load_start: format!("{} (at the run's start)", header("load at start")),
+        load_end: format!("{} (at the run's end)", header("load at end")),
         quiet: markdown.contains("The machine was otherwise quiet"),
-        duration: header("run took"),
+        duration: format!("{} (the whole run)", header("run took")),
         command: "cargo run --release -p kp-bench --bin kp-report".to_owned(),
     };
     let mut points = Points::default();
@@ -604,7 +605,7 @@ skipped: 10000 services already timed out\n\n\
         assert_eq!(points.runs[0].run_date, "2026-11-25 11:38 UTC");
         assert_eq!(points.runs[0].commit, "cd4bc83");
         assert_eq!(points.runs[0].env.machine, "2 vCPU");
-        assert_eq!(points.runs[0].env.duration, "275 s");
+        assert_eq!(points.runs[0].env.duration, "275 s (the whole run)");
         assert!(points.runs[0].env.quiet);
         assert_eq!(points.scale.len(), 2);
         let fake = &points.scale[0].point;
