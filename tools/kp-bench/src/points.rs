@@ -158,8 +158,7 @@ impl Points {
 
     /// `self` with every series that `new` measured (its [`Points::runs`]) replaced by
     /// `new`'s points for it; the other series are kept as they are. Then everything is put
-    /// in `order` (series names; unknown ones last, in the order they came), scale points by
-    /// size within a series.
+    /// in `order` (see [`Points::sort`]).
     pub fn merge(mut self, new: Points, order: &[&str]) -> Points {
         let replaced: Vec<String> = new.runs.iter().map(|r| r.series.clone()).collect();
         let kept = |series: &String| !replaced.contains(series);
@@ -171,6 +170,14 @@ impl Points {
         self.scale.extend(new.scale);
         self.connect.extend(new.connect);
         self.raw.extend(new.raw);
+        self.sort(order);
+        self
+    }
+
+    /// Series in `order` (unknown ones last, in the order they came), scale points by size
+    /// within a series, `kp-scale` raw sections (by size) before `kp-connect` ones. Stable:
+    /// runs of one series stay in the order they were added.
+    fn sort(&mut self, order: &[&str]) {
         let rank = |series: &str| {
             order
                 .iter()
@@ -182,8 +189,74 @@ impl Points {
             .sort_by_key(|p| (rank(&p.series), p.point.services));
         self.connect
             .sort_by_key(|p| (rank(&p.series), p.point.services));
-        self.raw.sort_by_key(|r| (r.is_connect(), rank(&r.series)));
-        self
+        self.raw.sort_by_key(|r| {
+            (
+                r.is_connect(),
+                rank(&r.series),
+                heading_services(&r.heading),
+            )
+        });
+    }
+
+    /// `self` with `new`'s points added point by point, for a run of some sizes of a series
+    /// that should not replace the series' other sizes (e.g. ipvs at 20k after 1k–10k):
+    /// a stored scale point of the same series and size is replaced (with its raw section),
+    /// the series' other points stay; `new`'s connect points of a series replace the stored
+    /// ones of that series. `new`'s runs are listed beside the series' earlier runs; an
+    /// earlier run none of whose points is left is dropped. Then sorted as [`Points::merge`].
+    pub fn merge_points(mut self, new: Points, order: &[&str]) -> Points {
+        let replaced_scale = |series: &str, services: usize| {
+            new.scale
+                .iter()
+                .any(|p| p.series == series && p.point.services == services)
+        };
+        let replaced_connect = |series: &str| new.connect.iter().any(|p| p.series == series);
+        self.scale
+            .retain(|p| !replaced_scale(&p.series, p.point.services));
+        self.connect.retain(|p| !replaced_connect(&p.series));
+        self.raw.retain(|r| {
+            if r.is_connect() {
+                !replaced_connect(&r.series)
+            } else {
+                heading_services(&r.heading).is_none_or(|n| !replaced_scale(&r.series, n))
+            }
+        });
+        let Points {
+            version,
+            mut runs,
+            mut scale,
+            mut connect,
+            mut raw,
+        } = self;
+        runs.retain(|run| {
+            let own = |series: &str, date: &str, commit: &str| {
+                series == run.series && date == run.run_date && commit == run.commit
+            };
+            scale.iter().any(|p| own(&p.series, &p.date, &p.commit))
+                || connect.iter().any(|p| own(&p.series, &p.date, &p.commit))
+        });
+        runs.extend(new.runs);
+        scale.extend(new.scale);
+        connect.extend(new.connect);
+        raw.extend(new.raw);
+        let mut merged = Points {
+            version,
+            runs,
+            scale,
+            connect,
+            raw,
+        };
+        merged.sort(order);
+        merged
+    }
+
+    /// The scale sizes of `series` whose points came from `run`.
+    pub fn sizes_of(&self, run: &Run) -> Vec<usize> {
+        self.scale
+            .iter()
+            .filter(|p| p.series == run.series && p.date == run.run_date && p.commit == run.commit)
+            .map(|p| p.point.services)
+            .collect()
     }
 
     /// Every scale point read again from its stored raw output (e.g. after the parser
@@ -494,6 +567,86 @@ mod tests {
         );
         assert_eq!(merged.run_groups().len(), 3);
         assert_eq!(merged.series(), ["fake", "nftables", "ipvs"]);
+    }
+
+    #[test]
+    fn a_run_of_some_sizes_adds_them_beside_the_series_earlier_points() {
+        let first = host_run().merge(
+            Points {
+                runs: vec![run("ipvs", "d2", "c")],
+                scale: vec![scale("ipvs", 1000, "d2", 1), scale("ipvs", 3000, "d2", 3)],
+                raw: vec![
+                    raw(
+                        "ipvs",
+                        "kp-scale --mode ipvs --services 1000 (in the test VM)",
+                    ),
+                    raw(
+                        "ipvs",
+                        "kp-scale --mode ipvs --services 3000 (in the test VM)",
+                    ),
+                ],
+                ..Points::default()
+            },
+            ORDER,
+        );
+        let later_point = |services: usize| StoredScale {
+            commit: "d".to_owned(),
+            ..scale("ipvs", services, "d3", 2)
+        };
+        let later = Points {
+            runs: vec![run("ipvs", "d3", "d")],
+            scale: vec![later_point(20000), later_point(3000)],
+            raw: vec![
+                raw(
+                    "ipvs",
+                    "kp-scale --mode ipvs --services 20000 (in the test VM)",
+                ),
+                raw(
+                    "ipvs",
+                    "kp-scale --mode ipvs --services 3000 (in the test VM)",
+                ),
+            ],
+            ..Points::default()
+        };
+        let merged = first.clone().merge_points(later.clone(), ORDER);
+        let ipvs: Vec<(usize, &str)> = merged
+            .scale
+            .iter()
+            .filter(|p| p.series == "ipvs")
+            .map(|p| (p.point.services, p.date.as_str()))
+            .collect();
+        assert_eq!(ipvs, [(1000, "d2"), (3000, "d3"), (20000, "d3")]);
+        let ipvs_runs: Vec<&Run> = merged.runs.iter().filter(|r| r.series == "ipvs").collect();
+        assert_eq!(ipvs_runs.len(), 2);
+        assert_eq!(merged.sizes_of(ipvs_runs[0]), [1000]);
+        assert_eq!(merged.sizes_of(ipvs_runs[1]), [3000, 20000]);
+        let headings: Vec<&str> = merged
+            .raw
+            .iter()
+            .filter(|r| r.series == "ipvs")
+            .map(|r| r.heading.as_str())
+            .collect();
+        assert_eq!(
+            headings,
+            [
+                "kp-scale --mode ipvs --services 1000 (in the test VM)",
+                "kp-scale --mode ipvs --services 3000 (in the test VM)",
+                "kp-scale --mode ipvs --services 20000 (in the test VM)",
+            ]
+        );
+        // The other series are untouched.
+        assert_eq!(
+            merged.scale.iter().filter(|p| p.series != "ipvs").count(),
+            3
+        );
+        assert_eq!(merged.connect.len(), 1);
+        assert_eq!(merged.run_groups().len(), 3);
+        // A run none of whose points is left goes.
+        let mut all = later;
+        all.scale.push(later_point(1000));
+        let merged = first.merge_points(all, ORDER);
+        assert_eq!(merged.runs.iter().filter(|r| r.series == "ipvs").count(), 1);
+        assert_eq!(merged.run_groups().len(), 2);
     }
 
     #[test]

@@ -443,8 +443,10 @@ fn header(md: &mut String, points: &Points) {
         "load at series start",
         "load at series end",
         "series took",
+        "its sizes (services)",
     ]);
     for run in &points.runs {
+        let sizes: Vec<String> = points.sizes_of(run).iter().map(usize::to_string).collect();
         table.row(vec![
             run.series.clone(),
             if run.vm { "test VM" } else { "host" }.to_owned(),
@@ -453,6 +455,11 @@ fn header(md: &mut String, points: &Points) {
             run.env.load_start.clone(),
             run.env.load_end.clone(),
             run.env.duration.clone(),
+            if sizes.is_empty() {
+                "-".to_owned()
+            } else {
+                sizes.join(", ")
+            },
         ]);
     }
     let _ = writeln!(md, "{}", table.render());

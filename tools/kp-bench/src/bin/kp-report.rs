@@ -139,6 +139,11 @@ struct Args {
     /// after editing the reasons), re-reading each point from its stored raw output.
     #[arg(long)]
     render_only: bool,
+    /// Measure nothing: add the points of another `points.json` (e.g. written by a run of
+    /// some sizes with `--out-dir`) point by point, replacing only the same series and
+    /// sizes, then render.
+    #[arg(long)]
+    merge_from: Option<PathBuf>,
     /// Use the binaries next to this one as they are (skip `cargo build --release`).
     #[arg(long)]
     no_build: bool,
@@ -168,7 +173,15 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&args.out_dir)
         .with_context(|| format!("creating {}", args.out_dir.display()))?;
     let mut stored = stored_points(&args.out_dir)?;
-    if args.render_only {
+    if let Some(other) = &args.merge_from {
+        let text = std::fs::read_to_string(other)
+            .with_context(|| format!("reading {}", other.display()))?;
+        let new = Points::parse(&text)
+            .map(Points::reparse)
+            .with_context(|| format!("reading {}", other.display()))?;
+        stored = stored.merge_points(new, &series_order());
+    }
+    if args.render_only || args.merge_from.is_some() {
         let path = args.out_dir.join(points::POINTS_FILE);
         std::fs::write(&path, stored.to_json())
             .with_context(|| format!("writing {}", path.display()))?;
