@@ -1,8 +1,10 @@
 //! `kp-report`: one command for the benchmark report. Builds the release binaries, runs
 //! `kp-scale` for every mode at a few sizes and `kp-connect` for every kernel mode with a few
 //! installed-service counts, each bounded in time, and writes `bench/REPORT.md` with tables
-//! and SVG plots (see `kp_bench::summary`). Must run as root (the benchmarks use network
-//! namespaces).
+//! and SVG plots (see `kp_bench::summary`). The points are kept in `bench/points.json`
+//! (`kp_bench::points`): a run of some modes replaces only theirs, and the report, with issue
+//! 16's targets table (`kp_bench::targets`), is rendered from all of them. Must run as root
+//! (the benchmarks use network namespaces).
 //!
 //! ```sh
 //! cargo run --release -p kp-bench --bin kp-report
