@@ -429,9 +429,10 @@ fn header(md: &mut String, points: &Points) {
     if groups.len() > 1 {
         let _ = writeln!(
             md,
-            "**These points come from {} different runs** (date and commit per series below): \
-             each was re-measured on its own with `--modes`. Compare series of different runs \
-             with care, above all their times.\n",
+            "**These points come from {} different runs** (date, commit and sizes per run \
+             below: series measured again on their own with `--modes`, or sizes added with \
+             `--merge-from`). Compare points of different runs with care, above all their \
+             times.\n",
             groups.len()
         );
     }
@@ -463,12 +464,12 @@ fn header(md: &mut String, points: &Points) {
         ]);
     }
     let _ = writeln!(md, "{}", table.render());
-    let busy: Vec<&str> = points
-        .runs
-        .iter()
-        .filter(|r| !r.env.quiet)
-        .map(|r| r.series.as_str())
-        .collect();
+    let mut busy: Vec<&str> = Vec::new();
+    for run in points.runs.iter().filter(|r| !r.env.quiet) {
+        if !busy.contains(&run.series.as_str()) {
+            busy.push(&run.series);
+        }
+    }
     if busy.is_empty() {
         let _ = writeln!(
             md,
