@@ -6,11 +6,13 @@
 //! transactions, [`sys`] holds the namespace and `/proc` plumbing, [`report`] prints
 //! markdown, [`soak`] summarises the churn soak's samples (the `kp-soak` binary), and
 //! [`summary`] with [`svg`] turns the runs' tables into `bench/REPORT.md` and
-//! its plots (the `kp-report` binary). Nothing here asserts on timings: these are measurements, not tests.
+//! its plots (the `kp-report` binary), keeping the points in [`points`] and judging
+//! issue 16's [`targets`] on them. Nothing here asserts on timings: these are measurements, not tests.
 
 pub mod connect;
 pub mod generate;
 pub mod logs;
+pub mod points;
 pub mod report;
 pub mod soak;
 pub mod split;
@@ -18,6 +20,7 @@ pub mod state;
 pub mod summary;
 pub mod svg;
 pub mod sys;
+pub mod targets;
 pub mod topology;
 
 #[cfg(test)]

@@ -5,16 +5,24 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+use crate::points::Points;
 use crate::report::{Table, human};
 use crate::svg::{Plot, Scale, Series};
+use crate::targets::{self, Verdict};
 
-/// A duration a benchmark reported, or why there is none.
-#[derive(Clone, Debug, PartialEq)]
+/// A duration a benchmark reported, or why there is none. Stored in `points.json` as
+/// `{"took_s": 1.5}`, `{"timed_out_s": 120.0}` or `{"missing": "why"}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Measured {
     /// Measured.
-    Took(Duration),
+    #[serde(rename = "took_s")]
+    Took(#[serde(with = "secs")] Duration),
     /// Still running when the benchmark gave up after this long.
-    TimedOut(Duration),
+    #[serde(rename = "timed_out_s")]
+    TimedOut(#[serde(with = "secs")] Duration),
     /// Not run or not reported, with the reason (e.g. a smaller size already timed out).
     Missing(String),
 }
@@ -49,6 +57,73 @@ impl std::fmt::Display for Measured {
             Measured::Missing(why) if why.is_empty() || why == "-" => f.write_str("-"),
             Measured::Missing(why) => write!(f, "- ({why})"),
         }
+    }
+}
+
+/// `Measured::Missing("")`: what an older `points.json` without a field stands for.
+fn not_reported() -> Measured {
+    Measured::Missing(String::new())
+}
+
+/// Durations as seconds (`f64`) in `points.json`, readable by anything.
+mod secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `Option<Duration>` as seconds or `null`.
+mod opt_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Option::<f64>::deserialize(d)?
+            .map(|secs| Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+/// `Option<(Duration, Duration)>` as `[seconds, seconds]` or `null`.
+mod opt_pair_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serialize as _, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        d: &Option<(Duration, Duration)>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        d.map(|(a, b)| [a.as_secs_f64(), b.as_secs_f64()])
+            .serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<(Duration, Duration)>, D::Error> {
+        let to = |secs: f64| Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom);
+        Option::<[f64; 2]>::deserialize(d)?
+            .map(|[a, b]| Ok((to(a)?, to(b)?)))
+            .transpose()
     }
 }
 
@@ -115,8 +190,11 @@ fn cell<'a>(table: &Table, row: &'a [String], column: &str) -> Option<&'a str> {
     row.get(at).map(String::as_str)
 }
 
+/// Why a [`ScalePoint`] read from output without a result table has no figures.
+pub const NO_TABLE: &str = "no result table";
+
 /// One `kp-scale` run: a mode at a size.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScalePoint {
     /// The proxy mode.
     pub mode: String,
@@ -128,6 +206,13 @@ pub struct ScalePoint {
     pub first_sync: Measured,
     /// The one-service partial sync after an EndpointSlice edit (TCP NodePort service).
     pub partial: Measured,
+    /// The same for a UDP service (adds the stale-conntrack cleanup).
+    #[serde(default = "not_reported")]
+    pub partial_udp: Measured,
+    /// Wall clock from that edit (the rename of the manifests file) to the synced line:
+    /// the manifests source's share of an edit.
+    #[serde(default = "not_reported")]
+    pub edit_synced: Measured,
     /// Peak RSS of the proxy (at the time out, when it timed out).
     pub rss_mib: Option<f64>,
     /// 1-minute load average at start → end.
@@ -143,6 +228,8 @@ impl ScalePoint {
             endpoints,
             first_sync: Measured::Missing(why.to_owned()),
             partial: Measured::Missing(String::new()),
+            partial_udp: Measured::Missing(String::new()),
+            edit_synced: Measured::Missing(String::new()),
             rss_mib: None,
             load: "-".to_owned(),
         }
@@ -155,7 +242,7 @@ impl ScalePoint {
             .iter()
             .find_map(|t| cell(t, &t.header, "first sync").and(t.rows.first().map(|r| (t, r))))
         else {
-            return Self::missing(mode, services, endpoints, "no result table");
+            return Self::missing(mode, services, endpoints, NO_TABLE);
         };
         let get = |column: &str| cell(table, row, column).unwrap_or("-");
         Self {
@@ -164,6 +251,9 @@ impl ScalePoint {
             endpoints,
             first_sync: Measured::parse(get("first sync (log")),
             partial: Measured::parse(get("partial, TCP")),
+            partial_udp: Measured::parse(get("partial, UDP")),
+            // `107 ms, 106 ms`: the TCP service's edit, then the UDP one's.
+            edit_synced: Measured::parse(get("edit → synced")),
             rss_mib: parse_mib(get("peak RSS")),
             load: get("load").to_owned(),
         }
@@ -171,7 +261,7 @@ impl ScalePoint {
 }
 
 /// One `kp-connect` measurement: a mode with some services installed.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConnectPoint {
     /// The proxy mode.
     pub mode: String,
@@ -180,10 +270,13 @@ pub struct ConnectPoint {
     /// The proxy's first sync.
     pub first_sync: Measured,
     /// Connect + 1-byte echo + close through the ClusterIP: median and 99th percentile.
+    #[serde(with = "opt_secs")]
     pub p50: Option<Duration>,
     /// See [`ConnectPoint::p50`].
+    #[serde(with = "opt_secs")]
     pub p99: Option<Duration>,
     /// The same directly to the pod IP (no DNAT): median and 99th percentile.
+    #[serde(with = "opt_pair_secs")]
     pub direct: Option<(Duration, Duration)>,
     /// 1-minute load average at start → end.
     pub load: String,
@@ -246,7 +339,7 @@ pub fn is_quiet(load_1m: f64, builds: usize) -> bool {
 }
 
 /// What the report says about where and when it was measured.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Environment {
     /// UTC date and time of the start.
     pub date: String,
@@ -296,14 +389,157 @@ fn modes_of<'a>(modes: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     seen
 }
 
-/// Builds the report from the measured points. `raw` is the benchmarks' own output,
-/// appended for reference.
-pub fn render(
-    env: &Environment,
-    scale: &[ScalePoint],
-    connect: &[ConnectPoint],
-    raw: &str,
-) -> Report {
+/// The report's head: how it is made, where and when each series was measured, and whether
+/// the machine was busy.
+fn header(md: &mut String, points: &Points) {
+    let command = points
+        .runs
+        .first()
+        .map_or("kp-report", |r| r.env.command.as_str());
+    let _ = writeln!(md, "# Benchmark report\n");
+    let _ = writeln!(
+        md,
+        "Generated by `{command}` (one command; it builds the release binaries, runs `kp-scale` \
+         per mode and size and `kp-connect` per mode, and writes this file and its plots). The \
+         points are kept in `{}` next to this file; `kp-report --modes X,Y` measures only those \
+         series again, replaces their points there and renders this file from all stored \
+         points, so series may come from different runs (see below).\n",
+        crate::points::POINTS_FILE
+    );
+    let distinct = |pick: &dyn Fn(&crate::points::Run) -> &str| -> String {
+        let mut values: Vec<&str> = Vec::new();
+        for run in &points.runs {
+            let value = pick(run);
+            if !value.is_empty() && !values.contains(&value) {
+                values.push(value);
+            }
+        }
+        values.join(" / ")
+    };
+    let _ = writeln!(md, "| | |\n|---|---|");
+    for (key, value) in [
+        ("machine", distinct(&|r| &r.env.machine)),
+        ("system", distinct(&|r| &r.env.system)),
+        ("tools", distinct(&|r| &r.env.tools)),
+    ] {
+        let _ = writeln!(md, "| {key} | {} |", value.replace('|', "\\|"));
+    }
+    let groups = points.run_groups();
+    let _ = writeln!(md);
+    if groups.len() > 1 {
+        let _ = writeln!(
+            md,
+            "**These points come from {} different runs** (date, commit and sizes per run \
+             below: series measured again on their own with `--modes`, or sizes added with \
+             `--merge-from`). Compare points of different runs with care, above all their \
+             times.\n",
+            groups.len()
+        );
+    }
+    let mut table = Table::new(&[
+        "series",
+        "where",
+        "run started (UTC)",
+        "commit",
+        "load at series start",
+        "load at series end",
+        "series took",
+        "its sizes (services)",
+    ]);
+    for run in &points.runs {
+        let sizes: Vec<String> = points.sizes_of(run).iter().map(usize::to_string).collect();
+        table.row(vec![
+            run.series.clone(),
+            if run.vm { "test VM" } else { "host" }.to_owned(),
+            run.run_date.clone(),
+            format!("`{}`", run.commit),
+            run.env.load_start.clone(),
+            run.env.load_end.clone(),
+            run.env.duration.clone(),
+            if sizes.is_empty() {
+                "-".to_owned()
+            } else {
+                sizes.join(", ")
+            },
+        ]);
+    }
+    let _ = writeln!(md, "{}", table.render());
+    let mut busy: Vec<&str> = Vec::new();
+    for run in points.runs.iter().filter(|r| !r.env.quiet) {
+        if !busy.contains(&run.series.as_str()) {
+            busy.push(&run.series);
+        }
+    }
+    if busy.is_empty() {
+        let _ = writeln!(
+            md,
+            "The machine was otherwise quiet (1-minute load average below {QUIET_LOAD} and no \
+             build running at the start and end of every series; each point carries its own \
+             load). Nothing here is a pass/fail threshold.\n"
+        );
+    } else {
+        let _ = writeln!(
+            md,
+            "**Other jobs were running on this machine while {} {} measured** (other \
+             engineers' builds and tests share its cores; the busy processes at start and end \
+             are listed above, and each point carries the 1-minute load average at its start → \
+             end). Read those figures as what a busy 2-core node gets. Nothing here is a \
+             pass/fail threshold.\n",
+            busy.join(", "),
+            if busy.len() == 1 { "was" } else { "were" }
+        );
+    }
+}
+
+/// Issue 16's targets judged on the stored 10k points, with the recorded reason of each
+/// miss (or the statement that there is none).
+fn targets_section(md: &mut String, points: &Points, reasons: &[(String, String)]) {
+    let _ = writeln!(
+        md,
+        "## Issue 16 targets ({} × 10)\n",
+        targets::TARGET_SERVICES
+    );
+    let _ = writeln!(
+        md,
+        "Judged on the {} × 10 points below (release build; the ipvs row in the test VM). A \
+         missed target's reason is written by whoever measured it, in `{}` next to this file \
+         (one `## <key>` section per target); a miss without one says so.\n",
+        targets::TARGET_SERVICES,
+        targets::REASONS_FILE
+    );
+    let mut table = Table::new(&[
+        "target",
+        "key",
+        "goal",
+        "measured",
+        "verdict",
+        "measured reason",
+    ]);
+    for row in targets::evaluate(&points.scale) {
+        table.row(vec![
+            row.target.what.to_owned(),
+            format!("`{}`", row.target.key),
+            row.target.goal(),
+            row.measured.clone(),
+            match row.verdict {
+                Verdict::Met => "met",
+                Verdict::Missed => "**missed**",
+                Verdict::NotMeasured => "not measured",
+            }
+            .to_owned(),
+            targets::reason_cell(&row, reasons),
+        ]);
+    }
+    let _ = writeln!(md, "{}", table.render());
+}
+
+/// Builds the report from every stored point, with the targets judged on them and
+/// `reasons` (`reasons.md`'s sections, see [`targets::parse_reasons`]) next to the misses.
+pub fn render(points: &Points, reasons: &[(String, String)]) -> Report {
+    let scale: Vec<ScalePoint> = points.scale.iter().map(|p| p.point.clone()).collect();
+    let scale = scale.as_slice();
+    let connect: Vec<ConnectPoint> = points.connect.iter().map(|p| p.point.clone()).collect();
+    let connect = connect.as_slice();
     let scale_modes = modes_of(scale.iter().map(|p| p.mode.as_str()));
     let connect_modes = modes_of(connect.iter().map(|p| p.mode.as_str()));
     let per_mode = |mode: &str, value: &dyn Fn(&ScalePoint) -> Option<f64>| -> Vec<(f64, f64)> {
@@ -373,42 +609,8 @@ pub fn render(
     };
 
     let mut md = String::new();
-    let _ = writeln!(md, "# Benchmark report\n");
-    let _ = writeln!(
-        md,
-        "Generated by `{}` (one command; it builds the release binaries, runs `kp-scale` per mode \
-         and size and `kp-connect` per mode, and writes this file and its plots).\n",
-        env.command
-    );
-    let _ = writeln!(md, "| | |\n|---|---|");
-    for (key, value) in [
-        ("date (UTC)", &env.date),
-        ("machine", &env.machine),
-        ("system", &env.system),
-        ("tools", &env.tools),
-        ("load at start", &env.load_start),
-        ("load at end", &env.load_end),
-        ("run took", &env.duration),
-    ] {
-        let _ = writeln!(md, "| {key} | {} |", value.replace('|', "\\|"));
-    }
-    if !env.quiet {
-        let _ = writeln!(
-            md,
-            "\n**Other jobs were running on this machine while it was measured** (other \
-             engineers' builds and tests share its cores; the busy processes at start and end \
-             are listed above, and each point carries the 1-minute load average at its start → \
-             end). Read the figures as what a busy 2-core node gets, and compare modes within \
-             one report rather than across reports. Nothing here is a pass/fail threshold.\n"
-        );
-    } else {
-        let _ = writeln!(
-            md,
-            "\nThe machine was otherwise quiet (1-minute load average below {QUIET_LOAD} and no \
-             build running at start and end; each point carries its own load). Nothing here is \
-             a pass/fail threshold.\n"
-        );
-    }
+    header(&mut md, points);
+    targets_section(&mut md, points, reasons);
 
     let _ = writeln!(
         md,
@@ -437,7 +639,8 @@ pub fn render(
         "peak RSS",
         "load 1m (start→end)",
     ]);
-    for p in scale {
+    for stored in &points.scale {
+        let p = &stored.point;
         table.row(vec![
             p.mode.clone(),
             format!("{} × {}", p.services, p.endpoints),
@@ -450,7 +653,10 @@ pub fn render(
                     format!("≥ {m:.1} MiB (at the time out)")
                 }
             }),
-            p.load.clone(),
+            match &stored.host_load {
+                Some(host) => format!("{} (guest); host {host}", p.load),
+                None => p.load.clone(),
+            },
         ]);
     }
     let _ = writeln!(md, "{}", table.render());
@@ -496,8 +702,11 @@ pub fn render(
     let _ = writeln!(
         md,
         "## Raw output\n\nThe benchmarks' own tables, as printed (column meanings in \
-         `tools/kp-bench/README.md`).\n\n{raw}"
+         `tools/kp-bench/README.md`).\n"
     );
+    for section in &points.raw {
+        let _ = writeln!(md, "### {}\n\n{}", section.heading, section.text);
+    }
     Report {
         markdown: md,
         plots: vec![
@@ -569,6 +778,7 @@ mod tests {
         let p = ScalePoint::from_output("nftables", 1000, 10, SCALE_OUTPUT);
         assert_eq!(p.first_sync, Measured::Took(Duration::from_millis(1550)));
         assert_eq!(p.partial, Measured::Took(Duration::from_millis(160)));
+        assert_eq!(p.partial_udp, Measured::Took(Duration::from_millis(175)));
         assert_eq!(p.rss_mib, Some(49.8));
         assert_eq!(p.load, "1.3→1.2");
         let none = ScalePoint::from_output("fake", 10, 10, "crashed");
@@ -591,6 +801,8 @@ mod tests {
 
     #[test]
     fn report_has_tables_plots_and_the_circumstances() {
+        use crate::points::{RawSection, Run, StoredConnect, StoredScale};
+
         let env = Environment {
             date: "2026-11-23 19:00".to_owned(),
             machine: "2 vCPU".to_owned(),
@@ -599,17 +811,67 @@ mod tests {
             quiet: false,
             ..Environment::default()
         };
-        let scale = vec![
-            ScalePoint::from_output("nftables", 1000, 10, SCALE_OUTPUT),
-            ScalePoint {
+        let stored = |point: ScalePoint| StoredScale {
+            series: point.mode.clone(),
+            date: "2026-11-23 19:00".to_owned(),
+            commit: "abc".to_owned(),
+            vm: false,
+            host_load: None,
+            point,
+        };
+        let mut scale = vec![
+            stored(ScalePoint::from_output("nftables", 1000, 10, SCALE_OUTPUT)),
+            stored(ScalePoint {
                 first_sync: Measured::TimedOut(Duration::from_secs(120)),
                 rss_mib: Some(300.0),
                 ..ScalePoint::missing("nftables", 3000, 10, "")
-            },
-            ScalePoint::missing("nftables", 10000, 10, "skipped: 3000 timed out"),
+            }),
+            stored(ScalePoint::missing(
+                "nftables",
+                10000,
+                10,
+                "skipped: 3000 timed out",
+            )),
         ];
-        let connect = ConnectPoint::from_output(CONNECT_OUTPUT);
-        let report = render(&env, &scale, &connect, "RAW");
+        let mut ipvs = stored(ScalePoint::from_output("ipvs", 10000, 10, SCALE_OUTPUT));
+        ipvs.vm = true;
+        ipvs.host_load = Some("6.1→7.2".to_owned());
+        ipvs.date = "2026-11-25 12:50 UTC".to_owned();
+        scale.push(ipvs);
+        let run = |series: &str, date: &str, vm: bool| Run {
+            series: series.to_owned(),
+            vm,
+            commit: format!("commit-{series}"),
+            run_date: date.to_owned(),
+            env: env.clone(),
+        };
+        let points = Points {
+            runs: vec![
+                run("nftables", "2026-11-23 19:00", false),
+                run("ipvs", "2026-11-25 12:50 UTC", true),
+            ],
+            scale,
+            connect: ConnectPoint::from_output(CONNECT_OUTPUT)
+                .into_iter()
+                .map(|point| StoredConnect {
+                    series: "nftables".to_owned(),
+                    date: String::new(),
+                    commit: String::new(),
+                    point,
+                })
+                .collect(),
+            raw: vec![RawSection {
+                series: "nftables".to_owned(),
+                heading: "kp-scale --mode nftables --services 1000".to_owned(),
+                text: "RAW\n".to_owned(),
+            }],
+            ..Points::default()
+        };
+        let reasons = vec![(
+            "nftables-partial".to_owned(),
+            "Measured: the\nkernel's floor.".to_owned(),
+        )];
+        let report = render(&points, &reasons);
         let md = &report.markdown;
         for needle in [
             "2026-11-23 19:00",
@@ -623,7 +885,18 @@ mod tests {
             "![first sync vs services](sync-time.svg)",
             "(rss.svg)",
             "(connect-latency.svg)",
-            "RAW",
+            "### kp-scale --mode nftables --services 1000\n\nRAW\n",
+            "| nftables | host | 2026-11-23 19:00 | `commit-nftables` | 2.5 (rustc ×3) |",
+            "| ipvs | test VM | 2026-11-25 12:50 UTC | `commit-ipvs` |",
+            "**These points come from 2 different runs**",
+            "while nftables, ipvs were measured",
+            "| ipvs | 10000 × 10 | 1.55 s | 160 ms | 49.8 MiB | 1.3→1.2 (guest); host 6.1→7.2 |",
+            "## Issue 16 targets (10000 × 10)",
+            // The nftables 10k point was skipped, so its targets have no figure.
+            "| nftables one-service change | `nftables-partial` | < 150 ms | - (skipped: 3000 timed out) | not measured | Measured: the kernel's floor. |",
+            "| peak RSS, nftables | `nftables-rss` | < 150 MiB | - (skipped: 3000 timed out) | not measured |",
+            "| ipvs one-service change in the VM (10× less than 6–11 s) | `ipvs-partial` | < 600 ms | TCP 160 ms, UDP 175 ms (2026-11-25 12:50 UTC, in the VM, load 1.3→1.2 (host 6.1→7.2)) | met |  |",
+            "| no fake point at 10000 services | not measured | not measured: no reason recorded |",
         ] {
             assert!(md.contains(needle), "missing {needle:?} in\n{md}");
         }
@@ -631,7 +904,7 @@ mod tests {
         assert_eq!(names, [SYNC_PLOT, RSS_PLOT, CONNECT_PLOT]);
         // The timed-out point is not plotted as if it were a measurement.
         let sync_svg = &report.plots[0].1;
-        assert_eq!(sync_svg.matches("<circle").count(), 1, "{sync_svg}");
+        assert_eq!(sync_svg.matches("<circle").count(), 2, "{sync_svg}");
         let connect_svg = &report.plots[2].1;
         assert!(connect_svg.contains("iptables p50") && connect_svg.contains("iptables p99"));
     }

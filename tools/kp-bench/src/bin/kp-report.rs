@@ -1,8 +1,10 @@
 //! `kp-report`: one command for the benchmark report. Builds the release binaries, runs
 //! `kp-scale` for every mode at a few sizes and `kp-connect` for every kernel mode with a few
 //! installed-service counts, each bounded in time, and writes `bench/REPORT.md` with tables
-//! and SVG plots (see `kp_bench::summary`). Must run as root (the benchmarks use network
-//! namespaces).
+//! and SVG plots (see `kp_bench::summary`). The points are kept in `bench/points.json`
+//! (`kp_bench::points`): a run of some modes replaces only theirs, and the report, with issue
+//! 16's targets table (`kp_bench::targets`), is rendered from all of them. Must run as root
+//! (the benchmarks use network namespaces).
 //!
 //! ```sh
 //! cargo run --release -p kp-bench --bin kp-report
@@ -14,9 +16,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use kp_bench::points::{
+    self, ENDPOINTS, Points, RawSection, Run, StoredConnect, StoredScale, import_report,
+};
 use kp_bench::report::human;
 use kp_bench::summary::{self, ConnectPoint, Environment, Measured, ScalePoint};
 use kp_bench::sys;
+use kp_bench::targets;
 
 /// A series of the report: a proxy mode (with its variant), and which benchmarks run it.
 struct ModeSpec {
@@ -82,9 +88,6 @@ const MODES: &[ModeSpec] = &[
     },
 ];
 
-/// Endpoints per generated service, as in the issues' N×10 targets.
-const ENDPOINTS: usize = 10;
-
 /// The first-sync limit inside the test VM, in seconds, counted from the proxy's start (so it
 /// includes parsing the manifests): under emulation ipvs mode reached its first sync 218 s
 /// after start at 1k services (debug build) and 402 s at 10k (release) in earlier runs;
@@ -127,9 +130,22 @@ struct Args {
     /// Guest RAM for points run inside the test VM, in MiB.
     #[arg(long, default_value_t = DEFAULT_VM_MEMORY_MIB)]
     vm_memory_mib: u64,
-    /// Where to write REPORT.md and the plots.
+    /// Where to write REPORT.md and the plots, and where the points of earlier runs are
+    /// kept (`points.json`): the series run now replace theirs, the others stay.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench"))]
     out_dir: PathBuf,
+    /// The hand-written reasons of missed targets (`## <target key>` sections).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/reasons.md"))]
+    reasons: PathBuf,
+    /// Measure nothing: render REPORT.md and the plots again from the stored points (e.g.
+    /// after editing the reasons), re-reading each point from its stored raw output.
+    #[arg(long)]
+    render_only: bool,
+    /// Measure nothing: add the points of another `points.json` (e.g. written by a run of
+    /// some sizes with `--out-dir`) point by point, replacing only the same series and
+    /// sizes, then render.
+    #[arg(long)]
+    merge_from: Option<PathBuf>,
     /// Use the binaries next to this one as they are (skip `cargo build --release`).
     #[arg(long)]
     no_build: bool,
@@ -156,136 +172,365 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
             bail!("unknown mode {name:?} (known: {})", known.join(", "));
         }
     }
-    let modes: Vec<&ModeSpec> = MODES
-        .iter()
-        .filter(|m| args.modes.is_empty() || args.modes.iter().any(|n| n == m.name))
-        .collect();
+    std::fs::create_dir_all(&args.out_dir)
+        .with_context(|| format!("creating {}", args.out_dir.display()))?;
+    let mut stored = stored_points(&args.out_dir)?;
+    if let Some(other) = &args.merge_from {
+        let text = std::fs::read_to_string(other)
+            .with_context(|| format!("reading {}", other.display()))?;
+        let new = Points::parse(&text)
+            .map(Points::reparse)
+            .with_context(|| format!("reading {}", other.display()))?;
+        stored = stored.merge_points(new, &series_order());
+    }
+    if args.render_only || args.merge_from.is_some() {
+        let path = args.out_dir.join(points::POINTS_FILE);
+        std::fs::write(&path, stored.to_json())
+            .with_context(|| format!("writing {}", path.display()))?;
+    } else {
+        let modes: Vec<&ModeSpec> = MODES
+            .iter()
+            .filter(|m| args.modes.is_empty() || args.modes.iter().any(|n| n == m.name))
+            .collect();
+        if !args.no_build {
+            build()?;
+        }
+        let run = RunContext {
+            date: utc_now(),
+            commit: commit(),
+            bin_dir: std::env::current_exe()?
+                .parent()
+                .context("the executable has no directory")?
+                .to_owned(),
+            work: tempfile::Builder::new().prefix("kp-report-").tempdir()?,
+        };
+        for mode in modes {
+            stored = measure_series(args, &run, mode, stored)?;
+        }
+    }
+    render(args, &stored)
+}
+
+/// What every series of one `kp-report` invocation shares.
+struct RunContext {
+    /// When the invocation started (UTC).
+    date: String,
+    /// The tree the binaries were built from.
+    commit: String,
+    /// Where `kube-proxy`, `kp-scale` and `kp-connect` are.
+    bin_dir: PathBuf,
+    /// Scratch space for the benchmarks' output files.
+    work: tempfile::TempDir,
+}
+
+/// The order series are listed in.
+fn series_order() -> Vec<&'static str> {
+    MODES.iter().map(|m| m.name).collect()
+}
+
+/// Runs one series (its scale points, then its connect points) and merges it into
+/// `stored`, replacing what was stored for it. `points.json` is rewritten after every point,
+/// so an interrupted series keeps the points it finished.
+fn measure_series(
+    args: &Args,
+    run: &RunContext,
+    mode: &ModeSpec,
+    stored: Points,
+) -> anyhow::Result<Points> {
     let started = Instant::now();
     let (load_start, quiet_start) = load_and_neighbours();
-    let mut env = Environment {
-        date: utc_now(),
-        machine: machine(),
-        system: system(),
-        tools: tools(),
-        load_start,
-        quiet: quiet_start,
-        command: "cargo run --release -p kp-bench --bin kp-report".to_owned(),
-        ..Environment::default()
+    let mut series = Points {
+        runs: vec![Run {
+            series: mode.name.to_owned(),
+            vm: mode.vm,
+            commit: run.commit.clone(),
+            run_date: run.date.clone(),
+            env: Environment {
+                date: utc_now(),
+                machine: machine(),
+                system: system(),
+                tools: tools(),
+                load_start,
+                load_end: "(series still running)".to_owned(),
+                quiet: quiet_start,
+                duration: "(series still running)".to_owned(),
+                command: "cargo run --release -p kp-bench --bin kp-report".to_owned(),
+            },
+        }],
+        ..Points::default()
     };
-    let bin_dir = std::env::current_exe()?
-        .parent()
-        .context("the executable has no directory")?
-        .to_owned();
-    if !args.no_build {
-        build()?;
-    }
-    let kube_proxy = bin_dir.join("kube-proxy");
-    let work = tempfile::Builder::new().prefix("kp-report-").tempdir()?;
-    let mut raw = String::new();
+    let order = series_order();
+    let save = |series: &Points| -> anyhow::Result<Points> {
+        let merged = stored.clone().merge(series.clone(), &order);
+        let path = args.out_dir.join(points::POINTS_FILE);
+        std::fs::write(&path, merged.to_json())
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(merged)
+    };
+    let kube_proxy = run.bin_dir.join("kube-proxy");
+    let stored_scale = |point: ScalePoint, host_load: Option<String>| StoredScale {
+        series: mode.name.to_owned(),
+        date: run.date.clone(),
+        commit: run.commit.clone(),
+        vm: mode.vm,
+        host_load,
+        point,
+    };
 
-    let mut scale = Vec::new();
-    for mode in modes.iter().filter(|m| m.scale) {
-        let mut timed_out_at = None;
-        for &services in &args.sizes {
-            if let Some(smaller) = timed_out_at {
-                let why = format!("skipped: {smaller} services already timed out");
-                scale.push(ScalePoint::missing(mode.name, services, ENDPOINTS, &why));
-                continue;
-            }
-            let (text, status) = if mode.vm {
-                scale_in_vm(args, mode, services, &bin_dir, &kube_proxy)
-            } else {
-                scale_on_host(args, mode, services, &bin_dir, &kube_proxy, work.path())?
-            };
-            let point = if text.is_empty() {
-                ScalePoint::missing(mode.name, services, ENDPOINTS, &status)
-            } else {
-                ScalePoint::from_output(mode.name, services, ENDPOINTS, &text)
-            };
-            // A run killed at its bound did not finish its first sync in time either.
-            if matches!(point.first_sync, Measured::TimedOut(_)) || status.contains("killed after")
-            {
-                timed_out_at = Some(services);
-            }
-            eprintln!(
-                "kp-report: scale {} {services}×{ENDPOINTS}: first sync {}",
-                mode.name, point.first_sync
-            );
-            raw.push_str(&format!(
-                "### kp-scale --mode {} {}--services {services}{}\n\n{}\n",
-                mode.proxy_mode,
-                mode.scale_args
-                    .iter()
-                    .map(|a| format!("{a} "))
-                    .collect::<String>(),
-                if mode.vm { " (in the test VM)" } else { "" },
-                if text.is_empty() { &status } else { &text }
+    let mut timed_out_at = None;
+    for &services in args.sizes.iter().filter(|_| mode.scale) {
+        let heading = scale_heading(mode, services);
+        if let Some(smaller) = timed_out_at {
+            let why = format!("skipped: {smaller} services already timed out");
+            series.scale.push(stored_scale(
+                ScalePoint::missing(mode.name, services, ENDPOINTS, &why),
+                None,
             ));
-            scale.push(point);
+            series.raw.push(RawSection {
+                series: mode.name.to_owned(),
+                heading,
+                text: format!("{why}\n"),
+            });
+            continue;
         }
+        let host_load_start = load_1m();
+        let (text, status) = if mode.vm {
+            scale_in_vm(args, mode, services, &run.bin_dir, &kube_proxy)
+        } else {
+            scale_on_host(
+                args,
+                mode,
+                services,
+                &run.bin_dir,
+                &kube_proxy,
+                run.work.path(),
+            )?
+        };
+        let point = if text.is_empty() {
+            ScalePoint::missing(mode.name, services, ENDPOINTS, &status)
+        } else {
+            ScalePoint::from_output(mode.name, services, ENDPOINTS, &text)
+        };
+        // A run killed at its bound did not finish its first sync in time either.
+        if matches!(point.first_sync, Measured::TimedOut(_)) || status.contains("killed after") {
+            timed_out_at = Some(services);
+        }
+        eprintln!(
+            "kp-report: scale {} {services}×{ENDPOINTS}: first sync {}",
+            mode.name, point.first_sync
+        );
+        // VM points carry the guest's load; the host's is what else ran on the machine.
+        let host_load = mode.vm.then(|| format!("{host_load_start}→{}", load_1m()));
+        series.scale.push(stored_scale(point, host_load));
+        series.raw.push(RawSection {
+            series: mode.name.to_owned(),
+            heading,
+            text: if text.is_empty() { status } else { text },
+        });
+        save(&series)?;
     }
 
-    let mut connect = Vec::new();
-    for mode in modes.iter().filter(|m| m.connect) {
-        let out = work.path().join(format!("connect-{}.md", mode.name));
-        let services: Vec<String> = args.connect_services.iter().map(usize::to_string).collect();
-        let services_arg = services.join(",");
-        let count_arg = args.connections.to_string();
-        let timeout_arg = args.timeout.to_string();
-        let runs = u32::try_from(args.connect_services.len()).unwrap_or(u32::MAX);
-        let status = bounded(
-            &bin_dir.join("kp-connect"),
-            &[
-                "run",
-                "--modes",
-                mode.proxy_mode,
-                "--services",
-                &services_arg,
-                "--count",
-                &count_arg,
-                "--timeout",
-                &timeout_arg,
-                "--binary",
-                &kube_proxy.to_string_lossy(),
-                "--out",
-                &out.to_string_lossy(),
-            ],
-            (Duration::from_secs(args.timeout) + RUN_SLACK) * runs,
-        )?;
-        let text = std::fs::read_to_string(&out).unwrap_or_default();
-        let points = ConnectPoint::from_output(&text);
-        if points.is_empty() {
-            for &n in &args.connect_services {
-                connect.push(ConnectPoint::missing(mode.name, n, &status));
-            }
-        }
-        for point in &points {
-            eprintln!(
-                "kp-report: connect {} {}: p50 {:?} p99 {:?}",
-                point.mode, point.services, point.p50, point.p99
-            );
-        }
-        connect.extend(points);
-        raw.push_str(&format!(
-            "### kp-connect run --modes {}\n\n{}\n",
-            mode.proxy_mode,
-            if text.is_empty() { &status } else { &text }
-        ));
+    if mode.connect {
+        let (points, section) = connect_series(args, run, mode, &kube_proxy)?;
+        series
+            .connect
+            .extend(points.into_iter().map(|point| StoredConnect {
+                series: mode.name.to_owned(),
+                date: run.date.clone(),
+                commit: run.commit.clone(),
+                point,
+            }));
+        series.raw.push(section);
     }
 
     let (load_end, quiet_end) = load_and_neighbours();
-    env.load_end = load_end;
-    env.quiet = env.quiet && quiet_end;
-    env.duration = human(started.elapsed());
-    let report = summary::render(&env, &scale, &connect, &raw);
-    std::fs::create_dir_all(&args.out_dir)
-        .with_context(|| format!("creating {}", args.out_dir.display()))?;
+    if let Some(run) = series.runs.first_mut() {
+        run.env.load_end = load_end;
+        run.env.quiet = run.env.quiet && quiet_end;
+        run.env.duration = human(started.elapsed());
+    }
+    save(&series)
+}
+
+/// The raw-output heading of a `kp-scale` point (also how an older report's sections are
+/// told apart, see [`series_of_heading`]).
+fn scale_heading(mode: &ModeSpec, services: usize) -> String {
+    format!(
+        "kp-scale --mode {} {}--services {services}{}",
+        mode.proxy_mode,
+        mode.scale_args
+            .iter()
+            .map(|a| format!("{a} "))
+            .collect::<String>(),
+        if mode.vm { " (in the test VM)" } else { "" },
+    )
+}
+
+/// The raw-output heading of a series' `kp-connect` run.
+fn connect_heading(mode: &ModeSpec) -> String {
+    format!("kp-connect run --modes {}", mode.proxy_mode)
+}
+
+/// Which series wrote a raw-output section of an older report, and whether it ran in the VM.
+fn series_of_heading(heading: &str) -> Option<(String, bool)> {
+    MODES
+        .iter()
+        .find(|m| {
+            let scale = scale_heading(m, 0);
+            let prefix = scale.split("--services ").next().unwrap_or_default();
+            (m.scale && heading.starts_with(&format!("{prefix}--services ")))
+                || (m.connect && heading == connect_heading(m))
+        })
+        .map(|m| (m.name.to_owned(), m.vm))
+}
+
+/// `kp-connect` for one series at every installed-service count: its points and its output.
+fn connect_series(
+    args: &Args,
+    run: &RunContext,
+    mode: &ModeSpec,
+    kube_proxy: &Path,
+) -> anyhow::Result<(Vec<ConnectPoint>, RawSection)> {
+    let out = run.work.path().join(format!("connect-{}.md", mode.name));
+    let services: Vec<String> = args.connect_services.iter().map(usize::to_string).collect();
+    let services_arg = services.join(",");
+    let count_arg = args.connections.to_string();
+    let timeout_arg = args.timeout.to_string();
+    let runs = u32::try_from(args.connect_services.len()).unwrap_or(u32::MAX);
+    let status = bounded(
+        &run.bin_dir.join("kp-connect"),
+        &[
+            "run",
+            "--modes",
+            mode.proxy_mode,
+            "--services",
+            &services_arg,
+            "--count",
+            &count_arg,
+            "--timeout",
+            &timeout_arg,
+            "--binary",
+            &kube_proxy.to_string_lossy(),
+            "--out",
+            &out.to_string_lossy(),
+        ],
+        (Duration::from_secs(args.timeout) + RUN_SLACK) * runs,
+    )?;
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let mut points = ConnectPoint::from_output(&text);
+    if points.is_empty() {
+        points = args
+            .connect_services
+            .iter()
+            .map(|&n| ConnectPoint::missing(mode.proxy_mode, n, &status))
+            .collect();
+    }
+    for point in &points {
+        eprintln!(
+            "kp-report: connect {} {}: p50 {:?} p99 {:?}",
+            point.mode, point.services, point.p50, point.p99
+        );
+    }
+    let section = RawSection {
+        series: mode.name.to_owned(),
+        heading: connect_heading(mode),
+        text: if text.is_empty() { status } else { text },
+    };
+    Ok((points, section))
+}
+
+/// The points stored in `out_dir`: `points.json`; without one, the points of a `REPORT.md`
+/// written before it existed (so a partial run keeps the other series); else none. A
+/// points file that cannot be read is an error, not an empty start: writing over it would
+/// lose its points.
+fn stored_points(out_dir: &Path) -> anyhow::Result<Points> {
+    let path = out_dir.join(points::POINTS_FILE);
+    match std::fs::read_to_string(&path) {
+        // Read again from the raw output, so a column the parser learnt since counts.
+        Ok(text) => {
+            return Points::parse(&text)
+                .map(Points::reparse)
+                .with_context(|| format!("reading {}", path.display()));
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+    }
+    let report = out_dir.join("REPORT.md");
+    let Ok(markdown) = std::fs::read_to_string(&report) else {
+        return Ok(Points::default());
+    };
+    let commit = git(&["log", "-1", "--format=%h", "--", &report.to_string_lossy()])
+        .filter(|c| !c.is_empty())
+        .map_or_else(
+            || "unknown (imported from REPORT.md)".to_owned(),
+            |c| format!("{c} (REPORT.md's commit; imported)"),
+        );
+    let imported = import_report(&markdown, &commit, &series_of_heading);
+    eprintln!(
+        "kp-report: no {}; imported {} scale and {} connect points of {} from {}",
+        points::POINTS_FILE,
+        imported.scale.len(),
+        imported.connect.len(),
+        imported.series().join(", "),
+        report.display()
+    );
+    Ok(Points::default().merge(imported, &series_order()))
+}
+
+/// Writes REPORT.md and the plots from `points`, with the reasons of missed targets.
+fn render(args: &Args, points: &Points) -> anyhow::Result<PathBuf> {
+    let reasons = match std::fs::read_to_string(&args.reasons) {
+        Ok(text) => targets::parse_reasons(&text),
+        Err(error) => {
+            eprintln!(
+                "kp-report: no reasons for missed targets ({}: {error})",
+                args.reasons.display()
+            );
+            Vec::new()
+        }
+    };
+    for key in targets::unknown_keys(&reasons) {
+        eprintln!(
+            "kp-report: {} has a section {key:?} that names no target",
+            args.reasons.display()
+        );
+    }
+    let report = summary::render(points, &reasons);
     for (name, svg) in &report.plots {
         std::fs::write(args.out_dir.join(name), svg)?;
     }
     let path = args.out_dir.join("REPORT.md");
     std::fs::write(&path, &report.markdown)?;
     Ok(path)
+}
+
+/// `git describe --always --dirty` of the workspace: the commit the binaries were built
+/// from (when built by this run or just before it).
+fn commit() -> String {
+    git(&["describe", "--always", "--dirty", "--abbrev=10"]).unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// `git ARGS` in the workspace, its trimmed output.
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The 1-minute load average.
+fn load_1m() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .next()
+        .unwrap_or("?")
+        .to_owned()
 }
 
 /// One `kp-scale` point on this machine, bounded by the first-sync limit plus
@@ -565,5 +810,41 @@ mod tests {
                 .filter(|m| m.vm)
                 .all(|m| m.proxy_mode == "ipvs")
         );
+    }
+
+    #[test]
+    fn raw_headings_name_their_series() {
+        for mode in MODES.iter().filter(|m| m.scale) {
+            let heading = scale_heading(mode, 3000);
+            assert_eq!(
+                series_of_heading(&heading),
+                Some((mode.name.to_owned(), mode.vm)),
+                "{heading}"
+            );
+        }
+        assert_eq!(
+            scale_heading(&MODES[1], 1000),
+            "kp-scale --mode iptables --iptables nft --services 1000"
+        );
+        // The committed report's headings (written before points.json existed).
+        for (heading, series) in [
+            (
+                "kp-scale --mode iptables --iptables legacy --services 20000",
+                "iptables-legacy",
+            ),
+            (
+                "kp-scale --mode ipvs --services 1000 (in the test VM)",
+                "ipvs",
+            ),
+            ("kp-connect run --modes iptables", "iptables-nft"),
+            ("kp-connect run --modes nftables", "nftables"),
+        ] {
+            assert_eq!(
+                series_of_heading(heading).map(|s| s.0).as_deref(),
+                Some(series)
+            );
+        }
+        assert_eq!(series_of_heading("kp-connect run --modes fake"), None);
+        assert_eq!(series_of_heading("kp-soak --modes fake"), None);
     }
 }
