@@ -232,6 +232,19 @@ pub(super) struct Poll {
     pub settling: bool,
 }
 
+impl Poll {
+    /// The Node among the changes (the scanner reports only this node's).
+    pub(super) fn node(&self) -> Option<k8s_openapi::api::core::v1::Node> {
+        self.events.iter().find_map(|change| match change {
+            Change::Applied(stored) if stored.key.kind == Kind::Node => match stored.object() {
+                Object::Node(node) => Some(node),
+                _ => None,
+            },
+            _ => None,
+        })
+    }
+}
+
 /// The state of the files and what has been reported.
 pub(super) struct Scanner {
     root: PathBuf,
