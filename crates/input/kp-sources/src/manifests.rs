@@ -22,7 +22,10 @@
 //! they gave before): one edit in a file of 10,000 Services decodes one document. Then the
 //! whole object set is compared with what was reported: new or changed objects are
 //! `Applied`, vanished ones `Deleted`, all of one poll in one `SourceEvent::Batch`. An object
-//! defined in two files comes from the later file name, with a warning.
+//! defined in two files comes from the later file name, with a warning. Between polls the
+//! source keeps each object's key and a hash of its content, not the object: a `Deleted`
+//! event carries the object's kind, namespace and name (what identifies it), and an object
+//! whose other definition went away is decoded again from its file.
 //!
 //! A change is applied once it has looked the same on two looks a short settle time apart,
 //! with no change in the directory in between (when it is watched), so a file caught between
@@ -234,8 +237,9 @@ impl ManifestsSource {
             };
             let task = tokio::task::spawn_blocking(move || {
                 let poll = scanner.poll();
-                let (first_node, delivered) = sender.deliver(&poll, initial, first_node);
-                (scanner, poll.complete, poll.settling, first_node, delivered)
+                let (complete, settling) = (poll.complete, poll.settling);
+                let (first_node, delivered) = sender.deliver(poll, initial, first_node);
+                (scanner, complete, settling, first_node, delivered)
             });
             let (complete, first_node, delivered);
             (scanner, complete, settling, first_node, delivered) = tokio::select! {
@@ -267,7 +271,7 @@ impl Sender {
     /// is gone).
     fn deliver(
         &self,
-        poll: &scan::Poll,
+        poll: scan::Poll,
         initial: bool,
         mut first_node: Option<oneshot::Sender<Option<Node>>>,
     ) -> (Option<oneshot::Sender<Option<Node>>>, bool) {
@@ -287,10 +291,11 @@ impl Sender {
         // After the initial load, one poll's changes go as one batch, so the proxier never
         // syncs between a Service and the EndpointSlice written with it. The initial load
         // needs none (nothing is programmed before the `Synced` events that follow it) and
-        // streams its events, each a copy of its object made only as it is sent, so a large
-        // directory is never held twice.
-        let mut changes = poll.events.iter().map(scan::Change::event);
-        let batch = if initial || poll.events.len() < 2 {
+        // streams its events, each object decoded only as it is sent and freed then, so a
+        // large directory is never held twice.
+        let count = poll.events.len();
+        let mut changes = poll.events.into_iter().map(scan::Change::event);
+        let batch = if initial || count < 2 {
             None
         } else {
             Some(SourceEvent::Batch(changes.by_ref().collect()))

@@ -473,6 +473,33 @@ async fn a_later_file_wins_a_duplicate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_earlier_definition_comes_back_when_the_later_one_goes() {
+    // The source keeps no object bodies between polls: the earlier file's definition, not
+    // decoded in the poll that removes the later file, is read from its file again.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("1.yaml"),
+        format!(
+            "{}---\n{}",
+            service_yaml("dup", "10.0.0.1", 80),
+            service_yaml("other", "10.0.0.2", 81)
+        ),
+    )
+    .expect("write");
+    let later = dir.path().join("2.yaml");
+    std::fs::write(&later, service_yaml("dup", "10.0.0.1", 82)).expect("write");
+    let mut source = Running::start(dir.path());
+    let events = source.initial().await;
+    assert_eq!(events.len(), 6, "two Services: {events:?}");
+
+    std::fs::remove_file(&later).expect("remove");
+    let (event, before) = source.until_described("Applied Service default/dup").await;
+    assert_eq!(applied_service(&event).map(first_port), Some(80));
+    assert!(before.is_empty(), "{:?}", source.seen);
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_file_path_is_watched() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Any name works for a file given explicitly.
