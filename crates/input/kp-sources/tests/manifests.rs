@@ -259,6 +259,57 @@ async fn initial_load_reports_every_object_then_synced() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_node_is_reported_before_any_event() {
+    // The proxy's start-up reads its node IPs from this, then consumes the same reading's
+    // events: the Node must come while they wait in the (here one-deep) queue.
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_data(dir.path(), &["web.yaml", "nodes.yaml", "dns.json"]);
+    let (first_node, reading) = tokio::sync::oneshot::channel();
+    let source = ManifestsSource::new(dir.path())
+        .node_name("node-1")
+        .poll_interval(POLL)
+        .report_first_node(first_node);
+    let (tx, mut rx) = mpsc::channel(1);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(source.run(tx, shutdown.clone()));
+    let node = tokio::time::timeout(PATIENCE, reading)
+        .await
+        .expect("the first reading ends")
+        .expect("the source reports it");
+    assert_eq!(
+        node.and_then(|n| n.metadata.name),
+        Some("node-1".to_owned())
+    );
+    let mut described = Vec::new();
+    while described.last().map(String::as_str) != Some("Synced ServiceCIDR") {
+        let event = tokio::time::timeout(PATIENCE, rx.recv())
+            .await
+            .expect("events follow")
+            .expect("the source runs");
+        described.push(describe(&event));
+    }
+    assert_eq!(described.len(), 8, "{described:?}");
+
+    // Without this node's Node in the files: `None`, at once.
+    let empty = tempfile::tempdir().expect("tempdir");
+    let (first_node, reading) = tokio::sync::oneshot::channel();
+    let source = ManifestsSource::new(empty.path())
+        .node_name("node-1")
+        .report_first_node(first_node);
+    let (tx, _rx) = mpsc::channel(1);
+    let other = tokio::spawn(source.run(tx, shutdown.clone()));
+    let node = tokio::time::timeout(PATIENCE, reading)
+        .await
+        .expect("the first reading ends")
+        .expect("the source reports it");
+    assert!(node.is_none());
+    shutdown.cancel();
+    for task in [task, other] {
+        task.await.expect("joins").expect("stops cleanly");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_service_arrives_defaulted() {
     let dir = tempfile::tempdir().expect("tempdir");
     copy_data(dir.path(), &["web.yaml"]);
