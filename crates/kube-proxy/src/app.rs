@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 /// whole object, so a deep queue costs memory during the initial list (4096 queued objects were
 /// a visible part of peak RSS at 10k services); the proxier drains events in batches anyway, so a
 /// short queue only adds backpressure.
-const EVENT_QUEUE: usize = 256;
+pub(crate) const EVENT_QUEUE: usize = 256;
 
 /// Upstream retries a failed bind of the health or metrics port this often.
 const BIND_RETRY: Duration = Duration::from_secs(5);
@@ -44,16 +44,60 @@ pub struct Settings {
     affinity: Option<kp_userspace::AffinityTables>,
     /// The IP families the kernel has (what `/healthz` reports on).
     families: Vec<IpFamily>,
+    /// The manifests source, started at start-up to read this node's Node from its first
+    /// reading (so the files are decoded once); `None` with the API server as source.
+    source: Option<StartedSource>,
+}
+
+/// A source already running: its events and how to stop it.
+#[derive(Debug)]
+pub struct StartedSource {
+    events: mpsc::Receiver<kp_core::event::SourceEvent>,
+    task: tokio::task::JoinHandle<()>,
+    shutdown: CancellationToken,
+}
+
+/// Starts the manifests source at `path` for `node_name`, its metrics in `registry`, telling
+/// `first_node` (when given) this node's Node once the first reading is done.
+pub(crate) fn start_manifests(
+    path: &std::path::Path,
+    node_name: &str,
+    registry: &mut Registry,
+    first_node: Option<tokio::sync::oneshot::Sender<Option<k8s_openapi::api::core::v1::Node>>>,
+) -> StartedSource {
+    tracing::info!(path = %path.display(), "Reading Services, EndpointSlices and Nodes from manifests");
+    let (tx, events) = mpsc::channel(EVENT_QUEUE);
+    let shutdown = CancellationToken::new();
+    let mut source = kp_sources::manifests::ManifestsSource::new(path.to_path_buf())
+        .node_name(node_name.to_string())
+        .register_metrics(registry);
+    if let Some(first_node) = first_node {
+        source = source.report_first_node(first_node);
+    }
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            if let Err(error) = source.run(tx, shutdown).await {
+                tracing::error!(%error, "manifests source stopped; keeping the last state");
+            }
+        }
+    });
+    StartedSource {
+        events,
+        task,
+        shutdown,
+    }
 }
 
 impl Settings {
     /// Settings from the parsed flags, the effective configuration, the node IPs detected
-    /// at start-up with what they decide (the same answer the backend's rules use) and the
-    /// host's facts.
+    /// at start-up with what they decide (the same answer the backend's rules use), the
+    /// source started to detect them (if any) and the host's facts.
     pub fn new(
         options: &Options,
         config: KubeProxyConfiguration,
         detected: &crate::node_ips::Detected,
+        source: Option<StartedSource>,
         host: &crate::modes::Host,
     ) -> Self {
         Self {
@@ -65,6 +109,7 @@ impl Settings {
             debug_explain: options.debug_explain,
             affinity: None,
             families: host.families.clone(),
+            source,
         }
     }
 
@@ -92,26 +137,30 @@ pub async fn run<B: Backend + 'static>(
     mut registry: Registry,
 ) -> anyhow::Result<()> {
     let config = settings.config;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
-
     let node_name = node_name(&config);
     tracing::info!(node = %node_name, "Using node name");
 
     let metrics = Metrics::register(&mut registry);
     let health_metrics = HealthMetrics::register(&mut registry);
 
-    let (source_tx, source_rx) = mpsc::channel(EVENT_QUEUE);
-    let source = spawn_source(
-        &settings.manifests,
-        settings.master.as_deref(),
-        &config,
-        &node_name,
-        &mut registry,
-        source_tx,
-        shutdown.clone(),
-    )
-    .await?;
+    let StartedSource {
+        events: source_rx,
+        task: source,
+        shutdown,
+    } = match settings.source {
+        Some(started) => started,
+        None => {
+            spawn_source(
+                &settings.manifests,
+                settings.master.as_deref(),
+                &config,
+                &node_name,
+                &mut registry,
+            )
+            .await?
+        }
+    };
+    tokio::spawn(stop_on_signal(shutdown.clone()));
     // As upstream's node manager: a Node whose IPs differ from the start-up ones (or its
     // deletion) ends the proxy with an error, so it restarts with the new ones.
     let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
@@ -191,29 +240,29 @@ async fn spawn_source(
     config: &KubeProxyConfiguration,
     node_name: &str,
     registry: &mut Registry,
-    tx: mpsc::Sender<kp_core::event::SourceEvent>,
-    shutdown: CancellationToken,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+) -> anyhow::Result<StartedSource> {
     if let Some(path) = manifests {
-        tracing::info!(path = %path.display(), "Reading Services, EndpointSlices and Nodes from manifests");
-        let source = kp_sources::manifests::ManifestsSource::new(path.clone())
-            .node_name(node_name.to_string())
-            .register_metrics(registry);
-        return Ok(tokio::spawn(async move {
-            if let Err(error) = source.run(tx, shutdown).await {
-                tracing::error!(%error, "manifests source stopped; keeping the last state");
-            }
-        }));
+        return Ok(start_manifests(path, node_name, registry, None));
     }
+    let (tx, events) = mpsc::channel(EVENT_QUEUE);
+    let shutdown = CancellationToken::new();
     let client = api_client(master, config).await?;
     let source = kp_sources::api::ApiSource::new(client, node_name.to_string())
         .service_proxy_name(config.service_proxy_name.clone())
         .register_metrics(registry);
-    Ok(tokio::spawn(async move {
-        if let Err(error) = source.run(tx, shutdown).await {
-            tracing::error!(%error, "API source stopped; keeping the last state");
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            if let Err(error) = source.run(tx, shutdown).await {
+                tracing::error!(%error, "API source stopped; keeping the last state");
+            }
         }
-    }))
+    });
+    Ok(StartedSource {
+        events,
+        task,
+        shutdown,
+    })
 }
 
 /// A client of the API server from `--master` and the configuration's kubeconfig, else the

@@ -148,15 +148,20 @@ fn run(options: Options) -> anyhow::Result<()> {
         manifests: options.manifests.as_ref(),
         master: options.master.as_deref(),
     };
-    let detected = runtime
-        .block_on(node_ips::detect(&source, &config, &app::node_name(&config)))
+    let mut registry = prometheus_client::registry::Registry::default();
+    let (detected, started) = runtime
+        .block_on(node_ips::detect(
+            &source,
+            &config,
+            &app::node_name(&config),
+            &mut registry,
+        ))
         .context("reading this node's IPs")?;
     for warning in node_ips::config_warnings(&config, &detected.ips) {
         tracing::error!(error = %warning, "Kube-proxy configuration may be incomplete or incorrect");
     }
-    let settings = app::Settings::new(&options, config, &detected, &host);
+    let settings = app::Settings::new(&options, config, &detected, started, &host);
     modes::apply_oom_score_adj(settings.config());
-    let registry = prometheus_client::registry::Registry::default();
     modes::run(&runtime, mode, settings, &host, registry)
 }
 

@@ -25,8 +25,11 @@ use kp_core::event::{ObjectEvent, SourceEvent};
 use kp_core::model::{IpFamily, NodeIps, host_ips, node_info};
 use kp_rules::iptables::NodePortAddresses;
 use kp_sources::node::{DEFAULT_NODE_IPS_TIMEOUT, DEFAULT_NODE_POLL_INTERVAL, wait_for_api_node};
-use tokio::sync::mpsc;
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+
+use crate::app::StartedSource;
 
 /// The node IPs found at start-up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,16 +68,22 @@ pub struct SourceSpec<'a> {
 }
 
 /// Reads this node's Node at start-up, from the source the proxy will use, and detects its
-/// IPs. Never fails for a missing Node (upstream's fallback); fails only when the API client
-/// cannot be built at all.
+/// IPs. With `--manifests` the proxy's own manifests source is started here (its metrics in
+/// `registry`) and returned: the Node comes from its first reading, whose events then go on
+/// to the proxier, so the files are read and decoded once. Never fails for a missing Node
+/// (upstream's fallback); fails only when the API client cannot be built at all.
 pub async fn detect(
     source: &SourceSpec<'_>,
     config: &KubeProxyConfiguration,
     node_name: &str,
-) -> anyhow::Result<Detected> {
+    registry: &mut Registry,
+) -> anyhow::Result<(Detected, Option<StartedSource>)> {
     let shutdown = CancellationToken::new();
-    let node = match source.manifests {
-        Some(path) => manifests_node(path, node_name).await,
+    let (node, started) = match source.manifests {
+        Some(path) => {
+            let (node, started) = manifests_node(path, node_name, registry).await;
+            (node, Some(started))
+        }
         None => {
             let client = crate::app::api_client(source.master, config).await?;
             let wait = wait_for_api_node(
@@ -85,13 +94,13 @@ pub async fn detect(
                 &shutdown,
             )
             .await;
-            wait.node().cloned()
+            (wait.node().cloned(), None)
         }
     };
     let raw = node
         .map(|node| host_ips(&node_info(&node).addresses))
         .unwrap_or_default();
-    Ok(Detected::new(raw, config.bind_address()))
+    Ok((Detected::new(raw, config.bind_address()), started))
 }
 
 /// How long the first reading of a manifests path that exists may take before the search for
@@ -102,66 +111,33 @@ pub async fn detect(
 /// never finishes (a FIFO).
 const DEFAULT_MANIFESTS_FIRST_READING_WAIT: Duration = Duration::from_secs(600);
 
-/// The Node named `node_name` in the manifests' first reading. A path that does not exist
-/// (the source waits for it) ends the search after upstream's wait, a path that exists when
-/// its first reading ends (bounded by [`DEFAULT_MANIFESTS_FIRST_READING_WAIT`]); without the
-/// Node, with upstream's log line.
-async fn manifests_node(path: &std::path::Path, node_name: &str) -> Option<Node> {
-    let (tx, mut rx) = mpsc::channel::<SourceEvent>(64);
-    let stop = CancellationToken::new();
-    let source = kp_sources::manifests::ManifestsSource::new(path.to_path_buf())
-        .node_name(node_name.to_owned());
-    let task = tokio::spawn({
-        let stop = stop.clone();
-        async move { source.run(tx, stop).await }
-    });
-    let mut found = None;
+/// Starts the manifests source and waits for the Node named `node_name` in its first
+/// reading. A path that does not exist (the source waits for it) ends the search after
+/// upstream's wait, a path that exists when its first reading ends (bounded by
+/// [`DEFAULT_MANIFESTS_FIRST_READING_WAIT`]); without the Node, with upstream's log line. The
+/// source keeps running either way: a Node it reports later is a change of the node IPs.
+async fn manifests_node(
+    path: &std::path::Path,
+    node_name: &str,
+    registry: &mut Registry,
+) -> (Option<Node>, StartedSource) {
+    let (first_node, reading) = oneshot::channel();
     let wait = if path.exists() {
         DEFAULT_MANIFESTS_FIRST_READING_WAIT
     } else {
         DEFAULT_NODE_IPS_TIMEOUT
     };
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut synced = false;
-    while !synced {
-        tokio::select! {
-            event = rx.recv() => match event {
-                Some(event) => synced = visit(&event, node_name, &mut found),
-                None => break,
-            },
-            () = tokio::time::sleep_until(deadline) => break,
-        }
-    }
-    stop.cancel();
-    drop(rx);
-    if tokio::time::timeout(Duration::from_secs(5), task)
+    let started = crate::app::start_manifests(path, node_name, registry, Some(first_node));
+    // A source that stopped before its first reading drops the sender: no Node.
+    let found = tokio::time::timeout(wait, reading)
         .await
-        .is_err()
-    {
-        tracing::warn!("the manifests reader did not stop in time");
-    }
+        .ok()
+        .and_then(Result::ok)
+        .flatten();
     if found.is_none() {
         tracing::error!(node = node_name, "Timed out waiting for node to exist");
     }
-    found
-}
-
-/// Records the Node named `node_name` in `event`; returns whether the event says the Nodes
-/// have all been reported.
-fn visit(event: &SourceEvent, node_name: &str, found: &mut Option<Node>) -> bool {
-    match event {
-        SourceEvent::Batch(events) => events
-            .iter()
-            .fold(false, |synced, e| visit(e, node_name, found) | synced),
-        SourceEvent::Node(ObjectEvent::Applied(node))
-            if node.metadata.name.as_deref() == Some(node_name) =>
-        {
-            *found = Some(node.clone());
-            false
-        }
-        SourceEvent::Node(ObjectEvent::Synced) => true,
-        _ => false,
-    }
+    (found, started)
 }
 
 /// Why the proxy must restart.

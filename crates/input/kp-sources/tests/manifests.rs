@@ -259,6 +259,57 @@ async fn initial_load_reports_every_object_then_synced() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_node_is_reported_before_any_event() {
+    // The proxy's start-up reads its node IPs from this, then consumes the same reading's
+    // events: the Node must come while they wait in the (here one-deep) queue.
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_data(dir.path(), &["web.yaml", "nodes.yaml", "dns.json"]);
+    let (first_node, reading) = tokio::sync::oneshot::channel();
+    let source = ManifestsSource::new(dir.path())
+        .node_name("node-1")
+        .poll_interval(POLL)
+        .report_first_node(first_node);
+    let (tx, mut rx) = mpsc::channel(1);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(source.run(tx, shutdown.clone()));
+    let node = tokio::time::timeout(PATIENCE, reading)
+        .await
+        .expect("the first reading ends")
+        .expect("the source reports it");
+    assert_eq!(
+        node.and_then(|n| n.metadata.name),
+        Some("node-1".to_owned())
+    );
+    let mut described = Vec::new();
+    while described.last().map(String::as_str) != Some("Synced ServiceCIDR") {
+        let event = tokio::time::timeout(PATIENCE, rx.recv())
+            .await
+            .expect("events follow")
+            .expect("the source runs");
+        described.push(describe(&event));
+    }
+    assert_eq!(described.len(), 8, "{described:?}");
+
+    // Without this node's Node in the files: `None`, at once.
+    let empty = tempfile::tempdir().expect("tempdir");
+    let (first_node, reading) = tokio::sync::oneshot::channel();
+    let source = ManifestsSource::new(empty.path())
+        .node_name("node-1")
+        .report_first_node(first_node);
+    let (tx, _rx) = mpsc::channel(1);
+    let other = tokio::spawn(source.run(tx, shutdown.clone()));
+    let node = tokio::time::timeout(PATIENCE, reading)
+        .await
+        .expect("the first reading ends")
+        .expect("the source reports it");
+    assert!(node.is_none());
+    shutdown.cancel();
+    for task in [task, other] {
+        task.await.expect("joins").expect("stops cleanly");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_service_arrives_defaulted() {
     let dir = tempfile::tempdir().expect("tempdir");
     copy_data(dir.path(), &["web.yaml"]);
@@ -469,6 +520,33 @@ async fn a_later_file_wins_a_duplicate() {
     assert_eq!(applied_service(&event).map(first_port), Some(82));
     let events = source.initial().await;
     assert_eq!(events.len(), 4, "one Service only: {events:?}");
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_earlier_definition_comes_back_when_the_later_one_goes() {
+    // The source keeps no object bodies between polls: the earlier file's definition, not
+    // decoded in the poll that removes the later file, is read from its file again.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("1.yaml"),
+        format!(
+            "{}---\n{}",
+            service_yaml("dup", "10.0.0.1", 80),
+            service_yaml("other", "10.0.0.2", 81)
+        ),
+    )
+    .expect("write");
+    let later = dir.path().join("2.yaml");
+    std::fs::write(&later, service_yaml("dup", "10.0.0.1", 82)).expect("write");
+    let mut source = Running::start(dir.path());
+    let events = source.initial().await;
+    assert_eq!(events.len(), 6, "two Services: {events:?}");
+
+    std::fs::remove_file(&later).expect("remove");
+    let (event, before) = source.until_described("Applied Service default/dup").await;
+    assert_eq!(applied_service(&event).map(first_port), Some(80));
+    assert!(before.is_empty(), "{:?}", source.seen);
     source.stop().await;
 }
 

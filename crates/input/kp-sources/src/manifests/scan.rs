@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kp_core::event::SourceEvent;
 use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, info, warn};
@@ -87,8 +91,8 @@ struct FileState {
     /// errors reported) again.
     content: Option<TextHash>,
     /// The objects this file contributes: the last parse, plus, while the file has broken
-    /// documents, objects it contributed before that are now missing. Shared with
-    /// `Scanner::reported`, so each object is held once however many sets it is in.
+    /// documents, objects it contributed before that are now missing. Keys and content
+    /// hashes only, once the poll that read them has made its events.
     objects: Vec<Stored>,
     /// The documents of the last parse, in file order: the hash of each one's text and how
     /// many of `objects` (in order, from the first) it contributed; the objects after them
@@ -113,39 +117,61 @@ struct TextHasher([RandomState; 2]);
 
 impl TextHasher {
     fn of(&self, text: &str) -> TextHash {
+        self.of_bytes(text.as_bytes())
+    }
+
+    fn of_bytes(&self, bytes: &[u8]) -> TextHash {
         let one = |state: &RandomState| {
             let mut hasher = state.build_hasher();
-            text.len().hash(&mut hasher);
-            text.hash(&mut hasher);
+            bytes.len().hash(&mut hasher);
+            bytes.hash(&mut hasher);
             hasher.finish()
         };
         TextHash(one(&self.0[0]), one(&self.0[1]))
     }
 }
 
-/// An object as the scanner keeps it: its key and, in place of the parsed object (typed
-/// Kubernetes objects take about ten times the size of their YAML), its JSON serialization,
-/// LZ4-compressed (EndpointSlices repeat the same field names for every endpoint: about a
-/// third of the size, and at 10k services a few tens of milliseconds in all), shared between
-/// a file's objects and the reported set. An object whose serialization does not give back
-/// an equal object (it cannot happen with the API's types, but nothing is taken on trust) is
-/// kept as it is.
+/// An object as the scanner keeps it: its key and a hash of its JSON serialization, which
+/// decides whether it changed. The object itself ([`Body`]) is kept only from its decoding
+/// until its event is sent: after each poll the files' and the reported sets keep the key and
+/// hash alone (at 10k services the bodies were 9 MB of the proxy's peak heap). An object that
+/// must be reported later without having been decoded in that poll (another file's
+/// definition of it went away) is decoded again from its file ([`Scanner::recover`]).
 #[derive(Clone, Debug)]
 pub(super) struct Stored {
     key: ObjectKey,
-    body: Body,
+    hash: TextHash,
+    body: Option<Body>,
 }
 
+/// The object, until its event is sent: its JSON serialization LZ4-compressed (EndpointSlices
+/// repeat the same field names for every endpoint: about a third of the size, which matters
+/// while a first load's objects wait to be sent), or, for an object whose serialization does
+/// not give back an equal object (it cannot happen with the API's types, but nothing is taken
+/// on trust), the object as it is.
 #[derive(Clone, Debug)]
-enum Body {
-    /// The JSON serialization, LZ4-compressed with its length prepended. Compression is
-    /// deterministic, so equal objects have equal bytes here.
+pub(super) enum Body {
+    /// The JSON serialization, LZ4-compressed with its length prepended.
     Json(Arc<[u8]>),
     Object(Arc<Object>),
 }
 
+impl Body {
+    /// The object of `key`.
+    fn object(&self, key: &ObjectKey) -> Object {
+        match self {
+            Body::Object(object) => Object::clone(object),
+            // Checked to decode when stored.
+            Body::Json(packed) => lz4_flex::decompress_size_prepended(packed)
+                .ok()
+                .and_then(|json| decode(key.kind, &json))
+                .unwrap_or_else(|| unreachable!("{key} stored as JSON that decodes")),
+        }
+    }
+}
+
 impl Stored {
-    fn new(object: Object) -> Stored {
+    fn new(object: Object, hasher: &TextHasher) -> Stored {
         let key = object.key();
         let json = match &object {
             Object::Service(o) => serde_json::to_vec(o),
@@ -153,41 +179,25 @@ impl Stored {
             Object::Node(o) => serde_json::to_vec(o),
             Object::ServiceCidr(o) => serde_json::to_vec(o),
         };
-        let body = match json {
-            Ok(json) if decode(key.kind, &json).as_ref() == Some(&object) => {
-                Body::Json(lz4_flex::compress_prepend_size(&json).into())
-            }
-            _ => Body::Object(Arc::new(object)),
+        let (hash, body) = match json {
+            Ok(json) if decode(key.kind, &json).as_ref() == Some(&object) => (
+                hasher.of_bytes(&json),
+                Body::Json(lz4_flex::compress_prepend_size(&json).into()),
+            ),
+            _ => (
+                hasher.of(&format!("{object:?}")),
+                Body::Object(Arc::new(object)),
+            ),
         };
-        Stored { key, body }
+        Stored {
+            key,
+            hash,
+            body: Some(body),
+        }
     }
 
     fn key(&self) -> ObjectKey {
         self.key.clone()
-    }
-
-    /// The object.
-    fn object(&self) -> Object {
-        match &self.body {
-            Body::Object(object) => Object::clone(object),
-            // Checked to decode when stored.
-            Body::Json(packed) => lz4_flex::decompress_size_prepended(packed)
-                .ok()
-                .and_then(|json| decode(self.key.kind, &json))
-                .unwrap_or_else(|| unreachable!("{} stored as JSON that decodes", self.key)),
-        }
-    }
-
-    /// Whether both are the same object, with the same content.
-    fn same(&self, other: &Stored) -> bool {
-        if self.key != other.key {
-            return false;
-        }
-        match (&self.body, &other.body) {
-            (Body::Json(a), Body::Json(b)) => Arc::ptr_eq(a, b) || a == b,
-            (Body::Object(a), Body::Object(b)) => Arc::ptr_eq(a, b) || a == b,
-            _ => self.object() == other.object(),
-        }
     }
 }
 
@@ -201,23 +211,51 @@ fn decode(kind: Kind, json: &[u8]) -> Option<Object> {
     }
 }
 
-/// One change to report. The object is shared with the scanner's sets and copied into an
-/// event only when it is sent, so a first load of many objects never holds them all twice.
+/// One change to report. The object is decoded from its compact form only when its event is
+/// made, and freed once sent, so a first load of many objects never holds them all at once.
 #[derive(Debug)]
 pub(super) enum Change {
     /// Created or updated.
-    Applied(Stored),
-    /// Deleted.
-    Deleted(Stored),
+    Applied(ObjectKey, Body),
+    /// Deleted. The scanner keeps no deleted object, so the event carries its kind,
+    /// namespace and name: what identifies it, and all its consumers look at.
+    Deleted(ObjectKey),
 }
 
 impl Change {
     /// The event to send.
-    pub(super) fn event(&self) -> SourceEvent {
+    pub(super) fn event(self) -> SourceEvent {
         match self {
-            Change::Applied(object) => object.object().applied(),
-            Change::Deleted(object) => object.object().deleted(),
+            Change::Applied(key, body) => body.object(&key).applied(),
+            Change::Deleted(key) => identity(&key).deleted(),
         }
+    }
+}
+
+/// An object with only the metadata that identifies it.
+fn identity(key: &ObjectKey) -> Object {
+    let metadata = ObjectMeta {
+        name: Some(key.name.clone()),
+        namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
+        ..ObjectMeta::default()
+    };
+    match key.kind {
+        Kind::Service => Object::Service(Service {
+            metadata,
+            ..Service::default()
+        }),
+        Kind::EndpointSlice => Object::EndpointSlice(EndpointSlice {
+            metadata,
+            ..EndpointSlice::default()
+        }),
+        Kind::Node => Object::Node(Node {
+            metadata,
+            ..Node::default()
+        }),
+        Kind::ServiceCidr => Object::ServiceCidr(ServiceCIDR {
+            metadata,
+            ..ServiceCIDR::default()
+        }),
     }
 }
 
@@ -230,6 +268,19 @@ pub(super) struct Poll {
     pub complete: bool,
     /// Changes were seen once and wait for a confirming look after a short settle time.
     pub settling: bool,
+}
+
+impl Poll {
+    /// The Node among the changes (the scanner reports only this node's).
+    pub(super) fn node(&self) -> Option<Node> {
+        self.events.iter().find_map(|change| match change {
+            Change::Applied(key, body) if key.kind == Kind::Node => match body.object(key) {
+                Object::Node(node) => Some(node),
+                _ => None,
+            },
+            _ => None,
+        })
+    }
 }
 
 /// The state of the files and what has been reported.
@@ -245,8 +296,8 @@ pub(super) struct Scanner {
     files: BTreeMap<PathBuf, FileState>,
     /// Changes seen once: the new stamp (`None`: the file vanished).
     pending: BTreeMap<PathBuf, Option<Stamp>>,
-    /// The objects reported, by key (the same allocations as the files' objects).
-    reported: BTreeMap<ObjectKey, Stored>,
+    /// The objects reported: each one's content hash, by key.
+    reported: BTreeMap<ObjectKey, TextHash>,
     /// The problem last reported for the path itself, to report each once.
     root_problem: Option<String>,
     /// Whether the files have been read once; the first load needs no confirmation.
@@ -502,13 +553,16 @@ impl Scanner {
             }
             decoded += 1;
             let before = objects.len();
-            let document_errors =
-                decode_document(document, path, |object| objects.push(Stored::new(object)));
+            let document_errors = decode_document(document, path, |object| {
+                objects.push(Stored::new(object, &self.hasher));
+            });
             let clean = document_errors.is_empty();
             errors.extend(document_errors);
             layout.push((clean.then_some(hash), objects.len() - before));
         }
         self.decoded.inc_by(decoded);
+        // Kept until the file changes: no room for more.
+        objects.shrink_to_fit();
         debug!(
             file = %path.display(),
             documents = documents.len(),
@@ -568,22 +622,70 @@ impl Scanner {
             }
         }
         let mut events = Vec::new();
-        for (key, old) in &self.reported {
+        for key in self.reported.keys() {
             if !wanted.contains_key(key) {
-                events.push(Change::Deleted(old.clone()));
+                events.push(Change::Deleted(key.clone()));
             }
         }
-        for (key, (object, _)) in &wanted {
-            let unchanged = self.reported.get(key).is_some_and(|old| old.same(object));
-            if !unchanged {
-                events.push(Change::Applied((*object).clone()));
+        let mut reported = BTreeMap::new();
+        for (key, (object, path)) in wanted {
+            let old = self.reported.get(&key).copied();
+            if old == Some(object.hash) {
+                reported.insert(key, object.hash);
+                continue;
+            }
+            let body = match &object.body {
+                Some(body) => Some(body.clone()),
+                None => self.recover(path, object),
+            };
+            match body {
+                Some(body) => {
+                    events.push(Change::Applied(key.clone(), body));
+                    reported.insert(key, object.hash);
+                }
+                None => {
+                    // Its file changed since, and the document no longer holds it: that
+                    // file's own next read reports what it holds now. Until then the last
+                    // reported version stays.
+                    warn!(file = %path.display(), "cannot read {key} again from {}; keeping the version reported before", path.display());
+                    if let Some(old) = old {
+                        reported.insert(key, old);
+                    }
+                }
             }
         }
-        self.reported = wanted
-            .into_iter()
-            .map(|(key, (object, _))| (key, object.clone()))
-            .collect();
+        self.reported = reported;
+        // The events hold the only copies of the objects now: each is freed once sent.
+        for state in self.files.values_mut() {
+            for object in &mut state.objects {
+                object.body = None;
+            }
+        }
         events
+    }
+
+    /// The object `stored` stands for, decoded again from `path`: it was not decoded in this
+    /// poll (its document did not change) but must be reported now, as another file's
+    /// definition of it went away. `None` when the file no longer has it.
+    fn recover(&self, path: &Path, stored: &Stored) -> Option<Body> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let (documents, _) = split_documents(&text, path);
+        let mut found = None;
+        for document in &documents {
+            self.decoded.inc();
+            decode_document(document, path, |object| {
+                if found.is_none() && object.key() == stored.key {
+                    let again = Stored::new(object, &self.hasher);
+                    if again.hash == stored.hash {
+                        found = again.body;
+                    }
+                }
+            });
+            if found.is_some() {
+                break;
+            }
+        }
+        found
     }
 }
 
