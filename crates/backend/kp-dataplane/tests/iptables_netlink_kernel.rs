@@ -594,7 +594,7 @@ mod random {
     }
 }
 
-/// A first sync split into steps (here every few messages; at scale, ~50k) gives the same
+/// A first sync split into steps (here every few messages; at scale, ~20k) gives the same
 /// rules as the one restore, handles aside (the service chains go first), and the partial
 /// syncs after it edit its top-level chains by handle as usual.
 #[test]
