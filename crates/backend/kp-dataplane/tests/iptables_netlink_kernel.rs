@@ -49,15 +49,23 @@ struct Step {
 }
 
 fn backend(family: IpFamily, config: &RenderConfig, netlink: bool) -> IptablesBackend {
+    backend_with(family, config, netlink.then(NetlinkRestore::new))
+}
+
+/// A backend applying with `netlink`, or with `iptables-nft-restore` when `None`.
+fn backend_with(
+    family: IpFamily,
+    config: &RenderConfig,
+    netlink: Option<NetlinkRestore>,
+) -> IptablesBackend {
     let backend = IptablesBackend::new(
         IptablesConfig::new(vec![family], config.clone()),
         Tools::new(IptablesVariant::Nft),
     )
     .expect("valid config");
-    if netlink {
-        backend.with_netlink(NetlinkRestore::new())
-    } else {
-        backend
+    match netlink {
+        Some(netlink) => backend.with_netlink(netlink),
+        None => backend,
     }
 }
 
@@ -95,9 +103,19 @@ fn run_steps(
     steps: &[Step],
     netlink: bool,
 ) -> (Vec<Dumps>, u64) {
+    run_steps_with(family, config, steps, netlink.then(NetlinkRestore::new))
+}
+
+/// [`run_steps`] with the given netlink writer (`None`: `iptables-nft-restore`).
+fn run_steps_with(
+    family: IpFamily,
+    config: &RenderConfig,
+    steps: &[Step],
+    netlink: Option<NetlinkRestore>,
+) -> (Vec<Dumps>, u64) {
     in_new_netns(|| {
         let metrics = IptablesMetrics::default();
-        let mut backend = backend(family, config, netlink).with_metrics(metrics.clone());
+        let mut backend = backend_with(family, config, netlink).with_metrics(metrics.clone());
         let mut out = Vec::new();
         sync_steps(&mut backend, steps, || out.push(dumps()));
         (out, metrics.netlink_fallbacks.get())
@@ -574,4 +592,38 @@ mod random {
                 .expect("netlink and iptables-nft-restore agree");
         });
     }
+}
+
+/// A first sync split into steps (here every few messages; at scale, ~20k) gives the same
+/// rules as the one restore, handles aside (the service chains go first), and the partial
+/// syncs after it edit its top-level chains by handle as usual.
+#[test]
+fn split_first_syncs_give_the_same_rules() {
+    netns::run_isolated("split_first_syncs_give_the_same_rules", unavailable, || {
+        let config = config();
+        let steps = full_then_partials(everything());
+        let (reference, _) = run_steps(IpFamily::V4, &config, &steps, false);
+        let split = NetlinkRestore::new().with_max_step_messages(8);
+        let (ours, fallbacks) = run_steps_with(IpFamily::V4, &config, &steps, Some(split));
+        assert_eq!(
+            fallbacks, 0,
+            "the netlink path fell back to iptables-restore"
+        );
+        for (i, (a, b)) in reference.iter().zip(&ours).enumerate() {
+            assert_same(
+                &format!("split, step {i} (handles aside)"),
+                &a.without_handles(),
+                &b.without_handles(),
+            );
+        }
+        assert_ne!(
+            reference[0].nft, ours[0].nft,
+            "the first sync was split: its rule handles are numbered differently"
+        );
+        assert!(
+            ours[0].save.contains("-A KUBE-SERVICES"),
+            "{}",
+            ours[0].save
+        );
+    });
 }

@@ -353,18 +353,33 @@ impl Batch {
     /// Move the messages of `other` (not its BEGIN) to the end of this batch, renumbered in
     /// sequence; each keeps its owner plus `owner_offset`. Lets a caller build parts of a
     /// transaction apart (declarations before the rules that need them) and join them.
+    ///
+    /// When `other` holds more bytes than this batch, this batch's bytes go in front of
+    /// `other`'s buffer instead (one move within that buffer), so a large part is never held
+    /// twice while joining.
     pub fn append(&mut self, other: Batch, owner_offset: usize) {
-        let bytes = &other.writer.buf;
+        let Batch {
+            writer: Writer { buf: mut bytes },
+            owners,
+            ..
+        } = other;
         let begin = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
-        let mut at = begin;
-        for owner in other.owners {
-            let len = u32::from_ne_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-                as usize;
-            let start = self.writer.buf.len();
-            self.writer.buf.extend_from_slice(&bytes[at..at + len]);
+        let start = self.writer.buf.len();
+        if bytes.len() - begin > start {
+            // Replace `other`'s BEGIN with all of ours; its messages follow.
+            bytes.splice(..begin, self.writer.buf.drain(..));
+            self.writer.buf = bytes;
+        } else {
+            self.writer.buf.extend_from_slice(&bytes[begin..]);
+            drop(bytes);
+        }
+        let buf = &mut self.writer.buf;
+        let mut at = start;
+        for owner in owners {
+            let len = u32::from_ne_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
             let seq = self.next_seq;
             self.next_seq = self.next_seq.wrapping_add(1);
-            self.writer.buf[start + 8..start + 12].copy_from_slice(&seq.to_ne_bytes());
+            buf[at + 8..at + 12].copy_from_slice(&seq.to_ne_bytes());
             self.owners
                 .push(owner.saturating_add(u32::try_from(owner_offset).unwrap_or(u32::MAX)));
             at += len;
@@ -992,6 +1007,36 @@ mod tests {
         assert_eq!(got.bytes, want.bytes);
         assert_eq!(got.owners, want.owners);
         assert_eq!(got.fence_seq, want.fence_seq);
+    }
+
+    /// Appending a part larger than the batch (its buffer is reused) or smaller gives the
+    /// same bytes as pushing everything into one batch.
+    #[test]
+    fn appending_a_larger_or_smaller_part_gives_the_same_batch() {
+        let commands: Vec<_> = three_commands()
+            .iter()
+            .map(|c| lower(IpFamily::V4, c).expect("supported"))
+            .collect();
+        for (head, tail) in [(1, 40), (40, 1), (0, 3), (3, 0)] {
+            let mut first = Batch::new(7);
+            let mut expected = Batch::new(7);
+            for i in 0..head {
+                first.push(&commands[i % 3], i);
+                expected.push(&commands[i % 3], i);
+            }
+            let mut second = Batch::new(0);
+            for i in 0..tail {
+                second.push(&commands[i % 3], i);
+                expected.push(&commands[i % 3], 100 + i);
+            }
+            first.append(second, 100);
+            first.push(&commands[0], 7);
+            expected.push(&commands[0], 7);
+            let (got, want) = (first.finish(), expected.finish());
+            assert_eq!(got.bytes, want.bytes, "{head} + {tail}");
+            assert_eq!(got.owners, want.owners, "{head} + {tail}");
+            assert_eq!(got.fence_seq, want.fence_seq, "{head} + {tail}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! What the modes need to know about this node, probed once at start-up into a [`Host`] that
 //! every mode's builder, `--init-only`, `--cleanup` and `explain` read: which IP families the
 //! kernel has, the interfaces' addresses (`ip -o addr show`), the iptables backend (legacy or
-//! nf_tables, chosen before any iptables tool runs), `nft --version` for nftables mode, and
+//! nf_tables, chosen before any iptables tool runs), `iptables --version` for iptables mode's
+//! netlink path, `nft --version` for nftables mode, and
 //! whether IPVS works (ipvs mode, and `--cleanup` to know whether there is IPVS state to
 //! remove). Only what the task needs is probed ([`Wants`]): the IPVS probe may load a kernel
 //! module, so iptables mode never runs it.
@@ -42,6 +43,9 @@ pub struct Wants {
     pub iptables_backend: bool,
     /// List the interfaces' addresses (nodePortAddresses, IPVS NodePorts).
     pub addresses: bool,
+    /// Ask the chosen `iptables` its version (iptables mode, and ipvs mode, which may fall
+    /// back to it: the netlink path runs only for versions whose encoding was verified).
+    pub iptables_version: bool,
     /// Ask `nft` its version (nftables mode).
     pub nft_version: bool,
     /// Probe IPVS with this scheduler (ipvs mode; `--cleanup` in any mode).
@@ -72,6 +76,8 @@ impl Wants {
         Ok(Self {
             iptables_backend: kernel,
             addresses: task != Task::Cleanup,
+            iptables_version: task == Task::Run
+                && matches!(mode, ProxyMode::Iptables | ProxyMode::Ipvs),
             nft_version: task == Task::Run && mode == ProxyMode::Nftables,
             ipvs,
         })
@@ -93,6 +99,9 @@ pub trait Probe {
     fn families(&self) -> Vec<IpFamily>;
     /// `ip -o addr show`'s output, or why it could not be read.
     fn addresses(&self) -> Result<String, String>;
+    /// The chosen `iptables --version`'s output, or why it could not be run (called after
+    /// [`Probe::iptables_backend`]).
+    fn iptables_version(&self) -> Result<String, String>;
     /// `nft --version`'s output, or why it could not be run.
     fn nft_version(&self) -> Result<String, String>;
     /// Whether IPVS works here with `scheduler`.
@@ -118,6 +127,9 @@ pub struct Host {
     /// Every interface address (empty when they could not be listed: NodePorts then answer
     /// nowhere rather than everywhere).
     pub addresses: Vec<InterfaceAddress>,
+    /// The chosen `iptables --version`'s output (trimmed) or why it failed, when iptables
+    /// mode may run.
+    pub iptables_version: Option<Result<String, String>>,
     /// `nft --version`'s output or why it failed, when nftables mode asked.
     pub nft_version: Option<Result<String, String>>,
     /// Whether IPVS works, when it was probed.
@@ -148,6 +160,7 @@ impl Host {
             iptables_backend,
             families: probe.families(),
             addresses,
+            iptables_version: wants.iptables_version.then(|| probe.iptables_version()),
             nft_version: wants.nft_version.then(|| probe.nft_version()),
             ipvs: wants.ipvs.map(|scheduler| probe.ipvs(scheduler)),
         })
@@ -253,6 +266,22 @@ impl Probe for SystemProbe {
         }
     }
 
+    fn iptables_version(&self) -> Result<String, String> {
+        let iptables = kp_dataplane::exec::Tools::host().iptables;
+        let output = std::process::Command::new(&iptables)
+            .arg("--version")
+            .output()
+            .map_err(|e| format!("cannot run `{} --version`: {e}", iptables.display()))?;
+        if !output.status.success() {
+            return Err(format!(
+                "`{} --version` failed: {}",
+                iptables.display(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+
     fn nft_version(&self) -> Result<String, String> {
         let output = std::process::Command::new(kp_dataplane::nftables::DEFAULT_NFT_BINARY)
             .arg("--version")
@@ -318,6 +347,7 @@ pub(crate) mod tests {
     /// Answers from fixed facts and records which probes ran.
     pub(crate) struct FakeProbe {
         pub addresses: Result<String, String>,
+        pub iptables_version: Result<String, String>,
         pub nft_version: Result<String, String>,
         pub ipvs: Result<(), Unavailable>,
         pub families: Vec<IpFamily>,
@@ -328,6 +358,7 @@ pub(crate) mod tests {
         fn default() -> Self {
             Self {
                 addresses: Ok(ADDR_SHOW.to_owned()),
+                iptables_version: Ok("iptables v1.8.9 (nf_tables)".to_owned()),
                 nft_version: Ok("nftables v1.0.6 (Lester Gooch #5)\n".to_owned()),
                 ipvs: Err(Unavailable("IPVS is not available in this kernel".into())),
                 families: vec![IpFamily::V4, IpFamily::V6],
@@ -352,6 +383,11 @@ pub(crate) mod tests {
         fn addresses(&self) -> Result<String, String> {
             self.calls.borrow_mut().push("addresses");
             self.addresses.clone()
+        }
+
+        fn iptables_version(&self) -> Result<String, String> {
+            self.calls.borrow_mut().push("iptables_version");
+            self.iptables_version.clone()
         }
 
         fn nft_version(&self) -> Result<String, String> {
@@ -404,13 +440,19 @@ pub(crate) mod tests {
         let calls = |mode, task| probed(&probe, mode, task).1;
         use ProxyMode::*;
         use Task::*;
-        assert_eq!(calls(Iptables, Run), ["iptables_backend", "addresses"]);
+        assert_eq!(
+            calls(Iptables, Run),
+            ["iptables_backend", "addresses", "iptables_version"]
+        );
         assert_eq!(calls(Userspace, Run), ["iptables_backend", "addresses"]);
         assert_eq!(
             calls(Nftables, Run),
             ["iptables_backend", "addresses", "nft_version"]
         );
-        assert_eq!(calls(Ipvs, Run), ["iptables_backend", "addresses", "ipvs"]);
+        assert_eq!(
+            calls(Ipvs, Run),
+            ["iptables_backend", "addresses", "iptables_version", "ipvs"]
+        );
         // Fake mode programs nothing: no iptables tool, no backend choice.
         assert_eq!(calls(Fake, Run), ["addresses"]);
         // --init-only loads ip_vs (through the probe) only in ipvs mode.

@@ -38,7 +38,15 @@ impl Mode for Iptables {
             ),
         }
         let tools = Tools::host();
-        let netlink = kp_dataplane::iptables::netlink::for_host(&tools);
+        let version = match &host.iptables_version {
+            Some(Ok(version)) => version.as_str(),
+            Some(Err(why)) => {
+                tracing::warn!(error = %why, "cannot tell the iptables version; using iptables-restore");
+                ""
+            }
+            None => "",
+        };
+        let netlink = kp_dataplane::iptables::netlink::for_host(&tools, version);
         let mut backend =
             IptablesBackend::new(IptablesConfig::new(host.families.clone(), render), tools)
                 .context("invalid iptables configuration")?

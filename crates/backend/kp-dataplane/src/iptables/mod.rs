@@ -528,9 +528,11 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         full: bool,
     ) -> Result<FamilyResult, BackendError> {
         if !full {
-            let existing = self.chains.get(&family).cloned().unwrap_or_default();
+            // Borrowed, not cloned: tens of thousands of names at scale.
+            let none = BTreeSet::new();
+            let existing = self.chains.get(&family).unwrap_or(&none);
             match self
-                .apply(family, request.state, request, SyncKind::Partial, &existing)
+                .apply(family, request.state, request, SyncKind::Partial, existing)
                 .await
             {
                 Ok(output) => {

@@ -1,7 +1,10 @@
 //! iptables mode over nf_tables netlink: [`NetlinkRestore`] writes what one
 //! `iptables-nft-restore --noflush` of the render would write, as one nf_tables transaction
 //! sent by us (with [`kp_nftnl`]), rule by rule encoded as iptables-nft 1.8.9 encodes it
-//! ([`kp_nftnl::xt`], the mapping from typed rules in [`encode`]).
+//! ([`kp_nftnl::xt`], the mapping from typed rules in [`encode`]). Two departures, both
+//! invisible to `iptables-save`: partial syncs edit the top-level chains by rule handle
+//! ([`handles`]), and a first sync too large to hold cheaply sends its service chains ahead
+//! in steps ([`DEFAULT_MAX_STEP_MESSAGES`]), so its rule handles are numbered differently.
 //!
 //! Why: iptables-nft-restore's userspace grows quadratically with the number of chains
 //! (it never finished a first sync of 10,000 services × 10 endpoints here), while the
@@ -32,7 +35,7 @@ use kp_nftnl::{ApplyError, SharedSocket};
 use kp_rules::iptables::names::is_service_chain;
 use kp_rules::iptables::{RenderConfig, RenderError, RenderOutput, SyncScope, render_into};
 
-pub use encode::{NetlinkSink, Plan, Prepared, Unsupported};
+pub use encode::{NetlinkSink, Plan, Prepared, Step, Unsupported};
 pub use handles::Installed;
 
 /// Turns the netlink path off (`off`) or leaves the choice to the proxy (`auto`, the
@@ -43,6 +46,15 @@ pub const NETLINK_ENV: &str = "KUBE_PROXY_RS_IPTABLES_NETLINK";
 /// byte. Other versions encode some rules differently (1.8.7 keeps ports in `-m tcp`,
 /// later ones move comments into rule user data), so their nodes keep `iptables-restore`.
 pub const VERIFIED_VERSIONS: [&str; 1] = ["iptables v1.8.9 (nf_tables)"];
+
+/// A first sync into a kernel without service chains sends its service chains ahead in
+/// transactions of at least this many messages each (cut at the end of a service;
+/// [`NetlinkSink::splitting`]): about 7 MB of netlink messages, against ~190 MB for the
+/// whole first sync of 10k services × 10 endpoints (~540k messages), which was otherwise held
+/// at once (twice while joining its parts). Smaller steps hold less memory but cost more
+/// commits, each cheap: nothing reaches the service chains before the last, so a step's
+/// commit has little to validate (measured at 10k×10: 50k-message steps peaked at 163 MiB).
+pub const DEFAULT_MAX_STEP_MESSAGES: usize = 20_000;
 
 /// Why the netlink path did not apply a render.
 #[derive(Debug, thiserror::Error)]
@@ -82,24 +94,19 @@ pub fn usable(env: Option<&str>, version: &str) -> Result<(), String> {
 }
 
 /// The netlink path for this process's iptables `tools`, when [`usable`]: never for the
-/// legacy backend; otherwise decided by [`NETLINK_ENV`] and `iptables --version`. Logs the
-/// decision once (start-up).
-pub fn for_host(tools: &crate::exec::Tools) -> Option<NetlinkRestore> {
+/// legacy backend; otherwise decided by [`NETLINK_ENV`] and `version`, the tools' `iptables
+/// --version` line (probed once at start-up by the caller; empty when it could not be run).
+/// Logs the decision once (start-up).
+pub fn for_host(tools: &crate::exec::Tools, version: &str) -> Option<NetlinkRestore> {
     if tools.variant == crate::exec::IptablesVariant::Legacy {
         return None;
     }
-    let version = std::process::Command::new(&tools.iptables)
-        .arg("--version")
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        .unwrap_or_default();
-    if crate::exec::backend_of_version(&version) != crate::exec::IptablesVariant::Nft {
+    let version = version.trim();
+    if crate::exec::backend_of_version(version) != crate::exec::IptablesVariant::Nft {
         return None;
     }
     let env = std::env::var(NETLINK_ENV).ok();
-    match usable(env.as_deref(), &version) {
+    match usable(env.as_deref(), version) {
         Ok(()) => {
             tracing::info!(%version, "iptables rules go over nf_tables netlink, encoded as iptables-nft does");
             Some(NetlinkRestore::new())
@@ -121,18 +128,36 @@ pub(crate) fn family(family: IpFamily) -> Family {
 
 /// Writes renders over netlink. Clones share the socket, which is opened on first use in
 /// the network namespace of the thread using it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct NetlinkRestore {
     socket: SharedSocket,
     /// Per family, what the top-level chains hold after the last successful apply (for
     /// partial syncs by rule handle); absent after a failure or before the first apply.
     installed: Arc<Mutex<HashMap<IpFamily, Installed>>>,
+    /// Messages per step of a split first sync ([`DEFAULT_MAX_STEP_MESSAGES`]).
+    max_step_messages: usize,
+}
+
+impl Default for NetlinkRestore {
+    fn default() -> Self {
+        Self {
+            socket: SharedSocket::default(),
+            installed: Arc::default(),
+            max_step_messages: DEFAULT_MAX_STEP_MESSAGES,
+        }
+    }
 }
 
 impl NetlinkRestore {
     /// A writer that opens its socket on first use.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Split first syncs into steps of at least `messages` messages (tests use small ones).
+    pub fn with_max_step_messages(mut self, messages: usize) -> Self {
+        self.max_step_messages = messages.max(1);
+        self
     }
 
     /// The per-service nat chains (`KUBE-SVC/SVL/EXT/FW/SEP-*`) of `family`'s nat table,
@@ -158,7 +183,10 @@ impl NetlinkRestore {
     /// sync what `iptables-restore --noflush` of [`kp_rules::iptables::render`]'s text would
     /// do, message for message; on a partial sync the same, except that the top-level chains
     /// (`KUBE-SERVICES`, ...) are edited by rule handle ([`handles`]) when their handles are
-    /// known. The returned bookkeeping has no `text`. On error nothing was applied.
+    /// known. The returned bookkeeping has no `text`. On error nothing was applied, except
+    /// that a first sync into a kernel without service chains goes out in steps
+    /// ([`DEFAULT_MAX_STEP_MESSAGES`]), and those before the failed one stay applied: chains
+    /// and rules of complete services, which the caller's `iptables-restore` then rewrites.
     pub async fn apply(
         &self,
         family: IpFamily,
@@ -173,14 +201,36 @@ impl NetlinkRestore {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&family);
         let previous = previous.filter(|_| scope.kind == SyncKind::Partial);
-        let mut sink = NetlinkSink::new(family, previous);
-        let output = render_into(state, family, config, scope, &mut sink)?;
-        // The socket numbers its own requests; the batch's are only echoed back.
-        let Prepared { batch, plan } = sink.finish(1)?;
-        let socket = self.socket.clone();
+        // Split only where no service chain is in place (a step flushes the chains it
+        // declares, and nothing reaches them before the last transaction), and only syncs of
+        // at least two steps: smaller ones stay one transaction, message for message the
+        // restore's.
+        let max_step = self.max_step_messages;
+        let split = scope.kind == SyncKind::Full
+            && previous.is_none()
+            && estimated_messages(state, family) >= 2 * max_step
+            && !scope.existing_chains.iter().any(|c| is_service_chain(c));
         let nf = self::family(family);
-        let installed = blocking(move || {
+        let socket = self.socket.clone();
+        // Rendering runs with the socket at hand, so split steps go out as they fill.
+        // Socket errors go back to `with` (which then drops the socket); the others are
+        // carried in `Ok`.
+        let (output, installed) = blocking(|| {
             socket.with(|s| {
+                let mut sink = NetlinkSink::new(family, previous);
+                if split {
+                    sink = sink.splitting(max_step, Box::new(|batch| s.apply_batch(batch)));
+                }
+                let output = match render_into(state, family, config, scope, &mut sink) {
+                    Ok(output) => output,
+                    Err(error) => return Ok(Err(NetlinkError::Render(error))),
+                };
+                // The socket numbers its own requests; the batch's are only echoed back.
+                let Prepared { batch, plan } = match sink.finish(1) {
+                    Ok(prepared) => prepared,
+                    Err(NetlinkError::Apply(error)) => return Err(error),
+                    Err(error) => return Ok(Err(error)),
+                };
                 let echoes = s.apply_batch_echoed(batch)?;
                 let mut dumped = Vec::new();
                 for (table, chain) in plan.learn() {
@@ -195,9 +245,9 @@ impl NetlinkRestore {
                             .collect::<Vec<u64>>(),
                     );
                 }
-                Ok(plan.complete(&echoes, &dumped))
+                Ok(Ok((output, plan.complete(&echoes, &dumped))))
             })
-        })?;
+        })??;
         match installed {
             Some(installed) => {
                 self.installed
@@ -212,6 +262,22 @@ impl NetlinkRestore {
         }
         Ok(output)
     }
+}
+
+/// Roughly how many messages a full sync of `state` for `family` sends: a few per endpoint
+/// (its chain's creation and flush, a rule in it, one in its service's chain) and per
+/// service port (its chains and dispatch rules).
+fn estimated_messages(state: &ProxyState, family: IpFamily) -> usize {
+    let endpoints: usize = state
+        .endpoints
+        .values()
+        .map(|list| {
+            list.iter()
+                .filter(|ep| IpFamily::of(&ep.ip) == family)
+                .count()
+        })
+        .sum();
+    4 * (endpoints + state.services.len())
 }
 
 /// `NFTA_RULE_TABLE` / `NFTA_RULE_CHAIN`.

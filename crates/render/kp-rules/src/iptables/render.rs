@@ -275,6 +275,7 @@ pub fn render_into<S: RuleSink + ?Sized>(
             write,
             &mut active,
         );
+        out.sink.service_done();
     }
     // Sort once by integer keys (the names are short ASCII), find the stale chains with one
     // merge walk, then bulk-build the set from the sorted names.

@@ -751,6 +751,11 @@ pub trait RuleSink {
     fn rule(&mut self, table: Table, rule: Rule<'_>);
     /// `-X CHAIN`: delete `chain` (declared, so flushed, earlier in the same table).
     fn delete_chain(&mut self, table: Table, chain: &str);
+    /// One service port is complete: its filter and dispatch rules and (when written) its
+    /// own chains were all sent, so nothing sent so far jumps to a chain still to come. A
+    /// sink may apply what it holds here (iptables mode's netlink path splits a large first
+    /// sync this way). Nothing by default.
+    fn service_done(&mut self) {}
 }
 
 /// One entry after a table's chain declarations.

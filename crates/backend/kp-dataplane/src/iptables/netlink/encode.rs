@@ -28,7 +28,9 @@ use kp_rules::iptables::{
     AddrType, AddrTypeSide, Comment, Match, RecentAction, RejectWith, Rule, RuleSink, Table, Target,
 };
 
-use super::handles::{Diff, Installed, Key, diff};
+use super::NetlinkError;
+use super::handles::{Installed, Key};
+use kp_nftnl::ApplyError;
 use std::collections::HashMap;
 
 /// Something the encoder has no verified encoding for; the render goes to
@@ -42,22 +44,80 @@ pub struct Unsupported {
     pub rule: String,
 }
 
-/// One table's messages: the declarations, then the entries (kept apart so that every chain
-/// exists before any rule jumps to it, and handles are numbered as the restore numbers them).
+/// One table's messages: the declarations, the in-place edits, then the entries (kept apart
+/// so that every chain exists before any rule jumps to it, and handles are numbered as the
+/// restore numbers them).
 struct TableBatches {
     table: Table,
     declarations: Batch,
+    /// Deletions and insertions by handle in the top-level chains ([`handles`]).
+    edits: Batch,
     entries: Batch,
     /// Restore lines of each part, for mapping a kernel error to a line.
     declared: usize,
     entered: usize,
-    /// Top-level chains edited in place this sync ([`handles`]): each with its new rules.
-    edited: Vec<(String, Vec<(XtRule, Key)>)>,
 }
 
 /// Owners of in-place edits start here (restore lines are far below), so their echoes can be
 /// told apart.
 const EDIT_OWNER: usize = 1 << 30;
+
+/// A top-level chain edited in place: its rules as they arrive are matched against what the
+/// kernel holds (`old`), so that only rules that are new are encoded and only those kept in
+/// memory until their place is known. A rule equal to the next old one keeps it; one equal to
+/// a later old one keeps that and deletes the old ones in between; any other is inserted
+/// right before the next kept rule (or, at the end, right after the last kept one).
+struct EditedChain {
+    table: Table,
+    chain: String,
+    old: Vec<(Key, u64)>,
+    /// The positions in `old` of each key, ascending; built at the first mismatch.
+    positions: Option<HashMap<Key, Vec<usize>>>,
+    /// The old rules before this one are decided (kept or deleted).
+    cursor: usize,
+    /// The chain once applied: kept rules with their handle, inserted ones with their owner.
+    result: Vec<Slot>,
+    /// New rules waiting for the next kept rule (their place).
+    pending: Vec<(XtRule, Key)>,
+}
+
+/// One rule of an edited chain after the sync.
+enum Slot {
+    Kept(Key, u64),
+    Inserted(usize, Key),
+}
+
+impl EditedChain {
+    fn new(table: Table, chain: String, old: Vec<(Key, u64)>) -> Self {
+        Self {
+            table,
+            chain,
+            old,
+            positions: None,
+            cursor: 0,
+            result: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// The position of the first old rule with `key` at or after the cursor.
+    fn find(&mut self, key: Key) -> Option<usize> {
+        if self.old.get(self.cursor).is_some_and(|(k, _)| *k == key) {
+            return Some(self.cursor);
+        }
+        let old = &self.old;
+        let positions = self.positions.get_or_insert_with(|| {
+            let mut positions: HashMap<Key, Vec<usize>> = HashMap::with_capacity(old.len());
+            for (at, (key, _)) in old.iter().enumerate() {
+                positions.entry(*key).or_default().push(at);
+            }
+            positions
+        });
+        let list = positions.get(&key)?;
+        let first = list.partition_point(|at| *at < self.cursor);
+        list.get(first).copied()
+    }
+}
 
 /// A [`RuleSink`] building one netlink transaction for one family; [`NetlinkSink::finish`]
 /// gives the batch, or the first [`Unsupported`] rule.
@@ -65,8 +125,15 @@ const EDIT_OWNER: usize = 1 << 30;
 /// Without `previous` (full syncs, or when the handles are not known) every declared chain
 /// is flushed and refilled, exactly as the restore does, and the top-level chains' rule keys
 /// are recorded so their handles can be learned after the commit. With `previous`, the
-/// top-level chains it knows are edited in place ([`handles`]).
-pub struct NetlinkSink {
+/// top-level chains it knows are edited in place ([`handles`], [`EditedChain`]): their
+/// unchanged rules are neither encoded nor sent.
+///
+/// With [`NetlinkSink::splitting`] (a large full sync into a kernel without service chains),
+/// the service chains' declarations and rules are sent ahead in transactions of their own
+/// ([`Step`]) whenever those held pass a bound at the end of a service, so a large first sync
+/// never holds the whole batch; the last transaction holds the top-level chains, whose rules
+/// make the service chains reachable.
+pub struct NetlinkSink<'s> {
     family: IpFamily,
     tables: Vec<TableBatches>,
     error: Option<Unsupported>,
@@ -74,6 +141,78 @@ pub struct NetlinkSink {
     previous: Option<Installed>,
     /// Top-level chains written whole this sync, with their rules' keys in order.
     learned: Vec<((Table, String), Vec<Key>)>,
+    /// Top-level chains edited in place this sync.
+    edited: Vec<EditedChain>,
+    /// The next owner of an edit message.
+    edit_owner: usize,
+    /// Sends steps of a split sync.
+    split: Option<Split<'s>>,
+    /// The restore line the next step or the finished batch starts at.
+    line: usize,
+}
+
+/// Sends one step of a split sync: a whole transaction (BEGIN..END).
+pub type Step<'s> = Box<dyn FnMut(Batch) -> Result<(), ApplyError> + 's>;
+
+/// How a sync is split.
+struct Split<'s> {
+    send: Step<'s>,
+    max_messages: usize,
+    /// The service chains' declarations and rules not sent yet.
+    tables: Vec<TableBatches>,
+    /// Why the last step was not applied (nothing more is sent then).
+    failed: Option<ApplyError>,
+}
+
+/// The messages held in `tables`.
+fn held(tables: &[TableBatches]) -> usize {
+    tables
+        .iter()
+        .map(|t| t.declarations.len() + t.edits.len() + t.entries.len())
+        .sum()
+}
+
+/// The batches of `table` in `tables`, added when missing.
+fn table_in(tables: &mut Vec<TableBatches>, table: Table) -> &mut TableBatches {
+    let at = match tables.iter().position(|t| t.table == table) {
+        Some(at) => at,
+        None => {
+            tables.push(TableBatches {
+                table,
+                declarations: Batch::new(0),
+                edits: Batch::new(0),
+                entries: Batch::new(0),
+                declared: 0,
+                entered: 0,
+            });
+            tables.len() - 1
+        }
+    };
+    &mut tables[at]
+}
+
+/// The messages held in `tables`, as one transaction starting at sequence number `seq`: per
+/// table the table itself, its declarations, the in-place edits (deletions by handle and
+/// insertions), its entries. A kernel error names the line of the equivalent restore input
+/// (1-based, as `iptables-restore` counts, from `line` on; edits have owners from
+/// [`EDIT_OWNER`] on). The tables stay, emptied, for what follows.
+fn take_batch(tables: &mut [TableBatches], family: Family, line: &mut usize, seq: u32) -> Batch {
+    let mut batch = Batch::new(seq);
+    for t in tables {
+        // `*table`.
+        *line += 1;
+        batch.xt_table(family, t.table.as_str(), *line);
+        let declarations = std::mem::replace(&mut t.declarations, Batch::new(0));
+        batch.append(declarations, *line + 1);
+        *line += t.declared;
+        batch.append(std::mem::replace(&mut t.edits, Batch::new(0)), 0);
+        batch.append(std::mem::replace(&mut t.entries, Batch::new(0)), *line + 1);
+        // The entries, then `COMMIT`.
+        *line += t.entered + 1;
+        t.declared = 0;
+        t.entered = 0;
+    }
+    batch
 }
 
 /// A finished transaction and what to learn from the kernel once it is applied.
@@ -88,14 +227,8 @@ pub struct Prepared {
 pub struct Plan {
     /// Chains written whole: dump their handles ([`Plan::learn`]).
     learned: Vec<((Table, String), Vec<Key>)>,
-    /// Chains edited: the rules kept at the start, inserted (owner and key), kept at the end.
-    edited: Vec<((Table, String), Edited)>,
-}
-
-struct Edited {
-    prefix: Vec<(Key, u64)>,
-    inserted: Vec<(usize, Key)>,
-    suffix: Vec<(Key, u64)>,
+    /// Chains edited: their rules after the sync.
+    edited: Vec<((Table, String), Vec<Slot>)>,
 }
 
 impl Plan {
@@ -125,19 +258,21 @@ impl Plan {
             .iter()
             .filter_map(|(owner, message)| Some((*owner, kp_nftnl::xt::rule_handle(message)?)))
             .collect();
-        for (chain, edited) in self.edited {
-            let mut rules = edited.prefix;
-            for (owner, key) in edited.inserted {
-                rules.push((key, *echoed.get(&owner)?));
+        for (chain, slots) in self.edited {
+            let mut rules = Vec::with_capacity(slots.len());
+            for slot in slots {
+                rules.push(match slot {
+                    Slot::Kept(key, handle) => (key, handle),
+                    Slot::Inserted(owner, key) => (key, *echoed.get(&owner)?),
+                });
             }
-            rules.extend(edited.suffix);
             installed.chains.insert(chain, rules);
         }
         Some(installed)
     }
 }
 
-impl NetlinkSink {
+impl<'s> NetlinkSink<'s> {
     /// An empty transaction for `family`; `previous` is what the top-level chains hold
     /// (`None`: write them whole).
     pub fn new(family: IpFamily, previous: Option<Installed>) -> Self {
@@ -148,6 +283,54 @@ impl NetlinkSink {
             rules: 0,
             previous,
             learned: Vec::new(),
+            edited: Vec::new(),
+            edit_owner: EDIT_OWNER,
+            split: None,
+            line: 0,
+        }
+    }
+
+    /// Split the sync: the service chains (`KUBE-SVC-*`, `KUBE-SEP-*`, ...) go to `send`, one
+    /// transaction whenever at least `max_messages` of their messages are held at the end of
+    /// a service, and once more before [`NetlinkSink::finish`]'s transaction, which holds the
+    /// top-level chains (which the first step creates, unflushed, if they are missing, as its
+    /// rules may jump to them). Nothing reaches a service chain before that last transaction
+    /// (only top-level rules jump to them), so the rules change for traffic at one commit, and
+    /// each step's commit validates little. Only for a full sync into a kernel without
+    /// service chains (a step flushes every chain it declares), and the message order differs
+    /// from the restore's (rule handles are numbered differently), so callers split only
+    /// syncs too large for one transaction to be held cheaply.
+    pub fn splitting(mut self, max_messages: usize, send: Step<'s>) -> Self {
+        self.split = Some(Split {
+            send,
+            max_messages: max_messages.max(1),
+            tables: Vec::new(),
+            failed: None,
+        });
+        self
+    }
+
+    /// Where the declarations and rules of `chain` go: ahead in a step when splitting and
+    /// `chain` is a service chain, else into the (last) transaction.
+    fn target(&mut self, table: Table, chain: &str) -> &mut TableBatches {
+        match &mut self.split {
+            Some(split) if is_service_chain(chain) => table_in(&mut split.tables, table),
+            _ => table_in(&mut self.tables, table),
+        }
+    }
+
+    /// Send the service chains held as one step.
+    fn send_step(&mut self) {
+        let family = self.nf_family();
+        let Some(split) = &mut self.split else {
+            return;
+        };
+        if split.failed.is_some() || held(&split.tables) == 0 {
+            return;
+        }
+        let batch = take_batch(&mut split.tables, family, &mut self.line, 1);
+        if let Err(error) = (split.send)(batch) {
+            split.failed = Some(error);
         }
     }
 
@@ -156,28 +339,14 @@ impl NetlinkSink {
     }
 
     fn table(&mut self, table: Table) -> &mut TableBatches {
-        let at = match self.tables.iter().position(|t| t.table == table) {
-            Some(at) => at,
-            None => {
-                self.tables.push(TableBatches {
-                    table,
-                    declarations: Batch::new(0),
-                    entries: Batch::new(0),
-                    declared: 0,
-                    entered: 0,
-                    edited: Vec::new(),
-                });
-                self.tables.len() - 1
-            }
-        };
-        &mut self.tables[at]
+        table_in(&mut self.tables, table)
     }
 
-    /// Whether `chain` is edited in place this sync.
-    fn edits(&self, table: Table, chain: &str) -> bool {
-        self.previous
-            .as_ref()
-            .is_some_and(|p| p.chains.contains_key(&(table, chain.to_owned())))
+    /// The chain edited in place this sync, if `chain` is one.
+    fn edited(&self, table: Table, chain: &str) -> Option<usize> {
+        self.edited
+            .iter()
+            .position(|e| e.table == table && e.chain == chain)
     }
 
     /// Rules encoded so far.
@@ -185,99 +354,183 @@ impl NetlinkSink {
         self.rules
     }
 
-    /// The transaction, starting at sequence number `seq`: per table the table itself, its
-    /// declarations, the in-place edits (deletions by handle, then insertions), its
-    /// entries. A kernel error names the line of the equivalent restore input (1-based, as
-    /// `iptables-restore` counts; edits have owners from [`EDIT_OWNER`] on).
-    pub fn finish(mut self, seq: u32) -> Result<Prepared, Unsupported> {
-        if let Some(error) = self.error {
-            return Err(error);
+    /// Encode `rule`, or record why not (then the sync goes to `iptables-restore`).
+    fn encode(&mut self, rule: &Rule<'_>) -> Option<XtRule> {
+        if self.error.is_some() {
+            return None;
         }
-        let family = super::family(self.family);
-        let mut previous = self.previous.take().unwrap_or_default();
-        let mut batch = Batch::new(seq);
-        let mut line = 0;
-        let mut edit_owner = EDIT_OWNER;
-        let mut edited_plan = Vec::new();
-        for t in self.tables {
-            let table = t.table.as_str();
-            // `*table`.
-            line += 1;
-            batch.xt_table(family, table, line);
-            batch.append(t.declarations, line + 1);
-            line += t.declared;
-            for (chain, new) in t.edited {
-                let old = previous
-                    .chains
-                    .remove(&(t.table, chain.clone()))
-                    .unwrap_or_default();
-                let keys: Vec<Key> = new.iter().map(|(_, key)| *key).collect();
-                let Diff { prefix, suffix } = diff(&old, &keys);
-                for (_, handle) in &old[prefix..old.len() - suffix] {
-                    batch.xt_delete_rule(family, table, &chain, *handle, edit_owner);
-                    edit_owner += 1;
-                }
-                let middle = &new[prefix..new.len() - suffix];
-                // Each insertion goes right before the first kept rule after it, or right
-                // after the last kept one before it (so those go in reverse), or at the end.
-                let (position, reverse) = if suffix > 0 {
-                    (Position::Before(old[old.len() - suffix].1), false)
-                } else if prefix > 0 {
-                    (Position::After(old[prefix - 1].1), true)
-                } else {
-                    (Position::Append, false)
-                };
-                let mut inserted: Vec<(usize, Key)> = Vec::with_capacity(middle.len());
-                let order: Box<dyn Iterator<Item = &(XtRule, Key)>> = if reverse {
-                    Box::new(middle.iter().rev())
-                } else {
-                    Box::new(middle.iter())
-                };
-                for (rule, key) in order {
-                    batch.xt_rule(family, table, &chain, rule, position, true, edit_owner);
-                    inserted.push((edit_owner, *key));
-                    edit_owner += 1;
-                }
-                if reverse {
-                    inserted.reverse();
-                }
-                edited_plan.push((
-                    (t.table, chain),
-                    Edited {
-                        prefix: old[..prefix].to_vec(),
-                        inserted,
-                        suffix: old[old.len() - suffix..].to_vec(),
-                    },
-                ));
+        match encode_rule(self.family, rule) {
+            Ok(encoded) => {
+                self.rules += 1;
+                Some(encoded)
             }
-            batch.append(t.entries, line + 1);
-            // The entries, then `COMMIT`.
-            line += t.entered + 1;
+            Err(what) => {
+                self.error = Some(Unsupported {
+                    what,
+                    rule: rule.to_string(),
+                });
+                None
+            }
         }
+    }
+
+    /// `rule` for the edited chain `at`: keeps an old rule, or waits to be inserted.
+    fn edit_rule(&mut self, at: usize, rule: &Rule<'_>) {
+        let key = Key::of(rule);
+        let Some(found) = self.edited[at].find(key) else {
+            if let Some(encoded) = self.encode(rule) {
+                self.edited[at].pending.push((encoded, key));
+            }
+            return;
+        };
+        let family = self.nf_family();
+        let mut owner = self.edit_owner;
+        let e = &mut self.edited[at];
+        let table = e.table;
+        let t = match self.tables.iter_mut().find(|t| t.table == table) {
+            Some(t) => t,
+            // `chain` created the table's batches.
+            None => return,
+        };
+        for (_, handle) in &e.old[e.cursor..found] {
+            t.edits
+                .xt_delete_rule(family, table.as_str(), &e.chain, *handle, owner);
+            owner += 1;
+        }
+        let (kept_key, kept_handle) = e.old[found];
+        for (rule, key) in e.pending.drain(..) {
+            t.edits.xt_rule(
+                family,
+                table.as_str(),
+                &e.chain,
+                &rule,
+                Position::Before(kept_handle),
+                true,
+                owner,
+            );
+            e.result.push(Slot::Inserted(owner, key));
+            owner += 1;
+        }
+        e.result.push(Slot::Kept(kept_key, kept_handle));
+        e.cursor = found + 1;
+        self.edit_owner = owner;
+    }
+
+    /// Closes the edited chains: deletes the old rules nothing matched and inserts the new
+    /// rules that came after the last kept one.
+    fn close_edits(&mut self) {
+        let family = self.nf_family();
+        let mut owner = self.edit_owner;
+        for e in &mut self.edited {
+            let Some(t) = self.tables.iter_mut().find(|t| t.table == e.table) else {
+                continue;
+            };
+            let table = e.table.as_str();
+            for (_, handle) in &e.old[e.cursor..] {
+                t.edits
+                    .xt_delete_rule(family, table, &e.chain, *handle, owner);
+                owner += 1;
+            }
+            let anchor = e.result.iter().rev().find_map(|slot| match slot {
+                Slot::Kept(_, handle) => Some(*handle),
+                Slot::Inserted(..) => None,
+            });
+            let pending = std::mem::take(&mut e.pending);
+            let first = e.result.len();
+            match anchor {
+                // Each right after the anchor: in reverse, so they end up in order.
+                Some(anchor) => {
+                    for (rule, key) in pending.into_iter().rev() {
+                        t.edits.xt_rule(
+                            family,
+                            table,
+                            &e.chain,
+                            &rule,
+                            Position::After(anchor),
+                            true,
+                            owner,
+                        );
+                        e.result.push(Slot::Inserted(owner, key));
+                        owner += 1;
+                    }
+                    e.result[first..].reverse();
+                }
+                None => {
+                    for (rule, key) in pending {
+                        t.edits.xt_rule(
+                            family,
+                            table,
+                            &e.chain,
+                            &rule,
+                            Position::Append,
+                            true,
+                            owner,
+                        );
+                        e.result.push(Slot::Inserted(owner, key));
+                        owner += 1;
+                    }
+                }
+            }
+        }
+        self.edit_owner = owner;
+    }
+
+    /// The transaction (the last one of a split sync, after the remaining step is sent),
+    /// starting at sequence number `seq` (see [`take_batch`]), or why there is none: the
+    /// first rule that cannot be encoded, or the step of a split sync the kernel refused.
+    pub fn finish(mut self, seq: u32) -> Result<Prepared, NetlinkError> {
+        if let Some(error) = self.error.take() {
+            return Err(error.into());
+        }
+        self.send_step();
+        if let Some(failed) = self.split.take().and_then(|split| split.failed) {
+            return Err(failed.into());
+        }
+        self.close_edits();
+        let family = self.nf_family();
+        let batch = take_batch(&mut self.tables, family, &mut self.line, seq);
         Ok(Prepared {
             batch,
             plan: Plan {
                 learned: self.learned,
-                edited: edited_plan,
+                edited: self
+                    .edited
+                    .into_iter()
+                    .map(|e| ((e.table, e.chain), e.result))
+                    .collect(),
             },
         })
     }
 }
 
-impl RuleSink for NetlinkSink {
+impl RuleSink for NetlinkSink<'_> {
     fn chain(&mut self, table: Table, chain: &str) {
-        if self.edits(table, chain) {
-            let t = self.table(table);
-            if !t.edited.iter().any(|(c, _)| c == chain) {
-                t.edited.push((chain.to_owned(), Vec::new()));
-            }
+        let old = self
+            .previous
+            .as_mut()
+            .and_then(|p| p.chains.remove(&(table, chain.to_owned())));
+        if let Some(old) = old {
+            self.table(table);
+            self.edited
+                .push(EditedChain::new(table, chain.to_owned(), old));
             return;
         }
-        if !is_service_chain(chain) {
-            self.learned.push(((table, chain.to_owned()), Vec::new()));
+        if self.edited(table, chain).is_some() {
+            return;
         }
         let family = self.nf_family();
-        let t = self.table(table);
+        if !is_service_chain(chain) {
+            self.learned.push(((table, chain.to_owned()), Vec::new()));
+            // The steps' rules jump to top-level chains (`KUBE-MARK-MASQ`): the next step
+            // creates them if missing, without flushing them (the last transaction does).
+            if let Some(split) = &mut self.split {
+                let t = table_in(&mut split.tables, table);
+                t.declarations
+                    .xt_chain(family, table.as_str(), chain, t.declared);
+                t.declared += 1;
+            }
+        }
+        let t = self.target(table, chain);
         let owner = t.declared;
         t.declarations
             .xt_chain(family, table.as_str(), chain, owner);
@@ -287,40 +540,26 @@ impl RuleSink for NetlinkSink {
     }
 
     fn rule(&mut self, table: Table, rule: Rule<'_>) {
-        if self.error.is_some() {
+        if self.error.is_some() || self.split.as_ref().is_some_and(|s| s.failed.is_some()) {
             return;
         }
-        let family = self.nf_family();
-        let encoded = match encode_rule(self.family, &rule) {
-            Ok(encoded) => encoded,
-            Err(what) => {
-                self.error = Some(Unsupported {
-                    what,
-                    rule: rule.to_string(),
-                });
-                return;
-            }
-        };
-        self.rules += 1;
-        if self.edits(table, &rule.chain) {
-            let key = Key::of(&encoded);
-            let t = self.table(table);
-            match t.edited.iter_mut().find(|(chain, _)| *chain == rule.chain) {
-                Some((_, rules)) => rules.push((encoded, key)),
-                None => t
-                    .edited
-                    .push((rule.chain.to_string(), vec![(encoded, key)])),
-            }
+        if let Some(at) = self.edited(table, &rule.chain) {
+            self.edit_rule(at, &rule);
             return;
         }
-        if let Some((_, keys)) = self
-            .learned
-            .iter_mut()
-            .find(|((t, chain), _)| *t == table && *chain == rule.chain)
+        if !is_service_chain(&rule.chain)
+            && let Some((_, keys)) = self
+                .learned
+                .iter_mut()
+                .find(|((t, chain), _)| *t == table && *chain == rule.chain)
         {
-            keys.push(Key::of(&encoded));
+            keys.push(Key::of(&rule));
         }
-        let t = self.table(table);
+        let Some(encoded) = self.encode(&rule) else {
+            return;
+        };
+        let family = self.nf_family();
+        let t = self.target(table, &rule.chain);
         let owner = t.entered;
         t.entries.xt_rule(
             family,
@@ -341,6 +580,16 @@ impl RuleSink for NetlinkSink {
         t.entries
             .xt_delete_chain(family, table.as_str(), chain, owner);
         t.entered += 1;
+    }
+
+    fn service_done(&mut self) {
+        let full = self
+            .split
+            .as_ref()
+            .is_some_and(|split| held(&split.tables) >= split.max_messages);
+        if full && self.error.is_none() {
+            self.send_step();
+        }
     }
 }
 
