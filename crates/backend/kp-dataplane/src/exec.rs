@@ -22,7 +22,8 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
-use std::path::PathBuf;
+use std::io::{Read as _, Write};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -214,6 +215,34 @@ pub trait RuleRunner: Send + Sync {
         input: &str,
     ) -> impl Future<Output = Result<(), ExecError>> + Send;
 
+    /// [`RuleRunner::restore`] or [`RuleRunner::restore_isolated`] (`into`) of the input
+    /// `feed` writes, which it may write in pieces as it produces them so that the whole
+    /// input never has to exist at once (`kp_rules::iptables::render_to`). The default
+    /// collects it and calls the other method; [`ExecRunner`] pipes it to the tool as it
+    /// comes.
+    fn restore_from<F>(
+        &self,
+        family: IpFamily,
+        into: RestoreInto,
+        feed: F,
+    ) -> impl Future<Output = Result<(), ExecError>> + Send
+    where
+        F: FnOnce(&mut dyn Write) -> std::io::Result<()> + Send,
+    {
+        async move {
+            let mut input = Vec::new();
+            feed(&mut input).map_err(|source| ExecError::Io {
+                program: "restore input".to_owned(),
+                source,
+            })?;
+            let input = String::from_utf8_lossy(&input);
+            match into {
+                RestoreInto::Node => self.restore(family, &input).await,
+                RestoreInto::EmptyNamespace => self.restore_isolated(family, &input).await,
+            }
+        }
+    }
+
     /// The output of `iptables-save -t <table>`.
     fn save(
         &self,
@@ -234,6 +263,15 @@ pub trait RuleRunner: Send + Sync {
     fn variant(&self) -> Option<IptablesVariant> {
         None
     }
+}
+
+/// Where [`RuleRunner::restore_from`] applies its input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreInto {
+    /// This node's namespace, as [`RuleRunner::restore`].
+    Node,
+    /// A new, empty network namespace, as [`RuleRunner::restore_isolated`].
+    EmptyNamespace,
 }
 
 /// util-linux's `unshare`, on the `PATH`: runs a restore in a network namespace of its own
@@ -265,28 +303,61 @@ impl ExecRunner {
     }
 }
 
-impl RuleRunner for ExecRunner {
-    async fn restore(&self, family: IpFamily, input: &str) -> Result<(), ExecError> {
-        let args = [
+impl ExecRunner {
+    /// The program and arguments of a restore `into`.
+    fn restore_command(&self, family: IpFamily, into: RestoreInto) -> (PathBuf, Vec<String>) {
+        let restore = vec![
             "--noflush".to_owned(),
             format!("--wait={DEFAULT_LOCK_WAIT_SECONDS}"),
         ];
-        run_program(self.tools.restore(family), &args, Some(input)).await?;
+        match into {
+            RestoreInto::Node => (self.tools.restore(family).clone(), restore),
+            RestoreInto::EmptyNamespace => {
+                let mut args = vec![
+                    "--net".to_owned(),
+                    "--".to_owned(),
+                    self.tools.restore(family).display().to_string(),
+                ];
+                args.extend(restore);
+                (PathBuf::from(UNSHARE_BINARY), args)
+            }
+        }
+    }
+}
+
+impl RuleRunner for ExecRunner {
+    async fn restore(&self, family: IpFamily, input: &str) -> Result<(), ExecError> {
+        let (program, args) = self.restore_command(family, RestoreInto::Node);
+        run_program(&program, &args, Some(input)).await?;
         Ok(())
     }
 
     async fn restore_isolated(&self, family: IpFamily, input: &str) -> Result<(), ExecError> {
-        let args = [
-            "--net".to_owned(),
-            "--".to_owned(),
-            self.tools.restore(family).display().to_string(),
-            "--noflush".to_owned(),
-            format!("--wait={DEFAULT_LOCK_WAIT_SECONDS}"),
-        ];
-        run_program(&PathBuf::from(UNSHARE_BINARY), &args, Some(input))
+        let (program, args) = self.restore_command(family, RestoreInto::EmptyNamespace);
+        run_program(&program, &args, Some(input))
             .await
             .map_err(unshare_failure)?;
         Ok(())
+    }
+
+    /// The tool reads the input while `feed` produces it. `feed` is synchronous (a render),
+    /// so this runs on the calling thread, handed over as a blocking section
+    /// (`block_in_place`) on a multi-threaded runtime so the worker's other tasks move on.
+    async fn restore_from<F>(
+        &self,
+        family: IpFamily,
+        into: RestoreInto,
+        feed: F,
+    ) -> Result<(), ExecError>
+    where
+        F: FnOnce(&mut dyn Write) -> std::io::Result<()> + Send,
+    {
+        let (program, args) = self.restore_command(family, into);
+        let result = blocking(|| stream_program(&program, &args, feed));
+        match into {
+            RestoreInto::Node => result,
+            RestoreInto::EmptyNamespace => result.map_err(unshare_failure),
+        }
     }
 
     async fn save(&self, family: IpFamily, table: Table) -> Result<String, ExecError> {
@@ -374,6 +445,79 @@ pub(crate) async fn run_program(
         source,
     })?;
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Runs `f`, a blocking section, without stalling a multi-threaded runtime's other tasks.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+/// Runs `program args` with `feed` writing its standard input as it goes (blocking), and
+/// checks its exit status; standard output is discarded. If `feed` fails for another reason
+/// than the program closing its input, the program is killed before it sees the end of
+/// the input, so a truncated input is never applied.
+fn stream_program<F>(program: &Path, args: &[String], feed: F) -> Result<(), ExecError>
+where
+    F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+{
+    let name = program.display().to_string();
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| ExecError::Spawn {
+            program: name.clone(),
+            source,
+        })?;
+    // Drained on a thread of its own: the tool may fill its stderr pipe before it reads all
+    // of its input.
+    let stderr = child.stderr.take();
+    let drain = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        if let Some(mut stderr) = stderr {
+            // Whatever could be read is the message.
+            let _ = stderr.read_to_end(&mut text);
+        }
+        text
+    });
+    let mut stdin = child.stdin.take();
+    let fed = match stdin.as_mut() {
+        Some(stdin) => feed(stdin),
+        None => Ok(()),
+    };
+    let killed = match &fed {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+            // Already exited if this fails; either way it must not commit what it got.
+            let _ = child.kill();
+            true
+        }
+        _ => false,
+    };
+    // Closing its input only now: a killed tool never sees the end of it.
+    drop(stdin);
+    let status = child.wait();
+    let stderr = drain.join().unwrap_or_default();
+    let status = status.map_err(|source| ExecError::Io {
+        program: name.clone(),
+        source,
+    })?;
+    if !status.success() && !killed {
+        // A failed write (broken pipe) is a consequence of the tool exiting; its stderr says why.
+        return Err(ExecError::Failed {
+            program: name,
+            code: status.code(),
+            stderr: trimmed(&stderr),
+        });
+    }
+    fed.map_err(|source| ExecError::Io {
+        program: name,
+        source,
+    })
 }
 
 /// Standard error as one readable string of bounded size.
@@ -812,6 +956,62 @@ mod tests {
         .await
         .expect("wc succeeds");
         assert_eq!(out.trim(), (1 << 20).to_string());
+    }
+
+    /// `feed` writes 1 MiB in 1 KiB pieces.
+    fn mebibyte(out: &mut dyn Write) -> std::io::Result<()> {
+        for _ in 0..1024 {
+            out.write_all(&[b'x'; 1024])?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn streamed_inputs_are_fed_completely_and_failures_keep_stderr() {
+        let sh = PathBuf::from("sh");
+        let script = |s: &str| ["-c".to_owned(), s.to_owned()];
+        stream_program(&sh, &script("test \"$(wc -c)\" = 1048576"), mebibyte)
+            .expect("the whole input arrives");
+        // Exits before reading: the broken pipe is a consequence, the exit code the verdict.
+        let err = stream_program(&sh, &script("echo 'line 3: bad' >&2; exit 2"), mebibyte)
+            .expect_err("exit 2 is a failure");
+        assert_eq!(err.exit_code(), Some(2));
+        assert!(err.to_string().contains("line 3: bad"), "{err}");
+    }
+
+    #[test]
+    fn a_feed_that_fails_kills_the_tool_before_it_sees_the_end() {
+        let marker = std::env::temp_dir().join(format!("kp-exec-feed-{}", std::process::id()));
+        let _ = std::fs::remove_file(&marker);
+        // Would create the marker only after reading to the end of its input.
+        let script = format!("cat >/dev/null && touch {}", marker.display());
+        let err = stream_program(
+            &PathBuf::from("sh"),
+            &["-c".to_owned(), script],
+            |out: &mut dyn Write| {
+                out.write_all(b"*nat\n")?;
+                Err(std::io::Error::other("render stopped"))
+            },
+        )
+        .expect_err("the feed failed");
+        assert!(matches!(err, ExecError::Io { .. }), "{err}");
+        assert!(
+            !marker.exists(),
+            "the tool saw the end of a truncated input"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streamed_restores_run_on_a_multi_threaded_runtime() {
+        let tools = Tools {
+            iptables_restore: PathBuf::from("/nonexistent/kp-dataplane-test/iptables-restore"),
+            ..Tools::default()
+        };
+        let err = ExecRunner::new(tools)
+            .restore_from(IpFamily::V4, RestoreInto::Node, mebibyte)
+            .await
+            .expect_err("a missing binary cannot succeed");
+        assert!(matches!(err, ExecError::Spawn { .. }), "{err}");
     }
 
     #[tokio::test]

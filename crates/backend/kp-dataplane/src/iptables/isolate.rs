@@ -40,10 +40,62 @@ pub(super) fn failed_line(message: &str) -> Option<usize> {
     None
 }
 
-/// The service that line `line` (1-based) of the restore input `text`, rendered from
-/// `state`, belongs to.
-pub(super) fn service_of_line(text: &str, line: usize, state: &ProxyState) -> Option<ServiceName> {
-    let line = text.lines().nth(line.checked_sub(1)?)?;
+/// A writer that keeps only line `line` (1-based, without its newline) of what is written
+/// through it, so the failing line of a restore input can be found again without holding
+/// the whole input.
+pub(super) struct LineFinder {
+    /// Newlines still to pass before the wanted line starts.
+    before: usize,
+    line: Vec<u8>,
+    done: bool,
+}
+
+impl LineFinder {
+    pub(super) fn new(line: usize) -> Self {
+        Self {
+            // Line 0 does not exist: never reached.
+            before: line.checked_sub(1).unwrap_or(usize::MAX),
+            line: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// The line, if the input had it.
+    pub(super) fn into_line(self) -> Option<String> {
+        (self.before == 0 && (self.done || !self.line.is_empty()))
+            .then(|| String::from_utf8_lossy(&self.line).into_owned())
+    }
+}
+
+impl std::io::Write for LineFinder {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut rest = buf;
+        while self.before > 0 {
+            let Some(at) = rest.iter().position(|b| *b == b'\n') else {
+                return Ok(buf.len());
+            };
+            self.before -= 1;
+            rest = &rest[at + 1..];
+        }
+        if !self.done {
+            match rest.iter().position(|b| *b == b'\n') {
+                Some(at) => {
+                    self.line.extend_from_slice(&rest[..at]);
+                    self.done = true;
+                }
+                None => self.line.extend_from_slice(rest),
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The service that `line` (one line of a restore input rendered from `state`) belongs to.
+pub(super) fn service_of_line(line: &str, state: &ProxyState) -> Option<ServiceName> {
     // Comments are percent-encoded and quoted, so the first `"` after `--comment ` closes it.
     let (rule, comment) = match line.split_once("--comment \"") {
         Some((before, rest)) => {
@@ -130,6 +182,26 @@ pub(super) fn chains_of(state: &ProxyState, excluded: &BTreeSet<ServiceName>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_line_finder_keeps_one_line_across_pieces() {
+        use std::io::Write as _;
+        let text = "*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j X\nCOMMIT\n";
+        for line in 0..=6 {
+            for piece in [1, 3, 7, text.len()] {
+                let mut finder = LineFinder::new(line);
+                for chunk in text.as_bytes().chunks(piece) {
+                    finder.write_all(chunk).expect("never fails");
+                }
+                let want = line.checked_sub(1).and_then(|n| text.lines().nth(n));
+                assert_eq!(
+                    finder.into_line().as_deref(),
+                    want,
+                    "line {line}, pieces of {piece}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn finds_the_line_in_both_variants() {

@@ -31,13 +31,14 @@ mod save;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
+use std::io::Write;
+use std::time::{Duration, Instant};
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_core::tracker::ProxyState;
 use kp_rules::iptables::{
-    RenderConfig, RenderError, RenderOutput, SyncScope, Table, render, setup,
+    RenderConfig, RenderError, RenderOutput, StreamError, SyncScope, Table, render_to, setup,
 };
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -47,7 +48,7 @@ use prometheus_client::registry::Registry;
 use tracing::{debug, error, info, warn};
 
 use crate::conntrack::{Conntrack, DefaultConntrack};
-use crate::exec::{ExecError, ExecRunner, RuleRunner, Tools, split_args};
+use crate::exec::{ExecError, ExecRunner, RestoreInto, RuleRunner, Tools, split_args};
 use crate::sync::{FamilyErrors, SyncState};
 
 pub use save::{KUBE_CHAIN_PREFIX, KUBELET_CHAINS, SavedTable, cleanup_input, rule_target};
@@ -158,10 +159,9 @@ struct FamilyResult {
 enum ApplyFailure {
     /// Rendering failed (a renderer bug; `validate` ran in the constructor).
     Render(BackendError),
-    /// The restore of `text` failed.
+    /// The restore failed (its input is not kept: [`IptablesBackend::restore_line`]
+    /// renders the line the error names again).
     Restore {
-        /// The rejected input.
-        text: String,
         /// The tool's error.
         error: ExecError,
     },
@@ -292,32 +292,60 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                 }
             }
         }
-        let render_start = Instant::now();
-        // `validate` ran in the constructor; a failure here is a renderer bug.
-        let output = render(state, family, &self.config.render, &scope).map_err(|e| {
-            ApplyFailure::Render(BackendError::Apply {
-                what: "rendering iptables rules".to_owned(),
-                message: e.to_string(),
+        // The render is written into the restore as it is produced (`render_to`): the
+        // whole input (tens of MB at 10,000 services) never exists at once.
+        let restore_start = Instant::now();
+        let config = &self.config.render;
+        let mut rendered = None;
+        let mut fed = Duration::ZERO;
+        let mut bytes = 0;
+        let restored = self
+            .runner
+            .restore_from(family, RestoreInto::Node, |out: &mut dyn Write| {
+                let start = Instant::now();
+                let mut out = Counted { out, bytes: 0 };
+                let result = render_to(state, family, config, &scope, &mut out);
+                (fed, bytes) = (start.elapsed(), out.bytes);
+                match result {
+                    Ok(output) => {
+                        rendered = Some(Ok(output));
+                        Ok(())
+                    }
+                    Err(StreamError::Write(err)) => Err(err),
+                    Err(StreamError::Render(err)) => {
+                        rendered = Some(Err(err));
+                        Err(std::io::Error::other("rendering failed"))
+                    }
+                }
             })
-        })?;
+            .await;
+        let output = match rendered {
+            Some(Ok(output)) => output,
+            // `validate` ran in the constructor; a failure here is a renderer bug.
+            Some(Err(err)) => {
+                return Err(ApplyFailure::Render(BackendError::Apply {
+                    what: "rendering iptables rules".to_owned(),
+                    message: err.to_string(),
+                }));
+            }
+            // The tool went away before the render finished (its error says why).
+            None => RenderOutput::default(),
+        };
         debug!(
             ?family,
             ?kind,
-            render = ?render_start.elapsed(),
-            bytes = output.text.len(),
+            // Both passes of the render and the writes (which wait for the tool to read).
+            render = ?fed,
+            bytes,
             rules_written = output.rules_written,
             filter_rules = output.filter_rules,
             nat_rules = output.nat_rules,
             deleted_chains = output.deleted.len(),
             "rendered iptables rules"
         );
-        let restore_start = Instant::now();
-        if let Err(error) = self.runner.restore(family, &output.text).await {
+        if let Err(error) = restored {
             self.metrics.restore_failures.inc();
-            return Err(ApplyFailure::Restore {
-                text: output.text,
-                error,
-            });
+            return Err(ApplyFailure::Restore { error });
         }
         debug!(
             ?family,
@@ -368,12 +396,13 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                 }
                 Err(failure) => failure,
             };
-            let ApplyFailure::Restore { text, error } = &failure else {
+            let ApplyFailure::Restore { error } = &failure else {
                 return Err(failure.into_backend(family));
             };
             let message = error.to_string();
             let named = isolate::failed_line(&message)
-                .and_then(|line| isolate::service_of_line(text, line, state));
+                .and_then(|line| self.restore_line(family, state, request, &scope_existing, line))
+                .and_then(|line| isolate::service_of_line(&line, state));
             let service = match named {
                 Some(service) => Some(service),
                 None => self.find_breaking_service(family, state, request).await,
@@ -413,12 +442,33 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             }
         }
         match self.runner.save(family, Table::Nat).await {
-            Ok(text) => SavedTable::parse(&text).service_chains(),
+            Ok(text) => save::service_chains(&text),
             Err(err) => {
                 warn!(?family, error = %err, "cannot list nat chains; stale chains stay");
                 BTreeSet::new()
             }
         }
+    }
+
+    /// Line `line` (1-based) of the full restore input for `state` and `existing`, rendered
+    /// again (the same input: the render is deterministic) into a writer that keeps only
+    /// that line.
+    fn restore_line(
+        &self,
+        family: IpFamily,
+        state: &ProxyState,
+        request: &SyncRequest<'_>,
+        existing: &BTreeSet<String>,
+        line: usize,
+    ) -> Option<String> {
+        let scope = SyncScope {
+            kind: SyncKind::Full,
+            changed: request.changed,
+            existing_chains: existing,
+        };
+        let mut finder = isolate::LineFinder::new(line);
+        render_to(state, family, &self.config.render, &scope, &mut finder).ok()?;
+        finder.into_line()
     }
 
     /// When a full restore fails at a line of no service (typically its `COMMIT`, where the
@@ -510,8 +560,17 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             changed: request.changed,
             existing_chains: &BTreeSet::new(),
         };
-        let output = render(&reduced, family, &self.config.render, &scope).ok()?;
-        match self.runner.restore_isolated(family, &output.text).await {
+        let config = &self.config.render;
+        let feed = |out: &mut dyn Write| {
+            render_to(&reduced, family, config, &scope, out)
+                .map(drop)
+                .map_err(std::io::Error::other)
+        };
+        match self
+            .runner
+            .restore_from(family, RestoreInto::EmptyNamespace, feed)
+            .await
+        {
             Ok(()) => Some(true),
             Err(ExecError::Failed { .. }) => Some(false),
             Err(err) => {
@@ -528,9 +587,9 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         full: bool,
     ) -> Result<FamilyResult, BackendError> {
         if !full {
-            // Borrowed, not cloned: tens of thousands of names at scale.
-            let none = BTreeSet::new();
-            let existing = self.chains.get(&family).unwrap_or(&none);
+            // Borrowed, not cloned: ~140,000 names at 10,000 services.
+            static NO_CHAINS: BTreeSet<String> = BTreeSet::new();
+            let existing = self.chains.get(&family).unwrap_or(&NO_CHAINS);
             match self
                 .apply(family, request.state, request, SyncKind::Partial, existing)
                 .await
@@ -714,6 +773,24 @@ pub async fn ensure_setup<R: RuleRunner>(
         debug!(?family, from = jump.from, to = jump.to, "inserted jump");
     }
     Ok(())
+}
+
+/// A writer that counts what passes through it (the `bytes` of the render log line).
+struct Counted<'w> {
+    out: &'w mut dyn Write,
+    bytes: usize,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.bytes += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 fn restore_name(family: IpFamily) -> &'static str {

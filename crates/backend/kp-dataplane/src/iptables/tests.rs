@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use kp_core::backend::{Backend, BackendError, SyncKind};
 use kp_core::model::{IpFamily, Protocol, ServiceName};
 use kp_core::tracker::ProxyState;
-use kp_rules::iptables::{RenderConfig, Table};
+use kp_rules::iptables::{RenderConfig, Table, render};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 
@@ -921,7 +921,18 @@ fn lines_map_to_services_by_chain_jump_and_comment() {
             .lines()
             .position(|line| line.contains(pattern))
             .unwrap_or_else(|| panic!("no line with {pattern}\n{}", output.text));
-        isolate::service_of_line(&output.text, line + 1, &state)
+        let mut finder = isolate::LineFinder::new(line + 1);
+        kp_rules::iptables::render_to(
+            &state,
+            IpFamily::V4,
+            &RenderConfig::default(),
+            &scope,
+            &mut finder,
+        )
+        .expect("renders");
+        let found = finder.into_line().expect("the input has the line");
+        assert_eq!(Some(found.as_str()), output.text.lines().nth(line));
+        isolate::service_of_line(&found, &state)
     };
     let svc1 =
         kp_rules::iptables::names::ServiceChains::new(&port_name("ns", "s1", "p", Protocol::Tcp))

@@ -22,7 +22,7 @@ use ipnet::IpNet;
 use kp_core::backend::SyncKind;
 use kp_core::model::{IpFamily, ServiceName};
 
-pub use render::{probability, render, render_into};
+pub use render::{DEFAULT_CHUNK_BYTES, probability, render, render_into, render_to};
 pub use rule::{
     AddrType, AddrTypeSide, Address, Comment, CtStates, Entry, MarkOp, Match, Probability,
     RecentAction, RejectWith, Restore, RestoreText, Rule, RuleSink, TableRestore, Target,
@@ -185,6 +185,17 @@ pub enum RenderError {
     /// An interface name that is not a valid Linux interface name (or prefix).
     #[error("invalid local-detector interface {0:?}: want 1-15 of [A-Za-z0-9._@:-]")]
     InterfaceName(String),
+}
+
+/// Why [`render_to`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The configuration cannot be rendered (nothing was written).
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    /// The writer failed (the input written so far is incomplete).
+    #[error("writing the restore input: {0}")]
+    Write(#[from] std::io::Error),
 }
 
 impl RenderConfig {

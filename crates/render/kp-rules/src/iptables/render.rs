@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -13,12 +14,12 @@ use kp_core::tracker::ProxyState;
 use super::names::{EndpointChains, ServiceChains, is_service_chain};
 use super::rule::{
     AddrType, AddrTypeSide, Address, Comment, CtStates, MarkOp, Match, Probability, RecentAction,
-    RestoreText, Rule, RuleSink, Table, Target,
+    RestoreHead, RestoreTail, RestoreText, Rule, RuleSink, Table, Target,
 };
 use super::{
     Detector, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
     KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES, NodePortAddresses, RenderConfig,
-    RenderError, RenderOutput, SyncScope,
+    RenderError, RenderOutput, StreamError, SyncScope,
 };
 use crate::family::{family_endpoints, for_family};
 use crate::plan::{
@@ -140,6 +141,60 @@ pub fn render(
     let mut text = RestoreText::default();
     let mut output = render_into(state, family, config, scope, &mut text)?;
     output.text = text.finish();
+    Ok(output)
+}
+
+/// How much restore text [`render_to`] hands its writer at a time: big enough that a pipe
+/// write is one system call per pipe buffer (64 KiB on Linux), small enough not to matter.
+pub const DEFAULT_CHUNK_BYTES: usize = 64 * 1024;
+
+/// [`render`], writing the restore input to `out` in chunks of [`DEFAULT_CHUNK_BYTES`] as
+/// it is produced instead of returning it: the same bytes, but the whole text (tens of MB at
+/// 10,000 services) never exists at once. The returned bookkeeping's `text` is empty.
+///
+/// `iptables-restore` needs a table's chains declared before its rules, and the renderer
+/// declares chains as it goes (stale ones at the very end), so this renders twice: the first
+/// pass keeps the filter table and every chain declaration (a few MB at 10,000 services)
+/// and writes them; the second writes nat's rules and deletions line by line, then `COMMIT`.
+/// On a write error nothing more is written and the error is returned: the caller must not
+/// let a consumer commit the truncated input (it lacks the last `COMMIT` anyway).
+pub fn render_to<W: std::io::Write + ?Sized>(
+    state: &ProxyState,
+    family: IpFamily,
+    config: &RenderConfig,
+    scope: &SyncScope<'_>,
+    out: &mut W,
+) -> Result<RenderOutput, StreamError> {
+    let mut out = std::io::BufWriter::with_capacity(DEFAULT_CHUNK_BYTES, out);
+    let mut head = RestoreHead {
+        streamed: Table::Nat,
+        text: RestoreText::default(),
+    };
+    render_into(state, family, config, scope, &mut head)?;
+    if !head.text.ends_with(Table::Nat) {
+        // Not the layout this renderer makes; keep the bytes right rather than streaming.
+        let output = render(state, family, config, scope)?;
+        out.write_all(output.text.as_bytes())?;
+        out.flush()?;
+        return Ok(RenderOutput {
+            text: String::new(),
+            ..output
+        });
+    }
+    head.text.write_open(&mut out)?;
+    drop(head);
+    let mut tail = RestoreTail {
+        table: Table::Nat,
+        out: &mut out,
+        line: String::new(),
+        error: None,
+    };
+    let output = render_into(state, family, config, scope, &mut tail)?;
+    if let Some(err) = tail.error {
+        return Err(err.into());
+    }
+    out.write_all(b"COMMIT\n")?;
+    out.flush()?;
     Ok(output)
 }
 

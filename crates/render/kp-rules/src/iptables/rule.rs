@@ -904,6 +904,111 @@ impl RestoreText {
     }
 }
 
+impl RestoreText {
+    /// Whether `table` is the last table used (so its rules end the input).
+    pub(crate) fn ends_with(&self, table: Table) -> bool {
+        self.tables.last().is_some_and(|t| t.0 == table)
+    }
+
+    /// The input up to where the last table's rules go: every table before it whole, then
+    /// its header and chain declarations and whatever rules it holds, without `COMMIT`.
+    pub(crate) fn write_open<W: std::io::Write + ?Sized>(
+        &self,
+        out: &mut W,
+    ) -> std::io::Result<()> {
+        let last = self.tables.len().saturating_sub(1);
+        for (at, (table, chains, rules)) in self.tables.iter().enumerate() {
+            out.write_all(b"*")?;
+            out.write_all(table.as_str().as_bytes())?;
+            out.write_all(b"\n")?;
+            out.write_all(chains.as_bytes())?;
+            out.write_all(rules.as_bytes())?;
+            if at != last {
+                out.write_all(b"COMMIT\n")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The first pass of [`super::render_to`]: a [`RestoreText`] that keeps everything but the
+/// rules and deletions of `streamed` (the big nat table), which the second pass writes.
+#[derive(Debug)]
+pub(crate) struct RestoreHead {
+    /// The table left out.
+    pub(crate) streamed: Table,
+    /// Everything else.
+    pub(crate) text: RestoreText,
+}
+
+impl RuleSink for RestoreHead {
+    fn chain(&mut self, table: Table, chain: &str) {
+        self.text.chain(table, chain);
+    }
+
+    fn rule(&mut self, table: Table, rule: Rule<'_>) {
+        if table != self.streamed {
+            self.text.rule(table, rule);
+        }
+    }
+
+    fn delete_chain(&mut self, table: Table, chain: &str) {
+        if table != self.streamed {
+            self.text.delete_chain(table, chain);
+        }
+    }
+}
+
+/// The second pass of [`super::render_to`]: the rule and deletion lines of `table`, written
+/// to `out` as they come (one line formatted at a time); everything else is ignored. Keeps
+/// the first write error and writes nothing after it.
+pub(crate) struct RestoreTail<'w, W: std::io::Write + ?Sized> {
+    /// The table written.
+    pub(crate) table: Table,
+    /// Where the lines go.
+    pub(crate) out: &'w mut W,
+    /// The line being formatted (reused).
+    pub(crate) line: String,
+    /// The first write error.
+    pub(crate) error: Option<std::io::Error>,
+}
+
+impl<W: std::io::Write + ?Sized> RestoreTail<'_, W> {
+    fn emit(&mut self) {
+        if self.error.is_none()
+            && let Err(err) = self.out.write_all(self.line.as_bytes())
+        {
+            self.error = Some(err);
+        }
+    }
+}
+
+impl<W: std::io::Write + ?Sized> RuleSink for RestoreTail<'_, W> {
+    fn chain(&mut self, _table: Table, _chain: &str) {}
+
+    fn rule(&mut self, table: Table, rule: Rule<'_>) {
+        if table != self.table || self.error.is_some() {
+            return;
+        }
+        self.line.clear();
+        // Writing into a String cannot fail.
+        let _ = rule.write(&mut self.line);
+        self.line.push('\n');
+        self.emit();
+    }
+
+    fn delete_chain(&mut self, table: Table, chain: &str) {
+        if table != self.table || self.error.is_some() {
+            return;
+        }
+        self.line.clear();
+        self.line.push_str("-X ");
+        self.line.push_str(chain);
+        self.line.push('\n');
+        self.emit();
+    }
+}
+
 impl RuleSink for RestoreText {
     fn chain(&mut self, table: Table, chain: &str) {
         let chains = &mut self.table(table).1;

@@ -295,6 +295,87 @@ mod partial_is_full_restricted {
             // The streamed text is the typed rules' text.
             let text = render(&state, family, &config, &partial_scope).map(|out| out.text);
             prop_assert_eq!(text.ok(), Some(partial_rules.to_string()));
+
+            // Written in chunks: the same bytes and bookkeeping as the text in one piece.
+            for scope in [full_scope(&existing), partial_scope] {
+                let whole = render(&state, family, &config, &scope).expect("rendered above");
+                let mut written = Vec::new();
+                let streamed = render_to(&state, family, &config, &scope, &mut written)
+                    .expect("a Vec accepts everything");
+                prop_assert_eq!(String::from_utf8(written).ok(), Some(whole.text.clone()));
+                prop_assert_eq!(streamed, RenderOutput { text: String::new(), ..whole });
+            }
         }
     }
+}
+
+/// A writer that accepts `room` bytes, then fails.
+struct Full {
+    room: usize,
+    written: Vec<u8>,
+}
+
+impl std::io::Write for Full {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.room == 0 {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        let n = buf.len().min(self.room);
+        self.room -= n;
+        self.written.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_failing_writer_stops_the_stream_with_its_error() {
+    use kp_core::model::Protocol;
+    use kp_core::testutil::{cluster_ip_port, endpoint, node_with, port_name, state_on};
+    let big = state_on(
+        node_with(&["192.168.0.1"]),
+        (0..200u8)
+            .map(|i| {
+                let name = port_name("ns", &format!("s{i}"), "p", Protocol::Tcp);
+                (
+                    cluster_ip_port(name, &format!("10.96.1.{i}"), 80),
+                    vec![endpoint(&format!("10.1.0.{i}"), 8080, false)],
+                )
+            })
+            .collect(),
+    );
+    let (none, no_chains) = (Default::default(), Default::default());
+    let scope = SyncScope {
+        kind: kp_core::backend::SyncKind::Full,
+        changed: &none,
+        existing_chains: &no_chains,
+    };
+    let whole = render(&big, IpFamily::V4, &RenderConfig::default(), &scope).expect("renders");
+    assert!(
+        whole.text.len() > DEFAULT_CHUNK_BYTES + 1024,
+        "{}",
+        whole.text.len()
+    );
+    let mut out = Full {
+        room: DEFAULT_CHUNK_BYTES + 10,
+        written: Vec::new(),
+    };
+    let err = render_to(
+        &big,
+        IpFamily::V4,
+        &RenderConfig::default(),
+        &scope,
+        &mut out,
+    )
+    .expect_err("the writer fails");
+    assert!(
+        matches!(&err, StreamError::Write(e) if e.kind() == std::io::ErrorKind::BrokenPipe),
+        "{err}"
+    );
+    // What got through is a prefix of the input, without its final COMMIT.
+    assert!(whole.text.as_bytes().starts_with(&out.written));
+    assert!(out.written.len() < whole.text.len());
 }
