@@ -200,7 +200,7 @@ struct ServicePlan<'a> {
 impl ServicePlan<'_> {
     fn owned(&self) -> OwnedObjects {
         OwnedObjects {
-            chains: self.chains.iter().map(|(c, _)| c.to_string()).collect(),
+            chains: self.chains.iter().map(|(c, _)| c.clone()).collect(),
             affinity_sets: self.affinity_sets.clone(),
         }
     }
@@ -356,10 +356,10 @@ pub fn render_in_steps<S: StepSink + ?Sized>(
 
     let stale_chains: BTreeSet<String> = previous
         .iter()
-        .flat_map(|o| o.chains.iter())
-        .chain(&existing.foreign_chains)
-        .filter(|c| !desired_chains.contains(c.as_str()))
-        .cloned()
+        .flat_map(|o| o.chains.iter().map(Name::as_str))
+        .chain(existing.foreign_chains.iter().map(String::as_str))
+        .filter(|c| !desired_chains.contains(c))
+        .map(str::to_owned)
         .collect();
     // Sets to delete: unused ones, and those whose timeout changes (or is unknown), since
     // older kernels cannot change a set's timeout in place. The same holds for sets adopted
