@@ -31,7 +31,7 @@ use super::{
     OwnedObjects, REJECT_CHAIN, RenderConfig, RenderError, SERVICE_IPS, SERVICE_NODEPORTS,
     StateUpdate,
 };
-use super::{Installed, Patch, Update};
+use super::{Installed, Patch, PortObjects, Update};
 use crate::iptables::comment::sanitize;
 use crate::plan::{
     EndpointList, ExternalMasquerade, InternalMasquerade, Masquerading, NoEndpoints,
@@ -198,11 +198,14 @@ struct ServicePlan<'a> {
 }
 
 impl ServicePlan<'_> {
-    fn owned(&self) -> OwnedObjects {
-        OwnedObjects {
-            chains: self.chains.iter().map(|(c, _)| c.clone()).collect(),
-            affinity_sets: self.affinity_sets.clone(),
-        }
+    /// What the state keeps of the plan once its commands are made: its objects and claims
+    /// (moved, not copied: a full sync holds every service's plan at its end).
+    fn into_objects(self) -> (ServicePortName, PortObjects) {
+        let owned = OwnedObjects {
+            chains: self.chains.into_iter().map(|(chain, _)| chain).collect(),
+            affinity_sets: self.affinity_sets,
+        };
+        (self.name.clone(), (owned, self.elements))
     }
 }
 
@@ -445,17 +448,19 @@ pub fn render_in_steps<S: StepSink + ?Sized>(
             .finish(head, deleted_set_commands, tail)
             .map_err(|error| StepRenderError::Step { error, applied })?;
 
+    let services_written = plans.len();
     let update = if full {
+        let (owned, claims) = plans
+            .into_iter()
+            .map(|plan| {
+                let (name, (owned, claims)) = plan.into_objects();
+                ((name.clone(), owned), (name, claims))
+            })
+            .unzip();
         Update::Replace(Box::new(NftState {
             setup: Some(fingerprint),
-            owned: plans
-                .iter()
-                .map(|plan| (plan.name.clone(), plan.owned()))
-                .collect(),
-            claims: plans
-                .iter()
-                .map(|plan| (plan.name.clone(), plan.elements.clone()))
-                .collect(),
+            owned,
+            claims,
             foreign_chains: BTreeSet::new(),
             foreign_sets: BTreeMap::new(),
             pending_deletions: pending,
@@ -467,12 +472,10 @@ pub fn render_in_steps<S: StepSink + ?Sized>(
     } else {
         Update::Patch(Patch {
             ports: plans
-                .iter()
+                .into_iter()
                 .map(|plan| {
-                    (
-                        plan.name.clone(),
-                        Some((plan.owned(), plan.elements.clone())),
-                    )
+                    let (name, objects) = plan.into_objects();
+                    (name, Some(objects))
                 })
                 .chain(gone.iter().map(|name| ((*name).clone(), None)))
                 .collect(),
@@ -489,7 +492,7 @@ pub fn render_in_steps<S: StepSink + ?Sized>(
         } else {
             SyncKind::Partial
         },
-        services_written: plans.len(),
+        services_written,
         flushed_stale: stale_chains,
         deleted_chains,
         deleted_sets,
