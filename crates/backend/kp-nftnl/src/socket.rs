@@ -23,13 +23,11 @@ use crate::lower::{LowerError, lower};
 const DEFAULT_RECV_BUFFER: usize = 8 << 20;
 
 /// At most this many commands per transaction when a full sync is split into steps
-/// ([`Transaction::steps`]): about 3.5 MB of netlink messages (plus the step's typed commands,
-/// ~3 MB, when the renderer hands steps over as it makes them), against ~100 MB for the whole
-/// first sync of 10k services × 10 endpoints (530k commands). Larger steps hold more memory
-/// (at 50k the step was ~27 MB of the peak heap at 10k×10); smaller ones cost more commits
-/// (each validates the table's loops once its base chains reach the new chains, ~0.2 s at
-/// 10k×10 on a loaded table; on a first sync they reach them only in the last step).
-pub const DEFAULT_MAX_STEP_COMMANDS: usize = 25_000;
+/// ([`Transaction::steps`]): about 7 MB of netlink messages, against ~100 MB for the whole
+/// first sync of 10k services × 10 endpoints (666k commands). Larger steps hold more memory;
+/// smaller ones cost more commits (each validates the table's loops once its base chains
+/// reach the new chains, ~0.2 s at 10k×10 on a loaded table).
+pub const DEFAULT_MAX_STEP_COMMANDS: usize = 50_000;
 
 /// Why a transaction was not applied.
 #[derive(Debug, thiserror::Error)]
