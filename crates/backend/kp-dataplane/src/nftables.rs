@@ -13,8 +13,9 @@
 //!    `kube_proxy_rs_nftables_netlink_fallbacks_total`). A partial sync is one atomic
 //!    transaction; a large full sync goes over netlink as several, in the safe order of
 //!    [`Transaction::steps`](kp_rules::nftables::Transaction::steps) (services' own chains
-//!    first, what makes them reachable last), so the netlink bytes of a whole first sync
-//!    are never in memory at once. An empty transaction (an idle partial sync) is not
+//!    first, what makes them reachable last). The runner applies each step as soon as the
+//!    renderer has made it ([`render_in_steps`], [`NftRunner::apply_in_steps`]), so neither
+//!    the typed commands nor the netlink bytes of a whole first sync are in memory at once. An empty transaction (an idle partial sync) is not
 //!    applied at all.
 //! 3. Syncs are full at first, after any failure and when the core asks; partial otherwise
 //!    (the renderer promotes a partial sync to a full one when the table's fixed part would
@@ -53,7 +54,8 @@ use std::time::{Duration, Instant};
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::IpFamily;
 use kp_rules::nftables::{
-    NftOutput, NftScope, NftState, RenderConfig, RenderError, TABLE, Transaction, render,
+    NftOutput, NftScope, NftState, RenderConfig, RenderError, StepRenderError, StepSink, TABLE,
+    Transaction, render, render_in_steps,
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -64,7 +66,8 @@ use crate::sync::{FamilyErrors, SyncState};
 
 pub use netlink::NetlinkNft;
 pub use runner::{
-    DEFAULT_NFT_BINARY, ExecNft, FakeNft, NftCall, NftRunner, parse_listing, table_family,
+    DEFAULT_NFT_BINARY, ExecNft, FakeNft, NftCall, NftRunner, StepFailed, parse_listing,
+    table_family,
 };
 
 /// The mode name served on `/proxyMode`.
@@ -252,46 +255,85 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
         &self,
         family: IpFamily,
         request: &SyncRequest<'_>,
-        kind: SyncKind,
-        existing: &NftState,
-        delete_stale: bool,
+        scope: &NftScope<'_>,
     ) -> Result<NftOutput, BackendError> {
-        let scope = NftScope {
-            kind,
-            changed: request.changed,
-            existing,
-            delete_stale,
-            service_cidrs: &request.state.service_cidrs,
-        };
         // `validate` ran in the constructor; a failure here is a renderer bug.
-        render(request.state, family, &self.config.render, &scope).map_err(|e| {
-            BackendError::Apply {
-                what: "rendering nftables rules".to_owned(),
-                message: e.to_string(),
-            }
-        })
+        render(request.state, family, &self.config.render, scope).map_err(render_error)
     }
 
-    /// Apply `output`, rendered in `render_took`.
+    /// Render (and, when the runner applies full syncs step by step, apply all but the last
+    /// step of) one family's sync. Returns the output, whose transaction is what is left to
+    /// apply, and the time the steps took to apply. `partly_applied` is set when steps were
+    /// applied before a failure.
+    fn render_applying_steps(
+        &self,
+        family: IpFamily,
+        request: &SyncRequest<'_>,
+        scope: &NftScope<'_>,
+        partly_applied: &mut bool,
+    ) -> Result<(NftOutput, Duration), BackendError> {
+        let mut steps_took = Duration::ZERO;
+        let streamed = self.runner.apply_in_steps(|sink| {
+            let mut timed = TimedSink {
+                inner: sink,
+                took: &mut steps_took,
+            };
+            render_in_steps(
+                request.state,
+                family,
+                &self.config.render,
+                scope,
+                &mut timed,
+            )
+        });
+        match streamed {
+            None => Ok((self.render(family, request, scope)?, Duration::ZERO)),
+            Some(Ok(output)) => Ok((output, steps_took)),
+            Some(Err(StepRenderError::Render(err))) => Err(render_error(err)),
+            // Nothing was applied: the whole transaction goes the usual way, which sends it
+            // to `nft` (the fallback counts it).
+            Some(Err(StepRenderError::Step {
+                error: StepFailed::Refused(_),
+                applied: 0,
+            })) => Ok((self.render(family, request, scope)?, Duration::ZERO)),
+            Some(Err(StepRenderError::Step { error, applied })) => {
+                *partly_applied = applied > 0;
+                Err(BackendError::Apply {
+                    what: format!(
+                        "nft -f - ({} {TABLE}, step {} of a full sync)",
+                        table_family(family),
+                        applied + 1
+                    ),
+                    message: error.to_string(),
+                })
+            }
+        }
+    }
+
+    /// Apply `output`, rendered in `render_took`, whose earlier steps took `steps_took`.
     async fn run_script(
         &self,
         family: IpFamily,
         output: &NftOutput,
         render_took: Duration,
+        steps_took: Duration,
     ) -> Result<(), BackendError> {
         let start = Instant::now();
-        self.runner
-            .apply(&output.transaction)
-            .await
-            .map_err(|err| BackendError::Apply {
-                what: format!("nft -f - ({} {TABLE})", table_family(family)),
-                message: err.to_string(),
-            })?;
+        if !output.transaction.is_empty() {
+            self.runner
+                .apply(&output.transaction)
+                .await
+                .map_err(|err| BackendError::Apply {
+                    what: format!("nft -f - ({} {TABLE})", table_family(family)),
+                    message: err.to_string(),
+                })?;
+        }
         debug!(
             ?family,
             kind = ?output.kind,
-            took = ?start.elapsed(),
+            took = ?(steps_took + start.elapsed()),
             render = ?render_took,
+            steps = output.steps_applied + usize::from(!output.transaction.is_empty()),
             operations = output.operations,
             services_written = output.services_written,
             flushed_stale = output.flushed_stale.len(),
@@ -304,8 +346,8 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
 
     /// Render and apply one family; on success returns the output whose state is now
     /// installed.
-    /// On failure, `partly_applied` tells whether the runner may have applied some steps of
-    /// the failed transaction ([`NftRunner::splits`]).
+    /// On failure, `partly_applied` tells whether some steps of the failed sync may have
+    /// been applied (by [`NftRunner::apply_in_steps`], or see [`NftRunner::splits`]).
     async fn sync_family(
         &self,
         family: IpFamily,
@@ -319,18 +361,31 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             && table
                 .last_flush
                 .is_none_or(|at| at.elapsed() >= self.stale_delay);
+        let scope = |existing, delete_stale| NftScope {
+            kind,
+            changed: request.changed,
+            existing,
+            delete_stale,
+            service_cidrs: &request.state.service_cidrs,
+        };
         let render_start = Instant::now();
-        let output = self.render(family, request, kind, existing, delete_stale)?;
-        if output.transaction.is_empty() {
+        let (output, steps_took) = self.render_applying_steps(
+            family,
+            request,
+            &scope(existing, delete_stale),
+            partly_applied,
+        )?;
+        if output.steps_applied == 0 && output.transaction.is_empty() {
             return Ok(output);
         }
+        let render_took = render_start.elapsed().saturating_sub(steps_took);
         let Err(err) = self
-            .run_script(family, &output, render_start.elapsed())
+            .run_script(family, &output, render_took, steps_took)
             .await
         else {
             return Ok(output);
         };
-        *partly_applied = self.runner.splits(&output.transaction);
+        *partly_applied = output.steps_applied > 0 || self.runner.splits(&output.transaction);
         if output.deleted_chains.is_empty() {
             return Err(err);
         }
@@ -347,15 +402,20 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             existing
         };
         let render_start = Instant::now();
-        let retry = self.render(family, request, kind, existing, false)?;
-        let retried = if retry.transaction.is_empty() {
-            Ok(())
-        } else {
-            self.run_script(family, &retry, render_start.elapsed())
-                .await
+        let mut retry_partly = false;
+        let retried =
+            self.render_applying_steps(family, request, &scope(existing, false), &mut retry_partly);
+        let retried = match retried {
+            Ok((retry, steps_took)) => {
+                let render_took = render_start.elapsed().saturating_sub(steps_took);
+                self.run_script(family, &retry, render_took, steps_took)
+                    .await
+                    .map(|()| retry)
+            }
+            Err(err) => Err(err),
         };
         match retried {
-            Ok(()) => {
+            Ok(retry) => {
                 self.metrics.cleanup_failures.inc();
                 warn!(
                     ?family,
@@ -367,6 +427,40 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             }
             Err(_) => Err(err),
         }
+    }
+}
+
+/// A render failure: `validate` ran in the constructor, so this is a renderer bug.
+fn render_error(err: RenderError) -> BackendError {
+    BackendError::Apply {
+        what: "rendering nftables rules".to_owned(),
+        message: err.to_string(),
+    }
+}
+
+/// A [`StepSink`] adding the time its steps take to `took`, so that the log tells rendering
+/// from applying.
+struct TimedSink<'a, 'b> {
+    inner: &'a mut dyn StepSink<Error = StepFailed>,
+    took: &'b mut Duration,
+}
+
+impl StepSink for TimedSink<'_, '_> {
+    type Error = StepFailed;
+
+    fn max_commands(&self) -> usize {
+        self.inner.max_commands()
+    }
+
+    fn apply_step(
+        &mut self,
+        family: IpFamily,
+        commands: &[kp_rules::nftables::Command],
+    ) -> Result<(), StepFailed> {
+        let start = Instant::now();
+        let result = self.inner.apply_step(family, commands);
+        *self.took += start.elapsed();
+        result
     }
 }
 

@@ -87,8 +87,8 @@ use kp_core::model::{IpFamily, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
 
 pub use crate::iptables::{LocalDetector, NodePortAddresses, RenderConfig, RenderError};
-pub use cmd::{Command, ElementKey, ElementValue, Transaction};
-pub use render::render;
+pub use cmd::{Command, ElementKey, ElementValue, Name, NoSteps, StepSink, Transaction};
+pub use render::{StepRenderError, render, render_in_steps};
 
 /// The table kube-proxy owns in each family (`ip kube-proxy`, `ip6 kube-proxy`).
 pub const TABLE: &str = "kube-proxy";
@@ -241,8 +241,9 @@ impl ElementSet {
 /// The per-service objects one service port owns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OwnedObjects {
-    /// Its chains (`service-`, `local-`, `external-`, `firewall-`, `endpoint-`).
-    pub chains: BTreeSet<String>,
+    /// Its chains (`service-`, `local-`, `external-`, `firewall-`, `endpoint-`), sharing
+    /// the names the render allocated for its commands (136k chains at 10k×10 services).
+    pub chains: BTreeSet<Name>,
     /// Its affinity sets, with their timeout in seconds.
     pub affinity_sets: BTreeMap<String, u64>,
 }
@@ -332,10 +333,9 @@ impl NftState {
     pub fn chains(&self) -> BTreeSet<&str> {
         self.owned
             .values()
-            .flat_map(|o| o.chains.iter())
-            .chain(&self.foreign_chains)
-            .chain(&self.pending_deletions)
-            .map(String::as_str)
+            .flat_map(|o| o.chains.iter().map(Name::as_str))
+            .chain(self.foreign_chains.iter().map(String::as_str))
+            .chain(self.pending_deletions.iter().map(String::as_str))
             .collect()
     }
 
@@ -480,9 +480,13 @@ pub struct NftOutput {
     /// The commands of the transaction (its `Display` is the input for `nft -f -`). Empty
     /// when there is nothing to do.
     pub transaction: Transaction,
+    /// Steps of a full sync that [`render_in_steps`] already had applied; `transaction` holds
+    /// the rest. Always 0 from [`render`].
+    pub steps_applied: usize,
     /// The kind of sync actually rendered (a partial one may have been promoted).
     pub kind: SyncKind,
-    /// Statements in `transaction` (upstream's "operations" per transaction).
+    /// Statements of the sync (upstream's "operations" per transaction), those of steps
+    /// already applied included.
     pub operations: usize,
     /// Service ports whose chains `transaction` rewrites.
     pub services_written: usize,

@@ -7,18 +7,19 @@
 //! (0.3 s and 100 MB for one `add element` once the table holds 100k chains), and a large
 //! script spends about half its time in nft's own parser. The encoded batch is the same
 //! atomic transaction, without the dump; a large full sync goes as several transactions in
-//! a safe order ([`kp_rules::nftables::Transaction::steps`]), so the netlink bytes of the
-//! whole sync are never in memory at once.
+//! a safe order ([`kp_rules::nftables::Transaction::steps`]), each applied as soon as it is
+//! rendered ([`NftRunner::apply_in_steps`]), so neither the commands nor the netlink bytes of
+//! the whole sync are in memory at once.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::IpFamily;
 use kp_nftnl::{ApplyError, DEFAULT_MAX_STEP_COMMANDS, NftSocket};
-use kp_rules::nftables::Transaction;
+use kp_rules::nftables::{Command, StepSink, Transaction};
 use prometheus_client::metrics::counter::Counter;
 use tracing::debug;
 
-use super::runner::{ExecNft, NftRunner};
+use super::runner::{ExecNft, NftRunner, StepFailed};
 use crate::exec::ExecError;
 
 /// How netlink failures are named in [`ExecError::Failed`].
@@ -87,6 +88,57 @@ fn apply_blocking(
     result
 }
 
+/// Whether blocking here must hand the worker's other tasks away first: on a multi-threaded
+/// runtime yes; a current-thread runtime (tests) just blocks.
+fn in_multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+/// The sink of [`NftRunner::apply_in_steps`]: each step is encoded and sent as one kernel
+/// transaction, then dropped by the renderer before the next is rendered.
+struct NetlinkSteps<'a> {
+    socket: &'a Mutex<Option<NftSocket>>,
+    max_step: usize,
+    /// Commands applied by earlier steps, so a kernel error names the statement's position
+    /// in the whole sync.
+    sent: usize,
+}
+
+impl StepSink for NetlinkSteps<'_> {
+    type Error = StepFailed;
+
+    fn max_commands(&self) -> usize {
+        self.max_step
+    }
+
+    fn apply_step(&mut self, family: IpFamily, commands: &[Command]) -> Result<(), StepFailed> {
+        let mut guard = self.socket.lock().unwrap_or_else(PoisonError::into_inner);
+        let open = match guard.as_mut() {
+            Some(open) => open,
+            None => match NftSocket::open() {
+                Ok(socket) => guard.insert(socket),
+                Err(err) => return Err(StepFailed::Failed(exec_error(err))),
+            },
+        };
+        let refs: Vec<&Command> = commands.iter().collect();
+        match open.apply_commands(family, &refs, self.sent) {
+            Ok(()) => {
+                self.sent += commands.len();
+                Ok(())
+            }
+            Err(ApplyError::Lower { error, .. }) => Err(StepFailed::Refused(error.to_string())),
+            Err(err) => {
+                if matches!(err, ApplyError::Socket(_)) {
+                    // Start over with a fresh socket next time.
+                    *guard = None;
+                }
+                Err(StepFailed::Failed(exec_error(err)))
+            }
+        }
+    }
+}
+
 /// A netlink failure as the `ExecError` the backend reports (and logs) for `nft` failures.
 fn exec_error(err: ApplyError) -> ExecError {
     let code = err.errno();
@@ -108,12 +160,9 @@ fn exec_error(err: ApplyError) -> ExecError {
 impl NftRunner for NetlinkNft {
     async fn apply(&self, transaction: &Transaction) -> Result<(), ExecError> {
         // Blocking (up to seconds for a full sync of a large table), but the transaction is
-        // borrowed: on a multi-threaded runtime hand the worker's other tasks away instead
-        // of copying it into a blocking task; a current-thread runtime (tests) just blocks.
-        let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
-            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-        });
-        let outcome = if multi_thread {
+        // borrowed: hand the worker's other tasks away instead of copying it into a blocking
+        // task.
+        let outcome = if in_multi_thread_runtime() {
             tokio::task::block_in_place(|| apply_blocking(&self.socket, transaction, self.max_step))
         } else {
             apply_blocking(&self.socket, transaction, self.max_step)
@@ -132,6 +181,23 @@ impl NftRunner for NetlinkNft {
             }
             Err(err) => Err(exec_error(err)),
         }
+    }
+
+    fn apply_in_steps<T>(
+        &self,
+        render: impl FnOnce(&mut dyn StepSink<Error = StepFailed>) -> T,
+    ) -> Option<T> {
+        let mut sink = NetlinkSteps {
+            socket: &self.socket,
+            max_step: self.max_step,
+            sent: 0,
+        };
+        // Rendering and applying block for seconds on a large table: as in `apply`.
+        Some(if in_multi_thread_runtime() {
+            tokio::task::block_in_place(|| render(&mut sink))
+        } else {
+            render(&mut sink)
+        })
     }
 
     fn splits(&self, transaction: &Transaction) -> bool {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_core::model::IpFamily;
-use kp_rules::nftables::{TABLE, Transaction};
+use kp_rules::nftables::{StepSink, TABLE, Transaction};
 
 use crate::exec::{ExecError, run_program};
 
@@ -48,12 +48,39 @@ pub trait NftRunner: Send + Sync {
         false
     }
 
+    /// Run `render` (a full sync rendered with
+    /// [`render_in_steps`](kp_rules::nftables::render_in_steps)) with a sink that applies
+    /// each step as a kernel transaction of its own as soon as it is rendered (blocking), so
+    /// that a large full sync is never in memory as a whole. `None` when this runner does not
+    /// apply steps (the default): the caller renders the whole transaction and calls
+    /// [`NftRunner::apply`].
+    fn apply_in_steps<T>(
+        &self,
+        render: impl FnOnce(&mut dyn StepSink<Error = StepFailed>) -> T,
+    ) -> Option<T> {
+        let _ = render;
+        None
+    }
+
     /// The table `<family> kube-proxy` as `nft -t list table` prints it (set elements
     /// omitted), or `None` when there is no such table.
     fn list_table(
         &self,
         family: IpFamily,
     ) -> impl Future<Output = Result<Option<String>, ExecError>> + Send;
+}
+
+/// Why a step given to [`NftRunner::apply_in_steps`]'s sink was not applied; either way
+/// nothing of that step was.
+#[derive(Debug, thiserror::Error)]
+pub enum StepFailed {
+    /// The encoder refused a command of the step (nothing was sent): the sync may still go
+    /// to `nft -f -` as a whole if no step before it was applied.
+    #[error("statement not supported over netlink: {0}")]
+    Refused(String),
+    /// The kernel (or the socket) failed the step.
+    #[error(transparent)]
+    Failed(ExecError),
 }
 
 /// Runs the real `nft` with `tokio::process`.

@@ -165,10 +165,10 @@ fn nft_objects(rendered: &NftState, family: IpFamily, m: &ServiceMatch) -> Vec<D
             if chain.starts_with(nftables::names::ENDPOINT_PREFIX) {
                 continue;
             }
-            let reached = goto_chains.contains(chain);
+            let reached = goto_chains.iter().any(|c| c == chain.as_str());
             out.push(DataplaneObject {
                 kind: "chain",
-                name: chain.clone(),
+                name: chain.to_string(),
                 detail: if reached {
                     "entered from the map element".to_owned()
                 } else {
@@ -178,7 +178,7 @@ fn nft_objects(rendered: &NftState, family: IpFamily, m: &ServiceMatch) -> Vec<D
         }
         for ep in m.endpoints.iter().filter(|e| e.used) {
             let names = nftables::names::EndpointNames::new(&m.name, ep.ip, ep.port);
-            if owned.chains.contains(&names.chain) {
+            if owned.chains.contains(names.chain.as_str()) {
                 out.push(DataplaneObject {
                     kind: "chain",
                     name: names.chain,

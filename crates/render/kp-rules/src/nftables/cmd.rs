@@ -56,6 +56,24 @@ impl PartialEq for Name {
 
 impl Eq for Name {}
 
+impl PartialOrd for Name {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Name {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl std::borrow::Borrow<str> for Name {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
 impl From<&'static str> for Name {
     fn from(name: &'static str) -> Self {
         Name::Fixed(name)
@@ -815,6 +833,174 @@ impl Transaction {
             .collect();
         steps.push(last);
         steps
+    }
+}
+
+/// Takes the steps of a full sync as [`render_in_steps`](super::render_in_steps) renders
+/// them, each to be applied as a kernel transaction of its own before the next is rendered,
+/// so that a large full sync is never in memory as a whole.
+pub trait StepSink {
+    /// Why a step was not applied.
+    type Error;
+
+    /// At most this many commands per step (the `max_commands` of [`Transaction::steps`]).
+    fn max_commands(&self) -> usize;
+
+    /// Apply `commands` on `family`'s table as one transaction; on error nothing of it was
+    /// applied (the steps before it stay).
+    fn apply_step(&mut self, family: IpFamily, commands: &[Command]) -> Result<(), Self::Error>;
+}
+
+/// A [`StepSink`] that never takes a step: the whole transaction stays in the output.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoSteps;
+
+impl StepSink for NoSteps {
+    type Error = std::convert::Infallible;
+
+    fn max_commands(&self) -> usize {
+        usize::MAX
+    }
+
+    fn apply_step(&mut self, _: IpFamily, _: &[Command]) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// Groups the services of a full sync into the steps of [`Transaction::steps`] as they are
+/// rendered, and hands each complete step to a [`StepSink`]: until the services alone exceed
+/// one step, nothing is applied (a small sync stays one transaction); from then on only the
+/// step being filled and the services that must stay in the last step are kept.
+pub(crate) struct StepWriter<'s, S: StepSink + ?Sized> {
+    sink: &'s mut S,
+    family: IpFamily,
+    max: usize,
+    /// Empty unless the sync is full (only full syncs are split).
+    prelude: Vec<Command>,
+    /// Services not applied yet, in order: all of them until stepping starts, then only
+    /// those that must stay in the last step.
+    services: Vec<ServiceCommands>,
+    /// Commands of the `alone` services in `services`, before stepping starts.
+    alone_len: usize,
+    /// The step being filled, once stepping has started.
+    step: Option<Vec<Command>>,
+    /// Steps applied.
+    pub(crate) applied: usize,
+    /// Commands of the transaction in the applied steps (the prelude's are repeated later).
+    applied_commands: usize,
+}
+
+impl<'s, S: StepSink + ?Sized> StepWriter<'s, S> {
+    /// Steps for `family`'s sync; `prelude` as in [`Transaction`].
+    pub(crate) fn new(sink: &'s mut S, family: IpFamily, prelude: Vec<Command>) -> Self {
+        Self {
+            max: sink.max_commands(),
+            sink,
+            family,
+            prelude,
+            services: Vec::new(),
+            alone_len: 0,
+            step: None,
+            applied: 0,
+            applied_commands: 0,
+        }
+    }
+
+    /// Add the next service's commands (in service order).
+    pub(crate) fn push(&mut self, service: ServiceCommands) -> Result<(), S::Error> {
+        if self.step.is_some() {
+            if service.alone {
+                return self.add_to_step(service);
+            }
+            self.services.push(service);
+            return Ok(());
+        }
+        if service.alone {
+            self.alone_len += service.chains.len() + service.body.len();
+        }
+        self.services.push(service);
+        if self.prelude.is_empty()
+            || self.alone_len == 0
+            || self.prelude.len() + self.alone_len <= self.max
+        {
+            return Ok(());
+        }
+        // The transaction is larger than a step: start stepping, as `Transaction::steps`
+        // would group the services seen so far.
+        self.step = Some(self.prelude.clone());
+        let mut last = Vec::new();
+        for service in std::mem::take(&mut self.services) {
+            if service.alone {
+                self.add_to_step(service)?;
+            } else {
+                last.push(service);
+            }
+        }
+        self.services = last;
+        Ok(())
+    }
+
+    /// Put `service` into the current step, applying that step first if it is full.
+    fn add_to_step(&mut self, service: ServiceCommands) -> Result<(), S::Error> {
+        let size = service.chains.len() + service.body.len();
+        let full = self
+            .step
+            .as_ref()
+            .is_some_and(|step| !step.is_empty() && step.len() + size > self.max);
+        if full {
+            self.apply_step()?;
+        }
+        if let Some(step) = self.step.as_mut() {
+            step.extend(service.chains);
+            step.extend(service.body);
+        }
+        Ok(())
+    }
+
+    /// Apply the step being filled, if it holds anything.
+    fn apply_step(&mut self) -> Result<(), S::Error> {
+        let Some(step) = self.step.as_mut() else {
+            return Ok(());
+        };
+        if step.is_empty() {
+            return Ok(());
+        }
+        self.sink.apply_step(self.family, step)?;
+        self.applied += 1;
+        self.applied_commands += step.len();
+        step.clear();
+        Ok(())
+    }
+
+    /// The rest of the sync: once stepping started, the step being filled is applied and
+    /// the transaction returned is the last step (no prelude, so it is not split again);
+    /// otherwise the whole transaction. Also returns how many steps and commands were
+    /// applied.
+    pub(crate) fn finish(
+        mut self,
+        head: Vec<Command>,
+        deleted_sets: Vec<Command>,
+        tail: Vec<Command>,
+    ) -> Result<(Transaction, usize, usize), S::Error> {
+        let (prelude, repeated) = if self.step.is_some() {
+            self.apply_step()?;
+            (Vec::new(), self.prelude.len())
+        } else {
+            (self.prelude, 0)
+        };
+        let transaction = Transaction {
+            family: self.family,
+            prelude,
+            head,
+            services: self.services,
+            deleted_sets,
+            tail,
+        };
+        Ok((
+            transaction,
+            self.applied,
+            self.applied_commands.saturating_sub(repeated),
+        ))
     }
 }
 

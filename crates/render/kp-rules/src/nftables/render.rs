@@ -21,7 +21,7 @@ use kp_core::tracker::ProxyState;
 
 use super::cmd::{
     Action, Addr, AddrField, Command, ElementKey, ElementValue, Hook, KeyParts, MapKey, Match,
-    Name, Rule, ServiceCommands, SetKind, Transaction, Verdict, script,
+    Name, NoSteps, Rule, ServiceCommands, SetKind, StepSink, StepWriter, Verdict, script,
 };
 use super::names::{EndpointNames, ServiceChains};
 use super::{
@@ -31,7 +31,7 @@ use super::{
     OwnedObjects, REJECT_CHAIN, RenderConfig, RenderError, SERVICE_IPS, SERVICE_NODEPORTS,
     StateUpdate,
 };
-use super::{Installed, Patch, Update};
+use super::{Installed, Patch, PortObjects, Update};
 use crate::iptables::comment::sanitize;
 use crate::plan::{
     EndpointList, ExternalMasquerade, InternalMasquerade, Masquerading, NoEndpoints,
@@ -198,11 +198,14 @@ struct ServicePlan<'a> {
 }
 
 impl ServicePlan<'_> {
-    fn owned(&self) -> OwnedObjects {
-        OwnedObjects {
-            chains: self.chains.iter().map(|(c, _)| c.to_string()).collect(),
-            affinity_sets: self.affinity_sets.clone(),
-        }
+    /// What the state keeps of the plan once its commands are made: its objects and claims
+    /// (moved, not copied: a full sync holds every service's plan at its end).
+    fn into_objects(self) -> (ServicePortName, PortObjects) {
+        let owned = OwnedObjects {
+            chains: self.chains.into_iter().map(|(chain, _)| chain).collect(),
+            affinity_sets: self.affinity_sets,
+        };
+        (self.name.clone(), (owned, self.elements))
     }
 }
 
@@ -224,8 +227,43 @@ pub fn render(
     config: &RenderConfig,
     scope: &NftScope<'_>,
 ) -> Result<NftOutput, RenderError> {
-    config.validate()?;
-    let mark = config.masquerade_mark()?;
+    render_in_steps(state, family, config, scope, &mut NoSteps).map_err(|err| match err {
+        StepRenderError::Render(err) => err,
+        StepRenderError::Step { error, .. } => match error {},
+    })
+}
+
+/// Why [`render_in_steps`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum StepRenderError<E> {
+    /// The configuration cannot be rendered; nothing was applied.
+    #[error(transparent)]
+    Render(RenderError),
+    /// The sink failed to apply a step; the `applied` steps before it stay applied.
+    #[error("step {} of the full sync was not applied", applied + 1)]
+    Step {
+        /// The sink's error.
+        error: E,
+        /// How many steps were applied before.
+        applied: usize,
+    },
+}
+
+/// [`render`], handing a large full sync to `sink` step by step as it is rendered, in the
+/// order of [`Transaction::steps`](super::Transaction::steps): each step is applied (by the sink) before the next one
+/// is rendered, so only one step's commands exist at a time. The output's transaction holds
+/// what is left to apply (the last step, or the whole transaction when the sync did not need
+/// steps, which the caller applies as usual); [`NftOutput::steps_applied`] says how many steps
+/// the sink applied. The rest of the output (state update, counts) covers the whole sync.
+pub fn render_in_steps<S: StepSink + ?Sized>(
+    state: &ProxyState,
+    family: IpFamily,
+    config: &RenderConfig,
+    scope: &NftScope<'_>,
+    sink: &mut S,
+) -> Result<NftOutput, StepRenderError<S::Error>> {
+    config.validate().map_err(StepRenderError::Render)?;
+    let mark = config.masquerade_mark().map_err(StepRenderError::Render)?;
     let fam = Family::new(family);
     let ctx = Context {
         family,
@@ -258,19 +296,38 @@ pub fn render(
     } else {
         dirty_ports(state, family, scope)
     };
-    let inputs: Vec<_> = targets
-        .iter()
-        .filter_map(|name| {
-            let (name, svc) = state.services.get_key_value(*name)?;
-            let (cluster_ip, port) = for_family(svc, family)?;
-            let all = state.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            Some((name, cluster_ip, port, family_endpoints(all, family)))
-        })
-        .collect();
-    let mut plans: Vec<ServicePlan<'_>> = inputs
-        .iter()
-        .map(|(name, ip, port, eps)| plan_service(&ctx, name, *ip, port, eps))
-        .collect();
+
+    let table = Command::AddTable {
+        comment: Some(comment_text("rules for kube-proxy")),
+    };
+    let prelude = if full {
+        vec![table.clone(), add_chain(MARK_FOR_MASQUERADE)]
+    } else {
+        Vec::new()
+    };
+    let mut steps = StepWriter::new(sink, family, prelude);
+    // Each service port is planned and its commands handed on at once, so that a full sync
+    // in steps holds the rules of one step only.
+    let mut plans: Vec<ServicePlan<'_>> = Vec::with_capacity(targets.len());
+    for name in &targets {
+        let Some((name, svc)) = state.services.get_key_value(*name) else {
+            continue;
+        };
+        let Some((cluster_ip, port)) = for_family(svc, family) else {
+            continue;
+        };
+        let all = state.endpoints.get(name).map(Vec::as_slice).unwrap_or(&[]);
+        let eps = family_endpoints(all, family);
+        let mut plan = plan_service(&ctx, name, cluster_ip, &port, &eps);
+        let commands = service_commands(existing, &mut plan);
+        steps
+            .push(commands)
+            .map_err(|error| StepRenderError::Step {
+                error,
+                applied: steps.applied,
+            })?;
+        plans.push(plan);
+    }
     // Rewritten ports that no longer exist in this family (partial syncs only).
     let gone: Vec<&ServicePortName> = if full {
         Vec::new()
@@ -302,10 +359,10 @@ pub fn render(
 
     let stale_chains: BTreeSet<String> = previous
         .iter()
-        .flat_map(|o| o.chains.iter())
-        .chain(&existing.foreign_chains)
-        .filter(|c| !desired_chains.contains(c.as_str()))
-        .cloned()
+        .flat_map(|o| o.chains.iter().map(Name::as_str))
+        .chain(existing.foreign_chains.iter().map(String::as_str))
+        .filter(|c| !desired_chains.contains(c))
+        .map(str::to_owned)
         .collect();
     // Sets to delete: unused ones, and those whose timeout changes (or is unknown), since
     // older kernels cannot change a set's timeout in place. The same holds for sets adopted
@@ -354,13 +411,7 @@ pub fn render(
     pending.extend(stale_chains.iter().cloned());
 
     let mut head = Vec::new();
-    let mut prelude = Vec::new();
     if full {
-        let table = Command::AddTable {
-            comment: Some(comment_text("rules for kube-proxy")),
-        };
-        prelude.push(table.clone());
-        prelude.push(add_chain(MARK_FOR_MASQUERADE));
         head.push(table);
         if !existing.is_initialized() {
             // Re-create the base chains once, so that a changed priority (or an older
@@ -381,41 +432,6 @@ pub fn render(
     for chain in &stale_chains {
         head.push(Command::FlushChain(chain.into()));
     }
-    let services: Vec<ServiceCommands> = plans
-        .iter_mut()
-        .map(|plan| {
-            let mut chains = Vec::with_capacity(plan.chains.len());
-            let mut body = Vec::new();
-            for (chain, _) in &plan.chains {
-                chains.push(add_chain(chain.clone()));
-                if existing.may_hold_chain(plan.name, chain) {
-                    chains.push(Command::FlushChain(chain.clone()));
-                }
-            }
-            for (set, timeout) in &plan.affinity_sets {
-                body.push(Command::AddSet {
-                    set: set.into(),
-                    kind: SetKind::Addresses {
-                        timeout: Some(*timeout),
-                    },
-                    comment: None,
-                });
-            }
-            for (chain, rules) in &mut plan.chains {
-                body.extend(
-                    std::mem::take(rules)
-                        .into_iter()
-                        .map(|rule| add_rule(chain.clone(), rule)),
-                );
-            }
-            let alone = !plan.affinity_sets.keys().any(|s| deleted_sets.contains(s));
-            ServiceCommands {
-                chains,
-                body,
-                alone,
-            }
-        })
-        .collect();
     let deleted_set_commands = deleted_sets
         .iter()
         .map(|set| Command::DeleteSet(set.into()))
@@ -426,26 +442,25 @@ pub fn render(
             .iter()
             .map(|chain| Command::DeleteChain(chain.into())),
     );
-    let transaction = Transaction {
-        family,
-        prelude,
-        head,
-        services,
-        deleted_sets: deleted_set_commands,
-        tail,
-    };
+    let applied = steps.applied;
+    let (transaction, applied, applied_commands) =
+        steps
+            .finish(head, deleted_set_commands, tail)
+            .map_err(|error| StepRenderError::Step { error, applied })?;
 
+    let services_written = plans.len();
     let update = if full {
+        let (owned, claims) = plans
+            .into_iter()
+            .map(|plan| {
+                let (name, (owned, claims)) = plan.into_objects();
+                ((name.clone(), owned), (name, claims))
+            })
+            .unzip();
         Update::Replace(Box::new(NftState {
             setup: Some(fingerprint),
-            owned: plans
-                .iter()
-                .map(|plan| (plan.name.clone(), plan.owned()))
-                .collect(),
-            claims: plans
-                .iter()
-                .map(|plan| (plan.name.clone(), plan.elements.clone()))
-                .collect(),
+            owned,
+            claims,
             foreign_chains: BTreeSet::new(),
             foreign_sets: BTreeMap::new(),
             pending_deletions: pending,
@@ -457,12 +472,10 @@ pub fn render(
     } else {
         Update::Patch(Patch {
             ports: plans
-                .iter()
+                .into_iter()
                 .map(|plan| {
-                    (
-                        plan.name.clone(),
-                        Some((plan.owned(), plan.elements.clone())),
-                    )
+                    let (name, objects) = plan.into_objects();
+                    (name, Some(objects))
                 })
                 .chain(gone.iter().map(|name| ((*name).clone(), None)))
                 .collect(),
@@ -471,19 +484,69 @@ pub fn render(
         })
     };
     Ok(NftOutput {
-        operations: transaction.len(),
+        operations: applied_commands + transaction.len(),
         transaction,
+        steps_applied: applied,
         kind: if full {
             SyncKind::Full
         } else {
             SyncKind::Partial
         },
-        services_written: plans.len(),
+        services_written,
         flushed_stale: stale_chains,
         deleted_chains,
         deleted_sets,
         update: StateUpdate(update),
     })
+}
+
+/// The commands of one planned service port: its chains (emptied when they may hold rules),
+/// then its affinity sets and rules (moved out of `plan`).
+fn service_commands(existing: &NftState, plan: &mut ServicePlan<'_>) -> ServiceCommands {
+    let mut chains = Vec::with_capacity(plan.chains.len());
+    let mut body = Vec::new();
+    for (chain, _) in &plan.chains {
+        chains.push(add_chain(chain.clone()));
+        if existing.may_hold_chain(plan.name, chain) {
+            chains.push(Command::FlushChain(chain.clone()));
+        }
+    }
+    for (set, timeout) in &plan.affinity_sets {
+        body.push(Command::AddSet {
+            set: set.into(),
+            kind: SetKind::Addresses {
+                timeout: Some(*timeout),
+            },
+            comment: None,
+        });
+    }
+    for (chain, rules) in &mut plan.chains {
+        body.extend(
+            std::mem::take(rules)
+                .into_iter()
+                .map(|rule| add_rule(chain.clone(), rule)),
+        );
+    }
+    // One of its affinity sets is deleted first (its timeout changes): the service must
+    // stay in the transaction that deletes it (the sync's last step). Per-service names are
+    // unique to their service port, so only its own old objects can hold the name.
+    let recreated = |set: &String, timeout: &u64| {
+        existing
+            .owned
+            .get(plan.name)
+            .and_then(|owned| owned.affinity_sets.get(set))
+            .is_some_and(|old| old != timeout)
+            || existing
+                .foreign_sets
+                .get(set)
+                .is_some_and(|old| old.is_none_or(|old| old != *timeout))
+    };
+    let alone = !plan.affinity_sets.iter().any(|(s, t)| recreated(s, t));
+    ServiceCommands {
+        chains,
+        body,
+        alone,
+    }
 }
 
 /// Whether `svc` has a ClusterIP of `family` (what [`for_family`] needs), without copying it.

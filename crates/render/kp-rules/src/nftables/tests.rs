@@ -248,6 +248,112 @@ fn a_full_sync_splits_into_safe_steps() {
     assert_eq!(partial.transaction.steps(45).len(), 1);
 }
 
+/// A [`StepSink`] recording each step's commands, failing the step numbered `fail_at`.
+struct Recorder {
+    max: usize,
+    steps: Vec<Vec<String>>,
+    fail_at: Option<usize>,
+}
+
+impl StepSink for Recorder {
+    type Error = &'static str;
+
+    fn max_commands(&self) -> usize {
+        self.max
+    }
+
+    fn apply_step(&mut self, family: IpFamily, commands: &[Command]) -> Result<(), &'static str> {
+        if self.fail_at == Some(self.steps.len()) {
+            return Err("injected");
+        }
+        self.steps.push(
+            commands
+                .iter()
+                .map(|c| c.display(family).to_string())
+                .collect(),
+        );
+        Ok(())
+    }
+}
+
+/// [`render_in_steps`] applies exactly the steps [`Transaction::steps`] makes of the whole
+/// transaction, whatever the step size, with one service that must stay in the last step;
+/// its output is the rest, with the same state update and counts as [`render`]'s.
+#[test]
+fn rendering_in_steps_gives_the_steps_of_the_whole_transaction() {
+    let services: Vec<ServicePortName> = (0..12u8)
+        .map(|i| ServicePortName {
+            service: kp_core::model::ServiceName {
+                namespace: "ns".into(),
+                name: format!("s{i}"),
+            },
+            port: "p".into(),
+            protocol: Protocol::Tcp,
+        })
+        .collect();
+    let state = steps_state(&services);
+    let config = RenderConfig::default();
+    let none = BTreeSet::new();
+    // Service 0's affinity sets exist with another timeout: they are re-created, so that
+    // service must stay in the last step.
+    let affinity_sets: Vec<(String, Option<u64>)> = render_full(&state, IpFamily::V4, &config)
+        .expect("valid")
+        .1
+        .affinity_sets()
+        .into_iter()
+        .map(|set| (set.to_owned(), Some(7)))
+        .collect();
+    assert!(!affinity_sets.is_empty());
+    for existing in [NftState::default(), NftState::adopt([], affinity_sets)] {
+        let scope = scope(SyncKind::Full, &none, &existing);
+        let whole = render(&state, IpFamily::V4, &config, &scope).expect("valid");
+        let text = |commands: Vec<&Command>| -> Vec<String> {
+            commands
+                .iter()
+                .map(|c| c.display(IpFamily::V4).to_string())
+                .collect()
+        };
+        for max in [1, 5, 20, 45, 100, whole.transaction.len(), usize::MAX] {
+            let expected: Vec<Vec<String>> =
+                whole.transaction.steps(max).into_iter().map(text).collect();
+            let mut sink = Recorder {
+                max,
+                steps: Vec::new(),
+                fail_at: None,
+            };
+            let out =
+                render_in_steps(&state, IpFamily::V4, &config, &scope, &mut sink).expect("valid");
+            assert_eq!(out.steps_applied, sink.steps.len());
+            if sink.steps.is_empty() {
+                // Nothing applied: the output is the whole transaction.
+                assert_eq!(out.transaction, whole.transaction, "max {max}");
+            }
+            if max <= 20 {
+                // Smaller than the services' own commands: they went as they were rendered.
+                assert!(out.steps_applied > 0, "max {max}");
+            }
+            let mut got = sink.steps;
+            got.extend(out.transaction.steps(max).into_iter().map(text));
+            assert_eq!(got, expected, "max {max}");
+            assert_eq!(out.operations, whole.operations);
+            assert_eq!(out.update, whole.update);
+            assert_eq!(out.deleted_sets, whole.deleted_sets);
+        }
+        // A failed step stops the render and says how many were applied before it.
+        let mut sink = Recorder {
+            max: 20,
+            steps: Vec::new(),
+            fail_at: Some(2),
+        };
+        match render_in_steps(&state, IpFamily::V4, &config, &scope, &mut sink) {
+            Err(StepRenderError::Step { error, applied }) => {
+                assert_eq!((error, applied), ("injected", 2));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 /// `services`, each with a ClusterIP and three endpoints; the first with ClientIP affinity.
 fn steps_state(services: &[ServicePortName]) -> ProxyState {
     use kp_core::model::{Endpoint, ServicePort, SessionAffinity};
