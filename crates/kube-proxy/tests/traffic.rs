@@ -110,6 +110,7 @@ macro_rules! mode_tests {
 }
 
 mode_tests!(iptables, Mode::Iptables);
+mode_tests!(iptables_restore, Mode::IptablesRestore);
 mode_tests!(nftables, Mode::Nftables);
 mode_tests!(userspace, Mode::Userspace);
 

@@ -24,7 +24,7 @@ const SPREAD_FLOWS_TWO: usize = 30;
 /// sees the node's address on its side (the same address a masqueraded flow shows).
 fn kept(mode: Mode) -> Source {
     match mode {
-        Mode::Iptables | Mode::Nftables | Mode::Ipvs => Source::Preserved,
+        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Ipvs => Source::Preserved,
         Mode::Userspace => Source::Masqueraded,
     }
 }
@@ -183,7 +183,7 @@ pub fn cluster_ip(mode: Mode) {
     // there. In ipvs mode the ClusterIP is a local address (on kube-ipvs0), so the node
     // itself answers a port IPVS does not serve: a TCP reset, an ICMP port unreachable.
     let expected = match mode {
-        Mode::Iptables | Mode::Userspace => Outcome::TimedOut,
+        Mode::Iptables | Mode::IptablesRestore | Mode::Userspace => Outcome::TimedOut,
         Mode::Nftables | Mode::Ipvs => Outcome::Refused,
     };
     let tcp = cl
@@ -413,7 +413,7 @@ pub fn external(mode: Mode) {
     // virtual server whatever the source, with the external policy's real servers (local
     // only), and KUBE-LOAD-BALANCER-LOCAL leaves it unmasqueraded.
     let (expected, what): (&[&str], _) = match mode {
-        Mode::Iptables | Mode::Nftables => (&["a", "b", "c"], SPREAD_FLOWS),
+        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables => (&["a", "b", "c"], SPREAD_FLOWS),
         Mode::Userspace | Mode::Ipvs => (&["a", "b"], SPREAD_FLOWS_TWO),
     };
     let tally = cl
@@ -554,7 +554,9 @@ pub fn edits_and_restart(mode: Mode) {
     //     DROPs unallocated addresses of the service CIDRs when ServiceCIDR objects name
     //     them (none here; see `unallocated_cluster_ips`); a drop would time out the same way.
     let unallocated = match mode {
-        Mode::Iptables | Mode::Nftables | Mode::Userspace | Mode::Ipvs => Outcome::TimedOut,
+        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Userspace | Mode::Ipvs => {
+            Outcome::TimedOut
+        }
     };
     let before = env
         .cluster
@@ -623,7 +625,7 @@ pub fn edits_and_restart(mode: Mode) {
     env.restart_proxy();
     match mode {
         // IPVS keeps its connection table across the proxy's restart, as conntrack does.
-        Mode::Iptables | Mode::Nftables | Mode::Ipvs => {
+        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Ipvs => {
             echo(&env, &mut session, &pod, "after-restart");
         }
         Mode::Userspace => {
@@ -863,11 +865,11 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 assert_all_masqueraded(&env, what, &tally, &["a", "b", "c"]);
             }
         }
-        Mode::Iptables | Mode::Userspace => {
+        Mode::Iptables | Mode::IptablesRestore | Mode::Userspace => {
             // 1. Localhost NodePort: every endpoint, always masqueraded (a source of
             //    127.0.0.1 cannot leave the node). iptables mode turns route_localnet on;
             //    userspace mode needs not (the redirect keeps loopback traffic on the node).
-            let expected = if mode == Mode::Iptables { "1" } else { "0" };
+            let expected = if mode.is_iptables() { "1" } else { "0" };
             assert_eq!(
                 route_localnet(&env),
                 expected,
@@ -943,7 +945,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 );
             }
         }
-        Mode::Iptables | Mode::Ipvs => {
+        Mode::Iptables | Mode::IptablesRestore | Mode::Ipvs => {
             for tool in ["iptables-save", "ip6tables-save"] {
                 let filter = env.node_exec(&[tool, "-t", "filter"]);
                 assert_eq!(
@@ -988,7 +990,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 assert!(state.contains(set), "no ipset {set}?\n{state}");
             }
         }
-        Mode::Iptables | Mode::Userspace => {
+        Mode::Iptables | Mode::IptablesRestore | Mode::Userspace => {
             for save in &before {
                 assert!(
                     !kube_lines(save, &KUBELET_CHAINS).is_empty(),
@@ -1011,7 +1013,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
         .expect("probe");
     match mode {
         // IPVS's virtual servers and kube-ipvs0 stay too.
-        Mode::Iptables | Mode::Nftables | Mode::Ipvs => assert!(
+        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Ipvs => assert!(
             outcome.pod().is_some(),
             "rules must outlive the proxy's exit: {outcome:?}{}",
             env.diag()
@@ -1242,7 +1244,7 @@ pub fn restricted_node_ports(mode: Mode) {
                 assert!(invalid_drop_rules(save).is_empty(), "{save}");
             }
         }
-        Mode::Iptables | Mode::Ipvs => {
+        Mode::Iptables | Mode::IptablesRestore | Mode::Ipvs => {
             let v4 = env.node_exec(&["iptables-save", "-t", "filter"]);
             assert!(
                 v4.lines()
@@ -1372,7 +1374,7 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
             }
         }
         // Both write the names into rule comments only.
-        Mode::Iptables | Mode::Userspace => {
+        Mode::Iptables | Mode::IptablesRestore | Mode::Userspace => {
             let nat = env.node_exec(&["iptables-save", "-t", "nat"]);
             assert!(
                 nat.contains("default/quoted:p%22 -j ACCEPT #%5C"),
@@ -1456,7 +1458,7 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
     );
     assert_eq!(route_localnet(&env), "0", "route_localnet{}", env.diag());
     match mode {
-        Mode::Iptables | Mode::Userspace | Mode::Ipvs => {
+        Mode::Iptables | Mode::IptablesRestore | Mode::Userspace | Mode::Ipvs => {
             let filter = env.node_exec(&["iptables-save", "-t", "filter"]);
             assert!(
                 !filter.contains("KUBE-FIREWALL"),
@@ -1625,7 +1627,7 @@ pub fn unallocated_cluster_ips(mode: Mode) {
             "dropped: inside the ServiceCIDR, no Service{}",
             env.diag()
         ),
-        Mode::Iptables | Mode::Userspace | Mode::Ipvs => assert!(
+        Mode::Iptables | Mode::IptablesRestore | Mode::Userspace | Mode::Ipvs => assert!(
             outcome.answered_by("a"),
             "not the proxy's business: {outcome:?}{}",
             env.diag()
@@ -1891,7 +1893,7 @@ pub fn link_local_node(mode: Mode) {
             assert_eq!(pods, ["a", "b", "c"], "{what}{}", env.diag());
             let expected = match mode {
                 Mode::Userspace => cl.node_ip(),
-                Mode::Iptables | Mode::Nftables | Mode::Ipvs => client.ip(),
+                Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Ipvs => client.ip(),
             };
             assert_eq!(
                 tally.seen_source_ips().into_iter().collect::<BTreeSet<_>>(),

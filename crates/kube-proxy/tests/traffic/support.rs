@@ -9,6 +9,7 @@ use std::process::{Command, ExitStatus};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use kp_dataplane::iptables::netlink::{self, NETLINK_ENV};
 use kp_testbed::proxy::{FIRST_SYNC_LOG, ProxyLaunch, ProxyProcess, SYNCED_LOG};
 use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Host, Outcome, Role, Tally};
 
@@ -52,8 +53,12 @@ const LOG_TAIL: usize = 60;
 /// what it programmed when an assertion fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// `--proxy-mode=iptables`.
+    /// `--proxy-mode=iptables` (over nf_tables netlink where the host's iptables is the
+    /// verified nf_tables version, `iptables-restore` otherwise).
     Iptables,
+    /// `--proxy-mode=iptables` with the netlink path forced off
+    /// (`KUBE_PROXY_RS_IPTABLES_NETLINK=off`): the `iptables-restore` fallback.
+    IptablesRestore,
     /// `--proxy-mode=nftables`.
     Nftables,
     /// `--proxy-mode=userspace`: the relay, with iptables rules redirecting to it.
@@ -67,18 +72,23 @@ impl Mode {
     /// The `--proxy-mode` value.
     pub fn name(self) -> &'static str {
         match self {
-            Mode::Iptables => "iptables",
+            Mode::Iptables | Mode::IptablesRestore => "iptables",
             Mode::Nftables => "nftables",
             Mode::Userspace => "userspace",
             Mode::Ipvs => "ipvs",
         }
     }
 
+    /// iptables mode, whichever way its rules are written.
+    pub fn is_iptables(self) -> bool {
+        matches!(self, Mode::Iptables | Mode::IptablesRestore)
+    }
+
     /// Flags this mode needs besides the common ones (sync immediately on every change).
     fn flags(self) -> Vec<String> {
         match self {
             // Upstream has no nftables flag of its own: this one sets both modes' period.
-            Mode::Iptables | Mode::Nftables | Mode::Userspace => {
+            Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Userspace => {
                 vec!["--iptables-min-sync-period=0s".to_owned()]
             }
             Mode::Ipvs => vec![
@@ -91,7 +101,9 @@ impl Mode {
     /// What the mode programmed in the node namespace, for failure messages.
     fn dump(self, cluster: &Cluster) -> String {
         let tools: &[&[&str]] = match self {
-            Mode::Iptables | Mode::Userspace => &[&["iptables-save"], &["ip6tables-save"]],
+            Mode::Iptables | Mode::IptablesRestore | Mode::Userspace => {
+                &[&["iptables-save"], &["ip6tables-save"]]
+            }
             Mode::Nftables => &[&["nft", "list", "ruleset"]],
             Mode::Ipvs => &[&["ipvsadm", "-Ln"], &["ipset", "list"], &["iptables-save"]],
         };
@@ -105,6 +117,22 @@ impl Mode {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// The first line of `iptables --version` on this host (empty if it cannot be run), as the
+/// binary probes it.
+fn host_iptables_version() -> String {
+    std::process::Command::new("iptables")
+        .arg("--version")
+        .output()
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .unwrap_or_default()
 }
 
 /// A free loopback port (bind :0, read it, release it). The proxy binds it inside the node
@@ -530,6 +558,9 @@ impl Proxy {
         };
         let mut launch = ProxyLaunch::in_namespace(cluster.node_ns());
         LAUNCHER.get().copied().unwrap_or(run_built_binary)(launch.command_mut(), &source, state);
+        if mode == Mode::IptablesRestore {
+            launch = launch.env(NETLINK_ENV, "off");
+        }
         let process = launch
             .arg(format!("--proxy-mode={}", mode.name()))
             .arg(format!("--hostname-override={THIS_NODE}"))
@@ -548,6 +579,7 @@ impl Proxy {
             healthz,
         };
         proxy.wait_first_sync();
+        proxy.check_iptables_path(mode);
         if mode == Mode::Ipvs {
             // A kernel without IPVS makes the binary fall back to iptables: not this mode.
             assert!(
@@ -559,6 +591,37 @@ impl Proxy {
             );
         }
         proxy
+    }
+
+    /// iptables mode wrote its rules the way `mode` means: through `iptables-restore` when the
+    /// netlink path is forced off, over netlink when the host's iptables is a version whose
+    /// encoding is verified (otherwise the binary rightly uses `iptables-restore`).
+    fn check_iptables_path(&self, mode: Mode) {
+        let restore = !self
+            .logged(|l| l.contains("iptables rules go through iptables-restore"))
+            .is_empty();
+        let netlink = !self
+            .logged(|l| l.contains("iptables rules go over nf_tables netlink"))
+            .is_empty();
+        match mode {
+            Mode::IptablesRestore => assert!(
+                restore && !netlink,
+                "{NETLINK_ENV}=off must make iptables mode use iptables-restore:\n{}",
+                self.tail()
+            ),
+            // Only for the built binary on this host: a launcher (the image) has its own tools.
+            Mode::Iptables
+                if LAUNCHER.get().is_none()
+                    && netlink::usable(None, &host_iptables_version()).is_ok() =>
+            {
+                assert!(
+                    netlink && !restore,
+                    "iptables mode must write over nf_tables netlink on this host:\n{}",
+                    self.tail()
+                )
+            }
+            _ => {}
+        }
     }
 
     /// The address of the metrics server (inside the node namespace).
