@@ -202,6 +202,16 @@ impl<V: Clone + PartialEq> Versions<V> {
     /// then read from `applied`); returns the services that had one.
     fn checkout(&mut self) -> BTreeSet<ServiceName> {
         let pending = std::mem::take(&mut self.pending);
+        if self.applied.is_empty() {
+            // The first apply: built in one go from the sorted pending versions, with full
+            // B-tree nodes (inserting in order leaves each node about half full).
+            let keys = pending.keys().cloned().collect();
+            self.applied = pending
+                .into_iter()
+                .filter_map(|(key, value)| value.map(|value| (key, value)))
+                .collect();
+            return keys;
+        }
         let mut keys = BTreeSet::new();
         for (key, value) in pending {
             match value {
