@@ -202,6 +202,16 @@ impl<V: Clone + PartialEq> Versions<V> {
     /// then read from `applied`); returns the services that had one.
     fn checkout(&mut self) -> BTreeSet<ServiceName> {
         let pending = std::mem::take(&mut self.pending);
+        if self.applied.is_empty() {
+            // The first apply: built in one go from the sorted pending versions, with full
+            // B-tree nodes (inserting in order leaves each node about half full).
+            let keys = pending.keys().cloned().collect();
+            self.applied = pending
+                .into_iter()
+                .filter_map(|(key, value)| value.map(|value| (key, value)))
+                .collect();
+            return keys;
+        }
         let mut keys = BTreeSet::new();
         for (key, value) in pending {
             match value {
@@ -229,7 +239,12 @@ impl SliceMap {
             .binary_search_by(|(have, _)| have.as_str().cmp(&name))
         {
             Ok(index) => self.0[index].1 = slice,
-            Err(index) => self.0.insert(index, (name, slice)),
+            Err(index) => {
+                // Exact: a first push would make room for four slices, and most services
+                // have one (10^4 of these are kept).
+                self.0.reserve_exact(1);
+                self.0.insert(index, (name, slice));
+            }
         }
     }
 

@@ -86,7 +86,9 @@ pub fn service_ports(service: &Service) -> Result<Option<Vec<ServicePort>>, Mode
         namespace: namespace.to_owned(),
         name: name.to_owned(),
     };
-    let mut ports = Vec::new();
+    // Sized up front, as the slices' lists: the tracker keeps this vector, and one pushed
+    // element would get room for four.
+    let mut ports = Vec::with_capacity(spec.ports.as_ref().map_or(0, Vec::len));
     // (name, protocol) -> index of the first port using it.
     let mut seen: BTreeMap<(&str, Protocol), usize> = BTreeMap::new();
     for (index, port) in spec.ports.iter().flatten().enumerate() {
@@ -151,6 +153,7 @@ pub fn service_ports(service: &Service) -> Result<Option<Vec<ServicePort>>, Mode
 
     problems.into_result("Service", namespace, name)?;
     // The tracker keeps this for every service: no spare room (a `ServicePort` is ~200 bytes).
+    ports.shrink_to_fit();
     ports.shrink_to_fit();
     Ok(Some(ports))
 }
