@@ -17,8 +17,8 @@ use crate::state::{Loaded, parse_file};
 
 fn name(index: usize) -> ServiceName {
     ServiceName {
-        namespace: generate::namespace(index),
-        name: generate::service_name(index),
+        namespace: generate::namespace(index).into(),
+        name: generate::service_name(index).into(),
     }
 }
 

@@ -274,7 +274,7 @@ mod tests {
                     namespace: "ns".into(),
                     name: name.into(),
                 },
-                port: String::new(),
+                port: Default::default(),
                 protocol: Protocol::Tcp,
             },
             port: 80,

@@ -26,8 +26,8 @@ pub fn object<T: DeserializeOwned>(value: Value) -> T {
 /// The ServiceName `ns/<service>`.
 pub fn name(service: &str) -> ServiceName {
     ServiceName {
-        namespace: "ns".to_owned(),
-        name: service.to_owned(),
+        namespace: "ns".into(),
+        name: service.into(),
     }
 }
 

@@ -137,8 +137,8 @@ pub fn service_port(
 ) -> ServicePort {
     ServicePort {
         name: ServicePortName {
-            service: ServiceName { namespace, name },
-            port: port_name,
+            service: ServiceName { namespace: namespace.into(), name: name.into() },
+            port: port_name.into(),
             protocol,
         },
         cluster_ips,

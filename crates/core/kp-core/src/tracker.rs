@@ -332,7 +332,7 @@ impl ChangeTracker {
             SourceEvent::Service(event) => match event {
                 ObjectEvent::Applied(service) => self.service_applied(&service),
                 ObjectEvent::Deleted(service) => {
-                    let key = service_key(&service);
+                    let key = service_key(&service, &mut self.names);
                     changed_if(self.services.set(&key, None))
                 }
                 ObjectEvent::Synced => self.synced(ObjectKind::Service),
@@ -512,8 +512,8 @@ impl ChangeTracker {
     }
 
     fn service_applied(&mut self, service: &Service) -> Recorded {
-        let key = service_key(service);
-        match model::service_ports(service) {
+        let key = service_key(service, &mut self.names);
+        match model::service_ports_with(service, &mut self.names) {
             Ok(ports) => changed_if(self.services.set(&key, ports)),
             Err(error) => {
                 // Keep the last good version: an invalid update must not take down a
@@ -609,15 +609,15 @@ fn take_service<V>(
 fn first_port_of(service: &ServiceName) -> ServicePortName {
     ServicePortName {
         service: service.clone(),
-        port: String::new(),
+        port: model::Name::default(),
         protocol: Protocol::Tcp,
     }
 }
 
-fn service_key(service: &Service) -> ServiceName {
+fn service_key(service: &Service, names: &mut Names) -> ServiceName {
     ServiceName {
-        namespace: service.metadata.namespace.clone().unwrap_or_default(),
-        name: service.metadata.name.clone().unwrap_or_default(),
+        namespace: names.get(service.metadata.namespace.as_deref().unwrap_or_default()),
+        name: names.get(service.metadata.name.as_deref().unwrap_or_default()),
     }
 }
 

@@ -147,7 +147,7 @@ fn the_model_rejects_exactly_the_listed_objects_and_keeps_the_rest() {
     let services: BTreeSet<String> = state
         .services
         .keys()
-        .map(|k| k.service.name.clone())
+        .map(|k| k.service.name.to_string())
         .collect();
     for name in [
         "survivor",

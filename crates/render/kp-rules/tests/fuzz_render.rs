@@ -163,13 +163,13 @@ fn benign(state: &ProxyState) -> ProxyState {
     };
     let mut map = |name: &ServicePortName| ServicePortName {
         service: ServiceName {
-            namespace: rename(&name.service.namespace),
-            name: rename(&name.service.name),
+            namespace: rename(&name.service.namespace).into(),
+            name: rename(&name.service.name).into(),
         },
         port: if name.port.is_empty() {
-            String::new()
+            Default::default()
         } else {
-            rename(&name.port)
+            rename(&name.port).into()
         },
         protocol: name.protocol,
     };

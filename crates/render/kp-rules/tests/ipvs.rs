@@ -268,8 +268,8 @@ fn hostile_names_never_reach_sets_or_rules() {
         .values()
         .map(|svc| {
             let mut svc = svc.clone();
-            svc.name.service.name = rename(&svc.name.service.name);
-            svc.name.port = rename(&svc.name.port);
+            svc.name.service.name = rename(&svc.name.service.name).into();
+            svc.name.port = rename(&svc.name.port).into();
             (svc.name.clone(), svc)
         })
         .collect();
@@ -278,8 +278,8 @@ fn hostile_names_never_reach_sets_or_rules() {
         .iter()
         .map(|(name, eps)| {
             let mut name = name.clone();
-            name.service.name = rename(&name.service.name);
-            name.port = rename(&name.port);
+            name.service.name = rename(&name.service.name).into();
+            name.port = rename(&name.port).into();
             (name, eps.clone())
         })
         .collect();

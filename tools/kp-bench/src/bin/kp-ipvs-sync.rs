@@ -133,7 +133,7 @@ impl Ipvs for Counting {
 fn name(i: u32) -> ServiceName {
     ServiceName {
         namespace: "bench".into(),
-        name: format!("svc-{i}"),
+        name: format!("svc-{i}").into(),
     }
 }
 

@@ -94,7 +94,7 @@ pub fn slice_endpoints_with(
             continue;
         }
         seen.insert((port_name, protocol), index);
-        ports.push((port_name.to_owned(), protocol, number));
+        ports.push((names.get(port_name), protocol, number));
     }
 
     let mut endpoints = Vec::with_capacity(slice.endpoints.len());
@@ -166,8 +166,8 @@ pub fn slice_endpoints_with(
     };
     Ok(Some(SliceEndpoints {
         service: ServiceName {
-            namespace: namespace.to_owned(),
-            name: service.clone(),
+            namespace: names.get(namespace),
+            name: names.get(service),
         },
         family,
         ports,

@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -25,13 +24,15 @@ mod service_cidr;
 mod tests;
 
 pub use endpoints::{SERVICE_NAME_LABEL, merge_slices, slice_endpoints, slice_endpoints_with};
-pub use names::Names;
+pub use names::{Name, Names};
 pub use node::{TO_BE_DELETED_TAINT, node_info};
 pub use node_ips::{NodeIps, host_ips};
 pub use parse::{
     AddressError, IpNetOrAddr, check_strict_cidr, check_strict_ip, parse_cidr, parse_ip,
 };
-pub use service::{DEFAULT_AFFINITY_TIMEOUT_SECONDS, MAX_AFFINITY_TIMEOUT_SECONDS, service_ports};
+pub use service::{
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS, MAX_AFFINITY_TIMEOUT_SECONDS, service_ports, service_ports_with,
+};
 pub use service_cidr::service_cidr_ranges;
 
 /// Transport protocol of a service port.
@@ -115,9 +116,9 @@ impl IpFamily {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ServiceName {
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Name,
     /// Name.
-    pub name: String,
+    pub name: Name,
 }
 
 impl fmt::Display for ServiceName {
@@ -132,7 +133,7 @@ pub struct ServicePortName {
     /// The Service.
     pub service: ServiceName,
     /// The port's name; empty for a single unnamed port.
-    pub port: String,
+    pub port: Name,
     /// The port's protocol.
     pub protocol: Protocol,
 }
@@ -244,11 +245,9 @@ pub struct Endpoint {
     /// `conditions.terminating` (unset means false).
     pub terminating: bool,
     /// `nodeName`, if set. Shared ([`Names`]): a cluster has far fewer nodes than endpoints.
-    #[serde(serialize_with = "shared_name")]
-    pub node_name: Option<Arc<str>>,
+    pub node_name: Option<Name>,
     /// `zone`, if set. Shared like `node_name`.
-    #[serde(serialize_with = "shared_name")]
-    pub zone: Option<Arc<str>>,
+    pub zone: Option<Name>,
     /// `hints.forZones`, if present. Boxed, like `node_hints`: most endpoints have none, and
     /// an empty `Option<BTreeSet>` inline is 24 bytes in each of ~10^5 endpoints.
     pub zone_hints: Option<Box<BTreeSet<String>>>,
@@ -256,12 +255,6 @@ pub struct Endpoint {
     pub node_hints: Option<Box<BTreeSet<String>>>,
     /// Runs on this node (`nodeName` equals this node's name).
     pub is_local: bool,
-}
-
-/// A shared name as a plain string (serde's `Arc` support needs its `rc` feature, which would
-/// rebuild every crate using serde for two fields).
-fn shared_name<S: serde::Serializer>(name: &Option<Arc<str>>, out: S) -> Result<S::Ok, S::Error> {
-    name.as_deref().serialize(out)
 }
 
 /// What the proxy knows about its own node.
@@ -314,7 +307,7 @@ pub struct SliceEndpoints {
     /// The slice's address family.
     pub family: IpFamily,
     /// The slice's ports: (port name, protocol, port number).
-    pub ports: Vec<(String, Protocol, u16)>,
+    pub ports: Vec<(Name, Protocol, u16)>,
     /// The slice's endpoints, one per address, with `port` set to 0 (filled in per port when
     /// merging) and `is_local` unset (filled in when merging).
     pub endpoints: Vec<Endpoint>,

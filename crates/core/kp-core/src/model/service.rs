@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
 use super::parse::{parse_cidr, parse_ip};
 use super::{
-    IpFamily, ModelError, Problems, Protocol, ServiceName, ServicePort, ServicePortName,
+    IpFamily, ModelError, Names, Problems, Protocol, ServiceName, ServicePort, ServicePortName,
     SessionAffinity, port_number,
 };
 
@@ -25,6 +25,15 @@ pub const MAX_AFFINITY_TIMEOUT_SECONDS: i32 = 86400;
 /// Ignored services are not validated, as upstream skips them before looking at anything
 /// else.
 pub fn service_ports(service: &Service) -> Result<Option<Vec<ServicePort>>, ModelError> {
+    service_ports_with(service, &mut Names::default())
+}
+
+/// [`service_ports`], taking the namespace, name and port names from `names`, so ports built
+/// with the same `names` share them (with each other and with the EndpointSlices').
+pub fn service_ports_with(
+    service: &Service,
+    names: &mut Names,
+) -> Result<Option<Vec<ServicePort>>, ModelError> {
     let namespace = service.metadata.namespace.as_deref().unwrap_or_default();
     let name = service.metadata.name.as_deref().unwrap_or_default();
     let Some(spec) = service.spec.as_ref() else {
@@ -83,8 +92,8 @@ pub fn service_ports(service: &Service) -> Result<Option<Vec<ServicePort>>, Mode
     };
 
     let service_name = ServiceName {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
+        namespace: names.get(namespace),
+        name: names.get(name),
     };
     // Sized up front, as the slices' lists: the tracker keeps this vector, and one pushed
     // element would get room for four.
@@ -135,7 +144,7 @@ pub fn service_ports(service: &Service) -> Result<Option<Vec<ServicePort>>, Mode
         ports.push(ServicePort {
             name: ServicePortName {
                 service: service_name.clone(),
-                port: port_name.to_owned(),
+                port: names.get(port_name),
                 protocol,
             },
             cluster_ips: cluster_ips.clone(),

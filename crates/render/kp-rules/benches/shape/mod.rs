@@ -28,8 +28,8 @@ pub fn state(services: usize, endpoints: usize) -> ProxyState {
     let mut node_port = 30000u16;
     for i in 0..services {
         let service = ServiceName {
-            namespace: format!("bench-{}", i % 10),
-            name: format!("svc-{i:05}"),
+            namespace: format!("bench-{}", i % 10).into(),
+            name: format!("svc-{i:05}").into(),
         };
         let mut ports = vec![if i % 10 == 9 {
             ("dns", Protocol::Udp, 53, 5353)
@@ -42,7 +42,7 @@ pub fn state(services: usize, endpoints: usize) -> ProxyState {
         for (port_name, protocol, port, target) in ports {
             let name = ServicePortName {
                 service: service.clone(),
-                port: port_name.to_owned(),
+                port: port_name.to_owned().into(),
                 protocol,
             };
             let node_port = (i % 3 == 0).then(|| {

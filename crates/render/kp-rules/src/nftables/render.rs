@@ -568,7 +568,7 @@ fn dirty_ports<'a>(
         dirty.extend(state.service_ports(service).map(|(name, _)| name));
         let first = ServicePortName {
             service: service.clone(),
-            port: String::new(),
+            port: kp_core::model::Name::default(),
             protocol: Protocol::Tcp,
         };
         dirty.extend(ports_from(&existing.owned, &first));

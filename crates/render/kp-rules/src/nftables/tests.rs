@@ -157,7 +157,7 @@ fn a_full_sync_splits_into_safe_steps() {
         let name = ServicePortName {
             service: kp_core::model::ServiceName {
                 namespace: "ns".into(),
-                name: format!("s{i}"),
+                name: format!("s{i}").into(),
             },
             port: "p".into(),
             protocol: Protocol::Tcp,
@@ -285,7 +285,7 @@ fn rendering_in_steps_gives_the_steps_of_the_whole_transaction() {
         .map(|i| ServicePortName {
             service: kp_core::model::ServiceName {
                 namespace: "ns".into(),
-                name: format!("s{i}"),
+                name: format!("s{i}").into(),
             },
             port: "p".into(),
             protocol: Protocol::Tcp,
