@@ -195,6 +195,7 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
         if !args.no_build {
             build()?;
         }
+        settle(SETTLE_LIMIT);
         let run = RunContext {
             date: utc_now(),
             commit: commit(),
@@ -521,6 +522,32 @@ fn git(args: &[&str]) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// How long [`settle`] waits at most for the load to fall below [`summary::QUIET_LOAD`]:
+/// after the release build (two busy cores for minutes) the 1-minute average needs ~20–45 s
+/// of idleness to get there, and the first series' start was otherwise reported as busy
+/// because of this report's own build (2026-11-27, ipvs at load 2.00).
+const SETTLE_LIMIT: Duration = Duration::from_secs(120);
+
+/// Wait until the 1-minute load average is below [`summary::QUIET_LOAD`] (or `limit` has
+/// passed): the load this run's own build left behind is not other jobs. A load that stays
+/// up is what the report then records.
+fn settle(limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let load: f64 = load_1m().parse().unwrap_or(f64::NAN);
+        // NaN: no /proc/loadavg, nothing to wait for.
+        if load.is_nan() || load < summary::QUIET_LOAD {
+            return;
+        }
+        if started.elapsed() >= limit {
+            eprintln!("kp-report: load {load:.2} after {limit:?}; measuring anyway");
+            return;
+        }
+        eprintln!("kp-report: load {load:.2}; waiting for it to settle before measuring");
+        std::thread::sleep(Duration::from_secs(5));
+    }
 }
 
 /// The 1-minute load average.
