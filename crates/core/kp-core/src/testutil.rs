@@ -137,7 +137,10 @@ pub fn service_port(
 ) -> ServicePort {
     ServicePort {
         name: ServicePortName {
-            service: ServiceName { namespace: namespace.into(), name: name.into() },
+            service: ServiceName {
+                namespace: namespace.into(),
+                name: name.into(),
+            },
             port: port_name.into(),
             protocol,
         },

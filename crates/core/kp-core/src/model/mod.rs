@@ -31,7 +31,8 @@ pub use parse::{
     AddressError, IpNetOrAddr, check_strict_cidr, check_strict_ip, parse_cidr, parse_ip,
 };
 pub use service::{
-    DEFAULT_AFFINITY_TIMEOUT_SECONDS, MAX_AFFINITY_TIMEOUT_SECONDS, service_ports, service_ports_with,
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS, MAX_AFFINITY_TIMEOUT_SECONDS, service_ports,
+    service_ports_with,
 };
 pub use service_cidr::service_cidr_ranges;
 

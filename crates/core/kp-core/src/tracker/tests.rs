@@ -582,8 +582,16 @@ fn service_cidrs_reach_the_state_sorted_and_merged() {
 fn a_service_and_its_slices_share_their_names() {
     let mut tracker = ChangeTracker::new(NODE);
     let mut state = ProxyState::default();
-    tracker.record(applied(service("web", "172.30.0.41", &[("http", "TCP", 80)])));
-    tracker.record(applied(service("db", "172.30.0.42", &[("sql", "TCP", 5432)])));
+    tracker.record(applied(service(
+        "web",
+        "172.30.0.41",
+        &[("http", "TCP", 80)],
+    )));
+    tracker.record(applied(service(
+        "db",
+        "172.30.0.42",
+        &[("sql", "TCP", 5432)],
+    )));
     tracker.record(applied(slice(
         "web-a",
         "web",
@@ -604,13 +612,28 @@ fn a_service_and_its_slices_share_their_names() {
         .expect("db's port");
     let (endpoints_key, endpoints) = state.endpoints.iter().next().expect("web's endpoints");
     assert_eq!(endpoints_key, web);
-    assert!(model::Name::ptr_eq(&endpoints_key.service.name, &web.service.name));
-    assert!(model::Name::ptr_eq(&endpoints_key.service.namespace, &web.service.namespace));
+    assert!(model::Name::ptr_eq(
+        &endpoints_key.service.name,
+        &web.service.name
+    ));
+    assert!(model::Name::ptr_eq(
+        &endpoints_key.service.namespace,
+        &web.service.namespace
+    ));
     assert!(model::Name::ptr_eq(&endpoints_key.port, &web.port));
-    assert!(model::Name::ptr_eq(&db.service.namespace, &web.service.namespace));
-    let nodes: Vec<_> = endpoints.iter().filter_map(|e| e.node_name.as_ref()).collect();
+    assert!(model::Name::ptr_eq(
+        &db.service.namespace,
+        &web.service.namespace
+    ));
+    let nodes: Vec<_> = endpoints
+        .iter()
+        .filter_map(|e| e.node_name.as_ref())
+        .collect();
     assert_eq!(nodes.len(), 2);
     assert!(model::Name::ptr_eq(nodes[0], nodes[1]));
     let port = &state.services[web];
-    assert!(model::Name::ptr_eq(&port.name.service.name, &web.service.name));
+    assert!(model::Name::ptr_eq(
+        &port.name.service.name,
+        &web.service.name
+    ));
 }
