@@ -1496,10 +1496,10 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
 fn nft_service_chain(namespace: &str, name: &str, port: &str) -> String {
     let port_name = kp_core::model::ServicePortName {
         service: kp_core::model::ServiceName {
-            namespace: namespace.to_owned().into(),
-            name: name.to_owned().into(),
+            namespace: namespace.into(),
+            name: name.into(),
         },
-        port: port.to_owned().into(),
+        port: port.into(),
         protocol: kp_core::model::Protocol::Tcp,
     };
     kp_rules::nftables::names::ServiceChains::new(&port_name).service

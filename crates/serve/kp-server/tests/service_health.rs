@@ -19,8 +19,8 @@ const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 fn name(ns: &str, n: &str) -> ServiceName {
     ServiceName {
-        namespace: ns.to_owned().into(),
-        name: n.to_owned().into(),
+        namespace: ns.into(),
+        name: n.into(),
     }
 }
 

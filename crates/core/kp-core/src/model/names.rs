@@ -72,18 +72,6 @@ impl From<&String> for Name {
     }
 }
 
-impl From<&Name> for Name {
-    fn from(name: &Name) -> Self {
-        name.clone()
-    }
-}
-
-impl From<Name> for String {
-    fn from(name: Name) -> Self {
-        name.as_str().to_owned()
-    }
-}
-
 impl Deref for Name {
     type Target = str;
 
@@ -126,24 +114,6 @@ impl PartialEq<&str> for Name {
 
 impl PartialEq<String> for Name {
     fn eq(&self, other: &String) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl PartialEq<Name> for str {
-    fn eq(&self, other: &Name) -> bool {
-        self == other.as_str()
-    }
-}
-
-impl PartialEq<Name> for &str {
-    fn eq(&self, other: &Name) -> bool {
-        *self == other.as_str()
-    }
-}
-
-impl PartialEq<Name> for String {
-    fn eq(&self, other: &Name) -> bool {
         self.as_str() == other.as_str()
     }
 }

@@ -42,7 +42,7 @@ pub fn state(services: usize, endpoints: usize) -> ProxyState {
         for (port_name, protocol, port, target) in ports {
             let name = ServicePortName {
                 service: service.clone(),
-                port: port_name.to_owned().into(),
+                port: port_name.into(),
                 protocol,
             };
             let node_port = (i % 3 == 0).then(|| {
