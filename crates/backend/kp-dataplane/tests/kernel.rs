@@ -345,10 +345,14 @@ fn cleanup_removes_kube_chains_and_nothing_else() {
                         .into_iter()
                         .filter(|c| c.contains("/KUBE-"))
                         .collect();
-                    // Only kubelet's KUBE-FIREWALL (IPv4, localhost NodePorts) may remain.
+                    // Only the kubelet's chains may remain, and KUBE-MARK-MASQ, which a
+                    // kubelet that creates KUBE-MARK-DROP shares.
                     for chain in &left {
                         let name = chain.split('/').nth(1).unwrap_or_default();
-                        assert!(KUBELET_CHAINS.contains(&name), "{chain} left:\n{dump}");
+                        assert!(
+                            KUBELET_CHAINS.contains(&name) || name == "KUBE-MARK-MASQ",
+                            "{chain} left:\n{dump}"
+                        );
                     }
                     let kube_jumps: Vec<&str> = dump
                         .lines()
@@ -375,6 +379,130 @@ fn cleanup_removes_kube_chains_and_nothing_else() {
                 assert_eq!(strip(&dump), strip(&foreign4));
             });
         },
+    );
+}
+
+/// What a kubelet leaves in iptables, by era: before `IPTablesOwnershipCleanup` (v1.26 and
+/// older by default) it creates the mark chains and a `KUBE-FIREWALL` that also drops marked
+/// packets; later ones only `KUBE-FIREWALL`'s localnet rule. Both add the canaries and the hint.
+const KUBELET_V1_26: &str = "\
+iptables -t nat -N KUBE-MARK-DROP
+iptables -t nat -A KUBE-MARK-DROP -j MARK --or-mark 0x8000
+iptables -t nat -N KUBE-MARK-MASQ
+iptables -t nat -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+iptables -t nat -N KUBE-POSTROUTING
+iptables -t nat -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+iptables -t nat -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+iptables -t nat -A KUBE-POSTROUTING -m comment --comment 'kubernetes service traffic requiring SNAT' -j MASQUERADE
+iptables -t nat -A POSTROUTING -m comment --comment 'kubernetes postrouting rules' -j KUBE-POSTROUTING
+iptables -N KUBE-FIREWALL
+iptables -A KUBE-FIREWALL -m comment --comment 'kubernetes firewall for dropping marked packets' -m mark --mark 0x8000/0x8000 -j DROP
+iptables -A KUBE-FIREWALL -m comment --comment 'block incoming localnet connections' --dst 127.0.0.0/8 ! --src 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
+iptables -I INPUT -j KUBE-FIREWALL
+iptables -I OUTPUT -j KUBE-FIREWALL
+";
+
+const KUBELET_V1_28: &str = "\
+iptables -N KUBE-FIREWALL
+iptables -A KUBE-FIREWALL -m comment --comment 'block incoming localnet connections' --dst 127.0.0.0/8 ! --src 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
+iptables -I INPUT -j KUBE-FIREWALL
+iptables -I OUTPUT -j KUBE-FIREWALL
+";
+
+const KUBELET_CANARIES: &str = "\
+iptables -t mangle -N KUBE-IPTABLES-HINT
+iptables -t mangle -N KUBE-KUBELET-CANARY
+iptables -t nat -N KUBE-KUBELET-CANARY
+iptables -N KUBE-KUBELET-CANARY
+";
+
+/// The rules of `chain` in table `table` of an `iptables-save` dump.
+fn rules_of(dump: &str, table: &str, chain: &str) -> Vec<String> {
+    let prefix = format!("-A {chain} ");
+    let mut current = "";
+    dump.lines()
+        .filter(|line| {
+            if let Some(t) = line.strip_prefix('*') {
+                current = t;
+            }
+            current == table && line.starts_with(&prefix)
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Syncs twice and cleans up on a node as a kubelet of one era leaves it: the kubelet's chains
+/// and rules are never flushed or removed, and cleanup removes what upstream's cleanup of that
+/// era removes (`KUBE-POSTROUTING` in both; `KUBE-MARK-MASQ` only where no kubelet shares it).
+fn kubelet_era_survives(kubelet: &str, shares_mark_masq: bool) {
+    block_on(async {
+        sh(&format!("set -e\n{kubelet}{KUBELET_CANARIES}"));
+        let kubelet_firewall = rules_of(&save(IpFamily::V4), "filter", "KUBE-FIREWALL");
+        let mut backend = real_backend(vec![IpFamily::V4]);
+        let (state, none) = (web("10.244.1.1"), BTreeSet::new());
+        for _ in 0..2 {
+            backend
+                .sync(&request(&state, SyncKind::Full, &none, false))
+                .await
+                .expect("sync applies");
+            let dump = save(IpFamily::V4);
+            // The kubelet's rules stay, in order, and ours is the same rule: not added twice.
+            assert_eq!(
+                rules_of(&dump, "filter", "KUBE-FIREWALL"),
+                kubelet_firewall,
+                "{dump}"
+            );
+            assert!(dump.contains("KUBE-SVC-"), "{dump}");
+        }
+        real_backend(vec![IpFamily::V4])
+            .cleanup()
+            .await
+            .expect("cleanup succeeds");
+        let dump = save(IpFamily::V4);
+        let left = chains(&dump);
+        for chain in [
+            "filter/KUBE-FIREWALL",
+            "filter/KUBE-KUBELET-CANARY",
+            "nat/KUBE-KUBELET-CANARY",
+            "mangle/KUBE-KUBELET-CANARY",
+            "mangle/KUBE-IPTABLES-HINT",
+        ] {
+            assert!(left.contains(chain), "{chain} removed:\n{dump}");
+        }
+        assert_eq!(rules_of(&dump, "filter", "KUBE-FIREWALL"), kubelet_firewall);
+        assert_eq!(
+            rules_of(&dump, "filter", "INPUT"),
+            ["-A INPUT -j KUBE-FIREWALL"]
+        );
+        assert!(!left.contains("nat/KUBE-POSTROUTING"), "{dump}");
+        assert!(!left.contains("nat/KUBE-SERVICES"), "{dump}");
+        assert_eq!(
+            left.contains("nat/KUBE-MARK-MASQ"),
+            shares_mark_masq,
+            "{dump}"
+        );
+        if shares_mark_masq {
+            assert!(left.contains("nat/KUBE-MARK-DROP"), "{dump}");
+            assert_eq!(rules_of(&dump, "nat", "KUBE-MARK-MASQ").len(), 1, "{dump}");
+        }
+    });
+}
+
+#[test]
+fn a_v1_26_kubelets_chains_survive_syncs_and_cleanup() {
+    in_netns(
+        "a_v1_26_kubelets_chains_survive_syncs_and_cleanup",
+        &["iptables-restore"],
+        || kubelet_era_survives(KUBELET_V1_26, true),
+    );
+}
+
+#[test]
+fn a_v1_28_kubelets_chains_survive_syncs_and_cleanup() {
+    in_netns(
+        "a_v1_28_kubelets_chains_survive_syncs_and_cleanup",
+        &["iptables-restore"],
+        || kubelet_era_survives(KUBELET_V1_28, false),
     );
 }
 

@@ -89,6 +89,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
         let setup = Setup {
             chains: Vec::new(),
             jumps: jumps(),
+            shared: Vec::new(),
         };
         ensure_setup(&self.runner, family, &setup)
             .await

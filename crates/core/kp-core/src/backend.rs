@@ -109,6 +109,8 @@ struct FakeRecord {
     syncs: Vec<RecordedSync>,
     failures_left: usize,
     cleanups: usize,
+    /// How long each sync takes (tokio time).
+    takes: std::time::Duration,
 }
 
 impl FakeBackend {
@@ -120,6 +122,12 @@ impl FakeBackend {
     /// Make the next `n` syncs fail with [`BackendError::Apply`].
     pub fn fail_next(&self, n: usize) {
         self.lock().failures_left = n;
+    }
+
+    /// Make every sync take `duration` of tokio time, as a large cluster's would (the sync
+    /// runner rests in proportion to how long syncs take).
+    pub fn take(&self, duration: std::time::Duration) {
+        self.lock().takes = duration;
     }
 
     /// Every sync attempted so far (failed ones included).
@@ -146,17 +154,24 @@ impl Backend for FakeBackend {
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        let mut record = self.lock();
-        record.syncs.push(RecordedSync {
-            kind: request.kind,
-            changed: request.changed.clone(),
-            service_ports: request.state.services.len(),
-            endpoints: request.state.endpoints.values().map(Vec::len).sum(),
-            conntrack_cleanup_required: request.conntrack_cleanup_required,
-            state: request.state.clone(),
-        });
-        if record.failures_left > 0 {
-            record.failures_left -= 1;
+        let (fail, takes) = {
+            let mut record = self.lock();
+            record.syncs.push(RecordedSync {
+                kind: request.kind,
+                changed: request.changed.clone(),
+                service_ports: request.state.services.len(),
+                endpoints: request.state.endpoints.values().map(Vec::len).sum(),
+                conntrack_cleanup_required: request.conntrack_cleanup_required,
+                state: request.state.clone(),
+            });
+            let fail = record.failures_left > 0;
+            record.failures_left = record.failures_left.saturating_sub(1);
+            (fail, record.takes)
+        };
+        if !takes.is_zero() {
+            tokio::time::sleep(takes).await;
+        }
+        if fail {
             return Err(BackendError::Apply {
                 what: "fake".into(),
                 message: "injected failure".into(),

@@ -1,7 +1,9 @@
 //! When to sync: upstream's newest sync runner (`pkg/proxy/runner`) as a small state machine.
 //!
 //! - Requests coalesce: any number of [`Runner::request`]s before a run starts make one run.
-//! - At least `min_interval` passes between the *end* of one run and the *start* of the next.
+//! - Between the *end* of one run and the *start* of the next, the runner rests for
+//!   [`REST_PER_RUN`] times as long as the run took, at most `min_interval`; after a failed run,
+//!   `min_interval` whole.
 //! - At most `max_interval` passes between the end of one run and the start of the next: a
 //!   periodic run re-programs the state even when nothing changed.
 //! - A failed run schedules a retry `retry_interval` after it ended; any later successful run
@@ -15,6 +17,14 @@
 //! measured from the end of the previous run: a proxy whose syncs are slow (large clusters)
 //! still gets `min_interval` of rest between them, which is what the setting is for.
 //!
+//! `min_interval` (`minSyncPeriod`) exists so that a storm of changes cannot keep the proxy
+//! syncing all the time: upstream's older runner rests `min_interval` after a burst of two
+//! runs, its newer one after every run. Both make a proxy whose syncs take milliseconds wait
+//! up to a second for the second of two changes. The rest here is proportional to the run
+//! instead: under any storm syncing takes at most a tenth of the time, and a run that takes
+//! `min_interval / REST_PER_RUN` or longer (a large cluster's) is followed by the whole
+//! `min_interval`, exactly as before.
+//!
 //! Nothing runs before the first [`Runner::request`]: the periodic and retry timers only
 //! start once a run has finished, so the proxier controls when the first run may happen.
 //!
@@ -27,6 +37,10 @@ use tokio::time::{Instant, sleep_until};
 
 #[cfg(test)]
 mod tests;
+
+/// How many times as long as a run the runner rests after it (capped at `min_interval`):
+/// during a storm of changes, runs take at most `1 / (1 + REST_PER_RUN)` of the time.
+pub const REST_PER_RUN: u32 = 9;
 
 /// Why a run starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +67,10 @@ pub struct Runner {
     running: bool,
     /// When the last run ended.
     last_end: Option<Instant>,
+    /// When the run in progress started.
+    started: Option<Instant>,
+    /// The rest the last run earns before the next may start.
+    rest: Duration,
     /// When a failed run is retried.
     retry_at: Option<Instant>,
     /// When the backend wants another run even without a request.
@@ -69,6 +87,8 @@ impl Runner {
             requested: false,
             running: false,
             last_end: None,
+            started: None,
+            rest: min_interval,
             retry_at: None,
             recheck_at: None,
         }
@@ -102,7 +122,7 @@ impl Runner {
         if self.running {
             return None;
         }
-        let earliest = self.last_end.map(|end| end + self.min_interval);
+        let earliest = self.last_end.map(|end| end + self.rest);
         let not_before = |at: Instant| earliest.map_or(at, |earliest| at.max(earliest));
         // Candidates in priority order; on a tie the first wins.
         let candidates = [
@@ -132,6 +152,7 @@ impl Runner {
         };
         sleep_until(at).await;
         self.running = true;
+        self.started = Some(Instant::now());
         self.requested = false;
         // Whatever the reason, this run looks at the kernel again.
         self.recheck_at = None;
@@ -141,8 +162,17 @@ impl Runner {
     /// The run started by [`wait`](Self::wait) ended, successfully or not.
     pub fn finished(&mut self, ok: bool) {
         let now = Instant::now();
+        let took = self
+            .started
+            .take()
+            .map_or(Duration::ZERO, |start| now - start);
         self.running = false;
         self.last_end = Some(now);
+        self.rest = if ok {
+            took.saturating_mul(REST_PER_RUN).min(self.min_interval)
+        } else {
+            self.min_interval
+        };
         self.retry_at = if ok {
             None
         } else {

@@ -7,11 +7,15 @@
 //! produce deletions: the watcher retries with backoff and the last state stays programmed,
 //! as with upstream's informers. The backoff is short and a `410` relists at once, so the
 //! watches resume within seconds of the API server answering again (see [`recovery`]).
+//!
+//! Objects are decoded one by one by the fields the proxy reads ([`crate::decoded`]): an odd
+//! value elsewhere never fails a list or a watch, and an object whose read fields do not
+//! decode is skipped (logged once per problem, counted) while its last good state stays.
 
 mod recovery;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Debug;
+use std::fmt::{self, Debug};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -20,17 +24,18 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kp_core::event::{ObjectEvent, SourceEvent};
 use kube::config::{
     InClusterError, InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError,
 };
 use kube::runtime::watcher;
-use kube::{Api, Config, Resource, ResourceExt};
+use kube::{Api, Config, Resource};
 use prometheus_client::registry::Registry;
-use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::decoded::{Decoded, Unusable, Watched, one_line};
 use kp_core::metrics::KindLabel;
 pub use recovery::{
     ApiMetrics, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, RetryPolicy, WatchFailureLabels,
@@ -310,9 +315,9 @@ impl ApiSource {
             watch_kind(
                 Watch {
                     kind: "Service",
-                    api: Api::<Service>::all(client("Service")),
+                    api: Api::all(client("Service")),
                     config: service_config,
-                    tracker: Tracker::new(Some(filter.clone())),
+                    tracker: Tracker::<Service>::new(Some(filter.clone())),
                     wrap: SourceEvent::Service,
                 },
                 &ctx,
@@ -320,9 +325,9 @@ impl ApiSource {
             watch_kind(
                 Watch {
                     kind: "EndpointSlice",
-                    api: Api::<EndpointSlice>::all(client("EndpointSlice")),
+                    api: Api::all(client("EndpointSlice")),
                     config: base.clone().labels(&labels),
-                    tracker: Tracker::new(Some(filter)),
+                    tracker: Tracker::<EndpointSlice>::new(Some(filter)),
                     wrap: SourceEvent::EndpointSlice,
                 },
                 &ctx,
@@ -330,11 +335,11 @@ impl ApiSource {
             watch_kind(
                 Watch {
                     kind: "Node",
-                    api: Api::<Node>::all(client("Node")),
+                    api: Api::all(client("Node")),
                     config: base
                         .clone()
                         .fields(&format!("metadata.name={}", self.node_name)),
-                    tracker: Tracker::new(None),
+                    tracker: Tracker::<Node>::new(None),
                     wrap: SourceEvent::Node,
                 },
                 &ctx,
@@ -342,9 +347,9 @@ impl ApiSource {
             watch_kind(
                 Watch {
                     kind: "ServiceCIDR",
-                    api: Api::<ServiceCIDR>::all(client("ServiceCIDR")),
+                    api: Api::all(client("ServiceCIDR")),
                     config: base.clone(),
-                    tracker: Tracker::new(None),
+                    tracker: Tracker::<ServiceCIDR>::new(None),
                     wrap: SourceEvent::ServiceCidr,
                 },
                 &ctx,
@@ -365,7 +370,7 @@ struct Ctx {
 /// One kind to watch.
 struct Watch<K> {
     kind: &'static str,
-    api: Api<K>,
+    api: Api<Decoded<K>>,
     config: watcher::Config,
     tracker: Tracker<K>,
     wrap: fn(ObjectEvent<K>) -> SourceEvent,
@@ -374,7 +379,7 @@ struct Watch<K> {
 /// Runs one watcher until shutdown or until nobody listens.
 async fn watch_kind<K>(watch: Watch<K>, ctx: &Ctx)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Watched + Clone + Debug + Send + Sync + 'static,
 {
     let Watch {
         kind,
@@ -391,12 +396,12 @@ where
 /// [`Backoff`] after each failure.
 async fn drive<K>(
     kind: &'static str,
-    mut stream: BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
+    mut stream: BoxStream<'static, Result<watcher::Event<Decoded<K>>, watcher::Error>>,
     tracker: &mut Tracker<K>,
     wrap: fn(ObjectEvent<K>) -> SourceEvent,
     ctx: &Ctx,
 ) where
-    K: ResourceExt + Clone,
+    K: Watched + Clone,
 {
     let mut backoff = Backoff::new(ctx.retry);
     // The first list is not a relist; every later completed one is.
@@ -420,9 +425,11 @@ async fn drive<K>(
         };
         let event = match item {
             Some(Ok(event)) => {
-                backoff.succeeded();
                 if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
-                    // A relist finished or an event came: in step again.
+                    // A relist finished or an event came: in step again. Only then does the
+                    // backoff start over: a list that keeps failing after its `Init` (an
+                    // undecodable page) still waits longer each time.
+                    backoff.succeeded();
                     ctx.contact.resumed(kind);
                 }
                 event
@@ -444,6 +451,8 @@ async fn drive<K>(
                 let delay = backoff.failed(failure, jitter_unit());
                 ctx.contact.count_failure(kind, failure);
                 ctx.contact.failed(kind);
+                // An error can quote a whole response body: log its first line, shortened.
+                let error = Short(&error);
                 match failure {
                     Failure::Expired => tracing::info!(
                         kind,
@@ -489,7 +498,23 @@ async fn drive<K>(
             watcher::Event::InitDone => listed = true,
             _ => {}
         }
-        for out in tracker.handle(event) {
+        let events = tracker.handle(event);
+        for (key, problem) in tracker.skipped.drain(..) {
+            ctx.contact
+                .metrics()
+                .skipped_objects
+                .get_or_create(&KindLabel { kind })
+                .inc();
+            if let Some(problem) = problem {
+                tracing::warn!(
+                    kind,
+                    object = %Shown(&key),
+                    %problem,
+                    "skipping an object the proxy cannot use; its last good state is kept"
+                );
+            }
+        }
+        for out in events {
             if matches!(out, ObjectEvent::Synced) {
                 let took = relist_started.take().map(|t| t.elapsed());
                 tracing::info!(kind, objects = tracker.len(), ?took, "synced");
@@ -521,8 +546,12 @@ fn not_served(error: &watcher::Error) -> bool {
 struct ProxyNameFilter(Option<String>);
 
 impl ProxyNameFilter {
-    fn accepts<K: ResourceExt>(&self, obj: &K) -> bool {
-        match obj.labels().get(SERVICE_PROXY_NAME_LABEL) {
+    fn accepts(&self, meta: &ObjectMeta) -> bool {
+        match meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL))
+        {
             None => true,
             Some(value) => self.0.as_deref() == Some(value.as_str()),
         }
@@ -532,8 +561,34 @@ impl ProxyNameFilter {
 /// Namespace and name.
 type Key = (Option<String>, String);
 
-fn key_of<K: ResourceExt>(obj: &K) -> Key {
-    (obj.namespace(), obj.name_any())
+fn key_of(meta: &ObjectMeta) -> Key {
+    (
+        meta.namespace.clone(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// A key as `namespace/name` (or `name`), control characters escaped: one log line.
+struct Shown<'a>(&'a Key);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (namespace, name) = self.0;
+        match namespace {
+            Some(namespace) => write!(f, "{}/{}", namespace.escape_debug(), name.escape_debug()),
+            None => write!(f, "{}", name.escape_debug()),
+        }
+    }
+}
+
+/// An error's text on one line, shortened: kube-rs puts a whole undecodable response body
+/// into its error, and a log line must not carry a list of objects.
+struct Short<'a, E>(&'a E);
+
+impl<E: fmt::Display> fmt::Display for Short<'_, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&one_line(&self.0.to_string()))
+    }
 }
 
 /// Turns watcher events into [`ObjectEvent`]s, remembering what was reported so a relist can
@@ -541,17 +596,24 @@ fn key_of<K: ResourceExt>(obj: &K) -> Key {
 struct Tracker<K> {
     /// Last reported state of every object reported as applied and not yet deleted.
     known: BTreeMap<Key, K>,
+    /// Objects whose last version could not be used, with the problem last logged.
+    unusable: BTreeMap<Key, String>,
     /// Keys seen since the last `Init`, while a relist is in progress.
     relist: Option<BTreeSet<Key>>,
     filter: Option<ProxyNameFilter>,
+    /// Versions skipped since the caller last drained this: the object, and its problem when
+    /// it is new for that object (to log; a repeated one is only counted).
+    skipped: Vec<(Key, Option<String>)>,
 }
 
-impl<K: ResourceExt + Clone> Tracker<K> {
+impl<K: Watched + Clone> Tracker<K> {
     fn new(filter: Option<ProxyNameFilter>) -> Self {
         Self {
             known: BTreeMap::new(),
+            unusable: BTreeMap::new(),
             relist: None,
             filter,
+            skipped: Vec::new(),
         }
     }
 
@@ -559,25 +621,54 @@ impl<K: ResourceExt + Clone> Tracker<K> {
         self.known.len()
     }
 
-    fn accepts(&self, obj: &K) -> bool {
-        self.filter.as_ref().is_none_or(|f| f.accepts(obj))
+    fn accepts(&self, meta: &ObjectMeta) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.accepts(meta))
     }
 
-    /// Applies `obj` if the filter accepts it; if it no longer does, reports it deleted.
-    fn apply(&mut self, obj: K, out: &mut Vec<ObjectEvent<K>>) {
-        let key = key_of(&obj);
-        if self.accepts(&obj) {
-            if let Some(seen) = &mut self.relist {
-                seen.insert(key.clone());
+    /// Applies `decoded` if the filter accepts it; if it no longer does, reports it deleted.
+    fn apply(&mut self, decoded: Decoded<K>, out: &mut Vec<ObjectEvent<K>>) {
+        let key = key_of(decoded.meta());
+        if !self.accepts(decoded.meta()) {
+            self.unusable.remove(&key);
+            if let Some(old) = self.known.remove(&key) {
+                out.push(ObjectEvent::Deleted(old));
             }
-            self.known.insert(key, obj.clone());
-            out.push(ObjectEvent::Applied(obj));
-        } else if let Some(old) = self.known.remove(&key) {
-            out.push(ObjectEvent::Deleted(old));
+            return;
+        }
+        if let Some(seen) = &mut self.relist {
+            seen.insert(key.clone());
+        }
+        match decoded {
+            Decoded::Usable(obj) => {
+                self.unusable.remove(&key);
+                self.known.insert(key, obj.clone());
+                out.push(ObjectEvent::Applied(obj));
+            }
+            Decoded::Unusable(Unusable { problem, .. }) => {
+                let new = self.unusable.get(&key) != Some(&problem);
+                if new {
+                    self.unusable.insert(key.clone(), problem.clone());
+                }
+                self.skipped.push((key, new.then_some(problem)));
+            }
         }
     }
 
-    fn handle(&mut self, event: watcher::Event<K>) -> Vec<ObjectEvent<K>> {
+    /// A deletion applies whatever the deleted object's body holds: the last state reported
+    /// for its key is deleted.
+    fn delete(&mut self, decoded: Decoded<K>, out: &mut Vec<ObjectEvent<K>>) {
+        let key = key_of(decoded.meta());
+        self.unusable.remove(&key);
+        if let Some(old) = self.known.remove(&key) {
+            out.push(ObjectEvent::Deleted(old));
+        } else if let Decoded::Usable(obj) = decoded
+            && self.accepts(obj.meta())
+        {
+            out.push(ObjectEvent::Deleted(obj));
+        }
+    }
+
+    fn handle(&mut self, event: watcher::Event<Decoded<K>>) -> Vec<ObjectEvent<K>> {
         let mut out = Vec::new();
         match event {
             watcher::Event::Init => self.relist = Some(BTreeSet::new()),
@@ -586,6 +677,7 @@ impl<K: ResourceExt + Clone> Tracker<K> {
             }
             watcher::Event::InitDone => {
                 if let Some(seen) = self.relist.take() {
+                    self.unusable.retain(|key, _| seen.contains(key));
                     let gone: Vec<Key> = self
                         .known
                         .keys()
@@ -604,12 +696,7 @@ impl<K: ResourceExt + Clone> Tracker<K> {
                 }
                 out.push(ObjectEvent::Synced);
             }
-            watcher::Event::Delete(obj) => {
-                let known = self.known.remove(&key_of(&obj)).is_some();
-                if known || self.accepts(&obj) {
-                    out.push(ObjectEvent::Deleted(obj));
-                }
-            }
+            watcher::Event::Delete(obj) => self.delete(obj, &mut out),
         }
         out
     }
@@ -635,7 +722,7 @@ mod tests {
     fn relist(tracker: &mut Tracker<Service>, objs: Vec<Service>) -> Vec<ObjectEvent<Service>> {
         let mut out = tracker.handle(watcher::Event::Init);
         for obj in objs {
-            out.extend(tracker.handle(watcher::Event::InitApply(obj)));
+            out.extend(tracker.handle(watcher::Event::InitApply(Decoded::Usable(obj))));
         }
         out.extend(tracker.handle(watcher::Event::InitDone));
         out
@@ -659,7 +746,7 @@ mod tests {
     #[test]
     fn init_done_without_init_deletes_nothing() {
         let mut t = Tracker::new(None);
-        t.handle(watcher::Event::Apply(svc("a", None)));
+        t.handle(watcher::Event::Apply(Decoded::Usable(svc("a", None))));
         assert_eq!(
             t.handle(watcher::Event::InitDone),
             vec![ObjectEvent::Synced]
@@ -687,16 +774,94 @@ mod tests {
             ]
         );
         // Relabelled to another proxy: gone for us, reported with the last state we sent.
-        let out = t.handle(watcher::Event::Apply(svc("plain", Some("other"))));
+        let out = t.handle(watcher::Event::Apply(Decoded::Usable(svc(
+            "plain",
+            Some("other"),
+        ))));
         assert_eq!(out, vec![ObjectEvent::Deleted(svc("plain", None))]);
         // Deleting an object we never reported says nothing.
         assert!(
-            t.handle(watcher::Event::Delete(svc("other", Some("other"))))
-                .is_empty()
+            t.handle(watcher::Event::Delete(Decoded::Usable(svc(
+                "other",
+                Some("other")
+            ))))
+            .is_empty()
         );
-        let out = t.handle(watcher::Event::Delete(svc("mine", Some("mine"))));
+        let out = t.handle(watcher::Event::Delete(Decoded::Usable(svc(
+            "mine",
+            Some("mine"),
+        ))));
         assert_eq!(out, vec![ObjectEvent::Deleted(svc("mine", Some("mine")))]);
         assert_eq!(t.len(), 0);
+    }
+
+    fn odd(name: &str) -> Decoded<Service> {
+        Decoded::Unusable(Unusable {
+            meta: svc(name, None).metadata,
+            problem: "spec.ports[0].port: invalid type: string \"x\", expected i32".into(),
+        })
+    }
+
+    #[test]
+    fn an_unusable_version_keeps_the_last_good_one_and_is_reported_once() {
+        let mut t = Tracker::new(None);
+        relist(&mut t, vec![svc("a", None), svc("b", None)]);
+        let out = t.handle(watcher::Event::Apply(odd("a")));
+        assert!(out.is_empty(), "{out:?}");
+        let skipped: Vec<_> = t.skipped.drain(..).collect();
+        assert_eq!(skipped.len(), 1);
+        assert!(
+            skipped[0]
+                .1
+                .as_deref()
+                .is_some_and(|p| p.contains("spec.ports[0].port"))
+        );
+        // A relist that still holds the odd version neither deletes nor re-logs it.
+        let mut out = t.handle(watcher::Event::Init);
+        out.extend(t.handle(watcher::Event::InitApply(odd("a"))));
+        out.extend(t.handle(watcher::Event::InitApply(Decoded::Usable(svc("b", None)))));
+        out.extend(t.handle(watcher::Event::InitDone));
+        assert_eq!(
+            out,
+            vec![ObjectEvent::Applied(svc("b", None)), ObjectEvent::Synced]
+        );
+        assert_eq!(
+            t.skipped.drain(..).collect::<Vec<_>>(),
+            vec![(key_of(&svc("a", None).metadata), None)]
+        );
+        assert_eq!(t.len(), 2);
+        // Usable again: applied, and a later problem is news again.
+        let out = t.handle(watcher::Event::Apply(Decoded::Usable(svc("a", None))));
+        assert_eq!(out, vec![ObjectEvent::Applied(svc("a", None))]);
+        t.handle(watcher::Event::Apply(odd("a")));
+        assert!(t.skipped.drain(..).all(|(_, problem)| problem.is_some()));
+    }
+
+    #[test]
+    fn deleting_an_unusable_object_deletes_its_last_good_state() {
+        let mut t = Tracker::new(None);
+        relist(&mut t, vec![svc("a", None)]);
+        t.handle(watcher::Event::Apply(odd("a")));
+        let out = t.handle(watcher::Event::Delete(odd("a")));
+        assert_eq!(out, vec![ObjectEvent::Deleted(svc("a", None))]);
+        assert_eq!(t.len(), 0);
+        // One never reported: nothing to delete downstream.
+        t.handle(watcher::Event::Apply(odd("new")));
+        assert!(t.handle(watcher::Event::Delete(odd("new"))).is_empty());
+        assert!(t.unusable.is_empty());
+    }
+
+    #[test]
+    fn an_object_that_vanished_from_a_relist_while_unusable_is_deleted() {
+        let mut t = Tracker::new(None);
+        relist(&mut t, vec![svc("a", None)]);
+        t.handle(watcher::Event::Apply(odd("a")));
+        let out = relist(&mut t, vec![]);
+        assert_eq!(
+            out,
+            vec![ObjectEvent::Deleted(svc("a", None)), ObjectEvent::Synced]
+        );
+        assert!(t.unusable.is_empty());
     }
 
     /// A scripted watcher: an outage (five refused connections), then the restarted server's
@@ -718,10 +883,10 @@ mod tests {
         script.extend([
             gone,
             Ok(watcher::Event::Init),
-            Ok(watcher::Event::InitApply(svc("a", None))),
+            Ok(watcher::Event::InitApply(Decoded::Usable(svc("a", None)))),
             Ok(watcher::Event::InitDone),
             refused(),
-            Ok(watcher::Event::Apply(svc("b", None))),
+            Ok(watcher::Event::Apply(Decoded::Usable(svc("b", None)))),
         ]);
         let start = tokio::time::Instant::now();
         let taken = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));

@@ -1,6 +1,8 @@
 //! Sources of Kubernetes objects, each turning them into [`kp_core::event::SourceEvent`]s.
 //!
 //! - [`api`]: the API server, through kube-rs watchers (Services, EndpointSlices, this Node).
+//! - [`decoded`]: objects decoded by the fields the proxy reads, so an odd value in any other
+//!   field never loses an object, and an object that cannot be used loses only itself.
 //! - [`manifests`]: a local file or directory of YAML/JSON manifests, re-read when it changes
 //!   (in place, by atomic rename, or by a ConfigMap volume's symlink swap).
 //! - [`node`]: the start-up wait for this node's Node object and its IPs.
@@ -10,6 +12,7 @@
 //!   objects no API server has seen) go through.
 
 pub mod api;
+pub mod decoded;
 pub mod defaults;
 pub mod manifests;
 pub mod node;

@@ -14,6 +14,8 @@ use kp_core::model::{host_ips, node_info};
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
+use crate::decoded::Decoded;
+
 /// Upstream polls its Node informer's cache once a second.
 pub const DEFAULT_NODE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Upstream gives up waiting for the Node's IPs after 30 seconds and starts anyway.
@@ -113,7 +115,8 @@ where
 }
 
 /// [`wait_for_node`] against the API server: `GET /api/v1/nodes/NAME` (404: no Node yet; any
-/// other failure: the server is not answering yet).
+/// other failure: the server is not answering yet). A Node whose read fields do not decode
+/// ([`Decoded::Unusable`]) counts as none yet; the Node watch logs its problem.
 pub async fn wait_for_api_node(
     client: kube::Client,
     node_name: &str,
@@ -121,10 +124,16 @@ pub async fn wait_for_api_node(
     timeout: Duration,
     shutdown: &CancellationToken,
 ) -> NodeWait {
-    let nodes: Api<Node> = Api::all(client);
+    let nodes: Api<Decoded<Node>> = Api::all(client);
     let fetch = || {
         let nodes = nodes.clone();
-        async move { nodes.get_opt(node_name).await }
+        async move {
+            let node = nodes.get_opt(node_name).await?;
+            Ok::<_, kube::Error>(node.and_then(|decoded| match decoded {
+                Decoded::Usable(node) => Some(node),
+                Decoded::Unusable(_) => None,
+            }))
+        }
     };
     wait_for_node(node_name, fetch, interval, timeout, shutdown).await
 }

@@ -199,9 +199,20 @@ fn localhost_node_ports_off_excludes_loopback_and_kube_firewall() {
             .iter()
             .any(|j| j.to == "KUBE-FIREWALL")
     );
-    // On by default, IPv4 only.
+    assert!(setup(IpFamily::V4, &config).shared.is_empty());
+    // On by default, IPv4 only: the localnet rule is appended to the kubelet's KUBE-FIREWALL
+    // when missing, never written by the restore (which would flush the kubelet's rules).
     let on = full(&one_service(), IpFamily::V4, &common::config());
-    assert!(on.text.contains(":KUBE-FIREWALL - [0:0]"));
+    assert!(!on.text.contains("KUBE-FIREWALL"));
+    let shared = setup(IpFamily::V4, &common::config()).shared;
+    assert_eq!(shared.len(), 1);
+    assert_eq!(shared[0].chain, "KUBE-FIREWALL");
+    assert_eq!(
+        shared[0].spec,
+        "-m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 \
+         ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"
+    );
+    assert!(setup(IpFamily::V6, &common::config()).shared.is_empty());
 }
 
 #[test]

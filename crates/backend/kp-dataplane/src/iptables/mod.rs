@@ -759,20 +759,51 @@ pub async fn ensure_setup<R: RuleRunner>(
         }
     }
     for jump in &setup.jumps {
-        let spec = split_args(&jump.spec);
-        let mut check = owned(&["-t", jump.table.as_str(), "-C", jump.from]);
-        check.extend(spec.iter().cloned());
-        match runner.run(family, &check).await {
-            Ok(()) => continue,
-            Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
-            Err(err) => return Err(fail(err)),
+        let at = ["-I", jump.from, "1"];
+        if ensure_rule(runner, family, jump.table, jump.from, &jump.spec, &at).await? {
+            debug!(?family, from = jump.from, to = jump.to, "inserted jump");
         }
-        let mut insert = owned(&["-t", jump.table.as_str(), "-I", jump.from, "1"]);
-        insert.extend(spec);
-        runner.run(family, &insert).await.map_err(fail)?;
-        debug!(?family, from = jump.from, to = jump.to, "inserted jump");
+    }
+    for rule in &setup.shared {
+        let at = ["-A", rule.chain];
+        if ensure_rule(runner, family, rule.table, rule.chain, &rule.spec, &at).await? {
+            debug!(
+                ?family,
+                chain = rule.chain,
+                "appended rule to a shared chain"
+            );
+        }
     }
     Ok(())
+}
+
+/// Adds the rule `spec` of `chain` at `at` (`-I CHAIN 1` or `-A CHAIN`) unless `-C` finds it;
+/// whether it was added.
+async fn ensure_rule<R: RuleRunner>(
+    runner: &R,
+    family: IpFamily,
+    table: Table,
+    chain: &str,
+    spec: &str,
+    at: &[&str],
+) -> Result<bool, BackendError> {
+    let fail = |err: ExecError| BackendError::Apply {
+        what: "iptables setup".to_owned(),
+        message: err.to_string(),
+    };
+    let spec = split_args(spec);
+    let mut check = owned(&["-t", table.as_str(), "-C", chain]);
+    check.extend(spec.iter().cloned());
+    match runner.run(family, &check).await {
+        Ok(()) => return Ok(false),
+        Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
+        Err(err) => return Err(fail(err)),
+    }
+    let mut add = owned(&["-t", table.as_str()]);
+    add.extend(owned(at));
+    add.extend(spec);
+    runner.run(family, &add).await.map_err(fail)?;
+    Ok(true)
 }
 
 /// A writer that counts what passes through it (the `bytes` of the render log line).

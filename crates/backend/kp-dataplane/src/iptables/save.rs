@@ -11,13 +11,69 @@ use crate::exec::split_args;
 /// Every chain kube-proxy (this one or upstream, any mode) creates starts with this.
 pub const KUBE_CHAIN_PREFIX: &str = "KUBE-";
 
-/// `KUBE-` chains that cleanup leaves alone, because kubelet owns them too:
+/// `KUBE-` chains the kubelet creates, which cleanup never removes or flushes. The kubelet
+/// re-creates its chains only when its `KUBE-KUBELET-CANARY` disappears, so a removed one stays
+/// gone until the kubelet restarts.
 ///
-/// - `KUBE-FIREWALL` blocks outside traffic to 127.0.0.0/8. Kubelet installs the same chain
-///   and only recreates it when its own canary disappears, so deleting it would leave a node
-///   with `route_localnet=1` unprotected (CVE-2020-8558). Upstream's cleanup leaves it too.
-/// - `KUBE-KUBELET-CANARY` is kubelet's flush detector.
-pub const KUBELET_CHAINS: [&str; 2] = ["KUBE-FIREWALL", "KUBE-KUBELET-CANARY"];
+/// - `KUBE-FIREWALL` blocks outside traffic to 127.0.0.0/8 (and, before v1.27's kubelet,
+///   drops packets marked by `KUBE-MARK-DROP`): without it a node with `route_localnet=1` is
+///   unprotected (CVE-2020-8558).
+/// - `KUBE-KUBELET-CANARY` is the kubelet's flush detector.
+/// - `KUBE-IPTABLES-HINT` tells every component which iptables backend the node uses (our
+///   own detection reads it too).
+/// - `KUBE-MARK-DROP` only kubelets before the `IPTablesOwnershipCleanup` change (default off
+///   up to v1.26) create; no kube-proxy of that era or later does.
+pub const KUBELET_CHAINS: [&str; 4] = [
+    "KUBE-FIREWALL",
+    "KUBE-KUBELET-CANARY",
+    "KUBE-IPTABLES-HINT",
+    "KUBE-MARK-DROP",
+];
+
+/// The chain the kubelet shares with kube-proxy until v1.27: a kubelet of that era creates it
+/// next to `KUBE-MARK-DROP`, and upstream's cleanup of that era leaves it; later cleanups,
+/// whose kubelet no longer creates it, remove it.
+pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
+
+/// The fixed chains some kube-proxy mode creates (this one's, or upstream's in any version),
+/// which cleanup removes. Per-service chains are found by prefix ([`OWN_PREFIXES`]); any other
+/// `KUBE-` chain belongs to someone else (the kubelet, kube-router's `KUBE-ROUTER-*` and
+/// `KUBE-NWPLCY-*`, ...).
+pub const OWN_CHAINS: [&str; 19] = [
+    "KUBE-SERVICES",
+    "KUBE-NODEPORTS",
+    "KUBE-POSTROUTING",
+    "KUBE-EXTERNAL-SERVICES",
+    "KUBE-FORWARD",
+    "KUBE-PROXY-FIREWALL",
+    "KUBE-PROXY-CANARY",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-NODE-PORT",
+    "KUBE-SOURCE-RANGES-FIREWALL",
+    "KUBE-IPVS-FILTER",
+    "KUBE-IPVS-OUT-FILTER",
+    "KUBE-USERSPACE",
+    "KUBE-USERSPACE-FILTER",
+    "KUBE-USERSPACE-NODEPORTS",
+    "KUBE-PORTALS-CONTAINER",
+    "KUBE-PORTALS-HOST",
+    "KUBE-NODEPORT-CONTAINER",
+    "KUBE-NODEPORT-HOST",
+];
+
+/// Prefixes of the per-service chains of every mode (iptables' `KUBE-SVC/SVL/EXT/FW/SEP-`,
+/// upstream's older `KUBE-XLB-`, userspace mode's `KUBE-USR/USX/USF-`).
+pub const OWN_PREFIXES: [&str; 9] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-EXT-",
+    "KUBE-FW-",
+    "KUBE-SEP-",
+    "KUBE-XLB-",
+    "KUBE-USR-",
+    "KUBE-USX-",
+    "KUBE-USF-",
+];
 
 /// One table of an `iptables-save` dump.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -76,9 +132,14 @@ pub fn rule_target(spec: &str) -> Option<String> {
         .map(|pair| pair[1].clone())
 }
 
-/// Whether cleanup deletes `chain`.
-pub fn is_removable(chain: &str) -> bool {
-    chain.starts_with(KUBE_CHAIN_PREFIX) && !KUBELET_CHAINS.contains(&chain)
+/// Whether cleanup deletes `chain` of a table whose chains are `table`: kube-proxy's own
+/// chains, and `KUBE-MARK-MASQ` unless a kubelet that shares it is there (its
+/// `KUBE-MARK-DROP` in the same table says so).
+pub fn is_removable(chain: &str, table: &SavedTable) -> bool {
+    if chain == KUBE_MARK_MASQ {
+        return !table.chains.iter().any(|c| c == "KUBE-MARK-DROP");
+    }
+    OWN_CHAINS.contains(&chain) || OWN_PREFIXES.iter().any(|p| chain.starts_with(p))
 }
 
 /// The restore input removing every removable chain of `table`, or `None` when there is
@@ -91,7 +152,7 @@ pub fn cleanup_input(table: Table, saved: &SavedTable) -> Option<String> {
         .chains
         .iter()
         .map(String::as_str)
-        .filter(|c| is_removable(c))
+        .filter(|c| is_removable(c, saved))
         .collect();
     if doomed.is_empty() {
         return None;

@@ -89,12 +89,17 @@ async fn setup_is_idempotent_and_partial_syncs_skip_it() {
             .await
             .expect("fake succeeds");
     }
-    let jumps = kp_rules::iptables::setup(IpFamily::V4, &RenderConfig::default())
-        .jumps
-        .len();
-    // Inserted once; the second full sync only checked (-C) them.
+    let setup = kp_rules::iptables::setup(IpFamily::V4, &RenderConfig::default());
+    let (jumps, shared) = (setup.jumps.len(), setup.shared.len());
+    assert_eq!(
+        shared, 1,
+        "the localnet rule in the kubelet's KUBE-FIREWALL"
+    );
+    // Inserted (jumps) or appended (the shared chain's rule) once; the second full sync
+    // only checked (-C) them.
     assert_eq!(runs(&runner, "-I"), jumps);
-    assert_eq!(runs(&runner, "-C"), 2 * jumps);
+    assert_eq!(runs(&runner, "-A"), shared);
+    assert_eq!(runs(&runner, "-C"), 2 * (jumps + shared));
 
     runner.clear_calls();
     let changed = BTreeSet::from([service_name("ns", "a")]);

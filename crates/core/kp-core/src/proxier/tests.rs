@@ -233,8 +233,40 @@ async fn a_batch_is_recorded_whole_before_its_sync() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn burst_within_min_sync_period_is_one_sync() {
+async fn a_second_change_right_after_a_fast_sync_is_not_held_back() {
     let h = Harness::start();
+    h.backend.take(Duration::from_millis(5));
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
+        .await;
+    h.send(applied(slice(
+        "web-a",
+        "web",
+        &[("10.180.0.1", None, true)],
+    )))
+    .await;
+    run_for(Duration::from_millis(100)).await;
+    assert_eq!(h.syncs().len(), 2);
+    // 300 ms later, a second change: the 5 ms sync earned 45 ms of rest, long over.
+    run_for(Duration::from_millis(300)).await;
+    let sent = Instant::now();
+    h.send(applied(slice(
+        "web-a",
+        "web",
+        &[("10.180.0.2", None, true)],
+    )))
+    .await;
+    while h.syncs().len() < 3 {
+        run_for(Duration::from_millis(1)).await;
+    }
+    assert!(Instant::now() - sent <= Duration::from_millis(1));
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn burst_within_min_sync_period_after_a_slow_sync_is_one_sync() {
+    let h = Harness::start();
+    // A sync of a large cluster: it earns the whole min sync period of rest.
+    h.backend.take(Duration::from_millis(150));
     h.initialize(vec![applied(service("web", "172.30.0.41"))])
         .await;
     assert_eq!(h.syncs().len(), 1);
@@ -247,7 +279,8 @@ async fn burst_within_min_sync_period_is_one_sync() {
         run_for(Duration::from_millis(90)).await;
     }
     assert_eq!(h.syncs().len(), 1, "min sync period not over yet");
-    run_for(Duration::from_millis(200)).await;
+    // The slow first sync ended 150 ms after it started; the rest runs to 1150 ms.
+    run_for(Duration::from_millis(400)).await;
     let syncs = h.syncs();
     assert_eq!(syncs.len(), 2);
     assert_eq!(syncs[1].changed, names(&["web"]));

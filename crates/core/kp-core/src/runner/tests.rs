@@ -10,6 +10,14 @@ use super::*;
 const MIN: Duration = Duration::from_secs(1);
 const MAX: Duration = Duration::from_secs(30);
 const RETRY: Duration = Duration::from_secs(10);
+/// A run long enough to earn the whole `MIN` of rest.
+const SLOW: Duration = Duration::from_millis(125);
+
+/// Ends the run in progress after it took `took`.
+async fn finish_after(runner: &mut Runner, took: Duration, ok: bool) {
+    advance(took).await;
+    runner.finished(ok);
+}
 
 fn runner() -> Runner {
     Runner::new(MIN, MAX, RETRY)
@@ -47,9 +55,9 @@ async fn first_request_runs_immediately_and_bursts_coalesce() {
         (RunReason::Requested, Duration::ZERO)
     );
     assert!(!runner.is_requested());
-    runner.finished(true);
+    finish_after(&mut runner, SLOW, true).await;
 
-    // A burst right after a run: one run, min_interval after the previous one ended.
+    // A burst right after a slow run: one run, min_interval after the previous one ended.
     let end = Instant::now();
     for _ in 0..100 {
         runner.request();
@@ -60,6 +68,45 @@ async fn first_request_runs_immediately_and_bursts_coalesce() {
     // Nothing was left over from the burst: the next run is the periodic one.
     let end = Instant::now();
     assert_eq!(next(&mut runner, end).await, (RunReason::Periodic, MAX));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fast_run_rests_in_proportion_to_how_long_it_took() {
+    let mut runner = runner();
+    runner.request();
+    runner.wait().await;
+    // A 5 ms sync, and a second change right after it: it waits 45 ms, not a second.
+    finish_after(&mut runner, Duration::from_millis(5), true).await;
+    let end = Instant::now();
+    runner.request();
+    assert_eq!(
+        next(&mut runner, end).await,
+        (RunReason::Requested, Duration::from_millis(45))
+    );
+    // Under a storm of changes, each run rests nine times its length: a tenth of the time
+    // goes to syncing.
+    let mut busy = Duration::ZERO;
+    let storm = Instant::now();
+    for _ in 0..100 {
+        finish_after(&mut runner, Duration::from_millis(20), true).await;
+        busy += Duration::from_millis(20);
+        runner.request();
+        runner.wait().await;
+    }
+    let elapsed = Instant::now() - storm;
+    assert_eq!(elapsed, Duration::from_millis(100 * 20 + 100 * 180));
+    assert_eq!(busy * 10, elapsed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_run_rests_the_whole_min_interval() {
+    let mut runner = runner();
+    runner.request();
+    runner.wait().await;
+    finish_after(&mut runner, Duration::from_millis(1), false).await;
+    let end = Instant::now();
+    runner.request();
+    assert_eq!(next(&mut runner, end).await, (RunReason::Requested, MIN));
 }
 
 #[tokio::test(start_paused = true)]
@@ -175,7 +222,7 @@ async fn wait_is_cancel_safe() {
     let mut runner = runner();
     runner.request();
     runner.wait().await;
-    runner.finished(true);
+    finish_after(&mut runner, SLOW, true).await;
     runner.request();
     // Dropped before the deadline: the request is still pending.
     assert!(
@@ -215,7 +262,7 @@ async fn a_recheck_runs_before_the_periodic_run_and_any_run_satisfies_it() {
     runner.finished(true);
     let end = Instant::now();
     assert_eq!(next(&mut runner, end).await, (RunReason::Periodic, MAX));
-    runner.finished(true);
+    finish_after(&mut runner, SLOW, true).await;
 
     // min_interval applies to rechecks too.
     runner.recheck_after(Duration::ZERO);

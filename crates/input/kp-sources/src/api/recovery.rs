@@ -176,6 +176,9 @@ pub struct ApiMetrics {
     pub watch_failures: Family<WatchFailureLabels, Counter>,
     /// `kube_proxy_rs_watch_relists_total{kind}`: full relists after the first one.
     pub relists: Family<KindLabel, Counter>,
+    /// `kube_proxy_rs_watch_skipped_objects_total{kind}`: object versions skipped because a
+    /// field the proxy reads does not decode.
+    pub skipped_objects: Family<KindLabel, Counter>,
     /// `kube_proxy_rs_api_server_unreachable`: 1 during an outage.
     pub unreachable: Gauge,
     /// `kube_proxy_rs_api_server_outages_total`: outages that ended.
@@ -193,6 +196,7 @@ impl Default for ApiMetrics {
         Self {
             watch_failures: Family::default(),
             relists: Family::default(),
+            skipped_objects: Family::default(),
             unreachable: Gauge::default(),
             outages: Counter::default(),
             outage_duration: Histogram::new(OUTAGE_BUCKETS),
@@ -214,6 +218,11 @@ impl ApiMetrics {
             "kube_proxy_rs_watch_relists",
             "Relists after the initial list (410 Gone: the watch's resourceVersion expired)",
             self.relists.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_watch_skipped_objects",
+            "Object versions from the API server skipped because a field the proxy reads does not decode; the last good version stays programmed",
+            self.skipped_objects.clone(),
         );
         registry.register(
             "kube_proxy_rs_api_server_unreachable",

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde_saphyr::MessageFormatter as _;
 use tracing::debug;
 
+use crate::decoded::{Decoded, Watched};
 use crate::defaults::{DefaultsError, default_endpoint_slice, default_service, shown};
 use crate::strict::{StrictError, check_endpoint_slice, check_node, check_service};
 
@@ -526,11 +527,12 @@ impl Parser<'_> {
             );
             return;
         };
+        let read = || decode::<serde_json::Value>(document).ok();
         let object = match kind {
-            Kind::Service => decode(document).map(Object::Service),
-            Kind::EndpointSlice => decode(document).map(Object::EndpointSlice),
-            Kind::Node => decode(document).map(Object::Node),
-            Kind::ServiceCidr => decode(document).map(Object::ServiceCidr),
+            Kind::Service => typed_or_read(decode(document), read).map(Object::Service),
+            Kind::EndpointSlice => typed_or_read(decode(document), read).map(Object::EndpointSlice),
+            Kind::Node => typed_or_read(decode(document), read).map(Object::Node),
+            Kind::ServiceCidr => typed_or_read(decode(document), read).map(Object::ServiceCidr),
         };
         match object.map(finish) {
             Ok(Ok(object)) => (self.each)(object),
@@ -573,15 +575,41 @@ fn item_object(value: serde_json::Value) -> Result<Option<Object>, Problem> {
         debug!("ignoring List item {api_version} {kind}: not an object the proxy uses");
         return Ok(None);
     };
-    let decode_error = |error: serde_json::Error| Problem::Decode(error.to_string());
     let object = match known {
-        Kind::Service => serde_json::from_value(value).map(Object::Service),
-        Kind::EndpointSlice => serde_json::from_value(value).map(Object::EndpointSlice),
-        Kind::Node => serde_json::from_value(value).map(Object::Node),
-        Kind::ServiceCidr => serde_json::from_value(value).map(Object::ServiceCidr),
-    }
-    .map_err(decode_error)?;
+        Kind::Service => item_typed(value).map(Object::Service),
+        Kind::EndpointSlice => item_typed(value).map(Object::EndpointSlice),
+        Kind::Node => item_typed(value).map(Object::Node),
+        Kind::ServiceCidr => item_typed(value).map(Object::ServiceCidr),
+    }?;
     finish(object).map(Some)
+}
+
+/// One `List` item typed by [`typed_or_read`].
+fn item_typed<K: Watched>(value: serde_json::Value) -> Result<K, Problem> {
+    let strict =
+        serde_json::from_value(value.clone()).map_err(|error| Problem::Decode(error.to_string()));
+    typed_or_read(strict, || Some(value))
+}
+
+/// The object as its strict type decoded it, or, when that failed, decoded by the fields the
+/// proxy reads ([`crate::decoded`]): a value the API server would store in a field the proxy
+/// never reads (a `null` timestamp) loses nothing, as from the API server. When the read
+/// fields fail too, the strict error stands (it knows the line and column).
+fn typed_or_read<K: Watched, E>(
+    strict: Result<K, E>,
+    read: impl FnOnce() -> Option<serde_json::Value>,
+) -> Result<K, E> {
+    let error = match strict {
+        Ok(object) => return Ok(object),
+        Err(error) => error,
+    };
+    match read().map(Decoded::<K>::from_value) {
+        Some(Decoded::Usable(object)) => {
+            debug!("decoded by the fields the proxy reads; another field did not decode");
+            Ok(object)
+        }
+        _ => Err(error),
+    }
 }
 
 /// What `kubectl apply` and the API server add: the default namespace (none for Nodes and

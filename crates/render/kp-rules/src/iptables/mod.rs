@@ -27,7 +27,7 @@ pub use rule::{
     AddrType, AddrTypeSide, Address, Comment, CtStates, Entry, MarkOp, Match, Probability,
     RecentAction, RejectWith, Restore, RestoreText, Rule, RuleSink, TableRestore, Target,
 };
-pub use setup::{CANARY_CHAIN, JumpRule, Setup, Table, setup};
+pub use setup::{CANARY_CHAIN, JumpRule, Setup, SharedRule, Table, localnet_block_rule, setup};
 
 /// nat chain every service dispatch starts from (also a filter chain for REJECT/DROP).
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";

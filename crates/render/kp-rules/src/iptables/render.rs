@@ -17,7 +17,7 @@ use super::rule::{
     RestoreHead, RestoreTail, RestoreText, Rule, RuleSink, Table, Target,
 };
 use super::{
-    Detector, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
+    Detector, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
     KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES, NodePortAddresses, RenderConfig,
     RenderError, RenderOutput, StreamError, SyncScope,
 };
@@ -27,7 +27,7 @@ use crate::plan::{
 };
 
 /// IPv4 loopback (127.0.0.0/8), where localhost NodePorts arrive.
-fn ipv4_loopback() -> Address {
+pub(super) fn ipv4_loopback() -> Address {
     Address::Net(IpNet::V4(
         Ipv4Net::new(Ipv4Addr::new(127, 0, 0, 0), 8).unwrap_or_default(),
     ))
@@ -290,27 +290,8 @@ pub fn render_into<S: RuleSink + ?Sized>(
     );
     out.nat(Rule::new(KUBE_MARK_MASQ).target(Target::Mark(MarkOp::Or(mark))));
 
-    if family == IpFamily::V4 && config.localhost_node_ports {
-        // route_localnet would otherwise let outside hosts reach 127.0.0.0/8 services.
-        out.chain(Table::Filter, KUBE_FIREWALL);
-        out.filter(
-            Rule::new(KUBE_FIREWALL)
-                .comment("block incoming localnet connections")
-                .with(Match::Destination {
-                    addr: ipv4_loopback(),
-                    negated: false,
-                })
-                .with(Match::Source {
-                    addr: ipv4_loopback(),
-                    negated: true,
-                })
-                .with(Match::Conntrack {
-                    states: CtStates::RELATED | CtStates::ESTABLISHED | CtStates::DNAT,
-                    negated: true,
-                })
-                .target(Target::Drop),
-        );
-    }
+    // The localnet DROP of `route_localnet` goes into the kubelet's `KUBE-FIREWALL`, which the
+    // restore must never flush: see `setup::SharedRule`.
 
     let mut active: Vec<String> = Vec::new();
     for (name, cluster_ip, port, all) in &services {

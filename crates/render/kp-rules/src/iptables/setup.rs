@@ -1,14 +1,16 @@
-//! What must exist outside the restore: kube-proxy's jumps from the built-in chains, and the
-//! canary chains.
+//! What must exist outside the restore: kube-proxy's jumps from the built-in chains, the
+//! canary chains, and its rule in the kubelet's `KUBE-FIREWALL`.
 //!
 //! Upstream inserts each jump at the top of its built-in chain with one `iptables` call on
 //! full syncs only, rather than in the restore input, because `--noflush` cannot say "insert
-//! unless present" and must never flush a built-in chain that other software fills.
+//! unless present" and must never flush a built-in chain that other software fills. The same
+//! holds for `KUBE-FIREWALL` ([`SharedRule`]).
 
 use kp_core::model::IpFamily;
 
 use super::comment::comment_args;
-use super::rule::{CtStates, Match, Rule};
+use super::render::ipv4_loopback;
+use super::rule::{CtStates, Match, Rule, Target};
 use super::{
     KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING,
     KUBE_PROXY_FIREWALL, KUBE_SERVICES, RenderConfig,
@@ -64,6 +66,24 @@ pub struct JumpRule {
     pub rule: Option<Rule<'static>>,
 }
 
+/// A rule kube-proxy needs in a chain another component owns too: appended when missing
+/// (`-C`, then `-A`), never written by flushing the chain.
+///
+/// The one such chain is the kubelet's `KUBE-FIREWALL`. A kubelet before the
+/// `IPTablesOwnershipCleanup` change (v1.26 and older by default) keeps its
+/// `-m mark --mark 0x8000/0x8000 -j DROP` there and re-creates it only when its canary
+/// disappears, so a restore that declared the chain would drop that rule until the kubelet
+/// restarts. Newer kubelets write the same localnet rule as ours, which `-C` finds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedRule {
+    /// The table.
+    pub table: Table,
+    /// The shared chain.
+    pub chain: &'static str,
+    /// The rule specification after the chain name, for `-C`/`-A`.
+    pub spec: String,
+}
+
 /// Everything to ensure once per full sync, before the restore.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Setup {
@@ -71,6 +91,28 @@ pub struct Setup {
     pub chains: Vec<(Table, &'static str)>,
     /// Jumps to insert at position 1 of their built-in chain if missing, in this order.
     pub jumps: Vec<JumpRule>,
+    /// Rules to append to shared chains if missing, after the chains exist.
+    pub shared: Vec<SharedRule>,
+}
+
+/// The rule that keeps outside hosts from reaching 127.0.0.0/8 through `route_localnet`
+/// (CVE-2020-8558), as the kubelet writes it.
+pub fn localnet_block_rule() -> Rule<'static> {
+    Rule::new(KUBE_FIREWALL)
+        .comment("block incoming localnet connections")
+        .with(Match::Destination {
+            addr: ipv4_loopback(),
+            negated: false,
+        })
+        .with(Match::Source {
+            addr: ipv4_loopback(),
+            negated: true,
+        })
+        .with(Match::Conntrack {
+            states: CtStates::RELATED | CtStates::ESTABLISHED | CtStates::DNAT,
+            negated: true,
+        })
+        .target(Target::Drop)
 }
 
 /// The chains and jumps upstream ensures for `family`.
@@ -159,11 +201,19 @@ pub fn setup(family: IpFamily, config: &RenderConfig) -> Setup {
         ),
     ];
     let mut chains: Vec<(Table, &'static str)> = Vec::new();
+    let mut shared = Vec::new();
     if family == IpFamily::V4 && config.localhost_node_ports {
         // Kubelet installs the same jumps; upstream ensures them too when it relies on
         // `route_localnet`.
         jumps.push(jump(Table::Filter, "INPUT", KUBE_FIREWALL, None, None));
         jumps.push(jump(Table::Filter, "OUTPUT", KUBE_FIREWALL, None, None));
+        let line = localnet_block_rule().to_string();
+        let prefix = format!("-A {KUBE_FIREWALL} ");
+        shared.push(SharedRule {
+            table: Table::Filter,
+            chain: KUBE_FIREWALL,
+            spec: line.strip_prefix(&prefix).unwrap_or(&line).to_owned(),
+        });
     }
     for rule in &jumps {
         if !chains.contains(&(rule.table, rule.to)) {
@@ -173,5 +223,9 @@ pub fn setup(family: IpFamily, config: &RenderConfig) -> Setup {
     for table in [Table::Mangle, Table::Nat, Table::Filter] {
         chains.push((table, CANARY_CHAIN));
     }
-    Setup { chains, jumps }
+    Setup {
+        chains,
+        jumps,
+        shared,
+    }
 }

@@ -364,5 +364,9 @@ pub fn setup() -> Setup {
         };
         chains.extend(names.iter().map(|c| (table, *c)));
     }
-    Setup { chains, jumps }
+    Setup {
+        chains,
+        jumps,
+        shared: Vec::new(),
+    }
 }
