@@ -147,7 +147,7 @@ fn parse_duration(s: &str) -> Result<Duration, DurationError> {
 ///
 /// Fields under "Process" are options of this run, not configuration; the rest set
 /// `KubeProxyConfiguration` fields (see [`Options::load`] for how they combine with
-/// `--config`). What `--help` shows is [`ABOUT`] and [`HELP_TEMPLATE`], not this comment.
+/// `--config`). What `--help` shows is `ABOUT` and `HELP_TEMPLATE`, not this comment.
 #[derive(Debug, Clone, Default, Parser)]
 #[command(
     name = "kube-proxy",
@@ -207,9 +207,9 @@ pub struct Options {
     #[arg(long, value_name = "PATH", help_heading = "Process")]
     pub manifests: Option<PathBuf>,
 
-    /// kube-proxy-rs extension: serve /debug/explain?dest=IP[:PORT][/PROTO]&from=SRC on the
-    /// metrics listener, the kube-proxy explain answer for the proxier's current state (text,
-    /// or JSON with format=json or Accept: application/json). Off by default: it shows the
+    /// kube-proxy-rs extension: serve /debug/explain?dest=DEST&from=SRC on the metrics
+    /// listener (DEST as for kube-proxy explain), the kube-proxy explain answer for the
+    /// proxier's current state (text, or JSON with format=json or Accept: application/json). Off by default: it shows the
     /// node's services and endpoints to whoever reaches the metrics port, and keeps a copy of
     /// the proxy state per sync.
     #[arg(
