@@ -2,7 +2,7 @@
 //! `kp_config::audit` calls extensions (plus the subcommands `--help` lists and the
 //! `KUBE_PROXY_RS_*` variables the code reads), `docs/metrics.md` is what `/metrics` serves in
 //! each kind of run, README's headline figures are `bench/REPORT.md`'s, and every relative
-//! link in the documents resolves. README's two commands are checked by `readme.rs`.
+//! link in the documents resolves, anchors included. `readme.rs` checks README's two commands.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -250,6 +250,26 @@ fn link_targets(text: &str) -> Vec<String> {
     targets
 }
 
+/// The anchors of a Markdown document's headings, as GitHub makes them: lowercase, letters,
+/// digits, `-` and `_` kept, spaces made `-`, everything else dropped.
+fn anchors(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter(|line| line.starts_with('#'))
+        .map(|line| {
+            line.trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
 #[test]
 fn every_relative_link_resolves() {
     let mut broken = Vec::new();
@@ -259,11 +279,21 @@ fn every_relative_link_resolves() {
         let text = std::fs::read_to_string(&doc).expect("read a document");
         let dir = doc.parent().expect("a document's directory");
         for target in link_targets(&text) {
-            if target.contains("://") || target.starts_with('#') || target.starts_with("mailto:") {
+            if target.contains("://") || target.starts_with("mailto:") {
                 continue;
             }
-            let file = target.split('#').next().unwrap_or_default();
-            if !dir.join(file).exists() {
+            let (file, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let path = if file.is_empty() {
+                doc.clone()
+            } else {
+                dir.join(file)
+            };
+            let resolves = path.exists()
+                && (anchor.is_empty()
+                    || !file.is_empty() && !file.ends_with(".md")
+                    || anchors(&std::fs::read_to_string(&path).unwrap_or_default())
+                        .contains(anchor));
+            if !resolves {
                 broken.push(format!("{}: {target}", doc.display()));
             }
         }
