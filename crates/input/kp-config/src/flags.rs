@@ -132,7 +132,8 @@ Usage:
 Commands:
   explain   Say how this node handles traffic to DEST: the service port it matches, each
             endpoint's verdict, masquerading, affinity, and the objects of the configured
-            proxy mode. Takes the proxy's flags. See kube-proxy explain --help.
+            proxy mode. Reads the proxy's sources and configuration; see kube-proxy
+            explain --help.
   demo      Build a small cluster in network namespaces, run the proxy in it, send traffic
             and show which pod answered; removes everything afterwards (needs root).
 
