@@ -58,7 +58,7 @@ enum Format {
     name = "kube-proxy explain",
     bin_name = "kube-proxy explain",
     about = "Explain how kube-proxy handles traffic to DEST on this node: the service ports it \
-             hits, each endpoint's verdict, masquerading, affinity and the iptables chains.",
+             hits, each endpoint's verdict, masquerading, affinity and the configured mode's objects.",
     after_help = "Exit status: 0 explained (also when DEST is no service), 1 error, 2 usage \
                   error, 3 --verify found differences."
 )]

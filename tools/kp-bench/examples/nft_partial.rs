@@ -1,6 +1,6 @@
 //! Repeat the nftables one-service partial sync against a loaded table and time each one: an
-//! investigation aid for the partial's kernel floor (see "nftables partial: where the time
-//! goes" in the kp-bench README).
+//! investigation aid for the partial's kernel floor (see
+//! bench/notes/2026-11-25-nftables-partial-kernel-floor.md).
 //!
 //! `ip netns exec NS nft_partial SERVICES ENDPOINTS ROUNDS [netlink|nft] [DIR]` loads the
 //! full sync of SERVICES × ENDPOINTS (v4) over netlink into the current network namespace,

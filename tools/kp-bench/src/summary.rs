@@ -491,14 +491,10 @@ fn header(md: &mut String, points: &Points) {
     }
 }
 
-/// Issue 16's targets judged on the stored 10k points, with the recorded reason of each
+/// The targets judged on the stored 10k points, with the recorded reason of each
 /// miss (or the statement that there is none).
 fn targets_section(md: &mut String, points: &Points, reasons: &[(String, String)]) {
-    let _ = writeln!(
-        md,
-        "## Issue 16 targets ({} × 10)\n",
-        targets::TARGET_SERVICES
-    );
+    let _ = writeln!(md, "## Targets ({} × 10)\n", targets::TARGET_SERVICES);
     let _ = writeln!(
         md,
         "Judged on the {} × 10 points below (release build; the ipvs row in the test VM). A \
@@ -702,7 +698,7 @@ pub fn render(points: &Points, reasons: &[(String, String)]) -> Report {
     let _ = writeln!(
         md,
         "## Raw output\n\nThe benchmarks' own tables, as printed (column meanings in \
-         `tools/kp-bench/README.md`).\n"
+         `tools/kp-bench/README.md` and `bench/notes/`).\n"
     );
     for section in &points.raw {
         let _ = writeln!(md, "### {}\n\n{}", section.heading, section.text);
@@ -891,7 +887,7 @@ mod tests {
             "**These points come from 2 different runs**",
             "while nftables, ipvs were measured",
             "| ipvs | 10000 × 10 | 1.55 s | 160 ms | 49.8 MiB | 1.3→1.2 (guest); host 6.1→7.2 |",
-            "## Issue 16 targets (10000 × 10)",
+            "## Targets (10000 × 10)",
             // The nftables 10k point was skipped, so its targets have no figure.
             "| nftables one-service change | `nftables-partial` | < 150 ms | - (skipped: 3000 timed out) | not measured | Measured: the kernel's floor. |",
             "| peak RSS, nftables | `nftables-rss` | < 150 MiB | - (skipped: 3000 timed out) | not measured |",

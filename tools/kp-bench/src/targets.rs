@@ -1,4 +1,4 @@
-//! Issue 16's targets at 10k services × 10 endpoints, judged from the report's points, and
+//! The performance targets at 10k services × 10 endpoints, judged from the report's points, and
 //! the hand-written reasons for the missed ones (`bench/reasons.md`: one `## <key>` section
 //! per target, written by whoever measured why). Pure.
 
@@ -28,7 +28,7 @@ pub enum Metric {
     PeakRss,
 }
 
-/// A target of issue 16.
+/// A performance target.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Target {
     /// Its key in `reasons.md` (`## <key>`).
@@ -43,7 +43,7 @@ pub struct Target {
     pub below: f64,
 }
 
-/// Issue 16's table. The ipvs one is "10× less than the 6–11 s measured before" (partial
+/// The targets table. The ipvs one is "10× less than the 6–11 s measured before" (partial
 /// syncs of a UDP and a TCP NodePort service at 10k×10 in the VM, 2026-11-23: 6.40 s and
 /// 11.22 s), so both below 0.6 s; the manifests edit is judged in nftables mode, where the issue measured its 14.8 s.
 pub const TARGETS: &[Target] = &[

@@ -3,7 +3,11 @@
 //!
 //! - [`exec`]: running `iptables`, `iptables-save` and `iptables-restore` ([`exec::RuleRunner`]).
 //! - [`iptables`]: [`iptables::IptablesBackend`], the `iptables` proxy mode (a
-//!   [`kp_core::backend::Backend`]) applying `kp_rules::iptables` renders, and its cleanup.
+//!   [`kp_core::backend::Backend`]) applying `kp_rules::iptables` renders over nf_tables
+//!   netlink ([`iptables::netlink`]) or with `iptables-restore`, and its cleanup.
+//! - [`nftables`]: the `nftables` proxy mode: `kp_rules::nftables` commands sent as
+//!   transactions over netlink by `kp-nftnl` (`nft -f -` when the encoder refuses a value),
+//!   adopting the existing table on restart, and its cleanup.
 //! - [`ipvs`]: [`ipvs::IpvsBackend`], the `ipvs` proxy mode: IPVS over netlink
 //!   (`kp-ipvs`), the kube-ipvs0 dummy device over rtnetlink, ipsets and a few iptables rules.
 //! - [`conntrack`]: which UDP/SCTP conntrack entries a sync made stale, and deleting them over
@@ -15,8 +19,8 @@
 //! - [`xtables`]: which iptables backend (legacy or nf_tables) the node uses, detected as
 //!   upstream's image does; [`exec::Tools::host`] then runs that backend's tools.
 //!
-//! Nothing here decides *what* to program; that is `kp-core` (state, change tracking) and
-//! `kp-rules` (rule text).
+//! The userspace mode's backend lives in `kp-userspace`. Nothing here decides *what* to
+//! program; that is `kp-core` (state, change tracking) and `kp-rules` (the rules).
 
 pub mod conntrack;
 pub mod exec;

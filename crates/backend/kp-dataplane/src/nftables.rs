@@ -477,7 +477,7 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
         let mut operations = 0;
         // Until both tables are adopted, the family with fewer service ports first: the
         // `nft` listing that adopts a table dumps every chain of the namespace, which takes
-        // seconds once the other family's table holds 100k+ chains (see the kp-bench README).
+        // seconds once the other family's table holds 100k+ chains (see bench/notes/2026-11-23-nftables-after-scale-work.md).
         // Applying goes over netlink without a dump, so later syncs skip this count.
         let mut families = self.sync.families().to_vec();
         if families

@@ -36,7 +36,7 @@ pub const DEFAULT_BUFFER_BYTES: usize = 64 * 1024;
 /// field). Pages are only held while data is in flight.
 pub const DEFAULT_PIPE_BYTES: usize = 1024 * 1024;
 
-/// Copy with splice(2) on Linux: measured with `kp-datapath` (see `tools/kp-bench/README.md`).
+/// Copy with splice(2) on Linux: measured with `kp-datapath` (see `bench/notes/`, 2026-11-23 to 2026-11-25).
 pub const DEFAULT_SPLICE: bool = true;
 
 /// TCP_NODELAY on both sockets of a relayed connection: a request or an ack a protocol

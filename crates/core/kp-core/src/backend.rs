@@ -96,7 +96,8 @@ pub struct RecordedSync {
     pub state: ProxyState,
 }
 
-/// A backend that programs nothing and records every sync, for tests and `--proxy-mode fake`.
+/// A backend that programs nothing and records every sync, for tests. (`--proxy-mode fake`
+/// is the binary's own dry-run backend, which logs each sync instead.)
 ///
 /// Clones share the record, so a test keeps one clone and hands the other to the proxier.
 #[derive(Clone, Debug, Default)]

@@ -112,6 +112,34 @@ impl FromStr for CidrList {
     }
 }
 
+/// The first paragraph of `kube-proxy --help`.
+pub const ABOUT: &str = "\
+The Kubernetes network proxy (kube-proxy-rs) runs on each node. It watches Services,
+EndpointSlices and this node's Node, from the API server or from manifest files, and programs
+the node so that traffic to a Service's cluster IP, node ports, external IPs and load-balancer
+IPs reaches one of its ready endpoints. It takes upstream kube-proxy's flags and
+KubeProxyConfiguration file.";
+
+/// The layout of `kube-proxy --help`, as upstream's: what it is, how to call it (the
+/// subcommands included, which `main` dispatches before these flags are parsed), the flags.
+pub const HELP_TEMPLATE: &str = "\
+{about-with-newline}
+Usage:
+  kube-proxy [flags]
+  kube-proxy explain DEST[:PORT][/PROTO] [--from SRC] [flags]
+  kube-proxy demo [--proxy-mode MODE] [--keep]
+
+Commands:
+  explain   Say how this node handles traffic to DEST: the service port it matches, each
+            endpoint's verdict, masquerading, affinity, and the objects of the configured
+            proxy mode. Reads the proxy's sources and configuration; see kube-proxy
+            explain --help.
+  demo      Build a small cluster in network namespaces, run the proxy in it, send traffic
+            and show which pod answered; removes everything afterwards (needs root).
+
+{all-args}{after-help}
+";
+
 fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     duration::parse(s.trim())
 }
@@ -120,15 +148,19 @@ fn parse_duration(s: &str) -> Result<Duration, DurationError> {
 ///
 /// Fields under "Process" are options of this run, not configuration; the rest set
 /// `KubeProxyConfiguration` fields (see [`Options::load`] for how they combine with
-/// `--config`).
+/// `--config`). What `--help` shows is `ABOUT` and `HELP_TEMPLATE`, not this comment.
 #[derive(Debug, Clone, Default, Parser)]
 #[command(
     name = "kube-proxy",
     display_name = "kube-proxy-rs",
     version,
-    about = "Programs this node so that traffic to Kubernetes Services reaches their endpoints.",
+    about = ABOUT,
+    long_about = None,
+    override_usage = "kube-proxy [flags]",
+    help_template = HELP_TEMPLATE,
     after_help = "When --config is given, the file is the configuration: flags other than \
-                  --hostname-override and the logging flags are then ignored (with a warning).",
+                  --hostname-override, --iptables-backend and the logging flags are then ignored \
+                  (with a warning).",
     args_override_self = true
 )]
 pub struct Options {
@@ -176,11 +208,11 @@ pub struct Options {
     #[arg(long, value_name = "PATH", help_heading = "Process")]
     pub manifests: Option<PathBuf>,
 
-    /// kube-proxy-rs extension: serve `/debug/explain?dest=IP[:PORT][/PROTO]&from=SRC` on the
-    /// metrics listener, the `kube-proxy explain` answer for the proxier's current state
-    /// (text, or JSON with `format=json` or `Accept: application/json`). Off by default: it
-    /// shows the node's services and endpoints to whoever reaches the metrics port, and keeps
-    /// a copy of the proxy state per sync.
+    /// kube-proxy-rs extension: serve /debug/explain?dest=DEST&from=SRC on the metrics
+    /// listener (DEST as for kube-proxy explain), the kube-proxy explain answer for the
+    /// proxier's current state (text, or JSON with format=json or Accept: application/json). Off by default: it shows the
+    /// node's services and endpoints to whoever reaches the metrics port, and keeps a copy of
+    /// the proxy state per sync.
     #[arg(
         long,
         help_heading = "Process",
@@ -225,8 +257,8 @@ pub struct Options {
     #[arg(long, value_name = "auto|legacy|nft", value_parser = crate::IptablesBackend::from_str, help_heading = "Node")]
     pub iptables_backend: Option<crate::IptablesBackend>,
 
-    /// Use this IP as the node's primary IP for rule programming; `::` selects IPv6
-    /// defaults for the servers. Nothing listens on it.
+    /// Use this IP as the node's primary IP for rule programming; :: selects IPv6 defaults
+    /// for the servers. Nothing listens on it.
     #[arg(long, value_name = "IP", help_heading = "Node")]
     pub bind_address: Option<IpAddr>,
 
@@ -1213,6 +1245,30 @@ mod tests {
         let help = Options::command().render_long_help().to_string();
         assert!(help.contains("--manifests <PATH>"));
         assert!(help.contains("--nodeport-addresses <CIDRS>"));
+    }
+
+    #[test]
+    fn help_reads_like_upstreams_and_lists_the_subcommands() {
+        use clap::CommandFactory;
+        for help in [
+            Options::command().render_help().to_string(),
+            Options::command().render_long_help().to_string(),
+        ] {
+            assert!(help.starts_with("The Kubernetes network proxy"), "{help}");
+            for usage in [
+                "  kube-proxy [flags]",
+                "  kube-proxy explain ",
+                "  kube-proxy demo ",
+            ] {
+                assert!(help.contains(usage), "usage line {usage:?}:\n{help}");
+            }
+            assert!(
+                help.contains("\n  explain ") && help.contains("\n  demo "),
+                "{help}"
+            );
+            // Rustdoc's link and code syntax means nothing on a terminal.
+            assert!(!help.contains("[`") && !help.contains('`'), "{help}");
+        }
     }
 
     #[test]

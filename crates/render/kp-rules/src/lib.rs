@@ -1,20 +1,23 @@
-//! Pure rule renderers: the proxy state in, dataplane rule text out.
+//! Pure rule renderers: the proxy state in, each mode's rules out, as typed values.
 //!
-//! Nothing here touches the kernel or the filesystem; the dataplane crates apply what these
-//! renderers return. Keeping rendering pure makes every layout testable with snapshots and
-//! lets the same text be checked with `iptables-restore --test` in a throwaway namespace.
+//! Nothing here touches the kernel or the filesystem; the backend crates apply what these
+//! renderers return (over netlink, or through the tools when the encoder refuses a value).
+//! Keeping rendering pure makes every layout testable with snapshots and lets the same rules
+//! be applied by the real tools in a throwaway namespace.
 //!
 //! - [`iptables`]: upstream kube-proxy's iptables-mode layout (`KUBE-SERVICES`,
-//!   `KUBE-SVC-*`, `KUBE-SEP-*`, ...), for `iptables-restore --noflush`.
+//!   `KUBE-SVC-*`, `KUBE-SEP-*`, ...) as typed rules ([`iptables::rule`]) sent to a sink; their
+//!   `Display` is the `iptables-restore --noflush` text.
 //! - [`nftables`]: upstream's nftables-mode layout (one `kube-proxy` table per family, verdict
-//!   maps), as one `nft -f -` transaction per sync.
+//!   maps) as typed commands ([`nftables::cmd`]); partial syncs plan only the changed services,
+//!   and a full sync can be rendered in steps. Their `Display` is the `nft -f` script.
 //! - [`ipvs`]: upstream's ipvs-mode layout: virtual and real servers, kube-ipvs0 addresses,
 //!   ipsets (as `ipset restore` diffs) and the few iptables rules that go with them.
+//! - [`userspace`]: userspace mode's capture rules (DNAT or REDIRECT to the relay's ports).
+//! - [`plan`]: the per-service-port decisions (chains, policies, filters, firewall,
+//!   masquerade, affinity) made once for the iptables and nftables renderers and `explain`.
 //! - [`explain`]: the same decisions as a readable answer for `kube-proxy explain`, and the
 //!   rule comparison behind `--verify`.
-//! - [`userspace`]: userspace mode's capture rules (redirects to the relay's ports).
-//! - [`plan`]: the per-service-port decisions (chains, policies, filters, firewall,
-//!   masquerade, affinity) shared by the iptables renderer and `explain`.
 
 pub mod explain;
 mod family;

@@ -70,7 +70,7 @@
 //! mod k 0 goto` rules (uniform, like iptables mode's `statistic` rules) instead of one
 //! `numgen random mod n vmap { ... }` rule, because the kernel makes every anonymous map in a
 //! transaction cost a walk over the whole transaction: with one per service the first sync
-//! of 10k services did not finish in minutes (see the kp-bench README). The table's chains,
+//! of 10k services did not finish in minutes (see bench/notes/2026-11-23-why-big-syncs-were-slow.md). The table's chains,
 //! maps, sets and their names are upstream's.
 
 pub mod cmd;

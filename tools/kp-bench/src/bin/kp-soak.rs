@@ -5,8 +5,8 @@
 //! rate through the manifests source for a bounded time, sampling the proxy's resident set,
 //! open file descriptors and threads from `/proc`. It prints each mode's series and a summary
 //! with the least-squares slope of RSS and fds per minute after a warm-up: a leak shows as a
-//! slope that does not fall back to about zero as the run gets longer. See the crate's README
-//! for figures and how to read them. A measurement, not a test: nothing here passes or fails
+//! slope that does not fall back to about zero as the run gets longer. See
+//! bench/notes/2026-11-25-soak.md for figures and how to read them. A measurement, not a test: nothing here passes or fails
 //! on a number.
 
 use std::collections::BTreeMap;

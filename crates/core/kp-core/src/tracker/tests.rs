@@ -577,7 +577,7 @@ fn service_cidrs_reach_the_state_sorted_and_merged() {
 /// The names a service's objects repeat are one allocation each: the Service's ports and its
 /// EndpointSlice's endpoint lists point at the same namespace, service and port name, and
 /// two services of one namespace share it (the 10k × 10 control plane went from ~80 to ~63
-/// MiB with this; tools/kp-bench/README.md).
+/// MiB with this; bench/notes/2026-11-27-control-plane-floor.md).
 #[test]
 fn a_service_and_its_slices_share_their_names() {
     let mut tracker = ChangeTracker::new(NODE);
