@@ -38,7 +38,6 @@ const META: Shape = Fields(&[
     ("namespace", Whole),
     ("labels", Whole),
     ("resourceVersion", Whole),
-    ("uid", Whole),
 ]);
 
 /// A Service: what `kp_core::model::service_ports` reads, and what the manifests source's
@@ -102,7 +101,6 @@ const ENDPOINT_SLICE: Shape = Fields(&[
             ("labels", Whole),
             ("annotations", Whole),
             ("resourceVersion", Whole),
-            ("uid", Whole),
         ]),
     ),
     ("addressType", Whole),
@@ -142,7 +140,6 @@ const NODE: Shape = Fields(&[
             ("name", Whole),
             ("labels", Whole),
             ("resourceVersion", Whole),
-            ("uid", Whole),
             ("deletionTimestamp", Whole),
         ]),
     ),

@@ -803,3 +803,173 @@ async fn client_errors_say_what_was_tried() {
     assert!(matches!(err, ApiError::InvalidMaster { .. }), "{err:?}");
     assert!(err.to_string().contains("--master"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Objects the API server stores that a strict decode refuses
+
+/// `obj` with the odd values a real API server keeps in fields the proxy never reads: Go's
+/// zero time as `null` (the conformance spec "should complete a service status lifecycle"
+/// writes one), a malformed timestamp, managed fields and a field no type knows.
+fn odd(mut obj: Value) -> Value {
+    obj["metadata"]["creationTimestamp"] = json!("not a time");
+    obj["metadata"]["managedFields"] = json!([{ "manager": 7, "time": null }]);
+    obj["status"]["conditions"] = json!([{ "type": "StatusUpdate", "status": "True",
+        "reason": "E2E", "message": "x", "lastTransitionTime": null }]);
+    obj["fieldFromANewerServer"] = json!({ "x": [1, null] });
+    obj
+}
+
+/// `svc(name)` whose port number, which the proxy reads, is not a number.
+fn broken_svc(name: &str) -> Value {
+    let mut obj = odd(svc(name, json!({})));
+    obj["spec"]["ports"][0]["port"] = json!("eighty");
+    obj
+}
+
+fn skipped(kind: &str, n: u64) -> String {
+    format!("kube_proxy_rs_watch_skipped_objects_total{{kind=\"{kind}\"}} {n}\n")
+}
+
+#[tokio::test]
+async fn odd_objects_are_applied_and_unusable_ones_lose_only_themselves() {
+    let cidr = json!({ "metadata": { "name": "kubernetes" },
+                       "spec": { "cidrs": ["10.96.0.0/16"] } });
+    let mut h = Harness::serving(true).await;
+    h.fake.put(SERVICES, svc("a", json!({})));
+    h.fake.put(SERVICES, odd(svc("odd", json!({}))));
+    h.fake.put(SERVICES, broken_svc("broken"));
+    h.fake.put(SLICES, slice("a-1", "a", json!({})));
+    h.fake.put(SLICES, odd(slice("odd-1", "odd", json!({}))));
+    h.fake.put(NODES, odd(node("node-a", "zone-1")));
+    h.fake.put(SERVICE_CIDRS, odd(cidr));
+    h.start(|s| s);
+
+    // At list time: every usable object, the unusable one skipped, nothing failed.
+    let events = h.until_synced(4).await;
+    assert_eq!(
+        of_kind(&events, "Service"),
+        [
+            "Service applied default/a",
+            "Service applied default/odd",
+            "Service synced"
+        ]
+    );
+    assert_eq!(
+        of_kind(&events, "EndpointSlice"),
+        [
+            "EndpointSlice applied default/a-1",
+            "EndpointSlice applied default/odd-1",
+            "EndpointSlice synced"
+        ]
+    );
+    assert_eq!(
+        of_kind(&events, "Node"),
+        ["Node applied node-a", "Node synced"]
+    );
+    assert_eq!(
+        of_kind(&events, "ServiceCIDR"),
+        ["ServiceCIDR applied kubernetes", "ServiceCIDR synced"]
+    );
+    h.assert_metrics(&[&skipped("Service", 1)]);
+    let failures = h.metrics_text();
+    assert!(
+        !failures.contains("kube_proxy_rs_watch_failures_total{"),
+        "no list or watch failed:\n{failures}"
+    );
+    for res in [SERVICES, SLICES, NODES, SERVICE_CIDRS] {
+        while !h.next_request(res).await.watch {}
+    }
+
+    // In the watch stream: odd objects apply as ADDED and MODIFIED...
+    h.fake
+        .apply(SERVICES, "ADDED", odd(svc("odd-2", json!({ "x": "1" }))));
+    assert_eq!(h.recv().await, "Service applied default/odd-2");
+    h.fake.apply(
+        SLICES,
+        "MODIFIED",
+        odd(slice("odd-1", "odd", json!({ "x": "1" }))),
+    );
+    assert_eq!(h.recv().await, "EndpointSlice applied default/odd-1");
+    h.fake
+        .apply(NODES, "MODIFIED", odd(node("node-a", "zone-2")));
+    assert_eq!(h.recv().await, "Node applied node-a");
+    // ...a version that cannot be used is skipped (its last good version stays)...
+    h.fake.apply(SERVICES, "MODIFIED", broken_svc("odd"));
+    h.eventually_metric(&skipped("Service", 2)).await;
+    h.assert_quiet().await;
+    // ...and the watch goes on: a later event still arrives.
+    h.fake.apply(SERVICES, "ADDED", svc("c", json!({})));
+    assert_eq!(h.recv().await, "Service applied default/c");
+
+    // Deletions apply whatever the deleted body holds.
+    h.fake.delete(SERVICES, "default/odd");
+    assert_eq!(h.recv().await, "Service deleted default/odd");
+    h.fake.delete(SERVICES, "default/broken");
+    h.fake.delete(SLICES, "default/odd-1");
+    assert_eq!(h.recv().await, "EndpointSlice deleted default/odd-1");
+    h.fake.delete(SERVICE_CIDRS, "kubernetes");
+    assert_eq!(h.recv().await, "ServiceCIDR deleted kubernetes");
+    h.fake.delete(NODES, "node-a");
+    assert_eq!(h.recv().await, "Node deleted node-a");
+    h.assert_quiet().await;
+    h.stop().await;
+}
+
+/// A list that cannot be decoded at all (not an object list) is retried with the growing
+/// backoff, not twice a second: the watcher's `Init` before the failing list is no success.
+#[tokio::test]
+async fn an_undecodable_list_is_retried_with_backoff() {
+    use axum::routing::get;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let lists = Arc::new(Mutex::new(Vec::new()));
+    let seen = lists.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/services",
+        get(move || {
+            let seen = seen.clone();
+            async move {
+                seen.lock().expect("lock").push(tokio::time::Instant::now());
+                "[\"not a list\"]"
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let client = kube::Client::try_from(kube::Config::new(
+        format!("http://{addr}").parse().expect("url"),
+    ))
+    .expect("client");
+    let policy = RetryPolicy {
+        initial: Duration::from_millis(100),
+        max: Duration::from_millis(800),
+        jitter: false,
+    };
+    let source = ApiSource::new(client, "node-a").retry(policy);
+    let (tx, _rx) = mpsc::channel(64);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(source.run(tx, shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    shutdown.cancel();
+    let _ = timeout(WAIT, task).await;
+    let times = lists.lock().expect("lock").clone();
+    let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    // 100, 200, 400, 800, 800 ms: at most six lists in 2.5 s (twice a second with no backoff
+    // would be ten or more), each gap at least as long as the one before.
+    assert!(
+        (3..=6).contains(&times.len()),
+        "{} lists: {gaps:?}",
+        times.len()
+    );
+    assert!(
+        gaps.windows(2)
+            .all(|w| w[1] + Duration::from_millis(50) >= w[0]),
+        "{gaps:?}"
+    );
+    assert!(
+        gaps.last()
+            .is_some_and(|g| *g >= Duration::from_millis(350)),
+        "{gaps:?}"
+    );
+}

@@ -789,3 +789,99 @@ async fn a_single_file_is_seen_without_waiting_for_the_poll() {
         .await;
     source.stop().await;
 }
+
+/// Objects of every kind as an API server stores them (Go's zero time as `null`, malformed
+/// values in fields the proxy never reads), in YAML and in a JSON `List`.
+const ODD_OBJECTS: &str = r#"apiVersion: v1
+kind: Service
+metadata:
+  name: odd
+  creationTimestamp: null
+  managedFields: [{manager: 7}]
+spec:
+  clusterIP: 10.96.0.20
+  selector: 5
+  ports:
+    - port: 80
+      targetPort: {not: a port}
+status:
+  conditions:
+    - {type: StatusUpdate, status: "True", reason: E2E, message: x, lastTransitionTime: null}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: odd-1
+  labels: {kubernetes.io/service-name: odd}
+  creationTimestamp: not a time
+addressType: IPv4
+endpoints:
+  - addresses: [10.244.1.5]
+    targetRef: {kind: 7}
+ports:
+  - port: 8080
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+status:
+  addresses: [{type: InternalIP, address: 192.168.1.10}]
+  conditions: [{type: Ready, status: "True", lastHeartbeatTime: null}]
+  images: [{names: [x], sizeBytes: not a number}]
+---
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: kubernetes}
+spec: {cidrs: [10.96.0.0/16]}
+status:
+  conditions: [{type: Ready, status: "True", lastTransitionTime: null, reason: "", message: ""}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_objects_load_edit_and_delete_like_any_other() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("odd.yaml");
+    let list = dir.path().join("list.json");
+    std::fs::write(&file, ODD_OBJECTS).expect("write");
+    let item = serde_json::json!({ "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": "in-list", "creationTimestamp": "yesterday" },
+        "spec": { "clusterIP": "10.96.0.21", "ports": [{ "port": 53, "protocol": "UDP" }] },
+        "status": { "conditions": [{ "lastTransitionTime": null }] } });
+    let list_text = |items: serde_json::Value| {
+        serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": items }).to_string()
+    };
+    std::fs::write(&list, list_text(serde_json::json!([item]))).expect("write");
+    let mut source = Running::start(dir.path());
+    let mut events = source.initial().await;
+    events.truncate(events.len() - 4);
+    events.sort();
+    assert_eq!(
+        events,
+        [
+            "Applied EndpointSlice default/odd-1",
+            "Applied Node node-1",
+            "Applied Service default/in-list",
+            "Applied Service default/odd",
+            "Applied ServiceCIDR kubernetes",
+        ]
+    );
+    assert_eq!(source.errors.get(), 0);
+
+    // Edited with another odd value: applied.
+    write_atomically(&file, &ODD_OBJECTS.replace("- port: 80\n", "- port: 81\n"));
+    let (event, _) = source.until_described("Applied Service default/odd").await;
+    assert_eq!(first_port(applied_service(&event).expect("a Service")), 81);
+
+    // A value the proxy reads that does not decode: an error naming the line, no deletion.
+    write_atomically(
+        &file,
+        &ODD_OBJECTS.replace("- port: 80\n", "- port: eighty\n"),
+    );
+    source.errors_reach(1).await;
+    // Deleted (the document removed): the Service goes, whatever its last text held.
+    let others = ODD_OBJECTS.split_once("---\n").expect("documents").1;
+    write_atomically(&file, others);
+    let (_, before) = source.until_described("Deleted Service default/odd").await;
+    assert!(before.is_empty(), "{:?}", source.seen);
+    source.stop().await;
+}

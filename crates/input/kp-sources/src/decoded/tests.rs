@@ -256,3 +256,316 @@ fn problems_stay_one_short_line() {
     assert_eq!(line.chars().count(), PROBLEM_MAX + 1);
     assert_eq!(one_line("short"), "short");
 }
+
+/// What each kind's model (and the manifests source's defaults and validation) reads, written
+/// out independently of the shapes: a mutation at or inside one of these paths, or at one of
+/// their ancestors, may change the model; anywhere else it must not.
+const READ: [(&str, &[&str]); 4] = [
+    (
+        "Service",
+        &[
+            "apiVersion",
+            "kind",
+            "metadata.name",
+            "metadata.namespace",
+            "metadata.labels",
+            "metadata.resourceVersion",
+            "spec.type",
+            "spec.clusterIP",
+            "spec.clusterIPs",
+            "spec.ipFamilies",
+            "spec.ipFamilyPolicy",
+            "spec.externalIPs",
+            "spec.loadBalancerIP",
+            "spec.loadBalancerSourceRanges",
+            "spec.sessionAffinity",
+            "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+            "spec.externalTrafficPolicy",
+            "spec.internalTrafficPolicy",
+            "spec.healthCheckNodePort",
+            "spec.ports[].name",
+            "spec.ports[].protocol",
+            "spec.ports[].port",
+            "spec.ports[].nodePort",
+            "status.loadBalancer.ingress[].ip",
+            "status.loadBalancer.ingress[].ipMode",
+            "status.loadBalancer.ingress[].hostname",
+        ],
+    ),
+    (
+        "EndpointSlice",
+        &[
+            "apiVersion",
+            "kind",
+            "metadata.name",
+            "metadata.namespace",
+            "metadata.labels",
+            "metadata.annotations",
+            "metadata.resourceVersion",
+            "addressType",
+            "ports[].name",
+            "ports[].protocol",
+            "ports[].port",
+            "endpoints[].addresses",
+            "endpoints[].conditions.ready",
+            "endpoints[].conditions.serving",
+            "endpoints[].conditions.terminating",
+            "endpoints[].nodeName",
+            "endpoints[].zone",
+            "endpoints[].hints.forZones[].name",
+            "endpoints[].hints.forNodes[].name",
+        ],
+    ),
+    (
+        "Node",
+        &[
+            "apiVersion",
+            "kind",
+            "metadata.name",
+            "metadata.labels",
+            "metadata.resourceVersion",
+            "metadata.deletionTimestamp",
+            "spec.podCIDR",
+            "spec.podCIDRs",
+            "spec.taints[].key",
+            "spec.taints[].effect",
+            "status.addresses[].type",
+            "status.addresses[].address",
+        ],
+    ),
+    (
+        "ServiceCIDR",
+        &[
+            "apiVersion",
+            "kind",
+            "metadata.name",
+            "metadata.namespace",
+            "metadata.resourceVersion",
+            "spec.cidrs",
+        ],
+    ),
+];
+
+/// A place in a JSON value: object keys and array indices.
+#[derive(Clone, Debug)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// `spec.ports[].port` for `spec`, `ports`, `0`, `port`.
+fn pattern(path: &[Step]) -> String {
+    let mut out = String::new();
+    for step in path {
+        match step {
+            Step::Key(key) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Step::Index(_) => out.push_str("[]"),
+        }
+    }
+    out
+}
+
+/// Whether a change at `path` leaves every read path alone: neither inside one nor above one.
+fn unread(kind: &str, path: &[Step]) -> bool {
+    let at = pattern(path);
+    let reads = READ
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map_or(&[][..], |(_, r)| *r);
+    reads.iter().all(|read| {
+        let inside = at == *read
+            || at.starts_with(&format!("{read}."))
+            || at.starts_with(&format!("{read}["));
+        let above = read.starts_with(&format!("{at}.")) || read.starts_with(&format!("{at}["));
+        !(inside || above)
+    })
+}
+
+/// Every path in `value`, and for each object a path to a key it does not have yet.
+fn paths(value: &Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
+    match value {
+        Value::Object(map) => {
+            let mut fresh = at.clone();
+            fresh.push(Step::Key("fieldOfTheFuture".into()));
+            out.push(fresh);
+            for (key, child) in map {
+                at.push(Step::Key(key.clone()));
+                out.push(at.clone());
+                paths(child, at, out);
+                at.pop();
+            }
+        }
+        Value::Array(items) => {
+            for (index, child) in items.iter().enumerate() {
+                at.push(Step::Index(index));
+                out.push(at.clone());
+                paths(child, at, out);
+                at.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Sets `path` of `value` to `new` (a missing last key is added).
+fn set(value: &mut Value, path: &[Step], new: Value) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut at = value;
+    for step in parents {
+        at = match step {
+            Step::Key(key) => &mut at[key.as_str()],
+            Step::Index(index) => &mut at[*index],
+        };
+    }
+    match last {
+        Step::Key(key) => at[key.as_str()] = new,
+        Step::Index(index) => at[*index] = new,
+    }
+}
+
+/// The model of one object of `kind`, or what kept it from being built.
+fn model_of(kind: &str, value: Value) -> String {
+    fn decoded<K: Watched>(value: Value) -> Result<K, String> {
+        match Decoded::<K>::from_value(value) {
+            Decoded::Usable(object) => Ok(object),
+            Decoded::Unusable(unusable) => Err(unusable.problem),
+        }
+    }
+    match kind {
+        "Service" => format!("{:?}", decoded::<Service>(value).map(|o| service_ports(&o))),
+        "EndpointSlice" => {
+            format!(
+                "{:?}",
+                decoded::<EndpointSlice>(value).map(|o| slice_endpoints(&o))
+            )
+        }
+        "Node" => format!("{:?}", decoded::<Node>(value).map(|o| node_info(&o))),
+        _ => format!(
+            "{:?}",
+            decoded::<ServiceCIDR>(value).map(|o| service_cidr_ranges(&o))
+        ),
+    }
+}
+
+/// The model of `value` read from a manifests file (JSON), as the manifests source builds it.
+fn manifest_model(kind: &str, value: &Value) -> String {
+    let (objects, errors) =
+        crate::manifests::parse_manifests(&value.to_string(), std::path::Path::new("m.json"));
+    let models: Vec<String> = objects
+        .into_iter()
+        .map(|object| match object {
+            crate::manifests::Object::Service(o) => format!("{:?}", service_ports(&o)),
+            crate::manifests::Object::EndpointSlice(o) => format!("{:?}", slice_endpoints(&o)),
+            crate::manifests::Object::Node(o) => format!("{:?}", node_info(&o)),
+            crate::manifests::Object::ServiceCidr(o) => format!("{:?}", service_cidr_ranges(&o)),
+        })
+        .collect();
+    format!(
+        "{kind}: {models:?} {:?}",
+        errors.iter().map(ToString::to_string).collect::<Vec<_>>()
+    )
+}
+
+fn odd_value() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        "[a-z:0-9 ]{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(2, 8, 3, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+            proptest::collection::btree_map("[a-z]{1,6}", inner, 0..3)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Whatever a server puts into fields the proxy does not read, in any object of any kind,
+    /// the model built from it (through the API server's decoding and through a manifests
+    /// file) is the model of the object without it.
+    #[test]
+    fn values_in_unread_fields_never_change_the_model(
+        which in 0usize..4,
+        picks in proptest::collection::vec((proptest::prelude::any::<proptest::sample::Index>(), odd_value()), 1..6),
+    ) {
+        let (kind, original) = [
+            ("Service", service_without_nulls()),
+            ("EndpointSlice", endpoint_slice()),
+            ("Node", node_without_nulls()),
+            ("ServiceCIDR", service_cidr()),
+        ][which].clone();
+        let mut mutated = original.clone();
+        for (pick, new) in picks {
+            let mut all = Vec::new();
+            paths(&mutated, &mut Vec::new(), &mut all);
+            let allowed: Vec<Vec<Step>> =
+                all.into_iter().filter(|p| unread(kind, p)).collect();
+            if allowed.is_empty() {
+                continue;
+            }
+            set(&mut mutated, &allowed[pick.index(allowed.len())], new);
+        }
+        proptest::prop_assert_eq!(
+            model_of(kind, mutated.clone()),
+            model_of(kind, original.clone())
+        );
+        proptest::prop_assert_eq!(manifest_model(kind, &mutated), manifest_model(kind, &original));
+    }
+}
+
+/// [`service`] as a manifest a person writes: the strict decode takes it whole.
+fn service_without_nulls() -> Value {
+    without_unread(service(), &[&["status", "conditions"]])
+}
+
+/// [`node`] without the values the strict type refuses.
+fn node_without_nulls() -> Value {
+    without_unread(
+        node(),
+        &[
+            &["status", "conditions"],
+            &["status", "images"],
+            &["status", "nodeInfo"],
+            &["spec", "taints", "timeAdded"],
+        ],
+    )
+}
+
+#[test]
+fn the_read_list_keeps_mutations_away_from_what_the_model_reads() {
+    // A port number is read; the selector is not; sessionAffinityConfig is above a read path.
+    let at = |p: &str| -> Vec<Step> {
+        p.split('.')
+            .flat_map(|part| match part.strip_suffix("[0]") {
+                Some(key) => vec![Step::Key(key.into()), Step::Index(0)],
+                None => vec![Step::Key(part.into())],
+            })
+            .collect()
+    };
+    assert!(!unread("Service", &at("spec.ports[0].port")));
+    assert!(!unread("Service", &at("spec.sessionAffinityConfig")));
+    assert!(!unread("Service", &at("spec.ports[0]")));
+    assert!(unread("Service", &at("spec.selector")));
+    assert!(unread("Service", &at("spec.ports[0].targetPort")));
+    assert!(unread("Service", &at("status.conditions")));
+    // And such a mutation of a read field does change the model: the test can fail.
+    let mut value = service_without_nulls();
+    set(&mut value, &at("spec.ports[0].port"), json!(81));
+    assert_ne!(
+        model_of("Service", value),
+        model_of("Service", service_without_nulls())
+    );
+}
