@@ -326,8 +326,90 @@ fn api_server_outages(mode: Mode, outage: Duration) {
     );
 }
 
+/// The objects of `service`'s YAML, with what a real API server keeps in fields the proxy
+/// never reads: Go's zero time as `null` in `status.conditions` (Kubernetes' conformance spec
+/// "should complete a service status lifecycle" writes one), a malformed timestamp.
+fn odd_objects(service: &Service) -> Vec<serde_json::Value> {
+    let mut objects = kp_testbed::apiserver::yaml_objects(&service.yaml()).expect("YAML");
+    for obj in &mut objects {
+        obj["metadata"]["creationTimestamp"] = serde_json::json!("not a time");
+        obj["status"]["conditions"] = serde_json::json!([{ "type": "StatusUpdate",
+            "status": "True", "reason": "E2E", "message": "x", "lastTransitionTime": null }]);
+    }
+    objects
+}
+
+/// Whether a connection to `addr`:80 reaches `pod` within [`EVENTUALLY`] (`want`), or
+/// stops reaching it (`!want`); returns how long that took.
+fn eventually(cluster: &Cluster, addr: IpAddr, pod: &str, want: bool, proxy: &Proxy) -> Duration {
+    let start = Instant::now();
+    loop {
+        let outcome = cluster.tcp(cluster.client(), addr, 80).expect("probe runs");
+        if outcome.answered_by(pod) == want {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < EVENTUALLY,
+            "{addr}:80 answered by {pod}: still {outcome:?} after {EVENTUALLY:?}; log:\n{}",
+            proxy.tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Objects the API server accepts but a strict decode refuses, present when the proxy starts
+/// and changed while it runs: everything else is programmed and keeps carrying traffic, the
+/// odd Service works, a version of it whose port does not decode is skipped (its last good
+/// rules stay), and its deletion applies whatever its body holds.
+fn odd_objects_lose_only_themselves(mode: Mode) {
+    let world = World::new(mode);
+    let odd = Service::new("odd", "10.96.0.53")
+        .tcp(80)
+        .endpoints(&world.cluster, &["a"]);
+    for obj in odd_objects(&odd) {
+        world.api.apply(obj).expect("odd objects");
+    }
+    let mut proxy = world.start_proxy();
+    let cluster = &world.cluster;
+    eventually(cluster, ip("10.96.0.53"), "a", true, &proxy);
+    let ((), outcomes) = under_load(cluster, || {
+        let mut broken = odd_objects(&odd).remove(0);
+        assert_eq!(broken["kind"], "Service");
+        broken["spec"]["ports"][0]["port"] = serde_json::json!("eighty");
+        proxy.mark();
+        world.api.apply(broken).expect("broken Service");
+        proxy.wait_for("the broken version skipped", |l| {
+            l.contains("skipping an object the proxy cannot use")
+        });
+        let outcome = cluster
+            .tcp(cluster.client(), ip("10.96.0.53"), 80)
+            .expect("probe");
+        assert!(
+            outcome.answered_by("a"),
+            "last good rules kept: {outcome:?}"
+        );
+        world.api.delete("Service", "default/odd").expect("delete");
+        let took = eventually(cluster, ip("10.96.0.53"), "a", false, &proxy);
+        println!("{mode:?}: the odd Service's deletion took effect after {took:?}");
+    });
+    assert_none_failed(&outcomes, "odd objects", 10);
+    let skipped = proxy.logged(|l| l.contains("skipping an object the proxy cannot use"));
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(skipped[0].len() < 400, "one short line: {}", skipped[0]);
+    let metrics = http_get_path(cluster, cluster.node(), proxy.metrics_address(), "/metrics");
+    let count = metric_sum(&metrics.body, "kube_proxy_rs_watch_skipped_objects_total");
+    assert_eq!(count, Some(1.0), "{}", metrics.body);
+    let failures = metric_sum(&metrics.body, "kube_proxy_rs_watch_failures_total");
+    assert_eq!(failures, None, "no list or watch failed: {}", metrics.body);
+}
+
 mod iptables {
     use super::*;
+
+    #[test]
+    fn odd_objects_lose_only_themselves() {
+        super::odd_objects_lose_only_themselves(Mode::Iptables);
+    }
 
     #[test]
     fn proxy_restarts_under_traffic() {
@@ -342,6 +424,11 @@ mod iptables {
 
 mod nftables {
     use super::*;
+
+    #[test]
+    fn odd_objects_lose_only_themselves() {
+        super::odd_objects_lose_only_themselves(Mode::Nftables);
+    }
 
     #[test]
     fn proxy_restarts_under_traffic() {
