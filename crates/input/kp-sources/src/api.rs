@@ -499,21 +499,7 @@ async fn drive<K>(
             _ => {}
         }
         let events = tracker.handle(event);
-        for (key, problem) in tracker.skipped.drain(..) {
-            ctx.contact
-                .metrics()
-                .skipped_objects
-                .get_or_create(&KindLabel { kind })
-                .inc();
-            if let Some(problem) = problem {
-                tracing::warn!(
-                    kind,
-                    object = %Shown(&key),
-                    %problem,
-                    "skipping an object the proxy cannot use; its last good state is kept"
-                );
-            }
-        }
+        report_skipped(kind, tracker, ctx);
         for out in events {
             if matches!(out, ObjectEvent::Synced) {
                 let took = relist_started.take().map(|t| t.elapsed());
@@ -527,6 +513,25 @@ async fn drive<K>(
             if !sent {
                 return;
             }
+        }
+    }
+}
+
+/// Counts the versions `tracker` skipped, and logs each new problem once.
+fn report_skipped<K>(kind: &'static str, tracker: &mut Tracker<K>, ctx: &Ctx) {
+    for (key, problem) in tracker.skipped.drain(..) {
+        ctx.contact
+            .metrics()
+            .skipped_objects
+            .get_or_create(&KindLabel { kind })
+            .inc();
+        if let Some(problem) = problem {
+            tracing::warn!(
+                kind,
+                object = %Shown(&key),
+                %problem,
+                "skipping an object the proxy cannot use; its last good state is kept"
+            );
         }
     }
 }

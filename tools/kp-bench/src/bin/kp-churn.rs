@@ -11,7 +11,8 @@
 //! - the programming latency of each change: from sending it to the end of the first sync
 //!   that started after it (the sync's start is its log line's arrival minus its `apply` and
 //!   `backend` times; the event reaches the proxy within milliseconds, so that sync has it);
-//! - the proxy's resident memory (VmRSS) every second, and its peak (VmHWM).
+//! - the proxy's resident memory (VmRSS) every second, and its peak (VmHWM);
+//! - the CPU time the proxy used during the churn (user + system), as a share of one core.
 //!
 //! Measurements, not a test: nothing here judges the numbers.
 
@@ -161,6 +162,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
     );
 
     let rss_start = sys::vm_rss_kib(proxy.pid()).unwrap_or(0);
+    let cpu_start = sys::cpu_ticks(proxy.pid()).map(|(user, system)| user + system);
+    let churn_start = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / args.rate.max(0.01));
     let churn_end = Instant::now() + Duration::from_secs(args.duration);
     let mut changes: Vec<Instant> = Vec::new();
@@ -188,6 +191,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
         next_change += interval;
         syncs_until(&mut proxy, next_change, &mut syncs);
     }
+    let cpu_end = sys::cpu_ticks(proxy.pid()).map(|(user, system)| user + system);
+    let churned = churn_start.elapsed();
     syncs_until(&mut proxy, Instant::now() + DRAIN, &mut syncs);
     let rss_end = sys::vm_rss_kib(proxy.pid()).unwrap_or(0);
     let peak = sys::vm_hwm_kib(proxy.pid()).unwrap_or(0);
@@ -218,6 +223,14 @@ fn run(args: &Args) -> anyhow::Result<()> {
         ms(quantile(0.99)),
         ms(quantile(1.0))
     );
+    if let (Some(start), Some(end)) = (cpu_start, cpu_end) {
+        let seconds = end.saturating_sub(start) as f64 / sys::ticks_per_second() as f64;
+        println!(
+            "CPU during the churn: {seconds:.2} s in {:.1} s ({:.1} % of one core)",
+            churned.as_secs_f64(),
+            100.0 * seconds / churned.as_secs_f64()
+        );
+    }
     let mib = |kib: u64| kib as f64 / 1024.0;
     println!(
         "RSS MiB: at start {:.1}, at end {:.1}, peak {:.1}; slope {:+.3} MiB/min over the churn",
