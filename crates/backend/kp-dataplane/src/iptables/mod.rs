@@ -35,6 +35,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::foreign::ForeignChange;
 use kp_core::model::{IpFamily, ServiceName};
 use kp_core::tracker::ProxyState;
 use kp_rules::iptables::{
@@ -666,6 +667,16 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
         let plan = self.cleanup_plan().await;
         self.apply_cleanup(plan).await
     }
+
+    /// Our jumps from the built-in chains, per family: what a flush or a reload removes.
+    async fn verify(&mut self) -> Result<Vec<ForeignChange>, BackendError> {
+        let mut missing = Vec::new();
+        for family in self.sync.families().to_vec() {
+            let setup = setup(family, &self.config.render);
+            missing.extend(missing_jumps(&self.runner, family, &setup).await?);
+        }
+        Ok(missing)
+    }
 }
 
 /// What a cleanup has to remove, found by [`IptablesBackend::cleanup_plan`]: the restores to
@@ -759,20 +770,63 @@ pub async fn ensure_setup<R: RuleRunner>(
         }
     }
     for jump in &setup.jumps {
-        let spec = split_args(&jump.spec);
-        let mut check = owned(&["-t", jump.table.as_str(), "-C", jump.from]);
-        check.extend(spec.iter().cloned());
-        match runner.run(family, &check).await {
-            Ok(()) => continue,
-            Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
-            Err(err) => return Err(fail(err)),
+        if jump_present(runner, family, jump, |code| code == EXIT_NOT_APPLICABLE)
+            .await
+            .map_err(fail)?
+        {
+            continue;
         }
         let mut insert = owned(&["-t", jump.table.as_str(), "-I", jump.from, "1"]);
-        insert.extend(spec);
+        insert.extend(split_args(&jump.spec));
         runner.run(family, &insert).await.map_err(fail)?;
         debug!(?family, from = jump.from, to = jump.to, "inserted jump");
     }
     Ok(())
+}
+
+/// Whether `jump` is in its built-in chain (`iptables -C`); an exit code for which `absent`
+/// holds means it is not, any other failure is an error.
+async fn jump_present<R: RuleRunner>(
+    runner: &R,
+    family: IpFamily,
+    jump: &kp_rules::iptables::JumpRule,
+    absent: impl Fn(i32) -> bool,
+) -> Result<bool, ExecError> {
+    let mut check = owned(&["-t", jump.table.as_str(), "-C", jump.from]);
+    check.extend(split_args(&jump.spec));
+    match runner.run(family, &check).await {
+        Ok(()) => Ok(true),
+        Err(err) if err.exit_code().is_some_and(&absent) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// The canary check of the iptables-based modes: every jump of `setup` from a built-in
+/// chain is still there (a flush of the table, or a deleted chain, takes ours with it). Any
+/// exit code of `iptables -C` means absent: the target chain may be gone too (exit 2).
+pub async fn missing_jumps<R: RuleRunner>(
+    runner: &R,
+    family: IpFamily,
+    setup: &kp_rules::iptables::Setup,
+) -> Result<Vec<ForeignChange>, BackendError> {
+    let mut missing = Vec::new();
+    for jump in &setup.jumps {
+        let present = jump_present(runner, family, jump, |_| true)
+            .await
+            .map_err(|err| BackendError::Apply {
+                what: "iptables canary check".to_owned(),
+                message: err.to_string(),
+            })?;
+        if !present {
+            let table = jump.table.as_str();
+            let detail = format!(
+                "jump from {} to {} missing in table {table} ({family:?})",
+                jump.from, jump.to
+            );
+            missing.push(ForeignChange::new("jump", detail));
+        }
+    }
+    Ok(missing)
 }
 
 /// A writer that counts what passes through it (the `bytes` of the render log line).

@@ -1,0 +1,35 @@
+//! The canary check (our table per family) and re-reading the kernel after a foreign change.
+
+use super::*;
+
+#[tokio::test]
+async fn verify_names_a_missing_table_and_a_foreign_change_makes_the_next_sync_list_again() {
+    let (mut backend, runner, _) = backend(vec![IpFamily::V4]);
+    let state = two_services();
+    let none = BTreeSet::new();
+    backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect("fake succeeds");
+    // The fake lists no table: as after `nft flush ruleset`.
+    assert_eq!(
+        backend.verify().await.expect("fake runs"),
+        vec![ForeignChange::new("table", "table ip kube-proxy missing")]
+    );
+    runner.set_listing(IpFamily::V4, "table ip kube-proxy {\n}\n");
+    assert_eq!(backend.verify().await.expect("fake runs"), vec![]);
+
+    // Told of a change, the backend lists the table again before its next sync.
+    runner.clear_calls();
+    backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect("fake succeeds");
+    assert!(!runner.calls().contains(&NftCall::List(IpFamily::V4)));
+    backend.kernel_changed_behind_our_back();
+    backend
+        .sync(&request(&state, SyncKind::Full, &none, false))
+        .await
+        .expect("fake succeeds");
+    assert!(runner.calls().contains(&NftCall::List(IpFamily::V4)));
+}
