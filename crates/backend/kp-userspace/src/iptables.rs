@@ -16,10 +16,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kp_core::backend::SyncKind;
+use kp_core::foreign::ForeignChange;
 use kp_core::model::{IpFamily, Protocol, ServicePortName};
 use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, FlowFilter, delete_flows};
 use kp_dataplane::exec::{ExecError, RuleRunner};
-use kp_dataplane::iptables::{SavedTable, cleanup_input, ensure_setup};
+use kp_dataplane::iptables::{SavedTable, cleanup_input, ensure_setup, missing_jumps};
 use kp_dataplane::sync::{FamilyErrors, FullSync};
 use kp_rules::iptables::{Setup, Table};
 use kp_rules::userspace::{CaptureConfig, CapturedPort, SERVICE_CHAIN_PREFIXES, jumps, render};
@@ -243,6 +244,25 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         self.relay_addresses.clone_from(&plan.relay_addresses);
         self.forget_stale_udp(plan, moved).await;
         Ok(())
+    }
+
+    /// The jumps from the built-in chains of every family applied, as iptables mode checks.
+    async fn verify(&mut self) -> Result<Vec<ForeignChange>, CaptureError> {
+        let setup = Setup {
+            chains: Vec::new(),
+            jumps: jumps(),
+        };
+        let mut missing = Vec::new();
+        for family in self.chains.keys() {
+            let found = missing_jumps(&self.runner, *family, &setup)
+                .await
+                .map_err(|err| CaptureError::Apply {
+                    what: format!("userspace canary check ({family:?})"),
+                    message: err.to_string(),
+                })?;
+            missing.extend(found);
+        }
+        Ok(missing)
     }
 
     async fn cleanup(&mut self) -> Result<(), CaptureError> {
