@@ -3,8 +3,9 @@
 //! of one transaction and decides, when its `NEWGEN` arrives, whether it changed what the
 //! proxy owns and whose it was; [`spawn`] runs it on a thread over a [`Monitor`].
 //!
-//! A transaction is the proxy's own when its committing thread is one of this process's, or
-//! its process a child of this one (`iptables` run for the setup). While the proxier is
+//! A transaction is the proxy's own when it came over one of the proxy's netlink sockets
+//! (its port id), when its committing thread is one of this process's, or its process a
+//! child of this one (`iptables` run for the setup). While the proxier is
 //! writing (or just stopped) a change of unknown origin is only [`ForeignEvent::Suspect`]:
 //! the proxier then runs the backend's canary check, between syncs, which cannot mistake its
 //! own writes. Deleted rules of built-in chains (where our jumps live, among others') are
@@ -22,7 +23,9 @@ use tracing::{debug, warn};
 use crate::iptables::{KUBE_CHAIN_PREFIX, KUBELET_CHAINS};
 
 /// A change read this long after the proxier's last write may still be that write's.
-pub const OWN_WRITE_GRACE: Duration = Duration::from_millis(500);
+/// (Transactions over the proxy's own netlink sockets are known by their port id; this only
+/// covers the tools it runs, whose process may be gone by the time the change is read.)
+pub const OWN_WRITE_GRACE: Duration = Duration::from_millis(200);
 /// How long one read waits, so the thread notices it should stop.
 const POLL: Duration = Duration::from_millis(200);
 
@@ -85,7 +88,14 @@ impl Classifier {
                 self.object(*object, *deleted, *family, table, name.as_deref());
                 None
             }
-            Message::Generation { pid, .. } => self.end(origin(*pid)),
+            Message::Generation { portid, pid, .. } => {
+                let origin = if kp_nftnl::socket::is_own_portid(*portid) {
+                    Origin::Ours
+                } else {
+                    origin(*pid)
+                };
+                self.end(origin)
+            }
         }
     }
 
@@ -262,6 +272,7 @@ mod tests {
     }
 
     const GEN: Message = Message::Generation {
+        portid: 0,
         pid: Some(1),
         process: None,
     };

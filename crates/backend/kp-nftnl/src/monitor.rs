@@ -67,8 +67,11 @@ pub enum Message {
         /// The chain (tables: none; rules: their chain) or set (sets, elements).
         name: Option<String>,
     },
-    /// The end of a transaction: the thread id that committed it and its process name.
+    /// The end of a transaction: the netlink port, thread id and process name that
+    /// committed it.
     Generation {
+        /// The committing socket's port id (`nlmsg_pid`).
+        portid: u32,
         /// `NFTA_GEN_PROC_PID` (the committing thread's id).
         pid: Option<u32>,
         /// `NFTA_GEN_PROC_NAME`.
@@ -85,7 +88,8 @@ pub fn parse(mut data: &[u8]) -> Vec<Message> {
             break;
         }
         let ty = u16::from_ne_bytes([data[4], data[5]]);
-        if let Some(message) = parse_one(ty, &data[NLMSG_HEADER..len]) {
+        let portid = u32::from_ne_bytes([data[12], data[13], data[14], data[15]]);
+        if let Some(message) = parse_one(ty, portid, &data[NLMSG_HEADER..len]) {
             out.push(message);
         }
         data = &data[len.next_multiple_of(4).min(data.len())..];
@@ -93,7 +97,7 @@ pub fn parse(mut data: &[u8]) -> Vec<Message> {
     out
 }
 
-fn parse_one(ty: u16, body: &[u8]) -> Option<Message> {
+fn parse_one(ty: u16, portid: u32, body: &[u8]) -> Option<Message> {
     if ty >> 8 != NFNL_SUBSYS_NFTABLES || body.len() < NFGENMSG {
         return None;
     }
@@ -101,7 +105,7 @@ fn parse_one(ty: u16, body: &[u8]) -> Option<Message> {
     let attrs = &body[NFGENMSG..];
     let msg = ty & 0xff;
     if msg == NFT_MSG_NEWGEN {
-        return Some(generation(attrs));
+        return Some(generation(portid, attrs));
     }
     // NFT_MSG_{NEW,DEL}{TABLE,CHAIN,RULE,SET,SETELEM}; the name attribute differs.
     let (object, deleted, name_attr) = match msg {
@@ -129,12 +133,13 @@ fn parse_one(ty: u16, body: &[u8]) -> Option<Message> {
     })
 }
 
-fn generation(attrs: &[u8]) -> Message {
+fn generation(portid: u32, attrs: &[u8]) -> Message {
     let pid = attributes(attrs)
         .find(|(ty, _)| *ty == 2)
         .and_then(|(_, v)| <[u8; 4]>::try_from(v).ok())
         .map(u32::from_be_bytes);
     Message::Generation {
+        portid,
         pid,
         process: string_attr(attrs, 3),
     }
@@ -227,7 +232,8 @@ mod tests {
         let mut out = Vec::new();
         out.extend(u32::try_from(16 + body.len()).expect("short").to_ne_bytes());
         out.extend(((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
-        out.extend([0u8; 10]);
+        out.extend([0u8; 6]); // flags, seq
+        out.extend(77u32.to_ne_bytes()); // nlmsg_pid
         out.extend(body);
         out
     }
@@ -256,6 +262,7 @@ mod tests {
                     name: Some("KUBE-SERVICES".into()),
                 },
                 Message::Generation {
+                    portid: 77,
                     pid: Some(4242),
                     process: Some("iptables".into()),
                 },
