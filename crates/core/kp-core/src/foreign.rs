@@ -31,8 +31,9 @@ pub const FREE_RESTORES: u32 = 3;
 pub const BACKOFF_BASE: Duration = Duration::from_millis(250);
 /// The longest delay: the rules are back at most this long after a fight stops.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// A change this long after the previous one starts a new streak.
-pub const CALM: Duration = Duration::from_secs(10);
+/// A change this long after the previous one starts a new streak (longer than the longest
+/// delay, so a steady fight never looks calm).
+pub const CALM: Duration = Duration::from_secs(5);
 
 /// What another program changed, as one event: what kind of object (the metric's `what`
 /// label) and a readable description for the log.
