@@ -12,7 +12,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use kp_config::{KubeProxyConfiguration, Options};
 use kp_core::backend::Backend;
-use kp_core::foreign::DEFAULT_CANARY_PERIOD;
 use kp_core::health::{ProxyHealth, ServiceHealthMap};
 use kp_core::metrics::Metrics;
 use kp_core::model::IpFamily;
@@ -124,7 +123,7 @@ impl Settings {
     }
 
     /// Watches nf_tables for other programs' changes to what `owned` describes (none: only
-    /// the canary checks, every [`DEFAULT_CANARY_PERIOD`], find them).
+    /// the canary checks, every `canaryPeriod`, find them).
     pub fn with_watch(mut self, owned: Option<kp_dataplane::watch::Owned>) -> Self {
         self.watch = owned;
         self
@@ -186,7 +185,7 @@ pub async fn run<B: Backend + 'static>(
     // syncs); elsewhere on a short period.
     let canary_period = match settings.watch {
         Some(_) => Duration::ZERO,
-        None => DEFAULT_CANARY_PERIOD,
+        None => config.canary_period,
     };
     let proxier_config = ProxierConfig::new(node_name)
         .with_min_sync_period(config.min_sync_period())

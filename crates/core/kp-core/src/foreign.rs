@@ -16,10 +16,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Upstream's canary period is its `syncPeriod`; ours defaults to a few seconds, since a
-/// check costs little (see `bench/notes`).
-pub const DEFAULT_CANARY_PERIOD: Duration = Duration::from_secs(2);
-
 /// How long the proxier waits after the first foreign change before it restores, so that the
 /// rest of the same reload (firewalld flushes and deletes table by table, one command each)
 /// is restored by the same sync and reported as one event.

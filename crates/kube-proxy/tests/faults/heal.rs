@@ -7,7 +7,8 @@
 //! in each gap is printed, as is the time each restore took.
 
 use super::*;
-use kp_core::foreign::{BACKOFF_MAX, CALM, DEFAULT_CANARY_PERIOD};
+use kp_config::DEFAULT_CANARY_PERIOD;
+use kp_core::foreign::{BACKOFF_MAX, CALM};
 use kp_core::proxier::FOREIGN_CHANGE_LOG;
 
 /// The issue asks for 1 s where nf_tables notifies; this bound adds margin for a loaded
