@@ -9,7 +9,9 @@
 //!   refused) for [`OUTAGE`] each: nothing fails meanwhile, `/healthz` answers, and a Service
 //!   created once it is back (after the restart: a new server whose history starts at a fresh
 //!   resourceVersion, so the proxy's watches get `410 Gone` and relist) carries traffic within
-//!   seconds. The outage is logged once and counted once.
+//!   seconds. The outage is logged once and counted once;
+//! - another program removes the proxy's rules (module `heal`): they come back within
+//!   seconds, logged and counted once per event, and other programs' rules survive.
 //!
 //! iptables and nftables modes run here; ipvs mode runs the same scenarios inside the test VM
 //! (tools/kp-vm) with shorter outages, as the traffic suite's `ipvs::` scenarios do. Needs
