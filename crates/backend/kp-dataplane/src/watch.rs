@@ -197,12 +197,11 @@ fn is_builtin(chain: &str) -> bool {
 /// Whose a transaction committed by thread `pid` was, `activity` saying whether the proxier
 /// was writing. Reads `/proc`.
 pub fn origin(pid: Option<u32>, activity: &Activity) -> Origin {
-    if let Some(pid) = pid {
-        if std::path::Path::new(&format!("/proc/self/task/{pid}")).exists()
-            || parent_of(pid) == Some(std::process::id())
-        {
-            return Origin::Ours;
-        }
+    if let Some(pid) = pid
+        && (std::path::Path::new(&format!("/proc/self/task/{pid}")).exists()
+            || parent_of(pid) == Some(std::process::id()))
+    {
+        return Origin::Ours;
     }
     if activity.writing_within(OWN_WRITE_GRACE) {
         Origin::Unsure

@@ -67,6 +67,9 @@ pub const MAX_EVENTS_PER_BATCH: usize = 1024;
 /// The first words of the line logged for each change another program made to the rules.
 pub const FOREIGN_CHANGE_LOG: &str = "rules of kube-proxy-rs changed by another program";
 
+/// The message the proxier logs (debug) after each canary check, with the time it took.
+pub const VERIFIED_LOG: &str = "checked the rules in the kernel";
+
 /// Foreign-change reports that may queue; a watcher drops more (one pending is enough).
 const FOREIGN_QUEUE: usize = 64;
 
@@ -395,10 +398,17 @@ impl<B: Backend> Proxier<B> {
         if !self.synced_once || self.foreign.restore_pending {
             return false;
         }
+        let start = Instant::now();
         match self.backend.verify().await {
-            Ok(changes) => changes
-                .into_iter()
-                .fold(false, |found, change| self.record_foreign(change) || found),
+            Ok(changes) => {
+                debug!(took = ?start.elapsed(), found = changes.len(), "{VERIFIED_LOG}");
+                // Every finding is looked at (the ones after the first are logged at debug).
+                let mut found = false;
+                for change in changes {
+                    found |= self.record_foreign(change);
+                }
+                found
+            }
             Err(error) => {
                 warn!(%error, "cannot check the rules in the kernel");
                 false
