@@ -52,7 +52,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
-use kp_core::foreign::ForeignChange;
+use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::IpFamily;
 use kp_rules::nftables::{
     NftOutput, NftScope, NftState, RenderConfig, RenderError, StepRenderError, StepSink, TABLE,
@@ -536,7 +536,7 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
 
     /// The `kube-proxy` table of every family synced so far (`nft flush ruleset`, a
     /// firewall reload deleting all tables).
-    async fn verify(&mut self) -> Result<Vec<ForeignChange>, BackendError> {
+    async fn verify(&mut self, _check: Check) -> Result<Vec<ForeignChange>, BackendError> {
         let mut missing = Vec::new();
         for (family, table) in &self.tables {
             if !table.adopted {

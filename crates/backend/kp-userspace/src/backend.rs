@@ -473,9 +473,12 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
         })
     }
 
-    async fn verify(&mut self) -> Result<Vec<kp_core::foreign::ForeignChange>, BackendError> {
+    async fn verify(
+        &mut self,
+        check: kp_core::foreign::Check,
+    ) -> Result<Vec<kp_core::foreign::ForeignChange>, BackendError> {
         self.capture
-            .verify()
+            .verify(check)
             .await
             .map_err(|e| BackendError::Apply {
                 what: "userspace canary check".into(),

@@ -64,8 +64,10 @@ pub trait Capture: Send {
     /// [`kp_core::backend::Backend::verify`]).
     fn verify(
         &mut self,
+        check: kp_core::foreign::Check,
     ) -> impl Future<Output = Result<Vec<kp_core::foreign::ForeignChange>, CaptureError>> + Send
     {
+        let _ = check;
         std::future::ready(Ok(Vec::new()))
     }
 }

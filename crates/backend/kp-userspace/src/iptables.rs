@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kp_core::backend::SyncKind;
-use kp_core::foreign::ForeignChange;
+use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, Protocol, ServicePortName};
 use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, FlowFilter, delete_flows};
 use kp_dataplane::exec::{ExecError, RuleRunner};
@@ -247,14 +247,14 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
     }
 
     /// The jumps from the built-in chains of every family applied, as iptables mode checks.
-    async fn verify(&mut self) -> Result<Vec<ForeignChange>, CaptureError> {
+    async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, CaptureError> {
         let setup = Setup {
             chains: Vec::new(),
             jumps: jumps(),
         };
         let mut missing = Vec::new();
         for family in self.chains.keys() {
-            let found = missing_jumps(&self.runner, *family, &setup)
+            let found = missing_jumps(&self.runner, *family, &setup, check)
                 .await
                 .map_err(|err| CaptureError::Apply {
                     what: format!("userspace canary check ({family:?})"),

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 
-use crate::foreign::ForeignChange;
+use crate::foreign::{Check, ForeignChange};
 use crate::model::ServiceName;
 use crate::tracker::ProxyState;
 
@@ -83,7 +83,11 @@ pub trait Backend: Send {
     /// canaries: jumps from the built-in chains, our tables, devices). Called on the canary
     /// period, before every periodic sync and when a watcher cannot tell whose a change was;
     /// never during a sync. Each finding is one foreign change; empty: all in place.
-    fn verify(&mut self) -> impl Future<Output = Result<Vec<ForeignChange>, BackendError>> + Send {
+    fn verify(
+        &mut self,
+        check: Check,
+    ) -> impl Future<Output = Result<Vec<ForeignChange>, BackendError>> + Send {
+        let _ = check;
         std::future::ready(Ok(Vec::new()))
     }
 
@@ -205,7 +209,7 @@ impl Backend for FakeBackend {
         Ok(())
     }
 
-    async fn verify(&mut self) -> Result<Vec<ForeignChange>, BackendError> {
+    async fn verify(&mut self, _check: Check) -> Result<Vec<ForeignChange>, BackendError> {
         let mut record = self.lock();
         record.verifies += 1;
         Ok(std::mem::take(&mut record.foreign))

@@ -58,6 +58,17 @@ impl fmt::Display for ForeignChange {
     }
 }
 
+/// How much a canary check looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// The short-period check: only what is cheap to read at any scale (iptables-legacy
+    /// copies a whole table to read one chain, and nat holds every service's rules).
+    Canary,
+    /// Before periodic syncs and when a watcher cannot tell whose a change was: everything
+    /// the check covers.
+    Thorough,
+}
+
 /// What a watcher tells the proxier.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ForeignEvent {

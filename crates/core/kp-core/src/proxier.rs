@@ -33,7 +33,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::backend::{Backend, SyncKind, SyncRequest};
 use crate::event::{ObjectEvent, SourceEvent};
-use crate::foreign::{Activity, Backoff, ForeignChange, ForeignEvent, SETTLE};
+use crate::foreign::{Activity, Backoff, Check, ForeignChange, ForeignEvent, SETTLE};
 use crate::health::{ProxyHealth, ServiceHealth, ServiceHealthMap};
 use crate::metrics::{ForeignLabels, KindLabel, Metrics, TrafficPolicyLabel};
 use crate::model::{Endpoint, ServiceName};
@@ -344,14 +344,14 @@ impl<B: Backend> Proxier<B> {
                     if reason == RunReason::Periodic && self.synced_once {
                         // The periodic sync checks, rather than assumes, that the kernel
                         // still holds what was written; this very sync restores what is not.
-                        self.verify().await;
+                        self.verify(Check::Thorough).await;
                     }
                     let ok = self.sync(reason, started).await;
                     self.runner.finished(ok);
                 }
                 Some(event) = self.foreign.rx.recv() => self.on_foreign(event).await,
                 _ = tick(&mut canary), if self.synced_once && !self.foreign.restore_pending => {
-                    if self.verify().await {
+                    if self.verify(Check::Canary).await {
                         self.schedule_restore();
                     }
                 }
@@ -385,7 +385,7 @@ impl<B: Backend> Proxier<B> {
                 }
             }
             ForeignEvent::Suspect => {
-                if self.verify().await {
+                if self.verify(Check::Thorough).await {
                     self.schedule_restore();
                 }
             }
@@ -394,14 +394,14 @@ impl<B: Backend> Proxier<B> {
 
     /// Run the backend's canary check and record what it finds missing; returns whether a
     /// restore is now needed.
-    async fn verify(&mut self) -> bool {
+    async fn verify(&mut self, check: Check) -> bool {
         if !self.synced_once || self.foreign.restore_pending {
             return false;
         }
         let start = Instant::now();
-        match self.backend.verify().await {
+        match self.backend.verify(check).await {
             Ok(changes) => {
-                debug!(took = ?start.elapsed(), found = changes.len(), "{VERIFIED_LOG}");
+                debug!(?check, took = ?start.elapsed(), found = changes.len(), "{VERIFIED_LOG}");
                 // Every finding is looked at (the ones after the first are logged at debug).
                 let mut found = false;
                 for change in changes {

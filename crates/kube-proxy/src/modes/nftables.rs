@@ -4,7 +4,7 @@
 
 use anyhow::Context as _;
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
-use kp_core::foreign::ForeignChange;
+use kp_core::foreign::{Check, ForeignChange};
 use kp_dataplane::iptables::IptablesBackend;
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::watch::Owned;
@@ -131,8 +131,8 @@ impl Backend for NftablesMode {
         nft.and(iptables)
     }
 
-    async fn verify(&mut self) -> Result<Vec<ForeignChange>, BackendError> {
-        self.nft.verify().await
+    async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
+        self.nft.verify(check).await
     }
 
     fn kernel_changed_behind_our_back(&mut self) {
@@ -197,8 +197,8 @@ impl<B: Backend> Backend for RemovesNftablesLeftovers<B> {
         self.inner.recheck_after()
     }
 
-    async fn verify(&mut self) -> Result<Vec<ForeignChange>, BackendError> {
-        self.inner.verify().await
+    async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
+        self.inner.verify(check).await
     }
 
     fn kernel_changed_behind_our_back(&mut self) {

@@ -18,6 +18,9 @@ const NOTIFIED_BOUND: Duration = Duration::from_secs(3);
 const POLL: Duration = Duration::from_millis(25);
 /// How long the fighting loop runs.
 const FIGHT: Duration = Duration::from_secs(10);
+/// iptables-legacy's `syncPeriod` here: its nat table (every service's rules, copied whole
+/// for any read) is only checked before periodic syncs.
+const LEGACY_SYNC_PERIOD: Duration = Duration::from_secs(5);
 /// At most this many restores during the fight: more would mean the proxy spins.
 const FIGHT_RESTORES: usize = 20;
 
@@ -97,6 +100,8 @@ pub struct Removal {
     events: std::ops::RangeInclusive<usize>,
     /// Rewrites in a loop for [`FIGHT`]: the proxy must back off.
     fight: bool,
+    /// Found only by the check before periodic syncs (legacy's nat).
+    periodic: bool,
 }
 
 /// Exits 0 when the steady Service is dispatched again from nat `PREROUTING`.
@@ -108,7 +113,12 @@ fn iptables_restored(ipt: &str, capture: bool) -> String {
             "{ipt} -t nat -C PREROUTING -m comment --comment 'kubernetes service portals' -j KUBE-SERVICES"
         )
     };
-    format!("{entry} && {ipt} -t nat -S | grep -q {STEADY_IP}")
+    let filter = if capture {
+        String::new()
+    } else {
+        format!(" && {ipt} -t filter -S INPUT | grep -q -- '-j KUBE-'")
+    };
+    format!("{entry} && {ipt} -t nat -S | grep -q {STEADY_IP}{filter}")
 }
 
 /// The removals for iptables-based modes (`capture`: userspace mode's chains).
@@ -122,9 +132,14 @@ pub fn iptables_removals(kernel: Kernel, capture: bool) -> Vec<Removal> {
         keeps_foreign,
         events: 1..=1,
         fight: false,
+        periodic: false,
     };
+    let legacy = kernel == Kernel::IptablesLegacy;
     let mut removals = vec![
-        one("iptables -t nat -F", format!("{ipt} -t nat -F"), true),
+        Removal {
+            periodic: legacy,
+            ..one("iptables -t nat -F", format!("{ipt} -t nat -F"), true)
+        },
         Removal {
             events: 1..=2,
             ..one(
@@ -155,14 +170,16 @@ pub fn iptables_removals(kernel: Kernel, capture: bool) -> Vec<Removal> {
             false,
         ));
     }
+    // Legacy's short-period canaries are the filter table's jumps.
+    let (fought, table) = if legacy {
+        ("iptables -t filter -F every 100 ms for 10 s", "filter")
+    } else {
+        ("iptables -t nat -F every 100 ms for 10 s", "nat")
+    };
     removals.push(Removal {
         events: 1..=FIGHT_RESTORES,
         fight: true,
-        ..one(
-            "iptables -t nat -F every 100 ms for 10 s",
-            fight_loop(&format!("{ipt} -t nat -F")),
-            true,
-        )
+        ..one(fought, fight_loop(&format!("{ipt} -t {table} -F")), !legacy)
     });
     removals
 }
@@ -177,6 +194,7 @@ pub fn nftables_removals() -> Vec<Removal> {
         keeps_foreign,
         events: 1..=1,
         fight: false,
+        periodic: false,
     };
     vec![
         one(
@@ -215,7 +233,10 @@ fn fight_loop(command: &str) -> String {
 pub fn heals(mode: Mode, kernel: Kernel, removals: Vec<Removal>) {
     let mut world = World::new(mode);
     if kernel == Kernel::IptablesLegacy {
-        world.flags = std::mem::take(&mut world.flags).flag("--iptables-backend=legacy");
+        let period = format!("--iptables-sync-period={}s", LEGACY_SYNC_PERIOD.as_secs());
+        world.flags = std::mem::take(&mut world.flags)
+            .flag("--iptables-backend=legacy")
+            .flag(&period);
     }
     let mut proxy = world.start_proxy();
     for removal in removals {
@@ -273,12 +294,13 @@ fn heal_one(world: &World, proxy: &mut Proxy, kernel: Kernel, removal: &Removal)
         }
         // From the end of the removal (the fight's last rewrite).
         let since = Instant::now();
-        let bound = kernel.bound()
-            + if removal.fight {
-                BACKOFF_MAX
-            } else {
-                Duration::ZERO
-            };
+        let mut bound = kernel.bound();
+        if removal.fight {
+            bound += BACKOFF_MAX;
+        }
+        if removal.periodic {
+            bound += LEGACY_SYNC_PERIOD;
+        }
         let took = wait_restored(world, &removal.restored, since, bound, &what, proxy);
         let outcome = cluster
             .tcp(cluster.client(), ip(STEADY_IP), 80)

@@ -35,7 +35,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
-use kp_core::foreign::ForeignChange;
+use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_core::tracker::ProxyState;
 use kp_rules::iptables::{
@@ -669,11 +669,11 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
     }
 
     /// Our jumps from the built-in chains, per family: what a flush or a reload removes.
-    async fn verify(&mut self) -> Result<Vec<ForeignChange>, BackendError> {
+    async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
         let mut missing = Vec::new();
         for family in self.sync.families().to_vec() {
             let setup = setup(family, &self.config.render);
-            missing.extend(missing_jumps(&self.runner, family, &setup).await?);
+            missing.extend(missing_jumps(&self.runner, family, &setup, check).await?);
         }
         Ok(missing)
     }
@@ -804,13 +804,20 @@ async fn jump_present<R: RuleRunner>(
 /// The canary check of the iptables-based modes: every jump of `setup` from a built-in
 /// chain is still there (a flush of the table, or a deleted chain, takes ours with it). Any
 /// exit code of `iptables -C` means absent: the target chain may be gone too (exit 2).
+/// The short-period check ([`Check::Canary`]) leaves out nat's jumps: reading any chain of
+/// a table copies all of it on iptables-legacy, and nat holds every service's rules.
 pub async fn missing_jumps<R: RuleRunner>(
     runner: &R,
     family: IpFamily,
     setup: &kp_rules::iptables::Setup,
+    check: Check,
 ) -> Result<Vec<ForeignChange>, BackendError> {
     let mut missing = Vec::new();
-    for jump in &setup.jumps {
+    let checked = setup
+        .jumps
+        .iter()
+        .filter(|jump| check == Check::Thorough || jump.table != Table::Nat);
+    for jump in checked {
         let present = jump_present(runner, family, jump, |_| true)
             .await
             .map_err(|err| BackendError::Apply {
