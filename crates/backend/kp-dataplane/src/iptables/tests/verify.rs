@@ -7,11 +7,7 @@ use kp_core::foreign::Check;
 async fn verify_finds_nothing_after_a_sync_and_names_each_removed_jump() {
     let (mut backend, runner, _) = backend(vec![IpFamily::V4]);
     let state = two_services();
-    let none = BTreeSet::new();
-    backend
-        .sync(&request(&state, SyncKind::Full, &none, false))
-        .await
-        .expect("fake succeeds");
+    sync_full(&mut backend, &state).await;
     assert_eq!(
         backend.verify(Check::Thorough).await.expect("fake runs"),
         vec![]
@@ -47,10 +43,7 @@ async fn verify_finds_nothing_after_a_sync_and_names_each_removed_jump() {
     );
 
     // The full sync that restores it puts the jump back; the check is then quiet.
-    backend
-        .sync(&request(&state, SyncKind::Full, &none, false))
-        .await
-        .expect("fake succeeds");
+    sync_full(&mut backend, &state).await;
     assert_eq!(
         backend.verify(Check::Thorough).await.expect("fake runs"),
         vec![]

@@ -7,11 +7,7 @@ use kp_core::foreign::Check;
 async fn verify_names_a_missing_table_and_a_foreign_change_makes_the_next_sync_list_again() {
     let (mut backend, runner, _) = backend(vec![IpFamily::V4]);
     let state = two_services();
-    let none = BTreeSet::new();
-    backend
-        .sync(&request(&state, SyncKind::Full, &none, false))
-        .await
-        .expect("fake succeeds");
+    sync_full(&mut backend, &state).await;
     // The fake lists no table: as after `nft flush ruleset`.
     assert_eq!(
         backend.verify(Check::Thorough).await.expect("fake runs"),
@@ -25,15 +21,9 @@ async fn verify_names_a_missing_table_and_a_foreign_change_makes_the_next_sync_l
 
     // Told of a change, the backend lists the table again before its next sync.
     runner.clear_calls();
-    backend
-        .sync(&request(&state, SyncKind::Full, &none, false))
-        .await
-        .expect("fake succeeds");
+    sync_full(&mut backend, &state).await;
     assert!(!runner.calls().contains(&NftCall::List(IpFamily::V4)));
     backend.kernel_changed_behind_our_back();
-    backend
-        .sync(&request(&state, SyncKind::Full, &none, false))
-        .await
-        .expect("fake succeeds");
+    sync_full(&mut backend, &state).await;
     assert!(runner.calls().contains(&NftCall::List(IpFamily::V4)));
 }
