@@ -348,6 +348,12 @@ impl<B: Backend> Proxier<B> {
                     }
                     let ok = self.sync(reason, started).await;
                     self.runner.finished(ok);
+                    if !ok && self.foreign.restore_pending {
+                        // The other program was likely still writing (a reload's next
+                        // command deleted a chain the restore had just created): try again
+                        // soon, with the back-off, not after the retry interval.
+                        self.schedule_restore();
+                    }
                 }
                 Some(event) = self.foreign.rx.recv() => self.on_foreign(event).await,
                 _ = tick(&mut canary), if self.synced_once && !self.foreign.restore_pending => {

@@ -172,3 +172,23 @@ async fn changes_before_the_first_sync_are_ignored() {
     assert_eq!(h.foreign_count("chain"), 0);
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_restore_that_fails_is_tried_again_soon_not_after_the_retry_interval() {
+    let h = Harness::started().await;
+    h.backend.fail_next(1);
+    h.report(ForeignEvent::Changed(chain_missing())).await;
+    run_for(SETTLE).await;
+    settle().await;
+    assert_eq!(h.syncs().len(), 2, "the failed restore");
+    run_for(SETTLE).await;
+    settle().await;
+    let syncs = h.syncs();
+    assert_eq!(
+        syncs.len(),
+        3,
+        "tried again {SETTLE:?} later, well before {SYNC_PERIOD:?}"
+    );
+    assert_eq!(syncs[2].kind, SyncKind::Full);
+    h.stop().await;
+}
