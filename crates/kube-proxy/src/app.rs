@@ -42,6 +42,8 @@ pub struct Settings {
     debug_explain: bool,
     /// Userspace mode's affinity tables, for `/debug/explain` to name a client's pin.
     affinity: Option<kp_userspace::AffinityTables>,
+    /// What the mode owns on nf_tables, watched for other programs' changes.
+    watch: Option<kp_dataplane::watch::Owned>,
     /// The IP families the kernel has (what `/healthz` reports on).
     families: Vec<IpFamily>,
     /// The manifests source, started at start-up to read this node's Node from its first
@@ -108,6 +110,7 @@ impl Settings {
             master: options.master.clone(),
             debug_explain: options.debug_explain,
             affinity: None,
+            watch: None,
             families: host.families.clone(),
             source,
         }
@@ -116,6 +119,13 @@ impl Settings {
     /// Lets `/debug/explain` name which endpoint a client is pinned to (userspace mode).
     pub fn with_affinity(mut self, affinity: kp_userspace::AffinityTables) -> Self {
         self.affinity = Some(affinity);
+        self
+    }
+
+    /// Watches nf_tables for other programs' changes to what `owned` describes (none: only
+    /// the canary checks, every `canaryPeriod`, find them).
+    pub fn with_watch(mut self, owned: Option<kp_dataplane::watch::Owned>) -> Self {
+        self.watch = owned;
         self
     }
 
@@ -171,9 +181,16 @@ pub async fn run<B: Backend + 'static>(
         shutdown.clone(),
     ));
 
+    // Where nf_tables notifies, the canaries are checked when it does (and before periodic
+    // syncs); elsewhere on a short period.
+    let canary_period = match settings.watch {
+        Some(_) => Duration::ZERO,
+        None => config.canary_period,
+    };
     let proxier_config = ProxierConfig::new(node_name)
         .with_min_sync_period(config.min_sync_period())
-        .with_sync_period(config.sync_period());
+        .with_sync_period(config.sync_period())
+        .with_canary_period(canary_period);
     let health = Arc::new(ProxyHealth::new(config.sync_period()));
     let mode = backend.mode();
     let proxier = Proxier::new(proxier_config, backend, health.clone(), metrics)
@@ -208,10 +225,19 @@ pub async fn run<B: Backend + 'static>(
         node_port_ips: crate::node_ips::health_check_addresses(&settings.node.node_ports),
     };
     let admin_thread = admin.spawn(shutdown.clone())?;
+    let watcher = settings
+        .watch
+        .and_then(|owned| start_watch(owned, &proxier, mode));
     tracing::info!(mode, "Proxier starting");
 
     let result = proxier.run(events_rx, shutdown.clone()).await;
     shutdown.cancel();
+    if let Some((stop, thread)) = watcher {
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if thread.join().is_err() {
+            tracing::warn!("nf_tables watch thread panicked");
+        }
+    }
     if let Err(error) = source.await {
         tracing::warn!(%error, "source task ended abnormally");
     }
@@ -231,6 +257,37 @@ pub async fn run<B: Backend + 'static>(
     }
     tracing::info!("Shut down cleanly");
     Ok(())
+}
+
+/// The nf_tables watch thread and its stop flag; `None` (logged) when the kernel refuses
+/// the subscription, leaving the canary checks before periodic syncs.
+fn start_watch<B: Backend>(
+    owned: kp_dataplane::watch::Owned,
+    proxier: &Proxier<B>,
+    mode: &str,
+) -> Option<(
+    Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<()>,
+)> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    match kp_dataplane::watch::spawn(
+        owned,
+        proxier.activity(),
+        proxier.foreign_events(),
+        stop.clone(),
+    ) {
+        Ok(thread) => {
+            tracing::info!(
+                mode,
+                "Watching nf_tables for changes other programs make to our rules"
+            );
+            Some((stop, thread))
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch nf_tables; other programs' changes are found by the periodic check only");
+            None
+        }
+    }
 }
 
 /// Starts the manifests source (with `--manifests`) or the API source.

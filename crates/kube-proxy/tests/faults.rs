@@ -9,12 +9,16 @@
 //!   refused) for [`OUTAGE`] each: nothing fails meanwhile, `/healthz` answers, and a Service
 //!   created once it is back (after the restart: a new server whose history starts at a fresh
 //!   resourceVersion, so the proxy's watches get `410 Gone` and relist) carries traffic within
-//!   seconds. The outage is logged once and counted once.
+//!   seconds. The outage is logged once and counted once;
+//! - another program removes the proxy's rules (module `heal`): they come back within
+//!   seconds, logged and counted once per event, and other programs' rules survive.
 //!
 //! iptables and nftables modes run here; ipvs mode runs the same scenarios inside the test VM
 //! (tools/kp-vm) with shorter outages, as the traffic suite's `ipvs::` scenarios do. Needs
 //! root; build the helpers first: `cargo build -p kp-testbed --bins`.
 
+#[path = "faults/heal.rs"]
+mod heal;
 #[allow(dead_code, unused_imports)]
 #[path = "traffic/support.rs"]
 mod support;
@@ -420,6 +424,38 @@ mod iptables {
     fn api_server_stopped_and_killed() {
         api_server_outages(Mode::Iptables, OUTAGE);
     }
+
+    #[test]
+    fn rules_removed_by_other_programs_come_back() {
+        let removals = heal::iptables_removals(heal::Kernel::IptablesNft, false);
+        heal::heals(Mode::Iptables, heal::Kernel::IptablesNft, removals);
+    }
+
+    #[test]
+    fn rules_removed_by_other_programs_come_back_through_iptables_restore() {
+        let removals = heal::iptables_removals(heal::Kernel::IptablesNft, false);
+        heal::heals(Mode::IptablesRestore, heal::Kernel::IptablesNft, removals);
+    }
+
+    #[test]
+    fn rules_removed_by_other_programs_come_back_on_iptables_legacy() {
+        let removals = heal::iptables_removals(heal::Kernel::IptablesLegacy, false);
+        heal::heals(
+            Mode::IptablesRestore,
+            heal::Kernel::IptablesLegacy,
+            removals,
+        );
+    }
+}
+
+mod userspace {
+    use super::*;
+
+    #[test]
+    fn capture_rules_removed_by_other_programs_come_back() {
+        let removals = heal::iptables_removals(heal::Kernel::IptablesNft, true);
+        heal::heals(Mode::Userspace, heal::Kernel::IptablesNft, removals);
+    }
 }
 
 mod nftables {
@@ -438,6 +474,15 @@ mod nftables {
     #[test]
     fn api_server_stopped_and_killed() {
         api_server_outages(Mode::Nftables, OUTAGE);
+    }
+
+    #[test]
+    fn rules_removed_by_other_programs_come_back() {
+        heal::heals(
+            Mode::Nftables,
+            heal::Kernel::Nftables,
+            heal::nftables_removals(),
+        );
     }
 }
 

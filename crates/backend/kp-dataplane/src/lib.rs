@@ -18,6 +18,8 @@
 //!   ([`sysctls::Sysctl`]).
 //! - [`xtables`]: which iptables backend (legacy or nf_tables) the node uses, detected as
 //!   upstream's image does; [`exec::Tools::host`] then runs that backend's tools.
+//! - [`watch`]: nf_tables notifications read on a thread, telling the proxier when another
+//!   program changed its rules.
 //!
 //! The userspace mode's backend lives in `kp-userspace`. Nothing here decides *what* to
 //! program; that is `kp-core` (state, change tracking) and `kp-rules` (the rules).
@@ -29,6 +31,7 @@ pub mod ipvs;
 pub mod nftables;
 pub mod sync;
 pub mod sysctls;
+pub mod watch;
 pub mod xtables;
 
 #[cfg(any(test, feature = "test-util"))]

@@ -52,6 +52,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::IpFamily;
 use kp_rules::nftables::{
     NftOutput, NftScope, NftState, RenderConfig, RenderError, StepRenderError, StepSink, TABLE,
@@ -531,6 +532,38 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
             rules_written: operations,
             skipped: Vec::new(),
         })
+    }
+
+    /// The `kube-proxy` table of every family synced so far (`nft flush ruleset`, a
+    /// firewall reload deleting all tables).
+    async fn verify(&mut self, _check: Check) -> Result<Vec<ForeignChange>, BackendError> {
+        let mut missing = Vec::new();
+        for (family, table) in &self.tables {
+            if !table.adopted {
+                continue;
+            }
+            let exists =
+                self.runner
+                    .table_exists(*family)
+                    .await
+                    .map_err(|err| BackendError::Apply {
+                        what: "nftables canary check".to_owned(),
+                        message: err.to_string(),
+                    })?;
+            if !exists {
+                let detail = format!("table {} {TABLE} missing", table_family(*family));
+                missing.push(ForeignChange::new("table", detail));
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Read the tables again before the next sync ([`NftState::adopt`]): what the
+    /// bookkeeping says they hold may be gone.
+    fn kernel_changed_behind_our_back(&mut self) {
+        for table in self.tables.values_mut() {
+            table.adopted = false;
+        }
     }
 
     async fn cleanup(&mut self) -> Result<(), BackendError> {

@@ -76,3 +76,11 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
         .expect("runtime")
         .block_on(future)
 }
+
+/// One full sync of `state` through `backend`, which must succeed (a fake's does).
+pub async fn sync_full<B: kp_core::backend::Backend>(backend: &mut B, state: &ProxyState) {
+    backend
+        .sync(&request(state, SyncKind::Full, &BTreeSet::new(), false))
+        .await
+        .expect("the sync succeeds");
+}

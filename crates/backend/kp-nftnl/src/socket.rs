@@ -82,6 +82,32 @@ pub struct NftSocket {
     socket: Socket,
     seq: u32,
     send_buffer: usize,
+    /// The kernel's address of this socket, in [`own_portids`] while it is open.
+    portid: Option<u32>,
+}
+
+/// The netlink port ids of this process's open [`NftSocket`]s: the kernel stamps every
+/// change notification with the port id of the socket whose transaction made it, so a
+/// watcher can tell the proxy's own transactions from others' ([`crate::monitor`]).
+static OWN_PORTIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Whether `portid` is one of this process's open [`NftSocket`]s.
+pub fn is_own_portid(portid: u32) -> bool {
+    OWN_PORTIDS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&portid)
+}
+
+impl Drop for NftSocket {
+    fn drop(&mut self) {
+        if let Some(portid) = self.portid {
+            let mut own = OWN_PORTIDS.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(at) = own.iter().position(|p| *p == portid) {
+                own.swap_remove(at);
+            }
+        }
+    }
 }
 
 impl NftSocket {
@@ -99,11 +125,23 @@ impl NftSocket {
                 rustix::net::sockopt::set_socket_recv_buffer_size(&socket, DEFAULT_RECV_BUFFER)
             })
             .map_err(|e| ApplyError::Socket(e.into()))?;
+        let mut address = SocketAddr::new(0, 0);
+        let portid = socket
+            .get_address(&mut address)
+            .ok()
+            .map(|()| address.port_number());
+        if let Some(portid) = portid {
+            OWN_PORTIDS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(portid);
+        }
         Ok(Self {
             socket,
             // Any start works; the kernel only echoes it.
             seq: 1,
             send_buffer: 0,
+            portid,
         })
     }
 

@@ -473,6 +473,19 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
         })
     }
 
+    async fn verify(
+        &mut self,
+        check: kp_core::foreign::Check,
+    ) -> Result<Vec<kp_core::foreign::ForeignChange>, BackendError> {
+        self.capture
+            .verify(check)
+            .await
+            .map_err(|e| BackendError::Apply {
+                what: "userspace canary check".into(),
+                message: e.to_string(),
+            })
+    }
+
     async fn cleanup(&mut self) -> Result<(), BackendError> {
         self.capture
             .cleanup()

@@ -59,6 +59,17 @@ pub trait Capture: Send {
 
     /// Remove every rule this capture (or any other kube-proxy mode) installed.
     fn cleanup(&mut self) -> impl Future<Output = Result<(), CaptureError>> + Send;
+
+    /// The canary check: what another program removed of the last apply's rules (see
+    /// [`kp_core::backend::Backend::verify`]).
+    fn verify(
+        &mut self,
+        check: kp_core::foreign::Check,
+    ) -> impl Future<Output = Result<Vec<kp_core::foreign::ForeignChange>, CaptureError>> + Send
+    {
+        let _ = check;
+        std::future::ready(Ok(Vec::new()))
+    }
 }
 
 /// One `apply` as [`FakeCapture`] saw it.

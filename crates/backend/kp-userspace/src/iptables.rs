@@ -16,10 +16,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kp_core::backend::SyncKind;
+use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, Protocol, ServicePortName};
 use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, FlowFilter, delete_flows};
 use kp_dataplane::exec::{ExecError, RuleRunner};
-use kp_dataplane::iptables::{SavedTable, cleanup_input, ensure_setup};
+use kp_dataplane::iptables::{SavedTable, cleanup_input, ensure_setup, missing_jumps};
 use kp_dataplane::sync::{FamilyErrors, FullSync};
 use kp_rules::iptables::{Setup, Table};
 use kp_rules::userspace::{CaptureConfig, CapturedPort, SERVICE_CHAIN_PREFIXES, jumps, render};
@@ -86,11 +87,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
 
     /// Inserts the jumps from the built-in chains that are missing, as iptables mode does.
     async fn ensure_jumps(&self, family: IpFamily) -> Result<(), CaptureError> {
-        let setup = Setup {
-            chains: Vec::new(),
-            jumps: jumps(),
-            shared: Vec::new(),
-        };
+        let setup = jump_setup();
         ensure_setup(&self.runner, family, &setup)
             .await
             .map_err(|err| CaptureError::Apply {
@@ -246,6 +243,22 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         Ok(())
     }
 
+    /// The jumps from the built-in chains of every family applied, as iptables mode checks.
+    async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, CaptureError> {
+        let setup = jump_setup();
+        let mut missing = Vec::new();
+        for family in self.chains.keys() {
+            let found = missing_jumps(&self.runner, *family, &setup, check)
+                .await
+                .map_err(|err| CaptureError::Apply {
+                    what: format!("userspace canary check ({family:?})"),
+                    message: err.to_string(),
+                })?;
+            missing.extend(found);
+        }
+        Ok(missing)
+    }
+
     async fn cleanup(&mut self) -> Result<(), CaptureError> {
         let mut errors = FamilyErrors::new(crate::backend::MODE);
         for family in self.families.clone() {
@@ -254,6 +267,16 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         self.chains.clear();
         self.gate.failed();
         errors.into_result()
+    }
+}
+
+/// The capture's setup: only its jumps from the built-in chains (its chains are in the
+/// restore, and it shares no chain with another component).
+fn jump_setup() -> Setup {
+    Setup {
+        chains: Vec::new(),
+        jumps: jumps(),
+        shared: Vec::new(),
     }
 }
 

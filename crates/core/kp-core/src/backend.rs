@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 
+use crate::foreign::{Check, ForeignChange};
 use crate::model::ServiceName;
 use crate::tracker::ProxyState;
 
@@ -77,6 +78,22 @@ pub trait Backend: Send {
     fn recheck_after(&self) -> Option<std::time::Duration> {
         None
     }
+
+    /// Check cheaply that the kernel still holds what the last successful sync wrote (the
+    /// canaries: jumps from the built-in chains, our tables, devices). Called on the canary
+    /// period, before every periodic sync and when a watcher cannot tell whose a change was;
+    /// never during a sync. Each finding is one foreign change; empty: all in place.
+    fn verify(
+        &mut self,
+        check: Check,
+    ) -> impl Future<Output = Result<Vec<ForeignChange>, BackendError>> + Send {
+        let _ = check;
+        std::future::ready(Ok(Vec::new()))
+    }
+
+    /// Another program changed the kernel: what the backend believes it holds may be wrong,
+    /// so the next (full) sync must read it again instead of trusting its bookkeeping.
+    fn kernel_changed_behind_our_back(&mut self) {}
 }
 
 /// One sync as seen by [`FakeBackend`].
@@ -112,6 +129,10 @@ struct FakeRecord {
     cleanups: usize,
     /// How long each sync takes (tokio time).
     takes: std::time::Duration,
+    /// What the next `verify` finds (then nothing).
+    foreign: Vec<ForeignChange>,
+    verifies: usize,
+    forgotten: usize,
 }
 
 impl FakeBackend {
@@ -134,6 +155,21 @@ impl FakeBackend {
     /// Every sync attempted so far (failed ones included).
     pub fn syncs(&self) -> Vec<RecordedSync> {
         self.lock().syncs.clone()
+    }
+
+    /// Make the next `verify` find `changes`.
+    pub fn find_on_verify(&self, changes: Vec<ForeignChange>) {
+        self.lock().foreign = changes;
+    }
+
+    /// How many times `verify` ran.
+    pub fn verifies(&self) -> usize {
+        self.lock().verifies
+    }
+
+    /// How many times the proxier said the kernel changed behind the backend's back.
+    pub fn forgotten(&self) -> usize {
+        self.lock().forgotten
     }
 
     /// How many times `cleanup` ran.
@@ -187,5 +223,15 @@ impl Backend for FakeBackend {
     async fn cleanup(&mut self) -> Result<(), BackendError> {
         self.lock().cleanups += 1;
         Ok(())
+    }
+
+    async fn verify(&mut self, _check: Check) -> Result<Vec<ForeignChange>, BackendError> {
+        let mut record = self.lock();
+        record.verifies += 1;
+        Ok(std::mem::take(&mut record.foreign))
+    }
+
+    fn kernel_changed_behind_our_back(&mut self) {
+        self.lock().forgotten += 1;
     }
 }

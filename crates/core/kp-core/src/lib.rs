@@ -12,6 +12,8 @@
 //!   services changed (for partial syncs) and whether stale UDP conntrack entries need cleanup.
 //! - [`runner`]: upstream's minSyncPeriod / syncPeriod timing, coalescing and retries.
 //! - [`backend`]: the trait a proxy mode implements, and a fake backend for tests.
+//! - [`foreign`]: changes other programs make to the proxy's rules, how the proxier backs off
+//!   when one keeps making them, and what tells a watcher the proxier is writing.
 //! - [`proxier`]: the loop tying events, trackers, the runner and a backend together.
 //! - [`health`]: proxy health (for `/healthz` and `/livez`) and per-service health.
 //! - [`metrics`]: Prometheus metric families with upstream's names.
@@ -27,6 +29,7 @@ pub mod backend;
 pub mod event;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fixtures;
+pub mod foreign;
 pub mod health;
 pub mod metrics;
 pub mod model;

@@ -37,6 +37,15 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// The labels of `kube_proxy_rs_foreign_changes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForeignLabels {
+    /// The proxy mode.
+    pub mode: &'static str,
+    /// What was changed: `table`, `chain`, `rule`, `jump`, `element`, ...
+    pub what: &'static str,
+}
+
 /// A gauge holding seconds since the Unix epoch.
 pub type TimestampGauge = Gauge<f64, AtomicU64>;
 
@@ -71,6 +80,9 @@ pub struct Metrics {
     pub invalid_objects: Family<KindLabel, Counter>,
     /// `kube_proxy_rs_sync_failures_total`: failed syncs (each is retried as a full sync).
     pub sync_failures: Counter,
+    /// `kube_proxy_rs_foreign_changes_total{mode,what}`: changes another program made to
+    /// the proxy's rules, each restored by a full sync.
+    pub foreign_changes: Family<ForeignLabels, Counter>,
 }
 
 impl Metrics {
@@ -97,6 +109,7 @@ impl Metrics {
             no_local_endpoints: Family::default(),
             invalid_objects: Family::default(),
             sync_failures: Counter::default(),
+            foreign_changes: Family::default(),
         };
         registry.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
@@ -162,6 +175,11 @@ impl Metrics {
             "kube_proxy_rs_sync_failures",
             "Failed syncs of proxy rules",
             metrics.sync_failures.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_foreign_changes",
+            "Changes another program made to the proxy's rules (each restored)",
+            metrics.foreign_changes.clone(),
         );
         metrics
     }

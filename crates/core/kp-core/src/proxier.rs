@@ -12,6 +12,12 @@
 //! 3. After a successful sync the per-service health map and the state are published on
 //!    `watch` channels.
 //!
+//! 4. A change another program made to the proxy's rules ([`ForeignEvent`], from a watcher,
+//!    or found by the backend's [`Backend::verify`], which runs every canary period and
+//!    before every periodic sync) makes the next sync full, [`SETTLE`] later (respecting
+//!    minSyncPeriod), logged and counted once; while another program keeps making such
+//!    changes the restores back off ([`Backoff`]).
+//!
 //! If the event channel closes, the last state is kept and re-synced periodically: a broken
 //! source must never flush working rules.
 
@@ -27,8 +33,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::backend::{Backend, SyncKind, SyncRequest};
 use crate::event::{ObjectEvent, SourceEvent};
+use crate::foreign::{Activity, Backoff, Check, ForeignChange, ForeignEvent, SETTLE};
 use crate::health::{ProxyHealth, ServiceHealth, ServiceHealthMap};
-use crate::metrics::{KindLabel, Metrics, TrafficPolicyLabel};
+use crate::metrics::{ForeignLabels, KindLabel, Metrics, TrafficPolicyLabel};
 use crate::model::{Endpoint, ServiceName};
 use crate::runner::{RunReason, Runner};
 use crate::topology;
@@ -57,6 +64,15 @@ pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// again, so an event storm cannot postpone syncs indefinitely.
 pub const MAX_EVENTS_PER_BATCH: usize = 1024;
 
+/// The first words of the line logged for each change another program made to the rules.
+pub const FOREIGN_CHANGE_LOG: &str = "rules of kube-proxy-rs changed by another program";
+
+/// The message the proxier logs (debug) after each canary check, with the time it took.
+pub const VERIFIED_LOG: &str = "checked the rules in the kernel";
+
+/// Foreign-change reports that may queue; a watcher drops more (one pending is enough).
+const FOREIGN_QUEUE: usize = 64;
+
 /// A wall clock, for metric timestamps and network-programming latency only (all timing
 /// uses `tokio::time`).
 pub type WallClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
@@ -68,6 +84,7 @@ pub struct ProxierConfig {
     min_sync_period: Duration,
     sync_period: Duration,
     retry_interval: Option<Duration>,
+    canary_period: Option<Duration>,
     clock: WallClock,
 }
 
@@ -92,6 +109,7 @@ impl ProxierConfig {
             min_sync_period: DEFAULT_MIN_SYNC_PERIOD,
             sync_period: DEFAULT_SYNC_PERIOD,
             retry_interval: None,
+            canary_period: None,
             clock: Arc::new(SystemTime::now),
         }
     }
@@ -111,6 +129,13 @@ impl ProxierConfig {
     /// Time after a failed sync before it is retried (default: the sync period).
     pub fn with_retry_interval(mut self, interval: Duration) -> Self {
         self.retry_interval = Some(interval);
+        self
+    }
+
+    /// How often the backend's canaries are checked ([`Backend::verify`]); zero or unset:
+    /// only before periodic syncs and when a watcher asks.
+    pub fn with_canary_period(mut self, period: Duration) -> Self {
+        self.canary_period = (!period.is_zero()).then_some(period);
         self
     }
 
@@ -195,6 +220,18 @@ pub struct Proxier<B: Backend> {
     started_wall: SystemTime,
     service_health: watch::Sender<ServiceHealthMap>,
     published_state: watch::Sender<Arc<ProxyState>>,
+    foreign: ForeignState,
+}
+
+/// The proxier's side of foreign changes: where watchers report, and the restore under way.
+struct ForeignState {
+    tx: mpsc::Sender<ForeignEvent>,
+    rx: mpsc::Receiver<ForeignEvent>,
+    activity: Activity,
+    backoff: Backoff,
+    canary_period: Option<Duration>,
+    /// A restore is scheduled and has not succeeded yet: further changes join it.
+    restore_pending: bool,
 }
 
 impl<B: Backend> fmt::Debug for Proxier<B> {
@@ -222,7 +259,17 @@ impl<B: Backend> Proxier<B> {
             config.retry_interval(),
         );
         let started_wall = (config.clock)();
+        let (tx, rx) = mpsc::channel(FOREIGN_QUEUE);
+        let foreign = ForeignState {
+            tx,
+            rx,
+            activity: Activity::default(),
+            backoff: Backoff::default(),
+            canary_period: config.canary_period,
+            restore_pending: false,
+        };
         Ok(Self {
+            foreign,
             tracker: ChangeTracker::new(config.node_name),
             clock: config.clock,
             backend,
@@ -253,6 +300,17 @@ impl<B: Backend> Proxier<B> {
         self.published_state.subscribe()
     }
 
+    /// Where watchers report changes other programs made to the rules.
+    pub fn foreign_events(&self) -> mpsc::Sender<ForeignEvent> {
+        self.foreign.tx.clone()
+    }
+
+    /// Whether the proxier is writing to the kernel now, for watchers to tell its own
+    /// changes from others'.
+    pub fn activity(&self) -> Activity {
+        self.foreign.activity.clone()
+    }
+
     /// The backend's mode name, for `/proxyMode`.
     pub fn mode(&self) -> &'static str {
         self.backend.mode()
@@ -273,13 +331,35 @@ impl<B: Backend> Proxier<B> {
             node = self.tracker.node_name(),
             "starting proxier"
         );
+        let mut canary = self.foreign.canary_period.map(|period| {
+            let mut interval = tokio::time::interval(period);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval
+        });
         loop {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 reason = self.runner.wait() => {
+                    if reason == RunReason::Periodic && self.synced_once {
+                        // The periodic sync checks, rather than assumes, that the kernel
+                        // still holds what was written; this very sync restores what is not.
+                        self.verify(Check::Thorough).await;
+                    }
                     let ok = self.sync(reason, started).await;
                     self.runner.finished(ok);
+                    if !ok && self.foreign.restore_pending {
+                        // The other program was likely still writing (a reload's next
+                        // command deleted a chain the restore had just created): try again
+                        // soon, with the back-off, not after the retry interval.
+                        self.schedule_restore();
+                    }
+                }
+                Some(event) = self.foreign.rx.recv() => self.on_foreign(event).await,
+                _ = tick(&mut canary), if self.synced_once && !self.foreign.restore_pending => {
+                    if self.verify(Check::Canary).await {
+                        self.schedule_restore();
+                    }
                 }
                 event = events.recv(), if events_open => match event {
                     Some(event) => {
@@ -300,6 +380,88 @@ impl<B: Backend> Proxier<B> {
         }
         info!("proxier stopped");
         Ok(())
+    }
+
+    /// A watcher's report: a change to restore, or one to check.
+    async fn on_foreign(&mut self, event: ForeignEvent) {
+        match event {
+            ForeignEvent::Changed(change) => {
+                if self.record_foreign(change) {
+                    self.schedule_restore();
+                }
+            }
+            ForeignEvent::Suspect => {
+                if self.verify(Check::Thorough).await {
+                    self.schedule_restore();
+                }
+            }
+        }
+    }
+
+    /// Run the backend's canary check and record what it finds missing; returns whether a
+    /// restore is now needed.
+    async fn verify(&mut self, check: Check) -> bool {
+        if !self.synced_once || self.foreign.restore_pending {
+            return false;
+        }
+        let start = Instant::now();
+        match self.backend.verify(check).await {
+            Ok(changes) => {
+                debug!(?check, took = ?start.elapsed(), found = changes.len(), "{VERIFIED_LOG}");
+                // Every finding is looked at (the ones after the first are logged at debug).
+                let mut found = false;
+                for change in changes {
+                    found |= self.record_foreign(change);
+                }
+                found
+            }
+            Err(error) => {
+                warn!(%error, "cannot check the rules in the kernel");
+                false
+            }
+        }
+    }
+
+    /// Log and count a foreign change once and make the next sync full; returns whether
+    /// this is a new event (changes found while a restore is pending join it).
+    fn record_foreign(&mut self, change: ForeignChange) -> bool {
+        if !self.synced_once {
+            // The first sync, full, has not happened yet: it writes everything anyway.
+            return false;
+        }
+        if self.foreign.restore_pending {
+            debug!(%change, "another foreign change; the pending restore covers it");
+            return false;
+        }
+        let mode = self.backend.mode();
+        info!(
+            what = change.what,
+            "{FOREIGN_CHANGE_LOG}: {change}; restoring"
+        );
+        self.metrics
+            .foreign_changes
+            .get_or_create(&ForeignLabels {
+                mode,
+                what: change.what,
+            })
+            .inc();
+        self.foreign.restore_pending = true;
+        self.force_full = true;
+        self.backend.kernel_changed_behind_our_back();
+        true
+    }
+
+    /// Restore at once (after [`SETTLE`]), or later while another program keeps fighting.
+    fn schedule_restore(&mut self) {
+        let delay = self.foreign.backoff.next(Instant::now());
+        if delay.started_backing_off {
+            warn!(
+                changes = delay.streak,
+                "another program keeps changing the rules of kube-proxy-rs; backing off: restoring after up to {:?} from now on",
+                crate::foreign::BACKOFF_MAX
+            );
+        }
+        self.runner.recheck_after(SETTLE + delay.delay);
     }
 
     /// Record one event and queue a sync if it needs one.
@@ -397,6 +559,7 @@ impl<B: Backend> Proxier<B> {
             SyncKind::Partial
         };
         let applied = Instant::now();
+        self.foreign.activity.begin();
         let result = self
             .backend
             .sync(&SyncRequest {
@@ -406,6 +569,7 @@ impl<B: Backend> Proxier<B> {
                 conntrack_cleanup_required: self.unsynced_conntrack,
             })
             .await;
+        self.foreign.activity.end();
         let end = Instant::now();
         let report = match result {
             Ok(report) => {
@@ -465,6 +629,7 @@ impl<B: Backend> Proxier<B> {
             );
         }
         self.force_full = false;
+        self.foreign.restore_pending = false;
         self.unsynced_changed.clear();
         self.unsynced_conntrack = false;
         if !report.skipped.is_empty() {
@@ -537,6 +702,16 @@ impl<B: Backend> Proxier<B> {
             }
             modified
         });
+    }
+}
+
+/// The next canary tick, or never without a canary period.
+async fn tick(canary: &mut Option<tokio::time::Interval>) {
+    match canary {
+        Some(interval) => {
+            interval.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -90,6 +90,7 @@ pub const FIELDS: &[FieldTreatment] = &[
     ),
     field("serviceProxyName", Extension),
     field("iptablesBackend", Extension),
+    field("canaryPeriod", Extension),
     field("mode", Effective),
     field("iptables.masqueradeBit", Effective),
     field("iptables.masqueradeAll", Effective),
@@ -185,6 +186,7 @@ pub const FLAGS: &[FlagTreatment] = &[
     flag("--manifests", Extension),
     flag("--debug-explain", Extension),
     sets("--iptables-backend", "iptablesBackend"),
+    sets("--canary-period", "canaryPeriod"),
     sets("--feature-gates", "featureGates"),
     sets("--kubeconfig", "clientConnection.kubeconfig"),
     sets("--kube-api-content-type", "clientConnection.contentType"),
@@ -456,6 +458,7 @@ mod tests {
         c.nftables.table_name = "t".into();
         c.windows_run_as_service = true;
         c.iptables_backend = crate::IptablesBackend::Legacy;
+        c.canary_period = std::time::Duration::from_secs(5);
         c
     }
 

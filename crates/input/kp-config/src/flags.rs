@@ -496,6 +496,13 @@ pub struct Options {
     #[arg(long, value_name = "RANGE", help_heading = "Userspace")]
     pub proxy_port_range: Option<String>,
 
+    /// kube-proxy-rs extension: how often the proxy checks that the kernel still holds its
+    /// rules where no change notification exists (iptables-legacy, IPVS), so rules another
+    /// program removed come back within it; 0s checks only before each periodic sync.
+    /// Default 2s.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Node")]
+    pub canary_period: Option<Duration>,
+
     /// Userspace mode: how long an idle UDP session is kept (e.g. 250ms, 2s); must be
     /// greater than 0. Default 250ms.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Userspace")]
@@ -892,6 +899,12 @@ impl Options {
         flag!(self.udp_timeout, "--udp-timeout", ["udpIdleTimeout"], |v| {
             c.udp_idle_timeout = *v
         });
+        flag!(
+            self.canary_period,
+            "--canary-period",
+            ["canaryPeriod"],
+            |v| { c.canary_period = *v }
+        );
         flag!(
             self.userspace_max_connections_per_service,
             "--userspace-max-connections-per-service",

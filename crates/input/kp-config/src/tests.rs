@@ -949,3 +949,21 @@ fn unknown_and_locked_feature_gates_are_refused_with_upstreams_message() {
         "{err}"
     );
 }
+
+#[test]
+fn canary_period_from_the_file_or_the_flag_and_zero_turns_the_short_checks_off() {
+    assert_eq!(
+        decoded(&doc("mode: iptables\n")).canary_period,
+        DEFAULT_CANARY_PERIOD
+    );
+    assert_eq!(
+        decoded(&doc("canaryPeriod: 500ms\n")).canary_period,
+        Duration::from_millis(500)
+    );
+    assert_eq!(
+        decoded(&doc("canaryPeriod: 0s\n")).canary_period,
+        Duration::ZERO
+    );
+    let c = loaded(&options(&["--canary-period=10s"])).config;
+    assert_eq!(c.canary_period, Duration::from_secs(10));
+}

@@ -81,6 +81,11 @@ pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
 /// Upstream's `--udp-timeout` default for its userspace proxy: a UDP session holds a socket
 /// and a task, and most UDP exchanges in a cluster (DNS) are over in milliseconds.
 pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// kube-proxy-rs's default `canaryPeriod`: where the kernel does not notify changes
+/// (iptables-legacy, IPVS), rules another program removed are found within this. Upstream
+/// looks at its canary chains once per `syncPeriod` (30 s).
+pub const DEFAULT_CANARY_PERIOD: Duration = Duration::from_secs(2);
 /// kube-proxy-rs extension, userspace mode: open TCP connections per Service (all its ports,
 /// families and scopes). Each holds six descriptors (two sockets, two pipes), so one service
 /// at the cap holds about 24k; the cap keeps it from taking what every other service needs.
@@ -384,6 +389,15 @@ pub struct KubeProxyConfiguration {
     /// [`IptablesBackend`]). Written only when set.
     #[serde(skip_serializing_if = "IptablesBackend::is_auto")]
     pub iptables_backend: IptablesBackend,
+    /// kube-proxy-rs extension: how often the proxy checks that the kernel still holds its
+    /// rules where no change notification exists (`0s`: only before each periodic sync).
+    /// Written only when not the default.
+    #[serde(with = "serde_go", skip_serializing_if = "is_default_canary_period")]
+    pub canary_period: Duration,
+}
+
+fn is_default_canary_period(period: &Duration) -> bool {
+    *period == DEFAULT_CANARY_PERIOD
 }
 
 fn is_default_udp_idle_timeout(timeout: &Duration) -> bool {
@@ -628,6 +642,7 @@ impl Default for KubeProxyConfiguration {
             windows_run_as_service: false,
             userspace: UserspaceConfiguration::default(),
             iptables_backend: IptablesBackend::Auto,
+            canary_period: DEFAULT_CANARY_PERIOD,
         }
     }
 }

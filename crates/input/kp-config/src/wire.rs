@@ -80,6 +80,7 @@ struct Config {
     windows_run_as_service: Option<bool>,
     userspace: Option<Userspace>,
     iptables_backend: Located,
+    canary_period: Located,
 }
 
 #[derive(Deserialize, Default)]
@@ -496,6 +497,7 @@ impl Converter {
                 w.iptables_backend,
                 d.iptables_backend,
             ),
+            canary_period: self.duration("canaryPeriod", w.canary_period, d.canary_period),
         }
     }
 

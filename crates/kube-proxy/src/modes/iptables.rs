@@ -20,6 +20,10 @@ pub struct Iptables;
 impl Mode for Iptables {
     type Backend = RemovesNftablesLeftovers<IptablesBackend>;
 
+    fn watch(host: &Host) -> Option<kp_dataplane::watch::Owned> {
+        super::iptables_on_nf_tables(host).then_some(kp_dataplane::watch::Owned::IptablesChains)
+    }
+
     /// Applies upstream's conntrack sysctls and, with localhost NodePorts, `route_localnet`
     /// (recorded for `--cleanup`), then builds the backend with its metrics registered.
     fn build(input: Input<'_>) -> anyhow::Result<Self::Backend> {

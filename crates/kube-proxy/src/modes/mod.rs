@@ -20,6 +20,7 @@ use kp_config::{KubeProxyConfiguration, LocalMode, ProxyMode};
 use kp_core::backend::Backend;
 use kp_core::model::IpFamily;
 use kp_dataplane::sysctls::{self, Applied, ConntrackSettings, FsSysctl, SysctlRecord};
+use kp_dataplane::watch::Owned;
 use kp_rules::iptables::{LocalDetector, NodePortAddresses, RenderConfig};
 use kp_userspace::AffinityTables;
 use prometheus_client::registry::Registry;
@@ -50,6 +51,26 @@ pub trait Mode {
     /// ClientIP affinity pins the mode keeps itself (userspace mode), for `/debug/explain`.
     fn affinity(_backend: &Self::Backend) -> Option<AffinityTables> {
         None
+    }
+
+    /// What the mode owns on nf_tables, when it writes there: nf_tables notifications then
+    /// tell of other programs' changes at once ([`kp_dataplane::watch`]); elsewhere only the
+    /// canary checks find them.
+    fn watch(_host: &Host) -> Option<Owned> {
+        None
+    }
+}
+
+/// Whether this node's iptables tools write to nf_tables (so iptables-based modes can be
+/// watched): the chosen backend, or what `iptables --version` says of the system's.
+pub(crate) fn iptables_on_nf_tables(host: &Host) -> bool {
+    match kp_dataplane::exec::host_variant() {
+        kp_dataplane::exec::IptablesVariant::Nft => true,
+        kp_dataplane::exec::IptablesVariant::Legacy => false,
+        kp_dataplane::exec::IptablesVariant::System => host
+            .iptables_version
+            .as_ref()
+            .is_some_and(|v| v.as_ref().is_ok_and(|v| v.contains("nf_tables"))),
     }
 }
 
@@ -112,6 +133,7 @@ fn start<M: Mode>(
         Some(affinity) => settings.with_affinity(affinity),
         None => settings,
     };
+    let settings = settings.with_watch(M::watch(host));
     runtime.block_on(crate::app::run(settings, backend, registry))
 }
 

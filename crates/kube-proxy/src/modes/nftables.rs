@@ -4,8 +4,10 @@
 
 use anyhow::Context as _;
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
+use kp_core::foreign::{Check, ForeignChange};
 use kp_dataplane::iptables::IptablesBackend;
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
+use kp_dataplane::watch::Owned;
 use kp_rules::iptables::RenderConfig;
 
 use super::host::Host;
@@ -17,6 +19,10 @@ pub struct Nftables;
 
 impl Mode for Nftables {
     type Backend = NftablesMode;
+
+    fn watch(_host: &Host) -> Option<Owned> {
+        Some(Owned::NftablesTable)
+    }
 
     /// Checks `nft`'s version and applies upstream's conntrack sysctls. nodePortAddresses
     /// defaults to `primary` in this mode ([`crate::node_ips::node_port_addresses`] resolves
@@ -124,6 +130,14 @@ impl Backend for NftablesMode {
         let iptables = self.iptables.cleanup().await;
         nft.and(iptables)
     }
+
+    async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
+        self.nft.verify(check).await
+    }
+
+    fn kernel_changed_behind_our_back(&mut self) {
+        self.nft.kernel_changed_behind_our_back();
+    }
 }
 
 /// An nftables backend only for removing nftables mode's tables (`--cleanup`, the
@@ -181,6 +195,14 @@ impl<B: Backend> Backend for RemovesNftablesLeftovers<B> {
 
     fn recheck_after(&self) -> Option<std::time::Duration> {
         self.inner.recheck_after()
+    }
+
+    async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
+        self.inner.verify(check).await
+    }
+
+    fn kernel_changed_behind_our_back(&mut self) {
+        self.inner.kernel_changed_behind_our_back();
     }
 }
 

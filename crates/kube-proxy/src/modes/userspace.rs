@@ -30,6 +30,10 @@ pub struct Userspace;
 impl Mode for Userspace {
     type Backend = UserspaceMode;
 
+    fn watch(host: &super::Host) -> Option<kp_dataplane::watch::Owned> {
+        super::iptables_on_nf_tables(host).then_some(kp_dataplane::watch::Owned::IptablesChains)
+    }
+
     /// NodePorts answer where iptables mode's would (`nodePortAddresses`, localhost
     /// NodePorts), without needing `route_localnet`: the capture (DNAT to the relay on a node
     /// address, or REDIRECT) keeps loopback traffic on the node.

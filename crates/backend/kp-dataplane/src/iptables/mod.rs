@@ -35,6 +35,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_core::tracker::ProxyState;
 use kp_rules::iptables::{
@@ -666,6 +667,16 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
         let plan = self.cleanup_plan().await;
         self.apply_cleanup(plan).await
     }
+
+    /// Our jumps from the built-in chains, per family: what a flush or a reload removes.
+    async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
+        let mut missing = Vec::new();
+        for family in self.sync.families().to_vec() {
+            let setup = setup(family, &self.config.render);
+            missing.extend(missing_jumps(&self.runner, family, &setup, check).await?);
+        }
+        Ok(missing)
+    }
 }
 
 /// What a cleanup has to remove, found by [`IptablesBackend::cleanup_plan`]: the restores to
@@ -791,19 +802,72 @@ async fn ensure_rule<R: RuleRunner>(
         what: "iptables setup".to_owned(),
         message: err.to_string(),
     };
-    let spec = split_args(spec);
-    let mut check = owned(&["-t", table.as_str(), "-C", chain]);
-    check.extend(spec.iter().cloned());
-    match runner.run(family, &check).await {
-        Ok(()) => return Ok(false),
-        Err(err) if err.exit_code() == Some(EXIT_NOT_APPLICABLE) => {}
-        Err(err) => return Err(fail(err)),
+    let absent = |code| code == EXIT_NOT_APPLICABLE;
+    if rule_present(runner, family, table, chain, spec, absent)
+        .await
+        .map_err(fail)?
+    {
+        return Ok(false);
     }
     let mut add = owned(&["-t", table.as_str()]);
     add.extend(owned(at));
-    add.extend(spec);
+    add.extend(split_args(spec));
     runner.run(family, &add).await.map_err(fail)?;
     Ok(true)
+}
+
+/// Whether the rule `spec` is in `chain` (`iptables -C`); an exit code for which `absent`
+/// holds means it is not, any other failure is an error.
+async fn rule_present<R: RuleRunner>(
+    runner: &R,
+    family: IpFamily,
+    table: Table,
+    chain: &str,
+    spec: &str,
+    absent: impl Fn(i32) -> bool,
+) -> Result<bool, ExecError> {
+    let mut check = owned(&["-t", table.as_str(), "-C", chain]);
+    check.extend(split_args(spec));
+    match runner.run(family, &check).await {
+        Ok(()) => Ok(true),
+        Err(err) if err.exit_code().is_some_and(&absent) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// The canary check of the iptables-based modes: every jump of `setup` from a built-in
+/// chain is still there (a flush of the table, or a deleted chain, takes ours with it). Any
+/// exit code of `iptables -C` means absent: the target chain may be gone too (exit 2).
+/// The short-period check ([`Check::Canary`]) leaves out nat's jumps: reading any chain of
+/// a table copies all of it on iptables-legacy, and nat holds every service's rules.
+pub async fn missing_jumps<R: RuleRunner>(
+    runner: &R,
+    family: IpFamily,
+    setup: &kp_rules::iptables::Setup,
+    check: Check,
+) -> Result<Vec<ForeignChange>, BackendError> {
+    let mut missing = Vec::new();
+    let checked = setup
+        .jumps
+        .iter()
+        .filter(|jump| check == Check::Thorough || jump.table != Table::Nat);
+    for jump in checked {
+        let present = rule_present(runner, family, jump.table, jump.from, &jump.spec, |_| true)
+            .await
+            .map_err(|err| BackendError::Apply {
+                what: "iptables canary check".to_owned(),
+                message: err.to_string(),
+            })?;
+        if !present {
+            let table = jump.table.as_str();
+            let detail = format!(
+                "jump from {} to {} missing in table {table} ({family:?})",
+                jump.from, jump.to
+            );
+            missing.push(ForeignChange::new("jump", detail));
+        }
+    }
+    Ok(missing)
 }
 
 /// A writer that counts what passes through it (the `bytes` of the render log line).

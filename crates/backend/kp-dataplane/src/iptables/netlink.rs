@@ -99,6 +99,10 @@ pub fn usable(env: Option<&str>, version: &str) -> Result<(), String> {
 /// Logs the decision once (start-up).
 pub fn for_host(tools: &crate::exec::Tools, version: &str) -> Option<NetlinkRestore> {
     if tools.variant == crate::exec::IptablesVariant::Legacy {
+        tracing::info!(
+            reason = "the legacy backend",
+            "iptables rules go through iptables-restore"
+        );
         return None;
     }
     let version = version.trim();

@@ -15,6 +15,8 @@ use crate::conntrack::{FakeConntrack, FlowFilter};
 use crate::exec::{FakeRunner, RunnerCall};
 use crate::testutil::*;
 
+mod verify;
+
 type Fake = IptablesBackend<FakeRunner, FakeConntrack>;
 
 fn backend(families: Vec<IpFamily>) -> (Fake, FakeRunner, FakeConntrack) {

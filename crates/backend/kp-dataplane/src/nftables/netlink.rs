@@ -14,8 +14,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::IpFamily;
-use kp_nftnl::{ApplyError, DEFAULT_MAX_STEP_COMMANDS, NftSocket};
-use kp_rules::nftables::{Command, StepSink, Transaction};
+use kp_nftnl::codec::{MsgKind, attributes};
+use kp_nftnl::{ApplyError, DEFAULT_MAX_STEP_COMMANDS, Family, NftSocket};
+use kp_rules::nftables::{Command, StepSink, TABLE, Transaction};
 use prometheus_client::metrics::counter::Counter;
 use tracing::debug;
 
@@ -206,5 +207,31 @@ impl NftRunner for NetlinkNft {
 
     async fn list_table(&self, family: IpFamily) -> Result<Option<String>, ExecError> {
         self.fallback.list_table(family).await
+    }
+
+    /// One dump of the family's tables (a handful), not of the table's contents.
+    async fn table_exists(&self, family: IpFamily) -> Result<bool, ExecError> {
+        let mut guard = self.socket.lock().unwrap_or_else(PoisonError::into_inner);
+        let open = match guard.as_mut() {
+            Some(open) => open,
+            None => guard.insert(NftSocket::open().map_err(exec_error)?),
+        };
+        let tables = open
+            .dump(MsgKind::GetTable, nft_family(family), |_| {})
+            .map_err(exec_error)?;
+        Ok(tables.iter().any(|table| {
+            // After `struct nfgenmsg`: NFTA_TABLE_NAME (1), NUL-terminated.
+            table.get(4..).is_some_and(|attrs| {
+                attributes(attrs)
+                    .any(|(ty, name)| ty == 1 && name.strip_suffix(b"\0") == Some(TABLE.as_bytes()))
+            })
+        }))
+    }
+}
+
+fn nft_family(family: IpFamily) -> Family {
+    match family {
+        IpFamily::V4 => Family::Ipv4,
+        IpFamily::V6 => Family::Ipv6,
     }
 }

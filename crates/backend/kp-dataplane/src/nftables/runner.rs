@@ -68,6 +68,15 @@ pub trait NftRunner: Send + Sync {
         &self,
         family: IpFamily,
     ) -> impl Future<Output = Result<Option<String>, ExecError>> + Send;
+
+    /// Whether the table `<family> kube-proxy` exists (the canary check, so cheaper than a
+    /// listing where the runner can).
+    fn table_exists(
+        &self,
+        family: IpFamily,
+    ) -> impl Future<Output = Result<bool, ExecError>> + Send {
+        async move { Ok(self.list_table(family).await?.is_some()) }
+    }
 }
 
 /// Why a step given to [`NftRunner::apply_in_steps`]'s sink was not applied; either way

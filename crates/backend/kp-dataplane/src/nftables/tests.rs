@@ -19,6 +19,8 @@ use crate::testutil::*;
 
 type Fake = NftablesBackend<FakeNft, FakeConntrack>;
 
+mod verify;
+
 fn backend(families: Vec<IpFamily>) -> (Fake, FakeNft, FakeConntrack) {
     let runner = FakeNft::new();
     let conntrack = FakeConntrack::new();

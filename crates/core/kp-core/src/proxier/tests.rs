@@ -21,6 +21,8 @@ use crate::health::{ProxyHealth, ServiceHealth, ServiceHealthMap};
 use crate::metrics::{KindLabel, Metrics, TrafficPolicyLabel};
 use crate::tracker::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, ProxyState};
 
+mod foreign;
+
 const SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// The injected wall clock starts here (2023-11-14T22:13:20Z).
 const EPOCH_OFFSET: Duration = Duration::from_secs(1_700_000_000);
@@ -61,6 +63,7 @@ async fn settle() {
 
 struct Harness {
     events: mpsc::Sender<SourceEvent>,
+    foreign: mpsc::Sender<crate::foreign::ForeignEvent>,
     shutdown: CancellationToken,
     backend: FakeBackend,
     health: Arc<ProxyHealth>,
@@ -95,11 +98,13 @@ impl Harness {
         assert_eq!(proxier.mode(), "fake");
         let service_health = proxier.service_health();
         let state = proxier.state();
+        let foreign = proxier.foreign_events();
         let (events, receiver) = mpsc::channel(1024);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(proxier.run(receiver, shutdown.clone()));
         Self {
             events,
+            foreign,
             shutdown,
             backend,
             health,

@@ -1,0 +1,289 @@
+//! nf_tables change notifications (the `NFNLGRP_NFTABLES` multicast group, what `nft
+//! monitor` reads): a sans-I/O parser ([`parse`]) and a blocking subscriber ([`Monitor`]).
+//!
+//! The kernel sends one message per table, chain, rule, set or element a transaction added
+//! or deleted, then `NFT_MSG_NEWGEN` naming the process (and thread) that committed it, so
+//! a reader can tell whose transaction the messages before it were.
+
+use std::io;
+use std::time::Duration;
+
+use netlink_sys::protocols::NETLINK_NETFILTER;
+use netlink_sys::{Socket, SocketAddr};
+
+use crate::codec::attributes;
+
+/// `NFNLGRP_NFTABLES`.
+const NFNLGRP_NFTABLES: u32 = 7;
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWGEN: u16 = 15;
+/// Large: `nft flush ruleset` on a 10k-service table is some 100k messages at once.
+const RECV_BUFFER: usize = 32 << 20;
+/// `struct nlmsghdr` and `struct nfgenmsg`.
+const NLMSG_HEADER: usize = 16;
+const NFGENMSG: usize = 4;
+
+/// What kind of object a notification is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Object {
+    /// A table.
+    Table,
+    /// A chain.
+    Chain,
+    /// A rule (of `chain`).
+    Rule,
+    /// A set or map.
+    Set,
+    /// Elements of a set or map (`name` is the set).
+    Element,
+}
+
+impl Object {
+    /// The word for it, used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Object::Table => "table",
+            Object::Chain => "chain",
+            Object::Rule => "rule",
+            Object::Set => "set",
+            Object::Element => "element",
+        }
+    }
+}
+
+/// One notification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    /// An object was added (`deleted: false`) or deleted.
+    Object {
+        /// What kind.
+        object: Object,
+        /// Deleted rather than added.
+        deleted: bool,
+        /// `NFPROTO_*` (2: ip, 10: ip6).
+        family: u8,
+        /// The table's name.
+        table: String,
+        /// The chain (tables: none; rules: their chain) or set (sets, elements).
+        name: Option<String>,
+    },
+    /// The end of a transaction: the netlink port, thread id and process name that
+    /// committed it.
+    Generation {
+        /// The committing socket's port id (`nlmsg_pid`).
+        portid: u32,
+        /// `NFTA_GEN_PROC_PID` (the committing thread's id).
+        pid: Option<u32>,
+        /// `NFTA_GEN_PROC_NAME`.
+        process: Option<String>,
+    },
+}
+
+/// The nf_tables notifications in one datagram (others are skipped).
+pub fn parse(mut data: &[u8]) -> Vec<Message> {
+    let mut out = Vec::new();
+    while data.len() >= NLMSG_HEADER {
+        let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
+        if len < NLMSG_HEADER || len > data.len() {
+            break;
+        }
+        let ty = u16::from_ne_bytes([data[4], data[5]]);
+        let portid = u32::from_ne_bytes([data[12], data[13], data[14], data[15]]);
+        if let Some(message) = parse_one(ty, portid, &data[NLMSG_HEADER..len]) {
+            out.push(message);
+        }
+        data = &data[len.next_multiple_of(4).min(data.len())..];
+    }
+    out
+}
+
+fn parse_one(ty: u16, portid: u32, body: &[u8]) -> Option<Message> {
+    if ty >> 8 != NFNL_SUBSYS_NFTABLES || body.len() < NFGENMSG {
+        return None;
+    }
+    let family = body[0];
+    let attrs = &body[NFGENMSG..];
+    let msg = ty & 0xff;
+    if msg == NFT_MSG_NEWGEN {
+        return Some(generation(portid, attrs));
+    }
+    // NFT_MSG_{NEW,DEL}{TABLE,CHAIN,RULE,SET,SETELEM}; the name attribute differs.
+    let (object, deleted, name_attr) = match msg {
+        0 => (Object::Table, false, None),
+        2 => (Object::Table, true, None),
+        3 => (Object::Chain, false, Some(3)),
+        5 => (Object::Chain, true, Some(3)),
+        6 => (Object::Rule, false, Some(2)),
+        8 => (Object::Rule, true, Some(2)),
+        9 => (Object::Set, false, Some(2)),
+        11 => (Object::Set, true, Some(2)),
+        12 => (Object::Element, false, Some(2)),
+        14 => (Object::Element, true, Some(2)),
+        _ => return None,
+    };
+    // The table is attribute 1 in every one of these.
+    let table = string_attr(attrs, 1)?;
+    let name = name_attr.and_then(|n| string_attr(attrs, n));
+    Some(Message::Object {
+        object,
+        deleted,
+        family,
+        table,
+        name,
+    })
+}
+
+fn generation(portid: u32, attrs: &[u8]) -> Message {
+    let pid = attributes(attrs)
+        .find(|(ty, _)| *ty == 2)
+        .and_then(|(_, v)| <[u8; 4]>::try_from(v).ok())
+        .map(u32::from_be_bytes);
+    Message::Generation {
+        portid,
+        pid,
+        process: string_attr(attrs, 3),
+    }
+}
+
+fn string_attr(attrs: &[u8], wanted: u16) -> Option<String> {
+    let (_, value) = attributes(attrs).find(|(ty, _)| *ty == wanted)?;
+    let value = value.split(|b| *b == 0).next().unwrap_or_default();
+    Some(String::from_utf8_lossy(value).into_owned())
+}
+
+/// What [`Monitor::recv`] got.
+#[derive(Debug)]
+pub enum Received {
+    /// Notifications (possibly none of interest).
+    Messages(Vec<Message>),
+    /// Nothing within the timeout.
+    Timeout,
+    /// The kernel dropped notifications (the buffer overflowed): anything may have changed.
+    Overrun,
+}
+
+/// A socket subscribed to nf_tables notifications of this network namespace.
+pub struct Monitor {
+    socket: Socket,
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor").finish_non_exhaustive()
+    }
+}
+
+impl Monitor {
+    /// Subscribes; `timeout` bounds each [`recv`](Self::recv), so the caller can stop.
+    pub fn open(timeout: Duration) -> io::Result<Self> {
+        let mut socket = Socket::new(NETLINK_NETFILTER)?;
+        socket.bind(&SocketAddr::new(0, 0))?;
+        socket.add_membership(NFNLGRP_NFTABLES)?;
+        rustix::net::sockopt::set_socket_recv_buffer_size_force(&socket, RECV_BUFFER)
+            .or_else(|_| rustix::net::sockopt::set_socket_recv_buffer_size(&socket, RECV_BUFFER))
+            .map_err(io::Error::from)?;
+        rustix::net::sockopt::set_socket_timeout(
+            &socket,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(timeout),
+        )
+        .map_err(io::Error::from)?;
+        Ok(Self {
+            socket,
+            buf: vec![0; 1 << 20],
+        })
+    }
+
+    /// The next datagram's notifications.
+    pub fn recv(&mut self) -> io::Result<Received> {
+        match self.socket.recv(&mut &mut self.buf[..], 0) {
+            Ok(n) => Ok(Received::Messages(parse(&self.buf[..n]))),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(Received::Timeout)
+            }
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOBUFS.raw_os_error()) => {
+                Ok(Received::Overrun)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One message: nlmsghdr, nfgenmsg (family), then `attrs` (type, value).
+    fn message(msg: u16, family: u8, attrs: &[(u16, &[u8])]) -> Vec<u8> {
+        let mut body = vec![family, 0, 0, 0];
+        for (ty, value) in attrs {
+            let len = u16::try_from(4 + value.len()).expect("short");
+            body.extend(len.to_ne_bytes());
+            body.extend(ty.to_ne_bytes());
+            body.extend(*value);
+            body.resize(body.len().next_multiple_of(4), 0);
+        }
+        let mut out = Vec::new();
+        out.extend(u32::try_from(16 + body.len()).expect("short").to_ne_bytes());
+        out.extend(((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
+        out.extend([0u8; 6]); // flags, seq
+        out.extend(77u32.to_ne_bytes()); // nlmsg_pid
+        out.extend(body);
+        out
+    }
+
+    #[test]
+    fn parses_a_flushed_chain_and_the_generation_that_ends_it() {
+        let mut data = message(8, 2, &[(1, b"nat\0"), (2, b"KUBE-SERVICES\0")]);
+        data.extend(message(
+            15,
+            0,
+            &[
+                (1, &7u32.to_be_bytes()),
+                (2, &4242u32.to_be_bytes()),
+                (3, b"iptables\0"),
+            ],
+        ));
+        data.extend(message(2, 10, &[(1, b"kube-proxy\0")]));
+        assert_eq!(
+            parse(&data),
+            vec![
+                Message::Object {
+                    object: Object::Rule,
+                    deleted: true,
+                    family: 2,
+                    table: "nat".into(),
+                    name: Some("KUBE-SERVICES".into()),
+                },
+                Message::Generation {
+                    portid: 77,
+                    pid: Some(4242),
+                    process: Some("iptables".into()),
+                },
+                Message::Object {
+                    object: Object::Table,
+                    deleted: true,
+                    family: 10,
+                    table: "kube-proxy".into(),
+                    name: None,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn skips_other_subsystems_and_truncated_input() {
+        let mut other = message(8, 2, &[(1, b"nat\0")]);
+        other[5] = 1; // another nfnetlink subsystem (ctnetlink)
+        assert_eq!(parse(&other), vec![]);
+        let whole = message(5, 2, &[(1, b"filter\0"), (3, b"KUBE-FORWARD\0")]);
+        assert_eq!(parse(&whole[..whole.len() - 3]), vec![]);
+        assert_eq!(parse(&whole).len(), 1);
+    }
+}
