@@ -69,6 +69,8 @@ async fn a_foreign_change_makes_a_full_sync_after_settling_and_is_counted_once()
 #[tokio::test(start_paused = true)]
 async fn restores_respect_min_sync_period() {
     let h = Harness::start_with(|c| c.with_min_sync_period(Duration::from_secs(5)));
+    // Syncs slow enough to earn the whole min sync period of rest (9 × 600 ms > 5 s).
+    h.backend.take(Duration::from_millis(600));
     h.initialize(vec![applied(service("web", "172.30.0.41"))])
         .await;
     h.report(ForeignEvent::Changed(chain_missing())).await;
