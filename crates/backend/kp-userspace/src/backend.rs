@@ -24,7 +24,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
-use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
+use kp_core::model::{IpFamily, Protocol, ServicePort, ServicePortName};
 use kp_core::topology::categorize;
 use tokio::net::{TcpListener, UdpSocket};
 use tracing::{debug, error, info, warn};
@@ -33,6 +33,7 @@ use kp_dataplane::sync::FullSync;
 
 use crate::capture::{Capture, CapturePlan, CapturedPort, Target};
 use crate::relay::{Owner, Relay};
+use crate::shared::endpoint_addresses;
 use crate::{RelayConfig, RelayMetrics};
 
 /// The mode name served on `/proxyMode`.
@@ -75,11 +76,7 @@ impl fmt::Display for FrontendKey {
     }
 }
 
-/// The name a service port's affinity table goes by (metrics, `/debug/explain`):
-/// `namespace/name:port/protocol`.
-pub fn service_port_label(name: &ServicePortName) -> String {
-    format!("{name}/{}", name.protocol.as_str())
-}
+pub use crate::shared::service_port_label;
 
 /// Where the backend opens frontends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,14 +310,6 @@ impl<C: Capture> UserspaceBackend<C> {
     }
 }
 
-/// The endpoints of `family` in `list`, as socket addresses.
-fn addresses(list: &[&Endpoint], family: IpFamily) -> Vec<SocketAddr> {
-    list.iter()
-        .filter(|e| IpFamily::of(&e.ip) == family)
-        .map(|e| SocketAddr::new(e.ip, e.port))
-        .collect()
-}
-
 impl<C: Capture> Backend for UserspaceBackend<C> {
     fn mode(&self) -> &'static str {
         MODE
@@ -376,7 +365,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                 let internal = self
                     .target(
                         key(Scope::Internal),
-                        addresses(internal_list, family),
+                        endpoint_addresses(internal_list, family),
                         categories.has_any_endpoints,
                         affinity,
                         &mut wanted,
@@ -386,7 +375,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                 let external = if port.externally_accessible() {
                     self.target(
                         key(Scope::External),
-                        addresses(external_list, family),
+                        endpoint_addresses(external_list, family),
                         categories.has_any_endpoints,
                         affinity,
                         &mut wanted,
