@@ -121,11 +121,19 @@ impl Settings {
     }
 
     /// What the node's IPs decide.
+    #[cfg_attr(
+        not(target_os = "linux"),
+        allow(dead_code, reason = "the Linux modes'")
+    )]
     pub fn node(&self) -> &crate::node_ips::NodeAddressing {
         &self.node
     }
 
     /// The effective configuration.
+    #[cfg_attr(
+        not(target_os = "linux"),
+        allow(dead_code, reason = "the Linux modes'")
+    )]
     pub fn config(&self) -> &KubeProxyConfiguration {
         &self.config
     }

@@ -199,7 +199,7 @@ impl AddressHost for IpHelper {
         Ok(self
             .rows_of(ip)?
             .iter()
-            .any(|row| matches!(row.DadState, IpDadStatePreferred | IpDadStateDeprecated)))
+            .any(|row| row.DadState == IpDadStatePreferred || row.DadState == IpDadStateDeprecated))
     }
 
     fn add(&mut self, ip: IpAddr) -> io::Result<()> {

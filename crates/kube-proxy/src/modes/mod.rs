@@ -12,8 +12,6 @@ pub mod ipvs;
 pub mod nftables;
 pub mod userspace;
 
-use std::net::IpAddr;
-
 use anyhow::Context as _;
 use ipnet::IpNet;
 use kp_config::{KubeProxyConfiguration, LocalMode, ProxyMode};

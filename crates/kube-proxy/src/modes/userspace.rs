@@ -2,7 +2,6 @@
 //! `winuserspace` is refused with a pointer to this mode, which runs the same relay.
 
 use anyhow::Context as _;
-use kp_config::KubeProxyConfiguration;
 use kp_dataplane::exec::{ExecRunner, Tools};
 use kp_rules::iptables::NodePortAddresses;
 use kp_rules::userspace::{CaptureConfig, DEFAULT_DROP_BIT};
