@@ -10,14 +10,14 @@
 //! `GetUnicastIpAddressTable` and uses them without adding), and one service whose address is
 //! not there checks that the missing function is reported, naming the address and the
 //! interface. Wine binds a UDP socket on an interface's address as the wildcard address plus
-//! `SO_BINDTODEVICE` of that interface (so it can get broadcasts), which Windows does not: a
-//! UDP portal then only sees datagrams arriving on the interface holding its address. So the
-//! externalIP and LoadBalancer IP sit on the LAN interface their traffic comes in on and are
-//! checked over UDP, as is the NodePort (a wildcard bind, as on Windows); the ClusterIPs sit on
-//! loopback, which pod traffic does not come in on, so ClusterIP UDP is not checked here (the
-//! same portal code is, over real sockets, in kp-userspace's `tests/winuserspace.rs`). Wine
-//! creates sockets in its `wineserver`, so the prefix is initialised (and its server started)
-//! inside the node namespace too, after the addresses are in place.
+//! `SO_BINDTODEVICE` of that interface (so it can get broadcasts), which Windows does not: such
+//! a UDP portal only sees datagrams arriving on that interface and answers from the
+//! interface's primary address, which the client drops. So UDP is checked on the NodePort
+//! only (a wildcard bind, as on Windows, reached at the node's address); UDP portals on
+//! service addresses are checked over real sockets on Linux, in kp-userspace's
+//! `tests/winuserspace.rs`. Wine creates sockets in its `wineserver`, so the prefix is
+//! initialised (and its server started) inside the node namespace too, after the addresses
+//! are in place.
 //!
 //! Needs root, Wine, MinGW-w64 and rustup's `x86_64-pc-windows-gnu` standard library
 //! (`./setup.sh --tests`); it fails, saying what is missing, without them.
@@ -210,23 +210,9 @@ fn winuserspace_under_wine_carries_real_traffic() {
 
     // The service addresses on an interface of the node (Wine cannot add them), and routes
     // from the router for the external ones.
-    for vip in [
-        "10.96.0.10",
-        "10.96.0.12",
-        "192.168.50.100",
-        "198.51.100.30",
-    ] {
-        node_exec(
-            &cl,
-            &[
-                "ip",
-                "addr",
-                "add",
-                &format!("{vip}/32"),
-                "dev",
-                SERVICE_NIC,
-            ],
-        );
+    for (vip, nic) in SERVICE_ADDRESSES {
+        let address = format!("{vip}/32");
+        node_exec(&cl, &["ip", "addr", "add", &address, "dev", nic]);
     }
     let node_ip = cl.node_ip().to_string();
     for vip in ["192.168.50.100/32", "198.51.100.30/32"] {

@@ -340,12 +340,12 @@ impl<H: AddressHost> Backend for WinBackend<H> {
         let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
         let mut open = 0;
         for (portal, want) in wanted {
-            if self.relay.local_addr(&portal).is_none() {
-                if let Err(error) = self.open(&portal).await {
-                    error!(%portal, error = %error_chain(&error), "cannot open a portal; service skipped");
-                    skipped.insert(portal.port.service.clone());
-                    continue;
-                }
+            if self.relay.local_addr(&portal).is_none()
+                && let Err(error) = self.open(&portal).await
+            {
+                error!(%portal, error = %error_chain(&error), "cannot open a portal; service skipped");
+                skipped.insert(portal.port.service.clone());
+                continue;
             }
             self.relay.update(&portal, want.endpoints, want.affinity);
             open += 1;

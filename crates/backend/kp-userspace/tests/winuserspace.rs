@@ -222,3 +222,53 @@ async fn cleanup_removes_added_addresses_but_not_the_nodes_own() {
         None
     );
 }
+
+/// A UDP backend answering each datagram with `name`.
+async fn udp_greeter(name: &'static str) -> Endpoint {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = socket.local_addr().expect("address");
+    tokio::spawn(async move {
+        let mut buf = [0u8; 64];
+        while let Ok((_, from)) = socket.recv_from(&mut buf).await {
+            let _ = socket.send_to(name.as_bytes(), from).await;
+        }
+    });
+    endpoint_at(addr.ip(), addr.port(), true)
+}
+
+/// Who answers a datagram sent to `addr` from a fresh socket (`None`: no answer in time).
+async fn udp_answer(addr: SocketAddr) -> Option<String> {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.ok()?;
+    socket.connect(addr).await.ok()?;
+    socket.send(b"hi").await.ok()?;
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(2), socket.recv(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&buf[..read]).into_owned())
+}
+
+#[tokio::test]
+async fn udp_portals_on_service_addresses_answer_from_them() {
+    let (a, b) = (udp_greeter("a").await, udp_greeter("b").await);
+    let name = port_name("ns", "dns", "p", Protocol::Udp);
+    let mut dns = cluster_ip_port(name, "127.0.0.50", 5353);
+    dns.load_balancer_ips = vec![ip("127.0.0.51")];
+    let host = FakeAddressHost::new();
+    let mut backend = backend(&host);
+    let skipped = sync(&mut backend, &state(vec![(dns, vec![a, b])])).await;
+    assert!(skipped.is_empty(), "{skipped:?}");
+    // The ClusterIP and the LoadBalancer IP portals share the port, each on its address;
+    // a connected client socket only accepts answers from the address it sent to.
+    for vip in ["127.0.0.50", "127.0.0.51"] {
+        let addr = SocketAddr::new(ip(vip), 5353);
+        let mut seen = BTreeSet::new();
+        for _ in 0..4 {
+            seen.insert(udp_answer(addr).await.expect("answered"));
+        }
+        assert_eq!(seen, ["a", "b"].map(String::from).into(), "{vip}");
+    }
+}
