@@ -25,15 +25,14 @@ use std::time::Duration;
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, Protocol, ServicePort, ServicePortName};
-use kp_core::topology::categorize;
 use tokio::net::{TcpListener, UdpSocket};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 use kp_dataplane::sync::FullSync;
 
 use crate::capture::{Capture, CapturePlan, CapturedPort, Target};
 use crate::relay::{Owner, Relay};
-use crate::shared::endpoint_addresses;
+use crate::shared::{endpoint_addresses, policy_endpoints, skip_sctp};
 use crate::{RelayConfig, RelayMetrics};
 
 /// The mode name served on `/proxyMode`.
@@ -327,28 +326,11 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
         let mut skipped = BTreeSet::new();
         let services: Vec<(&ServicePortName, &ServicePort)> = state.services.iter().collect();
         for (name, svc) in services {
-            if name.protocol == Protocol::Sctp {
-                if self.sctp_warned.insert(name.clone()) {
-                    warn!(service = %name, "userspace mode relays TCP and UDP only; SCTP port not served");
-                }
+            if skip_sctp(&mut self.sctp_warned, name, MODE) {
                 continue;
             }
-            let endpoints = state
-                .endpoints
-                .get(name)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let categories = categorize(svc, endpoints, &state.node);
-            let internal_list = if svc.internal_policy_local {
-                &categories.local
-            } else {
-                &categories.cluster
-            };
-            let external_list = if svc.external_policy_local {
-                &categories.local
-            } else {
-                &categories.cluster
-            };
+            let chosen = policy_endpoints(svc, state);
+            let (internal_list, external_list) = (&chosen.internal, &chosen.external);
             let affinity = svc.session_affinity.map(|a| a.timeout);
             for family in self.families.clone() {
                 let Some(port) = svc.for_family(family) else {
@@ -366,7 +348,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                     .target(
                         key(Scope::Internal),
                         endpoint_addresses(internal_list, family),
-                        categories.has_any_endpoints,
+                        chosen.any,
                         affinity,
                         &mut wanted,
                         &mut reopened,
@@ -376,7 +358,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                     self.target(
                         key(Scope::External),
                         endpoint_addresses(external_list, family),
-                        categories.has_any_endpoints,
+                        chosen.any,
                         affinity,
                         &mut wanted,
                         &mut reopened,

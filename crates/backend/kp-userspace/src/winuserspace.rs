@@ -20,13 +20,12 @@ use std::time::Duration;
 
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
-use kp_core::topology::categorize;
 use socket2::{Domain, Socket, Type};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 use crate::addresses::{AddressError, AddressHost, ServiceAddresses};
 use crate::relay::{Owner, Relay};
-use crate::shared::{endpoint_addresses, service_port_label};
+use crate::shared::{endpoint_addresses, policy_endpoints, service_port_label, skip_sctp};
 use crate::{RelayConfig, RelayMetrics};
 
 /// The mode name served on `/proxyMode`.
@@ -133,29 +132,11 @@ impl<H: AddressHost> WinBackend<H> {
         state: &kp_core::tracker::ProxyState,
     ) -> Vec<(Portal, Wanted)> {
         let name = &svc.name;
-        if name.protocol == Protocol::Sctp {
-            if self.sctp_warned.insert(name.clone()) {
-                warn!(service = %name, "winuserspace relays TCP and UDP only; SCTP port not served (not supported)");
-            }
+        if skip_sctp(&mut self.sctp_warned, name, MODE) {
             return Vec::new();
         }
-        let endpoints = state
-            .endpoints
-            .get(name)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let categories = categorize(svc, endpoints, &state.node);
-        let pick = |local: bool| {
-            if local {
-                &categories.local
-            } else {
-                &categories.cluster
-            }
-        };
-        let (internal, external) = (
-            pick(svc.internal_policy_local),
-            pick(svc.external_policy_local),
-        );
+        let chosen = policy_endpoints(svc, state);
+        let (internal, external) = (&chosen.internal, &chosen.external);
         let affinity = svc.session_affinity.map(|a| a.timeout);
         let mut portals = Vec::new();
         for &family in &self.families {
