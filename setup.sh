@@ -32,6 +32,11 @@ if [ "${1:-}" = "--tests" ]; then
     [ipvsadm]=ipvsadm
     # The image test builds the runtime image's root file system (deploy/image/rootfs.sh).
     [debootstrap]=debootstrap
+    # The winuserspace test builds the Windows binary (tools/win/build.sh) with MinGW-w64
+    # and runs it under Wine (wine64 is the loader `wine` runs on amd64).
+    [x86_64-w64-mingw32-gcc-posix]=gcc-mingw-w64-x86-64-posix
+    [x86_64-w64-mingw32-ar]=binutils-mingw-w64-x86-64
+    [wine]=wine
   )
 fi
 missing=()
@@ -43,6 +48,10 @@ done
 if [ "${1:-}" = "--tests" ] && { [ ! -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; }; then
   missing+=(busybox-static)
 fi
+if [ "${1:-}" = "--tests" ]; then
+  [ -e /usr/x86_64-w64-mingw32/include/windows.h ] || missing+=(mingw-w64-x86-64-dev)
+  [ -x /usr/lib/wine/wine64 ] || missing+=(wine64)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -51,4 +60,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -q
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# The Windows binary's standard library: rustup's, for the one target the test builds.
+if [ "${1:-}" = "--tests" ] && ! rustc --print target-libdir --target x86_64-pc-windows-gnu 2>/dev/null | xargs test -d; then
+  rustup target add x86_64-pc-windows-gnu
 fi

@@ -36,13 +36,14 @@ pub struct Settings {
     config: KubeProxyConfiguration,
     manifests: Option<PathBuf>,
     master: Option<String>,
-    node: crate::modes::NodeAddressing,
+    node: crate::node_ips::NodeAddressing,
     /// The Node's IPs at start-up, which later Node events are compared with.
     node_raw_ips: Vec<std::net::IpAddr>,
     debug_explain: bool,
     /// Userspace mode's affinity tables, for `/debug/explain` to name a client's pin.
     affinity: Option<kp_userspace::AffinityTables>,
     /// What the mode owns on nf_tables, watched for other programs' changes.
+    #[cfg(target_os = "linux")]
     watch: Option<kp_dataplane::watch::Owned>,
     /// The IP families the kernel has (what `/healthz` reports on).
     families: Vec<IpFamily>,
@@ -94,24 +95,26 @@ pub(crate) fn start_manifests(
 impl Settings {
     /// Settings from the parsed flags, the effective configuration, the node IPs detected
     /// at start-up with what they decide (the same answer the backend's rules use), the
-    /// source started to detect them (if any) and the host's facts.
+    /// source started to detect them (if any) and the host's facts: its interface
+    /// addresses and IP families.
     pub fn new(
         options: &Options,
         config: KubeProxyConfiguration,
         detected: &crate::node_ips::Detected,
         source: Option<StartedSource>,
-        host: &crate::modes::Host,
+        (local, families): (&[std::net::IpAddr], Vec<IpFamily>),
     ) -> Self {
         Self {
-            node: crate::modes::NodeAddressing::new(&config, detected, &host.local_addresses()),
+            node: crate::node_ips::NodeAddressing::new(&config, detected, local),
             node_raw_ips: detected.raw.clone(),
             config,
             manifests: options.manifests.clone(),
             master: options.master.clone(),
             debug_explain: options.debug_explain,
             affinity: None,
+            #[cfg(target_os = "linux")]
             watch: None,
-            families: host.families.clone(),
+            families,
             source,
         }
     }
@@ -124,17 +127,26 @@ impl Settings {
 
     /// Watches nf_tables for other programs' changes to what `owned` describes (none: only
     /// the canary checks, every `canaryPeriod`, find them).
+    #[cfg(target_os = "linux")]
     pub fn with_watch(mut self, owned: Option<kp_dataplane::watch::Owned>) -> Self {
         self.watch = owned;
         self
     }
 
     /// What the node's IPs decide.
-    pub fn node(&self) -> &crate::modes::NodeAddressing {
+    #[cfg_attr(
+        not(target_os = "linux"),
+        allow(dead_code, reason = "the Linux modes'")
+    )]
+    pub fn node(&self) -> &crate::node_ips::NodeAddressing {
         &self.node
     }
 
     /// The effective configuration.
+    #[cfg_attr(
+        not(target_os = "linux"),
+        allow(dead_code, reason = "the Linux modes'")
+    )]
     pub fn config(&self) -> &KubeProxyConfiguration {
         &self.config
     }
@@ -183,9 +195,14 @@ pub async fn run<B: Backend + 'static>(
 
     // Where nf_tables notifies, the canaries are checked when it does (and before periodic
     // syncs); elsewhere on a short period.
-    let canary_period = match settings.watch {
-        Some(_) => Duration::ZERO,
-        None => config.canary_period,
+    #[cfg(target_os = "linux")]
+    let watching = settings.watch.is_some();
+    #[cfg(not(target_os = "linux"))]
+    let watching = false;
+    let canary_period = if watching {
+        Duration::ZERO
+    } else {
+        config.canary_period
     };
     let proxier_config = ProxierConfig::new(node_name)
         .with_min_sync_period(config.min_sync_period())
@@ -207,16 +224,11 @@ pub async fn run<B: Backend + 'static>(
             configz: serde_json::to_value(&config).context("encoding /configz")?,
         },
         service_health: proxier.service_health(),
-        explainer: settings.debug_explain.then(|| {
-            Arc::new(
-                crate::debug_explain::StateExplainer::new(
-                    config.clone(),
-                    settings.node.clone(),
-                    proxier.state(),
-                )
-                .with_affinity(settings.affinity.clone()),
-            ) as Arc<dyn kp_server::Explainer>
-        }),
+        explainer: explainer(
+            (settings.debug_explain, &settings.node, &settings.affinity),
+            &config,
+            &proxier,
+        ),
         families: if mode == "fake" {
             vec![IpFamily::V4]
         } else {
@@ -225,6 +237,7 @@ pub async fn run<B: Backend + 'static>(
         node_port_ips: crate::node_ips::health_check_addresses(&settings.node.node_ports),
     };
     let admin_thread = admin.spawn(shutdown.clone())?;
+    #[cfg(target_os = "linux")]
     let watcher = settings
         .watch
         .and_then(|owned| start_watch(owned, &proxier, mode));
@@ -232,6 +245,7 @@ pub async fn run<B: Backend + 'static>(
 
     let result = proxier.run(events_rx, shutdown.clone()).await;
     shutdown.cancel();
+    #[cfg(target_os = "linux")]
     if let Some((stop, thread)) = watcher {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if thread.join().is_err() {
@@ -261,6 +275,7 @@ pub async fn run<B: Backend + 'static>(
 
 /// The nf_tables watch thread and its stop flag; `None` (logged) when the kernel refuses
 /// the subscription, leaving the canary checks before periodic syncs.
+#[cfg(target_os = "linux")]
 fn start_watch<B: Backend>(
     owned: kp_dataplane::watch::Owned,
     proxier: &Proxier<B>,
@@ -288,6 +303,64 @@ fn start_watch<B: Backend>(
             None
         }
     }
+}
+
+/// `--debug-explain`, the node's addressing and userspace mode's affinity tables.
+type ExplainSettings<'a> = (
+    bool,
+    &'a crate::node_ips::NodeAddressing,
+    &'a Option<kp_userspace::AffinityTables>,
+);
+
+/// `/debug/explain` for the state `proxier` keeps, with `--debug-explain`.
+#[cfg(target_os = "linux")]
+fn explainer<B: Backend + 'static>(
+    (enabled, node, affinity): ExplainSettings<'_>,
+    config: &KubeProxyConfiguration,
+    proxier: &Proxier<B>,
+) -> Option<Arc<dyn kp_server::Explainer>> {
+    enabled.then(|| {
+        Arc::new(
+            crate::debug_explain::StateExplainer::new(
+                config.clone(),
+                node.clone(),
+                proxier.state(),
+            )
+            .with_affinity(affinity.clone()),
+        ) as Arc<dyn kp_server::Explainer>
+    })
+}
+
+/// `/debug/explain` explains with the Linux modes' renderers: not on Windows.
+#[cfg(not(target_os = "linux"))]
+fn explainer<B: Backend + 'static>(
+    (enabled, _, _): ExplainSettings<'_>,
+    _config: &KubeProxyConfiguration,
+    _proxier: &Proxier<B>,
+) -> Option<Arc<dyn kp_server::Explainer>> {
+    if enabled {
+        tracing::warn!("--debug-explain is not available on Windows; /debug/explain is off");
+    }
+    None
+}
+
+/// The relay's settings from the configuration: upstream's `udpIdleTimeout` and `portRange`,
+/// and our per-Service caps (validated to be at least 1). Both platforms' userspace modes run
+/// the relay with them (winuserspace has no use for the port range: its portals listen on the
+/// service ports).
+pub fn relay_config(config: &KubeProxyConfiguration) -> kp_userspace::RelayConfig {
+    let cap = |n: i32, default: usize| usize::try_from(n).unwrap_or(default);
+    kp_userspace::RelayConfig::default()
+        .with_udp_idle_timeout(config.udp_idle_timeout)
+        .with_port_range(config.proxy_port_range())
+        .with_max_connections(cap(
+            config.userspace.max_connections_per_service,
+            kp_userspace::config::DEFAULT_MAX_CONNECTIONS,
+        ))
+        .with_max_udp_sessions(cap(
+            config.userspace.max_udp_sessions_per_service,
+            kp_userspace::config::DEFAULT_MAX_UDP_SESSIONS,
+        ))
 }
 
 /// Starts the manifests source (with `--manifests`) or the API source.
@@ -350,11 +423,13 @@ pub(crate) fn node_name(config: &KubeProxyConfiguration) -> String {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
         .unwrap_or_default();
     name.trim().to_lowercase()
 }
 
 /// Cancels `shutdown` on SIGTERM (what the kubelet sends) or SIGINT.
+#[cfg(unix)]
 async fn stop_on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
@@ -367,6 +442,27 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
         _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+        () = shutdown.cancelled() => {}
+    }
+    shutdown.cancel();
+}
+
+/// Cancels `shutdown` on the console's Ctrl-C or Ctrl-Break, or when the console closes or
+/// the system shuts down (what stopping a Windows console program sends).
+#[cfg(windows)]
+async fn stop_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::windows::{ctrl_break, ctrl_c, ctrl_close, ctrl_shutdown};
+    let (Ok(mut c), Ok(mut brk), Ok(mut close), Ok(mut down)) =
+        (ctrl_c(), ctrl_break(), ctrl_close(), ctrl_shutdown())
+    else {
+        tracing::warn!("cannot install console control handlers; end the proxy with taskkill /f");
+        return;
+    };
+    tokio::select! {
+        _ = c.recv() => tracing::info!("Ctrl-C received, shutting down"),
+        _ = brk.recv() => tracing::info!("Ctrl-Break received, shutting down"),
+        _ = close.recv() => tracing::info!("console closing, shutting down"),
+        _ = down.recv() => tracing::info!("system shutting down, shutting down"),
         () = shutdown.cancelled() => {}
     }
     shutdown.cancel();

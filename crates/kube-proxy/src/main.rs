@@ -2,22 +2,28 @@
 //! logging, picks the proxy mode and hands over to [`app::run`]. `anyhow` lives only here.
 
 mod app;
+#[cfg(target_os = "linux")]
 mod cleanup;
+#[cfg(target_os = "linux")]
 mod debug_explain;
 #[cfg(feature = "demo")]
 mod demo;
+#[cfg(target_os = "linux")]
 mod explain;
+#[cfg(target_os = "linux")]
 mod iptables_backend;
 mod log;
+#[cfg(target_os = "linux")]
 mod modes;
 mod node_ips;
+#[cfg(not(target_os = "linux"))]
+mod win;
 
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser as _;
-use kp_config::{Options, ProxyMode};
-use modes::host::{Host, SystemProbe, Task, Wants};
+use kp_config::{KubeProxyConfiguration, Options};
 
 /// The hidden subcommand under which this binary serves as the testbed's echo server and
 /// prober for the demo (`kube-proxy testbed-echo serve --name web-a --tcp 8080`).
@@ -72,10 +78,25 @@ fn no_demo(out: &mut impl std::io::Write) -> u8 {
     1
 }
 
+/// `kube-proxy explain ...`.
+#[cfg(target_os = "linux")]
+fn explain() -> ExitCode {
+    explain::main(std::env::args().skip(1))
+}
+
+/// `explain` speaks of the Linux modes' rules: not on Windows.
+#[cfg(not(target_os = "linux"))]
+fn explain() -> ExitCode {
+    eprintln!(
+        "kube-proxy: `explain` describes the Linux proxy modes and is not available on Windows"
+    );
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
     // Subcommands come first; everything else is upstream's flag-only command line.
     match Command::of(std::env::args().nth(1).as_deref()) {
-        Command::Explain => return explain::main(std::env::args().skip(1)),
+        Command::Explain => return explain(),
         command @ (Command::Demo | Command::DemoEcho) => return demo(command),
         Command::Proxy => {}
     }
@@ -110,12 +131,56 @@ fn run(options: Options) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let mode = config.mode();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    run_proxy(&options, config)
+}
+
+/// The proxy's async runtime.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("kube-proxy")
         .build()
-        .context("starting the async runtime")?;
+        .context("starting the async runtime")
+}
+
+/// As upstream, the node's IPs are read once, before any rule is built; the backend's rules
+/// and the health-check servers use the same answer. The source started to read them (the
+/// manifests') goes on to feed the proxy; the registry holds its metrics.
+fn read_node_ips(
+    runtime: &tokio::runtime::Runtime,
+    options: &Options,
+    config: &KubeProxyConfiguration,
+) -> anyhow::Result<(
+    node_ips::Detected,
+    Option<app::StartedSource>,
+    prometheus_client::registry::Registry,
+)> {
+    let source = node_ips::SourceSpec {
+        manifests: options.manifests.as_ref(),
+        master: options.master.as_deref(),
+    };
+    let mut registry = prometheus_client::registry::Registry::default();
+    let (detected, started) = runtime
+        .block_on(node_ips::detect(
+            &source,
+            config,
+            &app::node_name(config),
+            &mut registry,
+        ))
+        .context("reading this node's IPs")?;
+    for warning in node_ips::config_warnings(config, &detected.ips) {
+        tracing::error!(error = %warning, "Kube-proxy configuration may be incomplete or incorrect");
+    }
+    Ok((detected, started, registry))
+}
+
+/// The proxy (or `--cleanup`, `--init-only`) on Linux.
+#[cfg(target_os = "linux")]
+fn run_proxy(options: &Options, config: KubeProxyConfiguration) -> anyhow::Result<()> {
+    use kp_config::ProxyMode;
+    use modes::host::{Host, SystemProbe, Task, Wants};
+    let mode = config.mode();
+    let runtime = runtime()?;
     // The node's facts, once, for what this start is for; the iptables backend is chosen
     // first, before any iptables tool runs (every kernel mode runs some: nftables mode
     // removes iptables mode's leftovers), so all of them use the node's backend.
@@ -142,27 +207,23 @@ fn run(options: Options) -> anyhow::Result<()> {
     modes::check_runnable(mode)?;
     let host = probe_host(Task::Run)?;
     let mode = host.mode_to_run(mode);
-    // As upstream, the node's IPs are read once, before any rule is built; the backend's
-    // rules and the health-check servers use the same answer.
-    let source = node_ips::SourceSpec {
-        manifests: options.manifests.as_ref(),
-        master: options.master.as_deref(),
-    };
-    let mut registry = prometheus_client::registry::Registry::default();
-    let (detected, started) = runtime
-        .block_on(node_ips::detect(
-            &source,
-            &config,
-            &app::node_name(&config),
-            &mut registry,
-        ))
-        .context("reading this node's IPs")?;
-    for warning in node_ips::config_warnings(&config, &detected.ips) {
-        tracing::error!(error = %warning, "Kube-proxy configuration may be incomplete or incorrect");
-    }
-    let settings = app::Settings::new(&options, config, &detected, started, &host);
+    let (detected, started, registry) = read_node_ips(&runtime, options, &config)?;
+    let families = host.families.clone();
+    let settings = app::Settings::new(
+        options,
+        config,
+        &detected,
+        started,
+        (&host.local_addresses(), families),
+    );
     modes::apply_oom_score_adj(settings.config());
     modes::run(&runtime, mode, settings, &host, registry)
+}
+
+/// The proxy (or `--cleanup`, `--init-only`) on Windows.
+#[cfg(not(target_os = "linux"))]
+fn run_proxy(options: &Options, config: KubeProxyConfiguration) -> anyhow::Result<()> {
+    win::run(options, config)
 }
 
 #[cfg(test)]

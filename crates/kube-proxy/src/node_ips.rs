@@ -357,6 +357,27 @@ pub fn health_check_addresses(node_ports: &NodePortAddresses) -> Vec<IpAddr> {
     }
 }
 
+/// What this node's IPs decide, resolved once at start-up ([`crate::node_ips`]): where
+/// NodePorts (and health-check node ports) answer, and the node IP of each family the rules
+/// use (`loadBalancerSourceRanges`' allowance for the node).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeAddressing {
+    /// nodePortAddresses resolved ([`node_port_addresses`]).
+    pub node_ports: NodePortAddresses,
+    /// One node IP per family ([`kp_core::model::NodeIps::all`]).
+    pub node_ips: Vec<IpAddr>,
+}
+
+impl NodeAddressing {
+    /// From the node IPs detected at start-up and the node's `local` addresses.
+    pub fn new(config: &KubeProxyConfiguration, detected: &Detected, local: &[IpAddr]) -> Self {
+        Self {
+            node_ports: node_port_addresses(config, &detected.ips, local),
+            node_ips: detected.ips.all().to_vec(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

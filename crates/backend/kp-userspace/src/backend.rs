@@ -24,15 +24,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
-use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
-use kp_core::topology::categorize;
+use kp_core::model::{IpFamily, Protocol, ServicePort, ServicePortName};
 use tokio::net::{TcpListener, UdpSocket};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 use kp_dataplane::sync::FullSync;
 
 use crate::capture::{Capture, CapturePlan, CapturedPort, Target};
 use crate::relay::{Owner, Relay};
+use crate::shared::{endpoint_addresses, policy_endpoints, skip_sctp};
 use crate::{RelayConfig, RelayMetrics};
 
 /// The mode name served on `/proxyMode`.
@@ -75,11 +75,7 @@ impl fmt::Display for FrontendKey {
     }
 }
 
-/// The name a service port's affinity table goes by (metrics, `/debug/explain`):
-/// `namespace/name:port/protocol`.
-pub fn service_port_label(name: &ServicePortName) -> String {
-    format!("{name}/{}", name.protocol.as_str())
-}
+pub use crate::shared::service_port_label;
 
 /// Where the backend opens frontends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,14 +309,6 @@ impl<C: Capture> UserspaceBackend<C> {
     }
 }
 
-/// The endpoints of `family` in `list`, as socket addresses.
-fn addresses(list: &[&Endpoint], family: IpFamily) -> Vec<SocketAddr> {
-    list.iter()
-        .filter(|e| IpFamily::of(&e.ip) == family)
-        .map(|e| SocketAddr::new(e.ip, e.port))
-        .collect()
-}
-
 impl<C: Capture> Backend for UserspaceBackend<C> {
     fn mode(&self) -> &'static str {
         MODE
@@ -338,28 +326,11 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
         let mut skipped = BTreeSet::new();
         let services: Vec<(&ServicePortName, &ServicePort)> = state.services.iter().collect();
         for (name, svc) in services {
-            if name.protocol == Protocol::Sctp {
-                if self.sctp_warned.insert(name.clone()) {
-                    warn!(service = %name, "userspace mode relays TCP and UDP only; SCTP port not served");
-                }
+            if skip_sctp(&mut self.sctp_warned, name, MODE) {
                 continue;
             }
-            let endpoints = state
-                .endpoints
-                .get(name)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let categories = categorize(svc, endpoints, &state.node);
-            let internal_list = if svc.internal_policy_local {
-                &categories.local
-            } else {
-                &categories.cluster
-            };
-            let external_list = if svc.external_policy_local {
-                &categories.local
-            } else {
-                &categories.cluster
-            };
+            let chosen = policy_endpoints(svc, state);
+            let (internal_list, external_list) = (&chosen.internal, &chosen.external);
             let affinity = svc.session_affinity.map(|a| a.timeout);
             for family in self.families.clone() {
                 let Some(port) = svc.for_family(family) else {
@@ -376,8 +347,8 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                 let internal = self
                     .target(
                         key(Scope::Internal),
-                        addresses(internal_list, family),
-                        categories.has_any_endpoints,
+                        endpoint_addresses(internal_list, family),
+                        chosen.any,
                         affinity,
                         &mut wanted,
                         &mut reopened,
@@ -386,8 +357,8 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                 let external = if port.externally_accessible() {
                     self.target(
                         key(Scope::External),
-                        addresses(external_list, family),
-                        categories.has_any_endpoints,
+                        endpoint_addresses(external_list, family),
+                        chosen.any,
                         affinity,
                         &mut wanted,
                         &mut reopened,

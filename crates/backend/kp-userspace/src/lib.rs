@@ -6,15 +6,21 @@
 //!   metrics and `/debug/explain`.
 //! - [`relay`]: frontends (one listening TCP or UDP socket each), endpoint updates, TCP
 //!   connections with retries on the next endpoint, UDP sessions with an idle timeout,
-//!   per-service caps. Portable: nothing here is Linux-specific, so `winuserspace` would be
-//!   this relay with another capture.
+//!   per-service caps. Portable: both backends run this one relay.
 //! - [`config`], [`metrics`]: tunables with their defaults, and the relay's metrics.
 //! - [`capture`]: the trait that steers service traffic to the relay, and a fake.
-//! - [`backend`]: userspace mode as a `kp_core` backend (frontends per service port, family
-//!   and traffic scope; endpoints by traffic policy; capture rewritten each sync).
+//! - `backend` (Linux only): userspace mode as a `kp_core` backend (frontends per service
+//!   port, family and traffic scope; endpoints by traffic policy; capture rewritten each
+//!   sync).
+//! - [`winuserspace`]: the same relay as Windows runs it, with no capture: portals listening
+//!   on the service addresses themselves, which [`addresses`] puts on a host interface
+//!   (reference counted, bounded wait) through an [`AddressHost`] (the IP Helper API in
+//!   `kp-winaddr`, a fake in tests). Portable, so its logic is tested on Linux.
 //! - `iptables` (Linux only): capture with iptables `REDIRECT` rules from
 //!   `kp_rules::userspace`, applied through kp-dataplane's exec layer.
 
+pub mod addresses;
+#[cfg(target_os = "linux")]
 pub mod backend;
 pub mod balancer;
 pub mod capture;
@@ -24,15 +30,21 @@ pub mod iptables;
 pub mod metrics;
 pub mod pins;
 pub mod relay;
+mod shared;
 mod source;
 #[cfg(target_os = "linux")]
 mod splice;
 mod tcp;
 mod udp;
+pub mod winuserspace;
 
+pub use addresses::{AddressError, AddressHost, FakeAddressHost, RecordingHost, ServiceAddresses};
+#[cfg(target_os = "linux")]
 pub use backend::{FrontendKey, Scope, UserspaceBackend};
 pub use capture::{Capture, CapturePlan, FakeCapture};
 pub use config::RelayConfig;
 pub use metrics::RelayMetrics;
 pub use pins::{AffinityTables, PinLookup};
 pub use relay::{Owner, Relay, Transport};
+pub use shared::service_port_label;
+pub use winuserspace::{Portal, PortalKind, WinBackend};

@@ -62,6 +62,10 @@ mod parse;
 mod scan;
 #[cfg(test)]
 mod tests;
+#[cfg(target_os = "linux")]
+mod wakeup;
+#[cfg(not(target_os = "linux"))]
+#[path = "manifests/wakeup_poll.rs"]
 mod wakeup;
 
 pub use parse::{

@@ -12,8 +12,6 @@ pub mod ipvs;
 pub mod nftables;
 pub mod userspace;
 
-use std::net::IpAddr;
-
 use anyhow::Context as _;
 use ipnet::IpNet;
 use kp_config::{KubeProxyConfiguration, LocalMode, ProxyMode};
@@ -25,6 +23,7 @@ use kp_rules::iptables::{LocalDetector, NodePortAddresses, RenderConfig};
 use kp_userspace::AffinityTables;
 use prometheus_client::registry::Registry;
 
+pub use crate::node_ips::NodeAddressing;
 pub use host::Host;
 
 /// What every mode's builder gets.
@@ -135,31 +134,6 @@ fn start<M: Mode>(
     };
     let settings = settings.with_watch(M::watch(host));
     runtime.block_on(crate::app::run(settings, backend, registry))
-}
-
-/// What this node's IPs decide, resolved once at start-up ([`crate::node_ips`]): where
-/// NodePorts (and health-check node ports) answer, and the node IP of each family the rules
-/// use (`loadBalancerSourceRanges`' allowance for the node).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeAddressing {
-    /// nodePortAddresses resolved ([`crate::node_ips::node_port_addresses`]).
-    pub node_ports: NodePortAddresses,
-    /// One node IP per family ([`kp_core::model::NodeIps::all`]).
-    pub node_ips: Vec<IpAddr>,
-}
-
-impl NodeAddressing {
-    /// From the node IPs detected at start-up and the node's `local` addresses.
-    pub fn new(
-        config: &KubeProxyConfiguration,
-        detected: &crate::node_ips::Detected,
-        local: &[IpAddr],
-    ) -> Self {
-        Self {
-            node_ports: crate::node_ips::node_port_addresses(config, &detected.ips, local),
-            node_ips: detected.ips.all().to_vec(),
-        }
-    }
 }
 
 /// What every kernel mode does first: upstream's conntrack sysctls, then the renderer's

@@ -2,12 +2,11 @@
 //! `winuserspace` is refused with a pointer to this mode, which runs the same relay.
 
 use anyhow::Context as _;
-use kp_config::KubeProxyConfiguration;
 use kp_dataplane::exec::{ExecRunner, Tools};
 use kp_rules::iptables::NodePortAddresses;
 use kp_rules::userspace::{CaptureConfig, DEFAULT_DROP_BIT};
 use kp_userspace::iptables::IptablesCapture;
-use kp_userspace::{AffinityTables, Capture as _, RelayConfig, RelayMetrics, UserspaceBackend};
+use kp_userspace::{AffinityTables, Capture as _, RelayMetrics, UserspaceBackend};
 
 use super::host::Host;
 use super::{Input, Mode};
@@ -111,22 +110,7 @@ fn backend(input: Input<'_>) -> UserspaceMode {
     .with_node_ips(node.node_ips.clone())
 }
 
-/// The relay's settings from the configuration: upstream's `udpIdleTimeout` and `portRange`,
-/// and our per-Service caps (validated to be at least 1).
-pub fn relay_config(config: &KubeProxyConfiguration) -> RelayConfig {
-    let cap = |n: i32, default: usize| usize::try_from(n).unwrap_or(default);
-    RelayConfig::default()
-        .with_udp_idle_timeout(config.udp_idle_timeout)
-        .with_port_range(config.proxy_port_range())
-        .with_max_connections(cap(
-            config.userspace.max_connections_per_service,
-            kp_userspace::config::DEFAULT_MAX_CONNECTIONS,
-        ))
-        .with_max_udp_sessions(cap(
-            config.userspace.max_udp_sessions_per_service,
-            kp_userspace::config::DEFAULT_MAX_UDP_SESSIONS,
-        ))
-}
+pub use crate::app::relay_config;
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,6 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -39,6 +38,54 @@ pub(super) struct Stamp {
     error: Option<io::ErrorKind>,
 }
 
+/// Modification time as (seconds, nanoseconds) since the epoch.
+#[cfg(unix)]
+fn mtime(metadata: &std::fs::Metadata) -> (i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    (metadata.mtime(), metadata.mtime_nsec())
+}
+
+/// Change time as (seconds, nanoseconds) since the epoch.
+#[cfg(unix)]
+fn ctime(metadata: &std::fs::Metadata) -> (i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    (metadata.ctime(), metadata.ctime_nsec())
+}
+
+/// Device and inode.
+#[cfg(unix)]
+fn inode(metadata: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (metadata.dev(), metadata.ino())
+}
+
+/// Modification time as (seconds, nanoseconds) since the epoch (0 before it).
+#[cfg(not(unix))]
+fn mtime(metadata: &std::fs::Metadata) -> (i64, i64) {
+    let since = metadata
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    (
+        i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+        i64::from(since.subsec_nanos()),
+    )
+}
+
+/// Stable std has no change time off Unix: the modification time stands in.
+#[cfg(not(unix))]
+fn ctime(metadata: &std::fs::Metadata) -> (i64, i64) {
+    mtime(metadata)
+}
+
+/// Stable std has no file identity off Unix: a rename over a file of the same size and
+/// modification time goes unseen there.
+#[cfg(not(unix))]
+fn inode(_metadata: &std::fs::Metadata) -> (u64, u64) {
+    (0, 0)
+}
+
 impl Stamp {
     fn of(path: &Path) -> Result<Option<Stamp>, io::Error> {
         let metadata = match std::fs::metadata(path) {
@@ -51,9 +98,9 @@ impl Stamp {
         }
         Ok(Some(Stamp {
             len: metadata.len(),
-            mtime: (metadata.mtime(), metadata.mtime_nsec()),
-            ctime: (metadata.ctime(), metadata.ctime_nsec()),
-            inode: (metadata.dev(), metadata.ino()),
+            mtime: mtime(&metadata),
+            ctime: ctime(&metadata),
+            inode: inode(&metadata),
             target: std::fs::canonicalize(path).ok(),
             error: None,
         }))
