@@ -20,7 +20,7 @@ use kp_nftnl::monitor::{Message, Monitor, Object, Received};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::iptables::{KUBE_CHAIN_PREFIX, KUBELET_CHAINS};
+use crate::iptables::{KUBE_MARK_MASQ, is_own_chain};
 
 /// A change read this long after the proxier's last write may still be that write's.
 /// (Transactions over the proxy's own netlink sockets are known by their port id; this only
@@ -183,8 +183,10 @@ fn family_name(family: u8) -> Option<&'static str> {
     }
 }
 
+/// The chains cleanup would call ours, and `KUBE-MARK-MASQ`, which iptables mode writes too:
+/// another component's `KUBE-` chains (the kubelet's, kube-router's) are not watched.
 fn is_ours(chain: &str) -> bool {
-    chain.starts_with(KUBE_CHAIN_PREFIX) && !KUBELET_CHAINS.contains(&chain)
+    chain == KUBE_MARK_MASQ || is_own_chain(chain)
 }
 
 fn is_builtin(chain: &str) -> bool {

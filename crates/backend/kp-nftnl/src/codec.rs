@@ -23,7 +23,7 @@ const NLA_F_NESTED: u16 = 0x8000;
 
 const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 const NFNL_MSG_BATCH_END: u16 = 17;
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(crate) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
 /// `NFT_MSG_*` message kinds (the low byte of the netlink message type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,11 +11,10 @@ use std::time::Duration;
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
-use crate::codec::attributes;
+use crate::codec::{NFNL_SUBSYS_NFTABLES, attributes};
 
 /// `NFNLGRP_NFTABLES`.
 const NFNLGRP_NFTABLES: u32 = 7;
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWGEN: u16 = 15;
 /// Large: `nft flush ruleset` on a 10k-service table is some 100k messages at once.
 const RECV_BUFFER: usize = 32 << 20;

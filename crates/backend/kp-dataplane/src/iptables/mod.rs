@@ -52,7 +52,10 @@ use crate::conntrack::{Conntrack, DefaultConntrack};
 use crate::exec::{ExecError, ExecRunner, RestoreInto, RuleRunner, Tools, split_args};
 use crate::sync::{FamilyErrors, SyncState};
 
-pub use save::{KUBE_CHAIN_PREFIX, KUBELET_CHAINS, SavedTable, cleanup_input, rule_target};
+pub use save::{
+    KUBE_CHAIN_PREFIX, KUBE_MARK_MASQ, KUBELET_CHAINS, SavedTable, cleanup_input, is_own_chain,
+    rule_target,
+};
 
 /// The mode name served on `/proxyMode`.
 pub const MODE: &str = "iptables";
