@@ -8,6 +8,11 @@
 //! second for `--duration` (round robin over the services; each change replaces an endpoint
 //! address) and records:
 //!
+//! With `--pair-gap`, every change is followed by a second change of the same EndpointSlice
+//! that long after (upstream's affinity-switch conformance specs change a Service twice
+//! 0.3 s apart), and the latencies of first and second changes are reported apart: the second
+//! is the one a runner that rests `minSyncPeriod` after every sync delays.
+//!
 //! - the programming latency of each change: from sending it to the end of the first sync
 //!   that started after it (the sync's start is its log line's arrival minus its `apply` and
 //!   `backend` times; the event reaches the proxy within milliseconds, so that sync has it);
@@ -72,6 +77,19 @@ struct Args {
     /// The kp-echo binary (default: next to this one).
     #[arg(long)]
     echo: Option<PathBuf>,
+    /// Follow every change by a second change of the same slice this many milliseconds later.
+    #[arg(long)]
+    pair_gap: Option<u64>,
+    /// Print every change and sync, in milliseconds since the churn began.
+    #[arg(long)]
+    timeline: bool,
+}
+
+/// One change sent to the API server, and whether it was the second of a pair.
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    sent: Instant,
+    second: bool,
 }
 
 fn main() -> ExitCode {
@@ -166,7 +184,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let churn_start = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / args.rate.max(0.01));
     let churn_end = Instant::now() + Duration::from_secs(args.duration);
-    let mut changes: Vec<Instant> = Vec::new();
+    let mut changes: Vec<Change> = Vec::new();
+    let mut step = 0;
     let mut syncs: Vec<Sync> = Vec::new();
     let mut rss: Vec<(f64, u64)> = Vec::new();
     let mut next_sample = Instant::now();
@@ -178,16 +197,28 @@ fn run(args: &Args) -> anyhow::Result<()> {
             rss.push((at, sys::vm_rss_kib(proxy.pid()).unwrap_or(0)));
             next_sample += Duration::from_secs(1);
         }
-        let service = changes.len() % args.services.max(1);
+        let service = step % args.services.max(1);
+        step += 1;
         if service == 0 {
-            generation += 1;
+            generation += 2;
         }
-        let slice = slice_yaml(scale, service, Some(generation));
-        let objects = yaml_objects(&slice).map_err(anyhow::Error::msg)?;
-        for obj in objects {
-            api.apply(obj)?;
+        apply_slice(&api, scale, service, generation)?;
+        changes.push(Change {
+            sent: Instant::now(),
+            second: false,
+        });
+        if let Some(gap) = args.pair_gap {
+            syncs_until(
+                &mut proxy,
+                Instant::now() + Duration::from_millis(gap),
+                &mut syncs,
+            );
+            apply_slice(&api, scale, service, generation + 1)?;
+            changes.push(Change {
+                sent: Instant::now(),
+                second: true,
+            });
         }
-        changes.push(Instant::now());
         next_change += interval;
         syncs_until(&mut proxy, next_change, &mut syncs);
     }
@@ -197,32 +228,16 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let rss_end = sys::vm_rss_kib(proxy.pid()).unwrap_or(0);
     let peak = sys::vm_hwm_kib(proxy.pid()).unwrap_or(0);
 
-    let mut latencies: Vec<Duration> = Vec::new();
-    let mut unprogrammed = 0;
-    for sent in &changes {
-        match syncs.iter().find(|s| s.start >= *sent) {
-            Some(sync) => latencies.push(sync.end.duration_since(*sent)),
-            None => unprogrammed += 1,
-        }
+    println!("changes {}, syncs {}", changes.len(), syncs.len());
+    if args.timeline {
+        print_timeline(churn_start, &changes, &syncs);
     }
-    latencies.sort();
-    let quantile = |q: f64| -> Duration {
-        let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
-        latencies.get(i).copied().unwrap_or_default()
-    };
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "changes {} (not seen programmed: {unprogrammed}), syncs {}",
-        changes.len(),
-        syncs.len()
-    );
-    println!(
-        "programming latency ms: p50 {:.0}  p90 {:.0}  p99 {:.0}  max {:.0}",
-        ms(quantile(0.5)),
-        ms(quantile(0.9)),
-        ms(quantile(0.99)),
-        ms(quantile(1.0))
-    );
+    if args.pair_gap.is_some() {
+        report_latencies("first of each pair", &changes, &syncs, |c| !c.second);
+        report_latencies("second of each pair", &changes, &syncs, |c| c.second);
+    } else {
+        report_latencies("every change", &changes, &syncs, |_| true);
+    }
     if let (Some(start), Some(end)) = (cpu_start, cpu_end) {
         let seconds = end.saturating_sub(start) as f64 / sys::ticks_per_second() as f64;
         println!(
@@ -249,6 +264,72 @@ fn run(args: &Args) -> anyhow::Result<()> {
     drop(api);
     drop(netns);
     Ok(())
+}
+
+/// Applies generation `generation` of service `service`'s EndpointSlice.
+fn apply_slice(
+    api: &FakeApiProcess,
+    scale: Scale,
+    service: usize,
+    generation: usize,
+) -> anyhow::Result<()> {
+    let slice = slice_yaml(scale, service, Some(generation));
+    for obj in yaml_objects(&slice).map_err(anyhow::Error::msg)? {
+        api.apply(obj)?;
+    }
+    Ok(())
+}
+
+/// Prints the programming latency of the `changes` that `which` selects: from sending a change
+/// to the end of the first sync that started after it.
+fn report_latencies(
+    label: &str,
+    changes: &[Change],
+    syncs: &[Sync],
+    which: impl Fn(&Change) -> bool,
+) {
+    let mut latencies: Vec<Duration> = Vec::new();
+    let mut unprogrammed = 0;
+    for change in changes.iter().filter(|c| which(c)) {
+        match syncs.iter().find(|s| s.start >= change.sent) {
+            Some(sync) => latencies.push(sync.end.duration_since(change.sent)),
+            None => unprogrammed += 1,
+        }
+    }
+    latencies.sort();
+    let quantile = |q: f64| -> f64 {
+        let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
+        latencies.get(i).copied().unwrap_or_default().as_secs_f64() * 1000.0
+    };
+    println!(
+        "{label}: {} changes (not seen programmed: {unprogrammed}); programming latency ms: \
+         p50 {:.0}  p90 {:.0}  p99 {:.0}  max {:.0}",
+        latencies.len(),
+        quantile(0.5),
+        quantile(0.9),
+        quantile(0.99),
+        quantile(1.0)
+    );
+}
+
+/// Every change and sync in time order, in milliseconds since `origin`.
+fn print_timeline(origin: Instant, changes: &[Change], syncs: &[Sync]) {
+    let ms = |at: Instant| at.saturating_duration_since(origin).as_secs_f64() * 1000.0;
+    let mut events: Vec<(f64, String)> = changes
+        .iter()
+        .map(|c| {
+            let which = if c.second { "second change" } else { "change" };
+            (ms(c.sent), which.to_owned())
+        })
+        .chain(syncs.iter().map(|s| {
+            let took = s.end.duration_since(s.start).as_secs_f64() * 1000.0;
+            (ms(s.start), format!("sync ({took:.1} ms)"))
+        }))
+        .collect();
+    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (at, what) in events {
+        println!("  {at:9.1} ms  {what}");
+    }
 }
 
 /// Least-squares slope of `(seconds, KiB)` samples, in KiB per second.
