@@ -39,12 +39,16 @@ pub struct Settings {
     node: crate::node_ips::NodeAddressing,
     /// The Node's IPs at start-up, which later Node events are compared with.
     node_raw_ips: Vec<std::net::IpAddr>,
+    /// This node's Node was found at start-up: the first sync waits for its labels.
+    node_found: bool,
     debug_explain: bool,
     /// Userspace mode's affinity tables, for `/debug/explain` to name a client's pin.
     affinity: Option<kp_userspace::AffinityTables>,
     /// What the mode owns on nf_tables, watched for other programs' changes.
     #[cfg(target_os = "linux")]
     watch: Option<kp_dataplane::watch::Owned>,
+    /// The mode's canaries are checked every `canaryPeriod` even while nf_tables is watched.
+    canaries_while_watched: bool,
     /// The IP families the kernel has (what `/healthz` reports on).
     families: Vec<IpFamily>,
     /// The manifests source, started at start-up to read this node's Node from its first
@@ -107,6 +111,7 @@ impl Settings {
         Self {
             node: crate::node_ips::NodeAddressing::new(&config, detected, local),
             node_raw_ips: detected.raw.clone(),
+            node_found: detected.node_found,
             config,
             manifests: options.manifests.clone(),
             master: options.master.clone(),
@@ -114,6 +119,7 @@ impl Settings {
             affinity: None,
             #[cfg(target_os = "linux")]
             watch: None,
+            canaries_while_watched: false,
             families,
             source,
         }
@@ -130,6 +136,13 @@ impl Settings {
     #[cfg(target_os = "linux")]
     pub fn with_watch(mut self, owned: Option<kp_dataplane::watch::Owned>) -> Self {
         self.watch = owned;
+        self
+    }
+
+    /// Checks the canaries every `canaryPeriod` even while nf_tables is watched (`yes`: the
+    /// mode owns state nf_tables does not notify of).
+    pub fn with_canaries_while_watched(mut self, yes: bool) -> Self {
+        self.canaries_while_watched = yes;
         self
     }
 
@@ -194,20 +207,26 @@ pub async fn run<B: Backend + 'static>(
     ));
 
     // Where nf_tables notifies, the canaries are checked when it does (and before periodic
-    // syncs); elsewhere on a short period.
+    // syncs); elsewhere, and for what it cannot notify of (ipvs mode's IPVS, kube-ipvs0 and
+    // ipsets), on a short period.
     #[cfg(target_os = "linux")]
     let watching = settings.watch.is_some();
     #[cfg(not(target_os = "linux"))]
     let watching = false;
-    let canary_period = if watching {
+    let canary_period = if watching && !settings.canaries_while_watched {
         Duration::ZERO
     } else {
         config.canary_period
     };
-    let proxier_config = ProxierConfig::new(node_name)
+    let mut proxier_config = ProxierConfig::new(node_name)
         .with_min_sync_period(config.min_sync_period())
         .with_sync_period(config.sync_period())
         .with_canary_period(canary_period);
+    if settings.node_found {
+        // Its labels decide topology hints: the first sync waits for the Node's watch,
+        // bounded as the wait for its IPs at start-up.
+        proxier_config = proxier_config.with_node_wait(kp_sources::node::DEFAULT_NODE_IPS_TIMEOUT);
+    }
     let health = Arc::new(ProxyHealth::new(config.sync_period()));
     let mode = backend.mode();
     let proxier = Proxier::new(proxier_config, backend, health.clone(), metrics)

@@ -39,6 +39,9 @@ pub struct Detected {
     pub raw: Vec<IpAddr>,
     /// One IP per family, after `bindAddress` and the loopback fallback.
     pub ips: NodeIps,
+    /// This node's Node exists (found at start-up, with or without IPs): the first sync
+    /// waits for its labels from the watch.
+    pub node_found: bool,
 }
 
 impl Detected {
@@ -55,7 +58,12 @@ impl Detected {
                 "Can't determine this node's IP, assuming loopback; if this is incorrect, please set the --bind-address flag"
             );
         }
-        Self { raw, ips }
+        let node_found = !raw.is_empty();
+        Self {
+            raw,
+            ips,
+            node_found,
+        }
     }
 }
 
@@ -98,9 +106,12 @@ pub async fn detect(
         }
     };
     let raw = node
-        .map(|node| host_ips(&node_info(&node).addresses))
+        .as_ref()
+        .map(|node| host_ips(&node_info(node).addresses))
         .unwrap_or_default();
-    Ok((Detected::new(raw, config.bind_address()), started))
+    let mut detected = Detected::new(raw, config.bind_address());
+    detected.node_found = node.is_some();
+    Ok((detected, started))
 }
 
 /// How long the first reading of a manifests path that exists may take before the search for

@@ -11,7 +11,8 @@
 //!   resourceVersion, so the proxy's watches get `410 Gone` and relist) carries traffic within
 //!   seconds. The outage is logged once and counted once;
 //! - another program removes the proxy's rules (module `heal`): they come back within
-//!   seconds, logged and counted once per event, and other programs' rules survive.
+//!   seconds, logged and counted once per event, and other programs' rules survive (ipvs
+//!   mode: `ipvsadm -C`, deleting `kube-ipvs0`, a firewalld-style reload).
 //!
 //! iptables and nftables modes run here; ipvs mode runs the same scenarios inside the test VM
 //! (tools/kp-vm) with shorter outages, as the traffic suite's `ipvs::` scenarios do. Needs
@@ -407,6 +408,46 @@ fn odd_objects_lose_only_themselves(mode: Mode) {
     assert_eq!(failures, None, "no list or watch failed: {}", metrics.body);
 }
 
+/// Whether `sh -c script` in the node namespace exits 0 within [`EVENTUALLY`] (`want`) or
+/// stops doing so (`!want`); returns how long that took.
+fn eventually_sh(world: &World, script: &str, want: bool, proxy: &Proxy) -> Duration {
+    let start = Instant::now();
+    loop {
+        let ok = world
+            .cluster
+            .exec(world.cluster.node_ns(), &["sh", "-c", script])
+            .is_ok();
+        if ok == want {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < EVENTUALLY,
+            "`{script}` still {} after {EVENTUALLY:?}; log:\n{}",
+            if want { "failing" } else { "succeeding" },
+            proxy.tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Late state converges: a ServiceCIDR created while the proxy runs (after its first sync)
+/// reaches nftables mode's drop of unallocated ClusterIPs at the next sync, and its deletion
+/// takes the drop away again.
+fn service_cidrs_created_and_deleted_while_running(mode: Mode) {
+    let world = World::new(mode);
+    let proxy = world.start_proxy();
+    let drop = "nft list chain ip kube-proxy cluster-ips-check | grep 10.97.0.0/16 | grep -q drop";
+    eventually_sh(&world, drop, false, &proxy);
+    let cidr = serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+        "metadata": {"name": "late"}, "spec": {"cidrs": ["10.97.0.0/16"]}});
+    world.api.apply(cidr).expect("ServiceCIDR");
+    let took = eventually_sh(&world, drop, true, &proxy);
+    println!("{mode:?}: a ServiceCIDR created while running reached the rules after {took:?}");
+    world.api.delete("ServiceCIDR", "late").expect("delete");
+    let took = eventually_sh(&world, drop, false, &proxy);
+    println!("{mode:?}: its deletion reached the rules after {took:?}");
+}
+
 mod iptables {
     use super::*;
 
@@ -477,6 +518,11 @@ mod nftables {
     }
 
     #[test]
+    fn service_cidrs_created_and_deleted_while_running_reach_the_rules() {
+        super::service_cidrs_created_and_deleted_while_running(Mode::Nftables);
+    }
+
+    #[test]
     fn rules_removed_by_other_programs_come_back() {
         heal::heals(
             Mode::Nftables,
@@ -493,7 +539,7 @@ mod ipvs {
     use support::ipvs_vm;
 
     /// The ignored scenarios below: every one must pass inside the VM.
-    const GUEST_TESTS: usize = 2;
+    const GUEST_TESTS: usize = 3;
 
     #[test]
     fn ipvs_faults_in_the_vm() {
@@ -514,5 +560,11 @@ mod ipvs {
     #[ignore = "runs inside the IPVS VM (ipvs_faults_in_the_vm)"]
     fn api_server_stopped_and_killed() {
         api_server_outages(Mode::Ipvs, VM_OUTAGE);
+    }
+
+    #[test]
+    #[ignore = "runs inside the IPVS VM (ipvs_faults_in_the_vm)"]
+    fn rules_removed_by_other_programs_come_back() {
+        heal::heals(Mode::Ipvs, heal::Kernel::Ipvs, heal::ipvs_removals());
     }
 }

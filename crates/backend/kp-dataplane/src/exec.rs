@@ -634,6 +634,8 @@ struct FakeState {
     chains: BTreeSet<(IpFamily, String, String)>,
     /// Rules inserted with `-I` or `-A`: (family, table, chain, spec).
     rules: BTreeSet<(IpFamily, String, String, String)>,
+    /// `save` without a set output prints the modelled chains and rules.
+    save_modelled: bool,
 }
 
 /// A [`RuleRunner`] that records every call and never touches the kernel.
@@ -682,6 +684,13 @@ impl FakeRunner {
         state.saves.push(((family, table), output.into()));
     }
 
+    /// From now on `save(family, table)` without an output set by
+    /// [`FakeRunner::set_save`] prints the chains and rules modelled from `-N`, `-I`, `-A`
+    /// and `-D` calls (restores are not modelled).
+    pub fn save_modelled(&self) {
+        self.lock().save_modelled = true;
+    }
+
     /// Every call so far.
     pub fn calls(&self) -> Vec<RunnerCall> {
         self.lock().calls.clone()
@@ -707,6 +716,29 @@ impl FakeRunner {
     fn lock(&self) -> MutexGuard<'_, FakeState> {
         // Only a panicking test can poison this; keep the record usable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl FakeState {
+    /// The modelled chains and rules of one table, as `iptables-save -t` prints them.
+    fn modelled(&self, family: IpFamily, table: &str) -> String {
+        let mut out = format!("*{table}\n");
+        for (_, _, chain) in self
+            .chains
+            .iter()
+            .filter(|(f, t, _)| *f == family && t == table)
+        {
+            out.push_str(&format!(":{chain} - [0:0]\n"));
+        }
+        for (_, _, chain, spec) in self
+            .rules
+            .iter()
+            .filter(|(f, t, _, _)| *f == family && t == table)
+        {
+            out.push_str(&format!("-A {chain} {spec}\n"));
+        }
+        out.push_str("COMMIT\n");
+        out
     }
 }
 
@@ -761,12 +793,16 @@ impl RuleRunner for FakeRunner {
     async fn save(&self, family: IpFamily, table: Table) -> Result<String, ExecError> {
         let mut state = self.lock();
         state.calls.push(RunnerCall::Save { family, table });
-        Ok(state
+        let set = state
             .saves
             .iter()
             .find(|(key, _)| *key == (family, table))
-            .map(|(_, text)| text.clone())
-            .unwrap_or_default())
+            .map(|(_, text)| text.clone());
+        Ok(match set {
+            Some(text) => text,
+            None if state.save_modelled => state.modelled(family, table.as_str()),
+            None => String::new(),
+        })
     }
 
     async fn run(&self, family: IpFamily, args: &[String]) -> Result<(), ExecError> {

@@ -552,7 +552,7 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
                     })?;
             if !exists {
                 let detail = format!("table {} {TABLE} missing", table_family(*family));
-                missing.push(ForeignChange::new("table", detail));
+                missing.push(ForeignChange::removed("table", detail));
             }
         }
         Ok(missing)

@@ -150,7 +150,11 @@ impl Classifier {
             ),
             None => format!("table {family} {table} {verb}"),
         };
-        self.first = Some(ForeignChange::new(object.as_str(), detail));
+        self.first = Some(if deleted {
+            ForeignChange::removed(object.as_str(), detail)
+        } else {
+            ForeignChange::changed(object.as_str(), detail)
+        });
     }
 
     fn end(&mut self, origin: Origin) -> Option<ForeignEvent> {
@@ -295,7 +299,7 @@ mod tests {
             GEN,
         ];
         let events = run(Owned::IptablesChains, &flush, Origin::Foreign);
-        let expected = ForeignChange::new(
+        let expected = ForeignChange::removed(
             "rule",
             "rule deleted in chain KUBE-SERVICES of table ip nat (and 1 more changes)",
         );
@@ -339,16 +343,26 @@ mod tests {
             GEN,
         ];
         let events = run(Owned::NftablesTable, &flush, Origin::Foreign);
-        let change = ForeignChange::new("table", "table ip kube-proxy deleted");
+        let change = ForeignChange::removed("table", "table ip kube-proxy deleted");
         assert_eq!(events, vec![ForeignEvent::Changed(change)]);
         let element = [
             object(Object::Element, true, "kube-proxy", Some("service-ips")),
             GEN,
         ];
         let events = run(Owned::NftablesTable, &element, Origin::Foreign);
-        let change = ForeignChange::new(
+        let change = ForeignChange::removed(
             "element",
             "element deleted in service-ips of table ip kube-proxy",
+        );
+        assert_eq!(events, vec![ForeignEvent::Changed(change)]);
+        let added = [
+            object(Object::Rule, false, "kube-proxy", Some("services")),
+            GEN,
+        ];
+        let events = run(Owned::NftablesTable, &added, Origin::Foreign);
+        let change = ForeignChange::changed(
+            "rule",
+            "rule added in chain services of table ip kube-proxy",
         );
         assert_eq!(events, vec![ForeignEvent::Changed(change)]);
         let other = [object(Object::Table, true, "filter", None), GEN];

@@ -132,6 +132,8 @@ struct FakeRecord {
     /// What the next `verify` finds (then nothing).
     foreign: Vec<ForeignChange>,
     verifies: usize,
+    /// How long each `verify` takes (tokio time).
+    verify_takes: std::time::Duration,
     forgotten: usize,
 }
 
@@ -160,6 +162,11 @@ impl FakeBackend {
     /// Make the next `verify` find `changes`.
     pub fn find_on_verify(&self, changes: Vec<ForeignChange>) {
         self.lock().foreign = changes;
+    }
+
+    /// Make every `verify` take `duration` of tokio time, as a slow machine's would.
+    pub fn verify_take(&self, duration: std::time::Duration) {
+        self.lock().verify_takes = duration;
     }
 
     /// How many times `verify` ran.
@@ -226,9 +233,15 @@ impl Backend for FakeBackend {
     }
 
     async fn verify(&mut self, _check: Check) -> Result<Vec<ForeignChange>, BackendError> {
-        let mut record = self.lock();
-        record.verifies += 1;
-        Ok(std::mem::take(&mut record.foreign))
+        let takes = {
+            let mut record = self.lock();
+            record.verifies += 1;
+            record.verify_takes
+        };
+        if !takes.is_zero() {
+            tokio::time::sleep(takes).await;
+        }
+        Ok(std::mem::take(&mut self.lock().foreign))
     }
 
     fn kernel_changed_behind_our_back(&mut self) {

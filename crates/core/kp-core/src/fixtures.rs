@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
@@ -61,6 +62,11 @@ pub fn port_80_spec(mut spec: Value) -> Value {
         json!([{"port": 80}])
     };
     spec
+}
+
+/// ServiceCIDR `<name>` with the given ranges.
+pub fn service_cidr(name: &str, cidrs: &[&str]) -> ServiceCIDR {
+    object(json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}}))
 }
 
 /// Node `<name>` with the given labels and spec (`null` for none).
@@ -197,6 +203,12 @@ impl Kind for EndpointSlice {
 impl Kind for Node {
     fn event(event: ObjectEvent<Self>) -> SourceEvent {
         SourceEvent::Node(event)
+    }
+}
+
+impl Kind for ServiceCIDR {
+    fn event(event: ObjectEvent<Self>) -> SourceEvent {
+        SourceEvent::ServiceCidr(event)
     }
 }
 

@@ -32,24 +32,57 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
 pub const CALM: Duration = Duration::from_secs(5);
 
 /// What another program changed, as one event: what kind of object (the metric's `what`
-/// label) and a readable description for the log.
+/// label), whether it took something away, and a readable description for the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ForeignChange {
     /// `table`, `chain`, `rule`, `jump`, `set`, `element`, `device`, `address`,
-    /// `virtual-server`...: a short, bounded label.
+    /// `virtual-server`, `real-server`...: a short, bounded label.
     pub what: &'static str,
+    /// Something the proxy wrote is gone (rather than altered or added to).
+    pub removed: bool,
     /// For example `chain KUBE-SERVICES missing in table nat`.
     pub detail: String,
 }
 
+/// The words every foreign-change line starts with, by [`ForeignChange::removed`]: the one
+/// place for the wording ([`ForeignChange::log_message`], [`is_log_message`]).
+const LOG_REMOVED: &str = "rules of kube-proxy-rs removed by another program: ";
+const LOG_CHANGED: &str = "rules of kube-proxy-rs changed by another program: ";
+
 impl ForeignChange {
-    /// A change of `what`, described by `detail`.
-    pub fn new(what: &'static str, detail: impl Into<String>) -> Self {
+    /// Something of kind `what` the proxy wrote is gone, as `detail` says.
+    pub fn removed(what: &'static str, detail: impl Into<String>) -> Self {
         Self {
             what,
+            removed: true,
             detail: detail.into(),
         }
     }
+
+    /// Something of kind `what` the proxy owns was altered or added to, as `detail` says.
+    pub fn changed(what: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            what,
+            removed: false,
+            detail: detail.into(),
+        }
+    }
+
+    /// The line the proxier logs once per event, for example `rules of kube-proxy-rs removed
+    /// by another program: chain KUBE-SERVICES missing in table nat; restoring`.
+    pub fn log_message(&self) -> String {
+        let start = if self.removed {
+            LOG_REMOVED
+        } else {
+            LOG_CHANGED
+        };
+        format!("{start}{}; restoring", self.detail)
+    }
+}
+
+/// Whether `line` holds a [`ForeignChange::log_message`] (tests and tools count them).
+pub fn is_log_message(line: &str) -> bool {
+    line.contains(LOG_REMOVED) || line.contains(LOG_CHANGED)
 }
 
 impl fmt::Display for ForeignChange {
@@ -197,6 +230,22 @@ mod tests {
         tokio::time::advance(CALM).await;
         let after_calm = backoff.next(Instant::now());
         assert_eq!((after_calm.delay, after_calm.streak), (Duration::ZERO, 1));
+    }
+
+    #[test]
+    fn the_log_message_says_removed_or_changed_and_is_recognised() {
+        let removed = ForeignChange::removed("chain", "chain KUBE-SERVICES missing in table nat");
+        assert_eq!(
+            removed.log_message(),
+            "rules of kube-proxy-rs removed by another program: chain KUBE-SERVICES missing in table nat; restoring"
+        );
+        let changed = ForeignChange::changed("rule", "rule added in chain KUBE-SERVICES");
+        assert!(changed.log_message().starts_with("rules of kube-proxy-rs changed by another program: rule added"));
+        assert!(is_log_message(&format!("I1128 proxier.rs:1] {}", removed.log_message())));
+        assert!(is_log_message(&changed.log_message()));
+        assert!(!is_log_message(
+            "another program keeps changing the rules of kube-proxy-rs; backing off"
+        ));
     }
 
     #[test]

@@ -5,7 +5,11 @@
 //! 1. Every event is recorded in the [`ChangeTracker`]. Once Services and EndpointSlices have
 //!    both reported `Synced`, a change that needs programming marks the proxy health "update
 //!    queued", sets the last-queued metric and requests a run; the `Synced` that completes
-//!    the pair requests the first run.
+//!    the pair requests the first run. Where this node's Node is expected
+//!    ([`ProxierConfig::with_node_wait`]), the first run also waits for it (bounded), so its
+//!    labels decide topology hints from the first sync on. A ServiceCIDR change requests a
+//!    run like any other change; backends whose rules depend on the ranges (nftables mode)
+//!    rewrite those rules when the state's ranges differ from what they last wrote.
 //! 2. When the [`Runner`] says so, the tracker is applied to the state and the backend syncs:
 //!    fully at start, after a failure and after this node's labels changed, otherwise only
 //!    the changed services.
@@ -13,8 +17,9 @@
 //!    `watch` channels.
 //!
 //! 4. A change another program made to the proxy's rules ([`ForeignEvent`], from a watcher,
-//!    or found by the backend's [`Backend::verify`], which runs every canary period and
-//!    before every periodic sync) makes the next sync full, [`SETTLE`] later (respecting
+//!    or found by the backend's [`Backend::verify`], which runs every canary period (or
+//!    after 9 times as long as the last check took, when that is longer) and before every
+//!    periodic sync) makes the next sync full, [`SETTLE`] later (respecting
 //!    minSyncPeriod), logged and counted once; while another program keeps making such
 //!    changes the restores back off ([`Backoff`]).
 //!
@@ -37,7 +42,7 @@ use crate::foreign::{Activity, Backoff, Check, ForeignChange, ForeignEvent, SETT
 use crate::health::{ProxyHealth, ServiceHealth, ServiceHealthMap};
 use crate::metrics::{ForeignLabels, KindLabel, Metrics, TrafficPolicyLabel};
 use crate::model::{Endpoint, ServiceName};
-use crate::runner::{RunReason, Runner};
+use crate::runner::{REST_PER_RUN, RunReason, Runner};
 use crate::topology;
 use crate::tracker::{ChangeTracker, ObjectKind, ProxyState, Recorded};
 
@@ -64,9 +69,6 @@ pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// again, so an event storm cannot postpone syncs indefinitely.
 pub const MAX_EVENTS_PER_BATCH: usize = 1024;
 
-/// The first words of the line logged for each change another program made to the rules.
-pub const FOREIGN_CHANGE_LOG: &str = "rules of kube-proxy-rs changed by another program";
-
 /// The message the proxier logs (debug) after each canary check, with the time it took.
 pub const VERIFIED_LOG: &str = "checked the rules in the kernel";
 
@@ -85,6 +87,7 @@ pub struct ProxierConfig {
     sync_period: Duration,
     retry_interval: Option<Duration>,
     canary_period: Option<Duration>,
+    node_wait: Option<Duration>,
     clock: WallClock,
 }
 
@@ -110,6 +113,7 @@ impl ProxierConfig {
             sync_period: DEFAULT_SYNC_PERIOD,
             retry_interval: None,
             canary_period: None,
+            node_wait: None,
             clock: Arc::new(SystemTime::now),
         }
     }
@@ -136,6 +140,15 @@ impl ProxierConfig {
     /// only before periodic syncs and when a watcher asks.
     pub fn with_canary_period(mut self, period: Duration) -> Self {
         self.canary_period = (!period.is_zero()).then_some(period);
+        self
+    }
+
+    /// This node's Node exists (it was read at start-up): the first sync waits for its
+    /// labels, which decide topology hints, at most `bound` (as upstream reads the Node
+    /// before programming). Unset: the first sync runs once Services and EndpointSlices are
+    /// synced.
+    pub fn with_node_wait(mut self, bound: Duration) -> Self {
+        self.node_wait = Some(bound);
         self
     }
 
@@ -208,6 +221,11 @@ pub struct Proxier<B: Backend> {
     state: Arc<ProxyState>,
     /// Services and EndpointSlices have both synced: changes now request runs.
     initialized: bool,
+    /// How long the first sync may wait for this node's Node ([`ProxierConfig::with_node_wait`]);
+    /// `None` once it came, or the wait ran out, or none is expected.
+    node_wait: Option<Duration>,
+    /// The first sync is held back for the Node until then.
+    node_deadline: Option<Instant>,
     /// The next sync must be full (start, failure, node label change).
     force_full: bool,
     /// A sync has succeeded.
@@ -278,6 +296,8 @@ impl<B: Backend> Proxier<B> {
             runner,
             state: Arc::new(ProxyState::default()),
             initialized: false,
+            node_wait: config.node_wait,
+            node_deadline: None,
             force_full: true,
             synced_once: false,
             unsynced_changed: BTreeSet::new(),
@@ -356,9 +376,27 @@ impl<B: Backend> Proxier<B> {
                     }
                 }
                 Some(event) = self.foreign.rx.recv() => self.on_foreign(event).await,
+                () = sleep_until_some(self.node_deadline) => {
+                    warn!(
+                        waited = ?self.node_wait,
+                        "this node's Node did not come; programming without its labels (topology hints wait for it)"
+                    );
+                    self.node_wait = None;
+                    self.queue_sync();
+                }
                 _ = tick(&mut canary), if self.synced_once && !self.foreign.restore_pending => {
+                    let start = Instant::now();
                     if self.verify(Check::Canary).await {
                         self.schedule_restore();
+                    }
+                    // A check that takes long (a slow machine, many tool runs) rests 9 times
+                    // as long before the next, as the sync runner does: at most a tenth of
+                    // the proxier's time goes to canaries.
+                    let rest = start.elapsed().saturating_mul(REST_PER_RUN);
+                    if let (Some(interval), Some(period)) = (&mut canary, self.foreign.canary_period)
+                        && rest > period
+                    {
+                        interval.reset_after(rest);
                     }
                 }
                 event = events.recv(), if events_open => match event {
@@ -434,10 +472,7 @@ impl<B: Backend> Proxier<B> {
             return false;
         }
         let mode = self.backend.mode();
-        info!(
-            what = change.what,
-            "{FOREIGN_CHANGE_LOG}: {change}; restoring"
-        );
+        info!(what = change.what, "{}", change.log_message());
         self.metrics
             .foreign_changes
             .get_or_create(&ForeignLabels {
@@ -506,17 +541,40 @@ impl<B: Backend> Proxier<B> {
                     self.queue_sync();
                 }
             }
+            Recorded::Synced(ObjectKind::Node) if self.node_deadline.is_some() => {
+                // Listed without this node's Node: nothing to wait for.
+                self.queue_sync();
+            }
             recorded if recorded.needs_sync() && self.initialized => self.queue_sync(),
             _ => {}
         }
     }
 
-    /// Upstream's `Sync()`: mark an update queued and poke the runner.
+    /// The first sync is still to wait for this node's Node: one is expected and neither it
+    /// nor the end of the Node list has come.
+    fn waiting_for_node(&self) -> bool {
+        self.node_wait.is_some()
+            && !self.synced_once
+            && !self.tracker.node().known
+            && !self.tracker.is_synced(ObjectKind::Node)
+    }
+
+    /// Upstream's `Sync()`: mark an update queued and poke the runner (unless the first
+    /// sync waits for this node's Node: then once it comes, or the wait runs out).
     fn queue_sync(&mut self) {
         self.health.queued_update();
         self.metrics
             .last_queued_timestamp
             .set(unix_seconds((self.clock)()));
+        if self.waiting_for_node() {
+            if self.node_deadline.is_none() {
+                info!(bound = ?self.node_wait, "waiting for this node's Node before the first sync");
+                let bound = self.node_wait.unwrap_or_default();
+                self.node_deadline = Some(Instant::now() + bound);
+            }
+            return;
+        }
+        self.node_deadline = None;
         self.runner.request();
     }
 
@@ -702,6 +760,14 @@ impl<B: Backend> Proxier<B> {
             }
             modified
         });
+    }
+}
+
+/// `deadline`, or never without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -30,6 +30,14 @@ pub struct Ipvs;
 impl Mode for Ipvs {
     type Backend = RemovesNftablesLeftovers<RealIpvsBackend>;
 
+    /// Its iptables rules, where the node's iptables writes to nf_tables.
+    fn watch(host: &Host) -> Option<kp_dataplane::watch::Owned> {
+        super::iptables_on_nf_tables(host).then_some(kp_dataplane::watch::Owned::IptablesChains)
+    }
+
+    /// IPVS, `kube-ipvs0` and the ipsets send no notifications.
+    const CANARIES_WHILE_WATCHED: bool = true;
+
     /// Applies upstream's conntrack sysctls, then builds the backend (which makes IPVS's own
     /// sysctls at its first sync). Only where the host probe found IPVS working.
     fn build(input: Input<'_>) -> anyhow::Result<Self::Backend> {
@@ -39,7 +47,8 @@ impl Mode for Ipvs {
         );
         let scheduler = scheduler(input.config)?;
         let (sysctl, render) = super::start_kernel_mode(&input)?;
-        let backend = backend(input.config, input.node, input.host, sysctl, &render)?;
+        let backend = backend(input.config, input.node, input.host, sysctl, &render)?
+            .with_iptables_watched(Self::watch(input.host).is_some());
         tracing::info!(%scheduler, "Using ipvs Proxier");
         RemovesNftablesLeftovers::new(backend, input.host)
     }

@@ -58,6 +58,11 @@ pub trait Mode {
     fn watch(_host: &Host) -> Option<Owned> {
         None
     }
+
+    /// The mode owns kernel state nf_tables does not notify of (ipvs mode: IPVS,
+    /// `kube-ipvs0`, ipsets): its canaries are checked every `canaryPeriod` even while
+    /// nf_tables is watched.
+    const CANARIES_WHILE_WATCHED: bool = false;
 }
 
 /// Whether this node's iptables tools write to nf_tables (so iptables-based modes can be
@@ -132,7 +137,9 @@ fn start<M: Mode>(
         Some(affinity) => settings.with_affinity(affinity),
         None => settings,
     };
-    let settings = settings.with_watch(M::watch(host));
+    let settings = settings
+        .with_watch(M::watch(host))
+        .with_canaries_while_watched(M::CANARIES_WHILE_WATCHED);
     runtime.block_on(crate::app::run(settings, backend, registry))
 }
 

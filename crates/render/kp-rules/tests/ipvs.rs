@@ -416,3 +416,34 @@ fn sets_and_rules_apply_in_the_kernel() {
     let entries: BTreeSet<&str> = saved.lines().filter(|l| l.starts_with("add ")).collect();
     assert!(entries.contains("add KUBE-LOAD-BALANCER-SOURCE-CIDR 198.51.100.20,tcp:80,192.0.2.7"));
 }
+
+#[test]
+fn terse_listing_gives_each_set_s_entry_count() {
+    if let Some(reason) = netns_unavailable("ipset") {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let d = plan(&mixed_state(), IpFamily::V4, &ipvs_config());
+    let input = ipset::restore_input(IpFamily::V4, &d.sets, &Default::default());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("sets");
+    std::fs::write(&path, input).expect("write");
+    let script = format!(
+        "set -e; ipset restore < '{}'; ipset create OTHER hash:ip; ipset add OTHER 192.0.2.1; ipset list -t",
+        path.display()
+    );
+    let listed = in_netns(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let sizes = ipset::parse_terse(&listed);
+    let want: std::collections::BTreeMap<String, Option<usize>> = SetKind::ALL
+        .iter()
+        .map(|kind| {
+            let count = d.sets.get(kind).map_or(0, BTreeSet::len);
+            (kind.name(IpFamily::V4), Some(count))
+        })
+        .collect();
+    assert_eq!(sizes, want, "{listed}");
+    assert!(
+        want.values().any(|n| n.is_some_and(|n| n > 1)),
+        "some set holds entries: {want:?}"
+    );
+}

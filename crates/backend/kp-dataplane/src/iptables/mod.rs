@@ -867,7 +867,7 @@ pub async fn missing_jumps<R: RuleRunner>(
                 "jump from {} to {} missing in table {table} ({family:?})",
                 jump.from, jump.to
             );
-            missing.push(ForeignChange::new("jump", detail));
+            missing.push(ForeignChange::removed("jump", detail));
         }
     }
     Ok(missing)

@@ -1,5 +1,5 @@
-//! Running `ipset save` and `ipset restore`, behind [`IpsetRunner`] with an in-memory fake
-//! that applies restore input the way ipset does.
+//! Running `ipset save`, `ipset restore` and `ipset list -t`, behind [`IpsetRunner`] with an
+//! in-memory fake that applies restore input the way ipset does.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -9,10 +9,13 @@ use kp_rules::ipvs::ipset::{SavedSets, parse_save};
 
 use crate::exec::{ExecError, run_program};
 
-/// The two ipset operations ipvs mode needs.
+/// The ipset operations ipvs mode needs.
 pub trait IpsetRunner: Send + Sync {
     /// `ipset save` output.
     fn save(&self) -> impl Future<Output = Result<String, ExecError>> + Send;
+    /// `ipset list -t` output: every set's header with its entry count, no entries (the
+    /// canary check).
+    fn list_terse(&self) -> impl Future<Output = Result<String, ExecError>> + Send;
     /// `ipset restore` with `input` on stdin.
     fn restore(&self, input: &str) -> impl Future<Output = Result<(), ExecError>> + Send;
 }
@@ -33,6 +36,11 @@ impl IpsetRunner for ExecIpset {
             None,
         )
         .await
+    }
+
+    async fn list_terse(&self) -> Result<String, ExecError> {
+        let args = ["list".to_owned(), "-t".to_owned()];
+        run_program(&PathBuf::from(DEFAULT_IPSET_BINARY), &args, None).await
     }
 
     async fn restore(&self, input: &str) -> Result<(), ExecError> {
@@ -99,6 +107,18 @@ impl IpsetRunner for FakeIpset {
         }
         // Round-trips through the real parser, as the backend reads it.
         debug_assert_eq!(parse_save(&out), state.sets);
+        Ok(out)
+    }
+
+    async fn list_terse(&self) -> Result<String, ExecError> {
+        let state = self.lock();
+        let mut out = String::new();
+        for (name, entries) in &state.sets {
+            out.push_str(&format!(
+                "Name: {name}\nType: hash:ip\nReferences: 1\nNumber of entries: {}\n\n",
+                entries.len()
+            ));
+        }
         Ok(out)
     }
 

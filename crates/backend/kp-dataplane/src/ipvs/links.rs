@@ -34,6 +34,11 @@ fn link_error(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> LinkErr
 pub trait Links: Send {
     /// The interface index of dummy device `name`, creating it if missing.
     fn ensure_dummy(&mut self, name: &str) -> impl Future<Output = Result<u32, LinkError>> + Send;
+    /// The interface index of device `name`; `None` if there is none.
+    fn find_link(
+        &mut self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<u32>, LinkError>> + Send;
     /// The addresses on interface `index`.
     fn addresses(
         &mut self,
@@ -124,6 +129,11 @@ impl Links for RtLinks {
                 op: format!("create dummy device {name}"),
                 message: "created but not found".into(),
             })
+    }
+
+    async fn find_link(&mut self, name: &str) -> Result<Option<u32>, LinkError> {
+        let handle = self.handle()?;
+        Self::index_of(&handle, name).await
     }
 
     async fn addresses(&mut self, index: u32) -> Result<BTreeSet<IpAddr>, LinkError> {
@@ -271,6 +281,11 @@ impl Links for FakeLinks {
         t.links.insert(name.to_owned(), (next, BTreeSet::new()));
         t.changes.push(format!("create {name}"));
         Ok(next)
+    }
+
+    async fn find_link(&mut self, name: &str) -> Result<Option<u32>, LinkError> {
+        self.request();
+        Ok(self.lock().links.get(name).map(|(i, _)| *i))
     }
 
     async fn addresses(&mut self, index: u32) -> Result<BTreeSet<IpAddr>, LinkError> {

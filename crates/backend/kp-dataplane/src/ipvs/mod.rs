@@ -24,18 +24,24 @@
 //!
 //! One virtual server the kernel refuses is reported in [`SyncReport::skipped`] with its
 //! Service; the others are still programmed.
+//!
+//! Nothing notifies of another program's changes here (`ipvsadm -C`, a deleted `kube-ipvs0`,
+//! a flushed ipset, a firewall reload): the canary check ([`Backend::verify`], module
+//! `verify`) compares the kernel with what the last sync wrote, every canary period.
 
 mod ipset;
 mod links;
 mod planned;
 #[cfg(test)]
 mod tests;
+mod verify;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_ipvs::{Ipvs, IpvsError, Protocol, RealServer, ServiceKey, Timeouts, VirtualServer};
 use kp_rules::ipvs::ipset::{SavedSets, change_input, destroy_input, parse_save, restore_input};
@@ -136,6 +142,9 @@ pub struct IpvsBackend<I, L = RtLinks, R = ExecRunner, S = ExecIpset, C = Defaul
     /// kube-ipvs0 and the ipsets as the last successful sync left them; `None` until a
     /// full sync succeeded and after any failure.
     installed: Option<Installed>,
+    /// nf_tables notifications tell of other programs' changes to the iptables rules (the
+    /// node's iptables writes to nf_tables): the short-period check leaves them out.
+    iptables_watched: bool,
 }
 
 /// What ipvs mode keeps between syncs besides the virtual servers, so partial syncs plan only
@@ -203,6 +212,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
             applied: BTreeMap::new(),
             draining: BTreeSet::new(),
             installed: None,
+            iptables_watched: false,
         }
     }
 }
@@ -222,7 +232,15 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             applied: self.applied,
             draining: self.draining,
             installed: self.installed,
+            iptables_watched: self.iptables_watched,
         }
+    }
+
+    /// nf_tables notifications watch the iptables rules (`watched`): the short-period check
+    /// ([`Check::Canary`]) then leaves out the jumps, which the periodic one still reads.
+    pub fn with_iptables_watched(mut self, watched: bool) -> Self {
+        self.iptables_watched = watched;
+        self
     }
 
     /// The configuration.
@@ -246,11 +264,15 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 .map_err(|e| apply_error("IPVS timeouts")(e.to_string()))?;
         }
         let mut errors = FamilyErrors::new(MODE);
+        let setup = rules::setup();
         for family in self.sync.families().to_vec() {
-            errors.check(
-                family,
-                ensure_setup(&self.runner, family, &rules::setup()).await,
-            );
+            // One save per table usually finds everything in place (every full sync but the
+            // first, and a restore after `ipvsadm -C`); else one run per chain and jump.
+            let result = match self.setup_in_place(family, &setup).await {
+                Ok(true) => Ok(()),
+                Ok(false) | Err(_) => ensure_setup(&self.runner, family, &setup).await,
+            };
+            errors.check(family, result);
         }
         self.sync.families_done(errors)
     }
@@ -322,13 +344,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         self.restore_rules(&plans, true).await?;
 
         // 4. IPVS, against the kernel's list.
-        let listed: BTreeMap<ServiceKey, VirtualServer> = self
-            .ipvs
-            .services()
-            .map_err(|e| apply_error("IPVS list")(e.to_string()))?
-            .into_iter()
-            .map(|vs| (vs.key, vs))
-            .collect();
+        let listed = self.list_virtual_servers()?;
         let mut report = SyncReport::default();
         let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
         let mut applied = BTreeMap::new();
@@ -448,6 +464,17 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         self.installed = Some(installed);
         report.skipped = skipped.into_iter().collect();
         Ok(report)
+    }
+
+    /// Every virtual server the kernel holds, by key.
+    fn list_virtual_servers(&mut self) -> Result<BTreeMap<ServiceKey, VirtualServer>, BackendError> {
+        Ok(self
+            .ipvs
+            .services()
+            .map_err(|e| apply_error("IPVS list")(e.to_string()))?
+            .into_iter()
+            .map(|vs| (vs.key, vs))
+            .collect())
     }
 
     /// One `ipset restore` of `input`, unless it is empty.
@@ -647,6 +674,19 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
     /// however long syncPeriod is, so drained ones are deleted on that timer.
     fn recheck_after(&self) -> Option<std::time::Duration> {
         (!self.draining.is_empty()).then_some(DRAIN_CHECK_INTERVAL)
+    }
+
+    /// The virtual servers, `kube-ipvs0` and its addresses, the ipsets and the jumps into
+    /// ipvs mode's chains, as the last sync wrote them (see module `verify`).
+    async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
+        self.find_foreign_changes(check).await
+    }
+
+    /// The next sync reads everything back, as after a failure.
+    fn kernel_changed_behind_our_back(&mut self) {
+        self.sync.failed();
+        self.rules_applied.clear();
+        self.installed = None;
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {

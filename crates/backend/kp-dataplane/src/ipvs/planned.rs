@@ -87,6 +87,17 @@ impl Planned {
         sets
     }
 
+    /// How many entries each set holds once this plan is installed (every kind, zero
+    /// included): what the canary check compares `ipset list -t` with.
+    pub fn set_sizes(&self) -> BTreeMap<SetKind, usize> {
+        let mut sizes: BTreeMap<SetKind, usize> =
+            SetKind::ALL.iter().map(|kind| (*kind, 0)).collect();
+        for (kind, _) in self.entries.keys() {
+            *sizes.entry(*kind).or_default() += 1;
+        }
+        sizes
+    }
+
     /// Plans `changed` again from `state`; returns what that changes.
     pub fn update(
         &mut self,

@@ -18,6 +18,8 @@ use crate::testutil::{
     block_on, endpoint, ip, request, service, service_name, state, two_services,
 };
 
+mod verify;
+
 struct Harness {
     backend: IpvsBackend<FakeIpvs, FakeLinks, FakeRunner, FakeIpset>,
     ipvs: FakeIpvs,

@@ -22,6 +22,7 @@ use crate::metrics::{KindLabel, Metrics, TrafficPolicyLabel};
 use crate::tracker::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, ProxyState};
 
 mod foreign;
+mod late;
 
 const SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// The injected wall clock starts here (2023-11-14T22:13:20Z).

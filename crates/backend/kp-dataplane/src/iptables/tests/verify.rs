@@ -36,7 +36,7 @@ async fn verify_finds_nothing_after_a_sync_and_names_each_removed_jump() {
     let found = backend.verify(Check::Thorough).await.expect("fake runs");
     assert_eq!(
         found,
-        vec![ForeignChange::new(
+        vec![ForeignChange::removed(
             "jump",
             "jump from PREROUTING to KUBE-SERVICES missing in table nat (V4)"
         )]

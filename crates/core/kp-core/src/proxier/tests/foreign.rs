@@ -6,7 +6,7 @@ use crate::foreign::{BACKOFF_BASE, FREE_RESTORES, ForeignChange, ForeignEvent, S
 use crate::metrics::ForeignLabels;
 
 fn chain_missing() -> ForeignChange {
-    ForeignChange::new("chain", "chain KUBE-SERVICES missing in table nat")
+    ForeignChange::removed("chain", "chain KUBE-SERVICES missing in table nat")
 }
 
 impl Harness {
@@ -41,7 +41,7 @@ async fn a_foreign_change_makes_a_full_sync_after_settling_and_is_counted_once()
     run_for(Duration::from_secs(5)).await;
     h.report(ForeignEvent::Changed(chain_missing())).await;
     // The rest of the same reload joins the restore.
-    h.report(ForeignEvent::Changed(ForeignChange::new("rule", "flushed")))
+    h.report(ForeignEvent::Changed(ForeignChange::removed("rule", "flushed")))
         .await;
     assert_eq!(
         h.syncs().len(),
@@ -142,6 +142,21 @@ async fn the_canary_period_checks_the_kernel() {
     settle().await;
     assert_eq!(h.syncs().len(), 2);
     assert_eq!(h.last_sync().kind, SyncKind::Full);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_canary_check_rests_nine_times_as_long_before_the_next() {
+    let period = Duration::from_secs(2);
+    let h = Harness::start_with(|c| c.with_canary_period(period));
+    // Each check takes 1 s: the next starts 9 s after it ended, not 2 s (else some 9 checks
+    // in 25 s).
+    h.backend.verify_take(Duration::from_secs(1));
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
+        .await;
+    run_for(Duration::from_secs(25)).await;
+    let verifies = h.backend.verifies();
+    assert!((2..=3).contains(&verifies), "{verifies} checks in 25 s");
     h.stop().await;
 }
 
