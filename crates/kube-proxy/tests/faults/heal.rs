@@ -25,8 +25,9 @@ const LEGACY_SYNC_PERIOD: Duration = Duration::from_secs(5);
 /// ipvs mode's bound beyond the canary period: the test VM emulates its CPU (0.3–0.8 s per
 /// tool run under load), where a canary check can take a second and then rests nine times as
 /// long, and a restore that must re-create the chains and jumps runs some 40 `iptables`
-/// commands (seen: 18 s). The measured time is printed.
-const VM_CANARY_BOUND: Duration = Duration::from_secs(30);
+/// commands (seen: 18 s; `ipvsadm -C` came back after 29.9 s at load 8). Three times that, so
+/// a loaded CI machine does not fail it; the measured time is printed.
+const VM_CANARY_BOUND: Duration = Duration::from_secs(90);
 /// At most this many restores during the fight: more would mean the proxy spins.
 const FIGHT_RESTORES: usize = 20;
 /// Another program's IPVS virtual server (ipvs mode), on an address the proxy does not
