@@ -173,6 +173,14 @@ fn echo(session: &mut Session, pod: &str, step: &str, proxy: &Proxy) {
 /// Runs `body` while another thread keeps opening new connections to the steady Service;
 /// returns `body`'s result and every connection's outcome.
 fn under_load<R>(cluster: &Cluster, body: impl FnOnce() -> R) -> (R, Vec<Outcome>) {
+    /// Stops the load when dropped, so a failing `body` fails the test instead of leaving
+    /// the scope waiting for the load thread forever.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let load = scope.spawn(|| {
@@ -186,8 +194,10 @@ fn under_load<R>(cluster: &Cluster, body: impl FnOnce() -> R) -> (R, Vec<Outcome
             }
             outcomes
         });
-        let result = body();
-        stop.store(true, Ordering::Relaxed);
+        let result = {
+            let _stop = StopOnDrop(&stop);
+            body()
+        };
         let outcomes = load.join().expect("load thread");
         (result, outcomes)
     })
