@@ -416,8 +416,15 @@ impl FakeApiServer {
             let kind = del["kind"].as_str().unwrap_or_default();
             let resource = resource_of_kind(kind).ok_or(format!("unknown kind {kind:?}"))?;
             self.delete(resource, &object_key(del));
+        } else if let Some(token) = cmd.get("sync") {
+            // Every earlier line is applied: say so, so the sender knows lists show it.
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "synced {token}").map_err(|e| format!("stdout: {e}"))?;
+            out.flush().map_err(|e| format!("stdout: {e}"))?;
         } else {
-            return Err("expected {\"apply\": OBJECT} or {\"delete\": OBJECT}".to_owned());
+            return Err(
+                "expected {\"apply\": OBJECT}, {\"delete\": OBJECT} or {\"sync\": N}".to_owned(),
+            );
         }
         Ok(())
     }
@@ -430,7 +437,8 @@ fn not_found(message: &str) -> Response {
     json_response(StatusCode::NOT_FOUND, Body::from(status.to_string()))
 }
 
-/// A (paged) list response of `r` at `rv`.
+/// A (paged) list response of `r` at `rv`. Only the page's objects are copied, so listing a
+/// large store page by page costs one pass over its keys per page, not a copy of it all.
 fn list(
     r: &Resource,
     rv: u64,
@@ -438,10 +446,23 @@ fn list(
     labels: &str,
     fields: &str,
 ) -> Response {
-    let matching: Vec<Value> = r
+    let start: usize = query
+        .get("continue")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let limit: usize = query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
+    let mut matching = r
         .items
         .values()
         .filter(|o| labels_match(o, labels) && fields_match(o, fields))
+        .skip(start);
+    let page: Vec<Value> = matching
+        .by_ref()
+        .take(limit)
         .map(|o| {
             // Like a real server, list items carry no apiVersion/kind.
             let mut o = o.clone();
@@ -452,34 +473,25 @@ fn list(
             o
         })
         .collect();
-    let start: usize = query
-        .get("continue")
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let limit: usize = query
-        .get("limit")
-        .and_then(|l| l.parse().ok())
-        .filter(|l| *l > 0)
-        .unwrap_or(usize::MAX);
-    let end = start.saturating_add(limit).min(matching.len());
     let mut metadata = json!({ "resourceVersion": rv.to_string() });
-    if end < matching.len() {
-        metadata["continue"] = json!(end.to_string());
+    if matching.next().is_some() {
+        metadata["continue"] = json!(start.saturating_add(page.len()).to_string());
     }
     let list = json!({
         "apiVersion": r.api_version,
         "kind": format!("{}List", r.kind),
         "metadata": metadata,
-        "items": matching[start.min(end)..end],
+        "items": page,
     });
     json_response(StatusCode::OK, Body::from(list.to_string()))
 }
 
 /// `kp-echo apiserver`: serves a [`FakeApiServer`] (ServiceCIDRs included) on `listen`,
 /// with history from `first_rv`. Prints `listening ADDR` once it accepts connections, then
-/// applies each line of standard input, `{"apply": OBJECT}` (added or modified, by `kind`) or
-/// `{"delete": {"kind": K, "metadata": {"namespace": N, "name": X}}}`, and exits when
-/// standard input closes.
+/// applies each line of standard input, `{"apply": OBJECT}` (added or modified, by `kind`),
+/// `{"delete": {"kind": K, "metadata": {"namespace": N, "name": X}}}` or `{"sync": N}`
+/// (answered with `synced N` on standard output once every earlier line is applied), and
+/// exits when standard input closes.
 pub fn serve_commands(listen: SocketAddr, first_rv: u64) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -536,6 +548,10 @@ struct ProcessState {
     objects: BTreeMap<(String, String), Value>,
     generation: u64,
     child: Option<(Child, ChildStdin)>,
+    /// The running server's standard output, after its `listening` line.
+    lines: Option<Lines>,
+    /// The last `sync` token sent.
+    syncs: u64,
 }
 
 impl ProcessState {
@@ -555,6 +571,7 @@ impl ProcessState {
         if let Some((mut child, _)) = self.child.take() {
             kill_child(&mut child);
         }
+        self.lines = None;
     }
 }
 
@@ -613,6 +630,7 @@ impl FakeApiProcess {
             }
         }
         state.child = Some((child, stdin));
+        state.lines = Some(lines);
         let objects: Vec<Value> = state.objects.values().cloned().collect();
         objects.iter().try_for_each(|obj| state.send("apply", obj))
     }
@@ -630,6 +648,34 @@ impl FakeApiProcess {
         state.send("apply", &obj)?;
         state.objects.insert((kind, object_key(&obj)), obj);
         Ok(())
+    }
+
+    /// Waits until the server has applied every object sent so far (at most `wait`), so a
+    /// list from now on holds them all: sending many objects only queues them.
+    pub fn sync(&self, wait: Duration) -> Result<()> {
+        let mut state = self.lock();
+        state.syncs += 1;
+        let token = state.syncs;
+        state.send("sync", &json!(token))?;
+        let expected = format!("synced {token}");
+        let deadline = std::time::Instant::now() + wait;
+        let Some(lines) = state.lines.as_ref() else {
+            return Err(TestbedError::ApiServer {
+                detail: "not running (killed)".to_owned(),
+            });
+        };
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match lines.next(left) {
+                Next::Line(line) if line == expected => return Ok(()),
+                Next::Line(_) => {}
+                other => {
+                    return Err(TestbedError::ApiServer {
+                        detail: format!("no {expected:?} within {wait:?}: {other:?}"),
+                    });
+                }
+            }
+        }
     }
 
     /// Deletes the object of `kind` named `key` (`namespace/name` or `name`).
