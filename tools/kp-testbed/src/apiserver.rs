@@ -98,6 +98,17 @@ struct Resource {
     items: BTreeMap<String, Value>,
     watches: Vec<Watch>,
     requests: Vec<mpsc::UnboundedSender<Request>>,
+    /// The last list's matching keys, so its later pages need not select them again.
+    paging: Option<Paging>,
+}
+
+/// The objects one paged list goes through: its selectors, the resourceVersion it was taken
+/// at (any change makes the next page select afresh, as without it) and the matching keys.
+struct Paging {
+    labels: String,
+    fields: String,
+    rv: u64,
+    keys: Vec<String>,
 }
 
 struct Inner {
@@ -182,6 +193,7 @@ impl FakeApiServer {
                     items: BTreeMap::new(),
                     watches: Vec::new(),
                     requests: Vec::new(),
+                    paging: None,
                 };
                 (*name, resource)
             })
@@ -437,10 +449,11 @@ fn not_found(message: &str) -> Response {
     json_response(StatusCode::NOT_FOUND, Body::from(status.to_string()))
 }
 
-/// A (paged) list response of `r` at `rv`. Only the page's objects are copied, so listing a
-/// large store page by page costs one pass over its keys per page, not a copy of it all.
+/// A (paged) list response of `r` at `rv`. The matching keys are selected once per list (and
+/// again whenever the store changed between its pages) and each page copies only its own
+/// objects: listing a large store page by page costs about one pass over it, not one per page.
 fn list(
-    r: &Resource,
+    r: &mut Resource,
     rv: u64,
     query: &HashMap<String, String>,
     labels: &str,
@@ -455,14 +468,29 @@ fn list(
         .and_then(|l| l.parse().ok())
         .filter(|l| *l > 0)
         .unwrap_or(usize::MAX);
-    let mut matching = r
-        .items
-        .values()
-        .filter(|o| labels_match(o, labels) && fields_match(o, fields))
-        .skip(start);
-    let page: Vec<Value> = matching
-        .by_ref()
-        .take(limit)
+    let current = r
+        .paging
+        .as_ref()
+        .is_some_and(|p| start > 0 && p.rv == rv && p.labels == labels && p.fields == fields);
+    if !current {
+        let keys = r
+            .items
+            .iter()
+            .filter(|(_, o)| labels_match(o, labels) && fields_match(o, fields))
+            .map(|(key, _)| key.clone())
+            .collect();
+        r.paging = Some(Paging {
+            labels: labels.to_owned(),
+            fields: fields.to_owned(),
+            rv,
+            keys,
+        });
+    }
+    let keys = r.paging.as_ref().map_or(&[][..], |p| &p.keys[..]);
+    let end = start.saturating_add(limit).min(keys.len());
+    let page: Vec<Value> = keys[start.min(end)..end]
+        .iter()
+        .filter_map(|key| r.items.get(key))
         .map(|o| {
             // Like a real server, list items carry no apiVersion/kind.
             let mut o = o.clone();
@@ -474,8 +502,8 @@ fn list(
         })
         .collect();
     let mut metadata = json!({ "resourceVersion": rv.to_string() });
-    if matching.next().is_some() {
-        metadata["continue"] = json!(start.saturating_add(page.len()).to_string());
+    if end < keys.len() {
+        metadata["continue"] = json!(end.to_string());
     }
     let list = json!({
         "apiVersion": r.api_version,
@@ -591,6 +619,11 @@ impl FakeApiProcess {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ProcessState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The running server's process id (none once killed), e.g. to read its CPU time.
+    pub fn pid(&self) -> Option<u32> {
+        self.lock().child.as_ref().map(|(child, _)| child.id())
     }
 
     /// The URL to give the proxy (`--master`).

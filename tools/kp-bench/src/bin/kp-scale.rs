@@ -363,6 +363,10 @@ impl Proxy {
     }
 }
 
+/// The most services whose rules are listed back to count them: `nft list table` took 41 s
+/// at 10k×10 and had not finished after 5 minutes of CPU at 50k×10 (2026-11-28).
+const LIST_LARGEST: usize = 20_000;
+
 /// `iptables-save` in the namespace: (lines, `-A` rules, how long it took).
 /// With `nft`: `nft list table ip kube-proxy` (lines, rule lines).
 fn count_rules(netns: &Netns, save: &str) -> anyhow::Result<(usize, usize, Duration)> {
@@ -557,6 +561,14 @@ async fn proxy_run(
         return Ok(table);
     };
     let first_wall = first_at - proxy.started;
+    if let Some(api) = &api {
+        // Whether the lists waited on the fake server rather than on the proxy.
+        eprintln!(
+            "kp-scale: CPU at the first sync: proxy {}, fake API server {} (taking in the objects included)",
+            proxy.cpu().map_or("-".to_owned(), |(own, _)| seconds(own)),
+            api_cpu(api),
+        );
+    }
     let (took, _) = proxy.collector.first_sync.unwrap_or_default();
     eprintln!(
         "kp-scale: first sync took {} (wall {}); {:?}",
@@ -565,6 +577,7 @@ async fn proxy_run(
         first_sync
     );
     let saved = match args.mode {
+        _ if scale.services > LIST_LARGEST => None,
         Mode::Iptables => Some(count_rules(&netns, save_tool)?),
         Mode::Nftables => Some(count_rules(&netns, "nft")?),
         Mode::Ipvs => Some(count_rules(&netns, "ipvsadm")?),
@@ -693,12 +706,25 @@ fn start_api(
     api.sync(API_LOAD_WAIT)
         .context("waiting for the fake API server to apply the objects")?;
     eprintln!(
-        "kp-scale: fake API server at {} holds the objects (loaded in {}); load {}",
+        "kp-scale: fake API server at {} holds the objects (loaded in {}, its CPU {}); load {}",
         api.url(),
         human(started.elapsed()),
+        api_cpu(&api),
         sys::load()
     );
     Ok(api)
+}
+
+/// CPU `ticks` in seconds.
+fn seconds(ticks: u64) -> String {
+    format!("{:.1} s", ticks as f64 / sys::ticks_per_second().max(1) as f64)
+}
+
+/// The fake API server's own CPU time so far.
+fn api_cpu(api: &FakeApiProcess) -> String {
+    api.pid()
+        .and_then(sys::cpu_ticks)
+        .map_or("-".to_owned(), |(own, _)| seconds(own))
 }
 
 /// One restore tool run on `input`, with a limit; `None` if it did not finish.
