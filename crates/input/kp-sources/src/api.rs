@@ -697,9 +697,10 @@ impl<K: Watched + Default> Tracker<K> {
             watcher::Event::InitDone => {
                 if let Some(seen) = self.relist.take() {
                     self.unusable.retain(|key, _| seen.contains(key));
-                    let (kept, gone): (BTreeSet<Key>, BTreeSet<Key>) = std::mem::take(&mut self.known)
-                        .into_iter()
-                        .partition(|key| seen.contains(key));
+                    let (kept, gone): (BTreeSet<Key>, BTreeSet<Key>) =
+                        std::mem::take(&mut self.known)
+                            .into_iter()
+                            .partition(|key| seen.contains(key));
                     self.known = kept;
                     out.extend(
                         gone.into_iter()

@@ -140,7 +140,11 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// Service counts for the scale benchmark (10 endpoints each).
-    #[arg(long, value_delimiter = ',', default_value = "1000,3000,10000,20000,50000")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000,3000,10000,20000,50000"
+    )]
     sizes: Vec<usize>,
     /// Installed-service counts for the connect-latency benchmark.
     #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]

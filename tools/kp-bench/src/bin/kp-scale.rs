@@ -683,11 +683,7 @@ const API_LOAD_WAIT: Duration = Duration::from_secs(600);
 
 /// The fake API server in `netns` holding every generated object, the Node last; returns
 /// once it has applied them all, so the proxy's first list sees the whole cluster.
-fn start_api(
-    args: &Args,
-    manifests: &Manifests,
-    netns: &Netns,
-) -> anyhow::Result<FakeApiProcess> {
+fn start_api(args: &Args, manifests: &Manifests, netns: &Netns) -> anyhow::Result<FakeApiProcess> {
     let echo = match &args.echo {
         Some(path) => path.clone(),
         None => kp_testbed::echo_binary().context("the kp-echo binary")?,
@@ -717,7 +713,10 @@ fn start_api(
 
 /// CPU `ticks` in seconds.
 fn seconds(ticks: u64) -> String {
-    format!("{:.1} s", ticks as f64 / sys::ticks_per_second().max(1) as f64)
+    format!(
+        "{:.1} s",
+        ticks as f64 / sys::ticks_per_second().max(1) as f64
+    )
 }
 
 /// The fake API server's own CPU time so far.
