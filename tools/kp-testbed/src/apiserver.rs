@@ -765,3 +765,69 @@ impl Drop for FakeApiProcess {
         self.kill();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One list page of Services: the names on it and the continue token.
+    fn page(fake: &FakeApiServer, query: &[(&str, &str)]) -> (Vec<String>, Option<String>) {
+        let query = query
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let response = fake.serve(SERVICES, query);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let body = runtime
+            .block_on(axum::body::to_bytes(response.into_body(), usize::MAX))
+            .expect("body");
+        let list: Value = serde_json::from_slice(&body).expect("a JSON list");
+        let names = list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|o| {
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+        let token = list["metadata"]["continue"].as_str().map(str::to_owned);
+        (names, token)
+    }
+
+    fn svc(name: &str, labels: Value) -> Value {
+        json!({ "metadata": { "namespace": "ns", "name": name, "labels": labels } })
+    }
+
+    #[test]
+    fn paged_lists_go_through_the_selection_and_follow_changes() {
+        let fake = FakeApiServer::new(1);
+        for name in ["a", "b", "c", "d", "e"] {
+            fake.put(SERVICES, svc(name, json!({})));
+        }
+        fake.put(SERVICES, svc("skip", json!({ "headless": "" })));
+        let selected = |token: Option<&str>| {
+            let mut query = vec![("limit", "2"), ("labelSelector", "!headless")];
+            query.extend(token.map(|t| ("continue", t)));
+            page(&fake, &query)
+        };
+        let (first, token) = selected(None);
+        assert_eq!(first, ["a", "b"]);
+        let (second, token) = selected(token.as_deref());
+        assert_eq!(second, ["c", "d"]);
+        // A change between pages: the next page selects afresh, by offset, as a store without
+        // a kept selection would.
+        fake.put(SERVICES, svc("b2", json!({})));
+        let (third, token) = selected(token.as_deref());
+        assert_eq!(third, ["d", "e"]);
+        assert_eq!(token, None, "the last page has no continue token");
+        // Unpaged: everything selected, in one response.
+        let (all, token) = page(&fake, &[("labelSelector", "!headless")]);
+        assert_eq!(all, ["a", "b", "b2", "c", "d", "e"]);
+        assert_eq!(token, None);
+    }
+}
