@@ -117,6 +117,27 @@ pub const TARGETS: &[Target] = &[
         metric: Metric::PartialBoth,
         below: 0.6,
     },
+    Target {
+        key: "nftables-api-rss",
+        what: "peak RSS, nftables, API server source",
+        series: "nftables-api",
+        metric: Metric::PeakRss,
+        below: 100.0,
+    },
+    Target {
+        key: "fake-api-rss",
+        what: "peak RSS, control plane alone (fake mode), API server source",
+        series: "fake-api",
+        metric: Metric::PeakRss,
+        below: 64.0,
+    },
+    Target {
+        key: "api-edit",
+        what: "one-EndpointSlice change via the fake API server (edit → synced, nftables)",
+        series: "nftables-api",
+        metric: Metric::EditSynced,
+        below: 0.1,
+    },
 ];
 
 impl Target {

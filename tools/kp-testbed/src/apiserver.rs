@@ -98,6 +98,17 @@ struct Resource {
     items: BTreeMap<String, Value>,
     watches: Vec<Watch>,
     requests: Vec<mpsc::UnboundedSender<Request>>,
+    /// The last list's matching keys, so its later pages need not select them again.
+    paging: Option<Paging>,
+}
+
+/// The objects one paged list goes through: its selectors, the resourceVersion it was taken
+/// at (any change makes the next page select afresh, as without it) and the matching keys.
+struct Paging {
+    labels: String,
+    fields: String,
+    rv: u64,
+    keys: Vec<String>,
 }
 
 struct Inner {
@@ -182,6 +193,7 @@ impl FakeApiServer {
                     items: BTreeMap::new(),
                     watches: Vec::new(),
                     requests: Vec::new(),
+                    paging: None,
                 };
                 (*name, resource)
             })
@@ -416,8 +428,15 @@ impl FakeApiServer {
             let kind = del["kind"].as_str().unwrap_or_default();
             let resource = resource_of_kind(kind).ok_or(format!("unknown kind {kind:?}"))?;
             self.delete(resource, &object_key(del));
+        } else if let Some(token) = cmd.get("sync") {
+            // Every earlier line is applied: say so, so the sender knows lists show it.
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "synced {token}").map_err(|e| format!("stdout: {e}"))?;
+            out.flush().map_err(|e| format!("stdout: {e}"))?;
         } else {
-            return Err("expected {\"apply\": OBJECT} or {\"delete\": OBJECT}".to_owned());
+            return Err(
+                "expected {\"apply\": OBJECT}, {\"delete\": OBJECT} or {\"sync\": N}".to_owned(),
+            );
         }
         Ok(())
     }
@@ -430,18 +449,48 @@ fn not_found(message: &str) -> Response {
     json_response(StatusCode::NOT_FOUND, Body::from(status.to_string()))
 }
 
-/// A (paged) list response of `r` at `rv`.
+/// A (paged) list response of `r` at `rv`. The matching keys are selected once per list (and
+/// again whenever the store changed between its pages) and each page copies only its own
+/// objects: listing a large store page by page costs about one pass over it, not one per page.
 fn list(
-    r: &Resource,
+    r: &mut Resource,
     rv: u64,
     query: &HashMap<String, String>,
     labels: &str,
     fields: &str,
 ) -> Response {
-    let matching: Vec<Value> = r
-        .items
-        .values()
-        .filter(|o| labels_match(o, labels) && fields_match(o, fields))
+    let start: usize = query
+        .get("continue")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let limit: usize = query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
+    let current = r
+        .paging
+        .as_ref()
+        .is_some_and(|p| start > 0 && p.rv == rv && p.labels == labels && p.fields == fields);
+    if !current {
+        let keys = r
+            .items
+            .iter()
+            .filter(|(_, o)| labels_match(o, labels) && fields_match(o, fields))
+            .map(|(key, _)| key.clone())
+            .collect();
+        r.paging = Some(Paging {
+            labels: labels.to_owned(),
+            fields: fields.to_owned(),
+            rv,
+            keys,
+        });
+    }
+    let keys = r.paging.as_ref().map_or(&[][..], |p| &p.keys[..]);
+    let end = start.saturating_add(limit).min(keys.len());
+    let page: Vec<Value> = keys[start.min(end)..end]
+        .iter()
+        .filter_map(|key| r.items.get(key))
         .map(|o| {
             // Like a real server, list items carry no apiVersion/kind.
             let mut o = o.clone();
@@ -452,34 +501,25 @@ fn list(
             o
         })
         .collect();
-    let start: usize = query
-        .get("continue")
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let limit: usize = query
-        .get("limit")
-        .and_then(|l| l.parse().ok())
-        .filter(|l| *l > 0)
-        .unwrap_or(usize::MAX);
-    let end = start.saturating_add(limit).min(matching.len());
     let mut metadata = json!({ "resourceVersion": rv.to_string() });
-    if end < matching.len() {
+    if end < keys.len() {
         metadata["continue"] = json!(end.to_string());
     }
     let list = json!({
         "apiVersion": r.api_version,
         "kind": format!("{}List", r.kind),
         "metadata": metadata,
-        "items": matching[start.min(end)..end],
+        "items": page,
     });
     json_response(StatusCode::OK, Body::from(list.to_string()))
 }
 
 /// `kp-echo apiserver`: serves a [`FakeApiServer`] (ServiceCIDRs included) on `listen`,
 /// with history from `first_rv`. Prints `listening ADDR` once it accepts connections, then
-/// applies each line of standard input, `{"apply": OBJECT}` (added or modified, by `kind`) or
-/// `{"delete": {"kind": K, "metadata": {"namespace": N, "name": X}}}`, and exits when
-/// standard input closes.
+/// applies each line of standard input, `{"apply": OBJECT}` (added or modified, by `kind`),
+/// `{"delete": {"kind": K, "metadata": {"namespace": N, "name": X}}}` or `{"sync": N}`
+/// (answered with `synced N` on standard output once every earlier line is applied), and
+/// exits when standard input closes.
 pub fn serve_commands(listen: SocketAddr, first_rv: u64) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -536,6 +576,10 @@ struct ProcessState {
     objects: BTreeMap<(String, String), Value>,
     generation: u64,
     child: Option<(Child, ChildStdin)>,
+    /// The running server's standard output, after its `listening` line.
+    lines: Option<Lines>,
+    /// The last `sync` token sent.
+    syncs: u64,
 }
 
 impl ProcessState {
@@ -555,6 +599,7 @@ impl ProcessState {
         if let Some((mut child, _)) = self.child.take() {
             kill_child(&mut child);
         }
+        self.lines = None;
     }
 }
 
@@ -574,6 +619,11 @@ impl FakeApiProcess {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ProcessState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The running server's process id (none once killed), e.g. to read its CPU time.
+    pub fn pid(&self) -> Option<u32> {
+        self.lock().child.as_ref().map(|(child, _)| child.id())
     }
 
     /// The URL to give the proxy (`--master`).
@@ -613,6 +663,7 @@ impl FakeApiProcess {
             }
         }
         state.child = Some((child, stdin));
+        state.lines = Some(lines);
         let objects: Vec<Value> = state.objects.values().cloned().collect();
         objects.iter().try_for_each(|obj| state.send("apply", obj))
     }
@@ -630,6 +681,34 @@ impl FakeApiProcess {
         state.send("apply", &obj)?;
         state.objects.insert((kind, object_key(&obj)), obj);
         Ok(())
+    }
+
+    /// Waits until the server has applied every object sent so far (at most `wait`), so a
+    /// list from now on holds them all: sending many objects only queues them.
+    pub fn sync(&self, wait: Duration) -> Result<()> {
+        let mut state = self.lock();
+        state.syncs += 1;
+        let token = state.syncs;
+        state.send("sync", &json!(token))?;
+        let expected = format!("synced {token}");
+        let deadline = std::time::Instant::now() + wait;
+        let Some(lines) = state.lines.as_ref() else {
+            return Err(TestbedError::ApiServer {
+                detail: "not running (killed)".to_owned(),
+            });
+        };
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match lines.next(left) {
+                Next::Line(line) if line == expected => return Ok(()),
+                Next::Line(_) => {}
+                other => {
+                    return Err(TestbedError::ApiServer {
+                        detail: format!("no {expected:?} within {wait:?}: {other:?}"),
+                    });
+                }
+            }
+        }
     }
 
     /// Deletes the object of `kind` named `key` (`namespace/name` or `name`).
@@ -684,5 +763,71 @@ impl Drop for FakeApiProcess {
     fn drop(&mut self) {
         // A stopped process must not outlive the test frozen: SIGKILL ends it anyway.
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One list page of Services: the names on it and the continue token.
+    fn page(fake: &FakeApiServer, query: &[(&str, &str)]) -> (Vec<String>, Option<String>) {
+        let query = query
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let response = fake.serve(SERVICES, query);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let body = runtime
+            .block_on(axum::body::to_bytes(response.into_body(), usize::MAX))
+            .expect("body");
+        let list: Value = serde_json::from_slice(&body).expect("a JSON list");
+        let names = list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|o| {
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+        let token = list["metadata"]["continue"].as_str().map(str::to_owned);
+        (names, token)
+    }
+
+    fn svc(name: &str, labels: Value) -> Value {
+        json!({ "metadata": { "namespace": "ns", "name": name, "labels": labels } })
+    }
+
+    #[test]
+    fn paged_lists_go_through_the_selection_and_follow_changes() {
+        let fake = FakeApiServer::new(1);
+        for name in ["a", "b", "c", "d", "e"] {
+            fake.put(SERVICES, svc(name, json!({})));
+        }
+        fake.put(SERVICES, svc("skip", json!({ "headless": "" })));
+        let selected = |token: Option<&str>| {
+            let mut query = vec![("limit", "2"), ("labelSelector", "!headless")];
+            query.extend(token.map(|t| ("continue", t)));
+            page(&fake, &query)
+        };
+        let (first, token) = selected(None);
+        assert_eq!(first, ["a", "b"]);
+        let (second, token) = selected(token.as_deref());
+        assert_eq!(second, ["c", "d"]);
+        // A change between pages: the next page selects afresh, by offset, as a store without
+        // a kept selection would.
+        fake.put(SERVICES, svc("b2", json!({})));
+        let (third, token) = selected(token.as_deref());
+        assert_eq!(third, ["d", "e"]);
+        assert_eq!(token, None, "the last page has no continue token");
+        // Unpaged: everything selected, in one response.
+        let (all, token) = page(&fake, &[("labelSelector", "!headless")]);
+        assert_eq!(all, ["a", "b", "b2", "c", "d", "e"]);
+        assert_eq!(token, None);
     }
 }

@@ -16,6 +16,7 @@ mod recovery;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Debug};
+use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -379,7 +380,7 @@ struct Watch<K> {
 /// Runs one watcher until shutdown or until nobody listens.
 async fn watch_kind<K>(watch: Watch<K>, ctx: &Ctx)
 where
-    K: Watched + Clone + Debug + Send + Sync + 'static,
+    K: Watched + Clone + Default + Debug + Send + Sync + 'static,
 {
     let Watch {
         kind,
@@ -401,7 +402,7 @@ async fn drive<K>(
     wrap: fn(ObjectEvent<K>) -> SourceEvent,
     ctx: &Ctx,
 ) where
-    K: Watched + Clone,
+    K: Watched + Default,
 {
     let mut backoff = Backoff::new(ctx.retry);
     // The first list is not a relist; every later completed one is.
@@ -566,6 +567,16 @@ impl ProxyNameFilter {
 /// Namespace and name.
 type Key = (Option<String>, String);
 
+/// An object of kind `K` with only the metadata that identifies it: what a deletion carries,
+/// as the manifests source's do (every consumer looks only at namespace and name).
+fn identity<K: Resource + Default>((namespace, name): Key) -> K {
+    let mut object = K::default();
+    let meta = object.meta_mut();
+    meta.namespace = namespace;
+    meta.name = Some(name);
+    object
+}
+
 fn key_of(meta: &ObjectMeta) -> Key {
     (
         meta.namespace.clone(),
@@ -597,10 +608,11 @@ impl<E: fmt::Display> fmt::Display for Short<'_, E> {
 }
 
 /// Turns watcher events into [`ObjectEvent`]s, remembering what was reported so a relist can
-/// report the objects that vanished meanwhile (like an informer's store).
+/// report the objects that vanished meanwhile (like an informer's store, but of keys only:
+/// the core keeps what it needs of each object, and a deletion is known by its key).
 struct Tracker<K> {
-    /// Last reported state of every object reported as applied and not yet deleted.
-    known: BTreeMap<Key, K>,
+    /// Every object reported as applied and not yet deleted.
+    known: BTreeSet<Key>,
     /// Objects whose last version could not be used, with the problem last logged.
     unusable: BTreeMap<Key, String>,
     /// Keys seen since the last `Init`, while a relist is in progress.
@@ -609,16 +621,18 @@ struct Tracker<K> {
     /// Versions skipped since the caller last drained this: the object, and its problem when
     /// it is new for that object (to log; a repeated one is only counted).
     skipped: Vec<(Key, Option<String>)>,
+    kind: PhantomData<fn() -> K>,
 }
 
-impl<K: Watched + Clone> Tracker<K> {
+impl<K: Watched + Default> Tracker<K> {
     fn new(filter: Option<ProxyNameFilter>) -> Self {
         Self {
-            known: BTreeMap::new(),
+            known: BTreeSet::new(),
             unusable: BTreeMap::new(),
             relist: None,
             filter,
             skipped: Vec::new(),
+            kind: PhantomData,
         }
     }
 
@@ -635,8 +649,8 @@ impl<K: Watched + Clone> Tracker<K> {
         let key = key_of(decoded.meta());
         if !self.accepts(decoded.meta()) {
             self.unusable.remove(&key);
-            if let Some(old) = self.known.remove(&key) {
-                out.push(ObjectEvent::Deleted(old));
+            if self.known.remove(&key) {
+                out.push(ObjectEvent::Deleted(identity(key)));
             }
             return;
         }
@@ -646,7 +660,7 @@ impl<K: Watched + Clone> Tracker<K> {
         match decoded {
             Decoded::Usable(obj) => {
                 self.unusable.remove(&key);
-                self.known.insert(key, obj.clone());
+                self.known.insert(key);
                 out.push(ObjectEvent::Applied(obj));
             }
             Decoded::Unusable(Unusable { problem, .. }) => {
@@ -659,13 +673,13 @@ impl<K: Watched + Clone> Tracker<K> {
         }
     }
 
-    /// A deletion applies whatever the deleted object's body holds: the last state reported
-    /// for its key is deleted.
+    /// A deletion applies whatever the deleted object's body holds: the object reported
+    /// under its key is deleted.
     fn delete(&mut self, decoded: Decoded<K>, out: &mut Vec<ObjectEvent<K>>) {
         let key = key_of(decoded.meta());
         self.unusable.remove(&key);
-        if let Some(old) = self.known.remove(&key) {
-            out.push(ObjectEvent::Deleted(old));
+        if self.known.remove(&key) {
+            out.push(ObjectEvent::Deleted(identity(key)));
         } else if let Decoded::Usable(obj) = decoded
             && self.accepts(obj.meta())
         {
@@ -683,17 +697,15 @@ impl<K: Watched + Clone> Tracker<K> {
             watcher::Event::InitDone => {
                 if let Some(seen) = self.relist.take() {
                     self.unusable.retain(|key, _| seen.contains(key));
-                    let gone: Vec<Key> = self
-                        .known
-                        .keys()
-                        .filter(|key| !seen.contains(*key))
-                        .cloned()
-                        .collect();
-                    for key in gone {
-                        if let Some(old) = self.known.remove(&key) {
-                            out.push(ObjectEvent::Deleted(old));
-                        }
-                    }
+                    let (kept, gone): (BTreeSet<Key>, BTreeSet<Key>) =
+                        std::mem::take(&mut self.known)
+                            .into_iter()
+                            .partition(|key| seen.contains(key));
+                    self.known = kept;
+                    out.extend(
+                        gone.into_iter()
+                            .map(|key| ObjectEvent::Deleted(identity(key))),
+                    );
                 } else {
                     // Without a matching Init nothing is known about what vanished; deleting
                     // everything would flush the data plane, so keep it all.
@@ -778,7 +790,7 @@ mod tests {
                 ObjectEvent::Synced
             ]
         );
-        // Relabelled to another proxy: gone for us, reported with the last state we sent.
+        // Relabelled to another proxy: gone for us, reported by its identity.
         let out = t.handle(watcher::Event::Apply(Decoded::Usable(svc(
             "plain",
             Some("other"),
@@ -792,11 +804,12 @@ mod tests {
             ))))
             .is_empty()
         );
+        // A deletion carries the identity alone (no labels): all the core reads of it.
         let out = t.handle(watcher::Event::Delete(Decoded::Usable(svc(
             "mine",
             Some("mine"),
         ))));
-        assert_eq!(out, vec![ObjectEvent::Deleted(svc("mine", Some("mine")))]);
+        assert_eq!(out, vec![ObjectEvent::Deleted(svc("mine", None))]);
         assert_eq!(t.len(), 0);
     }
 

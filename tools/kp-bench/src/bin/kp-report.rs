@@ -39,11 +39,15 @@ struct ModeSpec {
     /// `kp-scale` runs inside the test VM (tools/kp-vm): the mode needs IPVS, which the
     /// host kernel may lack.
     vm: bool,
+    /// The most services a point of this series is run with; larger sizes are recorded as
+    /// skipped.
+    largest: usize,
 }
 
 /// Every series, in the order the report lists them: the control plane alone, iptables mode
 /// on each backend (chosen with `--iptables-backend`, as an operator would), nftables, and
-/// ipvs in the test VM.
+/// ipvs in the test VM, all reading manifests; then the control plane alone and nftables
+/// watching the fake API server (`kp-scale --source api`), as a cluster runs them.
 const MODES: &[ModeSpec] = &[
     ModeSpec {
         name: "fake",
@@ -52,6 +56,7 @@ const MODES: &[ModeSpec] = &[
         scale: true,
         connect: false,
         vm: false,
+        largest: usize::MAX,
     },
     ModeSpec {
         name: "iptables-nft",
@@ -61,6 +66,7 @@ const MODES: &[ModeSpec] = &[
         // kp-connect's proxy picks its backend itself: nf_tables in an empty namespace.
         connect: true,
         vm: false,
+        largest: usize::MAX,
     },
     ModeSpec {
         name: "iptables-legacy",
@@ -69,6 +75,7 @@ const MODES: &[ModeSpec] = &[
         scale: true,
         connect: false,
         vm: false,
+        largest: usize::MAX,
     },
     ModeSpec {
         name: "nftables",
@@ -77,6 +84,7 @@ const MODES: &[ModeSpec] = &[
         scale: true,
         connect: true,
         vm: false,
+        largest: usize::MAX,
     },
     ModeSpec {
         name: "ipvs",
@@ -85,6 +93,26 @@ const MODES: &[ModeSpec] = &[
         scale: true,
         connect: false,
         vm: true,
+        // Emulated, 1 vCPU: 20k already takes up to 20 minutes of the run.
+        largest: 20_000,
+    },
+    ModeSpec {
+        name: "fake-api",
+        proxy_mode: "fake",
+        scale_args: &["--source", "api"],
+        scale: true,
+        connect: false,
+        vm: false,
+        largest: usize::MAX,
+    },
+    ModeSpec {
+        name: "nftables-api",
+        proxy_mode: "nftables",
+        scale_args: &["--source", "api"],
+        scale: true,
+        connect: false,
+        vm: false,
+        largest: usize::MAX,
     },
 ];
 
@@ -112,7 +140,11 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// Service counts for the scale benchmark (10 endpoints each).
-    #[arg(long, value_delimiter = ',', default_value = "1000,3000,10000,20000")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000,3000,10000,20000,50000"
+    )]
     sizes: Vec<usize>,
     /// Installed-service counts for the connect-latency benchmark.
     #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
@@ -281,8 +313,15 @@ fn measure_series(
     let mut timed_out_at = None;
     for &services in args.sizes.iter().filter(|_| mode.scale) {
         let heading = scale_heading(mode, services);
-        if let Some(smaller) = timed_out_at {
-            let why = format!("skipped: {smaller} services already timed out");
+        let skipped = match timed_out_at {
+            Some(smaller) => Some(format!("skipped: {smaller} services already timed out")),
+            None if services > mode.largest => Some(format!(
+                "skipped: this series runs at most {} services",
+                mode.largest
+            )),
+            None => None,
+        };
+        if let Some(why) = skipped {
             series.scale.push(stored_scale(
                 ScalePoint::missing(mode.name, services, ENDPOINTS, &why),
                 None,
@@ -651,7 +690,8 @@ fn scale_args(mode: &ModeSpec, services: usize, timeout: u64, kube_proxy: &Path)
     out
 }
 
-/// `cargo build --release` of the proxy and the benchmarks (`cargo run` built only this one).
+/// `cargo build --release` of the proxy, the benchmarks and kp-echo (`cargo run` built only
+/// this one).
 fn build() -> anyhow::Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     eprintln!("kp-report: building the release binaries ...");
@@ -664,6 +704,9 @@ fn build() -> anyhow::Result<()> {
             "kube-proxy",
             "-p",
             "kp-bench",
+            // kp-echo serves the fake API server of the `-api` series.
+            "-p",
+            "kp-testbed",
             "--bins",
         ])
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))

@@ -6,7 +6,10 @@
 //! EndpointSlice and measures the partial sync that follows; peak RSS from `/proc`. With
 //! `--restore` it also renders the same state in-process and times `iptables-restore` (nf_tables)
 //! and `iptables-legacy-restore` on that text directly, whole and split into several
-//! transactions. See the crate's README for how to read the figures.
+//! transactions. With `--source api` the proxy watches the fake API server of
+//! `kp_testbed::apiserver` (`kp-echo apiserver` in the proxy's namespace) holding the same
+//! objects, and the edit is that server's change of one EndpointSlice: what a cluster runs.
+//! See the crate's README for how to read the figures.
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -25,6 +28,7 @@ use kp_bench::sys::{self, Netns};
 use kp_core::backend::SyncKind;
 use kp_core::model::IpFamily;
 use kp_rules::iptables::{RenderConfig, SyncScope, render};
+use kp_testbed::apiserver::{FakeApiProcess, yaml_objects};
 use kp_testbed::proxy::{LogEntry, NextLine, ProxyProcess};
 
 /// Which proxy mode to run.
@@ -38,6 +42,17 @@ enum Mode {
     Fake,
     /// `--proxy-mode ipvs` (needs a kernel with IPVS: run inside the test VM, see README).
     Ipvs,
+}
+
+/// Where the proxy reads Services, EndpointSlices and its Node from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Source {
+    /// `--manifests DIR`: the generated files; an edit rewrites one.
+    Manifests,
+    /// `--master URL`: the fake API server (`kp-echo apiserver`) in the proxy's namespace,
+    /// holding the same objects; an edit is its change of one EndpointSlice, sent to the
+    /// proxy's watch.
+    Api,
 }
 
 /// How the generated manifests are laid out on disk.
@@ -92,6 +107,13 @@ struct Args {
     /// How the manifests are laid out (the edits rewrite the file holding the slice).
     #[arg(long, value_enum, default_value_t = Layout::Files)]
     layout: Layout,
+    /// Where the proxy reads its objects from.
+    #[arg(long, value_enum, default_value_t = Source::Manifests)]
+    source: Source,
+    /// The kp-echo binary serving the fake API server with `--source api` (default: the
+    /// one kp-testbed finds next to this binary).
+    #[arg(long)]
+    echo: Option<PathBuf>,
     /// The kube-proxy binary.
     #[arg(long, default_value = "target/release/kube-proxy")]
     binary: PathBuf,
@@ -181,7 +203,7 @@ async fn run(args: &Args) -> anyhow::Result<()> {
 
     let mut report = String::new();
     if !args.no_proxy {
-        let table = proxy_run(args, scale, &dir, &manifests_dir).await?;
+        let table = proxy_run(args, scale, &dir, &manifests_dir, &manifests).await?;
         println!("{}", table.render());
         report.push_str(&table.render());
         report.push('\n');
@@ -256,7 +278,8 @@ struct Proxy {
 }
 
 impl Proxy {
-    fn spawn(netns: &Netns, args: &Args, manifests: &Path, log: &Path) -> anyhow::Result<Self> {
+    /// Starts the proxy reading from `source`: `--manifests=DIR` or `--master=URL`.
+    fn spawn(netns: &Netns, args: &Args, source: &str, log: &Path) -> anyhow::Result<Self> {
         let mode = match args.mode {
             Mode::Iptables => "--proxy-mode=iptables",
             Mode::Nftables => "--proxy-mode=nftables",
@@ -270,7 +293,7 @@ impl Proxy {
         };
         let process = netns
             .proxy(&args.binary)?
-            .arg(format!("--manifests={}", manifests.display()))
+            .arg(source)
             .args([
                 mode,
                 backend,
@@ -339,6 +362,10 @@ impl Proxy {
         sys::cpu_ticks(self.pid)
     }
 }
+
+/// The most services whose rules are listed back to count them: `nft list table` took 41 s
+/// at 10k×10 and had not finished after 5 minutes of CPU at 50k×10 (2026-11-28).
+const LIST_LARGEST: usize = 20_000;
 
 /// `iptables-save` in the namespace: (lines, `-A` rules, how long it took).
 /// With `nft`: `nft list table ip kube-proxy` (lines, rule lines).
@@ -416,6 +443,7 @@ async fn proxy_run(
     scale: Scale,
     dir: &Path,
     manifests_dir: &Path,
+    manifests: &Manifests,
 ) -> anyhow::Result<Table> {
     let mut table = Table::new(&[
         "N×M",
@@ -427,19 +455,27 @@ async fn proxy_run(
         "first sync: render / restore (nftables: - / `nft -f`)",
         "partial, TCP NodePort svc",
         "partial, UDP svc",
-        "edit → synced (wall, from the rename)",
+        "edit → synced (wall, from the rename or the API server's change)",
         "peak RSS (VmHWM; VmRSS at end)",
         "CPU proxy / its children",
         "load 1m (start→end)",
     ]);
     let load_start = sys::load();
     let netns = Netns::create("kpbench-", "node")?;
+    let (api, source_arg) = match args.source {
+        Source::Manifests => (None, format!("--manifests={}", manifests_dir.display())),
+        Source::Api => {
+            let api = start_api(args, manifests, &netns)?;
+            let url = format!("--master={}", api.url());
+            (Some(api), url)
+        }
+    };
     let save_tool = match args.iptables {
         Variant::System | Variant::Nft => "iptables-nft-save",
         Variant::Legacy => "iptables-legacy-save",
     };
     let label = format!(
-        "{} / {}",
+        "{} / {}{}",
         match args.mode {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
@@ -453,6 +489,10 @@ async fn proxy_run(
             (_, Variant::System) => "nf_tables (detected)",
             (_, Variant::Legacy) => "legacy (--iptables-backend)",
             (_, Variant::Nft) => "nf_tables (--iptables-backend)",
+        },
+        match args.source {
+            Source::Manifests => "",
+            Source::Api => ", API server",
         }
     );
     let log = dir.join(format!(
@@ -461,7 +501,7 @@ async fn proxy_run(
         scale.endpoints,
         label.replace([' ', '/', '(', ')'], "")
     ));
-    let mut proxy = Proxy::spawn(&netns, args, manifests_dir, &log)?;
+    let mut proxy = Proxy::spawn(&netns, args, &source_arg, &log)?;
     eprintln!(
         "kp-scale: proxy pid {} in netns {}, log {}",
         proxy.pid,
@@ -521,6 +561,14 @@ async fn proxy_run(
         return Ok(table);
     };
     let first_wall = first_at - proxy.started;
+    if let Some(api) = &api {
+        // Whether the lists waited on the fake server rather than on the proxy.
+        eprintln!(
+            "kp-scale: CPU at the first sync: proxy {}, fake API server {} (taking in the objects included)",
+            proxy.cpu().map_or("-".to_owned(), |(own, _)| seconds(own)),
+            api_cpu(api),
+        );
+    }
     let (took, _) = proxy.collector.first_sync.unwrap_or_default();
     eprintln!(
         "kp-scale: first sync took {} (wall {}); {:?}",
@@ -529,6 +577,7 @@ async fn proxy_run(
         first_sync
     );
     let saved = match args.mode {
+        _ if scale.services > LIST_LARGEST => None,
         Mode::Iptables => Some(count_rules(&netns, save_tool)?),
         Mode::Nftables => Some(count_rules(&netns, "nft")?),
         Mode::Ipvs => Some(count_rules(&netns, "ipvsadm")?),
@@ -547,11 +596,22 @@ async fn proxy_run(
             service,
             generation: 1,
         });
-        let Some((name, text)) = edited_layout(args.layout, scale, &edits) else {
-            continue;
-        };
         let before = proxy.collector.completed.len();
-        replace_file(manifests_dir, &name, &text)?;
+        match &api {
+            Some(api) => {
+                // The changed slice alone, as the API server sends it to the watch.
+                let yaml = generate::slice_yaml(scale, service, Some(1));
+                for obj in yaml_objects(&yaml).map_err(anyhow::Error::msg)? {
+                    api.apply(obj)?;
+                }
+            }
+            None => {
+                let Some((name, text)) = edited_layout(args.layout, scale, &edits) else {
+                    continue;
+                };
+                replace_file(manifests_dir, &name, &text)?;
+            }
+        }
         let edited = Instant::now();
         let deadline = edited + limit.min(Duration::from_secs(120));
         let synced = proxy
@@ -573,6 +633,7 @@ async fn proxy_run(
     let rss = proxy.rss_cell();
     let cpu = proxy.cpu();
     drop(proxy);
+    drop(api);
 
     let partial_cell = |p: &Option<(Duration, SyncPhases)>| match p {
         Some((_, sync)) => format!("{} {}", sync.kind, phases_cell(sync)),
@@ -612,6 +673,57 @@ async fn proxy_run(
         format!("{load_start}→{}", sys::load()),
     ]);
     Ok(table)
+}
+
+/// Where the fake API server listens inside the proxy's namespace.
+const API_ADDRESS: &str = "127.0.0.1:6443";
+
+/// How long the fake API server may take to take in every generated object.
+const API_LOAD_WAIT: Duration = Duration::from_secs(600);
+
+/// The fake API server in `netns` holding every generated object, the Node last; returns
+/// once it has applied them all, so the proxy's first list sees the whole cluster.
+fn start_api(args: &Args, manifests: &Manifests, netns: &Netns) -> anyhow::Result<FakeApiProcess> {
+    let echo = match &args.echo {
+        Some(path) => path.clone(),
+        None => kp_testbed::echo_binary().context("the kp-echo binary")?,
+    };
+    let listen = API_ADDRESS.parse().context("API address")?;
+    let api = FakeApiProcess::start(&echo, netns.name(), listen)?;
+    let started = Instant::now();
+    let (nodes, services): (Vec<_>, Vec<_>) = manifests
+        .files
+        .iter()
+        .partition(|(name, _)| name == "node.yaml");
+    for (name, text) in services.iter().chain(&nodes) {
+        api.apply_yaml(text)
+            .with_context(|| format!("loading {name} into the fake API server"))?;
+    }
+    api.sync(API_LOAD_WAIT)
+        .context("waiting for the fake API server to apply the objects")?;
+    eprintln!(
+        "kp-scale: fake API server at {} holds the objects (loaded in {}, its CPU {}); load {}",
+        api.url(),
+        human(started.elapsed()),
+        api_cpu(&api),
+        sys::load()
+    );
+    Ok(api)
+}
+
+/// CPU `ticks` in seconds.
+fn seconds(ticks: u64) -> String {
+    format!(
+        "{:.1} s",
+        ticks as f64 / sys::ticks_per_second().max(1) as f64
+    )
+}
+
+/// The fake API server's own CPU time so far.
+fn api_cpu(api: &FakeApiProcess) -> String {
+    api.pid()
+        .and_then(sys::cpu_ticks)
+        .map_or("-".to_owned(), |(own, _)| seconds(own))
 }
 
 /// One restore tool run on `input`, with a limit; `None` if it did not finish.
