@@ -74,6 +74,7 @@
 //! maps, sets and their names are upstream's.
 
 pub mod cmd;
+pub mod layout;
 pub mod names;
 mod render;
 #[cfg(test)]
