@@ -51,24 +51,25 @@ const TARGET_PORT: u16 = 8080;
 
 /// The fixed part: tables, sets, maps, chains and rules, written once. `classes` are the
 /// slot counts in use (one membership set and one rule each).
-fn fixed_part(classes: &[u32]) -> String {
+fn fixed_part(classes: &[u32], size: Option<usize>) -> String {
     let mut s = String::new();
+    let size = size.map_or(String::new(), |n| format!(" size {n} ;"));
     let t = format!("ip {TABLE}");
     s += &format!("add table {t}\n");
     s += &format!(
-        "add map {t} endpoints {{ typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport ; }}\n"
+        "add map {t} endpoints {{ typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport ;{size} }}\n"
     );
     s += &format!(
         "add map {t} nodeport-endpoints {{ typeof meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport ; }}\n"
     );
-    s += &format!("add set {t} hairpin {{ type ipv4_addr . ipv4_addr ; }}\n");
+    s += &format!("add set {t} hairpin {{ type ipv4_addr . ipv4_addr ;{size} }}\n");
     s += &format!("add set {t} no-endpoints {{ type ipv4_addr . inet_proto . inet_service ; }}\n");
     s += &format!("add set {t} firewall {{ type ipv4_addr . inet_proto . inet_service ; }}\n");
     s += &format!(
         "add set {t} firewall-allow {{ type ipv4_addr . inet_proto . inet_service . ipv4_addr ; flags interval ; }}\n"
     );
     s += &format!(
-        "add map {t} affinity-10800 {{ typeof ip saddr . ip daddr . meta l4proto . th dport : ip daddr . th dport ; flags dynamic,timeout ; timeout 10800s ; }}\n"
+        "add map {t} affinity-10800 {{ typeof ip saddr . ip daddr . meta l4proto . th dport : ip daddr . th dport ; flags dynamic,timeout ; timeout 10800s ; size 1048576 ; }}\n"
     );
     s += &format!(
         "add set {t} affinity-services-10800 {{ type ipv4_addr . inet_proto . inet_service ; }}\n"
@@ -88,14 +89,16 @@ fn fixed_part(classes: &[u32]) -> String {
     s += &format!("add rule {t} nat-prerouting jump services\n");
     s += &format!("add rule {t} nat-output jump services\n");
     s += &format!(
-        "add rule {t} services ip saddr . ip daddr . meta l4proto . th dport dnat ip to ip saddr . ip daddr . meta l4proto . th dport map @affinity-10800\n"
+        "add rule {t} services ip daddr . meta l4proto . th dport @affinity-services-10800 dnat ip to ip saddr . ip daddr . meta l4proto . th dport map @affinity-10800\n"
     );
     for n in classes {
         s += &class_part(*n);
     }
-    s += &format!(
-        "add rule {t} nat-postrouting ct status dnat ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-10800 {{ ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst : ip daddr . th dport }}\n"
-    );
+    for proto in ["tcp", "udp", "sctp"] {
+        s += &format!(
+            "add rule {t} nat-postrouting meta l4proto {proto} ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-10800 {{ ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst : ip daddr . th dport }}\n"
+        );
+    }
     s += &format!("add rule {t} nat-postrouting ip saddr . ip daddr @hairpin masquerade\n");
     for chain in ["filter-forward", "filter-output"] {
         s += &format!(
@@ -438,7 +441,14 @@ fn main() -> anyhow::Result<()> {
     }
     let classes = [endpoints as u32, endpoints as u32 + 1];
     let started = Instant::now();
-    nft_apply(&fixed_part(&classes))?;
+    // SIZE=N declares `endpoints` and `hairpin` with `size N` (the kernel sizes their hash
+    // tables for N elements up front instead of growing them during the load).
+    let size = std::env::var("SIZE")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .map(|v| v.parse())
+        .transpose()?;
+    nft_apply(&fixed_part(&classes, size))?;
     let fixed = started.elapsed();
     let mut socket = NftSocket::open()?;
     let started = Instant::now();

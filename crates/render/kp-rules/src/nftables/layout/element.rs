@@ -166,9 +166,7 @@ impl Element {
     /// element). Data is not part of it.
     pub fn key(&self) -> (String, String) {
         let key = match self {
-            Element::Slot {
-                entry, slot, ..
-            } => format!("{entry} . {slot}"),
+            Element::Slot { entry, slot, .. } => format!("{entry} . {slot}"),
             other => other.body().to_string(),
         };
         (self.set_name(), key)

@@ -7,12 +7,12 @@
 //! affinity timeout) makes the kernel validate the table, and then the table is these few
 //! chains.
 
-use std::fmt::Write as _;
 use kp_core::model::IpFamily;
+use std::fmt::Write as _;
 
 use super::element::{Slots, entry_set_name, slot_map_name};
 use super::state::{Changes, Class};
-use crate::iptables::{LocalDetector, NodePortAddresses};
+use crate::config::{LocalDetector, NodePortAddresses};
 use crate::nftables::TABLE;
 
 /// The dispatch chain `nat-prerouting` and `nat-output` jump to.
@@ -30,6 +30,12 @@ pub const AFFINITY: &str = "affinity";
 pub const SHORT_CIRCUIT: &str = "short-circuit-pick";
 /// See [`AFFINITY`].
 pub const PICK: &str = "pick";
+/// Clients an affinity map holds at most (nft's default, 65535, would silently stop
+/// recording on a busy service).
+const AFFINITY_SIZE: u32 = 1 << 20;
+/// `nat-postrouting` jumps here before masquerading: one rule per affinity timeout and
+/// protocol records the endpoint a new connection got.
+pub const AFFINITY_RECORD: &str = "affinity-record";
 
 /// What the fixed rules depend on besides the classes in use.
 #[derive(Clone, Debug)]
@@ -76,15 +82,17 @@ impl FixedConfig {
         }
     }
 
+    /// The addresses NodePorts are restricted to in this family (`None`: every local one).
+    fn node_port_ips(&self) -> Option<Vec<std::net::IpAddr>> {
+        match self.node_port_addresses.for_family(self.family) {
+            NodePortAddresses::All => None,
+            NodePortAddresses::Ips(ips) => Some(ips),
+        }
+    }
+
     /// The match of a destination that accepts NodePorts.
     fn node_port_destination(&self) -> String {
-        let restricted = match &self.node_port_addresses {
-            NodePortAddresses::All => false,
-            NodePortAddresses::Ips(ips) => !ips
-                .iter()
-                .any(|ip| IpFamily::of(ip) == self.family && ip.is_unspecified()),
-        };
-        if restricted {
+        if self.node_port_ips().is_some() {
             format!("{} daddr @nodeport-ips", self.ip())
         } else {
             let loopback = match self.family {
@@ -128,17 +136,27 @@ fn entry_key(ip: &str, node_port: bool) -> String {
 }
 
 /// The fixed part with the sets and rules of `classes`.
-pub fn fixed_part(config: &FixedConfig, classes: &std::collections::BTreeSet<Class>) -> Vec<String> {
+pub fn fixed_part(
+    config: &FixedConfig,
+    classes: &std::collections::BTreeSet<Class>,
+) -> Vec<String> {
     let mut s = Script {
         config,
         out: Vec::new(),
     };
-    s.push("add table", format_args!("{{ comment \"rules for kube-proxy\" ; }}"));
+    s.push(
+        "add table",
+        format_args!("{{ comment \"rules for kube-proxy\" ; }}"),
+    );
     declare_sets(&mut s);
     declare_chains(&mut s);
     let mark = config.mark;
     s.rule("mark-for-masquerade", format!("mark set mark or {mark:#x}"));
-    let fully = if config.random_fully { " fully-random" } else { "" };
+    let fully = if config.random_fully {
+        " fully-random"
+    } else {
+        ""
+    };
     s.rule("masquerading", format!("mark and {mark:#x} == 0 return"));
     s.rule("masquerading", format!("mark set mark xor {mark:#x}"));
     s.rule("masquerading", format!("masquerade{fully}"));
@@ -152,7 +170,15 @@ pub fn fixed_part(config: &FixedConfig, classes: &std::collections::BTreeSet<Cla
     for class in classes {
         s.out.extend(class_part(config, *class));
     }
-    postrouting_rules(&mut s, classes);
+    s.rule("nat-postrouting", format!("jump {AFFINITY_RECORD}"));
+    s.rule(
+        "nat-postrouting",
+        format!(
+            "ct status dnat {ip} saddr . {ip} daddr @hairpin jump mark-for-masquerade",
+            ip = config.ip()
+        ),
+    );
+    s.rule("nat-postrouting", "jump masquerading");
     filter_rules(&mut s);
     s.out
 }
@@ -167,10 +193,16 @@ fn declare_sets(s: &mut Script<'_>) {
             let map = slot_map_name(slots, node_port);
             s.push(
                 "add map",
-                format_args!("{map} {{ typeof {key} . numgen random mod 1 : {ip} daddr . th dport ; }}"),
+                format_args!(
+                    "{map} {{ typeof {key} . numgen random mod 1 : {ip} daddr . th dport ; }}"
+                ),
             );
         }
-        let ty = if node_port { "inet_proto . inet_service" } else { entry.as_str() };
+        let ty = if node_port {
+            "inet_proto . inet_service"
+        } else {
+            entry.as_str()
+        };
         for set in [
             super::element::EntrySet::MasqueradeAll,
             super::element::EntrySet::MasqueradeNotLocal,
@@ -187,9 +219,16 @@ fn declare_sets(s: &mut Script<'_>) {
         "add set",
         format_args!("firewall-allow {{ type {entry} . {addr} ; flags interval ; }}"),
     );
-    s.push("add set", format_args!("hairpin {{ type {addr} . {addr} ; }}"));
+    s.push(
+        "add set",
+        format_args!("hairpin {{ type {addr} . {addr} ; }}"),
+    );
     s.push("add set", format_args!("cluster-ips {{ type {addr} ; }}"));
     s.push("add set", format_args!("nodeport-ips {{ type {addr} ; }}"));
+    s.push("flush set", format_args!("nodeport-ips"));
+    for ip in s.config.node_port_ips().unwrap_or_default() {
+        s.push("add element", format_args!("nodeport-ips {{ {ip} }}"));
+    }
 }
 
 /// Base and regular chains (base chains and priorities as in nftables-integration.md).
@@ -215,6 +254,7 @@ fn declare_chains(s: &mut Script<'_>) {
         AFFINITY,
         SHORT_CIRCUIT,
         PICK,
+        AFFINITY_RECORD,
         ENTRY_FILTER,
         FIREWALL,
         "mark-for-masquerade",
@@ -232,22 +272,35 @@ fn masquerade_rules(s: &mut Script<'_>) {
     let nodeport_dst = s.config.node_port_destination();
     for node_port in [false, true] {
         let key = entry_key(ip, node_port);
-        let dst = if node_port { format!("{nodeport_dst} ") } else { String::new() };
+        let dst = if node_port {
+            format!("{nodeport_dst} ")
+        } else {
+            String::new()
+        };
         let set = |set| entry_set_name(set, node_port);
         use super::element::EntrySet::{MasqueradeAll, MasqueradeNotLocal, ShortCircuit};
         s.rule(
             DISPATCH,
-            format!("{dst}{key} @{} jump mark-for-masquerade", set(MasqueradeAll)),
+            format!(
+                "{dst}{key} @{} jump mark-for-masquerade",
+                set(MasqueradeAll)
+            ),
         );
         if let Some(not_local) = &not_local {
             s.rule(
                 DISPATCH,
-                format!("{dst}{not_local} {key} @{} jump mark-for-masquerade", set(MasqueradeNotLocal)),
+                format!(
+                    "{dst}{not_local} {key} @{} jump mark-for-masquerade",
+                    set(MasqueradeNotLocal)
+                ),
             );
         }
         s.rule(
             DISPATCH,
-            format!("{dst}fib saddr type local {key} @{} jump mark-for-masquerade", set(ShortCircuit)),
+            format!(
+                "{dst}fib saddr type local {key} @{} jump mark-for-masquerade",
+                set(ShortCircuit)
+            ),
         );
     }
 }
@@ -267,15 +320,18 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
         } else {
             format!("{addr} . inet_proto . inet_service")
         };
-        let dst = if node_port { format!("{nodeport_dst} ") } else { String::new() };
+        let dst = if node_port {
+            format!("{nodeport_dst} ")
+        } else {
+            String::new()
+        };
         match class {
             Class::Count(slots, n) => {
                 let set = entry_set_name(super::element::EntrySet::Count(slots, n), node_port);
                 let map = slot_map_name(slots, node_port);
                 s.push("add set", format_args!("{set} {{ type {ty} ; }}"));
-                let pick = format!(
-                    "{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}"
-                );
+                let pick =
+                    format!("{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}");
                 match slots {
                     Slots::Policy => s.rule(PICK, format!("{dst}{pick}")),
                     Slots::ShortCircuit => {
@@ -293,7 +349,7 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
                     s.push(
                         "add map",
                         format_args!(
-                            "affinity-{seconds} {{ typeof {ip} saddr . {ip} daddr . meta l4proto . th dport : {ip} daddr . th dport ; flags dynamic,timeout ; timeout {seconds}s ; }}"
+                            "affinity-{seconds} {{ typeof {ip} saddr . {ip} daddr . meta l4proto . th dport : {ip} daddr . th dport ; flags dynamic,timeout ; timeout {seconds}s ; size {AFFINITY_SIZE} ; }}"
                         ),
                     );
                 }
@@ -303,38 +359,34 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
                         "{dst}{key} @{set} dnat {ip} to {ip} saddr . {ip} daddr . meta l4proto . th dport map @affinity-{seconds}"
                     ),
                 );
+                record_affinity(&mut s, seconds, node_port);
             }
         }
     }
     s.out
 }
 
-/// `nat-postrouting`: record affinity, mark hairpin connections, masquerade.
-fn postrouting_rules(s: &mut Script<'_>, classes: &std::collections::BTreeSet<Class>) {
+/// The rules recording, after DNAT, the endpoint a new connection to an entry with affinity
+/// got: one per protocol, since nft types `ct original proto-dst` only under a protocol
+/// match. NodePort entries record under the original (local) destination address, the key
+/// their lookup builds.
+fn record_affinity(s: &mut Script<'_>, seconds: u64, node_port: bool) {
     let ip = s.config.ip();
-    let record = format!("{ip} saddr . ct original {ip} daddr . meta l4proto . ct original proto-dst");
-    for class in classes {
-        let Class::Affinity(seconds) = class else {
-            continue;
-        };
-        for (node_port, original) in [
-            (false, format!("ct original {ip} daddr . meta l4proto . ct original proto-dst")),
-            (true, "meta l4proto . ct original proto-dst".to_owned()),
-        ] {
-            let set = entry_set_name(super::element::EntrySet::Affinity(*seconds), node_port);
-            s.rule(
-                "nat-postrouting",
-                format!(
-                    "ct status dnat {original} @{set} update @affinity-{seconds} {{ {record} : {ip} daddr . th dport }}"
-                ),
-            );
-        }
+    let original = if node_port {
+        "meta l4proto . ct original proto-dst".to_owned()
+    } else {
+        format!("ct original {ip} daddr . meta l4proto . ct original proto-dst")
+    };
+    let set = entry_set_name(super::element::EntrySet::Affinity(seconds), node_port);
+    let key = format!("{ip} saddr . ct original {ip} daddr . meta l4proto . ct original proto-dst");
+    for proto in ["tcp", "udp", "sctp"] {
+        s.rule(
+            AFFINITY_RECORD,
+            format!(
+                "meta l4proto {proto} ct status dnat {original} @{set} update @affinity-{seconds} {{ {key} : {ip} daddr . th dport }}"
+            ),
+        );
     }
-    s.rule(
-        "nat-postrouting",
-        format!("ct status dnat {ip} saddr . {ip} daddr @hairpin jump mark-for-masquerade"),
-    );
-    s.rule("nat-postrouting", "jump masquerading");
 }
 
 /// Filter chains: source ranges before DNAT, no-endpoint verdicts and unknown ClusterIP
@@ -356,9 +408,19 @@ fn filter_rules(s: &mut Script<'_>) {
     use super::element::EntrySet::{Drop, Reject};
     for node_port in [false, true] {
         let key = entry_key(ip, node_port);
-        let dst = if node_port { format!("{nodeport_dst} ") } else { String::new() };
-        s.rule(ENTRY_FILTER, format!("{dst}{key} @{} reject", entry_set_name(Reject, node_port)));
-        s.rule(ENTRY_FILTER, format!("{dst}{key} @{} drop", entry_set_name(Drop, node_port)));
+        let dst = if node_port {
+            format!("{nodeport_dst} ")
+        } else {
+            String::new()
+        };
+        s.rule(
+            ENTRY_FILTER,
+            format!("{dst}{key} @{} reject", entry_set_name(Reject, node_port)),
+        );
+        s.rule(
+            ENTRY_FILTER,
+            format!("{dst}{key} @{} drop", entry_set_name(Drop, node_port)),
+        );
     }
     s.rule(ENTRY_FILTER, format!("{ip} daddr @cluster-ips reject"));
 }

@@ -23,6 +23,7 @@ pub mod state;
 mod tests;
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 
 use kp_core::model::{IpFamily, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
@@ -31,38 +32,65 @@ pub use element::{Element, Entry, EntrySet, Slots};
 pub use fixed::{FixedConfig, change_script, fixed_part};
 pub use state::{Changes, Class, LayoutState};
 
+use crate::config::RenderConfig;
 use crate::family::{family_endpoints, for_family};
 use crate::plan::{Masquerading, ServicePlan};
 
-/// The elements of `name` in `state` for `family` (empty when the port is gone or has no
-/// ClusterIP of that family).
-pub fn port_elements(
-    state: &ProxyState,
-    family: IpFamily,
-    masquerading: Masquerading,
-    name: &ServicePortName,
-) -> Vec<Element> {
+/// What every service port's elements depend on besides the port itself.
+#[derive(Clone, Debug)]
+pub struct Context {
+    /// The family of the table.
+    pub family: IpFamily,
+    /// The masquerade settings of the shared plan.
+    pub masquerading: Masquerading,
+    /// This node's IPs of `family` (for the source-range allowance of its own traffic).
+    pub node_ips: Vec<IpAddr>,
+}
+
+impl Context {
+    /// The context of `family` under `config`.
+    pub fn new(config: &RenderConfig, state: &ProxyState, family: IpFamily) -> Self {
+        let detector = matches!(
+            crate::config::Detector::new(&config.local_detector, family),
+            Ok(Some(_))
+        );
+        Self {
+            family,
+            masquerading: Masquerading {
+                all: config.masquerade_all,
+                detector,
+            },
+            node_ips: crate::config::node_ip(&config.node_ips, &state.node, family)
+                .into_iter()
+                .collect(),
+        }
+    }
+}
+
+/// The elements of `name` in `state` (empty when the port is gone or has no ClusterIP of
+/// the context's family).
+pub fn port_elements(state: &ProxyState, ctx: &Context, name: &ServicePortName) -> Vec<Element> {
+    let family = ctx.family;
     let Some((cluster_ip, svc)) = state.services.get(name).and_then(|s| for_family(s, family))
     else {
         return Vec::new();
     };
     let all = state.endpoints.get(name).map_or(&[][..], Vec::as_slice);
     let endpoints = family_endpoints(all, family);
-    let plan = ServicePlan::new(&svc, &endpoints, &state.node, masquerading);
-    service::service_elements(&svc, cluster_ip, &plan)
+    let plan = ServicePlan::new(&svc, &endpoints, &state.node, ctx.masquerading);
+    service::service_elements(&svc, cluster_ip, &plan, &ctx.node_ips)
 }
 
 /// Every port's elements: a full sync's updates (ports installed but gone get none).
 pub fn full_updates(
     state: &ProxyState,
-    family: IpFamily,
-    masquerading: Masquerading,
+    ctx: &Context,
     installed: &LayoutState,
 ) -> Vec<(ServicePortName, Vec<Element>)> {
     let mut updates: Vec<_> = state
         .services
         .keys()
-        .map(|name| (name.clone(), port_elements(state, family, masquerading, name)))
+        .map(|name| (name.clone(), port_elements(state, ctx, name)))
         .collect();
     updates.extend(
         installed
@@ -77,8 +105,7 @@ pub fn full_updates(
 /// services, and nothing else.
 pub fn partial_updates(
     state: &ProxyState,
-    family: IpFamily,
-    masquerading: Masquerading,
+    ctx: &Context,
     installed: &LayoutState,
     changed: &BTreeSet<ServiceName>,
 ) -> Vec<(ServicePortName, Vec<Element>)> {
@@ -90,7 +117,7 @@ pub fn partial_updates(
     names
         .into_iter()
         .map(|name| {
-            let elements = port_elements(state, family, masquerading, &name);
+            let elements = port_elements(state, ctx, &name);
             (name, elements)
         })
         .collect()

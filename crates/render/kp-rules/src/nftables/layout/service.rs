@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use kp_core::model::{Endpoint, ServicePort};
 
 use super::element::{Element, Entry, EntrySet, Slots};
@@ -11,7 +12,15 @@ use crate::plan::{ExternalMasquerade, InternalMasquerade, NoEndpoints, ServicePl
 
 /// The elements of `svc` (one family's view, whose ClusterIP is `cluster_ip`) as `plan`
 /// decides, in a stable order.
-pub fn service_elements(svc: &ServicePort, cluster_ip: IpAddr, plan: &ServicePlan<'_>) -> Vec<Element> {
+///
+/// `node_ips` are this node's IPs of the family: when a source range holds one, the node's
+/// own traffic to a local LoadBalancer IP (whose source is that IP) is allowed too.
+pub fn service_elements(
+    svc: &ServicePort,
+    cluster_ip: IpAddr,
+    plan: &ServicePlan<'_>,
+    node_ips: &[IpAddr],
+) -> Vec<Element> {
     let mut out = BTreeSet::new();
     out.insert(Element::ClusterIp(cluster_ip));
     let clusterip = Entry::Ip {
@@ -24,7 +33,7 @@ pub fn service_elements(svc: &ServicePort, cluster_ip: IpAddr, plan: &ServicePla
         external(&mut out, entry, plan);
     }
     if plan.source_ranges {
-        firewall(&mut out, svc);
+        firewall(&mut out, svc, node_ips);
     }
     out.into_iter().collect()
 }
@@ -138,7 +147,18 @@ fn affinity(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
 }
 
 /// `loadBalancerSourceRanges`: each LB entry with each allowed range.
-fn firewall(out: &mut BTreeSet<Element>, svc: &ServicePort) {
+fn firewall(out: &mut BTreeSet<Element>, svc: &ServicePort, node_ips: &[IpAddr]) {
+    let mut allowed: Vec<IpNet> = svc
+        .load_balancer_source_ranges
+        .iter()
+        .map(IpNet::trunc)
+        .collect();
+    if allowed
+        .iter()
+        .any(|range| node_ips.iter().any(|ip| range.contains(ip)))
+    {
+        allowed.extend(svc.load_balancer_ips.iter().map(|ip| IpNet::from(*ip)));
+    }
     for addr in &svc.load_balancer_ips {
         let entry = Entry::Ip {
             addr: *addr,
@@ -146,8 +166,8 @@ fn firewall(out: &mut BTreeSet<Element>, svc: &ServicePort) {
             port: svc.port,
         };
         out.insert(Element::Entry(EntrySet::Firewall, entry));
-        for range in &svc.load_balancer_source_ranges {
-            out.insert(Element::Allow(entry, range.trunc()));
+        for range in &allowed {
+            out.insert(Element::Allow(entry, *range));
         }
     }
 }

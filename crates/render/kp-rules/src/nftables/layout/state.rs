@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kp_core::model::{Protocol, ServiceName, ServicePortName};
 
-use super::element::{Element, EntrySet, Slots};
+use super::element::{Element, Entry, EntrySet, Slots};
 
 /// A slot count or affinity timeout in use: each has its sets and fixed rules, written the
 /// first time an element needs them.
@@ -94,6 +94,37 @@ impl LayoutState {
             .range(first..)
             .take_while(move |(name, _)| name.service == *service)
             .map(|(name, _)| name)
+    }
+
+    /// The installed elements that decide a packet to `entry`, as `explain` names them: its
+    /// class, slot, masquerade, filter, firewall and affinity elements, and the hairpin
+    /// elements of the endpoints its slots hold.
+    pub fn deciding(&self, entry: &Entry) -> Vec<&Element> {
+        let mut found: Vec<&Element> = Vec::new();
+        let mut endpoints = BTreeSet::new();
+        for element in self.ports.values().flatten() {
+            let hit = match element {
+                Element::Entry(_, e) | Element::Allow(e, _) => e == entry,
+                Element::Slot { entry: e, addr, .. } => {
+                    if e == entry {
+                        endpoints.insert(*addr);
+                    }
+                    e == entry
+                }
+                Element::Hairpin(_) | Element::ClusterIp(_) => false,
+            };
+            if hit {
+                found.push(element);
+            }
+        }
+        found.extend(endpoints.into_iter().filter_map(|addr| {
+            self.elements
+                .get(&Element::Hairpin(addr).key())
+                .map(|claimed| &claimed.installed)
+        }));
+        found.sort();
+        found.dedup();
+        found
     }
 
     /// The classes whose sets and rules exist.

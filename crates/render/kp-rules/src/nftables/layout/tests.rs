@@ -10,12 +10,18 @@ use kp_core::model::{
 use kp_core::tracker::ProxyState;
 
 use super::*;
-use crate::iptables::{LocalDetector, NodePortAddresses};
+use crate::config::{LocalDetector, NodePortAddresses};
 
-const MASQ: Masquerading = Masquerading {
-    all: false,
-    detector: true,
-};
+fn ctx() -> Context {
+    Context {
+        family: IpFamily::V4,
+        masquerading: Masquerading {
+            all: false,
+            detector: true,
+        },
+        node_ips: vec![v4(192, 168, 50, 2)],
+    }
+}
 
 fn name(service: &str) -> ServicePortName {
     ServicePortName {
@@ -99,9 +105,11 @@ fn sync(installed: &mut LayoutState, updates: Vec<(ServicePortName, Vec<Element>
 
 #[test]
 fn a_clusterip_is_one_element_per_endpoint_and_its_decisions() {
-    let eps: Vec<Endpoint> = (1..=3).map(|i| endpoint(v4(10, 244, 0, i), false)).collect();
+    let eps: Vec<Endpoint> = (1..=3)
+        .map(|i| endpoint(v4(10, 244, 0, i), false))
+        .collect();
     let state = state_with(vec![(port("web", v4(10, 96, 0, 1)), eps)]);
-    let elements = port_elements(&state, IpFamily::V4, MASQ, &name("web"));
+    let elements = port_elements(&state, &ctx(), &name("web"));
     assert_eq!(
         texts(&elements),
         [
@@ -124,7 +132,7 @@ fn without_endpoints_every_entry_is_rejected() {
     svc.node_port = Some(30080);
     svc.external_ips = vec![v4(192, 0, 2, 1)];
     let state = state_with(vec![(svc, Vec::new())]);
-    let elements = port_elements(&state, IpFamily::V4, MASQ, &name("web"));
+    let elements = port_elements(&state, &ctx(), &name("web"));
     assert_eq!(
         texts(&elements),
         [
@@ -145,9 +153,12 @@ fn external_policy_local_short_circuits_to_the_cluster_list() {
     svc.session_affinity = Some(SessionAffinity {
         timeout: Duration::from_secs(60),
     });
-    let eps = vec![endpoint(v4(10, 244, 0, 1), true), endpoint(v4(10, 244, 1, 1), false)];
+    let eps = vec![
+        endpoint(v4(10, 244, 0, 1), true),
+        endpoint(v4(10, 244, 1, 1), false),
+    ];
     let state = state_with(vec![(svc, eps)]);
-    let elements = port_elements(&state, IpFamily::V4, MASQ, &name("web"));
+    let elements = port_elements(&state, &ctx(), &name("web"));
     let lb: Vec<String> = texts(&elements)
         .into_iter()
         .filter(|e| e.contains("192.0.2.1"))
@@ -171,21 +182,28 @@ fn external_policy_local_short_circuits_to_the_cluster_list() {
 #[test]
 fn moving_one_endpoint_rewrites_one_slot_and_its_hairpin() {
     let eps = |first: u8| -> Vec<Endpoint> {
-        [first, 2, 3].iter().map(|d| endpoint(v4(10, 244, 0, *d), false)).collect()
+        [first, 2, 3]
+            .iter()
+            .map(|d| endpoint(v4(10, 244, 0, *d), false))
+            .collect()
     };
     let mut state = state_with(vec![
         (port("web", v4(10, 96, 0, 1)), eps(1)),
         (port("db", v4(10, 96, 0, 2)), eps(1)),
     ]);
     let mut installed = LayoutState::default();
-    let updates = full_updates(&state, IpFamily::V4, MASQ, &installed);
+    let updates = full_updates(&state, &ctx(), &installed);
     let first = sync(&mut installed, updates);
-    assert!(first.iter().any(|s| s.starts_with("add set ip kube-proxy slots-3 ")));
+    assert!(
+        first
+            .iter()
+            .any(|s| s.starts_with("add set ip kube-proxy slots-3 "))
+    );
     assert_eq!(installed.classes().len(), 1);
 
     state.endpoints.insert(name("web"), eps(9));
     let changed = BTreeSet::from([name("web").service]);
-    let partial = partial_updates(&state, IpFamily::V4, MASQ, &installed, &changed);
+    let partial = partial_updates(&state, &ctx(), &installed, &changed);
     assert_eq!(partial.len(), 1, "only the changed service is planned");
     assert_eq!(
         sync(&mut installed, partial),
@@ -197,26 +215,62 @@ fn moving_one_endpoint_rewrites_one_slot_and_its_hairpin() {
         "db still claims 10.244.0.1's hairpin element"
     );
 
+    let web = Entry::Ip {
+        addr: v4(10, 96, 0, 1),
+        proto: Protocol::Tcp,
+        port: 80,
+    };
+    let named: Vec<String> = installed
+        .deciding(&web)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        named,
+        [
+            "slots-3 { 10.96.0.1 . tcp . 80 }",
+            "masquerade-not-local { 10.96.0.1 . tcp . 80 }",
+            "endpoints { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
+            "endpoints { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
+            "endpoints { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
+            "hairpin { 10.244.0.2 . 10.244.0.2 }",
+            "hairpin { 10.244.0.3 . 10.244.0.3 }",
+            "hairpin { 10.244.0.9 . 10.244.0.9 }",
+        ],
+        "explain names what decides a packet to web"
+    );
+
     state.endpoints.remove(&name("db"));
     state.services.remove(&name("db"));
     let changed = BTreeSet::from([name("db").service]);
-    let updates = partial_updates(&state, IpFamily::V4, MASQ, &installed, &changed);
+    let updates = partial_updates(&state, &ctx(), &installed, &changed);
     let gone = sync(&mut installed, updates);
-    assert!(gone.contains(&"delete element ip kube-proxy hairpin { 10.244.0.1 . 10.244.0.1 }".to_owned()));
-    assert!(!gone.iter().any(|s| s.contains("10.244.0.2 . 10.244.0.2")), "web still has it");
+    assert!(
+        gone.contains(
+            &"delete element ip kube-proxy hairpin { 10.244.0.1 . 10.244.0.1 }".to_owned()
+        )
+    );
+    assert!(
+        !gone.iter().any(|s| s.contains("10.244.0.2 . 10.244.0.2")),
+        "web still has it"
+    );
     assert!(gone.iter().all(|s| s.starts_with("delete element")));
 }
 
 #[test]
 fn a_new_endpoint_count_brings_its_set_and_rules_once() {
-    let eps = |n: u8| -> Vec<Endpoint> { (1..=n).map(|d| endpoint(v4(10, 244, 0, d), false)).collect() };
+    let eps = |n: u8| -> Vec<Endpoint> {
+        (1..=n)
+            .map(|d| endpoint(v4(10, 244, 0, d), false))
+            .collect()
+    };
     let mut state = state_with(vec![(port("web", v4(10, 96, 0, 1)), eps(2))]);
     let mut installed = LayoutState::default();
-    let updates = full_updates(&state, IpFamily::V4, MASQ, &installed);
+    let updates = full_updates(&state, &ctx(), &installed);
     sync(&mut installed, updates);
     state.endpoints.insert(name("web"), eps(3));
     let changed = BTreeSet::from([name("web").service]);
-    let updates = partial_updates(&state, IpFamily::V4, MASQ, &installed, &changed);
+    let updates = partial_updates(&state, &ctx(), &installed, &changed);
     let grown = sync(&mut installed, updates);
     assert_eq!(
         grown,
@@ -233,7 +287,7 @@ fn a_new_endpoint_count_brings_its_set_and_rules_once() {
     );
     // Back to two: elements only, the class of three stays for the next full sync.
     state.endpoints.insert(name("web"), eps(2));
-    let updates = partial_updates(&state, IpFamily::V4, MASQ, &installed, &changed);
+    let updates = partial_updates(&state, &ctx(), &installed, &changed);
     let shrunk = sync(&mut installed, updates);
     assert!(shrunk.iter().all(|s| s.contains(" element ")), "{shrunk:?}");
 }
@@ -244,6 +298,28 @@ fn the_fixed_part_has_no_per_service_object() {
     let script = fixed_part(&config(), &classes);
     let rules = script.iter().filter(|s| s.starts_with("add rule")).count();
     assert!(rules < 40, "{rules} rules");
-    assert!(script.iter().all(|s| !s.contains("goto")), "no verdict map anywhere");
-    assert!(script.contains(&"add rule ip kube-proxy nat-postrouting ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-10800 { ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst : ip daddr . th dport }".to_owned()));
+    assert!(
+        script.iter().all(|s| !s.contains("goto")),
+        "no verdict map anywhere"
+    );
+    assert!(script.contains(&"add rule ip kube-proxy affinity-record meta l4proto tcp ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-10800 { ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst : ip daddr . th dport }".to_owned()));
+}
+
+#[test]
+fn source_ranges_holding_the_node_allow_its_own_traffic_to_the_lb_ip() {
+    let mut svc = port("web", v4(10, 96, 0, 1));
+    svc.load_balancer_ips = vec![v4(192, 0, 2, 1)];
+    svc.load_balancer_source_ranges = vec!["192.168.50.0/24".parse().expect("literal")];
+    let state = state_with(vec![(svc, vec![endpoint(v4(10, 244, 0, 1), false)])]);
+    let allowed: Vec<String> = texts(&port_elements(&state, &ctx(), &name("web")))
+        .into_iter()
+        .filter(|e| e.starts_with("firewall-allow"))
+        .collect();
+    assert_eq!(
+        allowed,
+        [
+            "firewall-allow { 192.0.2.1 . tcp . 80 . 192.0.2.1/32 }",
+            "firewall-allow { 192.0.2.1 . tcp . 80 . 192.168.50.0/24 }",
+        ]
+    );
 }
