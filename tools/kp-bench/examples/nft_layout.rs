@@ -43,8 +43,7 @@ const NFTA_SET_ELEM_DATA: u16 = 2;
 const PER_MESSAGE: usize = 512;
 /// Messages per transaction when loading.
 const PER_BATCH: usize = 200;
-/// Slot counts written as classes at load (every service has ENDPOINTS; the resize round
-/// moves service 0 to ENDPOINTS + 1).
+/// IPPROTO_TCP: every probe service is TCP.
 const PROTO_TCP: u8 = 6;
 const SERVICE_PORT: u16 = 80;
 const TARGET_PORT: u16 = 8080;
@@ -157,7 +156,7 @@ fn endpoint(i: usize, j: usize, generation: usize) -> Ipv4Addr {
 
 /// The NodePort of service `i`, if it has one (every tenth).
 fn node_port(i: usize) -> Option<u16> {
-    (i % 10 == 0 && i / 10 < 30_000).then(|| 30_000 + (i / 10) as u16)
+    (i.is_multiple_of(10) && i / 10 < 30_000).then(|| 30_000 + (i / 10) as u16)
 }
 
 /// `proto . port` as nft lays it out in a concatenation (each part padded to 4 bytes).
@@ -188,11 +187,14 @@ fn addr_port(addr: Ipv4Addr, port: u16) -> Vec<u8> {
     data
 }
 
+/// A key and, for a map, its data.
+type Item = (Vec<u8>, Option<Vec<u8>>);
+
 /// One set's elements to add or delete: key and (for maps) data.
 struct Elements<'a> {
     set: &'a str,
     add: bool,
-    items: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    items: Vec<Item>,
 }
 
 /// Append `elements` to `batch` as messages of at most [`PER_MESSAGE`] elements.
@@ -253,8 +255,7 @@ fn service_elements(i: usize, endpoints: usize) -> Vec<(String, Vec<u8>, Option<
 
 /// Load every service's elements, [`PER_BATCH`] messages per transaction.
 fn load(socket: &mut NftSocket, services: usize, endpoints: usize) -> anyhow::Result<usize> {
-    let mut by_set: std::collections::BTreeMap<String, Vec<(Vec<u8>, Option<Vec<u8>>)>> =
-        Default::default();
+    let mut by_set: std::collections::BTreeMap<String, Vec<Item>> = Default::default();
     for i in 0..services {
         for (set, key, data) in service_elements(i, endpoints) {
             by_set.entry(set).or_default().push((key, data));
@@ -458,20 +459,11 @@ fn main() -> anyhow::Result<()> {
         started.elapsed()
     );
     eprintln!("rounds: {rounds}");
-    let (mut moves, mut resizes, mut rules, mut empties, mut rules_nft) = Default::default();
-    let (moves, resizes, rules, empties, rules_nft): (
-        &mut Samples,
-        &mut Samples,
-        &mut Samples,
-        &mut Samples,
-        &mut Samples,
-    ) = (
-        &mut moves,
-        &mut resizes,
-        &mut rules,
-        &mut empties,
-        &mut rules_nft,
-    );
+    let mut moves = Samples::default();
+    let mut resizes = Samples::default();
+    let mut rules = Samples::default();
+    let mut empties = Samples::default();
+    let mut rules_nft = Samples::default();
     for round in 1..=rounds {
         let m = timed(|| Ok(socket.apply_batch(move_batch(round - 1, round))?))?;
         let (from, to) = if round % 2 == 1 {

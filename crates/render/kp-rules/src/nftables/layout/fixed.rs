@@ -69,7 +69,7 @@ impl FixedConfig {
 
     /// `ip saddr 10.0.0.0/8`, `iifname "cbr0"`, ... (negated with `not`), when this family
     /// has a detector.
-    fn from_local_pod(&self, not: bool) -> Option<String> {
+    fn local_pod_match(&self, not: bool) -> Option<String> {
         let op = if not { "!= " } else { "" };
         match &self.detector {
             LocalDetector::None => None,
@@ -268,7 +268,7 @@ fn declare_chains(s: &mut Script<'_>) {
 /// The masquerade decisions of `dispatch`, before any `dnat`.
 fn masquerade_rules(s: &mut Script<'_>) {
     let ip = s.config.ip();
-    let not_local = s.config.from_local_pod(true);
+    let not_local = s.config.local_pod_match(true);
     let nodeport_dst = s.config.node_port_destination();
     for node_port in [false, true] {
         let key = entry_key(ip, node_port);
@@ -336,7 +336,7 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
                     Slots::Policy => s.rule(PICK, format!("{dst}{pick}")),
                     Slots::ShortCircuit => {
                         s.rule(SHORT_CIRCUIT, format!("{dst}fib saddr type local {pick}"));
-                        if let Some(local) = config.from_local_pod(false) {
+                        if let Some(local) = config.local_pod_match(false) {
                             s.rule(SHORT_CIRCUIT, format!("{dst}{local} {pick}"));
                         }
                     }
