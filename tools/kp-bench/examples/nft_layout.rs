@@ -20,12 +20,11 @@
 //! the medians (wall and time on a CPU, from `/proc/thread-self/schedstat`: the kernel runs
 //! the batch in this thread).
 
-use std::io::Write as _;
 use std::net::Ipv4Addr;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
+use kp_bench::probe::{median, nft_apply, timed};
 use kp_nftnl::codec::{MsgKind, Writer};
 use kp_nftnl::{Batch, Family, NftSocket};
 
@@ -119,24 +118,6 @@ fn class_part(n: u32) -> String {
          add rule {t} services ip daddr . meta l4proto . th dport @slots-{n} dnat ip to ip daddr . meta l4proto . th dport . numgen random mod {n} map @endpoints\n\
          add rule {t} services fib daddr type local meta l4proto . th dport @nodeport-slots-{n} dnat ip to meta l4proto . th dport . numgen random mod {n} map @nodeport-endpoints\n"
     )
-}
-
-/// Apply `script` with `nft -f -`.
-fn nft_apply(script: &str) -> anyhow::Result<()> {
-    let mut child = std::process::Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .context("running nft")?;
-    child
-        .stdin
-        .take()
-        .context("nft stdin")?
-        .write_all(script.as_bytes())?;
-    if !child.wait()?.success() {
-        bail!("nft -f - failed");
-    }
-    Ok(())
 }
 
 /// The cluster IP of service `i`.
@@ -381,33 +362,6 @@ fn probe_transaction(rule: bool) -> kp_rules::nftables::Transaction {
         });
     }
     kp_rules::nftables::Transaction::new(kp_core::model::IpFamily::V4, commands)
-}
-
-/// Time this thread has spent on a CPU.
-fn on_cpu() -> anyhow::Result<Duration> {
-    let text = std::fs::read_to_string("/proc/thread-self/schedstat")?;
-    let nanos: u64 = text
-        .split_whitespace()
-        .next()
-        .context("empty schedstat")?
-        .parse()?;
-    Ok(Duration::from_nanos(nanos))
-}
-
-/// Run `f`, returning its wall and on-CPU time.
-fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<(Duration, Duration)> {
-    let (wall, cpu) = (Instant::now(), on_cpu()?);
-    f()?;
-    Ok((wall.elapsed(), on_cpu()?.saturating_sub(cpu)))
-}
-
-/// The median of `times`.
-fn median(times: &mut [Duration]) -> Duration {
-    times.sort();
-    times
-        .get(times.len() / 2)
-        .copied()
-        .unwrap_or(Duration::ZERO)
 }
 
 /// Wall and on-CPU samples of one kind of transaction.

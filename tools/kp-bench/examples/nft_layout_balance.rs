@@ -15,12 +15,12 @@
 //! recorded `affinity-10800` element.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use kp_bench::probe::nft_apply;
 use kp_core::model::{
     Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName, SessionAffinity,
 };
@@ -42,23 +42,6 @@ fn run(args: &[&str]) -> anyhow::Result<()> {
     let status = Command::new(args[0]).args(&args[1..]).status()?;
     if !status.success() {
         bail!("{args:?} failed: {status}");
-    }
-    Ok(())
-}
-
-fn nft_apply(script: &str) -> anyhow::Result<()> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .context("running nft")?;
-    child
-        .stdin
-        .take()
-        .context("nft stdin")?
-        .write_all(script.as_bytes())?;
-    if !child.wait()?.success() {
-        bail!("nft -f - failed");
     }
     Ok(())
 }

@@ -18,12 +18,11 @@
 //! stderr.
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use kp_bench::generate::{Edit, Scale, edited_file, generate};
+use kp_bench::probe::{median, nft_apply, timed};
 use kp_bench::state::Loaded;
 use kp_core::backend::SyncKind;
 use kp_core::model::IpFamily;
@@ -55,54 +54,6 @@ fn probe(with_rule: bool) -> Transaction {
         });
     }
     Transaction::new(IpFamily::V4, commands)
-}
-
-/// Time this thread has spent on a CPU (user and kernel: the kernel runs a netlink batch in
-/// the sender's context), from `/proc/thread-self/schedstat`; less sensitive to other load
-/// than wall time.
-fn on_cpu() -> anyhow::Result<Duration> {
-    let text = std::fs::read_to_string("/proc/thread-self/schedstat")?;
-    let nanos: u64 = text
-        .split_whitespace()
-        .next()
-        .context("empty schedstat")?
-        .parse()?;
-    Ok(Duration::from_nanos(nanos))
-}
-
-/// Run `f`, returning its wall and on-CPU time.
-fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<(Duration, Duration)> {
-    let (wall, cpu) = (Instant::now(), on_cpu()?);
-    f()?;
-    Ok((wall.elapsed(), on_cpu()?.saturating_sub(cpu)))
-}
-
-/// The median of `times` (sorted in place).
-fn median(times: &mut [Duration]) -> Duration {
-    times.sort();
-    times
-        .get(times.len() / 2)
-        .copied()
-        .unwrap_or(Duration::ZERO)
-}
-
-/// Apply `script` with `nft -f -`.
-fn nft_apply(script: &str) -> anyhow::Result<()> {
-    let mut child = std::process::Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .context("running nft")?;
-    child
-        .stdin
-        .take()
-        .context("nft stdin")?
-        .write_all(script.as_bytes())?;
-    let status = child.wait()?;
-    if !status.success() {
-        bail!("nft -f - failed: {status}");
-    }
-    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {

@@ -126,6 +126,15 @@ impl Script<'_> {
     }
 }
 
+/// What a rule for an entry kind starts with: the NodePort destination match, or nothing.
+fn entry_prefix(nodeport_dst: &str, node_port: bool) -> String {
+    if node_port {
+        format!("{nodeport_dst} ")
+    } else {
+        String::new()
+    }
+}
+
 /// `ip daddr . meta l4proto . th dport` (or the NodePort key) of an entry kind.
 fn entry_key(ip: &str, node_port: bool) -> String {
     if node_port {
@@ -272,11 +281,7 @@ fn masquerade_rules(s: &mut Script<'_>) {
     let nodeport_dst = s.config.node_port_destination();
     for node_port in [false, true] {
         let key = entry_key(ip, node_port);
-        let dst = if node_port {
-            format!("{nodeport_dst} ")
-        } else {
-            String::new()
-        };
+        let dst = entry_prefix(&nodeport_dst, node_port);
         let set = |set| entry_set_name(set, node_port);
         use super::element::EntrySet::{MasqueradeAll, MasqueradeNotLocal, ShortCircuit};
         s.rule(
@@ -320,11 +325,7 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
         } else {
             format!("{addr} . inet_proto . inet_service")
         };
-        let dst = if node_port {
-            format!("{nodeport_dst} ")
-        } else {
-            String::new()
-        };
+        let dst = entry_prefix(&nodeport_dst, node_port);
         match class {
             Class::Count(slots, n) => {
                 let set = entry_set_name(super::element::EntrySet::Count(slots, n), node_port);
@@ -408,11 +409,7 @@ fn filter_rules(s: &mut Script<'_>) {
     use super::element::EntrySet::{Drop, Reject};
     for node_port in [false, true] {
         let key = entry_key(ip, node_port);
-        let dst = if node_port {
-            format!("{nodeport_dst} ")
-        } else {
-            String::new()
-        };
+        let dst = entry_prefix(&nodeport_dst, node_port);
         s.rule(
             ENTRY_FILTER,
             format!("{dst}{key} @{} reject", entry_set_name(Reject, node_port)),
