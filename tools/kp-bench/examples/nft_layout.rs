@@ -24,7 +24,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use kp_bench::probe::{median, nft_apply, timed};
+use kp_bench::probe::{median, nft_apply, timed, validation_probe};
 use kp_nftnl::codec::{MsgKind, Writer};
 use kp_nftnl::{Batch, Family, NftSocket};
 
@@ -342,28 +342,6 @@ fn probe(rule: bool) -> String {
     s
 }
 
-/// The same probes over netlink, from kp-rules' typed commands.
-fn probe_transaction(rule: bool) -> kp_rules::nftables::Transaction {
-    use kp_rules::nftables::Command;
-    use kp_rules::nftables::cmd::{Name, Rule, Verdict};
-    let chain = Name::from("probe");
-    let mut commands = vec![
-        Command::AddChain {
-            chain: chain.clone(),
-            hook: None,
-            comment: None,
-        },
-        Command::FlushChain(chain.clone()),
-    ];
-    if rule {
-        commands.push(Command::AddRule {
-            chain,
-            rule: Rule::verdict(Vec::new(), Verdict::Jump("mark-for-masquerade".into())),
-        });
-    }
-    kp_rules::nftables::Transaction::new(kp_core::model::IpFamily::V4, commands)
-}
-
 /// Wall and on-CPU samples of one kind of transaction.
 #[derive(Default)]
 struct Samples {
@@ -426,8 +404,8 @@ fn main() -> anyhow::Result<()> {
             (endpoints + 1, endpoints)
         };
         let r = timed(|| Ok(socket.apply_batch(resize_batch(from, to))?))?;
-        let j = timed(|| Ok(socket.apply(&probe_transaction(true), usize::MAX)?))?;
-        let e = timed(|| Ok(socket.apply(&probe_transaction(false), usize::MAX)?))?;
+        let j = timed(|| Ok(socket.apply(&validation_probe("probe", true), usize::MAX)?))?;
+        let e = timed(|| Ok(socket.apply(&validation_probe("probe", false), usize::MAX)?))?;
         let n = timed(|| nft_apply(&probe(true)))?;
         println!(
             "round {round}: move {:?} ({:?}), resize {:?} ({:?}), rule {:?} ({:?}), empty {:?} ({:?}), rule via nft -f {:?}",

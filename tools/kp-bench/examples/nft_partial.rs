@@ -22,39 +22,14 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use kp_bench::generate::{Edit, Scale, edited_file, generate};
-use kp_bench::probe::{median, nft_apply, timed};
+use kp_bench::probe::{median, nft_apply, timed, validation_probe};
 use kp_bench::state::Loaded;
 use kp_core::backend::SyncKind;
 use kp_core::model::IpFamily;
-use kp_rules::nftables::cmd::{Name, Rule, Verdict};
-use kp_rules::nftables::{Command, NftScope, NftState, RenderConfig, Transaction, render};
+use kp_rules::nftables::{NftScope, NftState, RenderConfig, render};
 
-/// The probe chain of [`probe`]: not reachable from any base chain.
+/// The probe chain of [`validation_probe`]: not reachable from any base chain.
 const PROBE_CHAIN: &str = "floor-probe";
-
-/// The smallest transactions that do and do not make the kernel validate the table:
-/// (re)write `floor-probe` with one `jump mark-for-masquerade` rule (any rule with a verdict,
-/// `dnat`, `mark set` or verdict-map lookup marks the table for validation), or only add
-/// and flush the chain (no rule: no validation). Both leave the table as they found it
-/// after the first round.
-fn probe(with_rule: bool) -> Transaction {
-    let chain = Name::from(PROBE_CHAIN);
-    let mut commands = vec![
-        Command::AddChain {
-            chain: chain.clone(),
-            hook: None,
-            comment: None,
-        },
-        Command::FlushChain(chain.clone()),
-    ];
-    if with_rule {
-        commands.push(Command::AddRule {
-            chain,
-            rule: Rule::verdict(Vec::new(), Verdict::Jump("mark-for-masquerade".into())),
-        });
-    }
-    Transaction::new(IpFamily::V4, commands)
-}
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -148,8 +123,10 @@ fn main() -> anyhow::Result<()> {
         installed = partial.state_after(&installed);
         // The floor, under the same load: one rule that needs validation, then a commit
         // that needs none.
-        let (jump, jump_cpu) = timed(|| Ok(socket.apply(&probe(true), usize::MAX)?))?;
-        let (empty, empty_cpu) = timed(|| Ok(socket.apply(&probe(false), usize::MAX)?))?;
+        let (jump, jump_cpu) =
+            timed(|| Ok(socket.apply(&validation_probe(PROBE_CHAIN, true), usize::MAX)?))?;
+        let (empty, empty_cpu) =
+            timed(|| Ok(socket.apply(&validation_probe(PROBE_CHAIN, false), usize::MAX)?))?;
         println!(
             "round {round}: probe: one jump rule {jump:?} (on CPU {jump_cpu:?}), no rule {empty:?} (on CPU {empty_cpu:?})"
         );
