@@ -87,7 +87,7 @@ use kp_core::backend::SyncKind;
 use kp_core::model::{IpFamily, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
 
-pub use crate::iptables::{LocalDetector, NodePortAddresses, RenderConfig, RenderError};
+pub use crate::config::{LocalDetector, NodePortAddresses, RenderConfig, RenderError};
 pub use cmd::{Command, ElementKey, ElementValue, Name, NoSteps, StepSink, Transaction};
 pub use render::{StepRenderError, render, render_in_steps};
 

@@ -163,13 +163,28 @@ impl Element {
 
     /// The identity a set holds once: the same key in the same set is one kernel element
     /// whoever claims it (two services sharing an endpoint address share its `hairpin`
-    /// element). Data is not part of it.
-    pub fn key(&self) -> (String, String) {
-        let key = match self {
+    /// element). Data is not part of it: a slot's key has its endpoint cleared.
+    pub fn key(&self) -> Element {
+        match self {
+            Element::Slot {
+                slots, entry, slot, ..
+            } => Element::Slot {
+                slots: *slots,
+                entry: *entry,
+                slot: *slot,
+                addr: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                port: 0,
+            },
+            other => other.clone(),
+        }
+    }
+
+    /// The key as nft prints it in a `delete element` statement.
+    pub fn key_text(&self) -> String {
+        match self {
             Element::Slot { entry, slot, .. } => format!("{entry} . {slot}"),
             other => other.body().to_string(),
-        };
-        (self.set_name(), key)
+        }
     }
 }
 

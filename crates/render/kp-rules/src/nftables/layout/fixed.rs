@@ -430,7 +430,7 @@ pub fn change_script(config: &FixedConfig, changes: &Changes) -> Vec<String> {
         out: Vec::new(),
     };
     for element in &changes.delete {
-        let (set, key) = element.key();
+        let (set, key) = (element.set_name(), element.key_text());
         s.push("delete element", format_args!("{set} {{ {key} }}"));
     }
     for class in &changes.classes {

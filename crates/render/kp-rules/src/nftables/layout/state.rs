@@ -45,7 +45,7 @@ struct Claimed {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LayoutState {
     ports: BTreeMap<ServicePortName, Vec<Element>>,
-    elements: HashMap<(String, String), Claimed>,
+    elements: HashMap<Element, Claimed>,
     classes: BTreeSet<Class>,
 }
 
@@ -140,9 +140,9 @@ impl LayoutState {
     /// The transaction that makes each of `updates` (a port and its new elements; empty
     /// when the port is gone) what the kernel holds.
     pub fn changes(&self, updates: Vec<(ServicePortName, Vec<Element>)>) -> Changes {
-        let mut delta: HashMap<(String, String), i64> = HashMap::new();
-        let mut removed: HashMap<(String, String), Vec<Element>> = HashMap::new();
-        let mut added: HashMap<(String, String), Element> = HashMap::new();
+        let mut delta: HashMap<Element, i64> = HashMap::new();
+        let mut removed: HashMap<Element, Vec<Element>> = HashMap::new();
+        let mut added: HashMap<Element, Element> = HashMap::new();
         for (name, new) in &updates {
             let old: BTreeSet<&Element> = self.port(name).iter().collect();
             let new: BTreeSet<&Element> = new.iter().collect();

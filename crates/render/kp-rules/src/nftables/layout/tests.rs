@@ -280,9 +280,9 @@ fn a_new_endpoint_count_brings_its_set_and_rules_once() {
             "add rule ip kube-proxy pick ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints",
             "add set ip kube-proxy nodeport-slots-3 { type inet_proto . inet_service ; }",
             "add rule ip kube-proxy pick fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints",
+            "add element ip kube-proxy slots-3 { 10.96.0.1 . tcp . 80 }",
             "add element ip kube-proxy endpoints { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
             "add element ip kube-proxy hairpin { 10.244.0.3 . 10.244.0.3 }",
-            "add element ip kube-proxy slots-3 { 10.96.0.1 . tcp . 80 }",
         ]
     );
     // Back to two: elements only, the class of three stays for the next full sync.
