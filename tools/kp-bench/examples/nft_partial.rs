@@ -18,92 +18,18 @@
 //! stderr.
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use kp_bench::generate::{Edit, Scale, edited_file, generate};
+use kp_bench::probe::{median, nft_apply, timed, validation_probe};
 use kp_bench::state::Loaded;
 use kp_core::backend::SyncKind;
 use kp_core::model::IpFamily;
-use kp_rules::nftables::cmd::{Name, Rule, Verdict};
-use kp_rules::nftables::{Command, NftScope, NftState, RenderConfig, Transaction, render};
+use kp_rules::nftables::{NftScope, NftState, RenderConfig, render};
 
-/// The probe chain of [`probe`]: not reachable from any base chain.
+/// The probe chain of [`validation_probe`]: not reachable from any base chain.
 const PROBE_CHAIN: &str = "floor-probe";
-
-/// The smallest transactions that do and do not make the kernel validate the table:
-/// (re)write `floor-probe` with one `jump mark-for-masquerade` rule (any rule with a verdict,
-/// `dnat`, `mark set` or verdict-map lookup marks the table for validation), or only add
-/// and flush the chain (no rule: no validation). Both leave the table as they found it
-/// after the first round.
-fn probe(with_rule: bool) -> Transaction {
-    let chain = Name::from(PROBE_CHAIN);
-    let mut commands = vec![
-        Command::AddChain {
-            chain: chain.clone(),
-            hook: None,
-            comment: None,
-        },
-        Command::FlushChain(chain.clone()),
-    ];
-    if with_rule {
-        commands.push(Command::AddRule {
-            chain,
-            rule: Rule::verdict(Vec::new(), Verdict::Jump("mark-for-masquerade".into())),
-        });
-    }
-    Transaction::new(IpFamily::V4, commands)
-}
-
-/// Time this thread has spent on a CPU (user and kernel: the kernel runs a netlink batch in
-/// the sender's context), from `/proc/thread-self/schedstat`; less sensitive to other load
-/// than wall time.
-fn on_cpu() -> anyhow::Result<Duration> {
-    let text = std::fs::read_to_string("/proc/thread-self/schedstat")?;
-    let nanos: u64 = text
-        .split_whitespace()
-        .next()
-        .context("empty schedstat")?
-        .parse()?;
-    Ok(Duration::from_nanos(nanos))
-}
-
-/// Run `f`, returning its wall and on-CPU time.
-fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<(Duration, Duration)> {
-    let (wall, cpu) = (Instant::now(), on_cpu()?);
-    f()?;
-    Ok((wall.elapsed(), on_cpu()?.saturating_sub(cpu)))
-}
-
-/// The median of `times` (sorted in place).
-fn median(times: &mut [Duration]) -> Duration {
-    times.sort();
-    times
-        .get(times.len() / 2)
-        .copied()
-        .unwrap_or(Duration::ZERO)
-}
-
-/// Apply `script` with `nft -f -`.
-fn nft_apply(script: &str) -> anyhow::Result<()> {
-    let mut child = std::process::Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .context("running nft")?;
-    child
-        .stdin
-        .take()
-        .context("nft stdin")?
-        .write_all(script.as_bytes())?;
-    let status = child.wait()?;
-    if !status.success() {
-        bail!("nft -f - failed: {status}");
-    }
-    Ok(())
-}
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -197,8 +123,10 @@ fn main() -> anyhow::Result<()> {
         installed = partial.state_after(&installed);
         // The floor, under the same load: one rule that needs validation, then a commit
         // that needs none.
-        let (jump, jump_cpu) = timed(|| Ok(socket.apply(&probe(true), usize::MAX)?))?;
-        let (empty, empty_cpu) = timed(|| Ok(socket.apply(&probe(false), usize::MAX)?))?;
+        let (jump, jump_cpu) =
+            timed(|| Ok(socket.apply(&validation_probe(PROBE_CHAIN, true), usize::MAX)?))?;
+        let (empty, empty_cpu) =
+            timed(|| Ok(socket.apply(&validation_probe(PROBE_CHAIN, false), usize::MAX)?))?;
         println!(
             "round {round}: probe: one jump rule {jump:?} (on CPU {jump_cpu:?}), no rule {empty:?} (on CPU {empty_cpu:?})"
         );

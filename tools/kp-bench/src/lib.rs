@@ -21,6 +21,7 @@ pub mod connect;
 pub mod generate;
 pub mod logs;
 pub mod points;
+pub mod probe;
 pub mod report;
 pub mod soak;
 pub mod split;

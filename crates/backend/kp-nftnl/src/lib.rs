@@ -26,6 +26,7 @@
 
 pub mod codec;
 pub mod expr;
+pub mod layout;
 pub mod lower;
 pub mod monitor;
 pub mod socket;

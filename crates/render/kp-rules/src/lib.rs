@@ -5,6 +5,8 @@
 //! Keeping rendering pure makes every layout testable with snapshots and lets the same rules
 //! be applied by the real tools in a throwaway namespace.
 //!
+//! - [`config`]: the render configuration every mode reads (mark, local detector, NodePort
+//!   addresses, node IPs).
 //! - [`iptables`]: upstream kube-proxy's iptables-mode layout (`KUBE-SERVICES`,
 //!   `KUBE-SVC-*`, `KUBE-SEP-*`, ...) as typed rules ([`iptables::rule`]) sent to a sink; their
 //!   `Display` is the `iptables-restore --noflush` text.
@@ -19,6 +21,7 @@
 //! - [`explain`]: the same decisions as a readable answer for `kube-proxy explain`, and the
 //!   rule comparison behind `--verify`.
 
+pub mod config;
 pub mod explain;
 mod family;
 pub mod iptables;

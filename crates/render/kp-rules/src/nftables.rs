@@ -74,6 +74,7 @@
 //! maps, sets and their names are upstream's.
 
 pub mod cmd;
+pub mod layout;
 pub mod names;
 mod render;
 #[cfg(test)]
@@ -86,7 +87,7 @@ use kp_core::backend::SyncKind;
 use kp_core::model::{IpFamily, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
 
-pub use crate::iptables::{LocalDetector, NodePortAddresses, RenderConfig, RenderError};
+pub use crate::config::{LocalDetector, NodePortAddresses, RenderConfig, RenderError};
 pub use cmd::{Command, ElementKey, ElementValue, Name, NoSteps, StepSink, Transaction};
 pub use render::{StepRenderError, render, render_in_steps};
 

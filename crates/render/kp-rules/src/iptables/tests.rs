@@ -1,5 +1,7 @@
 //! Unit tests of the renderer's building blocks.
 
+use kp_core::model::IpFamily;
+
 use super::*;
 
 #[test]

@@ -1,0 +1,216 @@
+//! The elements of the verdict-free layout: which set or map, which key, which data.
+//!
+//! Every per-service and per-endpoint fact of the layout is one [`Element`]; none carries a
+//! verdict, so adding or deleting one never makes the kernel validate the table. The
+//! `Display` of an element is its `nft` text (`add element` statement body), which is also
+//! what `explain` names.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_core::model::Protocol;
+
+/// Where a packet enters a service port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Entry {
+    /// `daddr . l4proto . dport`: a ClusterIP, externalIP or LoadBalancer IP.
+    Ip {
+        /// The destination address.
+        addr: IpAddr,
+        /// The protocol.
+        proto: Protocol,
+        /// The service port.
+        port: u16,
+    },
+    /// `l4proto . dport` on a local address: a NodePort.
+    NodePort {
+        /// The protocol.
+        proto: Protocol,
+        /// The NodePort.
+        port: u16,
+    },
+}
+
+impl Entry {
+    /// Whether this is a NodePort entry (its sets are the `nodeport-` ones).
+    pub fn is_node_port(&self) -> bool {
+        matches!(self, Entry::NodePort { .. })
+    }
+}
+
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Entry::Ip { addr, proto, port } => write!(f, "{addr} . {} . {port}", proto.as_str()),
+            Entry::NodePort { proto, port } => write!(f, "{} . {port}", proto.as_str()),
+        }
+    }
+}
+
+/// Which endpoint list an entry's slots hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Slots {
+    /// The list the entry's traffic policy picks.
+    Policy,
+    /// externalTrafficPolicy Local: the Cluster list, for traffic from this node and its
+    /// pods (upstream's short-circuit).
+    ShortCircuit,
+}
+
+/// Decisions that are set memberships of an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EntrySet {
+    /// The entry has exactly `N` endpoints in the list `Slots`: `slots-N` and kin.
+    Count(Slots, u32),
+    /// Always masqueraded (externalTrafficPolicy Cluster, or `masqueradeAll`).
+    MasqueradeAll,
+    /// Masqueraded unless it comes from a local pod (a ClusterIP with a detector).
+    MasqueradeNotLocal,
+    /// Masqueraded when it comes from this node (externalTrafficPolicy Local, short-circuit).
+    ShortCircuit,
+    /// No usable endpoint anywhere: reject.
+    Reject,
+    /// No endpoint in the policy's (Local) list: drop.
+    Drop,
+    /// LoadBalancer entry under `loadBalancerSourceRanges`.
+    Firewall,
+    /// ClientIP affinity with this timeout in seconds: record the endpoint chosen.
+    Affinity(u64),
+}
+
+/// One element of the layout.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Element {
+    /// `ENTRY` in an [`EntrySet`].
+    Entry(EntrySet, Entry),
+    /// `ENTRY . SLOT : ADDR . PORT` in an endpoints map.
+    Slot {
+        /// Which list.
+        slots: Slots,
+        /// The entry.
+        entry: Entry,
+        /// `0 ≤ slot < N`.
+        slot: u32,
+        /// The endpoint's address.
+        addr: IpAddr,
+        /// The endpoint's port.
+        port: u16,
+    },
+    /// `ENTRY . RANGE` in `firewall-allow`.
+    Allow(Entry, IpNet),
+    /// `ADDR . ADDR` in `hairpin`: an endpoint address, for a pod reaching itself.
+    Hairpin(IpAddr),
+    /// `ADDR` in `cluster-ips`: an active ClusterIP (unknown ports are rejected).
+    ClusterIp(IpAddr),
+}
+
+/// The name of the set or map holding elements of `set` for `entry`'s kind.
+pub fn entry_set_name(set: EntrySet, node_port: bool) -> String {
+    let base = match set {
+        EntrySet::Count(Slots::Policy, n) => format!("slots-{n}"),
+        EntrySet::Count(Slots::ShortCircuit, n) => format!("short-circuit-slots-{n}"),
+        EntrySet::MasqueradeAll => "masquerade-all".to_owned(),
+        EntrySet::MasqueradeNotLocal => "masquerade-not-local".to_owned(),
+        EntrySet::ShortCircuit => "short-circuit".to_owned(),
+        EntrySet::Reject => "reject-services".to_owned(),
+        EntrySet::Drop => "drop-services".to_owned(),
+        EntrySet::Firewall => "firewall-ips".to_owned(),
+        EntrySet::Affinity(seconds) => format!("affinity-services-{seconds}"),
+    };
+    if node_port {
+        format!("nodeport-{base}")
+    } else {
+        base
+    }
+}
+
+/// The name of the endpoints map of `slots` for an entry of that kind.
+pub fn slot_map_name(slots: Slots, node_port: bool) -> &'static str {
+    match (slots, node_port) {
+        (Slots::Policy, false) => "endpoints",
+        (Slots::Policy, true) => "nodeport-endpoints",
+        (Slots::ShortCircuit, false) => "short-circuit-endpoints",
+        (Slots::ShortCircuit, true) => "nodeport-short-circuit-endpoints",
+    }
+}
+
+/// Name of the `firewall-allow` set.
+pub const FIREWALL_ALLOW: &str = "firewall-allow";
+/// Name of the `hairpin` set.
+pub const HAIRPIN: &str = "hairpin";
+/// Name of the `cluster-ips` set.
+pub const CLUSTER_IPS: &str = "cluster-ips";
+
+impl Element {
+    /// The set or map the element belongs to.
+    pub fn set_name(&self) -> String {
+        match self {
+            Element::Entry(set, entry) => entry_set_name(*set, entry.is_node_port()),
+            Element::Slot { slots, entry, .. } => {
+                slot_map_name(*slots, entry.is_node_port()).to_owned()
+            }
+            Element::Allow(..) => FIREWALL_ALLOW.to_owned(),
+            Element::Hairpin(_) => HAIRPIN.to_owned(),
+            Element::ClusterIp(_) => CLUSTER_IPS.to_owned(),
+        }
+    }
+
+    /// The element's key and data, as nft prints them (`KEY` or `KEY : DATA`).
+    pub fn body(&self) -> ElementBody<'_> {
+        ElementBody(self)
+    }
+
+    /// The identity a set holds once: the same key in the same set is one kernel element
+    /// whoever claims it (two services sharing an endpoint address share its `hairpin`
+    /// element). Data is not part of it: a slot's key has its endpoint cleared.
+    pub fn key(&self) -> Element {
+        match self {
+            Element::Slot {
+                slots, entry, slot, ..
+            } => Element::Slot {
+                slots: *slots,
+                entry: *entry,
+                slot: *slot,
+                addr: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                port: 0,
+            },
+            other => other.clone(),
+        }
+    }
+
+    /// The key as nft prints it in a `delete element` statement.
+    pub fn key_text(&self) -> String {
+        match self {
+            Element::Slot { entry, slot, .. } => format!("{entry} . {slot}"),
+            other => other.body().to_string(),
+        }
+    }
+}
+
+/// [`Element::body`].
+pub struct ElementBody<'a>(&'a Element);
+
+impl fmt::Display for ElementBody<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Element::Entry(_, entry) => write!(f, "{entry}"),
+            Element::Slot {
+                entry,
+                slot,
+                addr,
+                port,
+                ..
+            } => write!(f, "{entry} . {slot} : {addr} . {port}"),
+            Element::Allow(entry, net) => write!(f, "{entry} . {net}"),
+            Element::Hairpin(addr) => write!(f, "{addr} . {addr}"),
+            Element::ClusterIp(addr) => write!(f, "{addr}"),
+        }
+    }
+}
+
+impl fmt::Display for Element {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {{ {} }}", self.set_name(), self.body())
+    }
+}

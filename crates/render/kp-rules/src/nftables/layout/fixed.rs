@@ -1,0 +1,443 @@
+//! The layout's fixed part as `nft -f` statements: tables, chains, sets, maps and the rules
+//! that read them, written once (plus one set and rule group per [`Class`] in use), and the
+//! element statements of a [`Changes`].
+//!
+//! Every rule that carries a verdict, `dnat`, `mark set` or `masquerade` is here, so only
+//! a transaction that writes this part (a full sync, or the first use of a slot count or
+//! affinity timeout) makes the kernel validate the table, and then the table is these few
+//! chains.
+
+use kp_core::model::IpFamily;
+use std::fmt::Write as _;
+
+use super::element::{Slots, entry_set_name, slot_map_name};
+use super::state::{Changes, Class};
+use crate::config::{LocalDetector, NodePortAddresses};
+use crate::nftables::TABLE;
+
+/// The dispatch chain `nat-prerouting` and `nat-output` jump to.
+pub const DISPATCH: &str = "dispatch";
+/// The reject/drop chain of the filter base chains.
+pub const ENTRY_FILTER: &str = "entry-filter";
+/// The `loadBalancerSourceRanges` chain of the pre-DNAT filter chains.
+pub const FIREWALL: &str = "firewall";
+/// The chains `dispatch` jumps to in this order, one rule per class each: recorded
+/// affinity first, then the short-circuit of externalTrafficPolicy Local, then the policy's
+/// slots. Rules of a new class are appended to their chain, so the order between kinds
+/// holds whatever order classes appear in.
+pub const AFFINITY: &str = "affinity";
+/// See [`AFFINITY`].
+pub const SHORT_CIRCUIT: &str = "short-circuit-pick";
+/// See [`AFFINITY`].
+pub const PICK: &str = "pick";
+/// Clients an affinity map holds at most (nft's default, 65535, would silently stop
+/// recording on a busy service).
+const AFFINITY_SIZE: u32 = 1 << 20;
+/// `nat-postrouting` jumps here before masquerading: one rule per affinity timeout and
+/// protocol records the endpoint a new connection got.
+pub const AFFINITY_RECORD: &str = "affinity-record";
+
+/// What the fixed rules depend on besides the classes in use.
+#[derive(Clone, Debug)]
+pub struct FixedConfig {
+    /// The family of the table.
+    pub family: IpFamily,
+    /// The masquerade mark (one bit).
+    pub mark: u32,
+    /// `masquerade fully-random`.
+    pub random_fully: bool,
+    /// How traffic from local pods is recognised.
+    pub detector: LocalDetector,
+    /// Where NodePorts are accepted.
+    pub node_port_addresses: NodePortAddresses,
+}
+
+impl FixedConfig {
+    fn ip(&self) -> &'static str {
+        match self.family {
+            IpFamily::V4 => "ip",
+            IpFamily::V6 => "ip6",
+        }
+    }
+
+    fn addr_type(&self) -> &'static str {
+        match self.family {
+            IpFamily::V4 => "ipv4_addr",
+            IpFamily::V6 => "ipv6_addr",
+        }
+    }
+
+    /// `ip saddr 10.0.0.0/8`, `iifname "cbr0"`, ... (negated with `not`), when this family
+    /// has a detector.
+    fn local_pod_match(&self, not: bool) -> Option<String> {
+        let op = if not { "!= " } else { "" };
+        match &self.detector {
+            LocalDetector::None => None,
+            LocalDetector::Cidrs(cidrs) => cidrs
+                .iter()
+                .find(|c| IpFamily::of_net(c) == self.family)
+                .map(|c| format!("{} saddr {op}{}", self.ip(), c.trunc())),
+            LocalDetector::BridgeInterface(name) => Some(format!("iifname {op}\"{name}\"")),
+            LocalDetector::InterfaceNamePrefix(p) => Some(format!("iifname {op}\"{p}*\"")),
+        }
+    }
+
+    /// The addresses NodePorts are restricted to in this family (`None`: every local one).
+    fn node_port_ips(&self) -> Option<Vec<std::net::IpAddr>> {
+        match self.node_port_addresses.for_family(self.family) {
+            NodePortAddresses::All => None,
+            NodePortAddresses::Ips(ips) => Some(ips),
+        }
+    }
+
+    /// The match of a destination that accepts NodePorts.
+    fn node_port_destination(&self) -> String {
+        if self.node_port_ips().is_some() {
+            format!("{} daddr @nodeport-ips", self.ip())
+        } else {
+            let loopback = match self.family {
+                IpFamily::V4 => "127.0.0.0/8",
+                IpFamily::V6 => "::1",
+            };
+            format!("fib daddr type local {} daddr != {loopback}", self.ip())
+        }
+    }
+}
+
+/// Statements building on `table`.
+struct Script<'c> {
+    config: &'c FixedConfig,
+    out: Vec<String>,
+}
+
+impl Script<'_> {
+    fn table(&self) -> String {
+        format!("{} {TABLE}", self.config.ip())
+    }
+
+    fn push(&mut self, verb: &str, rest: std::fmt::Arguments<'_>) {
+        let mut line = format!("{verb} {} ", self.table());
+        let _ = line.write_fmt(rest);
+        self.out.push(line);
+    }
+
+    fn rule(&mut self, chain: &str, rule: impl AsRef<str>) {
+        self.push("add rule", format_args!("{chain} {}", rule.as_ref()));
+    }
+}
+
+/// What a rule for an entry kind starts with: the NodePort destination match, or nothing.
+fn entry_prefix(nodeport_dst: &str, node_port: bool) -> String {
+    if node_port {
+        format!("{nodeport_dst} ")
+    } else {
+        String::new()
+    }
+}
+
+/// `ip daddr . meta l4proto . th dport` (or the NodePort key) of an entry kind.
+fn entry_key(ip: &str, node_port: bool) -> String {
+    if node_port {
+        "meta l4proto . th dport".to_owned()
+    } else {
+        format!("{ip} daddr . meta l4proto . th dport")
+    }
+}
+
+/// The fixed part with the sets and rules of `classes`.
+pub fn fixed_part(
+    config: &FixedConfig,
+    classes: &std::collections::BTreeSet<Class>,
+) -> Vec<String> {
+    let mut s = Script {
+        config,
+        out: Vec::new(),
+    };
+    s.push(
+        "add table",
+        format_args!("{{ comment \"rules for kube-proxy\" ; }}"),
+    );
+    declare_sets(&mut s);
+    declare_chains(&mut s);
+    let mark = config.mark;
+    s.rule("mark-for-masquerade", format!("mark set mark or {mark:#x}"));
+    let fully = if config.random_fully {
+        " fully-random"
+    } else {
+        ""
+    };
+    s.rule("masquerading", format!("mark and {mark:#x} == 0 return"));
+    s.rule("masquerading", format!("mark set mark xor {mark:#x}"));
+    s.rule("masquerading", format!("masquerade{fully}"));
+    for base in ["nat-prerouting", "nat-output"] {
+        s.rule(base, format!("jump {DISPATCH}"));
+    }
+    masquerade_rules(&mut s);
+    for chain in [AFFINITY, SHORT_CIRCUIT, PICK] {
+        s.rule(DISPATCH, format!("jump {chain}"));
+    }
+    for class in classes {
+        s.out.extend(class_part(config, *class));
+    }
+    s.rule("nat-postrouting", format!("jump {AFFINITY_RECORD}"));
+    s.rule(
+        "nat-postrouting",
+        format!(
+            "ct status dnat {ip} saddr . {ip} daddr @hairpin jump mark-for-masquerade",
+            ip = config.ip()
+        ),
+    );
+    s.rule("nat-postrouting", "jump masquerading");
+    filter_rules(&mut s);
+    s.out
+}
+
+/// Sets and maps that do not depend on a class.
+fn declare_sets(s: &mut Script<'_>) {
+    let (ip, addr) = (s.config.ip(), s.config.addr_type());
+    let entry = format!("{addr} . inet_proto . inet_service");
+    for node_port in [false, true] {
+        let key = entry_key(ip, node_port);
+        for slots in [Slots::Policy, Slots::ShortCircuit] {
+            let map = slot_map_name(slots, node_port);
+            s.push(
+                "add map",
+                format_args!(
+                    "{map} {{ typeof {key} . numgen random mod 1 : {ip} daddr . th dport ; }}"
+                ),
+            );
+        }
+        let ty = if node_port {
+            "inet_proto . inet_service"
+        } else {
+            entry.as_str()
+        };
+        for set in [
+            super::element::EntrySet::MasqueradeAll,
+            super::element::EntrySet::MasqueradeNotLocal,
+            super::element::EntrySet::ShortCircuit,
+            super::element::EntrySet::Reject,
+            super::element::EntrySet::Drop,
+        ] {
+            let name = entry_set_name(set, node_port);
+            s.push("add set", format_args!("{name} {{ type {ty} ; }}"));
+        }
+    }
+    s.push("add set", format_args!("firewall-ips {{ type {entry} ; }}"));
+    s.push(
+        "add set",
+        format_args!("firewall-allow {{ type {entry} . {addr} ; flags interval ; }}"),
+    );
+    s.push(
+        "add set",
+        format_args!("hairpin {{ type {addr} . {addr} ; }}"),
+    );
+    s.push("add set", format_args!("cluster-ips {{ type {addr} ; }}"));
+    s.push("add set", format_args!("nodeport-ips {{ type {addr} ; }}"));
+    s.push("flush set", format_args!("nodeport-ips"));
+    for ip in s.config.node_port_ips().unwrap_or_default() {
+        s.push("add element", format_args!("nodeport-ips {{ {ip} }}"));
+    }
+}
+
+/// Base and regular chains (base chains and priorities as in nftables-integration.md).
+fn declare_chains(s: &mut Script<'_>) {
+    for (chain, kind, hook, priority) in [
+        ("filter-prerouting-pre-dnat", "filter", "prerouting", -110),
+        ("filter-output-pre-dnat", "filter", "output", -110),
+        ("filter-forward", "filter", "forward", 0),
+        ("filter-input", "filter", "input", 0),
+        ("filter-output", "filter", "output", 0),
+        ("nat-prerouting", "nat", "prerouting", -100),
+        ("nat-output", "nat", "output", -100),
+        ("nat-postrouting", "nat", "postrouting", 100),
+    ] {
+        s.push(
+            "add chain",
+            format_args!("{chain} {{ type {kind} hook {hook} priority {priority} ; }}"),
+        );
+        s.push("flush chain", format_args!("{chain}"));
+    }
+    for chain in [
+        DISPATCH,
+        AFFINITY,
+        SHORT_CIRCUIT,
+        PICK,
+        AFFINITY_RECORD,
+        ENTRY_FILTER,
+        FIREWALL,
+        "mark-for-masquerade",
+        "masquerading",
+    ] {
+        s.push("add chain", format_args!("{chain}"));
+        s.push("flush chain", format_args!("{chain}"));
+    }
+}
+
+/// The masquerade decisions of `dispatch`, before any `dnat`.
+fn masquerade_rules(s: &mut Script<'_>) {
+    let ip = s.config.ip();
+    let not_local = s.config.local_pod_match(true);
+    let nodeport_dst = s.config.node_port_destination();
+    for node_port in [false, true] {
+        let key = entry_key(ip, node_port);
+        let dst = entry_prefix(&nodeport_dst, node_port);
+        let set = |set| entry_set_name(set, node_port);
+        use super::element::EntrySet::{MasqueradeAll, MasqueradeNotLocal, ShortCircuit};
+        s.rule(
+            DISPATCH,
+            format!(
+                "{dst}{key} @{} jump mark-for-masquerade",
+                set(MasqueradeAll)
+            ),
+        );
+        if let Some(not_local) = &not_local {
+            s.rule(
+                DISPATCH,
+                format!(
+                    "{dst}{not_local} {key} @{} jump mark-for-masquerade",
+                    set(MasqueradeNotLocal)
+                ),
+            );
+        }
+        s.rule(
+            DISPATCH,
+            format!(
+                "{dst}fib saddr type local {key} @{} jump mark-for-masquerade",
+                set(ShortCircuit)
+            ),
+        );
+    }
+}
+
+/// The sets and `dispatch` rules of one class.
+pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
+    let mut s = Script {
+        config,
+        out: Vec::new(),
+    };
+    let (ip, addr) = (config.ip(), config.addr_type());
+    let nodeport_dst = config.node_port_destination();
+    for node_port in [false, true] {
+        let key = entry_key(ip, node_port);
+        let ty = if node_port {
+            "inet_proto . inet_service".to_owned()
+        } else {
+            format!("{addr} . inet_proto . inet_service")
+        };
+        let dst = entry_prefix(&nodeport_dst, node_port);
+        match class {
+            Class::Count(slots, n) => {
+                let set = entry_set_name(super::element::EntrySet::Count(slots, n), node_port);
+                let map = slot_map_name(slots, node_port);
+                s.push("add set", format_args!("{set} {{ type {ty} ; }}"));
+                let pick =
+                    format!("{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}");
+                match slots {
+                    Slots::Policy => s.rule(PICK, format!("{dst}{pick}")),
+                    Slots::ShortCircuit => {
+                        s.rule(SHORT_CIRCUIT, format!("{dst}fib saddr type local {pick}"));
+                        if let Some(local) = config.local_pod_match(false) {
+                            s.rule(SHORT_CIRCUIT, format!("{dst}{local} {pick}"));
+                        }
+                    }
+                }
+            }
+            Class::Affinity(seconds) => {
+                let set = entry_set_name(super::element::EntrySet::Affinity(seconds), node_port);
+                s.push("add set", format_args!("{set} {{ type {ty} ; }}"));
+                if !node_port {
+                    s.push(
+                        "add map",
+                        format_args!(
+                            "affinity-{seconds} {{ typeof {ip} saddr . {ip} daddr . meta l4proto . th dport : {ip} daddr . th dport ; flags dynamic,timeout ; timeout {seconds}s ; size {AFFINITY_SIZE} ; }}"
+                        ),
+                    );
+                }
+                s.rule(
+                    AFFINITY,
+                    format!(
+                        "{dst}{key} @{set} dnat {ip} to {ip} saddr . {ip} daddr . meta l4proto . th dport map @affinity-{seconds}"
+                    ),
+                );
+                record_affinity(&mut s, seconds, node_port);
+            }
+        }
+    }
+    s.out
+}
+
+/// The rules recording, after DNAT, the endpoint a new connection to an entry with affinity
+/// got: one per protocol, since nft types `ct original proto-dst` only under a protocol
+/// match. NodePort entries record under the original (local) destination address, the key
+/// their lookup builds.
+fn record_affinity(s: &mut Script<'_>, seconds: u64, node_port: bool) {
+    let ip = s.config.ip();
+    let original = if node_port {
+        "meta l4proto . ct original proto-dst".to_owned()
+    } else {
+        format!("ct original {ip} daddr . meta l4proto . ct original proto-dst")
+    };
+    let set = entry_set_name(super::element::EntrySet::Affinity(seconds), node_port);
+    let key = format!("{ip} saddr . ct original {ip} daddr . meta l4proto . ct original proto-dst");
+    for proto in ["tcp", "udp", "sctp"] {
+        s.rule(
+            AFFINITY_RECORD,
+            format!(
+                "meta l4proto {proto} ct status dnat {original} @{set} update @affinity-{seconds} {{ {key} : {ip} daddr . th dport }}"
+            ),
+        );
+    }
+}
+
+/// Filter chains: source ranges before DNAT, no-endpoint verdicts and unknown ClusterIP
+/// ports after it (DNATed connections no longer match an entry).
+fn filter_rules(s: &mut Script<'_>) {
+    let ip = s.config.ip();
+    let key = entry_key(ip, false);
+    for base in ["filter-prerouting-pre-dnat", "filter-output-pre-dnat"] {
+        s.rule(base, format!("ct state new jump {FIREWALL}"));
+    }
+    s.rule(
+        FIREWALL,
+        format!("{key} @firewall-ips {key} . {ip} saddr != @firewall-allow drop"),
+    );
+    for base in ["filter-forward", "filter-input", "filter-output"] {
+        s.rule(base, format!("ct state new jump {ENTRY_FILTER}"));
+    }
+    let nodeport_dst = s.config.node_port_destination();
+    use super::element::EntrySet::{Drop, Reject};
+    for node_port in [false, true] {
+        let key = entry_key(ip, node_port);
+        let dst = entry_prefix(&nodeport_dst, node_port);
+        s.rule(
+            ENTRY_FILTER,
+            format!("{dst}{key} @{} reject", entry_set_name(Reject, node_port)),
+        );
+        s.rule(
+            ENTRY_FILTER,
+            format!("{dst}{key} @{} drop", entry_set_name(Drop, node_port)),
+        );
+    }
+    s.rule(ENTRY_FILTER, format!("{ip} daddr @cluster-ips reject"));
+}
+
+/// The element statements of `changes` (deletions, the new classes' sets and rules, then
+/// additions), on `config`'s table.
+pub fn change_script(config: &FixedConfig, changes: &Changes) -> Vec<String> {
+    let mut s = Script {
+        config,
+        out: Vec::new(),
+    };
+    for element in &changes.delete {
+        let (set, key) = (element.set_name(), element.key_text());
+        s.push("delete element", format_args!("{set} {{ {key} }}"));
+    }
+    for class in &changes.classes {
+        s.out.extend(class_part(config, *class));
+    }
+    for element in &changes.add {
+        s.push("add element", format_args!("{element}"));
+    }
+    s.out
+}

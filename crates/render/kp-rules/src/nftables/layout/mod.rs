@@ -1,0 +1,124 @@
+//! The verdict-free nftables layout (issue 24; design in `docs/nftables-layout.md`):
+//! every per-service and per-endpoint fact is an element of a set or data map without
+//! verdicts, behind a fixed set of chains and rules, so a Service or EndpointSlice change
+//! is a transaction of element updates that the kernel neither validates nor walks the
+//! table for.
+//!
+//! **Not wired yet**: the backend still applies [`render`](super::render)'s chain-per-service
+//! layout. This module is the pure half of the new one, split by phase:
+//!
+//! - [`element`]: the elements and the names of the sets holding them;
+//! - [`service`]: one service port's elements, read from the shared
+//!   [`ServicePlan`](crate::plan::ServicePlan) (the decisions are the plan's);
+//! - [`state`]: what is installed (claims per element) and the element transaction of a
+//!   full or partial sync, computed from the changed ports only;
+//! - [`fixed`]: the fixed chains and rules, one set and rule group per slot count or
+//!   affinity timeout in use, and the `nft -f` text of a transaction.
+
+pub mod element;
+pub mod fixed;
+pub mod service;
+pub mod state;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use kp_core::model::{IpFamily, ServiceName, ServicePortName};
+use kp_core::tracker::ProxyState;
+
+pub use element::{Element, Entry, EntrySet, Slots};
+pub use fixed::{FixedConfig, change_script, fixed_part};
+pub use state::{Changes, Class, LayoutState};
+
+use crate::config::RenderConfig;
+use crate::family::{family_endpoints, for_family};
+use crate::plan::{Masquerading, ServicePlan};
+
+/// What every service port's elements depend on besides the port itself.
+#[derive(Clone, Debug)]
+pub struct Context {
+    /// The family of the table.
+    pub family: IpFamily,
+    /// The masquerade settings of the shared plan.
+    pub masquerading: Masquerading,
+    /// This node's IPs of `family` (for the source-range allowance of its own traffic).
+    pub node_ips: Vec<IpAddr>,
+}
+
+impl Context {
+    /// The context of `family` under `config`.
+    pub fn new(config: &RenderConfig, state: &ProxyState, family: IpFamily) -> Self {
+        let detector = matches!(
+            crate::config::Detector::new(&config.local_detector, family),
+            Ok(Some(_))
+        );
+        Self {
+            family,
+            masquerading: Masquerading {
+                all: config.masquerade_all,
+                detector,
+            },
+            node_ips: crate::config::node_ip(&config.node_ips, &state.node, family)
+                .into_iter()
+                .collect(),
+        }
+    }
+}
+
+/// The elements of `name` in `state` (empty when the port is gone or has no ClusterIP of
+/// the context's family).
+pub fn port_elements(state: &ProxyState, ctx: &Context, name: &ServicePortName) -> Vec<Element> {
+    let family = ctx.family;
+    let Some((cluster_ip, svc)) = state.services.get(name).and_then(|s| for_family(s, family))
+    else {
+        return Vec::new();
+    };
+    let all = state.endpoints.get(name).map_or(&[][..], Vec::as_slice);
+    let endpoints = family_endpoints(all, family);
+    let plan = ServicePlan::new(&svc, &endpoints, &state.node, ctx.masquerading);
+    service::service_elements(&svc, cluster_ip, &plan, &ctx.node_ips)
+}
+
+/// Every port's elements: a full sync's updates (ports installed but gone get none).
+pub fn full_updates(
+    state: &ProxyState,
+    ctx: &Context,
+    installed: &LayoutState,
+) -> Vec<(ServicePortName, Vec<Element>)> {
+    let mut updates: Vec<_> = state
+        .services
+        .keys()
+        .map(|name| (name.clone(), port_elements(state, ctx, name)))
+        .collect();
+    updates.extend(
+        installed
+            .port_names()
+            .filter(|name| !state.services.contains_key(*name))
+            .map(|name| (name.clone(), Vec::new())),
+    );
+    updates
+}
+
+/// The updates of a partial sync: every current and installed port of the `changed`
+/// services, and nothing else.
+pub fn partial_updates(
+    state: &ProxyState,
+    ctx: &Context,
+    installed: &LayoutState,
+    changed: &BTreeSet<ServiceName>,
+) -> Vec<(ServicePortName, Vec<Element>)> {
+    let mut names = BTreeSet::new();
+    for service in changed {
+        names.extend(state.service_ports(service).map(|(name, _)| name.clone()));
+        names.extend(installed.ports_of(service).cloned());
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let elements = port_elements(state, ctx, &name);
+            (name, elements)
+        })
+        .collect()
+}

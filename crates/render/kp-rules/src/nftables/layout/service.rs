@@ -1,0 +1,173 @@
+//! One service port's elements, read from the shared [`ServicePlan`]: the decisions are the
+//! plan's, this module only says which set each one is an element of.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kp_core::model::{Endpoint, ServicePort};
+
+use super::element::{Element, Entry, EntrySet, Slots};
+use crate::plan::{ExternalMasquerade, InternalMasquerade, NoEndpoints, ServicePlan};
+
+/// The elements of `svc` (one family's view, whose ClusterIP is `cluster_ip`) as `plan`
+/// decides, in a stable order.
+///
+/// `node_ips` are this node's IPs of the family: when a source range holds one, the node's
+/// own traffic to a local LoadBalancer IP (whose source is that IP) is allowed too.
+pub fn service_elements(
+    svc: &ServicePort,
+    cluster_ip: IpAddr,
+    plan: &ServicePlan<'_>,
+    node_ips: &[IpAddr],
+) -> Vec<Element> {
+    let mut out = BTreeSet::new();
+    out.insert(Element::ClusterIp(cluster_ip));
+    let clusterip = Entry::Ip {
+        addr: cluster_ip,
+        proto: svc.name.protocol,
+        port: svc.port,
+    };
+    internal(&mut out, clusterip, plan);
+    for entry in external_entries(svc) {
+        external(&mut out, entry, plan);
+    }
+    if plan.source_ranges {
+        firewall(&mut out, svc, node_ips);
+    }
+    out.into_iter().collect()
+}
+
+/// Every external entry of `svc`: externalIPs, LoadBalancer IPs, the NodePort.
+fn external_entries(svc: &ServicePort) -> Vec<Entry> {
+    let ip = |addr: &IpAddr| Entry::Ip {
+        addr: *addr,
+        proto: svc.name.protocol,
+        port: svc.port,
+    };
+    let mut entries: Vec<Entry> = svc.external_ips.iter().map(ip).collect();
+    entries.extend(svc.load_balancer_ips.iter().map(ip));
+    if let Some(port) = svc.node_port {
+        entries.push(Entry::NodePort {
+            proto: svc.name.protocol,
+            port,
+        });
+    }
+    entries
+}
+
+/// ClusterIP traffic: the internal policy's slots, or its filter.
+fn internal(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
+    if !plan.internal.has_endpoints {
+        filter(out, entry, plan.internal_filter);
+        return;
+    }
+    slots(out, entry, Slots::Policy, plan.list(plan.internal.list));
+    match plan.internal_masquerade {
+        InternalMasquerade::All => {
+            out.insert(Element::Entry(EntrySet::MasqueradeAll, entry));
+        }
+        InternalMasquerade::NotLocal => {
+            out.insert(Element::Entry(EntrySet::MasqueradeNotLocal, entry));
+        }
+        InternalMasquerade::None => {}
+    }
+    affinity(out, entry, plan);
+}
+
+/// External traffic (NodePort, externalIPs, LB IPs): the external policy's slots (or its
+/// filter) and, for externalTrafficPolicy Local, the short-circuit to the Cluster list.
+fn external(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
+    if !plan.uses_external_chain {
+        filter(out, entry, plan.external_filter);
+        return;
+    }
+    match plan.external_masquerade {
+        ExternalMasquerade::Always => {
+            out.insert(Element::Entry(EntrySet::MasqueradeAll, entry));
+        }
+        ExternalMasquerade::ShortCircuit { .. } => {
+            out.insert(Element::Entry(EntrySet::ShortCircuit, entry));
+            slots(out, entry, Slots::ShortCircuit, &plan.endpoints.cluster);
+        }
+        ExternalMasquerade::Never => {}
+    }
+    if plan.external.has_endpoints {
+        slots(out, entry, Slots::Policy, plan.list(plan.external.list));
+    } else {
+        // Only traffic not short-circuited (so not DNATed) reaches the filter.
+        filter(out, entry, plan.external_filter);
+    }
+    affinity(out, entry, plan);
+}
+
+/// The filter decision for an entry without endpoints in its list.
+fn filter(out: &mut BTreeSet<Element>, entry: Entry, verdict: Option<NoEndpoints>) {
+    let set = match verdict {
+        Some(NoEndpoints::Reject) => EntrySet::Reject,
+        Some(NoEndpoints::Drop) => EntrySet::Drop,
+        None => return,
+    };
+    out.insert(Element::Entry(set, entry));
+}
+
+/// The class set and one slot element per endpoint (each `addr:port` once, in the list's
+/// order), and the endpoints' hairpin elements.
+fn slots(out: &mut BTreeSet<Element>, entry: Entry, slots: Slots, list: &[&Endpoint]) {
+    let mut seen = BTreeSet::new();
+    let unique: Vec<&Endpoint> = list
+        .iter()
+        .copied()
+        .filter(|ep| seen.insert((ep.ip, ep.port)))
+        .collect();
+    let Ok(count) = u32::try_from(unique.len()) else {
+        return;
+    };
+    if count == 0 {
+        return;
+    }
+    out.insert(Element::Entry(EntrySet::Count(slots, count), entry));
+    for (slot, ep) in (0..count).zip(unique) {
+        out.insert(Element::Slot {
+            slots,
+            entry,
+            slot,
+            addr: ep.ip,
+            port: ep.port,
+        });
+        out.insert(Element::Hairpin(ep.ip));
+    }
+}
+
+/// ClientIP affinity: record the chosen endpoint for this entry.
+fn affinity(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
+    if let Some(seconds) = plan.affinity_seconds {
+        out.insert(Element::Entry(EntrySet::Affinity(seconds), entry));
+    }
+}
+
+/// `loadBalancerSourceRanges`: each LB entry with each allowed range.
+fn firewall(out: &mut BTreeSet<Element>, svc: &ServicePort, node_ips: &[IpAddr]) {
+    let mut allowed: Vec<IpNet> = svc
+        .load_balancer_source_ranges
+        .iter()
+        .map(IpNet::trunc)
+        .collect();
+    if allowed
+        .iter()
+        .any(|range| node_ips.iter().any(|ip| range.contains(ip)))
+    {
+        allowed.extend(svc.load_balancer_ips.iter().map(|ip| IpNet::from(*ip)));
+    }
+    for addr in &svc.load_balancer_ips {
+        let entry = Entry::Ip {
+            addr: *addr,
+            proto: svc.name.protocol,
+            port: svc.port,
+        };
+        out.insert(Element::Entry(EntrySet::Firewall, entry));
+        for range in &allowed {
+            out.insert(Element::Allow(entry, *range));
+        }
+    }
+}

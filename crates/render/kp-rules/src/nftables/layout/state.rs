@@ -1,0 +1,238 @@
+//! What the layout's sets hold, and the element transaction of a sync.
+//!
+//! Several service ports may claim the same kernel element (two services sharing an
+//! endpoint address share its `hairpin` element, ports of one service share its
+//! `cluster-ips` element), so the state counts claims per element key and a sync deletes
+//! an element only when its last claim goes. [`LayoutState::changes`] is pure and reads
+//! only the ports it is given: a partial sync costs what its services hold, not what the
+//! table holds.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use kp_core::model::{Protocol, ServiceName, ServicePortName};
+
+use super::element::{Element, Entry, EntrySet, Slots};
+
+/// A slot count or affinity timeout in use: each has its sets and fixed rules, written the
+/// first time an element needs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Class {
+    /// `slots-N` (or `short-circuit-slots-N`) and the rules picking among `N` slots.
+    Count(Slots, u32),
+    /// `affinity-T`, `affinity-services-T` and their rules.
+    Affinity(u64),
+}
+
+impl Class {
+    /// The class an element needs, if any.
+    fn of(element: &Element) -> Option<Self> {
+        match element {
+            Element::Entry(EntrySet::Count(slots, n), _) => Some(Class::Count(*slots, *n)),
+            Element::Entry(EntrySet::Affinity(seconds), _) => Some(Class::Affinity(*seconds)),
+            _ => None,
+        }
+    }
+}
+
+/// The kernel element behind a key and how many service ports claim it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Claimed {
+    installed: Element,
+    claims: u32,
+}
+
+/// What the layout's sets and maps hold after the syncs applied so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LayoutState {
+    ports: BTreeMap<ServicePortName, Vec<Element>>,
+    elements: HashMap<Element, Claimed>,
+    classes: BTreeSet<Class>,
+}
+
+/// One sync's element transaction: deletions, then classes to create, then additions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Elements to delete (their last claim went, or their data changes).
+    pub delete: Vec<Element>,
+    /// Classes whose sets and rules must be created before `add`.
+    pub classes: BTreeSet<Class>,
+    /// Elements to add.
+    pub add: Vec<Element>,
+    ports: Vec<(ServicePortName, Vec<Element>)>,
+}
+
+impl Changes {
+    /// Whether the kernel has nothing to do (the state may still change: a port with no
+    /// element of its own).
+    pub fn is_empty(&self) -> bool {
+        self.delete.is_empty() && self.classes.is_empty() && self.add.is_empty()
+    }
+}
+
+impl LayoutState {
+    /// The elements of `port` as installed.
+    pub fn port(&self, port: &ServicePortName) -> &[Element] {
+        self.ports.get(port).map_or(&[], Vec::as_slice)
+    }
+
+    /// Every installed port.
+    pub fn port_names(&self) -> impl Iterator<Item = &ServicePortName> + '_ {
+        self.ports.keys()
+    }
+
+    /// The installed ports of `service`.
+    pub fn ports_of<'a>(
+        &'a self,
+        service: &'a ServiceName,
+    ) -> impl Iterator<Item = &'a ServicePortName> + 'a {
+        let first = ServicePortName {
+            service: service.clone(),
+            port: Default::default(),
+            protocol: Protocol::Tcp,
+        };
+        self.ports
+            .range(first..)
+            .take_while(move |(name, _)| name.service == *service)
+            .map(|(name, _)| name)
+    }
+
+    /// The installed elements that decide a packet to `entry`, as `explain` names them: its
+    /// class, slot, masquerade, filter, firewall and affinity elements, and the hairpin
+    /// elements of the endpoints its slots hold.
+    pub fn deciding(&self, entry: &Entry) -> Vec<&Element> {
+        let mut found: Vec<&Element> = Vec::new();
+        let mut endpoints = BTreeSet::new();
+        for element in self.ports.values().flatten() {
+            let hit = match element {
+                Element::Entry(_, e) | Element::Allow(e, _) => e == entry,
+                Element::Slot { entry: e, addr, .. } => {
+                    if e == entry {
+                        endpoints.insert(*addr);
+                    }
+                    e == entry
+                }
+                Element::Hairpin(_) | Element::ClusterIp(_) => false,
+            };
+            if hit {
+                found.push(element);
+            }
+        }
+        found.extend(endpoints.into_iter().filter_map(|addr| {
+            self.elements
+                .get(&Element::Hairpin(addr).key())
+                .map(|claimed| &claimed.installed)
+        }));
+        found.sort();
+        found.dedup();
+        found
+    }
+
+    /// The classes whose sets and rules exist.
+    pub fn classes(&self) -> &BTreeSet<Class> {
+        &self.classes
+    }
+
+    /// How many distinct kernel elements there are.
+    pub fn element_count(&self) -> usize {
+        self.elements.len()
+    }
+
+    /// The transaction that makes each of `updates` (a port and its new elements; empty
+    /// when the port is gone) what the kernel holds.
+    pub fn changes(&self, updates: Vec<(ServicePortName, Vec<Element>)>) -> Changes {
+        let mut delta: HashMap<Element, i64> = HashMap::new();
+        let mut removed: HashMap<Element, Vec<Element>> = HashMap::new();
+        let mut added: HashMap<Element, Element> = HashMap::new();
+        for (name, new) in &updates {
+            let old: BTreeSet<&Element> = self.port(name).iter().collect();
+            let new: BTreeSet<&Element> = new.iter().collect();
+            for element in old.difference(&new) {
+                let key = element.key();
+                *delta.entry(key.clone()).or_default() -= 1;
+                removed.entry(key).or_default().push((*element).clone());
+            }
+            for element in new.difference(&old) {
+                let key = element.key();
+                *delta.entry(key.clone()).or_default() += 1;
+                added.entry(key).or_insert_with(|| (*element).clone());
+            }
+        }
+        let mut changes = Changes::default();
+        let mut keys: Vec<_> = delta.into_iter().collect();
+        keys.sort();
+        for (key, change) in keys {
+            let current = self.elements.get(&key);
+            let before = i64::from(current.map_or(0, |c| c.claims));
+            let after = before + change;
+            match (current, after > 0, added.remove(&key)) {
+                (Some(claimed), false, _) => changes.delete.push(claimed.installed.clone()),
+                (None, true, Some(element)) => changes.add.push(element),
+                (Some(claimed), true, Some(element)) => {
+                    // Its owner changed the data (a slot now holds another endpoint).
+                    let gone = removed
+                        .get(&key)
+                        .is_some_and(|r| r.contains(&claimed.installed));
+                    if gone && claimed.installed != element {
+                        changes.delete.push(claimed.installed.clone());
+                        changes.add.push(element);
+                    }
+                }
+                _ => {}
+            }
+        }
+        changes.classes = changes
+            .add
+            .iter()
+            .filter_map(Class::of)
+            .filter(|class| !self.classes.contains(class))
+            .collect();
+        changes.ports = updates;
+        changes
+    }
+
+    /// Record that `changes` were applied.
+    pub fn apply(&mut self, changes: Changes) {
+        for (name, new) in changes.ports {
+            let old = if new.is_empty() {
+                self.ports.remove(&name).unwrap_or_default()
+            } else {
+                self.ports.insert(name, new.clone()).unwrap_or_default()
+            };
+            let (old, new): (BTreeSet<Element>, BTreeSet<Element>) =
+                (old.into_iter().collect(), new.into_iter().collect());
+            for element in old.difference(&new) {
+                self.release(element);
+            }
+            for element in new.difference(&old) {
+                self.claim(element);
+            }
+        }
+        for element in changes.add {
+            // The data the kernel now holds for the key.
+            if let Some(claimed) = self.elements.get_mut(&element.key()) {
+                claimed.installed = element;
+            }
+        }
+        self.classes.extend(changes.classes);
+    }
+
+    fn release(&mut self, element: &Element) {
+        let key = element.key();
+        if let Some(claimed) = self.elements.get_mut(&key) {
+            claimed.claims = claimed.claims.saturating_sub(1);
+            if claimed.claims == 0 {
+                self.elements.remove(&key);
+            }
+        }
+    }
+
+    fn claim(&mut self, element: &Element) {
+        self.elements
+            .entry(element.key())
+            .and_modify(|claimed| claimed.claims += 1)
+            .or_insert_with(|| Claimed {
+                installed: element.clone(),
+                claims: 1,
+            });
+    }
+}

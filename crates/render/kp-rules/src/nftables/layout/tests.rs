@@ -1,0 +1,325 @@
+//! The layout's elements and transactions, from plans to `nft` text.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use kp_core::model::{
+    Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName, SessionAffinity,
+};
+use kp_core::tracker::ProxyState;
+
+use super::*;
+use crate::config::{LocalDetector, NodePortAddresses};
+
+fn ctx() -> Context {
+    Context {
+        family: IpFamily::V4,
+        masquerading: Masquerading {
+            all: false,
+            detector: true,
+        },
+        node_ips: vec![v4(192, 168, 50, 2)],
+    }
+}
+
+fn name(service: &str) -> ServicePortName {
+    ServicePortName {
+        service: ServiceName {
+            namespace: "ns".into(),
+            name: service.into(),
+        },
+        port: "".into(),
+        protocol: Protocol::Tcp,
+    }
+}
+
+fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+fn port(service: &str, cluster_ip: IpAddr) -> ServicePort {
+    ServicePort {
+        name: name(service),
+        cluster_ips: vec![cluster_ip],
+        port: 80,
+        node_port: None,
+        external_ips: Vec::new(),
+        load_balancer_ips: Vec::new(),
+        load_balancer_source_ranges: Vec::new(),
+        session_affinity: None,
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+    }
+}
+
+fn endpoint(ip: IpAddr, local: bool) -> Endpoint {
+    Endpoint {
+        ip,
+        port: 8080,
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: Some(if local { "node-a" } else { "node-b" }.into()),
+        zone: None,
+        zone_hints: None,
+        node_hints: None,
+        is_local: local,
+    }
+}
+
+fn state_with(services: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
+    let mut state = ProxyState::default();
+    state.node.name = "node-a".into();
+    state.node.eligible = true;
+    state.node.known = true;
+    for (svc, eps) in services {
+        state.endpoints.insert(svc.name.clone(), eps);
+        state.services.insert(svc.name.clone(), svc);
+    }
+    state
+}
+
+fn texts(elements: &[Element]) -> Vec<String> {
+    elements.iter().map(ToString::to_string).collect()
+}
+
+fn config() -> FixedConfig {
+    FixedConfig {
+        family: IpFamily::V4,
+        mark: 0x4000,
+        random_fully: true,
+        detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().expect("literal")]),
+        node_port_addresses: NodePortAddresses::All,
+    }
+}
+
+/// Install `updates` on `installed` and return the statements that did it.
+fn sync(installed: &mut LayoutState, updates: Vec<(ServicePortName, Vec<Element>)>) -> Vec<String> {
+    let changes = installed.changes(updates);
+    let script = change_script(&config(), &changes);
+    installed.apply(changes);
+    script
+}
+
+#[test]
+fn a_clusterip_is_one_element_per_endpoint_and_its_decisions() {
+    let eps: Vec<Endpoint> = (1..=3)
+        .map(|i| endpoint(v4(10, 244, 0, i), false))
+        .collect();
+    let state = state_with(vec![(port("web", v4(10, 96, 0, 1)), eps)]);
+    let elements = port_elements(&state, &ctx(), &name("web"));
+    assert_eq!(
+        texts(&elements),
+        [
+            "slots-3 { 10.96.0.1 . tcp . 80 }",
+            "masquerade-not-local { 10.96.0.1 . tcp . 80 }",
+            "endpoints { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
+            "endpoints { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
+            "endpoints { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
+            "hairpin { 10.244.0.1 . 10.244.0.1 }",
+            "hairpin { 10.244.0.2 . 10.244.0.2 }",
+            "hairpin { 10.244.0.3 . 10.244.0.3 }",
+            "cluster-ips { 10.96.0.1 }",
+        ]
+    );
+}
+
+#[test]
+fn without_endpoints_every_entry_is_rejected() {
+    let mut svc = port("web", v4(10, 96, 0, 1));
+    svc.node_port = Some(30080);
+    svc.external_ips = vec![v4(192, 0, 2, 1)];
+    let state = state_with(vec![(svc, Vec::new())]);
+    let elements = port_elements(&state, &ctx(), &name("web"));
+    assert_eq!(
+        texts(&elements),
+        [
+            "reject-services { 10.96.0.1 . tcp . 80 }",
+            "reject-services { 192.0.2.1 . tcp . 80 }",
+            "nodeport-reject-services { tcp . 30080 }",
+            "cluster-ips { 10.96.0.1 }",
+        ]
+    );
+}
+
+#[test]
+fn external_policy_local_short_circuits_to_the_cluster_list() {
+    let mut svc = port("web", v4(10, 96, 0, 1));
+    svc.load_balancer_ips = vec![v4(192, 0, 2, 1)];
+    svc.load_balancer_source_ranges = vec!["198.51.100.0/24".parse().expect("literal")];
+    svc.external_policy_local = true;
+    svc.session_affinity = Some(SessionAffinity {
+        timeout: Duration::from_secs(60),
+    });
+    let eps = vec![
+        endpoint(v4(10, 244, 0, 1), true),
+        endpoint(v4(10, 244, 1, 1), false),
+    ];
+    let state = state_with(vec![(svc, eps)]);
+    let elements = port_elements(&state, &ctx(), &name("web"));
+    let lb: Vec<String> = texts(&elements)
+        .into_iter()
+        .filter(|e| e.contains("192.0.2.1"))
+        .collect();
+    assert_eq!(
+        lb,
+        [
+            "slots-1 { 192.0.2.1 . tcp . 80 }",
+            "short-circuit-slots-2 { 192.0.2.1 . tcp . 80 }",
+            "short-circuit { 192.0.2.1 . tcp . 80 }",
+            "firewall-ips { 192.0.2.1 . tcp . 80 }",
+            "affinity-services-60 { 192.0.2.1 . tcp . 80 }",
+            "endpoints { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
+            "short-circuit-endpoints { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
+            "short-circuit-endpoints { 192.0.2.1 . tcp . 80 . 1 : 10.244.1.1 . 8080 }",
+            "firewall-allow { 192.0.2.1 . tcp . 80 . 198.51.100.0/24 }",
+        ]
+    );
+}
+
+#[test]
+fn moving_one_endpoint_rewrites_one_slot_and_its_hairpin() {
+    let eps = |first: u8| -> Vec<Endpoint> {
+        [first, 2, 3]
+            .iter()
+            .map(|d| endpoint(v4(10, 244, 0, *d), false))
+            .collect()
+    };
+    let mut state = state_with(vec![
+        (port("web", v4(10, 96, 0, 1)), eps(1)),
+        (port("db", v4(10, 96, 0, 2)), eps(1)),
+    ]);
+    let mut installed = LayoutState::default();
+    let updates = full_updates(&state, &ctx(), &installed);
+    let first = sync(&mut installed, updates);
+    assert!(
+        first
+            .iter()
+            .any(|s| s.starts_with("add set ip kube-proxy slots-3 "))
+    );
+    assert_eq!(installed.classes().len(), 1);
+
+    state.endpoints.insert(name("web"), eps(9));
+    let changed = BTreeSet::from([name("web").service]);
+    let partial = partial_updates(&state, &ctx(), &installed, &changed);
+    assert_eq!(partial.len(), 1, "only the changed service is planned");
+    assert_eq!(
+        sync(&mut installed, partial),
+        [
+            "delete element ip kube-proxy endpoints { 10.96.0.1 . tcp . 80 . 0 }",
+            "add element ip kube-proxy endpoints { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
+            "add element ip kube-proxy hairpin { 10.244.0.9 . 10.244.0.9 }",
+        ],
+        "db still claims 10.244.0.1's hairpin element"
+    );
+
+    let web = Entry::Ip {
+        addr: v4(10, 96, 0, 1),
+        proto: Protocol::Tcp,
+        port: 80,
+    };
+    let named: Vec<String> = installed
+        .deciding(&web)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        named,
+        [
+            "slots-3 { 10.96.0.1 . tcp . 80 }",
+            "masquerade-not-local { 10.96.0.1 . tcp . 80 }",
+            "endpoints { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
+            "endpoints { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
+            "endpoints { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
+            "hairpin { 10.244.0.2 . 10.244.0.2 }",
+            "hairpin { 10.244.0.3 . 10.244.0.3 }",
+            "hairpin { 10.244.0.9 . 10.244.0.9 }",
+        ],
+        "explain names what decides a packet to web"
+    );
+
+    state.endpoints.remove(&name("db"));
+    state.services.remove(&name("db"));
+    let changed = BTreeSet::from([name("db").service]);
+    let updates = partial_updates(&state, &ctx(), &installed, &changed);
+    let gone = sync(&mut installed, updates);
+    assert!(
+        gone.contains(
+            &"delete element ip kube-proxy hairpin { 10.244.0.1 . 10.244.0.1 }".to_owned()
+        )
+    );
+    assert!(
+        !gone.iter().any(|s| s.contains("10.244.0.2 . 10.244.0.2")),
+        "web still has it"
+    );
+    assert!(gone.iter().all(|s| s.starts_with("delete element")));
+}
+
+#[test]
+fn a_new_endpoint_count_brings_its_set_and_rules_once() {
+    let eps = |n: u8| -> Vec<Endpoint> {
+        (1..=n)
+            .map(|d| endpoint(v4(10, 244, 0, d), false))
+            .collect()
+    };
+    let mut state = state_with(vec![(port("web", v4(10, 96, 0, 1)), eps(2))]);
+    let mut installed = LayoutState::default();
+    let updates = full_updates(&state, &ctx(), &installed);
+    sync(&mut installed, updates);
+    state.endpoints.insert(name("web"), eps(3));
+    let changed = BTreeSet::from([name("web").service]);
+    let updates = partial_updates(&state, &ctx(), &installed, &changed);
+    let grown = sync(&mut installed, updates);
+    assert_eq!(
+        grown,
+        [
+            "delete element ip kube-proxy slots-2 { 10.96.0.1 . tcp . 80 }",
+            "add set ip kube-proxy slots-3 { type ipv4_addr . inet_proto . inet_service ; }",
+            "add rule ip kube-proxy pick ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints",
+            "add set ip kube-proxy nodeport-slots-3 { type inet_proto . inet_service ; }",
+            "add rule ip kube-proxy pick fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints",
+            "add element ip kube-proxy slots-3 { 10.96.0.1 . tcp . 80 }",
+            "add element ip kube-proxy endpoints { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
+            "add element ip kube-proxy hairpin { 10.244.0.3 . 10.244.0.3 }",
+        ]
+    );
+    // Back to two: elements only, the class of three stays for the next full sync.
+    state.endpoints.insert(name("web"), eps(2));
+    let updates = partial_updates(&state, &ctx(), &installed, &changed);
+    let shrunk = sync(&mut installed, updates);
+    assert!(shrunk.iter().all(|s| s.contains(" element ")), "{shrunk:?}");
+}
+
+#[test]
+fn the_fixed_part_has_no_per_service_object() {
+    let classes = BTreeSet::from([Class::Count(Slots::Policy, 10), Class::Affinity(10800)]);
+    let script = fixed_part(&config(), &classes);
+    let rules = script.iter().filter(|s| s.starts_with("add rule")).count();
+    assert!(rules < 40, "{rules} rules");
+    assert!(
+        script.iter().all(|s| !s.contains("goto")),
+        "no verdict map anywhere"
+    );
+    assert!(script.contains(&"add rule ip kube-proxy affinity-record meta l4proto tcp ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-10800 { ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst : ip daddr . th dport }".to_owned()));
+}
+
+#[test]
+fn source_ranges_holding_the_node_allow_its_own_traffic_to_the_lb_ip() {
+    let mut svc = port("web", v4(10, 96, 0, 1));
+    svc.load_balancer_ips = vec![v4(192, 0, 2, 1)];
+    svc.load_balancer_source_ranges = vec!["192.168.50.0/24".parse().expect("literal")];
+    let state = state_with(vec![(svc, vec![endpoint(v4(10, 244, 0, 1), false)])]);
+    let allowed: Vec<String> = texts(&port_elements(&state, &ctx(), &name("web")))
+        .into_iter()
+        .filter(|e| e.starts_with("firewall-allow"))
+        .collect();
+    assert_eq!(
+        allowed,
+        [
+            "firewall-allow { 192.0.2.1 . tcp . 80 . 192.0.2.1/32 }",
+            "firewall-allow { 192.0.2.1 . tcp . 80 . 192.168.50.0/24 }",
+        ]
+    );
+}
