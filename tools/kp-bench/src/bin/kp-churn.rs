@@ -146,6 +146,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
     for (_, text) in generate::generate(scale).files {
         api.apply_yaml(&text)?;
     }
+    // Sending only queues the objects: the proxy's first list must see them all.
+    api.sync(FIRST_SYNC_WAIT)
+        .context("waiting for the fake API server to apply the objects")?;
 
     let mode = match args.mode {
         Mode::Iptables => "iptables",

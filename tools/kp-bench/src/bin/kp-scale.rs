@@ -499,7 +499,7 @@ async fn proxy_run(
         "proxy-{}x{}-{}.log",
         scale.services,
         scale.endpoints,
-        label.replace([' ', '/', '(', ')'], "")
+        label.replace([' ', '/', '(', ')', ','], "")
     ));
     let mut proxy = Proxy::spawn(&netns, args, &source_arg, &log)?;
     eprintln!(
