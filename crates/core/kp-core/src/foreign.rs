@@ -240,8 +240,15 @@ mod tests {
             "rules of kube-proxy-rs removed by another program: chain KUBE-SERVICES missing in table nat; restoring"
         );
         let changed = ForeignChange::changed("rule", "rule added in chain KUBE-SERVICES");
-        assert!(changed.log_message().starts_with("rules of kube-proxy-rs changed by another program: rule added"));
-        assert!(is_log_message(&format!("I1128 proxier.rs:1] {}", removed.log_message())));
+        assert!(
+            changed
+                .log_message()
+                .starts_with("rules of kube-proxy-rs changed by another program: rule added")
+        );
+        assert!(is_log_message(&format!(
+            "I1128 proxier.rs:1] {}",
+            removed.log_message()
+        )));
         assert!(is_log_message(&changed.log_message()));
         assert!(!is_log_message(
             "another program keeps changing the rules of kube-proxy-rs; backing off"

@@ -9,8 +9,8 @@
 
 use super::*;
 use kp_config::DEFAULT_CANARY_PERIOD;
-use kp_core::foreign::{BACKOFF_MAX, CALM};
 use kp_core::foreign::is_log_message;
+use kp_core::foreign::{BACKOFF_MAX, CALM};
 
 /// The issue asks for 1 s where nf_tables notifies; this bound adds margin for a loaded
 /// 2-core CI machine running a debug build (the measured time is printed).
@@ -173,7 +173,8 @@ fn iptables_restored(ipt: &str, capture: bool) -> String {
 pub fn iptables_removals(kernel: Kernel, capture: bool) -> Vec<Removal> {
     let ipt = kernel.iptables();
     let restored = iptables_restored(ipt, capture);
-    let one = |name, script, keeps_foreign| Removal::new(name, script, restored.clone(), keeps_foreign);
+    let one =
+        |name, script, keeps_foreign| Removal::new(name, script, restored.clone(), keeps_foreign);
     let legacy = kernel == Kernel::IptablesLegacy;
     let mut removals = vec![
         Removal {

@@ -467,7 +467,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
     }
 
     /// Every virtual server the kernel holds, by key.
-    fn list_virtual_servers(&mut self) -> Result<BTreeMap<ServiceKey, VirtualServer>, BackendError> {
+    fn list_virtual_servers(
+        &mut self,
+    ) -> Result<BTreeMap<ServiceKey, VirtualServer>, BackendError> {
         Ok(self
             .ipvs
             .services()

@@ -36,9 +36,9 @@ use kp_rules::iptables::{JumpRule, Setup, Table};
 /// Whether `saved` holds a rule of `jump.from` jumping to `jump.to`.
 fn jump_present(saved: &BTreeMap<Table, SavedTable>, jump: &JumpRule) -> bool {
     saved.get(&jump.table).is_some_and(|t| {
-        t.rules
-            .iter()
-            .any(|(chain, spec)| chain == jump.from && rule_target(spec).as_deref() == Some(jump.to))
+        t.rules.iter().any(|(chain, spec)| {
+            chain == jump.from && rule_target(spec).as_deref() == Some(jump.to)
+        })
     })
 }
 
@@ -180,7 +180,11 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         let listed = self.list_virtual_servers()?;
         let (mut missing, mut changed) = (Tally::new(), Tally::new());
         let mut present = Vec::new();
-        for (key, (want, _)) in self.applied.iter().filter_map(|(k, a)| Some((k, a.as_ref()?))) {
+        for (key, (want, _)) in self
+            .applied
+            .iter()
+            .filter_map(|(k, a)| Some((k, a.as_ref()?)))
+        {
             let have = listed.get(key);
             missing.count(have.is_some(), || *key);
             if let Some(have) = have {
@@ -190,7 +194,12 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         }
         let mut found: Vec<ForeignChange> = [
             missing.finding(true, "virtual-server", "virtual servers", "missing in IPVS"),
-            changed.finding(false, "virtual-server", "virtual servers", "changed in IPVS"),
+            changed.finding(
+                false,
+                "virtual-server",
+                "virtual servers",
+                "changed in IPVS",
+            ),
         ]
         .into_iter()
         .flatten()
@@ -224,7 +233,12 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 });
             }
         }
-        Ok(tally.finding(true, "real-server", "real servers", "missing or changed in IPVS"))
+        Ok(tally.finding(
+            true,
+            "real-server",
+            "real servers",
+            "missing or changed in IPVS",
+        ))
     }
 
     /// `kube-ipvs0` exists (the one the last sync wrote to) and holds every service address.
@@ -238,7 +252,12 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             .iter()
             .flat_map(|p| p.desired.addresses.iter().copied())
             .collect();
-        let index = match self.links.find_link(DUMMY_DEVICE).await.map_err(link_error)? {
+        let index = match self
+            .links
+            .find_link(DUMMY_DEVICE)
+            .await
+            .map_err(link_error)?
+        {
             None => {
                 let detail = format!("device {DUMMY_DEVICE} missing");
                 return Ok(Some(ForeignChange::removed("device", detail)));

@@ -68,14 +68,28 @@ fn a_changed_virtual_server_and_a_removed_real_server_are_found() {
     changed.scheduler = "wlc".to_owned();
     h.ipvs.update_service(&changed).expect("fake updates");
     let b = key("10.96.0.2", 80);
-    let rs = h.ipvs.destinations(&b).expect("fake lists").remove(0).server;
+    let rs = h
+        .ipvs
+        .destinations(&b)
+        .expect("fake lists")
+        .remove(0)
+        .server;
     h.ipvs.delete_destination(&b, &rs).expect("fake deletes");
     // The short-period check leaves real servers out (one dump per virtual server).
     let found = h.verify(Check::Canary);
     assert_eq!(labels(&found), ["virtual-server"], "{found:?}");
-    assert!(found[0].detail.starts_with("1 of 2 virtual servers changed"), "{found:?}");
+    assert!(
+        found[0]
+            .detail
+            .starts_with("1 of 2 virtual servers changed"),
+        "{found:?}"
+    );
     let found = h.verify(Check::Thorough);
-    assert_eq!(labels(&found), ["virtual-server", "real-server"], "{found:?}");
+    assert_eq!(
+        labels(&found),
+        ["virtual-server", "real-server"],
+        "{found:?}"
+    );
     assert_eq!(
         found[1].detail,
         "1 of 2 real servers missing or changed in IPVS (first: 10.244.1.2:8080 of 10.96.0.2:80/TCP)"
@@ -90,7 +104,10 @@ fn a_deleted_kube_ipvs0_is_found_and_comes_back_with_its_addresses() {
     block_on(h.links.delete_link(DUMMY_DEVICE)).expect("fake deletes");
     assert_eq!(
         h.verify(Check::Canary),
-        vec![ForeignChange::removed("device", "device kube-ipvs0 missing")]
+        vec![ForeignChange::removed(
+            "device",
+            "device kube-ipvs0 missing"
+        )]
     );
     h.restore(&state);
     assert_eq!(
@@ -161,7 +178,10 @@ fn a_removed_jump_is_found_by_the_short_period_check_nat_included_unless_watched
     h.runner.clear_calls();
     h.verify(Check::Canary);
     let calls = h.runner.calls();
-    assert!(calls.iter().all(|c| matches!(c, RunnerCall::Save { .. })), "{calls:?}");
+    assert!(
+        calls.iter().all(|c| matches!(c, RunnerCall::Save { .. })),
+        "{calls:?}"
+    );
     assert_eq!(calls.len(), 2, "nat and filter: {calls:?}");
 
     // Where nf_tables notifications watch iptables, only the periodic check reads them.

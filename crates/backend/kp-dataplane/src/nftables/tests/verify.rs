@@ -11,7 +11,10 @@ async fn verify_names_a_missing_table_and_a_foreign_change_makes_the_next_sync_l
     // The fake lists no table: as after `nft flush ruleset`.
     assert_eq!(
         backend.verify(Check::Thorough).await.expect("fake runs"),
-        vec![ForeignChange::removed("table", "table ip kube-proxy missing")]
+        vec![ForeignChange::removed(
+            "table",
+            "table ip kube-proxy missing"
+        )]
     );
     runner.set_listing(IpFamily::V4, "table ip kube-proxy {\n}\n");
     assert_eq!(

@@ -41,8 +41,10 @@ async fn a_foreign_change_makes_a_full_sync_after_settling_and_is_counted_once()
     run_for(Duration::from_secs(5)).await;
     h.report(ForeignEvent::Changed(chain_missing())).await;
     // The rest of the same reload joins the restore.
-    h.report(ForeignEvent::Changed(ForeignChange::removed("rule", "flushed")))
-        .await;
+    h.report(ForeignEvent::Changed(ForeignChange::removed(
+        "rule", "flushed",
+    )))
+    .await;
     assert_eq!(
         h.syncs().len(),
         1,

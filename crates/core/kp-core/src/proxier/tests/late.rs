@@ -49,7 +49,11 @@ async fn the_node_wait_is_bounded_and_ends_when_the_list_lacks_the_node() {
     run_for(NODE_WAIT - Duration::from_millis(10)).await;
     assert_eq!(h.syncs().len(), 0);
     run_for(Duration::from_millis(20)).await;
-    assert_eq!(h.syncs().len(), 1, "programmed without the Node after the bound");
+    assert_eq!(
+        h.syncs().len(),
+        1,
+        "programmed without the Node after the bound"
+    );
     // The Node still comes later: its labels make the next sync full.
     h.send(applied(node(NODE, zone("a"), json!({})))).await;
     run_for(Duration::from_secs(2)).await;
