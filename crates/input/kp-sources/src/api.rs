@@ -567,14 +567,9 @@ impl ProxyNameFilter {
 /// Namespace and name.
 type Key = (Option<String>, String);
 
-/// An object of kind `K` with only the metadata that identifies it: what a deletion carries,
-/// as the manifests source's do (every consumer looks only at namespace and name).
+/// What a deletion of the object under `key` carries: its identity alone.
 fn identity<K: Resource + Default>((namespace, name): Key) -> K {
-    let mut object = K::default();
-    let meta = object.meta_mut();
-    meta.namespace = namespace;
-    meta.name = Some(name);
-    object
+    crate::identity(namespace, name)
 }
 
 fn key_of(meta: &ObjectMeta) -> Key {

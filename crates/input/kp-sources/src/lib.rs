@@ -17,3 +17,13 @@ pub mod defaults;
 pub mod manifests;
 pub mod node;
 pub mod strict;
+
+/// An object of kind `K` with only the metadata that identifies it: what both sources'
+/// deletions carry (every consumer of a deletion looks only at namespace and name).
+pub(crate) fn identity<K: kube::Resource + Default>(namespace: Option<String>, name: String) -> K {
+    let mut object = K::default();
+    let meta = object.meta_mut();
+    meta.namespace = namespace;
+    meta.name = Some(name);
+    object
+}

@@ -9,10 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::Node;
 use kp_core::event::SourceEvent;
 use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, info, warn};
@@ -281,28 +278,13 @@ impl Change {
 
 /// An object with only the metadata that identifies it.
 fn identity(key: &ObjectKey) -> Object {
-    let metadata = ObjectMeta {
-        name: Some(key.name.clone()),
-        namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
-        ..ObjectMeta::default()
-    };
+    let namespace = (!key.namespace.is_empty()).then(|| key.namespace.clone());
+    let name = key.name.clone();
     match key.kind {
-        Kind::Service => Object::Service(Service {
-            metadata,
-            ..Service::default()
-        }),
-        Kind::EndpointSlice => Object::EndpointSlice(EndpointSlice {
-            metadata,
-            ..EndpointSlice::default()
-        }),
-        Kind::Node => Object::Node(Node {
-            metadata,
-            ..Node::default()
-        }),
-        Kind::ServiceCidr => Object::ServiceCidr(ServiceCIDR {
-            metadata,
-            ..ServiceCIDR::default()
-        }),
+        Kind::Service => Object::Service(crate::identity(namespace, name)),
+        Kind::EndpointSlice => Object::EndpointSlice(crate::identity(namespace, name)),
+        Kind::Node => Object::Node(crate::identity(namespace, name)),
+        Kind::ServiceCidr => Object::ServiceCidr(crate::identity(namespace, name)),
     }
 }
 
