@@ -29,18 +29,9 @@ use kp_rules::ipvs::{DUMMY_DEVICE, rules};
 use super::{IpsetRunner, IpvsBackend, Links, apply_error, link_error};
 use crate::conntrack::Conntrack;
 use crate::exec::RuleRunner;
-use crate::iptables::{SavedTable, rule_target};
+use crate::iptables::{SavedTable, jump_present, save_setup_tables, setup_present};
 use kp_core::model::IpFamily;
-use kp_rules::iptables::{JumpRule, Setup, Table};
-
-/// Whether `saved` holds a rule of `jump.from` jumping to `jump.to`.
-fn jump_present(saved: &BTreeMap<Table, SavedTable>, jump: &JumpRule) -> bool {
-    saved.get(&jump.table).is_some_and(|t| {
-        t.rules.iter().any(|(chain, spec)| {
-            chain == jump.from && rule_target(spec).as_deref() == Some(jump.to)
-        })
-    })
-}
+use kp_rules::iptables::{Setup, Table};
 
 /// Objects of one kind that are not as written: how many of how many, and the first.
 struct Tally<T> {
@@ -131,9 +122,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         Ok(missing)
     }
 
-    /// Whether every chain, jump and shared rule of `setup` is in place for `family`, from
-    /// one save per table: a full sync then skips the one `iptables` run per chain and jump
-    /// that making sure of them costs.
+    /// Whether every chain and jump of `setup` is in place for `family`, from one save per
+    /// table: a full sync then skips the one `iptables` run per chain and jump that making
+    /// sure of them costs.
     pub(super) async fn setup_in_place(
         &mut self,
         family: IpFamily,
@@ -143,12 +134,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             return Ok(false);
         }
         let saved = self.saved_tables(family, setup).await?;
-        let chains = setup.chains.iter().all(|(table, chain)| {
-            saved
-                .get(table)
-                .is_some_and(|t| t.chains.iter().any(|c| c == chain))
-        });
-        Ok(chains && setup.jumps.iter().all(|jump| jump_present(&saved, jump)))
+        Ok(setup_present(&saved, setup))
     }
 
     /// `iptables-save` of every table `setup` writes to.
@@ -157,22 +143,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         family: IpFamily,
         setup: &Setup,
     ) -> Result<BTreeMap<Table, SavedTable>, BackendError> {
-        let tables: BTreeSet<Table> = setup
-            .chains
-            .iter()
-            .map(|(table, _)| *table)
-            .chain(setup.jumps.iter().map(|j| j.table))
-            .collect();
-        let mut saved = BTreeMap::new();
-        for table in tables {
-            let text = self
-                .runner
-                .save(family, table)
-                .await
-                .map_err(|e| apply_error("iptables-save")(e.to_string()))?;
-            saved.insert(table, SavedTable::parse(&text));
-        }
-        Ok(saved)
+        save_setup_tables(&self.runner, family, setup)
+            .await
+            .map_err(|e| apply_error("iptables-save")(e.to_string()))
     }
 
     /// The virtual servers the last syncs wrote (and, thoroughly, their real servers).
