@@ -112,6 +112,7 @@ macro_rules! mode_tests {
 mode_tests!(iptables, Mode::Iptables);
 mode_tests!(iptables_restore, Mode::IptablesRestore);
 mode_tests!(nftables, Mode::Nftables);
+mode_tests!(nftables_maps, Mode::NftablesMaps);
 mode_tests!(userspace, Mode::Userspace);
 
 /// ipvs mode: this machine's kernel has no IPVS, so one boot of the test VM (tools/kp-vm)

@@ -167,6 +167,7 @@ fn main() -> anyhow::Result<()> {
         random_fully: true,
         detector: LocalDetector::None,
         node_port_addresses: NodePortAddresses::All,
+        service_cidrs: Vec::new(),
     };
     let ctx = Context {
         family: IpFamily::V4,

@@ -36,13 +36,7 @@ fn main() -> anyhow::Result<()> {
     let mut loaded = Loaded::new(&generate(scale))?;
     let render_config = RenderConfig::default();
     let ctx = Context::new(&render_config, &loaded.state, IpFamily::V4);
-    let config = FixedConfig {
-        family: IpFamily::V4,
-        mark: render_config.masquerade_mark()?,
-        random_fully: render_config.random_fully,
-        detector: render_config.local_detector.clone(),
-        node_port_addresses: render_config.node_port_addresses.clone(),
-    };
+    let config = FixedConfig::new(&render_config, IpFamily::V4, &[])?;
     let mut socket = NftSocket::open()?;
     let mut installed = LayoutState::default();
 

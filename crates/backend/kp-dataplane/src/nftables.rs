@@ -43,6 +43,7 @@
 //! cluster without them gets no such rule, as upstream. Not supported: the
 //! `nftables.tableName` setting of the newest upstream (the table is always `kube-proxy`).
 
+pub mod layout;
 mod netlink;
 mod runner;
 #[cfg(test)]

@@ -57,6 +57,10 @@ pub enum MsgKind {
     GetChain = 4,
     /// List rules (a dump).
     GetRule = 7,
+    /// List sets and maps (a dump).
+    GetSet = 10,
+    /// List a set's elements (a dump).
+    GetSetElem = 13,
 }
 
 /// The nftables families this crate writes.
@@ -90,8 +94,8 @@ impl Family {
 const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_TABLE_FLAGS: u16 = 2;
 const NFTA_TABLE_USERDATA: u16 = 6;
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
+pub(crate) const NFTA_CHAIN_TABLE: u16 = 1;
+pub(crate) const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_CHAIN_HOOK: u16 = 4;
 const NFTA_CHAIN_TYPE: u16 = 7;
 const NFTA_CHAIN_USERDATA: u16 = 12;
@@ -104,8 +108,8 @@ const NFTA_RULE_USERDATA: u16 = 7;
 pub(crate) const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_EXPR_NAME: u16 = 1;
 const NFTA_EXPR_DATA: u16 = 2;
-const NFTA_SET_TABLE: u16 = 1;
-const NFTA_SET_NAME: u16 = 2;
+pub(crate) const NFTA_SET_TABLE: u16 = 1;
+pub(crate) const NFTA_SET_NAME: u16 = 2;
 const NFTA_SET_FLAGS: u16 = 3;
 const NFTA_SET_KEY_TYPE: u16 = 4;
 const NFTA_SET_KEY_LEN: u16 = 5;
@@ -120,7 +124,7 @@ pub(crate) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 pub(crate) const NFTA_SET_ELEM_KEY: u16 = 1;
 pub(crate) const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
-const NFTA_DATA_VALUE: u16 = 1;
+pub(crate) const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
 const NFTA_VERDICT_CHAIN: u16 = 2;

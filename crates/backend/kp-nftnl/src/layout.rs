@@ -4,8 +4,9 @@
 //! byte order, as `numgen` writes it).
 //!
 //! The layout's fixed part and a new class's sets and rules are still `nft -f` text
-//! ([`kp_rules::nftables::layout::fixed`]); only elements go through here. Not wired to the
-//! backend yet.
+//! ([`kp_rules::nftables::layout::fixed`]); only elements go through here, both ways:
+//! [`read_table`] reads a table's chains, sets and elements back (a restart, or a full sync
+//! after another program changed the table) and [`decode`] is [`encode`]'s inverse.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -15,10 +16,14 @@ use kp_core::model::Protocol;
 use kp_rules::nftables::TABLE;
 use kp_rules::nftables::layout::{Changes, Element, Entry};
 
+use kp_rules::nftables::layout::SetOf;
+
 use crate::codec::{
-    Batch, Family, MsgKind, NFTA_LIST_ELEM, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_KEY,
-    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NLM_F_CREATE,
+    Batch, Family, MsgKind, NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NFTA_DATA_VALUE, NFTA_LIST_ELEM,
+    NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_NAME, NFTA_SET_TABLE, NLM_F_CREATE, attributes,
 };
+use crate::socket::{ApplyError, NftSocket};
 
 /// `NFTA_SET_ELEM_KEY_END`: the last key of a range in a concatenation with intervals.
 const NFTA_SET_ELEM_KEY_END: u16 = 10;
@@ -161,6 +166,273 @@ pub fn push_elements(batch: &mut Batch, family: Family, add: bool, elements: &[E
     }
 }
 
+/// Reads `N` bytes of `bytes` from `at` on.
+fn take<'a>(bytes: &'a [u8], at: &mut usize, n: usize) -> Option<&'a [u8]> {
+    let out = bytes.get(*at..*at + n)?;
+    *at += n;
+    Some(out)
+}
+
+fn read_addr(bytes: &[u8], at: &mut usize, family: Family) -> Option<IpAddr> {
+    match family {
+        Family::Ipv4 => {
+            let b: [u8; 4] = take(bytes, at, 4)?.try_into().ok()?;
+            Some(IpAddr::from(b))
+        }
+        Family::Ipv6 => {
+            let b: [u8; 16] = take(bytes, at, 16)?.try_into().ok()?;
+            Some(IpAddr::from(b))
+        }
+    }
+}
+
+fn read_proto(bytes: &[u8], at: &mut usize) -> Option<Protocol> {
+    match take(bytes, at, 4)?.first()? {
+        6 => Some(Protocol::Tcp),
+        17 => Some(Protocol::Udp),
+        132 => Some(Protocol::Sctp),
+        _ => None,
+    }
+}
+
+fn read_port(bytes: &[u8], at: &mut usize) -> Option<u16> {
+    let b = take(bytes, at, 4)?;
+    Some(u16::from_be_bytes([b[0], b[1]]))
+}
+
+fn read_entry(bytes: &[u8], at: &mut usize, family: Family, node_port: bool) -> Option<Entry> {
+    if node_port {
+        let proto = read_proto(bytes, at)?;
+        return Some(Entry::NodePort {
+            proto,
+            port: read_port(bytes, at)?,
+        });
+    }
+    let addr = read_addr(bytes, at, family)?;
+    let proto = read_proto(bytes, at)?;
+    Some(Entry::Ip {
+        addr,
+        proto,
+        port: read_port(bytes, at)?,
+    })
+}
+
+/// The network from `first` to `last`, when that range is exactly one.
+fn network(first: IpAddr, last: IpAddr) -> Option<IpNet> {
+    let (a, b, bits) = match (first, last) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => (u128::from(u32::from(a)), u128::from(u32::from(b)), 32),
+        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
+        _ => return None,
+    };
+    let host_bits = 128 - (a ^ b).leading_zeros();
+    let prefix = u8::try_from(bits - host_bits).ok()?;
+    let net = IpNet::new(first, prefix).ok()?;
+    (net.network() == first && net.broadcast() == last).then_some(net)
+}
+
+/// The element of the set `set` (of `family`'s table) with these key, range end and data
+/// bytes: [`encode`]'s inverse. `None` for bytes this layout never writes.
+pub fn decode(set: SetOf, family: Family, encoded: &Encoded) -> Option<Element> {
+    let key = &encoded.key;
+    let mut at = 0;
+    let element = match set {
+        SetOf::Entries(entry_set, node_port) => {
+            Element::Entry(entry_set, read_entry(key, &mut at, family, node_port)?)
+        }
+        SetOf::Slots(slots, node_port, proto) => {
+            let entry = read_entry(key, &mut at, family, node_port)?;
+            (kp_rules::nftables::layout::element::entry_protocol(&entry) == proto).then_some(())?;
+            let slot = u32::from_ne_bytes(take(key, &mut at, 4)?.try_into().ok()?);
+            let data = encoded.data.as_deref()?;
+            let mut d = 0;
+            let addr = read_addr(data, &mut d, family)?;
+            Element::Slot {
+                slots,
+                entry,
+                slot,
+                addr,
+                port: read_port(data, &mut d)?,
+            }
+        }
+        SetOf::FirewallAllow => {
+            let entry = read_entry(key, &mut at, family, false)?;
+            let first = read_addr(key, &mut at, family)?;
+            let end = encoded.key_end.as_deref()?;
+            let mut e = at - first_len(family);
+            let last = read_addr(end, &mut e, family)?;
+            Element::Allow(entry, network(first, last)?)
+        }
+        SetOf::Hairpin => {
+            let addr = read_addr(key, &mut at, family)?;
+            (read_addr(key, &mut at, family)? == addr).then_some(())?;
+            Element::Hairpin(addr)
+        }
+        SetOf::ClusterIps => Element::ClusterIp(read_addr(key, &mut at, family)?),
+    };
+    (at == key.len()).then_some(element)
+}
+
+fn first_len(family: Family) -> usize {
+    match family {
+        Family::Ipv4 => 4,
+        Family::Ipv6 => 16,
+    }
+}
+
+/// What one family's `kube-proxy` table holds, read back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Readback {
+    /// Its chains.
+    pub chains: Vec<String>,
+    /// Its sets and maps.
+    pub sets: Vec<String>,
+    /// The elements of the layout's per-service sets (see [`SetOf::parse`]); an element this
+    /// layout would not write is left out (the next full sync cannot delete it, but no rule
+    /// reaches it with a meaning of ours either).
+    pub elements: Vec<Element>,
+    /// Elements that could not be decoded (for the log).
+    pub undecoded: usize,
+}
+
+impl Readback {
+    /// Whether the table is this layout (its `dispatch` chain exists) rather than another
+    /// (kube-proxy-rs' chain-per-service layout, or upstream's).
+    pub fn is_this_layout(&self) -> bool {
+        self.chains
+            .iter()
+            .any(|c| c == kp_rules::nftables::layout::fixed::DISPATCH)
+    }
+}
+
+/// The first attribute of type `ty` in `attrs` as a string without its NUL.
+fn string_attr(attrs: &[u8], ty: u16) -> Option<String> {
+    attributes(attrs)
+        .find(|(t, _)| *t == ty)
+        .and_then(|(_, v)| std::str::from_utf8(v.strip_suffix(b"\0").unwrap_or(v)).ok())
+        .map(str::to_owned)
+}
+
+/// The names (attribute `name_attr`) of objects of `kind` in our table of `family`.
+fn names(
+    socket: &mut NftSocket,
+    kind: MsgKind,
+    family: Family,
+    table_attr: u16,
+    name_attr: u16,
+) -> Result<Vec<String>, ApplyError> {
+    let messages = socket.dump(kind, family, |w| w.put_str(table_attr, TABLE))?;
+    Ok(messages
+        .iter()
+        .filter_map(|m| m.get(4..))
+        .filter(|attrs| string_attr(attrs, table_attr).as_deref() == Some(TABLE))
+        .filter_map(|attrs| string_attr(attrs, name_attr))
+        .collect())
+}
+
+/// The value inside an `NFTA_DATA_VALUE` nest.
+fn data_value(nest: &[u8]) -> Option<Vec<u8>> {
+    attributes(nest)
+        .find(|(t, _)| *t == NFTA_DATA_VALUE)
+        .map(|(_, v)| v.to_vec())
+}
+
+/// The elements of `set` as the kernel holds them.
+fn set_elements(
+    socket: &mut NftSocket,
+    family: Family,
+    set: &str,
+) -> Result<Vec<Encoded>, ApplyError> {
+    let messages = socket.dump(MsgKind::GetSetElem, family, |w| {
+        w.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+        w.put_str(NFTA_SET_ELEM_LIST_SET, set);
+    })?;
+    let mut out = Vec::new();
+    for message in &messages {
+        let Some(attrs) = message.get(4..) else {
+            continue;
+        };
+        for (_, list) in attributes(attrs).filter(|(t, _)| *t == NFTA_SET_ELEM_LIST_ELEMENTS) {
+            for (_, elem) in attributes(list).filter(|(t, _)| *t == NFTA_LIST_ELEM) {
+                let mut encoded = Encoded {
+                    key: Vec::new(),
+                    key_end: None,
+                    data: None,
+                };
+                for (ty, value) in attributes(elem) {
+                    match ty {
+                        NFTA_SET_ELEM_KEY => encoded.key = data_value(value).unwrap_or_default(),
+                        NFTA_SET_ELEM_KEY_END => encoded.key_end = data_value(value),
+                        NFTA_SET_ELEM_DATA => encoded.data = data_value(value),
+                        _ => {}
+                    }
+                }
+                out.push(encoded);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The chains of `family`'s `kube-proxy` table; `None` when there is no such table (the
+/// canary check: two small dumps).
+pub fn read_chains(
+    socket: &mut NftSocket,
+    family: Family,
+) -> Result<Option<Vec<String>>, ApplyError> {
+    let tables = socket.dump(MsgKind::GetTable, family, |_| {})?;
+    // NFTA_TABLE_NAME is attribute 1.
+    let exists = tables
+        .iter()
+        .filter_map(|m| m.get(4..))
+        .any(|attrs| string_attr(attrs, 1).as_deref() == Some(TABLE));
+    if !exists {
+        return Ok(None);
+    }
+    names(
+        socket,
+        MsgKind::GetChain,
+        family,
+        NFTA_CHAIN_TABLE,
+        NFTA_CHAIN_NAME,
+    )
+    .map(Some)
+}
+
+/// Reads `family`'s `kube-proxy` table back: `None` when there is none. Dumps its chains
+/// and sets, and the elements of each of the layout's per-service sets (not those of the
+/// affinity maps, which the packet path writes).
+pub fn read_table(socket: &mut NftSocket, family: Family) -> Result<Option<Readback>, ApplyError> {
+    let Some(chains) = read_chains(socket, family)? else {
+        return Ok(None);
+    };
+    let mut back = Readback {
+        chains,
+        sets: names(
+            socket,
+            MsgKind::GetSet,
+            family,
+            NFTA_SET_TABLE,
+            NFTA_SET_NAME,
+        )?,
+        ..Readback::default()
+    };
+    if !back.is_this_layout() {
+        return Ok(Some(back));
+    }
+    for set in back.sets.clone() {
+        let Some(of) = SetOf::parse(&set) else {
+            continue;
+        };
+        for encoded in set_elements(socket, family, &set)? {
+            match decode(of, family, &encoded) {
+                Some(element) => back.elements.push(element),
+                None => back.undecoded += 1,
+            }
+        }
+    }
+    Ok(Some(back))
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -204,5 +476,58 @@ mod tests {
             },
         ));
         assert_eq!(nodeport.key, vec![132, 0, 0, 0, 0x75, 0x30, 0, 0]);
+    }
+
+    #[test]
+    fn decoding_reads_back_what_encoding_wrote() {
+        use kp_rules::nftables::layout::EntrySet;
+        let v6: IpAddr = "fd00::10".parse().expect("literal");
+        let entry = Entry::Ip {
+            addr: v6,
+            proto: Protocol::Sctp,
+            port: 9000,
+        };
+        let nodeport = Entry::NodePort {
+            proto: Protocol::Udp,
+            port: 30053,
+        };
+        let cases = [
+            (
+                Element::Entry(EntrySet::Count(Slots::Policy, 3), entry),
+                "slots-3",
+            ),
+            (
+                Element::Entry(EntrySet::Reject, nodeport),
+                "nodeport-reject-services",
+            ),
+            (
+                Element::Slot {
+                    slots: Slots::ShortCircuit,
+                    entry: nodeport,
+                    slot: 7,
+                    addr: "fd00::7".parse().expect("literal"),
+                    port: 8443,
+                },
+                "nodeport-short-circuit-endpoints-udp",
+            ),
+            (
+                Element::Allow(entry, "2001:db8::/48".parse().expect("literal")),
+                "firewall-allow",
+            ),
+            (Element::Hairpin(v6), "hairpin"),
+            (Element::ClusterIp(v6), "cluster-ips"),
+        ];
+        for (element, set) in cases {
+            assert_eq!(element.set_name(), set);
+            let of = SetOf::parse(set).expect("a set of the layout");
+            let back = decode(of, Family::Ipv6, &encode(&element));
+            assert_eq!(back.as_ref(), Some(&element), "{set}");
+        }
+        // A key of the wrong length is not an element of ours.
+        let mut short = encode(&Element::ClusterIp(v6));
+        short.key.pop();
+        assert_eq!(decode(SetOf::ClusterIps, Family::Ipv6, &short), None);
+        assert_eq!(SetOf::parse("slots-03"), None);
+        assert_eq!(SetOf::parse("affinity-10800"), None);
     }
 }

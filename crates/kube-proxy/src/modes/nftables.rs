@@ -6,6 +6,7 @@ use anyhow::Context as _;
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_dataplane::iptables::IptablesBackend;
+use kp_dataplane::nftables::layout::{LAYOUT_ENV, LayoutBackend, layout_from_env};
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::watch::Owned;
 use kp_rules::iptables::RenderConfig;
@@ -33,11 +34,22 @@ impl Mode for Nftables {
         check_nft_version(host)?;
         let (_, render) = super::start_kernel_mode(&input)?;
         super::iptables::warn_without_cluster_cidr(input.config);
-        let nft = NftablesBackend::with_metrics_registered(
-            NftablesConfig::new(host.families.clone(), render),
-            NftablesMetrics::register(input.registry),
-        )
-        .context("invalid nftables configuration")?;
+        let config = NftablesConfig::new(host.families.clone(), render);
+        let metrics = NftablesMetrics::register(input.registry);
+        let maps = layout_from_env(std::env::var(LAYOUT_ENV).ok().as_deref())
+            .map_err(|why| anyhow::anyhow!(why))?;
+        let nft = if maps {
+            tracing::info!("nftables mode writes the verdict-free layout ({LAYOUT_ENV}=maps)");
+            Layout::Maps(
+                LayoutBackend::with_metrics_registered(config, metrics)
+                    .context("invalid nftables configuration")?,
+            )
+        } else {
+            Layout::Chains(
+                NftablesBackend::with_metrics_registered(config, metrics)
+                    .context("invalid nftables configuration")?,
+            )
+        };
         let iptables = super::iptables::leftovers(host)?;
         tracing::info!("Using nftables Proxier");
         Ok(NftablesMode {
@@ -88,13 +100,59 @@ fn parse_nft_version(text: &str) -> Option<(u32, u32, u32)> {
     Some((major, minor, patch))
 }
 
-/// nftables mode as the binary runs it: [`NftablesBackend`], plus iptables mode's cleanup.
+/// The layout nftables mode writes.
+#[derive(Debug)]
+pub enum Layout {
+    /// One chain per service and endpoint, as upstream (the default).
+    Chains(NftablesBackend),
+    /// The verdict-free layout (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`).
+    Maps(LayoutBackend),
+}
+
+impl Backend for Layout {
+    fn mode(&self) -> &'static str {
+        match self {
+            Layout::Chains(b) => b.mode(),
+            Layout::Maps(b) => b.mode(),
+        }
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        match self {
+            Layout::Chains(b) => b.sync(request).await,
+            Layout::Maps(b) => b.sync(request).await,
+        }
+    }
+
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        match self {
+            Layout::Chains(b) => b.cleanup().await,
+            Layout::Maps(b) => b.cleanup().await,
+        }
+    }
+
+    async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
+        match self {
+            Layout::Chains(b) => b.verify(check).await,
+            Layout::Maps(b) => b.verify(check).await,
+        }
+    }
+
+    fn kernel_changed_behind_our_back(&mut self) {
+        match self {
+            Layout::Chains(b) => b.kernel_changed_behind_our_back(),
+            Layout::Maps(b) => b.kernel_changed_behind_our_back(),
+        }
+    }
+}
+
+/// nftables mode as the binary runs it: the [`Layout`] chosen, plus iptables mode's cleanup.
 /// As upstream, a normal start removes iptables mode's chains once the first nftables sync
 /// succeeded (errors there are only logged), so a node switched from iptables mode does not
 /// run both. (`--cleanup` removes every mode's state through [`crate::cleanup`].)
 #[derive(Debug)]
 pub struct NftablesMode {
-    nft: NftablesBackend,
+    nft: Layout,
     iptables: IptablesBackend,
     iptables_cleaned: bool,
 }

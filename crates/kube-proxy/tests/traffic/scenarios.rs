@@ -24,7 +24,11 @@ const SPREAD_FLOWS_TWO: usize = 30;
 /// sees the node's address on its side (the same address a masqueraded flow shows).
 fn kept(mode: Mode) -> Source {
     match mode {
-        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Ipvs => Source::Preserved,
+        Mode::Iptables
+        | Mode::IptablesRestore
+        | Mode::Nftables
+        | Mode::NftablesMaps
+        | Mode::Ipvs => Source::Preserved,
         Mode::Userspace => Source::Masqueraded,
     }
 }
@@ -184,7 +188,7 @@ pub fn cluster_ip(mode: Mode) {
     // itself answers a port IPVS does not serve: a TCP reset, an ICMP port unreachable.
     let expected = match mode {
         Mode::Iptables | Mode::IptablesRestore | Mode::Userspace => Outcome::TimedOut,
-        Mode::Nftables | Mode::Ipvs => Outcome::Refused,
+        Mode::Nftables | Mode::NftablesMaps | Mode::Ipvs => Outcome::Refused,
     };
     let tcp = cl
         .tcp_repeat(client, ip("10.96.0.10"), 81, 2)
@@ -413,7 +417,9 @@ pub fn external(mode: Mode) {
     // virtual server whatever the source, with the external policy's real servers (local
     // only), and KUBE-LOAD-BALANCER-LOCAL leaves it unmasqueraded.
     let (expected, what): (&[&str], _) = match mode {
-        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables => (&["a", "b", "c"], SPREAD_FLOWS),
+        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::NftablesMaps => {
+            (&["a", "b", "c"], SPREAD_FLOWS)
+        }
         Mode::Userspace | Mode::Ipvs => (&["a", "b"], SPREAD_FLOWS_TWO),
     };
     let tally = cl
@@ -554,9 +560,12 @@ pub fn edits_and_restart(mode: Mode) {
     //     DROPs unallocated addresses of the service CIDRs when ServiceCIDR objects name
     //     them (none here; see `unallocated_cluster_ips`); a drop would time out the same way.
     let unallocated = match mode {
-        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Userspace | Mode::Ipvs => {
-            Outcome::TimedOut
-        }
+        Mode::Iptables
+        | Mode::IptablesRestore
+        | Mode::Nftables
+        | Mode::NftablesMaps
+        | Mode::Userspace
+        | Mode::Ipvs => Outcome::TimedOut,
     };
     let before = env
         .cluster
@@ -625,7 +634,11 @@ pub fn edits_and_restart(mode: Mode) {
     env.restart_proxy();
     match mode {
         // IPVS keeps its connection table across the proxy's restart, as conntrack does.
-        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Ipvs => {
+        Mode::Iptables
+        | Mode::IptablesRestore
+        | Mode::Nftables
+        | Mode::NftablesMaps
+        | Mode::Ipvs => {
             echo(&env, &mut session, &pod, "after-restart");
         }
         Mode::Userspace => {
@@ -897,7 +910,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 &["a", "b", "c"],
             );
         }
-        Mode::Nftables => {
+        Mode::Nftables | Mode::NftablesMaps => {
             // 1. No localhost NodePorts in nftables mode: 127.0.0.1 is never DNATed.
             assert_no_localhost_node_port(&env, 30090, "nftables mode");
             // nodePortAddresses defaults to `primary`: the node IP answers ...
@@ -955,7 +968,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 );
             }
         }
-        Mode::Nftables => {
+        Mode::Nftables | Mode::NftablesMaps => {
             for family in ["ip", "ip6"] {
                 let table = env.node_exec(&["nft", "list", "table", family, "kube-proxy"]);
                 assert!(
@@ -998,7 +1011,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 );
             }
         }
-        Mode::Nftables => {
+        Mode::Nftables | Mode::NftablesMaps => {
             let tables = env.node_exec(&["nft", "list", "tables"]);
             for table in ["table ip kube-proxy", "table ip6 kube-proxy"] {
                 assert!(tables.lines().any(|l| l == table), "{table}?\n{tables}");
@@ -1013,7 +1026,11 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
         .expect("probe");
     match mode {
         // IPVS's virtual servers and kube-ipvs0 stay too.
-        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Ipvs => assert!(
+        Mode::Iptables
+        | Mode::IptablesRestore
+        | Mode::Nftables
+        | Mode::NftablesMaps
+        | Mode::Ipvs => assert!(
             outcome.pod().is_some(),
             "rules must outlive the proxy's exit: {outcome:?}{}",
             env.diag()
@@ -1259,7 +1276,7 @@ pub fn restricted_node_ports(mode: Mode) {
                 );
             }
         }
-        Mode::Nftables => {
+        Mode::Nftables | Mode::NftablesMaps => {
             for family in ["ip", "ip6"] {
                 let forward = env.node_exec(&[
                     "nft",
@@ -1269,9 +1286,14 @@ pub fn restricted_node_ports(mode: Mode) {
                     "kube-proxy",
                     "filter-forward",
                 ]);
-                assert!(
+                let complete = if mode == Mode::NftablesMaps {
+                    forward.contains("jump entry-filter")
+                } else {
                     forward.contains("jump service-endpoints-check")
-                        && forward.contains("jump cluster-ips-check"),
+                        && forward.contains("jump cluster-ips-check")
+                };
+                assert!(
+                    complete,
                     "{family} filter-forward is incomplete:\n{forward}"
                 );
                 let table = env.node_exec(&["nft", "list", "table", family, "kube-proxy"]);
@@ -1389,6 +1411,18 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
                 "skipped objects must not be programmed:\n{nat}"
             );
         }
+        Mode::NftablesMaps => {
+            // No name reaches this layout: its elements hold addresses and ports only.
+            let table = env.node_exec(&["nft", "list", "table", "ip", "kube-proxy"]);
+            assert!(
+                !table.contains("quoted") && !table.contains(long_name.as_str()),
+                "service names must not reach the verdict-free layout:\n{table}"
+            );
+            assert!(
+                !table.contains("10.96.0.73") && !table.contains("bad-ip"),
+                "skipped objects must not be programmed:\n{table}"
+            );
+        }
         Mode::Nftables => {
             // The names are in the per-service chain names, with characters nft identifiers
             // cannot hold replaced.
@@ -1470,7 +1504,7 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
                 assert!(!state.contains("127.0.0.1"), "{state}");
             }
         }
-        Mode::Nftables => {
+        Mode::Nftables | Mode::NftablesMaps => {
             // Never localhost NodePorts: the NodePort addresses are the node's primary IP.
             let ips = env.node_exec(&["nft", "list", "set", "ip", "kube-proxy", "nodeport-ips"]);
             assert!(
@@ -1621,7 +1655,7 @@ pub fn unallocated_cluster_ips(mode: Mode) {
         .tcp(&client, ip(UNALLOCATED), kp_testbed::DEFAULT_ECHO_PORT)
         .expect("probe");
     match mode {
-        Mode::Nftables => assert_eq!(
+        Mode::Nftables | Mode::NftablesMaps => assert_eq!(
             outcome,
             Outcome::TimedOut,
             "dropped: inside the ServiceCIDR, no Service{}",
@@ -1754,7 +1788,9 @@ pub fn affinity_and_node_traffic(mode: Mode) {
             );
             seen.push((what, pods[0].clone()));
         }
-        if mode != Mode::Ipvs {
+        // The verdict-free nftables layout pins per address too (its affinity maps are
+        // keyed by the entry a client used; docs/nftables-layout.md says why).
+        if mode != Mode::Ipvs && mode != Mode::NftablesMaps {
             assert!(
                 seen.iter().all(|(_, pod)| *pod == seen[0].1),
                 "one endpoint per client across the service port's addresses, from {name}: \
@@ -1893,7 +1929,11 @@ pub fn link_local_node(mode: Mode) {
             assert_eq!(pods, ["a", "b", "c"], "{what}{}", env.diag());
             let expected = match mode {
                 Mode::Userspace => cl.node_ip(),
-                Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Ipvs => client.ip(),
+                Mode::Iptables
+                | Mode::IptablesRestore
+                | Mode::Nftables
+                | Mode::NftablesMaps
+                | Mode::Ipvs => client.ip(),
             };
             assert_eq!(
                 tally.seen_source_ips().into_iter().collect::<BTreeSet<_>>(),
@@ -1975,7 +2015,7 @@ pub fn node_port_address_forms(mode: Mode) {
         NodePortForm {
             what: "default nodePortAddresses",
             flag: None,
-            answer: if mode == Mode::Nftables {
+            answer: if mode.is_nftables() {
                 primary.clone()
             } else {
                 all.clone()

@@ -61,6 +61,9 @@ pub enum Mode {
     IptablesRestore,
     /// `--proxy-mode=nftables`.
     Nftables,
+    /// `--proxy-mode=nftables` in the verdict-free layout
+    /// (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`).
+    NftablesMaps,
     /// `--proxy-mode=userspace`: the relay, with iptables rules redirecting to it.
     Userspace,
     /// `--proxy-mode=ipvs`: only inside the kp-vm guest (this machine's kernel has no IPVS,
@@ -73,10 +76,15 @@ impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::Iptables | Mode::IptablesRestore => "iptables",
-            Mode::Nftables => "nftables",
+            Mode::Nftables | Mode::NftablesMaps => "nftables",
             Mode::Userspace => "userspace",
             Mode::Ipvs => "ipvs",
         }
+    }
+
+    /// nftables mode, whichever layout it writes.
+    pub fn is_nftables(self) -> bool {
+        matches!(self, Mode::Nftables | Mode::NftablesMaps)
     }
 
     /// iptables mode, whichever way its rules are written.
@@ -88,7 +96,11 @@ impl Mode {
     fn flags(self) -> Vec<String> {
         match self {
             // Upstream has no nftables flag of its own: this one sets both modes' period.
-            Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Userspace => {
+            Mode::Iptables
+            | Mode::IptablesRestore
+            | Mode::Nftables
+            | Mode::NftablesMaps
+            | Mode::Userspace => {
                 vec!["--iptables-min-sync-period=0s".to_owned()]
             }
             Mode::Ipvs => vec![
@@ -104,7 +116,7 @@ impl Mode {
             Mode::Iptables | Mode::IptablesRestore | Mode::Userspace => {
                 &[&["iptables-save"], &["ip6tables-save"]]
             }
-            Mode::Nftables => &[&["nft", "list", "ruleset"]],
+            Mode::Nftables | Mode::NftablesMaps => &[&["nft", "list", "ruleset"]],
             Mode::Ipvs => &[&["ipvsadm", "-Ln"], &["ipset", "list"], &["iptables-save"]],
         };
         tools
@@ -560,6 +572,9 @@ impl Proxy {
         LAUNCHER.get().copied().unwrap_or(run_built_binary)(launch.command_mut(), &source, state);
         if mode == Mode::IptablesRestore {
             launch = launch.env(NETLINK_ENV, "off");
+        }
+        if mode == Mode::NftablesMaps {
+            launch = launch.env("KUBE_PROXY_RS_NFTABLES_LAYOUT", "maps");
         }
         let process = launch
             .arg(format!("--proxy-mode={}", mode.name()))

@@ -125,13 +125,29 @@ pub fn entry_set_name(set: EntrySet, node_port: bool) -> String {
     }
 }
 
-/// The name of the endpoints map of `slots` for an entry of that kind.
-pub fn slot_map_name(slots: Slots, node_port: bool) -> &'static str {
-    match (slots, node_port) {
+/// The protocols a service port has; each has its own endpoint and affinity maps (see
+/// [`slot_map_name`]).
+pub const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+
+/// The name of the endpoints map of `slots` for an entry of that kind and protocol
+/// (`endpoints-tcp`, `nodeport-short-circuit-endpoints-udp`, ...). One map per protocol:
+/// nft 1.0.6 cannot add a rule looking up a map whose data was declared (in an earlier
+/// run) as `ip daddr . th dport` ("conflicting protocols specified"), so each map's data is
+/// declared with its own protocol's port, and each rule matches that protocol.
+pub fn slot_map_name(slots: Slots, node_port: bool, proto: Protocol) -> String {
+    let base = match (slots, node_port) {
         (Slots::Policy, false) => "endpoints",
         (Slots::Policy, true) => "nodeport-endpoints",
         (Slots::ShortCircuit, false) => "short-circuit-endpoints",
         (Slots::ShortCircuit, true) => "nodeport-short-circuit-endpoints",
+    };
+    format!("{base}-{}", proto.as_str())
+}
+
+/// The protocol of an entry.
+pub fn entry_protocol(entry: &Entry) -> Protocol {
+    match entry {
+        Entry::Ip { proto, .. } | Entry::NodePort { proto, .. } => *proto,
     }
 }
 
@@ -148,7 +164,7 @@ impl Element {
         match self {
             Element::Entry(set, entry) => entry_set_name(*set, entry.is_node_port()),
             Element::Slot { slots, entry, .. } => {
-                slot_map_name(*slots, entry.is_node_port()).to_owned()
+                slot_map_name(*slots, entry.is_node_port(), entry_protocol(entry))
             }
             Element::Allow(..) => FIREWALL_ALLOW.to_owned(),
             Element::Hairpin(_) => HAIRPIN.to_owned(),
@@ -212,5 +228,83 @@ impl fmt::Display for ElementBody<'_> {
 impl fmt::Display for Element {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {{ {} }}", self.set_name(), self.body())
+    }
+}
+
+/// What a set or map of the layout holds, read back from its name (a restart reads the
+/// kernel's elements set by set, and decodes each by what its set holds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetOf {
+    /// Entries (`E`, or `P` when `node_port`) of an [`EntrySet`].
+    Entries(EntrySet, bool),
+    /// Slot elements of an endpoints map (`E . slot : addr . port`) of one protocol.
+    Slots(Slots, bool, Protocol),
+    /// `firewall-allow`.
+    FirewallAllow,
+    /// `hairpin`.
+    Hairpin,
+    /// `cluster-ips`.
+    ClusterIps,
+}
+
+impl SetOf {
+    /// The layout's per-service set named `name`; `None` for the fixed part's own sets
+    /// (`nodeport-ips`), the affinity maps (written by the packet path) and foreign names.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            FIREWALL_ALLOW => return Some(SetOf::FirewallAllow),
+            HAIRPIN => return Some(SetOf::Hairpin),
+            CLUSTER_IPS => return Some(SetOf::ClusterIps),
+            _ => {}
+        }
+        let (node_port, base) = match name.strip_prefix("nodeport-") {
+            Some(rest) => (true, rest),
+            None => (false, name),
+        };
+        let parsed = match base {
+            "endpoints-tcp" => SetOf::Slots(Slots::Policy, node_port, Protocol::Tcp),
+            "endpoints-udp" => SetOf::Slots(Slots::Policy, node_port, Protocol::Udp),
+            "endpoints-sctp" => SetOf::Slots(Slots::Policy, node_port, Protocol::Sctp),
+            "short-circuit-endpoints-tcp" => {
+                SetOf::Slots(Slots::ShortCircuit, node_port, Protocol::Tcp)
+            }
+            "short-circuit-endpoints-udp" => {
+                SetOf::Slots(Slots::ShortCircuit, node_port, Protocol::Udp)
+            }
+            "short-circuit-endpoints-sctp" => {
+                SetOf::Slots(Slots::ShortCircuit, node_port, Protocol::Sctp)
+            }
+            "masquerade-all" => SetOf::Entries(EntrySet::MasqueradeAll, node_port),
+            "masquerade-not-local" => SetOf::Entries(EntrySet::MasqueradeNotLocal, node_port),
+            "short-circuit" => SetOf::Entries(EntrySet::ShortCircuit, node_port),
+            "reject-services" => SetOf::Entries(EntrySet::Reject, node_port),
+            "drop-services" => SetOf::Entries(EntrySet::Drop, node_port),
+            "firewall-ips" => SetOf::Entries(EntrySet::Firewall, node_port),
+            other => {
+                let set = if let Some(n) = other.strip_prefix("short-circuit-slots-") {
+                    EntrySet::Count(Slots::ShortCircuit, n.parse().ok()?)
+                } else if let Some(n) = other.strip_prefix("slots-") {
+                    EntrySet::Count(Slots::Policy, n.parse().ok()?)
+                } else {
+                    EntrySet::Affinity(other.strip_prefix("affinity-services-")?.parse().ok()?)
+                };
+                SetOf::Entries(set, node_port)
+            }
+        };
+        // Names are canonical: `slots-03` is not ours.
+        let canonical = match parsed {
+            SetOf::Entries(set, np) => entry_set_name(set, np),
+            SetOf::Slots(slots, np, proto) => slot_map_name(slots, np, proto),
+            _ => return Some(parsed),
+        };
+        (canonical == name).then_some(parsed)
+    }
+
+    /// Whether the set's entries are NodePort entries (`P`).
+    pub fn node_port(self) -> bool {
+        match self {
+            SetOf::Entries(_, node_port) | SetOf::Slots(_, node_port, _) => node_port,
+            _ => false,
+        }
     }
 }

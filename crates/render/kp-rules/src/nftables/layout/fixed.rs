@@ -7,10 +7,11 @@
 //! affinity timeout) makes the kernel validate the table, and then the table is these few
 //! chains.
 
+use ipnet::IpNet;
 use kp_core::model::IpFamily;
 use std::fmt::Write as _;
 
-use super::element::{Slots, entry_set_name, slot_map_name};
+use super::element::{PROTOCOLS, Slots, entry_set_name, slot_map_name};
 use super::state::{Changes, Class};
 use crate::config::{LocalDetector, NodePortAddresses};
 use crate::nftables::TABLE;
@@ -50,9 +51,39 @@ pub struct FixedConfig {
     pub detector: LocalDetector,
     /// Where NodePorts are accepted.
     pub node_port_addresses: NodePortAddresses,
+    /// The cluster's ServiceCIDRs (any family; this family's are used): traffic to their
+    /// unallocated addresses is dropped.
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl FixedConfig {
+    /// The fixed part's settings for `family` under `config`.
+    pub fn new(
+        config: &crate::config::RenderConfig,
+        family: IpFamily,
+        service_cidrs: &[IpNet],
+    ) -> Result<Self, crate::config::RenderError> {
+        Ok(Self {
+            family,
+            mark: config.masquerade_mark()?,
+            random_fully: config.random_fully,
+            detector: config.local_detector.clone(),
+            node_port_addresses: config.node_port_addresses.clone(),
+            service_cidrs: service_cidrs.to_vec(),
+        })
+    }
+
+    /// This family's ServiceCIDRs, aggregated.
+    pub fn family_service_cidrs(&self) -> Vec<IpNet> {
+        let cidrs: Vec<IpNet> = self
+            .service_cidrs
+            .iter()
+            .filter(|c| IpFamily::of_net(c) == self.family)
+            .map(IpNet::trunc)
+            .collect();
+        IpNet::aggregate(&cidrs)
+    }
+
     fn ip(&self) -> &'static str {
         match self.family {
             IpFamily::V4 => "ip",
@@ -199,13 +230,16 @@ fn declare_sets(s: &mut Script<'_>) {
     for node_port in [false, true] {
         let key = entry_key(ip, node_port);
         for slots in [Slots::Policy, Slots::ShortCircuit] {
-            let map = slot_map_name(slots, node_port);
-            s.push(
-                "add map",
-                format_args!(
-                    "{map} {{ typeof {key} . numgen random mod 1 : {ip} daddr . th dport ; }}"
-                ),
-            );
+            for proto in PROTOCOLS {
+                let map = slot_map_name(slots, node_port, proto);
+                let proto = proto.as_str();
+                s.push(
+                    "add map",
+                    format_args!(
+                        "{map} {{ typeof {key} . numgen random mod 1 : {ip} daddr . {proto} dport ; }}"
+                    ),
+                );
+            }
         }
         let ty = if node_port {
             "inet_proto . inet_service"
@@ -329,16 +363,20 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
         match class {
             Class::Count(slots, n) => {
                 let set = entry_set_name(super::element::EntrySet::Count(slots, n), node_port);
-                let map = slot_map_name(slots, node_port);
                 s.push("add set", format_args!("{set} {{ type {ty} ; }}"));
-                let pick =
-                    format!("{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}");
-                match slots {
-                    Slots::Policy => s.rule(PICK, format!("{dst}{pick}")),
-                    Slots::ShortCircuit => {
-                        s.rule(SHORT_CIRCUIT, format!("{dst}fib saddr type local {pick}"));
-                        if let Some(local) = config.local_pod_match(false) {
-                            s.rule(SHORT_CIRCUIT, format!("{dst}{local} {pick}"));
+                for proto in PROTOCOLS {
+                    let map = slot_map_name(slots, node_port, proto);
+                    let l4 = format!("meta l4proto {} {dst}", proto.as_str());
+                    let pick = format!(
+                        "{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}"
+                    );
+                    match slots {
+                        Slots::Policy => s.rule(PICK, format!("{l4}{pick}")),
+                        Slots::ShortCircuit => {
+                            s.rule(SHORT_CIRCUIT, format!("{l4}fib saddr type local {pick}"));
+                            if let Some(local) = config.local_pod_match(false) {
+                                s.rule(SHORT_CIRCUIT, format!("{l4}{local} {pick}"));
+                            }
                         }
                     }
                 }
@@ -346,25 +384,35 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
             Class::Affinity(seconds) => {
                 let set = entry_set_name(super::element::EntrySet::Affinity(seconds), node_port);
                 s.push("add set", format_args!("{set} {{ type {ty} ; }}"));
-                if !node_port {
-                    s.push(
-                        "add map",
-                        format_args!(
-                            "affinity-{seconds} {{ typeof {ip} saddr . {ip} daddr . meta l4proto . th dport : {ip} daddr . th dport ; flags dynamic,timeout ; timeout {seconds}s ; size {AFFINITY_SIZE} ; }}"
+                for proto in PROTOCOLS {
+                    let map = affinity_map_name(seconds, proto);
+                    let proto = proto.as_str();
+                    if !node_port {
+                        s.push(
+                            "add map",
+                            format_args!(
+                                "{map} {{ typeof {ip} saddr . {ip} daddr . meta l4proto . th dport : {ip} daddr . {proto} dport ; flags dynamic,timeout ; timeout {seconds}s ; size {AFFINITY_SIZE} ; }}"
+                            ),
+                        );
+                    }
+                    s.rule(
+                        AFFINITY,
+                        format!(
+                            "meta l4proto {proto} {dst}{key} @{set} dnat {ip} to {ip} saddr . {ip} daddr . meta l4proto . th dport map @{map}"
                         ),
                     );
                 }
-                s.rule(
-                    AFFINITY,
-                    format!(
-                        "{dst}{key} @{set} dnat {ip} to {ip} saddr . {ip} daddr . meta l4proto . th dport map @affinity-{seconds}"
-                    ),
-                );
                 record_affinity(&mut s, seconds, node_port);
             }
         }
     }
     s.out
+}
+
+/// The map recording the endpoints `proto` clients of entries with a `seconds` affinity
+/// got (one per protocol, as the endpoint maps: see [`slot_map_name`]).
+pub fn affinity_map_name(seconds: u64, proto: kp_core::model::Protocol) -> String {
+    format!("affinity-{seconds}-{}", proto.as_str())
 }
 
 /// The rules recording, after DNAT, the endpoint a new connection to an entry with affinity
@@ -380,11 +428,13 @@ fn record_affinity(s: &mut Script<'_>, seconds: u64, node_port: bool) {
     };
     let set = entry_set_name(super::element::EntrySet::Affinity(seconds), node_port);
     let key = format!("{ip} saddr . ct original {ip} daddr . meta l4proto . ct original proto-dst");
-    for proto in ["tcp", "udp", "sctp"] {
+    for proto in PROTOCOLS {
+        let map = affinity_map_name(seconds, proto);
+        let proto = proto.as_str();
         s.rule(
             AFFINITY_RECORD,
             format!(
-                "meta l4proto {proto} ct status dnat {original} @{set} update @affinity-{seconds} {{ {key} : {ip} daddr . th dport }}"
+                "meta l4proto {proto} ct status dnat {original} @{set} update @{map} {{ {key} : {ip} daddr . th dport }}"
             ),
         );
     }
@@ -420,6 +470,14 @@ fn filter_rules(s: &mut Script<'_>) {
         );
     }
     s.rule(ENTRY_FILTER, format!("{ip} daddr @cluster-ips reject"));
+    let cidrs = s.config.family_service_cidrs();
+    if !cidrs.is_empty() {
+        let list: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+        s.rule(
+            ENTRY_FILTER,
+            format!("{ip} daddr {{ {} }} drop", list.join(", ")),
+        );
+    }
 }
 
 /// The element statements of `changes` (deletions, the new classes' sets and rules, then
@@ -438,6 +496,58 @@ pub fn change_script(config: &FixedConfig, changes: &Changes) -> Vec<String> {
     }
     for element in &changes.add {
         s.push("add element", format_args!("{element}"));
+    }
+    s.out
+}
+
+/// One transaction replacing whatever table `config`'s family holds (another layout of
+/// kube-proxy-rs, or upstream's) with this layout holding `classes` and `elements`: there
+/// is no moment without rules, the old table serves until the commit.
+pub fn replace_table_script(
+    config: &FixedConfig,
+    classes: &std::collections::BTreeSet<Class>,
+    elements: &[super::Element],
+) -> Vec<String> {
+    let mut s = Script {
+        config,
+        out: Vec::new(),
+    };
+    // `add` first, so that the deletion cannot fail.
+    s.push("add table", format_args!(""));
+    s.push("delete table", format_args!(""));
+    s.out.extend(fixed_part(config, classes));
+    for element in elements {
+        s.push("add element", format_args!("{element}"));
+    }
+    s.out
+}
+
+/// The deletion of the sets (and affinity maps) of classes no rule uses any more.
+pub fn delete_classes_script(
+    config: &FixedConfig,
+    classes: &std::collections::BTreeSet<Class>,
+) -> Vec<String> {
+    let mut s = Script {
+        config,
+        out: Vec::new(),
+    };
+    for class in classes {
+        for node_port in [false, true] {
+            let set = match class {
+                Class::Count(slots, n) => super::element::EntrySet::Count(*slots, *n),
+                Class::Affinity(seconds) => super::element::EntrySet::Affinity(*seconds),
+            };
+            s.push(
+                "delete set",
+                format_args!("{}", entry_set_name(set, node_port)),
+            );
+        }
+        if let Class::Affinity(seconds) = class {
+            for proto in PROTOCOLS {
+                let map = affinity_map_name(*seconds, proto);
+                s.push("delete map", format_args!("{map}"));
+            }
+        }
     }
     s.out
 }

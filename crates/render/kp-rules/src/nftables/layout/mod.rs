@@ -28,8 +28,10 @@ use std::net::IpAddr;
 use kp_core::model::{IpFamily, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
 
-pub use element::{Element, Entry, EntrySet, Slots};
-pub use fixed::{FixedConfig, change_script, fixed_part};
+pub use element::{Element, Entry, EntrySet, SetOf, Slots};
+pub use fixed::{
+    FixedConfig, change_script, delete_classes_script, fixed_part, replace_table_script,
+};
 pub use state::{Changes, Class, LayoutState};
 
 use crate::config::RenderConfig;

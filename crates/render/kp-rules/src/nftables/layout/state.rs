@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kp_core::model::{Protocol, ServiceName, ServicePortName};
 
-use super::element::{Element, Entry, EntrySet, Slots};
+use super::element::{Element, Entry, EntrySet, SetOf, Slots};
 
 /// A slot count or affinity timeout in use: each has its sets and fixed rules, written the
 /// first time an element needs them.
@@ -29,6 +29,15 @@ impl Class {
         match element {
             Element::Entry(EntrySet::Count(slots, n), _) => Some(Class::Count(*slots, *n)),
             Element::Entry(EntrySet::Affinity(seconds), _) => Some(Class::Affinity(*seconds)),
+            _ => None,
+        }
+    }
+
+    /// The class whose set `set` is (`slots-3`, `affinity-services-10800`, ...).
+    pub fn of_set(set: SetOf) -> Option<Self> {
+        match set {
+            SetOf::Entries(EntrySet::Count(slots, n), _) => Some(Class::Count(slots, n)),
+            SetOf::Entries(EntrySet::Affinity(seconds), _) => Some(Class::Affinity(seconds)),
             _ => None,
         }
     }
@@ -125,6 +134,51 @@ impl LayoutState {
         found.sort();
         found.dedup();
         found
+    }
+
+    /// The state after a full sync of `updates` (each port with its elements) on an empty
+    /// table: what a full sync makes the kernel hold.
+    pub fn from_ports(updates: Vec<(ServicePortName, Vec<Element>)>) -> Self {
+        let mut state = Self::default();
+        let changes = state.changes(updates);
+        state.apply(changes);
+        state
+    }
+
+    /// Every kernel element, with the data installed.
+    pub fn elements(&self) -> impl Iterator<Item = &Element> + '_ {
+        self.elements.values().map(|claimed| &claimed.installed)
+    }
+
+    /// The element transaction that turns `kernel` (what the table holds, read back or as
+    /// last written) into this state: elements not here (or with other data) deleted,
+    /// elements missing added. Its `classes` are every class of this state (the caller
+    /// writes the fixed part with them); applying it changes no state (`self` is the
+    /// result).
+    pub fn repair(&self, kernel: impl IntoIterator<Item = Element>) -> Changes {
+        let kernel: std::collections::HashSet<Element> = kernel.into_iter().collect();
+        let mut delete: Vec<Element> = kernel
+            .iter()
+            .filter(|element| {
+                self.elements
+                    .get(&element.key())
+                    .is_none_or(|claimed| claimed.installed != **element)
+            })
+            .cloned()
+            .collect();
+        let mut add: Vec<Element> = self
+            .elements()
+            .filter(|element| !kernel.contains(*element))
+            .cloned()
+            .collect();
+        delete.sort();
+        add.sort();
+        Changes {
+            delete,
+            classes: self.classes.clone(),
+            add,
+            ports: Vec::new(),
+        }
     }
 
     /// The classes whose sets and rules exist.

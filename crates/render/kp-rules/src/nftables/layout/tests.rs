@@ -92,6 +92,7 @@ fn config() -> FixedConfig {
         random_fully: true,
         detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().expect("literal")]),
         node_port_addresses: NodePortAddresses::All,
+        service_cidrs: vec!["10.96.0.0/16".parse().expect("literal")],
     }
 }
 
@@ -115,9 +116,9 @@ fn a_clusterip_is_one_element_per_endpoint_and_its_decisions() {
         [
             "slots-3 { 10.96.0.1 . tcp . 80 }",
             "masquerade-not-local { 10.96.0.1 . tcp . 80 }",
-            "endpoints { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
-            "endpoints { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
-            "endpoints { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
+            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
+            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
+            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
             "hairpin { 10.244.0.1 . 10.244.0.1 }",
             "hairpin { 10.244.0.2 . 10.244.0.2 }",
             "hairpin { 10.244.0.3 . 10.244.0.3 }",
@@ -171,9 +172,9 @@ fn external_policy_local_short_circuits_to_the_cluster_list() {
             "short-circuit { 192.0.2.1 . tcp . 80 }",
             "firewall-ips { 192.0.2.1 . tcp . 80 }",
             "affinity-services-60 { 192.0.2.1 . tcp . 80 }",
-            "endpoints { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
-            "short-circuit-endpoints { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
-            "short-circuit-endpoints { 192.0.2.1 . tcp . 80 . 1 : 10.244.1.1 . 8080 }",
+            "endpoints-tcp { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
+            "short-circuit-endpoints-tcp { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
+            "short-circuit-endpoints-tcp { 192.0.2.1 . tcp . 80 . 1 : 10.244.1.1 . 8080 }",
             "firewall-allow { 192.0.2.1 . tcp . 80 . 198.51.100.0/24 }",
         ]
     );
@@ -208,8 +209,8 @@ fn moving_one_endpoint_rewrites_one_slot_and_its_hairpin() {
     assert_eq!(
         sync(&mut installed, partial),
         [
-            "delete element ip kube-proxy endpoints { 10.96.0.1 . tcp . 80 . 0 }",
-            "add element ip kube-proxy endpoints { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
+            "delete element ip kube-proxy endpoints-tcp { 10.96.0.1 . tcp . 80 . 0 }",
+            "add element ip kube-proxy endpoints-tcp { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
             "add element ip kube-proxy hairpin { 10.244.0.9 . 10.244.0.9 }",
         ],
         "db still claims 10.244.0.1's hairpin element"
@@ -230,9 +231,9 @@ fn moving_one_endpoint_rewrites_one_slot_and_its_hairpin() {
         [
             "slots-3 { 10.96.0.1 . tcp . 80 }",
             "masquerade-not-local { 10.96.0.1 . tcp . 80 }",
-            "endpoints { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
-            "endpoints { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
-            "endpoints { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
+            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
+            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
+            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
             "hairpin { 10.244.0.2 . 10.244.0.2 }",
             "hairpin { 10.244.0.3 . 10.244.0.3 }",
             "hairpin { 10.244.0.9 . 10.244.0.9 }",
@@ -277,11 +278,15 @@ fn a_new_endpoint_count_brings_its_set_and_rules_once() {
         [
             "delete element ip kube-proxy slots-2 { 10.96.0.1 . tcp . 80 }",
             "add set ip kube-proxy slots-3 { type ipv4_addr . inet_proto . inet_service ; }",
-            "add rule ip kube-proxy pick ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints",
+            "add rule ip kube-proxy pick meta l4proto tcp ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints-tcp",
+            "add rule ip kube-proxy pick meta l4proto udp ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints-udp",
+            "add rule ip kube-proxy pick meta l4proto sctp ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints-sctp",
             "add set ip kube-proxy nodeport-slots-3 { type inet_proto . inet_service ; }",
-            "add rule ip kube-proxy pick fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints",
+            "add rule ip kube-proxy pick meta l4proto tcp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-tcp",
+            "add rule ip kube-proxy pick meta l4proto udp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-udp",
+            "add rule ip kube-proxy pick meta l4proto sctp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-sctp",
             "add element ip kube-proxy slots-3 { 10.96.0.1 . tcp . 80 }",
-            "add element ip kube-proxy endpoints { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
+            "add element ip kube-proxy endpoints-tcp { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
             "add element ip kube-proxy hairpin { 10.244.0.3 . 10.244.0.3 }",
         ]
     );
@@ -297,12 +302,12 @@ fn the_fixed_part_has_no_per_service_object() {
     let classes = BTreeSet::from([Class::Count(Slots::Policy, 10), Class::Affinity(10800)]);
     let script = fixed_part(&config(), &classes);
     let rules = script.iter().filter(|s| s.starts_with("add rule")).count();
-    assert!(rules < 40, "{rules} rules");
+    assert!(rules < 70, "{rules} rules");
     assert!(
         script.iter().all(|s| !s.contains("goto")),
         "no verdict map anywhere"
     );
-    assert!(script.contains(&"add rule ip kube-proxy affinity-record meta l4proto tcp ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-10800 { ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst : ip daddr . th dport }".to_owned()));
+    assert!(script.contains(&"add rule ip kube-proxy affinity-record meta l4proto tcp ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-10800-tcp { ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst : ip daddr . th dport }".to_owned()));
 }
 
 #[test]

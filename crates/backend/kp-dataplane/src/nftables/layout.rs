@@ -1,0 +1,474 @@
+//! nftables mode in the verdict-free layout ([`LayoutBackend`]; design and kernel probe in
+//! `docs/nftables-layout.md`): every per-service fact is an element of a set or data map
+//! without verdicts, behind a fixed part of ~20 chains, so a one-service change is one
+//! element transaction that the kernel neither validates nor walks the table for.
+//!
+//! Chosen with [`LAYOUT_ENV`]`=maps` while it proves itself against every nftables suite;
+//! the chain-per-service layout ([`super::NftablesBackend`]) is the default.
+//!
+//! One sync, per family:
+//!
+//! - **Full** (first, after a failure or another program's change, when the core asks):
+//!   read the table back ([`LayoutIo::read_table`]) unless the bookkeeping is trusted; a
+//!   table of another layout (ours or upstream's, same name) is replaced by this one in one
+//!   `nft -f` transaction (no moment without rules). Otherwise the fixed part is rewritten
+//!   (`nft -f`, with the sets and rules of the classes in use now *and* before, so nothing
+//!   loses its rule), the element difference goes over netlink (one transaction, or steps
+//!   of [`STEP`] in an order that never points a rule at a missing slot), and classes no
+//!   longer used lose their rules and sets last.
+//! - **Partial**: the difference of the changed services' elements, over netlink in one
+//!   transaction; a new slot count or affinity timeout (its set and rules) or a changed
+//!   ServiceCIDR list makes that transaction `nft -f` text instead.
+//!
+//! A failed transaction changes nothing in the kernel: the bookkeeping stays, the failure is
+//! counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and the next sync is
+//! full (and reads the table back, since steps of a large one may have been applied).
+//!
+//! Not done yet (issue 24): deleting the affinity map entries of a removed endpoint (they
+//! expire with their timeout), `explain` of this layout, and netlink for the fixed part.
+
+mod io;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use ipnet::IpNet;
+use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::foreign::{Check, ForeignChange};
+use kp_core::model::IpFamily;
+use kp_rules::nftables::layout::fixed::{DISPATCH, PICK};
+use kp_rules::nftables::layout::{
+    Changes, Class, Context, Element, FixedConfig, LayoutState, SetOf, change_script,
+    delete_classes_script, fixed_part, full_updates, partial_updates, replace_table_script,
+};
+use kp_rules::nftables::{RenderError, TABLE};
+use tracing::{debug, info, warn};
+
+use super::{MODE, NftablesConfig, NftablesMetrics, table_family};
+use crate::conntrack::{Conntrack, DefaultConntrack};
+use crate::exec::ExecError;
+use crate::sync::{FamilyErrors, SyncState};
+
+pub use io::{FakeLayoutIo, LayoutCall, LayoutIo, NetlinkLayoutIo};
+pub use kp_nftnl::layout::Readback;
+
+/// Chooses the layout of nftables mode: `chains` (the default: one chain per service and
+/// endpoint, as upstream) or `maps` (this module).
+pub const LAYOUT_ENV: &str = "KUBE_PROXY_RS_NFTABLES_LAYOUT";
+
+/// Elements per kernel transaction of a large full sync (the kernel takes a transaction in
+/// one `sendmsg`; this keeps each batch a few MB).
+pub const STEP: usize = 50_000;
+
+/// Whether [`LAYOUT_ENV`] asks for this layout; any value but `maps` and `chains` is an
+/// error naming both.
+pub fn layout_from_env(value: Option<&str>) -> Result<bool, String> {
+    match value {
+        None | Some("" | "chains") => Ok(false),
+        Some("maps") => Ok(true),
+        Some(other) => Err(format!(
+            "{LAYOUT_ENV}={other:?} is neither `chains` nor `maps`"
+        )),
+    }
+}
+
+/// What the backend knows about one family's table.
+#[derive(Debug, Default)]
+struct Table {
+    /// What the kernel holds, as of the last successful sync.
+    installed: LayoutState,
+    /// Whether `installed` is known to be what the kernel holds (else the next full sync
+    /// reads the table back).
+    trusted: bool,
+    /// The fixed part's settings as last written (a ServiceCIDR change rewrites it).
+    fixed: Option<FixedConfig>,
+}
+
+/// nftables mode in the verdict-free layout. `I` writes and reads the table, `C` deletes
+/// conntrack entries; both are fakes in tests.
+#[derive(Debug)]
+pub struct LayoutBackend<I = NetlinkLayoutIo, C = DefaultConntrack> {
+    config: NftablesConfig,
+    io: I,
+    metrics: NftablesMetrics,
+    tables: BTreeMap<IpFamily, Table>,
+    sync: SyncState<C>,
+}
+
+impl LayoutBackend {
+    /// The real backend reporting into `metrics`: elements over nf_tables netlink, the
+    /// fixed part with `nft`, conntrack over ctnetlink.
+    pub fn with_metrics_registered(
+        config: NftablesConfig,
+        metrics: NftablesMetrics,
+    ) -> Result<Self, RenderError> {
+        let mut backend = Self::with_parts(
+            config,
+            NetlinkLayoutIo::default(),
+            DefaultConntrack::default(),
+        )?;
+        backend.metrics = metrics;
+        Ok(backend)
+    }
+}
+
+impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
+    /// A backend from its parts; fails if the render configuration cannot be expressed.
+    pub fn with_parts(config: NftablesConfig, io: I, conntrack: C) -> Result<Self, RenderError> {
+        config.render.validate()?;
+        Ok(Self {
+            sync: SyncState::new(config.families.clone(), conntrack),
+            config,
+            io,
+            metrics: NftablesMetrics::default(),
+            tables: BTreeMap::new(),
+        })
+    }
+
+    /// The I/O (the fake's record in tests).
+    pub fn io(&self) -> &I {
+        &self.io
+    }
+
+    /// What the backend believes `family`'s table holds.
+    pub fn installed(&self, family: IpFamily) -> Option<&LayoutState> {
+        self.tables.get(&family).map(|t| &t.installed)
+    }
+
+    fn fixed_config(&self, family: IpFamily, cidrs: &[IpNet]) -> FixedConfig {
+        // `validate` ran in the constructor, so the mark is valid.
+        FixedConfig::new(&self.config.render, family, cidrs).unwrap_or_else(|_| FixedConfig {
+            family,
+            mark: 0x4000,
+            random_fully: self.config.render.random_fully,
+            detector: self.config.render.local_detector.clone(),
+            node_port_addresses: self.config.render.node_port_addresses.clone(),
+            service_cidrs: cidrs.to_vec(),
+        })
+    }
+
+    /// One family's sync; returns the elements written.
+    async fn sync_family(
+        &self,
+        family: IpFamily,
+        request: &SyncRequest<'_>,
+        kind: SyncKind,
+        table: &mut Table,
+    ) -> Result<usize, BackendError> {
+        let ctx = Context::new(&self.config.render, request.state, family);
+        let fixed = self.fixed_config(family, &request.state.service_cidrs);
+        if kind == SyncKind::Full || !table.trusted {
+            return self.full(family, request, &ctx, fixed, table).await;
+        }
+        let updates = partial_updates(request.state, &ctx, &table.installed, request.changed);
+        let changes = table.installed.changes(updates);
+        let refix = table.fixed.as_ref().map(FixedConfig::family_service_cidrs)
+            != Some(fixed.family_service_cidrs());
+        let written = changes.delete.len() + changes.add.len();
+        if refix || !changes.classes.is_empty() {
+            let mut script = Vec::new();
+            if refix {
+                let classes = table.installed.classes().clone();
+                script.extend(fixed_part(&fixed, &classes));
+            }
+            script.extend(change_script(&fixed, &changes));
+            self.script(family, &script).await?;
+        } else if !changes.is_empty() {
+            self.elements(family, &changes.delete, &changes.add)?;
+        }
+        table.installed.apply(changes);
+        table.fixed = Some(fixed);
+        Ok(written)
+    }
+
+    /// A full sync of one family (see the module doc).
+    async fn full(
+        &self,
+        family: IpFamily,
+        request: &SyncRequest<'_>,
+        ctx: &Context,
+        fixed: FixedConfig,
+        table: &mut Table,
+    ) -> Result<usize, BackendError> {
+        let desired =
+            LayoutState::from_ports(full_updates(request.state, ctx, &LayoutState::default()));
+        let (kernel, kernel_classes) = if table.trusted {
+            let kernel: Vec<Element> = table.installed.elements().cloned().collect();
+            (kernel, table.installed.classes().clone())
+        } else {
+            match self.read_back(family)? {
+                Some(back) if !back.is_this_layout() => {
+                    self.replace(family, &fixed, &desired, &back).await?;
+                    return self.installed_now(table, desired, fixed);
+                }
+                Some(back) => {
+                    let classes = back
+                        .sets
+                        .iter()
+                        .filter_map(|s| SetOf::parse(s).and_then(Class::of_set))
+                        .collect();
+                    (back.elements, classes)
+                }
+                None => (Vec::new(), BTreeSet::new()),
+            }
+        };
+        let both: BTreeSet<Class> = desired.classes().union(&kernel_classes).copied().collect();
+        self.script(family, &fixed_part(&fixed, &both)).await?;
+        let changes = desired.repair(kernel);
+        let written = changes.delete.len() + changes.add.len();
+        for (delete, add) in steps(&changes) {
+            self.elements(family, &delete, &add)?;
+        }
+        let unused: BTreeSet<Class> = kernel_classes
+            .difference(desired.classes())
+            .copied()
+            .collect();
+        if !unused.is_empty() {
+            let mut script = fixed_part(&fixed, desired.classes());
+            script.extend(delete_classes_script(&fixed, &unused));
+            if let Err(err) = self.script(family, &script).await {
+                // Only their sets stay; the next full sync tries again.
+                self.metrics.cleanup_failures.inc();
+                warn!(?family, error = %err, "deleting unused nftables sets failed");
+            }
+        }
+        self.installed_now(table, desired, fixed)?;
+        Ok(written)
+    }
+
+    fn installed_now(
+        &self,
+        table: &mut Table,
+        desired: LayoutState,
+        fixed: FixedConfig,
+    ) -> Result<usize, BackendError> {
+        let count = desired.element_count();
+        table.installed = desired;
+        table.trusted = true;
+        table.fixed = Some(fixed);
+        Ok(count)
+    }
+
+    /// Replace a table of another layout with this one, in one transaction.
+    async fn replace(
+        &self,
+        family: IpFamily,
+        fixed: &FixedConfig,
+        desired: &LayoutState,
+        back: &Readback,
+    ) -> Result<(), BackendError> {
+        info!(
+            ?family,
+            chains = back.chains.len(),
+            "replacing the nftables table of another layout with the verdict-free one"
+        );
+        let mut elements: Vec<Element> = desired.elements().cloned().collect();
+        elements.sort();
+        let script = replace_table_script(fixed, desired.classes(), &elements);
+        self.script(family, &script).await
+    }
+
+    fn read_back(&self, family: IpFamily) -> Result<Option<Readback>, BackendError> {
+        let back = blocking(|| self.io.read_table(family)).map_err(|err| {
+            apply_error(
+                format!(
+                    "reading the nftables table back ({} {TABLE})",
+                    table_family(family)
+                ),
+                &err,
+            )
+        })?;
+        if let Some(back) = &back {
+            debug!(
+                ?family,
+                chains = back.chains.len(),
+                elements = back.elements.len(),
+                undecoded = back.undecoded,
+                "read the nftables table back"
+            );
+        }
+        Ok(back)
+    }
+
+    async fn script(&self, family: IpFamily, lines: &[String]) -> Result<(), BackendError> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let text = lines.join("\n") + "\n";
+        self.io.apply_script(&text).await.map_err(|err| {
+            apply_error(format!("nft -f - ({} {TABLE})", table_family(family)), &err)
+        })
+    }
+
+    fn elements(
+        &self,
+        family: IpFamily,
+        delete: &[Element],
+        add: &[Element],
+    ) -> Result<(), BackendError> {
+        blocking(|| self.io.apply_elements(family, delete, add)).map_err(|err| {
+            apply_error(
+                format!("nf_tables elements ({} {TABLE})", table_family(family)),
+                &err,
+            )
+        })
+    }
+}
+
+fn apply_error(what: String, err: &ExecError) -> BackendError {
+    BackendError::Apply {
+        what,
+        message: err.to_string(),
+    }
+}
+
+/// Run blocking netlink I/O without stalling the runtime's other tasks where it has others.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
+/// How early an element is added in a split full sync: what a rule looks up must be there
+/// before what makes the rule match it (slots before an entry's class membership).
+fn add_rank(element: &Element) -> u8 {
+    match element {
+        Element::Slot { .. } => 0,
+        Element::Hairpin(_) | Element::Allow(..) => 1,
+        Element::Entry(..) => 2,
+        Element::ClusterIp(_) => 3,
+    }
+}
+
+/// A full sync's element transactions: one when it fits in [`STEP`]; else replacements
+/// (same key, new data: deleted and added together) and additions in [`add_rank`] order,
+/// then deletions in the reverse order.
+pub fn steps(changes: &Changes) -> Vec<(Vec<Element>, Vec<Element>)> {
+    if changes.delete.len() + changes.add.len() <= STEP {
+        if changes.is_empty() {
+            return Vec::new();
+        }
+        return vec![(changes.delete.clone(), changes.add.clone())];
+    }
+    let added: BTreeSet<Element> = changes.add.iter().map(Element::key).collect();
+    let (replaced, mut deletions): (Vec<Element>, Vec<Element>) = changes
+        .delete
+        .iter()
+        .cloned()
+        .partition(|e| added.contains(&e.key()));
+    let mut additions = changes.add.clone();
+    additions.sort_by_key(add_rank);
+    deletions.sort_by_key(|e| std::cmp::Reverse(add_rank(e)));
+    let mut out: Vec<(Vec<Element>, Vec<Element>)> = Vec::new();
+    let mut current = (replaced, Vec::new());
+    for element in additions {
+        if current.0.len() + current.1.len() >= STEP {
+            out.push(std::mem::take(&mut current));
+        }
+        current.1.push(element);
+    }
+    for element in deletions {
+        if current.0.len() + current.1.len() >= STEP || !current.1.is_empty() {
+            out.push(std::mem::take(&mut current));
+        }
+        current.0.push(element);
+    }
+    if !current.0.is_empty() || !current.1.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+impl<I: LayoutIo, C: Conntrack> Backend for LayoutBackend<I, C> {
+    fn mode(&self) -> &'static str {
+        MODE
+    }
+
+    async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        let started = Instant::now();
+        let kind = self.sync.kind(request);
+        let mut errors = FamilyErrors::new(MODE);
+        let mut written = 0;
+        for family in self.sync.families().to_vec() {
+            let mut table = self.tables.remove(&family).unwrap_or_default();
+            let result = self.sync_family(family, request, kind, &mut table).await;
+            if result.is_err() {
+                self.metrics.sync_failures.inc();
+                // Steps of a split full sync may have been applied: read the table back.
+                table.trusted = false;
+            }
+            if let Some(count) = errors.check(family, result) {
+                written += count;
+            }
+            self.tables.insert(family, table);
+        }
+        self.sync.families_done(errors)?;
+        self.sync.succeeded(request, kind, &BTreeSet::new()).await;
+        debug!(?kind, written, took = ?started.elapsed(), "nftables (maps) sync finished");
+        Ok(SyncReport {
+            rules_written: written,
+            skipped: Vec::new(),
+        })
+    }
+
+    /// The table and its `dispatch` and `pick` chains in every family synced so far.
+    async fn verify(&mut self, _check: Check) -> Result<Vec<ForeignChange>, BackendError> {
+        let mut missing = Vec::new();
+        for (family, table) in &self.tables {
+            if table.fixed.is_none() {
+                continue;
+            }
+            let chains = blocking(|| self.io.chains(*family))
+                .map_err(|err| apply_error("nftables canary check".to_owned(), &err))?;
+            let fam = table_family(*family);
+            let Some(chains) = chains else {
+                missing.push(ForeignChange::removed(
+                    "table",
+                    format!("table {fam} {TABLE} missing"),
+                ));
+                continue;
+            };
+            for chain in [DISPATCH, PICK] {
+                if !chains.iter().any(|c| c == chain) {
+                    let detail = format!("chain {chain} missing in table {fam} {TABLE}");
+                    missing.push(ForeignChange::removed("chain", detail));
+                }
+            }
+        }
+        Ok(missing)
+    }
+
+    fn kernel_changed_behind_our_back(&mut self) {
+        for table in self.tables.values_mut() {
+            table.trusted = false;
+        }
+        self.sync.failed();
+    }
+
+    async fn cleanup(&mut self) -> Result<(), BackendError> {
+        let mut first_error = None;
+        for family in self.sync.families().to_vec() {
+            let fam = table_family(family);
+            let script = format!("add table {fam} {TABLE}\ndelete table {fam} {TABLE}\n");
+            match self.io.apply_script(&script).await {
+                Ok(()) => info!(?family, "removed the nftables {fam} {TABLE} table"),
+                Err(err) => {
+                    warn!(?family, error = %err, "nftables cleanup failed");
+                    first_error.get_or_insert(apply_error(
+                        format!("nftables cleanup ({fam} {TABLE})"),
+                        &err,
+                    ));
+                }
+            }
+        }
+        self.tables.clear();
+        self.sync.reset();
+        first_error.map_or(Ok(()), Err)
+    }
+}

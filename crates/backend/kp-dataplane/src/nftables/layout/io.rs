@@ -1,0 +1,275 @@
+//! How the verdict-free layout reaches the kernel: [`LayoutIo`], over nf_tables netlink and
+//! `nft` ([`NetlinkLayoutIo`]), and the recording fake [`FakeLayoutIo`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use kp_core::model::IpFamily;
+use kp_nftnl::layout::{Readback, push_elements, read_chains, read_table};
+use kp_nftnl::{ApplyError, Batch, Family, NftSocket};
+use kp_rules::nftables::TABLE;
+use kp_rules::nftables::layout::Element;
+
+use crate::exec::ExecError;
+use crate::nftables::ExecNft;
+
+/// How netlink failures are named in [`ExecError::Failed`].
+const PROGRAM: &str = "nf_tables netlink";
+
+/// The four operations of the layout. The element and read operations block (netlink);
+/// the caller keeps them off the runtime's other tasks.
+pub trait LayoutIo: Send + Sync {
+    /// Apply `script` (nft statements) as one transaction (`nft -f -`).
+    fn apply_script(&self, script: &str) -> impl Future<Output = Result<(), ExecError>> + Send;
+
+    /// Delete `delete`, then add `add`, in one transaction on `family`'s table.
+    fn apply_elements(
+        &self,
+        family: IpFamily,
+        delete: &[Element],
+        add: &[Element],
+    ) -> Result<(), ExecError>;
+
+    /// `family`'s table read back; `None` when there is none.
+    fn read_table(&self, family: IpFamily) -> Result<Option<Readback>, ExecError>;
+
+    /// The chains of `family`'s table (the canary check); `None` when there is no table.
+    fn chains(&self, family: IpFamily) -> Result<Option<Vec<String>>, ExecError>;
+}
+
+/// Elements and reads over one netlink socket, scripts with `nft`. Clones share the socket.
+#[derive(Clone, Debug, Default)]
+pub struct NetlinkLayoutIo {
+    socket: Arc<Mutex<Option<NftSocket>>>,
+    nft: ExecNft,
+}
+
+impl NetlinkLayoutIo {
+    fn with_socket<T>(
+        &self,
+        f: impl FnOnce(&mut NftSocket) -> Result<T, ApplyError>,
+    ) -> Result<T, ExecError> {
+        let mut guard = self.socket.lock().unwrap_or_else(PoisonError::into_inner);
+        let open = match guard.as_mut() {
+            Some(open) => open,
+            None => guard.insert(NftSocket::open().map_err(exec_error)?),
+        };
+        let result = f(open);
+        if matches!(result, Err(ApplyError::Socket(_))) {
+            *guard = None;
+        }
+        result.map_err(exec_error)
+    }
+}
+
+fn exec_error(err: ApplyError) -> ExecError {
+    ExecError::Failed {
+        program: PROGRAM.to_owned(),
+        code: err.errno(),
+        stderr: format!("Error: {err}"),
+    }
+}
+
+fn nft_family(family: IpFamily) -> Family {
+    match family {
+        IpFamily::V4 => Family::Ipv4,
+        IpFamily::V6 => Family::Ipv6,
+    }
+}
+
+impl LayoutIo for NetlinkLayoutIo {
+    async fn apply_script(&self, script: &str) -> Result<(), ExecError> {
+        self.nft.apply_script(script).await
+    }
+
+    fn apply_elements(
+        &self,
+        family: IpFamily,
+        delete: &[Element],
+        add: &[Element],
+    ) -> Result<(), ExecError> {
+        let mut batch = Batch::new(1);
+        push_elements(&mut batch, nft_family(family), false, delete);
+        push_elements(&mut batch, nft_family(family), true, add);
+        self.with_socket(|socket| socket.apply_batch(batch))
+    }
+
+    fn read_table(&self, family: IpFamily) -> Result<Option<Readback>, ExecError> {
+        self.with_socket(|socket| read_table(socket, nft_family(family)))
+    }
+
+    fn chains(&self, family: IpFamily) -> Result<Option<Vec<String>>, ExecError> {
+        self.with_socket(|socket| read_chains(socket, nft_family(family)))
+    }
+}
+
+/// One call seen by [`FakeLayoutIo`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LayoutCall {
+    /// `nft -f -` with this text.
+    Script(String),
+    /// An element transaction.
+    Elements {
+        /// The family.
+        family: IpFamily,
+        /// Deleted.
+        delete: Vec<Element>,
+        /// Added.
+        add: Vec<Element>,
+    },
+    /// A read-back.
+    Read(IpFamily),
+}
+
+#[derive(Debug, Default)]
+struct FakeState {
+    calls: Vec<LayoutCall>,
+    /// Elements per family, as element transactions left them.
+    elements: BTreeMap<IpFamily, BTreeSet<Element>>,
+    /// What a read-back returns, per family (`None`: no table).
+    tables: BTreeMap<IpFamily, Readback>,
+    fail_elements: usize,
+    fail_scripts: usize,
+}
+
+/// A recording [`LayoutIo`]: scripts are recorded (and, when they create or delete the
+/// table, make it exist or not), element transactions change its element sets, read-backs
+/// return those with the chains a test set. Clones share the record.
+#[derive(Clone, Debug, Default)]
+pub struct FakeLayoutIo {
+    state: Arc<Mutex<FakeState>>,
+}
+
+impl FakeLayoutIo {
+    /// An empty kernel.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FakeState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<LayoutCall> {
+        self.lock().calls.clone()
+    }
+
+    /// Forget the calls so far.
+    pub fn clear_calls(&self) {
+        self.lock().calls.clear();
+    }
+
+    /// The elements `family`'s table holds.
+    pub fn elements(&self, family: IpFamily) -> BTreeSet<Element> {
+        self.lock()
+            .elements
+            .get(&family)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Make `family`'s table exist with `back` (chains and sets; its elements are replaced
+    /// by what element transactions write from now on).
+    pub fn set_table(&self, family: IpFamily, back: Readback) {
+        let mut state = self.lock();
+        state
+            .elements
+            .insert(family, back.elements.iter().cloned().collect());
+        state.tables.insert(family, back);
+    }
+
+    /// Another program changes `family`'s elements.
+    pub fn tamper(&self, family: IpFamily, f: impl FnOnce(&mut BTreeSet<Element>)) {
+        f(self.lock().elements.entry(family).or_default());
+    }
+
+    /// Fail the next `n` element transactions (nothing of them applied).
+    pub fn fail_elements(&self, n: usize) {
+        self.lock().fail_elements = n;
+    }
+
+    /// Fail the next `n` scripts.
+    pub fn fail_scripts(&self, n: usize) {
+        self.lock().fail_scripts = n;
+    }
+}
+
+fn fake_failure(program: &str) -> ExecError {
+    ExecError::Failed {
+        program: program.to_owned(),
+        code: Some(1),
+        stderr: "Error: injected by the test".to_owned(),
+    }
+}
+
+impl LayoutIo for FakeLayoutIo {
+    async fn apply_script(&self, script: &str) -> Result<(), ExecError> {
+        let mut state = self.lock();
+        state.calls.push(LayoutCall::Script(script.to_owned()));
+        if state.fail_scripts > 0 {
+            state.fail_scripts -= 1;
+            return Err(fake_failure("nft"));
+        }
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let fam = super::table_family(family);
+            let table = format!("table {fam} {TABLE}\n");
+            if script.contains(&format!("delete {table}")) {
+                state.tables.remove(&family);
+                state.elements.remove(&family);
+            }
+            if script.contains(&format!("add chain {fam} {TABLE} dispatch")) {
+                let back = state.tables.entry(family).or_default();
+                for chain in ["dispatch", "pick"] {
+                    if !back.chains.iter().any(|c| c == chain) {
+                        back.chains.push(chain.to_owned());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_elements(
+        &self,
+        family: IpFamily,
+        delete: &[Element],
+        add: &[Element],
+    ) -> Result<(), ExecError> {
+        let mut state = self.lock();
+        state.calls.push(LayoutCall::Elements {
+            family,
+            delete: delete.to_vec(),
+            add: add.to_vec(),
+        });
+        if state.fail_elements > 0 {
+            state.fail_elements -= 1;
+            return Err(fake_failure(PROGRAM));
+        }
+        let set = state.elements.entry(family).or_default();
+        for element in delete {
+            let key = element.key();
+            set.retain(|e| e.key() != key);
+        }
+        set.extend(add.iter().cloned());
+        Ok(())
+    }
+
+    fn read_table(&self, family: IpFamily) -> Result<Option<Readback>, ExecError> {
+        let mut state = self.lock();
+        state.calls.push(LayoutCall::Read(family));
+        let elements: Vec<Element> = state
+            .elements
+            .get(&family)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        Ok(state.tables.get(&family).cloned().map(|mut back| {
+            back.elements = elements;
+            back
+        }))
+    }
+
+    fn chains(&self, family: IpFamily) -> Result<Option<Vec<String>>, ExecError> {
+        Ok(self.lock().tables.get(&family).map(|b| b.chains.clone()))
+    }
+}

@@ -1,0 +1,1 @@
+//! The verdict-free layout's backend over the fake I/O.
