@@ -1,1 +1,410 @@
-//! The verdict-free layout's backend over the fake I/O.
+//! The verdict-free layout's backend over the fake I/O: what each kind of sync writes, and
+//! that the kernel's elements (as the fake keeps them) end up what the state says after
+//! failures, foreign changes, restarts and another layout's table.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use kp_core::backend::{Backend, SyncKind};
+use kp_core::model::{IpFamily, Protocol, ServiceName};
+use kp_core::tracker::ProxyState;
+use kp_rules::nftables::RenderConfig;
+use kp_rules::nftables::layout::{Entry, EntrySet, Slots};
+
+use super::*;
+use crate::conntrack::FakeConntrack;
+use crate::testutil::*;
+
+type Fake = LayoutBackend<FakeLayoutIo, FakeConntrack>;
+
+fn backend_on(io: &FakeLayoutIo) -> Fake {
+    LayoutBackend::with_parts(
+        NftablesConfig::new(vec![IpFamily::V4], RenderConfig::default()),
+        io.clone(),
+        FakeConntrack::new(),
+    )
+    .expect("default config is valid")
+}
+
+fn changed(name: &str) -> BTreeSet<ServiceName> {
+    BTreeSet::from([service_name("ns", name)])
+}
+
+async fn sync(
+    backend: &mut Fake,
+    state: &ProxyState,
+    kind: SyncKind,
+    changed: &BTreeSet<ServiceName>,
+) {
+    backend
+        .sync(&request(state, kind, changed, false))
+        .await
+        .expect("fake succeeds");
+}
+
+/// `two_services` with `b` moved to another endpoint.
+fn b_moved() -> ProxyState {
+    let mut state = two_services();
+    let name = port_name("ns", "b", "p", Protocol::Tcp);
+    state
+        .endpoints
+        .insert(name, vec![endpoint("10.244.2.9", 8080)]);
+    state
+}
+
+/// What the kernel must hold for `state`: a fresh backend's bookkeeping after syncing it.
+async fn expected(state: &ProxyState) -> BTreeSet<Element> {
+    let io = FakeLayoutIo::new();
+    let mut fresh = backend_on(&io);
+    sync(&mut fresh, state, SyncKind::Full, &BTreeSet::new()).await;
+    io.elements(IpFamily::V4)
+}
+
+fn scripts(io: &FakeLayoutIo) -> Vec<String> {
+    io.calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            LayoutCall::Script(text) => Some(text),
+            _ => None,
+        })
+        .collect()
+}
+
+fn element_calls(io: &FakeLayoutIo) -> Vec<(Vec<Element>, Vec<Element>)> {
+    io.calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            LayoutCall::Elements { delete, add, .. } => Some((delete, add)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn addr(text: &str) -> IpAddr {
+    text.parse().expect("literal")
+}
+
+#[tokio::test]
+async fn the_first_sync_reads_writes_the_fixed_part_then_the_elements() {
+    let io = FakeLayoutIo::new();
+    let mut backend = backend_on(&io);
+    let state = two_services();
+    sync(&mut backend, &state, SyncKind::Partial, &BTreeSet::new()).await;
+    let calls = io.calls();
+    assert_eq!(calls[0], LayoutCall::Read(IpFamily::V4), "{calls:?}");
+    let scripts = scripts(&io);
+    assert_eq!(scripts.len(), 1, "{scripts:?}");
+    assert!(scripts[0].contains("add chain ip kube-proxy dispatch\n"));
+    assert!(
+        scripts[0].contains("add set ip kube-proxy slots-1 "),
+        "{}",
+        scripts[0]
+    );
+    let elements = element_calls(&io);
+    assert_eq!(elements.len(), 1, "one element transaction");
+    assert!(elements[0].0.is_empty());
+    let held = io.elements(IpFamily::V4);
+    assert!(
+        held.contains(&Element::ClusterIp(addr("10.96.0.2"))),
+        "{held:?}"
+    );
+    assert_eq!(
+        backend
+            .installed(IpFamily::V4)
+            .map(|s| s.elements().count()),
+        Some(held.len())
+    );
+}
+
+#[tokio::test]
+async fn a_moved_endpoint_is_one_element_transaction_and_nothing_else() {
+    let io = FakeLayoutIo::new();
+    let mut backend = backend_on(&io);
+    sync(
+        &mut backend,
+        &two_services(),
+        SyncKind::Full,
+        &BTreeSet::new(),
+    )
+    .await;
+    io.clear_calls();
+    let moved = b_moved();
+    sync(&mut backend, &moved, SyncKind::Partial, &changed("b")).await;
+    let calls = io.calls();
+    assert_eq!(calls.len(), 1, "no read, no script: {calls:?}");
+    let (delete, add) = &element_calls(&io)[0];
+    assert!(
+        delete.iter().all(|e| !matches!(e, Element::ClusterIp(_))),
+        "{delete:?}"
+    );
+    assert!(
+        add.iter()
+            .any(|e| matches!(e, Element::Slot { addr: a, .. } if *a == addr("10.244.2.9"))),
+        "{add:?}"
+    );
+    assert_eq!(io.elements(IpFamily::V4), expected(&moved).await);
+}
+
+#[tokio::test]
+async fn a_new_endpoint_count_goes_as_one_script_with_its_set_and_rules() {
+    let io = FakeLayoutIo::new();
+    let mut backend = backend_on(&io);
+    sync(
+        &mut backend,
+        &two_services(),
+        SyncKind::Full,
+        &BTreeSet::new(),
+    )
+    .await;
+    io.clear_calls();
+    let mut grown = two_services();
+    let name = port_name("ns", "b", "p", Protocol::Tcp);
+    grown.endpoints.insert(
+        name,
+        vec![endpoint("10.244.1.2", 8080), endpoint("10.244.1.3", 8080)],
+    );
+    sync(&mut backend, &grown, SyncKind::Partial, &changed("b")).await;
+    assert!(element_calls(&io).is_empty());
+    let scripts = scripts(&io);
+    assert_eq!(scripts.len(), 1);
+    assert!(
+        scripts[0].contains("add set ip kube-proxy slots-2 "),
+        "{}",
+        scripts[0]
+    );
+    assert!(scripts[0].contains("add element ip kube-proxy slots-2 { 10.96.0.2 . tcp . 80 }"));
+    assert!(
+        !scripts[0].contains("flush chain"),
+        "the fixed part stays: {}",
+        scripts[0]
+    );
+}
+
+#[tokio::test]
+async fn a_failed_transaction_keeps_the_rules_and_the_next_sync_repairs_from_a_read() {
+    let io = FakeLayoutIo::new();
+    let mut backend = backend_on(&io);
+    let state = two_services();
+    sync(&mut backend, &state, SyncKind::Full, &BTreeSet::new()).await;
+    let before = io.elements(IpFamily::V4);
+    io.fail_elements(1);
+    let moved = b_moved();
+    let failed = backend
+        .sync(&request(&moved, SyncKind::Partial, &changed("b"), false))
+        .await;
+    assert!(
+        matches!(failed, Err(BackendError::Apply { .. })),
+        "{failed:?}"
+    );
+    assert_eq!(io.elements(IpFamily::V4), before, "nothing of it applied");
+    io.clear_calls();
+    // The core asks for partial; the backend knows better.
+    sync(&mut backend, &moved, SyncKind::Partial, &changed("b")).await;
+    assert_eq!(io.calls()[0], LayoutCall::Read(IpFamily::V4));
+    assert_eq!(io.elements(IpFamily::V4), expected(&moved).await);
+}
+
+#[tokio::test]
+async fn another_programs_deletion_is_put_back_and_nothing_else_written() {
+    let io = FakeLayoutIo::new();
+    let mut backend = backend_on(&io);
+    let state = two_services();
+    sync(&mut backend, &state, SyncKind::Full, &BTreeSet::new()).await;
+    let whole = io.elements(IpFamily::V4);
+    let victim = Element::ClusterIp(addr("10.96.0.1"));
+    io.tamper(IpFamily::V4, |set| {
+        set.remove(&victim);
+    });
+    backend.kernel_changed_behind_our_back();
+    io.clear_calls();
+    sync(&mut backend, &state, SyncKind::Partial, &BTreeSet::new()).await;
+    let calls = element_calls(&io);
+    assert_eq!(calls, vec![(Vec::new(), vec![victim])]);
+    assert_eq!(io.elements(IpFamily::V4), whole);
+}
+
+#[tokio::test]
+async fn a_restart_adopts_its_own_table_and_writes_only_the_difference() {
+    let io = FakeLayoutIo::new();
+    let mut first = backend_on(&io);
+    sync(
+        &mut first,
+        &two_services(),
+        SyncKind::Full,
+        &BTreeSet::new(),
+    )
+    .await;
+    drop(first);
+    io.clear_calls();
+    let mut second = backend_on(&io);
+    let moved = b_moved();
+    sync(&mut second, &moved, SyncKind::Full, &BTreeSet::new()).await;
+    let calls = element_calls(&io);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let (delete, add) = &calls[0];
+    // b's slot, its hairpin; a is untouched.
+    assert!(delete.len() <= 2 && add.len() <= 2, "{delete:?} {add:?}");
+    assert!(!scripts(&io)[0].contains("delete table"));
+    assert_eq!(io.elements(IpFamily::V4), expected(&moved).await);
+}
+
+#[tokio::test]
+async fn a_table_of_another_layout_is_replaced_in_one_transaction() {
+    let io = FakeLayoutIo::new();
+    io.set_table(
+        IpFamily::V4,
+        Readback {
+            chains: vec!["services".into(), "service-ULMVA6XW-ns/a/tcp/p".into()],
+            sets: vec!["service-ips".into(), "cluster-ips".into()],
+            ..Readback::default()
+        },
+    );
+    let mut backend = backend_on(&io);
+    let state = two_services();
+    sync(&mut backend, &state, SyncKind::Full, &BTreeSet::new()).await;
+    assert!(
+        element_calls(&io).is_empty(),
+        "everything in the one script"
+    );
+    let scripts = scripts(&io);
+    assert_eq!(scripts.len(), 1);
+    let script = &scripts[0];
+    let delete = script
+        .find("delete table ip kube-proxy")
+        .expect("deletes the old table");
+    let dispatch = script
+        .find("add chain ip kube-proxy dispatch")
+        .expect("writes the new");
+    let element = script
+        .find("add element ip kube-proxy cluster-ips { 10.96.0.1 }")
+        .expect("and its elements");
+    assert!(delete < dispatch && dispatch < element, "{script}");
+}
+
+#[tokio::test]
+async fn a_changed_service_cidr_rewrites_the_fixed_part_in_a_partial_sync() {
+    let io = FakeLayoutIo::new();
+    let mut backend = backend_on(&io);
+    let mut state = two_services();
+    sync(&mut backend, &state, SyncKind::Full, &BTreeSet::new()).await;
+    assert!(!scripts(&io)[0].contains("daddr { 10.96.0.0/16 } drop"));
+    io.clear_calls();
+    state.service_cidrs = vec!["10.96.0.0/16".parse().expect("literal")];
+    sync(&mut backend, &state, SyncKind::Partial, &BTreeSet::new()).await;
+    let scripts = scripts(&io);
+    assert_eq!(scripts.len(), 1, "{scripts:?}");
+    assert!(
+        scripts[0].contains("ip daddr { 10.96.0.0/16 } drop"),
+        "{}",
+        scripts[0]
+    );
+    io.clear_calls();
+    sync(&mut backend, &state, SyncKind::Partial, &BTreeSet::new()).await;
+    assert!(io.calls().is_empty(), "written once: {:?}", io.calls());
+}
+
+#[tokio::test]
+async fn the_canary_check_names_a_missing_table_and_chain() {
+    let io = FakeLayoutIo::new();
+    let mut backend = backend_on(&io);
+    sync(
+        &mut backend,
+        &two_services(),
+        SyncKind::Full,
+        &BTreeSet::new(),
+    )
+    .await;
+    assert!(
+        backend
+            .verify(Check::Canary)
+            .await
+            .expect("fake")
+            .is_empty()
+    );
+    io.set_table(
+        IpFamily::V4,
+        Readback {
+            chains: vec!["dispatch".into()],
+            ..Readback::default()
+        },
+    );
+    let found = backend.verify(Check::Canary).await.expect("fake");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0]
+            .log_message()
+            .contains("chain pick missing in table ip kube-proxy")
+    );
+}
+
+/// A slot of entry `i` (0 ≤ i < n) of service `s`.
+fn slot(s: u8, i: u32) -> Element {
+    Element::Slot {
+        slots: Slots::Policy,
+        entry: entry(s),
+        slot: i,
+        addr: IpAddr::from([10, 244, s, i as u8]),
+        port: 8080,
+    }
+}
+
+fn entry(s: u8) -> Entry {
+    Entry::Ip {
+        addr: IpAddr::from([10, 96, 0, s]),
+        proto: Protocol::Tcp,
+        port: u16::from(s),
+    }
+}
+
+#[test]
+fn a_large_full_sync_fills_slots_before_entries_and_deletes_last() {
+    let mut changes = Changes::default();
+    // 60k slots of 240 entries, the entries' class elements, a replaced slot, deletions.
+    for s in 0..240u8 {
+        for i in 0..250 {
+            changes.add.push(slot(s, i));
+        }
+        changes.add.push(Element::Entry(
+            EntrySet::Count(Slots::Policy, 250),
+            entry(s),
+        ));
+        changes
+            .delete
+            .push(Element::Entry(EntrySet::Count(Slots::Policy, 3), entry(s)));
+    }
+    let replaced = Element::Slot {
+        slots: Slots::Policy,
+        entry: entry(7),
+        slot: 7,
+        addr: IpAddr::from([192, 0, 2, 1]),
+        port: 8080,
+    };
+    changes.delete.push(replaced.clone());
+    let steps = steps(&changes);
+    assert!(steps.len() > 1, "{} steps", steps.len());
+    assert!(steps.iter().all(|(d, a)| d.len() + a.len() <= STEP));
+    assert!(
+        steps[0].0.contains(&replaced),
+        "a replaced key goes with its new data"
+    );
+    let last_add = steps
+        .iter()
+        .rposition(|(_, a)| !a.is_empty())
+        .expect("adds");
+    let first_delete = steps
+        .iter()
+        .position(|(d, _)| d.iter().any(|e| *e != replaced))
+        .expect("deletes");
+    assert!(last_add < first_delete, "additions before deletions");
+    let first_entry = steps
+        .iter()
+        .position(|(_, a)| a.iter().any(|e| matches!(e, Element::Entry(..))))
+        .expect("entries");
+    let last_slot = steps
+        .iter()
+        .rposition(|(_, a)| a.iter().any(|e| matches!(e, Element::Slot { .. })))
+        .expect("slots");
+    assert!(last_slot <= first_entry, "slots before what reaches them");
+    let total: usize = steps.iter().map(|(d, a)| d.len() + a.len()).sum();
+    assert_eq!(total, changes.add.len() + changes.delete.len());
+}

@@ -4,16 +4,19 @@
 //! is a transaction of element updates that the kernel neither validates nor walks the
 //! table for.
 //!
-//! **Not wired yet**: the backend still applies [`render`](super::render)'s chain-per-service
-//! layout. This module is the pure half of the new one, split by phase:
+//! nftables mode writes it when asked (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`, backend
+//! `kp_dataplane::nftables::layout`); by default it writes [`render`](super::render)'s
+//! chain-per-service layout. This module is the pure half, split by phase:
 //!
 //! - [`element`]: the elements and the names of the sets holding them;
 //! - [`service`]: one service port's elements, read from the shared
 //!   [`ServicePlan`](crate::plan::ServicePlan) (the decisions are the plan's);
 //! - [`state`]: what is installed (claims per element) and the element transaction of a
-//!   full or partial sync, computed from the changed ports only;
+//!   full or partial sync, computed from the changed ports only, or of a repair from what
+//!   the kernel was read back to hold;
 //! - [`fixed`]: the fixed chains and rules, one set and rule group per slot count or
-//!   affinity timeout in use, and the `nft -f` text of a transaction.
+//!   affinity timeout in use, and the `nft -f` text of a transaction (and of replacing a
+//!   table of another layout).
 
 pub mod element;
 pub mod fixed;
