@@ -103,15 +103,15 @@ impl World {
 
     /// Starts the proxy and waits for its first sync.
     fn start_proxy(&self) -> Proxy {
+        self.start_proxy_in(self.mode)
+    }
+
+    /// Starts the proxy in `mode` (another layout of the world's mode) and waits for its
+    /// first sync.
+    fn start_proxy_in(&self, mode: Mode) -> Proxy {
         // The manifests directory is not used with `--master`.
         let unused = Path::new("/nonexistent");
-        Proxy::start(
-            self.mode,
-            &self.cluster,
-            unused,
-            self.state.path(),
-            &self.flags,
-        )
+        Proxy::start(mode, &self.cluster, unused, self.state.path(), &self.flags)
     }
 
     /// A long-lived connection to the steady Service and the pod that answered it.
@@ -256,6 +256,47 @@ fn proxy_restarts(mode: Mode) {
         proxy = Some(started);
     });
     assert_none_failed(&outcomes, "proxy restarts and a full resync", 10);
+}
+
+/// nftables mode restarted in the other layout and back (an upgrade that opts in, then a
+/// rollback), under new and long-lived connections: each replaces the other's table in one
+/// transaction, so no connection fails.
+fn layouts_switch_under_traffic() {
+    let world = World::new(Mode::Nftables);
+    let mut proxy = Some(world.start_proxy_in(Mode::Nftables));
+    let (mut session, pod) = world.session();
+    let cluster = &world.cluster;
+    // The verdict-free layout's own chain and map: there after the switch to it, gone
+    // after the one back.
+    let verdict_free = || {
+        let table = cluster
+            .exec(
+                cluster.node_ns(),
+                &["nft", "list", "table", "ip", "kube-proxy"],
+            )
+            .expect("nft lists");
+        (
+            table.contains("chain dispatch {"),
+            table.contains("map endpoints-tcp {"),
+        )
+    };
+    let ((), outcomes) = under_load(cluster, || {
+        for (mode, step) in [
+            (Mode::NftablesMaps, "after-switch-to-maps"),
+            (Mode::Nftables, "after-switch-back-to-chains"),
+        ] {
+            let running = proxy.take().expect("proxy");
+            let status = running.terminate();
+            assert!(status.success(), "exit after SIGTERM: {status}");
+            let started = world.start_proxy_in(mode);
+            let maps = mode == Mode::NftablesMaps;
+            assert_eq!(verdict_free(), (maps, maps), "{step}: layout");
+            echo(&mut session, &pod, step, &started);
+            std::thread::sleep(SETTLE);
+            proxy = Some(started);
+        }
+    });
+    assert_none_failed(&outcomes, "switching nftables layouts both ways", 10);
 }
 
 /// Keeps checking `/healthz` for `outage`.
@@ -446,7 +487,13 @@ fn eventually_sh(world: &World, script: &str, want: bool, proxy: &Proxy) -> Dura
 fn service_cidrs_created_and_deleted_while_running(mode: Mode) {
     let world = World::new(mode);
     let proxy = world.start_proxy();
-    let drop = "nft list chain ip kube-proxy cluster-ips-check | grep 10.97.0.0/16 | grep -q drop";
+    let chain = if mode == Mode::NftablesMaps {
+        "entry-filter"
+    } else {
+        "cluster-ips-check"
+    };
+    let drop = format!("nft list chain ip kube-proxy {chain} | grep 10.97.0.0/16 | grep -q drop");
+    let drop = drop.as_str();
     eventually_sh(&world, drop, false, &proxy);
     let cidr = serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
         "metadata": {"name": "late"}, "spec": {"cidrs": ["10.97.0.0/16"]}});
@@ -539,6 +586,44 @@ mod nftables {
             heal::Kernel::Nftables,
             heal::nftables_removals(),
         );
+    }
+}
+
+mod nftables_maps {
+    use super::*;
+
+    #[test]
+    fn odd_objects_lose_only_themselves() {
+        super::odd_objects_lose_only_themselves(Mode::NftablesMaps);
+    }
+
+    #[test]
+    fn proxy_restarts_under_traffic() {
+        proxy_restarts(Mode::NftablesMaps);
+    }
+
+    #[test]
+    fn api_server_stopped_and_killed() {
+        api_server_outages(Mode::NftablesMaps, OUTAGE);
+    }
+
+    #[test]
+    fn service_cidrs_created_and_deleted_while_running_reach_the_rules() {
+        super::service_cidrs_created_and_deleted_while_running(Mode::NftablesMaps);
+    }
+
+    #[test]
+    fn rules_removed_by_other_programs_come_back() {
+        heal::heals(
+            Mode::NftablesMaps,
+            heal::Kernel::Nftables,
+            heal::nftables_maps_removals(),
+        );
+    }
+
+    #[test]
+    fn layouts_switch_both_ways_under_traffic() {
+        super::layouts_switch_under_traffic();
     }
 }
 

@@ -144,6 +144,9 @@ struct FamilyTable {
     adopted: bool,
     /// When the last transaction that flushed stale chains was applied.
     last_flush: Option<Instant>,
+    /// When the adopted table was the verdict-free layout's (a rollback from it): its own
+    /// chains and sets, deleted once the first sync has taken the base chains over.
+    leftovers: Option<Transaction>,
 }
 
 /// nftables mode. `R` runs `nft`, `C` deletes conntrack entries; both are fakes in tests.
@@ -229,26 +232,29 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
         self.tables.get(&family).map(|t| &t.installed)
     }
 
-    /// The state to start `family` from: what a previous process left, adopted.
-    async fn adopt(&self, family: IpFamily) -> NftState {
+    /// The state to start `family` from: what a previous process left, adopted, and what
+    /// of the verdict-free layout's it left to delete.
+    async fn adopt(&self, family: IpFamily) -> (NftState, Option<Transaction>) {
         match self.runner.list_table(family).await {
             // No table: nothing to adopt, and every chain is known (there is none).
-            Ok(None) => NftState::adopt([], []),
+            Ok(None) => (NftState::adopt([], []), None),
             Ok(Some(text)) => {
                 let (chains, sets) = parse_listing(&text);
+                let leftovers = layout_leftovers(family, &chains, &sets);
                 let state = NftState::adopt(chains, sets);
                 info!(
                     ?family,
                     chains = state.chains().len(),
                     affinity_sets = state.affinity_sets().len(),
+                    verdict_free_layout = leftovers.is_some(),
                     "adopting the existing nftables table"
                 );
-                state
+                (state, leftovers)
             }
             // Only the removal of a previous process's leftovers depends on this.
             Err(err) => {
                 warn!(?family, error = %err, "cannot list the nftables table; stale chains stay");
-                NftState::default()
+                (NftState::default(), None)
             }
         }
     }
@@ -432,6 +438,49 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
     }
 }
 
+impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
+    /// Delete what the verdict-free layout left (its base chains are ours now); a failure
+    /// only leaves unreferenced chains and sets behind.
+    async fn remove_leftovers(&self, family: IpFamily, leftovers: &Transaction) {
+        match self.runner.apply(leftovers).await {
+            Ok(()) => info!(?family, "removed the verdict-free layout's chains and sets"),
+            Err(err) => {
+                self.metrics.cleanup_failures.inc();
+                warn!(?family, error = %err, "cannot remove the verdict-free layout's chains and sets");
+            }
+        }
+    }
+}
+
+/// When `chains` hold the verdict-free layout's `dispatch`: the transaction deleting its own
+/// chains (flushed first, since they jump to each other) and sets.
+fn layout_leftovers(
+    family: IpFamily,
+    chains: &[String],
+    sets: &[(String, Option<u64>)],
+) -> Option<Transaction> {
+    use kp_rules::nftables::Command;
+    use kp_rules::nftables::layout::fixed::{DISPATCH, OWN_CHAINS, is_own_set};
+    if !chains.iter().any(|c| c == DISPATCH) {
+        return None;
+    }
+    let own: Vec<&String> = chains
+        .iter()
+        .filter(|c| OWN_CHAINS.contains(&c.as_str()))
+        .collect();
+    let mut commands: Vec<Command> = own
+        .iter()
+        .map(|c| Command::FlushChain((*c).into()))
+        .collect();
+    commands.extend(own.iter().map(|c| Command::DeleteChain((*c).into())));
+    commands.extend(
+        sets.iter()
+            .filter(|(s, _)| is_own_set(s))
+            .map(|(s, _)| Command::DeleteSet(s.into())),
+    );
+    Some(Transaction::new(family, commands))
+}
+
 /// A render failure: `validate` ran in the constructor, so this is a renderer bug.
 fn render_error(err: RenderError) -> BackendError {
     BackendError::Apply {
@@ -498,7 +547,7 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
         for family in families {
             let mut table = self.tables.remove(&family).unwrap_or_default();
             if !table.adopted {
-                table.installed = self.adopt(family).await;
+                (table.installed, table.leftovers) = self.adopt(family).await;
                 table.adopted = true;
             }
             let mut partly_applied = false;
@@ -518,6 +567,9 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
                     table.last_flush = Some(Instant::now());
                 }
                 output.update.apply(&mut table.installed);
+                if let Some(leftovers) = table.leftovers.take() {
+                    self.remove_leftovers(family, &leftovers).await;
+                }
             }
             self.tables.insert(family, table);
         }

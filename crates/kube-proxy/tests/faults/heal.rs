@@ -255,6 +255,38 @@ pub fn nftables_removals() -> Vec<Removal> {
     ]
 }
 
+/// The removals for nftables mode's verdict-free layout: the steady Service (two endpoints)
+/// is an element of `slots-2`.
+pub fn nftables_maps_removals() -> Vec<Removal> {
+    let entry = format!("{STEADY_IP} . tcp . 80");
+    let restored = format!("nft list set ip kube-proxy slots-2 | grep -q '{entry}'");
+    let one = |name, script: &str, keeps_foreign| {
+        Removal::new(name, script.to_owned(), restored.clone(), keeps_foreign)
+    };
+    vec![
+        one(
+            "one service's set element deleted",
+            &format!("nft delete element ip kube-proxy slots-2 '{{ {entry} }}'"),
+            true,
+        ),
+        one(
+            "nft delete table ip kube-proxy",
+            "nft delete table ip kube-proxy",
+            true,
+        ),
+        one("nft flush ruleset", "nft flush ruleset", false),
+        Removal {
+            events: 1..=FIGHT_RESTORES,
+            fight: true,
+            ..one(
+                "nft delete table ip kube-proxy every 100 ms for 10 s",
+                &fight_loop("nft delete table ip kube-proxy 2>/dev/null"),
+                true,
+            )
+        },
+    ]
+}
+
 /// The removals for ipvs mode (in the VM): the canaries are IPVS, `kube-ipvs0` and its
 /// addresses, the ipsets and the jumps into ipvs mode's chains. No rewrite loop here: the
 /// back-off is the proxier's, tested on the host, and each minute of the emulated VM counts

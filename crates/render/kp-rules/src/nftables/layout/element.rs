@@ -115,7 +115,7 @@ pub fn entry_set_name(set: EntrySet, node_port: bool) -> String {
         EntrySet::ShortCircuit => "short-circuit".to_owned(),
         EntrySet::Reject => "reject-services".to_owned(),
         EntrySet::Drop => "drop-services".to_owned(),
-        EntrySet::Firewall => "firewall-ips".to_owned(),
+        EntrySet::Firewall => "firewall-entries".to_owned(),
         EntrySet::Affinity(seconds) => format!("affinity-services-{seconds}"),
     };
     if node_port {
@@ -279,7 +279,7 @@ impl SetOf {
             "short-circuit" => SetOf::Entries(EntrySet::ShortCircuit, node_port),
             "reject-services" => SetOf::Entries(EntrySet::Reject, node_port),
             "drop-services" => SetOf::Entries(EntrySet::Drop, node_port),
-            "firewall-ips" => SetOf::Entries(EntrySet::Firewall, node_port),
+            "firewall-entries" => SetOf::Entries(EntrySet::Firewall, node_port),
             other => {
                 let set = if let Some(n) = other.strip_prefix("short-circuit-slots-") {
                     EntrySet::Count(Slots::ShortCircuit, n.parse().ok()?)

@@ -38,6 +38,33 @@ const AFFINITY_SIZE: u32 = 1 << 20;
 /// protocol records the endpoint a new connection got.
 pub const AFFINITY_RECORD: &str = "affinity-record";
 
+/// The chains only this layout has (its base chains, `masquerading` and
+/// `mark-for-masquerade` have the chain layout's names, and that layout rewrites them): what
+/// a rollback to the chain layout deletes, with the sets [`is_own_set`] names.
+pub const OWN_CHAINS: [&str; 7] = [
+    DISPATCH,
+    AFFINITY,
+    SHORT_CIRCUIT,
+    PICK,
+    AFFINITY_RECORD,
+    ENTRY_FILTER,
+    FIREWALL,
+];
+
+/// Whether `name` is a set or map only this layout has (not `cluster-ips` and
+/// `nodeport-ips`, which the chain layout has too).
+pub fn is_own_set(name: &str) -> bool {
+    let affinity_map = name
+        .strip_prefix("affinity-")
+        .and_then(|rest| rest.split_once('-'))
+        .is_some_and(|(seconds, proto)| {
+            seconds.parse::<u64>().is_ok() && PROTOCOLS.iter().any(|p| p.as_str() == proto)
+        });
+    affinity_map
+        || super::element::SetOf::parse(name)
+            .is_some_and(|set| set != super::element::SetOf::ClusterIps)
+}
+
 /// What the fixed rules depend on besides the classes in use.
 #[derive(Clone, Debug)]
 pub struct FixedConfig {
@@ -257,7 +284,10 @@ fn declare_sets(s: &mut Script<'_>) {
             s.push("add set", format_args!("{name} {{ type {ty} ; }}"));
         }
     }
-    s.push("add set", format_args!("firewall-ips {{ type {entry} ; }}"));
+    s.push(
+        "add set",
+        format_args!("firewall-entries {{ type {entry} ; }}"),
+    );
     s.push(
         "add set",
         format_args!("firewall-allow {{ type {entry} . {addr} ; flags interval ; }}"),
@@ -450,7 +480,7 @@ fn filter_rules(s: &mut Script<'_>) {
     }
     s.rule(
         FIREWALL,
-        format!("{key} @firewall-ips {key} . {ip} saddr != @firewall-allow drop"),
+        format!("{key} @firewall-entries {key} . {ip} saddr != @firewall-allow drop"),
     );
     for base in ["filter-forward", "filter-input", "filter-output"] {
         s.rule(base, format!("ct state new jump {ENTRY_FILTER}"));

@@ -170,7 +170,7 @@ fn external_policy_local_short_circuits_to_the_cluster_list() {
             "slots-1 { 192.0.2.1 . tcp . 80 }",
             "short-circuit-slots-2 { 192.0.2.1 . tcp . 80 }",
             "short-circuit { 192.0.2.1 . tcp . 80 }",
-            "firewall-ips { 192.0.2.1 . tcp . 80 }",
+            "firewall-entries { 192.0.2.1 . tcp . 80 }",
             "affinity-services-60 { 192.0.2.1 . tcp . 80 }",
             "endpoints-tcp { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
             "short-circuit-endpoints-tcp { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
