@@ -373,6 +373,52 @@ fn set_elements(
     Ok(out)
 }
 
+/// Deletes, from the affinity maps `maps` of `family`'s table, every client recorded with an
+/// endpoint in `gone` (so no client stays pinned to a removed endpoint until its timeout).
+/// Returns how many were deleted.
+pub fn forget_clients_of(
+    socket: &mut NftSocket,
+    family: Family,
+    maps: &[String],
+    gone: &std::collections::BTreeSet<(IpAddr, u16)>,
+) -> Result<usize, ApplyError> {
+    let mut batch = Batch::new(1);
+    let mut deleted = 0;
+    for map in maps {
+        let stale: Vec<Vec<u8>> = set_elements(socket, family, map)?
+            .into_iter()
+            .filter(|element| {
+                element.data.as_deref().is_some_and(|data| {
+                    let mut at = 0;
+                    let endpoint = read_addr(data, &mut at, family).zip(read_port(data, &mut at));
+                    endpoint.is_some_and(|endpoint| gone.contains(&endpoint))
+                })
+            })
+            .map(|element| element.key)
+            .collect();
+        deleted += stale.len();
+        for chunk in stale.chunks(PER_MESSAGE) {
+            batch.raw(MsgKind::DelSetElem, 0, family, 0, |w| {
+                w.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+                w.put_str(NFTA_SET_ELEM_LIST_SET, map);
+                let list = w.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+                for key in chunk {
+                    let elem = w.nest(NFTA_LIST_ELEM);
+                    w.put_data(NFTA_SET_ELEM_KEY, key);
+                    w.nest_end(elem);
+                }
+                w.nest_end(list);
+            });
+        }
+    }
+    if deleted > 0 {
+        // A client whose entry expired meanwhile makes the kernel answer ENOENT for the
+        // whole batch; the next removal sweeps again.
+        socket.apply_batch(batch)?;
+    }
+    Ok(deleted)
+}
+
 /// The chains of `family`'s `kube-proxy` table; `None` when there is no such table (the
 /// canary check: two small dumps).
 pub fn read_chains(

@@ -1738,7 +1738,7 @@ pub fn affinity_and_node_traffic(mode: Mode) {
         )
         .expect("route the external IP to the node");
     }
-    let env = Env::start_with(
+    let mut env = Env::start_with(
         mode,
         c,
         Flags::cluster_cidr(CLUSTER_CIDR_V4).flag("--debug-explain"),
@@ -1894,6 +1894,34 @@ pub fn affinity_and_node_traffic(mode: Mode) {
         &tally,
         &Outcome::TimedOut,
     );
+
+    // The pinned endpoint goes away: the client's next connections are balanced among the
+    // others at once, not sent to the removed address until the timeout (iptables and
+    // nftables modes; ipvs keeps its own persistence, the relay its own pins).
+    if mode.is_nftables() || mode.is_iptables() {
+        let cl = &env.cluster;
+        let tally = cl
+            .tcp_repeat(cl.client(), ip("10.96.0.30"), 80, 2)
+            .expect("probe");
+        let pinned = answering_pods(&env, "pinned before the removal", &tally);
+        assert_eq!(pinned.len(), 1, "{pinned:?}{}", env.diag());
+        let rest: Vec<&str> = ["a", "b", "c"]
+            .into_iter()
+            .filter(|p| *p != pinned[0])
+            .collect();
+        let without = services[0].clone().endpoints(&env.cluster, &rest);
+        env.apply(&without);
+        let cl = &env.cluster;
+        let tally = cl
+            .tcp_repeat(cl.client(), ip("10.96.0.30"), 80, 4)
+            .expect("probe");
+        let now = answering_pods(&env, "after the pinned endpoint went", &tally);
+        assert!(
+            now.len() == 1 && rest.contains(&now[0].as_str()),
+            "pinned anew to one of {rest:?}: {now:?}{}",
+            env.diag()
+        );
+    }
 }
 
 /// The link-local node shape: the node's only address is 169.254.100.2/30 (scope global or

@@ -38,6 +38,8 @@ enum Mode {
     Iptables,
     /// `--proxy-mode nftables` (`nft -f -`; no render line in its log).
     Nftables,
+    /// `--proxy-mode nftables` in the verdict-free layout (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`).
+    NftablesMaps,
     /// `--proxy-mode fake`: the control plane only, nothing programmed.
     Fake,
     /// `--proxy-mode ipvs` (needs a kernel with IPVS: run inside the test VM, see README).
@@ -282,7 +284,7 @@ impl Proxy {
     fn spawn(netns: &Netns, args: &Args, source: &str, log: &Path) -> anyhow::Result<Self> {
         let mode = match args.mode {
             Mode::Iptables => "--proxy-mode=iptables",
-            Mode::Nftables => "--proxy-mode=nftables",
+            Mode::Nftables | Mode::NftablesMaps => "--proxy-mode=nftables",
             Mode::Fake => "--proxy-mode=fake",
             Mode::Ipvs => "--proxy-mode=ipvs",
         };
@@ -291,8 +293,14 @@ impl Proxy {
             Variant::Legacy => "--iptables-backend=legacy",
             Variant::Nft => "--iptables-backend=nft",
         };
+        let layout = if args.mode == Mode::NftablesMaps {
+            "maps"
+        } else {
+            "chains"
+        };
         let process = netns
             .proxy(&args.binary)?
+            .env("KUBE_PROXY_RS_NFTABLES_LAYOUT", layout)
             .arg(source)
             .args([
                 mode,
@@ -479,13 +487,14 @@ async fn proxy_run(
         match args.mode {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
+            Mode::NftablesMaps => "nftables (maps layout)",
             Mode::Fake => "fake",
             Mode::Ipvs => "ipvs",
         },
         match (args.mode, args.iptables) {
             (Mode::Fake, _) => "-",
             (Mode::Ipvs, _) => "IPVS netlink + ipset",
-            (Mode::Nftables, _) => "nft",
+            (Mode::Nftables | Mode::NftablesMaps, _) => "nft",
             (_, Variant::System) => "nf_tables (detected)",
             (_, Variant::Legacy) => "legacy (--iptables-backend)",
             (_, Variant::Nft) => "nf_tables (--iptables-backend)",
@@ -579,7 +588,7 @@ async fn proxy_run(
     let saved = match args.mode {
         _ if scale.services > LIST_LARGEST => None,
         Mode::Iptables => Some(count_rules(&netns, save_tool)?),
-        Mode::Nftables => Some(count_rules(&netns, "nft")?),
+        Mode::Nftables | Mode::NftablesMaps => Some(count_rules(&netns, "nft")?),
         Mode::Ipvs => Some(count_rules(&netns, "ipvsadm")?),
         Mode::Fake => None,
     };

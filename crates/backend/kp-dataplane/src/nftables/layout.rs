@@ -24,8 +24,9 @@
 //! counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and the next sync is
 //! full (and reads the table back, since steps of a large one may have been applied).
 //!
-//! Not done yet (issue 24): deleting the affinity map entries of a removed endpoint (they
-//! expire with their timeout), `explain` of this layout, and netlink for the fixed part.
+//! Clients pinned (ClientIP affinity) to an endpoint whose last slot a sync removed are
+//! deleted from the affinity maps right after it. Not done yet (issue 24): `explain` of this
+//! layout, and netlink for the fixed part.
 
 mod io;
 #[cfg(test)]
@@ -38,7 +39,8 @@ use ipnet::IpNet;
 use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::IpFamily;
-use kp_rules::nftables::layout::fixed::{DISPATCH, PICK};
+use kp_rules::nftables::layout::element::PROTOCOLS;
+use kp_rules::nftables::layout::fixed::{DISPATCH, PICK, affinity_map_name};
 use kp_rules::nftables::layout::{
     Changes, Class, Context, Element, FixedConfig, LayoutState, SetOf, change_script,
     delete_classes_script, fixed_part, full_updates, partial_updates, replace_table_script,
@@ -178,9 +180,40 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         } else if !changes.is_empty() {
             self.elements(family, &changes.delete, &changes.add)?;
         }
+        let gone = removed_endpoints(&changes);
         table.installed.apply(changes);
         table.fixed = Some(fixed);
+        self.forget_clients(family, &table.installed, &gone);
         Ok(written)
+    }
+
+    /// Clients pinned (ClientIP affinity) to an endpoint that `gone` holds are forgotten, so
+    /// their next connection is balanced again instead of sent to a removed address until
+    /// the timeout. A failure is only logged: those pins expire.
+    fn forget_clients(
+        &self,
+        family: IpFamily,
+        installed: &LayoutState,
+        gone: &BTreeSet<(std::net::IpAddr, u16)>,
+    ) {
+        let maps: Vec<String> = installed
+            .classes()
+            .iter()
+            .filter_map(|class| match class {
+                Class::Affinity(seconds) => Some(*seconds),
+                Class::Count(..) => None,
+            })
+            .flat_map(|seconds| PROTOCOLS.map(|proto| affinity_map_name(seconds, proto)))
+            .collect();
+        if gone.is_empty() || maps.is_empty() {
+            return;
+        }
+        match blocking(|| self.io.forget_clients(family, &maps, gone)) {
+            Ok(count) => debug!(?family, count, "forgot clients pinned to removed endpoints"),
+            Err(err) => {
+                warn!(?family, error = %err, "cannot forget clients pinned to removed endpoints; they expire")
+            }
+        }
     }
 
     /// A full sync of one family (see the module doc).
@@ -221,6 +254,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         for (delete, add) in steps(&changes) {
             self.elements(family, &delete, &add)?;
         }
+        self.forget_clients(family, &desired, &removed_endpoints(&changes));
         let unused: BTreeSet<Class> = kernel_classes
             .difference(desired.classes())
             .copied()
@@ -333,6 +367,23 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     } else {
         f()
     }
+}
+
+/// The endpoints whose slots `changes` deletes and does not add back: candidates for
+/// forgetting their pinned clients (an endpoint another service still uses loses its pins
+/// too, which only rebalances those clients once).
+fn removed_endpoints(changes: &Changes) -> BTreeSet<(std::net::IpAddr, u16)> {
+    let slot = |element: &Element| match element {
+        Element::Slot { addr, port, .. } => Some((*addr, *port)),
+        _ => None,
+    };
+    let added: BTreeSet<_> = changes.add.iter().filter_map(slot).collect();
+    changes
+        .delete
+        .iter()
+        .filter_map(slot)
+        .filter(|endpoint| !added.contains(endpoint))
+        .collect()
 }
 
 /// How early an element is added in a split full sync: what a rule looks up must be there

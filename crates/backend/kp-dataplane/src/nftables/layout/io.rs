@@ -2,10 +2,11 @@
 //! `nft` ([`NetlinkLayoutIo`]), and the recording fake [`FakeLayoutIo`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_core::model::IpFamily;
-use kp_nftnl::layout::{Readback, push_elements, read_chains, read_table};
+use kp_nftnl::layout::{Readback, forget_clients_of, push_elements, read_chains, read_table};
 use kp_nftnl::{ApplyError, Batch, Family, NftSocket};
 use kp_rules::nftables::TABLE;
 use kp_rules::nftables::layout::Element;
@@ -35,6 +36,15 @@ pub trait LayoutIo: Send + Sync {
 
     /// The chains of `family`'s table (the canary check); `None` when there is no table.
     fn chains(&self, family: IpFamily) -> Result<Option<Vec<String>>, ExecError>;
+
+    /// Deletes the clients recorded in the affinity maps `maps` with an endpoint in `gone`;
+    /// returns how many.
+    fn forget_clients(
+        &self,
+        family: IpFamily,
+        maps: &[String],
+        gone: &BTreeSet<(IpAddr, u16)>,
+    ) -> Result<usize, ExecError>;
 }
 
 /// Elements and reads over one netlink socket, scripts with `nft`. Clones share the socket.
@@ -101,6 +111,15 @@ impl LayoutIo for NetlinkLayoutIo {
     fn chains(&self, family: IpFamily) -> Result<Option<Vec<String>>, ExecError> {
         self.with_socket(|socket| read_chains(socket, nft_family(family)))
     }
+
+    fn forget_clients(
+        &self,
+        family: IpFamily,
+        maps: &[String],
+        gone: &BTreeSet<(IpAddr, u16)>,
+    ) -> Result<usize, ExecError> {
+        self.with_socket(|socket| forget_clients_of(socket, nft_family(family), maps, gone))
+    }
 }
 
 /// One call seen by [`FakeLayoutIo`].
@@ -119,6 +138,13 @@ pub enum LayoutCall {
     },
     /// A read-back.
     Read(IpFamily),
+    /// Clients of removed endpoints forgotten.
+    Forget {
+        /// The affinity maps swept.
+        maps: Vec<String>,
+        /// The removed endpoints.
+        gone: BTreeSet<(IpAddr, u16)>,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -271,5 +297,18 @@ impl LayoutIo for FakeLayoutIo {
 
     fn chains(&self, family: IpFamily) -> Result<Option<Vec<String>>, ExecError> {
         Ok(self.lock().tables.get(&family).map(|b| b.chains.clone()))
+    }
+
+    fn forget_clients(
+        &self,
+        _family: IpFamily,
+        maps: &[String],
+        gone: &BTreeSet<(IpAddr, u16)>,
+    ) -> Result<usize, ExecError> {
+        self.lock().calls.push(LayoutCall::Forget {
+            maps: maps.to_vec(),
+            gone: gone.clone(),
+        });
+        Ok(0)
     }
 }

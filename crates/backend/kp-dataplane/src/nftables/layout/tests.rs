@@ -408,3 +408,47 @@ fn a_large_full_sync_fills_slots_before_entries_and_deletes_last() {
     let total: usize = steps.iter().map(|(d, a)| d.len() + a.len()).sum();
     assert_eq!(total, changes.add.len() + changes.delete.len());
 }
+
+#[tokio::test]
+async fn clients_pinned_to_a_removed_endpoint_are_forgotten() {
+    let io = FakeLayoutIo::new();
+    let mut backend = backend_on(&io);
+    let name = port_name("ns", "b", "p", Protocol::Tcp);
+    let mut state = two_services();
+    if let Some(svc) = state.services.get_mut(&name) {
+        svc.session_affinity = Some(kp_core::model::SessionAffinity {
+            timeout: std::time::Duration::from_secs(60),
+        });
+    }
+    state.endpoints.insert(
+        name.clone(),
+        vec![endpoint("10.244.1.2", 8080), endpoint("10.244.1.3", 8080)],
+    );
+    sync(&mut backend, &state, SyncKind::Full, &BTreeSet::new()).await;
+    assert!(
+        !io.calls()
+            .iter()
+            .any(|c| matches!(c, LayoutCall::Forget { .. }))
+    );
+    io.clear_calls();
+    state
+        .endpoints
+        .insert(name, vec![endpoint("10.244.1.3", 8080)]);
+    sync(&mut backend, &state, SyncKind::Partial, &changed("b")).await;
+    let forgets: Vec<LayoutCall> = io
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, LayoutCall::Forget { .. }))
+        .collect();
+    assert_eq!(
+        forgets,
+        vec![LayoutCall::Forget {
+            maps: vec![
+                "affinity-60-tcp".to_owned(),
+                "affinity-60-udp".to_owned(),
+                "affinity-60-sctp".to_owned()
+            ],
+            gone: BTreeSet::from([(addr("10.244.1.2"), 8080)]),
+        }]
+    );
+}

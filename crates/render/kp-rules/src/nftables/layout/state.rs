@@ -181,6 +181,16 @@ impl LayoutState {
         }
     }
 
+    /// The endpoints (`addr`, `port`) some slot of `self` holds.
+    pub fn endpoints(&self) -> BTreeSet<(std::net::IpAddr, u16)> {
+        self.elements()
+            .filter_map(|element| match element {
+                Element::Slot { addr, port, .. } => Some((*addr, *port)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The classes whose sets and rules exist.
     pub fn classes(&self) -> &BTreeSet<Class> {
         &self.classes
