@@ -17,7 +17,7 @@ use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Tally};
 use support::{CLUSTER_CIDR_V4, Env, KUBE_PROXY, Mode, Service, Source, assert_flows};
 
 /// Guest tests in this file: every one must pass, none may be filtered away.
-const GUEST_TESTS: usize = 2;
+const GUEST_TESTS: usize = 3;
 /// Namespace prefix of these tests (inside the VM, where nothing else runs; unique anyway).
 const PREFIX: &str = "kpx-";
 /// Associations per balancing check: the chance that one of 3 endpoints gets none of 30
@@ -116,4 +116,10 @@ fn iptables_balances_sctp_services() {
 #[ignore = "runs inside the SCTP VM (sctp_traffic_in_the_vm)"]
 fn nftables_balances_sctp_services() {
     sctp_service(Mode::Nftables);
+}
+
+#[test]
+#[ignore = "runs inside the SCTP VM (sctp_traffic_in_the_vm)"]
+fn nftables_maps_balances_sctp_services() {
+    sctp_service(Mode::NftablesMaps);
 }
