@@ -344,3 +344,41 @@ fn ipvs_says_when_it_has_no_virtual_server() {
     assert_eq!(names_of(&m, "virtual server"), vec!["none"]);
     assert!(names_of(&m, "real server").is_empty());
 }
+
+#[test]
+fn nftables_maps_names_the_elements_that_decide_the_packet() {
+    let state = two_endpoints();
+    let m = ask(&state, &format!("{CIP}:80"), &Mode::NftablesMaps);
+    let found = objects(&m);
+    let has = |kind: &str, name: &str| found.iter().any(|(k, n, _)| *k == kind && n == name);
+    assert!(has("table", "ip kube-proxy"), "{found:#?}");
+    // Both serving, ready endpoints are slots; the terminating one is not used.
+    let slots: Vec<&(&str, String, String)> = found
+        .iter()
+        .filter(|(k, n, _)| *k == "map element" && n.starts_with("endpoints-tcp {"))
+        .collect();
+    assert_eq!(slots.len(), 2, "{found:#?}");
+    assert!(
+        slots
+            .iter()
+            .any(|(_, _, d)| d == "slot 0: DNAT to 10.180.0.1:80"),
+        "{slots:#?}"
+    );
+    assert!(
+        has("set element", &format!("slots-2 {{ {CIP} . tcp . 80 }}")),
+        "{found:#?}"
+    );
+    assert!(
+        !found.iter().any(|(_, n, _)| n.contains("10.180.0.3")),
+        "{found:#?}"
+    );
+    // The NodePort entry is keyed by protocol and port only.
+    let m = ask(&state, &format!("{NODE_IP}:30080"), &Mode::NftablesMaps);
+    let found = objects(&m);
+    assert!(
+        found
+            .iter()
+            .any(|(k, n, _)| *k == "set element" && n == "nodeport-slots-2 { tcp . 30080 }"),
+        "{found:#?}"
+    );
+}

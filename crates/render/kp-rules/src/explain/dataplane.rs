@@ -17,6 +17,7 @@ use super::{Explanation, MatchKind, Outcome, ServiceMatch};
 use crate::iptables::{RenderConfig, RenderError};
 use crate::ipvs::{self, IpvsConfig};
 use crate::nftables::cmd::Verdict;
+use crate::nftables::layout::{self, Element, Entry, EntrySet, Slots};
 use crate::nftables::{self, ElementSet, NftState};
 use crate::userspace;
 
@@ -25,6 +26,8 @@ use crate::userspace;
 pub enum Mode<'a> {
     /// Upstream's nftables layout.
     Nftables,
+    /// nftables mode's verdict-free layout (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`).
+    NftablesMaps,
     /// IPVS virtual servers, planned with this configuration.
     Ipvs(&'a IpvsConfig),
     /// Userspace mode's capture chains.
@@ -35,7 +38,7 @@ impl Mode<'_> {
     /// The mode's name as in `--proxy-mode`.
     pub fn name(&self) -> &'static str {
         match self {
-            Mode::Nftables => "nftables",
+            Mode::Nftables | Mode::NftablesMaps => "nftables",
             Mode::Ipvs(_) => "ipvs",
             Mode::Userspace => "userspace",
         }
@@ -81,6 +84,13 @@ pub fn annotate(
             let (_, rendered) = nftables::render_full(state, family, config)?;
             Box::new(move |m| nft_objects(&rendered, family, m))
         }
+        Mode::NftablesMaps => {
+            let ctx = layout::Context::new(config, state, family);
+            let empty = layout::LayoutState::default();
+            let installed =
+                layout::LayoutState::from_ports(layout::full_updates(state, &ctx, &empty));
+            Box::new(move |m| layout_objects(&installed, family, m))
+        }
         Mode::Ipvs(ipvs_config) => {
             let desired = ipvs::plan(state, family, ipvs_config);
             Box::new(move |m| ipvs_objects(&desired, family, m))
@@ -123,15 +133,7 @@ fn nft_key_matches(key: &str, set: ElementSet, m: &ServiceMatch) -> bool {
 }
 
 fn nft_objects(rendered: &NftState, family: IpFamily, m: &ServiceMatch) -> Vec<DataplaneObject> {
-    let table_family = match family {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
-    };
-    let mut out = vec![DataplaneObject {
-        kind: "table",
-        name: format!("{table_family} {}", nftables::TABLE),
-        detail: "every rule of nftables mode for this family".to_owned(),
-    }];
+    let mut out = vec![table_object(family)];
     let owned = rendered.owned(&m.name);
     let mut goto_chains = Vec::new();
     for set in [
@@ -188,6 +190,90 @@ fn nft_objects(rendered: &NftState, family: IpFamily, m: &ServiceMatch) -> Vec<D
         }
     }
     out
+}
+
+/// The verdict-free layout's elements deciding a packet of `m` (its entry's class, slots,
+/// masquerade, filter, firewall and affinity elements, and its endpoints' hairpin ones).
+fn layout_objects(
+    installed: &layout::LayoutState,
+    family: IpFamily,
+    m: &ServiceMatch,
+) -> Vec<DataplaneObject> {
+    let entry = if m.how == MatchKind::NodePort {
+        Entry::NodePort {
+            proto: m.name.protocol,
+            port: m.port,
+        }
+    } else {
+        Entry::Ip {
+            addr: m.ip,
+            proto: m.name.protocol,
+            port: m.port,
+        }
+    };
+    let mut out = vec![table_object(family)];
+    out.extend(
+        installed
+            .deciding(&entry)
+            .into_iter()
+            .map(|element| DataplaneObject {
+                kind: if matches!(element, Element::Slot { .. }) {
+                    "map element"
+                } else {
+                    "set element"
+                },
+                name: element.to_string(),
+                detail: layout_detail(element),
+            }),
+    );
+    out
+}
+
+/// What an element of the verdict-free layout does for a packet.
+fn layout_detail(element: &Element) -> String {
+    match element {
+        Element::Entry(set, _) => match set {
+            EntrySet::Count(Slots::Policy, n) => format!("DNAT to one of its {n} slots, at random"),
+            EntrySet::Count(Slots::ShortCircuit, n) => {
+                format!("from this node or its pods: DNAT to one of its {n} cluster-wide slots")
+            }
+            EntrySet::MasqueradeAll => "masqueraded".to_owned(),
+            EntrySet::MasqueradeNotLocal => {
+                "masqueraded unless it comes from a local pod".to_owned()
+            }
+            EntrySet::ShortCircuit => "masqueraded when it comes from this node".to_owned(),
+            EntrySet::Reject => "rejected: no usable endpoint".to_owned(),
+            EntrySet::Drop => "dropped: no local endpoint".to_owned(),
+            EntrySet::Firewall => "source checked against firewall-allow".to_owned(),
+            EntrySet::Affinity(seconds) => {
+                format!("ClientIP affinity: a recorded client goes to its endpoint ({seconds} s)")
+            }
+        },
+        Element::Slot {
+            slot, addr, port, ..
+        } => {
+            let addr = match addr {
+                IpAddr::V6(v6) => format!("[{v6}]"),
+                v4 => v4.to_string(),
+            };
+            format!("slot {slot}: DNAT to {addr}:{port}")
+        }
+        Element::Allow(_, net) => format!("sources in {net} allowed"),
+        Element::Hairpin(_) => "masqueraded when the endpoint reaches itself".to_owned(),
+        Element::ClusterIp(_) => "other ports of this address rejected".to_owned(),
+    }
+}
+
+fn table_object(family: IpFamily) -> DataplaneObject {
+    let table_family = match family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    };
+    DataplaneObject {
+        kind: "table",
+        name: format!("{table_family} {}", nftables::TABLE),
+        detail: "every rule of nftables mode for this family".to_owned(),
+    }
 }
 
 fn ipvs_objects(
