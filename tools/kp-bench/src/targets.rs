@@ -138,6 +138,34 @@ pub const TARGETS: &[Target] = &[
         metric: Metric::EditSynced,
         below: 0.1,
     },
+    Target {
+        key: "nftables-maps-partial",
+        what: "nftables one-service change, verdict-free layout",
+        series: "nftables-maps",
+        metric: Metric::Partial,
+        below: 0.02,
+    },
+    Target {
+        key: "nftables-maps-first-sync",
+        what: "nftables first sync, verdict-free layout",
+        series: "nftables-maps",
+        metric: Metric::FirstSync,
+        below: 1.0,
+    },
+    Target {
+        key: "nftables-maps-api-rss",
+        what: "peak RSS, nftables verdict-free layout, API server source",
+        series: "nftables-maps-api",
+        metric: Metric::PeakRss,
+        below: 100.0,
+    },
+    Target {
+        key: "nftables-maps-api-edit",
+        what: "one-EndpointSlice change via the fake API server (edit → synced, verdict-free layout)",
+        series: "nftables-maps-api",
+        metric: Metric::EditSynced,
+        below: 0.1,
+    },
 ];
 
 impl Target {

@@ -47,7 +47,9 @@ struct ModeSpec {
 /// Every series, in the order the report lists them: the control plane alone, iptables mode
 /// on each backend (chosen with `--iptables-backend`, as an operator would), nftables, and
 /// ipvs in the test VM, all reading manifests; then the control plane alone and nftables
-/// watching the fake API server (`kp-scale --source api`), as a cluster runs them.
+/// watching the fake API server (`kp-scale --source api`), as a cluster runs them; then
+/// nftables mode's verdict-free layout (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`) from both
+/// sources.
 const MODES: &[ModeSpec] = &[
     ModeSpec {
         name: "fake",
@@ -108,6 +110,24 @@ const MODES: &[ModeSpec] = &[
     ModeSpec {
         name: "nftables-api",
         proxy_mode: "nftables",
+        scale_args: &["--source", "api"],
+        scale: true,
+        connect: false,
+        vm: false,
+        largest: usize::MAX,
+    },
+    ModeSpec {
+        name: "nftables-maps",
+        proxy_mode: "nftables-maps",
+        scale_args: &[],
+        scale: true,
+        connect: false,
+        vm: false,
+        largest: usize::MAX,
+    },
+    ModeSpec {
+        name: "nftables-maps-api",
+        proxy_mode: "nftables-maps",
         scale_args: &["--source", "api"],
         scale: true,
         connect: false,
