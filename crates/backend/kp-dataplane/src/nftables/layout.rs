@@ -413,8 +413,10 @@ pub fn steps(changes: &Changes) -> Vec<(Vec<Element>, Vec<Element>)> {
         .iter()
         .cloned()
         .partition(|e| added.contains(&e.key()));
+    let replaced_keys: BTreeSet<Element> = replaced.iter().map(Element::key).collect();
     let mut additions = changes.add.clone();
-    additions.sort_by_key(add_rank);
+    // A replaced key's new data goes in the transaction deleting its old data.
+    additions.sort_by_key(|e| (!replaced_keys.contains(&e.key()), add_rank(e)));
     deletions.sort_by_key(|e| std::cmp::Reverse(add_rank(e)));
     let mut out: Vec<(Vec<Element>, Vec<Element>)> = Vec::new();
     let mut current = (replaced, Vec::new());

@@ -380,12 +380,15 @@ fn a_large_full_sync_fills_slots_before_entries_and_deletes_last() {
         port: 8080,
     };
     changes.delete.push(replaced.clone());
+    // The replaced slot's new data sorts late among the additions.
+    changes.add.sort_by(|a, b| b.cmp(a));
     let steps = steps(&changes);
     assert!(steps.len() > 1, "{} steps", steps.len());
     assert!(steps.iter().all(|(d, a)| d.len() + a.len() <= STEP));
+    assert!(steps[0].0.contains(&replaced), "{:?}", steps[0].0);
     assert!(
-        steps[0].0.contains(&replaced),
-        "a replaced key goes with its new data"
+        steps[0].1.contains(&slot(7, 7)),
+        "a replaced key's new data goes in the transaction deleting its old data"
     );
     let last_add = steps
         .iter()
