@@ -225,8 +225,10 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         fixed: FixedConfig,
         table: &mut Table,
     ) -> Result<usize, BackendError> {
+        let started = Instant::now();
         let desired =
             LayoutState::from_ports(full_updates(request.state, ctx, &LayoutState::default()));
+        let rendered = started.elapsed();
         let (kernel, kernel_classes) = if table.trusted {
             let kernel: Vec<Element> = table.installed.elements().cloned().collect();
             (kernel, table.installed.classes().clone())
@@ -247,13 +249,26 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
                 None => (Vec::new(), BTreeSet::new()),
             }
         };
+        let read = started.elapsed();
         let both: BTreeSet<Class> = desired.classes().union(&kernel_classes).copied().collect();
         self.script(family, &fixed_part(&fixed, &both)).await?;
+        let fixed_done = started.elapsed();
         let changes = desired.repair(kernel);
         let written = changes.delete.len() + changes.add.len();
+        let diffed = started.elapsed();
         for (delete, add) in steps(&changes) {
             self.elements(family, &delete, &add)?;
         }
+        info!(
+            ?family,
+            render = ?rendered,
+            read_back = ?(read - rendered),
+            fixed_part = ?(fixed_done - read),
+            difference = ?(diffed - fixed_done),
+            elements = ?(started.elapsed() - diffed),
+            written,
+            "nftables full sync (verdict-free layout)"
+        );
         self.forget_clients(family, &desired, &removed_endpoints(&changes));
         let unused: BTreeSet<Class> = kernel_classes
             .difference(desired.classes())

@@ -328,3 +328,24 @@ fn source_ranges_holding_the_node_allow_its_own_traffic_to_the_lb_ip() {
         ]
     );
 }
+
+#[test]
+fn a_state_built_from_ports_equals_one_synced_from_empty() {
+    let shared = endpoint(v4(10, 244, 0, 1), true);
+    let state = state_with(vec![
+        (
+            port("a", v4(10, 96, 0, 1)),
+            vec![shared.clone(), endpoint(v4(10, 244, 0, 2), false)],
+        ),
+        (port("b", v4(10, 96, 0, 2)), vec![shared]),
+        (port("c", v4(10, 96, 0, 3)), Vec::new()),
+    ]);
+    let empty = LayoutState::default();
+    let updates = full_updates(&state, &ctx(), &empty);
+    let mut synced = LayoutState::default();
+    let changes = synced.changes(updates.clone());
+    synced.apply(changes);
+    let built = LayoutState::from_ports(updates);
+    assert_eq!(built, synced);
+    assert!(built.element_count() > 0);
+}
