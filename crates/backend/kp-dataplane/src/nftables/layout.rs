@@ -255,8 +255,9 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         let fixed_done = started.elapsed();
         let changes = desired.repair(kernel);
         let written = changes.delete.len() + changes.add.len();
+        let gone = removed_endpoints(&changes);
         let diffed = started.elapsed();
-        for (delete, add) in steps(&changes) {
+        for (delete, add) in steps(changes) {
             self.elements(family, &delete, &add)?;
         }
         info!(
@@ -269,7 +270,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             written,
             "nftables full sync (verdict-free layout)"
         );
-        self.forget_clients(family, &desired, &removed_endpoints(&changes));
+        self.forget_clients(family, &desired, &gone);
         let unused: BTreeSet<Class> = kernel_classes
             .difference(desired.classes())
             .copied()
@@ -415,21 +416,25 @@ fn add_rank(element: &Element) -> u8 {
 /// A full sync's element transactions: one when it fits in [`STEP`]; else replacements
 /// (same key, new data: deleted and added together) and additions in [`add_rank`] order,
 /// then deletions in the reverse order.
-pub fn steps(changes: &Changes) -> Vec<(Vec<Element>, Vec<Element>)> {
-    if changes.delete.len() + changes.add.len() <= STEP {
-        if changes.is_empty() {
+pub fn steps(mut changes: Changes) -> Vec<(Vec<Element>, Vec<Element>)> {
+    // Moved, not copied: a first sync's additions are every element of the table.
+    let (delete, mut additions) = (
+        std::mem::take(&mut changes.delete),
+        std::mem::take(&mut changes.add),
+    );
+    if delete.len() + additions.len() <= STEP {
+        if delete.is_empty() && additions.is_empty() {
             return Vec::new();
         }
-        return vec![(changes.delete.clone(), changes.add.clone())];
+        return vec![(delete, additions)];
     }
-    let added: BTreeSet<Element> = changes.add.iter().map(Element::key).collect();
-    let (replaced, mut deletions): (Vec<Element>, Vec<Element>) = changes
-        .delete
-        .iter()
-        .cloned()
-        .partition(|e| added.contains(&e.key()));
+    let (replaced, mut deletions): (Vec<Element>, Vec<Element>) = if delete.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        let added: BTreeSet<Element> = additions.iter().map(Element::key).collect();
+        delete.into_iter().partition(|e| added.contains(&e.key()))
+    };
     let replaced_keys: BTreeSet<Element> = replaced.iter().map(Element::key).collect();
-    let mut additions = changes.add.clone();
     // A replaced key's new data goes in the transaction deleting its old data.
     additions.sort_by_key(|e| (!replaced_keys.contains(&e.key()), add_rank(e)));
     deletions.sort_by_key(|e| std::cmp::Reverse(add_rank(e)));

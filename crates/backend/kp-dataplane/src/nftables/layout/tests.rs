@@ -382,7 +382,8 @@ fn a_large_full_sync_fills_slots_before_entries_and_deletes_last() {
     changes.delete.push(replaced.clone());
     // The replaced slot's new data sorts late among the additions.
     changes.add.sort_by(|a, b| b.cmp(a));
-    let steps = steps(&changes);
+    let total_changes = changes.add.len() + changes.delete.len();
+    let steps = steps(changes.clone());
     assert!(steps.len() > 1, "{} steps", steps.len());
     assert!(steps.iter().all(|(d, a)| d.len() + a.len() <= STEP));
     assert!(steps[0].0.contains(&replaced), "{:?}", steps[0].0);
@@ -409,7 +410,7 @@ fn a_large_full_sync_fills_slots_before_entries_and_deletes_last() {
         .expect("slots");
     assert!(last_slot <= first_entry, "slots before what reaches them");
     let total: usize = steps.iter().map(|(d, a)| d.len() + a.len()).sum();
-    assert_eq!(total, changes.add.len() + changes.delete.len());
+    assert_eq!(total, total_changes);
 }
 
 #[tokio::test]

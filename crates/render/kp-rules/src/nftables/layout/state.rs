@@ -151,9 +151,7 @@ impl LayoutState {
             for element in &elements {
                 state.claim(element);
             }
-            state
-                .classes
-                .extend(elements.iter().filter_map(Class::of));
+            state.classes.extend(elements.iter().filter_map(Class::of));
             state.ports.insert(name, elements);
         }
         state
