@@ -686,7 +686,8 @@ impl FakeRunner {
 
     /// From now on `save(family, table)` without an output set by
     /// [`FakeRunner::set_save`] prints the chains and rules modelled from `-N`, `-I`, `-A`
-    /// and `-D` calls (restores are not modelled).
+    /// and `-D` calls and from successful restores (a declared chain is created or flushed,
+    /// its `-A` and `-I` lines added; rule order is not modelled).
     pub fn save_modelled(&self) {
         self.lock().save_modelled = true;
     }
@@ -720,6 +721,30 @@ impl FakeRunner {
 }
 
 impl FakeState {
+    /// Applies restore `input` to the modelled chains and rules ([`FakeRunner::save_modelled`]).
+    fn model_restore(&mut self, family: IpFamily, input: &str) {
+        let mut table = String::new();
+        for line in input.lines() {
+            if let Some(name) = line.strip_prefix('*') {
+                table = name.to_owned();
+            } else if let Some(rest) = line.strip_prefix(':') {
+                let chain = rest.split(' ').next().unwrap_or_default().to_owned();
+                self.rules
+                    .retain(|(f, t, c, _)| !(*f == family && *t == table && *c == chain));
+                self.chains.insert((family, table.clone(), chain));
+            } else {
+                let words = split_args(line);
+                let (chain, spec) = match words.as_slice() {
+                    [op, chain, spec @ ..] if op == "-A" => (chain, spec),
+                    [op, chain, _position, spec @ ..] if op == "-I" => (chain, spec),
+                    _ => continue,
+                };
+                let key = (family, table.clone(), chain.clone(), spec.join(" "));
+                self.rules.insert(key);
+            }
+        }
+    }
+
     /// The modelled chains and rules of one table, as `iptables-save -t` prints them.
     fn modelled(&self, family: IpFamily, table: &str) -> String {
         let mut out = format!("*{table}\n");
@@ -768,6 +793,9 @@ impl RuleRunner for FakeRunner {
                 1,
                 "injected failure\nError occurred at line: 1",
             ));
+        }
+        if state.save_modelled {
+            state.model_restore(family, input);
         }
         Ok(())
     }

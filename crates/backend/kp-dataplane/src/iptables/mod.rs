@@ -785,20 +785,6 @@ pub fn jump_present(
     })
 }
 
-/// Whether every chain and jump of `setup` is in `saved` (its shared rules are not looked
-/// at: callers with shared rules go through [`ensure_setup`]).
-pub fn setup_present(
-    saved: &BTreeMap<Table, SavedTable>,
-    setup: &kp_rules::iptables::Setup,
-) -> bool {
-    let chains = setup.chains.iter().all(|(table, chain)| {
-        saved
-            .get(table)
-            .is_some_and(|t| t.chains.iter().any(|c| c == chain))
-    });
-    chains && setup.jumps.iter().all(|jump| jump_present(saved, jump))
-}
-
 /// Creates the chains of `setup` that are missing and inserts its jumps (at position 1 of
 /// their built-in chain) unless an equal rule is there already. Shared with ipvs mode and the
 /// userspace capture.

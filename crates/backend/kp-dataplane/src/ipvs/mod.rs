@@ -53,11 +53,14 @@ use crate::exec::{ExecRunner, RuleRunner};
 use crate::iptables::{SavedTable, cleanup_input, ensure_setup};
 use crate::sync::{FamilyErrors, SyncState};
 use crate::sysctls::{self, Setting, Sysctl, WriteWhen};
-use kp_rules::iptables::Table;
+use kp_rules::iptables::{JumpRule, Table};
 
-pub use ipset::{ExecIpset, FakeIpset, IpsetRunner};
+pub use ipset::{Counts as IpsetCounts, ExecIpset, FakeIpset, IpsetNetlinkError, IpsetRunner};
 pub use links::{FakeLinks, LinkError, Links, RtLinks};
 use planned::{Delta, Planned};
+
+/// Per family, the jumps of ipvs mode's setup the kernel lacks (a full sync inserts them).
+type MissingJumps = BTreeMap<IpFamily, Vec<JumpRule>>;
 
 /// The mode name served on `/proxyMode`.
 pub const MODE: &str = "ipvs";
@@ -248,7 +251,11 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         &self.config
     }
 
-    async fn setup(&mut self) -> Result<(), BackendError> {
+    /// Sysctls and timeouts, and which jumps of ipvs mode's setup each family lacks (read from
+    /// one save per table; the rules' restore then inserts them, see
+    /// [`IpvsBackend::restore_rules`]). A family whose tables cannot be read gets its chains and
+    /// jumps one `iptables` run at a time instead.
+    async fn setup(&mut self) -> Result<MissingJumps, BackendError> {
         let sysctl = BoxedSysctl(self.sysctl.as_ref());
         match sysctls::apply(&sysctl, &sysctl_plan(self.config.strict_arp)) {
             Ok(report) => {
@@ -265,16 +272,22 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         }
         let mut errors = FamilyErrors::new(MODE);
         let setup = rules::setup();
+        let mut missing = MissingJumps::new();
         for family in self.sync.families().to_vec() {
-            // One save per table usually finds everything in place (every full sync but the
-            // first, and a restore after `ipvsadm -C`); else one run per chain and jump.
-            let result = match self.setup_in_place(family, &setup).await {
-                Ok(true) => Ok(()),
-                Ok(false) | Err(_) => ensure_setup(&self.runner, family, &setup).await,
+            let result = match self.missing_jumps(family, &setup).await {
+                Ok(jumps) => {
+                    missing.insert(family, jumps);
+                    Ok(())
+                }
+                Err(error) => {
+                    debug!(?family, %error, "cannot read the setup's tables; ensuring it run by run");
+                    ensure_setup(&self.runner, family, &setup).await
+                }
             };
             errors.check(family, result);
         }
-        self.sync.families_done(errors)
+        self.sync.families_done(errors)?;
+        Ok(missing)
     }
 
     async fn sync_all(
@@ -299,7 +312,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
     /// their real servers, kube-ipvs0's addresses and the ipsets, so a flushed table, a reset
     /// sysctl or someone else's change is repaired within syncPeriod.
     async fn full_sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        self.setup().await?;
+        let missing = self.setup().await?;
         let planned: Vec<Planned> = self
             .config
             .families
@@ -340,8 +353,8 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             .collect();
         self.restore_sets(&input).await?;
 
-        // 3. iptables.
-        self.restore_rules(&plans, true).await?;
+        // 3. iptables: the rules and the jumps the setup lacks, one restore per family.
+        self.restore_rules(&plans, Some(&missing)).await?;
 
         // 4. IPVS, against the kernel's list.
         let listed = self.list_virtual_servers()?;
@@ -422,7 +435,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
 
         // 3. iptables, when a load balancer's node access changed.
         let plans: Vec<&Desired> = installed.planned.iter().map(|p| &p.desired).collect();
-        self.restore_rules(&plans, false).await?;
+        self.restore_rules(&plans, None).await?;
 
         // 4. IPVS: the changed virtual servers and those draining.
         let mut report = SyncReport::default();
@@ -491,17 +504,31 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
     }
 
     /// Restores each family's iptables rules (they depend on the configuration and on which
-    /// load balancers admit the node); partial syncs skip a text restored before.
-    async fn restore_rules(&mut self, plans: &[&Desired], full: bool) -> Result<(), BackendError> {
+    /// load balancers admit the node). A full sync (`missing`: the jumps each family lacks)
+    /// restores every family, inserting those jumps in the same restore; a partial one
+    /// (`None`) skips a text restored before.
+    async fn restore_rules(
+        &mut self,
+        plans: &[&Desired],
+        missing: Option<&MissingJumps>,
+    ) -> Result<(), BackendError> {
         for p in plans {
             let family = p.family;
             let text = rules::render(family, &self.config.plan, &p.lb_no_node_access)
                 .map_err(|e| apply_error("ipvs iptables rules")(e.to_string()))?;
-            if !full && self.rules_applied.get(&family) == Some(&text) {
-                continue;
-            }
+            let input = match missing {
+                None if self.rules_applied.get(&family) == Some(&text) => continue,
+                None => text.clone(),
+                Some(missing) => {
+                    let jumps: Vec<&JumpRule> = missing
+                        .get(&family)
+                        .map(|j| j.iter().collect())
+                        .unwrap_or_default();
+                    rules::with_jumps(&text, &jumps)
+                }
+            };
             self.runner
-                .restore(family, &text)
+                .restore(family, &input)
                 .await
                 .map_err(|e| apply_error("iptables-restore")(e.to_string()))?;
             self.rules_applied.insert(family, text);

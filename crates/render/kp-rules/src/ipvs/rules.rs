@@ -290,6 +290,30 @@ pub fn render(
     Ok(t.out)
 }
 
+/// `text` (from [`render`]) with `-I <from> 1 <spec>` for each of `jumps` at the end of its
+/// table's section, so that one restore creates the chains, fills them and links them in
+/// (one tool run instead of one per chain and jump). Inserted in the given order, each at the
+/// top of its built-in chain, they end up where inserting them one by one puts them.
+pub fn with_jumps(text: &str, jumps: &[&JumpRule]) -> String {
+    if jumps.is_empty() {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() + jumps.len() * 96);
+    let mut table = None;
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = Some(name);
+        } else if line == "COMMIT" {
+            for jump in jumps.iter().filter(|j| Some(j.table.as_str()) == table) {
+                let _ = writeln!(out, "-I {} 1 {}", jump.from, jump.spec);
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// The chains and the jumps into them from the built-in chains, ensured once per full sync.
 pub fn setup() -> Setup {
     let jump = |table: Table, from: &'static str, to: &'static str, comment: &str| JumpRule {

@@ -207,5 +207,30 @@ fn a_full_sync_with_the_setup_in_place_only_reads_it() {
         .filter(|c| matches!(c, RunnerCall::Run { .. }))
         .collect();
     assert_eq!(runs, vec![], "no `iptables` run per chain and jump");
+    let restores = h.runner.restores();
+    assert_eq!(restores.len(), 1, "one restore: {restores:?}");
+    assert!(!restores[0].1.contains("\n-I "), "nothing to insert");
     assert_eq!(h.verify(Check::Thorough), vec![]);
+}
+
+#[test]
+fn every_jump_removed_is_restored_by_one_restore_per_family() {
+    let state = two_services();
+    let mut h = synced(&state);
+    for jump in &rules::setup().jumps {
+        let mut delete: Vec<String> = ["-t", jump.table.as_str(), "-D", jump.from]
+            .map(str::to_owned)
+            .to_vec();
+        delete.extend(split_args(&jump.spec));
+        block_on(h.runner.run(IpFamily::V4, &delete)).expect("was there");
+    }
+    let found = h.verify(Check::Canary);
+    assert_eq!(labels(&found), vec!["jump"; 9], "{found:?}");
+    h.runner.clear_calls();
+    h.restore(&state);
+    let calls = h.runner.calls();
+    let count = |f: fn(&RunnerCall) -> bool| calls.iter().filter(|c| f(c)).count();
+    let restores = count(|c| matches!(c, RunnerCall::Restore { .. }));
+    let runs = count(|c| matches!(c, RunnerCall::Run { .. }));
+    assert_eq!((restores, runs), (1, 0), "{calls:?}");
 }
