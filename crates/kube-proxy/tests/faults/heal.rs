@@ -305,12 +305,40 @@ pub fn ipvs_removals() -> Vec<Removal> {
     ]
 }
 
-/// `command` every 100 ms for [`FIGHT`]; prints how many times it ran.
+/// `command` every 100 ms for [`FIGHT`] (whole seconds: the VM's busybox `date` has no
+/// `%N`); prints how many times it ran.
 fn fight_loop(command: &str) -> String {
     format!(
-        "end=$(( $(date +%s%N) + {} )); n=0; \
-         while [ $(date +%s%N) -lt $end ]; do {command}; n=$((n+1)); sleep 0.1; done; echo $n",
-        FIGHT.as_nanos()
+        "start=$(date +%s); n=0; \
+         while [ $(( $(date +%s) - start )) -lt {} ]; do {command}; n=$((n+1)); sleep 0.1; done; \
+         echo $n",
+        FIGHT.as_secs()
+    )
+}
+
+/// The proxy's log lines that tell how a restore went: the foreign-change line, back-off,
+/// checks that found something and full syncs (with their time).
+fn restore_trace(line: &str) -> bool {
+    is_log_message(line)
+        || line.contains("backing off")
+        || line.contains("ipvs full sync finished")
+        || (line.contains(kp_core::proxier::VERIFIED_LOG) && !line.contains("found=\"0\""))
+        || (line.contains(kp_testbed::proxy::SYNCED_LOG) && line.contains("kind=\"Full\""))
+}
+
+/// Wall-clock time of day (UTC), as the proxy's log lines print it, to read the trace
+/// against the removal.
+fn time_of_day() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:06}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        now.subsec_micros()
     )
 }
 
@@ -365,15 +393,17 @@ fn heal_one(world: &World, proxy: &mut Proxy, kernel: Kernel, removal: &Removal)
     let is_backoff = |l: &str| l.contains("backing off");
     // Each removal is a new event, not part of the previous one's streak.
     std::thread::sleep(CALM);
-    let (logged_before, backoffs_before) = (
+    let (logged_before, backoffs_before, traced_before) = (
         proxy.logged(is_foreign).len(),
         proxy.logged(is_backoff).len(),
+        proxy.logged(restore_trace).len(),
     );
     let ((removed_for, took), outcomes) = under_load(cluster, || {
         std::thread::sleep(SETTLE);
         let start = Instant::now();
         let out = sh(world, &removal.script).unwrap_or_else(|e| panic!("{what}: {e}"));
         let removed_for = start.elapsed();
+        println!("{what}: removal ended at {}", time_of_day());
         if removal.fight {
             println!("{what}: the loop rewrote {} times", out.trim());
         }
@@ -407,6 +437,9 @@ fn heal_one(world: &World, proxy: &mut Proxy, kernel: Kernel, removal: &Removal)
          {failed} of {} new connections failed during the gap",
         outcomes.len()
     );
+    for line in proxy.logged(restore_trace).iter().skip(traced_before) {
+        println!("{what}: log: {line}");
+    }
     assert!(
         outcomes.len() >= 5,
         "{what}: only {} connections",

@@ -512,3 +512,52 @@ fn one_restore_with_the_jumps_leaves_what_the_runs_one_by_one_leave() {
     let b = in_netns(&by_restore).unwrap_or_else(|e| panic!("kernel refused: {e}"));
     assert_eq!(ruleset(&a), ruleset(&b), "by run:\n{a}\nby restore:\n{b}");
 }
+
+/// ipvs mode skips a full sync's restore when `iptables-save` shows its chains as rendered
+/// (kp-dataplane's `rules_in_place`): that needs the rules to read back as written, but for
+/// the default `--reject-with` the save adds.
+#[test]
+fn the_rules_read_back_from_iptables_save_as_rendered() {
+    if let Some(reason) =
+        netns_unavailable("ipset").or_else(|| netns_unavailable("iptables-restore"))
+    {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut script = String::from("set -e\n");
+    let mut rendered = Vec::new();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let d = plan(&mixed_state(), family, &ipvs_config());
+        let sets = dir.path().join(format!("sets-{family:?}"));
+        std::fs::write(
+            &sets,
+            ipset::restore_input(family, &d.sets, &Default::default()),
+        )
+        .expect("write");
+        let text = rules::render(family, &ipvs_config(), &Default::default()).expect("renders");
+        let path = dir.path().join(format!("rules-{family:?}"));
+        std::fs::write(&path, &text).expect("write");
+        let tool = restore_tool(family);
+        let _ = writeln!(
+            script,
+            "ipset restore < '{}'; {tool} --noflush < '{}'",
+            sets.display(),
+            path.display()
+        );
+        rendered.push((family, text));
+    }
+    script.push_str("iptables-save; echo '#6'; ip6tables-save\n");
+    let saved = in_netns(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let (v4, v6) = saved.split_once("#6").expect("both saves");
+    for ((family, text), saved) in rendered.iter().zip([v4, v6]) {
+        let saved = ruleset(saved);
+        for (key, rules) in ruleset(text) {
+            let want: Vec<String> = rules
+                .iter()
+                .map(|r| rules::saved_form(*family, r))
+                .collect();
+            assert_eq!(saved.get(&key), Some(&want), "{family:?} {key:?}");
+        }
+    }
+}

@@ -26,12 +26,12 @@ use kp_ipvs::{Ipvs, ServiceKey};
 use kp_rules::ipvs::ipset::SetKind;
 use kp_rules::ipvs::{DUMMY_DEVICE, rules};
 
-use super::{IpsetRunner, IpvsBackend, Links, apply_error, link_error};
+use super::{IpsetRunner, IpvsBackend, Links, SavedSetup, apply_error, link_error};
 use crate::conntrack::Conntrack;
 use crate::exec::RuleRunner;
 use crate::iptables::{SavedTable, jump_present, save_setup_tables};
 use kp_core::model::IpFamily;
-use kp_rules::iptables::{JumpRule, Setup, Table};
+use kp_rules::iptables::{Setup, Table};
 
 /// Objects of one kind that are not as written: how many of how many, and the first.
 struct Tally<T> {
@@ -122,21 +122,23 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         Ok(missing)
     }
 
-    /// The jumps of `setup` missing for `family`, from one save per table: a full sync
-    /// inserts them with its rules' restore instead of one `iptables` run per chain and jump
-    /// (the restore declares every chain, so missing chains need nothing more).
-    pub(super) async fn missing_jumps(
+    /// `family`'s tables of `setup` from one save each, with the jumps of `setup` they lack:
+    /// a full sync inserts those with its rules' restore instead of one `iptables` run per
+    /// chain and jump (the restore declares every chain, so missing chains need nothing
+    /// more), or skips the restore when nothing differs.
+    pub(super) async fn saved_setup(
         &mut self,
         family: IpFamily,
         setup: &Setup,
-    ) -> Result<Vec<JumpRule>, BackendError> {
+    ) -> Result<SavedSetup, BackendError> {
         let saved = self.saved_tables(family, setup).await?;
-        Ok(setup
+        let missing = setup
             .jumps
             .iter()
             .filter(|jump| !jump_present(&saved, jump))
             .cloned()
-            .collect())
+            .collect();
+        Ok(SavedSetup { missing, saved })
     }
 
     /// `iptables-save` of every table `setup` writes to.
