@@ -22,12 +22,14 @@ const FIGHT: Duration = Duration::from_secs(10);
 /// iptables-legacy's `syncPeriod` here: its nat table (every service's rules, copied whole
 /// for any read) is only checked before periodic syncs.
 const LEGACY_SYNC_PERIOD: Duration = Duration::from_secs(5);
-/// ipvs mode's bound beyond the canary period: the test VM emulates its CPU (0.3–0.8 s per
-/// tool run under load), where a canary check can take a second and then rests nine times as
-/// long, and a restore that must re-create the chains and jumps runs some 40 `iptables`
-/// commands (seen: 18 s; `ipvsadm -C` came back after 29.9 s at load 8). Three times that, so
-/// a loaded CI machine does not fail it; the measured time is printed.
-const VM_CANARY_BOUND: Duration = Duration::from_secs(90);
+/// ipvs mode's bound beyond the canary period: the test VM emulates its CPU (0.3–1 s per
+/// tool run under load), where a canary check can take a few hundred milliseconds and then
+/// rests nine times as long, and a restore is a full sync of a few tool runs (one
+/// `iptables-save` per family, `ipset save`, a restore where rules are missing): seen 0.9–3.1 s
+/// per full sync, rules back 0.9–6.2 s after the removal (bench/notes/2026-11-28-ipvs-restore-vm.md;
+/// 16–35 s before those runs were cut). About three times the slowest, for a loaded CI
+/// machine; the measured time is printed.
+const VM_CANARY_BOUND: Duration = Duration::from_secs(20);
 /// At most this many restores during the fight: more would mean the proxy spins.
 const FIGHT_RESTORES: usize = 20;
 /// Another program's IPVS virtual server (ipvs mode), on an address the proxy does not
@@ -317,7 +319,7 @@ fn fight_loop(command: &str) -> String {
 }
 
 /// The proxy's log lines that tell how a restore went: the foreign-change line, back-off,
-/// checks that found something and full syncs (with their time).
+/// checks that found something and full syncs (with their time; ipvs mode's phases too).
 fn restore_trace(line: &str) -> bool {
     is_log_message(line)
         || line.contains("backing off")
