@@ -12,7 +12,8 @@
 //!   seconds. The outage is logged once and counted once;
 //! - another program removes the proxy's rules (module `heal`): they come back within
 //!   seconds, logged and counted once per event, and other programs' rules survive (ipvs
-//!   mode: `ipvsadm -C`, deleting `kube-ipvs0`, a firewalld-style reload).
+//!   mode: `ipvsadm -C`, deleting `kube-ipvs0`, a firewalld-style reload, a service address
+//!   deleted in a loop).
 //!
 //! iptables and nftables modes run here; ipvs mode runs the same scenarios inside the test VM
 //! (tools/kp-vm) with shorter outages, as the traffic suite's `ipvs::` scenarios do. Needs

@@ -9,7 +9,9 @@
 //! - `applied iptables rules` (kp-dataplane, debug): `family`, `kind`, `restore`;
 //! - `prepared iptables full sync` (kp-dataplane, debug): `family`, `setup`, `save`;
 //! - `conntrack cleanup finished` (kp-dataplane, debug): `took`;
-//! - `iptables sync finished` (kp-dataplane, debug): `full`, `rules_written`, `took`.
+//! - `iptables sync finished` (kp-dataplane, debug): `full`, `rules_written`, `took`;
+//! - `checked the rules in the kernel` (proxier, debug): `check` (`Canary` every canary
+//!   period, `Thorough` before periodic syncs), `took`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -18,6 +20,8 @@ use std::time::Duration;
 pub const NFT_APPLIED: &str = "applied nftables transaction";
 /// kp-dataplane nftables: the backend's whole sync.
 pub const NFT_SYNC: &str = "nftables sync finished";
+/// The proxier: one self-healing check of the kernel's rules (debug).
+pub use kp_core::proxier::VERIFIED_LOG as CHECKED;
 /// The message of the proxier's first completed sync, and of every completed sync (debug).
 pub use kp_core::proxier::{FIRST_SYNC_LOG as FIRST_SYNC, SYNCED_LOG as SYNCED};
 /// kp-dataplane: one family rendered.
@@ -316,5 +320,61 @@ impl SyncCollector {
 fn add(total: &mut Option<Duration>, value: Option<Duration>) {
     if let Some(value) = value {
         *total.get_or_insert(Duration::ZERO) += value;
+    }
+}
+
+/// The self-healing checks a run logged ([`CHECKED`]), in log order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checks {
+    /// The short-period checks (every canary period, where nothing notifies).
+    pub canary: Vec<Duration>,
+    /// The checks before periodic syncs (and of changes a watcher could not attribute).
+    pub thorough: Vec<Duration>,
+}
+
+impl Checks {
+    /// Feed one line; a check line adds its `took`.
+    pub fn feed(&mut self, line: &LogLine) {
+        if line.message != CHECKED {
+            return;
+        }
+        let Some(took) = line.duration("took") else {
+            return;
+        };
+        match line.field("check") {
+            Some("Canary") => self.canary.push(took),
+            Some("Thorough") => self.thorough.push(took),
+            _ => {}
+        }
+    }
+}
+
+/// The median of `values` (the upper one of an even count).
+pub fn median(values: &[Duration]) -> Option<Duration> {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied()
+}
+
+#[cfg(test)]
+mod checks_tests {
+    use super::*;
+
+    #[test]
+    fn check_lines_are_told_apart_by_depth() {
+        let mut checks = Checks::default();
+        for line in [
+            r#"I1128 10:00:00.000001    1 proxier.rs:433] checked the rules in the kernel check="Canary" took="61.2ms" found="0""#,
+            r#"I1128 10:00:02.000001    1 proxier.rs:433] checked the rules in the kernel check="Thorough" took="4.24s" found="0""#,
+            r#"I1128 10:00:04.000001    1 proxier.rs:433] checked the rules in the kernel check="Canary" took="58ms" found="1""#,
+            r#"I1128 10:00:04.000001    1 proxier.rs:500] synced proxy rules kind="Full" took="1s""#,
+        ] {
+            checks.feed(&LogLine::parse(line).expect("parses"));
+        }
+        let ms = |n: f64| Duration::from_secs_f64(n / 1e3);
+        assert_eq!(checks.canary, [ms(61.2), ms(58.0)]);
+        assert_eq!(checks.thorough, [ms(4240.0)]);
+        assert_eq!(median(&checks.canary), Some(ms(61.2)));
+        assert_eq!(median(&[]), None);
     }
 }

@@ -6,7 +6,17 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::summary::{ConnectPoint, Environment, Measured, NO_TABLE, ScalePoint};
+use crate::summary::{CheckPoint, ConnectPoint, Environment, Measured, NO_TABLE, ScalePoint};
+
+/// `stored` without the points `new` replaces (same series and size), then `new`'s.
+fn replace_checks(mut stored: Vec<StoredCheck>, new: &[StoredCheck]) -> Vec<StoredCheck> {
+    stored.retain(|p| {
+        !new.iter()
+            .any(|n| n.series == p.series && n.point.services == p.point.services)
+    });
+    stored.extend(new.iter().cloned());
+    stored
+}
 
 /// The points file's name, next to `REPORT.md`.
 pub const POINTS_FILE: &str = "points.json";
@@ -64,6 +74,22 @@ pub struct StoredConnect {
     pub point: ConnectPoint,
 }
 
+/// A `kp-scale --checks` point (the self-healing checks' cost) with where it came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredCheck {
+    /// The series.
+    pub series: String,
+    /// When the run that measured it started (UTC).
+    pub date: String,
+    /// As [`Run::commit`].
+    pub commit: String,
+    /// The host's 1-minute load at the point's start → end (for VM points).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_load: Option<String>,
+    /// The figures.
+    pub point: CheckPoint,
+}
+
 /// A benchmark's output as printed, for the report's raw-output section.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RawSection {
@@ -93,6 +119,9 @@ pub struct Points {
     pub scale: Vec<StoredScale>,
     /// Connect-latency points.
     pub connect: Vec<StoredConnect>,
+    /// Self-healing check points (absent from files written before they existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<StoredCheck>,
     /// The benchmarks' own output.
     pub raw: Vec<RawSection>,
 }
@@ -104,6 +133,7 @@ impl Default for Points {
             runs: Vec::new(),
             scale: Vec::new(),
             connect: Vec::new(),
+            checks: Vec::new(),
             raw: Vec::new(),
         }
     }
@@ -147,6 +177,7 @@ impl Points {
         let names = (self.runs.iter().map(|r| r.series.as_str()))
             .chain(self.scale.iter().map(|p| p.series.as_str()))
             .chain(self.connect.iter().map(|p| p.series.as_str()))
+            .chain(self.checks.iter().map(|p| p.series.as_str()))
             .chain(self.raw.iter().map(|r| r.series.as_str()));
         for name in names {
             if !seen.contains(&name) {
@@ -165,10 +196,12 @@ impl Points {
         self.runs.retain(|r| kept(&r.series));
         self.scale.retain(|p| kept(&p.series));
         self.connect.retain(|p| kept(&p.series));
+        self.checks.retain(|p| kept(&p.series));
         self.raw.retain(|r| kept(&r.series));
         self.runs.extend(new.runs);
         self.scale.extend(new.scale);
         self.connect.extend(new.connect);
+        self.checks.extend(new.checks);
         self.raw.extend(new.raw);
         self.sort(order);
         self
@@ -188,6 +221,8 @@ impl Points {
         self.scale
             .sort_by_key(|p| (rank(&p.series), p.point.services));
         self.connect
+            .sort_by_key(|p| (rank(&p.series), p.point.services));
+        self.checks
             .sort_by_key(|p| (rank(&p.series), p.point.services));
         self.raw.sort_by_key(|r| {
             (
@@ -221,11 +256,13 @@ impl Points {
                 heading_services(&r.heading).is_none_or(|n| !replaced_scale(&r.series, n))
             }
         });
+        self.checks = replace_checks(self.checks, &new.checks);
         let Points {
             version,
             mut runs,
             mut scale,
             mut connect,
+            checks,
             mut raw,
         } = self;
         runs.retain(|run| {
@@ -244,10 +281,19 @@ impl Points {
             runs,
             scale,
             connect,
+            checks,
             raw,
         };
         merged.sort(order);
         merged
+    }
+
+    /// `self` with `new` check points replacing the stored ones of the same series and
+    /// size, every other point kept (`kp-report --checks-only`).
+    pub fn merge_checks(mut self, new: Vec<StoredCheck>, order: &[&str]) -> Points {
+        self.checks = replace_checks(self.checks, &new);
+        self.sort(order);
+        self
     }
 
     /// The scale sizes of `series` whose points came from `run`.
@@ -647,6 +693,53 @@ mod tests {
         let merged = first.merge_points(all, ORDER);
         assert_eq!(merged.runs.iter().filter(|r| r.series == "ipvs").count(), 1);
         assert_eq!(merged.run_groups().len(), 2);
+    }
+
+    fn check(series: &str, date: &str, thorough_ms: u64) -> StoredCheck {
+        StoredCheck {
+            series: series.to_owned(),
+            date: date.to_owned(),
+            commit: "c".to_owned(),
+            host_load: None,
+            point: CheckPoint {
+                thorough: Measured::Took(Duration::from_millis(thorough_ms)),
+                ..CheckPoint::missing(series, 10_000, "")
+            },
+        }
+    }
+
+    #[test]
+    fn a_checks_run_replaces_only_the_check_points_of_its_series() {
+        let mut stored = host_run();
+        stored.checks = vec![check("nftables", "d1", 9), check("ipvs", "d1", 50)];
+        let merged = stored
+            .clone()
+            .merge_checks(vec![check("nftables", "d3", 7)], ORDER);
+        assert_eq!(merged.scale, stored.scale, "scale points stay");
+        assert_eq!(merged.runs, stored.runs);
+        let dates: Vec<(&str, &str)> = merged
+            .checks
+            .iter()
+            .map(|c| (c.series.as_str(), c.date.as_str()))
+            .collect();
+        assert_eq!(dates, [("nftables", "d3"), ("ipvs", "d1")]);
+        // A whole run of a series replaces its check points too; a file without any reads.
+        let again = merged.merge(
+            Points {
+                runs: vec![run("ipvs", "d4", "e")],
+                ..Points::default()
+            },
+            ORDER,
+        );
+        assert_eq!(again.checks.len(), 1);
+        let json = stored.to_json();
+        let without: String = Points {
+            checks: Vec::new(),
+            ..stored
+        }
+        .to_json();
+        assert!(json.contains("\"checks\"") && !without.contains("\"checks\""));
+        assert!(Points::parse(&without).expect("reads").checks.is_empty());
     }
 
     #[test]

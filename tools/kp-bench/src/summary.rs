@@ -260,6 +260,56 @@ impl ScalePoint {
     }
 }
 
+/// What the self-healing checks of the kernel's rules cost in one `kp-scale --checks` run:
+/// the canary check (every canary period, where no notification tells of other programs'
+/// changes) and the thorough check before a periodic sync.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckPoint {
+    /// The proxy mode.
+    pub mode: String,
+    /// Services (10 endpoints each).
+    pub services: usize,
+    /// The canary checks' median (`Missing` where none ran: the mode is notified).
+    pub canary: Measured,
+    /// The canary cell as printed: median, how many, the slowest.
+    pub canary_cell: String,
+    /// The thorough check.
+    pub thorough: Measured,
+    /// 1-minute load average while waiting for the thorough check (start → end).
+    pub load: String,
+}
+
+impl CheckPoint {
+    /// A point for a run that printed no checks table, with why.
+    pub fn missing(mode: &str, services: usize, why: &str) -> Self {
+        Self {
+            mode: mode.to_owned(),
+            services,
+            canary: Measured::Missing(why.to_owned()),
+            canary_cell: "-".to_owned(),
+            thorough: Measured::Missing(why.to_owned()),
+            load: "-".to_owned(),
+        }
+    }
+
+    /// Reads `kp-scale --checks`'s checks table in `output`, if it printed one.
+    pub fn from_output(mode: &str, services: usize, output: &str) -> Option<Self> {
+        let tables = parse_tables(output);
+        let (table, row) = tables.iter().find_map(|t| {
+            cell(t, &t.header, "thorough check").and(t.rows.first().map(|r| (t, r)))
+        })?;
+        let get = |column: &str| cell(table, row, column).unwrap_or("-");
+        Some(Self {
+            mode: mode.to_owned(),
+            services,
+            canary: Measured::parse(get("canary check")),
+            canary_cell: get("canary check").to_owned(),
+            thorough: Measured::parse(get("thorough check")),
+            load: get("load").to_owned(),
+        })
+    }
+}
+
 /// One `kp-connect` measurement: a mode with some services installed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConnectPoint {
@@ -529,6 +579,56 @@ fn targets_section(md: &mut String, points: &Points, reasons: &[(String, String)
     let _ = writeln!(md, "{}", table.render());
 }
 
+/// What the self-healing checks cost at [`targets::TARGET_SERVICES`], per series.
+fn checks_section(md: &mut String, points: &Points) {
+    let _ = writeln!(
+        md,
+        "## Self-healing checks ({} × 10)\n",
+        targets::TARGET_SERVICES
+    );
+    let _ = writeln!(
+        md,
+        "`kp-scale --checks`: after the partial syncs the proxy's debug lines `checked the rules \
+         in the kernel` are read until the thorough check before the next periodic sync \
+         (`syncPeriod`, 30 s). The canary check runs every `canaryPeriod` (2 s) only where \
+         nothing notifies of other programs' changes (iptables-legacy's filter jumps; ipvs \
+         mode's virtual servers, `kube-ipvs0`, its addresses and the ipsets' entry counts, \
+         over netlink); nf_tables modes are told by notifications and run only the thorough \
+         check. The ipvs row is the test VM's (software emulation, one vCPU).\n"
+    );
+    let mut table = Table::new(&[
+        "mode",
+        "canary check (median; n, max)",
+        "thorough check",
+        "measured",
+        "load 1m (start→end)",
+    ]);
+    let at = targets::TARGET_SERVICES;
+    for stored in points.checks.iter().filter(|c| c.point.services == at) {
+        let p = &stored.point;
+        let canary = match &p.canary {
+            Measured::Took(_) => p.canary_cell.clone(),
+            Measured::Missing(_) => "none (notified)".to_owned(),
+            other => other.to_string(),
+        };
+        table.row(vec![
+            p.mode.clone(),
+            canary,
+            p.thorough.to_string(),
+            format!("{} (`{}`)", stored.date, stored.commit),
+            match &stored.host_load {
+                Some(host) => format!("{} (guest); host {host}", p.load),
+                None => p.load.clone(),
+            },
+        ]);
+    }
+    if table.rows.is_empty() {
+        let _ = writeln!(md, "Not measured yet (`kp-report --checks-only`).\n");
+    } else {
+        let _ = writeln!(md, "{}", table.render());
+    }
+}
+
 /// Builds the report from every stored point, with the targets judged on them and
 /// `reasons` (`reasons.md`'s sections, see [`targets::parse_reasons`]) next to the misses.
 pub fn render(points: &Points, reasons: &[(String, String)]) -> Report {
@@ -607,6 +707,7 @@ pub fn render(points: &Points, reasons: &[(String, String)]) -> Report {
     let mut md = String::new();
     header(&mut md, points);
     targets_section(&mut md, points, reasons);
+    checks_section(&mut md, points);
 
     let _ = writeln!(
         md,
@@ -768,6 +869,49 @@ mod tests {
 | --- | --- | --- | --- | --- | --- | --- | --- |\n\
 | 1 | iptables | 133 ms | 123 µs / 330 µs | 91 µs / 737 µs | 116 µs / 262 µs | 12.1 MiB | 4.0 |\n\
 | 1000 | iptables | did not finish in 120 s | - | - | - | 43.5 MiB | 4.0→3.5 |\n";
+
+    const CHECKS_OUTPUT: &str = "\
+| N×M | mode / iptables | canary check (median; n, max) | thorough check (before a periodic sync) | load 1m (start→end) |\n\
+| --- | --- | --- | --- | --- |\n\
+| 10000×10 | iptables / legacy (--iptables-backend) | 61.2 ms (n 14, max 112 ms) | 4.24 s | 1.1→1.2 |\n";
+
+    #[test]
+    fn the_checks_table_is_read_and_reported_at_ten_thousand() {
+        let output = format!("{SCALE_OUTPUT}{CHECKS_OUTPUT}");
+        let p = CheckPoint::from_output("iptables-legacy", 10_000, &output).expect("a table");
+        assert_eq!(p.canary, Measured::Took(Duration::from_micros(61_200)));
+        assert_eq!(p.canary_cell, "61.2 ms (n 14, max 112 ms)");
+        assert_eq!(p.thorough, Measured::Took(Duration::from_millis(4240)));
+        assert_eq!(
+            CheckPoint::from_output("nftables", 1000, SCALE_OUTPUT),
+            None
+        );
+        let notified = CHECKS_OUTPUT.replace("61.2 ms (n 14, max 112 ms)", "- (none logged)");
+        let n = CheckPoint::from_output("nftables", 10_000, &notified).expect("a table");
+        assert!(matches!(n.canary, Measured::Missing(_)));
+
+        let stored = |point: CheckPoint| crate::points::StoredCheck {
+            series: point.mode.clone(),
+            date: "2026-11-28 09:00 UTC".to_owned(),
+            commit: "abc".to_owned(),
+            host_load: None,
+            point,
+        };
+        let mut points = Points::default();
+        let md = render(&points, &[]).markdown;
+        assert!(md.contains("## Self-healing checks (10000 × 10)"), "{md}");
+        assert!(md.contains("Not measured yet"), "{md}");
+        points.checks = vec![stored(p), stored(n)];
+        let md = render(&points, &[]).markdown;
+        assert!(
+            md.contains("| iptables-legacy | 61.2 ms (n 14, max 112 ms) | 4.24 s | 2026-11-28 09:00 UTC (`abc`) | 1.1→1.2 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| nftables | none (notified) | 4.24 s |"),
+            "{md}"
+        );
+    }
 
     #[test]
     fn scale_and_connect_tables_are_read_by_column_name() {

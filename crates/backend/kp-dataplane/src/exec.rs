@@ -20,7 +20,7 @@
 //! backend grows super-linearly with the size of one restore; [`backend_of_version`] tells
 //! which one a binary uses, for logs.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::io::{Read as _, Write};
 use std::path::{Path, PathBuf};
@@ -250,6 +250,23 @@ pub trait RuleRunner: Send + Sync {
         table: Table,
     ) -> impl Future<Output = Result<String, ExecError>> + Send;
 
+    /// The output of `iptables-save -t <table>` for each of `tables`: one run per table
+    /// unless the runner reads them together ([`ExecRunner`] runs `iptables-save` once for
+    /// all of them, where every run costs a process start and a read of the ruleset).
+    fn save_tables(
+        &self,
+        family: IpFamily,
+        tables: &[Table],
+    ) -> impl Future<Output = Result<BTreeMap<Table, String>, ExecError>> + Send {
+        async move {
+            let mut saved = BTreeMap::new();
+            for table in tables {
+                saved.insert(*table, self.save(family, *table).await?);
+            }
+            Ok(saved)
+        }
+    }
+
     /// One `iptables` call (`-t nat -N CHAIN`, `-C ...`, `-I ... 1 ...`). Exit code 1 is an
     /// [`ExecError::Failed`] like any other; callers interpret it (rule or chain absent or
     /// present).
@@ -365,6 +382,24 @@ impl RuleRunner for ExecRunner {
         run_program(self.tools.save(family), &args, None).await
     }
 
+    /// One `iptables-save` of every table, cut into the ones asked for (a table the kernel
+    /// does not have reads as empty, as `-t` of it prints nothing).
+    async fn save_tables(
+        &self,
+        family: IpFamily,
+        tables: &[Table],
+    ) -> Result<BTreeMap<Table, String>, ExecError> {
+        if tables.len() < 2 {
+            let mut saved = BTreeMap::new();
+            for table in tables {
+                saved.insert(*table, self.save(family, *table).await?);
+            }
+            return Ok(saved);
+        }
+        let all = run_program(self.tools.save(family), &[], None).await?;
+        Ok(split_save(&all, tables))
+    }
+
     async fn run(&self, family: IpFamily, args: &[String]) -> Result<(), ExecError> {
         let mut full = vec!["-w".to_owned(), DEFAULT_LOCK_WAIT_SECONDS.to_string()];
         full.extend_from_slice(args);
@@ -375,6 +410,26 @@ impl RuleRunner for ExecRunner {
     fn variant(&self) -> Option<IptablesVariant> {
         Some(self.tools.variant)
     }
+}
+
+/// The sections (`*table` to `COMMIT`) of an `iptables-save` dump for each of `tables`; a
+/// table the dump lacks is empty.
+pub fn split_save(all: &str, tables: &[Table]) -> BTreeMap<Table, String> {
+    let mut saved: BTreeMap<Table, String> = tables.iter().map(|t| (*t, String::new())).collect();
+    let mut current: Option<Table> = None;
+    for line in all.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            current = tables.iter().copied().find(|t| t.as_str() == name);
+        }
+        if let Some(text) = current.and_then(|t| saved.get_mut(&t)) {
+            text.push_str(line);
+            text.push('\n');
+        }
+        if line == "COMMIT" {
+            current = None;
+        }
+    }
+    saved
 }
 
 /// Runs `program args`, feeding `input` on stdin, and returns its stdout.
@@ -686,7 +741,8 @@ impl FakeRunner {
 
     /// From now on `save(family, table)` without an output set by
     /// [`FakeRunner::set_save`] prints the chains and rules modelled from `-N`, `-I`, `-A`
-    /// and `-D` calls (restores are not modelled).
+    /// and `-D` calls and from successful restores (a declared chain is created or flushed,
+    /// its `-A` and `-I` lines added; rule order is not modelled).
     pub fn save_modelled(&self) {
         self.lock().save_modelled = true;
     }
@@ -720,6 +776,30 @@ impl FakeRunner {
 }
 
 impl FakeState {
+    /// Applies restore `input` to the modelled chains and rules ([`FakeRunner::save_modelled`]).
+    fn model_restore(&mut self, family: IpFamily, input: &str) {
+        let mut table = String::new();
+        for line in input.lines() {
+            if let Some(name) = line.strip_prefix('*') {
+                table = name.to_owned();
+            } else if let Some(rest) = line.strip_prefix(':') {
+                let chain = rest.split(' ').next().unwrap_or_default().to_owned();
+                self.rules
+                    .retain(|(f, t, c, _)| !(*f == family && *t == table && *c == chain));
+                self.chains.insert((family, table.clone(), chain));
+            } else {
+                let words = split_args(line);
+                let (chain, spec) = match words.as_slice() {
+                    [op, chain, spec @ ..] if op == "-A" => (chain, spec),
+                    [op, chain, _position, spec @ ..] if op == "-I" => (chain, spec),
+                    _ => continue,
+                };
+                let key = (family, table.clone(), chain.clone(), spec.join(" "));
+                self.rules.insert(key);
+            }
+        }
+    }
+
     /// The modelled chains and rules of one table, as `iptables-save -t` prints them.
     fn modelled(&self, family: IpFamily, table: &str) -> String {
         let mut out = format!("*{table}\n");
@@ -768,6 +848,9 @@ impl RuleRunner for FakeRunner {
                 1,
                 "injected failure\nError occurred at line: 1",
             ));
+        }
+        if state.save_modelled {
+            state.model_restore(family, input);
         }
         Ok(())
     }
@@ -879,6 +962,22 @@ mod tests {
             stderr: "iptables-restore: line 5 failed".to_owned(),
         };
         assert_eq!(unshare_failure(restore_failed).exit_code(), Some(2));
+    }
+
+    #[test]
+    fn one_save_is_cut_into_the_tables_asked_for() {
+        let all = "# Generated by iptables-nft-save\n*mangle\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n\
+                   *nat\n:KUBE-SERVICES - [0:0]\n-A OUTPUT -j KUBE-SERVICES\nCOMMIT\n\
+                   *filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n# Completed\n";
+        let saved = split_save(all, &[Table::Nat, Table::Filter]);
+        let none = split_save("*filter\nCOMMIT\n", &[Table::Mangle]);
+        assert_eq!(none[&Table::Mangle], "");
+        assert_eq!(
+            saved[&Table::Nat],
+            "*nat\n:KUBE-SERVICES - [0:0]\n-A OUTPUT -j KUBE-SERVICES\nCOMMIT\n"
+        );
+        assert_eq!(saved[&Table::Filter], "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
+        assert_eq!(saved.len(), 2);
     }
 
     #[test]

@@ -618,3 +618,37 @@ fn legacy_variant_syncs_and_cleans_in_a_netns() {
         },
     );
 }
+
+#[test]
+fn one_save_of_every_table_reads_as_a_save_of_each() {
+    in_netns(
+        "one_save_of_every_table_reads_as_a_save_of_each",
+        &["iptables-save"],
+        || {
+            block_on(async {
+                use kp_dataplane::exec::RuleRunner as _;
+                use kp_rules::iptables::Table;
+                sh("iptables -t nat -N KUBE-T && iptables -t nat -A OUTPUT -j KUBE-T && \
+                    iptables -N KUBE-F && iptables -A INPUT -m comment --comment 'a b' -j KUBE-F && \
+                    iptables -t mangle -N OTHER");
+                let runner = ExecRunner::new(Tools::default());
+                let tables = [Table::Nat, Table::Filter];
+                let together = runner
+                    .save_tables(IpFamily::V4, &tables)
+                    .await
+                    .expect("saves");
+                for table in tables {
+                    let alone = runner.save(IpFamily::V4, table).await.expect("saves");
+                    let body = |text: &str| -> Vec<String> {
+                        text.lines()
+                            .filter(|l| !l.starts_with('#'))
+                            .map(str::to_owned)
+                            .collect()
+                    };
+                    assert_eq!(body(&together[&table]), body(&alone), "{table:?}");
+                    assert!(together[&table].contains("-j KUBE-"), "{together:?}");
+                }
+            });
+        },
+    );
+}

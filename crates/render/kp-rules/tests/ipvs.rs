@@ -417,33 +417,147 @@ fn sets_and_rules_apply_in_the_kernel() {
     assert!(entries.contains("add KUBE-LOAD-BALANCER-SOURCE-CIDR 198.51.100.20,tcp:80,192.0.2.7"));
 }
 
+/// The chains and jumps of [`rules::setup`], created one `iptables` run at a time as
+/// `ensure_setup` does (`-N` each chain, `-I <from> 1` each jump), for `tool`.
+fn setup_commands(tool: &str) -> String {
+    let setup = rules::setup();
+    let mut script = String::new();
+    for (table, chain) in &setup.chains {
+        let _ = writeln!(script, "{tool} -t {} -N {chain}", table.as_str());
+    }
+    for jump in &setup.jumps {
+        let _ = writeln!(
+            script,
+            "{tool} -t {} -I {} 1 {}",
+            jump.table.as_str(),
+            jump.from,
+            jump.spec
+        );
+    }
+    script
+}
+
 #[test]
-fn terse_listing_gives_each_set_s_entry_count() {
-    if let Some(reason) = netns_unavailable("ipset") {
+fn one_restore_with_the_jumps_leaves_what_the_runs_one_by_one_leave() {
+    if let Some(reason) =
+        netns_unavailable("ipset").or_else(|| netns_unavailable("iptables-restore"))
+    {
         eprintln!("skipped: {reason}");
         return;
     }
     let d = plan(&mixed_state(), IpFamily::V4, &ipvs_config());
-    let input = ipset::restore_input(IpFamily::V4, &d.sets, &Default::default());
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("sets");
-    std::fs::write(&path, input).expect("write");
-    let script = format!(
-        "set -e; ipset restore < '{}'; ipset create OTHER hash:ip; ipset add OTHER 192.0.2.1; ipset list -t",
-        path.display()
+    let sets = dir.path().join("sets");
+    std::fs::write(
+        &sets,
+        ipset::restore_input(IpFamily::V4, &d.sets, &Default::default()),
+    )
+    .expect("write");
+    let text = rules::render(IpFamily::V4, &ipvs_config(), &Default::default()).expect("renders");
+    let setup = rules::setup();
+    let all: Vec<_> = setup.jumps.iter().collect();
+    let files = [
+        ("rules", text.clone()),
+        ("with-all", rules::with_jumps(&text, &all)),
+    ];
+    for (name, content) in &files {
+        std::fs::write(dir.path().join(name), content).expect("write");
+    }
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    // Other programs' rules in the built-in chains stay where they are, below ours.
+    let foreign = "iptables -A INPUT -s 192.0.2.7/32 -j ACCEPT; \
+                   iptables -t nat -A PREROUTING -s 192.0.2.7/32 -j RETURN";
+    let start = format!("set -e; ipset restore < '{}'; {foreign}", path("sets"));
+    let one_by_one = format!(
+        "{start}\n{}iptables-restore --noflush < '{}'\niptables-save",
+        setup_commands("iptables"),
+        path("rules")
     );
-    let listed = in_netns(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
-    let sizes = ipset::parse_terse(&listed);
-    let want: std::collections::BTreeMap<String, Option<usize>> = SetKind::ALL
+    let one_restore = format!(
+        "{start}\niptables-restore --noflush < '{}'\niptables-save",
+        path("with-all")
+    );
+    let a = in_netns(&one_by_one).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let b = in_netns(&one_restore).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    assert_eq!(
+        ruleset(&a),
+        ruleset(&b),
+        "one by one:\n{a}\none restore:\n{b}"
+    );
+    assert!(b.contains("-A INPUT -s 192.0.2.7/32 -j ACCEPT"), "{b}");
+
+    // One jump missing (another program deleted it): inserted at the top, as `-I 1` does.
+    let jump = setup
+        .jumps
         .iter()
-        .map(|kind| {
-            let count = d.sets.get(kind).map_or(0, BTreeSet::len);
-            (kind.name(IpFamily::V4), Some(count))
-        })
-        .collect();
-    assert_eq!(sizes, want, "{listed}");
-    assert!(
-        want.values().any(|n| n.is_some_and(|n| n > 1)),
-        "some set holds entries: {want:?}"
+        .find(|j| j.to == "KUBE-PROXY-FIREWALL" && j.from == "INPUT")
+        .expect("INPUT jump");
+    std::fs::write(
+        dir.path().join("with-one"),
+        rules::with_jumps(&text, &[jump]),
+    )
+    .expect("write");
+    let delete = format!("iptables -D INPUT {}", jump.spec);
+    let reinsert = format!("iptables -I INPUT 1 {}", jump.spec);
+    let base = format!(
+        "{start}\niptables-restore --noflush < '{}'\n{delete}",
+        path("with-all")
     );
+    let by_run = format!("{base}\n{reinsert}\niptables-save");
+    let by_restore = format!(
+        "{base}\niptables-restore --noflush < '{}'\niptables-save",
+        path("with-one")
+    );
+    let a = in_netns(&by_run).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let b = in_netns(&by_restore).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    assert_eq!(ruleset(&a), ruleset(&b), "by run:\n{a}\nby restore:\n{b}");
+}
+
+/// ipvs mode skips a full sync's restore when `iptables-save` shows its chains as rendered
+/// (kp-dataplane's `rules_in_place`): that needs the rules to read back as written, but for
+/// the default `--reject-with` the save adds.
+#[test]
+fn the_rules_read_back_from_iptables_save_as_rendered() {
+    if let Some(reason) =
+        netns_unavailable("ipset").or_else(|| netns_unavailable("iptables-restore"))
+    {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut script = String::from("set -e\n");
+    let mut rendered = Vec::new();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let d = plan(&mixed_state(), family, &ipvs_config());
+        let sets = dir.path().join(format!("sets-{family:?}"));
+        std::fs::write(
+            &sets,
+            ipset::restore_input(family, &d.sets, &Default::default()),
+        )
+        .expect("write");
+        let text = rules::render(family, &ipvs_config(), &Default::default()).expect("renders");
+        let path = dir.path().join(format!("rules-{family:?}"));
+        std::fs::write(&path, &text).expect("write");
+        let tool = restore_tool(family);
+        let _ = writeln!(
+            script,
+            "ipset restore < '{}'; {tool} --noflush < '{}'",
+            sets.display(),
+            path.display()
+        );
+        rendered.push((family, text));
+    }
+    script.push_str("iptables-save; echo '#6'; ip6tables-save\n");
+    let saved = in_netns(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let (v4, v6) = saved.split_once("#6").expect("both saves");
+    for ((family, text), saved) in rendered.iter().zip([v4, v6]) {
+        let saved = ruleset(saved);
+        for (key, rules) in ruleset(text) {
+            let want: Vec<String> = rules
+                .iter()
+                .map(|r| rules::saved_form(*family, r))
+                .collect();
+            assert_eq!(saved.get(&key), Some(&want), "{family:?} {key:?}");
+        }
+    }
 }

@@ -3,8 +3,10 @@
 //! installed-service counts, each bounded in time, and writes `bench/REPORT.md` with tables
 //! and SVG plots (see `kp_bench::summary`). The points are kept in `bench/points.json`
 //! (`kp_bench::points`): a run of some modes replaces only theirs, and the report, with issue
-//! 16's targets table (`kp_bench::targets`), is rendered from all of them. Must run as root
-//! (the benchmarks use network namespaces).
+//! 16's targets table (`kp_bench::targets`), is rendered from all of them. At 10k services the
+//! kernel modes' points also measure the self-healing checks (`kp-scale --checks`);
+//! `--checks-only` measures just those. Must run as root (the benchmarks use network
+//! namespaces).
 //!
 //! ```sh
 //! cargo run --release -p kp-bench --bin kp-report
@@ -17,10 +19,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use kp_bench::points::{
-    self, ENDPOINTS, Points, RawSection, Run, StoredConnect, StoredScale, import_report,
+    self, ENDPOINTS, Points, RawSection, Run, StoredCheck, StoredConnect, StoredScale,
+    import_report,
 };
 use kp_bench::report::human;
-use kp_bench::summary::{self, ConnectPoint, Environment, Measured, ScalePoint};
+use kp_bench::summary::{self, CheckPoint, ConnectPoint, Environment, Measured, ScalePoint};
 use kp_bench::sys;
 use kp_bench::targets;
 
@@ -42,6 +45,9 @@ struct ModeSpec {
     /// The most services a point of this series is run with; larger sizes are recorded as
     /// skipped.
     largest: usize,
+    /// Its point at [`targets::TARGET_SERVICES`] also measures the self-healing checks
+    /// (`kp-scale --checks`): the kernel modes reading manifests.
+    checks: bool,
 }
 
 /// Every series, in the order the report lists them: the control plane alone, iptables mode
@@ -59,6 +65,7 @@ const MODES: &[ModeSpec] = &[
         connect: false,
         vm: false,
         largest: usize::MAX,
+        checks: false,
     },
     ModeSpec {
         name: "iptables-nft",
@@ -69,6 +76,7 @@ const MODES: &[ModeSpec] = &[
         connect: true,
         vm: false,
         largest: usize::MAX,
+        checks: true,
     },
     ModeSpec {
         name: "iptables-legacy",
@@ -78,6 +86,7 @@ const MODES: &[ModeSpec] = &[
         connect: false,
         vm: false,
         largest: usize::MAX,
+        checks: true,
     },
     ModeSpec {
         name: "nftables",
@@ -87,6 +96,7 @@ const MODES: &[ModeSpec] = &[
         connect: true,
         vm: false,
         largest: usize::MAX,
+        checks: true,
     },
     ModeSpec {
         name: "ipvs",
@@ -97,6 +107,7 @@ const MODES: &[ModeSpec] = &[
         vm: true,
         // Emulated, 1 vCPU: 20k already takes up to 20 minutes of the run.
         largest: 20_000,
+        checks: true,
     },
     ModeSpec {
         name: "fake-api",
@@ -106,6 +117,7 @@ const MODES: &[ModeSpec] = &[
         connect: false,
         vm: false,
         largest: usize::MAX,
+        checks: false,
     },
     ModeSpec {
         name: "nftables-api",
@@ -115,6 +127,7 @@ const MODES: &[ModeSpec] = &[
         connect: false,
         vm: false,
         largest: usize::MAX,
+        checks: false,
     },
     ModeSpec {
         name: "nftables-maps",
@@ -201,6 +214,10 @@ struct Args {
     /// Use the binaries next to this one as they are (skip `cargo build --release`).
     #[arg(long)]
     no_build: bool,
+    /// Measure only the self-healing checks (`kp-scale --checks` at 10000 services) of the
+    /// `--modes` that have them, replacing only the stored check points, then render.
+    #[arg(long)]
+    checks_only: bool,
 }
 
 fn main() -> ExitCode {
@@ -258,7 +275,11 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
             work: tempfile::Builder::new().prefix("kp-report-").tempdir()?,
         };
         for mode in modes {
-            stored = measure_series(args, &run, mode, stored)?;
+            stored = if args.checks_only {
+                measure_checks(args, &run, mode, stored)?
+            } else {
+                measure_series(args, &run, mode, stored)?
+            };
         }
     }
     render(args, &stored)
@@ -354,18 +375,8 @@ fn measure_series(
             continue;
         }
         let host_load_start = load_1m();
-        let (text, status) = if mode.vm {
-            scale_in_vm(args, mode, services, &run.bin_dir, &kube_proxy)
-        } else {
-            scale_on_host(
-                args,
-                mode,
-                services,
-                &run.bin_dir,
-                &kube_proxy,
-                run.work.path(),
-            )?
-        };
+        let checks = mode.checks && services == targets::TARGET_SERVICES;
+        let (text, status) = scale_point(args, run, mode, services, checks)?;
         let point = if text.is_empty() {
             ScalePoint::missing(mode.name, services, ENDPOINTS, &status)
         } else {
@@ -381,6 +392,12 @@ fn measure_series(
         );
         // VM points carry the guest's load; the host's is what else ran on the machine.
         let host_load = mode.vm.then(|| format!("{host_load_start}→{}", load_1m()));
+        if checks {
+            let point = check_point(mode, services, &text, &status);
+            series
+                .checks
+                .push(stored_check(run, mode, point, host_load.clone()));
+        }
         series.scale.push(stored_scale(point, host_load));
         series.raw.push(RawSection {
             series: mode.name.to_owned(),
@@ -410,6 +427,87 @@ fn measure_series(
         run.env.duration = human(started.elapsed());
     }
     save(&series)
+}
+
+/// The self-healing checks of `mode` alone (`--checks-only`): one `kp-scale --checks` run at
+/// [`targets::TARGET_SERVICES`], whose check point replaces the stored one; its scale figures
+/// are not kept (they stay those of the series' own run). `points.json` is rewritten after.
+fn measure_checks(
+    args: &Args,
+    run: &RunContext,
+    mode: &ModeSpec,
+    stored: Points,
+) -> anyhow::Result<Points> {
+    if !mode.checks {
+        eprintln!(
+            "kp-report: {} has no self-healing checks to measure",
+            mode.name
+        );
+        return Ok(stored);
+    }
+    let services = targets::TARGET_SERVICES;
+    let host_load_start = load_1m();
+    let (text, status) = scale_point(args, run, mode, services, true)?;
+    let point = check_point(mode, services, &text, &status);
+    eprintln!(
+        "kp-report: checks {} {services}×{ENDPOINTS}: canary {}, thorough {}",
+        mode.name, point.canary, point.thorough
+    );
+    let host_load = mode.vm.then(|| format!("{host_load_start}→{}", load_1m()));
+    let merged = stored.merge_checks(
+        vec![stored_check(run, mode, point, host_load)],
+        &series_order(),
+    );
+    let path = args.out_dir.join(points::POINTS_FILE);
+    std::fs::write(&path, merged.to_json())
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(merged)
+}
+
+/// One `kp-scale` point of `mode` on the host or in the test VM (`checks`: with
+/// `--checks`): (its tables, how it ended).
+fn scale_point(
+    args: &Args,
+    run: &RunContext,
+    mode: &ModeSpec,
+    services: usize,
+    checks: bool,
+) -> anyhow::Result<(String, String)> {
+    let kube_proxy = run.bin_dir.join("kube-proxy");
+    Ok(if mode.vm {
+        scale_in_vm(args, mode, services, checks, &run.bin_dir, &kube_proxy)
+    } else {
+        scale_on_host(
+            args,
+            mode,
+            services,
+            checks,
+            &run.bin_dir,
+            &kube_proxy,
+            run.work.path(),
+        )?
+    })
+}
+
+/// The check point in a `kp-scale --checks` output, or one saying why there is none.
+fn check_point(mode: &ModeSpec, services: usize, text: &str, status: &str) -> CheckPoint {
+    CheckPoint::from_output(mode.name, services, text)
+        .unwrap_or_else(|| CheckPoint::missing(mode.name, services, status))
+}
+
+fn stored_check(
+    run: &RunContext,
+    mode: &ModeSpec,
+    point: CheckPoint,
+    host_load: Option<String>,
+) -> StoredCheck {
+    StoredCheck {
+        series: mode.name.to_owned(),
+        date: run.date.clone(),
+        commit: run.commit.clone(),
+        host_load,
+        point,
+    }
 }
 
 /// The raw-output heading of a `kp-scale` point (also how an older report's sections are
@@ -625,18 +723,22 @@ fn scale_on_host(
     args: &Args,
     mode: &ModeSpec,
     services: usize,
+    checks: bool,
     bin_dir: &Path,
     kube_proxy: &Path,
     work: &Path,
 ) -> anyhow::Result<(String, String)> {
     let out = work.join(format!("scale-{}-{services}.md", mode.name));
     let mut scale_args = scale_args(mode, services, args.timeout, kube_proxy);
+    if checks {
+        scale_args.push("--checks".to_owned());
+    }
     scale_args.extend(["--out".to_owned(), out.to_string_lossy().into_owned()]);
     let scale_args: Vec<&str> = scale_args.iter().map(String::as_str).collect();
     let status = bounded(
         &bin_dir.join("kp-scale"),
         &scale_args,
-        Duration::from_secs(args.timeout) + RUN_SLACK,
+        Duration::from_secs(args.timeout) + RUN_SLACK + checks_slack(checks),
     )?;
     Ok((std::fs::read_to_string(&out).unwrap_or_default(), status))
 }
@@ -648,11 +750,15 @@ fn scale_in_vm(
     args: &Args,
     mode: &ModeSpec,
     services: usize,
+    checks: bool,
     bin_dir: &Path,
     kube_proxy: &Path,
 ) -> (String, String) {
-    let limit = Duration::from_secs(args.vm_timeout) + RUN_SLACK;
-    let scale_args = scale_args(mode, services, args.vm_timeout, kube_proxy);
+    let limit = Duration::from_secs(args.vm_timeout) + RUN_SLACK + checks_slack(checks);
+    let mut scale_args = scale_args(mode, services, args.vm_timeout, kube_proxy);
+    if checks {
+        scale_args.push("--checks".to_owned());
+    }
     let scale_args: Vec<std::ffi::OsString> = scale_args.iter().map(Into::into).collect();
     eprintln!(
         "kp-report: in the test VM: kp-scale {}",
@@ -686,6 +792,16 @@ fn scale_in_vm(
             format!("the test VM was killed after {seconds} s"),
         ),
         Err(error) => (String::new(), format!("the test VM did not run: {error}")),
+    }
+}
+
+/// How much longer a point with `--checks` may run: kp-scale's default wait for the
+/// thorough check (90 s) and the check itself.
+fn checks_slack(checks: bool) -> Duration {
+    if checks {
+        Duration::from_secs(120)
+    } else {
+        Duration::ZERO
     }
 }
 

@@ -9,6 +9,9 @@
 //! transactions. With `--source api` the proxy watches the fake API server of
 //! `kp_testbed::apiserver` (`kp-echo apiserver` in the proxy's namespace) holding the same
 //! objects, and the edit is that server's change of one EndpointSlice: what a cluster runs.
+//! With `--checks` it then waits for the self-healing check before the next periodic sync
+//! and prints what the checks of the kernel's rules cost (the canary check every canary
+//! period, where nothing notifies, and that thorough one).
 //! See the crate's README for how to read the figures.
 
 use std::collections::BTreeSet;
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Parser, ValueEnum};
 use kp_bench::generate::{self, Edit, Manifests, Scale};
-use kp_bench::logs::{FIRST_SYNC, LogLine, SyncCollector, SyncPhases};
+use kp_bench::logs::{Checks, FIRST_SYNC, LogLine, SyncCollector, SyncPhases, median};
 use kp_bench::report::{Figure, Table, human, mib};
 use kp_bench::split::split_restore;
 use kp_bench::state::Loaded;
@@ -140,6 +143,13 @@ struct Args {
     /// Keep manifests, logs and rendered rules in this directory (default: a temporary one).
     #[arg(long)]
     keep: Option<PathBuf>,
+    /// After the partial syncs, wait for the thorough self-healing check before the next
+    /// periodic sync (`syncPeriod`, 30 s by default) and print a table of the checks' times.
+    #[arg(long)]
+    checks: bool,
+    /// With --checks: give up waiting for the thorough check after this many seconds.
+    #[arg(long, default_value_t = 90)]
+    checks_wait: u64,
 }
 
 fn main() -> ExitCode {
@@ -205,10 +215,11 @@ async fn run(args: &Args) -> anyhow::Result<()> {
 
     let mut report = String::new();
     if !args.no_proxy {
-        let table = proxy_run(args, scale, &dir, &manifests_dir, &manifests).await?;
-        println!("{}", table.render());
-        report.push_str(&table.render());
-        report.push('\n');
+        for table in proxy_run(args, scale, &dir, &manifests_dir, &manifests).await? {
+            println!("{}", table.render());
+            report.push_str(&table.render());
+            report.push('\n');
+        }
     }
     if args.restore {
         let table = restore_runs(args, scale, &manifests, &dir).await?;
@@ -276,6 +287,7 @@ struct Proxy {
     process: ProxyProcess,
     pid: u32,
     collector: SyncCollector,
+    checks: Checks,
     started: Instant,
 }
 
@@ -317,16 +329,12 @@ impl Proxy {
             started: process.started(),
             process,
             collector: SyncCollector::default(),
+            checks: Checks::default(),
         })
     }
 
-    /// Read lines until `done` accepts a completed sync (returns it and when its line
-    /// arrived) or `deadline` passes (`None`).
-    async fn wait_sync(
-        &mut self,
-        deadline: Instant,
-        done: impl Fn(&SyncPhases, &SyncCollector) -> bool,
-    ) -> anyhow::Result<Option<(Instant, SyncPhases)>> {
+    /// The next log line's entry and its parse (`None` at `deadline`).
+    async fn next_line(&mut self, deadline: Instant) -> anyhow::Result<Option<(Instant, LogLine)>> {
         loop {
             let LogEntry { at, line } = match self.process.next_line_async(deadline).await {
                 NextLine::Line(entry) => entry,
@@ -339,8 +347,36 @@ impl Proxy {
             if line.starts_with('E') {
                 eprintln!("kp-scale: proxy: {line}");
             }
-            let Some(parsed) = LogLine::parse(&line) else {
-                continue;
+            if let Some(parsed) = LogLine::parse(&line) {
+                self.checks.feed(&parsed);
+                return Ok(Some((at, parsed)));
+            }
+        }
+    }
+
+    /// Read lines until one more thorough check has been logged; whether it came before
+    /// `deadline`.
+    async fn wait_thorough_check(&mut self, deadline: Instant) -> anyhow::Result<bool> {
+        let before = self.checks.thorough.len();
+        while self.checks.thorough.len() == before {
+            let Some((_, parsed)) = self.next_line(deadline).await? else {
+                return Ok(false);
+            };
+            self.collector.feed(&parsed);
+        }
+        Ok(true)
+    }
+
+    /// Read lines until `done` accepts a completed sync (returns it and when its line
+    /// arrived) or `deadline` passes (`None`).
+    async fn wait_sync(
+        &mut self,
+        deadline: Instant,
+        done: impl Fn(&SyncPhases, &SyncCollector) -> bool,
+    ) -> anyhow::Result<Option<(Instant, SyncPhases)>> {
+        loop {
+            let Some((at, parsed)) = self.next_line(deadline).await? else {
+                return Ok(None);
             };
             let first = parsed.message == FIRST_SYNC;
             let completed = self.collector.feed(&parsed).cloned();
@@ -446,13 +482,14 @@ fn phases_cell(sync: &SyncPhases) -> String {
     }
 }
 
+/// The run's tables: the sync figures, and with `--checks` the self-healing checks'.
 async fn proxy_run(
     args: &Args,
     scale: Scale,
     dir: &Path,
     manifests_dir: &Path,
     manifests: &Manifests,
-) -> anyhow::Result<Table> {
+) -> anyhow::Result<Vec<Table>> {
     let mut table = Table::new(&[
         "N×M",
         "mode / iptables",
@@ -567,7 +604,7 @@ async fn proxy_run(
             format!("{load_start}→{}", sys::load()),
         ]);
         drop(proxy);
-        return Ok(table);
+        return Ok(vec![table]);
     };
     let first_wall = first_at - proxy.started;
     if let Some(api) = &api {
@@ -639,6 +676,21 @@ async fn proxy_run(
             }
         }
     }
+    let checks = if args.checks {
+        let load_start = sys::load();
+        let deadline = Instant::now() + Duration::from_secs(args.checks_wait);
+        let came = proxy.wait_thorough_check(deadline).await?;
+        Some(checks_table(
+            &scale_cell,
+            &label,
+            &proxy.checks,
+            came,
+            args,
+            &load_start,
+        ))
+    } else {
+        None
+    };
     let rss = proxy.rss_cell();
     let cpu = proxy.cpu();
     drop(proxy);
@@ -681,7 +733,48 @@ async fn proxy_run(
         cpu_cell(cpu),
         format!("{load_start}→{}", sys::load()),
     ]);
-    Ok(table)
+    Ok([Some(table), checks].into_iter().flatten().collect())
+}
+
+/// The self-healing checks the proxy logged since its start: the canary checks (every canary
+/// period; none where nf_tables notifications stand in for them) and the thorough check
+/// waited for (`came`: it was logged in time).
+fn checks_table(
+    scale: &str,
+    label: &str,
+    checks: &Checks,
+    came: bool,
+    args: &Args,
+    load_start: &str,
+) -> Table {
+    let mut table = Table::new(&[
+        "N×M",
+        "mode / iptables",
+        "canary check (median; n, max)",
+        "thorough check (before a periodic sync)",
+        "load 1m (start→end)",
+    ]);
+    let canary = match (median(&checks.canary), checks.canary.iter().max()) {
+        (Some(median), Some(max)) => format!(
+            "{} (n {}, max {})",
+            human(median),
+            checks.canary.len(),
+            human(*max)
+        ),
+        _ => "- (none logged)".to_owned(),
+    };
+    let thorough = match checks.thorough.last() {
+        Some(took) if came => human(*took),
+        _ => format!("- (none within {} s)", args.checks_wait),
+    };
+    table.row(vec![
+        scale.to_owned(),
+        label.to_owned(),
+        canary,
+        thorough,
+        format!("{load_start}→{}", sys::load()),
+    ]);
+    table
 }
 
 /// Where the fake API server listens inside the proxy's namespace.

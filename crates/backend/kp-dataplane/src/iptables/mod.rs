@@ -752,8 +752,8 @@ fn cleanup_error(what: &str, family: IpFamily, table: Table, err: ExecError) -> 
     }
 }
 
-/// `iptables-save` of every table `setup` writes to: one run per table, to check a setup
-/// without one `iptables -C` per chain and jump.
+/// `iptables-save` of every table `setup` writes to (one run for all of them where the runner
+/// can), to check a setup without one `iptables -C` per chain and jump.
 pub async fn save_setup_tables<R: RuleRunner>(
     runner: &R,
     family: IpFamily,
@@ -765,12 +765,12 @@ pub async fn save_setup_tables<R: RuleRunner>(
         .map(|(table, _)| *table)
         .chain(setup.jumps.iter().map(|j| j.table))
         .collect();
-    let mut saved = BTreeMap::new();
-    for table in tables {
-        let text = runner.save(family, table).await?;
-        saved.insert(table, SavedTable::parse(&text));
-    }
-    Ok(saved)
+    let tables: Vec<Table> = tables.into_iter().collect();
+    let saved = runner.save_tables(family, &tables).await?;
+    Ok(saved
+        .into_iter()
+        .map(|(table, text)| (table, SavedTable::parse(&text)))
+        .collect())
 }
 
 /// Whether `saved` holds a rule of `jump.from` jumping to `jump.to`.
@@ -783,20 +783,6 @@ pub fn jump_present(
             chain == jump.from && rule_target(spec).as_deref() == Some(jump.to)
         })
     })
-}
-
-/// Whether every chain and jump of `setup` is in `saved` (its shared rules are not looked
-/// at: callers with shared rules go through [`ensure_setup`]).
-pub fn setup_present(
-    saved: &BTreeMap<Table, SavedTable>,
-    setup: &kp_rules::iptables::Setup,
-) -> bool {
-    let chains = setup.chains.iter().all(|(table, chain)| {
-        saved
-            .get(table)
-            .is_some_and(|t| t.chains.iter().any(|c| c == chain))
-    });
-    chains && setup.jumps.iter().all(|jump| jump_present(saved, jump))
 }
 
 /// Creates the chains of `setup` that are missing and inserts its jumps (at position 1 of

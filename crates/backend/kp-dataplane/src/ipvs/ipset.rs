@@ -1,5 +1,8 @@
-//! Running `ipset save`, `ipset restore` and `ipset list -t`, behind [`IpsetRunner`] with an
-//! in-memory fake that applies restore input the way ipset does.
+//! Running `ipset save` and `ipset restore`, and reading every set's entry count over
+//! netlink (module `netlink`), behind [`IpsetRunner`] with an in-memory fake that applies
+//! restore input the way ipset does.
+
+mod netlink;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -9,13 +12,15 @@ use kp_rules::ipvs::ipset::{SavedSets, parse_save};
 
 use crate::exec::{ExecError, run_program};
 
+pub use netlink::{Counts, IpsetNetlinkError};
+
 /// The ipset operations ipvs mode needs.
 pub trait IpsetRunner: Send + Sync {
     /// `ipset save` output.
     fn save(&self) -> impl Future<Output = Result<String, ExecError>> + Send;
-    /// `ipset list -t` output: every set's header with its entry count, no entries (the
-    /// canary check).
-    fn list_terse(&self) -> impl Future<Output = Result<String, ExecError>> + Send;
+    /// Every set's entry count (`None` where the kernel reports none), read from the sets'
+    /// headers alone: the canary check.
+    fn entry_counts(&self) -> impl Future<Output = Result<Counts, IpsetNetlinkError>> + Send;
     /// `ipset restore` with `input` on stdin.
     fn restore(&self, input: &str) -> impl Future<Output = Result<(), ExecError>> + Send;
 }
@@ -24,7 +29,8 @@ pub trait IpsetRunner: Send + Sync {
 pub const DEFAULT_IPSET_BINARY: &str = "ipset";
 
 /// The real `ipset` binary ([`DEFAULT_IPSET_BINARY`]), run through the shared exec layer
-/// (killed when a cancelled sync drops it, as every tool the backends run).
+/// (killed when a cancelled sync drops it, as every tool the backends run); entry counts come
+/// over netlink, on a blocking thread.
 #[derive(Clone, Debug, Default)]
 pub struct ExecIpset;
 
@@ -38,9 +44,10 @@ impl IpsetRunner for ExecIpset {
         .await
     }
 
-    async fn list_terse(&self) -> Result<String, ExecError> {
-        let args = ["list".to_owned(), "-t".to_owned()];
-        run_program(&PathBuf::from(DEFAULT_IPSET_BINARY), &args, None).await
+    async fn entry_counts(&self) -> Result<Counts, IpsetNetlinkError> {
+        tokio::task::spawn_blocking(netlink::entry_counts)
+            .await
+            .map_err(|e| IpsetNetlinkError::Socket(std::io::Error::other(e)))?
     }
 
     async fn restore(&self, input: &str) -> Result<(), ExecError> {
@@ -110,16 +117,13 @@ impl IpsetRunner for FakeIpset {
         Ok(out)
     }
 
-    async fn list_terse(&self) -> Result<String, ExecError> {
+    async fn entry_counts(&self) -> Result<Counts, IpsetNetlinkError> {
         let state = self.lock();
-        let mut out = String::new();
-        for (name, entries) in &state.sets {
-            out.push_str(&format!(
-                "Name: {name}\nType: hash:ip\nReferences: 1\nNumber of entries: {}\n\n",
-                entries.len()
-            ));
-        }
-        Ok(out)
+        Ok(state
+            .sets
+            .iter()
+            .map(|(name, entries)| (name.clone(), Some(entries.len())))
+            .collect())
     }
 
     async fn restore(&self, input: &str) -> Result<(), ExecError> {

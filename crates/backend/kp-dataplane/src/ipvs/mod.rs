@@ -53,11 +53,24 @@ use crate::exec::{ExecRunner, RuleRunner};
 use crate::iptables::{SavedTable, cleanup_input, ensure_setup};
 use crate::sync::{FamilyErrors, SyncState};
 use crate::sysctls::{self, Setting, Sysctl, WriteWhen};
-use kp_rules::iptables::Table;
+use kp_rules::iptables::{JumpRule, Table};
 
-pub use ipset::{ExecIpset, FakeIpset, IpsetRunner};
+pub use ipset::{Counts as IpsetCounts, ExecIpset, FakeIpset, IpsetNetlinkError, IpsetRunner};
 pub use links::{FakeLinks, LinkError, Links, RtLinks};
 use planned::{Delta, Planned};
+
+/// What a full sync read of one family's iptables tables before writing its rules.
+#[derive(Debug)]
+struct SavedSetup {
+    /// The jumps of ipvs mode's setup the kernel lacks (inserted with the rules' restore).
+    missing: Vec<JumpRule>,
+    /// The tables as saved (nat and filter).
+    saved: BTreeMap<Table, SavedTable>,
+}
+
+/// Per family; a family whose tables could not be read is absent (its setup was ensured
+/// run by run, and its rules are restored).
+type SavedSetups = BTreeMap<IpFamily, SavedSetup>;
 
 /// The mode name served on `/proxyMode`.
 pub const MODE: &str = "ipvs";
@@ -248,7 +261,12 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         &self.config
     }
 
-    async fn setup(&mut self) -> Result<(), BackendError> {
+    /// Sysctls and timeouts, and each family's nat and filter tables as they are (one save
+    /// per table) with the jumps of ipvs mode's setup they lack: the rules' restore inserts
+    /// those, or is skipped when nothing differs (see [`IpvsBackend::restore_rules`]). A
+    /// family whose tables cannot be read gets its chains and jumps one `iptables` run at a
+    /// time instead.
+    async fn setup(&mut self) -> Result<SavedSetups, BackendError> {
         let sysctl = BoxedSysctl(self.sysctl.as_ref());
         match sysctls::apply(&sysctl, &sysctl_plan(self.config.strict_arp)) {
             Ok(report) => {
@@ -265,16 +283,22 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         }
         let mut errors = FamilyErrors::new(MODE);
         let setup = rules::setup();
+        let mut setups = SavedSetups::new();
         for family in self.sync.families().to_vec() {
-            // One save per table usually finds everything in place (every full sync but the
-            // first, and a restore after `ipvsadm -C`); else one run per chain and jump.
-            let result = match self.setup_in_place(family, &setup).await {
-                Ok(true) => Ok(()),
-                Ok(false) | Err(_) => ensure_setup(&self.runner, family, &setup).await,
+            let result = match self.saved_setup(family, &setup).await {
+                Ok(saved) => {
+                    setups.insert(family, saved);
+                    Ok(())
+                }
+                Err(error) => {
+                    debug!(?family, %error, "cannot read the setup's tables; ensuring it run by run");
+                    ensure_setup(&self.runner, family, &setup).await
+                }
             };
             errors.check(family, result);
         }
-        self.sync.families_done(errors)
+        self.sync.families_done(errors)?;
+        Ok(setups)
     }
 
     async fn sync_all(
@@ -299,7 +323,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
     /// their real servers, kube-ipvs0's addresses and the ipsets, so a flushed table, a reset
     /// sysctl or someone else's change is repaired within syncPeriod.
     async fn full_sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        self.setup().await?;
+        let started = std::time::Instant::now();
+        let setups = self.setup().await?;
+        let setup_took = started.elapsed();
         let planned: Vec<Planned> = self
             .config
             .families
@@ -326,6 +352,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 .map_err(link_error)?;
         }
 
+        let addresses_took = started.elapsed() - setup_took;
         // 2. ipsets: only the entries that differ, one restore for both families.
         let saved: SavedSets = parse_save(
             &self
@@ -340,8 +367,11 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             .collect();
         self.restore_sets(&input).await?;
 
-        // 3. iptables.
-        self.restore_rules(&plans, true).await?;
+        let sets_took = started.elapsed() - setup_took - addresses_took;
+        // 3. iptables: the rules and the jumps the setup lacks, one restore per family (none
+        // where the saves show everything in place).
+        self.restore_rules(&plans, Some(&setups)).await?;
+        let rules_took = started.elapsed() - setup_took - addresses_took - sets_took;
 
         // 4. IPVS, against the kernel's list.
         let listed = self.list_virtual_servers()?;
@@ -384,6 +414,14 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             planned,
         });
         report.skipped = skipped.into_iter().collect();
+        debug!(
+            setup = ?setup_took,
+            addresses = ?addresses_took,
+            sets = ?sets_took,
+            rules = ?rules_took,
+            took = ?started.elapsed(),
+            "ipvs full sync finished"
+        );
         Ok(report)
     }
 
@@ -422,7 +460,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
 
         // 3. iptables, when a load balancer's node access changed.
         let plans: Vec<&Desired> = installed.planned.iter().map(|p| &p.desired).collect();
-        self.restore_rules(&plans, false).await?;
+        self.restore_rules(&plans, None).await?;
 
         // 4. IPVS: the changed virtual servers and those draining.
         let mut report = SyncReport::default();
@@ -491,17 +529,37 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
     }
 
     /// Restores each family's iptables rules (they depend on the configuration and on which
-    /// load balancers admit the node); partial syncs skip a text restored before.
-    async fn restore_rules(&mut self, plans: &[&Desired], full: bool) -> Result<(), BackendError> {
+    /// load balancers admit the node). A full sync (`setups`: what it read) restores a family
+    /// with the jumps it lacks in the same restore, or not at all when the save shows every
+    /// jump and every chain of ours holding exactly these rules; a partial one (`None`) skips
+    /// a text restored before.
+    async fn restore_rules(
+        &mut self,
+        plans: &[&Desired],
+        setups: Option<&SavedSetups>,
+    ) -> Result<(), BackendError> {
         for p in plans {
             let family = p.family;
             let text = rules::render(family, &self.config.plan, &p.lb_no_node_access)
                 .map_err(|e| apply_error("ipvs iptables rules")(e.to_string()))?;
-            if !full && self.rules_applied.get(&family) == Some(&text) {
-                continue;
-            }
+            let input = match setups.map(|s| s.get(&family)) {
+                None if self.rules_applied.get(&family) == Some(&text) => continue,
+                None | Some(None) => text.clone(),
+                Some(Some(setup)) if setup.missing.is_empty() => {
+                    if rules_in_place(family, &text, &setup.saved) {
+                        debug!(?family, "ipvs iptables rules in place; not restored");
+                        self.rules_applied.insert(family, text);
+                        continue;
+                    }
+                    text.clone()
+                }
+                Some(Some(setup)) => {
+                    let jumps: Vec<&JumpRule> = setup.missing.iter().collect();
+                    rules::with_jumps(&text, &jumps)
+                }
+            };
             self.runner
-                .restore(family, &text)
+                .restore(family, &input)
                 .await
                 .map_err(|e| apply_error("iptables-restore")(e.to_string()))?;
             self.rules_applied.insert(family, text);
@@ -663,6 +721,42 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         }
         Ok((changes, draining))
     }
+}
+
+/// Whether `saved` holds every chain `text` (a family's rendered rules) declares with exactly
+/// its rules, in order, as `iptables-save` prints them ([`rules::saved_form`]).
+fn rules_in_place(family: IpFamily, text: &str, saved: &BTreeMap<Table, SavedTable>) -> bool {
+    text.split("COMMIT\n").all(|section| {
+        let Some(name) = section.lines().next().and_then(|l| l.strip_prefix('*')) else {
+            return section.trim().is_empty();
+        };
+        let Some(table) = [Table::Filter, Table::Nat]
+            .into_iter()
+            .find(|t| t.as_str() == name)
+        else {
+            return false;
+        };
+        let Some(have) = saved.get(&table) else {
+            return false;
+        };
+        let want = SavedTable::parse(section);
+        want.chains.iter().all(|chain| {
+            let rules = |t: &SavedTable, saved_form: bool| -> Vec<String> {
+                t.rules
+                    .iter()
+                    .filter(|(c, _)| c == chain)
+                    .map(|(_, r)| {
+                        if saved_form {
+                            rules::saved_form(family, r)
+                        } else {
+                            r.clone()
+                        }
+                    })
+                    .collect()
+            };
+            have.chains.contains(chain) && rules(have, false) == rules(&want, true)
+        })
+    })
 }
 
 impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend

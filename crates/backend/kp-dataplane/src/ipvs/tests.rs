@@ -388,6 +388,7 @@ fn setup_applies_timeouts_sysctls_and_jumps_once() {
     };
     c.strict_arp = true;
     let mut h = harness(c);
+    h.runner.save_modelled();
     for setting in sysctl_plan(true) {
         h.sysctl.set(setting.key, "0");
     }
@@ -401,19 +402,28 @@ fn setup_applies_timeouts_sysctls_and_jumps_once() {
     ] {
         assert!(writes.iter().any(|(k, _)| k == key), "{key}: {writes:?}");
     }
+    // The jumps go in with the rules' restore: no `iptables` run per chain or jump.
     let inserted = |runner: &FakeRunner| {
+        let calls = runner.calls();
+        assert!(
+            !calls.iter().any(|c| matches!(c, RunnerCall::Run { .. })),
+            "{calls:?}"
+        );
         runner
-            .calls()
+            .restores()
             .iter()
-            .filter(
-                |c| matches!(c, RunnerCall::Run { args, .. } if args.contains(&"-I".to_owned())),
-            )
+            .flat_map(|(_, input)| input.lines().filter(|l| l.starts_with("-I ")))
             .count()
     };
     assert_eq!(inserted(&h.runner), rules::setup().jumps.len());
     h.changes();
+    h.backend.kernel_changed_behind_our_back();
     h.sync(&two_services());
-    assert_eq!(inserted(&h.runner), 0, "jumps are ensured once");
+    assert_eq!(
+        inserted(&h.runner),
+        0,
+        "jumps in place are not inserted again"
+    );
 }
 
 #[test]

@@ -4,8 +4,8 @@
 //!
 //! - the virtual servers (one IPVS dump): missing or changed ones;
 //! - `kube-ipvs0` (one link dump) and its addresses (one address dump): missing ones;
-//! - every kube-proxy ipset (`ipset list -t`, headers only): missing sets, changed entry
-//!   counts;
+//! - every kube-proxy ipset (one netlink dump of the sets' headers, what `ipset list -t`
+//!   reads, without running the tool): missing sets, changed entry counts;
 //! - the jumps from the built-in chains into ipvs mode's chains, from one `iptables-save` of
 //!   nat and one of filter per family (not one `iptables -C` per jump: each exec costs
 //!   milliseconds, and the check runs every canary period). ipvs mode's nat holds a few
@@ -23,13 +23,13 @@ use std::net::IpAddr;
 use kp_core::backend::BackendError;
 use kp_core::foreign::{Check, ForeignChange};
 use kp_ipvs::{Ipvs, ServiceKey};
-use kp_rules::ipvs::ipset::{SetKind, parse_terse};
+use kp_rules::ipvs::ipset::SetKind;
 use kp_rules::ipvs::{DUMMY_DEVICE, rules};
 
-use super::{IpsetRunner, IpvsBackend, Links, apply_error, link_error};
+use super::{IpsetRunner, IpvsBackend, Links, SavedSetup, apply_error, link_error};
 use crate::conntrack::Conntrack;
 use crate::exec::RuleRunner;
-use crate::iptables::{SavedTable, jump_present, save_setup_tables, setup_present};
+use crate::iptables::{SavedTable, jump_present, save_setup_tables};
 use kp_core::model::IpFamily;
 use kp_rules::iptables::{Setup, Table};
 
@@ -122,19 +122,23 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         Ok(missing)
     }
 
-    /// Whether every chain and jump of `setup` is in place for `family`, from one save per
-    /// table: a full sync then skips the one `iptables` run per chain and jump that making
-    /// sure of them costs.
-    pub(super) async fn setup_in_place(
+    /// `family`'s tables of `setup` from one save each, with the jumps of `setup` they lack:
+    /// a full sync inserts those with its rules' restore instead of one `iptables` run per
+    /// chain and jump (the restore declares every chain, so missing chains need nothing
+    /// more), or skips the restore when nothing differs.
+    pub(super) async fn saved_setup(
         &mut self,
         family: IpFamily,
         setup: &Setup,
-    ) -> Result<bool, BackendError> {
-        if !setup.shared.is_empty() {
-            return Ok(false);
-        }
+    ) -> Result<SavedSetup, BackendError> {
         let saved = self.saved_tables(family, setup).await?;
-        Ok(setup_present(&saved, setup))
+        let missing = setup
+            .jumps
+            .iter()
+            .filter(|jump| !jump_present(&saved, jump))
+            .cloned()
+            .collect();
+        Ok(SavedSetup { missing, saved })
     }
 
     /// `iptables-save` of every table `setup` writes to.
@@ -265,12 +269,11 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                     .map(move |(kind, n)| (SetKind::name(kind, family), n))
             })
             .collect();
-        let text = self
+        let sizes = self
             .ipset
-            .list_terse()
+            .entry_counts()
             .await
             .map_err(|e| apply_error("ipset list")(e.to_string()))?;
-        let sizes = parse_terse(&text);
         let (mut missing, mut changed) = (Tally::new(), Tally::new());
         for (name, want) in &wanted {
             let have = sizes.get(name);

@@ -226,28 +226,3 @@ pub fn destroy_input(saved: &SavedSets) -> String {
     }
     out
 }
-
-/// Sets as `ipset list -t` (headers only, no entries) describes them: name to the entry
-/// count, `None` where the ipset version prints none. The canary check compares these with
-/// what the last sync wrote, at the cost of one header per set however many entries exist.
-pub type SetSizes = BTreeMap<String, Option<usize>>;
-
-/// Parses `ipset list -t` output, keeping kube-proxy's sets (`KUBE-` names) only.
-pub fn parse_terse(text: &str) -> SetSizes {
-    let mut sizes = SetSizes::new();
-    let mut current: Option<String> = None;
-    for line in text.lines() {
-        if let Some(name) = line.strip_prefix("Name:") {
-            let name = name.trim();
-            current = name.starts_with("KUBE-").then(|| name.to_owned());
-            if let Some(name) = &current {
-                sizes.insert(name.clone(), None);
-            }
-        } else if let (Some(name), Some(count)) =
-            (&current, line.strip_prefix("Number of entries:"))
-        {
-            sizes.insert(name.clone(), count.trim().parse().ok());
-        }
-    }
-    sizes
-}

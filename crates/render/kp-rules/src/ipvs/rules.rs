@@ -290,6 +290,91 @@ pub fn render(
     Ok(t.out)
 }
 
+/// `text` (from [`render`]) with `-I <from> 1 <spec>` for each of `jumps` at the end of its
+/// table's section, so that one restore creates the chains, fills them and links them in
+/// (one tool run instead of one per chain and jump). Inserted in the given order, each at the
+/// top of its built-in chain, they end up where inserting them one by one puts them.
+pub fn with_jumps(text: &str, jumps: &[&JumpRule]) -> String {
+    if jumps.is_empty() {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() + jumps.len() * 96);
+    let mut table = None;
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            table = Some(name);
+        } else if line == "COMMIT" {
+            for jump in jumps.iter().filter(|j| Some(j.table.as_str()) == table) {
+                let _ = writeln!(out, "-I {} 1 {}", jump.from, jump.spec);
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// A rule of [`render`]'s text (after `-A CHAIN `) as `iptables-save` prints it back, so a full
+/// sync can tell from one save whether its chains still hold exactly what it would write:
+/// address, interface and protocol matches come first, `-j REJECT` gains its default
+/// `--reject-with`, `--or-mark M` and `--xor-mark M` read back as `--set-xmark M/M` and
+/// `--set-xmark M/0x0`. (A rule this misses only costs a restore.)
+pub fn saved_form(family: IpFamily, rule: &str) -> String {
+    let rule = core_matches_first(rule);
+    if let Some(start) = rule.strip_suffix("-j REJECT") {
+        let icmp = match family {
+            IpFamily::V4 => "icmp-port-unreachable",
+            IpFamily::V6 => "icmp6-port-unreachable",
+        };
+        return format!("{start}-j REJECT --reject-with {icmp}");
+    }
+    for (flag, mask) in [("--or-mark ", None), ("--xor-mark ", Some("0x0"))] {
+        if let Some((start, mark)) = rule.split_once(flag)
+            && !mark.contains(' ')
+        {
+            let mask = mask.unwrap_or(mark);
+            return format!("{start}--set-xmark {mark}/{mask}");
+        }
+    }
+    rule
+}
+
+/// `rule` with its `[!] -s/-d/-i/-o/-p VALUE` matches moved to the front, in that order, as
+/// iptables prints them.
+fn core_matches_first(rule: &str) -> String {
+    const CORE: [&str; 5] = ["-s", "-d", "-i", "-o", "-p"];
+    let words: Vec<&str> = rule.split(' ').collect();
+    let mut core: Vec<(usize, String)> = Vec::new();
+    let mut rest: Vec<&str> = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let negated = words[i] == "!";
+        let flag = if negated {
+            words.get(i + 1)
+        } else {
+            words.get(i)
+        };
+        let rank = flag.and_then(|f| CORE.iter().position(|c| c == f));
+        let width = usize::from(negated) + 2;
+        match (rank, words.get(i + width - 1)) {
+            (Some(rank), Some(_)) => {
+                core.push((rank, words[i..i + width].join(" ")));
+                i += width;
+            }
+            _ => {
+                rest.push(words[i]);
+                i += 1;
+            }
+        }
+    }
+    core.sort_by_key(|(rank, _)| *rank);
+    core.into_iter()
+        .map(|(_, m)| m)
+        .chain(rest.into_iter().map(str::to_owned))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The chains and the jumps into them from the built-in chains, ensured once per full sync.
 pub fn setup() -> Setup {
     let jump = |table: Table, from: &'static str, to: &'static str, comment: &str| JumpRule {

@@ -207,5 +207,89 @@ fn a_full_sync_with_the_setup_in_place_only_reads_it() {
         .filter(|c| matches!(c, RunnerCall::Run { .. }))
         .collect();
     assert_eq!(runs, vec![], "no `iptables` run per chain and jump");
+    let restores = h.runner.restores();
+    assert_eq!(restores.len(), 1, "one restore: {restores:?}");
+    assert!(!restores[0].1.contains("\n-I "), "nothing to insert");
     assert_eq!(h.verify(Check::Thorough), vec![]);
+}
+
+#[test]
+fn every_jump_removed_is_restored_by_one_restore_per_family() {
+    let state = two_services();
+    let mut h = synced(&state);
+    for jump in &rules::setup().jumps {
+        let mut delete: Vec<String> = ["-t", jump.table.as_str(), "-D", jump.from]
+            .map(str::to_owned)
+            .to_vec();
+        delete.extend(split_args(&jump.spec));
+        block_on(h.runner.run(IpFamily::V4, &delete)).expect("was there");
+    }
+    let found = h.verify(Check::Canary);
+    assert_eq!(labels(&found), vec!["jump"; 9], "{found:?}");
+    h.runner.clear_calls();
+    h.restore(&state);
+    let calls = h.runner.calls();
+    let count = |f: fn(&RunnerCall) -> bool| calls.iter().filter(|c| f(c)).count();
+    let restores = count(|c| matches!(c, RunnerCall::Restore { .. }));
+    let runs = count(|c| matches!(c, RunnerCall::Run { .. }));
+    assert_eq!((restores, runs), (1, 0), "{calls:?}");
+}
+
+/// What `iptables-save -t table` prints once `text` (rendered rules) and every jump of the
+/// setup are in place, as the kernel spells rules ([`rules::saved_form`]).
+fn saved_as_the_kernel_prints(text: &str, table: Table) -> String {
+    let mut out = format!("*{}\n", table.as_str());
+    let mut section = false;
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            section = name == table.as_str();
+        } else if !section || line == "COMMIT" {
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let (chain, spec) = rule.split_once(' ').expect("chain and rule");
+            let spec = rules::saved_form(IpFamily::V4, spec);
+            out.push_str(&format!("-A {chain} {spec}\n"));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    for jump in rules::setup().jumps.iter().filter(|j| j.table == table) {
+        out.push_str(&format!("-A {} {}\n", jump.from, jump.spec));
+    }
+    out.push_str("COMMIT\n");
+    out
+}
+
+#[test]
+fn a_full_sync_restores_nothing_when_the_saves_show_the_rules_as_written() {
+    let state = two_services();
+    let mut h = harness(config());
+    h.sync(&state);
+    let text = rules::render(IpFamily::V4, &config().plan, &Default::default()).expect("renders");
+    for table in [Table::Filter, Table::Nat] {
+        h.runner.set_save(
+            IpFamily::V4,
+            table,
+            saved_as_the_kernel_prints(&text, table),
+        );
+    }
+    h.runner.clear_calls();
+    h.backend.kernel_changed_behind_our_back();
+    h.sync(&state);
+    assert_eq!(h.runner.restores(), vec![], "nothing to write");
+
+    // A rule of ours gone (or added, or another one): restored, no jump inserted.
+    let nat = saved_as_the_kernel_prints(&text, Table::Nat);
+    let flushed: String = nat
+        .lines()
+        .filter(|l| !l.starts_with("-A KUBE-SERVICES -m addrtype"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(flushed, nat);
+    h.runner.set_save(IpFamily::V4, Table::Nat, flushed);
+    h.backend.kernel_changed_behind_our_back();
+    h.sync(&state);
+    let restores = h.runner.restores();
+    assert_eq!(restores.len(), 1, "{restores:?}");
+    assert_eq!(restores[0].1, text, "the rules alone");
 }
