@@ -218,11 +218,6 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
         &self.runner
     }
 
-    /// Whether the next sync will be full regardless of the request.
-    pub fn next_sync_is_full(&self) -> bool {
-        self.sync.next_sync_is_full()
-    }
-
     /// What the backend believes `family`'s table holds.
     pub fn installed(&self, family: IpFamily) -> Option<&NftState> {
         self.tables.get(&family).map(|t| &t.installed)
@@ -472,8 +467,9 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let sync_start = Instant::now();
-        let kind = self.sync.kind(request);
-        let full = kind == SyncKind::Full;
+        let kind = request.kind;
+        // What ran: the renderer rewrites everything when the fixed part changed.
+        let mut ran = kind;
         let mut errors = FamilyErrors::new(MODE);
         let mut operations = 0;
         // Until both tables are adopted, the family with fewer service ports first: the
@@ -512,6 +508,9 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
                 }
             }
             if let Some(output) = errors.check(family, result) {
+                if output.kind == SyncKind::Full {
+                    ran = SyncKind::Full;
+                }
                 operations += output.operations;
                 if !output.flushed_stale.is_empty() {
                     table.last_flush = Some(Instant::now());
@@ -520,15 +519,16 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
             }
             self.tables.insert(family, table);
         }
-        self.sync.families_done(errors)?;
-        self.sync.succeeded(request, kind, &BTreeSet::new()).await;
+        errors.into_result()?;
+        self.sync.succeeded(request, ran, &BTreeSet::new()).await;
         debug!(
-            full,
+            full = ran == SyncKind::Full,
             operations,
             took = ?sync_start.elapsed(),
             "nftables sync finished"
         );
         Ok(SyncReport {
+            kind: ran,
             rules_written: operations,
             skipped: Vec::new(),
         })

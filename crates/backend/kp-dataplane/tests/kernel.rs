@@ -185,7 +185,6 @@ fn restore_failures_in_a_netns() {
                 }
                 other => panic!("wrong error {other:?}"),
             }
-            assert!(backend.next_sync_is_full());
             assert!(!chains(&save(IpFamily::V4)).contains(&format!("nat/{}", web_chain())));
 
             // A restore the kernel rejects keeps the previous rules: program a good state,
@@ -211,7 +210,6 @@ fn restore_failures_in_a_netns() {
                 chains(&after).len(),
                 "only the foreign chain was added"
             );
-            assert!(good.next_sync_is_full());
         });
     });
 }

@@ -286,13 +286,13 @@ fn a_rejected_transaction_keeps_the_previous_table() {
                 other => panic!("wrong error {other:?}"),
             }
             assert_eq!(metrics.sync_failures.get(), 1);
-            assert!(backend.next_sync_is_full());
             let table = list("ip");
             assert!(!table.contains("chain"), "nothing applied: {table}");
 
             nft(&["delete", "set", "ip", "kube-proxy", "cluster-ips"]);
+            // After a failure the core asks for a full sync.
             backend
-                .sync(&request(&state, SyncKind::Partial, &none, false))
+                .sync(&request(&state, SyncKind::Full, &none, false))
                 .await
                 .expect("full sync after the conflict is gone");
             assert!(list("ip").contains("dnat to 10.244.1.1:8080"));

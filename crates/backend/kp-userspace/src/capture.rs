@@ -8,6 +8,7 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use kp_core::backend::SyncKind;
 use kp_core::model::{IpFamily, ServicePortName};
 pub use kp_rules::userspace::{CapturedPort, Target};
 
@@ -50,12 +51,13 @@ pub enum CaptureError {
 pub trait Capture: Send {
     /// Make the platform's rules match `plan`. `changed` is `None` for a full rewrite, or
     /// the service ports whose rules changed (their relay ports or targets); the others'
-    /// rules may be left as they are.
+    /// rules may be left as they are. Returns the kind that ran: full when asked, or when
+    /// the capture had to rewrite everything.
     fn apply(
         &mut self,
         plan: &CapturePlan,
         changed: Option<&BTreeSet<ServicePortName>>,
-    ) -> impl Future<Output = Result<(), CaptureError>> + Send;
+    ) -> impl Future<Output = Result<SyncKind, CaptureError>> + Send;
 
     /// Remove every rule this capture (or any other kube-proxy mode) installed.
     fn cleanup(&mut self) -> impl Future<Output = Result<(), CaptureError>> + Send;
@@ -125,7 +127,7 @@ impl Capture for FakeCapture {
         &mut self,
         plan: &CapturePlan,
         changed: Option<&BTreeSet<ServicePortName>>,
-    ) -> Result<(), CaptureError> {
+    ) -> Result<SyncKind, CaptureError> {
         let mut record = self.lock();
         record.applies.push(RecordedApply {
             plan: plan.clone(),
@@ -138,7 +140,10 @@ impl Capture for FakeCapture {
                 message: "injected failure".into(),
             });
         }
-        Ok(())
+        Ok(match changed {
+            None => SyncKind::Full,
+            Some(_) => SyncKind::Partial,
+        })
     }
 
     async fn cleanup(&mut self) -> Result<(), CaptureError> {

@@ -18,7 +18,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
+use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
 use socket2::{Domain, Socket, Type};
 use tracing::{debug, error, info};
@@ -333,6 +333,7 @@ impl<H: AddressHost> Backend for WinBackend<H> {
         }
         self.relay.forget_stale_pins();
         Ok(SyncReport {
+            kind: SyncKind::Full,
             rules_written: open,
             skipped: skipped.into_iter().collect(),
         })

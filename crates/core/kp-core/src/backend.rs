@@ -1,8 +1,11 @@
 //! The boundary between the core and a proxy mode.
 //!
-//! A backend turns the desired state into kernel state. The core decides *when* to sync and
-//! *what* changed; the backend decides *how*. Backends must keep the last good rules in place
-//! when a sync fails, and report the failure so the runner retries with a full sync.
+//! A backend turns the desired state into kernel state. The core decides *when* to sync,
+//! *what* changed and whether the sync is full or partial; the backend decides *how*, and
+//! reports the kind that ran ([`SyncReport::kind`]): it may have to run a partial sync fully
+//! (a retry, a changed fixed part), never the other way round. Backends must keep the last
+//! good rules in place when a sync fails, and report the failure so the core asks for a full
+//! sync next.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -14,7 +17,8 @@ use crate::tracker::ProxyState;
 /// Whether a sync may touch only what changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncKind {
-    /// Rewrite everything: at start, after any failure, and after node label changes.
+    /// Rewrite everything: at start, after any failure or change behind the backend's back,
+    /// and after node label changes.
     Full,
     /// Rewrite only the services in [`SyncRequest::changed`] (plus top-level dispatch).
     Partial,
@@ -25,7 +29,9 @@ pub enum SyncKind {
 pub struct SyncRequest<'a> {
     /// The complete desired state.
     pub state: &'a ProxyState,
-    /// Full or partial.
+    /// Full or partial, as the core decided: partial only right after a successful sync of
+    /// this backend, with no failure, cleanup or foreign change since. The backend keeps no
+    /// flag of its own; driving it directly, ask for a full sync first.
     pub kind: SyncKind,
     /// Services whose Service or EndpointSlices changed since the last successful sync.
     pub changed: &'a BTreeSet<ServiceName>,
@@ -34,12 +40,26 @@ pub struct SyncRequest<'a> {
 }
 
 /// What a successful sync did, for logs and metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyncReport {
+    /// The kind that ran: [`SyncKind::Full`] when asked, or when the backend had to rewrite
+    /// everything although a partial sync was asked. The core counts the sync as this kind.
+    pub kind: SyncKind,
     /// Number of rules (or map elements, or virtual servers) written.
     pub rules_written: usize,
     /// Services skipped because they could not be programmed; the rest were.
     pub skipped: Vec<ServiceName>,
+}
+
+impl SyncReport {
+    /// A sync of `kind` that wrote nothing and skipped nothing (yet).
+    pub fn new(kind: SyncKind) -> Self {
+        Self {
+            kind,
+            rules_written: 0,
+            skipped: Vec::new(),
+        }
+    }
 }
 
 /// Why a sync failed. The previous rules stay in place; the next sync is full.
@@ -126,6 +146,8 @@ pub struct FakeBackend {
 struct FakeRecord {
     syncs: Vec<RecordedSync>,
     failures_left: usize,
+    /// Partial syncs still to run fully, as a backend whose fixed part changed would.
+    promotions_left: usize,
     cleanups: usize,
     /// How long each sync takes (tokio time).
     takes: std::time::Duration,
@@ -146,6 +168,12 @@ impl FakeBackend {
     /// Make the next `n` syncs fail with [`BackendError::Apply`].
     pub fn fail_next(&self, n: usize) {
         self.lock().failures_left = n;
+    }
+
+    /// Make the next `n` partial syncs run (and report) full, as a backend does when it must
+    /// rewrite everything.
+    pub fn run_full_next(&self, n: usize) {
+        self.lock().promotions_left = n;
     }
 
     /// Make every sync take `duration` of tokio time, as a large cluster's would (the sync
@@ -198,7 +226,7 @@ impl Backend for FakeBackend {
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        let (fail, takes) = {
+        let (fail, takes, kind) = {
             let mut record = self.lock();
             record.syncs.push(RecordedSync {
                 kind: request.kind,
@@ -210,7 +238,12 @@ impl Backend for FakeBackend {
             });
             let fail = record.failures_left > 0;
             record.failures_left = record.failures_left.saturating_sub(1);
-            (fail, record.takes)
+            let mut kind = request.kind;
+            if kind == SyncKind::Partial && record.promotions_left > 0 {
+                record.promotions_left -= 1;
+                kind = SyncKind::Full;
+            }
+            (fail, record.takes, kind)
         };
         if !takes.is_zero() {
             tokio::time::sleep(takes).await;
@@ -222,6 +255,7 @@ impl Backend for FakeBackend {
             });
         }
         Ok(SyncReport {
+            kind,
             rules_written: request.state.services.len(),
             skipped: Vec::new(),
         })

@@ -2,15 +2,15 @@
 //!
 //! One sync, per family:
 //!
-//! 1. On full syncs (the first, every one after a failure, and when the core asks), ensure
-//!    the setup: the canary and top-level chains (`-N`) and the jumps from the built-in
+//! 1. On full syncs (the core asks for one first, after a failure and when it sees fit),
+//!    ensure the setup: the canary and top-level chains (`-N`) and the jumps from the built-in
 //!    chains (`-C`, then `-I ... 1` if missing), and list the per-service chains in place
 //!    (`iptables-save -t nat`) so stale ones left by an earlier run get deleted.
 //! 2. Render with the previous render's chains as `existing_chains` and apply it with one
 //!    `iptables-restore --noflush` (atomic: on failure the kernel keeps the old rules).
 //! 3. If a partial restore fails, retry at once as a full sync (setup included), so every
-//!    other service still gets programmed; upstream would only count the failure and make
-//!    the next sync full.
+//!    other service still gets programmed, and report the sync as full; upstream would only
+//!    count the failure and make the next sync full.
 //! 4. If a full restore fails and the line it names belongs to one service (module `isolate`),
 //!    or, when the line is no service's (the kernel checks a table at `COMMIT`), halves of
 //!    the ruleset restored in throwaway network namespaces point at one service
@@ -18,8 +18,8 @@
 //!    at most three services (`isolate::MAX_ISOLATED_SERVICES`). The excluded services' chains are left
 //!    as they are (neither written nor deleted), each is logged at error level and reported
 //!    in [`SyncReport::skipped`], which the proxier hands to the next sync as changed.
-//!    Otherwise the sync fails with [`BackendError::Apply`] and the next one is full
-//!    whatever the core asks.
+//!    Otherwise the sync fails with [`BackendError::Apply`] (the core asks for a full sync
+//!    next).
 //!
 //! After every family succeeded, stale UDP/SCTP conntrack entries are deleted when the core
 //! says they may exist ([`crate::conntrack`]).
@@ -155,6 +155,8 @@ impl IptablesMetrics {
 /// What one family's sync produced.
 struct FamilyResult {
     output: RenderOutput,
+    /// Full when asked, or when a partial restore failed and was retried fully.
+    ran: SyncKind,
     /// Services left out of the restore because their rules failed.
     skipped: BTreeSet<ServiceName>,
 }
@@ -247,11 +249,6 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
     /// The rule runner.
     pub fn runner(&self) -> &R {
         &self.runner
-    }
-
-    /// Whether the next sync will be full regardless of the request.
-    pub fn next_sync_is_full(&self) -> bool {
-        self.sync.next_sync_is_full()
     }
 
     /// Ensure the chains and jumps of [`setup`] for `family`.
@@ -396,7 +393,11 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             {
                 Ok(mut output) => {
                     output.chains.extend(kept);
-                    return Ok(FamilyResult { output, skipped });
+                    return Ok(FamilyResult {
+                        output,
+                        ran: SyncKind::Full,
+                        skipped,
+                    });
                 }
                 Err(failure) => failure,
             };
@@ -588,9 +589,8 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         &self,
         family: IpFamily,
         request: &SyncRequest<'_>,
-        full: bool,
     ) -> Result<FamilyResult, BackendError> {
-        if !full {
+        if request.kind == SyncKind::Partial {
             // Borrowed, not cloned: ~140,000 names at 10,000 services.
             static NO_CHAINS: BTreeSet<String> = BTreeSet::new();
             let existing = self.chains.get(&family).unwrap_or(&NO_CHAINS);
@@ -601,6 +601,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                 Ok(output) => {
                     return Ok(FamilyResult {
                         output,
+                        ran: SyncKind::Partial,
                         skipped: BTreeSet::new(),
                     });
                 }
@@ -622,19 +623,22 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let sync_start = Instant::now();
-        let kind = self.sync.kind(request);
-        let full = kind == SyncKind::Full;
+        let mut kind = request.kind;
         let mut errors = FamilyErrors::new(MODE);
         let mut rules_written = 0;
         let (mut filter_rules, mut nat_rules) = (0, 0);
         let mut skipped = BTreeSet::new();
         for family in self.sync.families().to_vec() {
-            let result = self.sync_family(family, request, full).await;
+            let result = self.sync_family(family, request).await;
             if let Some(FamilyResult {
                 output,
+                ran,
                 skipped: family_skipped,
             }) = errors.check(family, result)
             {
+                if ran == SyncKind::Full {
+                    kind = SyncKind::Full;
+                }
                 skipped.extend(family_skipped);
                 rules_written += output.rules_written;
                 filter_rules += output.filter_rules;
@@ -642,7 +646,7 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
                 self.chains.insert(family, output.chains);
             }
         }
-        self.sync.families_done(errors)?;
+        errors.into_result()?;
         for (table, count) in [("filter", filter_rules), ("nat", nat_rules)] {
             self.metrics
                 .rules
@@ -651,7 +655,7 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
         }
         self.sync.succeeded(request, kind, &skipped).await;
         debug!(
-            full,
+            full = kind == SyncKind::Full,
             rules_written,
             filter_rules,
             nat_rules,
@@ -661,6 +665,7 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
             "iptables sync finished"
         );
         Ok(SyncReport {
+            kind,
             rules_written,
             skipped: skipped.into_iter().collect(),
         })

@@ -47,16 +47,16 @@ fn runs(runner: &FakeRunner, op: &str) -> usize {
 }
 
 #[tokio::test]
-async fn first_sync_is_full_and_ensures_setup() {
+async fn a_full_sync_writes_everything_and_ensures_setup() {
     let (mut backend, runner, _) = backend(vec![IpFamily::V4, IpFamily::V6]);
     assert_eq!(backend.mode(), "iptables");
     let state = two_services();
     let none = BTreeSet::new();
-    // The core asks for partial, but nothing has been programmed yet.
     let report = backend
-        .sync(&request(&state, SyncKind::Partial, &none, false))
+        .sync(&request(&state, SyncKind::Full, &none, false))
         .await
         .expect("fake succeeds");
+    assert_eq!(report.kind, SyncKind::Full);
     assert!(report.rules_written > 0);
     let restores = runner.restores();
     assert_eq!(restores.len(), 2, "one restore per family");
@@ -77,7 +77,6 @@ async fn first_sync_is_full_and_ensures_setup() {
         family: IpFamily::V4,
         table: Table::Nat
     }));
-    assert!(!backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -105,10 +104,11 @@ async fn setup_is_idempotent_and_partial_syncs_skip_it() {
 
     runner.clear_calls();
     let changed = BTreeSet::from([service_name("ns", "a")]);
-    backend
+    let report = backend
         .sync(&request(&state, SyncKind::Partial, &changed, false))
         .await
         .expect("fake succeeds");
+    assert_eq!(report.kind, SyncKind::Partial);
     assert_eq!(runs(&runner, "-C"), 0, "partial syncs do not touch setup");
     let restores = runner.restores();
     assert_eq!(restores.len(), 1);
@@ -120,7 +120,7 @@ async fn setup_is_idempotent_and_partial_syncs_skip_it() {
 }
 
 #[tokio::test]
-async fn restore_failure_is_an_apply_error_and_next_sync_is_full() {
+async fn restore_failure_is_an_apply_error_and_keeps_the_bookkeeping() {
     let registry = &mut Registry::default();
     let (backend, runner, _) = backend(vec![IpFamily::V4]);
     let metrics = IptablesMetrics::register(registry);
@@ -147,16 +147,15 @@ async fn restore_failure_is_an_apply_error_and_next_sync_is_full() {
     }
     assert_eq!(metrics.restore_failures.get(), 1);
     assert_eq!(metrics.partial_restore_failures.get(), 0);
-    assert!(backend.next_sync_is_full());
     assert_eq!(
         backend.chains, good_chains,
         "bookkeeping matches the kept rules"
     );
 
-    // The core asks for a partial sync of nothing; the backend still writes everything.
+    // After a failure the core asks for a full sync: everything is written again.
     runner.clear_calls();
     backend
-        .sync(&request(&state, SyncKind::Partial, &none, false))
+        .sync(&request(&state, SyncKind::Full, &none, false))
         .await
         .expect("fake succeeds again");
     let restores = runner.restores();
@@ -167,7 +166,6 @@ async fn restore_failure_is_an_apply_error_and_next_sync_is_full() {
         runs(&runner, "-C") > 0,
         "setup ensured again after a failure"
     );
-    assert!(!backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -186,10 +184,11 @@ async fn partial_failure_is_retried_as_full_in_the_same_call() {
     runner.clear_calls();
     runner.script_restores([true, false]);
     let changed = BTreeSet::from([service_name("ns", "a")]);
-    backend
+    let report = backend
         .sync(&request(&state, SyncKind::Partial, &changed, false))
         .await
         .expect("the full retry succeeds");
+    assert_eq!(report.kind, SyncKind::Full, "what ran, for the metrics");
     let restores = runner.restores();
     assert_eq!(restores.len(), 2);
     let b = svc_chain("ns", "b", Protocol::Tcp);
@@ -198,9 +197,8 @@ async fn partial_failure_is_retried_as_full_in_the_same_call() {
     assert!(runs(&runner, "-C") > 0, "retry ensured the setup");
     assert_eq!(metrics.partial_restore_failures.get(), 1);
     assert_eq!(metrics.restore_failures.get(), 1);
-    assert!(!backend.next_sync_is_full());
 
-    // Both attempts failing: the sync fails and the next one is full.
+    // Both attempts failing: the sync fails (and the core asks for a full one next).
     runner.script_restores([true, true]);
     let err = backend
         .sync(&request(&state, SyncKind::Partial, &changed, false))
@@ -209,7 +207,6 @@ async fn partial_failure_is_retried_as_full_in_the_same_call() {
     assert!(matches!(err, BackendError::Apply { .. }));
     assert_eq!(metrics.partial_restore_failures.get(), 2);
     assert_eq!(metrics.restore_failures.get(), 3);
-    assert!(backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -225,7 +222,6 @@ async fn one_family_failing_still_programs_the_other() {
     assert!(matches!(&err, BackendError::Apply { what, .. } if what == "ip6tables-restore"));
     let families: Vec<IpFamily> = runner.restores().iter().map(|(f, _)| *f).collect();
     assert_eq!(families, [IpFamily::V4, IpFamily::V6]);
-    assert!(backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -547,7 +543,6 @@ async fn cleanup_restores_one_removal_per_table_with_kube_chains() {
         )
     );
     assert_eq!(restores[1].0, IpFamily::V6);
-    assert!(backend.next_sync_is_full());
 
     runner.fail_next_restores(1);
     let err = backend.cleanup().await.expect_err("injected");
@@ -570,7 +565,6 @@ async fn a_cleanup_plan_looks_now_and_removes_later() {
     let restores = runner.restores();
     assert_eq!(restores.len(), 1);
     assert!(restores[0].1.contains("-X KUBE-SERVICES"), "{restores:?}");
-    assert!(backend.next_sync_is_full());
 }
 
 /// Fails restores whose input contains one of `bad` (chain names), naming the first line
@@ -740,7 +734,6 @@ async fn a_failing_service_is_skipped_and_the_others_programmed() {
         assert!(applied.contains(&svc_chain("ns", "s2", Protocol::Tcp)));
         assert!(!applied.contains(&svc_chain("ns", "s1", Protocol::Tcp)));
         assert!(!applied.contains(&bad));
-        assert!(!backend.next_sync_is_full(), "the sync succeeded");
 
         // The proxier hands the skipped service back as changed; once it restores, it is
         // programmed by an ordinary partial sync.
@@ -809,7 +802,6 @@ async fn unmappable_restore_error_fails_as_before() {
         "{err:?}"
     );
     assert_eq!(runner.inner.restores().len(), 1);
-    assert!(backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -906,7 +898,6 @@ async fn isolation_is_bounded() {
         runner.inner.restores().len(),
         isolate::MAX_ISOLATED_SERVICES + 1
     );
-    assert!(backend.next_sync_is_full());
 }
 
 #[test]

@@ -274,17 +274,14 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             };
             errors.check(family, result);
         }
-        self.sync.families_done(errors)
+        errors.into_result()
     }
 
-    async fn sync_all(
-        &mut self,
-        request: &SyncRequest<'_>,
-        kind: SyncKind,
-    ) -> Result<SyncReport, BackendError> {
-        // Partial syncs diff against what the last syncs installed; without that (the first
-        // sync, any after a failure) or when asked, a full one.
-        let installed = match kind {
+    async fn sync_all(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        // Partial syncs diff against what the last syncs installed; without that (only when
+        // driven directly: the core asks for a full sync first and after a failure) or when
+        // asked, a full one.
+        let installed = match request.kind {
             SyncKind::Full => None,
             SyncKind::Partial => self.installed.take(),
         };
@@ -345,7 +342,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
 
         // 4. IPVS, against the kernel's list.
         let listed = self.list_virtual_servers()?;
-        let mut report = SyncReport::default();
+        let mut report = SyncReport::new(SyncKind::Full);
         let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
         let mut applied = BTreeMap::new();
         for p in &plans {
@@ -425,7 +422,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         self.restore_rules(&plans, false).await?;
 
         // 4. IPVS: the changed virtual servers and those draining.
-        let mut report = SyncReport::default();
+        let mut report = SyncReport::new(SyncKind::Partial);
         let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
         for (p, d) in plans.iter().zip(&deltas) {
             let draining = self
@@ -686,25 +683,22 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
 
     /// The next sync reads everything back, as after a failure.
     fn kernel_changed_behind_our_back(&mut self) {
-        self.sync.failed();
         self.rules_applied.clear();
         self.installed = None;
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        let kind = self.sync.kind(request);
-        match self.sync_all(request, kind).await {
+        match self.sync_all(request).await {
             Ok(report) => {
                 // UDP/SCTP flows conntrack still sends to removed endpoints (IPVS keeps its
                 // own entries in step with conntrack=1), as the other modes do.
                 let skipped: BTreeSet<ServiceName> = report.skipped.iter().cloned().collect();
-                self.sync.succeeded(request, kind, &skipped).await;
+                self.sync.succeeded(request, report.kind, &skipped).await;
                 Ok(report)
             }
             Err(err) => {
-                // The kernel may be anywhere between the old and new state: the next sync is
-                // full and checks it all again.
-                self.sync.failed();
+                // The kernel may be anywhere between the old and new state: the next sync
+                // (full, as the core asks after a failure) checks it all again.
                 self.rules_applied.clear();
                 self.applied.clear();
                 self.installed = None;
