@@ -72,6 +72,15 @@ pub enum ExecError {
 }
 
 impl ExecError {
+    /// The program that failed.
+    pub fn program(&self) -> &str {
+        match self {
+            ExecError::Spawn { program, .. }
+            | ExecError::Failed { program, .. }
+            | ExecError::Io { program, .. } => program,
+        }
+    }
+
     /// The exit code, if the program ran and failed.
     pub fn exit_code(&self) -> Option<i32> {
         match self {

@@ -180,10 +180,10 @@ mod tests {
     }
 
     fn fail(what: &str) -> Result<(), BackendError> {
-        Err(BackendError::Apply {
+        Err(kp_core::backend::ApplyError::Injected {
             what: what.to_owned(),
-            message: "injected".to_owned(),
-        })
+        }
+        .into())
     }
 
     #[test]
@@ -193,7 +193,7 @@ mod tests {
         assert!(errors.check(IpFamily::V6, fail("first")).is_none());
         assert!(errors.check(IpFamily::V4, fail("second")).is_none());
         let err = errors.into_result().expect_err("a family failed");
-        assert!(err.to_string().contains("first"), "{err}");
+        assert_eq!(err.apply().map(|e| e.what()), Some("first"), "{err}");
         assert!(
             FamilyErrors::<BackendError>::new("test")
                 .into_result()

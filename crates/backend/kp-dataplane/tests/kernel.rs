@@ -16,10 +16,10 @@ mod netns;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use kp_core::backend::{Backend, BackendError, SyncKind};
+use kp_core::backend::{Backend, SyncKind};
 use kp_core::model::{IpFamily, Protocol};
 use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, ExecConntrack};
-use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools, backend_of_version};
+use kp_dataplane::exec::{ExecError, ExecRunner, IptablesVariant, Tools, backend_of_version};
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, KUBELET_CHAINS};
 use kp_dataplane::testutil::*;
 use kp_rules::iptables::RenderConfig;
@@ -175,16 +175,10 @@ fn restore_failures_in_a_netns() {
                 .sync(&request(&state, SyncKind::Full, &none, false))
                 .await
                 .expect_err("restore binary missing");
-            match err {
-                BackendError::Apply { what, message } => {
-                    assert_eq!(what, "iptables-restore");
-                    assert!(
-                        message.contains("/nonexistent/kp-dataplane-test"),
-                        "{message}"
-                    );
-                }
-                other => panic!("wrong error {other:?}"),
-            }
+            assert!(
+                matches!(tool_error(&err, "iptables-restore"), Some(ExecError::Spawn { program, .. }) if program.contains("/nonexistent/kp-dataplane-test")),
+                "{err:?}"
+            );
             assert!(!chains(&save(IpFamily::V4)).contains(&format!("nat/{}", web_chain())));
 
             // A restore the kernel rejects keeps the previous rules: program a good state,
@@ -202,7 +196,7 @@ fn restore_failures_in_a_netns() {
                 .sync(&request(&state, SyncKind::Full, &none, false))
                 .await
                 .expect_err("deleting a referenced chain fails");
-            assert!(matches!(err, BackendError::Apply { .. }), "{err}");
+            assert!(tool_error(&err, "iptables-restore").is_some(), "{err:?}");
             let after = save(IpFamily::V4);
             assert!(after.contains("--to-destination 10.244.1.1:8080"));
             assert_eq!(
@@ -615,4 +609,38 @@ fn legacy_variant_syncs_and_cleans_in_a_netns() {
             });
         },
     );
+}
+
+#[test]
+fn interface_addresses_are_read_over_rtnetlink() {
+    in_netns("interface_addresses_are_read_over_rtnetlink", &[], || {
+        sh(
+            "ip link set lo up && ip link add kp-test0 type veth peer name kp-test1 && \
+            ip link set kp-test0 up && \
+            ip addr add 10.1.2.3/24 dev kp-test0 && ip addr add 10.1.2.4/32 dev kp-test0 && \
+            ip addr add fd00:1::3/64 dev kp-test0 nodad && \
+            ip addr add 10.9.0.1 peer 10.9.0.2 dev kp-test0",
+        );
+        let read = block_on(kp_dataplane::interfaces::interface_addresses()).expect("dump");
+        let read: Vec<(String, String)> = read
+            .into_iter()
+            .map(|a| (a.device, a.ip.to_string()))
+            .collect();
+        // `ip -o addr show`, read independently: `2: kp-test0    inet 10.1.2.3/24 ...`.
+        let shown: Vec<(String, String)> = sh("ip -o addr show")
+            .lines()
+            .filter_map(|line| {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let at = words.iter().position(|w| *w == "inet" || *w == "inet6")?;
+                let ip = words.get(at + 1)?.split('/').next()?;
+                Some((words.get(1)?.to_string(), ip.to_owned()))
+            })
+            .collect();
+        assert_eq!(read, shown);
+        assert!(
+            read.contains(&("kp-test0".to_owned(), "10.9.0.1".to_owned())),
+            "a point-to-point address is the local one: {read:?}"
+        );
+        assert!(read.contains(&("kp-test0".to_owned(), "fd00:1::3".to_owned())));
+    });
 }

@@ -12,9 +12,10 @@ mod nft_tools;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kp_core::backend::{Backend, BackendError, SyncKind};
+use kp_core::backend::{ApplyError, Backend, SyncKind};
 use kp_core::model::{IpFamily, Protocol, SessionAffinity};
 use kp_core::tracker::ProxyState;
+use kp_dataplane::exec::ExecError;
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::testutil::*;
 use kp_rules::nftables::RenderConfig;
@@ -278,13 +279,15 @@ fn a_rejected_transaction_keeps_the_previous_table() {
                 .sync(&request(&state, SyncKind::Full, &none, false))
                 .await
                 .expect_err("conflicting set");
-            match &err {
-                BackendError::Apply { what, message } => {
-                    assert_eq!(what, "nft -f - (ip kube-proxy)");
-                    assert!(message.contains("Error"), "nft's stderr: {message}");
-                }
-                other => panic!("wrong error {other:?}"),
-            }
+            // Over netlink (the default runner): the kernel's error, reported as nft's.
+            let Some(ApplyError::Netfilter { what, source }) = err.apply() else {
+                panic!("wrong error {err:?}");
+            };
+            assert_eq!(what, "nft -f - (ip kube-proxy)");
+            assert!(
+                matches!(source.downcast_ref(), Some(ExecError::Failed { stderr, .. }) if stderr.starts_with("Error")),
+                "{source:?}"
+            );
             assert_eq!(metrics.sync_failures.get(), 1);
             let table = list("ip");
             assert!(!table.contains("chain"), "nothing applied: {table}");

@@ -23,7 +23,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, Protocol, ServicePort, ServicePortName};
 use tokio::net::{TcpListener, UdpSocket};
 use tracing::{debug, error, info};
@@ -416,10 +416,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
             .capture
             .apply(&plan, (!full).then_some(&changed))
             .await
-            .map_err(|e| BackendError::Apply {
-                what: "userspace capture".into(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| ApplyError::capture("userspace capture", e))?;
         // Only now that no rule points at them: stop frontends no longer wanted.
         // Established connections finish on their own.
         let stale: Vec<FrontendKey> = self
@@ -446,19 +443,13 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
         self.capture
             .verify(check)
             .await
-            .map_err(|e| BackendError::Apply {
-                what: "userspace canary check".into(),
-                message: e.to_string(),
-            })
+            .map_err(|e| ApplyError::capture("userspace canary check", e).into())
     }
 
     async fn cleanup(&mut self) -> Result<(), BackendError> {
         self.capture
             .cleanup()
             .await
-            .map_err(|e| BackendError::Apply {
-                what: "userspace cleanup".into(),
-                message: e.to_string(),
-            })
+            .map_err(|e| ApplyError::capture("userspace cleanup", e).into())
     }
 }

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kp_core::backend::SyncKind;
+use kp_core::backend::{ApplyError, SyncKind};
 use kp_core::model::{IpFamily, ServicePortName};
 pub use kp_rules::userspace::{CapturedPort, Target};
 
@@ -37,14 +37,10 @@ impl CapturePlan {
 /// Why capturing failed. The previous rules stay; the next sync is full.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    /// The platform rejected the rules.
-    #[error("applying {what} failed: {message}")]
-    Apply {
-        /// What was applied, for example `iptables-restore (IPv4)`.
-        what: String,
-        /// The tool's or platform's message.
-        message: String,
-    },
+    /// The platform rejected the rules (what was applied, for example `iptables-restore
+    /// (V4)`, and the tool's error).
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
 }
 
 /// Steers service traffic to the relay.
@@ -135,10 +131,10 @@ impl Capture for FakeCapture {
         });
         if record.failures_left > 0 {
             record.failures_left -= 1;
-            return Err(CaptureError::Apply {
+            return Err(ApplyError::Injected {
                 what: "fake capture".into(),
-                message: "injected failure".into(),
-            });
+            }
+            .into());
         }
         Ok(match changed {
             None => SyncKind::Full,

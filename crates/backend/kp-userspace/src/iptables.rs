@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kp_core::backend::SyncKind;
+use kp_core::backend::{ApplyError, SyncKind};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, Protocol, ServicePortName};
 use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, FlowFilter, delete_flows};
@@ -76,11 +76,8 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
         }
     }
 
-    fn fail(what: String) -> impl Fn(ExecError) -> CaptureError {
-        move |err| CaptureError::Apply {
-            what: what.clone(),
-            message: err.to_string(),
-        }
+    fn fail(what: String) -> impl FnOnce(ExecError) -> CaptureError {
+        move |err| ApplyError::tool(what, err).into()
     }
 
     /// Inserts the jumps from the built-in chains that are missing, as iptables mode does.
@@ -88,10 +85,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
         let setup = jump_setup();
         ensure_setup(&self.runner, family, &setup)
             .await
-            .map_err(|err| CaptureError::Apply {
-                what: format!("userspace jumps ({family:?})"),
-                message: err.to_string(),
-            })
+            .map_err(|err| ApplyError::tool(format!("userspace jumps ({family:?})"), err).into())
     }
 
     async fn cleanup_family(&self, family: IpFamily) -> Result<(), CaptureError> {
@@ -244,9 +238,8 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         for family in self.chains.keys() {
             let found = missing_jumps(&self.runner, *family, &setup, check)
                 .await
-                .map_err(|err| CaptureError::Apply {
-                    what: format!("userspace canary check ({family:?})"),
-                    message: err.to_string(),
+                .map_err(|err| {
+                    ApplyError::tool(format!("userspace canary check ({family:?})"), err)
                 })?;
             missing.extend(found);
         }
@@ -383,7 +376,10 @@ mod tests {
             .apply(&plan(vec![port("a", 40005)]), Some(&changed))
             .await
             .expect_err("injected");
-        assert!(matches!(err, CaptureError::Apply { .. }), "{err}");
+        assert!(
+            matches!(&err, CaptureError::Apply(ApplyError::Tool { what, .. }) if what == "iptables-restore (V4)"),
+            "{err}"
+        );
         // Every chain DNATs to the relay's address: a new one rewrites them all, even when
         // only one port changed, and the apply says it ran fully.
         runner.clear_calls();

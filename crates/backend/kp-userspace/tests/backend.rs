@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
-use kp_core::backend::{Backend, BackendError, SyncKind, SyncRequest};
+use kp_core::backend::{ApplyError, Backend, SyncKind, SyncRequest};
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
 use kp_core::tracker::ProxyState;
 use kp_userspace::backend::BindAddresses;
@@ -223,9 +223,10 @@ async fn a_failed_capture_fails_the_sync_and_reports_say_what_ran() {
     assert_eq!(report.kind, SyncKind::Partial);
     capture.fail_next(1);
     let failed = b.sync(&request(SyncKind::Partial)).await;
+    let err = failed.expect_err("the capture failed");
     assert!(
-        matches!(failed, Err(BackendError::Apply { .. })),
-        "{failed:?}"
+        matches!(err.apply(), Some(ApplyError::Capture { what, .. }) if what == "userspace capture"),
+        "{err:?}"
     );
     // The core asks for a full sync next: the capture is asked to rewrite everything.
     let report = b.sync(&request(SyncKind::Full)).await.expect("sync");

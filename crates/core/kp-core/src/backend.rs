@@ -66,16 +66,149 @@ impl SyncReport {
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// Applying the rules to the kernel failed (a restore or netlink transaction).
-    #[error("applying {what} failed: {message}")]
-    Apply {
-        /// What was being applied, for example `iptables-restore`.
-        what: String,
-        /// The tool's or kernel's message.
-        message: String,
-    },
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
     /// The mode is not available on this node (missing kernel feature or binary).
     #[error("proxy mode unavailable: {0}")]
     Unavailable(String),
+}
+
+impl BackendError {
+    /// The apply error, if applying failed.
+    pub fn apply(&self) -> Option<&ApplyError> {
+        match self {
+            BackendError::Apply(err) => Some(err),
+            BackendError::Unavailable(_) => None,
+        }
+    }
+}
+
+/// The error underneath an [`ApplyError`], of the I/O layer's own type (the core cannot name
+/// those types; `downcast_ref` finds them again).
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why applying failed, by the path that failed. Each names what was applied (`what`, for
+/// example `iptables-restore`, shown first in the message) and keeps the error underneath as
+/// its source.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// Running a tool: `iptables-restore`, `iptables`, `ipset`, `nft`.
+    #[error("applying {what} failed: {source}")]
+    Tool {
+        /// What was applied.
+        what: String,
+        /// The tool's error (its exit code and stderr, or why it could not run).
+        source: Cause,
+    },
+    /// An nf_tables netlink transaction or request.
+    #[error("applying {what} failed: {source}")]
+    Netfilter {
+        /// What was applied.
+        what: String,
+        /// The kernel's or the socket's error.
+        source: Cause,
+    },
+    /// An IPVS (generic netlink) request.
+    #[error("applying {what} failed: {source}")]
+    Ipvs {
+        /// What was applied.
+        what: String,
+        /// The kernel's or the socket's error.
+        source: Cause,
+    },
+    /// An rtnetlink request: a device or its addresses.
+    #[error("applying {what} failed: {source}")]
+    Link {
+        /// What was applied.
+        what: String,
+        /// The kernel's or the socket's error.
+        source: Cause,
+    },
+    /// Rendering the rules failed (a renderer bug: the configuration was validated).
+    #[error("applying {what} failed: {source}")]
+    Render {
+        /// What was rendered.
+        what: String,
+        /// The renderer's error.
+        source: Cause,
+    },
+    /// The userspace relay's capture of service traffic, or its service addresses.
+    #[error("applying {what} failed: {source}")]
+    Capture {
+        /// What was applied.
+        what: String,
+        /// The capture's error.
+        source: Cause,
+    },
+    /// A failure a test injected ([`FakeBackend::fail_next`] and the other fakes).
+    #[error("applying {what} failed: injected failure")]
+    Injected {
+        /// Which fake.
+        what: String,
+    },
+}
+
+impl ApplyError {
+    /// What was being applied.
+    pub fn what(&self) -> &str {
+        match self {
+            ApplyError::Tool { what, .. }
+            | ApplyError::Netfilter { what, .. }
+            | ApplyError::Ipvs { what, .. }
+            | ApplyError::Link { what, .. }
+            | ApplyError::Render { what, .. }
+            | ApplyError::Capture { what, .. }
+            | ApplyError::Injected { what } => what,
+        }
+    }
+
+    /// [`ApplyError::Tool`].
+    pub fn tool(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Tool {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ApplyError::Netfilter`].
+    pub fn netfilter(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Netfilter {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ApplyError::Ipvs`].
+    pub fn ipvs(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Ipvs {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ApplyError::Link`].
+    pub fn link(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Link {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ApplyError::Render`].
+    pub fn render(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Render {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ApplyError::Capture`].
+    pub fn capture(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Capture {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
 }
 
 /// A proxy mode. Implementations live in the dataplane crates; [`FakeBackend`] records syncs.
@@ -165,7 +298,7 @@ impl FakeBackend {
         Self::default()
     }
 
-    /// Make the next `n` syncs fail with [`BackendError::Apply`].
+    /// Make the next `n` syncs fail with [`ApplyError::Injected`].
     pub fn fail_next(&self, n: usize) {
         self.lock().failures_left = n;
     }
@@ -249,10 +382,10 @@ impl Backend for FakeBackend {
             tokio::time::sleep(takes).await;
         }
         if fail {
-            return Err(BackendError::Apply {
+            return Err(ApplyError::Injected {
                 what: "fake".into(),
-                message: "injected failure".into(),
-            });
+            }
+            .into());
         }
         Ok(SyncReport {
             kind,
@@ -280,5 +413,40 @@ impl Backend for FakeBackend {
 
     fn kernel_changed_behind_our_back(&mut self) {
         self.lock().forgotten += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn apply_errors_read_as_before_and_keep_their_source() {
+        let refused = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let err = BackendError::from(ApplyError::tool("iptables-restore", refused));
+        assert_eq!(err.to_string(), "applying iptables-restore failed: denied");
+        let Some(ApplyError::Tool { what, .. }) = err.apply() else {
+            panic!("{err:?}");
+        };
+        assert_eq!(what, "iptables-restore");
+        let source = err.source().expect("the tool's error");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("of its own type");
+        assert_eq!(io.kind(), std::io::ErrorKind::PermissionDenied);
+        let injected = BackendError::from(ApplyError::Injected {
+            what: "fake".into(),
+        });
+        assert_eq!(
+            injected.to_string(),
+            "applying fake failed: injected failure"
+        );
+        assert!(
+            BackendError::Unavailable("no IPVS".into())
+                .apply()
+                .is_none()
+        );
     }
 }

@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_core::tracker::ProxyState;
@@ -177,10 +177,9 @@ impl ApplyFailure {
     fn into_backend(self, family: IpFamily) -> BackendError {
         match self {
             ApplyFailure::Render(err) => err,
-            ApplyFailure::Restore { error, .. } => BackendError::Apply {
-                what: restore_name(family).to_owned(),
-                message: error.to_string(),
-            },
+            ApplyFailure::Restore { error, .. } => {
+                ApplyError::tool(restore_name(family), error).into()
+            }
         }
     }
 }
@@ -324,10 +323,9 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             Some(Ok(output)) => output,
             // `validate` ran in the constructor; a failure here is a renderer bug.
             Some(Err(err)) => {
-                return Err(ApplyFailure::Render(BackendError::Apply {
-                    what: "rendering iptables rules".to_owned(),
-                    message: err.to_string(),
-                }));
+                return Err(ApplyFailure::Render(
+                    ApplyError::render("rendering iptables rules", err).into(),
+                ));
             }
             // The tool went away before the render finished (its error says why).
             None => RenderOutput::default(),
@@ -751,10 +749,8 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
 }
 
 fn cleanup_error(what: &str, family: IpFamily, table: Table, err: ExecError) -> BackendError {
-    BackendError::Apply {
-        what: format!("iptables cleanup ({what} {family:?} {})", table.as_str()),
-        message: err.to_string(),
-    }
+    let what = format!("iptables cleanup ({what} {family:?} {})", table.as_str());
+    ApplyError::tool(what, err).into()
 }
 
 /// `iptables-save` of every table `setup` writes to: one run per table, to check a setup
@@ -812,10 +808,7 @@ pub async fn ensure_setup<R: RuleRunner>(
     family: IpFamily,
     setup: &kp_rules::iptables::Setup,
 ) -> Result<(), BackendError> {
-    let fail = |err: ExecError| BackendError::Apply {
-        what: "iptables setup".to_owned(),
-        message: err.to_string(),
-    };
+    let fail = |err: ExecError| BackendError::from(ApplyError::tool("iptables setup", err));
     for (table, chain) in &setup.chains {
         let args = owned(&["-t", table.as_str(), "-N", chain]);
         match runner.run(family, &args).await {
@@ -853,10 +846,7 @@ async fn ensure_rule<R: RuleRunner>(
     spec: &str,
     at: &[&str],
 ) -> Result<bool, BackendError> {
-    let fail = |err: ExecError| BackendError::Apply {
-        what: "iptables setup".to_owned(),
-        message: err.to_string(),
-    };
+    let fail = |err: ExecError| BackendError::from(ApplyError::tool("iptables setup", err));
     let absent = |code| code == EXIT_NOT_APPLICABLE;
     if rule_present(runner, family, table, chain, spec, absent)
         .await
@@ -909,10 +899,7 @@ pub async fn missing_jumps<R: RuleRunner>(
     for jump in checked {
         let present = rule_present(runner, family, jump.table, jump.from, &jump.spec, |_| true)
             .await
-            .map_err(|err| BackendError::Apply {
-                what: "iptables canary check".to_owned(),
-                message: err.to_string(),
-            })?;
+            .map_err(|err| ApplyError::tool("iptables canary check", err))?;
         if !present {
             let table = jump.table.as_str();
             let detail = format!(

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use kp_core::backend::{Backend, BackendError, SyncKind};
+use kp_core::backend::{Backend, SyncKind};
 use kp_core::model::{IpFamily, Protocol, ServiceName};
 use kp_core::tracker::ProxyState;
 use kp_rules::iptables::{RenderConfig, Table, render};
@@ -138,13 +138,10 @@ async fn restore_failure_is_an_apply_error_and_keeps_the_bookkeeping() {
         .sync(&request(&state, SyncKind::Full, &none, false))
         .await
         .expect_err("injected failure");
-    match &err {
-        BackendError::Apply { what, message } => {
-            assert_eq!(what, "iptables-restore");
-            assert!(message.contains("injected failure"), "{message}");
-        }
-        other => panic!("wrong error {other:?}"),
-    }
+    assert!(
+        matches!(tool_error(&err, "iptables-restore"), Some(ExecError::Failed { stderr, .. }) if stderr.starts_with("injected failure")),
+        "{err:?}"
+    );
     assert_eq!(metrics.restore_failures.get(), 1);
     assert_eq!(metrics.partial_restore_failures.get(), 0);
     assert_eq!(
@@ -204,7 +201,7 @@ async fn partial_failure_is_retried_as_full_in_the_same_call() {
         .sync(&request(&state, SyncKind::Partial, &changed, false))
         .await
         .expect_err("both fail");
-    assert!(matches!(err, BackendError::Apply { .. }));
+    assert!(tool_error(&err, "iptables-restore").is_some(), "{err:?}");
     assert_eq!(metrics.partial_restore_failures.get(), 2);
     assert_eq!(metrics.restore_failures.get(), 3);
 }
@@ -219,7 +216,7 @@ async fn one_family_failing_still_programs_the_other() {
         .sync(&request(&state, SyncKind::Full, &none, false))
         .await
         .expect_err("v6 fails");
-    assert!(matches!(&err, BackendError::Apply { what, .. } if what == "ip6tables-restore"));
+    assert!(tool_error(&err, "ip6tables-restore").is_some(), "{err:?}");
     let families: Vec<IpFamily> = runner.restores().iter().map(|(f, _)| *f).collect();
     assert_eq!(families, [IpFamily::V4, IpFamily::V6]);
 }
@@ -546,7 +543,10 @@ async fn cleanup_restores_one_removal_per_table_with_kube_chains() {
 
     runner.fail_next_restores(1);
     let err = backend.cleanup().await.expect_err("injected");
-    assert!(matches!(err, BackendError::Apply { what, .. } if what.contains("cleanup")));
+    assert!(
+        tool_error(&err, "iptables cleanup (restore V4 nat)").is_some(),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -798,7 +798,7 @@ async fn unmappable_restore_error_fails_as_before() {
         .await
         .expect_err("cannot isolate");
     assert!(
-        matches!(&err, BackendError::Apply { what, message } if what == "iptables-restore" && message.contains("line")),
+        matches!(tool_error(&err, "iptables-restore"), Some(ExecError::Failed { stderr, .. }) if stderr.contains("line")),
         "{err:?}"
     );
     assert_eq!(runner.inner.restores().len(), 1);
@@ -893,7 +893,7 @@ async fn isolation_is_bounded() {
         .sync(&request(&state, SyncKind::Full, &none, false))
         .await
         .expect_err("too many failing services");
-    assert!(matches!(err, BackendError::Apply { .. }));
+    assert!(tool_error(&err, "iptables-restore").is_some(), "{err:?}");
     assert_eq!(
         runner.inner.restores().len(),
         isolate::MAX_ISOLATED_SERVICES + 1

@@ -40,7 +40,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::backend::{
+    ApplyError, Backend, BackendError, Cause, SyncKind, SyncReport, SyncRequest,
+};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_ipvs::{Ipvs, IpvsError, Protocol, RealServer, ServiceKey, Timeouts, VirtualServer};
@@ -179,14 +181,15 @@ impl Sysctl for BoxedSysctl<'_> {
 }
 
 fn link_error(e: LinkError) -> BackendError {
-    apply_error("kube-ipvs0")(e.to_string())
+    ApplyError::link("kube-ipvs0", e).into()
 }
 
-fn apply_error(what: &str) -> impl FnOnce(String) -> BackendError + '_ {
-    move |message| BackendError::Apply {
-        what: what.to_owned(),
-        message,
-    }
+/// `what` failed on `path` (an [`ApplyError`] constructor), as a sync reports it.
+fn apply_error<E: Into<Cause>>(
+    path: fn(String, Cause) -> ApplyError,
+    what: &str,
+) -> impl FnOnce(E) -> BackendError + '_ {
+    move |e| path(what.to_owned(), e.into()).into()
 }
 
 impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
@@ -261,7 +264,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         if self.config.timeouts != Timeouts::default() {
             self.ipvs
                 .set_timeouts(&self.config.timeouts)
-                .map_err(|e| apply_error("IPVS timeouts")(e.to_string()))?;
+                .map_err(apply_error(ApplyError::ipvs, "IPVS timeouts"))?;
         }
         let mut errors = FamilyErrors::new(MODE);
         let setup = rules::setup();
@@ -329,7 +332,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 .ipset
                 .save()
                 .await
-                .map_err(|e| apply_error("ipset save")(e.to_string()))?,
+                .map_err(apply_error(ApplyError::tool, "ipset save"))?,
         );
         let input: String = planned
             .iter()
@@ -470,7 +473,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         Ok(self
             .ipvs
             .services()
-            .map_err(|e| apply_error("IPVS list")(e.to_string()))?
+            .map_err(apply_error(ApplyError::ipvs, "IPVS list"))?
             .into_iter()
             .map(|vs| (vs.key, vs))
             .collect())
@@ -484,7 +487,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         self.ipset
             .restore(input)
             .await
-            .map_err(|e| apply_error("ipset restore")(e.to_string()))
+            .map_err(apply_error(ApplyError::tool, "ipset restore"))
     }
 
     /// Restores each family's iptables rules (they depend on the configuration and on which
@@ -493,14 +496,14 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         for p in plans {
             let family = p.family;
             let text = rules::render(family, &self.config.plan, &p.lb_no_node_access)
-                .map_err(|e| apply_error("ipvs iptables rules")(e.to_string()))?;
+                .map_err(apply_error(ApplyError::render, "ipvs iptables rules"))?;
             if !full && self.rules_applied.get(&family) == Some(&text) {
                 continue;
             }
             self.runner
                 .restore(family, &text)
                 .await
-                .map_err(|e| apply_error("iptables-restore")(e.to_string()))?;
+                .map_err(apply_error(ApplyError::tool, "iptables-restore"))?;
             self.rules_applied.insert(family, text);
         }
         Ok(())
@@ -573,12 +576,12 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             .runner
             .save(family, table)
             .await
-            .map_err(|e| apply_error(&what)(e.to_string()))?;
+            .map_err(apply_error(ApplyError::tool, &what))?;
         if let Some(input) = cleanup_input(table, &SavedTable::parse(&text)) {
             self.runner
                 .restore(family, &input)
                 .await
-                .map_err(|e| apply_error(&what)(e.to_string()))?;
+                .map_err(apply_error(ApplyError::tool, &what))?;
         }
         Ok(())
     }
@@ -721,14 +724,14 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
         note(
             self.ipvs
                 .flush()
-                .map_err(|e| apply_error("IPVS flush")(e.to_string())),
+                .map_err(apply_error(ApplyError::ipvs, "IPVS flush")),
         );
         note(
             self.links
                 .delete_link(DUMMY_DEVICE)
                 .await
                 .map(drop)
-                .map_err(|e| apply_error("delete kube-ipvs0")(e.to_string())),
+                .map_err(apply_error(ApplyError::link, "delete kube-ipvs0")),
         );
         for family in self.sync.families().to_vec() {
             for table in [Table::Filter, Table::Nat, Table::Mangle] {
@@ -743,11 +746,11 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
                         self.ipset
                             .restore(&input)
                             .await
-                            .map_err(|e| apply_error("ipset destroy")(e.to_string())),
+                            .map_err(apply_error(ApplyError::tool, "ipset destroy")),
                     );
                 }
             }
-            Err(e) => note(Err(apply_error("ipset save")(e.to_string()))),
+            Err(e) => note(Err(apply_error(ApplyError::tool, "ipset save")(e))),
         }
         self.sync.reset();
         self.rules_applied.clear();
