@@ -9,9 +9,7 @@
 //! can never touch the host's rules.
 //!
 //! Without root, `unshare` or the iptables tools the tests are skipped with a message, unless
-//! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` makes that a failure (for CI).
-
-mod netns;
+//! `KP_REQUIRE_KERNEL_TESTS=1` makes that a failure (for CI).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -23,12 +21,12 @@ use kp_dataplane::exec::{ExecError, ExecRunner, IptablesVariant, Tools, backend_
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, KUBELET_CHAINS};
 use kp_dataplane::testutil::*;
 use kp_rules::iptables::RenderConfig;
-use netns::sh;
+use kp_testbed::isolated::{self, sh};
 
-/// Run `body` in a fresh network namespace (see `netns`). `name` must be the test
+/// Run `body` in a fresh network namespace (`kp_testbed::isolated`). `name` must be the test
 /// function's name; `tools` the binaries it needs.
 fn in_netns(name: &str, tools: &[&str], body: impl FnOnce()) {
-    netns::run_isolated(name, || netns::missing_tools(tools), body);
+    isolated::run(name, || isolated::missing(tools, &["true"]), body);
 }
 
 fn save(family: IpFamily) -> String {

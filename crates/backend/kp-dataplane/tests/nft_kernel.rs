@@ -4,9 +4,8 @@
 //! or PID 1's namespace, and the kernel drops every table with the namespace).
 //!
 //! Without root, `unshare` or `nft` the tests are skipped with a message, unless `CI` or
-//! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
+//! `KP_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
 
-mod netns;
 mod nft_tools;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,16 +19,17 @@ use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::testutil::*;
 use kp_rules::nftables::RenderConfig;
 use kp_rules::nftables::names::{EndpointNames, ServiceChains};
+use kp_testbed::isolated;
 use nft_tools::{nft, unavailable};
 use prometheus_client::registry::Registry;
 
 /// Longer than the backend's stale-chain delay.
 const AFTER_STALE_DELAY: Duration = Duration::from_millis(1100);
 
-/// Run `body` in a fresh network namespace (see `netns`). `name` must be the test
+/// Run `body` in a fresh network namespace (`kp_testbed::isolated`). `name` must be the test
 /// function's name.
 fn in_netns(name: &str, body: impl FnOnce()) {
-    netns::run_isolated(name, unavailable, body);
+    isolated::run(name, unavailable, body);
 }
 
 fn list(family: &str) -> String {

@@ -7,7 +7,6 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::process::Command;
 
 use common::*;
 use kp_core::model::{IpFamily, Protocol};
@@ -342,19 +341,6 @@ fn set_names_follow_upstream() {
     }
 }
 
-/// Runs `script` in a new network namespace (gone when the shell exits).
-fn in_netns(script: &str) -> Result<String, String> {
-    let out = Command::new("unshare")
-        .args(["-n", "sh", "-c", script])
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 #[test]
 fn sets_and_rules_apply_in_the_kernel() {
     if let Some(reason) =
@@ -396,7 +382,8 @@ fn sets_and_rules_apply_in_the_kernel() {
         let _ = writeln!(script, "{}", tool.replace("-restore", "-save"));
     }
     script.push_str("ipset save\n");
-    let saved = in_netns(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let saved =
+        kp_testbed::isolated::script(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
     assert!(saved.contains("-A KUBE-SERVICES -m comment --comment \"Kubernetes service lb portal\" -m set --match-set KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER"), "{saved}");
     assert!(
         saved.contains("-m set --match-set KUBE-6-CLUSTER-IP dst,dst -j ACCEPT"),
@@ -432,7 +419,8 @@ fn terse_listing_gives_each_set_s_entry_count() {
         "set -e; ipset restore < '{}'; ipset create OTHER hash:ip; ipset add OTHER 192.0.2.1; ipset list -t",
         path.display()
     );
-    let listed = in_netns(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let listed =
+        kp_testbed::isolated::script(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
     let sizes = ipset::parse_terse(&listed);
     let want: std::collections::BTreeMap<String, Option<usize>> = SetKind::ALL
         .iter()
