@@ -261,7 +261,7 @@ fn node_port_cidrs(config: &KubeProxyConfiguration, node: &NodeIps) -> Option<Ve
 }
 
 /// nodePortAddresses resolved for this node: its `local` addresses (the proxy reads them with
-/// `ip -o addr show`) inside [`node_port_cidrs`]. Per family, as upstream: a family the list
+/// rtnetlink, `modes::host`) inside [`node_port_cidrs`]. Per family, as upstream: a family the list
 /// has no CIDR for (or a `0.0.0.0/0`, `::/0` one) is unrestricted, which
 /// [`NodePortAddresses`] marks with that family's unspecified address.
 pub fn node_port_addresses(

@@ -7,115 +7,72 @@
 
 use std::process::Command;
 
-/// A network namespace deleted on drop, even when the test panics.
-struct Netns(String);
+use kp_testbed::{Namespace, isolated};
 
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let name = format!("kpcl-{}-{tag}", std::process::id());
-        sh("ip", &["netns", "add", &name]);
-        let ns = Netns(name);
-        ns.run(&["ip", "link", "set", "lo", "up"]);
-        ns
-    }
-
-    /// Runs `args` inside; panics with its stderr when it fails.
-    fn run(&self, args: &[&str]) -> String {
-        let mut full = vec!["netns", "exec", self.0.as_str()];
-        full.extend_from_slice(args);
-        sh("ip", &full)
-    }
+/// A throwaway namespace for `tag` (deleted on drop, even when the test panics).
+fn namespace(tag: &str) -> Namespace {
+    Namespace::create("kpcl-", tag).unwrap_or_else(|e| panic!("namespace: {e}"))
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
+/// Runs `args` inside `ns`; panics with its stderr when it fails.
+fn run(ns: &Namespace, args: &[&str]) -> String {
+    ns.exec(args).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn sh(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Root and the tools, or why not.
-fn unavailable() -> Option<String> {
-    let id = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&id.stdout).trim() != "0" {
-        return Some("not root".into());
-    }
-    for tool in ["ip", "iptables", "nft"] {
-        if Command::new(tool).arg("--version").output().is_err() {
-            return Some(format!("{tool} is missing"));
-        }
-    }
-    None
-}
-
-/// Whether the test can run; under `CI=true` it must (a missing prerequisite fails).
-fn ready() -> bool {
-    let Some(why) = unavailable() else {
-        return true;
-    };
-    assert!(
-        std::env::var("CI").is_err(),
-        "the cleanup test cannot run under CI: {why}"
-    );
-    eprintln!("skipping: {why}");
-    false
+/// Whether the test can run (root, the tools); in CI it must (a missing prerequisite fails).
+fn ready(test: &str) -> bool {
+    !isolated::skip(test, isolated::missing(&["iptables", "nft"], &["true"]))
 }
 
 /// What the modes leave behind, and something foreign of each kind.
-fn lay_out_leftovers(ns: &Netns) {
+fn lay_out_leftovers(ns: &Namespace) {
     let rules = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n\
                  :KUBE-PORTALS-CONTAINER - [0:0]\n:FOREIGN-NAT - [0:0]\n\
                  -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
                  -A KUBE-SERVICES -d 10.96.0.1/32 -p tcp --dport 443 -j KUBE-SVC-ABCDEFGHIJKLMNOP\n\
                  -A FOREIGN-NAT -d 198.18.0.1/32 -j RETURN\nCOMMIT\n";
-    let input = std::env::temp_dir().join(format!("{}.rules", ns.0));
+    let input = std::env::temp_dir().join(format!("{}.rules", ns.name()));
     std::fs::write(&input, rules).expect("write rules");
     let path = input.to_string_lossy().into_owned();
-    ns.run(&[
-        "sh",
-        "-c",
-        &format!("iptables-restore --noflush < '{path}'"),
-    ]);
+    run(
+        ns,
+        &[
+            "sh",
+            "-c",
+            &format!("iptables-restore --noflush < '{path}'"),
+        ],
+    );
     let _ = std::fs::remove_file(&input);
     for table in ["ip kube-proxy", "ip6 kube-proxy", "ip foreign"] {
         let mut args = vec!["nft", "add", "table"];
         args.extend(table.split(' '));
-        ns.run(&args);
+        run(ns, &args);
     }
 }
 
 #[test]
 fn cleanup_in_any_mode_removes_every_modes_state() {
-    if !ready() {
+    if !ready("cleanup_in_any_mode_removes_every_modes_state") {
         return;
     }
     let binary = env!("CARGO_BIN_EXE_kube-proxy");
     for mode in ["iptables", "nftables", "userspace", "ipvs"] {
-        let ns = Netns::new(mode);
+        let ns = namespace(mode);
         lay_out_leftovers(&ns);
         let state = tempfile::tempdir().expect("state dir");
         let env = format!("KUBE_PROXY_RS_STATE_DIR={}", state.path().display());
-        ns.run(&[
-            "env",
-            &env,
-            binary,
-            "--cleanup",
-            &format!("--proxy-mode={mode}"),
-        ]);
-        let save = ns.run(&["iptables-save", "-t", "nat"]);
-        let tables = ns.run(&["nft", "list", "tables"]);
+        run(
+            &ns,
+            &[
+                "env",
+                &env,
+                binary,
+                "--cleanup",
+                &format!("--proxy-mode={mode}"),
+            ],
+        );
+        let save = run(&ns, &["iptables-save", "-t", "nat"]);
+        let tables = run(&ns, &["nft", "list", "tables"]);
         assert!(
             !save.contains("KUBE-"),
             "{mode}: KUBE- chains left after --cleanup:\n{save}"
@@ -134,15 +91,15 @@ fn cleanup_in_any_mode_removes_every_modes_state() {
 
 #[test]
 fn iptables_mode_removes_nftables_leftovers_after_its_first_sync() {
-    if !ready() {
+    if !ready("iptables_mode_removes_nftables_leftovers_after_its_first_sync") {
         return;
     }
-    let ns = Netns::new("start");
+    let ns = namespace("start");
     lay_out_leftovers(&ns);
     let state = tempfile::tempdir().expect("state dir");
     let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cluster");
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns.0, env!("CARGO_BIN_EXE_kube-proxy")])
+    let mut child = ns
+        .command(env!("CARGO_BIN_EXE_kube-proxy"))
         .args([
             &format!("--manifests={examples}"),
             "--hostname-override=node-1",
@@ -157,13 +114,13 @@ fn iptables_mode_removes_nftables_leftovers_after_its_first_sync() {
         .expect("start kube-proxy");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let tables = loop {
-        let tables = ns.run(&["nft", "list", "tables"]);
+        let tables = run(&ns, &["nft", "list", "tables"]);
         if !tables.contains("kube-proxy") || std::time::Instant::now() > deadline {
             break tables;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
-    let save = ns.run(&["iptables-save", "-t", "nat"]);
+    let save = run(&ns, &["iptables-save", "-t", "nat"]);
     let _ = child.kill();
     let _ = child.wait();
     assert!(

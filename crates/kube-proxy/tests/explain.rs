@@ -4,12 +4,12 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kp_core::backend::SyncKind;
 use kp_core::model::IpFamily;
 use kp_core::tracker::{ChangeTracker, ProxyState};
 use kp_rules::iptables::{LocalDetector, RenderConfig, SyncScope, render};
+use kp_testbed::{Namespace, isolated};
 use serde_json::Value;
 
 const CLUSTER_CIDR: &str = "10.244.0.0/16";
@@ -275,49 +275,24 @@ fn other_modes_name_their_own_objects() {
 
 // ---- --verify in a throwaway network namespace ----
 
-static NETNS_SEQ: AtomicUsize = AtomicUsize::new(0);
-
-/// A network namespace deleted on drop, so the host's rules are never touched.
-struct Netns(String);
+/// A network namespace (kp-testbed's [`Namespace`], deleted on drop), so the host's rules
+/// are never touched.
+struct Netns(Namespace);
 
 impl Netns {
-    /// `None` (with the reason printed) when namespaces or iptables are unavailable.
-    fn create() -> Option<Netns> {
-        let tools = ["iptables-save", "iptables-restore", "iptables"]
-            .iter()
-            .all(|t| {
-                Command::new(t)
-                    .arg("--version")
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success())
-            });
-        if !tools {
-            eprintln!("skipping: iptables tools not found (apt-get install iptables)");
+    /// `None` (with the reason printed) when namespaces or iptables are unavailable; in CI a
+    /// failure instead.
+    fn create(test: &str) -> Option<Netns> {
+        let tools = ["iptables-save", "iptables-restore", "iptables"];
+        if isolated::skip(test, isolated::missing(&tools, &["true"])) {
             return None;
         }
-        let name = format!(
-            "kp-explain-{}-{}",
-            std::process::id(),
-            NETNS_SEQ.fetch_add(1, Ordering::SeqCst)
-        );
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("skipping: cannot create a network namespace (needs root and `ip`)");
-            return None;
-        }
-        Some(Netns(name))
+        let ns = Namespace::create("kp-explain-", "node").unwrap_or_else(|e| panic!("{e}"));
+        Some(Netns(ns))
     }
 
     fn command(&self, program: &str) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.0, program]);
-        cmd
+        self.0.command(program)
     }
 
     fn iptables(&self, args: &[&str]) {
@@ -364,12 +339,6 @@ impl Netns {
         let value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("not JSON ({e}); stderr: {}", stderr(&out)));
         (out.status.code(), value)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
     }
 }
 
@@ -425,7 +394,7 @@ fn differences(v: &Value) -> Vec<Value> {
 /// the proxy put them), and says so; forced to nf_tables it finds nothing there.
 #[test]
 fn verify_reads_the_backend_the_proxy_uses() {
-    let Some(ns) = Netns::create() else {
+    let Some(ns) = Netns::create("verify_reads_the_backend_the_proxy_uses") else {
         return;
     };
     ns.restore_with(
@@ -454,7 +423,7 @@ fn verify_reads_the_backend_the_proxy_uses() {
 
 #[test]
 fn verify_against_kernel_rules() {
-    let Some(ns) = Netns::create() else {
+    let Some(ns) = Netns::create("verify_against_kernel_rules") else {
         return;
     };
 

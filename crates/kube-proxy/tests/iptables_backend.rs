@@ -5,11 +5,10 @@
 //! reason) and that its own rules then landed in that backend only.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use kp_testbed::Namespace;
 use kp_testbed::proxy::ProxyLaunch;
+use kp_testbed::{Namespace, isolated};
 
 /// Namespace prefix of these tests.
 const PREFIX: &str = "kpb-";
@@ -90,27 +89,11 @@ impl Run {
     }
 }
 
-/// Whether this machine can run the tests: root (a network namespace) and both backends'
+/// Whether this machine can run `test`: root (a network namespace) and both backends'
 /// tools. In CI they must run.
-fn runnable() -> bool {
-    let ci = std::env::var_os("CI").is_some();
-    let ok = Command::new("unshare")
-        .args([
-            "-n",
-            "sh",
-            "-c",
-            "iptables-legacy-save >/dev/null && iptables-nft-save >/dev/null",
-        ])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            !ci,
-            "needs root and iptables-legacy/-nft tools, which CI has"
-        );
-        eprintln!("skipped: needs root and iptables-legacy/iptables-nft");
-    }
-    ok
+fn runnable(test: &str) -> bool {
+    let probe = "iptables-legacy-save >/dev/null && iptables-nft-save >/dev/null";
+    !isolated::skip(test, isolated::missing(&[], &["sh", "-c", probe]))
 }
 
 /// How long the proxy may take for its first sync of the example cluster.
@@ -182,7 +165,7 @@ fn iptables_mode_chooses(
 
 #[test]
 fn a_legacy_node_gets_legacy_rules() {
-    if !runnable() {
+    if !runnable("a_legacy_node_gets_legacy_rules") {
         return;
     }
     let setup = format!(
@@ -204,7 +187,7 @@ fn a_legacy_node_gets_legacy_rules() {
 
 #[test]
 fn an_nf_tables_node_gets_nf_tables_rules() {
-    if !runnable() {
+    if !runnable("an_nf_tables_node_gets_nf_tables_rules") {
         return;
     }
     let setup = format!(
@@ -217,7 +200,7 @@ fn an_nf_tables_node_gets_nf_tables_rules() {
 
 #[test]
 fn a_node_with_chains_in_both_follows_kubelet_then_the_rule_count() {
-    if !runnable() {
+    if !runnable("a_node_with_chains_in_both_follows_kubelet_then_the_rule_count") {
         return;
     }
     // kubelet in legacy, a firewall with more rules in nf_tables: kubelet's hint decides.
@@ -259,7 +242,7 @@ fn a_node_with_chains_in_both_follows_kubelet_then_the_rule_count() {
 
 #[test]
 fn the_operator_overrides_detection_and_userspace_mode_follows() {
-    if !runnable() {
+    if !runnable("the_operator_overrides_detection_and_userspace_mode_follows") {
         return;
     }
     let nft_node = format!(

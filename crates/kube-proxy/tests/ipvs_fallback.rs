@@ -5,11 +5,10 @@
 //! opposite: ipvs mode is used.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use kp_testbed::Namespace;
 use kp_testbed::proxy::ProxyLaunch;
+use kp_testbed::{Namespace, isolated};
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/cluster")
@@ -22,14 +21,8 @@ fn kernel_has_ipvs() -> bool {
 
 #[test]
 fn ipvs_mode_falls_back_to_iptables_without_ipvs() {
-    let ci = std::env::var_os("CI").is_some();
-    let root = Command::new("unshare")
-        .args(["-n", "true"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !root {
-        assert!(!ci, "this test needs root (unshare -n) and runs in CI");
-        eprintln!("skipped: needs root for a network namespace");
+    let test = "ipvs_mode_falls_back_to_iptables_without_ipvs";
+    if isolated::skip(test, isolated::missing(&[], &["true"])) {
         return;
     }
     let binary = env!("CARGO_BIN_EXE_kube-proxy");

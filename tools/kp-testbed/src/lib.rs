@@ -59,6 +59,10 @@
 //! [`proxy::FIRST_SYNC_LOG`]), killed with its children on drop. Tests, the demo and the
 //! benchmark binaries all start it this way.
 //!
+//! Every test that needs a network namespace gets it here: [`Namespace`] is one named
+//! namespace without a cluster, [`isolated`] a namespace nobody names for a test body, a
+//! thread or a shell script, with one rule for tests whose prerequisites are missing.
+//!
 //! # Using it from another crate's tests
 //!
 //! Add `kp-testbed.workspace = true` to `[dev-dependencies]`. Cargo builds a crate's
@@ -91,6 +95,7 @@ mod cluster;
 mod command;
 mod echo;
 mod error;
+pub mod isolated;
 mod lines;
 mod netns;
 mod outcome;

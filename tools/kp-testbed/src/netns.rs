@@ -66,6 +66,12 @@ impl Namespace {
     pub fn exec(&self, args: &[&str]) -> Result<String> {
         exec_in(&self.name, args, None)
     }
+
+    /// A command running `program` inside the namespace (`ip netns exec`, which execs it),
+    /// for callers that want its status and output as they are.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        in_namespace(&self.name, program)
+    }
 }
 
 /// The names of all named network namespaces (`ip netns list`).

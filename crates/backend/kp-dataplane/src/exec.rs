@@ -72,6 +72,15 @@ pub enum ExecError {
 }
 
 impl ExecError {
+    /// The program that failed.
+    pub fn program(&self) -> &str {
+        match self {
+            ExecError::Spawn { program, .. }
+            | ExecError::Failed { program, .. }
+            | ExecError::Io { program, .. } => program,
+        }
+    }
+
     /// The exit code, if the program ran and failed.
     pub fn exit_code(&self) -> Option<i32> {
         match self {
@@ -976,7 +985,10 @@ mod tests {
             saved[&Table::Nat],
             "*nat\n:KUBE-SERVICES - [0:0]\n-A OUTPUT -j KUBE-SERVICES\nCOMMIT\n"
         );
-        assert_eq!(saved[&Table::Filter], "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
+        assert_eq!(
+            saved[&Table::Filter],
+            "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"
+        );
         assert_eq!(saved.len(), 2);
     }
 

@@ -10,6 +10,7 @@
 //!   adopting the existing table on restart, and its cleanup.
 //! - [`ipvs`]: [`ipvs::IpvsBackend`], the `ipvs` proxy mode: IPVS over netlink
 //!   (`kp-ipvs`), the kube-ipvs0 dummy device over rtnetlink, ipsets and a few iptables rules.
+//! - [`interfaces`]: this node's interface addresses, over rtnetlink.
 //! - [`conntrack`]: which UDP/SCTP conntrack entries a sync made stale, and deleting them over
 //!   ctnetlink ([`conntrack::Conntrack`]).
 //! - [`sync`]: the sync skeleton every backend shares (full or partial, per-family errors,
@@ -26,6 +27,7 @@
 
 pub mod conntrack;
 pub mod exec;
+pub mod interfaces;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;

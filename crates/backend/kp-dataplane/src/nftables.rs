@@ -33,7 +33,7 @@
 //! steps may have been applied: the next sync empties every chain it writes),
 //! the failure is counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and
 //! returned as [`BackendError::Apply`] with nft's stderr (or, over netlink, the kernel's
-//! error and the statement it rejected), and the next sync is full.
+//! error and the statement it rejected), and the core asks for a full sync next.
 //!
 //! After every family succeeded, stale UDP/SCTP conntrack entries are deleted exactly as in
 //! iptables mode, with the shared logic of [`crate::conntrack`].
@@ -52,7 +52,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::IpFamily;
 use kp_rules::nftables::{
@@ -64,6 +64,7 @@ use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
 use crate::conntrack::{Conntrack, DefaultConntrack};
+use crate::exec::ExecError;
 use crate::sync::{FamilyErrors, SyncState};
 
 pub use netlink::NetlinkNft;
@@ -222,11 +223,6 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
         &self.runner
     }
 
-    /// Whether the next sync will be full regardless of the request.
-    pub fn next_sync_is_full(&self) -> bool {
-        self.sync.next_sync_is_full()
-    }
-
     /// What the backend believes `family`'s table holds.
     pub fn installed(&self, family: IpFamily) -> Option<&NftState> {
         self.tables.get(&family).map(|t| &t.installed)
@@ -306,14 +302,13 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             })) => Ok((self.render(family, request, scope)?, Duration::ZERO)),
             Some(Err(StepRenderError::Step { error, applied })) => {
                 *partly_applied = applied > 0;
-                Err(BackendError::Apply {
-                    what: format!(
-                        "nft -f - ({} {TABLE}, step {} of a full sync)",
-                        table_family(family),
-                        applied + 1
-                    ),
-                    message: error.to_string(),
-                })
+                let what = format!(
+                    "nft -f - ({} {TABLE}, step {} of a full sync)",
+                    table_family(family),
+                    applied + 1
+                );
+                // Steps are applied over netlink only.
+                Err(ApplyError::netfilter(what, error).into())
             }
         }
     }
@@ -331,9 +326,8 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             self.runner
                 .apply(&output.transaction)
                 .await
-                .map_err(|err| BackendError::Apply {
-                    what: format!("nft -f - ({} {TABLE})", table_family(family)),
-                    message: err.to_string(),
+                .map_err(|err| {
+                    runner_error(format!("nft -f - ({} {TABLE})", table_family(family)), err)
                 })?;
         }
         debug!(
@@ -483,9 +477,15 @@ fn layout_leftovers(
 
 /// A render failure: `validate` ran in the constructor, so this is a renderer bug.
 fn render_error(err: RenderError) -> BackendError {
-    BackendError::Apply {
-        what: "rendering nftables rules".to_owned(),
-        message: err.to_string(),
+    ApplyError::render("rendering nftables rules", err).into()
+}
+
+/// A runner's failure: `nft`'s, or the kernel's over netlink (reported the way `nft`'s is).
+fn runner_error(what: String, err: ExecError) -> BackendError {
+    if err.program() == netlink::PROGRAM {
+        ApplyError::netfilter(what, err).into()
+    } else {
+        ApplyError::tool(what, err).into()
     }
 }
 
@@ -522,8 +522,9 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let sync_start = Instant::now();
-        let kind = self.sync.kind(request);
-        let full = kind == SyncKind::Full;
+        let kind = request.kind;
+        // What ran: the renderer rewrites everything when the fixed part changed.
+        let mut ran = kind;
         let mut errors = FamilyErrors::new(MODE);
         let mut operations = 0;
         // Until both tables are adopted, the family with fewer service ports first: the
@@ -562,6 +563,9 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
                 }
             }
             if let Some(output) = errors.check(family, result) {
+                if output.kind == SyncKind::Full {
+                    ran = SyncKind::Full;
+                }
                 operations += output.operations;
                 if !output.flushed_stale.is_empty() {
                     table.last_flush = Some(Instant::now());
@@ -573,15 +577,16 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
             }
             self.tables.insert(family, table);
         }
-        self.sync.families_done(errors)?;
-        self.sync.succeeded(request, kind, &BTreeSet::new()).await;
+        errors.into_result()?;
+        self.sync.succeeded(request, ran, &BTreeSet::new()).await;
         debug!(
-            full,
+            full = ran == SyncKind::Full,
             operations,
             took = ?sync_start.elapsed(),
             "nftables sync finished"
         );
         Ok(SyncReport {
+            kind: ran,
             rules_written: operations,
             skipped: Vec::new(),
         })
@@ -595,14 +600,11 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
             if !table.adopted {
                 continue;
             }
-            let exists =
-                self.runner
-                    .table_exists(*family)
-                    .await
-                    .map_err(|err| BackendError::Apply {
-                        what: "nftables canary check".to_owned(),
-                        message: err.to_string(),
-                    })?;
+            let exists = self
+                .runner
+                .table_exists(*family)
+                .await
+                .map_err(|err| runner_error("nftables canary check".to_owned(), err))?;
             if !exists {
                 let detail = format!("table {} {TABLE} missing", table_family(*family));
                 missing.push(ForeignChange::removed("table", detail));
@@ -628,10 +630,10 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
                 Ok(()) => info!(?family, "removed the nftables {fam} {TABLE} table"),
                 Err(err) => {
                     warn!(?family, error = %err, "nftables cleanup failed");
-                    first_error.get_or_insert(BackendError::Apply {
-                        what: format!("nftables cleanup ({fam} {TABLE})"),
-                        message: err.to_string(),
-                    });
+                    first_error.get_or_insert(runner_error(
+                        format!("nftables cleanup ({fam} {TABLE})"),
+                        err,
+                    ));
                 }
             }
         }

@@ -1,20 +1,19 @@
-//! The part of a kernel backend's sync that every mode shares, written once: whether a sync
-//! is full or partial ([`SyncState::kind`]), the families of one sync with the first error
-//! winning ([`FamilyErrors`]), and the stale-flow bookkeeping: the UDP/SCTP part of the last
-//! programmed state and the deletion of the conntrack entries a sync made stale, over
-//! ctnetlink by default ([`SyncState::succeeded`]).
+//! The part of a kernel backend's sync that every mode shares, written once: the families of
+//! one sync with the first error winning ([`FamilyErrors`]), and the stale-flow bookkeeping:
+//! the UDP/SCTP part of the last programmed state and the deletion of the conntrack entries a
+//! sync made stale, over ctnetlink by default ([`SyncState::succeeded`]).
 //!
-//! A backend keeps what is its own (render, apply, its own view of the kernel) and calls
-//! these in this order:
+//! Whether a sync is full or partial is the core's decision ([`SyncRequest::kind`]); a backend
+//! runs it (or, when it must, a full one) and reports the kind that ran. It keeps what is its
+//! own (render, apply, its own view of the kernel) and calls these in this order:
 //!
 //! ```text
-//! let kind = self.sync.kind(request);                 // full or partial, decided here
 //! let mut errors = FamilyErrors::new(MODE);
 //! for family in self.sync.families().to_vec() {
-//!     if let Some(out) = errors.check(family, self.apply(family, kind).await) { ... }
+//!     if let Some(out) = errors.check(family, self.apply(family, request.kind).await) { ... }
 //! }
-//! self.sync.families_done(errors)?;                   // a failure makes the next sync full
-//! self.sync.succeeded(request, kind, &skipped).await; // conntrack cleanup, bookkeeping
+//! errors.into_result()?;                           // the core asks for a full sync next
+//! self.sync.succeeded(request, ran, &skipped).await; // conntrack cleanup, bookkeeping
 //! ```
 
 use std::collections::BTreeSet;
@@ -29,28 +28,22 @@ use crate::conntrack::{
     Conntrack, DefaultConntrack, FlowFilter, delete_flows, delete_stale, refresh_conntrack_relevant,
 };
 
-/// What every kernel backend keeps between syncs: its families, whether the next sync must
-/// be full whatever the core asks, and the UDP/SCTP part of the last programmed state.
-///
-/// The core already asks for a full sync first and after a failure; the backend keeps its
-/// own flag because it is also driven directly (tests, `--cleanup` followed by syncs) and
-/// because a failure the core never saw (a cleanup) must also make the next sync full.
+/// What every kernel backend keeps between syncs: its families and the UDP/SCTP part of
+/// the last programmed state.
 #[derive(Debug)]
 pub struct SyncState<C = DefaultConntrack> {
     families: Vec<IpFamily>,
     conntrack: C,
-    gate: FullSync,
     /// The UDP/SCTP part of the last successfully programmed state (conntrack cleanup).
     programmed: Option<ProxyState>,
 }
 
 impl<C: Conntrack> SyncState<C> {
-    /// Nothing synced yet: the first sync is full and finds no stale flows.
+    /// Nothing synced yet: the first sync finds no stale flows.
     pub fn new(families: Vec<IpFamily>, conntrack: C) -> Self {
         Self {
             families,
             conntrack,
-            gate: FullSync::default(),
             programmed: None,
         }
     }
@@ -60,7 +53,6 @@ impl<C: Conntrack> SyncState<C> {
         SyncState {
             families: self.families,
             conntrack,
-            gate: self.gate,
             programmed: self.programmed,
         }
     }
@@ -75,40 +67,17 @@ impl<C: Conntrack> SyncState<C> {
         &self.conntrack
     }
 
-    /// Whether the next sync will be full regardless of the request.
-    pub fn next_sync_is_full(&self) -> bool {
-        self.gate.next_is_full()
-    }
-
     /// The UDP/SCTP part of the last programmed state; `None` before the first success.
     pub fn programmed(&self) -> Option<&ProxyState> {
         self.programmed.as_ref()
     }
 
-    /// Full or partial ([`FullSync::kind`]).
-    pub fn kind(&self, request: &SyncRequest<'_>) -> SyncKind {
-        self.gate.kind(request.kind)
-    }
-
-    /// Ends the families of one sync: their first error fails it (and makes the next sync
-    /// full); the families that succeeded are programmed all the same.
-    pub fn families_done(&mut self, errors: FamilyErrors) -> Result<(), BackendError> {
-        errors.into_result().inspect_err(|_| self.failed())
-    }
-
-    /// The sync failed after changing the kernel in part: the next one is full.
-    pub fn failed(&mut self) {
-        self.gate.failed();
-    }
-
-    /// The kernel was changed behind the bookkeeping (cleanup): the next sync is full and
-    /// knows nothing programmed.
+    /// The kernel was changed behind the bookkeeping (cleanup): nothing is known programmed.
     pub fn reset(&mut self) {
-        self.gate.failed();
         self.programmed = None;
     }
 
-    /// After a successful sync of `kind`: deletes the conntrack entries the change from the
+    /// After a successful sync that ran as `kind`: deletes the conntrack entries the change from the
     /// last programmed state made stale (when the core says some may be), and remembers the
     /// new state. `skipped` services count as not programmed, so the sync that programs them
     /// treats them as new.
@@ -119,7 +88,6 @@ impl<C: Conntrack> SyncState<C> {
         skipped: &BTreeSet<ServiceName>,
     ) {
         let full = kind == SyncKind::Full;
-        self.gate.succeeded();
         if request.conntrack_cleanup_required {
             let started = Instant::now();
             // The core accumulates `changed` until a sync succeeds, so partial syncs need
@@ -159,50 +127,10 @@ impl<C: Conntrack> SyncState<C> {
     }
 }
 
-/// Whether the next sync must be full whatever the core asks: before the first success and
-/// after any failure. Every backend (and the userspace capture) decides here.
-#[derive(Clone, Copy, Debug)]
-pub struct FullSync {
-    force_full: bool,
-}
-
-impl Default for FullSync {
-    /// Nothing synced yet: full.
-    fn default() -> Self {
-        Self { force_full: true }
-    }
-}
-
-impl FullSync {
-    /// The kind a sync the core asked to be `requested` must have.
-    pub fn kind(&self, requested: SyncKind) -> SyncKind {
-        if self.force_full {
-            SyncKind::Full
-        } else {
-            requested
-        }
-    }
-
-    /// Whether the next sync will be full regardless of the request.
-    pub fn next_is_full(&self) -> bool {
-        self.force_full
-    }
-
-    /// A sync failed (or the kernel changed behind our back): the next one is full.
-    pub fn failed(&mut self) {
-        self.force_full = true;
-    }
-
-    /// A sync succeeded: the next one may be partial.
-    pub fn succeeded(&mut self) {
-        self.force_full = false;
-    }
-}
-
 /// The families of one sync: each is programmed even when another fails, and the first
-/// error is the sync's ([`SyncState::families_done`], [`FamilyErrors::into_result`]).
+/// error is the sync's ([`FamilyErrors::into_result`]).
 #[derive(Debug)]
-#[must_use = "hand it to SyncState::families_done"]
+#[must_use = "end it with FamilyErrors::into_result"]
 pub struct FamilyErrors<E = BackendError> {
     mode: &'static str,
     first: Option<E>,
@@ -252,34 +180,25 @@ mod tests {
     }
 
     fn fail(what: &str) -> Result<(), BackendError> {
-        Err(BackendError::Apply {
+        Err(kp_core::backend::ApplyError::Injected {
             what: what.to_owned(),
-            message: "injected".to_owned(),
-        })
+        }
+        .into())
     }
 
     #[test]
-    fn full_first_after_a_failure_and_when_asked() {
-        let mut sync = SyncState::new(vec![IpFamily::V4], FakeConntrack::new());
-        let s = dns("10.244.1.1");
-        let none = BTreeSet::new();
-        let partial = request(&s, SyncKind::Partial, &none, false);
-        assert_eq!(sync.kind(&partial), SyncKind::Full, "first sync");
-        block_on(sync.succeeded(&partial, SyncKind::Full, &none));
-        assert_eq!(sync.kind(&partial), SyncKind::Partial);
-        assert_eq!(
-            sync.kind(&request(&s, SyncKind::Full, &none, false)),
-            SyncKind::Full
-        );
+    fn the_first_error_of_the_families_is_the_syncs() {
         let mut errors = FamilyErrors::new("test");
         assert_eq!(errors.check(IpFamily::V4, Ok(1)), Some(1));
         assert!(errors.check(IpFamily::V6, fail("first")).is_none());
         assert!(errors.check(IpFamily::V4, fail("second")).is_none());
-        let err = sync.families_done(errors).expect_err("a family failed");
-        assert!(err.to_string().contains("first"), "{err}");
-        assert_eq!(sync.kind(&partial), SyncKind::Full, "after a failure");
-        sync.reset();
-        assert!(sync.next_sync_is_full());
+        let err = errors.into_result().expect_err("a family failed");
+        assert_eq!(err.apply().map(|e| e.what()), Some("first"), "{err}");
+        assert!(
+            FamilyErrors::<BackendError>::new("test")
+                .into_result()
+                .is_ok()
+        );
     }
 
     #[test]

@@ -5,12 +5,14 @@
 
 use std::collections::BTreeSet;
 
-use kp_core::backend::{SyncKind, SyncRequest};
+use kp_core::backend::{ApplyError, BackendError, SyncKind, SyncRequest};
 use kp_core::model::{Endpoint, NodeInfo, Protocol, ServicePort};
 use kp_core::testutil::{cluster_ip_port, node_with, state_on};
 use kp_core::tracker::ProxyState;
 
 pub use kp_core::testutil::{NODE, ip, port_name, service_name};
+
+use crate::exec::ExecError;
 
 /// A ClusterIP service port `ns/name:p`.
 pub fn service(
@@ -83,4 +85,13 @@ pub async fn sync_full<B: kp_core::backend::Backend>(backend: &mut B, state: &Pr
         .sync(&request(state, SyncKind::Full, &BTreeSet::new(), false))
         .await
         .expect("the sync succeeds");
+}
+
+/// The tool's error under `err` when running the tool for `what` failed; `None` for any other
+/// error.
+pub fn tool_error<'a>(err: &'a BackendError, what: &str) -> Option<&'a ExecError> {
+    match err.apply()? {
+        ApplyError::Tool { what: w, source } if w == what => source.downcast_ref(),
+        _ => None,
+    }
 }

@@ -1,8 +1,6 @@
 //! ctnetlink deletion ([`NetlinkConntrack`]) against the real kernel's conntrack table, each
-//! test in its own throwaway network namespace (see `netns`), checked with conntrack-tools'
+//! test in its own throwaway network namespace (`kp_testbed::isolated`), checked with conntrack-tools'
 //! own view of the table (`conntrack -L`).
-
-mod netns;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -11,7 +9,7 @@ use std::time::Duration;
 
 use kp_core::model::{IpFamily, Protocol};
 use kp_dataplane::conntrack::{Conntrack, FlowEntry, FlowFilter, NetlinkConntrack};
-use netns::sh;
+use kp_testbed::isolated::{self, sh};
 
 fn ip(text: &str) -> IpAddr {
     text.parse().expect("literal address")
@@ -235,9 +233,9 @@ fn filter(
 
 #[test]
 fn netlink_deletes_exactly_what_each_filter_kind_selects() {
-    netns::run_isolated(
+    isolated::run(
         "netlink_deletes_exactly_what_each_filter_kind_selects",
-        || netns::missing_tools(&["conntrack"]),
+        || isolated::missing(&["conntrack"], &["true"]),
         || {
             use Protocol::{Sctp, Tcp, Udp};
             let cases: Vec<(&str, Vec<FlowFilter>, &[&str])> = vec![
@@ -335,9 +333,9 @@ fn netlink_deletes_exactly_what_each_filter_kind_selects() {
 /// the same service IP, then deleted through the `Conntrack` trait as the backends call it.
 #[test]
 fn netlink_deletes_real_dnat_flows() {
-    netns::run_isolated(
+    isolated::run(
         "netlink_deletes_real_dnat_flows",
-        || netns::missing_tools(&["conntrack", "iptables"]),
+        || isolated::missing(&["conntrack", "iptables"], &["true"]),
         || {
             sh(
                 "ip link set lo up && ip link add kpc0 type veth peer name kpc1 \

@@ -1,17 +1,15 @@
 //! ipvs mode's canary reads every ipset's entry count over netlink: against the real kernel's
-//! ipset, in a throwaway network namespace (see `netns`), the counts are the entries the
+//! ipset, in a throwaway network namespace (`kp_testbed::isolated`), the counts are the entries the
 //! shell put there, over more sets than one netlink datagram carries.
 
-mod netns;
-
 use kp_dataplane::ipvs::{ExecIpset, IpsetRunner};
-use netns::sh;
+use kp_testbed::isolated::{self, sh};
 
 #[test]
 fn entry_counts_over_netlink_are_the_kernel_s() {
-    netns::run_isolated(
+    isolated::run(
         "entry_counts_over_netlink_are_the_kernel_s",
-        || netns::missing_tools(&["ipset"]),
+        || isolated::missing(&["ipset"], &["true"]),
         || {
             // 400 sets (~100 bytes of header each: several datagrams), set i holding i % 7
             // entries, and one kind with port and address pairs.

@@ -16,7 +16,6 @@
 
 #[path = "../../../render/kp-rules/tests/common/mod.rs"]
 mod common;
-mod netns;
 mod xt_dumps;
 
 use std::collections::BTreeSet;
@@ -29,16 +28,20 @@ use kp_dataplane::exec::{IptablesVariant, Tools};
 use kp_dataplane::iptables::netlink::NetlinkRestore;
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics};
 use kp_rules::iptables::{LocalDetector, NodePortAddresses, RenderConfig};
-use xt_dumps::{Dumps, assert_same, dumps, in_new_netns};
+use kp_testbed::isolated;
+use xt_dumps::{Dumps, assert_same, dumps};
 
 /// iptables-nft-save, ip6tables-nft-save, nft and unshare must be there (CI installs them).
 fn unavailable() -> Option<String> {
-    netns::missing_tools(&[
-        "iptables-nft-restore",
-        "ip6tables-nft-restore",
-        "iptables-nft-save",
-        "nft",
-    ])
+    isolated::missing(
+        &[
+            "iptables-nft-restore",
+            "ip6tables-nft-restore",
+            "iptables-nft-save",
+            "nft",
+        ],
+        &["true"],
+    )
 }
 
 /// One step: the state to sync and the services changed since the previous step (`None`:
@@ -113,7 +116,7 @@ fn run_steps_with(
     steps: &[Step],
     netlink: Option<NetlinkRestore>,
 ) -> (Vec<Dumps>, u64) {
-    in_new_netns(|| {
+    isolated::on_thread(|| {
         let metrics = IptablesMetrics::default();
         let mut backend = backend_with(family, config, netlink).with_metrics(metrics.clone());
         let mut out = Vec::new();
@@ -257,7 +260,7 @@ fn everything() -> ProxyState {
 
 #[test]
 fn snapshot_fixtures_cluster_ip_two_endpoints() {
-    netns::run_isolated(
+    isolated::run(
         "snapshot_fixtures_cluster_ip_two_endpoints",
         unavailable,
         || {
@@ -268,14 +271,14 @@ fn snapshot_fixtures_cluster_ip_two_endpoints() {
 
 #[test]
 fn snapshot_fixtures_node_port() {
-    netns::run_isolated("snapshot_fixtures_node_port", unavailable, || {
+    isolated::run("snapshot_fixtures_node_port", unavailable, || {
         check("node port", IpFamily::V4, config(), node_port());
     });
 }
 
 #[test]
 fn snapshot_fixtures_etp_local_lb_source_ranges() {
-    netns::run_isolated(
+    isolated::run(
         "snapshot_fixtures_etp_local_lb_source_ranges",
         unavailable,
         || {
@@ -286,7 +289,7 @@ fn snapshot_fixtures_etp_local_lb_source_ranges() {
 
 #[test]
 fn snapshot_fixtures_affinity_and_itp_local() {
-    netns::run_isolated(
+    isolated::run(
         "snapshot_fixtures_affinity_and_itp_local",
         unavailable,
         || {
@@ -302,14 +305,14 @@ fn snapshot_fixtures_affinity_and_itp_local() {
 
 #[test]
 fn snapshot_fixtures_no_endpoints() {
-    netns::run_isolated("snapshot_fixtures_no_endpoints", unavailable, || {
+    isolated::run("snapshot_fixtures_no_endpoints", unavailable, || {
         check("no endpoints", IpFamily::V4, config(), no_endpoints());
     });
 }
 
 #[test]
 fn snapshot_fixtures_ipv6() {
-    netns::run_isolated("snapshot_fixtures_ipv6", unavailable, || {
+    isolated::run("snapshot_fixtures_ipv6", unavailable, || {
         check("ipv6", IpFamily::V6, config(), ipv6());
     });
 }
@@ -317,7 +320,7 @@ fn snapshot_fixtures_ipv6() {
 /// The renderer's configuration variants, over every fixture at once.
 #[test]
 fn configuration_variants() {
-    netns::run_isolated("configuration_variants", unavailable, || {
+    isolated::run("configuration_variants", unavailable, || {
         let variants: Vec<(&str, RenderConfig)> = vec![
             (
                 "masqueradeAll, no detector",
@@ -372,7 +375,7 @@ fn configuration_variants() {
 /// same as the reference's.
 #[test]
 fn unencodable_render_falls_back_to_iptables_restore() {
-    netns::run_isolated(
+    isolated::run(
         "unencodable_render_falls_back_to_iptables_restore",
         unavailable,
         || {
@@ -409,12 +412,12 @@ fn handles(family: &str, table: &str, chain: &str) -> Vec<u64> {
 /// inserts only the new service's rule; an endpoint change does not touch it at all.
 #[test]
 fn partial_syncs_edit_top_level_chains_by_handle() {
-    netns::run_isolated(
+    isolated::run(
         "partial_syncs_edit_top_level_chains_by_handle",
         unavailable,
         || {
             let steps = full_then_partials(everything());
-            in_new_netns(|| {
+            isolated::on_thread(|| {
                 let mut backend = backend(IpFamily::V4, &config(), true);
                 let mut seen = Vec::new();
                 sync_steps(&mut backend, &steps, || {
@@ -558,7 +561,7 @@ mod random {
 
     #[test]
     fn random_services() {
-        netns::run_isolated("random::random_services", unavailable, || {
+        isolated::run("random::random_services", unavailable, || {
             let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
                 cases: CASES,
                 failure_persistence: None,
@@ -599,7 +602,7 @@ mod random {
 /// syncs after it edit its top-level chains by handle as usual.
 #[test]
 fn split_first_syncs_give_the_same_rules() {
-    netns::run_isolated("split_first_syncs_give_the_same_rules", unavailable, || {
+    isolated::run("split_first_syncs_give_the_same_rules", unavailable, || {
         let config = config();
         let steps = full_then_partials(everything());
         let (reference, _) = run_steps(IpFamily::V4, &config, &steps, false);

@@ -9,26 +9,24 @@
 //! can never touch the host's rules.
 //!
 //! Without root, `unshare` or the iptables tools the tests are skipped with a message, unless
-//! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` makes that a failure (for CI).
-
-mod netns;
+//! `KP_REQUIRE_KERNEL_TESTS=1` makes that a failure (for CI).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use kp_core::backend::{Backend, BackendError, SyncKind};
+use kp_core::backend::{Backend, SyncKind};
 use kp_core::model::{IpFamily, Protocol};
 use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, ExecConntrack};
-use kp_dataplane::exec::{ExecRunner, IptablesVariant, Tools, backend_of_version};
+use kp_dataplane::exec::{ExecError, ExecRunner, IptablesVariant, Tools, backend_of_version};
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, KUBELET_CHAINS};
 use kp_dataplane::testutil::*;
 use kp_rules::iptables::RenderConfig;
-use netns::sh;
+use kp_testbed::isolated::{self, sh};
 
-/// Run `body` in a fresh network namespace (see `netns`). `name` must be the test
+/// Run `body` in a fresh network namespace (`kp_testbed::isolated`). `name` must be the test
 /// function's name; `tools` the binaries it needs.
 fn in_netns(name: &str, tools: &[&str], body: impl FnOnce()) {
-    netns::run_isolated(name, || netns::missing_tools(tools), body);
+    isolated::run(name, || isolated::missing(tools, &["true"]), body);
 }
 
 fn save(family: IpFamily) -> String {
@@ -175,17 +173,10 @@ fn restore_failures_in_a_netns() {
                 .sync(&request(&state, SyncKind::Full, &none, false))
                 .await
                 .expect_err("restore binary missing");
-            match err {
-                BackendError::Apply { what, message } => {
-                    assert_eq!(what, "iptables-restore");
-                    assert!(
-                        message.contains("/nonexistent/kp-dataplane-test"),
-                        "{message}"
-                    );
-                }
-                other => panic!("wrong error {other:?}"),
-            }
-            assert!(backend.next_sync_is_full());
+            assert!(
+                matches!(tool_error(&err, "iptables-restore"), Some(ExecError::Spawn { program, .. }) if program.contains("/nonexistent/kp-dataplane-test")),
+                "{err:?}"
+            );
             assert!(!chains(&save(IpFamily::V4)).contains(&format!("nat/{}", web_chain())));
 
             // A restore the kernel rejects keeps the previous rules: program a good state,
@@ -203,7 +194,7 @@ fn restore_failures_in_a_netns() {
                 .sync(&request(&state, SyncKind::Full, &none, false))
                 .await
                 .expect_err("deleting a referenced chain fails");
-            assert!(matches!(err, BackendError::Apply { .. }), "{err}");
+            assert!(tool_error(&err, "iptables-restore").is_some(), "{err:?}");
             let after = save(IpFamily::V4);
             assert!(after.contains("--to-destination 10.244.1.1:8080"));
             assert_eq!(
@@ -211,7 +202,6 @@ fn restore_failures_in_a_netns() {
                 chains(&after).len(),
                 "only the foreign chain was added"
             );
-            assert!(good.next_sync_is_full());
         });
     });
 }
@@ -628,9 +618,11 @@ fn one_save_of_every_table_reads_as_a_save_of_each() {
             block_on(async {
                 use kp_dataplane::exec::RuleRunner as _;
                 use kp_rules::iptables::Table;
-                sh("iptables -t nat -N KUBE-T && iptables -t nat -A OUTPUT -j KUBE-T && \
+                sh(
+                    "iptables -t nat -N KUBE-T && iptables -t nat -A OUTPUT -j KUBE-T && \
                     iptables -N KUBE-F && iptables -A INPUT -m comment --comment 'a b' -j KUBE-F && \
-                    iptables -t mangle -N OTHER");
+                    iptables -t mangle -N OTHER",
+                );
                 let runner = ExecRunner::new(Tools::default());
                 let tables = [Table::Nat, Table::Filter];
                 let together = runner
@@ -651,4 +643,38 @@ fn one_save_of_every_table_reads_as_a_save_of_each() {
             });
         },
     );
+}
+
+#[test]
+fn interface_addresses_are_read_over_rtnetlink() {
+    in_netns("interface_addresses_are_read_over_rtnetlink", &[], || {
+        sh(
+            "ip link set lo up && ip link add kp-test0 type veth peer name kp-test1 && \
+            ip link set kp-test0 up && \
+            ip addr add 10.1.2.3/24 dev kp-test0 && ip addr add 10.1.2.4/32 dev kp-test0 && \
+            ip addr add fd00:1::3/64 dev kp-test0 nodad && \
+            ip addr add 10.9.0.1 peer 10.9.0.2 dev kp-test0",
+        );
+        let read = block_on(kp_dataplane::interfaces::interface_addresses()).expect("dump");
+        let read: Vec<(String, String)> = read
+            .into_iter()
+            .map(|a| (a.device, a.ip.to_string()))
+            .collect();
+        // `ip -o addr show`, read independently: `2: kp-test0    inet 10.1.2.3/24 ...`.
+        let shown: Vec<(String, String)> = sh("ip -o addr show")
+            .lines()
+            .filter_map(|line| {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let at = words.iter().position(|w| *w == "inet" || *w == "inet6")?;
+                let ip = words.get(at + 1)?.split('/').next()?;
+                Some((words.get(1)?.to_string(), ip.to_owned()))
+            })
+            .collect();
+        assert_eq!(read, shown);
+        assert!(
+            read.contains(&("kp-test0".to_owned(), "10.9.0.1".to_owned())),
+            "a point-to-point address is the local one: {read:?}"
+        );
+        assert!(read.contains(&("kp-test0".to_owned(), "fd00:1::3".to_owned())));
+    });
 }

@@ -4,31 +4,32 @@
 //! or PID 1's namespace, and the kernel drops every table with the namespace).
 //!
 //! Without root, `unshare` or `nft` the tests are skipped with a message, unless `CI` or
-//! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
+//! `KP_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
 
-mod netns;
 mod nft_tools;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kp_core::backend::{Backend, BackendError, SyncKind};
+use kp_core::backend::{ApplyError, Backend, SyncKind};
 use kp_core::model::{IpFamily, Protocol, SessionAffinity};
 use kp_core::tracker::ProxyState;
+use kp_dataplane::exec::ExecError;
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::testutil::*;
 use kp_rules::nftables::RenderConfig;
 use kp_rules::nftables::names::{EndpointNames, ServiceChains};
+use kp_testbed::isolated;
 use nft_tools::{nft, unavailable};
 use prometheus_client::registry::Registry;
 
 /// Longer than the backend's stale-chain delay.
 const AFTER_STALE_DELAY: Duration = Duration::from_millis(1100);
 
-/// Run `body` in a fresh network namespace (see `netns`). `name` must be the test
+/// Run `body` in a fresh network namespace (`kp_testbed::isolated`). `name` must be the test
 /// function's name.
 fn in_netns(name: &str, body: impl FnOnce()) {
-    netns::run_isolated(name, unavailable, body);
+    isolated::run(name, unavailable, body);
 }
 
 fn list(family: &str) -> String {
@@ -278,21 +279,23 @@ fn a_rejected_transaction_keeps_the_previous_table() {
                 .sync(&request(&state, SyncKind::Full, &none, false))
                 .await
                 .expect_err("conflicting set");
-            match &err {
-                BackendError::Apply { what, message } => {
-                    assert_eq!(what, "nft -f - (ip kube-proxy)");
-                    assert!(message.contains("Error"), "nft's stderr: {message}");
-                }
-                other => panic!("wrong error {other:?}"),
-            }
+            // Over netlink (the default runner): the kernel's error, reported as nft's.
+            let Some(ApplyError::Netfilter { what, source }) = err.apply() else {
+                panic!("wrong error {err:?}");
+            };
+            assert_eq!(what, "nft -f - (ip kube-proxy)");
+            assert!(
+                matches!(source.downcast_ref(), Some(ExecError::Failed { stderr, .. }) if stderr.starts_with("Error")),
+                "{source:?}"
+            );
             assert_eq!(metrics.sync_failures.get(), 1);
-            assert!(backend.next_sync_is_full());
             let table = list("ip");
             assert!(!table.contains("chain"), "nothing applied: {table}");
 
             nft(&["delete", "set", "ip", "kube-proxy", "cluster-ips"]);
+            // After a failure the core asks for a full sync.
             backend
-                .sync(&request(&state, SyncKind::Partial, &none, false))
+                .sync(&request(&state, SyncKind::Full, &none, false))
                 .await
                 .expect("full sync after the conflict is gone");
             assert!(list("ip").contains("dnat to 10.244.1.1:8080"));

@@ -1,13 +1,12 @@
 //! The netlink runner ([`NetlinkNft`], `kp-nftnl`) against `nft -f -`, on a real kernel in
-//! a throwaway network namespace (see `netns`): the same syncs (full and partial) are run
+//! a throwaway network namespace (`kp_testbed::isolated`): the same syncs (full and partial) are run
 //! once with each runner, the tables are removed in between, and `nft list ruleset` after
 //! every sync must be identical. Plus: a statement the kernel rejects is reported by line
 //! and text, and nothing of its transaction stays.
 //!
 //! Without root, `unshare` or `nft` the tests are skipped with a message, unless `CI` or
-//! `KP_DATAPLANE_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
+//! `KP_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
 
-mod netns;
 mod nft_tools;
 
 use std::collections::BTreeSet;
@@ -25,13 +24,14 @@ use kp_dataplane::testutil::*;
 use kp_nftnl::{ApplyError, NftSocket};
 use kp_rules::nftables::cmd::{Command, Name, Rule, Verdict};
 use kp_rules::nftables::{LocalDetector, NodePortAddresses, RenderConfig, Transaction};
+use kp_testbed::isolated;
 use nft_tools::{nft, unavailable};
 use prometheus_client::metrics::counter::Counter;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 fn in_netns(name: &str, body: impl FnOnce()) {
-    netns::run_isolated(name, unavailable, body);
+    isolated::run(name, unavailable, body);
 }
 
 /// Records every transaction's text, then hands it to the inner runner.

@@ -1,7 +1,5 @@
 //! The sysctl record against the real per-namespace settings, in a throwaway network
-//! namespace (see `netns`): what start-up changes, `--cleanup` puts back, across a restart.
-
-mod netns;
+//! namespace (`kp_testbed::isolated`): what start-up changes, `--cleanup` puts back, across a restart.
 
 use kp_core::model::IpFamily;
 use kp_dataplane::sysctls::{
@@ -9,7 +7,7 @@ use kp_dataplane::sysctls::{
     TCP_TIMEOUT_ESTABLISHED,
 };
 use kp_rules::iptables::RenderConfig;
-use netns::sh;
+use kp_testbed::isolated::{self, sh};
 
 /// A setting as the shell reads it, independent of the code under test.
 fn proc_sys(name: &str) -> String {
@@ -20,9 +18,9 @@ fn proc_sys(name: &str) -> String {
 
 #[test]
 fn cleanup_restores_route_localnet_and_timeouts_in_a_netns() {
-    netns::run_isolated(
+    isolated::run(
         "cleanup_restores_route_localnet_and_timeouts_in_a_netns",
-        || netns::missing_tools(&["conntrack"]),
+        || isolated::missing(&["conntrack"], &["true"]),
         || {
             // A known starting point that differs from what the proxy writes. Listing the
             // table loads nf_conntrack, which creates the namespace's conntrack settings.

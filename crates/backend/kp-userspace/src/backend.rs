@@ -23,12 +23,10 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, Protocol, ServicePort, ServicePortName};
 use tokio::net::{TcpListener, UdpSocket};
 use tracing::{debug, error, info};
-
-use kp_dataplane::sync::FullSync;
 
 use crate::capture::{Capture, CapturePlan, CapturedPort, Target};
 use crate::relay::{Owner, Relay};
@@ -112,8 +110,6 @@ pub struct UserspaceBackend<C> {
     capture: C,
     families: Vec<IpFamily>,
     bind: BindAddresses,
-    /// Full or partial, decided as in the kernel modes.
-    gate: FullSync,
     sctp_warned: BTreeSet<ServicePortName>,
     /// With a port range: where in it the next frontend's search starts, so a port just
     /// given up is not the first one handed out again.
@@ -161,7 +157,6 @@ impl<C: Capture> UserspaceBackend<C> {
             capture,
             families,
             bind: BindAddresses::default(),
-            gate: FullSync::default(),
             sctp_warned: BTreeSet::new(),
             next_port: 0,
             choose_relay_addresses: true,
@@ -401,7 +396,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
             }
         }
 
-        let full = self.gate.kind(request.kind) == SyncKind::Full;
+        let full = request.kind == SyncKind::Full;
         let changed: BTreeSet<ServicePortName> = state
             .services
             .keys()
@@ -417,15 +412,11 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
             )
             .collect();
         self.relay.forget_stale_pins();
-        self.gate.failed();
-        self.capture
+        let kind = self
+            .capture
             .apply(&plan, (!full).then_some(&changed))
             .await
-            .map_err(|e| BackendError::Apply {
-                what: "userspace capture".into(),
-                message: e.to_string(),
-            })?;
-        self.gate.succeeded();
+            .map_err(|e| ApplyError::capture("userspace capture", e))?;
         // Only now that no rule points at them: stop frontends no longer wanted.
         // Established connections finish on their own.
         let stale: Vec<FrontendKey> = self
@@ -439,6 +430,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
             debug!(frontend = %key, "closed frontend");
         }
         Ok(SyncReport {
+            kind,
             rules_written: plan.len(),
             skipped: skipped.into_iter().collect(),
         })
@@ -451,19 +443,13 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
         self.capture
             .verify(check)
             .await
-            .map_err(|e| BackendError::Apply {
-                what: "userspace canary check".into(),
-                message: e.to_string(),
-            })
+            .map_err(|e| ApplyError::capture("userspace canary check", e).into())
     }
 
     async fn cleanup(&mut self) -> Result<(), BackendError> {
         self.capture
             .cleanup()
             .await
-            .map_err(|e| BackendError::Apply {
-                what: "userspace cleanup".into(),
-                message: e.to_string(),
-            })
+            .map_err(|e| ApplyError::capture("userspace cleanup", e).into())
     }
 }

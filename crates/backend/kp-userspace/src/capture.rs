@@ -8,6 +8,7 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use kp_core::backend::{ApplyError, SyncKind};
 use kp_core::model::{IpFamily, ServicePortName};
 pub use kp_rules::userspace::{CapturedPort, Target};
 
@@ -36,26 +37,23 @@ impl CapturePlan {
 /// Why capturing failed. The previous rules stay; the next sync is full.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    /// The platform rejected the rules.
-    #[error("applying {what} failed: {message}")]
-    Apply {
-        /// What was applied, for example `iptables-restore (IPv4)`.
-        what: String,
-        /// The tool's or platform's message.
-        message: String,
-    },
+    /// The platform rejected the rules (what was applied, for example `iptables-restore
+    /// (V4)`, and the tool's error).
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
 }
 
 /// Steers service traffic to the relay.
 pub trait Capture: Send {
     /// Make the platform's rules match `plan`. `changed` is `None` for a full rewrite, or
     /// the service ports whose rules changed (their relay ports or targets); the others'
-    /// rules may be left as they are.
+    /// rules may be left as they are. Returns the kind that ran: full when asked, or when
+    /// the capture had to rewrite everything.
     fn apply(
         &mut self,
         plan: &CapturePlan,
         changed: Option<&BTreeSet<ServicePortName>>,
-    ) -> impl Future<Output = Result<(), CaptureError>> + Send;
+    ) -> impl Future<Output = Result<SyncKind, CaptureError>> + Send;
 
     /// Remove every rule this capture (or any other kube-proxy mode) installed.
     fn cleanup(&mut self) -> impl Future<Output = Result<(), CaptureError>> + Send;
@@ -125,7 +123,7 @@ impl Capture for FakeCapture {
         &mut self,
         plan: &CapturePlan,
         changed: Option<&BTreeSet<ServicePortName>>,
-    ) -> Result<(), CaptureError> {
+    ) -> Result<SyncKind, CaptureError> {
         let mut record = self.lock();
         record.applies.push(RecordedApply {
             plan: plan.clone(),
@@ -133,12 +131,15 @@ impl Capture for FakeCapture {
         });
         if record.failures_left > 0 {
             record.failures_left -= 1;
-            return Err(CaptureError::Apply {
+            return Err(ApplyError::Injected {
                 what: "fake capture".into(),
-                message: "injected failure".into(),
-            });
+            }
+            .into());
         }
-        Ok(())
+        Ok(match changed {
+            None => SyncKind::Full,
+            Some(_) => SyncKind::Partial,
+        })
     }
 
     async fn cleanup(&mut self) -> Result<(), CaptureError> {

@@ -4,8 +4,9 @@
 //! The first apply removes whatever any kube-proxy mode left (iptables mode's `KUBE-SERVICES`
 //! would otherwise DNAT service traffic before our redirects see it), then writes everything
 //! and ensures the jumps from the built-in chains. Later applies are partial when the core
-//! allows it: the top-level chains plus the changed ports' chains. A failed apply makes the
-//! next one full.
+//! asks for it: the top-level chains plus the changed ports' chains; a change of the relay's
+//! addresses rewrites everything. A failed apply fails the sync (the core asks for a full one
+//! next).
 //!
 //! UDP has no connection for the kernel to forget: a client that keeps its source port keeps
 //! its conntrack entry, and with it the relay port the entry was redirected to. When a UDP
@@ -15,13 +16,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kp_core::backend::SyncKind;
+use kp_core::backend::{ApplyError, SyncKind};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, Protocol, ServicePortName};
 use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, FlowFilter, delete_flows};
 use kp_dataplane::exec::{ExecError, RuleRunner};
 use kp_dataplane::iptables::{SavedTable, cleanup_input, ensure_setup, missing_jumps};
-use kp_dataplane::sync::{FamilyErrors, FullSync};
+use kp_dataplane::sync::FamilyErrors;
 use kp_rules::iptables::{Setup, Table};
 use kp_rules::userspace::{CaptureConfig, CapturedPort, SERVICE_CHAIN_PREFIXES, jumps, render};
 use tracing::info;
@@ -45,8 +46,6 @@ pub struct IptablesCapture<R, C = DefaultConntrack> {
     /// The relay addresses of the last successful apply: every chain is rewritten when they
     /// change.
     relay_addresses: BTreeMap<IpFamily, std::net::IpAddr>,
-    /// Whether the next apply must be full.
-    gate: FullSync,
     leftovers_removed: bool,
 }
 
@@ -73,16 +72,12 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
             families,
             chains: BTreeMap::new(),
             relay_addresses: BTreeMap::new(),
-            gate: FullSync::default(),
             leftovers_removed: false,
         }
     }
 
-    fn fail(what: String) -> impl Fn(ExecError) -> CaptureError {
-        move |err| CaptureError::Apply {
-            what: what.clone(),
-            message: err.to_string(),
-        }
+    fn fail(what: String) -> impl FnOnce(ExecError) -> CaptureError {
+        move |err| ApplyError::tool(what, err).into()
     }
 
     /// Inserts the jumps from the built-in chains that are missing, as iptables mode does.
@@ -90,10 +85,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
         let setup = jump_setup();
         ensure_setup(&self.runner, family, &setup)
             .await
-            .map_err(|err| CaptureError::Apply {
-                what: format!("userspace jumps ({family:?})"),
-                message: err.to_string(),
-            })
+            .map_err(|err| ApplyError::tool(format!("userspace jumps ({family:?})"), err).into())
     }
 
     async fn cleanup_family(&self, family: IpFamily) -> Result<(), CaptureError> {
@@ -213,14 +205,9 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         &mut self,
         plan: &CapturePlan,
         changed: Option<&BTreeSet<ServicePortName>>,
-    ) -> Result<(), CaptureError> {
-        let requested = if changed.is_none() || plan.relay_addresses != self.relay_addresses {
-            SyncKind::Full
-        } else {
-            SyncKind::Partial
-        };
-        let full = self.gate.kind(requested) == SyncKind::Full;
-        self.gate.failed();
+    ) -> Result<SyncKind, CaptureError> {
+        // Every chain DNATs to the relay's addresses: when they change, all are rewritten.
+        let changed = changed.filter(|_| plan.relay_addresses == self.relay_addresses);
         if !self.leftovers_removed {
             for family in self.families.clone() {
                 self.cleanup_family(family).await?;
@@ -229,18 +216,19 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         }
         let mut errors = FamilyErrors::new(crate::backend::MODE);
         for family in self.families.clone() {
-            let scope = if full { None } else { changed };
-            let result = self.apply_family(family, plan, scope).await;
+            let result = self.apply_family(family, plan, changed).await;
             if let Some(chains) = errors.check(family, result) {
                 self.chains.insert(family, chains);
             }
         }
         errors.into_result()?;
-        self.gate.succeeded();
         let moved = plan.relay_addresses != self.relay_addresses;
         self.relay_addresses.clone_from(&plan.relay_addresses);
         self.forget_stale_udp(plan, moved).await;
-        Ok(())
+        Ok(match changed {
+            None => SyncKind::Full,
+            Some(_) => SyncKind::Partial,
+        })
     }
 
     /// The jumps from the built-in chains of every family applied, as iptables mode checks.
@@ -250,9 +238,8 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         for family in self.chains.keys() {
             let found = missing_jumps(&self.runner, *family, &setup, check)
                 .await
-                .map_err(|err| CaptureError::Apply {
-                    what: format!("userspace canary check ({family:?})"),
-                    message: err.to_string(),
+                .map_err(|err| {
+                    ApplyError::tool(format!("userspace canary check ({family:?})"), err)
                 })?;
             missing.extend(found);
         }
@@ -265,7 +252,6 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
             errors.check(family, self.cleanup_family(family).await);
         }
         self.chains.clear();
-        self.gate.failed();
         errors.into_result()
     }
 }
@@ -332,12 +318,11 @@ mod tests {
         );
         let mut capture =
             IptablesCapture::new(runner.clone(), CaptureConfig::default(), vec![IpFamily::V4]);
-        let changed: BTreeSet<ServicePortName> = BTreeSet::new();
-        // Even when the caller allows a partial apply, the first one is full.
-        capture
-            .apply(&plan(vec![port("a", 40001)]), Some(&changed))
+        let ran = capture
+            .apply(&plan(vec![port("a", 40001)]), None)
             .await
             .expect("apply");
+        assert_eq!(ran, SyncKind::Full);
         let restores = runner.restores();
         assert!(
             restores[0].1.contains("-X KUBE-SERVICES"),
@@ -360,13 +345,14 @@ mod tests {
         // A partial apply rewrites only the changed port's chain, without any jump checks.
         runner.clear_calls();
         let changed: BTreeSet<ServicePortName> = [port("b", 0).name].into();
-        capture
+        let ran = capture
             .apply(
                 &plan(vec![port("a", 40001), port("b", 40003)]),
                 Some(&changed),
             )
             .await
             .expect("apply");
+        assert_eq!(ran, SyncKind::Partial);
         let calls = runner.calls();
         assert_eq!(calls.len(), 1, "one restore: {calls:?}");
         let RunnerCall::Restore { input, .. } = &calls[0] else {
@@ -376,7 +362,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_restore_makes_the_next_apply_full() {
+    async fn a_failed_restore_fails_the_apply_and_moved_relay_addresses_rewrite_all() {
         let runner = FakeRunner::new();
         let mut capture =
             IptablesCapture::new(runner.clone(), CaptureConfig::default(), vec![IpFamily::V4]);
@@ -386,17 +372,23 @@ mod tests {
             .expect("apply");
         runner.fail_next_restores(1);
         let changed: BTreeSet<ServicePortName> = [port("a", 0).name].into();
-        assert!(
-            capture
-                .apply(&plan(vec![port("a", 40005)]), Some(&changed))
-                .await
-                .is_err()
-        );
-        runner.clear_calls();
-        capture
+        let err = capture
             .apply(&plan(vec![port("a", 40005)]), Some(&changed))
             .await
-            .expect("apply");
+            .expect_err("injected");
+        assert!(
+            matches!(&err, CaptureError::Apply(ApplyError::Tool { what, .. }) if what == "iptables-restore (V4)"),
+            "{err}"
+        );
+        // Every chain DNATs to the relay's address: a new one rewrites them all, even when
+        // only one port changed, and the apply says it ran fully.
+        runner.clear_calls();
+        let mut moved = plan(vec![port("a", 40005), port("b", 40007)]);
+        moved
+            .relay_addresses
+            .insert(IpFamily::V4, IpAddr::from([10, 0, 0, 5]));
+        let ran = capture.apply(&moved, Some(&changed)).await.expect("apply");
+        assert_eq!(ran, SyncKind::Full);
         assert!(
             runner
                 .calls()
@@ -404,6 +396,8 @@ mod tests {
                 .any(|c| matches!(c, RunnerCall::Save { .. })),
             "a full apply lists the chains in place"
         );
+        let restores = runner.restores();
+        assert!(restores[0].1.contains("40007"), "{restores:?}");
     }
 
     #[tokio::test]

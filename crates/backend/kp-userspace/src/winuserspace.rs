@@ -18,7 +18,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
+use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
 use socket2::{Domain, Socket, Type};
 use tracing::{debug, error, info};
@@ -257,6 +257,19 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// The service addresses a cleanup could not remove, each with why.
+#[derive(Debug)]
+struct NotReleased(Vec<AddressError>);
+
+impl fmt::Display for NotReleased {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let message: Vec<String> = self.0.iter().map(|e| error_chain(e)).collect();
+        f.write_str(&message.join("; "))
+    }
+}
+
+impl std::error::Error for NotReleased {}
+
 /// A bound portal socket.
 enum Bound {
     Tcp(tokio::net::TcpListener),
@@ -333,6 +346,7 @@ impl<H: AddressHost> Backend for WinBackend<H> {
         }
         self.relay.forget_stale_pins();
         Ok(SyncReport {
+            kind: SyncKind::Full,
             rules_written: open,
             skipped: skipped.into_iter().collect(),
         })
@@ -348,11 +362,7 @@ impl<H: AddressHost> Backend for WinBackend<H> {
         if errors.is_empty() {
             return Ok(());
         }
-        let message: Vec<String> = errors.iter().map(|e| error_chain(e)).collect();
-        Err(BackendError::Apply {
-            what: "winuserspace cleanup".into(),
-            message: message.join("; "),
-        })
+        Err(ApplyError::capture("winuserspace cleanup", NotReleased(errors)).into())
     }
 }
 

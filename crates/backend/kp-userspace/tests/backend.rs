@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
-use kp_core::backend::{Backend, SyncKind, SyncRequest};
+use kp_core::backend::{ApplyError, Backend, SyncKind, SyncRequest};
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
 use kp_core::tracker::ProxyState;
 use kp_userspace::backend::BindAddresses;
@@ -202,7 +202,7 @@ async fn partial_syncs_name_changed_reopened_and_deleted_ports() {
 }
 
 #[tokio::test]
-async fn a_failed_capture_fails_the_sync_and_the_next_one_is_full() {
+async fn a_failed_capture_fails_the_sync_and_reports_say_what_ran() {
     let a = greeter("a").await;
     let capture = FakeCapture::new();
     let mut b = backend(capture.clone());
@@ -210,19 +210,27 @@ async fn a_failed_capture_fails_the_sync_and_the_next_one_is_full() {
         service("web", "10.96.0.30"),
         vec![endpoint(a, true)],
     )]);
-    sync(&mut b, &s, SyncKind::Full, &[]).await;
-    capture.fail_next(1);
     let changed: BTreeSet<ServiceName> = [name("web").service].into();
-    let failed = b
-        .sync(&SyncRequest {
-            state: &s,
-            kind: SyncKind::Partial,
-            changed: &changed,
-            conntrack_cleanup_required: false,
-        })
-        .await;
-    assert!(failed.is_err());
-    sync(&mut b, &s, SyncKind::Partial, &["web"]).await;
+    let request = |kind| SyncRequest {
+        state: &s,
+        kind,
+        changed: &changed,
+        conntrack_cleanup_required: false,
+    };
+    let report = b.sync(&request(SyncKind::Full)).await.expect("sync");
+    assert_eq!(report.kind, SyncKind::Full);
+    let report = b.sync(&request(SyncKind::Partial)).await.expect("sync");
+    assert_eq!(report.kind, SyncKind::Partial);
+    capture.fail_next(1);
+    let failed = b.sync(&request(SyncKind::Partial)).await;
+    let err = failed.expect_err("the capture failed");
+    assert!(
+        matches!(err.apply(), Some(ApplyError::Capture { what, .. }) if what == "userspace capture"),
+        "{err:?}"
+    );
+    // The core asks for a full sync next: the capture is asked to rewrite everything.
+    let report = b.sync(&request(SyncKind::Full)).await.expect("sync");
+    assert_eq!(report.kind, SyncKind::Full);
     assert_eq!(capture.applies().pop().expect("apply").changed, None);
 }
 

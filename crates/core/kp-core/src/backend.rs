@@ -1,8 +1,11 @@
 //! The boundary between the core and a proxy mode.
 //!
-//! A backend turns the desired state into kernel state. The core decides *when* to sync and
-//! *what* changed; the backend decides *how*. Backends must keep the last good rules in place
-//! when a sync fails, and report the failure so the runner retries with a full sync.
+//! A backend turns the desired state into kernel state. The core decides *when* to sync,
+//! *what* changed and whether the sync is full or partial; the backend decides *how*, and
+//! reports the kind that ran ([`SyncReport::kind`]): it may have to run a partial sync fully
+//! (a retry, a changed fixed part), never the other way round. Backends must keep the last
+//! good rules in place when a sync fails, and report the failure so the core asks for a full
+//! sync next.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -14,7 +17,8 @@ use crate::tracker::ProxyState;
 /// Whether a sync may touch only what changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncKind {
-    /// Rewrite everything: at start, after any failure, and after node label changes.
+    /// Rewrite everything: at start, after any failure or change behind the backend's back,
+    /// and after node label changes.
     Full,
     /// Rewrite only the services in [`SyncRequest::changed`] (plus top-level dispatch).
     Partial,
@@ -25,7 +29,9 @@ pub enum SyncKind {
 pub struct SyncRequest<'a> {
     /// The complete desired state.
     pub state: &'a ProxyState,
-    /// Full or partial.
+    /// Full or partial, as the core decided: partial only right after a successful sync of
+    /// this backend, with no failure, cleanup or foreign change since. The backend keeps no
+    /// flag of its own; driving it directly, ask for a full sync first.
     pub kind: SyncKind,
     /// Services whose Service or EndpointSlices changed since the last successful sync.
     pub changed: &'a BTreeSet<ServiceName>,
@@ -34,28 +40,175 @@ pub struct SyncRequest<'a> {
 }
 
 /// What a successful sync did, for logs and metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyncReport {
+    /// The kind that ran: [`SyncKind::Full`] when asked, or when the backend had to rewrite
+    /// everything although a partial sync was asked. The core counts the sync as this kind.
+    pub kind: SyncKind,
     /// Number of rules (or map elements, or virtual servers) written.
     pub rules_written: usize,
     /// Services skipped because they could not be programmed; the rest were.
     pub skipped: Vec<ServiceName>,
 }
 
+impl SyncReport {
+    /// A sync of `kind` that wrote nothing and skipped nothing (yet).
+    pub fn new(kind: SyncKind) -> Self {
+        Self {
+            kind,
+            rules_written: 0,
+            skipped: Vec::new(),
+        }
+    }
+}
+
 /// Why a sync failed. The previous rules stay in place; the next sync is full.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// Applying the rules to the kernel failed (a restore or netlink transaction).
-    #[error("applying {what} failed: {message}")]
-    Apply {
-        /// What was being applied, for example `iptables-restore`.
-        what: String,
-        /// The tool's or kernel's message.
-        message: String,
-    },
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
     /// The mode is not available on this node (missing kernel feature or binary).
     #[error("proxy mode unavailable: {0}")]
     Unavailable(String),
+}
+
+impl BackendError {
+    /// The apply error, if applying failed.
+    pub fn apply(&self) -> Option<&ApplyError> {
+        match self {
+            BackendError::Apply(err) => Some(err),
+            BackendError::Unavailable(_) => None,
+        }
+    }
+}
+
+/// The error underneath an [`ApplyError`], of the I/O layer's own type (the core cannot name
+/// those types; `downcast_ref` finds them again).
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why applying failed, by the path that failed. Each names what was applied (`what`, for
+/// example `iptables-restore`, shown first in the message) and keeps the error underneath as
+/// its source.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// Running a tool: `iptables-restore`, `iptables`, `ipset`, `nft`.
+    #[error("applying {what} failed: {source}")]
+    Tool {
+        /// What was applied.
+        what: String,
+        /// The tool's error (its exit code and stderr, or why it could not run).
+        source: Cause,
+    },
+    /// An nf_tables netlink transaction or request.
+    #[error("applying {what} failed: {source}")]
+    Netfilter {
+        /// What was applied.
+        what: String,
+        /// The kernel's or the socket's error.
+        source: Cause,
+    },
+    /// An IPVS (generic netlink) request.
+    #[error("applying {what} failed: {source}")]
+    Ipvs {
+        /// What was applied.
+        what: String,
+        /// The kernel's or the socket's error.
+        source: Cause,
+    },
+    /// An rtnetlink request: a device or its addresses.
+    #[error("applying {what} failed: {source}")]
+    Link {
+        /// What was applied.
+        what: String,
+        /// The kernel's or the socket's error.
+        source: Cause,
+    },
+    /// Rendering the rules failed (a renderer bug: the configuration was validated).
+    #[error("applying {what} failed: {source}")]
+    Render {
+        /// What was rendered.
+        what: String,
+        /// The renderer's error.
+        source: Cause,
+    },
+    /// The userspace relay's capture of service traffic, or its service addresses.
+    #[error("applying {what} failed: {source}")]
+    Capture {
+        /// What was applied.
+        what: String,
+        /// The capture's error.
+        source: Cause,
+    },
+    /// A failure a test injected ([`FakeBackend::fail_next`] and the other fakes).
+    #[error("applying {what} failed: injected failure")]
+    Injected {
+        /// Which fake.
+        what: String,
+    },
+}
+
+impl ApplyError {
+    /// What was being applied.
+    pub fn what(&self) -> &str {
+        match self {
+            ApplyError::Tool { what, .. }
+            | ApplyError::Netfilter { what, .. }
+            | ApplyError::Ipvs { what, .. }
+            | ApplyError::Link { what, .. }
+            | ApplyError::Render { what, .. }
+            | ApplyError::Capture { what, .. }
+            | ApplyError::Injected { what } => what,
+        }
+    }
+
+    /// [`ApplyError::Tool`].
+    pub fn tool(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Tool {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ApplyError::Netfilter`].
+    pub fn netfilter(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Netfilter {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ApplyError::Ipvs`].
+    pub fn ipvs(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Ipvs {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ApplyError::Link`].
+    pub fn link(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Link {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ApplyError::Render`].
+    pub fn render(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Render {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// [`ApplyError::Capture`].
+    pub fn capture(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        ApplyError::Capture {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
 }
 
 /// A proxy mode. Implementations live in the dataplane crates; [`FakeBackend`] records syncs.
@@ -126,6 +279,8 @@ pub struct FakeBackend {
 struct FakeRecord {
     syncs: Vec<RecordedSync>,
     failures_left: usize,
+    /// Partial syncs still to run fully, as a backend whose fixed part changed would.
+    promotions_left: usize,
     cleanups: usize,
     /// How long each sync takes (tokio time).
     takes: std::time::Duration,
@@ -143,9 +298,15 @@ impl FakeBackend {
         Self::default()
     }
 
-    /// Make the next `n` syncs fail with [`BackendError::Apply`].
+    /// Make the next `n` syncs fail with [`ApplyError::Injected`].
     pub fn fail_next(&self, n: usize) {
         self.lock().failures_left = n;
+    }
+
+    /// Make the next `n` partial syncs run (and report) full, as a backend does when it must
+    /// rewrite everything.
+    pub fn run_full_next(&self, n: usize) {
+        self.lock().promotions_left = n;
     }
 
     /// Make every sync take `duration` of tokio time, as a large cluster's would (the sync
@@ -198,7 +359,7 @@ impl Backend for FakeBackend {
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        let (fail, takes) = {
+        let (fail, takes, kind) = {
             let mut record = self.lock();
             record.syncs.push(RecordedSync {
                 kind: request.kind,
@@ -210,18 +371,24 @@ impl Backend for FakeBackend {
             });
             let fail = record.failures_left > 0;
             record.failures_left = record.failures_left.saturating_sub(1);
-            (fail, record.takes)
+            let mut kind = request.kind;
+            if kind == SyncKind::Partial && record.promotions_left > 0 {
+                record.promotions_left -= 1;
+                kind = SyncKind::Full;
+            }
+            (fail, record.takes, kind)
         };
         if !takes.is_zero() {
             tokio::time::sleep(takes).await;
         }
         if fail {
-            return Err(BackendError::Apply {
+            return Err(ApplyError::Injected {
                 what: "fake".into(),
-                message: "injected failure".into(),
-            });
+            }
+            .into());
         }
         Ok(SyncReport {
+            kind,
             rules_written: request.state.services.len(),
             skipped: Vec::new(),
         })
@@ -246,5 +413,40 @@ impl Backend for FakeBackend {
 
     fn kernel_changed_behind_our_back(&mut self) {
         self.lock().forgotten += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn apply_errors_read_as_before_and_keep_their_source() {
+        let refused = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let err = BackendError::from(ApplyError::tool("iptables-restore", refused));
+        assert_eq!(err.to_string(), "applying iptables-restore failed: denied");
+        let Some(ApplyError::Tool { what, .. }) = err.apply() else {
+            panic!("{err:?}");
+        };
+        assert_eq!(what, "iptables-restore");
+        let source = err.source().expect("the tool's error");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("of its own type");
+        assert_eq!(io.kind(), std::io::ErrorKind::PermissionDenied);
+        let injected = BackendError::from(ApplyError::Injected {
+            what: "fake".into(),
+        });
+        assert_eq!(
+            injected.to_string(),
+            "applying fake failed: injected failure"
+        );
+        assert!(
+            BackendError::Unavailable("no IPVS".into())
+                .apply()
+                .is_none()
+        );
     }
 }

@@ -12,7 +12,8 @@
 //!    rewrite those rules when the state's ranges differ from what they last wrote.
 //! 2. When the [`Runner`] says so, the tracker is applied to the state and the backend syncs:
 //!    fully at start, after a failure and after this node's labels changed, otherwise only
-//!    the changed services.
+//!    the changed services. The proxier alone decides which; the sync metrics count the
+//!    kind the backend reports it ran (a backend may have to rewrite everything).
 //! 3. After a successful sync the per-service health map and the state are published on
 //!    `watch` channels.
 //!
@@ -226,7 +227,8 @@ pub struct Proxier<B: Backend> {
     node_wait: Option<Duration>,
     /// The first sync is held back for the Node until then.
     node_deadline: Option<Instant>,
-    /// The next sync must be full (start, failure, node label change).
+    /// The next sync must be full (start, failure, node label change, foreign change). The
+    /// one place that decides: backends run what is asked (or full) and say which ran.
     force_full: bool,
     /// A sync has succeeded.
     synced_once: bool,
@@ -645,6 +647,10 @@ impl<B: Backend> Proxier<B> {
         };
 
         self.health.updated();
+        if report.kind != kind {
+            debug!(asked = ?kind, ran = ?report.kind, "the backend ran the sync as another kind");
+        }
+        let kind = report.kind;
         let elapsed = (end - begin).as_secs_f64();
         self.metrics.sync_duration.observe(elapsed);
         match kind {

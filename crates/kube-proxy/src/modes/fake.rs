@@ -41,10 +41,7 @@ impl Backend for DryRun {
             conntrack_cleanup = request.conntrack_cleanup_required,
             "Dry-run sync (programs nothing)"
         );
-        Ok(SyncReport {
-            rules_written: 0,
-            skipped: Vec::new(),
-        })
+        Ok(SyncReport::new(request.kind))
     }
 
     async fn cleanup(&mut self) -> Result<(), BackendError> {

@@ -1,6 +1,6 @@
 //! What the modes need to know about this node, probed once at start-up into a [`Host`] that
 //! every mode's builder, `--init-only`, `--cleanup` and `explain` read: which IP families the
-//! kernel has, the interfaces' addresses (`ip -o addr show`), the iptables backend (legacy or
+//! kernel has, the interfaces' addresses (over rtnetlink), the iptables backend (legacy or
 //! nf_tables, chosen before any iptables tool runs), `iptables --version` for iptables mode's
 //! netlink path, `nft --version` for nftables mode, and
 //! whether IPVS works (ipvs mode, and `--cleanup` to know whether there is IPVS state to
@@ -15,6 +15,8 @@ use std::net::IpAddr;
 use anyhow::Context as _;
 use kp_config::{IptablesBackend, KubeProxyConfiguration, ProxyMode};
 use kp_core::model::IpFamily;
+pub use kp_dataplane::interfaces::InterfaceAddress;
+use kp_dataplane::interfaces::InterfaceError;
 use kp_dataplane::xtables::Choice;
 use kp_ipvs::{Ipvs as _, NetlinkIpvs, Protocol, Scheduler, ServiceKey, VirtualServer};
 use kp_rules::ipvs::DUMMY_DEVICE;
@@ -23,6 +25,33 @@ use kp_rules::ipvs::DUMMY_DEVICE;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct Unavailable(pub String);
+
+/// Why a probe could not tell.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// A tool could not be started.
+    #[error("cannot run `{command}`: {source}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A tool ran and failed.
+    #[error("`{command}` failed: {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// Its standard error, trimmed.
+        stderr: String,
+    },
+    /// nftables mode's `nft` could not be started.
+    #[error("nftables mode needs `nft` (package nftables): {0}")]
+    NoNft(#[source] std::io::Error),
+    /// The interface addresses could not be read.
+    #[error(transparent)]
+    Addresses(#[from] InterfaceError),
+}
 
 /// What the process is started for; it decides what is probed ([`Wants::new`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,31 +126,20 @@ pub trait Probe {
     fn iptables_backend(&self) -> impl Future<Output = anyhow::Result<Choice>>;
     /// The IP families the kernel has.
     fn families(&self) -> Vec<IpFamily>;
-    /// `ip -o addr show`'s output, or why it could not be read.
-    fn addresses(&self) -> Result<String, String>;
+    /// Every interface address, or why they could not be read.
+    fn addresses(&self) -> impl Future<Output = Result<Vec<InterfaceAddress>, ProbeError>>;
     /// The chosen `iptables --version`'s output, or why it could not be run (called after
     /// [`Probe::iptables_backend`]).
-    fn iptables_version(&self) -> Result<String, String>;
+    fn iptables_version(&self) -> Result<String, ProbeError>;
     /// `nft --version`'s output, or why it could not be run.
-    fn nft_version(&self) -> Result<String, String>;
+    fn nft_version(&self) -> Result<String, ProbeError>;
     /// Whether IPVS works here with `scheduler`.
     fn ipvs(&self, scheduler: Scheduler) -> Result<(), Unavailable>;
 }
 
-/// One address of one interface, from `ip -o addr show`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InterfaceAddress {
-    /// The interface's name.
-    pub device: String,
-    /// The address.
-    pub ip: IpAddr,
-}
-
 /// This node as the modes see it, probed once ([`Host::probe`]).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 pub struct Host {
-    /// The iptables backend chosen, when any iptables tool may run.
-    pub iptables_backend: Option<Choice>,
     /// The IP families the kernel has.
     pub families: Vec<IpFamily>,
     /// Every interface address (empty when they could not be listed: NodePorts then answer
@@ -129,9 +147,9 @@ pub struct Host {
     pub addresses: Vec<InterfaceAddress>,
     /// The chosen `iptables --version`'s output (trimmed) or why it failed, when iptables
     /// mode may run.
-    pub iptables_version: Option<Result<String, String>>,
+    pub iptables_version: Option<Result<String, ProbeError>>,
     /// `nft --version`'s output or why it failed, when nftables mode asked.
-    pub nft_version: Option<Result<String, String>>,
+    pub nft_version: Option<Result<String, ProbeError>>,
     /// Whether IPVS works, when it was probed.
     pub ipvs: Option<Result<(), Unavailable>>,
 }
@@ -140,14 +158,13 @@ impl Host {
     /// Runs the probes `wants` names, the iptables backend's first (before any other tool
     /// runs). Only the backend choice can fail; a missing fact is recorded as such.
     pub async fn probe(probe: &impl Probe, wants: &Wants) -> anyhow::Result<Self> {
-        let iptables_backend = if wants.iptables_backend {
-            Some(probe.iptables_backend().await?)
-        } else {
-            None
-        };
+        if wants.iptables_backend {
+            // Recorded in the exec layer: every iptables tool run from now on is its.
+            probe.iptables_backend().await?;
+        }
         let addresses = if wants.addresses {
-            match probe.addresses() {
-                Ok(text) => parse_addresses(&text),
+            match probe.addresses().await {
+                Ok(addresses) => addresses,
                 Err(why) => {
                     tracing::warn!(error = %why, "cannot list this node's addresses; NodePorts answer nowhere");
                     Vec::new()
@@ -157,7 +174,6 @@ impl Host {
             Vec::new()
         };
         Ok(Self {
-            iptables_backend,
             families: probe.families(),
             addresses,
             iptables_version: wants.iptables_version.then(|| probe.iptables_version()),
@@ -205,19 +221,6 @@ impl Host {
     }
 }
 
-/// `2: eth0    inet 192.168.1.2/24 brd ... scope global eth0` lines, one address each.
-fn parse_addresses(text: &str) -> Vec<InterfaceAddress> {
-    text.lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            let device = words.nth(1)?.to_owned();
-            words.find(|w| *w == "inet" || *w == "inet6")?;
-            let ip = words.next()?.split('/').next()?.parse().ok()?;
-            Some(InterfaceAddress { device, ip })
-        })
-        .collect()
-}
-
 /// The probes as they run on the node.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemProbe {
@@ -237,6 +240,17 @@ impl SystemProbe {
     }
 }
 
+/// The standard output of `command`, which ran: if it succeeded.
+fn succeeded(command: String, output: &std::process::Output) -> Result<String, ProbeError> {
+    if !output.status.success() {
+        return Err(ProbeError::Failed {
+            command,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 /// Upstream's scheduler probe: a throwaway virtual server in TEST-NET-2, deleted at once.
 const IPVS_PROBE_ADDRESS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(198, 51, 100, 0);
 /// The probe's port.
@@ -252,48 +266,30 @@ impl Probe for SystemProbe {
         kp_dataplane::iptables::detect_families()
     }
 
-    fn addresses(&self) -> Result<String, String> {
-        match std::process::Command::new("ip")
-            .args(["-o", "addr", "show"])
-            .output()
-        {
-            Ok(out) if out.status.success() => Ok(String::from_utf8_lossy(&out.stdout).into()),
-            Ok(out) => Err(format!(
-                "`ip -o addr show` failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )),
-            Err(error) => Err(format!("cannot run `ip -o addr show`: {error}")),
-        }
+    async fn addresses(&self) -> Result<Vec<InterfaceAddress>, ProbeError> {
+        Ok(kp_dataplane::interfaces::interface_addresses().await?)
     }
 
-    fn iptables_version(&self) -> Result<String, String> {
+    fn iptables_version(&self) -> Result<String, ProbeError> {
         let iptables = kp_dataplane::exec::Tools::host().iptables;
+        let command = format!("{} --version", iptables.display());
         let output = std::process::Command::new(&iptables)
             .arg("--version")
             .output()
-            .map_err(|e| format!("cannot run `{} --version`: {e}", iptables.display()))?;
-        if !output.status.success() {
-            return Err(format!(
-                "`{} --version` failed: {}",
-                iptables.display(),
-                String::from_utf8_lossy(&output.stderr).trim()
-            ));
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+            .map_err(|source| ProbeError::Spawn {
+                command: command.clone(),
+                source,
+            })?;
+        succeeded(command, &output).map(|out| out.trim().to_owned())
     }
 
-    fn nft_version(&self) -> Result<String, String> {
-        let output = std::process::Command::new(kp_dataplane::nftables::DEFAULT_NFT_BINARY)
+    fn nft_version(&self) -> Result<String, ProbeError> {
+        let nft = kp_dataplane::nftables::DEFAULT_NFT_BINARY;
+        let output = std::process::Command::new(nft)
             .arg("--version")
             .output()
-            .map_err(|e| format!("nftables mode needs `nft` (package nftables): {e}"))?;
-        if !output.status.success() {
-            return Err(format!(
-                "`nft --version` failed: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            ));
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+            .map_err(ProbeError::NoNft)?;
+        succeeded(format!("{nft} --version"), &output)
     }
 
     /// Opens IPVS (loading `ip_vs` if it is not yet, best effort) and proves the scheduler
@@ -344,11 +340,13 @@ pub(crate) mod tests {
 
     use super::*;
 
-    /// Answers from fixed facts and records which probes ran.
+    /// Answers from fixed facts (a version's `Err` is the tool's stderr) and records which
+    /// probes ran.
     pub(crate) struct FakeProbe {
-        pub addresses: Result<String, String>,
-        pub iptables_version: Result<String, String>,
-        pub nft_version: Result<String, String>,
+        /// An `Err` is why the rtnetlink socket could not be opened.
+        pub addresses: Result<Vec<InterfaceAddress>, std::io::ErrorKind>,
+        pub iptables_version: Result<String, &'static str>,
+        pub nft_version: Result<String, &'static str>,
         pub ipvs: Result<(), Unavailable>,
         pub families: Vec<IpFamily>,
         pub calls: RefCell<Vec<&'static str>>,
@@ -357,7 +355,7 @@ pub(crate) mod tests {
     impl Default for FakeProbe {
         fn default() -> Self {
             Self {
-                addresses: Ok(ADDR_SHOW.to_owned()),
+                addresses: Ok(node_addresses()),
                 iptables_version: Ok("iptables v1.8.9 (nf_tables)".to_owned()),
                 nft_version: Ok("nftables v1.0.6 (Lester Gooch #5)\n".to_owned()),
                 ipvs: Err(Unavailable("IPVS is not available in this kernel".into())),
@@ -380,19 +378,25 @@ pub(crate) mod tests {
             self.families.clone()
         }
 
-        fn addresses(&self) -> Result<String, String> {
+        async fn addresses(&self) -> Result<Vec<InterfaceAddress>, ProbeError> {
             self.calls.borrow_mut().push("addresses");
-            self.addresses.clone()
+            self.addresses
+                .clone()
+                .map_err(|kind| InterfaceError::Socket(kind.into()).into())
         }
 
-        fn iptables_version(&self) -> Result<String, String> {
+        fn iptables_version(&self) -> Result<String, ProbeError> {
             self.calls.borrow_mut().push("iptables_version");
-            self.iptables_version.clone()
+            self.iptables_version
+                .clone()
+                .map_err(|stderr| failed("iptables --version", stderr))
         }
 
-        fn nft_version(&self) -> Result<String, String> {
+        fn nft_version(&self) -> Result<String, ProbeError> {
             self.calls.borrow_mut().push("nft_version");
-            self.nft_version.clone()
+            self.nft_version
+                .clone()
+                .map_err(|stderr| failed("nft --version", stderr))
         }
 
         fn ipvs(&self, _scheduler: Scheduler) -> Result<(), Unavailable> {
@@ -401,13 +405,30 @@ pub(crate) mod tests {
         }
     }
 
-    /// A node's `ip -o addr show`: loopback, a NIC with IPv4, global and link-local IPv6,
-    /// and kube-ipvs0 holding a ClusterIP.
-    pub(crate) const ADDR_SHOW: &str = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n\
-        2: eth0    inet 192.168.49.2/24 brd 192.168.49.255 scope global eth0\n\
-        2: eth0    inet6 fe80::1/64 scope link \\       valid_lft forever\n\
-        2: eth0    inet6 2001:db8::2/64 scope global\n\
-        5: kube-ipvs0    inet 10.96.0.1/32 scope global kube-ipvs0\n";
+    fn failed(command: &str, stderr: &str) -> ProbeError {
+        ProbeError::Failed {
+            command: command.to_owned(),
+            stderr: stderr.to_owned(),
+        }
+    }
+
+    /// A node's addresses: loopback, a NIC with IPv4, global and link-local IPv6, and
+    /// kube-ipvs0 holding a ClusterIP.
+    pub(crate) fn node_addresses() -> Vec<InterfaceAddress> {
+        [
+            ("lo", "127.0.0.1"),
+            ("eth0", "192.168.49.2"),
+            ("eth0", "fe80::1"),
+            ("eth0", "2001:db8::2"),
+            ("kube-ipvs0", "10.96.0.1"),
+        ]
+        .into_iter()
+        .map(|(device, ip)| InterfaceAddress {
+            device: device.to_owned(),
+            ip: ip.parse().expect("an IP"),
+        })
+        .collect()
+    }
 
     fn config(mode: ProxyMode) -> KubeProxyConfiguration {
         KubeProxyConfiguration {
@@ -513,7 +534,7 @@ pub(crate) mod tests {
     #[test]
     fn unreadable_addresses_leave_none_and_are_not_fatal() {
         let probe = FakeProbe {
-            addresses: Err("cannot run `ip -o addr show`".into()),
+            addresses: Err(std::io::ErrorKind::PermissionDenied),
             ..FakeProbe::default()
         };
         let (host, _) = probed(&probe, ProxyMode::Iptables, Task::Run);

@@ -267,6 +267,7 @@ impl<B: Backend> Backend for RemovesNftablesLeftovers<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::modes::host::ProbeError;
 
     #[test]
     fn parses_nft_versions() {
@@ -285,8 +286,8 @@ mod tests {
 
     #[test]
     fn the_probed_nft_decides_whether_nftables_mode_starts() {
-        let host = |answer: Result<&str, &str>| Host {
-            nft_version: Some(answer.map(str::to_owned).map_err(str::to_owned)),
+        let host = |answer: Result<&str, ProbeError>| Host {
+            nft_version: Some(answer.map(str::to_owned)),
             ..Host::default()
         };
         assert!(check_nft_version(&host(Ok("nftables v1.0.6 (Lester Gooch #5)"))).is_ok());
@@ -294,9 +295,9 @@ mod tests {
         assert!(old.to_string().contains("nft >= 1.0.1"), "{old}");
         // A version it cannot read does not stop the proxy.
         assert!(check_nft_version(&host(Ok("nftables (unknown)"))).is_ok());
-        let missing = check_nft_version(&host(Err(
-            "nftables mode needs `nft` (package nftables): No such file or directory",
-        )))
+        let missing = check_nft_version(&host(Err(ProbeError::NoNft(
+            std::io::ErrorKind::NotFound.into(),
+        ))))
         .expect_err("no nft");
         assert!(
             missing.to_string().contains("package nftables"),

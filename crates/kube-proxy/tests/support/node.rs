@@ -10,6 +10,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use kp_testbed::{Namespace, isolated};
+
 /// The kube-proxy binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy");
 /// Per-namespace conntrack settings.
@@ -21,19 +23,19 @@ pub const HASHSIZE: &str = "/sys/module/nf_conntrack/parameters/hashsize";
 /// `route_localnet` of the namespace.
 pub const ROUTE_LOCALNET: &str = "/proc/sys/net/ipv4/conf/all/route_localnet";
 
-/// A network namespace deleted on drop, even when the test panics.
-pub struct Netns(pub String);
+/// A node's network namespace (kp-testbed's [`Namespace`]: loopback up, deleted with its
+/// processes on drop, even when the test panics), with this file's helpers.
+pub struct Netns(Namespace);
 
 impl Netns {
-    /// A new namespace named after this process and `tag`, its loopback up.
+    /// A new namespace named after this process and `tag`.
     pub fn new(tag: &str) -> Netns {
-        let name = format!("kpio-{}-{tag}", std::process::id());
-        let status = Command::new("ip").args(["netns", "add", &name]).status();
-        assert!(status.is_ok_and(|s| s.success()), "ip netns add {name}");
-        let ns = Netns(name);
-        let up = ns.sh("ip link set lo up");
-        assert!(up.status.success(), "lo up: {}", stderr(&up));
-        ns
+        Netns(Namespace::create("kpio-", tag).unwrap_or_else(|e| panic!("namespace: {e}")))
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        self.0.name()
     }
 
     /// The trimmed contents of `path` as seen inside.
@@ -51,10 +53,8 @@ impl Netns {
 
     /// The command line that runs a shell script inside, in a mount namespace of its own.
     pub fn command(&self, script: &str) -> Command {
-        let mut command = Command::new("ip");
-        command.args([
-            "netns", "exec", &self.0, "unshare", "-m", "sh", "-c", script,
-        ]);
+        let mut command = self.0.command("unshare");
+        command.args(["-m", "sh", "-c", script]);
         command
     }
 
@@ -66,46 +66,21 @@ impl Netns {
     }
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
 /// Standard error, for assertion messages.
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Root, `unshare` and a conntrack-enabled kernel, or why not.
+/// Root, the tools and a conntrack-enabled kernel, or why not.
 fn unavailable() -> Option<String> {
-    let id = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&id.stdout).trim() != "0" {
-        return Some("not root".into());
-    }
-    for tool in ["unshare", "setpriv", "iptables-save"] {
-        if Command::new(tool).arg("--version").output().is_err() {
-            return Some(format!("{tool} is missing"));
-        }
-    }
-    if !Path::new(MAX).exists() {
-        return Some("nf_conntrack is not loaded".into());
-    }
-    None
+    isolated::missing(&["unshare", "setpriv", "iptables-save"], &["true"])
+        .or_else(|| (!Path::new(MAX).exists()).then(|| "nf_conntrack is not loaded".to_owned()))
 }
 
-/// Whether to skip: not root or tools missing (a failure under `CI=true`).
+/// Whether to skip: not root or tools missing (a failure in CI, see
+/// `kp_testbed::isolated::skip`).
 pub fn skip() -> bool {
-    match unavailable() {
-        None => false,
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("node tests cannot run under CI=true: {why}")
-        }
-        Some(why) => {
-            eprintln!("skipping: {why}");
-            true
-        }
-    }
+    isolated::skip("node test", unavailable())
 }
 
 /// The fake global files and the sysctl record directory of one node.

@@ -7,7 +7,6 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::process::Command;
 
 use common::*;
 use kp_core::model::{IpFamily, Protocol};
@@ -342,19 +341,6 @@ fn set_names_follow_upstream() {
     }
 }
 
-/// Runs `script` in a new network namespace (gone when the shell exits).
-fn in_netns(script: &str) -> Result<String, String> {
-    let out = Command::new("unshare")
-        .args(["-n", "sh", "-c", script])
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 #[test]
 fn sets_and_rules_apply_in_the_kernel() {
     if let Some(reason) =
@@ -396,7 +382,8 @@ fn sets_and_rules_apply_in_the_kernel() {
         let _ = writeln!(script, "{}", tool.replace("-restore", "-save"));
     }
     script.push_str("ipset save\n");
-    let saved = in_netns(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let saved =
+        kp_testbed::isolated::script(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
     assert!(saved.contains("-A KUBE-SERVICES -m comment --comment \"Kubernetes service lb portal\" -m set --match-set KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER"), "{saved}");
     assert!(
         saved.contains("-m set --match-set KUBE-6-CLUSTER-IP dst,dst -j ACCEPT"),
@@ -477,8 +464,10 @@ fn one_restore_with_the_jumps_leaves_what_the_runs_one_by_one_leave() {
         "{start}\niptables-restore --noflush < '{}'\niptables-save",
         path("with-all")
     );
-    let a = in_netns(&one_by_one).unwrap_or_else(|e| panic!("kernel refused: {e}"));
-    let b = in_netns(&one_restore).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let a =
+        kp_testbed::isolated::script(&one_by_one).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let b = kp_testbed::isolated::script(&one_restore)
+        .unwrap_or_else(|e| panic!("kernel refused: {e}"));
     assert_eq!(
         ruleset(&a),
         ruleset(&b),
@@ -508,8 +497,9 @@ fn one_restore_with_the_jumps_leaves_what_the_runs_one_by_one_leave() {
         "{base}\niptables-restore --noflush < '{}'\niptables-save",
         path("with-one")
     );
-    let a = in_netns(&by_run).unwrap_or_else(|e| panic!("kernel refused: {e}"));
-    let b = in_netns(&by_restore).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let a = kp_testbed::isolated::script(&by_run).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let b =
+        kp_testbed::isolated::script(&by_restore).unwrap_or_else(|e| panic!("kernel refused: {e}"));
     assert_eq!(ruleset(&a), ruleset(&b), "by run:\n{a}\nby restore:\n{b}");
 }
 
@@ -548,7 +538,8 @@ fn the_rules_read_back_from_iptables_save_as_rendered() {
         rendered.push((family, text));
     }
     script.push_str("iptables-save; echo '#6'; ip6tables-save\n");
-    let saved = in_netns(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
+    let saved =
+        kp_testbed::isolated::script(&script).unwrap_or_else(|e| panic!("kernel refused: {e}"));
     let (v4, v6) = saved.split_once("#6").expect("both saves");
     for ((family, text), saved) in rendered.iter().zip([v4, v6]) {
         let saved = ruleset(saved);

@@ -137,6 +137,7 @@ const MODES: &[ModeSpec] = &[
         connect: false,
         vm: false,
         largest: usize::MAX,
+        checks: true,
     },
     ModeSpec {
         name: "nftables-maps-api",
@@ -146,6 +147,7 @@ const MODES: &[ModeSpec] = &[
         connect: false,
         vm: false,
         largest: usize::MAX,
+        checks: false,
     },
 ];
 

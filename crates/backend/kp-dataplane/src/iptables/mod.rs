@@ -2,15 +2,15 @@
 //!
 //! One sync, per family:
 //!
-//! 1. On full syncs (the first, every one after a failure, and when the core asks), ensure
-//!    the setup: the canary and top-level chains (`-N`) and the jumps from the built-in
+//! 1. On full syncs (the core asks for one first, after a failure and when it sees fit),
+//!    ensure the setup: the canary and top-level chains (`-N`) and the jumps from the built-in
 //!    chains (`-C`, then `-I ... 1` if missing), and list the per-service chains in place
 //!    (`iptables-save -t nat`) so stale ones left by an earlier run get deleted.
 //! 2. Render with the previous render's chains as `existing_chains` and apply it with one
 //!    `iptables-restore --noflush` (atomic: on failure the kernel keeps the old rules).
 //! 3. If a partial restore fails, retry at once as a full sync (setup included), so every
-//!    other service still gets programmed; upstream would only count the failure and make
-//!    the next sync full.
+//!    other service still gets programmed, and report the sync as full; upstream would only
+//!    count the failure and make the next sync full.
 //! 4. If a full restore fails and the line it names belongs to one service (module `isolate`),
 //!    or, when the line is no service's (the kernel checks a table at `COMMIT`), halves of
 //!    the ruleset restored in throwaway network namespaces point at one service
@@ -18,8 +18,8 @@
 //!    at most three services (`isolate::MAX_ISOLATED_SERVICES`). The excluded services' chains are left
 //!    as they are (neither written nor deleted), each is logged at error level and reported
 //!    in [`SyncReport::skipped`], which the proxier hands to the next sync as changed.
-//!    Otherwise the sync fails with [`BackendError::Apply`] and the next one is full
-//!    whatever the core asks.
+//!    Otherwise the sync fails with [`BackendError::Apply`] (the core asks for a full sync
+//!    next).
 //!
 //! After every family succeeded, stale UDP/SCTP conntrack entries are deleted when the core
 //! says they may exist ([`crate::conntrack`]).
@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_core::tracker::ProxyState;
@@ -155,6 +155,8 @@ impl IptablesMetrics {
 /// What one family's sync produced.
 struct FamilyResult {
     output: RenderOutput,
+    /// Full when asked, or when a partial restore failed and was retried fully.
+    ran: SyncKind,
     /// Services left out of the restore because their rules failed.
     skipped: BTreeSet<ServiceName>,
 }
@@ -175,10 +177,9 @@ impl ApplyFailure {
     fn into_backend(self, family: IpFamily) -> BackendError {
         match self {
             ApplyFailure::Render(err) => err,
-            ApplyFailure::Restore { error, .. } => BackendError::Apply {
-                what: restore_name(family).to_owned(),
-                message: error.to_string(),
-            },
+            ApplyFailure::Restore { error, .. } => {
+                ApplyError::tool(restore_name(family), error).into()
+            }
         }
     }
 }
@@ -247,11 +248,6 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
     /// The rule runner.
     pub fn runner(&self) -> &R {
         &self.runner
-    }
-
-    /// Whether the next sync will be full regardless of the request.
-    pub fn next_sync_is_full(&self) -> bool {
-        self.sync.next_sync_is_full()
     }
 
     /// Ensure the chains and jumps of [`setup`] for `family`.
@@ -327,10 +323,9 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             Some(Ok(output)) => output,
             // `validate` ran in the constructor; a failure here is a renderer bug.
             Some(Err(err)) => {
-                return Err(ApplyFailure::Render(BackendError::Apply {
-                    what: "rendering iptables rules".to_owned(),
-                    message: err.to_string(),
-                }));
+                return Err(ApplyFailure::Render(
+                    ApplyError::render("rendering iptables rules", err).into(),
+                ));
             }
             // The tool went away before the render finished (its error says why).
             None => RenderOutput::default(),
@@ -396,7 +391,11 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             {
                 Ok(mut output) => {
                     output.chains.extend(kept);
-                    return Ok(FamilyResult { output, skipped });
+                    return Ok(FamilyResult {
+                        output,
+                        ran: SyncKind::Full,
+                        skipped,
+                    });
                 }
                 Err(failure) => failure,
             };
@@ -588,9 +587,8 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
         &self,
         family: IpFamily,
         request: &SyncRequest<'_>,
-        full: bool,
     ) -> Result<FamilyResult, BackendError> {
-        if !full {
+        if request.kind == SyncKind::Partial {
             // Borrowed, not cloned: ~140,000 names at 10,000 services.
             static NO_CHAINS: BTreeSet<String> = BTreeSet::new();
             let existing = self.chains.get(&family).unwrap_or(&NO_CHAINS);
@@ -601,6 +599,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                 Ok(output) => {
                     return Ok(FamilyResult {
                         output,
+                        ran: SyncKind::Partial,
                         skipped: BTreeSet::new(),
                     });
                 }
@@ -622,19 +621,22 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let sync_start = Instant::now();
-        let kind = self.sync.kind(request);
-        let full = kind == SyncKind::Full;
+        let mut kind = request.kind;
         let mut errors = FamilyErrors::new(MODE);
         let mut rules_written = 0;
         let (mut filter_rules, mut nat_rules) = (0, 0);
         let mut skipped = BTreeSet::new();
         for family in self.sync.families().to_vec() {
-            let result = self.sync_family(family, request, full).await;
+            let result = self.sync_family(family, request).await;
             if let Some(FamilyResult {
                 output,
+                ran,
                 skipped: family_skipped,
             }) = errors.check(family, result)
             {
+                if ran == SyncKind::Full {
+                    kind = SyncKind::Full;
+                }
                 skipped.extend(family_skipped);
                 rules_written += output.rules_written;
                 filter_rules += output.filter_rules;
@@ -642,7 +644,7 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
                 self.chains.insert(family, output.chains);
             }
         }
-        self.sync.families_done(errors)?;
+        errors.into_result()?;
         for (table, count) in [("filter", filter_rules), ("nat", nat_rules)] {
             self.metrics
                 .rules
@@ -651,7 +653,7 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
         }
         self.sync.succeeded(request, kind, &skipped).await;
         debug!(
-            full,
+            full = kind == SyncKind::Full,
             rules_written,
             filter_rules,
             nat_rules,
@@ -661,6 +663,7 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
             "iptables sync finished"
         );
         Ok(SyncReport {
+            kind,
             rules_written,
             skipped: skipped.into_iter().collect(),
         })
@@ -746,10 +749,8 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
 }
 
 fn cleanup_error(what: &str, family: IpFamily, table: Table, err: ExecError) -> BackendError {
-    BackendError::Apply {
-        what: format!("iptables cleanup ({what} {family:?} {})", table.as_str()),
-        message: err.to_string(),
-    }
+    let what = format!("iptables cleanup ({what} {family:?} {})", table.as_str());
+    ApplyError::tool(what, err).into()
 }
 
 /// `iptables-save` of every table `setup` writes to (one run for all of them where the runner
@@ -793,10 +794,7 @@ pub async fn ensure_setup<R: RuleRunner>(
     family: IpFamily,
     setup: &kp_rules::iptables::Setup,
 ) -> Result<(), BackendError> {
-    let fail = |err: ExecError| BackendError::Apply {
-        what: "iptables setup".to_owned(),
-        message: err.to_string(),
-    };
+    let fail = |err: ExecError| BackendError::from(ApplyError::tool("iptables setup", err));
     for (table, chain) in &setup.chains {
         let args = owned(&["-t", table.as_str(), "-N", chain]);
         match runner.run(family, &args).await {
@@ -834,10 +832,7 @@ async fn ensure_rule<R: RuleRunner>(
     spec: &str,
     at: &[&str],
 ) -> Result<bool, BackendError> {
-    let fail = |err: ExecError| BackendError::Apply {
-        what: "iptables setup".to_owned(),
-        message: err.to_string(),
-    };
+    let fail = |err: ExecError| BackendError::from(ApplyError::tool("iptables setup", err));
     let absent = |code| code == EXIT_NOT_APPLICABLE;
     if rule_present(runner, family, table, chain, spec, absent)
         .await
@@ -890,10 +885,7 @@ pub async fn missing_jumps<R: RuleRunner>(
     for jump in checked {
         let present = rule_present(runner, family, jump.table, jump.from, &jump.spec, |_| true)
             .await
-            .map_err(|err| BackendError::Apply {
-                what: "iptables canary check".to_owned(),
-                message: err.to_string(),
-            })?;
+            .map_err(|err| ApplyError::tool("iptables canary check", err))?;
         if !present {
             let table = jump.table.as_str();
             let detail = format!(

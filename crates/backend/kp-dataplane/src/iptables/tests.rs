@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use kp_core::backend::{Backend, BackendError, SyncKind};
+use kp_core::backend::{Backend, SyncKind};
 use kp_core::model::{IpFamily, Protocol, ServiceName};
 use kp_core::tracker::ProxyState;
 use kp_rules::iptables::{RenderConfig, Table, render};
@@ -47,16 +47,16 @@ fn runs(runner: &FakeRunner, op: &str) -> usize {
 }
 
 #[tokio::test]
-async fn first_sync_is_full_and_ensures_setup() {
+async fn a_full_sync_writes_everything_and_ensures_setup() {
     let (mut backend, runner, _) = backend(vec![IpFamily::V4, IpFamily::V6]);
     assert_eq!(backend.mode(), "iptables");
     let state = two_services();
     let none = BTreeSet::new();
-    // The core asks for partial, but nothing has been programmed yet.
     let report = backend
-        .sync(&request(&state, SyncKind::Partial, &none, false))
+        .sync(&request(&state, SyncKind::Full, &none, false))
         .await
         .expect("fake succeeds");
+    assert_eq!(report.kind, SyncKind::Full);
     assert!(report.rules_written > 0);
     let restores = runner.restores();
     assert_eq!(restores.len(), 2, "one restore per family");
@@ -77,7 +77,6 @@ async fn first_sync_is_full_and_ensures_setup() {
         family: IpFamily::V4,
         table: Table::Nat
     }));
-    assert!(!backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -105,10 +104,11 @@ async fn setup_is_idempotent_and_partial_syncs_skip_it() {
 
     runner.clear_calls();
     let changed = BTreeSet::from([service_name("ns", "a")]);
-    backend
+    let report = backend
         .sync(&request(&state, SyncKind::Partial, &changed, false))
         .await
         .expect("fake succeeds");
+    assert_eq!(report.kind, SyncKind::Partial);
     assert_eq!(runs(&runner, "-C"), 0, "partial syncs do not touch setup");
     let restores = runner.restores();
     assert_eq!(restores.len(), 1);
@@ -120,7 +120,7 @@ async fn setup_is_idempotent_and_partial_syncs_skip_it() {
 }
 
 #[tokio::test]
-async fn restore_failure_is_an_apply_error_and_next_sync_is_full() {
+async fn restore_failure_is_an_apply_error_and_keeps_the_bookkeeping() {
     let registry = &mut Registry::default();
     let (backend, runner, _) = backend(vec![IpFamily::V4]);
     let metrics = IptablesMetrics::register(registry);
@@ -138,25 +138,21 @@ async fn restore_failure_is_an_apply_error_and_next_sync_is_full() {
         .sync(&request(&state, SyncKind::Full, &none, false))
         .await
         .expect_err("injected failure");
-    match &err {
-        BackendError::Apply { what, message } => {
-            assert_eq!(what, "iptables-restore");
-            assert!(message.contains("injected failure"), "{message}");
-        }
-        other => panic!("wrong error {other:?}"),
-    }
+    assert!(
+        matches!(tool_error(&err, "iptables-restore"), Some(ExecError::Failed { stderr, .. }) if stderr.starts_with("injected failure")),
+        "{err:?}"
+    );
     assert_eq!(metrics.restore_failures.get(), 1);
     assert_eq!(metrics.partial_restore_failures.get(), 0);
-    assert!(backend.next_sync_is_full());
     assert_eq!(
         backend.chains, good_chains,
         "bookkeeping matches the kept rules"
     );
 
-    // The core asks for a partial sync of nothing; the backend still writes everything.
+    // After a failure the core asks for a full sync: everything is written again.
     runner.clear_calls();
     backend
-        .sync(&request(&state, SyncKind::Partial, &none, false))
+        .sync(&request(&state, SyncKind::Full, &none, false))
         .await
         .expect("fake succeeds again");
     let restores = runner.restores();
@@ -167,7 +163,6 @@ async fn restore_failure_is_an_apply_error_and_next_sync_is_full() {
         runs(&runner, "-C") > 0,
         "setup ensured again after a failure"
     );
-    assert!(!backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -186,10 +181,11 @@ async fn partial_failure_is_retried_as_full_in_the_same_call() {
     runner.clear_calls();
     runner.script_restores([true, false]);
     let changed = BTreeSet::from([service_name("ns", "a")]);
-    backend
+    let report = backend
         .sync(&request(&state, SyncKind::Partial, &changed, false))
         .await
         .expect("the full retry succeeds");
+    assert_eq!(report.kind, SyncKind::Full, "what ran, for the metrics");
     let restores = runner.restores();
     assert_eq!(restores.len(), 2);
     let b = svc_chain("ns", "b", Protocol::Tcp);
@@ -198,18 +194,16 @@ async fn partial_failure_is_retried_as_full_in_the_same_call() {
     assert!(runs(&runner, "-C") > 0, "retry ensured the setup");
     assert_eq!(metrics.partial_restore_failures.get(), 1);
     assert_eq!(metrics.restore_failures.get(), 1);
-    assert!(!backend.next_sync_is_full());
 
-    // Both attempts failing: the sync fails and the next one is full.
+    // Both attempts failing: the sync fails (and the core asks for a full one next).
     runner.script_restores([true, true]);
     let err = backend
         .sync(&request(&state, SyncKind::Partial, &changed, false))
         .await
         .expect_err("both fail");
-    assert!(matches!(err, BackendError::Apply { .. }));
+    assert!(tool_error(&err, "iptables-restore").is_some(), "{err:?}");
     assert_eq!(metrics.partial_restore_failures.get(), 2);
     assert_eq!(metrics.restore_failures.get(), 3);
-    assert!(backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -222,10 +216,9 @@ async fn one_family_failing_still_programs_the_other() {
         .sync(&request(&state, SyncKind::Full, &none, false))
         .await
         .expect_err("v6 fails");
-    assert!(matches!(&err, BackendError::Apply { what, .. } if what == "ip6tables-restore"));
+    assert!(tool_error(&err, "ip6tables-restore").is_some(), "{err:?}");
     let families: Vec<IpFamily> = runner.restores().iter().map(|(f, _)| *f).collect();
     assert_eq!(families, [IpFamily::V4, IpFamily::V6]);
-    assert!(backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -547,11 +540,13 @@ async fn cleanup_restores_one_removal_per_table_with_kube_chains() {
         )
     );
     assert_eq!(restores[1].0, IpFamily::V6);
-    assert!(backend.next_sync_is_full());
 
     runner.fail_next_restores(1);
     let err = backend.cleanup().await.expect_err("injected");
-    assert!(matches!(err, BackendError::Apply { what, .. } if what.contains("cleanup")));
+    assert!(
+        tool_error(&err, "iptables cleanup (restore V4 nat)").is_some(),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -570,7 +565,6 @@ async fn a_cleanup_plan_looks_now_and_removes_later() {
     let restores = runner.restores();
     assert_eq!(restores.len(), 1);
     assert!(restores[0].1.contains("-X KUBE-SERVICES"), "{restores:?}");
-    assert!(backend.next_sync_is_full());
 }
 
 /// Fails restores whose input contains one of `bad` (chain names), naming the first line
@@ -740,7 +734,6 @@ async fn a_failing_service_is_skipped_and_the_others_programmed() {
         assert!(applied.contains(&svc_chain("ns", "s2", Protocol::Tcp)));
         assert!(!applied.contains(&svc_chain("ns", "s1", Protocol::Tcp)));
         assert!(!applied.contains(&bad));
-        assert!(!backend.next_sync_is_full(), "the sync succeeded");
 
         // The proxier hands the skipped service back as changed; once it restores, it is
         // programmed by an ordinary partial sync.
@@ -805,11 +798,10 @@ async fn unmappable_restore_error_fails_as_before() {
         .await
         .expect_err("cannot isolate");
     assert!(
-        matches!(&err, BackendError::Apply { what, message } if what == "iptables-restore" && message.contains("line")),
+        matches!(tool_error(&err, "iptables-restore"), Some(ExecError::Failed { stderr, .. }) if stderr.contains("line")),
         "{err:?}"
     );
     assert_eq!(runner.inner.restores().len(), 1);
-    assert!(backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -901,12 +893,11 @@ async fn isolation_is_bounded() {
         .sync(&request(&state, SyncKind::Full, &none, false))
         .await
         .expect_err("too many failing services");
-    assert!(matches!(err, BackendError::Apply { .. }));
+    assert!(tool_error(&err, "iptables-restore").is_some(), "{err:?}");
     assert_eq!(
         runner.inner.restores().len(),
         isolate::MAX_ISOLATED_SERVICES + 1
     );
-    assert!(backend.next_sync_is_full());
 }
 
 #[test]

@@ -40,7 +40,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::backend::{
+    ApplyError, Backend, BackendError, Cause, SyncKind, SyncReport, SyncRequest,
+};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, ServiceName};
 use kp_ipvs::{Ipvs, IpvsError, Protocol, RealServer, ServiceKey, Timeouts, VirtualServer};
@@ -192,14 +194,15 @@ impl Sysctl for BoxedSysctl<'_> {
 }
 
 fn link_error(e: LinkError) -> BackendError {
-    apply_error("kube-ipvs0")(e.to_string())
+    ApplyError::link("kube-ipvs0", e).into()
 }
 
-fn apply_error(what: &str) -> impl FnOnce(String) -> BackendError + '_ {
-    move |message| BackendError::Apply {
-        what: what.to_owned(),
-        message,
-    }
+/// `what` failed on `path` (an [`ApplyError`] constructor), as a sync reports it.
+fn apply_error<E: Into<Cause>>(
+    path: fn(String, Cause) -> ApplyError,
+    what: &str,
+) -> impl FnOnce(E) -> BackendError + '_ {
+    move |e| path(what.to_owned(), e.into()).into()
 }
 
 impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner> IpvsBackend<I, L, R, S> {
@@ -279,7 +282,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         if self.config.timeouts != Timeouts::default() {
             self.ipvs
                 .set_timeouts(&self.config.timeouts)
-                .map_err(|e| apply_error("IPVS timeouts")(e.to_string()))?;
+                .map_err(apply_error(ApplyError::ipvs, "IPVS timeouts"))?;
         }
         let mut errors = FamilyErrors::new(MODE);
         let setup = rules::setup();
@@ -297,18 +300,15 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             };
             errors.check(family, result);
         }
-        self.sync.families_done(errors)?;
+        errors.into_result()?;
         Ok(setups)
     }
 
-    async fn sync_all(
-        &mut self,
-        request: &SyncRequest<'_>,
-        kind: SyncKind,
-    ) -> Result<SyncReport, BackendError> {
-        // Partial syncs diff against what the last syncs installed; without that (the first
-        // sync, any after a failure) or when asked, a full one.
-        let installed = match kind {
+    async fn sync_all(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        // Partial syncs diff against what the last syncs installed; without that (only when
+        // driven directly: the core asks for a full sync first and after a failure) or when
+        // asked, a full one.
+        let installed = match request.kind {
             SyncKind::Full => None,
             SyncKind::Partial => self.installed.take(),
         };
@@ -359,7 +359,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 .ipset
                 .save()
                 .await
-                .map_err(|e| apply_error("ipset save")(e.to_string()))?,
+                .map_err(apply_error(ApplyError::tool, "ipset save"))?,
         );
         let input: String = planned
             .iter()
@@ -375,7 +375,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
 
         // 4. IPVS, against the kernel's list.
         let listed = self.list_virtual_servers()?;
-        let mut report = SyncReport::default();
+        let mut report = SyncReport::new(SyncKind::Full);
         let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
         let mut applied = BTreeMap::new();
         for p in &plans {
@@ -463,7 +463,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         self.restore_rules(&plans, None).await?;
 
         // 4. IPVS: the changed virtual servers and those draining.
-        let mut report = SyncReport::default();
+        let mut report = SyncReport::new(SyncKind::Partial);
         let mut skipped: BTreeSet<ServiceName> = BTreeSet::new();
         for (p, d) in plans.iter().zip(&deltas) {
             let draining = self
@@ -511,7 +511,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         Ok(self
             .ipvs
             .services()
-            .map_err(|e| apply_error("IPVS list")(e.to_string()))?
+            .map_err(apply_error(ApplyError::ipvs, "IPVS list"))?
             .into_iter()
             .map(|vs| (vs.key, vs))
             .collect())
@@ -525,7 +525,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         self.ipset
             .restore(input)
             .await
-            .map_err(|e| apply_error("ipset restore")(e.to_string()))
+            .map_err(apply_error(ApplyError::tool, "ipset restore"))
     }
 
     /// Restores each family's iptables rules (they depend on the configuration and on which
@@ -541,7 +541,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         for p in plans {
             let family = p.family;
             let text = rules::render(family, &self.config.plan, &p.lb_no_node_access)
-                .map_err(|e| apply_error("ipvs iptables rules")(e.to_string()))?;
+                .map_err(apply_error(ApplyError::render, "ipvs iptables rules"))?;
             let input = match setups.map(|s| s.get(&family)) {
                 None if self.rules_applied.get(&family) == Some(&text) => continue,
                 None | Some(None) => text.clone(),
@@ -561,7 +561,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             self.runner
                 .restore(family, &input)
                 .await
-                .map_err(|e| apply_error("iptables-restore")(e.to_string()))?;
+                .map_err(apply_error(ApplyError::tool, "iptables-restore"))?;
             self.rules_applied.insert(family, text);
         }
         Ok(())
@@ -634,12 +634,12 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             .runner
             .save(family, table)
             .await
-            .map_err(|e| apply_error(&what)(e.to_string()))?;
+            .map_err(apply_error(ApplyError::tool, &what))?;
         if let Some(input) = cleanup_input(table, &SavedTable::parse(&text)) {
             self.runner
                 .restore(family, &input)
                 .await
-                .map_err(|e| apply_error(&what)(e.to_string()))?;
+                .map_err(apply_error(ApplyError::tool, &what))?;
         }
         Ok(())
     }
@@ -780,25 +780,22 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
 
     /// The next sync reads everything back, as after a failure.
     fn kernel_changed_behind_our_back(&mut self) {
-        self.sync.failed();
         self.rules_applied.clear();
         self.installed = None;
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
-        let kind = self.sync.kind(request);
-        match self.sync_all(request, kind).await {
+        match self.sync_all(request).await {
             Ok(report) => {
                 // UDP/SCTP flows conntrack still sends to removed endpoints (IPVS keeps its
                 // own entries in step with conntrack=1), as the other modes do.
                 let skipped: BTreeSet<ServiceName> = report.skipped.iter().cloned().collect();
-                self.sync.succeeded(request, kind, &skipped).await;
+                self.sync.succeeded(request, report.kind, &skipped).await;
                 Ok(report)
             }
             Err(err) => {
-                // The kernel may be anywhere between the old and new state: the next sync is
-                // full and checks it all again.
-                self.sync.failed();
+                // The kernel may be anywhere between the old and new state: the next sync
+                // (full, as the core asks after a failure) checks it all again.
                 self.rules_applied.clear();
                 self.applied.clear();
                 self.installed = None;
@@ -821,14 +818,14 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
         note(
             self.ipvs
                 .flush()
-                .map_err(|e| apply_error("IPVS flush")(e.to_string())),
+                .map_err(apply_error(ApplyError::ipvs, "IPVS flush")),
         );
         note(
             self.links
                 .delete_link(DUMMY_DEVICE)
                 .await
                 .map(drop)
-                .map_err(|e| apply_error("delete kube-ipvs0")(e.to_string())),
+                .map_err(apply_error(ApplyError::link, "delete kube-ipvs0")),
         );
         for family in self.sync.families().to_vec() {
             for table in [Table::Filter, Table::Nat, Table::Mangle] {
@@ -843,11 +840,11 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
                         self.ipset
                             .restore(&input)
                             .await
-                            .map_err(|e| apply_error("ipset destroy")(e.to_string())),
+                            .map_err(apply_error(ApplyError::tool, "ipset destroy")),
                     );
                 }
             }
-            Err(e) => note(Err(apply_error("ipset save")(e.to_string()))),
+            Err(e) => note(Err(apply_error(ApplyError::tool, "ipset save")(e))),
         }
         self.sync.reset();
         self.rules_applied.clear();

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use kp_core::backend::BackendError;
+use kp_core::backend::{ApplyError, BackendError};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_ipvs::{Ipvs, ServiceKey};
 use kp_rules::ipvs::ipset::SetKind;
@@ -149,7 +149,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
     ) -> Result<BTreeMap<Table, SavedTable>, BackendError> {
         save_setup_tables(&self.runner, family, setup)
             .await
-            .map_err(|e| apply_error("iptables-save")(e.to_string()))
+            .map_err(apply_error(ApplyError::tool, "iptables-save"))
     }
 
     /// The virtual servers the last syncs wrote (and, thoroughly, their real servers).
@@ -202,7 +202,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             let listed = self
                 .ipvs
                 .destinations(key)
-                .map_err(|e| apply_error("IPVS list")(e.to_string()))?;
+                .map_err(apply_error(ApplyError::ipvs, "IPVS list"))?;
             let have: std::collections::HashSet<_> = listed.into_iter().map(|d| d.server).collect();
             for rs in want {
                 tally.count(have.contains(&rs), || {
@@ -273,7 +273,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
             .ipset
             .entry_counts()
             .await
-            .map_err(|e| apply_error("ipset list")(e.to_string()))?;
+            .map_err(apply_error(ApplyError::tool, "ipset list"))?;
         let (mut missing, mut changed) = (Tally::new(), Tally::new());
         for (name, want) in &wanted {
             let have = sizes.get(name);

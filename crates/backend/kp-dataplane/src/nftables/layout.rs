@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use ipnet::IpNet;
-use kp_core::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
+use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::IpFamily;
 use kp_rules::nftables::layout::element::PROTOCOLS;
@@ -327,7 +327,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
                     "reading the nftables table back ({} {TABLE})",
                     table_family(family)
                 ),
-                &err,
+                err,
             )
         })?;
         if let Some(back) = &back {
@@ -347,9 +347,10 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             return Ok(());
         }
         let text = lines.join("\n") + "\n";
-        self.io.apply_script(&text).await.map_err(|err| {
-            apply_error(format!("nft -f - ({} {TABLE})", table_family(family)), &err)
-        })
+        self.io
+            .apply_script(&text)
+            .await
+            .map_err(|err| apply_error(format!("nft -f - ({} {TABLE})", table_family(family)), err))
     }
 
     fn elements(
@@ -361,16 +362,18 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         blocking(|| self.io.apply_elements(family, delete, add)).map_err(|err| {
             apply_error(
                 format!("nf_tables elements ({} {TABLE})", table_family(family)),
-                &err,
+                err,
             )
         })
     }
 }
 
-fn apply_error(what: String, err: &ExecError) -> BackendError {
-    BackendError::Apply {
-        what,
-        message: err.to_string(),
+/// A failure of `nft` (a tool) or of nf_tables netlink (the kernel or the socket).
+fn apply_error(what: String, err: ExecError) -> BackendError {
+    if err.program() == io::PROGRAM {
+        ApplyError::netfilter(what, err).into()
+    } else {
+        ApplyError::tool(what, err).into()
     }
 }
 
@@ -465,10 +468,20 @@ impl<I: LayoutIo, C: Conntrack> Backend for LayoutBackend<I, C> {
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
         let started = Instant::now();
-        let kind = self.sync.kind(request);
+        // Partial only where the bookkeeping is trusted (a failure or another program's
+        // change makes the next sync of that table full, whatever the core asked).
+        let families = self.sync.families().to_vec();
+        let untrusted = families
+            .iter()
+            .any(|f| !self.tables.get(f).is_some_and(|t| t.trusted));
+        let kind = if untrusted {
+            SyncKind::Full
+        } else {
+            request.kind
+        };
         let mut errors = FamilyErrors::new(MODE);
         let mut written = 0;
-        for family in self.sync.families().to_vec() {
+        for family in families {
             let mut table = self.tables.remove(&family).unwrap_or_default();
             let result = self.sync_family(family, request, kind, &mut table).await;
             if result.is_err() {
@@ -481,10 +494,11 @@ impl<I: LayoutIo, C: Conntrack> Backend for LayoutBackend<I, C> {
             }
             self.tables.insert(family, table);
         }
-        self.sync.families_done(errors)?;
+        errors.into_result()?;
         self.sync.succeeded(request, kind, &BTreeSet::new()).await;
         debug!(?kind, written, took = ?started.elapsed(), "nftables (maps) sync finished");
         Ok(SyncReport {
+            kind,
             rules_written: written,
             skipped: Vec::new(),
         })
@@ -498,7 +512,7 @@ impl<I: LayoutIo, C: Conntrack> Backend for LayoutBackend<I, C> {
                 continue;
             }
             let chains = blocking(|| self.io.chains(*family))
-                .map_err(|err| apply_error("nftables canary check".to_owned(), &err))?;
+                .map_err(|err| apply_error("nftables canary check".to_owned(), err))?;
             let fam = table_family(*family);
             let Some(chains) = chains else {
                 missing.push(ForeignChange::removed(
@@ -521,7 +535,6 @@ impl<I: LayoutIo, C: Conntrack> Backend for LayoutBackend<I, C> {
         for table in self.tables.values_mut() {
             table.trusted = false;
         }
-        self.sync.failed();
     }
 
     async fn cleanup(&mut self) -> Result<(), BackendError> {
@@ -533,10 +546,12 @@ impl<I: LayoutIo, C: Conntrack> Backend for LayoutBackend<I, C> {
                 Ok(()) => info!(?family, "removed the nftables {fam} {TABLE} table"),
                 Err(err) => {
                     warn!(?family, error = %err, "nftables cleanup failed");
-                    first_error.get_or_insert(apply_error(
-                        format!("nftables cleanup ({fam} {TABLE})"),
-                        &err,
-                    ));
+                    if first_error.is_none() {
+                        first_error = Some(apply_error(
+                            format!("nftables cleanup ({fam} {TABLE})"),
+                            err,
+                        ));
+                    }
                 }
             }
         }

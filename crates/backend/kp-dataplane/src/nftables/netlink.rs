@@ -24,7 +24,7 @@ use super::runner::{ExecNft, NftRunner, StepFailed};
 use crate::exec::ExecError;
 
 /// How netlink failures are named in [`ExecError::Failed`].
-const PROGRAM: &str = "nf_tables netlink";
+pub(crate) const PROGRAM: &str = "nf_tables netlink";
 
 /// An [`NftRunner`] that sends transactions over netlink itself; listings and transactions
 /// the encoder refuses go to `nft` ([`ExecNft`]). Clones share the socket.

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use kp_core::backend::{Backend, BackendError, SyncKind};
+use kp_core::backend::{Backend, SyncKind};
 use kp_core::model::{IpFamily, Protocol, ServiceName};
 use kp_core::tracker::ProxyState;
 use kp_rules::nftables::names::{EndpointNames, ServiceChains};
@@ -95,11 +95,13 @@ async fn first_sync_is_full_per_family_and_lists_the_table_first() {
     assert_eq!(backend.mode(), "nftables");
     let state = two_services();
     let none = BTreeSet::new();
-    // The core asks for partial, but nothing has been programmed yet.
+    // Asked for partial, but the table lacks its fixed part: the renderer writes it all,
+    // and the report says so.
     let report = backend
         .sync(&request(&state, SyncKind::Partial, &none, false))
         .await
         .expect("fake succeeds");
+    assert_eq!(report.kind, SyncKind::Full);
     assert!(report.rules_written > 0);
     let calls = runner.calls();
     assert_eq!(calls.len(), 4, "{calls:?}");
@@ -129,7 +131,6 @@ async fn first_sync_is_full_per_family_and_lists_the_table_first() {
     // IPv6 gets its table, without the IPv4 services.
     assert!(scripts[0].starts_with("add table ip6 kube-proxy"));
     assert!(!scripts[0].contains("10.96.0.1"));
-    assert!(!backend.next_sync_is_full());
     assert!(
         backend
             .installed(IpFamily::V4)
@@ -186,7 +187,7 @@ async fn an_idle_partial_sync_applies_nothing() {
 }
 
 #[tokio::test]
-async fn a_failed_transaction_keeps_the_state_and_the_next_sync_is_full() {
+async fn a_failed_transaction_keeps_the_state() {
     let mut registry = Registry::default();
     let (backend, runner, _) = backend(vec![IpFamily::V4]);
     let mut backend = backend.with_metrics(NftablesMetrics::register(&mut registry));
@@ -203,23 +204,18 @@ async fn a_failed_transaction_keeps_the_state_and_the_next_sync_is_full() {
         ))
         .await
         .expect_err("injected failure");
-    match &err {
-        BackendError::Apply { what, message } => {
-            assert_eq!(what, "nft -f - (ip kube-proxy)");
-            assert!(message.contains("Device or resource busy"), "{message}");
-        }
-        other => panic!("wrong error {other:?}"),
-    }
+    assert!(
+        matches!(tool_error(&err, "nft -f - (ip kube-proxy)"), Some(ExecError::Failed { stderr, .. }) if stderr.contains("Device or resource busy")),
+        "{err:?}"
+    );
     assert_eq!(backend.installed(IpFamily::V4).cloned(), before);
-    assert!(backend.next_sync_is_full());
     assert_eq!(backend.metrics.sync_failures.get(), 1);
     runner.clear_calls();
-    // The core asks for a partial sync; the backend makes it full.
-    sync(&mut backend, &b_moved(), SyncKind::Partial, &changed("b")).await;
+    // After a failure the core asks for a full sync.
+    sync(&mut backend, &b_moved(), SyncKind::Full, &changed("b")).await;
     let scripts = runner.scripts();
     assert_eq!(scripts.len(), 1);
     assert!(is_full(&scripts[0]), "{}", scripts[0]);
-    assert!(!backend.next_sync_is_full());
     assert_eq!(backend.metrics.sync_failures.get(), 1);
 }
 
@@ -232,7 +228,10 @@ async fn one_family_failing_still_programs_the_other() {
         .sync(&request(&two_services(), SyncKind::Full, &none, false))
         .await
         .expect_err("IPv4 fails");
-    assert!(err.to_string().contains("ip kube-proxy"), "{err}");
+    assert!(
+        tool_error(&err, "nft -f - (ip kube-proxy)").is_some(),
+        "{err:?}"
+    );
     assert_eq!(runner.scripts().len(), 2, "IPv6 still applied");
     assert!(
         !backend
@@ -246,7 +245,6 @@ async fn one_family_failing_still_programs_the_other() {
             .expect("known")
             .is_initialized()
     );
-    assert!(backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -371,7 +369,6 @@ async fn a_failed_stale_chain_deletion_is_retried_without_it_and_counted() {
     ));
     assert_eq!(backend.metrics.cleanup_failures.get(), 2);
     assert_eq!(backend.metrics.sync_failures.get(), 0);
-    assert!(!backend.next_sync_is_full());
     assert!(
         backend
             .installed(IpFamily::V4)
@@ -408,7 +405,6 @@ async fn a_failed_sync_with_deletions_fails_when_the_retry_fails_too() {
     assert_eq!(backend.installed(IpFamily::V4).cloned(), before);
     assert_eq!(backend.metrics.cleanup_failures.get(), 0);
     assert_eq!(backend.metrics.sync_failures.get(), 1);
-    assert!(backend.next_sync_is_full());
 }
 
 #[tokio::test]
@@ -682,8 +678,8 @@ async fn cleanup_deletes_each_familys_table_even_when_absent() {
             "add table ip6 kube-proxy\ndelete table ip6 kube-proxy\n",
         ]
     );
-    assert!(backend.next_sync_is_full());
-    // The next sync starts over: lists the table again and writes it fully.
+    // The next sync starts over: lists the table again and writes it fully (its fixed
+    // part is gone), even when asked for a partial one.
     runner.clear_calls();
     sync(&mut backend, &two_services(), SyncKind::Partial, &none).await;
     assert_eq!(runner.calls()[0], NftCall::List(IpFamily::V6));
@@ -696,7 +692,10 @@ async fn cleanup_reports_a_failure_but_tries_every_family() {
     let (mut backend, runner, _) = backend(vec![IpFamily::V4, IpFamily::V6]);
     runner.script_applies([true, false]);
     let err = backend.cleanup().await.expect_err("IPv4 fails");
-    assert!(err.to_string().contains("ip kube-proxy"), "{err}");
+    assert!(
+        tool_error(&err, "nftables cleanup (ip kube-proxy)").is_some(),
+        "{err:?}"
+    );
     assert_eq!(runner.scripts().len(), 2);
 }
 

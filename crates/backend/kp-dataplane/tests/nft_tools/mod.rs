@@ -1,26 +1,11 @@
 //! The `nft` helpers the nftables kernel test files share.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-/// Why nftables kernel tests cannot run here, if they cannot.
+/// Why nftables kernel tests cannot run here, if they cannot: creating a table inside a
+/// fresh namespace proves both root and nf_tables support.
 pub fn unavailable() -> Option<String> {
-    let nft = Command::new("nft")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    if !nft.is_ok_and(|s| s.success()) {
-        return Some("nft not found (apt-get install -y nftables)".into());
-    }
-    // Creating a table inside a fresh namespace proves both root and nf_tables support.
-    let probe = Command::new("unshare")
-        .args(["-n", "nft", "add", "table", "ip", "kp-probe"])
-        .stderr(Stdio::null())
-        .status();
-    if !probe.is_ok_and(|s| s.success()) {
-        return Some("cannot use nftables in a new network namespace (needs root)".into());
-    }
-    None
+    kp_testbed::isolated::missing(&["nft"], &["nft", "add", "table", "ip", "kp-probe"])
 }
 
 /// Runs `nft args` and returns its stdout (panics on failure).

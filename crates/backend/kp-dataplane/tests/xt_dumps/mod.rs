@@ -12,24 +12,6 @@ use std::process::Command;
 use kp_nftnl::NftSocket;
 use kp_nftnl::codec::{Family, MsgKind};
 
-/// Runs `f` on a new thread in a new, empty network namespace of its own; programs it
-/// starts run there too. The namespace goes away with the thread.
-pub fn in_new_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                // `unshare_unsafe` is only unsafe for CLONE_FILES; the workspace forbids
-                // unsafe code, so the safe (deprecated) wrapper is used for CLONE_NEWNET.
-                #[allow(deprecated)]
-                rustix::thread::unshare(rustix::thread::UnshareFlags::NEWNET)
-                    .expect("unshare(CLONE_NEWNET)");
-                f()
-            })
-            .join()
-            .expect("netns thread")
-    })
-}
-
 /// Runs `program args` (stdin from `input`), panicking with its stderr on failure.
 pub fn run(program: &str, args: &[&str], input: Option<&str>) -> String {
     use std::io::Write as _;

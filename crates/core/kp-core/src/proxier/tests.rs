@@ -691,6 +691,33 @@ async fn metrics_follow_syncs_and_changes() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_partial_sync_the_backend_ran_fully_counts_as_full() {
+    let h = Harness::start();
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
+        .await;
+    h.backend.run_full_next(1);
+    h.send(applied(service("web", "172.30.0.42"))).await;
+    settle().await;
+    run_for(Duration::from_secs(2)).await;
+    h.send(applied(service("web", "172.30.0.43"))).await;
+    settle().await;
+    let kinds: Vec<SyncKind> = h.syncs().iter().map(|s| s.kind).collect();
+    assert_eq!(
+        kinds,
+        [SyncKind::Full, SyncKind::Partial, SyncKind::Partial],
+        "the core asked for partial syncs; running one fully does not change what it asks next"
+    );
+    let count = |kind| {
+        h.sample(&format!(
+            "kubeproxy_sync_{kind}_proxy_rules_duration_seconds_count"
+        ))
+    };
+    assert_eq!(count("full"), 2.0, "the first sync and the one run fully");
+    assert_eq!(count("partial"), 1.0);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn shutdown_returns_promptly() {
     let h = Harness::start();
     h.initialize(vec![]).await;

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kp_core::backend::SyncKind;
@@ -60,40 +59,17 @@ pub fn full(state: &ProxyState, family: IpFamily, config: &RenderConfig) -> Rend
     .expect("valid config renders")
 }
 
-/// Why the kernel checks cannot run here, if they cannot. In CI (`CI` set, where tests run
-/// as root with the tools installed) a missing prerequisite is a failure, never a skip.
+/// Why the kernel checks cannot run here, if they cannot (a failure in CI, see
+/// `kp_testbed::isolated::required`).
 pub fn netns_unavailable(tool: &str) -> Option<String> {
-    kernel_check_unavailable(tool, "iptables", &["true"])
+    kernel_check_unavailable(tool, &["true"])
 }
 
-/// Why kernel checks with `tool` (from Debian's `package`) cannot run here, if they cannot:
-/// `tool --version` must work, and `probe` must run inside a new network namespace (as
-/// root). In CI (`CI` set, where tests run as root with the tools installed) a missing
+/// Why kernel checks with `tool` cannot run here, if they cannot: `tool --version` must work,
+/// and `probe` must run inside a new network namespace (as root). In CI a missing
 /// prerequisite is a failure, never a skip.
-pub fn kernel_check_unavailable(tool: &str, package: &str, probe: &[&str]) -> Option<String> {
-    let runs = |command: &mut Command| {
-        command
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let reason = if !runs(Command::new(tool).arg("--version")) {
-        Some(format!("{tool} not found (apt-get install {package})"))
-    } else if !runs(Command::new("unshare").arg("-n").args(probe)) {
-        Some(format!(
-            "cannot run {probe:?} in a new network namespace (`unshare -n` needs root)"
-        ))
-    } else {
-        None
-    };
-    if let Some(reason) = &reason {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{tool} kernel checks are required in CI: {reason}"
-        );
-    }
-    reason
+pub fn kernel_check_unavailable(tool: &str, probe: &[&str]) -> Option<String> {
+    kp_testbed::isolated::required(kp_testbed::isolated::missing(&[tool], probe))
 }
 
 /// Feeds each input in turn to `tool --noflush` inside one fresh network namespace, first
@@ -136,15 +112,7 @@ pub fn run_in_netns(
     }
     shell.push_str(last);
     shell.push('\n');
-    let output = Command::new("unshare")
-        .args(["-n", "sh", "-c", &shell])
-        .output()
-        .map_err(|e| e.to_string())?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&output.stderr).into_owned())
-    }
+    kp_testbed::isolated::script(&shell)
 }
 
 /// The setup (chains and jumps from built-in chains) as restore input, the way a fresh node

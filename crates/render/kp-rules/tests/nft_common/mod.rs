@@ -148,7 +148,7 @@ pub fn check_structure(script: &str, family: IpFamily) {
 /// Why `nft` cannot be run in a throwaway namespace here, if it cannot. In CI (`CI` set) a
 /// missing prerequisite is a failure, never a skip.
 pub fn nft_unavailable() -> Option<String> {
-    crate::common::kernel_check_unavailable("nft", "nftables", &["nft", "list", "ruleset"])
+    crate::common::kernel_check_unavailable("nft", &["nft", "list", "ruleset"])
 }
 
 /// Feeds each script in turn to `nft` inside one fresh network namespace: first `nft -c -f`

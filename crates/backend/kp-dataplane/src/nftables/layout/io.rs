@@ -15,7 +15,7 @@ use crate::exec::ExecError;
 use crate::nftables::ExecNft;
 
 /// How netlink failures are named in [`ExecError::Failed`].
-const PROGRAM: &str = "nf_tables netlink";
+pub(super) const PROGRAM: &str = "nf_tables netlink";
 
 /// The four operations of the layout. The element and read operations block (netlink);
 /// the caller keeps them off the runtime's other tasks.
