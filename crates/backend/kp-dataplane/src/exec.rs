@@ -976,7 +976,10 @@ mod tests {
             saved[&Table::Nat],
             "*nat\n:KUBE-SERVICES - [0:0]\n-A OUTPUT -j KUBE-SERVICES\nCOMMIT\n"
         );
-        assert_eq!(saved[&Table::Filter], "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n");
+        assert_eq!(
+            saved[&Table::Filter],
+            "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"
+        );
         assert_eq!(saved.len(), 2);
     }
 

@@ -628,9 +628,11 @@ fn one_save_of_every_table_reads_as_a_save_of_each() {
             block_on(async {
                 use kp_dataplane::exec::RuleRunner as _;
                 use kp_rules::iptables::Table;
-                sh("iptables -t nat -N KUBE-T && iptables -t nat -A OUTPUT -j KUBE-T && \
+                sh(
+                    "iptables -t nat -N KUBE-T && iptables -t nat -A OUTPUT -j KUBE-T && \
                     iptables -N KUBE-F && iptables -A INPUT -m comment --comment 'a b' -j KUBE-F && \
-                    iptables -t mangle -N OTHER");
+                    iptables -t mangle -N OTHER",
+                );
                 let runner = ExecRunner::new(Tools::default());
                 let tables = [Table::Nat, Table::Filter];
                 let together = runner
