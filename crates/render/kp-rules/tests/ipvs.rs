@@ -341,12 +341,19 @@ fn set_names_follow_upstream() {
     }
 }
 
+/// Whether the kernel checks with ipset and iptables cannot run here (said on stderr; a
+/// failure in CI, see `kernel_check_unavailable`).
+fn kernel_checks_unavailable() -> bool {
+    let reason = netns_unavailable("ipset").or_else(|| netns_unavailable("iptables-restore"));
+    if let Some(reason) = &reason {
+        eprintln!("skipped: {reason}");
+    }
+    reason.is_some()
+}
+
 #[test]
 fn sets_and_rules_apply_in_the_kernel() {
-    if let Some(reason) =
-        netns_unavailable("ipset").or_else(|| netns_unavailable("iptables-restore"))
-    {
-        eprintln!("skipped: {reason}");
+    if kernel_checks_unavailable() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -426,10 +433,7 @@ fn setup_commands(tool: &str) -> String {
 
 #[test]
 fn one_restore_with_the_jumps_leaves_what_the_runs_one_by_one_leave() {
-    if let Some(reason) =
-        netns_unavailable("ipset").or_else(|| netns_unavailable("iptables-restore"))
-    {
-        eprintln!("skipped: {reason}");
+    if kernel_checks_unavailable() {
         return;
     }
     let d = plan(&mixed_state(), IpFamily::V4, &ipvs_config());
@@ -504,14 +508,11 @@ fn one_restore_with_the_jumps_leaves_what_the_runs_one_by_one_leave() {
 }
 
 /// ipvs mode skips a full sync's restore when `iptables-save` shows its chains as rendered
-/// (kp-dataplane's `rules_in_place`): that needs the rules to read back as written, but for
-/// the default `--reject-with` the save adds.
+/// (kp-dataplane's `rules_in_place`): that needs `rules::saved_form` to spell every rendered
+/// rule as the save prints it back.
 #[test]
 fn the_rules_read_back_from_iptables_save_as_rendered() {
-    if let Some(reason) =
-        netns_unavailable("ipset").or_else(|| netns_unavailable("iptables-restore"))
-    {
-        eprintln!("skipped: {reason}");
+    if kernel_checks_unavailable() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");

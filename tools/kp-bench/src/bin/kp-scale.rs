@@ -676,6 +676,9 @@ async fn proxy_run(
             }
         }
     }
+    // Taken before the checks' wait, so the sync table reads the same with --checks.
+    let rss = proxy.rss_cell();
+    let cpu = proxy.cpu();
     let checks = if args.checks {
         let load_start = sys::load();
         let deadline = Instant::now() + Duration::from_secs(args.checks_wait);
@@ -691,8 +694,6 @@ async fn proxy_run(
     } else {
         None
     };
-    let rss = proxy.rss_cell();
-    let cpu = proxy.cpu();
     drop(proxy);
     drop(api);
 

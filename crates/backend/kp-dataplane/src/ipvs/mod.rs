@@ -264,8 +264,8 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         &self.config
     }
 
-    /// Sysctls and timeouts, and each family's nat and filter tables as they are (one save
-    /// per table) with the jumps of ipvs mode's setup they lack: the rules' restore inserts
+    /// Sysctls and timeouts, and each family's nat and filter tables as they are (one
+    /// `iptables-save` per family) with the jumps of ipvs mode's setup they lack: the rules' restore inserts
     /// those, or is skipped when nothing differs (see [`IpvsBackend::restore_rules`]). A
     /// family whose tables cannot be read gets its chains and jumps one `iptables` run at a
     /// time instead.

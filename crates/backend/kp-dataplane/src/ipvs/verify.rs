@@ -6,9 +6,9 @@
 //! - `kube-ipvs0` (one link dump) and its addresses (one address dump): missing ones;
 //! - every kube-proxy ipset (one netlink dump of the sets' headers, what `ipset list -t`
 //!   reads, without running the tool): missing sets, changed entry counts;
-//! - the jumps from the built-in chains into ipvs mode's chains, from one `iptables-save` of
-//!   nat and one of filter per family (not one `iptables -C` per jump: each exec costs
-//!   milliseconds, and the check runs every canary period). ipvs mode's nat holds a few
+//! - the jumps from the built-in chains into ipvs mode's chains, from one `iptables-save` per
+//!   family (not one `iptables -C` per jump: each exec costs milliseconds, and the check runs
+//!   every canary period). ipvs mode's nat holds a few
 //!   rules matching ipsets, not every service's, so reading it stays cheap even on
 //!   iptables-legacy. Where nf_tables notifications watch the iptables rules, only the
 //!   thorough check reads them.
@@ -122,7 +122,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
         Ok(missing)
     }
 
-    /// `family`'s tables of `setup` from one save each, with the jumps of `setup` they lack:
+    /// `family`'s tables of `setup` (one `iptables-save` for all), with the jumps they lack:
     /// a full sync inserts those with its rules' restore instead of one `iptables` run per
     /// chain and jump (the restore declares every chain, so missing chains need nothing
     /// more), or skips the restore when nothing differs.
