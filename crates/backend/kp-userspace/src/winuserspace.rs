@@ -11,7 +11,7 @@
 //! the external policy's. A portal exists only while it has endpoints; without one the
 //! address refuses connections. `loadBalancerSourceRanges` are not enforced (upstream's
 //! winuserspace did not either). Nothing here is Windows-specific but the [`AddressHost`]
-//! given to it, so it is tested on Linux with [`crate::addresses::FakeAddressHost`].
+//! given to it, so it is tested on Linux with `FakeAddressHost` (the `test-util` feature).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
