@@ -25,7 +25,7 @@ use tracing::{debug, error, info};
 
 use crate::addresses::{AddressError, AddressHost, ServiceAddresses};
 use crate::relay::{Owner, Relay};
-use crate::shared::{endpoint_addresses, policy_endpoints, service_port_label, skip_sctp};
+use crate::shared::{endpoint_addresses, service_plan, service_port_label, skip_sctp};
 use crate::{RelayConfig, RelayMetrics};
 
 /// The mode name served on `/proxyMode`.
@@ -135,8 +135,9 @@ impl<H: AddressHost> WinBackend<H> {
         if skip_sctp(&mut self.sctp_warned, name, MODE) {
             return Vec::new();
         }
-        let chosen = policy_endpoints(svc, state);
-        let (internal, external) = (&chosen.internal, &chosen.external);
+        let chosen = service_plan(svc, state);
+        let internal = chosen.list(chosen.internal.list);
+        let external = chosen.list(chosen.external.list);
         let affinity = svc.session_affinity.map(|a| a.timeout);
         let mut portals = Vec::new();
         for &family in &self.families {
