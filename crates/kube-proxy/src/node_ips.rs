@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use kp_config::{KubeProxyConfiguration, NodePortAddresses as ConfigAddresses};
+use kp_config::{KubeProxyConfiguration, NodePortAddressesSetting};
 use kp_core::event::{ObjectEvent, SourceEvent};
 use kp_core::model::{IpFamily, NodeIps, host_ips, node_info};
 use kp_rules::iptables::NodePortAddresses;
@@ -254,9 +254,11 @@ pub async fn forward_watching(
 /// CIDR of it); `None` when unset (every address).
 fn node_port_cidrs(config: &KubeProxyConfiguration, node: &NodeIps) -> Option<Vec<IpNet>> {
     match config.node_port_addresses() {
-        ConfigAddresses::All => None,
-        ConfigAddresses::Primary => Some(node.known().into_iter().map(IpNet::from).collect()),
-        ConfigAddresses::Cidrs(cidrs) => Some(cidrs),
+        NodePortAddressesSetting::All => None,
+        NodePortAddressesSetting::Primary => {
+            Some(node.known().into_iter().map(IpNet::from).collect())
+        }
+        NodePortAddressesSetting::Cidrs(cidrs) => Some(cidrs),
     }
 }
 

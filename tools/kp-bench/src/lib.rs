@@ -12,7 +12,8 @@
 //! figures out of the proxy's `-v=2` log, [`split`] cuts one restore into several
 //! transactions, [`sys`] holds the namespace and `/proc` plumbing, [`topology`] the
 //! namespaces of the data-path benchmarks, [`connect`] `kp-connect`'s manifests and latency
-//! statistics, [`report`] prints markdown, [`soak`] summarises the churn soak's samples, and [`summary`]
+//! statistics, [`probe`] the helpers of the kernel probes in `examples/`, [`report`] prints
+//! markdown, [`soak`] summarises the churn soak's samples, and [`summary`]
 //! with [`svg`] turns the runs' tables into `bench/REPORT.md` and its plots, keeping the
 //! points in [`points`] and judging the [`targets`] on them. Nothing here asserts on timings:
 //! these are measurements, not tests.

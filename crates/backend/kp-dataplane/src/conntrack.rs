@@ -17,10 +17,13 @@
 //! Both only see the changes they are told about: entries left stale from before a restart
 //! are not found (a dump-based reconciler could, later).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
+#[cfg(any(test, feature = "test-util"))]
+use std::collections::VecDeque;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::PathBuf;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
@@ -121,7 +124,7 @@ pub enum ConntrackError {
     /// A ctnetlink reply could not be framed.
     #[error("unreadable ctnetlink reply: {0}")]
     Decode(String),
-    /// An injected failure of [`FakeConntrack`].
+    /// An injected failure of `FakeConntrack` (`test-util`).
     #[error("injected conntrack failure")]
     Injected,
 }
@@ -198,18 +201,21 @@ impl Conntrack for ExecConntrack {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// A [`Conntrack`] that records filters. Clones share the record.
 #[derive(Clone, Debug, Default)]
 pub struct FakeConntrack {
     state: Arc<Mutex<FakeState>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 struct FakeState {
     deleted: Vec<FlowFilter>,
     failures: VecDeque<()>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeConntrack {
     /// A fake whose deletions succeed.
     pub fn new() -> Self {
@@ -236,6 +242,7 @@ impl FakeConntrack {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Conntrack for FakeConntrack {
     async fn delete(&self, filter: &FlowFilter) -> Result<usize, ConntrackError> {
         let mut state = self.lock();

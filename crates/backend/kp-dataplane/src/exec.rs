@@ -1,5 +1,5 @@
 //! Running the iptables tools: [`RuleRunner`], its real implementation [`ExecRunner`] and the
-//! recording fake [`FakeRunner`].
+//! recording fake `FakeRunner` (`test-util`).
 //!
 //! Everything the iptables mode does to the kernel goes through three operations: one atomic
 //! `iptables-restore --noflush` per family and sync, `iptables-save -t <table>` to see what is
@@ -20,12 +20,17 @@
 //! backend grows super-linearly with the size of one restore; [`backend_of_version`] tells
 //! which one a binary uses, for logs.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeMap;
+#[cfg(any(test, feature = "test-util"))]
+use std::collections::{BTreeSet, VecDeque};
+#[cfg(any(test, feature = "test-util"))]
 use std::fmt;
 use std::io::{Read as _, Write};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::OnceLock;
+#[cfg(any(test, feature = "test-util"))]
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_core::model::IpFamily;
 use kp_rules::iptables::Table;
@@ -632,6 +637,7 @@ pub fn split_args(spec: &str) -> Vec<String> {
     args
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// One call seen by [`FakeRunner`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RunnerCall {
@@ -665,6 +671,7 @@ pub enum RunnerCall {
     },
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl fmt::Display for RunnerCall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -682,9 +689,11 @@ impl fmt::Display for RunnerCall {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// Decides whether a fake restore fails, given its input.
 type RestoreFailure = Box<dyn Fn(IpFamily, &str) -> bool + Send>;
 
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Default)]
 struct FakeState {
     calls: Vec<RunnerCall>,
@@ -702,6 +711,7 @@ struct FakeState {
     save_modelled: bool,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// A [`RuleRunner`] that records every call and never touches the kernel.
 ///
 /// It models just enough of `iptables` for setup logic: `-N` fails with exit code 1 if the
@@ -712,6 +722,7 @@ pub struct FakeRunner {
     state: Arc<Mutex<FakeState>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl fmt::Debug for FakeRunner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FakeRunner")
@@ -720,6 +731,7 @@ impl fmt::Debug for FakeRunner {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeRunner {
     /// A fake whose restores succeed.
     pub fn new() -> Self {
@@ -784,6 +796,7 @@ impl FakeRunner {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeState {
     /// Applies restore `input` to the modelled chains and rules ([`FakeRunner::save_modelled`]).
     fn model_restore(&mut self, family: IpFamily, input: &str) {
@@ -831,6 +844,7 @@ impl FakeState {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// The fake's stand-in for a failing command.
 fn fake_failure(program: &str, code: i32, stderr: &str) -> ExecError {
     ExecError::Failed {
@@ -840,6 +854,7 @@ fn fake_failure(program: &str, code: i32, stderr: &str) -> ExecError {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl RuleRunner for FakeRunner {
     async fn restore(&self, family: IpFamily, input: &str) -> Result<(), ExecError> {
         let mut state = self.lock();

@@ -13,14 +13,19 @@
 //! - [`interfaces`]: this node's interface addresses, over rtnetlink.
 //! - [`conntrack`]: which UDP/SCTP conntrack entries a sync made stale, and deleting them over
 //!   ctnetlink ([`conntrack::Conntrack`]).
-//! - [`sync`]: the sync skeleton every backend shares (full or partial, per-family errors,
-//!   stale-flow bookkeeping), so a mode writes only its own apply.
+//! - [`sync`]: the sync skeleton every backend shares (per-family errors, stale-flow
+//!   bookkeeping), so a mode writes only its own apply; whether a sync is full or partial
+//!   is the core's to ask.
 //! - [`sysctls`]: conntrack table size and timeouts, `route_localnet`
 //!   ([`sysctls::Sysctl`]).
 //! - [`xtables`]: which iptables backend (legacy or nf_tables) the node uses, detected as
 //!   upstream's image does; [`exec::Tools::host`] then runs that backend's tools.
 //! - [`watch`]: nf_tables notifications read on a thread, telling the proxier when another
 //!   program changed its rules.
+//!
+//! Each I/O trait has an in-memory fake (`FakeRunner`, `FakeNft`, `FakeConntrack`, ...)
+//! behind the `test-util` feature, with `testutil`'s state builders; dev-dependencies
+//! enable it, the product never does.
 //!
 //! The userspace mode's backend lives in `kp-userspace`. Nothing here decides *what* to
 //! program; that is `kp-core` (state, change tracking) and `kp-rules` (the rules).

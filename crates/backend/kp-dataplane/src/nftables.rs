@@ -68,10 +68,9 @@ use crate::exec::ExecError;
 use crate::sync::{FamilyErrors, SyncState};
 
 pub use netlink::NetlinkNft;
-pub use runner::{
-    DEFAULT_NFT_BINARY, ExecNft, FakeNft, NftCall, NftRunner, StepFailed, parse_listing,
-    table_family,
-};
+pub use runner::{DEFAULT_NFT_BINARY, ExecNft, NftRunner, StepFailed, parse_listing, table_family};
+#[cfg(any(test, feature = "test-util"))]
+pub use runner::{FakeNft, NftCall};
 
 /// The mode name served on `/proxyMode`.
 pub const MODE: &str = "nftables";

@@ -3,7 +3,7 @@
 //!
 //! The decisions are pure ([`conntrack_max`], [`conntrack_plan`], [`route_localnet_plan`]);
 //! [`apply`] carries them out through a [`Sysctl`], which is either the real filesystem
-//! ([`FsSysctl`], rooted at `/` or at a test directory) or [`FakeSysctl`].
+//! ([`FsSysctl`], rooted at `/` or at a test directory) or `FakeSysctl` (`test-util`).
 //!
 //! A [`SysctlRecord`] keeps the value each setting had before this proxy first changed it,
 //! in a file that outlives restarts, so `--cleanup` can put it back ([`SysctlRecord::restore`]).
@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -171,12 +172,14 @@ impl Sysctl for FsSysctl {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// In-memory settings that record writes. Clones share the state.
 #[derive(Clone, Debug, Default)]
 pub struct FakeSysctl {
     state: Arc<Mutex<FakeState>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 struct FakeState {
     values: BTreeMap<String, String>,
@@ -184,6 +187,7 @@ struct FakeState {
     writes: Vec<(String, String)>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeSysctl {
     /// No settings (reads fail as for a missing file).
     pub fn new() -> Self {
@@ -210,6 +214,7 @@ impl FakeSysctl {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Sysctl for FakeSysctl {
     fn read(&self, key: &str) -> Result<String, SysctlError> {
         self.lock()

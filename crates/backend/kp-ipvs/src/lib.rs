@@ -2,15 +2,17 @@
 //!
 //! - [`codec`]: sans-I/O request encoding and reply decoding (golden-byte tested).
 //! - [`Ipvs`]: the operations a backend needs, implemented by [`NetlinkIpvs`] (a blocking
-//!   netlink socket) and [`FakeIpvs`] (an in-memory table that behaves like the kernel's,
-//!   for tests of the sync logic).
+//!   netlink socket) and, with the `test-util` feature, `FakeIpvs` (an in-memory table
+//!   that behaves like the kernel's, for tests of the sync logic).
 
 pub mod codec;
+#[cfg(any(test, feature = "test-util"))]
 mod fake;
 #[cfg(target_os = "linux")]
 mod socket;
 mod types;
 
+#[cfg(any(test, feature = "test-util"))]
 pub use fake::{FakeIpvs, Op};
 #[cfg(target_os = "linux")]
 pub use socket::NetlinkIpvs;

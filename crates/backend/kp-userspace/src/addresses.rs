@@ -6,10 +6,11 @@
 //! there (the node's own, or put there by someone else) is used and left alone.
 //!
 //! The host side is an [`AddressHost`]: the IP Helper API on Windows (`kp-winaddr`),
-//! [`FakeAddressHost`] in tests.
+//! `FakeAddressHost` (`test-util`) in tests.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -307,12 +308,14 @@ impl<H: AddressHost> AddressHost for RecordingHost<H> {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// A host whose addresses live in memory. Clones share them, so a test keeps one to look.
 #[derive(Clone, Debug, Default)]
 pub struct FakeAddressHost {
     state: Arc<Mutex<FakeState>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 struct FakeState {
     /// Every address on the host, and whether it is usable yet.
@@ -327,6 +330,7 @@ struct FakeState {
     fail_remove: bool,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// What [`FakeAddressHost`] can be told to get wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FakeFault {
@@ -340,6 +344,7 @@ pub enum FakeFault {
     Remove,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeAddressHost {
     /// Interface name the fake reports.
     pub const INTERFACE: &'static str = "fake0";
@@ -385,10 +390,12 @@ impl FakeAddressHost {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 fn injected() -> std::io::Error {
     std::io::Error::other("injected failure")
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl AddressHost for FakeAddressHost {
     fn interface(&self) -> &str {
         Self::INTERFACE

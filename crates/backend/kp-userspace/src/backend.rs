@@ -30,7 +30,7 @@ use tracing::{debug, error, info};
 
 use crate::capture::{Capture, CapturePlan, CapturedPort, Target};
 use crate::relay::{Owner, Relay};
-use crate::shared::{endpoint_addresses, policy_endpoints, skip_sctp};
+use crate::shared::{endpoint_addresses, service_plan, skip_sctp};
 use crate::{RelayConfig, RelayMetrics};
 
 /// The mode name served on `/proxyMode`.
@@ -324,8 +324,9 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
             if skip_sctp(&mut self.sctp_warned, name, MODE) {
                 continue;
             }
-            let chosen = policy_endpoints(svc, state);
-            let (internal_list, external_list) = (&chosen.internal, &chosen.external);
+            let chosen = service_plan(svc, state);
+            let internal_list = chosen.list(chosen.internal.list);
+            let external_list = chosen.list(chosen.external.list);
             let affinity = svc.session_affinity.map(|a| a.timeout);
             for family in self.families.clone() {
                 let Some(port) = svc.for_family(family) else {
@@ -343,7 +344,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                     .target(
                         key(Scope::Internal),
                         endpoint_addresses(internal_list, family),
-                        chosen.any,
+                        chosen.has_endpoints,
                         affinity,
                         &mut wanted,
                         &mut reopened,
@@ -353,7 +354,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                     self.target(
                         key(Scope::External),
                         endpoint_addresses(external_list, family),
-                        chosen.any,
+                        chosen.has_endpoints,
                         affinity,
                         &mut wanted,
                         &mut reopened,

@@ -1,11 +1,12 @@
 //! Capture: how service traffic reaches the relay's frontends. The relay does not care; a
 //! [`Capture`] turns a [`CapturePlan`] (which service addresses go to which relay port, and
 //! which are refused or dropped) into the platform's rules. [`iptables`](crate::iptables) is
-//! the Linux one; [`FakeCapture`] records plans for tests.
+//! the Linux one; `FakeCapture` (`test-util`) records plans for tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::IpAddr;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::backend::{ApplyError, SyncKind};
@@ -70,6 +71,7 @@ pub trait Capture: Send {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// One `apply` as [`FakeCapture`] saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordedApply {
@@ -79,12 +81,14 @@ pub struct RecordedApply {
     pub changed: Option<BTreeSet<ServicePortName>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// A capture that records plans and installs nothing. Clones share the record.
 #[derive(Clone, Debug, Default)]
 pub struct FakeCapture {
     record: Arc<Mutex<FakeRecord>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 struct FakeRecord {
     applies: Vec<RecordedApply>,
@@ -92,6 +96,7 @@ struct FakeRecord {
     cleanups: usize,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeCapture {
     /// A fake that succeeds.
     pub fn new() -> Self {
@@ -118,6 +123,7 @@ impl FakeCapture {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Capture for FakeCapture {
     async fn apply(
         &mut self,

@@ -38,10 +38,14 @@ mod tcp;
 mod udp;
 pub mod winuserspace;
 
-pub use addresses::{AddressError, AddressHost, FakeAddressHost, RecordingHost, ServiceAddresses};
+pub use addresses::{AddressError, AddressHost, RecordingHost, ServiceAddresses};
+#[cfg(any(test, feature = "test-util"))]
+pub use addresses::{FakeAddressHost, FakeFault};
 #[cfg(target_os = "linux")]
 pub use backend::{FrontendKey, Scope, UserspaceBackend};
-pub use capture::{Capture, CapturePlan, FakeCapture};
+#[cfg(any(test, feature = "test-util"))]
+pub use capture::FakeCapture;
+pub use capture::{Capture, CapturePlan};
 pub use config::RelayConfig;
 pub use metrics::RelayMetrics;
 pub use pins::{AffinityTables, PinLookup};

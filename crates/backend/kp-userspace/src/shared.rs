@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
-use kp_core::topology::categorize;
 use kp_core::tracker::ProxyState;
+use kp_rules::plan::{Masquerading, ServicePlan};
 
 /// The name a service port's affinity table goes by (metrics, `/debug/explain`):
 /// `namespace/name:port/protocol`.
@@ -37,37 +37,16 @@ pub(crate) fn skip_sctp(
     true
 }
 
-/// A service port's endpoints under its two traffic policies.
-pub(crate) struct PolicyEndpoints<'a> {
-    /// For ClusterIP traffic (internal traffic policy).
-    pub(crate) internal: Vec<&'a Endpoint>,
-    /// For NodePort, externalIP and LoadBalancer IP traffic (external traffic policy).
-    pub(crate) external: Vec<&'a Endpoint>,
-    /// Whether any endpoint is usable anywhere (none: reject rather than drop).
-    pub(crate) any: bool,
-}
-
-/// `svc`'s endpoints in `state`, chosen by its traffic policies as the kernel modes choose.
-pub(crate) fn policy_endpoints<'a>(
-    svc: &ServicePort,
-    state: &'a ProxyState,
-) -> PolicyEndpoints<'a> {
+/// `svc`'s plan in `state` (every family's endpoints; the relay picks a family's with
+/// [`endpoint_addresses`]): its traffic policies' endpoint lists (`plan.list(plan.internal
+/// .list)`, `plan.list(plan.external.list)`) as the kernel modes choose them, and whether any
+/// endpoint is usable anywhere (`plan.has_endpoints`; none: reject rather than drop).
+pub(crate) fn service_plan<'a>(svc: &ServicePort, state: &'a ProxyState) -> ServicePlan<'a> {
     let endpoints = state
         .endpoints
         .get(&svc.name)
         .map(Vec::as_slice)
         .unwrap_or_default();
-    let categories = categorize(svc, endpoints, &state.node);
-    let pick = |local: bool| {
-        if local {
-            categories.local.clone()
-        } else {
-            categories.cluster.clone()
-        }
-    };
-    PolicyEndpoints {
-        internal: pick(svc.internal_policy_local),
-        external: pick(svc.external_policy_local),
-        any: categories.has_any_endpoints,
-    }
+    // The relay masquerades nothing: `Masquerading` does not matter here.
+    ServicePlan::new(svc, endpoints, &state.node, Masquerading::default())
 }

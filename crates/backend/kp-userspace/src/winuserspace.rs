@@ -11,7 +11,7 @@
 //! the external policy's. A portal exists only while it has endpoints; without one the
 //! address refuses connections. `loadBalancerSourceRanges` are not enforced (upstream's
 //! winuserspace did not either). Nothing here is Windows-specific but the [`AddressHost`]
-//! given to it, so it is tested on Linux with [`crate::addresses::FakeAddressHost`].
+//! given to it, so it is tested on Linux with `FakeAddressHost` (the `test-util` feature).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -25,7 +25,7 @@ use tracing::{debug, error, info};
 
 use crate::addresses::{AddressError, AddressHost, ServiceAddresses};
 use crate::relay::{Owner, Relay};
-use crate::shared::{endpoint_addresses, policy_endpoints, service_port_label, skip_sctp};
+use crate::shared::{endpoint_addresses, service_plan, service_port_label, skip_sctp};
 use crate::{RelayConfig, RelayMetrics};
 
 /// The mode name served on `/proxyMode`.
@@ -135,8 +135,9 @@ impl<H: AddressHost> WinBackend<H> {
         if skip_sctp(&mut self.sctp_warned, name, MODE) {
             return Vec::new();
         }
-        let chosen = policy_endpoints(svc, state);
-        let (internal, external) = (&chosen.internal, &chosen.external);
+        let chosen = service_plan(svc, state);
+        let internal = chosen.list(chosen.internal.list);
+        let external = chosen.list(chosen.external.list);
         let affinity = svc.session_affinity.map(|a| a.timeout);
         let mut portals = Vec::new();
         for &family in &self.families {

@@ -140,7 +140,7 @@ pub enum ApplyError {
         /// The capture's error.
         source: Cause,
     },
-    /// A failure a test injected ([`FakeBackend::fail_next`] and the other fakes).
+    /// A failure a test injected (`FakeBackend::fail_next` and the other fakes).
     #[error("applying {what} failed: injected failure")]
     Injected {
         /// Which fake.
@@ -211,7 +211,8 @@ impl ApplyError {
     }
 }
 
-/// A proxy mode. Implementations live in the dataplane crates; [`FakeBackend`] records syncs.
+/// A proxy mode. Implementations live in the dataplane crates; `FakeBackend` (the `test-util`
+/// feature) records syncs.
 pub trait Backend: Send {
     /// The mode's name as served on `/proxyMode`, for example `iptables`.
     fn mode(&self) -> &'static str;
@@ -249,6 +250,7 @@ pub trait Backend: Send {
     fn kernel_changed_behind_our_back(&mut self) {}
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// One sync as seen by [`FakeBackend`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecordedSync {
@@ -266,6 +268,7 @@ pub struct RecordedSync {
     pub state: ProxyState,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// A backend that programs nothing and records every sync, for tests. (`--proxy-mode fake`
 /// is the binary's own dry-run backend, which logs each sync instead.)
 ///
@@ -275,6 +278,7 @@ pub struct FakeBackend {
     record: std::sync::Arc<std::sync::Mutex<FakeRecord>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 struct FakeRecord {
     syncs: Vec<RecordedSync>,
@@ -292,6 +296,7 @@ struct FakeRecord {
     forgotten: usize,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeBackend {
     /// A fake that succeeds.
     pub fn new() -> Self {
@@ -353,6 +358,7 @@ impl FakeBackend {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Backend for FakeBackend {
     fn mode(&self) -> &'static str {
         "fake"

@@ -17,7 +17,9 @@ use clap::{ArgAction, Parser};
 use ipnet::IpNet;
 
 use crate::duration::{self, DurationError};
-use crate::types::{KubeProxyConfiguration, LocalMode, NodePortAddresses, ProxyMode, VModuleItem};
+use crate::types::{
+    KubeProxyConfiguration, LocalMode, NodePortAddressesSetting, ProxyMode, VModuleItem,
+};
 use crate::validate::FieldError;
 
 /// Why a flag's value was rejected (clap prefixes the message with the flag's name).
@@ -330,10 +332,10 @@ pub struct Options {
     #[arg(
         long = "nodeport-addresses",
         value_name = "CIDRS",
-        value_parser = NodePortAddresses::from_str,
+        value_parser = NodePortAddressesSetting::from_str,
         help_heading = "Proxy",
     )]
-    pub nodeport_addresses: Option<NodePortAddresses>,
+    pub nodeport_addresses: Option<NodePortAddressesSetting>,
 
     /// SNAT all Service traffic, not only traffic that needs it (iptables and nftables).
     #[arg(
@@ -1226,12 +1228,15 @@ mod tests {
         let get = |arg: &str| parse(&[arg]).ok().and_then(|o| o.nodeport_addresses);
         assert_eq!(
             get("--nodeport-addresses=primary"),
-            Some(NodePortAddresses::Primary)
+            Some(NodePortAddressesSetting::Primary)
         );
-        assert_eq!(get("--nodeport-addresses="), Some(NodePortAddresses::All));
+        assert_eq!(
+            get("--nodeport-addresses="),
+            Some(NodePortAddressesSetting::All)
+        );
         assert!(matches!(
             get("--nodeport-addresses=10.0.0.0/8, fd00::/64"),
-            Some(NodePortAddresses::Cidrs(c)) if c.len() == 2
+            Some(NodePortAddressesSetting::Cidrs(c)) if c.len() == 2
         ));
     }
 

@@ -212,7 +212,7 @@ fn decodes_a_full_upstream_file() {
     // In IPVS mode the ipvs block drives the sync periods.
     assert_eq!(c.sync_period(), Duration::from_secs(45));
     assert_eq!(c.min_sync_period(), Duration::from_secs(1));
-    assert!(matches!(c.node_port_addresses(), NodePortAddresses::Cidrs(v) if v.len() == 2));
+    assert!(matches!(c.node_port_addresses(), NodePortAddressesSetting::Cidrs(v) if v.len() == 2));
     assert_eq!(c.oom_score_adj, -998);
     assert_eq!(c.show_hidden_metrics_for_version, "1.32");
 }

@@ -244,9 +244,11 @@ impl FromStr for LocalMode {
     }
 }
 
-/// Which node addresses NodePort Services (and health-check node ports) answer on.
+/// The `nodePortAddresses` setting: which node addresses NodePort Services (and health-check
+/// node ports) answer on, as configured. The proxy resolves it against the node's interface
+/// addresses into the renderers' `kp_rules::config::NodePortAddresses`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodePortAddresses {
+pub enum NodePortAddressesSetting {
     /// Every local address (upstream's `null`).
     All,
     /// The node's primary IPs (the `primary` keyword; nftables mode's default).
@@ -255,18 +257,20 @@ pub enum NodePortAddresses {
     Cidrs(Vec<IpNet>),
 }
 
-impl NodePortAddresses {
+impl NodePortAddressesSetting {
     /// The `nodePortAddresses` list this value is written as (`None` is `null`).
     pub fn to_config(&self) -> Option<Vec<String>> {
         match self {
-            NodePortAddresses::All => None,
-            NodePortAddresses::Primary => Some(vec![NODE_PORT_ADDRESSES_PRIMARY.to_owned()]),
-            NodePortAddresses::Cidrs(cidrs) => Some(cidrs.iter().map(IpNet::to_string).collect()),
+            NodePortAddressesSetting::All => None,
+            NodePortAddressesSetting::Primary => Some(vec![NODE_PORT_ADDRESSES_PRIMARY.to_owned()]),
+            NodePortAddressesSetting::Cidrs(cidrs) => {
+                Some(cidrs.iter().map(IpNet::to_string).collect())
+            }
         }
     }
 }
 
-impl FromStr for NodePortAddresses {
+impl FromStr for NodePortAddressesSetting {
     type Err = String;
 
     /// Reads the comma-separated flag form: CIDRs, or `primary` alone; empty means all.
@@ -277,11 +281,11 @@ impl FromStr for NodePortAddresses {
             .filter(|e| !e.is_empty())
             .collect();
         if entries.is_empty() {
-            return Ok(NodePortAddresses::All);
+            return Ok(NodePortAddressesSetting::All);
         }
         if entries.contains(&NODE_PORT_ADDRESSES_PRIMARY) {
             return if entries.len() == 1 {
-                Ok(NodePortAddresses::Primary)
+                Ok(NodePortAddressesSetting::Primary)
             } else {
                 Err(format!(
                     "{NODE_PORT_ADDRESSES_PRIMARY:?} cannot be combined with other entries"
@@ -297,7 +301,7 @@ impl FromStr for NodePortAddresses {
             }
         }
         if bad.is_empty() {
-            Ok(NodePortAddresses::Cidrs(cidrs))
+            Ok(NodePortAddressesSetting::Cidrs(cidrs))
         } else {
             Err(format!(
                 "not a CIDR: {} (expected CIDRs such as 10.0.0.0/8, \
@@ -827,12 +831,16 @@ impl KubeProxyConfiguration {
     }
 
     /// Which node addresses NodePorts answer on, with the mode-dependent default resolved.
-    pub fn node_port_addresses(&self) -> NodePortAddresses {
+    pub fn node_port_addresses(&self) -> NodePortAddressesSetting {
         match self.node_port_addresses.as_deref() {
-            None | Some([]) if self.mode == ProxyMode::Nftables => NodePortAddresses::Primary,
-            None | Some([]) => NodePortAddresses::All,
-            Some([only]) if only == NODE_PORT_ADDRESSES_PRIMARY => NodePortAddresses::Primary,
-            Some(entries) => NodePortAddresses::Cidrs(
+            None | Some([]) if self.mode == ProxyMode::Nftables => {
+                NodePortAddressesSetting::Primary
+            }
+            None | Some([]) => NodePortAddressesSetting::All,
+            Some([only]) if only == NODE_PORT_ADDRESSES_PRIMARY => {
+                NodePortAddressesSetting::Primary
+            }
+            Some(entries) => NodePortAddressesSetting::Cidrs(
                 entries
                     .iter()
                     .filter_map(|e| e.trim().parse().ok())
@@ -1025,13 +1033,13 @@ mod tests {
         };
         ipt.complete_defaults();
         assert_eq!(ipt.node_port_addresses, None);
-        assert_eq!(ipt.node_port_addresses(), NodePortAddresses::All);
+        assert_eq!(ipt.node_port_addresses(), NodePortAddressesSetting::All);
 
         let mut nft = KubeProxyConfiguration {
             mode: ProxyMode::Nftables,
             ..Default::default()
         };
-        assert_eq!(nft.node_port_addresses(), NodePortAddresses::Primary);
+        assert_eq!(nft.node_port_addresses(), NodePortAddressesSetting::Primary);
         nft.complete_defaults();
         assert_eq!(nft.node_port_addresses, Some(vec!["primary".to_owned()]));
 
@@ -1044,7 +1052,7 @@ mod tests {
         assert_eq!(want.len(), 2);
         assert_eq!(
             explicit.node_port_addresses(),
-            NodePortAddresses::Cidrs(want)
+            NodePortAddressesSetting::Cidrs(want)
         );
     }
 

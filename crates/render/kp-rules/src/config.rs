@@ -35,7 +35,8 @@ pub enum LocalDetector {
     InterfaceNamePrefix(String),
 }
 
-/// Which node addresses accept NodePort traffic.
+/// Which node addresses accept NodePort traffic: the `nodePortAddresses` setting
+/// (`kp_config::NodePortAddressesSetting`) resolved against this node's addresses.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum NodePortAddresses {
     /// Every local address (`--nodeport-addresses` unset).

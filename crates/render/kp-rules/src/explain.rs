@@ -489,6 +489,83 @@ enum Route {
     ExternalLocal,
 }
 
+impl Route {
+    /// The endpoint list the route uses, and why.
+    fn list(self, svc: &ServicePort) -> (EndpointList, String) {
+        let (list, reason) = match self {
+            Route::Internal if svc.internal_policy_local => (
+                EndpointList::Local,
+                "internalTrafficPolicy Local: only endpoints on this node",
+            ),
+            Route::Internal => (
+                EndpointList::Cluster,
+                "internalTrafficPolicy Cluster: endpoints anywhere in the cluster",
+            ),
+            Route::ExternalCluster => (
+                EndpointList::Cluster,
+                "externalTrafficPolicy Cluster: endpoints anywhere in the cluster",
+            ),
+            Route::ExternalLocalPod => (
+                EndpointList::Cluster,
+                "externalTrafficPolicy Local, but the source is a local pod: short-circuited \
+                 to endpoints anywhere in the cluster",
+            ),
+            Route::ExternalLocalNode => (
+                EndpointList::Cluster,
+                "externalTrafficPolicy Local, but the source is this node: short-circuited to \
+                 endpoints anywhere in the cluster",
+            ),
+            Route::ExternalLocal => (
+                EndpointList::Local,
+                "externalTrafficPolicy Local: only endpoints on this node",
+            ),
+        };
+        (list, reason.to_owned())
+    }
+}
+
+/// What happens to the packet of `display` on `list`, and why (`source_refused`: the
+/// firewall drops its source).
+fn outcome(
+    display: &str,
+    svc: &ServicePort,
+    plan: &ServicePlan<'_>,
+    list: EndpointList,
+    source_refused: bool,
+) -> (Outcome, String) {
+    let chosen_list = plan.list(list);
+    if !plan.has_endpoints {
+        return (
+            Outcome::RejectNoEndpoints,
+            format!("{display} has no usable endpoints anywhere: REJECT"),
+        );
+    }
+    if source_refused {
+        return (
+            Outcome::DropSourceRange,
+            "the source is outside loadBalancerSourceRanges: not DNATed, then DROPped".to_owned(),
+        );
+    }
+    if chosen_list.is_empty() {
+        return (
+            Outcome::DropNoLocalEndpoints,
+            format!("{display} has no local endpoints and the traffic policy is Local: DROP"),
+        );
+    }
+    let n = chosen_list.len();
+    let how_picked = if svc.session_affinity.is_some() {
+        "by client IP affinity, else at random"
+    } else {
+        "at random"
+    };
+    let reason = if n == 1 {
+        "DNAT to the only usable endpoint".to_owned()
+    } else {
+        format!("DNAT to one of {n} endpoints, picked {how_picked}")
+    };
+    (Outcome::Dnat, reason)
+}
+
 struct Context<'a> {
     state: &'a ProxyState,
     config: &'a RenderConfig,
@@ -576,7 +653,6 @@ impl Context<'_> {
                 detector: !matches!(self.detector, DetectorView::None),
             },
         );
-        let has_any = plan.has_endpoints;
         let names = ServiceChains::new(name);
         let chains = ChainNames {
             svc: names.svc.clone(),
@@ -584,159 +660,31 @@ impl Context<'_> {
             ext: names.ext.clone(),
             fw: names.fw.clone(),
         };
-        let external_local = plan.external_local;
         let mut notes = Vec::new();
-
-        let route = if !how.is_external() {
-            Route::Internal
-        } else if !external_local {
-            Route::ExternalCluster
-        } else {
-            // The short-circuits exist only when the renderer writes them.
-            let pod = self.source.and_then(|s| self.local_traffic(s)) == Some(true);
-            let from_node = self.source.is_some_and(|s| self.is_node_address(s));
-            let short_circuit = match plan.external_masquerade {
-                ExternalMasquerade::ShortCircuit { pods } => Some(pods),
-                ExternalMasquerade::Always | ExternalMasquerade::Never => None,
-            };
-            if short_circuit == Some(true) && pod {
-                Route::ExternalLocalPod
-            } else if short_circuit.is_some() && from_node {
-                Route::ExternalLocalNode
-            } else {
-                if self.source.is_none() {
-                    notes.push(
-                        "assuming a client outside the node: from this node the packet is \
-                         masqueraded and may go to any endpoint in the cluster; from a local \
-                         pod it goes to any endpoint without masquerading"
-                            .to_owned(),
-                    );
-                } else if let DetectorView::Interface(iface) = &self.detector {
-                    notes.push(format!(
-                        "if the packet arrives on {iface} it is pod traffic and may go to \
-                         any endpoint in the cluster"
-                    ));
-                }
-                Route::ExternalLocal
-            }
-        };
-        let (list, list_reason) = match route {
-            Route::Internal if svc.internal_policy_local => (
-                EndpointList::Local,
-                "internalTrafficPolicy Local: only endpoints on this node".to_owned(),
-            ),
-            Route::Internal => (
-                EndpointList::Cluster,
-                "internalTrafficPolicy Cluster: endpoints anywhere in the cluster".to_owned(),
-            ),
-            Route::ExternalCluster => (
-                EndpointList::Cluster,
-                "externalTrafficPolicy Cluster: endpoints anywhere in the cluster".to_owned(),
-            ),
-            Route::ExternalLocalPod => (
-                EndpointList::Cluster,
-                "externalTrafficPolicy Local, but the source is a local pod: short-circuited \
-                 to endpoints anywhere in the cluster"
-                    .to_owned(),
-            ),
-            Route::ExternalLocalNode => (
-                EndpointList::Cluster,
-                "externalTrafficPolicy Local, but the source is this node: short-circuited to \
-                 endpoints anywhere in the cluster"
-                    .to_owned(),
-            ),
-            Route::ExternalLocal => (
-                EndpointList::Local,
-                "externalTrafficPolicy Local: only endpoints on this node".to_owned(),
-            ),
-        };
-        let chosen_list = plan.list(list);
-
-        // Source ranges apply to LB IPs only, and only when the FW chain exists.
-        let ranges = &svc.load_balancer_source_ranges;
+        let route = self.route(&plan, how, &mut notes);
+        let (list, list_reason) = route.list(svc);
         let firewall = how == MatchKind::LoadBalancerIp && plan.uses_firewall_chain;
-        let range_allowed = self.source.map(|s| {
-            let node_allowed = ranges
-                .iter()
-                .any(|r| self.node_ip().is_some_and(|n| r.trunc().contains(&n)));
-            ranges.iter().any(|r| r.trunc().contains(&s))
-                || (node_allowed && svc.load_balancer_ips.contains(&s))
-        });
-        if firewall && range_allowed.is_none() {
-            let list: Vec<String> = ranges.iter().map(|r| r.trunc().to_string()).collect();
-            notes.push(format!(
-                "only sources in loadBalancerSourceRanges ({}) are accepted; others are \
-                 dropped by {KUBE_PROXY_FIREWALL}",
-                list.join(", ")
-            ));
-        }
-
-        let (outcome, outcome_reason) = if !has_any {
-            (
-                Outcome::RejectNoEndpoints,
-                format!("{display} has no usable endpoints anywhere: REJECT"),
-            )
-        } else if firewall && range_allowed == Some(false) {
-            (
-                Outcome::DropSourceRange,
-                "the source is outside loadBalancerSourceRanges: not DNATed, then DROPped"
-                    .to_owned(),
-            )
-        } else if chosen_list.is_empty() {
-            (
-                Outcome::DropNoLocalEndpoints,
-                format!("{display} has no local endpoints and the traffic policy is Local: DROP"),
-            )
-        } else {
-            let n = chosen_list.len();
-            let how_picked = if svc.session_affinity.is_some() {
-                "by client IP affinity, else at random"
-            } else {
-                "at random"
-            };
-            let reason = if n == 1 {
-                "DNAT to the only usable endpoint".to_owned()
-            } else {
-                format!("DNAT to one of {n} endpoints, picked {how_picked}")
-            };
-            (Outcome::Dnat, reason)
-        };
+        let range_allowed = self.range_allowed(svc, firewall, &mut notes);
+        let (outcome, outcome_reason) = outcome(
+            &display,
+            svc,
+            &plan,
+            list,
+            firewall && range_allowed == Some(false),
+        );
 
         let endpoints: Vec<EndpointExplanation> = all
             .iter()
             .map(|ep| {
-                let wrong_family = IpFamily::of(&ep.ip) != self.family;
                 let topo = verdicts
                     .endpoints
                     .iter()
                     .find(|(e, _)| e.ip == ep.ip && e.port == ep.port)
-                    .map(|(_, v)| match list {
+                    .and_then(|(_, v)| match list {
                         EndpointList::Cluster => v.cluster,
                         EndpointList::Local => v.local,
                     });
-                let verdict = if wrong_family {
-                    EndpointVerdict::WrongFamily
-                } else {
-                    match topo.flatten() {
-                        Some(topology::Verdict::Ready) => EndpointVerdict::Ready,
-                        Some(topology::Verdict::TerminatingFallback) => {
-                            EndpointVerdict::TerminatingFallback
-                        }
-                        Some(topology::Verdict::NotReady) => EndpointVerdict::ServingTerminating,
-                        Some(topology::Verdict::FilteredByTopology) => {
-                            EndpointVerdict::FilteredByTopology
-                        }
-                        Some(topology::Verdict::NotLocal) if how.is_external() => {
-                            EndpointVerdict::NotLocalExternalPolicy
-                        }
-                        Some(topology::Verdict::NotLocal) => {
-                            EndpointVerdict::NotLocalInternalPolicy
-                        }
-                        // `None` (the list is unused) cannot happen for the list the route
-                        // picks; treat it like an unusable endpoint rather than guess.
-                        Some(topology::Verdict::Unusable) | None => EndpointVerdict::NotReady,
-                    }
-                };
+                let verdict = self.endpoint_verdict(ep, topo, how);
                 EndpointExplanation {
                     ip: ep.ip,
                     port: ep.port,
@@ -749,7 +697,8 @@ impl Context<'_> {
                     verdict,
                     used: verdict.chosen() && outcome == Outcome::Dnat,
                     reason: endpoint_reason(verdict, ep, verdicts.topology_mode, node, self.family),
-                    chain: (!wrong_family).then(|| endpoint_chain(name, ep.ip, ep.port)),
+                    chain: (verdict != EndpointVerdict::WrongFamily)
+                        .then(|| endpoint_chain(name, ep.ip, ep.port)),
                     hairpin: self.source == Some(ep.ip),
                 }
             })
@@ -785,12 +734,106 @@ impl Context<'_> {
             outcome_reason,
             masquerade,
             session_affinity,
-            load_balancer_source_ranges: ranges.iter().map(IpNet::trunc).collect(),
+            load_balancer_source_ranges: svc
+                .load_balancer_source_ranges
+                .iter()
+                .map(IpNet::trunc)
+                .collect(),
             hops,
             chains,
             dataplane: None,
             endpoints,
             notes,
+        }
+    }
+
+    /// The route a packet matched `how` takes through the plan: internal, or which of the
+    /// external cases (the short-circuits exist only when the renderer writes them).
+    fn route(&self, plan: &ServicePlan<'_>, how: MatchKind, notes: &mut Vec<String>) -> Route {
+        if !how.is_external() {
+            return Route::Internal;
+        }
+        if !plan.external_local {
+            return Route::ExternalCluster;
+        }
+        let pod = self.source.and_then(|s| self.local_traffic(s)) == Some(true);
+        let from_node = self.source.is_some_and(|s| self.is_node_address(s));
+        let short_circuit = match plan.external_masquerade {
+            ExternalMasquerade::ShortCircuit { pods } => Some(pods),
+            ExternalMasquerade::Always | ExternalMasquerade::Never => None,
+        };
+        if short_circuit == Some(true) && pod {
+            return Route::ExternalLocalPod;
+        }
+        if short_circuit.is_some() && from_node {
+            return Route::ExternalLocalNode;
+        }
+        if self.source.is_none() {
+            notes.push(
+                "assuming a client outside the node: from this node the packet is \
+                 masqueraded and may go to any endpoint in the cluster; from a local \
+                 pod it goes to any endpoint without masquerading"
+                    .to_owned(),
+            );
+        } else if let DetectorView::Interface(iface) = &self.detector {
+            notes.push(format!(
+                "if the packet arrives on {iface} it is pod traffic and may go to \
+                 any endpoint in the cluster"
+            ));
+        }
+        Route::ExternalLocal
+    }
+
+    /// Whether the source passes loadBalancerSourceRanges (the node's own traffic to a VIP
+    /// when a range admits the node), `None` without a source; without one, a note on the
+    /// `firewall`.
+    fn range_allowed(
+        &self,
+        svc: &ServicePort,
+        firewall: bool,
+        notes: &mut Vec<String>,
+    ) -> Option<bool> {
+        let ranges = &svc.load_balancer_source_ranges;
+        let range_allowed = self.source.map(|s| {
+            let node_allowed = ranges
+                .iter()
+                .any(|r| self.node_ip().is_some_and(|n| r.trunc().contains(&n)));
+            ranges.iter().any(|r| r.trunc().contains(&s))
+                || (node_allowed && svc.load_balancer_ips.contains(&s))
+        });
+        if firewall && range_allowed.is_none() {
+            let list: Vec<String> = ranges.iter().map(|r| r.trunc().to_string()).collect();
+            notes.push(format!(
+                "only sources in loadBalancerSourceRanges ({}) are accepted; others are \
+                 dropped by {KUBE_PROXY_FIREWALL}",
+                list.join(", ")
+            ));
+        }
+        range_allowed
+    }
+
+    /// What the chosen list made of `ep`, from its topology verdict `topo` for that list.
+    fn endpoint_verdict(
+        &self,
+        ep: &Endpoint,
+        topo: Option<topology::Verdict>,
+        how: MatchKind,
+    ) -> EndpointVerdict {
+        if IpFamily::of(&ep.ip) != self.family {
+            return EndpointVerdict::WrongFamily;
+        }
+        match topo {
+            Some(topology::Verdict::Ready) => EndpointVerdict::Ready,
+            Some(topology::Verdict::TerminatingFallback) => EndpointVerdict::TerminatingFallback,
+            Some(topology::Verdict::NotReady) => EndpointVerdict::ServingTerminating,
+            Some(topology::Verdict::FilteredByTopology) => EndpointVerdict::FilteredByTopology,
+            Some(topology::Verdict::NotLocal) if how.is_external() => {
+                EndpointVerdict::NotLocalExternalPolicy
+            }
+            Some(topology::Verdict::NotLocal) => EndpointVerdict::NotLocalInternalPolicy,
+            // `None` (the list is unused) cannot happen for the list the route picks; treat
+            // it like an unusable endpoint rather than guess.
+            Some(topology::Verdict::Unusable) | None => EndpointVerdict::NotReady,
         }
     }
 

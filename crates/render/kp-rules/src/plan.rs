@@ -16,8 +16,10 @@
 //!   ([`ServicePlan::source_ranges`]), iptables only when it writes the firewall chain
 //!   ([`ServicePlan::uses_firewall_chain`]).
 //!
-//! ipvs mode's plan (`crate::ipvs`) still decides its own traffic policies: its layout
-//! (virtual servers, ipsets) has no chains to share.
+//! - ipvs mode's plan (`crate::ipvs`) and userspace mode's relay (`kp-userspace`) read the
+//!   endpoint lists and whether any endpoint is usable; they have no chains, and where a
+//!   Local policy has no local endpoint ipvs mode falls back to the Cluster list, as
+//!   upstream's ([`ServicePlan::list_or_cluster`]).
 
 use kp_core::model::{Endpoint, NodeInfo, ServicePort};
 use kp_core::topology::{EndpointCategories, categorize};
@@ -222,6 +224,18 @@ impl<'e> ServicePlan<'e> {
             EndpointList::Local => &self.endpoints.local,
         }
     }
+
+    /// The endpoints `policy` sends to in ipvs mode: its list, or the Cluster list where a
+    /// Local policy has no local endpoint. Upstream's ipvs mode falls back so (kubernetes
+    /// #97081): pods keep reaching the service through its external addresses, while an
+    /// outside client's unmasqueraded flow gets its answer from the remote endpoint's own
+    /// node and never completes. The chain modes drop instead ([`ServicePlan::internal_filter`]).
+    pub fn list_or_cluster(&self, policy: Policy) -> &[&'e Endpoint] {
+        match policy.list {
+            EndpointList::Local if !self.endpoints.local.is_empty() => &self.endpoints.local,
+            EndpointList::Local | EndpointList::Cluster => &self.endpoints.cluster,
+        }
+    }
 }
 
 /// A session affinity timeout as the rules carry it (whole seconds, clamped).
@@ -348,6 +362,22 @@ mod tests {
         );
         assert_eq!(plan.list(EndpointList::Cluster).len(), 1);
         assert!(plan.list(EndpointList::Local).is_empty());
+        // ipvs mode falls back to the Cluster list instead.
+        assert_eq!(
+            plan.list_or_cluster(plan.internal),
+            plan.list(EndpointList::Cluster)
+        );
+        let local = [
+            endpoint("10.0.0.2", true, true),
+            endpoint("10.0.0.3", false, true),
+        ];
+        let plan = ServicePlan::new(&svc, &local, &node(), MASQ);
+        let only_local: Vec<IpAddr> = plan
+            .list_or_cluster(plan.external)
+            .iter()
+            .map(|e| e.ip)
+            .collect();
+        assert_eq!(only_local, [ip("10.0.0.2")]);
     }
 
     #[test]

@@ -6,8 +6,10 @@ mod netlink;
 
 use std::future::Future;
 use std::path::PathBuf;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+#[cfg(any(test, feature = "test-util"))]
 use kp_rules::ipvs::ipset::{SavedSets, parse_save};
 
 use crate::exec::{ExecError, run_program};
@@ -61,6 +63,7 @@ impl IpsetRunner for ExecIpset {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 struct FakeState {
     sets: SavedSets,
@@ -68,6 +71,7 @@ struct FakeState {
     saves: usize,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// In-memory ipset: `create`, `add`, `del`, `flush`, `destroy` lines change its sets; `save`
 /// prints them. Clones share the state.
 #[derive(Clone, Debug, Default)]
@@ -75,6 +79,7 @@ pub struct FakeIpset {
     state: Arc<Mutex<FakeState>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeIpset {
     /// No sets.
     pub fn new() -> Self {
@@ -101,6 +106,7 @@ impl FakeIpset {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl IpsetRunner for FakeIpset {
     async fn save(&self) -> Result<String, ExecError> {
         let mut state = self.lock();

@@ -1,9 +1,12 @@
 //! The `kube-ipvs0` dummy device and its addresses, over rtnetlink, behind [`Links`] with an
-//! in-memory [`FakeLinks`].
+//! in-memory `FakeLinks` (`test-util`).
 
-use std::collections::{BTreeMap, BTreeSet};
+#[cfg(any(test, feature = "test-util"))]
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::IpAddr;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::TryStreamExt as _;
@@ -209,6 +212,7 @@ impl Links for RtLinks {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Debug, Default)]
 struct FakeTable {
     links: BTreeMap<String, (u32, BTreeSet<IpAddr>)>,
@@ -216,12 +220,14 @@ struct FakeTable {
     requests: usize,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// In-memory [`Links`]; clones share the table. Records every change as text.
 #[derive(Clone, Debug, Default)]
 pub struct FakeLinks {
     table: Arc<Mutex<FakeTable>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeLinks {
     /// No links.
     pub fn new() -> Self {
@@ -270,6 +276,7 @@ impl FakeLinks {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Links for FakeLinks {
     async fn ensure_dummy(&mut self, name: &str) -> Result<u32, LinkError> {
         self.request();

@@ -57,8 +57,12 @@ use crate::sync::{FamilyErrors, SyncState};
 use crate::sysctls::{self, Setting, Sysctl, WriteWhen};
 use kp_rules::iptables::{JumpRule, Table};
 
-pub use ipset::{Counts as IpsetCounts, ExecIpset, FakeIpset, IpsetNetlinkError, IpsetRunner};
-pub use links::{FakeLinks, LinkError, Links, RtLinks};
+#[cfg(any(test, feature = "test-util"))]
+pub use ipset::FakeIpset;
+pub use ipset::{Counts as IpsetCounts, ExecIpset, IpsetNetlinkError, IpsetRunner};
+#[cfg(any(test, feature = "test-util"))]
+pub use links::FakeLinks;
+pub use links::{LinkError, Links, RtLinks};
 use planned::{Delta, Planned};
 
 /// What a full sync read of one family's iptables tables before writing its rules.

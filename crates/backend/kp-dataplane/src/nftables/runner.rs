@@ -1,14 +1,17 @@
 //! Running `nft`: [`NftRunner`], its real implementation [`ExecNft`] and the recording fake
-//! [`FakeNft`].
+//! `FakeNft` (`test-util`).
 //!
 //! nftables mode needs two operations per family: apply a script as one transaction (`nft -f
 //! -`, atomic: the kernel takes all of it or nothing) and list what the `kube-proxy` table
 //! holds (`nft -t list table`, without set elements, which may be many) to adopt what a
 //! previous process left. The listing is parsed by [`parse_listing`].
 
+#[cfg(any(test, feature = "test-util"))]
 use std::collections::VecDeque;
+#[cfg(any(test, feature = "test-util"))]
 use std::fmt;
 use std::path::PathBuf;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_core::model::IpFamily;
@@ -212,6 +215,7 @@ fn parse_duration(text: &str) -> Option<u64> {
     (!text.is_empty() && millis.is_multiple_of(1000)).then_some(millis / 1000)
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// One call seen by [`FakeNft`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NftCall {
@@ -221,6 +225,7 @@ pub enum NftCall {
     List(IpFamily),
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl fmt::Display for NftCall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -230,9 +235,11 @@ impl fmt::Display for NftCall {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// Decides whether a fake apply fails, given its script.
 type ApplyFailure = Box<dyn Fn(&str) -> bool + Send>;
 
+#[cfg(any(test, feature = "test-util"))]
 #[derive(Default)]
 struct FakeState {
     calls: Vec<NftCall>,
@@ -246,6 +253,7 @@ struct FakeState {
     list_fails: bool,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// An [`NftRunner`] that records every call and never touches the kernel. Applies succeed
 /// unless scripted to fail; listings are whatever [`FakeNft::set_listing`] set (no table by
 /// default). Clones share the record.
@@ -254,6 +262,7 @@ pub struct FakeNft {
     state: Arc<Mutex<FakeState>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl fmt::Debug for FakeNft {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FakeNft")
@@ -262,6 +271,7 @@ impl fmt::Debug for FakeNft {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeNft {
     /// A fake whose applies succeed and which lists no table.
     pub fn new() -> Self {
@@ -323,6 +333,7 @@ impl FakeNft {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 fn fake_failure(stderr: &str) -> ExecError {
     ExecError::Failed {
         program: DEFAULT_NFT_BINARY.to_owned(),
@@ -331,6 +342,7 @@ fn fake_failure(stderr: &str) -> ExecError {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl NftRunner for FakeNft {
     async fn apply(&self, transaction: &Transaction) -> Result<(), ExecError> {
         let script = transaction.to_string();

@@ -539,155 +539,215 @@ fn render_service<S: RuleSink + ?Sized>(
             detector: ctx.detector.is_some(),
         },
     );
-    let display = name.to_string();
-    let display = display.as_str();
-    let protocol = name.protocol;
-    let chains = ServiceChains::new(name);
-    let large = ctx.large_cluster;
-    let policy_chain = |list| match list {
-        EndpointList::Cluster => &chains.svc,
-        EndpointList::Local => &chains.svl,
+    let service = ServiceRules {
+        ctx,
+        plan,
+        name,
+        display: name.to_string(),
+        cluster_ip,
+        svc,
+        chains: ServiceChains::new(name),
     };
-    let internal_chain = policy_chain(plan.internal.list);
-    let lb_chain = if plan.uses_firewall_chain {
-        &chains.fw
-    } else {
-        &chains.ext
-    };
-    let internal_filter = plan.internal_filter.map(|v| no_endpoints(display, v));
-    let external_filter = plan.external_filter.map(|v| no_endpoints(display, v));
-
-    // ClusterIP.
-    let cluster_comment = about(display, " cluster IP");
-    match &internal_filter {
-        None => out.nat(
-            Rule::new(KUBE_SERVICES)
-                .comment(cluster_comment.clone())
-                .with_all(to(protocol, cluster_ip, svc.port))
-                .jump(internal_chain),
-        ),
-        Some((target, comment)) => out.filter(
-            Rule::new(KUBE_SERVICES)
-                .comment(comment.clone())
-                .with_all(to(protocol, cluster_ip, svc.port))
-                .target(target.clone()),
-        ),
-    }
-
-    // externalIPs.
-    for ip in &svc.external_ips {
-        if plan.uses_external_chain {
-            out.nat(
-                Rule::new(KUBE_SERVICES)
-                    .comment(about(display, " external IP"))
-                    .with_all(to(protocol, *ip, svc.port))
-                    .jump(&chains.ext),
-            );
-        }
-        if let Some((target, comment)) = &external_filter {
-            out.filter(
-                Rule::new(KUBE_EXTERNAL_SERVICES)
-                    .comment(comment.clone())
-                    .with_all(to(protocol, *ip, svc.port))
-                    .target(target.clone()),
-            );
-        }
-    }
-
-    // LoadBalancer ingress IPs.
-    let lb_comment = about(display, " loadbalancer IP");
-    let not_accepted = format!(" traffic not accepted by {}", chains.fw);
-    for ip in &svc.load_balancer_ips {
-        if plan.uses_external_chain {
-            out.nat(
-                Rule::new(KUBE_SERVICES)
-                    .comment(lb_comment.clone())
-                    .with_all(to(protocol, *ip, svc.port))
-                    .jump(lb_chain),
-            );
-        }
-        if plan.uses_firewall_chain {
-            // Packets KUBE-FW-* accepted were DNATed and no longer match this.
-            out.filter(
-                Rule::new(KUBE_PROXY_FIREWALL)
-                    .comment(about(display, &not_accepted))
-                    .with_all(to(protocol, *ip, svc.port))
-                    .target(Target::Drop),
-            );
-        }
-    }
-    if let Some((target, comment)) = &external_filter {
-        for ip in &svc.load_balancer_ips {
-            out.filter(
-                Rule::new(KUBE_EXTERNAL_SERVICES)
-                    .comment(comment.clone())
-                    .with_all(to(protocol, *ip, svc.port))
-                    .target(target.clone()),
-            );
-        }
-    }
-
-    // NodePort (not subject to loadBalancerSourceRanges, as upstream).
-    if let Some(node_port) = svc.node_port {
-        if plan.uses_external_chain {
-            out.nat(
-                Rule::new(KUBE_NODEPORTS)
-                    .comment(display)
-                    .with(Match::Protocol(protocol))
-                    .with(Match::DestinationPort(node_port))
-                    .jump(&chains.ext),
-            );
-        }
-        if let Some((target, comment)) = &external_filter {
-            out.filter(
-                Rule::new(KUBE_EXTERNAL_SERVICES)
-                    .comment(comment.clone())
-                    .with(Match::AddrType {
-                        side: AddrTypeSide::Destination,
-                        addr_type: AddrType::Local,
-                    })
-                    .with(Match::Protocol(protocol))
-                    .with(Match::DestinationPort(node_port))
-                    .target(target.clone()),
-            );
-        }
-    }
-
-    // healthCheckNodePort: always TCP, open whether or not local endpoints exist.
-    if let Some(hc_port) = svc.health_check_node_port {
-        out.filter(
-            Rule::new(KUBE_NODEPORTS)
-                .comment(about(display, " health check node port"))
-                .with(Match::Protocol(Protocol::Tcp))
-                .with(Match::DestinationPort(hc_port))
-                .target(Target::Accept),
-        );
-    }
-
+    service.dispatch(out);
     // The service's own chains, right after its dispatch rules.
     let mut own = Own { out, write };
-    // Masquerade ClusterIP traffic that does not come from a local pod (all of it with
-    // masqueradeAll).
-    let masquerade_unless = match plan.internal_masquerade {
-        InternalMasquerade::All => Some(None),
-        InternalMasquerade::NotLocal => ctx.detector.as_ref().map(|d| Some(d.if_not_local())),
-        InternalMasquerade::None => None,
-    };
-    if let Some(unless) = masquerade_unless {
+    service.internal_masquerade(&mut own);
+    if service.plan.uses_external_chain {
+        service.external_chain(&mut own, active);
+    }
+    if service.plan.uses_firewall_chain {
+        service.firewall_chain(&mut own, active);
+    }
+    service.endpoint_chains(&mut own, active);
+}
+
+/// One service port's rules, in the parts of its plan: the dispatch rules ([`Self::dispatch`]),
+/// then its own chains: the internal policy chain's masquerade rule, `KUBE-EXT-*`,
+/// `KUBE-FW-*`, the policy chains balancing over `KUBE-SEP-*`, and those.
+struct ServiceRules<'a, 'e> {
+    ctx: &'a Context<'a>,
+    plan: ServicePlan<'e>,
+    name: &'a ServicePortName,
+    /// `name` as comments show it.
+    display: String,
+    cluster_ip: IpAddr,
+    svc: &'a ServicePort,
+    chains: ServiceChains,
+}
+
+impl ServiceRules<'_, '_> {
+    /// The chain of an endpoint list: `KUBE-SVC-*` or `KUBE-SVL-*`.
+    fn policy_chain(&self, list: EndpointList) -> &str {
+        match list {
+            EndpointList::Cluster => &self.chains.svc,
+            EndpointList::Local => &self.chains.svl,
+        }
+    }
+
+    /// `ip:port` of this service port's protocol.
+    fn to(&self, ip: IpAddr, port: u16) -> [Match<'static>; 3] {
+        to(self.name.protocol, ip, port)
+    }
+
+    fn cluster_comment(&self) -> Comment<'_> {
+        about(&self.display, " cluster IP")
+    }
+
+    fn lb_comment(&self) -> Comment<'_> {
+        about(&self.display, " loadbalancer IP")
+    }
+
+    /// The dispatch rules in nat `KUBE-SERVICES`/`KUBE-NODEPORTS` and the filter rules for
+    /// traffic without endpoints, per address: ClusterIP, externalIPs, LoadBalancer IPs,
+    /// NodePort, and the health check node port.
+    fn dispatch<S: RuleSink + ?Sized>(&self, out: &mut Out<'_, S>) {
+        let (plan, svc, display) = (&self.plan, self.svc, self.display.as_str());
+        let internal_filter = plan.internal_filter.map(|v| no_endpoints(display, v));
+        let external_filter = plan.external_filter.map(|v| no_endpoints(display, v));
+
+        // ClusterIP.
+        match &internal_filter {
+            None => out.nat(
+                Rule::new(KUBE_SERVICES)
+                    .comment(self.cluster_comment())
+                    .with_all(self.to(self.cluster_ip, svc.port))
+                    .jump(self.policy_chain(plan.internal.list)),
+            ),
+            Some((target, comment)) => out.filter(
+                Rule::new(KUBE_SERVICES)
+                    .comment(comment.clone())
+                    .with_all(self.to(self.cluster_ip, svc.port))
+                    .target(target.clone()),
+            ),
+        }
+
+        // externalIPs.
+        for ip in &svc.external_ips {
+            if plan.uses_external_chain {
+                out.nat(
+                    Rule::new(KUBE_SERVICES)
+                        .comment(about(display, " external IP"))
+                        .with_all(self.to(*ip, svc.port))
+                        .jump(&self.chains.ext),
+                );
+            }
+            if let Some((target, comment)) = &external_filter {
+                out.filter(
+                    Rule::new(KUBE_EXTERNAL_SERVICES)
+                        .comment(comment.clone())
+                        .with_all(self.to(*ip, svc.port))
+                        .target(target.clone()),
+                );
+            }
+        }
+
+        // LoadBalancer ingress IPs.
+        let lb_chain = if plan.uses_firewall_chain {
+            &self.chains.fw
+        } else {
+            &self.chains.ext
+        };
+        let not_accepted = format!(" traffic not accepted by {}", self.chains.fw);
+        for ip in &svc.load_balancer_ips {
+            if plan.uses_external_chain {
+                out.nat(
+                    Rule::new(KUBE_SERVICES)
+                        .comment(self.lb_comment())
+                        .with_all(self.to(*ip, svc.port))
+                        .jump(lb_chain),
+                );
+            }
+            if plan.uses_firewall_chain {
+                // Packets KUBE-FW-* accepted were DNATed and no longer match this.
+                out.filter(
+                    Rule::new(KUBE_PROXY_FIREWALL)
+                        .comment(about(display, &not_accepted))
+                        .with_all(self.to(*ip, svc.port))
+                        .target(Target::Drop),
+                );
+            }
+        }
+        if let Some((target, comment)) = &external_filter {
+            for ip in &svc.load_balancer_ips {
+                out.filter(
+                    Rule::new(KUBE_EXTERNAL_SERVICES)
+                        .comment(comment.clone())
+                        .with_all(self.to(*ip, svc.port))
+                        .target(target.clone()),
+                );
+            }
+        }
+
+        // NodePort (not subject to loadBalancerSourceRanges, as upstream).
+        if let Some(node_port) = svc.node_port {
+            let protocol = self.name.protocol;
+            if plan.uses_external_chain {
+                out.nat(
+                    Rule::new(KUBE_NODEPORTS)
+                        .comment(display)
+                        .with(Match::Protocol(protocol))
+                        .with(Match::DestinationPort(node_port))
+                        .jump(&self.chains.ext),
+                );
+            }
+            if let Some((target, comment)) = &external_filter {
+                out.filter(
+                    Rule::new(KUBE_EXTERNAL_SERVICES)
+                        .comment(comment.clone())
+                        .with(Match::AddrType {
+                            side: AddrTypeSide::Destination,
+                            addr_type: AddrType::Local,
+                        })
+                        .with(Match::Protocol(protocol))
+                        .with(Match::DestinationPort(node_port))
+                        .target(target.clone()),
+                );
+            }
+        }
+
+        // healthCheckNodePort: always TCP, open whether or not local endpoints exist.
+        if let Some(hc_port) = svc.health_check_node_port {
+            out.filter(
+                Rule::new(KUBE_NODEPORTS)
+                    .comment(about(display, " health check node port"))
+                    .with(Match::Protocol(Protocol::Tcp))
+                    .with(Match::DestinationPort(hc_port))
+                    .target(Target::Accept),
+            );
+        }
+    }
+
+    /// Masquerades ClusterIP traffic that does not come from a local pod (all of it with
+    /// masqueradeAll), first in the internal policy chain.
+    fn internal_masquerade<S: RuleSink + ?Sized>(&self, own: &mut Own<'_, '_, S>) {
+        let unless = match self.plan.internal_masquerade {
+            InternalMasquerade::All => None,
+            InternalMasquerade::NotLocal => match &self.ctx.detector {
+                Some(detector) => Some(detector.if_not_local()),
+                None => return,
+            },
+            InternalMasquerade::None => return,
+        };
         own.rule(|| {
-            Rule::new(internal_chain.as_str())
-                .comment(cluster_comment.clone())
-                .with_all(to(protocol, cluster_ip, svc.port))
+            Rule::new(self.policy_chain(self.plan.internal.list))
+                .comment(self.cluster_comment())
+                .with_all(self.to(self.cluster_ip, self.svc.port))
                 .with_all(unless)
                 .jump(KUBE_MARK_MASQ)
         });
     }
 
-    if plan.uses_external_chain {
-        let ext = chains.ext.as_str();
+    /// `KUBE-EXT-*`: how external traffic is masqueraded or short-circuited, then its policy
+    /// chain.
+    fn external_chain<S: RuleSink + ?Sized>(
+        &self,
+        own: &mut Own<'_, '_, S>,
+        active: &mut Vec<String>,
+    ) {
+        let (ext, display) = (self.chains.ext.as_str(), self.display.as_str());
         own.chain(ext);
-        active.push(chains.ext.clone());
-        match plan.external_masquerade {
+        active.push(self.chains.ext.clone());
+        match self.plan.external_masquerade {
             ExternalMasquerade::Always => {
                 // Endpoints may be on other nodes: masquerade so replies come back through us.
                 own.rule(|| {
@@ -701,7 +761,7 @@ fn render_service<S: RuleSink + ?Sized>(
                 });
             }
             ExternalMasquerade::ShortCircuit { pods } => {
-                if let (true, Some(detector)) = (pods, &ctx.detector) {
+                if let (true, Some(detector)) = (pods, &self.ctx.detector) {
                     // Pods reaching an external IP of the service get any endpoint,
                     // unmasqueraded.
                     own.rule(|| {
@@ -712,7 +772,7 @@ fn render_service<S: RuleSink + ?Sized>(
                                 " external destinations",
                             ))
                             .with(detector.if_local())
-                            .jump(chains.svc.as_str())
+                            .jump(self.chains.svc.as_str())
                     });
                 }
                 // The node itself: masquerade (its source would not route back) and use any
@@ -739,84 +799,103 @@ fn render_service<S: RuleSink + ?Sized>(
                             " external destinations",
                         ))
                         .with(from_node)
-                        .jump(chains.svc.as_str())
+                        .jump(self.chains.svc.as_str())
                 });
             }
             ExternalMasquerade::Never => {}
         }
-        if plan.external.has_endpoints {
-            own.rule(|| Rule::new(ext).jump(policy_chain(plan.external.list).as_str()));
+        if self.plan.external.has_endpoints {
+            own.rule(|| Rule::new(ext).jump(self.policy_chain(self.plan.external.list)));
         }
     }
 
-    if plan.uses_firewall_chain {
-        let fw = chains.fw.as_str();
+    /// `KUBE-FW-*`: loadBalancerSourceRanges (and the node's own traffic to the VIP when a
+    /// range admits the node) on to `KUBE-EXT-*`; the rest falls through.
+    fn firewall_chain<S: RuleSink + ?Sized>(
+        &self,
+        own: &mut Own<'_, '_, S>,
+        active: &mut Vec<String>,
+    ) {
+        let (fw, ext) = (self.chains.fw.as_str(), self.chains.ext.as_str());
         own.chain(fw);
-        active.push(chains.fw.clone());
+        active.push(self.chains.fw.clone());
+        let from = |addr| {
+            Rule::new(fw)
+                .comment(self.lb_comment())
+                .with(Match::Source {
+                    addr,
+                    negated: false,
+                })
+                .jump(ext)
+        };
         let mut allow_from_node = false;
-        for cidr in &svc.load_balancer_source_ranges {
+        for cidr in &self.svc.load_balancer_source_ranges {
             let cidr = cidr.trunc();
-            own.rule(|| {
-                Rule::new(fw)
-                    .comment(lb_comment.clone())
-                    .with(Match::Source {
-                        addr: Address::Net(cidr),
-                        negated: false,
-                    })
-                    .jump(chains.ext.as_str())
-            });
-            allow_from_node |= ctx.node_ips.iter().any(|ip| cidr.contains(ip));
+            own.rule(|| from(Address::Net(cidr)));
+            allow_from_node |= self.ctx.node_ips.iter().any(|ip| cidr.contains(ip));
         }
         if allow_from_node {
             // The LB VIP is often a local address, so the node's own traffic to it has the
             // VIP as source.
-            for ip in &svc.load_balancer_ips {
-                own.rule(|| {
-                    Rule::new(fw)
-                        .comment(lb_comment.clone())
-                        .with(Match::Source {
-                            addr: Address::Ip(*ip),
-                            negated: false,
-                        })
-                        .jump(chains.ext.as_str())
-                });
+            for ip in &self.svc.load_balancer_ips {
+                own.rule(|| from(Address::Ip(*ip)));
             }
         }
         // Falls through un-DNATed, so filter KUBE-PROXY-FIREWALL drops it.
         own.rule(|| {
             Rule::new(fw).comment(around(
                 "other traffic to ",
-                display,
+                &self.display,
                 " will be dropped by KUBE-PROXY-FIREWALL",
             ))
         });
     }
 
-    // Every reachable endpoint's chain name, derived once.
-    let mut sep_names = EndpointChains::new(display, name);
-    let reachable: Vec<(&Endpoint, String)> = dedup_endpoints(&plan.endpoints.all_reachable)
-        .into_iter()
-        .map(|ep| (ep, sep_names.chain(ep.ip, ep.port)))
-        .collect();
-    let sep_of = |ep: &Endpoint, sep_names: &mut EndpointChains| -> Cow<'_, str> {
-        // `reachable` is sorted by neither list's order in general; services are small, and
-        // large ones only pay this when written.
-        match reachable
-            .iter()
-            .find(|(r, _)| (r.ip, r.port) == (ep.ip, ep.port))
-        {
-            Some((_, sep)) => Cow::Borrowed(sep.as_str()),
-            None => Cow::Owned(sep_names.chain(ep.ip, ep.port)),
+    /// The policy chains in use, each balancing over its list's `KUBE-SEP-*` chains, then
+    /// every reachable endpoint's `KUBE-SEP-*` chain.
+    fn endpoint_chains<S: RuleSink + ?Sized>(
+        &self,
+        own: &mut Own<'_, '_, S>,
+        active: &mut Vec<String>,
+    ) {
+        // Every reachable endpoint's chain name, derived once.
+        let mut sep_names = EndpointChains::new(&self.display, self.name);
+        let reachable: Vec<(&Endpoint, String)> =
+            dedup_endpoints(&self.plan.endpoints.all_reachable)
+                .into_iter()
+                .map(|ep| (ep, sep_names.chain(ep.ip, ep.port)))
+                .collect();
+        for (list, used) in [
+            (EndpointList::Cluster, self.plan.uses_cluster_chain),
+            (EndpointList::Local, self.plan.uses_local_chain),
+        ] {
+            if used {
+                self.balance(list, &reachable, &mut sep_names, own, active);
+            }
         }
-    };
-    let mut balance = |list: EndpointList, own: &mut Own<'_, '_, S>| {
-        let chain = policy_chain(list).as_str();
+        for (ep, sep) in reachable {
+            self.endpoint_chain(ep, &sep, own);
+            active.push(sep);
+        }
+    }
+
+    /// The policy chain of `list`: ClientIP affinity's `recent` checks, then one rule per
+    /// endpoint with upstream's probabilities.
+    fn balance<S: RuleSink + ?Sized>(
+        &self,
+        list: EndpointList,
+        reachable: &[(&Endpoint, String)],
+        sep_names: &mut EndpointChains,
+        own: &mut Own<'_, '_, S>,
+        active: &mut Vec<String>,
+    ) {
+        let chain = self.policy_chain(list);
         own.chain(chain);
         active.push(chain.to_owned());
-        let targets = dedup_endpoints(plan.list(list));
+        let targets = dedup_endpoints(self.plan.list(list));
         let n = targets.len();
         if !own.write {
-            let per_endpoint = if plan.affinity_seconds.is_some() {
+            let per_endpoint = if self.plan.affinity_seconds.is_some() {
                 2
             } else {
                 1
@@ -826,15 +905,26 @@ fn render_service<S: RuleSink + ?Sized>(
         }
         let targets: Vec<(&Endpoint, Cow<'_, str>)> = targets
             .into_iter()
-            .map(|ep| (ep, sep_of(ep, &mut sep_names)))
+            .map(|ep| {
+                // `reachable` is sorted by neither list's order in general; services are
+                // small, and large ones only pay this when written.
+                let sep = match reachable
+                    .iter()
+                    .find(|(r, _)| (r.ip, r.port) == (ep.ip, ep.port))
+                {
+                    Some((_, sep)) => Cow::Borrowed(sep.as_str()),
+                    None => Cow::Owned(sep_names.chain(ep.ip, ep.port)),
+                };
+                (ep, sep)
+            })
             .collect();
         let comment = |ep: &Endpoint| {
-            (!large).then_some(Comment::Endpoint {
-                service: display,
+            (!self.ctx.large_cluster).then_some(Comment::Endpoint {
+                service: &self.display,
                 endpoint: SocketAddr::new(ep.ip, ep.port),
             })
         };
-        if let Some(seconds) = plan.affinity_seconds {
+        if let Some(seconds) = self.plan.affinity_seconds {
             // Clamped to at most a day, so it fits.
             let seconds = u32::try_from(seconds).unwrap_or(u32::MAX);
             for (ep, sep) in &targets {
@@ -864,20 +954,24 @@ fn render_service<S: RuleSink + ?Sized>(
                 target: Some(Target::Jump(Cow::Borrowed(sep))),
             });
         }
-    };
-    if plan.uses_cluster_chain {
-        balance(EndpointList::Cluster, &mut own);
     }
-    if plan.uses_local_chain {
-        balance(EndpointList::Local, &mut own);
-    }
-    for (ep, sep) in reachable {
-        own.chain(&sep);
-        let comment = || (!large).then_some(Comment::Text(Cow::Borrowed(display)));
+
+    /// `ep`'s `KUBE-SEP-*` chain `sep`: the hairpin masquerade, then the DNAT (recording the
+    /// client for ClientIP affinity).
+    fn endpoint_chain<S: RuleSink + ?Sized>(
+        &self,
+        ep: &Endpoint,
+        sep: &str,
+        own: &mut Own<'_, '_, S>,
+    ) {
+        own.chain(sep);
+        let comment = || {
+            (!self.ctx.large_cluster).then_some(Comment::Text(Cow::Borrowed(self.display.as_str())))
+        };
         // Hairpin: an endpoint reaching itself through the service must be masqueraded, or
         // it would answer itself directly.
         own.rule(|| Rule {
-            chain: Cow::Borrowed(&sep),
+            chain: Cow::Borrowed(sep),
             comment: comment(),
             matches: vec![Match::Source {
                 addr: Address::Ip(ep.ip),
@@ -887,21 +981,20 @@ fn render_service<S: RuleSink + ?Sized>(
         });
         own.rule(|| {
             let mut matches = Vec::with_capacity(2);
-            if plan.affinity_seconds.is_some() {
+            if self.plan.affinity_seconds.is_some() {
                 matches.push(Match::Recent {
-                    name: Cow::Borrowed(&sep),
+                    name: Cow::Borrowed(sep),
                     action: RecentAction::Set,
                 });
             }
-            matches.push(Match::Protocol(protocol));
+            matches.push(Match::Protocol(self.name.protocol));
             Rule {
-                chain: Cow::Borrowed(&sep),
+                chain: Cow::Borrowed(sep),
                 comment: comment(),
                 matches,
                 target: Some(Target::Dnat(SocketAddr::new(ep.ip, ep.port))),
             }
         });
-        active.push(sep);
     }
 }
 

@@ -2,9 +2,10 @@
 //!
 //! [`plan`] turns the proxy state into upstream's ipvs layout: one IPVS virtual server per
 //! (ClusterIP | externalIP | load-balancer IP | node IP for NodePorts, protocol, port), with
-//! the service's endpoints as masquerading real servers; the addresses to bind on the
-//! `kube-ipvs0` dummy device; and the ipset entries the few iptables rules of [`rules`]
-//! match on. Applying it (diffing against the kernel) is the backend's job.
+//! the service's endpoints (as [`crate::plan`] chooses them for every mode) as masquerading
+//! real servers; the addresses to bind on the `kube-ipvs0` dummy device; and the ipset
+//! entries the few iptables rules of [`rules`] match on. Applying it (diffing against the
+//! kernel) is the backend's job.
 
 pub mod ipset;
 pub mod rules;
@@ -14,11 +15,11 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
-use kp_core::topology::categorize;
 use kp_core::tracker::ProxyState;
 use kp_ipvs::{Protocol as IpvsProtocol, RealServer, Scheduler, ServiceKey, VirtualServer};
 
 use crate::iptables::LocalDetector;
+use crate::plan::{Masquerading, ServicePlan};
 use ipset::{SetEntries, SetKind, empty_sets};
 
 /// The dummy device holding every service address, so the kernel accepts their traffic as
@@ -178,22 +179,11 @@ fn plan_ports<'a>(
             continue;
         };
         let endpoints = state.endpoints.get(name).unwrap_or(&none);
-        let categories = categorize(&svc, endpoints, &state.node);
-        // A Local policy without local endpoints falls back to the cluster's (upstream's
-        // ipvs mode, kubernetes#97081): pods keep reaching the service through its external
-        // addresses, while an outside client's unmasqueraded flow gets its answer from the
-        // remote endpoint's own node and never completes.
-        let local_or_cluster = |local: bool| -> &[&Endpoint] {
-            if local && !categories.local.is_empty() {
-                &categories.local
-            } else {
-                &categories.cluster
-            }
-        };
-        let internal = local_or_cluster(svc.internal_policy_local);
-        let external = local_or_cluster(svc.external_policy_local);
-        let internal_servers = real_servers(internal, endpoints, family);
-        let external_servers = real_servers(external, endpoints, family);
+        // The traffic policies' endpoint lists, decided once for every mode (ipvs mode has no
+        // masquerade chains: `Masquerading` does not matter here).
+        let plan = ServicePlan::new(&svc, endpoints, &state.node, Masquerading::default());
+        let internal_servers = real_servers(plan.list_or_cluster(plan.internal), endpoints, family);
+        let external_servers = real_servers(plan.list_or_cluster(plan.external), endpoints, family);
         let proto = name.protocol;
         let scheduler = config.scheduler;
         let timeout = affinity(&svc);
@@ -304,7 +294,7 @@ fn plan_ports<'a>(
             put(SetKind::HealthCheckNodePort, hc.to_string());
         }
         // Hairpin: a local endpoint reaching its own service is masqueraded.
-        for e in categories.all_reachable.iter().filter(|e| e.is_local) {
+        for e in plan.endpoints.all_reachable.iter().filter(|e| e.is_local) {
             if IpFamily::of(&e.ip) == family {
                 let entry = format!("{},{}", ip_port(e.ip, proto, e.port), e.ip);
                 put(SetKind::LoopBack, entry);
