@@ -294,7 +294,7 @@ pub fn nftables_maps_removals() -> Vec<Removal> {
             fight: true,
             ..one(
                 "nft delete table ip kube-proxy every 100 ms for 10 s",
-                &fight_loop("nft delete table ip kube-proxy 2>/dev/null"),
+                &fight_loop("nft delete table ip kube-proxy 2>/dev/null", FIGHT),
                 true,
             )
         },

@@ -25,9 +25,11 @@
 //! full (and reads the table back, since steps of a large one may have been applied).
 //!
 //! Clients pinned (ClientIP affinity) to an endpoint whose last slot a sync removed are
-//! deleted from the affinity maps right after it. Not done yet (issue 24): `explain` of this
-//! layout, and netlink for the fixed part.
+//! deleted from the affinity maps right after it. The fixed part is still `nft -f` text
+//! (written only when the classes in use change).
 
+#[cfg(any(test, feature = "test-util"))]
+mod fake;
 mod io;
 #[cfg(test)]
 mod tests;
@@ -53,7 +55,9 @@ use crate::conntrack::{Conntrack, DefaultConntrack};
 use crate::exec::ExecError;
 use crate::sync::{FamilyErrors, SyncState};
 
-pub use io::{FakeLayoutIo, LayoutCall, LayoutIo, NetlinkLayoutIo};
+#[cfg(any(test, feature = "test-util"))]
+pub use fake::{FakeLayoutIo, LayoutCall};
+pub use io::{LayoutIo, NetlinkLayoutIo};
 pub use kp_nftnl::layout::Readback;
 
 /// Chooses the layout of nftables mode: `chains` (the default: one chain per service and
