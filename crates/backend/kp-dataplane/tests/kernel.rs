@@ -610,6 +610,38 @@ fn legacy_variant_syncs_and_cleans_in_a_netns() {
 }
 
 #[test]
+fn legacy_nat_size_follows_every_change_and_nothing_else() {
+    in_netns(
+        "legacy_nat_size_follows_every_change_and_nothing_else",
+        &["iptables-legacy", "ip6tables-legacy"],
+        || {
+            use kp_dataplane::iptables::{LegacyNatSize, NatSize as _};
+            for (family, tool) in [
+                (IpFamily::V4, "iptables-legacy"),
+                (IpFamily::V6, "ip6tables-legacy"),
+            ] {
+                sh(&format!(
+                    "{tool} -t nat -N KUBE-T && {tool} -t nat -A OUTPUT -j KUBE-T"
+                ));
+                let read = || LegacyNatSize.read(family).expect("legacy nat readable");
+                let before = read();
+                assert_eq!(read(), before, "{tool}: nothing changed");
+                sh(&format!("{tool} -t nat -A KUBE-T -j RETURN"));
+                let added = read();
+                assert_eq!(added.entries, before.entries + 1, "{tool}: one rule added");
+                // Counters are not a change; a rule replaced by another of the same size is.
+                sh(&format!("{tool} -t nat -Z"));
+                assert_eq!(read(), added, "{tool}: counters zeroed");
+                sh(&format!("{tool} -t nat -F"));
+                let flushed = read();
+                assert_eq!(flushed.entries, before.entries - 1, "{tool}: flushed");
+                assert_ne!(flushed, before, "{tool}");
+            }
+        },
+    );
+}
+
+#[test]
 fn one_save_of_every_table_reads_as_a_save_of_each() {
     in_netns(
         "one_save_of_every_table_reads_as_a_save_of_each",

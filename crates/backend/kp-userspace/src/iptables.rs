@@ -21,7 +21,9 @@ use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::{IpFamily, Protocol, ServicePortName};
 use kp_dataplane::conntrack::{Conntrack, DefaultConntrack, FlowFilter, delete_flows};
 use kp_dataplane::exec::{ExecError, RuleRunner};
-use kp_dataplane::iptables::{SavedTable, cleanup_input, ensure_setup, missing_jumps};
+use kp_dataplane::iptables::{
+    NatCanary, NatSize, SavedTable, cleanup_input, ensure_setup, missing_jumps,
+};
 use kp_dataplane::sync::FamilyErrors;
 use kp_rules::iptables::{Setup, Table};
 use kp_rules::userspace::{CaptureConfig, CapturedPort, SERVICE_CHAIN_PREFIXES, jumps, render};
@@ -47,6 +49,8 @@ pub struct IptablesCapture<R, C = DefaultConntrack> {
     /// change.
     relay_addresses: BTreeMap<IpFamily, std::net::IpAddr>,
     leftovers_removed: bool,
+    /// iptables-legacy: nat's size, so the canary check reads nat only when it changed.
+    nat_canary: Option<NatCanary>,
 }
 
 impl<R: RuleRunner> IptablesCapture<R> {
@@ -73,7 +77,15 @@ impl<R: RuleRunner, C: Conntrack> IptablesCapture<R, C> {
             chains: BTreeMap::new(),
             relay_addresses: BTreeMap::new(),
             leftovers_removed: false,
+            nat_canary: None,
         }
+    }
+
+    /// Let the canary check look at nat when `size` says it changed (iptables-legacy);
+    /// without it nat is only checked before periodic syncs.
+    pub fn with_nat_size(mut self, size: impl NatSize + 'static) -> Self {
+        self.nat_canary = Some(NatCanary::new(size));
+        self
     }
 
     fn fail(what: String) -> impl FnOnce(ExecError) -> CaptureError {
@@ -222,13 +234,19 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
             }
         }
         errors.into_result()?;
+        let kind = match changed {
+            None => SyncKind::Full,
+            Some(_) => SyncKind::Partial,
+        };
+        if let Some(canary) = &mut self.nat_canary {
+            for family in &self.families {
+                canary.after_sync(*family, kind);
+            }
+        }
         let moved = plan.relay_addresses != self.relay_addresses;
         self.relay_addresses.clone_from(&plan.relay_addresses);
         self.forget_stale_udp(plan, moved).await;
-        Ok(match changed {
-            None => SyncKind::Full,
-            Some(_) => SyncKind::Partial,
-        })
+        Ok(kind)
     }
 
     /// The jumps from the built-in chains of every family applied, as iptables mode checks.
@@ -236,11 +254,16 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         let setup = jump_setup();
         let mut missing = Vec::new();
         for family in self.chains.keys() {
+            let nat_changed = self.nat_canary.as_ref().is_some_and(|c| c.changed(*family));
+            let check = if nat_changed { Check::Thorough } else { check };
             let found = missing_jumps(&self.runner, *family, &setup, check)
                 .await
                 .map_err(|err| {
                     ApplyError::tool(format!("userspace canary check ({family:?})"), err)
                 })?;
+            if let Some(canary) = self.nat_canary.as_mut().filter(|_| found.is_empty()) {
+                canary.record(*family);
+            }
             missing.extend(found);
         }
         Ok(missing)
@@ -440,5 +463,45 @@ mod tests {
         conntrack.clear();
         capture.apply(&plan(vec![]), None).await.expect("apply");
         assert_eq!(conntrack.deleted().len(), 1);
+    }
+    #[tokio::test]
+    async fn on_legacy_the_canary_reads_nat_when_its_size_changed() {
+        use kp_dataplane::iptables::FakeNatSize;
+        let runner = FakeRunner::new();
+        let size = FakeNatSize::default();
+        size.set(IpFamily::V4, 100);
+        let mut capture =
+            IptablesCapture::new(runner.clone(), CaptureConfig::default(), vec![IpFamily::V4])
+                .with_nat_size(size.clone());
+        capture
+            .apply(&plan(vec![port("a", 40001)]), None)
+            .await
+            .expect("apply");
+        let nat_checks = |runner: &FakeRunner| {
+            let calls = runner.calls();
+            calls
+                .iter()
+                .filter(|c| matches!(c, RunnerCall::Run { args, .. } if args[..3] == ["-t", "nat", "-C"]))
+                .count()
+        };
+        // Once after the full apply, then not while nat's size stays.
+        capture.verify(Check::Canary).await.expect("fake runs");
+        runner.clear_calls();
+        assert_eq!(
+            capture.verify(Check::Canary).await.expect("fake runs"),
+            vec![]
+        );
+        assert_eq!(nat_checks(&runner), 0);
+        // nat flushed: its size changes and the capture's nat jumps are found missing.
+        let jump = jumps()
+            .into_iter()
+            .find(|j| j.table == Table::Nat)
+            .expect("a nat jump");
+        let mut delete: Vec<String> = ["-t", "nat", "-D", jump.from].map(str::to_owned).into();
+        delete.extend(kp_dataplane::exec::split_args(&jump.spec));
+        runner.run(IpFamily::V4, &delete).await.expect("was there");
+        size.set(IpFamily::V4, 10);
+        let found = capture.verify(Check::Canary).await.expect("fake runs");
+        assert_eq!(found.len(), 1, "{found:?}");
     }
 }

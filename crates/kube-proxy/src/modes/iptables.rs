@@ -58,6 +58,9 @@ impl Mode for Iptables {
         if let Some(netlink) = netlink {
             backend = backend.with_netlink(netlink);
         }
+        if !super::iptables_on_nf_tables(host) {
+            backend = backend.with_nat_size(kp_dataplane::iptables::LegacyNatSize);
+        }
         tracing::info!("Using iptables Proxier");
         RemovesNftablesLeftovers::new(backend, host)
     }

@@ -51,7 +51,7 @@ fn capture(
     node_port_addresses: NodePortAddresses,
     localhost_node_ports: bool,
 ) -> IptablesCapture<ExecRunner> {
-    IptablesCapture::new(
+    let capture = IptablesCapture::new(
         ExecRunner::new(Tools::host()),
         CaptureConfig {
             node_port_addresses,
@@ -59,7 +59,12 @@ fn capture(
             drop_bit: DEFAULT_DROP_BIT,
         },
         host.families.clone(),
-    )
+    );
+    if super::iptables_on_nf_tables(host) {
+        capture
+    } else {
+        capture.with_nat_size(kp_dataplane::iptables::LegacyNatSize)
+    }
 }
 
 /// Removes userspace mode's capture chains (`--cleanup`): which chains go depends on the

@@ -22,9 +22,6 @@ const FIGHT: Duration = Duration::from_secs(10);
 /// canary finds the next removal up to 2 s later: 10 s there held only three restores at a
 /// host load of 7 (one short of the back-off, which starts at the fourth in a row).
 const VM_FIGHT: Duration = Duration::from_secs(20);
-/// iptables-legacy's `syncPeriod` here: its nat table (every service's rules, copied whole
-/// for any read) is only checked before periodic syncs.
-const LEGACY_SYNC_PERIOD: Duration = Duration::from_secs(5);
 /// ipvs mode's bound beyond the canary period: the test VM emulates its CPU (0.3–1 s per
 /// tool run under load), where a canary check can take a few hundred milliseconds and then
 /// rests nine times as long, and a restore is a full sync of a few tool runs (one
@@ -142,8 +139,6 @@ pub struct Removal {
     /// takes seconds, so the loop may be seen too few times to start the back-off; the
     /// back-off itself is tested on the host).
     backoff_required: bool,
-    /// Found only by the check before periodic syncs (legacy's nat).
-    periodic: bool,
 }
 
 impl Removal {
@@ -157,7 +152,6 @@ impl Removal {
             events: 1..=1,
             fight: false,
             backoff_required: true,
-            periodic: false,
         }
     }
 }
@@ -185,12 +179,9 @@ pub fn iptables_removals(kernel: Kernel, capture: bool) -> Vec<Removal> {
     let restored = iptables_restored(ipt, capture);
     let one =
         |name, script, keeps_foreign| Removal::new(name, script, restored.clone(), keeps_foreign);
-    let legacy = kernel == Kernel::IptablesLegacy;
+    // On legacy the canary sees nat's size change (one getsockopt) and only then reads it.
     let mut removals = vec![
-        Removal {
-            periodic: legacy,
-            ..one("iptables -t nat -F", format!("{ipt} -t nat -F"), true)
-        },
+        one("iptables -t nat -F", format!("{ipt} -t nat -F"), true),
         Removal {
             events: 1..=2,
             ..one(
@@ -221,19 +212,13 @@ pub fn iptables_removals(kernel: Kernel, capture: bool) -> Vec<Removal> {
             false,
         ));
     }
-    // Legacy's short-period canaries are the filter table's jumps.
-    let (fought, table) = if legacy {
-        ("iptables -t filter -F every 100 ms for 10 s", "filter")
-    } else {
-        ("iptables -t nat -F every 100 ms for 10 s", "nat")
-    };
     removals.push(Removal {
         events: 1..=FIGHT_RESTORES,
         fight: true,
         ..one(
-            fought,
-            fight_loop(&format!("{ipt} -t {table} -F"), FIGHT),
-            !legacy,
+            "iptables -t nat -F every 100 ms for 10 s",
+            fight_loop(&format!("{ipt} -t nat -F"), FIGHT),
+            true,
         )
     });
     removals
@@ -394,10 +379,7 @@ fn time_of_day() -> String {
 pub fn heals(mode: Mode, kernel: Kernel, removals: Vec<Removal>) {
     let mut world = World::new(mode);
     if kernel == Kernel::IptablesLegacy {
-        let period = format!("--iptables-sync-period={}s", LEGACY_SYNC_PERIOD.as_secs());
-        world.flags = std::mem::take(&mut world.flags)
-            .flag("--iptables-backend=legacy")
-            .flag(&period);
+        world.flags = std::mem::take(&mut world.flags).flag("--iptables-backend=legacy");
     }
     let mut proxy = world.start_proxy();
     for removal in removals {
@@ -460,9 +442,6 @@ fn heal_one(world: &World, proxy: &mut Proxy, kernel: Kernel, removal: &Removal)
         let mut bound = kernel.bound();
         if removal.fight {
             bound += BACKOFF_MAX;
-        }
-        if removal.periodic {
-            bound += LEGACY_SYNC_PERIOD;
         }
         let took = wait_restored(world, &removal.restored, since, bound, &what, proxy);
         let outcome = cluster

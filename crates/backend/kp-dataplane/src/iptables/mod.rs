@@ -25,6 +25,7 @@
 //! says they may exist ([`crate::conntrack`]).
 
 mod isolate;
+mod nat_size;
 pub mod netlink;
 mod save;
 #[cfg(test)]
@@ -52,6 +53,9 @@ use crate::conntrack::{Conntrack, DefaultConntrack};
 use crate::exec::{ExecError, ExecRunner, RestoreInto, RuleRunner, Tools, split_args};
 use crate::sync::{FamilyErrors, SyncState};
 
+#[cfg(any(test, feature = "test-util"))]
+pub use nat_size::FakeNatSize;
+pub use nat_size::{LegacyNatSize, NatCanary, NatSize, TableInfo};
 pub use save::{
     KUBE_CHAIN_PREFIX, KUBE_MARK_MASQ, KUBELET_CHAINS, SavedTable, cleanup_input, is_own_chain,
     rule_target,
@@ -199,6 +203,8 @@ pub struct IptablesBackend<R = ExecRunner, C = DefaultConntrack> {
     /// Apply renders over nf_tables netlink instead of `iptables-restore` (nf_tables
     /// backend only; see [`netlink`]).
     netlink: Option<netlink::NetlinkRestore>,
+    /// iptables-legacy: nat's size, so the canary check reads nat only when it changed.
+    nat_canary: Option<NatCanary>,
 }
 
 impl IptablesBackend {
@@ -224,6 +230,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             metrics: IptablesMetrics::default(),
             chains: BTreeMap::new(),
             netlink: None,
+            nat_canary: None,
         })
     }
 
@@ -231,6 +238,13 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
     /// to `iptables-restore` for a sync it cannot apply.
     pub fn with_netlink(mut self, netlink: netlink::NetlinkRestore) -> Self {
         self.netlink = Some(netlink);
+        self
+    }
+
+    /// Let the canary check look at nat when `size` says it changed (iptables-legacy,
+    /// [`LegacyNatSize`]); without it nat is only checked before periodic syncs.
+    pub fn with_nat_size(mut self, size: impl NatSize + 'static) -> Self {
+        self.nat_canary = Some(NatCanary::new(size));
         self
     }
 
@@ -652,6 +666,11 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
         self.sync.succeeded(request, kind, &skipped).await;
+        if let Some(canary) = &mut self.nat_canary {
+            for family in self.sync.families() {
+                canary.after_sync(*family, kind);
+            }
+        }
         debug!(
             full = kind == SyncKind::Full,
             rules_written,
@@ -675,11 +694,18 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
     }
 
     /// Our jumps from the built-in chains, per family: what a flush or a reload removes.
+    /// The canary check looks at nat's too when its size changed (iptables-legacy).
     async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
         let mut missing = Vec::new();
         for family in self.sync.families().to_vec() {
             let setup = setup(family, &self.config.render);
-            missing.extend(missing_jumps(&self.runner, family, &setup, check).await?);
+            let nat_changed = self.nat_canary.as_ref().is_some_and(|c| c.changed(family));
+            let check = if nat_changed { Check::Thorough } else { check };
+            let found = missing_jumps(&self.runner, family, &setup, check).await?;
+            if let Some(canary) = self.nat_canary.as_mut().filter(|_| found.is_empty()) {
+                canary.record(family);
+            }
+            missing.extend(found);
         }
         Ok(missing)
     }
