@@ -4,10 +4,12 @@
 //! - [`exec`]: running `iptables`, `iptables-save` and `iptables-restore` ([`exec::RuleRunner`]).
 //! - [`iptables`]: [`iptables::IptablesBackend`], the `iptables` proxy mode (a
 //!   [`kp_core::backend::Backend`]) applying `kp_rules::iptables` renders over nf_tables
-//!   netlink ([`iptables::netlink`]) or with `iptables-restore`, and its cleanup.
+//!   netlink ([`iptables::netlink`]) or with `iptables-restore`, and its cleanup; on
+//!   iptables-legacy its canary reads nat only when nat's size changed (`kp-xtinfo`).
 //! - [`nftables`]: the `nftables` proxy mode: `kp_rules::nftables` commands sent as
 //!   transactions over netlink by `kp-nftnl` (`nft -f -` when the encoder refuses a value),
-//!   adopting the existing table on restart, and its cleanup.
+//!   adopting the existing table on restart, and its cleanup; [`nftables::layout`] writes
+//!   the verdict-free layout (element transactions; the table read back on full syncs).
 //! - [`ipvs`]: [`ipvs::IpvsBackend`], the `ipvs` proxy mode: IPVS over netlink
 //!   (`kp-ipvs`), the kube-ipvs0 dummy device over rtnetlink, ipsets and a few iptables rules.
 //! - [`interfaces`]: this node's interface addresses, over rtnetlink.

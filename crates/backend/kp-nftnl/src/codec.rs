@@ -339,7 +339,7 @@ impl Batch {
     }
 
     /// Append one message of `kind` whose attributes `body` writes (for message shapes
-    /// [`Command`] does not cover, such as iptables-nft's, see [`crate::xt`]); a kernel error
+    /// [`Command`](kp_rules::nftables::cmd::Command) does not cover, such as iptables-nft's, see [`crate::xt`]); a kernel error
     /// for it is reported as `owner`. `flags` are netlink flags besides `NLM_F_REQUEST`.
     pub fn raw(
         &mut self,

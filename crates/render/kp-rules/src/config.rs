@@ -158,7 +158,7 @@ impl RenderConfig {
         Ok(1u32 << self.masquerade_bit)
     }
 
-    /// Checks everything [`render`] and [`setup`] would reject.
+    /// Checks everything [`render`](crate::iptables::render()) and [`setup`](crate::iptables::setup()) would reject.
     pub fn validate(&self) -> Result<(), RenderError> {
         self.masquerade_mark()?;
         for family in [IpFamily::V4, IpFamily::V6] {

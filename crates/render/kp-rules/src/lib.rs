@@ -13,6 +13,8 @@
 //! - [`nftables`]: upstream's nftables-mode layout (one `kube-proxy` table per family, verdict
 //!   maps) as typed commands ([`nftables::cmd`]); partial syncs plan only the changed services,
 //!   and a full sync can be rendered in steps. Their `Display` is the `nft -f` script.
+//!   [`nftables::layout`] is the opt-in verdict-free layout: fixed chains written once, every
+//!   service and endpoint an element of a data map or set.
 //! - [`ipvs`]: upstream's ipvs-mode layout: virtual and real servers, kube-ipvs0 addresses,
 //!   ipsets (as `ipset restore` diffs) and the few iptables rules that go with them.
 //! - [`userspace`]: userspace mode's capture rules (DNAT or REDIRECT to the relay's ports).

@@ -125,7 +125,7 @@ impl EditedChain {
 /// Without `previous` (full syncs, or when the handles are not known) every declared chain
 /// is flushed and refilled, exactly as the restore does, and the top-level chains' rule keys
 /// are recorded so their handles can be learned after the commit. With `previous`, the
-/// top-level chains it knows are edited in place ([`handles`], [`EditedChain`]): their
+/// top-level chains it knows are edited in place (`handles`, `EditedChain`): their
 /// unchanged rules are neither encoded nor sent.
 ///
 /// With [`NetlinkSink::splitting`] (a large full sync into a kernel without service chains),
