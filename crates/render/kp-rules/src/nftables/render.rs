@@ -26,6 +26,7 @@ use kp_core::tracker::ProxyState;
 use super::cmd::{Addr, AddrField, Command, Match, Name, Rule, Verdict};
 use super::{LocalDetector, MAX_COMMENT_BYTES, RenderConfig};
 use crate::iptables::comment::sanitize;
+use crate::plan::Masquerading;
 
 pub use transaction::{StepRenderError, render, render_in_steps};
 
@@ -156,6 +157,8 @@ struct Context<'a> {
     fam: Family,
     config: &'a RenderConfig,
     detector: Option<Detector>,
+    /// The masquerade settings of every service port's plan.
+    masquerading: Masquerading,
     node: &'a NodeInfo,
     node_ips: Vec<IpAddr>,
 }
@@ -163,9 +166,14 @@ struct Context<'a> {
 impl<'a> Context<'a> {
     /// The context of `family` under `config` (validated) on `state`'s node.
     fn new(state: &'a ProxyState, config: &'a RenderConfig, family: IpFamily) -> Self {
+        let detector = Detector::new(config, family);
         Self {
             family,
-            detector: Detector::new(config, family),
+            masquerading: Masquerading {
+                all: config.masquerade_all,
+                detector: detector.is_some(),
+            },
+            detector,
             fam: Family::new(family),
             config,
             node: &state.node,

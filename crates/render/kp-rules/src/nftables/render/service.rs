@@ -19,9 +19,7 @@ use super::super::{
     ElementSet, MARK_FOR_MASQUERADE, NftState, OwnedObjects, PortObjects, REJECT_CHAIN,
 };
 use super::{Context, add_chain, add_rule, addr_in_set, addr_is, comment_text, goto, jump};
-use crate::plan::{
-    EndpointList, ExternalMasquerade, InternalMasquerade, Masquerading, NoEndpoints, ServicePlan,
-};
+use crate::plan::{EndpointList, ExternalMasquerade, InternalMasquerade, NoEndpoints, ServicePlan};
 
 /// Up to this many endpoints, a service chain picks one with a cascade of `numgen random mod
 /// k` rules instead of upstream's single `numgen random mod n vmap { ... }`. That anonymous
@@ -60,15 +58,7 @@ impl<'a> ServiceObjects<'a> {
         svc: &ServicePort,
         endpoints: &[Endpoint],
     ) -> Self {
-        let plan = ServicePlan::new(
-            svc,
-            endpoints,
-            ctx.node,
-            Masquerading {
-                all: ctx.config.masquerade_all,
-                detector: ctx.detector.is_some(),
-            },
-        );
+        let plan = ServicePlan::new(svc, endpoints, ctx.node, ctx.masquerading);
         let writer = Writer::new(ctx, plan, name, cluster_ip, svc);
         let mut chains = writer.policy_chains();
         if writer.plan.uses_external_chain {
@@ -191,8 +181,8 @@ struct Writer<'a, 'e> {
     ctx: &'a Context<'a>,
     plan: ServicePlan<'e>,
     name: &'a ServicePortName,
-    /// `name` as comments show it.
-    display: String,
+    /// The comment of its no-endpoint and firewall elements: `name`, as nft takes it.
+    comment: String,
     cluster_ip: IpAddr,
     svc: &'a ServicePort,
     chains: SharedChains,
@@ -234,7 +224,7 @@ impl<'a, 'e> Writer<'a, 'e> {
             ctx,
             plan,
             name,
-            display: name.to_string(),
+            comment: comment_text(&name.to_string()),
             cluster_ip,
             svc,
             chains: SharedChains::new(name),
@@ -270,7 +260,7 @@ impl<'a, 'e> Writer<'a, 'e> {
     ) -> Element {
         let value = ElementValue {
             verdict: verdict.cloned(),
-            comment: with_comment.then(|| comment_text(&self.display)),
+            comment: with_comment.then(|| self.comment.clone()),
         };
         (set, key, value)
     }
