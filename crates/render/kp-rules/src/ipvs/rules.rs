@@ -264,24 +264,26 @@ impl Text<'_> {
                 &format!("{cluster} {not_local} -j {KUBE_MARK_MASQ}"),
             );
         }
-        let ext_local = self.set(SetKind::ExternalIpLocal, "dst,dst");
-        self.rule(
-            KUBE_SERVICES,
-            Some("Kubernetes service external ip + port with externalTrafficPolicy=local"),
-            &format!("{ext_local} -j RETURN"),
-        );
-        let ext = self.set(SetKind::ExternalIp, "dst,dst");
-        self.rule(
-            KUBE_SERVICES,
-            Some("Kubernetes service external ip + port for masquerade and filter purpose"),
-            &format!("{ext} -j {KUBE_MARK_MASQ}"),
-        );
-        let lb = self.set(SetKind::LoadBalancer, "dst,dst");
-        self.rule(
-            KUBE_SERVICES,
-            Some("Kubernetes service lb portal"),
-            &format!("{lb} -j {KUBE_LOAD_BALANCER}"),
-        );
+        for (kind, comment, target) in [
+            (
+                SetKind::ExternalIpLocal,
+                "Kubernetes service external ip + port with externalTrafficPolicy=local",
+                "RETURN",
+            ),
+            (
+                SetKind::ExternalIp,
+                "Kubernetes service external ip + port for masquerade and filter purpose",
+                KUBE_MARK_MASQ,
+            ),
+            (
+                SetKind::LoadBalancer,
+                "Kubernetes service lb portal",
+                KUBE_LOAD_BALANCER,
+            ),
+        ] {
+            let m = self.set(kind, "dst,dst");
+            self.rule(KUBE_SERVICES, Some(comment), &format!("{m} -j {target}"));
+        }
         let lb_local = self.set(SetKind::LoadBalancerLocal, "dst,dst");
         self.rule(KUBE_LOAD_BALANCER, None, &format!("{lb_local} -j RETURN"));
         self.rule(KUBE_LOAD_BALANCER, None, &format!("-j {KUBE_MARK_MASQ}"));
