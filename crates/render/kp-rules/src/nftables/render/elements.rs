@@ -184,7 +184,7 @@ impl ElementChanges {
         out
     }
 
-    /// A partial sync's element changes for [`Patch`].
+    /// A partial sync's element changes for [`Patch`](super::super::Patch).
     pub(super) fn into_changes(self) -> Vec<(ElementSet, ElementKey, Option<Installed>)> {
         self.changes
             .into_iter()
