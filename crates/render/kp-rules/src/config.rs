@@ -158,7 +158,8 @@ impl RenderConfig {
         Ok(1u32 << self.masquerade_bit)
     }
 
-    /// Checks everything [`render`](crate::iptables::render()) and [`setup`](crate::iptables::setup()) would reject.
+    /// Checks everything the renderers ([`crate::iptables::render`], [`crate::iptables::setup`],
+    /// [`crate::nftables::render`]) would reject.
     pub fn validate(&self) -> Result<(), RenderError> {
         self.masquerade_mark()?;
         for family in [IpFamily::V4, IpFamily::V6] {

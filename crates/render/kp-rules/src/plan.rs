@@ -10,7 +10,7 @@
 //!   EXT/FW/SEP` chains and the filter rules;
 //! - `kube-proxy explain` ([`crate::explain`]) turns it into the route, outcome, masquerade
 //!   answer and chain hops, so an explanation cannot disagree with the rules;
-//! - the nftables renderer (`nftables/render.rs`, `plan_service`) turns it into its
+//! - the nftables renderer (`nftables/render/service.rs`, `ServiceObjects`) turns it into its
 //!   verdict-map elements and chains; the one difference between the modes is read from
 //!   two fields: nftables filters source ranges with or without endpoints, as upstream
 //!   ([`ServicePlan::source_ranges`]), iptables only when it writes the firewall chain

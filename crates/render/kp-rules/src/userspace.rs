@@ -194,253 +194,327 @@ pub fn render(
     changed: Option<&BTreeSet<ServicePortName>>,
     existing: &BTreeSet<String>,
 ) -> CaptureRender {
-    let mut filter = String::new();
-    let mut nat_heads = String::new();
-    let mut dispatch = String::new();
-    let mut nodeports = String::new();
-    let mut service_rules = String::new();
-    let mut chains = BTreeSet::new();
-    let mark = format!(
-        "{:#x}/{:#x}",
-        1u32 << config.drop_bit,
-        1u32 << config.drop_bit
-    );
-    let host = |ip: &IpAddr| match ip {
+    let mut capture = Capture::new(family, config, relay_address);
+    for p in ports {
+        let port = Port {
+            p,
+            proto: p.name.protocol.as_str(),
+            chains: CaptureChains::new(&p.name),
+            write: changed.is_none_or(|set| set.contains(&p.name)),
+        };
+        capture.internal(&port);
+        if !p.externally_accessible() {
+            continue;
+        }
+        let redirects = matches!(p.external, Target::Redirect(_));
+        if redirects || p.local_shortcut() {
+            capture.external_dispatch(&port);
+            if port.write {
+                capture.external_chains(&port);
+            }
+        }
+        if !redirects {
+            capture.external_filter(&port);
+        }
+    }
+    capture.finish(existing)
+}
+
+/// One port as [`render`] writes it.
+struct Port<'p> {
+    p: &'p CapturedPort,
+    /// Its protocol as iptables spells it.
+    proto: &'static str,
+    chains: CaptureChains,
+    /// Its per-service chains are (re)written.
+    write: bool,
+}
+
+impl Port<'_> {
+    /// The matches of destination `ip:port` of this port's protocol.
+    fn dest(&self, ip: &IpAddr, port: u16) -> String {
+        let proto = self.proto;
+        format!("-d {} -p {proto} -m {proto} --dport {port}", host(ip))
+    }
+
+    /// The external destinations with what comments call them.
+    fn external_dests(&self) -> impl Iterator<Item = (&IpAddr, &'static str)> {
+        let p = self.p;
+        p.external_ips
+            .iter()
+            .map(|ip| (ip, "external IP"))
+            .chain(p.load_balancer_ips.iter().map(|ip| (ip, "loadbalancer IP")))
+    }
+}
+
+/// `ip/32` or `ip/128`.
+fn host(ip: &IpAddr) -> String {
+    match ip {
         IpAddr::V4(_) => format!("{ip}/32"),
         IpAddr::V6(_) => format!("{ip}/128"),
-    };
+    }
+}
 
-    let _ = writeln!(
-        filter,
-        "-A {KUBE_USERSPACE_FILTER} {} -m mark --mark {mark} -j DROP",
-        comment_args("kubernetes userspace: dropped by loadBalancerSourceRanges")
-    );
-    for p in ports {
-        let proto = p.name.protocol.as_str();
-        let chain = CaptureChains::new(&p.name);
-        let write = changed.is_none_or(|set| set.contains(&p.name));
-        let dest = |ip: &IpAddr, port: u16| {
-            format!("-d {} -p {proto} -m {proto} --dport {port}", host(ip))
-        };
+/// The restore input of one render, by part, and the per-service chains it uses.
+struct Capture<'c> {
+    family: IpFamily,
+    config: &'c CaptureConfig,
+    relay_address: Option<IpAddr>,
+    /// `--mark`/`--set-xmark` value of the drop bit.
+    mark: String,
+    /// filter `KUBE-USERSPACE-FILTER` rules.
+    filter: String,
+    /// Declarations of the per-service chains written.
+    nat_heads: String,
+    /// nat `KUBE-USERSPACE` rules.
+    dispatch: String,
+    /// nat `KUBE-USERSPACE-NODEPORTS` rules.
+    nodeports: String,
+    /// The per-service chains' rules.
+    service_rules: String,
+    chains: BTreeSet<String>,
+}
 
-        // ClusterIP.
-        chains.insert(chain.internal.clone());
-        if write {
-            let _ = writeln!(nat_heads, ":{} - [0:0]", chain.internal);
+impl<'c> Capture<'c> {
+    fn new(family: IpFamily, config: &'c CaptureConfig, relay_address: Option<IpAddr>) -> Self {
+        let bit = 1u32 << config.drop_bit;
+        let mark = format!("{bit:#x}/{bit:#x}");
+        let mut filter = String::new();
+        let _ = writeln!(
+            filter,
+            "-A {KUBE_USERSPACE_FILTER} {} -m mark --mark {mark} -j DROP",
+            comment_args("kubernetes userspace: dropped by loadBalancerSourceRanges")
+        );
+        Self {
+            family,
+            config,
+            relay_address,
+            mark,
+            filter,
+            nat_heads: String::new(),
+            dispatch: String::new(),
+            nodeports: String::new(),
+            service_rules: String::new(),
+            chains: BTreeSet::new(),
         }
+    }
+
+    /// A per-service chain in use, declared when its port is written.
+    fn declare(&mut self, chain: &str, write: bool) {
+        self.chains.insert(chain.to_owned());
+        if write {
+            let _ = writeln!(self.nat_heads, ":{chain} - [0:0]");
+        }
+    }
+
+    /// ClusterIP traffic: dispatched to `KUBE-USR-*` and the relay, or refused.
+    fn internal(&mut self, port: &Port<'_>) {
+        let (p, chain) = (port.p, &port.chains.internal);
+        self.declare(chain, port.write);
         match p.internal {
             Target::Redirect(relay) => {
                 let _ = writeln!(
-                    dispatch,
-                    "-A {KUBE_USERSPACE} {} {} -j {}",
+                    self.dispatch,
+                    "-A {KUBE_USERSPACE} {} {} -j {chain}",
                     comment_args(&format!("{} cluster IP", p.name)),
-                    dest(&p.cluster_ip, p.port),
-                    chain.internal
+                    port.dest(&p.cluster_ip, p.port),
                 );
-                if write {
-                    redirect(
-                        &mut service_rules,
-                        &chain.internal,
-                        &p.name,
-                        proto,
-                        relay_address,
-                        relay,
-                    );
+                if port.write {
+                    self.redirect(chain, port, relay);
                 }
             }
             Target::Reject | Target::Drop => {
                 let _ = writeln!(
-                    filter,
+                    self.filter,
                     "-A {KUBE_USERSPACE_FILTER} {} {} -j {}",
                     comment_args(&format!("{} has no endpoints", p.name)),
-                    dest(&p.cluster_ip, p.port),
+                    port.dest(&p.cluster_ip, p.port),
                     verdict(p.internal)
                 );
             }
         }
+    }
 
-        if !p.externally_accessible() {
-            continue;
+    /// External traffic's dispatch: externalIPs and LB IPs (through the firewall chain when
+    /// firewalled) and the NodePort to `KUBE-USX-*`.
+    fn external_dispatch(&mut self, port: &Port<'_>) {
+        let (p, chains) = (port.p, &port.chains);
+        self.declare(&chains.external, port.write);
+        if p.firewalled() {
+            self.declare(&chains.firewall, port.write);
         }
-        let external_dests = || {
-            p.external_ips
-                .iter()
-                .map(|ip| (ip, "external IP"))
-                .chain(p.load_balancer_ips.iter().map(|ip| (ip, "loadbalancer IP")))
-        };
-        let redirects = matches!(p.external, Target::Redirect(_));
-        if redirects || p.local_shortcut() {
-            chains.insert(chain.external.clone());
-            if write {
-                let _ = writeln!(nat_heads, ":{} - [0:0]", chain.external);
-            }
-            if p.firewalled() {
-                chains.insert(chain.firewall.clone());
-                if write {
-                    let _ = writeln!(nat_heads, ":{} - [0:0]", chain.firewall);
-                }
-            }
-            for (ip, what) in external_dests() {
-                let to = if what == "loadbalancer IP" && p.firewalled() {
-                    &chain.firewall
-                } else {
-                    &chain.external
-                };
-                let _ = writeln!(
-                    dispatch,
-                    "-A {KUBE_USERSPACE} {} {} -j {to}",
-                    comment_args(&format!("{} {what}", p.name)),
-                    dest(ip, p.port)
-                );
-            }
-            if let Some(node_port) = p.node_port {
-                let _ = writeln!(
-                    nodeports,
-                    "-A {KUBE_USERSPACE_NODEPORTS} {} -p {proto} -m {proto} --dport {node_port} -j {}",
-                    comment_args(&p.name.to_string()),
-                    chain.external
-                );
-            }
-            if write {
-                if p.local_shortcut() {
-                    let _ = writeln!(
-                        service_rules,
-                        "-A {} {} -m addrtype --src-type LOCAL -j {}",
-                        chain.external,
-                        comment_args(&format!(
-                            "route LOCAL traffic for {} external destinations",
-                            p.name
-                        )),
-                        chain.internal
-                    );
-                }
-                if let Target::Redirect(relay) = p.external {
-                    redirect(
-                        &mut service_rules,
-                        &chain.external,
-                        &p.name,
-                        proto,
-                        relay_address,
-                        relay,
-                    );
-                }
-                if p.firewalled() {
-                    let lb_comment = comment_args(&format!("{} loadbalancer IP", p.name));
-                    for range in &p.source_ranges {
-                        let _ = writeln!(
-                            service_rules,
-                            "-A {} {lb_comment} -s {} -j {}",
-                            chain.firewall,
-                            range.trunc(),
-                            chain.external
-                        );
-                    }
-                    if p.allow_from_node {
-                        // The LB IP is often a local address, so the node's own traffic to
-                        // it has the LB IP as its source.
-                        for ip in &p.load_balancer_ips {
-                            let _ = writeln!(
-                                service_rules,
-                                "-A {} {lb_comment} -s {} -j {}",
-                                chain.firewall,
-                                host(ip),
-                                chain.external
-                            );
-                        }
-                    }
-                    let _ = writeln!(
-                        service_rules,
-                        "-A {} {} -j MARK --set-xmark {mark}",
-                        chain.firewall,
-                        comment_args(&format!("{} outside loadBalancerSourceRanges", p.name)),
-                    );
-                }
-            }
-        }
-        if !redirects {
-            // Packets the rules above sent to the relay no longer have these destinations.
-            let why = if p.external == Target::Reject {
-                "has no endpoints"
+        for (ip, what) in port.external_dests() {
+            let to = if what == "loadbalancer IP" && p.firewalled() {
+                &chains.firewall
             } else {
-                "has no local endpoints"
+                &chains.external
             };
-            let text = comment_args(&format!("{} {why}", p.name));
-            for (ip, _) in external_dests() {
-                let _ = writeln!(
-                    filter,
-                    "-A {KUBE_USERSPACE_FILTER} {text} {} -j {}",
-                    dest(ip, p.port),
-                    verdict(p.external)
-                );
-            }
-            if let Some(node_port) = p.node_port {
-                for local in local_matches(family, config) {
-                    let _ = writeln!(
-                        filter,
-                        "-A {KUBE_USERSPACE_FILTER} {text} {local} -p {proto} -m {proto} --dport {node_port} -j {}",
-                        verdict(p.external)
-                    );
-                }
-            }
+            let _ = writeln!(
+                self.dispatch,
+                "-A {KUBE_USERSPACE} {} {} -j {to}",
+                comment_args(&format!("{} {what}", p.name)),
+                port.dest(ip, p.port)
+            );
+        }
+        if let Some(node_port) = p.node_port {
+            let proto = port.proto;
+            let _ = writeln!(
+                self.nodeports,
+                "-A {KUBE_USERSPACE_NODEPORTS} {} -p {proto} -m {proto} --dport {node_port} -j {}",
+                comment_args(&p.name.to_string()),
+                chains.external
+            );
         }
     }
-    for local in local_matches(family, config) {
+
+    /// The rules of `KUBE-USX-*` (the node's own traffic to `KUBE-USR-*`, then the relay)
+    /// and `KUBE-USF-*`.
+    fn external_chains(&mut self, port: &Port<'_>) {
+        let (p, chains) = (port.p, &port.chains);
+        if p.local_shortcut() {
+            let _ = writeln!(
+                self.service_rules,
+                "-A {} {} -m addrtype --src-type LOCAL -j {}",
+                chains.external,
+                comment_args(&format!(
+                    "route LOCAL traffic for {} external destinations",
+                    p.name
+                )),
+                chains.internal
+            );
+        }
+        if let Target::Redirect(relay) = p.external {
+            self.redirect(&chains.external, port, relay);
+        }
+        if p.firewalled() {
+            self.firewall_chain(port);
+        }
+    }
+
+    /// `KUBE-USF-*`: sources inside the ranges (and the LB IPs, when the node is inside
+    /// them) go on to `KUBE-USX-*`, the rest is marked for dropping.
+    fn firewall_chain(&mut self, port: &Port<'_>) {
+        let (p, chains, out) = (port.p, &port.chains, &mut self.service_rules);
+        let lb_comment = comment_args(&format!("{} loadbalancer IP", p.name));
+        for range in &p.source_ranges {
+            let _ = writeln!(
+                out,
+                "-A {} {lb_comment} -s {} -j {}",
+                chains.firewall,
+                range.trunc(),
+                chains.external
+            );
+        }
+        if p.allow_from_node {
+            // The LB IP is often a local address, so the node's own traffic to it has the LB
+            // IP as its source.
+            for ip in &p.load_balancer_ips {
+                let _ = writeln!(
+                    out,
+                    "-A {} {lb_comment} -s {} -j {}",
+                    chains.firewall,
+                    host(ip),
+                    chains.external
+                );
+            }
+        }
         let _ = writeln!(
-            dispatch,
-            "-A {KUBE_USERSPACE} {} {local} -j {KUBE_USERSPACE_NODEPORTS}",
-            comment_args("kubernetes userspace: node ports; must be last")
+            out,
+            "-A {} {} -j MARK --set-xmark {}",
+            chains.firewall,
+            comment_args(&format!("{} outside loadBalancerSourceRanges", p.name)),
+            self.mark,
         );
     }
 
-    let stale: Vec<&String> = existing
-        .iter()
-        .filter(|c| !chains.contains(*c))
-        .filter(|c| SERVICE_CHAIN_PREFIXES.iter().any(|p| c.starts_with(p)))
-        .collect();
-    let mut text = String::new();
-    let _ = writeln!(text, "*filter\n:{KUBE_USERSPACE_FILTER} - [0:0]");
-    text.push_str(&filter);
-    text.push_str("COMMIT\n*nat\n");
-    let _ = writeln!(
-        text,
-        ":{KUBE_USERSPACE} - [0:0]\n:{KUBE_USERSPACE_NODEPORTS} - [0:0]"
-    );
-    text.push_str(&nat_heads);
-    for c in &stale {
-        let _ = writeln!(text, ":{c} - [0:0]");
+    /// External traffic the relay does not take: refused (no endpoints) or dropped (no
+    /// local endpoint) at every external destination and the NodePort.
+    fn external_filter(&mut self, port: &Port<'_>) {
+        let p = port.p;
+        // Packets the rules above sent to the relay no longer have these destinations.
+        let why = if p.external == Target::Reject {
+            "has no endpoints"
+        } else {
+            "has no local endpoints"
+        };
+        let text = comment_args(&format!("{} {why}", p.name));
+        for (ip, _) in port.external_dests() {
+            let _ = writeln!(
+                self.filter,
+                "-A {KUBE_USERSPACE_FILTER} {text} {} -j {}",
+                port.dest(ip, p.port),
+                verdict(p.external)
+            );
+        }
+        if let Some(node_port) = p.node_port {
+            let proto = port.proto;
+            for local in local_matches(self.family, self.config) {
+                let _ = writeln!(
+                    self.filter,
+                    "-A {KUBE_USERSPACE_FILTER} {text} {local} -p {proto} -m {proto} --dport {node_port} -j {}",
+                    verdict(p.external)
+                );
+            }
+        }
     }
-    text.push_str(&dispatch);
-    text.push_str(&nodeports);
-    text.push_str(&service_rules);
-    for c in &stale {
-        let _ = writeln!(text, "-X {c}");
-    }
-    text.push_str("COMMIT\n");
-    CaptureRender { text, chains }
-}
 
-/// `-A <chain> ... -j DNAT --to-destination <address>:<relay>`, or without an address
-/// `-j REDIRECT --to-ports <relay>`.
-fn redirect(
-    out: &mut String,
-    chain: &str,
-    name: &ServicePortName,
-    proto: &str,
-    address: Option<IpAddr>,
-    relay: u16,
-) {
-    let comment = comment_args(&format!("{name} to the userspace relay"));
-    let _ = match address {
-        Some(ip) => writeln!(
-            out,
-            "-A {chain} {comment} -p {proto} -j DNAT --to-destination {}",
-            std::net::SocketAddr::new(ip, relay)
-        ),
-        None => writeln!(
-            out,
-            "-A {chain} {comment} -p {proto} -j REDIRECT --to-ports {relay}"
-        ),
-    };
+    /// `-A <chain> ... -j DNAT --to-destination <address>:<relay>`, or without an address
+    /// `-j REDIRECT --to-ports <relay>`.
+    fn redirect(&mut self, chain: &str, port: &Port<'_>, relay: u16) {
+        let (out, proto) = (&mut self.service_rules, port.proto);
+        let comment = comment_args(&format!("{} to the userspace relay", port.p.name));
+        let _ = match self.relay_address {
+            Some(ip) => writeln!(
+                out,
+                "-A {chain} {comment} -p {proto} -j DNAT --to-destination {}",
+                std::net::SocketAddr::new(ip, relay)
+            ),
+            None => writeln!(
+                out,
+                "-A {chain} {comment} -p {proto} -j REDIRECT --to-ports {relay}"
+            ),
+        };
+    }
+
+    /// The restore input: filter, then nat with the NodePort dispatch last, stale
+    /// per-service chains emptied and deleted.
+    fn finish(mut self, existing: &BTreeSet<String>) -> CaptureRender {
+        for local in local_matches(self.family, self.config) {
+            let _ = writeln!(
+                self.dispatch,
+                "-A {KUBE_USERSPACE} {} {local} -j {KUBE_USERSPACE_NODEPORTS}",
+                comment_args("kubernetes userspace: node ports; must be last")
+            );
+        }
+        let stale: Vec<&String> = existing
+            .iter()
+            .filter(|c| !self.chains.contains(*c))
+            .filter(|c| SERVICE_CHAIN_PREFIXES.iter().any(|p| c.starts_with(p)))
+            .collect();
+        let mut text = String::new();
+        let _ = writeln!(text, "*filter\n:{KUBE_USERSPACE_FILTER} - [0:0]");
+        text.push_str(&self.filter);
+        text.push_str("COMMIT\n*nat\n");
+        let _ = writeln!(
+            text,
+            ":{KUBE_USERSPACE} - [0:0]\n:{KUBE_USERSPACE_NODEPORTS} - [0:0]"
+        );
+        text.push_str(&self.nat_heads);
+        for c in &stale {
+            let _ = writeln!(text, ":{c} - [0:0]");
+        }
+        text.push_str(&self.dispatch);
+        text.push_str(&self.nodeports);
+        text.push_str(&self.service_rules);
+        for c in &stale {
+            let _ = writeln!(text, "-X {c}");
+        }
+        text.push_str("COMMIT\n");
+        CaptureRender {
+            text,
+            chains: self.chains,
+        }
+    }
 }
 
 fn verdict(target: Target) -> &'static str {

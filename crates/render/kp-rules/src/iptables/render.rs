@@ -212,22 +212,7 @@ pub fn render_into<S: RuleSink + ?Sized>(
 ) -> Result<RenderOutput, RenderError> {
     let mark = config.masquerade_mark()?;
     let detector = Detector::new(&config.local_detector, family)?;
-
-    // Each service port with its endpoints: both maps are sorted by name, so one merge walk
-    // pairs them (no lookup per service).
-    let mut endpoint_lists = state.endpoints.iter().peekable();
-    let services: Vec<(&ServicePortName, IpAddr, ServicePort, &[Endpoint])> = state
-        .services
-        .iter()
-        .filter_map(|(name, svc)| {
-            while endpoint_lists.next_if(|(key, _)| *key < name).is_some() {}
-            let all = endpoint_lists
-                .next_if(|(key, _)| *key == name)
-                .map_or(&[][..], |(_, list)| list.as_slice());
-            let (ip, port) = for_family(svc, family)?;
-            Some((name, ip, port, all))
-        })
-        .collect();
+    let services = service_ports(state, family);
     let total_endpoints: usize = services
         .iter()
         .map(|(_, _, _, eps)| {
@@ -251,45 +236,7 @@ pub fn render_into<S: RuleSink + ?Sized>(
         filter: Counts::default(),
         nat: Counts::default(),
     };
-    for chain in [
-        KUBE_SERVICES,
-        KUBE_EXTERNAL_SERVICES,
-        KUBE_FORWARD,
-        KUBE_NODEPORTS,
-        KUBE_PROXY_FIREWALL,
-    ] {
-        out.chain(Table::Filter, chain);
-    }
-    for chain in [
-        KUBE_SERVICES,
-        KUBE_NODEPORTS,
-        KUBE_POSTROUTING,
-        KUBE_MARK_MASQ,
-    ] {
-        out.chain(Table::Nat, chain);
-    }
-
-    // Masquerading: only marked packets, the mark cleared so a packet that re-traverses the
-    // stack is not masqueraded twice.
-    out.nat(
-        Rule::new(KUBE_POSTROUTING)
-            .with(Match::Mark {
-                value: mark,
-                mask: mark,
-                negated: true,
-            })
-            .target(Target::Return),
-    );
-    out.nat(Rule::new(KUBE_POSTROUTING).target(Target::Mark(MarkOp::Xor(mark))));
-    out.nat(
-        Rule::new(KUBE_POSTROUTING)
-            .comment("kubernetes service traffic requiring SNAT")
-            .target(Target::Masquerade {
-                random_fully: config.random_fully,
-            }),
-    );
-    out.nat(Rule::new(KUBE_MARK_MASQ).target(Target::Mark(MarkOp::Or(mark))));
-
+    fixed_chains(&mut out, mark, config.random_fully);
     // The localnet DROP of `route_localnet` goes into the kubelet's `KUBE-FIREWALL`, which the
     // restore must never flush: see `setup::SharedRule`.
 
@@ -313,29 +260,110 @@ pub fn render_into<S: RuleSink + ?Sized>(
         );
         out.sink.service_done();
     }
-    // Sort once by integer keys (the names are short ASCII), find the stale chains with one
-    // merge walk, then bulk-build the set from the sorted names.
-    let mut active: Vec<(ChainKey, String)> = active
-        .into_iter()
-        .map(|chain| (ChainKey::of(&chain), chain))
-        .collect();
-    active.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-    active.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
-
-    // Stale chains: declaring flushes them (dropping their jumps to other stale chains)
-    // before any `-X` runs.
-    let deleted: BTreeSet<String> = stale_chains(scope.existing_chains, &active)
-        .cloned()
-        .collect();
-    let active: BTreeSet<String> = active.into_iter().map(|(_, chain)| chain).collect();
+    let (active, deleted) = active_and_stale(active, scope.existing_chains);
     for chain in &deleted {
         out.chain(Table::Nat, chain);
         out.sink.delete_chain(Table::Nat, chain);
     }
 
     render_nodeport_dispatch(&ctx, &mut out);
+    forward_rules(&mut out, mark, config.drop_invalid);
 
-    if config.drop_invalid {
+    Ok(RenderOutput {
+        text: String::new(),
+        chains: active,
+        deleted,
+        rules_written: out.filter.written + out.nat.written,
+        filter_rules: out.filter.total,
+        nat_rules: out.nat.total,
+        large_cluster: ctx.large_cluster,
+    })
+}
+
+/// A service port of `family`: its name, ClusterIP, the port (that family's view) and all
+/// its endpoints.
+type FamilyPort<'s> = (&'s ServicePortName, IpAddr, ServicePort, &'s [Endpoint]);
+
+/// Each service port of `family` with its endpoints: both maps are sorted by name, so one
+/// merge walk pairs them (no lookup per service).
+fn service_ports(state: &ProxyState, family: IpFamily) -> Vec<FamilyPort<'_>> {
+    let mut endpoint_lists = state.endpoints.iter().peekable();
+    state
+        .services
+        .iter()
+        .filter_map(|(name, svc)| {
+            while endpoint_lists.next_if(|(key, _)| *key < name).is_some() {}
+            let all = endpoint_lists
+                .next_if(|(key, _)| *key == name)
+                .map_or(&[][..], |(_, list)| list.as_slice());
+            let (ip, port) = for_family(svc, family)?;
+            Some((name, ip, port, all))
+        })
+        .collect()
+}
+
+/// The fixed chains, and the masquerading rules: only marked packets, the mark cleared so a
+/// packet that re-traverses the stack is not masqueraded twice.
+fn fixed_chains<S: RuleSink + ?Sized>(out: &mut Out<'_, S>, mark: u32, random_fully: bool) {
+    for chain in [
+        KUBE_SERVICES,
+        KUBE_EXTERNAL_SERVICES,
+        KUBE_FORWARD,
+        KUBE_NODEPORTS,
+        KUBE_PROXY_FIREWALL,
+    ] {
+        out.chain(Table::Filter, chain);
+    }
+    for chain in [
+        KUBE_SERVICES,
+        KUBE_NODEPORTS,
+        KUBE_POSTROUTING,
+        KUBE_MARK_MASQ,
+    ] {
+        out.chain(Table::Nat, chain);
+    }
+    out.nat(
+        Rule::new(KUBE_POSTROUTING)
+            .with(Match::Mark {
+                value: mark,
+                mask: mark,
+                negated: true,
+            })
+            .target(Target::Return),
+    );
+    out.nat(Rule::new(KUBE_POSTROUTING).target(Target::Mark(MarkOp::Xor(mark))));
+    out.nat(
+        Rule::new(KUBE_POSTROUTING)
+            .comment("kubernetes service traffic requiring SNAT")
+            .target(Target::Masquerade { random_fully }),
+    );
+    out.nat(Rule::new(KUBE_MARK_MASQ).target(Target::Mark(MarkOp::Or(mark))));
+}
+
+/// The per-service chains in use (`active`, as the services reported them) as a set, and
+/// the stale ones of `existing`. Sorted once by integer keys (the names are short ASCII), the
+/// stale chains found with one merge walk, then the set bulk-built from the sorted names.
+/// Declaring the stale chains flushes them (dropping their jumps to other stale chains)
+/// before any `-X` runs.
+fn active_and_stale(
+    active: Vec<String>,
+    existing: &BTreeSet<String>,
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut active: Vec<(ChainKey, String)> = active
+        .into_iter()
+        .map(|chain| (ChainKey::of(&chain), chain))
+        .collect();
+    active.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+    active.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    let deleted: BTreeSet<String> = stale_chains(existing, &active).cloned().collect();
+    let active: BTreeSet<String> = active.into_iter().map(|(_, chain)| chain).collect();
+    (active, deleted)
+}
+
+/// filter `KUBE-FORWARD`: marked traffic is service traffic, forwarded even when FORWARD's
+/// policy is DROP, as are its established connections.
+fn forward_rules<S: RuleSink + ?Sized>(out: &mut Out<'_, S>, mark: u32, drop_invalid: bool) {
+    if drop_invalid {
         out.filter(
             Rule::new(KUBE_FORWARD)
                 .with(Match::Conntrack {
@@ -345,7 +373,6 @@ pub fn render_into<S: RuleSink + ?Sized>(
                 .target(Target::Drop),
         );
     }
-    // Marked traffic is service traffic: forward it even when FORWARD's policy is DROP.
     out.filter(
         Rule::new(KUBE_FORWARD)
             .comment("kubernetes forwarding rules")
@@ -365,16 +392,6 @@ pub fn render_into<S: RuleSink + ?Sized>(
             })
             .target(Target::Accept),
     );
-
-    Ok(RenderOutput {
-        text: String::new(),
-        chains: active,
-        deleted,
-        rules_written: out.filter.written + out.nat.written,
-        filter_rules: out.filter.total,
-        nat_rules: out.nat.total,
-        large_cluster: ctx.large_cluster,
-    })
 }
 
 /// A chain name's first 32 bytes, zero-padded, as two big-endian integers: for names

@@ -182,126 +182,173 @@ fn plan_ports<'a>(
         // The traffic policies' endpoint lists, decided once for every mode (ipvs mode has no
         // masquerade chains: `Masquerading` does not matter here).
         let plan = ServicePlan::new(&svc, endpoints, &state.node, Masquerading::default());
-        let internal_servers = real_servers(plan.list_or_cluster(plan.internal), endpoints, family);
-        let external_servers = real_servers(plan.list_or_cluster(plan.external), endpoints, family);
-        let proto = name.protocol;
-        let scheduler = config.scheduler;
-        let timeout = affinity(&svc);
-        let mut add = |ip: IpAddr, port: u16, servers: &Vec<RealServer>| {
-            let key = ServiceKey {
-                address: ip,
-                protocol: ipvs_protocol(proto),
-                port,
-            };
-            desired.services.insert(
-                key,
-                DesiredService {
-                    server: VirtualServer::new(key, scheduler, timeout),
-                    real_servers: servers.clone(),
-                    owner: name.service.clone(),
-                },
-            );
+        let port = PortEntries {
+            name,
+            svc: &svc,
+            family,
+            config,
+            internal: real_servers(plan.list_or_cluster(plan.internal), endpoints, family),
+            external: real_servers(plan.list_or_cluster(plan.external), endpoints, family),
+            timeout: affinity(&svc),
         };
-        let no_node_access = &mut desired.lb_no_node_access;
-        let sets = &mut desired.sets;
-        let mut put = |kind: SetKind, entry: String| {
-            sets.entry(kind).or_default().insert(entry);
-        };
-
-        for &ip in &svc.cluster_ips {
-            add(ip, svc.port, &internal_servers);
-            desired.addresses.insert(ip);
-            put(SetKind::ClusterIp, ip_port(ip, proto, svc.port));
-        }
-        for &ip in &svc.external_ips {
-            add(ip, svc.port, &external_servers);
-            desired.addresses.insert(ip);
-            put(SetKind::ExternalIp, ip_port(ip, proto, svc.port));
-            if svc.external_policy_local {
-                put(SetKind::ExternalIpLocal, ip_port(ip, proto, svc.port));
-            }
-        }
-        for &ip in &svc.load_balancer_ips {
-            add(ip, svc.port, &external_servers);
-            desired.addresses.insert(ip);
-            let entry = ip_port(ip, proto, svc.port);
-            put(SetKind::LoadBalancer, entry.clone());
-            if svc.external_policy_local {
-                put(SetKind::LoadBalancerLocal, entry.clone());
-            }
-            if !svc.load_balancer_source_ranges.is_empty() {
-                put(SetKind::LoadBalancerFw, entry.clone());
-                for net in &svc.load_balancer_source_ranges {
-                    put(
-                        SetKind::LoadBalancerSourceCidr,
-                        format!("{entry},{}", net_entry(net)),
-                    );
-                }
-                // The node's own connections to the LB IP (local on kube-ipvs0) leave with
-                // the LB IP as source; allowed when a range admits the node, as upstream.
-                let allow_from_node = svc
-                    .load_balancer_source_ranges
-                    .iter()
-                    .any(|net| node_ip.is_some_and(|n| net.contains(&n)));
-                if allow_from_node {
-                    put(SetKind::LoadBalancerSourceIp, format!("{entry},{ip}"));
-                } else {
-                    no_node_access.insert(ServiceKey {
-                        address: ip,
-                        protocol: ipvs_protocol(proto),
-                        port: svc.port,
-                    });
-                }
-            }
-        }
-        if let Some(node_port) = svc.node_port {
-            for &ip in config
-                .node_ips
-                .iter()
-                .filter(|ip| IpFamily::of(ip) == family)
-            {
-                add(ip, node_port, &external_servers);
-            }
-            let local = svc.external_policy_local;
-            match proto {
-                Protocol::Tcp => {
-                    put(SetKind::NodePortTcp, node_port.to_string());
-                    if local {
-                        put(SetKind::NodePortLocalTcp, node_port.to_string());
-                    }
-                }
-                Protocol::Udp => {
-                    put(SetKind::NodePortUdp, node_port.to_string());
-                    if local {
-                        put(SetKind::NodePortLocalUdp, node_port.to_string());
-                    }
-                }
-                Protocol::Sctp => {
-                    for &ip in config
-                        .node_ips
-                        .iter()
-                        .filter(|ip| IpFamily::of(ip) == family)
-                    {
-                        put(SetKind::NodePortSctp, ip_port(ip, proto, node_port));
-                        if local {
-                            put(SetKind::NodePortLocalSctp, ip_port(ip, proto, node_port));
-                        }
-                    }
-                }
-            }
-        }
+        port.cluster_ips(&mut desired);
+        port.external_ips(&mut desired);
+        port.load_balancer_ips(&mut desired, node_ip);
+        port.node_port(&mut desired);
         if let Some(hc) = svc.health_check_node_port {
-            put(SetKind::HealthCheckNodePort, hc.to_string());
+            desired.put(SetKind::HealthCheckNodePort, hc.to_string());
         }
         // Hairpin: a local endpoint reaching its own service is masqueraded.
         for e in plan.endpoints.all_reachable.iter().filter(|e| e.is_local) {
             if IpFamily::of(&e.ip) == family {
-                let entry = format!("{},{}", ip_port(e.ip, proto, e.port), e.ip);
-                put(SetKind::LoopBack, entry);
+                let entry = format!("{},{}", ip_port(e.ip, name.protocol, e.port), e.ip);
+                desired.put(SetKind::LoopBack, entry);
             }
         }
     }
     let ips: BTreeSet<String> = desired.addresses.iter().map(IpAddr::to_string).collect();
     desired.sets.insert(SetKind::IpvsIps, ips);
     desired
+}
+
+impl Desired {
+    /// An entry of set `kind`.
+    fn put(&mut self, kind: SetKind, entry: String) {
+        self.sets.entry(kind).or_default().insert(entry);
+    }
+}
+
+/// One service port's part of the desired state: its virtual servers (with the real servers
+/// of its traffic policies), their addresses on kube-ipvs0 and its ipset entries.
+struct PortEntries<'p> {
+    name: &'p ServicePortName,
+    /// The port in the family planned.
+    svc: &'p ServicePort,
+    family: IpFamily,
+    config: &'p IpvsConfig,
+    /// Real servers of ClusterIP traffic.
+    internal: Vec<RealServer>,
+    /// Real servers of external traffic.
+    external: Vec<RealServer>,
+    /// The affinity timeout.
+    timeout: Option<u32>,
+}
+
+impl PortEntries<'_> {
+    /// The virtual server key of `ip:port`.
+    fn key(&self, ip: IpAddr, port: u16) -> ServiceKey {
+        ServiceKey {
+            address: ip,
+            protocol: ipvs_protocol(self.name.protocol),
+            port,
+        }
+    }
+
+    /// The virtual server `ip:port` with `servers`.
+    fn add(&self, desired: &mut Desired, ip: IpAddr, port: u16, servers: &[RealServer]) {
+        let key = self.key(ip, port);
+        desired.services.insert(
+            key,
+            DesiredService {
+                server: VirtualServer::new(key, self.config.scheduler, self.timeout),
+                real_servers: servers.to_vec(),
+                owner: self.name.service.clone(),
+            },
+        );
+    }
+
+    /// `ip,proto:port` of this port's protocol and service port.
+    fn entry(&self, ip: IpAddr) -> String {
+        ip_port(ip, self.name.protocol, self.svc.port)
+    }
+
+    fn cluster_ips(&self, desired: &mut Desired) {
+        for &ip in &self.svc.cluster_ips {
+            self.add(desired, ip, self.svc.port, &self.internal);
+            desired.addresses.insert(ip);
+            desired.put(SetKind::ClusterIp, self.entry(ip));
+        }
+    }
+
+    fn external_ips(&self, desired: &mut Desired) {
+        for &ip in &self.svc.external_ips {
+            self.add(desired, ip, self.svc.port, &self.external);
+            desired.addresses.insert(ip);
+            desired.put(SetKind::ExternalIp, self.entry(ip));
+            if self.svc.external_policy_local {
+                desired.put(SetKind::ExternalIpLocal, self.entry(ip));
+            }
+        }
+    }
+
+    /// LoadBalancer IPs, with their source ranges: the ranges (and the LB IP itself when a
+    /// range admits `node_ip`) are allowed, the node's own connections otherwise dropped.
+    fn load_balancer_ips(&self, desired: &mut Desired, node_ip: Option<IpAddr>) {
+        let svc = self.svc;
+        for &ip in &svc.load_balancer_ips {
+            self.add(desired, ip, svc.port, &self.external);
+            desired.addresses.insert(ip);
+            let entry = self.entry(ip);
+            desired.put(SetKind::LoadBalancer, entry.clone());
+            if svc.external_policy_local {
+                desired.put(SetKind::LoadBalancerLocal, entry.clone());
+            }
+            if svc.load_balancer_source_ranges.is_empty() {
+                continue;
+            }
+            desired.put(SetKind::LoadBalancerFw, entry.clone());
+            for net in &svc.load_balancer_source_ranges {
+                let source = format!("{entry},{}", net_entry(net));
+                desired.put(SetKind::LoadBalancerSourceCidr, source);
+            }
+            // The node's own connections to the LB IP (local on kube-ipvs0) leave with the LB
+            // IP as source; allowed when a range admits the node, as upstream.
+            let allow_from_node = svc
+                .load_balancer_source_ranges
+                .iter()
+                .any(|net| node_ip.is_some_and(|n| net.contains(&n)));
+            if allow_from_node {
+                desired.put(SetKind::LoadBalancerSourceIp, format!("{entry},{ip}"));
+            } else {
+                desired.lb_no_node_access.insert(self.key(ip, svc.port));
+            }
+        }
+    }
+
+    /// The NodePort: a virtual server on each node IP of the family, and its set entries
+    /// (by port, or for SCTP by node IP and port).
+    fn node_port(&self, desired: &mut Desired) {
+        let Some(node_port) = self.svc.node_port else {
+            return;
+        };
+        let family = self.family;
+        let node_ips = || {
+            self.config
+                .node_ips
+                .iter()
+                .filter(move |ip| IpFamily::of(ip) == family)
+        };
+        for &ip in node_ips() {
+            self.add(desired, ip, node_port, &self.external);
+        }
+        let local = self.svc.external_policy_local;
+        let (all, local_kind) = match self.name.protocol {
+            Protocol::Tcp => (SetKind::NodePortTcp, SetKind::NodePortLocalTcp),
+            Protocol::Udp => (SetKind::NodePortUdp, SetKind::NodePortLocalUdp),
+            Protocol::Sctp => {
+                for &ip in node_ips() {
+                    let entry = ip_port(ip, Protocol::Sctp, node_port);
+                    if local {
+                        desired.put(SetKind::NodePortLocalSctp, entry.clone());
+                    }
+                    desired.put(SetKind::NodePortSctp, entry);
+                }
+                return;
+            }
+        };
+        desired.put(all, node_port.to_string());
+        if local {
+            desired.put(local_kind, node_port.to_string());
+        }
+    }
 }

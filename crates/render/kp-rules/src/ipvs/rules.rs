@@ -100,194 +100,237 @@ pub fn render(
     for chain in FILTER_CHAINS {
         let _ = writeln!(t.out, ":{chain} - [0:0]");
     }
-    if t.config.drop_invalid {
-        t.rule(KUBE_FORWARD, None, "-m conntrack --ctstate INVALID -j DROP");
-    }
-    t.rule(
-        KUBE_FORWARD,
-        Some("kubernetes forwarding rules"),
-        &format!("-m mark --mark {mark:#x}/{mark:#x} -j ACCEPT"),
-    );
-    t.rule(
-        KUBE_FORWARD,
-        Some("kubernetes forwarding conntrack rule"),
-        "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-    );
-    let hc = t.set(SetKind::HealthCheckNodePort, "dst");
-    t.rule(
-        KUBE_NODE_PORT,
-        Some("Kubernetes health check node port"),
-        &format!("{hc} -j ACCEPT"),
-    );
-    let fw = t.set(SetKind::LoadBalancerFw, "dst,dst");
-    t.rule(
-        KUBE_PROXY_FIREWALL,
-        Some("Kubernetes service load balancer ip + port for load balancer with sourceRange"),
-        &format!("{fw} -j {KUBE_SOURCE_RANGES_FIREWALL}"),
-    );
-    // The node's own connections to a local LB IP leave with the LB IP as source and are
-    // already rewritten by IPVS (its LOCAL_OUT hook runs before the filter table), so only
-    // the ipvs match still sees the virtual server they went to.
-    for key in no_node_access
-        .iter()
-        .filter(|k| IpFamily::of(&k.address) == family)
-    {
-        let proto = match key.protocol {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Sctp => "sctp",
-        };
-        let (ip, port) = (key.address, key.port);
-        t.rule(
-            KUBE_IPVS_OUT_FILTER,
-            None,
-            &format!("-s {ip} -m ipvs --vaddr {ip} --vproto {proto} --vport {port} -j DROP"),
-        );
-    }
-    let cidr = t.set(SetKind::LoadBalancerSourceCidr, "dst,dst,src");
-    t.rule(
-        KUBE_SOURCE_RANGES_FIREWALL,
-        None,
-        &format!("{cidr} -j RETURN"),
-    );
-    let src_ip = t.set(SetKind::LoadBalancerSourceIp, "dst,dst,src");
-    t.rule(
-        KUBE_SOURCE_RANGES_FIREWALL,
-        None,
-        &format!("{src_ip} -j RETURN"),
-    );
-    t.rule(KUBE_SOURCE_RANGES_FIREWALL, None, "-j DROP");
-    for (kind, flags) in [
-        (SetKind::LoadBalancer, "dst,dst"),
-        (SetKind::ClusterIp, "dst,dst"),
-        (SetKind::ExternalIp, "dst,dst"),
-        (SetKind::ExternalIpLocal, "dst,dst"),
-        (SetKind::HealthCheckNodePort, "dst"),
-    ] {
-        let m = t.set(kind, flags);
-        t.rule(KUBE_IPVS_FILTER, None, &format!("{m} -j RETURN"));
-    }
-    let ips = t.set(SetKind::IpvsIps, "dst");
-    t.rule(
-        KUBE_IPVS_FILTER,
-        Some("kubernetes: no service uses this port of a service address"),
-        &format!("-m conntrack --ctstate NEW {ips} -j REJECT"),
-    );
+    t.forward(mark);
+    t.firewall(no_node_access);
+    t.ipvs_filter();
     t.out.push_str("COMMIT\n*nat\n");
     for chain in NAT_CHAINS {
         let _ = writeln!(t.out, ":{chain} - [0:0]");
     }
-    let loopback = t.set(SetKind::LoopBack, "dst,dst,src");
-    t.rule(
-        KUBE_POSTROUTING,
-        Some("Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"),
-        &format!("{loopback} -j MASQUERADE"),
-    );
-    t.rule(
-        KUBE_POSTROUTING,
-        None,
-        &format!("-m mark ! --mark {mark:#x}/{mark:#x} -j RETURN"),
-    );
-    t.rule(
-        KUBE_POSTROUTING,
-        None,
-        &format!("-j MARK --xor-mark {mark:#x}"),
-    );
-    let random = if config.random_fully {
-        " --random-fully"
-    } else {
-        ""
-    };
-    t.rule(
-        KUBE_POSTROUTING,
-        Some("kubernetes service traffic requiring SNAT"),
-        &format!("-j MASQUERADE{random}"),
-    );
-    t.rule(
-        KUBE_MARK_MASQ,
-        None,
-        &format!("-j MARK --or-mark {mark:#x}"),
-    );
-
+    t.masquerading(mark);
+    t.services(detector.as_ref());
+    t.node_ports();
     let cluster = t.set(SetKind::ClusterIp, "dst,dst");
-    let masq_comment = Some("Kubernetes service cluster ip + port for masquerade purpose");
-    if config.masquerade_all {
-        t.rule(
-            KUBE_SERVICES,
-            masq_comment,
-            &format!("{cluster} -j {KUBE_MARK_MASQ}"),
-        );
-    } else if let Some(detector) = &detector {
-        let not_local = detector.if_not_local().to_owned();
-        t.rule(
-            KUBE_SERVICES,
-            masq_comment,
-            &format!("{cluster} {not_local} -j {KUBE_MARK_MASQ}"),
-        );
-    }
-    let ext_local = t.set(SetKind::ExternalIpLocal, "dst,dst");
-    t.rule(
-        KUBE_SERVICES,
-        Some("Kubernetes service external ip + port with externalTrafficPolicy=local"),
-        &format!("{ext_local} -j RETURN"),
-    );
-    let ext = t.set(SetKind::ExternalIp, "dst,dst");
-    t.rule(
-        KUBE_SERVICES,
-        Some("Kubernetes service external ip + port for masquerade and filter purpose"),
-        &format!("{ext} -j {KUBE_MARK_MASQ}"),
-    );
-    let lb = t.set(SetKind::LoadBalancer, "dst,dst");
-    t.rule(
-        KUBE_SERVICES,
-        Some("Kubernetes service lb portal"),
-        &format!("{lb} -j {KUBE_LOAD_BALANCER}"),
-    );
-    let lb_local = t.set(SetKind::LoadBalancerLocal, "dst,dst");
-    t.rule(KUBE_LOAD_BALANCER, None, &format!("{lb_local} -j RETURN"));
-    t.rule(KUBE_LOAD_BALANCER, None, &format!("-j {KUBE_MARK_MASQ}"));
-    t.rule(
-        KUBE_SERVICES,
-        None,
-        &format!("-m addrtype --dst-type LOCAL -j {KUBE_NODE_PORT}"),
-    );
-    for (proto, local, all, flags) in [
-        (
-            "tcp",
-            SetKind::NodePortLocalTcp,
-            SetKind::NodePortTcp,
-            "dst",
-        ),
-        (
-            "udp",
-            SetKind::NodePortLocalUdp,
-            SetKind::NodePortUdp,
-            "dst",
-        ),
-        (
-            "sctp",
-            SetKind::NodePortLocalSctp,
-            SetKind::NodePortSctp,
-            "dst,dst",
-        ),
-    ] {
-        let local = t.set(local, flags);
-        let all = t.set(all, flags);
-        t.rule(
-            KUBE_NODE_PORT,
-            None,
-            &format!("-p {proto} {local} -j RETURN"),
-        );
-        t.rule(
-            KUBE_NODE_PORT,
-            None,
-            &format!("-p {proto} {all} -j {KUBE_MARK_MASQ}"),
-        );
-    }
     t.rule(KUBE_SERVICES, None, &format!("{cluster} -j ACCEPT"));
+    let lb = t.set(SetKind::LoadBalancer, "dst,dst");
     t.rule(KUBE_SERVICES, None, &format!("{lb} -j ACCEPT"));
     t.out.push_str("COMMIT\n");
     Ok(t.out)
+}
+
+impl Text<'_> {
+    /// filter `KUBE-FORWARD` (marked and established service traffic is accepted) and
+    /// `KUBE-NODE-PORT` (health-check node ports are).
+    fn forward(&mut self, mark: u32) {
+        if self.config.drop_invalid {
+            self.rule(KUBE_FORWARD, None, "-m conntrack --ctstate INVALID -j DROP");
+        }
+        self.rule(
+            KUBE_FORWARD,
+            Some("kubernetes forwarding rules"),
+            &format!("-m mark --mark {mark:#x}/{mark:#x} -j ACCEPT"),
+        );
+        self.rule(
+            KUBE_FORWARD,
+            Some("kubernetes forwarding conntrack rule"),
+            "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+        );
+        let hc = self.set(SetKind::HealthCheckNodePort, "dst");
+        self.rule(
+            KUBE_NODE_PORT,
+            Some("Kubernetes health check node port"),
+            &format!("{hc} -j ACCEPT"),
+        );
+    }
+
+    /// The source-range firewall: load balancers with ranges go through
+    /// `KUBE-SOURCE-RANGES-FIREWALL`, and the node's own connections to those that do not
+    /// admit it are dropped in `KUBE-IPVS-OUT-FILTER`.
+    fn firewall(&mut self, no_node_access: &BTreeSet<ServiceKey>) {
+        let fw = self.set(SetKind::LoadBalancerFw, "dst,dst");
+        self.rule(
+            KUBE_PROXY_FIREWALL,
+            Some("Kubernetes service load balancer ip + port for load balancer with sourceRange"),
+            &format!("{fw} -j {KUBE_SOURCE_RANGES_FIREWALL}"),
+        );
+        // The node's own connections to a local LB IP leave with the LB IP as source and are
+        // already rewritten by IPVS (its LOCAL_OUT hook runs before the filter table), so only
+        // the ipvs match still sees the virtual server they went to.
+        let family = self.family;
+        for key in no_node_access
+            .iter()
+            .filter(|k| IpFamily::of(&k.address) == family)
+        {
+            let proto = match key.protocol {
+                Protocol::Tcp => "tcp",
+                Protocol::Udp => "udp",
+                Protocol::Sctp => "sctp",
+            };
+            let (ip, port) = (key.address, key.port);
+            self.rule(
+                KUBE_IPVS_OUT_FILTER,
+                None,
+                &format!("-s {ip} -m ipvs --vaddr {ip} --vproto {proto} --vport {port} -j DROP"),
+            );
+        }
+        for kind in [
+            SetKind::LoadBalancerSourceCidr,
+            SetKind::LoadBalancerSourceIp,
+        ] {
+            let allowed = self.set(kind, "dst,dst,src");
+            self.rule(
+                KUBE_SOURCE_RANGES_FIREWALL,
+                None,
+                &format!("{allowed} -j RETURN"),
+            );
+        }
+        self.rule(KUBE_SOURCE_RANGES_FIREWALL, None, "-j DROP");
+    }
+
+    /// `KUBE-IPVS-FILTER`: new connections to kube-ipvs0's addresses on ports no service
+    /// uses are rejected.
+    fn ipvs_filter(&mut self) {
+        for (kind, flags) in [
+            (SetKind::LoadBalancer, "dst,dst"),
+            (SetKind::ClusterIp, "dst,dst"),
+            (SetKind::ExternalIp, "dst,dst"),
+            (SetKind::ExternalIpLocal, "dst,dst"),
+            (SetKind::HealthCheckNodePort, "dst"),
+        ] {
+            let m = self.set(kind, flags);
+            self.rule(KUBE_IPVS_FILTER, None, &format!("{m} -j RETURN"));
+        }
+        let ips = self.set(SetKind::IpvsIps, "dst");
+        self.rule(
+            KUBE_IPVS_FILTER,
+            Some("kubernetes: no service uses this port of a service address"),
+            &format!("-m conntrack --ctstate NEW {ips} -j REJECT"),
+        );
+    }
+
+    /// nat `KUBE-POSTROUTING` (hairpin connections and marked packets are masqueraded) and
+    /// `KUBE-MARK-MASQ`.
+    fn masquerading(&mut self, mark: u32) {
+        let loopback = self.set(SetKind::LoopBack, "dst,dst,src");
+        self.rule(
+            KUBE_POSTROUTING,
+            Some("Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"),
+            &format!("{loopback} -j MASQUERADE"),
+        );
+        self.rule(
+            KUBE_POSTROUTING,
+            None,
+            &format!("-m mark ! --mark {mark:#x}/{mark:#x} -j RETURN"),
+        );
+        self.rule(
+            KUBE_POSTROUTING,
+            None,
+            &format!("-j MARK --xor-mark {mark:#x}"),
+        );
+        let random = if self.config.random_fully {
+            " --random-fully"
+        } else {
+            ""
+        };
+        self.rule(
+            KUBE_POSTROUTING,
+            Some("kubernetes service traffic requiring SNAT"),
+            &format!("-j MASQUERADE{random}"),
+        );
+        self.rule(
+            KUBE_MARK_MASQ,
+            None,
+            &format!("-j MARK --or-mark {mark:#x}"),
+        );
+    }
+
+    /// nat `KUBE-SERVICES`' marking rules (ClusterIPs by the masquerade settings, external
+    /// IPs unless their policy is Local, load balancers through `KUBE-LOAD-BALANCER`) and
+    /// its jump to the NodePorts.
+    fn services(&mut self, detector: Option<&Detector>) {
+        let cluster = self.set(SetKind::ClusterIp, "dst,dst");
+        let masq_comment = Some("Kubernetes service cluster ip + port for masquerade purpose");
+        if self.config.masquerade_all {
+            self.rule(
+                KUBE_SERVICES,
+                masq_comment,
+                &format!("{cluster} -j {KUBE_MARK_MASQ}"),
+            );
+        } else if let Some(detector) = detector {
+            let not_local = detector.if_not_local().to_owned();
+            self.rule(
+                KUBE_SERVICES,
+                masq_comment,
+                &format!("{cluster} {not_local} -j {KUBE_MARK_MASQ}"),
+            );
+        }
+        for (kind, comment, target) in [
+            (
+                SetKind::ExternalIpLocal,
+                "Kubernetes service external ip + port with externalTrafficPolicy=local",
+                "RETURN",
+            ),
+            (
+                SetKind::ExternalIp,
+                "Kubernetes service external ip + port for masquerade and filter purpose",
+                KUBE_MARK_MASQ,
+            ),
+            (
+                SetKind::LoadBalancer,
+                "Kubernetes service lb portal",
+                KUBE_LOAD_BALANCER,
+            ),
+        ] {
+            let m = self.set(kind, "dst,dst");
+            self.rule(KUBE_SERVICES, Some(comment), &format!("{m} -j {target}"));
+        }
+        let lb_local = self.set(SetKind::LoadBalancerLocal, "dst,dst");
+        self.rule(KUBE_LOAD_BALANCER, None, &format!("{lb_local} -j RETURN"));
+        self.rule(KUBE_LOAD_BALANCER, None, &format!("-j {KUBE_MARK_MASQ}"));
+        self.rule(
+            KUBE_SERVICES,
+            None,
+            &format!("-m addrtype --dst-type LOCAL -j {KUBE_NODE_PORT}"),
+        );
+    }
+
+    /// nat `KUBE-NODE-PORT`: NodePorts are marked for masquerade unless their policy is
+    /// Local.
+    fn node_ports(&mut self) {
+        for (proto, local, all, flags) in [
+            (
+                "tcp",
+                SetKind::NodePortLocalTcp,
+                SetKind::NodePortTcp,
+                "dst",
+            ),
+            (
+                "udp",
+                SetKind::NodePortLocalUdp,
+                SetKind::NodePortUdp,
+                "dst",
+            ),
+            (
+                "sctp",
+                SetKind::NodePortLocalSctp,
+                SetKind::NodePortSctp,
+                "dst,dst",
+            ),
+        ] {
+            let local = self.set(local, flags);
+            let all = self.set(all, flags);
+            self.rule(
+                KUBE_NODE_PORT,
+                None,
+                &format!("-p {proto} {local} -j RETURN"),
+            );
+            self.rule(
+                KUBE_NODE_PORT,
+                None,
+                &format!("-p {proto} {all} -j {KUBE_MARK_MASQ}"),
+            );
+        }
+    }
 }
 
 /// `text` (from [`render`]) with `-I <from> 1 <spec>` for each of `jumps` at the end of its
