@@ -15,7 +15,9 @@ use netlink_sys::{Socket, SocketAddr};
 use kp_core::model::IpFamily;
 use kp_rules::nftables::{Command, Transaction};
 
-use crate::codec::{Batch, Family, MsgKind, NLMSG_DONE, NLMSG_ERROR, Writer, dump_request, fence};
+use crate::codec::{
+    Batch, Family, MsgKind, NLMSG_DONE, NLMSG_ERROR, Writer, attributes, dump_request, fence,
+};
 use crate::lower::{LowerError, lower};
 
 /// Receive buffer: room for the errors of a batch whose messages all fail (errors are
@@ -261,6 +263,46 @@ impl NftSocket {
                     }
                 }
                 data = &data[len.next_multiple_of(4).min(data.len())..];
+            }
+        }
+    }
+
+    /// The nf_tables generation of this network namespace: every committed transaction,
+    /// whoever's, moves it by one, so two readings bracketing transactions of ours tell
+    /// whether anyone else committed in between (see `crate::monitor::quiet`).
+    pub fn generation(&mut self) -> Result<u32, ApplyError> {
+        let seq = self.seq;
+        self.seq = self.seq.wrapping_add(1);
+        self.socket
+            .send(&fence(seq), 0)
+            .map_err(ApplyError::Socket)?;
+        let mut generation = None;
+        let mut buf = vec![0u8; 1 << 12];
+        loop {
+            let n = self
+                .socket
+                .recv(&mut &mut buf[..], 0)
+                .map_err(ApplyError::Socket)?;
+            for reply in replies(&buf[..n]) {
+                let reply = reply.map_err(ApplyError::Socket)?;
+                if reply.seq != seq {
+                    continue;
+                }
+                if reply.kind == NLMSG_ERROR || reply.kind == NLMSG_DONE {
+                    if let Some(code) = reply.error.filter(|code| *code != 0) {
+                        return Err(ApplyError::Batch(io::Error::from_raw_os_error(-code)));
+                    }
+                    return generation.ok_or_else(|| {
+                        ApplyError::Socket(io::Error::other("no NFTA_GEN_ID in NFT_MSG_NEWGEN"))
+                    });
+                }
+                // NFT_MSG_NEWGEN: `struct nfgenmsg`, then NFTA_GEN_ID (1), big-endian.
+                generation = reply
+                    .body
+                    .get(4..)
+                    .and_then(|attrs| attributes(attrs).find(|(ty, _)| *ty == 1))
+                    .and_then(|(_, value)| <[u8; 4]>::try_from(value).ok())
+                    .map(u32::from_be_bytes);
             }
         }
     }
