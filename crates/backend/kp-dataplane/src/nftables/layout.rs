@@ -259,8 +259,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             LayoutState::from_ports(full_updates(request.state, ctx, &LayoutState::default()));
         let rendered = started.elapsed();
         let (kernel, kernel_classes) = if table.trusted {
-            let kernel: Vec<Element> = table.installed.elements().cloned().collect();
-            (kernel, table.installed.classes().clone())
+            (None, table.installed.classes().clone())
         } else {
             match self.read_back(family)? {
                 Some(back) if !back.is_this_layout() => {
@@ -273,16 +272,22 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
                         .iter()
                         .filter_map(|s| SetOf::parse(s).and_then(Class::of_set))
                         .collect();
-                    (back.elements, classes)
+                    (Some(back.elements), classes)
                 }
-                None => (Vec::new(), BTreeSet::new()),
+                None => (Some(Vec::new()), BTreeSet::new()),
             }
         };
         let read = started.elapsed();
         let both: BTreeSet<Class> = desired.classes().union(&kernel_classes).copied().collect();
         self.script(family, &fixed_part(&fixed, &both)).await?;
         let fixed_done = started.elapsed();
-        let changes = desired.repair(kernel);
+        let changes = match kernel {
+            Some(read) => desired.repair(read),
+            None => desired.repair_from(&table.installed),
+        };
+        // Not needed any more (a failed load reads the table back): freed before the load.
+        table.installed = LayoutState::default();
+        table.trusted = false;
         let written = changes.delete.len() + changes.add.len();
         let gone = removed_endpoints(&changes);
         let diffed = started.elapsed();
