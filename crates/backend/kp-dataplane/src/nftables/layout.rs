@@ -281,17 +281,31 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         let both: BTreeSet<Class> = desired.classes().union(&kernel_classes).copied().collect();
         self.script(family, &fixed_part(&fixed, &both)).await?;
         let fixed_done = started.elapsed();
-        let changes = match kernel {
-            Some(read) => desired.repair(read),
-            None => desired.repair_from(&table.installed),
+        let diffed;
+        let empty = match &kernel {
+            Some(read) => read.is_empty(),
+            None => table.installed.element_count() == 0,
         };
-        // Not needed any more (a failed load reads the table back): freed before the load.
-        table.installed = LayoutState::default();
-        table.trusted = false;
-        let written = changes.delete.len() + changes.add.len();
-        let gone = removed_endpoints(&changes);
-        let diffed = started.elapsed();
-        let unheard = self.load(family, steps(changes), written >= self.quiet_from)?;
+        let (written, gone, unheard);
+        if empty {
+            // A first sync: every element added, copied a step at a time.
+            diffed = started.elapsed();
+            written = desired.element_count();
+            gone = BTreeSet::new();
+            unheard = self.load(family, additions(&desired), written >= self.quiet_from)?;
+        } else {
+            let changes = match kernel {
+                Some(read) => desired.repair(read),
+                None => desired.repair_from(&table.installed),
+            };
+            // Not needed any more (a failed load reads the table back): freed before the load.
+            table.installed = LayoutState::default();
+            table.trusted = false;
+            written = changes.delete.len() + changes.add.len();
+            gone = removed_endpoints(&changes);
+            diffed = started.elapsed();
+            unheard = self.load(family, steps(changes), written >= self.quiet_from)?;
+        }
         info!(
             ?family,
             render = ?rendered,
@@ -334,7 +348,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
     fn load(
         &self,
         family: IpFamily,
-        steps: Vec<(Vec<Element>, Vec<Element>)>,
+        steps: impl IntoIterator<Item = (Vec<Element>, Vec<Element>)>,
         quiet: bool,
     ) -> Result<bool, BackendError> {
         if !quiet {
@@ -487,6 +501,26 @@ fn add_rank(element: &Element) -> u8 {
         Element::Entry(..) => 2,
         Element::ClusterIp(_) => 3,
     }
+}
+
+/// A first sync's element transactions (every element of `desired` added), in the order and
+/// sizes of [`steps`], each copied from `desired` only when it is sent.
+fn additions(desired: &LayoutState) -> impl Iterator<Item = (Vec<Element>, Vec<Element>)> + '_ {
+    let mut order: Vec<&Element> = desired.elements().collect();
+    if order.len() <= STEP {
+        order.sort();
+    } else {
+        order.sort_by(|a, b| (add_rank(a), a).cmp(&(add_rank(b), b)));
+    }
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let chunk = order.get(at..(at + STEP).min(order.len()))?;
+        if chunk.is_empty() {
+            return None;
+        }
+        at += chunk.len();
+        Some((Vec::new(), chunk.iter().map(|e| (*e).clone()).collect()))
+    })
 }
 
 /// A full sync's element transactions: one when it fits in [`STEP`]; else replacements

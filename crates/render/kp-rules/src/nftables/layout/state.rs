@@ -183,6 +183,8 @@ impl LayoutState {
             if elements.is_empty() {
                 continue;
             }
+            // Kept for the state's life: no spare capacity.
+            elements.shrink_to_fit();
             for element in &elements {
                 state.claim(element);
             }
