@@ -510,7 +510,8 @@ fn additions(desired: &LayoutState) -> impl Iterator<Item = (Vec<Element>, Vec<E
     if order.len() <= STEP {
         order.sort();
     } else {
-        order.sort_by(|a, b| (add_rank(a), a).cmp(&(add_rank(b), b)));
+        // Only the rank matters across steps; within one, the kernel takes any order.
+        order.sort_unstable_by_key(|e| add_rank(e));
     }
     let mut at = 0;
     std::iter::from_fn(move || {

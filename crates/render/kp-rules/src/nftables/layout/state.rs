@@ -69,7 +69,7 @@ impl Hash for Installed {
 pub struct LayoutState {
     ports: BTreeMap<ServicePortName, Vec<Element>>,
     /// Each kernel element as installed, and how many service ports claim its key.
-    elements: HashMap<Installed, u32>,
+    elements: hashbrown::HashMap<Installed, u32>,
     classes: BTreeSet<Class>,
 }
 
