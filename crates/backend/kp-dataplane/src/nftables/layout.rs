@@ -15,7 +15,10 @@
 //!   (`nft -f`, with the sets and rules of the classes in use now *and* before, so nothing
 //!   loses its rule), the element difference goes over netlink (one transaction, or steps
 //!   of [`STEP`] in an order that never points a rule at a missing slot), and classes no
-//!   longer used lose their rules and sets last.
+//!   longer used lose their rules and sets last. A load of at least [`QUIET_FROM`] elements
+//!   runs with this process's notification watch out of its group, and the nf_tables
+//!   generation before and after says whether anyone else committed meanwhile, unheard; if
+//!   so the sync runs again, full, reading both tables back.
 //! - **Partial**: the difference of the changed services' elements, over netlink in one
 //!   transaction; a new slot count or affinity timeout (its set and rules) or a changed
 //!   ServiceCIDR list makes that transaction `nft -f` text instead.
