@@ -277,25 +277,8 @@ impl NftSocket {
             .send(&fence(seq), 0)
             .map_err(ApplyError::Socket)?;
         let mut generation = None;
-        let mut buf = vec![0u8; 1 << 12];
-        loop {
-            let n = self
-                .socket
-                .recv(&mut &mut buf[..], 0)
-                .map_err(ApplyError::Socket)?;
-            for reply in replies(&buf[..n]) {
-                let reply = reply.map_err(ApplyError::Socket)?;
-                if reply.seq != seq {
-                    continue;
-                }
-                if reply.kind == NLMSG_ERROR || reply.kind == NLMSG_DONE {
-                    if let Some(code) = reply.error.filter(|code| *code != 0) {
-                        return Err(ApplyError::Batch(io::Error::from_raw_os_error(-code)));
-                    }
-                    return generation.ok_or_else(|| {
-                        ApplyError::Socket(io::Error::other("no NFTA_GEN_ID in NFT_MSG_NEWGEN"))
-                    });
-                }
+        let code = self.until_fence(seq, 1 << 12, |reply| {
+            if reply.seq == seq {
                 // NFT_MSG_NEWGEN: `struct nfgenmsg`, then NFTA_GEN_ID (1), big-endian.
                 generation = reply
                     .body
@@ -303,6 +286,35 @@ impl NftSocket {
                     .and_then(|attrs| attributes(attrs).find(|(ty, _)| *ty == 1))
                     .and_then(|(_, value)| <[u8; 4]>::try_from(value).ok())
                     .map(u32::from_be_bytes);
+            }
+        })?;
+        if let Some(code) = code.filter(|code| *code != 0) {
+            return Err(ApplyError::Batch(io::Error::from_raw_os_error(-code)));
+        }
+        generation
+            .ok_or_else(|| ApplyError::Socket(io::Error::other("no NFTA_GEN_ID in NFT_MSG_NEWGEN")))
+    }
+
+    /// Reads replies until the acknowledgement of the request numbered `fence` (returning
+    /// its error code, 0 for none), handing every other reply to `each`.
+    fn until_fence(
+        &mut self,
+        fence: u32,
+        buffer: usize,
+        mut each: impl FnMut(&Reply<'_>),
+    ) -> Result<Option<i32>, ApplyError> {
+        let mut buf = vec![0u8; buffer];
+        loop {
+            let n = self
+                .socket
+                .recv(&mut &mut buf[..], 0)
+                .map_err(ApplyError::Socket)?;
+            for reply in replies(&buf[..n]) {
+                let reply = reply.map_err(ApplyError::Socket)?;
+                if reply.seq == fence && (reply.kind == NLMSG_ERROR || reply.kind == NLMSG_DONE) {
+                    return Ok(reply.error);
+                }
+                each(&reply);
             }
         }
     }
@@ -348,45 +360,35 @@ impl NftSocket {
             .map_err(ApplyError::Socket)?;
 
         let mut first_error: Option<ApplyError> = None;
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = self
-                .socket
-                .recv(&mut &mut buf[..], 0)
-                .map_err(ApplyError::Socket)?;
-            for reply in replies(&buf[..n]) {
-                let reply = reply.map_err(ApplyError::Socket)?;
-                if reply.seq == encoded.fence_seq {
-                    if reply.kind == NLMSG_ERROR || reply.kind == NLMSG_DONE {
-                        return first_error.map_or(Ok(()), Err);
-                    }
-                    // The generation itself: the acknowledgement follows.
-                    continue;
-                }
-                if reply.kind != NLMSG_ERROR {
-                    if let (Some(echoes), Some(owner)) =
-                        (echoes.as_deref_mut(), encoded.owner(reply.seq))
-                    {
-                        echoes.push((owner, reply.body.to_vec()));
-                    }
-                    continue;
-                }
-                let Some(code) = reply.error.filter(|code| *code != 0) else {
-                    continue;
-                };
-                let source = io::Error::from_raw_os_error(-code);
-                let error = match encoded.owner(reply.seq) {
-                    // The command's index; [`Self::apply_commands`] names it.
-                    Some(line) => ApplyError::Kernel {
-                        line,
-                        statement: String::new(),
-                        source,
-                    },
-                    None => ApplyError::Batch(source),
-                };
-                first_error.get_or_insert(error);
+        self.until_fence(encoded.fence_seq, 1 << 16, |reply| {
+            if reply.seq == encoded.fence_seq {
+                // The generation itself: the acknowledgement follows.
+                return;
             }
-        }
+            if reply.kind != NLMSG_ERROR {
+                if let (Some(echoes), Some(owner)) =
+                    (echoes.as_deref_mut(), encoded.owner(reply.seq))
+                {
+                    echoes.push((owner, reply.body.to_vec()));
+                }
+                return;
+            }
+            let Some(code) = reply.error.filter(|code| *code != 0) else {
+                return;
+            };
+            let source = io::Error::from_raw_os_error(-code);
+            let error = match encoded.owner(reply.seq) {
+                // The command's index; [`Self::apply_commands`] names it.
+                Some(line) => ApplyError::Kernel {
+                    line,
+                    statement: String::new(),
+                    source,
+                },
+                None => ApplyError::Batch(source),
+            };
+            first_error.get_or_insert(error);
+        })?;
+        first_error.map_or(Ok(()), Err)
     }
 }
 

@@ -211,16 +211,21 @@ impl LayoutState {
         let differs = |from: &LayoutState, element: &Element| {
             from.installed(element).is_none_or(|there| there != element)
         };
-        let mut delete: Vec<Element> = kernel
-            .elements()
-            .filter(|element| differs(self, element))
-            .cloned()
-            .collect();
-        let mut add: Vec<Element> = self
-            .elements()
-            .filter(|element| differs(kernel, element))
-            .cloned()
-            .collect();
+        self.repairing(
+            kernel
+                .elements()
+                .filter(|e| differs(self, e))
+                .cloned()
+                .collect(),
+            self.elements()
+                .filter(|e| differs(kernel, e))
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// A repair's transaction: `delete` and `add` in order, with every class of `self`.
+    fn repairing(&self, mut delete: Vec<Element>, mut add: Vec<Element>) -> Changes {
         delete.sort();
         add.sort();
         Changes {
@@ -238,7 +243,7 @@ impl LayoutState {
     /// result).
     pub fn repair(&self, kernel: impl IntoIterator<Item = Element>) -> Changes {
         let kernel: std::collections::HashSet<Element> = kernel.into_iter().collect();
-        let mut delete: Vec<Element> = kernel
+        let delete = kernel
             .iter()
             .filter(|element| {
                 self.installed(element)
@@ -246,19 +251,12 @@ impl LayoutState {
             })
             .cloned()
             .collect();
-        let mut add: Vec<Element> = self
+        let add = self
             .elements()
             .filter(|element| !kernel.contains(*element))
             .cloned()
             .collect();
-        delete.sort();
-        add.sort();
-        Changes {
-            delete,
-            classes: self.classes.clone(),
-            add,
-            ports: Vec::new(),
-        }
+        self.repairing(delete, add)
     }
 
     /// The endpoints (`addr`, `port`) some slot of `self` holds.
