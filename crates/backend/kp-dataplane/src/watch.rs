@@ -10,6 +10,10 @@
 //! the proxier then runs the backend's canary check, between syncs, which cannot mistake its
 //! own writes. Deleted rules of built-in chains (where our jumps live, among others') are
 //! suspects too: the check looks for our jumps.
+//!
+//! The nftables verdict-free layout takes the monitor out of its group while it loads a large
+//! table itself (`kp_nftnl::monitor::quiet`) and finds others' commits in that time from the
+//! nf_tables generation instead (`crate::nftables::layout`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -643,3 +643,40 @@ fn random_services_give_identical_tables_over_netlink_and_nft() {
         },
     );
 }
+
+/// What a large element load of the verdict-free layout relies on: a quiet monitor hears
+/// nothing of what is committed meanwhile (so the kernel need not build it), hears again
+/// once the guard drops, and the generation moves by one per commit, anyone's.
+#[test]
+fn a_quiet_monitor_hears_nothing_and_the_generation_counts_every_commit() {
+    use kp_nftnl::monitor::{Message, Monitor, Received, quiet};
+    in_netns(
+        "a_quiet_monitor_hears_nothing_and_the_generation_counts_every_commit",
+        || {
+            let mut monitor = Monitor::open(Duration::from_millis(200)).expect("subscribe");
+            let mut socket = NftSocket::open().expect("nf_tables socket");
+            let heard = |monitor: &mut Monitor| {
+                let mut tables = Vec::new();
+                while let Ok(Received::Messages(messages)) = monitor.recv() {
+                    tables.extend(messages.into_iter().filter_map(|m| match m {
+                        Message::Object { table, .. } => Some(table),
+                        Message::Generation { .. } => None,
+                    }));
+                }
+                tables
+            };
+            let before = socket.generation().expect("generation");
+            {
+                let quiet = quiet();
+                assert_eq!(quiet.monitors(), 1, "this test's monitor left the group");
+                nft(&["add", "table", "ip", "unheard-1"]);
+                nft(&["add", "table", "ip", "unheard-2"]);
+                assert_eq!(heard(&mut monitor), Vec::<String>::new());
+            }
+            let after = socket.generation().expect("generation");
+            assert_eq!(after.wrapping_sub(before), 2, "one per commit");
+            nft(&["add", "table", "ip", "heard"]);
+            assert_eq!(heard(&mut monitor), vec!["heard".to_owned()]);
+        },
+    );
+}

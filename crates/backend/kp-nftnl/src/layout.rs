@@ -134,22 +134,28 @@ pub fn push_elements(batch: &mut Batch, family: Family, add: bool, elements: &[E
     } else {
         MsgKind::DelSetElem
     };
-    let mut by_set: BTreeMap<String, Vec<Encoded>> = BTreeMap::new();
+    // Grouped by set without naming each element's set, and encoded straight into the
+    // batch: a first sync sends 290k elements at 10k services × 10 endpoints.
+    let mut by_set: BTreeMap<SetOf, Vec<&Element>> = BTreeMap::new();
     for element in elements {
-        let mut encoded = encode(element);
-        if !add {
-            encoded.data = None;
-        }
-        by_set.entry(element.set_name()).or_default().push(encoded);
+        by_set.entry(element.set_of()).or_default().push(element);
     }
     let flags = if add { NLM_F_CREATE } else { 0 };
-    for (set, items) in &by_set {
+    for items in by_set.values() {
+        let Some(first) = items.first() else {
+            continue;
+        };
+        let set = first.set_name();
         for chunk in items.chunks(PER_MESSAGE) {
             batch.raw(kind, flags, family, 0, |w| {
                 w.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
-                w.put_str(NFTA_SET_ELEM_LIST_SET, set);
+                w.put_str(NFTA_SET_ELEM_LIST_SET, &set);
                 let list = w.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
-                for item in chunk {
+                for element in chunk {
+                    let mut item = encode(element);
+                    if !add {
+                        item.data = None;
+                    }
                     let elem = w.nest(NFTA_LIST_ELEM);
                     w.put_data(NFTA_SET_ELEM_KEY, &item.key);
                     if let Some(end) = &item.key_end {

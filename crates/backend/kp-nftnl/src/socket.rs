@@ -15,7 +15,9 @@ use netlink_sys::{Socket, SocketAddr};
 use kp_core::model::IpFamily;
 use kp_rules::nftables::{Command, Transaction};
 
-use crate::codec::{Batch, Family, MsgKind, NLMSG_DONE, NLMSG_ERROR, Writer, dump_request, fence};
+use crate::codec::{
+    Batch, Family, MsgKind, NLMSG_DONE, NLMSG_ERROR, Writer, attributes, dump_request, fence,
+};
 use crate::lower::{LowerError, lower};
 
 /// Receive buffer: room for the errors of a batch whose messages all fail (errors are
@@ -265,6 +267,58 @@ impl NftSocket {
         }
     }
 
+    /// The nf_tables generation of this network namespace: every committed transaction,
+    /// whoever's, moves it by one, so two readings bracketing transactions of ours tell
+    /// whether anyone else committed in between (see `crate::monitor::quiet`).
+    pub fn generation(&mut self) -> Result<u32, ApplyError> {
+        let seq = self.seq;
+        self.seq = self.seq.wrapping_add(1);
+        self.socket
+            .send(&fence(seq), 0)
+            .map_err(ApplyError::Socket)?;
+        let mut generation = None;
+        let code = self.until_fence(seq, 1 << 12, |reply| {
+            if reply.seq == seq {
+                // NFT_MSG_NEWGEN: `struct nfgenmsg`, then NFTA_GEN_ID (1), big-endian.
+                generation = reply
+                    .body
+                    .get(4..)
+                    .and_then(|attrs| attributes(attrs).find(|(ty, _)| *ty == 1))
+                    .and_then(|(_, value)| <[u8; 4]>::try_from(value).ok())
+                    .map(u32::from_be_bytes);
+            }
+        })?;
+        if let Some(code) = code.filter(|code| *code != 0) {
+            return Err(ApplyError::Batch(io::Error::from_raw_os_error(-code)));
+        }
+        generation
+            .ok_or_else(|| ApplyError::Socket(io::Error::other("no NFTA_GEN_ID in NFT_MSG_NEWGEN")))
+    }
+
+    /// Reads replies until the acknowledgement of the request numbered `fence` (returning
+    /// its error code, 0 for none), handing every other reply to `each`.
+    fn until_fence(
+        &mut self,
+        fence: u32,
+        buffer: usize,
+        mut each: impl FnMut(&Reply<'_>),
+    ) -> Result<Option<i32>, ApplyError> {
+        let mut buf = vec![0u8; buffer];
+        loop {
+            let n = self
+                .socket
+                .recv(&mut &mut buf[..], 0)
+                .map_err(ApplyError::Socket)?;
+            for reply in replies(&buf[..n]) {
+                let reply = reply.map_err(ApplyError::Socket)?;
+                if reply.seq == fence && (reply.kind == NLMSG_ERROR || reply.kind == NLMSG_DONE) {
+                    return Ok(reply.error);
+                }
+                each(&reply);
+            }
+        }
+    }
+
     /// Send `batch` and collect the kernel's verdict on it.
     fn send_batch(&mut self, batch: Batch) -> Result<(), ApplyError> {
         self.send_batch_collecting(batch, None)
@@ -306,45 +360,35 @@ impl NftSocket {
             .map_err(ApplyError::Socket)?;
 
         let mut first_error: Option<ApplyError> = None;
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = self
-                .socket
-                .recv(&mut &mut buf[..], 0)
-                .map_err(ApplyError::Socket)?;
-            for reply in replies(&buf[..n]) {
-                let reply = reply.map_err(ApplyError::Socket)?;
-                if reply.seq == encoded.fence_seq {
-                    if reply.kind == NLMSG_ERROR || reply.kind == NLMSG_DONE {
-                        return first_error.map_or(Ok(()), Err);
-                    }
-                    // The generation itself: the acknowledgement follows.
-                    continue;
-                }
-                if reply.kind != NLMSG_ERROR {
-                    if let (Some(echoes), Some(owner)) =
-                        (echoes.as_deref_mut(), encoded.owner(reply.seq))
-                    {
-                        echoes.push((owner, reply.body.to_vec()));
-                    }
-                    continue;
-                }
-                let Some(code) = reply.error.filter(|code| *code != 0) else {
-                    continue;
-                };
-                let source = io::Error::from_raw_os_error(-code);
-                let error = match encoded.owner(reply.seq) {
-                    // The command's index; [`Self::apply_commands`] names it.
-                    Some(line) => ApplyError::Kernel {
-                        line,
-                        statement: String::new(),
-                        source,
-                    },
-                    None => ApplyError::Batch(source),
-                };
-                first_error.get_or_insert(error);
+        self.until_fence(encoded.fence_seq, 1 << 16, |reply| {
+            if reply.seq == encoded.fence_seq {
+                // The generation itself: the acknowledgement follows.
+                return;
             }
-        }
+            if reply.kind != NLMSG_ERROR {
+                if let (Some(echoes), Some(owner)) =
+                    (echoes.as_deref_mut(), encoded.owner(reply.seq))
+                {
+                    echoes.push((owner, reply.body.to_vec()));
+                }
+                return;
+            }
+            let Some(code) = reply.error.filter(|code| *code != 0) else {
+                return;
+            };
+            let source = io::Error::from_raw_os_error(-code);
+            let error = match encoded.owner(reply.seq) {
+                // The command's index; [`Self::apply_commands`] names it.
+                Some(line) => ApplyError::Kernel {
+                    line,
+                    statement: String::new(),
+                    source,
+                },
+                None => ApplyError::Batch(source),
+            };
+            first_error.get_or_insert(error);
+        })?;
+        first_error.map_or(Ok(()), Err)
     }
 }
 

@@ -15,7 +15,10 @@
 //!   (`nft -f`, with the sets and rules of the classes in use now *and* before, so nothing
 //!   loses its rule), the element difference goes over netlink (one transaction, or steps
 //!   of [`STEP`] in an order that never points a rule at a missing slot), and classes no
-//!   longer used lose their rules and sets last.
+//!   longer used lose their rules and sets last. A load of at least [`QUIET_FROM`] elements
+//!   runs with this process's notification watch out of its group, and the nf_tables
+//!   generation before and after says whether anyone else committed meanwhile, unheard; if
+//!   so the sync runs again, full, reading both tables back.
 //! - **Partial**: the difference of the changed services' elements, over netlink in one
 //!   transaction; a new slot count or affinity timeout (its set and rules) or a changed
 //!   ServiceCIDR list makes that transaction `nft -f` text instead.
@@ -80,6 +83,22 @@ pub fn layout_from_env(value: Option<&str>) -> Result<bool, String> {
     }
 }
 
+/// Loads of at least this many elements leave the notification group (see
+/// [`LayoutBackend::quiet_from`]).
+pub const QUIET_FROM: usize = 10_000;
+
+/// How many full syncs in a row one sync runs when others commit during its quiet loads.
+const FULL_ATTEMPTS: usize = 3;
+
+/// How a full sync ended.
+enum Full {
+    /// Applied; this many elements written.
+    Done(usize),
+    /// Applied, but another program committed during a quiet load: the table must be read
+    /// back and repaired.
+    Unheard,
+}
+
 /// What the backend knows about one family's table.
 #[derive(Debug, Default)]
 struct Table {
@@ -101,6 +120,7 @@ pub struct LayoutBackend<I = NetlinkLayoutIo, C = DefaultConntrack> {
     metrics: NftablesMetrics,
     tables: BTreeMap<IpFamily, Table>,
     sync: SyncState<C>,
+    quiet_from: usize,
 }
 
 impl LayoutBackend {
@@ -130,7 +150,15 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             io,
             metrics: NftablesMetrics::default(),
             tables: BTreeMap::new(),
+            quiet_from: QUIET_FROM,
         })
+    }
+
+    /// Full syncs writing at least `elements` elements load them with this process's
+    /// notification watch out of its group ([`QUIET_FROM`] by default; tests lower it).
+    pub fn quiet_from(mut self, elements: usize) -> Self {
+        self.quiet_from = elements;
+        self
     }
 
     /// The I/O (the fake's record in tests).
@@ -155,14 +183,14 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         })
     }
 
-    /// One family's sync; returns the elements written.
+    /// One family's sync.
     async fn sync_family(
         &self,
         family: IpFamily,
         request: &SyncRequest<'_>,
         kind: SyncKind,
         table: &mut Table,
-    ) -> Result<usize, BackendError> {
+    ) -> Result<Full, BackendError> {
         let ctx = Context::new(&self.config.render, request.state, family);
         let fixed = self.fixed_config(family, &request.state.service_cidrs);
         if kind == SyncKind::Full || !table.trusted {
@@ -188,7 +216,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         table.installed.apply(changes);
         table.fixed = Some(fixed);
         self.forget_clients(family, &table.installed, &gone);
-        Ok(written)
+        Ok(Full::Done(written))
     }
 
     /// Clients pinned (ClientIP affinity) to an endpoint that `gone` holds are forgotten, so
@@ -228,19 +256,18 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         ctx: &Context,
         fixed: FixedConfig,
         table: &mut Table,
-    ) -> Result<usize, BackendError> {
+    ) -> Result<Full, BackendError> {
         let started = Instant::now();
         let desired =
             LayoutState::from_ports(full_updates(request.state, ctx, &LayoutState::default()));
         let rendered = started.elapsed();
         let (kernel, kernel_classes) = if table.trusted {
-            let kernel: Vec<Element> = table.installed.elements().cloned().collect();
-            (kernel, table.installed.classes().clone())
+            (None, table.installed.classes().clone())
         } else {
             match self.read_back(family)? {
                 Some(back) if !back.is_this_layout() => {
                     self.replace(family, &fixed, &desired, &back).await?;
-                    return self.installed_now(table, desired, fixed);
+                    return self.installed_now(table, desired, fixed).map(Full::Done);
                 }
                 Some(back) => {
                     let classes = back
@@ -248,21 +275,39 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
                         .iter()
                         .filter_map(|s| SetOf::parse(s).and_then(Class::of_set))
                         .collect();
-                    (back.elements, classes)
+                    (Some(back.elements), classes)
                 }
-                None => (Vec::new(), BTreeSet::new()),
+                None => (Some(Vec::new()), BTreeSet::new()),
             }
         };
         let read = started.elapsed();
         let both: BTreeSet<Class> = desired.classes().union(&kernel_classes).copied().collect();
         self.script(family, &fixed_part(&fixed, &both)).await?;
         let fixed_done = started.elapsed();
-        let changes = desired.repair(kernel);
-        let written = changes.delete.len() + changes.add.len();
-        let gone = removed_endpoints(&changes);
-        let diffed = started.elapsed();
-        for (delete, add) in steps(changes) {
-            self.elements(family, &delete, &add)?;
+        let diffed;
+        let empty = match &kernel {
+            Some(read) => read.is_empty(),
+            None => table.installed.element_count() == 0,
+        };
+        let (written, gone, unheard);
+        if empty {
+            // A first sync: every element added, copied a step at a time.
+            diffed = started.elapsed();
+            written = desired.element_count();
+            gone = BTreeSet::new();
+            unheard = self.load(family, additions(&desired), written >= self.quiet_from)?;
+        } else {
+            let changes = match kernel {
+                Some(read) => desired.repair(read),
+                None => desired.repair_from(&table.installed),
+            };
+            // Not needed any more (a failed load reads the table back): freed before the load.
+            table.installed = LayoutState::default();
+            table.trusted = false;
+            written = changes.delete.len() + changes.add.len();
+            gone = removed_endpoints(&changes);
+            diffed = started.elapsed();
+            unheard = self.load(family, steps(changes), written >= self.quiet_from)?;
         }
         info!(
             ?family,
@@ -289,7 +334,48 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             }
         }
         self.installed_now(table, desired, fixed)?;
-        Ok(written)
+        if unheard {
+            warn!(
+                ?family,
+                "another program committed to nf_tables during our element load, unheard; reading the tables back"
+            );
+            return Ok(Full::Unheard);
+        }
+        Ok(Full::Done(written))
+    }
+
+    /// Apply a full sync's element transactions. When `quiet`, this process's notification
+    /// watch leaves its group meanwhile (the kernel then builds no message per element,
+    /// ~40 % of a large load's kernel time), and the generation before and after tells
+    /// whether anyone else committed in that time, unheard: returns whether so.
+    fn load(
+        &self,
+        family: IpFamily,
+        steps: impl IntoIterator<Item = (Vec<Element>, Vec<Element>)>,
+        quiet: bool,
+    ) -> Result<bool, BackendError> {
+        if !quiet {
+            for (delete, add) in steps {
+                self.elements(family, &delete, &add)?;
+            }
+            return Ok(false);
+        }
+        let generation = || {
+            blocking(|| self.io.generation())
+                .map_err(|err| apply_error("nf_tables generation".to_owned(), err))
+        };
+        let before = generation()?;
+        let commits = {
+            let _quiet = self.io.quiet();
+            let mut commits: u32 = 0;
+            for (delete, add) in steps {
+                self.elements(family, &delete, &add)?;
+                commits = commits.wrapping_add(1);
+            }
+            commits
+        };
+        let after = generation()?;
+        Ok(after.wrapping_sub(before) != commits)
     }
 
     fn installed_now(
@@ -420,6 +506,27 @@ fn add_rank(element: &Element) -> u8 {
     }
 }
 
+/// A first sync's element transactions (every element of `desired` added), in the order and
+/// sizes of [`steps`], each copied from `desired` only when it is sent.
+fn additions(desired: &LayoutState) -> impl Iterator<Item = (Vec<Element>, Vec<Element>)> + '_ {
+    let mut order: Vec<&Element> = desired.elements().collect();
+    if order.len() <= STEP {
+        order.sort();
+    } else {
+        // Only the rank matters across steps; within one, the kernel takes any order.
+        order.sort_unstable_by_key(|e| add_rank(e));
+    }
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let chunk = order.get(at..(at + STEP).min(order.len()))?;
+        if chunk.is_empty() {
+            return None;
+        }
+        at += chunk.len();
+        Some((Vec::new(), chunk.iter().map(|e| (*e).clone()).collect()))
+    })
+}
+
 /// A full sync's element transactions: one when it fits in [`STEP`]; else replacements
 /// (same key, new data: deleted and added together) and additions in [`add_rank`] order,
 /// then deletions in the reverse order.
@@ -485,18 +592,37 @@ impl<I: LayoutIo, C: Conntrack> Backend for LayoutBackend<I, C> {
         };
         let mut errors = FamilyErrors::new(MODE);
         let mut written = 0;
-        for family in families {
-            let mut table = self.tables.remove(&family).unwrap_or_default();
-            let result = self.sync_family(family, request, kind, &mut table).await;
-            if result.is_err() {
-                self.metrics.sync_failures.inc();
-                // Steps of a split full sync may have been applied: read the table back.
-                table.trusted = false;
+        let mut kind = kind;
+        for attempt in 1..=FULL_ATTEMPTS {
+            let mut unheard = false;
+            for family in &families {
+                let family = *family;
+                let mut table = self.tables.remove(&family).unwrap_or_default();
+                let result = self.sync_family(family, request, kind, &mut table).await;
+                if result.is_err() {
+                    self.metrics.sync_failures.inc();
+                    // Steps of a split full sync may have been applied: read the table back.
+                    table.trusted = false;
+                }
+                match errors.check(family, result) {
+                    Some(Full::Done(count)) => written += count,
+                    Some(Full::Unheard) => unheard = true,
+                    None => {}
+                }
+                self.tables.insert(family, table);
             }
-            if let Some(count) = errors.check(family, result) {
-                written += count;
+            if !unheard {
+                break;
             }
-            self.tables.insert(family, table);
+            // Whatever another program committed unheard, in either family's table, a full
+            // sync reading both back repairs; the last attempt leaves that to the next sync.
+            self.kernel_changed_behind_our_back();
+            kind = SyncKind::Full;
+            if attempt == FULL_ATTEMPTS {
+                warn!(
+                    "others kept committing during every large nftables load; the next sync repairs"
+                );
+            }
         }
         errors.into_result()?;
         self.sync.succeeded(request, kind, &BTreeSet::new()).await;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_core::model::IpFamily;
 use kp_nftnl::layout::Readback;
+use kp_nftnl::monitor::Quiet;
 use kp_rules::nftables::TABLE;
 use kp_rules::nftables::layout::Element;
 
@@ -29,6 +30,8 @@ pub enum LayoutCall {
     },
     /// A read-back.
     Read(IpFamily),
+    /// The notification watch taken out of its group.
+    Quiet,
     /// Clients of removed endpoints forgotten.
     Forget {
         /// The affinity maps swept.
@@ -47,6 +50,11 @@ struct FakeState {
     tables: BTreeMap<IpFamily, Readback>,
     fail_elements: usize,
     fail_scripts: usize,
+    /// Moved by every transaction, as the kernel's.
+    generation: u32,
+    /// Another program's deletion of this element, committed during the next quiet load.
+    during_quiet: Option<(IpFamily, Element)>,
+    quiet: bool,
 }
 
 /// A recording [`LayoutIo`]: scripts are recorded (and, when they create or delete the
@@ -98,7 +106,15 @@ impl FakeLayoutIo {
 
     /// Another program changes `family`'s elements.
     pub fn tamper(&self, family: IpFamily, f: impl FnOnce(&mut BTreeSet<Element>)) {
-        f(self.lock().elements.entry(family).or_default());
+        let mut state = self.lock();
+        state.generation = state.generation.wrapping_add(1);
+        f(state.elements.entry(family).or_default());
+    }
+
+    /// Another program deletes `element` from `family`'s table while the next quiet load
+    /// runs (before its first transaction), when nobody hears of it.
+    pub fn delete_during_quiet(&self, family: IpFamily, element: Element) {
+        self.lock().during_quiet = Some((family, element));
     }
 
     /// Fail the next `n` element transactions (nothing of them applied).
@@ -128,6 +144,7 @@ impl LayoutIo for FakeLayoutIo {
             state.fail_scripts -= 1;
             return Err(fake_failure("nft"));
         }
+        state.generation = state.generation.wrapping_add(1);
         for family in [IpFamily::V4, IpFamily::V6] {
             let fam = super::super::table_family(family);
             let table = format!("table {fam} {TABLE}\n");
@@ -154,6 +171,17 @@ impl LayoutIo for FakeLayoutIo {
         add: &[Element],
     ) -> Result<(), ExecError> {
         let mut state = self.lock();
+        if state.quiet
+            && let Some((theirs, element)) = state.during_quiet.take()
+        {
+            state.generation = state.generation.wrapping_add(1);
+            let key = element.key();
+            state
+                .elements
+                .entry(theirs)
+                .or_default()
+                .retain(|e| e.key() != key);
+        }
         state.calls.push(LayoutCall::Elements {
             family,
             delete: delete.to_vec(),
@@ -163,6 +191,7 @@ impl LayoutIo for FakeLayoutIo {
             state.fail_elements -= 1;
             return Err(fake_failure(PROGRAM));
         }
+        state.generation = state.generation.wrapping_add(1);
         let set = state.elements.entry(family).or_default();
         for element in delete {
             let key = element.key();
@@ -188,6 +217,20 @@ impl LayoutIo for FakeLayoutIo {
 
     fn chains(&self, family: IpFamily) -> Result<Option<Vec<String>>, ExecError> {
         Ok(self.lock().tables.get(&family).map(|b| b.chains.clone()))
+    }
+
+    fn generation(&self) -> Result<u32, ExecError> {
+        let mut state = self.lock();
+        // The watch rejoined by the time the generation is read after a quiet load.
+        state.quiet = false;
+        Ok(state.generation)
+    }
+
+    fn quiet(&self) -> Quiet {
+        let mut state = self.lock();
+        state.calls.push(LayoutCall::Quiet);
+        state.quiet = true;
+        Quiet::default()
     }
 
     fn forget_clients(

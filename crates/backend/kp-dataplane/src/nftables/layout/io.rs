@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::IpFamily;
 use kp_nftnl::layout::{Readback, forget_clients_of, push_elements, read_chains, read_table};
+use kp_nftnl::monitor::Quiet;
 use kp_nftnl::{ApplyError, Batch, Family, NftSocket};
 use kp_rules::nftables::layout::Element;
 
@@ -16,7 +17,7 @@ use crate::nftables::ExecNft;
 /// How netlink failures are named in [`ExecError::Failed`].
 pub(super) const PROGRAM: &str = "nf_tables netlink";
 
-/// The four operations of the layout. The element and read operations block (netlink);
+/// The operations of the layout. The element and read operations block (netlink);
 /// the caller keeps them off the runtime's other tasks.
 pub trait LayoutIo: Send + Sync {
     /// Apply `script` (nft statements) as one transaction (`nft -f -`).
@@ -35,6 +36,13 @@ pub trait LayoutIo: Send + Sync {
 
     /// The chains of `family`'s table (the canary check); `None` when there is no table.
     fn chains(&self, family: IpFamily) -> Result<Option<Vec<String>>, ExecError>;
+
+    /// The nf_tables generation (every commit, anyone's, moves it by one).
+    fn generation(&self) -> Result<u32, ExecError>;
+
+    /// This process's nf_tables watch out of the notification group until the result is
+    /// dropped (the kernel then skips building one notification per element).
+    fn quiet(&self) -> Quiet;
 
     /// Deletes the clients recorded in the affinity maps `maps` with an endpoint in `gone`;
     /// returns how many.
@@ -109,6 +117,14 @@ impl LayoutIo for NetlinkLayoutIo {
 
     fn chains(&self, family: IpFamily) -> Result<Option<Vec<String>>, ExecError> {
         self.with_socket(|socket| read_chains(socket, nft_family(family)))
+    }
+
+    fn generation(&self) -> Result<u32, ExecError> {
+        self.with_socket(NftSocket::generation)
+    }
+
+    fn quiet(&self) -> Quiet {
+        kp_nftnl::monitor::quiet()
     }
 
     fn forget_clients(

@@ -224,6 +224,42 @@ async fn another_programs_deletion_is_put_back_and_nothing_else_written() {
 }
 
 #[tokio::test]
+async fn a_quiet_load_reads_nothing_back_unless_another_program_committed_meanwhile() {
+    let io = FakeLayoutIo::new();
+    let mut backend = backend_on(&io).quiet_from(1);
+    let state = two_services();
+    sync(&mut backend, &state, SyncKind::Full, &BTreeSet::new()).await;
+    io.clear_calls();
+    let moved = b_moved();
+    sync(&mut backend, &moved, SyncKind::Full, &BTreeSet::new()).await;
+    let calls = io.calls();
+    assert!(calls.contains(&LayoutCall::Quiet), "{calls:?}");
+    assert!(
+        !calls.contains(&LayoutCall::Read(IpFamily::V4)),
+        "{calls:?}"
+    );
+    assert_eq!(io.elements(IpFamily::V4), expected(&moved).await);
+
+    // Unheard (the watch was out of its group), another program deletes an element of
+    // ours during the load: the generation says someone else committed, so the same sync
+    // reads the table back and puts it back.
+    let victim = Element::ClusterIp(addr("10.96.0.1"));
+    assert!(io.elements(IpFamily::V4).contains(&victim));
+    io.delete_during_quiet(IpFamily::V4, victim.clone());
+    io.clear_calls();
+    sync(&mut backend, &state, SyncKind::Full, &BTreeSet::new()).await;
+    let calls = io.calls();
+    assert!(calls.contains(&LayoutCall::Read(IpFamily::V4)), "{calls:?}");
+    assert_eq!(io.elements(IpFamily::V4), expected(&state).await);
+    assert_eq!(
+        backend
+            .installed(IpFamily::V4)
+            .map(LayoutState::element_count),
+        Some(expected(&state).await.len())
+    );
+}
+
+#[tokio::test]
 async fn a_restart_adopts_its_own_table_and_writes_only_the_difference() {
     let io = FakeLayoutIo::new();
     let mut first = backend_on(&io);

@@ -172,6 +172,20 @@ impl Element {
         }
     }
 
+    /// Which set or map the element belongs to, without naming it ([`Element::set_name`]
+    /// is its name): grouping a transaction's elements by set costs no string per element.
+    pub fn set_of(&self) -> SetOf {
+        match self {
+            Element::Entry(set, entry) => SetOf::Entries(*set, entry.is_node_port()),
+            Element::Slot { slots, entry, .. } => {
+                SetOf::Slots(*slots, entry.is_node_port(), entry_protocol(entry))
+            }
+            Element::Allow(..) => SetOf::FirewallAllow,
+            Element::Hairpin(_) => SetOf::Hairpin,
+            Element::ClusterIp(_) => SetOf::ClusterIps,
+        }
+    }
+
     /// The element's key and data, as nft prints them (`KEY` or `KEY : DATA`).
     pub fn body(&self) -> ElementBody<'_> {
         ElementBody(self)
@@ -233,7 +247,7 @@ impl fmt::Display for Element {
 
 /// What a set or map of the layout holds, read back from its name (a restart reads the
 /// kernel's elements set by set, and decodes each by what its set holds).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SetOf {
     /// Entries (`E`, or `P` when `node_port`) of an [`EntrySet`].
     Entries(EntrySet, bool),

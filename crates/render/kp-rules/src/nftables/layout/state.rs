@@ -8,6 +8,7 @@
 //! table holds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
 
 use kp_core::model::{Protocol, ServiceName, ServicePortName};
 
@@ -43,20 +44,50 @@ impl Class {
     }
 }
 
-/// The kernel element behind a key and how many service ports claim it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Claimed {
-    installed: Element,
-    claims: u32,
+/// An element as installed, found by its key ([`Element::key`]): hashed and compared
+/// without its data, so one copy is both the claim map's key and the data the kernel holds
+/// (290k of them at 10k services × 10 endpoints).
+#[derive(Clone, Debug)]
+struct Installed(Element);
+
+impl PartialEq for Installed {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key() == other.0.key()
+    }
+}
+
+impl Eq for Installed {}
+
+impl Hash for Installed {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.key().hash(state);
+    }
 }
 
 /// What the layout's sets and maps hold after the syncs applied so far.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct LayoutState {
     ports: BTreeMap<ServicePortName, Vec<Element>>,
-    elements: HashMap<Element, Claimed>,
+    /// Each kernel element as installed, and how many service ports claim its key.
+    elements: hashbrown::HashMap<Installed, u32>,
     classes: BTreeSet<Class>,
 }
+
+impl PartialEq for LayoutState {
+    fn eq(&self, other: &Self) -> bool {
+        self.ports == other.ports
+            && self.classes == other.classes
+            && self.elements.len() == other.elements.len()
+            && self.elements.iter().all(|(installed, claims)| {
+                other
+                    .elements
+                    .get_key_value(installed)
+                    .is_some_and(|(theirs, c)| theirs.0 == installed.0 && c == claims)
+            })
+    }
+}
+
+impl Eq for LayoutState {}
 
 /// One sync's element transaction: deletions, then classes to create, then additions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -126,11 +157,11 @@ impl LayoutState {
                 found.push(element);
             }
         }
-        found.extend(endpoints.into_iter().filter_map(|addr| {
-            self.elements
-                .get(&Element::Hairpin(addr).key())
-                .map(|claimed| &claimed.installed)
-        }));
+        found.extend(
+            endpoints
+                .into_iter()
+                .filter_map(|addr| self.installed(&Element::Hairpin(addr))),
+        );
         found.sort();
         found.dedup();
         found
@@ -142,12 +173,18 @@ impl LayoutState {
         // Built directly: the difference with an empty state would hash, sort and copy
         // every element twice more (2 s at 10k services × 10 endpoints).
         let mut state = Self::default();
+        // Sized once: growing the map would hold its old and new tables at once.
+        state
+            .elements
+            .reserve(updates.iter().map(|(_, elements)| elements.len()).sum());
         for (name, mut elements) in updates {
             elements.sort();
             elements.dedup();
             if elements.is_empty() {
                 continue;
             }
+            // Kept for the state's life: no spare capacity.
+            elements.shrink_to_fit();
             for element in &elements {
                 state.claim(element);
             }
@@ -159,7 +196,44 @@ impl LayoutState {
 
     /// Every kernel element, with the data installed.
     pub fn elements(&self) -> impl Iterator<Item = &Element> + '_ {
-        self.elements.values().map(|claimed| &claimed.installed)
+        self.elements.keys().map(|installed| &installed.0)
+    }
+
+    /// The installed element with `element`'s key (its data may differ).
+    fn installed(&self, element: &Element) -> Option<&Element> {
+        self.elements
+            .get_key_value(&Installed(element.clone()))
+            .map(|(installed, _)| &installed.0)
+    }
+
+    /// Like [`LayoutState::repair`], from `kernel` as last written (no copy of it).
+    pub fn repair_from(&self, kernel: &LayoutState) -> Changes {
+        let differs = |from: &LayoutState, element: &Element| {
+            from.installed(element).is_none_or(|there| there != element)
+        };
+        self.repairing(
+            kernel
+                .elements()
+                .filter(|e| differs(self, e))
+                .cloned()
+                .collect(),
+            self.elements()
+                .filter(|e| differs(kernel, e))
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// A repair's transaction: `delete` and `add` in order, with every class of `self`.
+    fn repairing(&self, mut delete: Vec<Element>, mut add: Vec<Element>) -> Changes {
+        delete.sort();
+        add.sort();
+        Changes {
+            delete,
+            classes: self.classes.clone(),
+            add,
+            ports: Vec::new(),
+        }
     }
 
     /// The element transaction that turns `kernel` (what the table holds, read back or as
@@ -169,28 +243,20 @@ impl LayoutState {
     /// result).
     pub fn repair(&self, kernel: impl IntoIterator<Item = Element>) -> Changes {
         let kernel: std::collections::HashSet<Element> = kernel.into_iter().collect();
-        let mut delete: Vec<Element> = kernel
+        let delete = kernel
             .iter()
             .filter(|element| {
-                self.elements
-                    .get(&element.key())
-                    .is_none_or(|claimed| claimed.installed != **element)
+                self.installed(element)
+                    .is_none_or(|there| there != *element)
             })
             .cloned()
             .collect();
-        let mut add: Vec<Element> = self
+        let add = self
             .elements()
             .filter(|element| !kernel.contains(*element))
             .cloned()
             .collect();
-        delete.sort();
-        add.sort();
-        Changes {
-            delete,
-            classes: self.classes.clone(),
-            add,
-            ports: Vec::new(),
-        }
+        self.repairing(delete, add)
     }
 
     /// The endpoints (`addr`, `port`) some slot of `self` holds.
@@ -237,19 +303,21 @@ impl LayoutState {
         let mut keys: Vec<_> = delta.into_iter().collect();
         keys.sort();
         for (key, change) in keys {
-            let current = self.elements.get(&key);
-            let before = i64::from(current.map_or(0, |c| c.claims));
+            let current = self.elements.get_key_value(&Installed(key.clone()));
+            let before = i64::from(current.map_or(0, |(_, claims)| *claims));
             let after = before + change;
-            match (current, after > 0, added.remove(&key)) {
-                (Some(claimed), false, _) => changes.delete.push(claimed.installed.clone()),
+            match (
+                current.map(|(installed, _)| &installed.0),
+                after > 0,
+                added.remove(&key),
+            ) {
+                (Some(installed), false, _) => changes.delete.push(installed.clone()),
                 (None, true, Some(element)) => changes.add.push(element),
-                (Some(claimed), true, Some(element)) => {
+                (Some(installed), true, Some(element)) => {
                     // Its owner changed the data (a slot now holds another endpoint).
-                    let gone = removed
-                        .get(&key)
-                        .is_some_and(|r| r.contains(&claimed.installed));
-                    if gone && claimed.installed != element {
-                        changes.delete.push(claimed.installed.clone());
+                    let gone = removed.get(&key).is_some_and(|r| r.contains(installed));
+                    if gone && *installed != element {
+                        changes.delete.push(installed.clone());
                         changes.add.push(element);
                     }
                 }
@@ -285,30 +353,26 @@ impl LayoutState {
         }
         for element in changes.add {
             // The data the kernel now holds for the key.
-            if let Some(claimed) = self.elements.get_mut(&element.key()) {
-                claimed.installed = element;
+            let installed = Installed(element);
+            if let Some(claims) = self.elements.remove(&installed) {
+                self.elements.insert(installed, claims);
             }
         }
         self.classes.extend(changes.classes);
     }
 
     fn release(&mut self, element: &Element) {
-        let key = element.key();
-        if let Some(claimed) = self.elements.get_mut(&key) {
-            claimed.claims = claimed.claims.saturating_sub(1);
-            if claimed.claims == 0 {
-                self.elements.remove(&key);
+        let installed = Installed(element.clone());
+        if let Some(claims) = self.elements.get_mut(&installed) {
+            *claims = claims.saturating_sub(1);
+            if *claims == 0 {
+                self.elements.remove(&installed);
             }
         }
     }
 
     fn claim(&mut self, element: &Element) {
-        self.elements
-            .entry(element.key())
-            .and_modify(|claimed| claimed.claims += 1)
-            .or_insert_with(|| Claimed {
-                installed: element.clone(),
-                claims: 1,
-            });
+        // The first claim's data is installed.
+        *self.elements.entry(Installed(element.clone())).or_insert(0) += 1;
     }
 }
