@@ -8,7 +8,7 @@
 //! table holds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
 
 use kp_core::model::{Protocol, ServiceName, ServicePortName};
 
@@ -44,23 +44,121 @@ impl Class {
     }
 }
 
-/// An element as installed, found by its key ([`Element::key`]): hashed and compared
-/// without its data, so one copy is both the claim map's key and the data the kernel holds
-/// (290k of them at 10k services × 10 endpoints).
-#[derive(Clone, Debug)]
-struct Installed(Element);
-
-impl PartialEq for Installed {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.key() == other.0.key()
-    }
+/// Each kernel element as installed, and how many service ports claim its key
+/// ([`Element::key`]). The elements sit once in a dense list; the hash table holds only
+/// their 4-byte positions, found by the key's hash, so its power-of-two buckets (524,288
+/// for 290k elements at 10k services × 10 endpoints) cost 5 bytes each, not an element's.
+#[derive(Clone, Debug, Default)]
+struct Claims {
+    /// Each element with the data installed, and its claim count.
+    list: Vec<(Element, u32)>,
+    /// Positions in `list`, hashed by their element's key.
+    index: hashbrown::HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
 }
 
-impl Eq for Installed {}
+impl Claims {
+    fn hash(hasher: &hashbrown::DefaultHashBuilder, element: &Element) -> u64 {
+        hasher.hash_one(element.key())
+    }
 
-impl Hash for Installed {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.key().hash(state);
+    fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    fn reserve(&mut self, additional: usize) {
+        let Self {
+            list,
+            index,
+            hasher,
+        } = self;
+        list.reserve_exact(additional);
+        index.reserve(additional, |&at| Self::hash(hasher, &list[at as usize].0));
+    }
+
+    /// Drops spare room once a build is done (the list is kept for the state's life).
+    fn shrink_to_fit(&mut self) {
+        let Self {
+            list,
+            index,
+            hasher,
+        } = self;
+        list.shrink_to_fit();
+        index.shrink_to_fit(|&at| Self::hash(hasher, &list[at as usize].0));
+    }
+
+    /// Where the element with `element`'s key sits, and its key's hash.
+    fn position(&self, element: &Element) -> (u64, Option<usize>) {
+        let hash = Self::hash(&self.hasher, element);
+        let key = element.key();
+        let at = self
+            .index
+            .find(hash, |&at| self.list[at as usize].0.key() == key)
+            .map(|&at| at as usize);
+        (hash, at)
+    }
+
+    /// The installed element with `element`'s key and its claim count.
+    fn get(&self, element: &Element) -> Option<(&Element, u32)> {
+        let (_, at) = self.position(element);
+        at.map(|at| {
+            let (installed, claims) = &self.list[at];
+            (installed, *claims)
+        })
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&Element, u32)> + '_ {
+        self.list.iter().map(|(element, claims)| (element, *claims))
+    }
+
+    /// One more claim of `element`'s key; the first claim's data is installed.
+    fn claim(&mut self, element: &Element) {
+        match self.position(element) {
+            (_, Some(at)) => self.list[at].1 += 1,
+            (hash, None) => {
+                let Self {
+                    list,
+                    index,
+                    hasher,
+                } = self;
+                // Positions fit: the kernel's sets hold far fewer than 2^32 elements.
+                let at = u32::try_from(list.len()).unwrap_or(u32::MAX);
+                list.push((element.clone(), 1));
+                index.insert_unique(hash, at, |&at| Self::hash(hasher, &list[at as usize].0));
+            }
+        }
+    }
+
+    /// One claim of `element`'s key less; its last claim removes it.
+    fn release(&mut self, element: &Element) {
+        let (hash, Some(at)) = self.position(element) else {
+            return;
+        };
+        let claims = &mut self.list[at].1;
+        *claims = claims.saturating_sub(1);
+        if *claims > 0 {
+            return;
+        }
+        let wanted = at as u32;
+        if let Ok(entry) = self.index.find_entry(hash, |&i| i == wanted) {
+            entry.remove();
+        }
+        self.list.swap_remove(at);
+        // The last element moved into the hole: its position changes.
+        if let Some((moved, _)) = self.list.get(at) {
+            let from = self.list.len() as u32;
+            let hash = Self::hash(&self.hasher, moved);
+            if let Some(i) = self.index.find_mut(hash, |&i| i == from) {
+                *i = wanted;
+            }
+        }
+    }
+
+    /// `element`'s data is what the kernel now holds for its key (if the key is claimed).
+    fn install(&mut self, element: Element) {
+        if let (_, Some(at)) = self.position(&element) {
+            self.list[at].0 = element;
+        }
     }
 }
 
@@ -69,7 +167,7 @@ impl Hash for Installed {
 pub struct LayoutState {
     ports: BTreeMap<ServicePortName, Vec<Element>>,
     /// Each kernel element as installed, and how many service ports claim its key.
-    elements: hashbrown::HashMap<Installed, u32>,
+    elements: Claims,
     classes: BTreeSet<Class>,
 }
 
@@ -81,8 +179,8 @@ impl PartialEq for LayoutState {
             && self.elements.iter().all(|(installed, claims)| {
                 other
                     .elements
-                    .get_key_value(installed)
-                    .is_some_and(|(theirs, c)| theirs.0 == installed.0 && c == claims)
+                    .get(installed)
+                    .is_some_and(|(theirs, c)| theirs == installed && c == claims)
             })
     }
 }
@@ -191,19 +289,18 @@ impl LayoutState {
             state.classes.extend(elements.iter().filter_map(Class::of));
             state.ports.insert(name, elements);
         }
+        state.elements.shrink_to_fit();
         state
     }
 
     /// Every kernel element, with the data installed.
     pub fn elements(&self) -> impl Iterator<Item = &Element> + '_ {
-        self.elements.keys().map(|installed| &installed.0)
+        self.elements.iter().map(|(installed, _)| installed)
     }
 
     /// The installed element with `element`'s key (its data may differ).
     fn installed(&self, element: &Element) -> Option<&Element> {
-        self.elements
-            .get_key_value(&Installed(element.clone()))
-            .map(|(installed, _)| &installed.0)
+        self.elements.get(element).map(|(installed, _)| installed)
     }
 
     /// Like [`LayoutState::repair`], from `kernel` as last written (no copy of it).
@@ -303,11 +400,11 @@ impl LayoutState {
         let mut keys: Vec<_> = delta.into_iter().collect();
         keys.sort();
         for (key, change) in keys {
-            let current = self.elements.get_key_value(&Installed(key.clone()));
-            let before = i64::from(current.map_or(0, |(_, claims)| *claims));
+            let current = self.elements.get(&key);
+            let before = i64::from(current.map_or(0, |(_, claims)| claims));
             let after = before + change;
             match (
-                current.map(|(installed, _)| &installed.0),
+                current.map(|(installed, _)| installed),
                 after > 0,
                 added.remove(&key),
             ) {
@@ -353,26 +450,16 @@ impl LayoutState {
         }
         for element in changes.add {
             // The data the kernel now holds for the key.
-            let installed = Installed(element);
-            if let Some(claims) = self.elements.remove(&installed) {
-                self.elements.insert(installed, claims);
-            }
+            self.elements.install(element);
         }
         self.classes.extend(changes.classes);
     }
 
     fn release(&mut self, element: &Element) {
-        let installed = Installed(element.clone());
-        if let Some(claims) = self.elements.get_mut(&installed) {
-            *claims = claims.saturating_sub(1);
-            if *claims == 0 {
-                self.elements.remove(&installed);
-            }
-        }
+        self.elements.release(element);
     }
 
     fn claim(&mut self, element: &Element) {
-        // The first claim's data is installed.
-        *self.elements.entry(Installed(element.clone())).or_insert(0) += 1;
+        self.elements.claim(element);
     }
 }

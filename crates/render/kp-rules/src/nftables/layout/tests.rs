@@ -349,3 +349,50 @@ fn a_state_built_from_ports_equals_one_synced_from_empty() {
     assert_eq!(built, synced);
     assert!(built.element_count() > 0);
 }
+
+/// Releasing elements moves others in the claim list: every key must still be found.
+#[test]
+fn removing_ports_in_any_order_leaves_the_state_of_those_left() {
+    let services: Vec<_> = (0..12u8)
+        .map(|i| {
+            let endpoints = (0..=i % 4)
+                .map(|e| endpoint(v4(10, 244, 0, i % 5 + e), e == 0))
+                .collect();
+            (port(&format!("s{i}"), v4(10, 96, 0, i + 1)), endpoints)
+        })
+        .collect();
+    let empty = LayoutState::default();
+    let updates = full_updates(&state_with(services), &ctx(), &empty);
+    let mut synced = LayoutState::from_ports(updates.clone());
+    let (gone, kept): (Vec<_>, Vec<_>) = updates
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 3 != 1);
+    for (_, (name, _)) in gone.iter().rev() {
+        let changes = synced.changes(vec![(name.clone(), Vec::new())]);
+        synced.apply(changes);
+    }
+    let kept: Vec<_> = kept.into_iter().map(|(_, update)| update).collect();
+    let left = LayoutState::from_ports(kept.clone());
+    // Classes stay once written, so the states differ there; their elements must not.
+    let sorted = |state: &LayoutState| {
+        let mut elements: Vec<Element> = state.elements().cloned().collect();
+        elements.sort();
+        elements
+    };
+    assert!(left.element_count() > 0);
+    assert_eq!(sorted(&synced), sorted(&left));
+    for repair in [
+        synced.repair(left.elements().cloned()),
+        left.repair(synced.elements().cloned()),
+    ] {
+        assert!(repair.delete.is_empty() && repair.add.is_empty());
+    }
+    // Each claim was counted once: releasing the ports left empties the state.
+    for (name, _) in kept {
+        let changes = synced.changes(vec![(name, Vec::new())]);
+        synced.apply(changes);
+    }
+    assert_eq!(synced.element_count(), 0);
+    assert_eq!(synced.elements().count(), 0);
+}
