@@ -699,11 +699,17 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
         let mut missing = Vec::new();
         for family in self.sync.families().to_vec() {
             let setup = setup(family, &self.config.render);
-            let nat_changed = self.nat_canary.as_ref().is_some_and(|c| c.changed(family));
-            let check = if nat_changed { Check::Thorough } else { check };
+            let look = self.nat_canary.as_ref().map(|c| c.look(family));
+            let check = if look.is_some_and(|l| l.changed) {
+                Check::Thorough
+            } else {
+                check
+            };
             let found = missing_jumps(&self.runner, family, &setup, check).await?;
-            if let Some(canary) = self.nat_canary.as_mut().filter(|_| found.is_empty()) {
-                canary.record(family);
+            if let (Some(canary), Some(look), true) =
+                (self.nat_canary.as_mut(), look, found.is_empty())
+            {
+                canary.confirm(family, look);
             }
             missing.extend(found);
         }

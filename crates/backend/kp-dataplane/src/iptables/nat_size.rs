@@ -4,7 +4,9 @@
 //! ([`kp_xtinfo`]: one `getsockopt`, no copy) and compares that with what it held after
 //! the proxy's last sync or check; only a difference makes the check read nat's jumps.
 //!
-//! A change made between the end of a sync and the size read right after it would look
+//! A check remembers the size it read before looking at the jumps, never a read after
+//! them, so a flush while it runs is seen by the next one. A change made between the end of
+//! a sync and the size read right after it would look
 //! like the proxy's own. After a full sync (a restore among them) nothing is recorded, so
 //! the next canary reads nat's jumps once: a program that flushes nat in a loop is seen
 //! after every restore. After a partial sync that window is left to the thorough check
@@ -73,8 +75,8 @@ impl NatCanary {
         }
     }
 
-    /// Remember nat's size now: after a sync, or a check that found the jumps in place.
-    pub fn record(&mut self, family: IpFamily) {
+    /// Remember nat's size now (after a partial sync).
+    fn record(&mut self, family: IpFamily) {
         match self.size.read(family) {
             Ok(info) => {
                 self.seen.insert(family, info);
@@ -86,44 +88,88 @@ impl NatCanary {
         }
     }
 
-    /// Whether nat may have changed since [`NatCanary::record`]: it did, or it cannot be
-    /// told (nothing recorded).
-    pub fn changed(&self, family: IpFamily) -> bool {
-        match (self.seen.get(&family), self.size.read(family)) {
-            (Some(seen), Ok(now)) => *seen != now,
+    /// nat's size now, and whether it may have changed since it was last recorded: it did,
+    /// or it cannot be told (nothing recorded, or unreadable).
+    pub fn look(&self, family: IpFamily) -> NatLook {
+        let now = self.size.read(family).ok();
+        let changed = match (self.seen.get(&family), &now) {
+            (Some(seen), Some(now)) => seen != now,
             _ => true,
+        };
+        NatLook { now, changed }
+    }
+
+    /// A check begun after `look` found our jumps in place: remember the size read before
+    /// it (not a new read, which could already hold a change the check did not see).
+    pub fn confirm(&mut self, family: IpFamily, look: NatLook) {
+        match look.now {
+            Some(now) => {
+                self.seen.insert(family, now);
+            }
+            None => {
+                self.seen.remove(&family);
+            }
         }
     }
+}
+
+/// What [`NatCanary::look`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NatLook {
+    now: Option<TableInfo>,
+    /// nat may have changed: read its jumps.
+    pub changed: bool,
 }
 
 /// A [`NatSize`] a test sets; clones share it. Unset families fail to read.
 #[cfg(any(test, feature = "test-util"))]
 #[derive(Clone, Debug, Default)]
 pub struct FakeNatSize {
-    sizes: Arc<Mutex<BTreeMap<IpFamily, TableInfo>>>,
+    state: Arc<Mutex<FakeSizes>>,
+}
+
+#[cfg(any(test, feature = "test-util"))]
+#[derive(Debug, Default)]
+struct FakeSizes {
+    sizes: BTreeMap<IpFamily, TableInfo>,
+    /// Applied right after the next read: a change made while a check runs.
+    after_next_read: Option<(IpFamily, TableInfo)>,
+}
+
+#[cfg(any(test, feature = "test-util"))]
+fn fake_info(entries: u32) -> TableInfo {
+    TableInfo {
+        entries,
+        size: entries * 152,
+        hook_entry: [0; 5],
+    }
 }
 
 #[cfg(any(test, feature = "test-util"))]
 impl FakeNatSize {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FakeSizes> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// nat of `family` holds `entries` rules from now on.
     pub fn set(&self, family: IpFamily, entries: u32) {
-        let info = TableInfo {
-            entries,
-            size: entries * 152,
-            hook_entry: [0; 5],
-        };
-        let mut sizes = self.sizes.lock().unwrap_or_else(PoisonError::into_inner);
-        sizes.insert(family, info);
+        self.lock().sizes.insert(family, fake_info(entries));
+    }
+
+    /// nat of `family` holds `entries` rules once the next read has returned.
+    pub fn set_after_next_read(&self, family: IpFamily, entries: u32) {
+        self.lock().after_next_read = Some((family, fake_info(entries)));
     }
 }
 
 #[cfg(any(test, feature = "test-util"))]
 impl NatSize for FakeNatSize {
     fn read(&self, family: IpFamily) -> std::io::Result<TableInfo> {
-        let sizes = self.sizes.lock().unwrap_or_else(PoisonError::into_inner);
-        sizes
-            .get(&family)
-            .copied()
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+        let mut state = self.lock();
+        let read = state.sizes.get(&family).copied();
+        if let Some((family, info)) = state.after_next_read.take() {
+            state.sizes.insert(family, info);
+        }
+        read.ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
     }
 }

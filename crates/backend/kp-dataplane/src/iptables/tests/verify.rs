@@ -127,3 +127,20 @@ async fn on_legacy_a_flush_right_after_a_restore_is_found_though_the_size_looks_
     delete_nat_jump(&runner).await;
     assert_eq!(canary(&mut backend, &runner).await.0.len(), 1);
 }
+
+#[tokio::test]
+async fn on_legacy_a_flush_during_a_canary_is_found_by_the_next() {
+    let (mut backend, runner, size) = legacy_backend(Some(1000)).await;
+    canary(&mut backend, &runner).await;
+    // nat is flushed while the next canary runs, after it read the size.
+    size.set_after_next_read(IpFamily::V4, 12);
+    delete_nat_jump(&runner).await;
+    let (found, reads) = canary(&mut backend, &runner).await;
+    assert_eq!(
+        (found.len(), reads),
+        (0, 0),
+        "the size it read was the old one"
+    );
+    // The next canary compares with the size read before that check, not after it.
+    assert_eq!(canary(&mut backend, &runner).await.0.len(), 1);
+}
