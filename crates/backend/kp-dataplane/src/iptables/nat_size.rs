@@ -6,11 +6,10 @@
 //!
 //! A check remembers the size it read before looking at the jumps, never a read after
 //! them, so a flush while it runs is seen by the next one. A change made between the end of
-//! a sync and the size read right after it would look
-//! like the proxy's own. After a full sync (a restore among them) nothing is recorded, so
-//! the next canary reads nat's jumps once: a program that flushes nat in a loop is seen
-//! after every restore. After a partial sync that window is left to the thorough check
-//! before the next periodic sync.
+//! a sync and the size read right after it would look like the proxy's own: after a full
+//! sync (a restore among them) nothing is recorded, so the next canary reads nat's jumps
+//! once, and a program that flushes nat in a loop is seen after every restore; after a
+//! partial sync that window is left to the thorough check before the next periodic sync.
 
 use std::collections::BTreeMap;
 #[cfg(any(test, feature = "test-util"))]
