@@ -79,12 +79,23 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
-/// One full sync of `state` through `backend`, which must succeed (a fake's does).
-pub async fn sync_full<B: kp_core::backend::Backend>(backend: &mut B, state: &ProxyState) {
+/// One sync of `kind` of `state` through `backend`, with `changed` services and no
+/// conntrack cleanup, which must succeed (a fake's does).
+pub async fn sync<B: kp_core::backend::Backend>(
+    backend: &mut B,
+    state: &ProxyState,
+    kind: SyncKind,
+    changed: &BTreeSet<kp_core::model::ServiceName>,
+) {
     backend
-        .sync(&request(state, SyncKind::Full, &BTreeSet::new(), false))
+        .sync(&request(state, kind, changed, false))
         .await
         .expect("the sync succeeds");
+}
+
+/// One full sync of `state` through `backend`, which must succeed (a fake's does).
+pub async fn sync_full<B: kp_core::backend::Backend>(backend: &mut B, state: &ProxyState) {
+    sync(backend, state, SyncKind::Full, &BTreeSet::new()).await;
 }
 
 /// The tool's error under `err` when running the tool for `what` failed; `None` for any other

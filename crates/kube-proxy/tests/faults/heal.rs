@@ -226,48 +226,33 @@ pub fn iptables_removals(kernel: Kernel, capture: bool) -> Vec<Removal> {
 
 /// The removals for nftables mode.
 pub fn nftables_removals() -> Vec<Removal> {
-    let restored = format!("nft list map ip kube-proxy service-ips | grep -q {STEADY_IP}");
-    let one = |name, script: &str, keeps_foreign| {
-        Removal::new(name, script.to_owned(), restored.clone(), keeps_foreign)
-    };
-    vec![
-        one(
-            "one service's map element deleted",
-            &format!("nft delete element ip kube-proxy service-ips '{{ {STEADY_IP} . tcp . 80 }}'"),
-            true,
-        ),
-        one(
-            "nft delete table ip kube-proxy",
-            "nft delete table ip kube-proxy",
-            true,
-        ),
-        one("nft flush ruleset", "nft flush ruleset", false),
-        Removal {
-            events: 1..=FIGHT_RESTORES,
-            fight: true,
-            ..one(
-                "nft delete table ip kube-proxy every 100 ms for 10 s",
-                &fight_loop("nft delete table ip kube-proxy 2>/dev/null", FIGHT),
-                true,
-            )
-        },
-    ]
+    table_removals(
+        format!("nft list map ip kube-proxy service-ips | grep -q {STEADY_IP}"),
+        "one service's map element deleted",
+        format!("nft delete element ip kube-proxy service-ips '{{ {STEADY_IP} . tcp . 80 }}'"),
+    )
 }
 
 /// The removals for nftables mode's verdict-free layout: the steady Service (two endpoints)
 /// is an element of `slots-2`.
 pub fn nftables_maps_removals() -> Vec<Removal> {
     let entry = format!("{STEADY_IP} . tcp . 80");
-    let restored = format!("nft list set ip kube-proxy slots-2 | grep -q '{entry}'");
+    table_removals(
+        format!("nft list set ip kube-proxy slots-2 | grep -q '{entry}'"),
+        "one service's set element deleted",
+        format!("nft delete element ip kube-proxy slots-2 '{{ {entry} }}'"),
+    )
+}
+
+/// What both nftables layouts face: the steady Service's element deleted (`element`, by
+/// `delete`), the table deleted once and in a loop, the ruleset flushed; `restored` exits 0
+/// once the element is back.
+fn table_removals(restored: String, element: &'static str, delete: String) -> Vec<Removal> {
     let one = |name, script: &str, keeps_foreign| {
         Removal::new(name, script.to_owned(), restored.clone(), keeps_foreign)
     };
     vec![
-        one(
-            "one service's set element deleted",
-            &format!("nft delete element ip kube-proxy slots-2 '{{ {entry} }}'"),
-            true,
-        ),
+        one(element, &delete, true),
         one(
             "nft delete table ip kube-proxy",
             "nft delete table ip kube-proxy",

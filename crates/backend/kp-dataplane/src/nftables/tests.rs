@@ -77,18 +77,6 @@ fn is_full(script: &str) -> bool {
     script.starts_with("add table ip kube-proxy") || script.starts_with("add table ip6 kube-proxy")
 }
 
-async fn sync(
-    backend: &mut Fake,
-    state: &ProxyState,
-    kind: SyncKind,
-    changed: &BTreeSet<ServiceName>,
-) {
-    backend
-        .sync(&request(state, kind, changed, false))
-        .await
-        .expect("fake succeeds");
-}
-
 #[tokio::test]
 async fn first_sync_is_full_per_family_and_lists_the_table_first() {
     let (mut backend, runner, _) = backend(vec![IpFamily::V4, IpFamily::V6]);

@@ -30,18 +30,6 @@ fn changed(name: &str) -> BTreeSet<ServiceName> {
     BTreeSet::from([service_name("ns", name)])
 }
 
-async fn sync(
-    backend: &mut Fake,
-    state: &ProxyState,
-    kind: SyncKind,
-    changed: &BTreeSet<ServiceName>,
-) {
-    backend
-        .sync(&request(state, kind, changed, false))
-        .await
-        .expect("fake succeeds");
-}
-
 /// `two_services` with `b` moved to another endpoint.
 fn b_moved() -> ProxyState {
     let mut state = two_services();
@@ -78,6 +66,14 @@ fn element_calls(io: &FakeLayoutIo) -> Vec<(Vec<Element>, Vec<Element>)> {
             _ => None,
         })
         .collect()
+}
+
+/// A backend on `io` after a full sync of `state`, the calls so far forgotten.
+async fn synced_on(io: &FakeLayoutIo, state: &ProxyState) -> Fake {
+    let mut backend = backend_on(io);
+    sync(&mut backend, state, SyncKind::Full, &BTreeSet::new()).await;
+    io.clear_calls();
+    backend
 }
 
 fn addr(text: &str) -> IpAddr {
@@ -119,15 +115,7 @@ async fn the_first_sync_reads_writes_the_fixed_part_then_the_elements() {
 #[tokio::test]
 async fn a_moved_endpoint_is_one_element_transaction_and_nothing_else() {
     let io = FakeLayoutIo::new();
-    let mut backend = backend_on(&io);
-    sync(
-        &mut backend,
-        &two_services(),
-        SyncKind::Full,
-        &BTreeSet::new(),
-    )
-    .await;
-    io.clear_calls();
+    let mut backend = synced_on(&io, &two_services()).await;
     let moved = b_moved();
     sync(&mut backend, &moved, SyncKind::Partial, &changed("b")).await;
     let calls = io.calls();
@@ -148,15 +136,7 @@ async fn a_moved_endpoint_is_one_element_transaction_and_nothing_else() {
 #[tokio::test]
 async fn a_new_endpoint_count_goes_as_one_script_with_its_set_and_rules() {
     let io = FakeLayoutIo::new();
-    let mut backend = backend_on(&io);
-    sync(
-        &mut backend,
-        &two_services(),
-        SyncKind::Full,
-        &BTreeSet::new(),
-    )
-    .await;
-    io.clear_calls();
+    let mut backend = synced_on(&io, &two_services()).await;
     let mut grown = two_services();
     let name = port_name("ns", "b", "p", Protocol::Tcp);
     grown.endpoints.insert(

@@ -322,17 +322,10 @@ fn declare_chains(s: &mut Script<'_>) {
         );
         s.push("flush chain", format_args!("{chain}"));
     }
-    for chain in [
-        DISPATCH,
-        AFFINITY,
-        SHORT_CIRCUIT,
-        PICK,
-        AFFINITY_RECORD,
-        ENTRY_FILTER,
-        FIREWALL,
-        "mark-for-masquerade",
-        "masquerading",
-    ] {
+    for chain in OWN_CHAINS
+        .into_iter()
+        .chain(["mark-for-masquerade", "masquerading"])
+    {
         s.push("add chain", format_args!("{chain}"));
         s.push("flush chain", format_args!("{chain}"));
     }
