@@ -254,22 +254,12 @@ impl<R: RuleRunner, C: Conntrack> Capture for IptablesCapture<R, C> {
         let setup = jump_setup();
         let mut missing = Vec::new();
         for family in self.chains.keys() {
-            let look = self.nat_canary.as_ref().map(|c| c.look(*family));
-            let check = if look.is_some_and(|l| l.changed) {
-                Check::Thorough
-            } else {
-                check
-            };
-            let found = missing_jumps(&self.runner, *family, &setup, check)
+            let canary = self.nat_canary.as_mut();
+            let found = missing_jumps(&self.runner, canary, *family, &setup, check)
                 .await
                 .map_err(|err| {
                     ApplyError::tool(format!("userspace canary check ({family:?})"), err)
                 })?;
-            if let (Some(canary), Some(look), true) =
-                (self.nat_canary.as_mut(), look, found.is_empty())
-            {
-                canary.confirm(*family, look);
-            }
             missing.extend(found);
         }
         Ok(missing)

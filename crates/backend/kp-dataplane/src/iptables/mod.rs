@@ -699,19 +699,8 @@ impl<R: RuleRunner, C: Conntrack> Backend for IptablesBackend<R, C> {
         let mut missing = Vec::new();
         for family in self.sync.families().to_vec() {
             let setup = setup(family, &self.config.render);
-            let look = self.nat_canary.as_ref().map(|c| c.look(family));
-            let check = if look.is_some_and(|l| l.changed) {
-                Check::Thorough
-            } else {
-                check
-            };
-            let found = missing_jumps(&self.runner, family, &setup, check).await?;
-            if let (Some(canary), Some(look), true) =
-                (self.nat_canary.as_mut(), look, found.is_empty())
-            {
-                canary.confirm(family, look);
-            }
-            missing.extend(found);
+            let canary = self.nat_canary.as_mut();
+            missing.extend(missing_jumps(&self.runner, canary, family, &setup, check).await?);
         }
         Ok(missing)
     }
@@ -902,8 +891,31 @@ async fn rule_present<R: RuleRunner>(
 /// chain is still there (a flush of the table, or a deleted chain, takes ours with it). Any
 /// exit code of `iptables -C` means absent: the target chain may be gone too (exit 2).
 /// The short-period check ([`Check::Canary`]) leaves out nat's jumps: reading any chain of
-/// a table copies all of it on iptables-legacy, and nat holds every service's rules.
+/// a table copies all of it on iptables-legacy, and nat holds every service's rules; with a
+/// `nat_canary` (iptables-legacy) it reads them when nat's size says it changed, and
+/// remembers that size when every jump was found.
 pub async fn missing_jumps<R: RuleRunner>(
+    runner: &R,
+    nat_canary: Option<&mut NatCanary>,
+    family: IpFamily,
+    setup: &kp_rules::iptables::Setup,
+    check: Check,
+) -> Result<Vec<ForeignChange>, BackendError> {
+    let look = nat_canary.as_deref().map(|c| c.look(family));
+    let check = if look.is_some_and(|l| l.changed) {
+        Check::Thorough
+    } else {
+        check
+    };
+    let missing = jumps_missing(runner, family, setup, check).await?;
+    if let (Some(canary), Some(look), true) = (nat_canary, look, missing.is_empty()) {
+        canary.confirm(family, look);
+    }
+    Ok(missing)
+}
+
+/// The jumps of `setup` that `check` looks at and does not find.
+async fn jumps_missing<R: RuleRunner>(
     runner: &R,
     family: IpFamily,
     setup: &kp_rules::iptables::Setup,
