@@ -59,6 +59,18 @@ pub const META_IIFNAME: u32 = 6;
 /// `NFT_META_L4PROTO`.
 pub const META_L4PROTO: u32 = 16;
 
+/// `NFT_CT_PROTO_DST`: the destination port (2 bytes, network order).
+pub const CT_PROTO_DST: u32 = 12;
+/// `NFT_CT_DST_IP`: the IPv4 destination address.
+pub const CT_DST_IP: u32 = 20;
+/// `NFT_CT_DST_IP6`: the IPv6 destination address.
+pub const CT_DST_IP6: u32 = 22;
+
+/// The first of the 4-byte data registers (`NFT_REG32_00`); `REG32_00 + n` is the n-th.
+/// A concatenation is consecutive 4-byte registers, each field padded to 4 bytes, so a
+/// lookup's data written into them can be part of the next lookup's key.
+pub const REG32_00: u32 = 8;
+
 /// Comparison operators of `cmp`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CmpOp {
@@ -129,12 +141,15 @@ pub enum Expr {
         /// Match when the key is absent (`!=`).
         invert: bool,
     },
-    /// `update @set { <sreg> }`: add the key or refresh its timeout.
+    /// `update @set { <sreg_key> }` (`: <sreg_data>` for a map): add the key or refresh
+    /// its timeout.
     DynsetUpdate {
         /// The set's name.
         set: String,
         /// Register holding the key.
         sreg_key: u32,
+        /// For a map, the register holding the data.
+        sreg_data: Option<u32>,
     },
     /// `numgen random mod <modulus>` into `dreg`.
     NumgenRandom {
@@ -161,6 +176,14 @@ pub enum Expr {
     Immediate(Verdict),
     /// Load conntrack state into `dreg`.
     CtState {
+        /// Destination register.
+        dreg: u32,
+    },
+    /// Load a key of the connection's original direction (`ct original ip daddr`,
+    /// `ct original proto-dst`) into `dreg`.
+    CtOriginal {
+        /// `NFT_CT_*`: [`CT_DST_IP`], [`CT_DST_IP6`], [`CT_PROTO_DST`].
+        key: u32,
         /// Destination register.
         dreg: u32,
     },
@@ -210,6 +233,9 @@ const NFTA_META_KEY: u16 = 2;
 const NFTA_META_SREG: u16 = 3;
 const NFTA_CT_DREG: u16 = 1;
 const NFTA_CT_KEY: u16 = 2;
+const NFTA_CT_DIRECTION: u16 = 3;
+/// `IP_CT_DIR_ORIGINAL`.
+const CT_DIR_ORIGINAL: u8 = 0;
 const NFT_CT_STATE: u32 = 0;
 const NFTA_MASQ_FLAGS: u16 = 1;
 const NFTA_REJECT_TYPE: u16 = 1;
@@ -224,6 +250,7 @@ const NFT_LOOKUP_F_INV: u32 = 1;
 const NFTA_DYNSET_SET_NAME: u16 = 1;
 const NFTA_DYNSET_OP: u16 = 3;
 const NFTA_DYNSET_SREG_KEY: u16 = 4;
+const NFTA_DYNSET_SREG_DATA: u16 = 5;
 const NFT_DYNSET_OP_UPDATE: u32 = 1;
 const NFTA_NG_DREG: u16 = 1;
 const NFTA_NG_MODULUS: u16 = 2;
@@ -259,7 +286,7 @@ impl Expr {
             Expr::FibAddrType { .. } => "fib",
             Expr::ImmediateData { .. } | Expr::Immediate(_) => "immediate",
             Expr::Dnat { .. } => "nat",
-            Expr::CtState { .. } => "ct",
+            Expr::CtState { .. } | Expr::CtOriginal { .. } => "ct",
             Expr::MetaSet { .. } => "meta",
             Expr::Masquerade { .. } => "masq",
             Expr::Reject { .. } => "reject",
@@ -321,8 +348,15 @@ impl Expr {
                 }
                 w.put_str(NFTA_LOOKUP_SET, set);
             }
-            Expr::DynsetUpdate { set, sreg_key } => {
+            Expr::DynsetUpdate {
+                set,
+                sreg_key,
+                sreg_data,
+            } => {
                 w.put_u32(NFTA_DYNSET_SREG_KEY, *sreg_key);
+                if let Some(sreg_data) = sreg_data {
+                    w.put_u32(NFTA_DYNSET_SREG_DATA, *sreg_data);
+                }
                 w.put_u32(NFTA_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
                 w.put_str(NFTA_DYNSET_SET_NAME, set);
             }
@@ -348,6 +382,11 @@ impl Expr {
             Expr::CtState { dreg } => {
                 w.put_u32(NFTA_CT_KEY, NFT_CT_STATE);
                 w.put_u32(NFTA_CT_DREG, *dreg);
+            }
+            Expr::CtOriginal { key, dreg } => {
+                w.put_u32(NFTA_CT_DREG, *dreg);
+                w.put_u32(NFTA_CT_KEY, *key);
+                w.put(NFTA_CT_DIRECTION, &[CT_DIR_ORIGINAL]);
             }
             Expr::MetaSet { key, sreg } => {
                 w.put_u32(NFTA_META_KEY, *key);

@@ -667,6 +667,7 @@ fn lower_rule(family: Family, rule: &Rule) -> Option<(Vec<Expr>, Option<Anonymou
             exprs.push(Expr::DynsetUpdate {
                 set: set.to_string(),
                 sreg_key: REG_1,
+                sreg_data: None,
             });
         }
         Action::Dnat { addr, port } => {
