@@ -100,19 +100,27 @@ fn dnat(reg_addr: u32, reg_proto: u32) -> Expr {
     }
 }
 
-/// `dnat to ip saddr . (ip daddr . meta l4proto . th dport map @port-ids) map @affinity`:
-/// saddr in R0, the key `daddr . l4proto . dport` in R1–R3, replaced by the 8-byte identity
-/// in R1–R2; then `saddr . identity` (R0–R2) gives `addr . port` in R3–R4.
-fn affinity_rule() -> Vec<Expr> {
+/// `ip daddr . meta l4proto . th dport` (the entry) into R1–R3, after `first`.
+fn entry_key(first: &[Expr]) -> Vec<Expr> {
     let mut exprs = tcp_only().to_vec();
+    exprs.extend_from_slice(first);
     exprs.extend([
-        addr(12, r(0)),
         addr(16, r(1)),
         Expr::Meta {
             key: META_L4PROTO,
             dreg: r(2),
         },
         dport(r(3)),
+    ]);
+    exprs
+}
+
+/// `dnat to ip saddr . (ip daddr . meta l4proto . th dport map @port-ids) map @affinity`:
+/// saddr in R0, the entry in R1–R3, replaced by the 4-byte identity in R1; then
+/// `saddr . identity` (R0–R1) gives `addr . port` in R2–R3.
+fn affinity_rule() -> Vec<Expr> {
+    let mut exprs = entry_key(&[addr(12, r(0))]);
+    exprs.extend([
         lookup("port-ids", r(1), r(1)),
         lookup("affinity", r(0), r(2)),
         dnat(r(2), r(3)),
@@ -122,17 +130,8 @@ fn affinity_rule() -> Vec<Expr> {
 
 /// `dnat to ip daddr . meta l4proto . th dport map @endpoints`.
 fn pick_rule() -> Vec<Expr> {
-    let mut exprs = tcp_only().to_vec();
-    exprs.extend([
-        addr(16, r(1)),
-        Expr::Meta {
-            key: META_L4PROTO,
-            dreg: r(2),
-        },
-        dport(r(3)),
-        lookup("endpoints", r(1), r(1)),
-        dnat(r(1), r(2)),
-    ]);
+    let mut exprs = entry_key(&[]);
+    exprs.extend([lookup("endpoints", r(1), r(1)), dnat(r(1), r(2))]);
     exprs
 }
 
