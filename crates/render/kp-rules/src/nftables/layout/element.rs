@@ -76,7 +76,7 @@ pub enum EntrySet {
     /// LoadBalancer entry under `loadBalancerSourceRanges`.
     Firewall,
     /// ClientIP affinity with this timeout in seconds: record the endpoint chosen.
-    Affinity(u64),
+    Affinity(u32),
 }
 
 /// One element of the layout.
@@ -104,6 +104,10 @@ pub enum Element {
     /// `ADDR` in `cluster-ips`: an active ClusterIP (unknown ports are rejected).
     ClusterIp(IpAddr),
 }
+
+// The state keeps every element twice (its port's list and the claim list): at 10k
+// services × 10 endpoints each byte is ~0.6 MB of peak RSS (bench/reasons.md).
+const _: () = assert!(std::mem::size_of::<Element>() <= 44);
 
 /// The name of the set or map holding elements of `set` for `entry`'s kind.
 pub fn entry_set_name(set: EntrySet, node_port: bool) -> String {

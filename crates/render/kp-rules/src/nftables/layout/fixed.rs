@@ -434,7 +434,7 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
 
 /// The map recording the endpoints `proto` clients of entries with a `seconds` affinity
 /// got (one per protocol, as the endpoint maps: see [`slot_map_name`]).
-pub fn affinity_map_name(seconds: u64, proto: kp_core::model::Protocol) -> String {
+pub fn affinity_map_name(seconds: u32, proto: kp_core::model::Protocol) -> String {
     format!("affinity-{seconds}-{}", proto.as_str())
 }
 
@@ -442,7 +442,7 @@ pub fn affinity_map_name(seconds: u64, proto: kp_core::model::Protocol) -> Strin
 /// got: one per protocol, since nft types `ct original proto-dst` only under a protocol
 /// match. NodePort entries record under the original (local) destination address, the key
 /// their lookup builds.
-fn record_affinity(s: &mut Script<'_>, seconds: u64, node_port: bool) {
+fn record_affinity(s: &mut Script<'_>, seconds: u32, node_port: bool) {
     let ip = s.config.ip();
     let original = if node_port {
         "meta l4proto . ct original proto-dst".to_owned()

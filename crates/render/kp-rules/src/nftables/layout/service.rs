@@ -142,6 +142,8 @@ fn slots(out: &mut BTreeSet<Element>, entry: Entry, slots: Slots, list: &[&Endpo
 /// ClientIP affinity: record the chosen endpoint for this entry.
 fn affinity(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
     if let Some(seconds) = plan.affinity_seconds {
+        // Validated to at most a day (86,400 s): 4 bytes keep every element smaller.
+        let seconds = u32::try_from(seconds).unwrap_or(u32::MAX);
         out.insert(Element::Entry(EntrySet::Affinity(seconds), entry));
     }
 }

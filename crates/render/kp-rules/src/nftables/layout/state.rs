@@ -21,7 +21,7 @@ pub enum Class {
     /// `slots-N` (or `short-circuit-slots-N`) and the rules picking among `N` slots.
     Count(Slots, u32),
     /// `affinity-T`, `affinity-services-T` and their rules.
-    Affinity(u64),
+    Affinity(u32),
 }
 
 impl Class {
