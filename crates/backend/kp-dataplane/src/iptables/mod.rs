@@ -907,7 +907,7 @@ pub async fn missing_jumps<R: RuleRunner>(
     } else {
         check
     };
-    let missing = jumps_missing(runner, family, setup, check).await?;
+    let missing = absent_jumps(runner, family, setup, check).await?;
     if let (Some(canary), Some(look), true) = (nat_canary, look, missing.is_empty()) {
         canary.confirm(family, look);
     }
@@ -915,7 +915,7 @@ pub async fn missing_jumps<R: RuleRunner>(
 }
 
 /// The jumps of `setup` that `check` looks at and does not find.
-async fn jumps_missing<R: RuleRunner>(
+async fn absent_jumps<R: RuleRunner>(
     runner: &R,
     family: IpFamily,
     setup: &kp_rules::iptables::Setup,
