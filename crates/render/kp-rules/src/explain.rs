@@ -287,6 +287,22 @@ pub struct ChainNames {
     pub fw: String,
 }
 
+impl ChainNames {
+    /// The renderer's names for `name`'s chains.
+    fn of(name: &ServicePortName) -> Self {
+        let ServiceChains { svc, svl, ext, fw } = ServiceChains::new(name);
+        ChainNames { svc, svl, ext, fw }
+    }
+
+    /// The policy chain of `list`: `KUBE-SVC-…` or `KUBE-SVL-…`.
+    fn policy(&self, list: EndpointList) -> &str {
+        match list {
+            EndpointList::Cluster => &self.svc,
+            EndpointList::Local => &self.svl,
+        }
+    }
+}
+
 /// ClientIP session affinity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Affinity {
@@ -566,6 +582,77 @@ fn outcome(
     (Outcome::Dnat, reason)
 }
 
+/// What the renderer's plan does with a packet to one matched service port, before its
+/// endpoints: the hops, the masquerade decision and the endpoint verdicts are told from it.
+struct Decision<'a> {
+    name: &'a ServicePortName,
+    /// `name` as upstream displays it.
+    display: String,
+    svc: &'a ServicePort,
+    /// The renderer's own decisions for this port.
+    plan: ServicePlan<'a>,
+    chains: ChainNames,
+    how: MatchKind,
+    ip: IpAddr,
+    port: u16,
+    route: Route,
+    list: EndpointList,
+    list_reason: String,
+    outcome: Outcome,
+    outcome_reason: String,
+    /// What the query leaves open.
+    notes: Vec<String>,
+}
+
+impl Decision<'_> {
+    /// The answer, with the parts told from the decision (`mode`: the hints' topology mode).
+    fn into_match(
+        self,
+        mode: TopologyMode,
+        masquerade: Masquerade,
+        hops: Vec<Hop>,
+        endpoints: Vec<EndpointExplanation>,
+    ) -> ServiceMatch {
+        let svc = self.svc;
+        ServiceMatch {
+            service_port: self.display,
+            name: self.name.clone(),
+            how: self.how,
+            ip: self.ip,
+            port: self.port,
+            service_port_number: svc.port,
+            internal_traffic_policy: policy(svc.internal_policy_local),
+            external_traffic_policy: svc
+                .externally_accessible()
+                .then(|| policy(svc.external_policy_local)),
+            endpoint_list: self.list,
+            endpoint_list_reason: self.list_reason,
+            topology_mode: if self.list == EndpointList::Cluster {
+                mode
+            } else {
+                TopologyMode::None
+            },
+            outcome: self.outcome,
+            outcome_reason: self.outcome_reason,
+            masquerade,
+            session_affinity: self
+                .plan
+                .affinity_seconds
+                .map(|timeout_seconds| Affinity { timeout_seconds }),
+            load_balancer_source_ranges: svc
+                .load_balancer_source_ranges
+                .iter()
+                .map(IpNet::trunc)
+                .collect(),
+            hops,
+            chains: self.chains,
+            dataplane: None,
+            endpoints,
+            notes: self.notes,
+        }
+    }
+}
+
 struct Context<'a> {
     state: &'a ProxyState,
     config: &'a RenderConfig,
@@ -621,6 +708,8 @@ impl Context<'_> {
         }
     }
 
+    /// The answer for the service port `name` (`svc`, the family's view of it) reached at
+    /// `ip`:`port` as `how`.
     fn explain_port(
         &self,
         name: &ServicePortName,
@@ -629,7 +718,6 @@ impl Context<'_> {
         how: MatchKind,
         port: u16,
     ) -> ServiceMatch {
-        let display = name.to_string();
         let all = self
             .state
             .endpoints
@@ -641,109 +729,91 @@ impl Context<'_> {
             .filter(|e| IpFamily::of(&e.ip) == self.family)
             .cloned()
             .collect();
-        let node = self.node();
-        let verdicts = topology::explain(svc, &same_family, node);
-        // The renderer's own decisions for this port.
-        let plan = ServicePlan::new(
-            svc,
-            &same_family,
-            node,
-            Masquerading {
-                all: self.config.masquerade_all,
-                detector: !matches!(self.detector, DetectorView::None),
-            },
-        );
-        let names = ServiceChains::new(name);
-        let chains = ChainNames {
-            svc: names.svc.clone(),
-            svl: names.svl.clone(),
-            ext: names.ext.clone(),
-            fw: names.fw.clone(),
+        let topology = topology::explain(svc, &same_family, self.node());
+        let decision = self.decide(name, svc, &same_family, ip, how, port);
+        let endpoints: Vec<EndpointExplanation> = all
+            .iter()
+            .map(|ep| self.explain_endpoint(ep, &decision, &topology))
+            .collect();
+        let masquerade = self.masquerade(&decision, &endpoints);
+        let hops = self.hops(&decision);
+        decision.into_match(topology.topology_mode, masquerade, hops, endpoints)
+    }
+
+    /// What the renderer's plan does with a packet to `svc` matched `how`: its route, list
+    /// and outcome, with notes on what the query leaves open.
+    fn decide<'a>(
+        &self,
+        name: &'a ServicePortName,
+        svc: &'a ServicePort,
+        same_family: &'a [Endpoint],
+        ip: IpAddr,
+        how: MatchKind,
+        port: u16,
+    ) -> Decision<'a> {
+        let display = name.to_string();
+        let masquerading = Masquerading {
+            all: self.config.masquerade_all,
+            detector: !matches!(self.detector, DetectorView::None),
         };
+        let plan = ServicePlan::new(svc, same_family, self.node(), masquerading);
         let mut notes = Vec::new();
         let route = self.route(&plan, how, &mut notes);
         let (list, list_reason) = route.list(svc);
         let firewall = how == MatchKind::LoadBalancerIp && plan.uses_firewall_chain;
         let range_allowed = self.range_allowed(svc, firewall, &mut notes);
-        let (outcome, outcome_reason) = outcome(
-            &display,
+        let refused = firewall && range_allowed == Some(false);
+        let (outcome, outcome_reason) = outcome(&display, svc, &plan, list, refused);
+        Decision {
+            name,
+            display,
             svc,
-            &plan,
-            list,
-            firewall && range_allowed == Some(false),
-        );
-
-        let endpoints: Vec<EndpointExplanation> = all
-            .iter()
-            .map(|ep| {
-                let topo = verdicts
-                    .endpoints
-                    .iter()
-                    .find(|(e, _)| e.ip == ep.ip && e.port == ep.port)
-                    .and_then(|(_, v)| match list {
-                        EndpointList::Cluster => v.cluster,
-                        EndpointList::Local => v.local,
-                    });
-                let verdict = self.endpoint_verdict(ep, topo, how);
-                EndpointExplanation {
-                    ip: ep.ip,
-                    port: ep.port,
-                    node_name: ep.node_name.as_deref().map(str::to_owned),
-                    zone: ep.zone.as_deref().map(str::to_owned),
-                    local: ep.is_local,
-                    ready: ep.ready,
-                    serving: ep.serving,
-                    terminating: ep.terminating,
-                    verdict,
-                    used: verdict.chosen() && outcome == Outcome::Dnat,
-                    reason: endpoint_reason(verdict, ep, verdicts.topology_mode, node, self.family),
-                    chain: (verdict != EndpointVerdict::WrongFamily)
-                        .then(|| endpoint_chain(name, ep.ip, ep.port)),
-                    hairpin: self.source == Some(ep.ip),
-                }
-            })
-            .collect();
-
-        let masquerade = self.masquerade(&plan, route, outcome, &endpoints);
-        let hops = self.hops(
-            &display, svc, &plan, &chains, how, route, list, outcome, ip, port,
-        );
-        let session_affinity = plan
-            .affinity_seconds
-            .map(|timeout_seconds| Affinity { timeout_seconds });
-
-        ServiceMatch {
-            service_port: display,
-            name: name.clone(),
+            plan,
+            chains: ChainNames::of(name),
             how,
             ip,
             port,
-            service_port_number: svc.port,
-            internal_traffic_policy: policy(svc.internal_policy_local),
-            external_traffic_policy: svc
-                .externally_accessible()
-                .then(|| policy(svc.external_policy_local)),
-            endpoint_list: list,
-            endpoint_list_reason: list_reason,
-            topology_mode: if list == EndpointList::Cluster {
-                verdicts.topology_mode
-            } else {
-                TopologyMode::None
-            },
+            route,
+            list,
+            list_reason,
             outcome,
             outcome_reason,
-            masquerade,
-            session_affinity,
-            load_balancer_source_ranges: svc
-                .load_balancer_source_ranges
-                .iter()
-                .map(IpNet::trunc)
-                .collect(),
-            hops,
-            chains,
-            dataplane: None,
-            endpoints,
             notes,
+        }
+    }
+
+    /// `ep` on the decided list (`topology`: its verdicts for both lists).
+    fn explain_endpoint(
+        &self,
+        ep: &Endpoint,
+        d: &Decision<'_>,
+        topology: &topology::Explanation<'_>,
+    ) -> EndpointExplanation {
+        let topo = topology
+            .endpoints
+            .iter()
+            .find(|(e, _)| e.ip == ep.ip && e.port == ep.port)
+            .and_then(|(_, v)| match d.list {
+                EndpointList::Cluster => v.cluster,
+                EndpointList::Local => v.local,
+            });
+        let verdict = self.endpoint_verdict(ep, topo, d.how);
+        let mode = topology.topology_mode;
+        EndpointExplanation {
+            ip: ep.ip,
+            port: ep.port,
+            node_name: ep.node_name.as_deref().map(str::to_owned),
+            zone: ep.zone.as_deref().map(str::to_owned),
+            local: ep.is_local,
+            ready: ep.ready,
+            serving: ep.serving,
+            terminating: ep.terminating,
+            verdict,
+            used: verdict.chosen() && d.outcome == Outcome::Dnat,
+            reason: endpoint_reason(verdict, ep, mode, self.node(), self.family),
+            chain: (verdict != EndpointVerdict::WrongFamily)
+                .then(|| endpoint_chain(d.name, ep.ip, ep.port)),
+            hairpin: self.source == Some(ep.ip),
         }
     }
 
@@ -837,13 +907,8 @@ impl Context<'_> {
         }
     }
 
-    fn masquerade(
-        &self,
-        plan: &ServicePlan<'_>,
-        route: Route,
-        outcome: Outcome,
-        endpoints: &[EndpointExplanation],
-    ) -> Masquerade {
+    fn masquerade(&self, d: &Decision<'_>, endpoints: &[EndpointExplanation]) -> Masquerade {
+        let (plan, route, outcome) = (&d.plan, d.route, d.outcome);
         use MasqueradeDecision as D;
         use MasqueradeReason as R;
         let make = |decision, reason, detail: String| Masquerade {
@@ -950,20 +1015,10 @@ impl Context<'_> {
         base
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn hops(
-        &self,
-        display: &str,
-        svc: &ServicePort,
-        plan: &ServicePlan<'_>,
-        chains: &ChainNames,
-        how: MatchKind,
-        route: Route,
-        list: EndpointList,
-        outcome: Outcome,
-        ip: IpAddr,
-        port: u16,
-    ) -> Vec<Hop> {
+    fn hops(&self, d: &Decision<'_>) -> Vec<Hop> {
+        let (display, svc, plan, chains) = (d.display.as_str(), d.svc, &d.plan, &d.chains);
+        let (how, route, list, outcome, ip, port) =
+            (d.how, d.route, d.list, d.outcome, d.ip, d.port);
         let nat = |chain: &str, action: String| Hop {
             table: "nat",
             chain: chain.to_owned(),
@@ -976,10 +1031,7 @@ impl Context<'_> {
         };
         let proto = svc.name.protocol.as_str();
         let mut hops = Vec::new();
-        let list_chain = match list {
-            EndpointList::Cluster => &chains.svc,
-            EndpointList::Local => &chains.svl,
-        };
+        let list_chain = chains.policy(list);
 
         match outcome {
             Outcome::RejectNoEndpoints | Outcome::DropNoLocalEndpoints => {
@@ -1008,7 +1060,7 @@ impl Context<'_> {
             Outcome::Dnat | Outcome::DropSourceRange => {}
         }
 
-        let entry = match how {
+        let entry: &str = match how {
             MatchKind::ClusterIp => list_chain,
             MatchKind::NodePort | MatchKind::ExternalIp => &chains.ext,
             MatchKind::LoadBalancerIp if plan.uses_firewall_chain => &chains.fw,
@@ -1033,7 +1085,7 @@ impl Context<'_> {
                 ),
             ));
         }
-        if entry == &chains.fw {
+        if entry == chains.fw {
             if outcome == Outcome::DropSourceRange {
                 hops.push(nat(
                     &chains.fw,
