@@ -25,14 +25,14 @@ use serde::Serialize;
 
 use crate::iptables::names::{ServiceChains, endpoint_chain, endpoint_string};
 use crate::iptables::{
-    KUBE_EXTERNAL_SERVICES, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_SERVICES, LocalDetector,
-    NodePortAddresses, RenderConfig, RenderError,
+    KUBE_PROXY_FIREWALL, LocalDetector, NodePortAddresses, RenderConfig, RenderError,
 };
 pub use crate::plan::EndpointList;
 use crate::plan::{ExternalMasquerade, InternalMasquerade, Masquerading, ServicePlan};
 
 pub mod dataplane;
 mod dest;
+mod hops;
 pub mod verify;
 
 pub use dest::{Destination, DestinationError};
@@ -1013,143 +1013,6 @@ impl Context<'_> {
             );
         }
         base
-    }
-
-    fn hops(&self, d: &Decision<'_>) -> Vec<Hop> {
-        let (display, svc, plan, chains) = (d.display.as_str(), d.svc, &d.plan, &d.chains);
-        let (how, route, list, outcome, ip, port) =
-            (d.how, d.route, d.list, d.outcome, d.ip, d.port);
-        let nat = |chain: &str, action: String| Hop {
-            table: "nat",
-            chain: chain.to_owned(),
-            action,
-        };
-        let filter = |chain: &str, action: String| Hop {
-            table: "filter",
-            chain: chain.to_owned(),
-            action,
-        };
-        let proto = svc.name.protocol.as_str();
-        let mut hops = Vec::new();
-        let list_chain = chains.policy(list);
-
-        match outcome {
-            Outcome::RejectNoEndpoints | Outcome::DropNoLocalEndpoints => {
-                let target = if outcome == Outcome::RejectNoEndpoints {
-                    "REJECT"
-                } else {
-                    "DROP"
-                };
-                // External traffic from a pod or the node is DNATed by KUBE-EXT first; these
-                // rules only see what was not.
-                let chain = if how.is_external() {
-                    KUBE_EXTERNAL_SERVICES
-                } else {
-                    KUBE_SERVICES
-                };
-                let what = match how {
-                    MatchKind::NodePort => format!("local address, {proto} port {port}"),
-                    _ => format!("{}:{port}/{proto}", bracket(ip)),
-                };
-                hops.push(filter(
-                    chain,
-                    format!("{what} ({display}) -> {target}; nat leaves it untranslated"),
-                ));
-                return hops;
-            }
-            Outcome::Dnat | Outcome::DropSourceRange => {}
-        }
-
-        let entry: &str = match how {
-            MatchKind::ClusterIp => list_chain,
-            MatchKind::NodePort | MatchKind::ExternalIp => &chains.ext,
-            MatchKind::LoadBalancerIp if plan.uses_firewall_chain => &chains.fw,
-            MatchKind::LoadBalancerIp => &chains.ext,
-        };
-        if how == MatchKind::NodePort {
-            hops.push(nat(
-                KUBE_SERVICES,
-                format!("destination is a node address -> {KUBE_NODEPORTS} (last rule)"),
-            ));
-            hops.push(nat(
-                KUBE_NODEPORTS,
-                format!("{proto} port {port} -> {}", chains.ext),
-            ));
-        } else {
-            hops.push(nat(
-                KUBE_SERVICES,
-                format!(
-                    "{} {}:{port}/{proto} -> {entry}",
-                    how.describe(),
-                    bracket(ip)
-                ),
-            ));
-        }
-        if entry == chains.fw {
-            if outcome == Outcome::DropSourceRange {
-                hops.push(nat(
-                    &chains.fw,
-                    "source matches no loadBalancerSourceRanges rule: falls through, not \
-                     DNATed"
-                        .to_owned(),
-                ));
-                hops.push(filter(
-                    KUBE_PROXY_FIREWALL,
-                    format!("traffic to the LB IP not accepted by {} -> DROP", chains.fw),
-                ));
-                return hops;
-            }
-            hops.push(nat(
-                &chains.fw,
-                format!("source in loadBalancerSourceRanges -> {}", chains.ext),
-            ));
-        }
-        if how.is_external() {
-            let action = match route {
-                Route::ExternalCluster => {
-                    format!("mark for masquerade -> {}", chains.svc)
-                }
-                Route::ExternalLocalPod => format!("pod traffic -> {}", chains.svc),
-                Route::ExternalLocalNode => {
-                    format!("--src-type LOCAL: mark for masquerade -> {}", chains.svc)
-                }
-                Route::ExternalLocal | Route::Internal => {
-                    format!("external client -> {}", chains.svl)
-                }
-            };
-            hops.push(nat(&chains.ext, action));
-        }
-        let mut action = String::new();
-        if how == MatchKind::ClusterIp {
-            match (plan.internal_masquerade, &self.detector) {
-                (InternalMasquerade::All, _) => {
-                    action.push_str("mark for masquerade (masqueradeAll); ");
-                }
-                (InternalMasquerade::NotLocal, DetectorView::Cidr(cidr)) => {
-                    action.push_str(&format!("mark for masquerade if not from {cidr}; "));
-                }
-                (InternalMasquerade::NotLocal, DetectorView::Interface(iface)) => {
-                    action.push_str(&format!("mark for masquerade unless from {iface}; "));
-                }
-                (InternalMasquerade::NotLocal, DetectorView::None)
-                | (InternalMasquerade::None, _) => {}
-            }
-        }
-        if let Some(seconds) = plan.affinity_seconds {
-            action.push_str(&format!(
-                "recent client (within {seconds}s) -> its endpoint; "
-            ));
-        }
-        action.push_str("pick an endpoint -> KUBE-SEP-…");
-        hops.push(nat(list_chain, action));
-        hops
-    }
-}
-
-fn bracket(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => format!("[{v6}]"),
     }
 }
 
