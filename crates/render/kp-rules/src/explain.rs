@@ -28,11 +28,12 @@ use crate::iptables::{
     KUBE_PROXY_FIREWALL, LocalDetector, NodePortAddresses, RenderConfig, RenderError,
 };
 pub use crate::plan::EndpointList;
-use crate::plan::{ExternalMasquerade, InternalMasquerade, Masquerading, ServicePlan};
+use crate::plan::{ExternalMasquerade, Masquerading, ServicePlan};
 
 pub mod dataplane;
 mod dest;
 mod hops;
+mod masquerade;
 pub mod verify;
 
 pub use dest::{Destination, DestinationError};
@@ -905,114 +906,6 @@ impl Context<'_> {
             // it like an unusable endpoint rather than guess.
             Some(topology::Verdict::Unusable) | None => EndpointVerdict::NotReady,
         }
-    }
-
-    fn masquerade(&self, d: &Decision<'_>, endpoints: &[EndpointExplanation]) -> Masquerade {
-        let (plan, route, outcome) = (&d.plan, d.route, d.outcome);
-        use MasqueradeDecision as D;
-        use MasqueradeReason as R;
-        let make = |decision, reason, detail: String| Masquerade {
-            decision,
-            reason,
-            detail,
-        };
-        if outcome != Outcome::Dnat {
-            return make(
-                D::NotApplicable,
-                R::Dropped,
-                "the packet is not forwarded".to_owned(),
-            );
-        }
-        let base = match route {
-            Route::Internal => {
-                if plan.internal_masquerade == InternalMasquerade::All {
-                    make(
-                        D::Yes,
-                        R::MasqueradeAll,
-                        "masqueradeAll: all ClusterIP traffic is masqueraded".to_owned(),
-                    )
-                } else {
-                    match (&self.detector, self.source) {
-                        (DetectorView::None, _) => make(
-                            D::No,
-                            R::NoLocalDetector,
-                            "no local-traffic detector (e.g. no clusterCIDR): ClusterIP \
-                             traffic is not masqueraded"
-                                .to_owned(),
-                        ),
-                        (DetectorView::Cidr(cidr), Some(s)) if cidr.contains(&s) => make(
-                            D::No,
-                            R::LocalTraffic,
-                            format!("the source is in {cidr} (pod traffic): not masqueraded"),
-                        ),
-                        (DetectorView::Cidr(cidr), Some(_)) => make(
-                            D::Yes,
-                            R::NotLocalTraffic,
-                            format!("the source is not in {cidr} (not pod traffic): masqueraded"),
-                        ),
-                        (DetectorView::Cidr(cidr), None) => make(
-                            D::Depends,
-                            R::SourceUndetermined,
-                            format!(
-                                "masqueraded unless the source is in {cidr} (pod traffic); \
-                                 give --from to decide"
-                            ),
-                        ),
-                        (DetectorView::Interface(iface), _) => make(
-                            D::Depends,
-                            R::SourceUndetermined,
-                            format!("masqueraded unless the packet arrives on {iface}"),
-                        ),
-                    }
-                }
-            }
-            Route::ExternalCluster => make(
-                D::Yes,
-                R::ExternalPolicyCluster,
-                "external traffic with externalTrafficPolicy Cluster is always masqueraded"
-                    .to_owned(),
-            ),
-            Route::ExternalLocalPod => make(
-                D::No,
-                R::ExternalLocalFromPod,
-                "externalTrafficPolicy Local, from a local pod: not masqueraded".to_owned(),
-            ),
-            Route::ExternalLocalNode => make(
-                D::Yes,
-                R::ExternalLocalFromNode,
-                "externalTrafficPolicy Local, from this node: masqueraded".to_owned(),
-            ),
-            Route::ExternalLocal => make(
-                D::No,
-                R::ExternalLocalPreserved,
-                "externalTrafficPolicy Local from outside: not masqueraded, the client IP is \
-                 preserved"
-                    .to_owned(),
-            ),
-        };
-        if base.decision == D::Yes {
-            return base;
-        }
-        // Hairpin: the per-endpoint `-s <ep>` rule marks a packet from an endpoint to itself.
-        let used: Vec<&EndpointExplanation> = endpoints.iter().filter(|e| e.used).collect();
-        if used.iter().any(|e| e.hairpin) {
-            let only_self = used.iter().all(|e| e.hairpin);
-            return make(
-                if only_self { D::Yes } else { D::Depends },
-                R::Hairpin,
-                if only_self {
-                    "the source is the only usable endpoint: the hairpin rule masquerades it"
-                        .to_owned()
-                } else {
-                    format!(
-                        "the source is an endpoint: masqueraded if it is picked for itself \
-                         (hairpin); otherwise {}",
-                        base.detail
-                    )
-                },
-            );
-        }
-        base
     }
 }
 
