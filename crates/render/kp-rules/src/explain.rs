@@ -416,22 +416,7 @@ pub fn explain(
         let Some((cluster_ip, view)) = family_view(svc, family) else {
             continue;
         };
-        let mut fronts: Vec<(MatchKind, u16)> = Vec::new();
-        if cluster_ip == dest.ip {
-            fronts.push((MatchKind::ClusterIp, view.port));
-        }
-        if view.external_ips.contains(&dest.ip) {
-            fronts.push((MatchKind::ExternalIp, view.port));
-        }
-        if view.load_balancer_ips.contains(&dest.ip) {
-            fronts.push((MatchKind::LoadBalancerIp, view.port));
-        }
-        if let Some(node_port) = view.node_port
-            && ctx.accepts_node_ports(dest.ip)
-        {
-            fronts.push((MatchKind::NodePort, node_port));
-        }
-        for (how, port) in fronts {
+        for (how, port) in ctx.fronts(cluster_ip, &view, dest.ip) {
             let hit = name.protocol == dest.protocol && dest.port.is_none_or(|p| p == port);
             if hit {
                 matches.push(ctx.explain_port(name, &view, dest.ip, how, port));
@@ -697,6 +682,27 @@ impl Context<'_> {
 
     fn is_node_address(&self, ip: IpAddr) -> bool {
         ip.is_loopback() || self.node_addresses().any(|n| n == ip)
+    }
+
+    /// How `ip` reaches the service port `view` (with ClusterIP `cluster_ip`), and on which
+    /// port: every address of it that is `ip`, in the order the answer lists them.
+    fn fronts(&self, cluster_ip: IpAddr, view: &ServicePort, ip: IpAddr) -> Vec<(MatchKind, u16)> {
+        let mut fronts = Vec::new();
+        if cluster_ip == ip {
+            fronts.push((MatchKind::ClusterIp, view.port));
+        }
+        if view.external_ips.contains(&ip) {
+            fronts.push((MatchKind::ExternalIp, view.port));
+        }
+        if view.load_balancer_ips.contains(&ip) {
+            fronts.push((MatchKind::LoadBalancerIp, view.port));
+        }
+        if let Some(node_port) = view.node_port
+            && self.accepts_node_ports(ip)
+        {
+            fronts.push((MatchKind::NodePort, node_port));
+        }
+        fronts
     }
 
     /// Whether nat `KUBE-SERVICES` sends traffic to `ip` on to `KUBE-NODEPORTS`.
