@@ -813,9 +813,16 @@ fn near_miss_does_not_count_node_ports() {
     assert!(e.near_misses.is_empty());
 }
 
-/// Each hop as `table chain: action`, this service port's chains shown as `SVC`, `SVL`,
-/// `EXT` and `FW`.
-fn hop_lines(m: &ServiceMatch) -> Vec<String> {
+/// The hops of the only match, each as `table chain: action`, this service port's chains
+/// shown as `SVC`, `SVL`, `EXT` and `FW`.
+fn hop_lines(
+    state: &ProxyState,
+    config: &RenderConfig,
+    to: &str,
+    from: Option<&str>,
+) -> Vec<String> {
+    let e = ask(state, config, to, from);
+    let m = only(&e);
     let c = &m.chains;
     m.hops
         .iter()
@@ -829,24 +836,26 @@ fn hop_lines(m: &ServiceMatch) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn hops_say_what_each_rule_on_the_way_does() {
+const PICK: &str = "pick an endpoint -> KUBE-SEP-…";
+const RECENT: &str = "recent client (within 600s) -> its endpoint; ";
+
+/// An LB service port with affinity (600s) and a source range, two endpoints.
+fn lb_with_affinity_and_range() -> ProxyState {
     let mut svc = with_affinity(lb(false), 600);
     svc.load_balancer_source_ranges = vec![net("203.0.113.0/25")];
-    let two = vec![
-        endpoint("10.180.0.1", 80, true),
-        endpoint("10.180.0.2", 80, false),
-    ];
-    let cluster = state(vec![(svc, two.clone())]);
-    let local = state(vec![(lb(true), two)]);
-    let remote = state(vec![(lb(true), vec![endpoint("10.180.0.2", 80, false)])]);
-    let hops = |state: &ProxyState, config: &RenderConfig, to: &str, from: Option<&str>| {
-        hop_lines(only(&ask(state, config, to, from)))
-    };
-    let pick = "pick an endpoint -> KUBE-SEP-…";
-    let recent = "recent client (within 600s) -> its endpoint; ";
+    state(vec![(
+        svc,
+        vec![
+            endpoint("10.180.0.1", 80, true),
+            endpoint("10.180.0.2", 80, false),
+        ],
+    )])
+}
+
+#[test]
+fn cluster_ip_hops_show_the_masquerade_rule_the_detector_writes() {
+    let cluster = lb_with_affinity_and_range();
     let to_svc = "nat KUBE-SERVICES: ClusterIP 172.30.0.41:80/tcp -> SVC";
-    // ClusterIP: the policy chain's masquerade rule as the detector writes it.
     let marks = [
         (config(), "mark for masquerade if not from 10.0.0.0/8; "),
         (
@@ -867,37 +876,45 @@ fn hops_say_what_each_rule_on_the_way_does() {
     ];
     for (config, mark) in marks {
         assert_eq!(
-            hops(&cluster, &config, "172.30.0.41:80", None),
-            [to_svc.to_owned(), format!("nat SVC: {mark}{recent}{pick}")]
+            hop_lines(&cluster, &config, CIP, None),
+            [to_svc.to_owned(), format!("nat SVC: {mark}{RECENT}{PICK}")]
         );
     }
+    let v6 = state(vec![(
+        cluster_ip("ns1", "web", "p80", "fd00::41", 80),
+        vec![endpoint("fd00:10::1", 80, true)],
+    )]);
     assert_eq!(
-        hops(&cluster, &config(), "192.168.0.2:30080", None),
+        hop_lines(&v6, &config(), "[fd00::41]:80", None)[0],
+        "nat KUBE-SERVICES: ClusterIP [fd00::41]:80/tcp -> SVC"
+    );
+}
+
+#[test]
+fn external_hops_pass_the_firewall_and_kube_ext() {
+    let cluster = lb_with_affinity_and_range();
+    assert_eq!(
+        hop_lines(&cluster, &config(), "192.168.0.2:30080", None),
         [
             "nat KUBE-SERVICES: destination is a node address -> KUBE-NODEPORTS (last rule)"
                 .to_owned(),
             "nat KUBE-NODEPORTS: tcp port 30080 -> EXT".to_owned(),
             "nat EXT: mark for masquerade -> SVC".to_owned(),
-            format!("nat SVC: {recent}{pick}"),
+            format!("nat SVC: {RECENT}{PICK}"),
         ]
     );
     let to_fw = "nat KUBE-SERVICES: LoadBalancer IP 203.0.113.10:80/tcp -> FW";
     assert_eq!(
-        hops(&cluster, &config(), "203.0.113.10:80", Some("203.0.113.5")),
+        hop_lines(&cluster, &config(), LB_IP, Some("203.0.113.5")),
         [
             to_fw.to_owned(),
             "nat FW: source in loadBalancerSourceRanges -> EXT".to_owned(),
             "nat EXT: mark for masquerade -> SVC".to_owned(),
-            format!("nat SVC: {recent}{pick}"),
+            format!("nat SVC: {RECENT}{PICK}"),
         ]
     );
     assert_eq!(
-        hops(
-            &cluster,
-            &config(),
-            "203.0.113.10:80",
-            Some("203.0.113.200")
-        ),
+        hop_lines(&cluster, &config(), LB_IP, Some("203.0.113.200")),
         [
             to_fw,
             "nat FW: source matches no loadBalancerSourceRanges rule: falls through, not DNATed",
@@ -905,6 +922,13 @@ fn hops_say_what_each_rule_on_the_way_does() {
         ]
     );
     // eTP Local: KUBE-EXT-* short-circuits pods and the node, keeps the rest local.
+    let local = state(vec![(
+        lb(true),
+        vec![
+            endpoint("10.180.0.1", 80, true),
+            endpoint("10.180.0.2", 80, false),
+        ],
+    )]);
     let to_ext = "nat KUBE-SERVICES: externalIP 198.51.100.7:80/tcp -> EXT";
     for (from, ext, chain) in [
         ("10.1.1.1", "pod traffic -> SVC", "SVC"),
@@ -916,42 +940,33 @@ fn hops_say_what_each_rule_on_the_way_does() {
         ("8.8.8.8", "external client -> SVL", "SVL"),
     ] {
         assert_eq!(
-            hops(&local, &config(), "198.51.100.7:80", Some(from)),
+            hop_lines(&local, &config(), EXT_IP, Some(from)),
             [
                 to_ext.to_owned(),
                 format!("nat EXT: {ext}"),
-                format!("nat {chain}: {pick}"),
+                format!("nat {chain}: {PICK}"),
             ],
             "{from}"
         );
     }
-    // Without a usable endpoint: filter rejects or drops before nat.
+}
+
+#[test]
+fn packets_without_endpoints_stop_in_filter() {
     assert_eq!(
-        hops(
-            &state(vec![(web(), vec![])]),
-            &config(),
-            "172.30.0.41:80",
-            None
-        ),
+        hop_lines(&state(vec![(web(), vec![])]), &config(), CIP, None),
         [
             "filter KUBE-SERVICES: 172.30.0.41:80/tcp (ns1/web:p80) -> REJECT; nat leaves it \
           untranslated"
         ]
     );
+    let remote = state(vec![(lb(true), vec![endpoint("10.180.0.2", 80, false)])]);
     assert_eq!(
-        hops(&remote, &config(), "192.168.0.2:30080", Some("8.8.8.8")),
+        hop_lines(&remote, &config(), "192.168.0.2:30080", Some("8.8.8.8")),
         [
             "filter KUBE-EXTERNAL-SERVICES: local address, tcp port 30080 (ns1/web:p80) -> DROP; \
           nat leaves it untranslated"
         ]
-    );
-    let v6 = state(vec![(
-        cluster_ip("ns1", "web", "p80", "fd00::41", 80),
-        vec![endpoint("fd00:10::1", 80, true)],
-    )]);
-    assert_eq!(
-        hops(&v6, &config(), "[fd00::41]:80", None)[0],
-        "nat KUBE-SERVICES: ClusterIP [fd00::41]:80/tcp -> SVC"
     );
 }
 
