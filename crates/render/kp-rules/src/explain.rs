@@ -12,6 +12,11 @@
 //! cannot disagree with the rules that are programmed. [`verify`] compares those rules with
 //! what the kernel holds.
 //!
+//! Each matched service port is first decided (route, endpoint list, outcome, from the
+//! renderer's plan); the parts of its answer are told from that decision in submodules:
+//! `endpoints` (each endpoint's verdict and reason), `masquerade` (the row of upstream's
+//! masquerade table) and `hops` (the way through iptables mode's chains).
+//!
 //! Everything here is pure: the binary reads the sources and the kernel and prints.
 
 use std::fmt;
@@ -23,16 +28,18 @@ use kp_core::topology::{self, TopologyMode};
 use kp_core::tracker::ProxyState;
 use serde::Serialize;
 
-use crate::iptables::names::{ServiceChains, endpoint_chain, endpoint_string};
+use crate::iptables::names::{ServiceChains, endpoint_string};
 use crate::iptables::{
-    KUBE_EXTERNAL_SERVICES, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL, KUBE_SERVICES, LocalDetector,
-    NodePortAddresses, RenderConfig, RenderError,
+    KUBE_PROXY_FIREWALL, LocalDetector, NodePortAddresses, RenderConfig, RenderError,
 };
 pub use crate::plan::EndpointList;
-use crate::plan::{ExternalMasquerade, InternalMasquerade, Masquerading, ServicePlan};
+use crate::plan::{ExternalMasquerade, Masquerading, ServicePlan};
 
 pub mod dataplane;
 mod dest;
+mod endpoints;
+mod hops;
+mod masquerade;
 pub mod verify;
 
 pub use dest::{Destination, DestinationError};
@@ -287,6 +294,22 @@ pub struct ChainNames {
     pub fw: String,
 }
 
+impl ChainNames {
+    /// The renderer's names for `name`'s chains.
+    fn of(name: &ServicePortName) -> Self {
+        let ServiceChains { svc, svl, ext, fw } = ServiceChains::new(name);
+        ChainNames { svc, svl, ext, fw }
+    }
+
+    /// The policy chain of `list`: `KUBE-SVC-…` or `KUBE-SVL-…`.
+    fn policy(&self, list: EndpointList) -> &str {
+        match list {
+            EndpointList::Cluster => &self.svc,
+            EndpointList::Local => &self.svl,
+        }
+    }
+}
+
 /// ClientIP session affinity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Affinity {
@@ -393,22 +416,7 @@ pub fn explain(
         let Some((cluster_ip, view)) = family_view(svc, family) else {
             continue;
         };
-        let mut fronts: Vec<(MatchKind, u16)> = Vec::new();
-        if cluster_ip == dest.ip {
-            fronts.push((MatchKind::ClusterIp, view.port));
-        }
-        if view.external_ips.contains(&dest.ip) {
-            fronts.push((MatchKind::ExternalIp, view.port));
-        }
-        if view.load_balancer_ips.contains(&dest.ip) {
-            fronts.push((MatchKind::LoadBalancerIp, view.port));
-        }
-        if let Some(node_port) = view.node_port
-            && ctx.accepts_node_ports(dest.ip)
-        {
-            fronts.push((MatchKind::NodePort, node_port));
-        }
-        for (how, port) in fronts {
+        for (how, port) in ctx.fronts(cluster_ip, &view, dest.ip) {
             let hit = name.protocol == dest.protocol && dest.port.is_none_or(|p| p == port);
             if hit {
                 matches.push(ctx.explain_port(name, &view, dest.ip, how, port));
@@ -566,6 +574,77 @@ fn outcome(
     (Outcome::Dnat, reason)
 }
 
+/// What the renderer's plan does with a packet to one matched service port, before its
+/// endpoints: the hops, the masquerade decision and the endpoint verdicts are told from it.
+struct Decision<'a> {
+    name: &'a ServicePortName,
+    /// `name` as upstream displays it.
+    display: String,
+    svc: &'a ServicePort,
+    /// The renderer's own decisions for this port.
+    plan: ServicePlan<'a>,
+    chains: ChainNames,
+    how: MatchKind,
+    ip: IpAddr,
+    port: u16,
+    route: Route,
+    list: EndpointList,
+    list_reason: String,
+    outcome: Outcome,
+    outcome_reason: String,
+    /// What the query leaves open.
+    notes: Vec<String>,
+}
+
+impl Decision<'_> {
+    /// The answer, with the parts told from the decision (`mode`: the hints' topology mode).
+    fn into_match(
+        self,
+        mode: TopologyMode,
+        masquerade: Masquerade,
+        hops: Vec<Hop>,
+        endpoints: Vec<EndpointExplanation>,
+    ) -> ServiceMatch {
+        let svc = self.svc;
+        ServiceMatch {
+            service_port: self.display,
+            name: self.name.clone(),
+            how: self.how,
+            ip: self.ip,
+            port: self.port,
+            service_port_number: svc.port,
+            internal_traffic_policy: policy(svc.internal_policy_local),
+            external_traffic_policy: svc
+                .externally_accessible()
+                .then(|| policy(svc.external_policy_local)),
+            endpoint_list: self.list,
+            endpoint_list_reason: self.list_reason,
+            topology_mode: if self.list == EndpointList::Cluster {
+                mode
+            } else {
+                TopologyMode::None
+            },
+            outcome: self.outcome,
+            outcome_reason: self.outcome_reason,
+            masquerade,
+            session_affinity: self
+                .plan
+                .affinity_seconds
+                .map(|timeout_seconds| Affinity { timeout_seconds }),
+            load_balancer_source_ranges: svc
+                .load_balancer_source_ranges
+                .iter()
+                .map(IpNet::trunc)
+                .collect(),
+            hops,
+            chains: self.chains,
+            dataplane: None,
+            endpoints,
+            notes: self.notes,
+        }
+    }
+}
+
 struct Context<'a> {
     state: &'a ProxyState,
     config: &'a RenderConfig,
@@ -605,6 +684,27 @@ impl Context<'_> {
         ip.is_loopback() || self.node_addresses().any(|n| n == ip)
     }
 
+    /// How `ip` reaches the service port `view` (with ClusterIP `cluster_ip`), and on which
+    /// port: every address of it that is `ip`, in the order the answer lists them.
+    fn fronts(&self, cluster_ip: IpAddr, view: &ServicePort, ip: IpAddr) -> Vec<(MatchKind, u16)> {
+        let mut fronts = Vec::new();
+        if cluster_ip == ip {
+            fronts.push((MatchKind::ClusterIp, view.port));
+        }
+        if view.external_ips.contains(&ip) {
+            fronts.push((MatchKind::ExternalIp, view.port));
+        }
+        if view.load_balancer_ips.contains(&ip) {
+            fronts.push((MatchKind::LoadBalancerIp, view.port));
+        }
+        if let Some(node_port) = view.node_port
+            && self.accepts_node_ports(ip)
+        {
+            fronts.push((MatchKind::NodePort, node_port));
+        }
+        fronts
+    }
+
     /// Whether nat `KUBE-SERVICES` sends traffic to `ip` on to `KUBE-NODEPORTS`.
     fn accepts_node_ports(&self, ip: IpAddr) -> bool {
         let loopback_ok = self.family == IpFamily::V4 && self.config.localhost_node_ports;
@@ -621,6 +721,8 @@ impl Context<'_> {
         }
     }
 
+    /// The answer for the service port `name` (`svc`, the family's view of it) reached at
+    /// `ip`:`port` as `how`.
     fn explain_port(
         &self,
         name: &ServicePortName,
@@ -629,7 +731,6 @@ impl Context<'_> {
         how: MatchKind,
         port: u16,
     ) -> ServiceMatch {
-        let display = name.to_string();
         let all = self
             .state
             .endpoints
@@ -641,108 +742,55 @@ impl Context<'_> {
             .filter(|e| IpFamily::of(&e.ip) == self.family)
             .cloned()
             .collect();
-        let node = self.node();
-        let verdicts = topology::explain(svc, &same_family, node);
-        // The renderer's own decisions for this port.
-        let plan = ServicePlan::new(
-            svc,
-            &same_family,
-            node,
-            Masquerading {
-                all: self.config.masquerade_all,
-                detector: !matches!(self.detector, DetectorView::None),
-            },
-        );
-        let names = ServiceChains::new(name);
-        let chains = ChainNames {
-            svc: names.svc.clone(),
-            svl: names.svl.clone(),
-            ext: names.ext.clone(),
-            fw: names.fw.clone(),
+        let topology = topology::explain(svc, &same_family, self.node());
+        let decision = self.decide(name, svc, &same_family, ip, how, port);
+        let endpoints: Vec<EndpointExplanation> = all
+            .iter()
+            .map(|ep| self.explain_endpoint(ep, &decision, &topology))
+            .collect();
+        let masquerade = self.masquerade(&decision, &endpoints);
+        let hops = self.hops(&decision);
+        decision.into_match(topology.topology_mode, masquerade, hops, endpoints)
+    }
+
+    /// What the renderer's plan does with a packet to `svc` matched `how`: its route, list
+    /// and outcome, with notes on what the query leaves open.
+    fn decide<'a>(
+        &self,
+        name: &'a ServicePortName,
+        svc: &'a ServicePort,
+        same_family: &'a [Endpoint],
+        ip: IpAddr,
+        how: MatchKind,
+        port: u16,
+    ) -> Decision<'a> {
+        let display = name.to_string();
+        let masquerading = Masquerading {
+            all: self.config.masquerade_all,
+            detector: !matches!(self.detector, DetectorView::None),
         };
+        let plan = ServicePlan::new(svc, same_family, self.node(), masquerading);
         let mut notes = Vec::new();
         let route = self.route(&plan, how, &mut notes);
         let (list, list_reason) = route.list(svc);
         let firewall = how == MatchKind::LoadBalancerIp && plan.uses_firewall_chain;
         let range_allowed = self.range_allowed(svc, firewall, &mut notes);
-        let (outcome, outcome_reason) = outcome(
-            &display,
+        let refused = firewall && range_allowed == Some(false);
+        let (outcome, outcome_reason) = outcome(&display, svc, &plan, list, refused);
+        Decision {
+            name,
+            display,
             svc,
-            &plan,
-            list,
-            firewall && range_allowed == Some(false),
-        );
-
-        let endpoints: Vec<EndpointExplanation> = all
-            .iter()
-            .map(|ep| {
-                let topo = verdicts
-                    .endpoints
-                    .iter()
-                    .find(|(e, _)| e.ip == ep.ip && e.port == ep.port)
-                    .and_then(|(_, v)| match list {
-                        EndpointList::Cluster => v.cluster,
-                        EndpointList::Local => v.local,
-                    });
-                let verdict = self.endpoint_verdict(ep, topo, how);
-                EndpointExplanation {
-                    ip: ep.ip,
-                    port: ep.port,
-                    node_name: ep.node_name.as_deref().map(str::to_owned),
-                    zone: ep.zone.as_deref().map(str::to_owned),
-                    local: ep.is_local,
-                    ready: ep.ready,
-                    serving: ep.serving,
-                    terminating: ep.terminating,
-                    verdict,
-                    used: verdict.chosen() && outcome == Outcome::Dnat,
-                    reason: endpoint_reason(verdict, ep, verdicts.topology_mode, node, self.family),
-                    chain: (verdict != EndpointVerdict::WrongFamily)
-                        .then(|| endpoint_chain(name, ep.ip, ep.port)),
-                    hairpin: self.source == Some(ep.ip),
-                }
-            })
-            .collect();
-
-        let masquerade = self.masquerade(&plan, route, outcome, &endpoints);
-        let hops = self.hops(
-            &display, svc, &plan, &chains, how, route, list, outcome, ip, port,
-        );
-        let session_affinity = plan
-            .affinity_seconds
-            .map(|timeout_seconds| Affinity { timeout_seconds });
-
-        ServiceMatch {
-            service_port: display,
-            name: name.clone(),
+            plan,
+            chains: ChainNames::of(name),
             how,
             ip,
             port,
-            service_port_number: svc.port,
-            internal_traffic_policy: policy(svc.internal_policy_local),
-            external_traffic_policy: svc
-                .externally_accessible()
-                .then(|| policy(svc.external_policy_local)),
-            endpoint_list: list,
-            endpoint_list_reason: list_reason,
-            topology_mode: if list == EndpointList::Cluster {
-                verdicts.topology_mode
-            } else {
-                TopologyMode::None
-            },
+            route,
+            list,
+            list_reason,
             outcome,
             outcome_reason,
-            masquerade,
-            session_affinity,
-            load_balancer_source_ranges: svc
-                .load_balancer_source_ranges
-                .iter()
-                .map(IpNet::trunc)
-                .collect(),
-            hops,
-            chains,
-            dataplane: None,
-            endpoints,
             notes,
         }
     }
@@ -811,294 +859,6 @@ impl Context<'_> {
         }
         range_allowed
     }
-
-    /// What the chosen list made of `ep`, from its topology verdict `topo` for that list.
-    fn endpoint_verdict(
-        &self,
-        ep: &Endpoint,
-        topo: Option<topology::Verdict>,
-        how: MatchKind,
-    ) -> EndpointVerdict {
-        if IpFamily::of(&ep.ip) != self.family {
-            return EndpointVerdict::WrongFamily;
-        }
-        match topo {
-            Some(topology::Verdict::Ready) => EndpointVerdict::Ready,
-            Some(topology::Verdict::TerminatingFallback) => EndpointVerdict::TerminatingFallback,
-            Some(topology::Verdict::NotReady) => EndpointVerdict::ServingTerminating,
-            Some(topology::Verdict::FilteredByTopology) => EndpointVerdict::FilteredByTopology,
-            Some(topology::Verdict::NotLocal) if how.is_external() => {
-                EndpointVerdict::NotLocalExternalPolicy
-            }
-            Some(topology::Verdict::NotLocal) => EndpointVerdict::NotLocalInternalPolicy,
-            // `None` (the list is unused) cannot happen for the list the route picks; treat
-            // it like an unusable endpoint rather than guess.
-            Some(topology::Verdict::Unusable) | None => EndpointVerdict::NotReady,
-        }
-    }
-
-    fn masquerade(
-        &self,
-        plan: &ServicePlan<'_>,
-        route: Route,
-        outcome: Outcome,
-        endpoints: &[EndpointExplanation],
-    ) -> Masquerade {
-        use MasqueradeDecision as D;
-        use MasqueradeReason as R;
-        let make = |decision, reason, detail: String| Masquerade {
-            decision,
-            reason,
-            detail,
-        };
-        if outcome != Outcome::Dnat {
-            return make(
-                D::NotApplicable,
-                R::Dropped,
-                "the packet is not forwarded".to_owned(),
-            );
-        }
-        let base = match route {
-            Route::Internal => {
-                if plan.internal_masquerade == InternalMasquerade::All {
-                    make(
-                        D::Yes,
-                        R::MasqueradeAll,
-                        "masqueradeAll: all ClusterIP traffic is masqueraded".to_owned(),
-                    )
-                } else {
-                    match (&self.detector, self.source) {
-                        (DetectorView::None, _) => make(
-                            D::No,
-                            R::NoLocalDetector,
-                            "no local-traffic detector (e.g. no clusterCIDR): ClusterIP \
-                             traffic is not masqueraded"
-                                .to_owned(),
-                        ),
-                        (DetectorView::Cidr(cidr), Some(s)) if cidr.contains(&s) => make(
-                            D::No,
-                            R::LocalTraffic,
-                            format!("the source is in {cidr} (pod traffic): not masqueraded"),
-                        ),
-                        (DetectorView::Cidr(cidr), Some(_)) => make(
-                            D::Yes,
-                            R::NotLocalTraffic,
-                            format!("the source is not in {cidr} (not pod traffic): masqueraded"),
-                        ),
-                        (DetectorView::Cidr(cidr), None) => make(
-                            D::Depends,
-                            R::SourceUndetermined,
-                            format!(
-                                "masqueraded unless the source is in {cidr} (pod traffic); \
-                                 give --from to decide"
-                            ),
-                        ),
-                        (DetectorView::Interface(iface), _) => make(
-                            D::Depends,
-                            R::SourceUndetermined,
-                            format!("masqueraded unless the packet arrives on {iface}"),
-                        ),
-                    }
-                }
-            }
-            Route::ExternalCluster => make(
-                D::Yes,
-                R::ExternalPolicyCluster,
-                "external traffic with externalTrafficPolicy Cluster is always masqueraded"
-                    .to_owned(),
-            ),
-            Route::ExternalLocalPod => make(
-                D::No,
-                R::ExternalLocalFromPod,
-                "externalTrafficPolicy Local, from a local pod: not masqueraded".to_owned(),
-            ),
-            Route::ExternalLocalNode => make(
-                D::Yes,
-                R::ExternalLocalFromNode,
-                "externalTrafficPolicy Local, from this node: masqueraded".to_owned(),
-            ),
-            Route::ExternalLocal => make(
-                D::No,
-                R::ExternalLocalPreserved,
-                "externalTrafficPolicy Local from outside: not masqueraded, the client IP is \
-                 preserved"
-                    .to_owned(),
-            ),
-        };
-        if base.decision == D::Yes {
-            return base;
-        }
-        // Hairpin: the per-endpoint `-s <ep>` rule marks a packet from an endpoint to itself.
-        let used: Vec<&EndpointExplanation> = endpoints.iter().filter(|e| e.used).collect();
-        if used.iter().any(|e| e.hairpin) {
-            let only_self = used.iter().all(|e| e.hairpin);
-            return make(
-                if only_self { D::Yes } else { D::Depends },
-                R::Hairpin,
-                if only_self {
-                    "the source is the only usable endpoint: the hairpin rule masquerades it"
-                        .to_owned()
-                } else {
-                    format!(
-                        "the source is an endpoint: masqueraded if it is picked for itself \
-                         (hairpin); otherwise {}",
-                        base.detail
-                    )
-                },
-            );
-        }
-        base
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn hops(
-        &self,
-        display: &str,
-        svc: &ServicePort,
-        plan: &ServicePlan<'_>,
-        chains: &ChainNames,
-        how: MatchKind,
-        route: Route,
-        list: EndpointList,
-        outcome: Outcome,
-        ip: IpAddr,
-        port: u16,
-    ) -> Vec<Hop> {
-        let nat = |chain: &str, action: String| Hop {
-            table: "nat",
-            chain: chain.to_owned(),
-            action,
-        };
-        let filter = |chain: &str, action: String| Hop {
-            table: "filter",
-            chain: chain.to_owned(),
-            action,
-        };
-        let proto = svc.name.protocol.as_str();
-        let mut hops = Vec::new();
-        let list_chain = match list {
-            EndpointList::Cluster => &chains.svc,
-            EndpointList::Local => &chains.svl,
-        };
-
-        match outcome {
-            Outcome::RejectNoEndpoints | Outcome::DropNoLocalEndpoints => {
-                let target = if outcome == Outcome::RejectNoEndpoints {
-                    "REJECT"
-                } else {
-                    "DROP"
-                };
-                // External traffic from a pod or the node is DNATed by KUBE-EXT first; these
-                // rules only see what was not.
-                let chain = if how.is_external() {
-                    KUBE_EXTERNAL_SERVICES
-                } else {
-                    KUBE_SERVICES
-                };
-                let what = match how {
-                    MatchKind::NodePort => format!("local address, {proto} port {port}"),
-                    _ => format!("{}:{port}/{proto}", bracket(ip)),
-                };
-                hops.push(filter(
-                    chain,
-                    format!("{what} ({display}) -> {target}; nat leaves it untranslated"),
-                ));
-                return hops;
-            }
-            Outcome::Dnat | Outcome::DropSourceRange => {}
-        }
-
-        let entry = match how {
-            MatchKind::ClusterIp => list_chain,
-            MatchKind::NodePort | MatchKind::ExternalIp => &chains.ext,
-            MatchKind::LoadBalancerIp if plan.uses_firewall_chain => &chains.fw,
-            MatchKind::LoadBalancerIp => &chains.ext,
-        };
-        if how == MatchKind::NodePort {
-            hops.push(nat(
-                KUBE_SERVICES,
-                format!("destination is a node address -> {KUBE_NODEPORTS} (last rule)"),
-            ));
-            hops.push(nat(
-                KUBE_NODEPORTS,
-                format!("{proto} port {port} -> {}", chains.ext),
-            ));
-        } else {
-            hops.push(nat(
-                KUBE_SERVICES,
-                format!(
-                    "{} {}:{port}/{proto} -> {entry}",
-                    how.describe(),
-                    bracket(ip)
-                ),
-            ));
-        }
-        if entry == &chains.fw {
-            if outcome == Outcome::DropSourceRange {
-                hops.push(nat(
-                    &chains.fw,
-                    "source matches no loadBalancerSourceRanges rule: falls through, not \
-                     DNATed"
-                        .to_owned(),
-                ));
-                hops.push(filter(
-                    KUBE_PROXY_FIREWALL,
-                    format!("traffic to the LB IP not accepted by {} -> DROP", chains.fw),
-                ));
-                return hops;
-            }
-            hops.push(nat(
-                &chains.fw,
-                format!("source in loadBalancerSourceRanges -> {}", chains.ext),
-            ));
-        }
-        if how.is_external() {
-            let action = match route {
-                Route::ExternalCluster => {
-                    format!("mark for masquerade -> {}", chains.svc)
-                }
-                Route::ExternalLocalPod => format!("pod traffic -> {}", chains.svc),
-                Route::ExternalLocalNode => {
-                    format!("--src-type LOCAL: mark for masquerade -> {}", chains.svc)
-                }
-                Route::ExternalLocal | Route::Internal => {
-                    format!("external client -> {}", chains.svl)
-                }
-            };
-            hops.push(nat(&chains.ext, action));
-        }
-        let mut action = String::new();
-        if how == MatchKind::ClusterIp {
-            match (plan.internal_masquerade, &self.detector) {
-                (InternalMasquerade::All, _) => {
-                    action.push_str("mark for masquerade (masqueradeAll); ");
-                }
-                (InternalMasquerade::NotLocal, DetectorView::Cidr(cidr)) => {
-                    action.push_str(&format!("mark for masquerade if not from {cidr}; "));
-                }
-                (InternalMasquerade::NotLocal, DetectorView::Interface(iface)) => {
-                    action.push_str(&format!("mark for masquerade unless from {iface}; "));
-                }
-                (InternalMasquerade::NotLocal, DetectorView::None)
-                | (InternalMasquerade::None, _) => {}
-            }
-        }
-        if let Some(seconds) = plan.affinity_seconds {
-            action.push_str(&format!(
-                "recent client (within {seconds}s) -> its endpoint; "
-            ));
-        }
-        action.push_str("pick an endpoint -> KUBE-SEP-…");
-        hops.push(nat(list_chain, action));
-        hops
-    }
-}
-
-fn bracket(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => format!("[{v6}]"),
-    }
 }
 
 fn policy(local: bool) -> TrafficPolicy {
@@ -1106,53 +866,6 @@ fn policy(local: bool) -> TrafficPolicy {
         TrafficPolicy::Local
     } else {
         TrafficPolicy::Cluster
-    }
-}
-
-fn endpoint_reason(
-    verdict: EndpointVerdict,
-    ep: &Endpoint,
-    mode: TopologyMode,
-    node: &NodeInfo,
-    family: IpFamily,
-) -> String {
-    let on = match &ep.node_name {
-        Some(n) => format!("on node {n}"),
-        None => "with no node name".to_owned(),
-    };
-    match verdict {
-        EndpointVerdict::Ready => "ready".to_owned(),
-        EndpointVerdict::TerminatingFallback => {
-            "terminating but still serving; used because no endpoint is ready".to_owned()
-        }
-        EndpointVerdict::ServingTerminating => {
-            "terminating (still serving); not used while a ready endpoint exists".to_owned()
-        }
-        EndpointVerdict::FilteredByTopology => match mode {
-            TopologyMode::PreferSameNode => {
-                format!(
-                    "ready, but its hints are for other nodes than {}",
-                    node.name
-                )
-            }
-            TopologyMode::PreferSameZone => format!(
-                "ready, but its hints are for other zones than {}",
-                node.zone().unwrap_or("this node's")
-            ),
-            TopologyMode::None => "ready, but filtered by topology hints".to_owned(),
-        },
-        EndpointVerdict::NotLocalInternalPolicy => {
-            format!("{on}: not local, and internalTrafficPolicy is Local")
-        }
-        EndpointVerdict::NotLocalExternalPolicy => {
-            format!("{on}: not local, and externalTrafficPolicy is Local")
-        }
-        EndpointVerdict::WrongFamily => format!(
-            "{} endpoint: the destination is {}",
-            IpFamily::of(&ep.ip).api_name(),
-            family.api_name()
-        ),
-        EndpointVerdict::NotReady => "not ready (and not serving while terminating)".to_owned(),
     }
 }
 

@@ -812,3 +812,309 @@ fn near_miss_does_not_count_node_ports() {
     assert!(e.matches.is_empty());
     assert!(e.near_misses.is_empty());
 }
+
+/// The hops of the only match, each as `table chain: action`, this service port's chains
+/// shown as `SVC`, `SVL`, `EXT` and `FW`.
+fn hop_lines(
+    state: &ProxyState,
+    config: &RenderConfig,
+    to: &str,
+    from: Option<&str>,
+) -> Vec<String> {
+    let e = ask(state, config, to, from);
+    let m = only(&e);
+    let c = &m.chains;
+    m.hops
+        .iter()
+        .map(|h| {
+            format!("{} {}: {}", h.table, h.chain, h.action)
+                .replace(&c.svc, "SVC")
+                .replace(&c.svl, "SVL")
+                .replace(&c.ext, "EXT")
+                .replace(&c.fw, "FW")
+        })
+        .collect()
+}
+
+const PICK: &str = "pick an endpoint -> KUBE-SEP-…";
+const RECENT: &str = "recent client (within 600s) -> its endpoint; ";
+
+/// An LB service port with affinity (600s) and a source range, two endpoints.
+fn lb_with_affinity_and_range() -> ProxyState {
+    let mut svc = with_affinity(lb(false), 600);
+    svc.load_balancer_source_ranges = vec![net("203.0.113.0/25")];
+    state(vec![(
+        svc,
+        vec![
+            endpoint("10.180.0.1", 80, true),
+            endpoint("10.180.0.2", 80, false),
+        ],
+    )])
+}
+
+#[test]
+fn cluster_ip_hops_show_the_masquerade_rule_the_detector_writes() {
+    let cluster = lb_with_affinity_and_range();
+    let to_svc = "nat KUBE-SERVICES: ClusterIP 172.30.0.41:80/tcp -> SVC";
+    let marks = [
+        (config(), "mark for masquerade if not from 10.0.0.0/8; "),
+        (
+            RenderConfig {
+                masquerade_all: true,
+                ..config()
+            },
+            "mark for masquerade (masqueradeAll); ",
+        ),
+        (
+            RenderConfig {
+                local_detector: LocalDetector::BridgeInterface("cbr0".into()),
+                ..RenderConfig::default()
+            },
+            "mark for masquerade unless from bridge cbr0; ",
+        ),
+        (RenderConfig::default(), ""),
+    ];
+    for (config, mark) in marks {
+        assert_eq!(
+            hop_lines(&cluster, &config, CIP, None),
+            [to_svc.to_owned(), format!("nat SVC: {mark}{RECENT}{PICK}")]
+        );
+    }
+    let v6 = state(vec![(
+        cluster_ip("ns1", "web", "p80", "fd00::41", 80),
+        vec![endpoint("fd00:10::1", 80, true)],
+    )]);
+    assert_eq!(
+        hop_lines(&v6, &config(), "[fd00::41]:80", None)[0],
+        "nat KUBE-SERVICES: ClusterIP [fd00::41]:80/tcp -> SVC"
+    );
+}
+
+#[test]
+fn external_hops_pass_the_firewall_and_kube_ext() {
+    let cluster = lb_with_affinity_and_range();
+    assert_eq!(
+        hop_lines(&cluster, &config(), "192.168.0.2:30080", None),
+        [
+            "nat KUBE-SERVICES: destination is a node address -> KUBE-NODEPORTS (last rule)"
+                .to_owned(),
+            "nat KUBE-NODEPORTS: tcp port 30080 -> EXT".to_owned(),
+            "nat EXT: mark for masquerade -> SVC".to_owned(),
+            format!("nat SVC: {RECENT}{PICK}"),
+        ]
+    );
+    let to_fw = "nat KUBE-SERVICES: LoadBalancer IP 203.0.113.10:80/tcp -> FW";
+    assert_eq!(
+        hop_lines(&cluster, &config(), LB_IP, Some("203.0.113.5")),
+        [
+            to_fw.to_owned(),
+            "nat FW: source in loadBalancerSourceRanges -> EXT".to_owned(),
+            "nat EXT: mark for masquerade -> SVC".to_owned(),
+            format!("nat SVC: {RECENT}{PICK}"),
+        ]
+    );
+    assert_eq!(
+        hop_lines(&cluster, &config(), LB_IP, Some("203.0.113.200")),
+        [
+            to_fw,
+            "nat FW: source matches no loadBalancerSourceRanges rule: falls through, not DNATed",
+            "filter KUBE-PROXY-FIREWALL: traffic to the LB IP not accepted by FW -> DROP",
+        ]
+    );
+    // eTP Local: KUBE-EXT-* short-circuits pods and the node, keeps the rest local.
+    let local = state(vec![(
+        lb(true),
+        vec![
+            endpoint("10.180.0.1", 80, true),
+            endpoint("10.180.0.2", 80, false),
+        ],
+    )]);
+    let to_ext = "nat KUBE-SERVICES: externalIP 198.51.100.7:80/tcp -> EXT";
+    for (from, ext, chain) in [
+        ("10.1.1.1", "pod traffic -> SVC", "SVC"),
+        (
+            NODE_IP,
+            "--src-type LOCAL: mark for masquerade -> SVC",
+            "SVC",
+        ),
+        ("8.8.8.8", "external client -> SVL", "SVL"),
+    ] {
+        assert_eq!(
+            hop_lines(&local, &config(), EXT_IP, Some(from)),
+            [
+                to_ext.to_owned(),
+                format!("nat EXT: {ext}"),
+                format!("nat {chain}: {PICK}"),
+            ],
+            "{from}"
+        );
+    }
+}
+
+#[test]
+fn packets_without_endpoints_stop_in_filter() {
+    assert_eq!(
+        hop_lines(&state(vec![(web(), vec![])]), &config(), CIP, None),
+        [
+            "filter KUBE-SERVICES: 172.30.0.41:80/tcp (ns1/web:p80) -> REJECT; nat leaves it \
+          untranslated"
+        ]
+    );
+    let remote = state(vec![(lb(true), vec![endpoint("10.180.0.2", 80, false)])]);
+    assert_eq!(
+        hop_lines(&remote, &config(), "192.168.0.2:30080", Some("8.8.8.8")),
+        [
+            "filter KUBE-EXTERNAL-SERVICES: local address, tcp port 30080 (ns1/web:p80) -> DROP; \
+          nat leaves it untranslated"
+        ]
+    );
+}
+
+#[test]
+fn masquerade_details_name_the_rule() {
+    let two = vec![
+        endpoint("10.180.0.1", 80, true),
+        endpoint("10.180.0.2", 80, false),
+    ];
+    let cluster = state(vec![(web(), two.clone())]);
+    let local = state(vec![(lb(true), two.clone())]);
+    let detail = |state: &ProxyState, config: &RenderConfig, to: &str, from: Option<&str>| {
+        only(&ask(state, config, to, from))
+            .masquerade
+            .detail
+            .clone()
+    };
+    let cip = |config: &RenderConfig, from: Option<&str>| detail(&cluster, config, CIP, from);
+    assert_eq!(
+        cip(&config(), Some("10.2.3.4")),
+        "the source is in 10.0.0.0/8 (pod traffic): not masqueraded"
+    );
+    assert_eq!(
+        cip(&config(), Some(NODE_IP)),
+        "the source is not in 10.0.0.0/8 (not pod traffic): masqueraded"
+    );
+    assert_eq!(
+        cip(&config(), None),
+        "masqueraded unless the source is in 10.0.0.0/8 (pod traffic); give --from to decide"
+    );
+    assert_eq!(
+        cip(&RenderConfig::default(), None),
+        "no local-traffic detector (e.g. no clusterCIDR): ClusterIP traffic is not masqueraded"
+    );
+    let all = RenderConfig {
+        masquerade_all: true,
+        ..config()
+    };
+    assert_eq!(
+        cip(&all, None),
+        "masqueradeAll: all ClusterIP traffic is masqueraded"
+    );
+    let bridge = RenderConfig {
+        local_detector: LocalDetector::BridgeInterface("cbr0".into()),
+        ..RenderConfig::default()
+    };
+    assert_eq!(
+        cip(&bridge, None),
+        "masqueraded unless the packet arrives on bridge cbr0"
+    );
+    assert_eq!(
+        cip(&config(), Some("10.180.0.1")),
+        "the source is an endpoint: masqueraded if it is picked for itself (hairpin); \
+         otherwise the source is in 10.0.0.0/8 (pod traffic): not masqueraded"
+    );
+    let single = state(vec![(web(), vec![endpoint("10.180.0.1", 80, true)])]);
+    assert_eq!(
+        detail(&single, &config(), CIP, Some("10.180.0.1")),
+        "the source is the only usable endpoint: the hairpin rule masquerades it"
+    );
+    assert_eq!(
+        detail(&state(vec![(web(), vec![])]), &config(), CIP, None),
+        "the packet is not forwarded"
+    );
+    let external = [
+        (
+            &state(vec![(lb(false), two)]),
+            None,
+            "external traffic with externalTrafficPolicy Cluster is always masqueraded",
+        ),
+        (
+            &local,
+            Some("10.1.1.1"),
+            "externalTrafficPolicy Local, from a local pod: not masqueraded",
+        ),
+        (
+            &local,
+            Some(NODE_IP),
+            "externalTrafficPolicy Local, from this node: masqueraded",
+        ),
+        (
+            &local,
+            Some("8.8.8.8"),
+            "externalTrafficPolicy Local from outside: not masqueraded, the client IP is preserved",
+        ),
+    ];
+    for (state, from, expected) in external {
+        assert_eq!(detail(state, &config(), EXT_IP, from), expected, "{from:?}");
+    }
+}
+
+#[test]
+fn endpoint_reasons_say_why() {
+    let mut svc = lb(true);
+    svc.internal_policy_local = true;
+    let mixed = state(vec![(
+        svc,
+        vec![
+            terminating("10.180.0.1", true),
+            not_ready("10.180.0.2", true),
+            endpoint("10.180.0.3", 80, false),
+            endpoint("fd00:10::4", 80, true),
+        ],
+    )]);
+    let reasons = |to: &str| -> Vec<String> {
+        only(&ask(&mixed, &config(), to, Some("8.8.8.8")))
+            .endpoints
+            .iter()
+            .map(|e| e.reason.clone())
+            .collect()
+    };
+    let fallback = "terminating but still serving; used because no endpoint is ready";
+    let not_ready = "not ready (and not serving while terminating)";
+    let v6 = "IPv6 endpoint: the destination is IPv4";
+    assert_eq!(
+        reasons(CIP),
+        [
+            fallback,
+            not_ready,
+            "on node other-node: not local, and internalTrafficPolicy is Local",
+            v6
+        ]
+    );
+    assert_eq!(
+        reasons(EXT_IP),
+        [
+            fallback,
+            not_ready,
+            "on node other-node: not local, and externalTrafficPolicy is Local",
+            v6
+        ]
+    );
+    let ready = state(vec![(
+        web(),
+        vec![
+            endpoint("10.180.0.1", 80, true),
+            terminating("10.180.0.2", true),
+        ],
+    )]);
+    let m = ask(&ready, &config(), CIP, None).matches.remove(0);
+    assert_eq!(
+        [
+            m.endpoints[0].reason.as_str(),
+            m.endpoints[1].reason.as_str()
+        ],
+        [
+            "ready",
+            "terminating (still serving); not used while a ready endpoint exists"
+        ]
+    );
+}

@@ -525,7 +525,10 @@ fn around<'a>(before: &'a str, display: &'a str, after: &'a str) -> Comment<'a> 
 }
 
 /// The filter rule's target and comment for traffic without endpoints.
-fn no_endpoints(display: &str, verdict: NoEndpoints) -> (Target<'static>, Comment<'_>) {
+type NoEndpointsRule<'a> = (Target<'static>, Comment<'a>);
+
+/// The [`NoEndpointsRule`] of `verdict`.
+fn no_endpoints(display: &str, verdict: NoEndpoints) -> NoEndpointsRule<'_> {
     match verdict {
         NoEndpoints::Reject => (Target::Reject(None), about(display, " has no endpoints")),
         NoEndpoints::Drop => (Target::Drop, about(display, " has no local endpoints")),
@@ -618,59 +621,83 @@ impl ServiceRules<'_, '_> {
     /// traffic without endpoints, per address: ClusterIP, externalIPs, LoadBalancer IPs,
     /// NodePort, and the health check node port.
     fn dispatch<S: RuleSink + ?Sized>(&self, out: &mut Out<'_, S>) {
-        let (plan, svc, display) = (&self.plan, self.svc, self.display.as_str());
-        let internal_filter = plan.internal_filter.map(|v| no_endpoints(display, v));
-        let external_filter = plan.external_filter.map(|v| no_endpoints(display, v));
+        let external_filter = self
+            .plan
+            .external_filter
+            .map(|v| no_endpoints(&self.display, v));
+        self.dispatch_cluster_ip(out);
+        self.dispatch_external_ips(out, external_filter.as_ref());
+        self.dispatch_load_balancer_ips(out, external_filter.as_ref());
+        self.dispatch_node_port(out, external_filter.as_ref());
+        self.accept_health_checks(out);
+    }
 
-        // ClusterIP.
-        match &internal_filter {
+    /// ClusterIP: on to the internal policy chain, or rejected or dropped in filter when
+    /// that chain is not written.
+    fn dispatch_cluster_ip<S: RuleSink + ?Sized>(&self, out: &mut Out<'_, S>) {
+        let to = self.to(self.cluster_ip, self.svc.port);
+        match self
+            .plan
+            .internal_filter
+            .map(|v| no_endpoints(&self.display, v))
+        {
             None => out.nat(
                 Rule::new(KUBE_SERVICES)
                     .comment(self.cluster_comment())
-                    .with_all(self.to(self.cluster_ip, svc.port))
-                    .jump(self.policy_chain(plan.internal.list)),
+                    .with_all(to)
+                    .jump(self.policy_chain(self.plan.internal.list)),
             ),
             Some((target, comment)) => out.filter(
                 Rule::new(KUBE_SERVICES)
-                    .comment(comment.clone())
-                    .with_all(self.to(self.cluster_ip, svc.port))
-                    .target(target.clone()),
+                    .comment(comment)
+                    .with_all(to)
+                    .target(target),
             ),
         }
+    }
 
-        // externalIPs.
-        for ip in &svc.external_ips {
-            if plan.uses_external_chain {
+    /// externalIPs: on to `KUBE-EXT-*`; `external_filter` rejects or drops without endpoints.
+    fn dispatch_external_ips<S: RuleSink + ?Sized>(
+        &self,
+        out: &mut Out<'_, S>,
+        external_filter: Option<&NoEndpointsRule<'_>>,
+    ) {
+        for ip in &self.svc.external_ips {
+            if self.plan.uses_external_chain {
                 out.nat(
                     Rule::new(KUBE_SERVICES)
-                        .comment(about(display, " external IP"))
-                        .with_all(self.to(*ip, svc.port))
+                        .comment(about(&self.display, " external IP"))
+                        .with_all(self.to(*ip, self.svc.port))
                         .jump(&self.chains.ext),
                 );
             }
-            if let Some((target, comment)) = &external_filter {
-                out.filter(
-                    Rule::new(KUBE_EXTERNAL_SERVICES)
-                        .comment(comment.clone())
-                        .with_all(self.to(*ip, svc.port))
-                        .target(target.clone()),
-                );
+            if let Some(filter) = external_filter {
+                self.filter_external(out, filter, *ip);
             }
         }
+    }
 
-        // LoadBalancer ingress IPs.
+    /// LoadBalancer ingress IPs: on to `KUBE-FW-*` (source ranges) or `KUBE-EXT-*`, with the
+    /// filter rule that drops what the firewall chain did not accept; `external_filter`
+    /// rejects or drops without endpoints.
+    fn dispatch_load_balancer_ips<S: RuleSink + ?Sized>(
+        &self,
+        out: &mut Out<'_, S>,
+        external_filter: Option<&NoEndpointsRule<'_>>,
+    ) {
+        let plan = &self.plan;
         let lb_chain = if plan.uses_firewall_chain {
             &self.chains.fw
         } else {
             &self.chains.ext
         };
         let not_accepted = format!(" traffic not accepted by {}", self.chains.fw);
-        for ip in &svc.load_balancer_ips {
+        for ip in &self.svc.load_balancer_ips {
             if plan.uses_external_chain {
                 out.nat(
                     Rule::new(KUBE_SERVICES)
                         .comment(self.lb_comment())
-                        .with_all(self.to(*ip, svc.port))
+                        .with_all(self.to(*ip, self.svc.port))
                         .jump(lb_chain),
                 );
             }
@@ -678,55 +705,76 @@ impl ServiceRules<'_, '_> {
                 // Packets KUBE-FW-* accepted were DNATed and no longer match this.
                 out.filter(
                     Rule::new(KUBE_PROXY_FIREWALL)
-                        .comment(about(display, &not_accepted))
-                        .with_all(self.to(*ip, svc.port))
+                        .comment(about(&self.display, &not_accepted))
+                        .with_all(self.to(*ip, self.svc.port))
                         .target(Target::Drop),
                 );
             }
         }
-        if let Some((target, comment)) = &external_filter {
-            for ip in &svc.load_balancer_ips {
-                out.filter(
-                    Rule::new(KUBE_EXTERNAL_SERVICES)
-                        .comment(comment.clone())
-                        .with_all(self.to(*ip, svc.port))
-                        .target(target.clone()),
-                );
+        if let Some(filter) = external_filter {
+            for ip in &self.svc.load_balancer_ips {
+                self.filter_external(out, filter, *ip);
             }
         }
+    }
 
-        // NodePort (not subject to loadBalancerSourceRanges, as upstream).
-        if let Some(node_port) = svc.node_port {
-            let protocol = self.name.protocol;
-            if plan.uses_external_chain {
-                out.nat(
-                    Rule::new(KUBE_NODEPORTS)
-                        .comment(display)
-                        .with(Match::Protocol(protocol))
-                        .with(Match::DestinationPort(node_port))
-                        .jump(&self.chains.ext),
-                );
-            }
-            if let Some((target, comment)) = &external_filter {
-                out.filter(
-                    Rule::new(KUBE_EXTERNAL_SERVICES)
-                        .comment(comment.clone())
-                        .with(Match::AddrType {
-                            side: AddrTypeSide::Destination,
-                            addr_type: AddrType::Local,
-                        })
-                        .with(Match::Protocol(protocol))
-                        .with(Match::DestinationPort(node_port))
-                        .target(target.clone()),
-                );
-            }
+    /// The filter rule in `KUBE-EXTERNAL-SERVICES` for external traffic to `ip` without
+    /// endpoints.
+    fn filter_external<S: RuleSink + ?Sized>(
+        &self,
+        out: &mut Out<'_, S>,
+        (target, comment): &NoEndpointsRule<'_>,
+        ip: IpAddr,
+    ) {
+        out.filter(
+            Rule::new(KUBE_EXTERNAL_SERVICES)
+                .comment(comment.clone())
+                .with_all(self.to(ip, self.svc.port))
+                .target(target.clone()),
+        );
+    }
+
+    /// NodePort (not subject to loadBalancerSourceRanges, as upstream): on to `KUBE-EXT-*`
+    /// from `KUBE-NODEPORTS`; `external_filter` rejects or drops without endpoints.
+    fn dispatch_node_port<S: RuleSink + ?Sized>(
+        &self,
+        out: &mut Out<'_, S>,
+        external_filter: Option<&NoEndpointsRule<'_>>,
+    ) {
+        let Some(node_port) = self.svc.node_port else {
+            return;
+        };
+        let protocol = self.name.protocol;
+        if self.plan.uses_external_chain {
+            out.nat(
+                Rule::new(KUBE_NODEPORTS)
+                    .comment(self.display.as_str())
+                    .with(Match::Protocol(protocol))
+                    .with(Match::DestinationPort(node_port))
+                    .jump(&self.chains.ext),
+            );
         }
+        if let Some((target, comment)) = external_filter {
+            out.filter(
+                Rule::new(KUBE_EXTERNAL_SERVICES)
+                    .comment(comment.clone())
+                    .with(Match::AddrType {
+                        side: AddrTypeSide::Destination,
+                        addr_type: AddrType::Local,
+                    })
+                    .with(Match::Protocol(protocol))
+                    .with(Match::DestinationPort(node_port))
+                    .target(target.clone()),
+            );
+        }
+    }
 
-        // healthCheckNodePort: always TCP, open whether or not local endpoints exist.
-        if let Some(hc_port) = svc.health_check_node_port {
+    /// healthCheckNodePort: always TCP, open whether or not local endpoints exist.
+    fn accept_health_checks<S: RuleSink + ?Sized>(&self, out: &mut Out<'_, S>) {
+        if let Some(hc_port) = self.svc.health_check_node_port {
             out.filter(
                 Rule::new(KUBE_NODEPORTS)
-                    .comment(about(display, " health check node port"))
+                    .comment(about(&self.display, " health check node port"))
                     .with(Match::Protocol(Protocol::Tcp))
                     .with(Match::DestinationPort(hc_port))
                     .target(Target::Accept),
