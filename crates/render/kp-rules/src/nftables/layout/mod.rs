@@ -10,7 +10,7 @@
 //!
 //! - [`element`]: the elements and the names of the sets holding them;
 //! - [`service`]: one service port's elements, read from the shared
-//!   [`ServicePlan`](crate::plan::ServicePlan) (the decisions are the plan's);
+//!   [`ServicePlan`] (the decisions are the plan's);
 //! - [`state`]: what is installed (claims per element) and the element transaction of a
 //!   full or partial sync, computed from the changed ports only, or of a repair from what
 //!   the kernel was read back to hold;
