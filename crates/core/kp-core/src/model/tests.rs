@@ -488,6 +488,20 @@ fn traffic_policies_and_health_check_node_port() {
             hcnp: None,
         },
         Case {
+            what: "no type is ClusterIP: eTP Local without externalIPs",
+            spec: json!({"externalTrafficPolicy": "Local"}),
+            etp_local: false,
+            itp_local: false,
+            hcnp: None,
+        },
+        Case {
+            what: "an unknown type never takes eTP Local, even with externalIPs",
+            spec: json!({"type": "Unknown", "externalTrafficPolicy": "Local", "externalIPs": ["192.168.99.11"]}),
+            etp_local: false,
+            itp_local: false,
+            hcnp: None,
+        },
+        Case {
             what: "iTP Local",
             spec: json!({"type": "ClusterIP", "internalTrafficPolicy": "Local"}),
             etp_local: false,
@@ -637,6 +651,11 @@ fn single_problems() {
         ),
         (
             json!({"clusterIP": "172.30.0.1", "ports": [{"port": 80, "protocol": "tcp"}]}),
+            r#"spec.ports[0].protocol: "tcp" is not TCP, UDP or SCTP"#,
+        ),
+        (
+            // The port with an unknown protocol is left out, so it clashes with no other.
+            json!({"clusterIP": "172.30.0.1", "ports": [{"port": 80, "protocol": "tcp"}, {"port": 81}]}),
             r#"spec.ports[0].protocol: "tcp" is not TCP, UDP or SCTP"#,
         ),
         (
