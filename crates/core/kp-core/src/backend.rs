@@ -294,6 +294,10 @@ struct FakeRecord {
     /// How long each `verify` takes (tokio time).
     verify_takes: std::time::Duration,
     forgotten: usize,
+    /// What the next successful sync reports as skipped (then nothing).
+    skip: Vec<ServiceName>,
+    /// What `recheck_after` answers.
+    recheck_after: Option<std::time::Duration>,
 }
 
 #[cfg(any(test, feature = "test-util"))]
@@ -318,6 +322,17 @@ impl FakeBackend {
     /// runner rests in proportion to how long syncs take).
     pub fn take(&self, duration: std::time::Duration) {
         self.lock().takes = duration;
+    }
+
+    /// Make the next successful sync report `services` as skipped (not programmed).
+    pub fn skip_next(&self, services: Vec<ServiceName>) {
+        self.lock().skip = services;
+    }
+
+    /// Make every successful sync ask for another look within `after`, as ipvs mode does
+    /// while real servers drain.
+    pub fn recheck_within(&self, after: std::time::Duration) {
+        self.lock().recheck_after = Some(after);
     }
 
     /// Every sync attempted so far (failed ones included).
@@ -396,8 +411,12 @@ impl Backend for FakeBackend {
         Ok(SyncReport {
             kind,
             rules_written: request.state.services.len(),
-            skipped: Vec::new(),
+            skipped: std::mem::take(&mut self.lock().skip),
         })
+    }
+
+    fn recheck_after(&self) -> Option<std::time::Duration> {
+        self.lock().recheck_after
     }
 
     async fn cleanup(&mut self) -> Result<(), BackendError> {

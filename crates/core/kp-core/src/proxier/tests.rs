@@ -23,6 +23,7 @@ use crate::tracker::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, ProxyState};
 
 mod foreign;
 mod late;
+mod sync;
 
 const SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// The injected wall clock starts here (2023-11-14T22:13:20Z).
@@ -72,6 +73,7 @@ struct Harness {
     registry: Registry,
     service_health: watch::Receiver<ServiceHealthMap>,
     state: watch::Receiver<Arc<ProxyState>>,
+    activity: Activity,
     task: JoinHandle<Result<(), ProxierError>>,
 }
 
@@ -100,6 +102,7 @@ impl Harness {
         let service_health = proxier.service_health();
         let state = proxier.state();
         let foreign = proxier.foreign_events();
+        let activity = proxier.activity();
         let (events, receiver) = mpsc::channel(1024);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(proxier.run(receiver, shutdown.clone()));
@@ -113,6 +116,7 @@ impl Harness {
             registry,
             service_health,
             state,
+            activity,
             task,
         }
     }
