@@ -935,6 +935,19 @@ fn slice_problems_are_all_reported() {
 }
 
 #[test]
+fn slice_port_with_an_unknown_protocol_clashes_with_no_other() {
+    assert_eq!(
+        slice_problems(slice_json(
+            "s",
+            "IPv4",
+            json!([{"name": "p", "port": 80, "protocol": "tcp"}, {"name": "p", "port": 81}]),
+            json!([{"addresses": ["10.180.0.1"]}]),
+        )),
+        vec![r#"ports[0].protocol: "tcp" is not TCP, UDP or SCTP"#]
+    );
+}
+
+#[test]
 fn slice_wrong_family_and_unknown_address_type() {
     assert_eq!(
         slice_problems(slice_json(
