@@ -3,11 +3,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use k8s_openapi::api::discovery::v1::{EndpointHints, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{Endpoint as ApiEndpoint, EndpointHints, EndpointSlice};
 
 use super::parse::parse_ip;
 use super::{
-    Endpoint, IpFamily, ModelError, Names, Problems, Protocol, ServiceName, ServicePortName,
+    Endpoint, IpFamily, ModelError, Name, Names, Problems, Protocol, ServiceName, ServicePortName,
     SliceEndpoints, port_number,
 };
 
@@ -54,7 +54,32 @@ pub fn slice_endpoints_with(
             None
         }
     };
+    let ports = slice_ports(slice, names, &mut problems);
+    let endpoints = slice_endpoint_list(slice, family, names, &mut problems);
 
+    problems.into_result("EndpointSlice", namespace, name)?;
+    let Some(family) = family else {
+        // Unreachable: an unknown addressType was recorded as a problem above.
+        return Ok(None);
+    };
+    Ok(Some(SliceEndpoints {
+        service: ServiceName {
+            namespace: names.get(namespace),
+            name: names.get(service),
+        },
+        family,
+        ports,
+        endpoints,
+    }))
+}
+
+/// The slice's usable ports; entries with a problem are recorded and left out, portless ones
+/// ("all ports") silently.
+fn slice_ports(
+    slice: &EndpointSlice,
+    names: &mut Names,
+    problems: &mut Problems,
+) -> Vec<(Name, Protocol, u16)> {
     // Sized up front: thousands of these are held at once, and growth would leave spare room.
     let mut ports = Vec::with_capacity(slice.ports.as_ref().map_or(0, Vec::len));
     let mut seen: BTreeMap<(&str, Protocol), usize> = BTreeMap::new();
@@ -96,83 +121,97 @@ pub fn slice_endpoints_with(
         seen.insert((port_name, protocol), index);
         ports.push((names.get(port_name), protocol, number));
     }
+    ports
+}
 
+/// The slice's endpoints whose first address is usable; the others are recorded as problems.
+fn slice_endpoint_list(
+    slice: &EndpointSlice,
+    family: Option<IpFamily>,
+    names: &mut Names,
+    problems: &mut Problems,
+) -> Vec<Endpoint> {
     let mut endpoints = Vec::with_capacity(slice.endpoints.len());
     for (index, endpoint) in slice.endpoints.iter().enumerate() {
-        let Some(text) = endpoint.addresses.first() else {
-            problems.push(
-                format_args!("endpoints[{index}].addresses"),
-                "must not be empty",
-            );
-            continue;
-        };
-        let path = format_args!("endpoints[{index}].addresses[0]");
-        let ip = match parse_ip(text) {
-            Ok(ip) => ip,
-            Err(error) => {
-                problems.push(path, format_args!("{text:?} {error}"));
-                continue;
-            }
-        };
-        if let Some(family) = family
-            && IpFamily::of(&ip) != family
-        {
-            problems.push(
-                path,
-                format_args!(
-                    "{text:?} is not an {} address (addressType {})",
-                    family.api_name(),
-                    family.api_name()
-                ),
-            );
-            continue;
+        if let Some(ip) = first_address(index, endpoint, family, problems) {
+            endpoints.push(slice_endpoint(endpoint, ip, names));
         }
-        let conditions = endpoint.conditions.as_ref();
-        // API semantics: unknown readiness means ready; serving defaults to ready.
-        let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
-        let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
-        let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
-        let hints = endpoint.hints.as_ref();
-        endpoints.push(Endpoint {
-            ip,
-            port: 0,
-            ready,
-            serving,
-            terminating,
-            node_name: endpoint.node_name.as_deref().map(|name| names.get(name)),
-            zone: endpoint.zone.as_deref().map(|zone| names.get(zone)),
-            zone_hints: hint_names(hints, |h| {
-                h.for_zones
-                    .iter()
-                    .flatten()
-                    .map(|zone| zone.name.clone())
-                    .collect()
-            }),
-            node_hints: hint_names(hints, |h| {
-                h.for_nodes
-                    .iter()
-                    .flatten()
-                    .map(|node| node.name.clone())
-                    .collect()
-            }),
-            is_local: false,
-        });
     }
+    endpoints
+}
 
-    problems.into_result("EndpointSlice", namespace, name)?;
-    let Some(family) = family else {
-        // Unreachable: an unknown addressType was recorded as a problem above.
-        return Ok(None);
+/// An endpoint's first address, if it parses and is of the slice's `family` (unchecked when
+/// the family is unknown: that is a problem of its own).
+fn first_address(
+    index: usize,
+    endpoint: &ApiEndpoint,
+    family: Option<IpFamily>,
+    problems: &mut Problems,
+) -> Option<IpAddr> {
+    let Some(text) = endpoint.addresses.first() else {
+        problems.push(
+            format_args!("endpoints[{index}].addresses"),
+            "must not be empty",
+        );
+        return None;
     };
-    Ok(Some(SliceEndpoints {
-        service: ServiceName {
-            namespace: names.get(namespace),
-            name: names.get(service),
-        },
-        family,
-        ports,
-        endpoints,
-    }))
+    let path = format_args!("endpoints[{index}].addresses[0]");
+    let ip = match parse_ip(text) {
+        Ok(ip) => ip,
+        Err(error) => {
+            problems.push(path, format_args!("{text:?} {error}"));
+            return None;
+        }
+    };
+    if let Some(family) = family
+        && IpFamily::of(&ip) != family
+    {
+        problems.push(
+            path,
+            format_args!(
+                "{text:?} is not an {} address (addressType {})",
+                family.api_name(),
+                family.api_name()
+            ),
+        );
+        return None;
+    }
+    Some(ip)
+}
+
+/// The model's endpoint at `ip`, with the API's condition defaults; port and locality are
+/// filled in when merging.
+fn slice_endpoint(endpoint: &ApiEndpoint, ip: IpAddr, names: &mut Names) -> Endpoint {
+    let conditions = endpoint.conditions.as_ref();
+    // API semantics: unknown readiness means ready; serving defaults to ready.
+    let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+    let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
+    let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+    let hints = endpoint.hints.as_ref();
+    Endpoint {
+        ip,
+        port: 0,
+        ready,
+        serving,
+        terminating,
+        node_name: endpoint.node_name.as_deref().map(|name| names.get(name)),
+        zone: endpoint.zone.as_deref().map(|zone| names.get(zone)),
+        zone_hints: hint_names(hints, |h| {
+            h.for_zones
+                .iter()
+                .flatten()
+                .map(|zone| zone.name.clone())
+                .collect()
+        }),
+        node_hints: hint_names(hints, |h| {
+            h.for_nodes
+                .iter()
+                .flatten()
+                .map(|node| node.name.clone())
+                .collect()
+        }),
+        is_local: false,
+    }
 }
 
 /// Hint names, or `None` when there are none (an empty hint list is no hint, as upstream).
