@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{Service, ServicePort as ApiServicePort, ServiceSpec};
 
 use super::parse::{parse_cidr, parse_ip};
 use super::{
@@ -43,58 +43,154 @@ pub fn service_ports_with(
     if service_type == "ExternalName" {
         return Ok(None);
     }
-    // `clusterIPs[0]` always equals `clusterIP` when both are set; older objects may only
-    // have `clusterIP`.
-    let (cluster_ip_field, cluster_ip_texts): (&str, Vec<&String>) = match &spec.cluster_ips {
-        Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().collect()),
-        _ => ("spec.clusterIP", spec.cluster_ip.iter().collect()),
+    let Some((cluster_ip_field, cluster_ip_texts)) = cluster_ip_texts(spec) else {
+        return Ok(None);
     };
-    match cluster_ip_texts.first() {
-        None => return Ok(None),
-        Some(primary) if primary.is_empty() || primary.as_str() == "None" => return Ok(None),
-        Some(_) => {}
-    }
 
     let mut problems = Problems::default();
     if name.is_empty() {
         problems.push("metadata.name", "must not be empty");
     }
-
-    let cluster_ips = cluster_ips(cluster_ip_field, &cluster_ip_texts, &mut problems);
-    let external_ips = ip_list(
-        "spec.externalIPs",
-        spec.external_ips.as_deref().unwrap_or_default(),
+    let wide = ServiceWide::new(
+        service,
+        spec,
+        service_type,
+        (cluster_ip_field, &cluster_ip_texts),
         &mut problems,
     );
-    let load_balancer_ips = load_balancer_ips(service, &mut problems);
-    let load_balancer_source_ranges = source_ranges(spec, &mut problems);
-    let session_affinity = session_affinity(spec, &mut problems);
+    let service_name = ServiceName {
+        namespace: names.get(namespace),
+        name: names.get(name),
+    };
+    let mut ports = spec_ports(spec, &service_name, &wide, names, &mut problems);
 
-    // As upstream: eTP only counts for services that accept external traffic at all.
+    problems.into_result("Service", namespace, name)?;
+    // The tracker keeps this for every service: no spare room (a `ServicePort` is ~200 bytes).
+    ports.shrink_to_fit();
+    ports.shrink_to_fit();
+    Ok(Some(ports))
+}
+
+/// The ClusterIP field to read and its texts, or `None` for a headless service or one
+/// without a ClusterIP (ignored, not validated).
+fn cluster_ip_texts(spec: &ServiceSpec) -> Option<(&'static str, Vec<&String>)> {
+    // `clusterIPs[0]` always equals `clusterIP` when both are set; older objects may only
+    // have `clusterIP`.
+    let (field, texts): (&'static str, Vec<&String>) = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().collect()),
+        _ => ("spec.clusterIP", spec.cluster_ip.iter().collect()),
+    };
+    let primary = texts.first()?;
+    if primary.is_empty() || primary.as_str() == "None" {
+        return None;
+    }
+    Some((field, texts))
+}
+
+/// What every port of one Service shares: its addresses and policies.
+struct ServiceWide {
+    cluster_ips: Vec<IpAddr>,
+    external_ips: Vec<IpAddr>,
+    load_balancer_ips: Vec<IpAddr>,
+    load_balancer_source_ranges: Vec<IpNet>,
+    session_affinity: Option<SessionAffinity>,
+    external_policy_local: bool,
+    internal_policy_local: bool,
+    health_check_node_port: Option<u16>,
+}
+
+impl ServiceWide {
+    /// Read the service-wide fields, recording each invalid one in `problems`, in field
+    /// order.
+    fn new(
+        service: &Service,
+        spec: &ServiceSpec,
+        service_type: &str,
+        (cluster_ip_field, cluster_ip_texts): (&str, &[&String]),
+        problems: &mut Problems,
+    ) -> Self {
+        let cluster_ips = cluster_ips(cluster_ip_field, cluster_ip_texts, problems);
+        let external_ips = ip_list(
+            "spec.externalIPs",
+            spec.external_ips.as_deref().unwrap_or_default(),
+            problems,
+        );
+        let load_balancer_ips = load_balancer_ips(service, problems);
+        let load_balancer_source_ranges = source_ranges(spec, problems);
+        let session_affinity = session_affinity(spec, problems);
+        let external_policy_local = external_policy_local(spec, service_type, &external_ips);
+        let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+        let health_check_node_port =
+            health_check_node_port(spec, service_type, external_policy_local, problems);
+        Self {
+            cluster_ips,
+            external_ips,
+            load_balancer_ips,
+            load_balancer_source_ranges,
+            session_affinity,
+            external_policy_local,
+            internal_policy_local,
+            health_check_node_port,
+        }
+    }
+
+    /// One port of the service.
+    fn port(&self, name: ServicePortName, port: u16, node_port: Option<u16>) -> ServicePort {
+        ServicePort {
+            name,
+            cluster_ips: self.cluster_ips.clone(),
+            port,
+            node_port,
+            external_ips: self.external_ips.clone(),
+            load_balancer_ips: self.load_balancer_ips.clone(),
+            load_balancer_source_ranges: self.load_balancer_source_ranges.clone(),
+            session_affinity: self.session_affinity,
+            external_policy_local: self.external_policy_local,
+            internal_policy_local: self.internal_policy_local,
+            health_check_node_port: self.health_check_node_port,
+        }
+    }
+}
+
+/// `externalTrafficPolicy: Local`, which counts only for a service that accepts external
+/// traffic at all (as upstream).
+fn external_policy_local(spec: &ServiceSpec, service_type: &str, external_ips: &[IpAddr]) -> bool {
     let externally_accessible_type = match service_type {
         "LoadBalancer" | "NodePort" => true,
         "ClusterIP" => !external_ips.is_empty(),
         _ => false,
     };
-    let external_policy_local =
-        externally_accessible_type && spec.external_traffic_policy.as_deref() == Some("Local");
-    let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-    let health_check_node_port = if service_type == "LoadBalancer" && external_policy_local {
-        match spec.health_check_node_port {
-            // Upstream logs and carries on without a health check.
-            None | Some(0) => None,
-            Some(port) => port_number(port)
-                .map_err(|message| problems.push("spec.healthCheckNodePort", message))
-                .ok(),
-        }
-    } else {
-        None
-    };
+    externally_accessible_type && spec.external_traffic_policy.as_deref() == Some("Local")
+}
 
-    let service_name = ServiceName {
-        namespace: names.get(namespace),
-        name: names.get(name),
-    };
+/// The health-check node port, which only an eTP Local LoadBalancer service has.
+fn health_check_node_port(
+    spec: &ServiceSpec,
+    service_type: &str,
+    external_policy_local: bool,
+    problems: &mut Problems,
+) -> Option<u16> {
+    if service_type != "LoadBalancer" || !external_policy_local {
+        return None;
+    }
+    match spec.health_check_node_port {
+        // Upstream logs and carries on without a health check.
+        None | Some(0) => None,
+        Some(port) => port_number(port)
+            .map_err(|message| problems.push("spec.healthCheckNodePort", message))
+            .ok(),
+    }
+}
+
+/// The spec's ports, each with the service-wide fields; ports with a problem are recorded
+/// and left out.
+fn spec_ports(
+    spec: &ServiceSpec,
+    service_name: &ServiceName,
+    wide: &ServiceWide,
+    names: &mut Names,
+    problems: &mut Problems,
+) -> Vec<ServicePort> {
     // Sized up front, as the slices' lists: the tracker keeps this vector, and one pushed
     // element would get room for four.
     let mut ports = Vec::with_capacity(spec.ports.as_ref().map_or(0, Vec::len));
@@ -103,6 +199,45 @@ pub fn service_ports_with(
     for (index, port) in spec.ports.iter().flatten().enumerate() {
         let path = format!("spec.ports[{index}]");
         let port_name = port.name.as_deref().unwrap_or_default();
+        let fields = PortFields::parse(&path, port, problems);
+        let Some(protocol) = fields.protocol else {
+            continue;
+        };
+        if let Some(first) = seen.get(&(port_name, protocol)) {
+            problems.push(
+                &path,
+                format_args!(
+                    "duplicate port name {port_name:?} with protocol {} (also spec.ports[{first}])",
+                    protocol.api_name()
+                ),
+            );
+            continue;
+        }
+        seen.insert((port_name, protocol), index);
+        let (Some(number), Some(node_port)) = (fields.number, fields.node_port) else {
+            continue;
+        };
+        let name = ServicePortName {
+            service: service_name.clone(),
+            port: names.get(port_name),
+            protocol,
+        };
+        ports.push(wide.port(name, number, node_port));
+    }
+    ports
+}
+
+/// One port entry's own fields, each `None` when invalid (and recorded as a problem).
+struct PortFields {
+    protocol: Option<Protocol>,
+    number: Option<u16>,
+    /// `Some(None)`: valid, no node port.
+    node_port: Option<Option<u16>>,
+}
+
+impl PortFields {
+    /// Read the entry at `path`, recording its problems in field order.
+    fn parse(path: &str, port: &ApiServicePort, problems: &mut Problems) -> Self {
         let protocol = match port.protocol.as_deref() {
             None => Some(Protocol::Tcp),
             Some(text) => {
@@ -126,45 +261,12 @@ pub fn service_ports_with(
                 .map_err(|message| problems.push(format_args!("{path}.nodePort"), message))
                 .ok(),
         };
-        let Some(protocol) = protocol else { continue };
-        if let Some(first) = seen.get(&(port_name, protocol)) {
-            problems.push(
-                &path,
-                format_args!(
-                    "duplicate port name {port_name:?} with protocol {} (also spec.ports[{first}])",
-                    protocol.api_name()
-                ),
-            );
-            continue;
-        }
-        seen.insert((port_name, protocol), index);
-        let (Some(number), Some(node_port)) = (number, node_port) else {
-            continue;
-        };
-        ports.push(ServicePort {
-            name: ServicePortName {
-                service: service_name.clone(),
-                port: names.get(port_name),
-                protocol,
-            },
-            cluster_ips: cluster_ips.clone(),
-            port: number,
+        Self {
+            protocol,
+            number,
             node_port,
-            external_ips: external_ips.clone(),
-            load_balancer_ips: load_balancer_ips.clone(),
-            load_balancer_source_ranges: load_balancer_source_ranges.clone(),
-            session_affinity,
-            external_policy_local,
-            internal_policy_local,
-            health_check_node_port,
-        });
+        }
     }
-
-    problems.into_result("Service", namespace, name)?;
-    // The tracker keeps this for every service: no spare room (a `ServicePort` is ~200 bytes).
-    ports.shrink_to_fit();
-    ports.shrink_to_fit();
-    Ok(Some(ports))
 }
 
 /// The ClusterIPs, at most one per family (dual-stack), in API order.
