@@ -67,7 +67,6 @@ pub fn service_ports_with(
     problems.into_result("Service", namespace, name)?;
     // The tracker keeps this for every service: no spare room (a `ServicePort` is ~200 bytes).
     ports.shrink_to_fit();
-    ports.shrink_to_fit();
     Ok(Some(ports))
 }
 
