@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::backend::{Backend, SyncKind, SyncRequest};
+use crate::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use crate::event::{ObjectEvent, SourceEvent};
 use crate::foreign::{Activity, Backoff, Check, ForeignChange, ForeignEvent, SETTLE};
 use crate::health::{ProxyHealth, ServiceHealth, ServiceHealthMap};
@@ -595,21 +595,7 @@ impl<B: Backend> Proxier<B> {
     async fn sync(&mut self, reason: RunReason, started: Instant) -> bool {
         let begin = Instant::now();
         if self.tracker.has_pending() {
-            let update = self.tracker.apply(Arc::make_mut(&mut self.state));
-            for error in &update.invalid {
-                warn!(%error, "skipping invalid object");
-                self.metrics
-                    .invalid_objects
-                    .get_or_create(&KindLabel { kind: error.kind })
-                    .inc();
-            }
-            self.unsynced_changed.extend(update.changed);
-            self.unsynced_conntrack |= update.conntrack_cleanup_required;
-            self.unsynced_trigger_times.extend(update.trigger_times);
-            if update.node_labels_changed {
-                info!("node labels changed; next sync is full");
-                self.force_full = true;
-            }
+            self.apply_recorded();
         }
         self.set_pending_gauges();
         self.set_no_local_endpoints();
@@ -619,6 +605,54 @@ impl<B: Backend> Proxier<B> {
             SyncKind::Partial
         };
         let applied = Instant::now();
+        let result = self.sync_backend(kind).await;
+        let times = SyncTimes {
+            started,
+            begin,
+            applied,
+            end: Instant::now(),
+        };
+        match result {
+            Ok(report) => {
+                if let Some(after) = self.backend.recheck_after() {
+                    self.runner.recheck_after(after);
+                }
+                self.synced(reason, kind, report, &times);
+                true
+            }
+            Err(error) => {
+                error!(%error, ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
+                self.metrics.sync_failures.inc();
+                self.force_full = true;
+                false
+            }
+        }
+    }
+
+    /// Apply the recorded changes to the state, keeping what they ask of the backend until a
+    /// sync succeeds (a failed sync must not lose them). Invalid objects are logged, counted
+    /// and left out.
+    fn apply_recorded(&mut self) {
+        let update = self.tracker.apply(Arc::make_mut(&mut self.state));
+        for error in &update.invalid {
+            warn!(%error, "skipping invalid object");
+            self.metrics
+                .invalid_objects
+                .get_or_create(&KindLabel { kind: error.kind })
+                .inc();
+        }
+        self.unsynced_changed.extend(update.changed);
+        self.unsynced_conntrack |= update.conntrack_cleanup_required;
+        self.unsynced_trigger_times.extend(update.trigger_times);
+        if update.node_labels_changed {
+            info!("node labels changed; next sync is full");
+            self.force_full = true;
+        }
+    }
+
+    /// The backend's sync of `kind`, marked as the proxier's own writing so watchers do not
+    /// take it for another program's.
+    async fn sync_backend(&mut self, kind: SyncKind) -> Result<SyncReport, BackendError> {
         self.foreign.activity.begin();
         let result = self
             .backend
@@ -630,28 +664,53 @@ impl<B: Backend> Proxier<B> {
             })
             .await;
         self.foreign.activity.end();
-        let end = Instant::now();
-        let report = match result {
-            Ok(report) => {
-                if let Some(after) = self.backend.recheck_after() {
-                    self.runner.recheck_after(after);
-                }
-                report
-            }
-            Err(error) => {
-                error!(%error, ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
-                self.metrics.sync_failures.inc();
-                self.force_full = true;
-                return false;
-            }
-        };
+        result
+    }
 
+    /// After a successful sync of the `asked` kind: health, metrics and logs, then what the
+    /// next sync inherits (only the services the backend skipped), then publish.
+    fn synced(
+        &mut self,
+        reason: RunReason,
+        asked: SyncKind,
+        report: SyncReport,
+        times: &SyncTimes,
+    ) {
         self.health.updated();
-        if report.kind != kind {
-            debug!(asked = ?kind, ran = ?report.kind, "the backend ran the sync as another kind");
+        if report.kind != asked {
+            debug!(?asked, ran = ?report.kind, "the backend ran the sync as another kind");
         }
         let kind = report.kind;
-        let elapsed = (end - begin).as_secs_f64();
+        self.observe_sync(kind, (times.end - times.begin).as_secs_f64());
+        debug!(
+            ?reason,
+            ?kind,
+            changed = self.unsynced_changed.len(),
+            conntrack_cleanup = self.unsynced_conntrack,
+            apply = ?(times.applied - times.begin),
+            backend = ?(times.end - times.applied),
+            rules = report.rules_written,
+            "{SYNCED_LOG}"
+        );
+        if !self.synced_once {
+            self.synced_once = true;
+            self.log_first_sync(times);
+        }
+        self.force_full = false;
+        self.foreign.restore_pending = false;
+        self.unsynced_changed.clear();
+        self.unsynced_conntrack = false;
+        if !report.skipped.is_empty() {
+            warn!(skipped = ?report.skipped, "some services could not be programmed; retrying them with the next sync");
+            // Hand them to the next sync as changed, so a partial sync tries them again.
+            self.unsynced_changed.extend(report.skipped);
+        }
+        self.publish();
+    }
+
+    /// The sync metrics for a successful sync of `kind` that took `elapsed` seconds, and the
+    /// network-programming latency of every change it programmed (since the proxy started).
+    fn observe_sync(&mut self, kind: SyncKind, elapsed: f64) {
         self.metrics.sync_duration.observe(elapsed);
         match kind {
             SyncKind::Full => self.metrics.sync_full_duration.observe(elapsed),
@@ -669,40 +728,19 @@ impl<B: Backend> Proxier<B> {
                     .observe(latency.as_secs_f64());
             }
         }
+    }
 
+    /// The one info line saying the rules are in place ([`FIRST_SYNC_LOG`]).
+    fn log_first_sync(&self, times: &SyncTimes) {
         let endpoints: usize = self.state.endpoints.values().map(Vec::len).sum();
-        debug!(
-            ?reason,
-            ?kind,
-            changed = self.unsynced_changed.len(),
-            conntrack_cleanup = self.unsynced_conntrack,
-            apply = ?(applied - begin),
-            backend = ?(end - applied),
-            rules = report.rules_written,
-            "{SYNCED_LOG}"
+        info!(
+            services = self.state.service_count(),
+            service_ports = self.state.services.len(),
+            endpoints,
+            took = ?(times.end - times.begin),
+            since_start = ?(times.end - times.started),
+            "{FIRST_SYNC_LOG}"
         );
-        if !self.synced_once {
-            self.synced_once = true;
-            info!(
-                services = self.state.service_count(),
-                service_ports = self.state.services.len(),
-                endpoints,
-                took = ?(end - begin),
-                since_start = ?(end - started),
-                "{FIRST_SYNC_LOG}"
-            );
-        }
-        self.force_full = false;
-        self.foreign.restore_pending = false;
-        self.unsynced_changed.clear();
-        self.unsynced_conntrack = false;
-        if !report.skipped.is_empty() {
-            warn!(skipped = ?report.skipped, "some services could not be programmed; retrying them with the next sync");
-            // Hand them to the next sync as changed, so a partial sync tries them again.
-            self.unsynced_changed.extend(report.skipped);
-        }
-        self.publish();
-        true
     }
 
     /// Upstream's `kubeproxy_sync_proxy_rules_no_local_endpoints_total`: service ports whose
@@ -767,6 +805,18 @@ impl<B: Backend> Proxier<B> {
             modified
         });
     }
+}
+
+/// When one sync's phases began and ended, for its metrics and logs.
+struct SyncTimes {
+    /// When the proxier started running.
+    started: Instant,
+    /// When this sync began (applying recorded changes).
+    begin: Instant,
+    /// When the changes were applied and the backend was called.
+    applied: Instant,
+    /// When the backend returned.
+    end: Instant,
 }
 
 /// `deadline`, or never without one.
