@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use k8s_openapi::api::discovery::v1::{Endpoint as ApiEndpoint, EndpointHints, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{Endpoint as ApiEndpoint, EndpointSlice};
 
 use super::parse::parse_ip;
 use super::{
@@ -196,19 +196,11 @@ fn slice_endpoint(endpoint: &ApiEndpoint, ip: IpAddr, names: &mut Names) -> Endp
         terminating,
         node_name: endpoint.node_name.as_deref().map(|name| names.get(name)),
         zone: endpoint.zone.as_deref().map(|zone| names.get(zone)),
-        zone_hints: hint_names(hints, |h| {
-            h.for_zones
-                .iter()
-                .flatten()
-                .map(|zone| zone.name.clone())
-                .collect()
+        zone_hints: hint_names(hints.and_then(|h| h.for_zones.as_deref()), |zone| {
+            &zone.name
         }),
-        node_hints: hint_names(hints, |h| {
-            h.for_nodes
-                .iter()
-                .flatten()
-                .map(|node| node.name.clone())
-                .collect()
+        node_hints: hint_names(hints.and_then(|h| h.for_nodes.as_deref()), |node| {
+            &node.name
         }),
         is_local: false,
     }
@@ -217,14 +209,12 @@ fn slice_endpoint(endpoint: &ApiEndpoint, ip: IpAddr, names: &mut Names) -> Endp
 /// Hint names, or `None` when there are none (an empty hint list is no hint, as upstream).
 // Boxed on purpose: `Endpoint` holds two of these, usually `None`, in ~10^5 endpoints.
 #[allow(clippy::box_collection)]
-fn hint_names(
-    hints: Option<&EndpointHints>,
-    names: impl Fn(&EndpointHints) -> BTreeSet<String>,
+fn hint_names<T>(
+    hints: Option<&[T]>,
+    name: impl Fn(&T) -> &String,
 ) -> Option<Box<BTreeSet<String>>> {
-    hints
-        .map(names)
-        .filter(|names| !names.is_empty())
-        .map(Box::new)
+    let names: BTreeSet<String> = hints.into_iter().flatten().map(name).cloned().collect();
+    (!names.is_empty()).then(|| Box::new(names))
 }
 
 /// Merge the slices of one service into per-service-port endpoint lists, sorted and
