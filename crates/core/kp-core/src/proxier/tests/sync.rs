@@ -9,11 +9,22 @@ fn udp_service(service: &str, ip: &str) -> Service {
     fixtures::service("ns", service, spec)
 }
 
+/// A harness after the first sync of `objects`, its backend set up by `configure`.
+async fn synced(objects: Vec<SourceEvent>, configure: impl FnOnce(&FakeBackend)) -> Harness {
+    let h = Harness::start();
+    configure(&h.backend);
+    h.initialize(objects).await;
+    h
+}
+
+/// [`synced`] with service `web`.
+async fn web_synced(configure: impl FnOnce(&FakeBackend)) -> Harness {
+    synced(vec![applied(service("web", "172.30.0.41"))], configure).await
+}
+
 #[tokio::test(start_paused = true)]
 async fn conntrack_cleanup_is_asked_for_once_per_udp_change() {
-    let h = Harness::start();
-    h.initialize(vec![applied(udp_service("dns", "172.30.0.10"))])
-        .await;
+    let h = synced(vec![applied(udp_service("dns", "172.30.0.10"))], |_| {}).await;
     run_for(SYNC_PERIOD + Duration::from_millis(1)).await;
     let flags: Vec<bool> = h
         .syncs()
@@ -30,10 +41,7 @@ async fn conntrack_cleanup_is_asked_for_once_per_udp_change() {
 
 #[tokio::test(start_paused = true)]
 async fn services_the_backend_skipped_are_changed_in_the_next_sync() {
-    let h = Harness::start();
-    h.backend.skip_next(vec![name("web")]);
-    h.initialize(vec![applied(service("web", "172.30.0.41"))])
-        .await;
+    let h = web_synced(|backend| backend.skip_next(vec![name("web")])).await;
     run_for(SYNC_PERIOD + Duration::from_millis(1)).await;
     let syncs = h.syncs();
     assert_eq!(syncs.len(), 2);
@@ -44,10 +52,7 @@ async fn services_the_backend_skipped_are_changed_in_the_next_sync() {
 
 #[tokio::test(start_paused = true)]
 async fn the_backend_recheck_deadline_brings_the_next_sync_forward() {
-    let h = Harness::start();
-    h.backend.recheck_within(Duration::from_secs(5));
-    h.initialize(vec![applied(service("web", "172.30.0.41"))])
-        .await;
+    let h = web_synced(|backend| backend.recheck_within(Duration::from_secs(5))).await;
     assert_eq!(h.syncs().len(), 1);
     run_for(Duration::from_secs(6)).await;
     assert_eq!(
@@ -60,10 +65,7 @@ async fn the_backend_recheck_deadline_brings_the_next_sync_forward() {
 
 #[tokio::test(start_paused = true)]
 async fn activity_covers_the_backend_sync_only() {
-    let h = Harness::start();
-    h.backend.take(Duration::from_secs(2));
-    h.initialize(vec![applied(service("web", "172.30.0.41"))])
-        .await;
+    let h = web_synced(|backend| backend.take(Duration::from_secs(2))).await;
     assert_eq!(h.syncs().len(), 1, "the sync started");
     assert!(
         h.activity.writing_within(Duration::ZERO),
