@@ -26,7 +26,7 @@ use kp_nftnl::expr::{
     REG32_00,
 };
 use kp_nftnl::lower::{Lowered, Op};
-use kp_testbed::isolated;
+use kp_testbed::isolated::{self, sh};
 use nft_tools::{nft, unavailable};
 
 const TABLE: &str = "kp-probe";
@@ -179,11 +179,6 @@ fn add_rule(batch: &mut Batch, chain: &str, exprs: Vec<Expr>) {
     batch.push(&rule, 0);
 }
 
-fn run(program: &str, args: &[&str]) {
-    let status = Command::new(program).args(args).status().expect("run");
-    assert!(status.success(), "{program} {args:?} failed");
-}
-
 /// Which of the listeners accepts a connection to `to`: the port it says.
 fn answering_port(to: &str, listeners: &[TcpListener]) -> u16 {
     let to: SocketAddr = to.parse().expect("address");
@@ -205,25 +200,10 @@ fn a_lookup_result_in_a_concatenated_key_pins_a_client_across_addresses() {
         "a_lookup_result_in_a_concatenated_key_pins_a_client_across_addresses",
         unavailable,
         || {
-            run("ip", &["link", "set", "lo", "up"]);
-            run("ip", &["addr", "add", "10.0.0.1/32", "dev", "lo"]);
             // The service addresses only need a route; output DNAT rewrites them.
-            run(
-                "ip",
-                &[
-                    "route",
-                    "add",
-                    "10.96.0.0/16",
-                    "dev",
-                    "lo",
-                    "src",
-                    "10.0.0.1",
-                ],
-            );
-            let script = std::env::temp_dir().join(format!("kp-probe-{}.nft", std::process::id()));
-            std::fs::write(&script, SETUP).expect("write script");
-            nft(&["-f", &script.display().to_string()]);
-            let _ = std::fs::remove_file(&script);
+            sh("ip link set lo up && ip addr add 10.0.0.1/32 dev lo \
+                && ip route add 10.96.0.0/16 dev lo src 10.0.0.1");
+            sh(&format!("nft -f - <<'EOF'\n{SETUP}\nEOF"));
 
             let mut socket = NftSocket::open().expect("nf_tables socket");
             let mut batch = Batch::new(1);

@@ -63,8 +63,6 @@ pub const META_L4PROTO: u32 = 16;
 pub const CT_PROTO_DST: u32 = 12;
 /// `NFT_CT_DST_IP`: the IPv4 destination address.
 pub const CT_DST_IP: u32 = 20;
-/// `NFT_CT_DST_IP6`: the IPv6 destination address.
-pub const CT_DST_IP6: u32 = 22;
 
 /// The first of the 4-byte data registers (`NFT_REG32_00`); `REG32_00 + n` is the n-th.
 /// A concatenation is consecutive 4-byte registers, each field padded to 4 bytes, so a
@@ -182,7 +180,7 @@ pub enum Expr {
     /// Load a key of the connection's original direction (`ct original ip daddr`,
     /// `ct original proto-dst`) into `dreg`.
     CtOriginal {
-        /// `NFT_CT_*`: [`CT_DST_IP`], [`CT_DST_IP6`], [`CT_PROTO_DST`].
+        /// `NFT_CT_*`: [`CT_DST_IP`], [`CT_PROTO_DST`].
         key: u32,
         /// Destination register.
         dreg: u32,
