@@ -119,7 +119,7 @@ pub fn encode(element: &Element) -> Encoded {
 }
 
 /// Append `changes`' deletions, then its additions, to `batch`: one message per set and
-/// direction holding up to [`PER_MESSAGE`] elements. The caller creates new classes' sets
+/// direction holding up to `PER_MESSAGE` elements. The caller creates new classes' sets
 /// (`changes.classes`) before this batch is applied.
 pub fn push_changes(batch: &mut Batch, family: Family, changes: &Changes) {
     push_elements(batch, family, false, &changes.delete);

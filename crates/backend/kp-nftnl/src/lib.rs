@@ -4,7 +4,7 @@
 //! cache (hundreds of milliseconds once the table holds 100k chains) and most of a large
 //! one parsing and evaluating text. This crate sends the same transaction itself:
 //!
-//! - [`lower`] translates the renderer's typed commands ([`kp_rules::nftables::cmd`]) into
+//! - [`lower`](mod@lower) translates the renderer's typed commands ([`kp_rules::nftables::cmd`]) into
 //!   the operations and expressions nft would send for them (no text is parsed: the
 //!   renderer's `Display` of the same commands is only for `nft -f -`, snapshots and error
 //!   messages), or says which value it cannot send, so the caller can hand the transaction
