@@ -142,10 +142,7 @@ impl FixedConfig {
 
     /// The addresses NodePorts are restricted to in this family (`None`: every local one).
     fn node_port_ips(&self) -> Option<Vec<std::net::IpAddr>> {
-        match self.node_port_addresses.for_family(self.family) {
-            NodePortAddresses::All => None,
-            NodePortAddresses::Ips(ips) => Some(ips),
-        }
+        self.node_port_addresses.nftables_ips(self.family)
     }
 
     /// The match of a destination that accepts NodePorts.
