@@ -673,6 +673,7 @@ pub fn layouts_agree() {
     let mut failures = Vec::new();
     for seed in seeds() {
         let case = Case::draw(seed);
+        eprintln!("seed {seed}: {case:?}");
         match check_case(&case) {
             Ok(probes) => eprintln!("seed {seed}: {probes} probes, the layouts agree"),
             Err(report) => {
