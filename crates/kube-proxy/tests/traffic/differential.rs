@@ -98,6 +98,10 @@ struct ServiceSpec {
 impl ServiceSpec {
     fn draw(rng: &mut Rng, index: u8, dual_stack: bool) -> Self {
         let v6 = dual_stack && rng.chance(35);
+        // Not IPv6 with ClientIP affinity: the verdict-free layout's affinity record rule
+        // is beyond nft 1.0.6's registers for IPv6 keys, and that family's sync fails
+        // (docs/nftables-layout.md, "Session affinity"; issue 33 item 2 replaces it).
+        let affinity_allowed = !v6;
         let (tcp, udp) = match rng.next() % 4 {
             0 => (false, true),
             1 => (true, true),
@@ -163,7 +167,7 @@ impl ServiceSpec {
             external_ip,
             etp_local: external && rng.chance(35),
             itp_local: rng.chance(20),
-            affinity: rng.chance(25).then(|| *rng.pick(&[60, 10_800])),
+            affinity: (affinity_allowed && rng.chance(25)).then(|| *rng.pick(&[60, 10_800])),
             endpoints,
         }
     }
@@ -490,42 +494,71 @@ fn spec_probes(spec: &ServiceSpec, protocol: Protocol, out: &mut Vec<Probe>) {
 }
 
 /// A probe's answer, in terms both layouts must agree on.
-type Answer = BTreeSet<String>;
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Answer {
+    /// How the flows ended: `POD saw SOURCE` for each answer (without affinity), else the
+    /// outcome; with affinity, whether one pod answered them all.
+    kinds: BTreeSet<String>,
+    /// With affinity: the sources each answering pod saw. Which pod a client is pinned to is
+    /// chance, and the source a masqueraded flow shows depends on the pod, so only pods that
+    /// answered in both layouts are compared.
+    pinned: BTreeMap<String, BTreeSet<String>>,
+}
 
-fn answer(tally: &Tally, affinity: bool) -> Answer {
-    let mut out = BTreeSet::new();
-    for outcome in tally.outcomes() {
-        out.insert(match outcome {
-            Outcome::Answered {
-                pod,
-                seen_source,
-                client,
-                ..
-            } if !affinity => {
-                format!("{pod} saw {}", source_kind(seen_source.ip(), client.ip()))
+impl Answer {
+    fn of(tally: &Tally, affinity: bool) -> Self {
+        let mut out = Self::default();
+        for outcome in tally.outcomes() {
+            match outcome {
+                Outcome::Answered {
+                    pod,
+                    seen_source,
+                    client,
+                    ..
+                } => {
+                    let seen = source_kind(seen_source.ip(), client.ip());
+                    if affinity {
+                        out.pinned.entry(pod.clone()).or_default().insert(seen);
+                    } else {
+                        out.kinds.insert(format!("{pod} saw {seen}"));
+                    }
+                }
+                other => {
+                    out.kinds.insert(format!("{other:?}"));
+                }
             }
-            Outcome::Answered {
-                seen_source,
-                client,
-                ..
-            } => {
-                format!("a pod saw {}", source_kind(seen_source.ip(), client.ip()))
-            }
-            other => format!("{other:?}"),
-        });
-    }
-    if affinity && tally.answered() > 0 {
-        let pinned = tally.by_pod().len() == 1;
-        out.insert(
-            if pinned {
+        }
+        if affinity && tally.answered() > 0 {
+            let pinned = tally.by_pod().len() == 1;
+            let kind = if pinned {
                 "pinned to one pod"
             } else {
                 "spread over pods"
-            }
-            .to_owned(),
-        );
+            };
+            out.kinds.insert(kind.to_owned());
+        }
+        out
     }
-    out
+
+    /// Whether some flow was answered.
+    fn answered(&self) -> bool {
+        !self.pinned.is_empty() || self.kinds.iter().any(|kind| kind.contains(" saw "))
+    }
+
+    fn agrees(&self, other: &Self) -> bool {
+        self.kinds == other.kinds
+            && self
+                .pinned
+                .iter()
+                .all(|(pod, seen)| other.pinned.get(pod).is_none_or(|theirs| theirs == seen))
+    }
+
+    fn extend(&mut self, more: Self) {
+        self.kinds.extend(more.kinds);
+        for (pod, seen) in more.pinned {
+            self.pinned.entry(pod).or_default().extend(seen);
+        }
+    }
 }
 
 /// The source an endpoint saw: the client's own, or the address it was masqueraded to.
@@ -564,7 +597,7 @@ fn run_layout(case: &Case, mode: Mode, probes: &[Probe]) -> Run {
     let env = Env::start_with(mode, cluster, case.settings.flags(), &services, &[]);
     let answers = probes
         .iter()
-        .map(|probe| answer(&run_probe(&env.cluster, probe, FLOWS), probe.affinity))
+        .map(|probe| Answer::of(&run_probe(&env.cluster, probe, FLOWS), probe.affinity))
         .collect();
     Run { env, answers }
 }
@@ -577,18 +610,25 @@ fn differences(
 ) -> BTreeMap<String, (Answer, Answer)> {
     let mut out = BTreeMap::new();
     for (index, probe) in probes.iter().enumerate() {
-        if chains.answers[index] == maps.answers[index] {
+        let (a, b) = (&chains.answers[index], &maps.answers[index]);
+        if a.agrees(b) {
+            continue;
+        }
+        // Only chance among endpoints can hide a pod: a probe no endpoint answered in one
+        // layout differs for good.
+        if !(a.answered() && b.answered()) {
+            out.insert(format!("{index:02} {probe}"), (a.clone(), b.clone()));
             continue;
         }
         let (more_chains, more_maps) = std::thread::scope(|s| {
             let a = s.spawn(|| {
-                answer(
+                Answer::of(
                     &run_probe(&chains.env.cluster, probe, REPROBE_FLOWS),
                     probe.affinity,
                 )
             });
             let b = s.spawn(|| {
-                answer(
+                Answer::of(
                     &run_probe(&maps.env.cluster, probe, REPROBE_FLOWS),
                     probe.affinity,
                 )
@@ -600,7 +640,7 @@ fn differences(
         });
         chains.answers[index].extend(more_chains);
         maps.answers[index].extend(more_maps);
-        if chains.answers[index] != maps.answers[index] {
+        if !chains.answers[index].agrees(&maps.answers[index]) {
             out.insert(
                 format!("{index:02} {probe}"),
                 (chains.answers[index].clone(), maps.answers[index].clone()),
