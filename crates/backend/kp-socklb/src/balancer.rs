@@ -1,0 +1,146 @@
+//! [`Balancer`]: the [`ServiceTable`] and the maps it writes, kept in step.
+
+use std::net::SocketAddrV4;
+
+use crate::layout::ServiceKey;
+use crate::maps::{MapWriter, WriteError};
+use crate::table::ServiceTable;
+
+/// The socket load balancer's Service ports, written to `M` (the kernel's maps, or a fake).
+#[derive(Debug)]
+pub struct Balancer<M> {
+    table: ServiceTable,
+    maps: M,
+}
+
+impl<M: MapWriter> Balancer<M> {
+    /// An empty balancer writing to `maps` (which must be empty too).
+    pub fn new(maps: M) -> Self {
+        Self {
+            table: ServiceTable::default(),
+            maps,
+        }
+    }
+
+    /// Sends `key` to `endpoints` (none: refused); returns how many map writes it took. On
+    /// failure the next call for `key` rewrites it whole.
+    pub fn set(
+        &mut self,
+        key: ServiceKey,
+        endpoints: &[SocketAddrV4],
+    ) -> Result<usize, WriteError> {
+        let ops = self.table.set(key, endpoints);
+        let writes = ops.len();
+        match ops.into_iter().try_for_each(|op| self.maps.apply(op)) {
+            Ok(()) => {
+                self.table.written(key);
+                Ok(writes)
+            }
+            Err(error) => {
+                self.table.failed(key);
+                Err(error)
+            }
+        }
+    }
+
+    /// Stops translating `key` (its sockets then go to nftables mode's rules); on failure
+    /// `key` stays and the next call retries.
+    pub fn remove(&mut self, key: ServiceKey) -> Result<(), WriteError> {
+        let ops = self.table.remove(key);
+        ops.into_iter().try_for_each(|op| self.maps.apply(op))?;
+        self.table.removed(key);
+        Ok(())
+    }
+
+    /// The Service ports written.
+    pub fn table(&self) -> &ServiceTable {
+        &self.table
+    }
+
+    /// The maps, to inspect.
+    pub fn maps(&self) -> &M {
+        &self.maps
+    }
+
+    /// The maps, to change in a test (e.g. [`crate::FakeMaps::fail_write`]).
+    pub fn maps_mut(&mut self) -> &mut M {
+        &mut self.maps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kp_core::model::Protocol;
+
+    use super::*;
+    use crate::maps::{FakeMaps, Verdict};
+
+    fn key(addr: &str) -> ServiceKey {
+        ServiceKey::new(addr.parse().expect("literal"), Protocol::Tcp)
+    }
+
+    fn ep(addr: &str) -> SocketAddrV4 {
+        addr.parse().expect("literal")
+    }
+
+    #[test]
+    fn lookups_follow_the_endpoints_set() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let web = key("10.96.0.10:80");
+        lb.set(web, &[ep("10.0.0.1:8080"), ep("10.0.0.2:8080")])
+            .expect("fake");
+        let picked: Vec<_> = (0..4).map(|r| lb.maps().resolve(web, r)).collect();
+        let (a, b) = (
+            Verdict::To(ep("10.0.0.1:8080")),
+            Verdict::To(ep("10.0.0.2:8080")),
+        );
+        assert_eq!(picked, [a, b, a, b]);
+        assert_eq!(
+            lb.maps().resolve(key("10.96.0.11:80"), 0),
+            Verdict::Untouched
+        );
+        lb.set(web, &[]).expect("fake");
+        assert_eq!(lb.maps().resolve(web, 1), Verdict::Refused);
+        assert_eq!(lb.maps().sizes(), (1, 0));
+        lb.remove(web).expect("fake");
+        assert_eq!(lb.maps().resolve(web, 0), Verdict::Untouched);
+        assert_eq!(lb.maps().sizes(), (0, 0));
+    }
+
+    #[test]
+    fn a_failed_write_is_repaired_by_the_next_set() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let web = key("10.96.0.10:80");
+        let three = [ep("10.0.0.1:80"), ep("10.0.0.2:80"), ep("10.0.0.3:80")];
+        lb.maps_mut().fail_write(3);
+        assert!(
+            lb.set(web, &three).is_err(),
+            "the service entry write fails"
+        );
+        assert_eq!(
+            lb.maps().resolve(web, 0),
+            Verdict::Untouched,
+            "not visible yet"
+        );
+        let writes = lb.set(web, &three[..1]).expect("fake");
+        assert_eq!(
+            writes, 4,
+            "slot 0, the entry, then stale slots 1 and 2 deleted"
+        );
+        assert_eq!(lb.maps().sizes(), (1, 1));
+        assert_eq!(lb.maps().resolve(web, 2), Verdict::To(three[0]));
+    }
+
+    #[test]
+    fn a_failed_remove_is_retried() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let web = key("10.96.0.10:80");
+        lb.set(web, &[ep("10.0.0.1:80")]).expect("fake");
+        lb.maps_mut().fail_write(1);
+        assert!(lb.remove(web).is_err());
+        assert_eq!(lb.table().len(), 1);
+        lb.remove(web).expect("fake");
+        assert_eq!(lb.maps().sizes(), (0, 0));
+        assert!(lb.table().is_empty());
+    }
+}

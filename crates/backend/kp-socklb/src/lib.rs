@@ -1,0 +1,34 @@
+//! Socket-level load balancing: Service traffic from the node's own sockets translated once,
+//! when the socket connects, instead of per packet.
+//!
+//! cgroup `sock_addr` BPF programs (`bpf/socklb.bpf.c`, C compiled by clang in build.rs and
+//! embedded; why in docs/socket-lb.md) run on `connect()` and unconnected UDP `sendmsg()`
+//! of every socket created in a cgroup v2 directory (or below it). When the destination is a
+//! Service port in the maps, they rewrite it to one of its endpoints, so packets carry the
+//! endpoint's address from the start and conntrack holds no NAT entry; `getpeername()` and
+//! `recvmsg()` show the Service address back. A Service port without endpoints is refused
+//! (ECONNREFUSED), as nftables mode rejects it. Anything the maps do not know keeps its
+//! address and meets nftables mode's rules, which stay fully programmed.
+//!
+//! - [`layout`]: the maps' keys and values as bytes (no `unsafe`, mirrored by the C);
+//! - [`table`]: which map writes a change needs, in a safe order (sans I/O);
+//! - [`maps`]: applying them to the kernel ([`KernelMaps`]) or a [`FakeMaps`];
+//! - [`Balancer`]: the two in step;
+//! - [`program`]: loading, attaching to a cgroup, detaching on drop;
+//! - [`error`]: what this node lacks ([`Unavailable`]: kernel, capability, cgroup v2), said
+//!   exactly.
+//!
+//! IPv4 only so far (connect4, sendmsg4, recvmsg4, getpeername4).
+
+mod balancer;
+pub mod error;
+pub mod layout;
+pub mod maps;
+pub mod program;
+pub mod table;
+
+pub use balancer::Balancer;
+pub use error::{AttachError, LoadError, Unavailable};
+pub use layout::ServiceKey;
+pub use maps::{FakeMaps, KernelMaps, MapWriter, Verdict, WriteError};
+pub use program::{SocketPrograms, check_cgroup2};
