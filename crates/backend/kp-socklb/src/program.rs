@@ -76,8 +76,10 @@ impl SocketPrograms {
             };
             let program = program(&mut self.ebpf, name)
                 .map_err(|_| attach(aya::programs::ProgramError::NotLoaded))?;
+            // `Single` is flags 0, which a cgroup bpf_link needs (EINVAL otherwise); a link
+            // still runs beside other programs attached to the cgroup, as with ALLOW_MULTI.
             program
-                .attach(&dir, CgroupAttachMode::AllowMultiple)
+                .attach(&dir, CgroupAttachMode::Single)
                 .map_err(attach)?;
         }
         self.attached = Some(cgroup.to_owned());
