@@ -69,6 +69,7 @@ fn setup_installs_what_the_test_suites_run() {
         ("conntrack", "conntrack"),
         ("ipset", "ipset"),
         ("cc", "build-essential"),
+        ("clang", "clang"),
     ] {
         assert!(
             setup.contains(&format!("[{command}]={package}")),
@@ -76,4 +77,5 @@ fn setup_installs_what_the_test_suites_run() {
         );
     }
     assert!(setup.contains("busybox-static"), "the VM's static busybox");
+    assert!(setup.contains("libbpf-dev"), "the BPF programs' headers (kp-socklb)");
 }

@@ -1,10 +1,27 @@
 //! [`Balancer`]: the [`ServiceTable`] and the maps it writes, kept in step.
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use crate::layout::ServiceKey;
 use crate::maps::{MapWriter, WriteError};
 use crate::table::ServiceTable;
+
+/// Why [`Balancer::set`] did not (fully) apply.
+#[derive(Debug, thiserror::Error)]
+pub enum SetError {
+    /// An endpoint of the other family than the Service address: a caller's bug (the plan
+    /// gives each family its own list). Nothing was written.
+    #[error("endpoint {endpoint} is not of the family of Service port {}", key.addr)]
+    Family {
+        /// The Service port.
+        key: ServiceKey,
+        /// The endpoint.
+        endpoint: SocketAddr,
+    },
+    /// A map write failed; the next set of the key rewrites it whole.
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
 
 /// The socket load balancer's Service ports, written to `M` (the kernel's maps, or a fake).
 #[derive(Debug)]
@@ -24,11 +41,10 @@ impl<M: MapWriter> Balancer<M> {
 
     /// Sends `key` to `endpoints` (none: refused); returns how many map writes it took. On
     /// failure the next call for `key` rewrites it whole.
-    pub fn set(
-        &mut self,
-        key: ServiceKey,
-        endpoints: &[SocketAddrV4],
-    ) -> Result<usize, WriteError> {
+    pub fn set(&mut self, key: ServiceKey, endpoints: &[SocketAddr]) -> Result<usize, SetError> {
+        if let Some(&endpoint) = endpoints.iter().find(|e| e.is_ipv6() != key.addr.is_ipv6()) {
+            return Err(SetError::Family { key, endpoint });
+        }
         let ops = self.table.set(key, endpoints);
         let writes = ops.len();
         match ops.into_iter().try_for_each(|op| self.maps.apply(op)) {
@@ -38,7 +54,7 @@ impl<M: MapWriter> Balancer<M> {
             }
             Err(error) => {
                 self.table.failed(key);
-                Err(error)
+                Err(error.into())
             }
         }
     }
@@ -79,7 +95,7 @@ mod tests {
         ServiceKey::new(addr.parse().expect("literal"), Protocol::Tcp)
     }
 
-    fn ep(addr: &str) -> SocketAddrV4 {
+    fn ep(addr: &str) -> SocketAddr {
         addr.parse().expect("literal")
     }
 
@@ -129,6 +145,20 @@ mod tests {
         );
         assert_eq!(lb.maps().sizes(), (1, 1));
         assert_eq!(lb.maps().resolve(web, 2), Verdict::To(three[0]));
+    }
+
+    #[test]
+    fn families_have_their_own_slots_and_do_not_mix() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let four = key("10.96.0.10:80");
+        let six = key("[fd00::10]:80");
+        lb.set(four, &[ep("10.0.0.1:80")]).expect("fake");
+        lb.set(six, &[ep("[fd00::1]:80")]).expect("fake");
+        assert_eq!(lb.maps().resolve(six, 0), Verdict::To(ep("[fd00::1]:80")));
+        assert_eq!(lb.maps().resolve(four, 0), Verdict::To(ep("10.0.0.1:80")));
+        let mixed = lb.set(six, &[ep("10.0.0.2:80")]);
+        assert!(matches!(mixed, Err(SetError::Family { .. })), "{mixed:?}");
+        assert_eq!(lb.maps().resolve(six, 0), Verdict::To(ep("[fd00::1]:80")));
     }
 
     #[test]

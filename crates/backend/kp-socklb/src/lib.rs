@@ -18,7 +18,7 @@
 //! - [`error`]: what this node lacks ([`Unavailable`]: kernel, capability, cgroup v2), said
 //!   exactly.
 //!
-//! IPv4 only so far (connect4, sendmsg4, recvmsg4, getpeername4).
+//! Both families: connect4/6, sendmsg4/6, recvmsg4/6, getpeername4/6.
 
 mod balancer;
 pub mod error;
@@ -27,7 +27,7 @@ pub mod maps;
 pub mod program;
 pub mod table;
 
-pub use balancer::Balancer;
+pub use balancer::{Balancer, SetError};
 pub use error::{AttachError, LoadError, Unavailable};
 pub use layout::ServiceKey;
 pub use maps::{FakeMaps, KernelMaps, MapWriter, Verdict, WriteError};

@@ -2,11 +2,14 @@
 //! holds the same bytes and answers a lookup as the programs would, for tests anywhere.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
+use kp_core::model::IpFamily;
 
-use crate::layout::{ServiceEntry, ServiceKey, SlotKey, endpoint_bytes, endpoint_from_bytes};
+use crate::layout::{
+    Bytes, ServiceEntry, ServiceKey, SlotKey, endpoint_bytes, endpoint_from_bytes,
+};
 use crate::table::MapOp;
 
 /// A map write that failed.
@@ -15,9 +18,9 @@ use crate::table::MapOp;
 pub struct WriteError {
     /// The write.
     pub op: MapOp,
-    /// The kernel's answer.
+    /// The kernel's answer (boxed: aya's error is large, and writes are frequent).
     #[source]
-    pub source: MapError,
+    pub source: Box<MapError>,
 }
 
 /// Where [`MapOp`]s are written.
@@ -26,34 +29,53 @@ pub trait MapWriter {
     fn apply(&mut self, op: MapOp) -> Result<(), WriteError>;
 }
 
-/// The loaded programs' `kp_services` and `kp_slots`.
+/// A BPF hash map with fixed-size byte keys and values.
+pub(crate) type ByteMap<const K: usize, const V: usize> = BpfHashMap<MapData, [u8; K], [u8; V]>;
+
+/// The loaded programs' service and slot maps, for each family.
 #[derive(Debug)]
 pub struct KernelMaps {
-    pub(crate) services: BpfHashMap<MapData, [u8; 8], [u8; 8]>,
-    pub(crate) slots: BpfHashMap<MapData, [u8; 8], [u8; 8]>,
+    pub(crate) services: ByteMap<8, 8>,
+    pub(crate) slots: ByteMap<8, 8>,
+    pub(crate) services6: ByteMap<20, 8>,
+    pub(crate) slots6: ByteMap<8, 20>,
 }
 
 impl KernelMaps {
-    /// How many Service ports `kp_services` holds (read from the kernel).
+    /// How many Service ports the service maps hold (read from the kernel).
     pub fn service_count(&self) -> usize {
-        self.services.keys().filter(Result::is_ok).count()
+        let four = self.services.keys().filter(Result::is_ok).count();
+        four + self.services6.keys().filter(Result::is_ok).count()
+    }
+
+    fn write(&mut self, op: MapOp) -> Result<(), MapError> {
+        match op {
+            MapOp::PutSlot { key, endpoint } => match endpoint_bytes(endpoint) {
+                Bytes::V4(value) => self.slots.insert(key.to_bytes(), value, 0),
+                Bytes::V6(value) => self.slots6.insert(key.to_bytes(), value, 0),
+            },
+            MapOp::DeleteSlot { key, family } => absent_is_fine(match family {
+                IpFamily::V4 => self.slots.remove(&key.to_bytes()),
+                IpFamily::V6 => self.slots6.remove(&key.to_bytes()),
+            }),
+            MapOp::PutService { key, entry } => match key.to_bytes() {
+                Bytes::V4(bytes) => self.services.insert(bytes, entry.to_bytes(), 0),
+                Bytes::V6(bytes) => self.services6.insert(bytes, entry.to_bytes(), 0),
+            },
+            MapOp::DeleteService(key) => absent_is_fine(match key.to_bytes() {
+                Bytes::V4(bytes) => self.services.remove(&bytes),
+                Bytes::V6(bytes) => self.services6.remove(&bytes),
+            }),
+        }
     }
 }
 
 impl MapWriter for KernelMaps {
     fn apply(&mut self, op: MapOp) -> Result<(), WriteError> {
-        let result = match op {
-            MapOp::PutSlot { key, endpoint } => {
-                self.slots
-                    .insert(key.to_bytes(), endpoint_bytes(endpoint), 0)
-            }
-            MapOp::DeleteSlot(key) => absent_is_fine(self.slots.remove(&key.to_bytes())),
-            MapOp::PutService { key, entry } => {
-                self.services.insert(key.to_bytes(), entry.to_bytes(), 0)
-            }
-            MapOp::DeleteService(key) => absent_is_fine(self.services.remove(&key.to_bytes())),
-        };
-        result.map_err(|source| WriteError { op, source })
+        self.write(op).map_err(|source| WriteError {
+            op,
+            source: Box::new(source),
+        })
     }
 }
 
@@ -72,8 +94,9 @@ fn absent_is_fine(result: Result<(), MapError>) -> Result<(), MapError> {
 /// The maps' contents as the kernel would hold them, byte for byte.
 #[derive(Debug, Default)]
 pub struct FakeMaps {
-    services: BTreeMap<[u8; 8], [u8; 8]>,
-    slots: BTreeMap<[u8; 8], [u8; 8]>,
+    services: BTreeMap<Bytes, [u8; 8]>,
+    /// Keyed by family and slot key.
+    slots: BTreeMap<(IpFamily, [u8; 8]), Bytes>,
     /// Writes to fail (by position among all writes) and how many were made.
     fail_at: Option<usize>,
     writes: usize,
@@ -87,7 +110,7 @@ pub enum Verdict {
     /// A Service port without endpoints: the call fails with ECONNREFUSED.
     Refused,
     /// Rewritten to this endpoint.
-    To(SocketAddrV4),
+    To(SocketAddr),
 }
 
 impl FakeMaps {
@@ -109,7 +132,7 @@ impl FakeMaps {
             id: entry.id,
             slot: random % entry.count,
         };
-        match self.slots.get(&slot.to_bytes()) {
+        match self.slots.get(&(key.family(), slot.to_bytes())) {
             Some(bytes) => Verdict::To(endpoint_from_bytes(*bytes)),
             None => Verdict::Untouched,
         }
@@ -126,15 +149,17 @@ impl MapWriter for FakeMaps {
         let this = self.writes;
         self.writes += 1;
         if self.fail_at == Some(this) {
-            let source = MapError::KeyNotFound;
+            let source = Box::new(MapError::KeyNotFound);
             return Err(WriteError { op, source });
         }
         match op {
             MapOp::PutSlot { key, endpoint } => {
-                self.slots.insert(key.to_bytes(), endpoint_bytes(endpoint));
+                let family = IpFamily::of(&endpoint.ip());
+                self.slots
+                    .insert((family, key.to_bytes()), endpoint_bytes(endpoint));
             }
-            MapOp::DeleteSlot(key) => {
-                self.slots.remove(&key.to_bytes());
+            MapOp::DeleteSlot { key, family } => {
+                self.slots.remove(&(family, key.to_bytes()));
             }
             MapOp::PutService { key, entry } => {
                 self.services.insert(key.to_bytes(), entry.to_bytes());

@@ -13,18 +13,22 @@ use aya::{Ebpf, EbpfLoader};
 use crate::error::{
     AttachError, CGROUP2_SUPER_MAGIC, LoadError, Unavailable, kernel_is_recent, permission_denied,
 };
-use crate::layout::{SERVICES_MAP, SLOTS_MAP};
-use crate::maps::KernelMaps;
+use crate::layout::{SERVICES_MAP, SERVICES6_MAP, SLOTS_MAP, SLOTS6_MAP};
+use crate::maps::{ByteMap, KernelMaps};
 
 /// `bpf/socklb.bpf.c`, compiled by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socklb.bpf.o"));
 
 /// Each program's function name and hook.
-pub const PROGRAMS: [(&str, CgroupSockAddrAttachType); 4] = [
+pub const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
     ("kp_connect4", CgroupSockAddrAttachType::Connect4),
     ("kp_sendmsg4", CgroupSockAddrAttachType::UDPSendMsg4),
     ("kp_recvmsg4", CgroupSockAddrAttachType::UDPRecvMsg4),
     ("kp_getpeername4", CgroupSockAddrAttachType::GetPeerName4),
+    ("kp_connect6", CgroupSockAddrAttachType::Connect6),
+    ("kp_sendmsg6", CgroupSockAddrAttachType::UDPSendMsg6),
+    ("kp_recvmsg6", CgroupSockAddrAttachType::UDPRecvMsg6),
+    ("kp_getpeername6", CgroupSockAddrAttachType::GetPeerName6),
 ];
 
 /// The programs, loaded; attached to at most one cgroup.
@@ -49,6 +53,8 @@ impl SocketPrograms {
         let maps = KernelMaps {
             services: take_map(&mut ebpf, SERVICES_MAP)?,
             slots: take_map(&mut ebpf, SLOTS_MAP)?,
+            services6: take_map(&mut ebpf, SERVICES6_MAP)?,
+            slots6: take_map(&mut ebpf, SLOTS6_MAP)?,
         };
         Ok((
             Self {
@@ -154,10 +160,10 @@ fn program<'a>(
     }
 }
 
-fn take_map(
+fn take_map<const K: usize, const V: usize>(
     ebpf: &mut Ebpf,
     name: &'static str,
-) -> Result<BpfHashMap<aya::maps::MapData, [u8; 8], [u8; 8]>, LoadError> {
+) -> Result<ByteMap<K, V>, LoadError> {
     let map = ebpf
         .take_map(name)
         .ok_or(LoadError::Missing { what: "map", name })?;

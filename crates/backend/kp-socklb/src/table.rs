@@ -7,7 +7,9 @@
 //! alone, and nftables mode's rules serve it.
 
 use std::collections::HashMap;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
+
+use kp_core::model::IpFamily;
 
 use crate::layout::{ServiceEntry, ServiceKey, SlotKey};
 
@@ -18,11 +20,16 @@ pub enum MapOp {
     PutSlot {
         /// The slot.
         key: SlotKey,
-        /// The endpoint it holds.
-        endpoint: SocketAddrV4,
+        /// The endpoint it holds (its family picks the slots map).
+        endpoint: SocketAddr,
     },
     /// Remove a slot (absent already is fine).
-    DeleteSlot(SlotKey),
+    DeleteSlot {
+        /// The slot.
+        key: SlotKey,
+        /// Whose slots map.
+        family: IpFamily,
+    },
     /// `kp_services[key] = entry`.
     PutService {
         /// The Service port.
@@ -38,7 +45,7 @@ pub enum MapOp {
 #[derive(Clone, Debug)]
 struct Placed {
     id: u32,
-    endpoints: Vec<SocketAddrV4>,
+    endpoints: Vec<SocketAddr>,
     /// The maps are known to hold `endpoints` (false after a failed write).
     in_sync: bool,
     /// Slots `0..high` may hold something.
@@ -57,7 +64,7 @@ impl ServiceTable {
     /// The writes that make `key` send to `endpoints` (sorted and deduplicated: each
     /// endpoint one slot, equally likely; none means refused), in a safe order. Call
     /// [`Self::written`] or [`Self::failed`] once they were applied or not.
-    pub fn set(&mut self, key: ServiceKey, endpoints: &[SocketAddrV4]) -> Vec<MapOp> {
+    pub fn set(&mut self, key: ServiceKey, endpoints: &[SocketAddr]) -> Vec<MapOp> {
         let mut wanted = endpoints.to_vec();
         wanted.sort_unstable();
         wanted.dedup();
@@ -84,9 +91,12 @@ impl ServiceTable {
         let Some(placed) = self.services.get(&key) else {
             return Vec::new();
         };
-        let id = placed.id;
-        let slots = (0..placed.high.max(count(placed.endpoints.len())))
-            .map(|slot| MapOp::DeleteSlot(SlotKey { id, slot }));
+        let (id, family) = (placed.id, key.family());
+        let slots =
+            (0..placed.high.max(count(placed.endpoints.len()))).map(|slot| MapOp::DeleteSlot {
+                key: SlotKey { id, slot },
+                family,
+            });
         std::iter::once(MapOp::DeleteService(key))
             .chain(slots)
             .collect()
@@ -116,7 +126,7 @@ impl ServiceTable {
     }
 
     /// The endpoints `key` sends to, if it is here.
-    pub fn endpoints(&self, key: ServiceKey) -> Option<&[SocketAddrV4]> {
+    pub fn endpoints(&self, key: ServiceKey) -> Option<&[SocketAddr]> {
         self.services.get(&key).map(|p| p.endpoints.as_slice())
     }
 
@@ -137,7 +147,7 @@ impl ServiceTable {
     }
 }
 
-fn pending(id: u32, endpoints: Vec<SocketAddrV4>, high: u32) -> Placed {
+fn pending(id: u32, endpoints: Vec<SocketAddr>, high: u32) -> Placed {
     Placed {
         id,
         endpoints,
@@ -152,7 +162,7 @@ fn count(len: usize) -> u32 {
 }
 
 /// Puts for the slots of `new` that differ from `old` (all of them unless `trusted`).
-fn slot_writes(id: u32, old: &[SocketAddrV4], new: &[SocketAddrV4], trusted: bool) -> Vec<MapOp> {
+fn slot_writes(id: u32, old: &[SocketAddr], new: &[SocketAddr], trusted: bool) -> Vec<MapOp> {
     new.iter()
         .enumerate()
         .filter(|&(slot, endpoint)| !trusted || old.get(slot) != Some(endpoint))
@@ -173,7 +183,11 @@ fn with_entry(mut ops: Vec<MapOp>, key: ServiceKey, id: u32, len: usize, high: u
         key,
         entry: ServiceEntry { id, count: len },
     });
-    ops.extend((len..high).map(|slot| MapOp::DeleteSlot(SlotKey { id, slot })));
+    let family = key.family();
+    ops.extend((len..high).map(|slot| MapOp::DeleteSlot {
+        key: SlotKey { id, slot },
+        family,
+    }));
     ops
 }
 
@@ -187,7 +201,7 @@ mod tests {
         ServiceKey::new("10.96.0.10:80".parse().expect("literal"), Protocol::Tcp)
     }
 
-    fn eps(list: &[&str]) -> Vec<SocketAddrV4> {
+    fn eps(list: &[&str]) -> Vec<SocketAddr> {
         list.iter().map(|e| e.parse().expect("literal")).collect()
     }
 
@@ -231,7 +245,10 @@ mod tests {
         table.set(key(), &eps(&["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"]));
         table.written(key());
         let ops = table.set(key(), &eps(&["10.0.0.1:80"]));
-        let delete = |slot| MapOp::DeleteSlot(SlotKey { id: 0, slot });
+        let delete = |slot| MapOp::DeleteSlot {
+            key: SlotKey { id: 0, slot },
+            family: IpFamily::V4,
+        };
         assert_eq!(ops, [entry(0, 1), delete(1), delete(2)]);
     }
 
@@ -247,7 +264,10 @@ mod tests {
         table.set(key(), &eps(&["10.0.0.1:80", "10.0.0.2:80"]));
         table.failed(key());
         let ops = table.set(key(), &eps(&["10.0.0.1:80"]));
-        let delete = MapOp::DeleteSlot(SlotKey { id: 0, slot: 1 });
+        let delete = MapOp::DeleteSlot {
+            key: SlotKey { id: 0, slot: 1 },
+            family: IpFamily::V4,
+        };
         assert_eq!(ops, [put(0, 0, "10.0.0.1:80"), entry(0, 1), delete]);
     }
 
@@ -257,7 +277,10 @@ mod tests {
         table.set(key(), &eps(&["10.0.0.1:80"]));
         table.written(key());
         let ops = table.remove(key());
-        let delete = MapOp::DeleteSlot(SlotKey { id: 0, slot: 0 });
+        let delete = MapOp::DeleteSlot {
+            key: SlotKey { id: 0, slot: 0 },
+            family: IpFamily::V4,
+        };
         assert_eq!(ops, [MapOp::DeleteService(key()), delete]);
         assert_eq!(table.len(), 1, "kept until the deletes are applied");
         table.removed(key());

@@ -6,7 +6,7 @@
 //! nftables rule, sockets made inside meet the programs, and each answer names its endpoint.
 
 use std::io::{BufRead, BufReader, ErrorKind};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use kp_core::model::Protocol;
@@ -21,6 +21,10 @@ const B: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 4);
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 /// A Service port without endpoints.
 const EMPTY_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+/// Endpoint "a" and a ClusterIP of an IPv6 Service.
+const A6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 3);
+const CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
+const EMPTY_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x11);
 const CGROUP_PREFIX: &str = "kp-socklb-test-";
 const WAIT: Duration = Duration::from_secs(2);
 
@@ -55,13 +59,13 @@ table ip kpt {
 }
 EOF");
     for endpoint in [A, B] {
-        tcp_server(SocketAddrV4::new(endpoint, 8080));
-        udp_server(SocketAddrV4::new(endpoint, 5353));
+        tcp_server(at(endpoint, 8080));
+        udp_server(at(endpoint, 5353));
     }
 }
 
 /// Greets each connection with its own address.
-fn tcp_server(addr: SocketAddrV4) {
+fn tcp_server(addr: SocketAddr) {
     let listener = TcpListener::bind(addr).expect("bind endpoint");
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
@@ -72,7 +76,7 @@ fn tcp_server(addr: SocketAddrV4) {
 }
 
 /// Answers each datagram with its own address.
-fn udp_server(addr: SocketAddrV4) {
+fn udp_server(addr: SocketAddr) {
     let socket = UdpSocket::bind(addr).expect("bind endpoint");
     std::thread::spawn(move || {
         let mut buf = [0u8; 64];
@@ -83,8 +87,8 @@ fn udp_server(addr: SocketAddrV4) {
 }
 
 /// Who answered a TCP connection to `addr`, and the connection's local port.
-fn tcp_answer(addr: SocketAddrV4) -> (String, TcpStream) {
-    let stream = TcpStream::connect_timeout(&addr.into(), WAIT).expect("connect");
+fn tcp_answer(addr: SocketAddr) -> (String, TcpStream) {
+    let stream = TcpStream::connect_timeout(&addr, WAIT).expect("connect");
     stream.set_read_timeout(Some(WAIT)).expect("timeout");
     let mut line = String::new();
     BufReader::new(&stream)
@@ -111,8 +115,12 @@ fn attach() -> Attached {
     }
 }
 
-fn service(ip: Ipv4Addr, port: u16, protocol: Protocol) -> ServiceKey {
-    ServiceKey::new(SocketAddrV4::new(ip, port), protocol)
+fn at(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+fn service(ip: impl Into<IpAddr>, port: u16, protocol: Protocol) -> ServiceKey {
+    ServiceKey::new(at(ip, port), protocol)
 }
 
 /// conntrack's entries for flows from local port `sport` (one line each).
@@ -132,7 +140,7 @@ fn tcp_to_a_cluster_ip_reaches_the_endpoint_without_nat() {
         unavailable,
         || {
             node();
-            let svc = SocketAddrV4::new(CLUSTER_IP, 80);
+            let svc = at(CLUSTER_IP, 80);
             // The control: outside the cgroup, nftables' DNAT to b, seen by conntrack.
             let (who, control) = tcp_answer(svc);
             assert_eq!(who, "10.244.1.4:8080");
@@ -142,7 +150,7 @@ fn tcp_to_a_cluster_ip_reaches_the_endpoint_without_nat() {
             assert!(natted.contains("src=10.244.1.4"), "{natted}");
 
             let mut node = attach();
-            let a = SocketAddrV4::new(A, 8080);
+            let a = at(A, 8080);
             node.lb
                 .set(service(CLUSTER_IP, 80, Protocol::Tcp), &[a])
                 .expect("set");
@@ -150,7 +158,7 @@ fn tcp_to_a_cluster_ip_reaches_the_endpoint_without_nat() {
             let (who, stream) = tcp_answer(svc);
             assert_eq!(who, a.to_string(), "translated by connect4, not nftables");
             // getpeername4: the application sees the Service address.
-            assert_eq!(stream.peer_addr().expect("peer"), SocketAddr::from(svc));
+            assert_eq!(stream.peer_addr().expect("peer"), svc);
             let sport = stream.local_addr().expect("local").port();
             let entries = conntrack_from("tcp", sport);
             assert_eq!(entries.len(), 1, "{entries:?}");
@@ -170,8 +178,8 @@ fn udp_replies_come_from_the_service_address() {
         unavailable,
         || {
             node();
-            let svc = SocketAddrV4::new(CLUSTER_IP, 53);
-            let a = SocketAddrV4::new(A, 5353);
+            let svc = at(CLUSTER_IP, 53);
+            let a = at(A, 5353);
             let mut node = attach();
             node.lb
                 .set(service(CLUSTER_IP, 53, Protocol::Udp), &[a])
@@ -190,7 +198,7 @@ fn udp_replies_come_from_the_service_address() {
                     a.to_string().as_bytes(),
                     "sent to a by sendmsg4"
                 );
-                assert_eq!(from, SocketAddr::from(svc), "reply shown from the Service");
+                assert_eq!(from, svc, "reply shown from the Service");
             }
             let sport = socket.local_addr().expect("local").port();
             let entries = conntrack_from("udp", sport);
@@ -204,7 +212,7 @@ fn udp_replies_come_from_the_service_address() {
             let connected = UdpSocket::bind("0.0.0.0:0").expect("bind");
             connected.set_read_timeout(Some(WAIT)).expect("timeout");
             connected.connect(svc).expect("connect");
-            assert_eq!(connected.peer_addr().expect("peer"), SocketAddr::from(svc));
+            assert_eq!(connected.peer_addr().expect("peer"), svc);
             connected.send(b"q").expect("send");
             let len = connected.recv(&mut buf).expect("reply");
             assert_eq!(&buf[..len], a.to_string().as_bytes());
@@ -228,17 +236,13 @@ fn a_service_without_endpoints_is_refused() {
                 .expect("set");
             node.cgroup.enter().expect("enter cgroup");
             // Without the programs the SYN would vanish out of the veth (timed out).
-            let tcp = TcpStream::connect_timeout(&SocketAddrV4::new(EMPTY_IP, 80).into(), WAIT);
+            let tcp = TcpStream::connect_timeout(&at(EMPTY_IP, 80), WAIT);
             let error = tcp.expect_err("refused");
             assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
             let socket = UdpSocket::bind("0.0.0.0:0").expect("bind");
-            let error = socket
-                .send_to(b"q", SocketAddrV4::new(EMPTY_IP, 53))
-                .expect_err("refused");
+            let error = socket.send_to(b"q", at(EMPTY_IP, 53)).expect_err("refused");
             assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
-            let error = socket
-                .connect(SocketAddrV4::new(EMPTY_IP, 53))
-                .expect_err("refused");
+            let error = socket.connect(at(EMPTY_IP, 53)).expect_err("refused");
             assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
         },
     );
@@ -251,8 +255,8 @@ fn connections_spread_over_the_endpoints_and_follow_updates() {
         unavailable,
         || {
             node();
-            let svc = SocketAddrV4::new(EMPTY_IP, 80);
-            let (a, b) = (SocketAddrV4::new(A, 8080), SocketAddrV4::new(B, 8080));
+            let svc = at(EMPTY_IP, 80);
+            let (a, b) = (at(A, 8080), at(B, 8080));
             let key = service(EMPTY_IP, 80, Protocol::Tcp);
             let mut node = attach();
             node.lb.set(key, &[a, b]).expect("set");
@@ -272,7 +276,7 @@ fn connections_spread_over_the_endpoints_and_follow_updates() {
             }
             node.lb.remove(key).expect("remove");
             // Not a Service port any more: the address stays (its SYN vanishes out of the veth).
-            let error = TcpStream::connect_timeout(&svc.into(), Duration::from_millis(300))
+            let error = TcpStream::connect_timeout(&svc, Duration::from_millis(300))
                 .expect_err("not translated");
             assert_eq!(error.kind(), ErrorKind::TimedOut, "{error}");
         },
@@ -286,8 +290,8 @@ fn dropping_the_programs_detaches_and_unloads_them() {
         unavailable,
         || {
             node();
-            let svc = SocketAddrV4::new(CLUSTER_IP, 80);
-            let a = SocketAddrV4::new(A, 8080);
+            let svc = at(CLUSTER_IP, 80);
+            let a = at(A, 8080);
             let Attached {
                 mut cgroup,
                 programs,
@@ -298,7 +302,7 @@ fn dropping_the_programs_detaches_and_unloads_them() {
             cgroup.enter().expect("enter cgroup");
             assert_eq!(tcp_answer(svc).0, a.to_string());
             let ids = programs.program_ids();
-            assert_eq!(ids.len(), 4, "{ids:?}");
+            assert_eq!(ids.len(), 8, "{ids:?}");
             assert!(ids.iter().all(|id| loaded(*id)), "{ids:?}");
             drop(programs);
             drop(lb);
@@ -306,6 +310,48 @@ fn dropping_the_programs_detaches_and_unloads_them() {
             assert_eq!(tcp_answer(svc).0, "10.244.1.4:8080");
             let left: Vec<u32> = ids.into_iter().filter(|id| loaded(*id)).collect();
             assert!(left.is_empty(), "still loaded: {left:?}");
+        },
+    );
+}
+
+#[test]
+fn ipv6_tcp_and_udp_reach_the_endpoint_and_show_the_service() {
+    isolated::run(
+        "ipv6_tcp_and_udp_reach_the_endpoint_and_show_the_service",
+        unavailable,
+        || {
+            node();
+            sh("ip addr add fd00:10:244:1::3/128 dev lo nodad \
+                && ip route add fd00:96::/112 dev kpv0");
+            let (tcp, udp) = (at(A6, 8080), at(A6, 5353));
+            tcp_server(tcp);
+            udp_server(udp);
+            let mut node = attach();
+            node.lb
+                .set(service(CLUSTER_IP6, 80, Protocol::Tcp), &[tcp])
+                .expect("set");
+            node.lb
+                .set(service(CLUSTER_IP6, 53, Protocol::Udp), &[udp])
+                .expect("set");
+            node.lb
+                .set(service(EMPTY_IP6, 80, Protocol::Tcp), &[])
+                .expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+
+            let svc = at(CLUSTER_IP6, 80);
+            let (who, stream) = tcp_answer(svc);
+            assert_eq!(who, tcp.to_string(), "translated by connect6");
+            assert_eq!(stream.peer_addr().expect("peer"), svc, "getpeername6");
+            let socket = UdpSocket::bind("[::]:0").expect("bind");
+            socket.set_read_timeout(Some(WAIT)).expect("timeout");
+            let svc = at(CLUSTER_IP6, 53);
+            socket.send_to(b"q", svc).expect("send_to");
+            let mut buf = [0u8; 64];
+            let (len, from) = socket.recv_from(&mut buf).expect("reply");
+            assert_eq!(&buf[..len], udp.to_string().as_bytes(), "sendmsg6");
+            assert_eq!(from, svc, "recvmsg6");
+            let error = TcpStream::connect_timeout(&at(EMPTY_IP6, 80), WAIT).expect_err("refused");
+            assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
         },
     );
 }
