@@ -65,6 +65,14 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $sudo apt-get update -q
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+# CI's gates beyond the tests (docs/testing.md, "What CI runs"): rustup's formatter and
+# linter, and cargo-deny from crates.io, built once (a few minutes) when missing.
+if [ "${1:-}" = "--tests" ]; then
+  for component in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
+  done
+  command -v cargo-deny >/dev/null 2>&1 || cargo install --locked cargo-deny
+fi
 # The Windows binary's standard library: rustup's, for the one target the test builds.
 if [ "${1:-}" = "--tests" ] && ! rustc --print target-libdir --target x86_64-pc-windows-gnu 2>/dev/null | xargs test -d; then
   rustup target add x86_64-pc-windows-gnu

@@ -528,7 +528,7 @@ fn additions(desired: &LayoutState) -> impl Iterator<Item = (Vec<Element>, Vec<E
 }
 
 /// A full sync's element transactions: one when it fits in [`STEP`]; else replacements
-/// (same key, new data: deleted and added together) and additions in [`add_rank`] order,
+/// (same key, new data: deleted and added together) and additions in `add_rank` order,
 /// then deletions in the reverse order.
 pub fn steps(mut changes: Changes) -> Vec<(Vec<Element>, Vec<Element>)> {
     // Moved, not copied: a first sync's additions are every element of the table.
