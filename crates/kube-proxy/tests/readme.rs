@@ -95,7 +95,10 @@ fn setup_installs_what_the_test_suites_run() {
         );
     }
     assert!(setup.contains("busybox-static"), "the VM's static busybox");
-    assert!(setup.contains("libbpf-dev"), "the BPF programs' headers (kp-socklb)");
+    assert!(
+        setup.contains("libbpf-dev"),
+        "the BPF programs' headers (kp-socklb)"
+    );
     // CI's gates: the licence and source check is not part of rustup's toolchain.
     assert!(
         setup.contains("cargo install --locked cargo-deny"),

@@ -1,5 +1,6 @@
 //! [`Balancer`]: the [`ServiceTable`] and the maps it writes, kept in step.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use crate::layout::ServiceKey;
@@ -21,6 +22,15 @@ pub enum SetError {
     /// A map write failed; the next set of the key rewrites it whole.
     #[error(transparent)]
     Write(#[from] WriteError),
+}
+
+/// What [`Balancer::sync`] did.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    /// Map writes made setting ports (removals are not counted).
+    pub writes: usize,
+    /// Service ports not (fully) written, with why.
+    pub failed: Vec<(ServiceKey, SetError)>,
 }
 
 /// The socket load balancer's Service ports, written to `M` (the kernel's maps, or a fake).
@@ -66,6 +76,30 @@ impl<M: MapWriter> Balancer<M> {
         ops.into_iter().try_for_each(|op| self.maps.apply(op))?;
         self.table.removed(key);
         Ok(())
+    }
+
+    /// Makes the maps hold exactly `desired` ([`crate::desired()`]'s answer): unchanged
+    /// ports cost no write. A port that fails is reported and the others are still written;
+    /// the next sync retries it.
+    pub fn sync(&mut self, desired: &BTreeMap<ServiceKey, Vec<SocketAddr>>) -> SyncReport {
+        let mut report = SyncReport::default();
+        let gone: Vec<ServiceKey> = self
+            .table
+            .keys()
+            .filter(|k| !desired.contains_key(k))
+            .collect();
+        for key in gone {
+            if let Err(error) = self.remove(key) {
+                report.failed.push((key, error.into()));
+            }
+        }
+        for (&key, endpoints) in desired {
+            match self.set(key, endpoints) {
+                Ok(writes) => report.writes += writes,
+                Err(error) => report.failed.push((key, error)),
+            }
+        }
+        report
     }
 
     /// The Service ports written.
@@ -159,6 +193,29 @@ mod tests {
         let mixed = lb.set(six, &[ep("10.0.0.2:80")]);
         assert!(matches!(mixed, Err(SetError::Family { .. })), "{mixed:?}");
         assert_eq!(lb.maps().resolve(six, 0), Verdict::To(ep("[fd00::1]:80")));
+    }
+
+    #[test]
+    fn sync_writes_only_the_difference() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let (web, dns) = (key("10.96.0.10:80"), key("10.96.0.11:80"));
+        let mut desired = BTreeMap::from([(web, vec![ep("10.0.0.1:80")]), (dns, vec![])]);
+        let first = lb.sync(&desired);
+        assert_eq!(
+            (first.writes, first.failed.len()),
+            (3, 0),
+            "a slot and two entries"
+        );
+        assert_eq!(lb.sync(&desired).writes, 0, "nothing changed");
+        desired.remove(&dns);
+        desired.insert(web, vec![ep("10.0.0.1:80"), ep("10.0.0.2:80")]);
+        let second = lb.sync(&desired);
+        assert_eq!(
+            second.writes, 2,
+            "one slot and web's count; dns removed apart"
+        );
+        assert_eq!(lb.maps().resolve(dns, 0), Verdict::Untouched);
+        assert_eq!(lb.maps().resolve(web, 1), Verdict::To(ep("10.0.0.2:80")));
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! (ECONNREFUSED), as nftables mode rejects it. Anything the maps do not know keeps its
 //! address and meets nftables mode's rules, which stay fully programmed.
 //!
+//! - [`desired`](mod@desired): what the maps should hold for a proxy state, from the plan nftables
+//!   mode renders (so both dataplanes make one decision);
 //! - [`layout`]: the maps' keys and values as bytes (no `unsafe`, mirrored by the C);
 //! - [`table`]: which map writes a change needs, in a safe order (sans I/O);
 //! - [`maps`]: applying them to the kernel ([`KernelMaps`]) or a [`FakeMaps`];
@@ -21,13 +23,15 @@
 //! Both families: connect4/6, sendmsg4/6, recvmsg4/6, getpeername4/6.
 
 mod balancer;
+pub mod desired;
 pub mod error;
 pub mod layout;
 pub mod maps;
 pub mod program;
 pub mod table;
 
-pub use balancer::{Balancer, SetError};
+pub use balancer::{Balancer, SetError, SyncReport};
+pub use desired::desired;
 pub use error::{AttachError, LoadError, Unavailable};
 pub use layout::ServiceKey;
 pub use maps::{FakeMaps, KernelMaps, MapWriter, Verdict, WriteError};

@@ -130,6 +130,11 @@ impl ServiceTable {
         self.services.get(&key).map(|p| p.endpoints.as_slice())
     }
 
+    /// The Service ports here.
+    pub fn keys(&self) -> impl Iterator<Item = ServiceKey> + '_ {
+        self.services.keys().copied()
+    }
+
     /// How many Service ports are here.
     pub fn len(&self) -> usize {
         self.services.len()

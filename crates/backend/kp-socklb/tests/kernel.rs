@@ -356,6 +356,48 @@ fn ipv6_tcp_and_udp_reach_the_endpoint_and_show_the_service() {
     );
 }
 
+#[test]
+fn a_proxy_state_is_served_as_the_shared_plan_decides() {
+    use kp_core::testutil::{cluster_ip_port, endpoint, node_with, port_name, state_on};
+    isolated::run(
+        "a_proxy_state_is_served_as_the_shared_plan_decides",
+        unavailable,
+        || {
+            node();
+            // internalTrafficPolicy Local: a is on this node, b on another.
+            let name = port_name("ns", "local", "http", Protocol::Tcp);
+            let mut local = cluster_ip_port(name, "10.96.0.12", 80);
+            local.internal_policy_local = true;
+            let backends = vec![
+                endpoint("10.244.1.3", 8080, true),
+                endpoint("10.244.1.4", 8080, false),
+            ];
+            let empty = cluster_ip_port(
+                port_name("ns", "empty", "http", Protocol::Tcp),
+                "10.96.0.13",
+                80,
+            );
+            let state = state_on(
+                node_with(&["192.168.0.2"]),
+                vec![(local, backends), (empty, vec![])],
+            );
+            let mut node = attach();
+            let report = node.lb.sync(&kp_socklb::desired(&state));
+            assert!(report.failed.is_empty(), "{:?}", report.failed);
+            node.cgroup.enter().expect("enter cgroup");
+            for _ in 0..16 {
+                assert_eq!(
+                    tcp_answer(at(Ipv4Addr::new(10, 96, 0, 12), 80)).0,
+                    "10.244.1.3:8080"
+                );
+            }
+            let refused = TcpStream::connect_timeout(&at(Ipv4Addr::new(10, 96, 0, 13), 80), WAIT);
+            let error = refused.expect_err("no endpoints");
+            assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
+        },
+    );
+}
+
 fn loaded(id: u32) -> bool {
     aya::programs::loaded_programs()
         .flatten()
