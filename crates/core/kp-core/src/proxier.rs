@@ -89,6 +89,7 @@ pub struct ProxierConfig {
     retry_interval: Option<Duration>,
     canary_period: Option<Duration>,
     node_wait: Option<Duration>,
+    external_ips: bool,
     clock: WallClock,
 }
 
@@ -115,8 +116,16 @@ impl ProxierConfig {
             retry_interval: None,
             canary_period: None,
             node_wait: None,
+            external_ips: true,
             clock: Arc::new(SystemTime::now),
         }
+    }
+
+    /// Whether Services' `externalIPs` are programmed (upstream's `AllowServiceExternalIPs`
+    /// gate, KEP-5707; default true): false programs every Service as if it had none.
+    pub fn with_external_ips(mut self, allowed: bool) -> Self {
+        self.external_ips = allowed;
+        self
     }
 
     /// Minimum time between the end of one sync and the start of the next.
@@ -290,7 +299,7 @@ impl<B: Backend> Proxier<B> {
         };
         Ok(Self {
             foreign,
-            tracker: ChangeTracker::new(config.node_name),
+            tracker: ChangeTracker::new(config.node_name).with_external_ips(config.external_ips),
             clock: config.clock,
             backend,
             health,

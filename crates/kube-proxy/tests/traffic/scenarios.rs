@@ -487,6 +487,35 @@ pub fn external(mode: Mode) {
         assert_eq!(body["service"]["namespace"], "default", "{body}");
         assert_eq!(body["localEndpoints"], local, "{body}");
     }
+    external_ips_gated_off(env);
+}
+
+/// `AllowServiceExternalIPs=false` (KEP-5707): restarted with the gate off, the proxy's full
+/// sync takes the externalIP's rules away while the same Service's NodePort and another's
+/// LoadBalancer IP keep answering.
+fn external_ips_gated_off(mut env: Env) {
+    let mut flags = env.flags().clone();
+    flags
+        .extra
+        .push("--feature-gates=AllowServiceExternalIPs=false".to_owned());
+    env.restart_with(flags);
+    let cl = &env.cluster;
+    let ext_in = cl.external_in();
+    let outcome = cl.tcp(ext_in, ip("192.168.50.100"), 80).expect("probe");
+    assert_eq!(
+        outcome.pod(),
+        None,
+        "externalIP with AllowServiceExternalIPs=false: {outcome:?}{}",
+        env.diag()
+    );
+    for (dst, port) in [(cl.node_ip(), 30080), (ip("198.51.100.21"), 80)] {
+        let outcome = cl.tcp(ext_in, dst, port).expect("probe");
+        assert!(
+            outcome.pod().is_some(),
+            "{dst}:{port} with AllowServiceExternalIPs=false: {outcome:?}{}",
+            env.diag()
+        );
+    }
 }
 
 /// Stale UDP conntrack after an endpoint change (scenario 9, second half).
