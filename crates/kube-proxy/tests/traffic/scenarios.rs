@@ -518,7 +518,8 @@ fn external_ips_gated_off(mut env: Env) {
     }
 }
 
-/// Stale UDP conntrack after an endpoint change (scenario 9, second half).
+/// Stale UDP conntrack after an endpoint change (scenario 9, second half), after the last
+/// endpoint goes (upstream #139629) and after the Service is deleted (#141371).
 pub fn udp_endpoint_replaced(mode: Mode) {
     let c = cluster(false);
     let dns = Service::new("dns", "10.96.0.30").udp(53);
@@ -565,6 +566,17 @@ pub fn udp_endpoint_replaced(mode: Mode) {
         "the first datagram after endpoints return must be answered: {outcome:?}{}",
         env.diag()
     );
+
+    // The Service is deleted while the client keeps sending from the same port (upstream
+    // #141371): its entry must go with it, or `a`, still running, would keep answering.
+    env.delete("dns");
+    let outcome = udp_from_port(&env.cluster, &client, vip, SPORT);
+    assert_eq!(
+        outcome.pod(),
+        None,
+        "a datagram to a deleted UDP Service must reach no endpoint: {outcome:?}{}",
+        env.diag()
+    );
 }
 
 /// Services added and deleted while the proxy runs (13), and a long-lived connection across
@@ -574,7 +586,10 @@ pub fn edits_and_restart(mode: Mode) {
     let web = Service::new("web", "10.96.0.31")
         .tcp(80)
         .endpoints(&c, &["a", "b", "c"]);
-    let late = Service::new("late", "10.96.0.32")
+    // Its name starts with a digit, as the API server accepts since 1.36's
+    // RelaxedServiceNameValidation (GA 1.37): the manifests source and every mode's rules
+    // take it.
+    let late = Service::new("7late", "10.96.0.32")
         .tcp(80)
         .endpoints(&c, &["a", "c"]);
     let unrelated = Service::new("unrelated", "10.96.0.33")
@@ -621,7 +636,7 @@ pub fn edits_and_restart(mode: Mode) {
         .expect("probe");
     assert_flows(&env, "new service", &tally, &["a", "c"], kept(mode));
     // Deleted: no longer handled, as before it existed.
-    env.delete("late");
+    env.delete("7late");
     let after = env
         .cluster
         .tcp(&client, ip("10.96.0.32"), 80)
