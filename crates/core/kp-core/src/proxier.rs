@@ -241,6 +241,8 @@ pub struct Proxier<B: Backend> {
     force_full: bool,
     /// A sync has succeeded.
     synced_once: bool,
+    /// The proxy was reported unhealthy (stale syncs) and no sync has succeeded since.
+    stale_reported: bool,
     /// Changes not yet programmed by a successful sync (they survive failed syncs).
     unsynced_changed: BTreeSet<ServiceName>,
     unsynced_conntrack: bool,
@@ -311,6 +313,7 @@ impl<B: Backend> Proxier<B> {
             node_deadline: None,
             force_full: true,
             synced_once: false,
+            stale_reported: false,
             unsynced_changed: BTreeSet::new(),
             unsynced_conntrack: false,
             unsynced_trigger_times: Vec::new(),
@@ -387,6 +390,9 @@ impl<B: Backend> Proxier<B> {
                     }
                 }
                 Some(event) = self.foreign.rx.recv() => self.on_foreign(event).await,
+                () = sleep_until_some(self.health.stale_at()), if !self.stale_reported => {
+                    self.report_stale();
+                }
                 () = sleep_until_some(self.node_deadline) => {
                     warn!(
                         waited = ?self.node_wait,
@@ -493,6 +499,9 @@ impl<B: Backend> Proxier<B> {
             .inc();
         self.foreign.restore_pending = true;
         self.force_full = true;
+        // The kernel no longer holds what was programmed: health waits for the restore as
+        // for any update, so one the kernel keeps refusing turns the proxy unhealthy.
+        self.health.queued_update();
         self.backend.kernel_changed_behind_our_back();
         true
     }
@@ -589,6 +598,20 @@ impl<B: Backend> Proxier<B> {
         self.runner.request();
     }
 
+    /// The oldest pending update has waited the health timeout: `/healthz` now answers 503
+    /// (the health server reads the same state); say so once, with the reason, until a sync
+    /// succeeds.
+    fn report_stale(&mut self) {
+        let snapshot = self.health.snapshot();
+        if snapshot.healthy {
+            return;
+        }
+        self.stale_reported = true;
+        self.metrics.sync_stale.set(1);
+        let reason = snapshot.reason().unwrap_or_default();
+        error!(timeout = ?self.health.timeout(), "proxy unhealthy: {reason}");
+    }
+
     fn set_pending_gauges(&self) {
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.metrics
@@ -632,6 +655,7 @@ impl<B: Backend> Proxier<B> {
             Err(error) => {
                 error!(%error, ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
                 self.metrics.sync_failures.inc();
+                self.health.sync_failed(&error.to_string());
                 self.force_full = true;
                 false
             }
@@ -686,6 +710,11 @@ impl<B: Backend> Proxier<B> {
         times: &SyncTimes,
     ) {
         self.health.updated();
+        if self.stale_reported {
+            self.stale_reported = false;
+            self.metrics.sync_stale.set(0);
+            info!("proxy rules synced again; healthy");
+        }
         if report.kind != asked {
             debug!(?asked, ran = ?report.kind, "the backend ran the sync as another kind");
         }

@@ -68,7 +68,7 @@ fn service_port(index: u8) -> impl Strategy<Value = (ServicePort, Vec<kp_core::m
                 ),
                 (
                     Some(60),
-                    [index % 2 == 0, false],
+                    [index.is_multiple_of(2), false],
                     Some(31000 + u16::from(index)),
                 ),
             );
