@@ -245,6 +245,11 @@ pub async fn run<B: Backend + 'static>(
         info: MetricsInfo {
             proxy_mode: mode.to_string(),
             configz: serde_json::to_value(&config).context("encoding /configz")?,
+            zpages: Some(crate::zpages::pages(
+                &config,
+                std::env::args_os(),
+                std::time::SystemTime::now(),
+            )),
         },
         service_health: proxier.service_health(),
         explainer: explainer(

@@ -20,6 +20,7 @@ mod node_ips;
 mod notices;
 #[cfg(not(target_os = "linux"))]
 mod win;
+mod zpages;
 
 use std::process::ExitCode;
 

@@ -328,6 +328,9 @@ pub const FEATURE_GATES: &[(&str, GateTreatment)] = &[
     ("KubeProxyIPVS", GateTreatment::Effective),
     // KEP-5707: false programs no externalIPs.
     ("AllowServiceExternalIPs", GateTreatment::Effective),
+    // 1.36 beta: false takes /statusz, /flagz off the metrics server.
+    ("ComponentStatusz", GateTreatment::Effective),
+    ("ComponentFlagz", GateTreatment::Effective),
     // 1.37 beta: upstream's nftables mode may write over netlink; ours always does.
     ("NFTablesNetlink", GateTreatment::AlwaysOn),
     ("WinDSR", GateTreatment::NoEffect(WINDOWS)),

@@ -306,7 +306,13 @@ pub fn enabled(gates: &std::collections::BTreeMap<String, bool>, name: &str) -> 
 }
 
 /// The gates this project acts on whose upstream default is true.
-pub const DEFAULT_ON: [&str; 2] = ["KubeProxyIPVS", "AllowServiceExternalIPs"];
+pub const DEFAULT_ON: [&str; 4] = [
+    "KubeProxyIPVS",
+    "AllowServiceExternalIPs",
+    // Beta in 1.36 (KEP-4827, KEP-4828).
+    "ComponentStatusz",
+    "ComponentFlagz",
+];
 
 /// How upstream judges `name` set to `value`: `None` when accepted, else its error message.
 pub fn upstream_refusal(name: &str, value: bool) -> Option<String> {

@@ -221,11 +221,20 @@ fn wall_clock(at: Instant, now: Instant, wall_now: SystemTime) -> SystemTime {
 
 /// RFC 3339 in UTC with only the fractional digits needed, as Go's `time.Time` JSON
 /// (`RFC3339Nano`) encodes a UTC time.
-fn rfc3339(at: SystemTime) -> String {
+pub(crate) fn rfc3339(at: SystemTime) -> String {
     match jiff::Timestamp::try_from(at) {
         Ok(ts) => ts.to_string(),
         Err(_) => GO_ZERO_TIME.to_owned(),
     }
+}
+
+/// `at` to the second, as a Kubernetes `metav1.Time` is written.
+pub(crate) fn rfc3339_seconds(at: SystemTime) -> String {
+    let whole = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(d.as_secs()))
+        .unwrap_or(at);
+    rfc3339(whole)
 }
 
 #[cfg(test)]
