@@ -21,6 +21,15 @@ async fn serve(fake: &FakeApiServer, listener: TcpListener) {
     });
 }
 
+/// A fake API server serving on a port of its own.
+async fn serving() -> (FakeApiServer, SocketAddr) {
+    let fake = FakeApiServer::new(1);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    serve(&fake, listener).await;
+    (fake, addr)
+}
+
 fn deprecation() -> NodeEvent {
     NodeEvent {
         kind: EventType::Warning,
@@ -32,10 +41,7 @@ fn deprecation() -> NodeEvent {
 
 #[tokio::test]
 async fn an_event_reaches_the_server_in_upstreams_shape() {
-    let fake = FakeApiServer::new(1);
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("address");
-    serve(&fake, listener).await;
+    let (fake, addr) = serving().await;
     let events = NodeEvents::new(client(addr), "node-a", "host-a");
     let before = SystemTime::now();
     events.post(&deprecation()).await.expect("posted");
@@ -88,10 +94,7 @@ async fn a_server_that_does_not_answer_yet_gets_the_event_when_it_does() {
 
 #[tokio::test]
 async fn an_answer_from_the_server_is_final() {
-    let fake = FakeApiServer::new(1);
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("address");
-    serve(&fake, listener).await;
+    let (fake, addr) = serving().await;
     fake.refuse_events(1);
     let events =
         NodeEvents::new(client(addr), "node-a", "host-a").retry(5, Duration::from_millis(10));

@@ -27,18 +27,7 @@ fn info() -> MetricsInfo {
 #[tokio::test]
 async fn statusz_and_flagz_negotiate_as_upstream() {
     let pages = info_pages();
-    let served = MetricsInfo {
-        zpages: Some(pages),
-        ..info()
-    };
-    let (listener, addr) = local_listener().await;
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(serve_metrics(
-        listener,
-        Arc::new(Registry::default()),
-        served,
-        shutdown.clone(),
-    ));
+    let (addr, shutdown, task) = serve_pages(pages).await;
     let with = |path: &'static str, accept: &'static str| async move {
         common::request_with(addr, "GET", path, &[("Accept", accept)])
             .await
@@ -126,18 +115,7 @@ async fn statusz_and_flagz_negotiate_as_upstream() {
         flagz: false,
         ..info_pages()
     };
-    let (listener, addr) = local_listener().await;
-    let shutdown = CancellationToken::new();
-    let served = MetricsInfo {
-        zpages: Some(pages),
-        ..info()
-    };
-    let task = tokio::spawn(serve_metrics(
-        listener,
-        Arc::new(Registry::default()),
-        served,
-        shutdown.clone(),
-    ));
+    let (addr, shutdown, task) = serve_pages(pages).await;
     assert_eq!(get(addr, "/flagz").await.status, 404);
     let text = get(addr, "/statusz").await;
     assert!(
@@ -148,6 +126,29 @@ async fn statusz_and_flagz_negotiate_as_upstream() {
     );
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+}
+
+/// The metrics server with `pages`, on a port of its own.
+async fn serve_pages(
+    pages: kp_server::zpages::ZpageInfo,
+) -> (
+    std::net::SocketAddr,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), kp_server::ServerError>>,
+) {
+    let served = MetricsInfo {
+        zpages: Some(pages),
+        ..info()
+    };
+    let (listener, addr) = local_listener().await;
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(serve_metrics(
+        listener,
+        Arc::new(Registry::default()),
+        served,
+        shutdown.clone(),
+    ));
+    (addr, shutdown, task)
 }
 
 fn info_pages() -> kp_server::zpages::ZpageInfo {
