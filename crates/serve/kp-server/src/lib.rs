@@ -27,6 +27,7 @@ pub mod explain;
 pub mod health;
 pub mod metrics;
 pub mod service_health;
+pub mod zpages;
 
 use std::future::IntoFuture;
 use std::io;
