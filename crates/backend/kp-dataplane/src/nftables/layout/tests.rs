@@ -493,9 +493,16 @@ async fn one_endpoint_more_finds_its_class_ready_and_the_next_is_written_after()
         Class::Count(Slots::ShortCircuit, 1),
         Class::Count(Slots::ShortCircuit, 2),
     ] {
-        assert!(ready.contains(&class), "{class:?} ready after a full sync: {ready:?}");
+        assert!(
+            ready.contains(&class),
+            "{class:?} ready after a full sync: {ready:?}"
+        );
     }
-    assert_eq!(backend.recheck_after(), None, "nothing waits after a full sync");
+    assert_eq!(
+        backend.recheck_after(),
+        None,
+        "nothing waits after a full sync"
+    );
 
     sync(&mut backend, &b_with(2), SyncKind::Partial, &changed("b")).await;
     assert!(scripts(&io).is_empty(), "no nft -f: {:?}", scripts(&io));
@@ -503,7 +510,13 @@ async fn one_endpoint_more_finds_its_class_ready_and_the_next_is_written_after()
     // slots-3 is now a neighbour in use: written by the sync the recheck asks for.
     assert_eq!(backend.recheck_after(), Some(READY_AFTER));
     io.clear_calls();
-    sync(&mut backend, &b_with(2), SyncKind::Partial, &BTreeSet::new()).await;
+    sync(
+        &mut backend,
+        &b_with(2),
+        SyncKind::Partial,
+        &BTreeSet::new(),
+    )
+    .await;
     let scripts = scripts(&io);
     assert_eq!(scripts.len(), 1, "{scripts:?}");
     assert!(
