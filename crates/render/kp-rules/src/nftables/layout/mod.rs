@@ -31,7 +31,7 @@ use std::net::IpAddr;
 use kp_core::model::{IpFamily, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
 
-pub use element::{Element, Entry, EntrySet, SetOf, Slots};
+pub use element::{AffinityPort, AffinitySet, Element, Entry, EntrySet, PinList, SetOf, Slots};
 pub use fixed::{
     FixedConfig, change_script, delete_classes_script, fixed_part, replace_table_script,
 };
