@@ -565,6 +565,13 @@ mod tests {
         assert_eq!(nodeport.key, vec![132, 0, 0, 0, 0x75, 0x30, 0, 0]);
     }
 
+    fn nodeport_sctp() -> Entry {
+        Entry::NodePort {
+            proto: Protocol::Sctp,
+            port: 30132,
+        }
+    }
+
     #[test]
     fn decoding_reads_back_what_encoding_wrote() {
         use kp_rules::nftables::layout::EntrySet;
@@ -610,6 +617,32 @@ mod tests {
             let back = decode(of, Family::Ipv6, &encode(&element));
             assert_eq!(back.as_ref(), Some(&element), "{set}");
         }
+        let port = kp_rules::nftables::layout::AffinityPort::new(
+            &kp_core::model::ServicePortName {
+                service: kp_core::model::ServiceName {
+                    namespace: "ns".into(),
+                    name: "web".into(),
+                },
+                port: "".into(),
+                protocol: Protocol::Sctp,
+            },
+            10800,
+        );
+        use kp_rules::nftables::layout::{AffinitySet, PinList};
+        for element in [
+            Element::AffinityEntry(port, AffinitySet::Record, entry),
+            Element::AffinityEntry(port, AffinitySet::ShortCircuit, nodeport_sctp()),
+            Element::AffinityEndpoint(port, PinList::Local, v6, 8443),
+        ] {
+            let set = element.set_name();
+            let of = SetOf::parse(&set).expect("a set of the layout");
+            let back = decode(of, Family::Ipv6, &encode(&element));
+            assert_eq!(back.as_ref(), Some(&element), "{set}");
+        }
+        // An entry of another protocol than its port's is not ours.
+        let udp = Element::AffinityEntry(port, AffinitySet::Cluster, nodeport);
+        let of = SetOf::parse(&udp.set_name()).expect("a set of the layout");
+        assert_eq!(decode(of, Family::Ipv6, &encode(&udp)), None);
         // A key of the wrong length is not an element of ours.
         let mut short = encode(&Element::ClusterIp(v6));
         short.key.pop();

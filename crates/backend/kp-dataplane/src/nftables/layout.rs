@@ -20,15 +20,15 @@
 //!   generation before and after says whether anyone else committed meanwhile, unheard; if
 //!   so the sync runs again, full, reading both tables back.
 //! - **Partial**: the difference of the changed services' elements, over netlink in one
-//!   transaction; a new slot count or affinity timeout (its set and rules) or a changed
+//!   transaction; a new slot count or affinity service port (its sets and rules) or a changed
 //!   ServiceCIDR list makes that transaction `nft -f` text instead.
 //!
 //! A failed transaction changes nothing in the kernel: the bookkeeping stays, the failure is
 //! counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and the next sync is
 //! full (and reads the table back, since steps of a large one may have been applied).
 //!
-//! Clients pinned (ClientIP affinity) to an endpoint whose last slot a sync removed are
-//! deleted from the affinity maps right after it. The fixed part is still `nft -f` text
+//! Clients pinned (ClientIP affinity) to an endpoint a sync removed from a service port's
+//! list are deleted from that port's affinity maps right after it. The fixed part is still `nft -f` text
 //! (written only when the classes in use change).
 
 #[cfg(any(test, feature = "test-util"))]

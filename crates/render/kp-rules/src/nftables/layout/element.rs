@@ -259,7 +259,7 @@ pub fn entry_set_name(set: EntrySet, node_port: bool) -> String {
     }
 }
 
-/// The protocols a service port has; each has its own endpoint and affinity maps (see
+/// The protocols a service port has; each has its own endpoint maps (see
 /// [`slot_map_name`]).
 pub const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 

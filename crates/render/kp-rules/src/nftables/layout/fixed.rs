@@ -4,7 +4,7 @@
 //!
 //! Every rule that carries a verdict, `dnat`, `mark set` or `masquerade` is here, so only
 //! a transaction that writes this part (a full sync, or the first use of a slot count or
-//! affinity timeout) makes the kernel validate the table, and then the table is these few
+//! affinity service port) makes the kernel validate the table, and then the table is these few
 //! chains.
 
 use ipnet::IpNet;
@@ -45,8 +45,8 @@ pub const PICK: &str = "pick";
 /// Clients an affinity map holds at most (nft's default, 65535, would silently stop
 /// recording on a busy service).
 const AFFINITY_SIZE: u32 = 1 << 20;
-/// `nat-postrouting` jumps here before masquerading: one rule per affinity timeout and
-/// protocol records the endpoint a new connection got.
+/// `nat-postrouting` jumps here before masquerading: each affinity service port's rules record
+/// the endpoint a new connection got.
 pub const AFFINITY_RECORD: &str = "affinity-record";
 
 /// The chains only this layout has (its base chains, `masquerading` and

@@ -15,7 +15,7 @@
 //!   full or partial sync, computed from the changed ports only, or of a repair from what
 //!   the kernel was read back to hold;
 //! - [`fixed`]: the fixed chains and rules, one set and rule group per slot count or
-//!   affinity timeout in use, and the `nft -f` text of a transaction (and of replacing a
+//!   affinity service port in use, and the `nft -f` text of a transaction (and of replacing a
 //!   table of another layout).
 
 pub mod element;

@@ -14,7 +14,7 @@ use kp_core::model::{Protocol, ServiceName, ServicePortName};
 
 use super::element::{AffinityPort, Element, Entry, EntrySet, SetOf, Slots};
 
-/// A slot count or affinity timeout in use: each has its sets and fixed rules, written the
+/// A slot count or affinity service port in use: each has its sets and fixed rules, written the
 /// first time an element needs them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Class {
