@@ -110,7 +110,12 @@ fn listed() -> String {
 /// One TCP service port with ClientIP affinity on a ClusterIP, an externalIP and a NodePort.
 fn service(addrs: &Addrs) -> ServicePort {
     let names = ("aff".into(), "web".into(), String::new(), Protocol::Tcp);
-    let exposure = (Some(NODE_PORT), vec![addrs.external_ip], Vec::new(), Vec::new());
+    let exposure = (
+        Some(NODE_PORT),
+        vec![addrs.external_ip],
+        Vec::new(),
+        Vec::new(),
+    );
     service_port(
         names,
         vec![addrs.cluster_ip],
@@ -231,14 +236,25 @@ fn pinned_across_addresses(addrs: &Addrs) {
         ] {
             for _ in 0..CONNECTIONS {
                 let got = reached(&listener, *client, target);
-                assert_eq!(got, pin, "{client} pinned to {pin} through the ClusterIP, {target}");
+                assert_eq!(
+                    got, pin,
+                    "{client} pinned to {pin} through the ClusterIP, {target}"
+                );
             }
         }
     }
-    println!("{:?}: {} clients pinned to {} endpoints", addrs.family, CLIENTS, pins.len());
+    println!(
+        "{:?}: {} clients pinned to {} endpoints",
+        addrs.family,
+        CLIENTS,
+        pins.len()
+    );
     // The clients are balanced before they are pinned: eight on one endpoint of ten is a
     // chance of 10^-7.
-    assert!(pins.len() > 1, "every client pinned to one endpoint: {pins:?}");
+    assert!(
+        pins.len() > 1,
+        "every client pinned to one endpoint: {pins:?}"
+    );
 }
 
 #[test]

@@ -47,8 +47,9 @@ use kp_core::model::IpFamily;
 use kp_nftnl::layout::Forget;
 use kp_rules::nftables::layout::fixed::{DISPATCH, PICK};
 use kp_rules::nftables::layout::{
-    AffinityPort, Changes, Class, Context, Element, FixedConfig, LayoutState, PinList, change_script,
-    delete_classes_script, fixed_part, full_updates, partial_updates, replace_table_script,
+    AffinityPort, Changes, Class, Context, Element, FixedConfig, LayoutState, PinList,
+    change_script, delete_classes_script, fixed_part, full_updates, partial_updates,
+    replace_table_script,
 };
 use kp_rules::nftables::{RenderError, TABLE};
 use tracing::{debug, info, warn};
@@ -471,8 +472,7 @@ fn removed_endpoints(changes: &Changes) -> Vec<Forget> {
         Element::AffinityEndpoint(port, list, addr, _) => Some((*port, *list, *addr)),
         _ => None,
     };
-    let mut gone: BTreeMap<(AffinityPort, PinList), BTreeSet<std::net::IpAddr>> =
-        BTreeMap::new();
+    let mut gone: BTreeMap<(AffinityPort, PinList), BTreeSet<std::net::IpAddr>> = BTreeMap::new();
     for (port, list, addr) in changes.delete.iter().filter_map(endpoint) {
         // Also when the address comes back with another port: its pins name the old one.
         gone.entry((port, list)).or_default().insert(addr);

@@ -1,7 +1,6 @@
 //! [`FakeLayoutIo`]: a recording [`LayoutIo`] for tests (`test-util`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_core::model::IpFamily;

@@ -4,7 +4,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::IpFamily;
-use kp_nftnl::layout::{Forget, Readback, forget_clients_of, push_elements, read_chains, read_table};
+use kp_nftnl::layout::{
+    Forget, Readback, forget_clients_of, push_elements, read_chains, read_table,
+};
 use kp_nftnl::monitor::Quiet;
 use kp_nftnl::{ApplyError, Batch, Family, NftSocket};
 use kp_rules::nftables::layout::Element;

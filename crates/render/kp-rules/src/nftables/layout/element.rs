@@ -177,7 +177,11 @@ impl AffinityPort {
         let port = Self::parse_base(base)?;
         [PinList::Cluster, PinList::Local]
             .into_iter()
-            .any(|list| [false, true].iter().any(|p| port.map_name(list, *p) == name))
+            .any(|list| {
+                [false, true]
+                    .iter()
+                    .any(|p| port.map_name(list, *p) == name)
+            })
             .then_some(port)
     }
 }

@@ -477,15 +477,29 @@ fn affinity_part(s: &mut Script<'_>, port: AffinityPort) {
         }
         let key = entry_key(ip, node_port);
         let dst = entry_prefix(&nodeport_dst, node_port);
-        let reads = |set| format!("meta l4proto {proto} {dst}{key} @{}", port.entries_name(set, node_port));
-        s.rule(AFFINITY, format!("{} {}", reads(AffinitySet::Cluster), dnat(PinList::Cluster)));
-        s.rule(AFFINITY, format!("{} {}", reads(AffinitySet::Local), dnat(PinList::Local)));
+        let reads = |set| {
+            format!(
+                "meta l4proto {proto} {dst}{key} @{}",
+                port.entries_name(set, node_port)
+            )
+        };
+        s.rule(
+            AFFINITY,
+            format!("{} {}", reads(AffinitySet::Cluster), dnat(PinList::Cluster)),
+        );
+        s.rule(
+            AFFINITY,
+            format!("{} {}", reads(AffinitySet::Local), dnat(PinList::Local)),
+        );
         // externalTrafficPolicy Local: the short-circuited sources read the cluster pins.
         let short = reads(AffinitySet::ShortCircuit);
         let mut sources = vec!["fib saddr type local".to_owned()];
         sources.extend(config.local_pod_match(false));
         for source in sources {
-            s.rule(AFFINITY, format!("{source} {short} {}", dnat(PinList::Cluster)));
+            s.rule(
+                AFFINITY,
+                format!("{source} {short} {}", dnat(PinList::Cluster)),
+            );
         }
         s.rule(AFFINITY, format!("{short} {}", dnat(PinList::Local)));
         record_affinity(s, port, node_port);

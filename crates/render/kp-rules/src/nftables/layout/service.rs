@@ -8,9 +8,7 @@ use ipnet::IpNet;
 use kp_core::model::{Endpoint, ServicePort};
 
 use super::element::{AffinityPort, AffinitySet, Element, Entry, EntrySet, PinList, Slots};
-use crate::plan::{
-    EndpointList, ExternalMasquerade, InternalMasquerade, NoEndpoints, ServicePlan,
-};
+use crate::plan::{EndpointList, ExternalMasquerade, InternalMasquerade, NoEndpoints, ServicePlan};
 
 /// The elements of `svc` (one family's view, whose ClusterIP is `cluster_ip`) as `plan`
 /// decides, in a stable order.
@@ -93,12 +91,19 @@ fn internal(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) -
 /// External traffic (NodePort, externalIPs, LB IPs): the external policy's slots (or its
 /// filter) and, for externalTrafficPolicy Local, the short-circuit to the Cluster list.
 /// Returns which pins a DNATed entry's affinity reads.
-fn external(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) -> Option<AffinitySet> {
+fn external(
+    out: &mut BTreeSet<Element>,
+    entry: Entry,
+    plan: &ServicePlan<'_>,
+) -> Option<AffinitySet> {
     if !plan.uses_external_chain {
         filter(out, entry, plan.external_filter);
         return None;
     }
-    let mut pins = plan.external.has_endpoints.then(|| reads(plan.external.list));
+    let mut pins = plan
+        .external
+        .has_endpoints
+        .then(|| reads(plan.external.list));
     match plan.external_masquerade {
         ExternalMasquerade::Always => {
             out.insert(Element::Entry(EntrySet::MasqueradeAll, entry));

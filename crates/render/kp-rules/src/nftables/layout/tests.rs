@@ -311,7 +311,9 @@ fn the_fixed_part_has_no_per_service_object() {
         "no verdict map anywhere"
     );
     let b = port.base();
-    let record = format!("add rule ip kube-proxy affinity-record meta l4proto tcp ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @{b}-entries ip daddr . th dport @{b}-endpoints update @{b} {{ ip saddr : ip daddr }} update @{b}-ports {{ ip saddr : th dport }}");
+    let record = format!(
+        "add rule ip kube-proxy affinity-record meta l4proto tcp ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @{b}-entries ip daddr . th dport @{b}-endpoints update @{b} {{ ip saddr : ip daddr }} update @{b}-ports {{ ip saddr : th dport }}"
+    );
     assert!(script.contains(&record), "{script:#?}");
 }
 
@@ -507,10 +509,12 @@ fn affinity_set_and_map_names_read_back_to_their_port() {
     let state = state_with(vec![(svc, eps)]);
     let elements = port_elements(&state, &ctx(), &name("web"));
     let port = AffinityPort::new(&name("web"), 60);
-    for element in elements
-        .iter()
-        .filter(|e| matches!(e, Element::AffinityEntry(..) | Element::AffinityEndpoint(..)))
-    {
+    for element in elements.iter().filter(|e| {
+        matches!(
+            e,
+            Element::AffinityEntry(..) | Element::AffinityEndpoint(..)
+        )
+    }) {
         let set = element.set_name();
         assert_eq!(SetOf::parse(&set), Some(element.set_of()), "{set}");
         assert_eq!(Class::of_set_name(&set), Some(Class::Affinity(port)));
@@ -566,5 +570,9 @@ fn an_affinity_port_s_rules_read_both_maps_and_record_into_each_list() {
         .iter()
         .filter(|s| s.starts_with("add set") || s.starts_with("add map"))
         .count();
-    assert_eq!(deleted.len(), declared, "every set and map deleted: {deleted:#?}");
+    assert_eq!(
+        deleted.len(),
+        declared,
+        "every set and map deleted: {deleted:#?}"
+    );
 }
