@@ -10,20 +10,17 @@
 //! the chance to pass is 10^-160. Without root or `nft` the test is skipped (a failure under
 //! `CI`).
 
-use std::io::Write as _;
+mod nft_layout_common;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use kp_core::model::{IpFamily, Protocol, ServicePort};
 use kp_core::testutil::{endpoint_at, service_port};
 use kp_core::tracker::ProxyState;
-use kp_rules::config::{LocalDetector, NodePortAddresses};
-use kp_rules::nftables::layout::{
-    Context, FixedConfig, LayoutState, change_script, fixed_part, full_updates,
-};
-use kp_rules::plan::Masquerading;
 use kp_testbed::isolated;
+use nft_layout_common::{full_sync, nft_apply, run};
 
 const TARGET_PORT: u16 = 8080;
 const NODE_PORT: u16 = 30080;
@@ -67,30 +64,6 @@ fn v6() -> Addrs {
         clients: (1..=CLIENTS).map(|d| at(1, d)).collect(),
         host: 128,
     }
-}
-
-fn run(args: &[&str]) {
-    let status = Command::new(args[0])
-        .args(&args[1..])
-        .status()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(status.success(), "{args:?}: {status}");
-}
-
-fn nft_apply(script: &str) {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("nft runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(script.as_bytes())
-        .expect("script written");
-    let status = child.wait().expect("nft exits");
-    assert!(status.success(), "nft -f - failed: {status}\n{script}");
 }
 
 /// `nft list ruleset`, which must succeed (nft 1.0.6 aborts on rules it cannot print).
@@ -139,32 +112,6 @@ fn state(addrs: &Addrs) -> ProxyState {
     state.endpoints.insert(svc.name.clone(), eps);
     state.services.insert(svc.name.clone(), svc);
     state
-}
-
-/// The layout's full sync of `state`, as `nft -f` text.
-fn full_sync(state: &ProxyState, family: IpFamily) -> String {
-    let config = FixedConfig {
-        family,
-        mark: 0x4000,
-        random_fully: true,
-        detector: LocalDetector::None,
-        node_port_addresses: NodePortAddresses::All,
-        service_cidrs: Vec::new(),
-    };
-    let ctx = Context {
-        family,
-        masquerading: Masquerading {
-            all: false,
-            detector: false,
-        },
-        node_ips: Vec::new(),
-    };
-    let mut installed = LayoutState::default();
-    let changes = installed.changes(full_updates(state, &ctx, &installed));
-    let mut script = fixed_part(&config, &Default::default());
-    script.extend(change_script(&config, &changes));
-    installed.apply(changes);
-    script.join("\n") + "\n"
 }
 
 /// The node: a veth end with every address, and the routes to the service addresses.
