@@ -221,7 +221,11 @@ pub async fn run<B: Backend + 'static>(
     let mut proxier_config = ProxierConfig::new(node_name)
         .with_min_sync_period(config.min_sync_period())
         .with_sync_period(config.sync_period())
-        .with_canary_period(canary_period);
+        .with_canary_period(canary_period)
+        .with_external_ips(kp_config::gates::enabled(
+            &config.feature_gates,
+            "AllowServiceExternalIPs",
+        ));
     if settings.node_found {
         // Its labels decide topology hints: the first sync waits for the Node's watch,
         // bounded as the wait for its IPs at start-up.
@@ -241,6 +245,11 @@ pub async fn run<B: Backend + 'static>(
         info: MetricsInfo {
             proxy_mode: mode.to_string(),
             configz: serde_json::to_value(&config).context("encoding /configz")?,
+            zpages: Some(crate::zpages::pages(
+                &config,
+                std::env::args_os(),
+                std::time::SystemTime::now(),
+            )),
         },
         service_health: proxier.service_health(),
         explainer: explainer(

@@ -65,6 +65,10 @@ enum Format {
 struct Args {
     /// Destination: IP, IP:PORT or [IPv6]:PORT, optionally /tcp, /udp or /sctp (TCP by
     /// default). Without a port, every port of the protocol is explained.
+    #[allow(
+        rustdoc::broken_intra_doc_links,
+        reason = "this text is also --help's, where [IPv6] is literal"
+    )]
     #[arg(value_name = "DEST[:PORT][/PROTO]")]
     dest: Destination,
 
@@ -359,7 +363,10 @@ async fn read_state(
         }
     };
 
-    let mut tracker = ChangeTracker::new(node_name);
+    let mut tracker = ChangeTracker::new(node_name).with_external_ips(kp_config::gates::enabled(
+        &config.feature_gates,
+        "AllowServiceExternalIPs",
+    ));
     let deadline = tokio::time::Instant::now() + args.timeout;
     let mut until = deadline;
     let mut ended = false;

@@ -332,8 +332,10 @@ impl Settings {
     }
 
     fn flags(&self) -> Flags {
-        let mut flags = Flags::default();
-        flags.cluster_cidr = self.cluster_cidr;
+        let mut flags = Flags {
+            cluster_cidr: self.cluster_cidr,
+            ..Flags::default()
+        };
         for flag in &self.extra {
             flags = flags.flag(flag);
         }
@@ -566,7 +568,7 @@ fn source_kind(seen: IpAddr, client: IpAddr) -> String {
     }
 }
 
-fn host<'c>(cluster: &'c Cluster, from: From) -> &'c Host {
+fn host(cluster: &Cluster, from: From) -> &Host {
     match from {
         From::Pod => cluster.client(),
         From::Node => cluster.node(),

@@ -884,6 +884,11 @@ impl Env {
         self.restart_with(flags);
     }
 
+    /// The proxy's flags.
+    pub fn flags(&self) -> &Flags {
+        &self.flags
+    }
+
     /// Like [`Env::restart_proxy`], with `flags` from now on.
     pub fn restart_with(&mut self, flags: Flags) {
         let proxy = self.proxy.take().expect("the proxy is running");
