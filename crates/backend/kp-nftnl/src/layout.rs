@@ -114,6 +114,11 @@ pub fn encode(element: &Element) -> Encoded {
             push_addr(&mut key, *addr);
         }
         Element::ClusterIp(addr) => push_addr(&mut key, *addr),
+        Element::AffinityEntry(_, _, entry) => push_entry(&mut key, entry),
+        Element::AffinityEndpoint(_, _, addr, port) => {
+            push_addr(&mut key, *addr);
+            push_port(&mut key, *port);
+        }
     }
     Encoded { key, key_end, data }
 }
@@ -274,6 +279,16 @@ pub fn decode(set: SetOf, family: Family, encoded: &Encoded) -> Option<Element> 
             Element::Hairpin(addr)
         }
         SetOf::ClusterIps => Element::ClusterIp(read_addr(key, &mut at, family)?),
+        SetOf::AffinityEntries(port, set, node_port) => {
+            let entry = read_entry(key, &mut at, family, node_port)?;
+            (kp_rules::nftables::layout::element::entry_protocol(&entry) == port.proto)
+                .then_some(())?;
+            Element::AffinityEntry(port, set, entry)
+        }
+        SetOf::AffinityEndpoints(port, list) => {
+            let addr = read_addr(key, &mut at, family)?;
+            Element::AffinityEndpoint(port, list, addr, read_port(key, &mut at)?)
+        }
     };
     (at == key.len()).then_some(element)
 }
@@ -379,43 +394,46 @@ fn set_elements(
     Ok(out)
 }
 
-/// Deletes, from the affinity maps `maps` of `family`'s table, every client recorded with an
-/// endpoint in `gone` (so no client stays pinned to a removed endpoint until its timeout).
+/// One list's pins of an affinity port (its address and port maps, keyed by the client's
+/// address) and the endpoint addresses whose clients are to be forgotten.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Forget {
+    /// The map of pinned addresses (`saddr : addr`).
+    pub addresses: String,
+    /// The map of pinned ports (`saddr : port`), keyed as `addresses`.
+    pub ports: String,
+    /// The addresses removed from the list.
+    pub gone: std::collections::BTreeSet<IpAddr>,
+}
+
+/// Deletes, from each of `pins`' maps of `family`'s table, every client pinned to an address
+/// in its `gone` (so no client stays pinned to a removed endpoint until its timeout).
 /// Returns how many were deleted.
 pub fn forget_clients_of(
     socket: &mut NftSocket,
     family: Family,
-    maps: &[String],
-    gone: &std::collections::BTreeSet<(IpAddr, u16)>,
+    pins: &[Forget],
 ) -> Result<usize, ApplyError> {
     let mut batch = Batch::new(1);
     let mut deleted = 0;
-    for map in maps {
-        let stale: Vec<Vec<u8>> = set_elements(socket, family, map)?
+    for pin in pins {
+        let stale: Vec<Vec<u8>> = set_elements(socket, family, &pin.addresses)?
             .into_iter()
             .filter(|element| {
                 element.data.as_deref().is_some_and(|data| {
-                    let mut at = 0;
-                    let endpoint = read_addr(data, &mut at, family).zip(read_port(data, &mut at));
-                    endpoint.is_some_and(|endpoint| gone.contains(&endpoint))
+                    read_addr(data, &mut 0, family).is_some_and(|addr| pin.gone.contains(&addr))
                 })
             })
             .map(|element| element.key)
             .collect();
+        let ports: std::collections::BTreeSet<Vec<u8>> = set_elements(socket, family, &pin.ports)?
+            .into_iter()
+            .map(|element| element.key)
+            .collect();
         deleted += stale.len();
-        for chunk in stale.chunks(PER_MESSAGE) {
-            batch.raw(MsgKind::DelSetElem, 0, family, 0, |w| {
-                w.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
-                w.put_str(NFTA_SET_ELEM_LIST_SET, map);
-                let list = w.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
-                for key in chunk {
-                    let elem = w.nest(NFTA_LIST_ELEM);
-                    w.put_data(NFTA_SET_ELEM_KEY, key);
-                    w.nest_end(elem);
-                }
-                w.nest_end(list);
-            });
-        }
+        delete_keys(&mut batch, family, &pin.addresses, &stale);
+        let stale_ports: Vec<Vec<u8>> = stale.into_iter().filter(|k| ports.contains(k)).collect();
+        delete_keys(&mut batch, family, &pin.ports, &stale_ports);
     }
     if deleted > 0 {
         // A client whose entry expired meanwhile makes the kernel answer ENOENT for the
@@ -423,6 +441,23 @@ pub fn forget_clients_of(
         socket.apply_batch(batch)?;
     }
     Ok(deleted)
+}
+
+/// Appends the deletion of the elements with `keys` from `map` to `batch`.
+fn delete_keys(batch: &mut Batch, family: Family, map: &str, keys: &[Vec<u8>]) {
+    for chunk in keys.chunks(PER_MESSAGE) {
+        batch.raw(MsgKind::DelSetElem, 0, family, 0, |w| {
+            w.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+            w.put_str(NFTA_SET_ELEM_LIST_SET, map);
+            let list = w.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+            for key in chunk {
+                let elem = w.nest(NFTA_LIST_ELEM);
+                w.put_data(NFTA_SET_ELEM_KEY, key);
+                w.nest_end(elem);
+            }
+            w.nest_end(list);
+        });
+    }
 }
 
 /// The chains of `family`'s `kube-proxy` table; `None` when there is no such table (the
@@ -530,6 +565,13 @@ mod tests {
         assert_eq!(nodeport.key, vec![132, 0, 0, 0, 0x75, 0x30, 0, 0]);
     }
 
+    fn nodeport_sctp() -> Entry {
+        Entry::NodePort {
+            proto: Protocol::Sctp,
+            port: 30132,
+        }
+    }
+
     #[test]
     fn decoding_reads_back_what_encoding_wrote() {
         use kp_rules::nftables::layout::EntrySet;
@@ -575,6 +617,32 @@ mod tests {
             let back = decode(of, Family::Ipv6, &encode(&element));
             assert_eq!(back.as_ref(), Some(&element), "{set}");
         }
+        let port = kp_rules::nftables::layout::AffinityPort::new(
+            &kp_core::model::ServicePortName {
+                service: kp_core::model::ServiceName {
+                    namespace: "ns".into(),
+                    name: "web".into(),
+                },
+                port: "".into(),
+                protocol: Protocol::Sctp,
+            },
+            10800,
+        );
+        use kp_rules::nftables::layout::{AffinitySet, PinList};
+        for element in [
+            Element::AffinityEntry(port, AffinitySet::Record, entry),
+            Element::AffinityEntry(port, AffinitySet::ShortCircuit, nodeport_sctp()),
+            Element::AffinityEndpoint(port, PinList::Local, v6, 8443),
+        ] {
+            let set = element.set_name();
+            let of = SetOf::parse(&set).expect("a set of the layout");
+            let back = decode(of, Family::Ipv6, &encode(&element));
+            assert_eq!(back.as_ref(), Some(&element), "{set}");
+        }
+        // An entry of another protocol than its port's is not ours.
+        let udp = Element::AffinityEntry(port, AffinitySet::Cluster, nodeport);
+        let of = SetOf::parse(&udp.set_name()).expect("a set of the layout");
+        assert_eq!(decode(of, Family::Ipv6, &encode(&udp)), None);
         // A key of the wrong length is not an element of ours.
         let mut short = encode(&Element::ClusterIp(v6));
         short.key.pop();

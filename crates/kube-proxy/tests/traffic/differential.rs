@@ -11,9 +11,9 @@
 //! affinity, the set of (pod, source seen) pairs over several flows, re-probed with many more
 //! flows in both clusters when the first sets differ (a pod that got none of few random
 //! picks); with ClientIP affinity, whether one pod answered every flow and whether the source
-//! was masqueraded (which pod a client is pinned to is chance in both layouts). Not compared
-//! here: affinity *across* a service port's addresses, which the verdict-free layout keeps per
-//! address (docs/nftables-layout.md, "Session affinity").
+//! was masqueraded (which pod a client is pinned to is chance in both layouts). Affinity
+//! *across* a service port's addresses is checked by the traffic scenario
+//! `affinity_and_node_traffic` and kp-rules' `nft_layout_affinity`, not here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -98,10 +98,6 @@ struct ServiceSpec {
 impl ServiceSpec {
     fn draw(rng: &mut Rng, index: u8, dual_stack: bool) -> Self {
         let v6 = dual_stack && rng.chance(35);
-        // Not IPv6 with ClientIP affinity: the verdict-free layout's affinity record rule
-        // is beyond nft 1.0.6's registers for IPv6 keys, and that family's sync fails
-        // (docs/nftables-layout.md, "Session affinity"; issue 33 item 2 replaces it).
-        let affinity_allowed = !v6;
         let (tcp, udp) = match rng.next() % 4 {
             0 => (false, true),
             1 => (true, true),
@@ -167,7 +163,7 @@ impl ServiceSpec {
             external_ip,
             etp_local: external && rng.chance(35),
             itp_local: rng.chance(20),
-            affinity: (affinity_allowed && rng.chance(25)).then(|| *rng.pick(&[60, 10_800])),
+            affinity: rng.chance(25).then(|| *rng.pick(&[60, 10_800])),
             endpoints,
         }
     }

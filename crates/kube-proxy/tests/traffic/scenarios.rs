@@ -1833,9 +1833,7 @@ pub fn affinity_and_node_traffic(mode: Mode) {
             );
             seen.push((what, pods[0].clone()));
         }
-        // The verdict-free nftables layout pins per address too (its affinity maps are
-        // keyed by the entry a client used; docs/nftables-layout.md says why).
-        if mode != Mode::Ipvs && mode != Mode::NftablesMaps {
+        if mode != Mode::Ipvs {
             assert!(
                 seen.iter().all(|(_, pod)| *pod == seen[0].1),
                 "one endpoint per client across the service port's addresses, from {name}: \

@@ -9,21 +9,17 @@
 //! a fair kernel exceeds with a probability below 1e-6, while a 2:1 skew between two
 //! endpoints fails it. Without root or `nft` the test is skipped (a failure under `CI`).
 
+mod nft_layout_common;
+
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort};
 use kp_core::testutil::{endpoint_at, service_port};
 use kp_core::tracker::ProxyState;
-use kp_rules::config::{LocalDetector, NodePortAddresses};
-use kp_rules::nftables::layout::{
-    Context, FixedConfig, LayoutState, change_script, fixed_part, full_updates,
-};
-use kp_rules::plan::Masquerading;
 use kp_testbed::isolated;
+use nft_layout_common::{full_sync, nft_apply, run};
 
 /// Endpoint counts checked.
 const COUNTS: [u8; 6] = [1, 2, 3, 7, 10, 100];
@@ -34,30 +30,6 @@ const PER_ENDPOINT: usize = 30;
 const AFFINITY_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 1, 1);
 const AFFINITY_ENDPOINTS: u8 = 10;
 const TARGET_PORT: u16 = 8080;
-
-fn run(args: &[&str]) {
-    let status = Command::new(args[0])
-        .args(&args[1..])
-        .status()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(status.success(), "{args:?}: {status}");
-}
-
-fn nft_apply(script: &str) {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("nft runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(script.as_bytes())
-        .expect("script written");
-    let status = child.wait().expect("nft exits");
-    assert!(status.success(), "nft -f - failed: {status}\n{script}");
-}
 
 fn endpoint(ip: Ipv4Addr) -> Endpoint {
     endpoint_at(IpAddr::V4(ip), TARGET_PORT, false)
@@ -99,32 +71,6 @@ fn state() -> (ProxyState, Vec<Ipv4Addr>) {
     }
     add("affinity", AFFINITY_IP, 200, AFFINITY_ENDPOINTS, true);
     (state, addrs)
-}
-
-/// The layout's full sync of `state`, as `nft -f` text.
-fn full_sync(state: &ProxyState) -> String {
-    let config = FixedConfig {
-        family: IpFamily::V4,
-        mark: 0x4000,
-        random_fully: true,
-        detector: LocalDetector::None,
-        node_port_addresses: NodePortAddresses::All,
-        service_cidrs: Vec::new(),
-    };
-    let ctx = Context {
-        family: IpFamily::V4,
-        masquerading: Masquerading {
-            all: false,
-            detector: false,
-        },
-        node_ips: Vec::new(),
-    };
-    let mut installed = LayoutState::default();
-    let changes = installed.changes(full_updates(state, &ctx, &installed));
-    let mut script = fixed_part(&config, &Default::default());
-    script.extend(change_script(&config, &changes));
-    installed.apply(changes);
-    script.join("\n") + "\n"
 }
 
 /// The node: a veth end with every endpoint address and the ClusterIP route.
@@ -197,7 +143,7 @@ fn balancing_and_affinity_hold_for_real_traffic() {
         || {
             let (state, addrs) = state();
             set_up_node(&addrs);
-            nft_apply(&full_sync(&state));
+            nft_apply(&full_sync(&state, IpFamily::V4));
             let listener = TcpListener::bind(("0.0.0.0", TARGET_PORT)).expect("listening");
             for n in COUNTS {
                 let target = SocketAddr::from((Ipv4Addr::new(10, 96, 0, n), 80));

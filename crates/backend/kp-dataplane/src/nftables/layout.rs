@@ -20,15 +20,15 @@
 //!   generation before and after says whether anyone else committed meanwhile, unheard; if
 //!   so the sync runs again, full, reading both tables back.
 //! - **Partial**: the difference of the changed services' elements, over netlink in one
-//!   transaction; a new slot count or affinity timeout (its set and rules) or a changed
+//!   transaction; a new slot count or affinity service port (its sets and rules) or a changed
 //!   ServiceCIDR list makes that transaction `nft -f` text instead.
 //!
 //! A failed transaction changes nothing in the kernel: the bookkeeping stays, the failure is
 //! counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and the next sync is
 //! full (and reads the table back, since steps of a large one may have been applied).
 //!
-//! Clients pinned (ClientIP affinity) to an endpoint whose last slot a sync removed are
-//! deleted from the affinity maps right after it. The fixed part is still `nft -f` text
+//! Clients pinned (ClientIP affinity) to an endpoint a sync removed from a service port's
+//! list are deleted from that port's affinity maps right after it. The fixed part is still `nft -f` text
 //! (written only when the classes in use change).
 
 #[cfg(any(test, feature = "test-util"))]
@@ -44,11 +44,11 @@ use ipnet::IpNet;
 use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::IpFamily;
-use kp_rules::nftables::layout::element::PROTOCOLS;
-use kp_rules::nftables::layout::fixed::{DISPATCH, PICK, affinity_map_name};
+use kp_nftnl::layout::Forget;
+use kp_rules::nftables::layout::fixed::{DISPATCH, PICK};
 use kp_rules::nftables::layout::{
-    Changes, Class, Context, Element, FixedConfig, LayoutState, SetOf, change_script,
-    delete_classes_script, fixed_part, full_updates, partial_updates, ready_classes,
+    AffinityPort, Changes, Class, Context, Element, FixedConfig, LayoutState, PinList,
+    change_script, delete_classes_script, fixed_part, full_updates, partial_updates, ready_classes,
     replace_table_script,
 };
 use kp_rules::nftables::{RenderError, TABLE};
@@ -239,32 +239,18 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             .unready
             .extend(ready_classes(&used).difference(installed));
         table.fixed = Some(fixed);
-        self.forget_clients(family, &table.installed, &gone);
+        self.forget_clients(family, &gone);
         Ok(Full::Done(written))
     }
 
-    /// Clients pinned (ClientIP affinity) to an endpoint that `gone` holds are forgotten, so
-    /// their next connection is balanced again instead of sent to a removed address until
-    /// the timeout. A failure is only logged: those pins expire.
-    fn forget_clients(
-        &self,
-        family: IpFamily,
-        installed: &LayoutState,
-        gone: &BTreeSet<(std::net::IpAddr, u16)>,
-    ) {
-        let maps: Vec<String> = installed
-            .classes()
-            .iter()
-            .filter_map(|class| match class {
-                Class::Affinity(seconds) => Some(*seconds),
-                Class::Count(..) => None,
-            })
-            .flat_map(|seconds| PROTOCOLS.map(|proto| affinity_map_name(seconds, proto)))
-            .collect();
-        if gone.is_empty() || maps.is_empty() {
+    /// Clients pinned (ClientIP affinity) to an endpoint that left its port's list are
+    /// forgotten, so their next connection is balanced again instead of sent to a removed
+    /// address until the timeout. A failure is only logged: those pins expire.
+    fn forget_clients(&self, family: IpFamily, gone: &[Forget]) {
+        if gone.is_empty() {
             return;
         }
-        match blocking(|| self.io.forget_clients(family, &maps, gone)) {
+        match blocking(|| self.io.forget_clients(family, gone)) {
             Ok(count) => debug!(?family, count, "forgot clients pinned to removed endpoints"),
             Err(err) => {
                 warn!(?family, error = %err, "cannot forget clients pinned to removed endpoints; they expire")
@@ -299,7 +285,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
                     let classes = back
                         .sets
                         .iter()
-                        .filter_map(|s| SetOf::parse(s).and_then(Class::of_set))
+                        .filter_map(|s| Class::of_set_name(s))
                         .collect();
                     (Some(back.elements), classes)
                 }
@@ -320,7 +306,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             // A first sync: every element added, copied a step at a time.
             diffed = started.elapsed();
             written = desired.element_count();
-            gone = BTreeSet::new();
+            gone = Vec::new();
             unheard = self.load(family, additions(&desired), written >= self.quiet_from)?;
         } else {
             let changes = match kernel {
@@ -345,7 +331,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             written,
             "nftables full sync (verdict-free layout)"
         );
-        self.forget_clients(family, &desired, &gone);
+        self.forget_clients(family, &gone);
         let unused: BTreeSet<Class> = kernel_classes
             .difference(desired.classes())
             .copied()
@@ -505,20 +491,24 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// The endpoints whose slots `changes` deletes and does not add back: candidates for
-/// forgetting their pinned clients (an endpoint another service still uses loses its pins
-/// too, which only rebalances those clients once).
-fn removed_endpoints(changes: &Changes) -> BTreeSet<(std::net::IpAddr, u16)> {
-    let slot = |element: &Element| match element {
-        Element::Slot { addr, port, .. } => Some((*addr, *port)),
+/// The pins to sweep after `changes`: for each affinity port's list, the endpoint
+/// addresses it deleted from the list (upstream clears an endpoint's pins with it).
+fn removed_endpoints(changes: &Changes) -> Vec<Forget> {
+    let endpoint = |element: &Element| match element {
+        Element::AffinityEndpoint(port, list, addr, _) => Some((*port, *list, *addr)),
         _ => None,
     };
-    let added: BTreeSet<_> = changes.add.iter().filter_map(slot).collect();
-    changes
-        .delete
-        .iter()
-        .filter_map(slot)
-        .filter(|endpoint| !added.contains(endpoint))
+    let mut gone: BTreeMap<(AffinityPort, PinList), BTreeSet<std::net::IpAddr>> = BTreeMap::new();
+    for (port, list, addr) in changes.delete.iter().filter_map(endpoint) {
+        // Also when the address comes back with another port: its pins name the old one.
+        gone.entry((port, list)).or_default().insert(addr);
+    }
+    gone.into_iter()
+        .map(|((port, list), gone)| Forget {
+            addresses: port.map_name(list, false),
+            ports: port.map_name(list, true),
+            gone,
+        })
         .collect()
 }
 
@@ -527,8 +517,8 @@ fn removed_endpoints(changes: &Changes) -> BTreeSet<(std::net::IpAddr, u16)> {
 fn add_rank(element: &Element) -> u8 {
     match element {
         Element::Slot { .. } => 0,
-        Element::Hairpin(_) | Element::Allow(..) => 1,
-        Element::Entry(..) => 2,
+        Element::Hairpin(_) | Element::Allow(..) | Element::AffinityEndpoint(..) => 1,
+        Element::Entry(..) | Element::AffinityEntry(..) => 2,
         Element::ClusterIp(_) => 3,
     }
 }

@@ -17,7 +17,7 @@ use super::{Explanation, MatchKind, Outcome, ServiceMatch};
 use crate::iptables::{RenderConfig, RenderError};
 use crate::ipvs::{self, IpvsConfig};
 use crate::nftables::cmd::Verdict;
-use crate::nftables::layout::{self, Element, Entry, EntrySet, Slots};
+use crate::nftables::layout::{self, AffinitySet, Element, Entry, EntrySet, PinList, Slots};
 use crate::nftables::{self, ElementSet, NftState};
 use crate::userspace;
 
@@ -245,10 +245,9 @@ fn layout_detail(element: &Element) -> String {
             EntrySet::Reject => "rejected: no usable endpoint".to_owned(),
             EntrySet::Drop => "dropped: no local endpoint".to_owned(),
             EntrySet::Firewall => "source checked against firewall-allow".to_owned(),
-            EntrySet::Affinity(seconds) => {
-                format!("ClientIP affinity: a recorded client goes to its endpoint ({seconds} s)")
-            }
         },
+        Element::AffinityEntry(port, set, _) => affinity_detail(port, *set),
+        Element::AffinityEndpoint(_, list, ..) => format!("a candidate of the {list:?} pins"),
         Element::Slot {
             slot, addr, port, ..
         } => {
@@ -261,6 +260,30 @@ fn layout_detail(element: &Element) -> String {
         Element::Allow(_, net) => format!("sources in {net} allowed"),
         Element::Hairpin(_) => "masqueraded when the endpoint reaches itself".to_owned(),
         Element::ClusterIp(_) => "other ports of this address rejected".to_owned(),
+    }
+}
+
+/// What an affinity entry set does for a packet of its port.
+fn affinity_detail(port: &layout::AffinityPort, set: AffinitySet) -> String {
+    let seconds = port.seconds;
+    let pins = |list| port.map_name(list, false);
+    match set {
+        AffinitySet::Record => format!(
+            "ClientIP affinity: a new connection's client is pinned to its endpoint for {seconds} s, across the port's addresses"
+        ),
+        AffinitySet::Cluster => format!(
+            "a pinned client goes to its endpoint (map {})",
+            pins(PinList::Cluster)
+        ),
+        AffinitySet::Local => format!(
+            "a pinned client goes to its local endpoint (map {})",
+            pins(PinList::Local)
+        ),
+        AffinitySet::ShortCircuit => format!(
+            "a pinned client goes to its endpoint: from this node or its pods map {}, else map {}",
+            pins(PinList::Cluster),
+            pins(PinList::Local)
+        ),
     }
 }
 

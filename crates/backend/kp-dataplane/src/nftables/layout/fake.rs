@@ -1,11 +1,10 @@
 //! [`FakeLayoutIo`]: a recording [`LayoutIo`] for tests (`test-util`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kp_core::model::IpFamily;
-use kp_nftnl::layout::Readback;
+use kp_nftnl::layout::{Forget, Readback};
 use kp_nftnl::monitor::Quiet;
 use kp_rules::nftables::TABLE;
 use kp_rules::nftables::layout::Element;
@@ -32,13 +31,8 @@ pub enum LayoutCall {
     Read(IpFamily),
     /// The notification watch taken out of its group.
     Quiet,
-    /// Clients of removed endpoints forgotten.
-    Forget {
-        /// The affinity maps swept.
-        maps: Vec<String>,
-        /// The removed endpoints.
-        gone: BTreeSet<(IpAddr, u16)>,
-    },
+    /// Clients of removed endpoints forgotten: the pins swept.
+    Forget(Vec<Forget>),
 }
 
 #[derive(Debug, Default)]
@@ -233,16 +227,8 @@ impl LayoutIo for FakeLayoutIo {
         Quiet::default()
     }
 
-    fn forget_clients(
-        &self,
-        _family: IpFamily,
-        maps: &[String],
-        gone: &BTreeSet<(IpAddr, u16)>,
-    ) -> Result<usize, ExecError> {
-        self.lock().calls.push(LayoutCall::Forget {
-            maps: maps.to_vec(),
-            gone: gone.clone(),
-        });
+    fn forget_clients(&self, _family: IpFamily, pins: &[Forget]) -> Result<usize, ExecError> {
+        self.lock().calls.push(LayoutCall::Forget(pins.to_vec()));
         Ok(0)
     }
 }

@@ -1,12 +1,12 @@
 //! How the verdict-free layout reaches the kernel: [`LayoutIo`], over nf_tables netlink and
 //! `nft` ([`NetlinkLayoutIo`]). Its recording fake is `FakeLayoutIo` (`test-util`).
 
-use std::collections::BTreeSet;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::IpFamily;
-use kp_nftnl::layout::{Readback, forget_clients_of, push_elements, read_chains, read_table};
+use kp_nftnl::layout::{
+    Forget, Readback, forget_clients_of, push_elements, read_chains, read_table,
+};
 use kp_nftnl::monitor::Quiet;
 use kp_nftnl::{ApplyError, Batch, Family, NftSocket};
 use kp_rules::nftables::layout::Element;
@@ -44,14 +44,9 @@ pub trait LayoutIo: Send + Sync {
     /// dropped (the kernel then skips building one notification per element).
     fn quiet(&self) -> Quiet;
 
-    /// Deletes the clients recorded in the affinity maps `maps` with an endpoint in `gone`;
+    /// Deletes the clients each of `pins` holds pinned to one of its removed addresses;
     /// returns how many.
-    fn forget_clients(
-        &self,
-        family: IpFamily,
-        maps: &[String],
-        gone: &BTreeSet<(IpAddr, u16)>,
-    ) -> Result<usize, ExecError>;
+    fn forget_clients(&self, family: IpFamily, pins: &[Forget]) -> Result<usize, ExecError>;
 }
 
 /// Elements and reads over one netlink socket, scripts with `nft`. Clones share the socket.
@@ -127,12 +122,7 @@ impl LayoutIo for NetlinkLayoutIo {
         kp_nftnl::monitor::quiet()
     }
 
-    fn forget_clients(
-        &self,
-        family: IpFamily,
-        maps: &[String],
-        gone: &BTreeSet<(IpAddr, u16)>,
-    ) -> Result<usize, ExecError> {
-        self.with_socket(|socket| forget_clients_of(socket, nft_family(family), maps, gone))
+    fn forget_clients(&self, family: IpFamily, pins: &[Forget]) -> Result<usize, ExecError> {
+        self.with_socket(|socket| forget_clients_of(socket, nft_family(family), pins))
     }
 }

@@ -449,23 +449,23 @@ async fn clients_pinned_to_a_removed_endpoint_are_forgotten() {
     io.clear_calls();
     state
         .endpoints
-        .insert(name, vec![endpoint("10.244.1.3", 8080)]);
+        .insert(name.clone(), vec![endpoint("10.244.1.3", 8080)]);
     sync(&mut backend, &state, SyncKind::Partial, &changed("b")).await;
     let forgets: Vec<LayoutCall> = io
         .calls()
         .into_iter()
         .filter(|c| matches!(c, LayoutCall::Forget { .. }))
         .collect();
+    // Only the port that lost the endpoint is swept, its cluster pins (no local list).
+    let port = kp_rules::nftables::layout::AffinityPort::new(&name, 60);
+    let base = port.base();
     assert_eq!(
         forgets,
-        vec![LayoutCall::Forget {
-            maps: vec![
-                "affinity-60-tcp".to_owned(),
-                "affinity-60-udp".to_owned(),
-                "affinity-60-sctp".to_owned()
-            ],
-            gone: BTreeSet::from([(addr("10.244.1.2"), 8080)]),
-        }]
+        vec![LayoutCall::Forget(vec![kp_nftnl::layout::Forget {
+            addresses: base.clone(),
+            ports: format!("{base}-ports"),
+            gone: BTreeSet::from([addr("10.244.1.2")]),
+        }])]
     );
 }
 

@@ -75,8 +75,139 @@ pub enum EntrySet {
     Drop,
     /// LoadBalancer entry under `loadBalancerSourceRanges`.
     Firewall,
-    /// ClientIP affinity with this timeout in seconds: record the endpoint chosen.
-    Affinity(u32),
+}
+
+/// One service port with ClientIP affinity: its sets, maps and rules are its own, so a
+/// client is pinned across all the port's addresses (upstream's nftables and iptables
+/// modes), keyed by the client's address alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AffinityPort {
+    /// The first 8 bytes of `sha256("ns/name:port/proto/seconds")`, as two words so the
+    /// elements holding it stay 4-byte aligned (see the size assertion below).
+    hash: [u32; 2],
+    /// The timeout in seconds (a changed timeout is another port: its maps' timeout).
+    pub seconds: u32,
+    /// The port's protocol (its maps' data and its rules' protocol match).
+    pub proto: Protocol,
+}
+
+impl AffinityPort {
+    /// The affinity port of `name` with a `seconds` timeout.
+    pub fn new(name: &kp_core::model::ServicePortName, seconds: u32) -> Self {
+        use sha2::{Digest, Sha256};
+        let input = format!("{name}/{}/{seconds}", name.protocol.as_str());
+        let digest = Sha256::digest(input.as_bytes());
+        let word = |at: usize| u32::from_be_bytes([0, 1, 2, 3].map(|i| digest[at + i]));
+        Self {
+            hash: [word(0), word(4)],
+            seconds,
+            proto: name.protocol,
+        }
+    }
+
+    /// `affinity-tcp-10800-0123456789abcdef`: the prefix of every set and map of the port.
+    pub fn base(&self) -> String {
+        format!(
+            "affinity-{}-{}-{:08x}{:08x}",
+            self.proto.as_str(),
+            self.seconds,
+            self.hash[0],
+            self.hash[1]
+        )
+    }
+
+    /// The port named by `base` (the canonical text of [`AffinityPort::base`]).
+    fn parse_base(base: &str) -> Option<Self> {
+        let rest = base.strip_prefix("affinity-")?;
+        let (proto, rest) = rest.split_once('-')?;
+        let (seconds, hash) = rest.split_once('-')?;
+        let proto = PROTOCOLS.into_iter().find(|p| p.as_str() == proto)?;
+        if hash.len() != 16 {
+            return None;
+        }
+        let word = |range: std::ops::Range<usize>| u32::from_str_radix(hash.get(range)?, 16).ok();
+        let port = Self {
+            hash: [word(0..8)?, word(8..16)?],
+            seconds: seconds.parse().ok()?,
+            proto,
+        };
+        (port.base() == base).then_some(port)
+    }
+
+    /// The map of `list`'s pinned endpoint addresses (`saddr : addr`), or with `ports` of
+    /// their ports (`saddr : port`). Two maps, not one of `addr . port`: nft 1.0.6 cannot
+    /// write an IPv6 `update` whose data is a concatenation (`netlink_gen_expr: Assertion
+    /// 'dreg < ctx->reg_low' failed`); the lookup reads both (`dnat to saddr map @a :
+    /// saddr map @b`).
+    pub fn map_name(&self, list: PinList, ports: bool) -> String {
+        let list = match list {
+            PinList::Cluster => "",
+            PinList::Local => "-local",
+        };
+        let ports = if ports { "-ports" } else { "" };
+        format!("{}{list}{ports}", self.base())
+    }
+
+    /// The set of `list`'s endpoints (`addr . port`): what the record rule accepts.
+    pub fn endpoints_name(&self, list: PinList) -> String {
+        match list {
+            PinList::Cluster => format!("{}-endpoints", self.base()),
+            PinList::Local => format!("{}-local-endpoints", self.base()),
+        }
+    }
+
+    /// The set of entries (`E`, or `P` when `node_port`) of `set`.
+    pub fn entries_name(&self, set: AffinitySet, node_port: bool) -> String {
+        let suffix = match set {
+            AffinitySet::Record => "entries",
+            AffinitySet::Cluster => "cluster-entries",
+            AffinitySet::Local => "local-entries",
+            AffinitySet::ShortCircuit => "short-circuit-entries",
+        };
+        let np = if node_port { "nodeport-" } else { "" };
+        format!("{np}{}-{suffix}", self.base())
+    }
+
+    /// The port whose map is `name` (so a rollback knows it for its own).
+    pub fn of_map(name: &str) -> Option<Self> {
+        let base = name
+            .strip_suffix("-ports")
+            .unwrap_or(name)
+            .trim_end_matches("-local");
+        let port = Self::parse_base(base)?;
+        [PinList::Cluster, PinList::Local]
+            .into_iter()
+            .any(|list| {
+                [false, true]
+                    .iter()
+                    .any(|p| port.map_name(list, *p) == name)
+            })
+            .then_some(port)
+    }
+}
+
+/// The endpoint list an affinity map pins to (upstream checks only the endpoints of the
+/// list a path uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PinList {
+    /// The cluster-wide list.
+    Cluster,
+    /// The node-local list (traffic policy `Local`).
+    Local,
+}
+
+/// The entry sets of an [`AffinityPort`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AffinitySet {
+    /// Every entry of the port: a new connection to one records its endpoint.
+    Record,
+    /// Entries whose lookup reads the cluster list's pins.
+    Cluster,
+    /// Entries whose lookup reads the local list's pins (a `Local` traffic policy).
+    Local,
+    /// externalTrafficPolicy `Local` entries: the cluster pins from this node and its pods,
+    /// the local pins from elsewhere.
+    ShortCircuit,
 }
 
 /// One element of the layout.
@@ -103,6 +234,10 @@ pub enum Element {
     Hairpin(IpAddr),
     /// `ADDR` in `cluster-ips`: an active ClusterIP (unknown ports are rejected).
     ClusterIp(IpAddr),
+    /// `ENTRY` in an affinity port's entry set.
+    AffinityEntry(AffinityPort, AffinitySet, Entry),
+    /// `ADDR . PORT` in an affinity port's endpoints set of a list.
+    AffinityEndpoint(AffinityPort, PinList, IpAddr, u16),
 }
 
 // The state keeps every element twice (its port's list and the claim list): at 10k
@@ -120,7 +255,6 @@ pub fn entry_set_name(set: EntrySet, node_port: bool) -> String {
         EntrySet::Reject => "reject-services".to_owned(),
         EntrySet::Drop => "drop-services".to_owned(),
         EntrySet::Firewall => "firewall-entries".to_owned(),
-        EntrySet::Affinity(seconds) => format!("affinity-services-{seconds}"),
     };
     if node_port {
         format!("nodeport-{base}")
@@ -129,7 +263,7 @@ pub fn entry_set_name(set: EntrySet, node_port: bool) -> String {
     }
 }
 
-/// The protocols a service port has; each has its own endpoint and affinity maps (see
+/// The protocols a service port has; each has its own endpoint maps (see
 /// [`slot_map_name`]).
 pub const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
@@ -173,6 +307,10 @@ impl Element {
             Element::Allow(..) => FIREWALL_ALLOW.to_owned(),
             Element::Hairpin(_) => HAIRPIN.to_owned(),
             Element::ClusterIp(_) => CLUSTER_IPS.to_owned(),
+            Element::AffinityEntry(port, set, entry) => {
+                port.entries_name(*set, entry.is_node_port())
+            }
+            Element::AffinityEndpoint(port, list, ..) => port.endpoints_name(*list),
         }
     }
 
@@ -187,6 +325,10 @@ impl Element {
             Element::Allow(..) => SetOf::FirewallAllow,
             Element::Hairpin(_) => SetOf::Hairpin,
             Element::ClusterIp(_) => SetOf::ClusterIps,
+            Element::AffinityEntry(port, set, entry) => {
+                SetOf::AffinityEntries(*port, *set, entry.is_node_port())
+            }
+            Element::AffinityEndpoint(port, list, ..) => SetOf::AffinityEndpoints(*port, *list),
         }
     }
 
@@ -228,7 +370,8 @@ pub struct ElementBody<'a>(&'a Element);
 impl fmt::Display for ElementBody<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            Element::Entry(_, entry) => write!(f, "{entry}"),
+            Element::Entry(_, entry) | Element::AffinityEntry(_, _, entry) => write!(f, "{entry}"),
+            Element::AffinityEndpoint(_, _, addr, port) => write!(f, "{addr} . {port}"),
             Element::Slot {
                 entry,
                 slot,
@@ -263,6 +406,10 @@ pub enum SetOf {
     Hairpin,
     /// `cluster-ips`.
     ClusterIps,
+    /// An affinity port's entries (`E`, or `P` when the bool is set) of one set.
+    AffinityEntries(AffinityPort, AffinitySet, bool),
+    /// An affinity port's endpoints (`addr . port`) of one list.
+    AffinityEndpoints(AffinityPort, PinList),
 }
 
 impl SetOf {
@@ -274,6 +421,9 @@ impl SetOf {
             HAIRPIN => return Some(SetOf::Hairpin),
             CLUSTER_IPS => return Some(SetOf::ClusterIps),
             _ => {}
+        }
+        if let Some(set) = Self::parse_affinity(name) {
+            return Some(set);
         }
         let (node_port, base) = match name.strip_prefix("nodeport-") {
             Some(rest) => (true, rest),
@@ -304,7 +454,7 @@ impl SetOf {
                 } else if let Some(n) = other.strip_prefix("slots-") {
                     EntrySet::Count(Slots::Policy, n.parse().ok()?)
                 } else {
-                    EntrySet::Affinity(other.strip_prefix("affinity-services-")?.parse().ok()?)
+                    return None;
                 };
                 SetOf::Entries(set, node_port)
             }
@@ -318,10 +468,36 @@ impl SetOf {
         (canonical == name).then_some(parsed)
     }
 
+    /// An affinity port's set named `name`.
+    fn parse_affinity(name: &str) -> Option<Self> {
+        let (node_port, rest) = match name.strip_prefix("nodeport-") {
+            Some(rest) => (true, rest),
+            None => (false, name),
+        };
+        // The base is `affinity-PROTO-SECONDS-HASH`: three dashes after `affinity`.
+        let at = rest.match_indices('-').nth(3)?.0;
+        let (base, suffix) = (rest.get(..at)?, rest.get(at + 1..)?);
+        let port = AffinityPort::parse_base(base)?;
+        let parsed = match suffix {
+            "entries" => SetOf::AffinityEntries(port, AffinitySet::Record, node_port),
+            "cluster-entries" => SetOf::AffinityEntries(port, AffinitySet::Cluster, node_port),
+            "local-entries" => SetOf::AffinityEntries(port, AffinitySet::Local, node_port),
+            "short-circuit-entries" => {
+                SetOf::AffinityEntries(port, AffinitySet::ShortCircuit, node_port)
+            }
+            "endpoints" if !node_port => SetOf::AffinityEndpoints(port, PinList::Cluster),
+            "local-endpoints" if !node_port => SetOf::AffinityEndpoints(port, PinList::Local),
+            _ => return None,
+        };
+        Some(parsed)
+    }
+
     /// Whether the set's entries are NodePort entries (`P`).
     pub fn node_port(self) -> bool {
         match self {
-            SetOf::Entries(_, node_port) | SetOf::Slots(_, node_port, _) => node_port,
+            SetOf::Entries(_, node_port)
+            | SetOf::Slots(_, node_port, _)
+            | SetOf::AffinityEntries(_, _, node_port) => node_port,
             _ => false,
         }
     }

@@ -4,14 +4,16 @@
 //!
 //! Every rule that carries a verdict, `dnat`, `mark set` or `masquerade` is here, so only
 //! a transaction that writes this part (a full sync, or the first use of a slot count or
-//! affinity timeout) makes the kernel validate the table, and then the table is these few
+//! affinity service port) makes the kernel validate the table, and then the table is these few
 //! chains.
 
 use ipnet::IpNet;
 use kp_core::model::IpFamily;
 use std::fmt::Write as _;
 
-use super::element::{PROTOCOLS, Slots, entry_set_name, slot_map_name};
+use super::element::{
+    AffinityPort, AffinitySet, PROTOCOLS, PinList, Slots, entry_set_name, slot_map_name,
+};
 use super::state::{Changes, Class};
 use crate::config::{LocalDetector, NodePortAddresses};
 use crate::nftables::TABLE;
@@ -43,8 +45,8 @@ pub const PICK: &str = "pick";
 /// Clients an affinity map holds at most (nft's default, 65535, would silently stop
 /// recording on a busy service).
 const AFFINITY_SIZE: u32 = 1 << 20;
-/// `nat-postrouting` jumps here before masquerading: one rule per affinity timeout and
-/// protocol records the endpoint a new connection got.
+/// `nat-postrouting` jumps here before masquerading: each affinity service port's rules record
+/// the endpoint a new connection got.
 pub const AFFINITY_RECORD: &str = "affinity-record";
 
 /// The chains only this layout has (its base chains, `masquerading` and
@@ -65,13 +67,16 @@ pub const OWN_CHAINS: [&str; 9] = [
 /// Whether `name` is a set or map only this layout has (not `cluster-ips` and
 /// `nodeport-ips`, which the chain layout has too).
 pub fn is_own_set(name: &str) -> bool {
-    let affinity_map = name
+    // The per-timeout maps of an earlier version of the layout, and its sets.
+    let legacy_map = name
         .strip_prefix("affinity-")
         .and_then(|rest| rest.split_once('-'))
         .is_some_and(|(seconds, proto)| {
             seconds.parse::<u64>().is_ok() && PROTOCOLS.iter().any(|p| p.as_str() == proto)
         });
-    affinity_map
+    legacy_map
+        || AffinityPort::of_map(name).is_some()
+        || Class::of_set_name(name).is_some()
         || super::element::SetOf::parse(name)
             .is_some_and(|set| set != super::element::SetOf::ClusterIps)
 }
@@ -381,91 +386,146 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
         config,
         out: Vec::new(),
     };
-    let (ip, addr) = (config.ip(), config.addr_type());
-    let nodeport_dst = config.node_port_destination();
-    for node_port in [false, true] {
-        let key = entry_key(ip, node_port);
-        let ty = if node_port {
-            "inet_proto . inet_service".to_owned()
-        } else {
-            format!("{addr} . inet_proto . inet_service")
-        };
-        let dst = entry_prefix(&nodeport_dst, node_port);
-        match class {
-            Class::Count(slots, n) => {
-                let set = entry_set_name(super::element::EntrySet::Count(slots, n), node_port);
-                s.push("add set", format_args!("{set} {{ type {ty} ; }}"));
-                for proto in PROTOCOLS {
-                    let map = slot_map_name(slots, node_port, proto);
-                    let l4 = format!("meta l4proto {} {dst}", proto.as_str());
-                    let pick = format!(
-                        "{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}"
-                    );
-                    match slots {
-                        Slots::Policy => s.rule(PICK, format!("{l4}{pick}")),
-                        Slots::ShortCircuit => {
-                            s.rule(SHORT_CIRCUIT, format!("{l4}fib saddr type local {pick}"));
-                            if let Some(local) = config.local_pod_match(false) {
-                                s.rule(SHORT_CIRCUIT, format!("{l4}{local} {pick}"));
-                            }
-                        }
-                    }
-                }
-            }
-            Class::Affinity(seconds) => {
-                let set = entry_set_name(super::element::EntrySet::Affinity(seconds), node_port);
-                s.push("add set", format_args!("{set} {{ type {ty} ; }}"));
-                for proto in PROTOCOLS {
-                    let map = affinity_map_name(seconds, proto);
-                    let proto = proto.as_str();
-                    if !node_port {
-                        s.push(
-                            "add map",
-                            format_args!(
-                                "{map} {{ typeof {ip} saddr . {ip} daddr . meta l4proto . th dport : {ip} daddr . {proto} dport ; flags dynamic,timeout ; timeout {seconds}s ; size {AFFINITY_SIZE} ; }}"
-                            ),
-                        );
-                    }
-                    s.rule(
-                        AFFINITY,
-                        format!(
-                            "meta l4proto {proto} {dst}{key} @{set} dnat {ip} to {ip} saddr . {ip} daddr . meta l4proto . th dport map @{map}"
-                        ),
-                    );
-                }
-                record_affinity(&mut s, seconds, node_port);
-            }
-        }
+    match class {
+        Class::Count(slots, n) => count_part(&mut s, slots, n),
+        Class::Affinity(port) => affinity_part(&mut s, port),
+        // Only deleted (see `delete_classes_script`).
+        Class::LegacyAffinity(_) => {}
     }
     s.out
 }
 
-/// The map recording the endpoints `proto` clients of entries with a `seconds` affinity
-/// got (one per protocol, as the endpoint maps: see [`slot_map_name`]).
-pub fn affinity_map_name(seconds: u32, proto: kp_core::model::Protocol) -> String {
-    format!("affinity-{seconds}-{}", proto.as_str())
+/// The set of the entries with `n` slots and the rules picking among them.
+fn count_part(s: &mut Script<'_>, slots: Slots, n: u32) {
+    let config = s.config;
+    let (ip, addr) = (config.ip(), config.addr_type());
+    let nodeport_dst = config.node_port_destination();
+    for node_port in [false, true] {
+        let key = entry_key(ip, node_port);
+        let ty = entry_type(addr, node_port);
+        let dst = entry_prefix(&nodeport_dst, node_port);
+        let set = entry_set_name(super::element::EntrySet::Count(slots, n), node_port);
+        s.push("add set", format_args!("{set} {{ type {ty} ; }}"));
+        for proto in PROTOCOLS {
+            let map = slot_map_name(slots, node_port, proto);
+            let l4 = format!("meta l4proto {} {dst}", proto.as_str());
+            let pick =
+                format!("{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}");
+            match slots {
+                Slots::Policy => s.rule(PICK, format!("{l4}{pick}")),
+                Slots::ShortCircuit => {
+                    s.rule(SHORT_CIRCUIT, format!("{l4}fib saddr type local {pick}"));
+                    if let Some(local) = config.local_pod_match(false) {
+                        s.rule(SHORT_CIRCUIT, format!("{l4}{local} {pick}"));
+                    }
+                }
+            }
+        }
+    }
 }
 
-/// The rules recording, after DNAT, the endpoint a new connection to an entry with affinity
-/// got: one per protocol, since nft types `ct original proto-dst` only under a protocol
-/// match. NodePort entries record under the original (local) destination address, the key
-/// their lookup builds.
-fn record_affinity(s: &mut Script<'_>, seconds: u32, node_port: bool) {
+/// `ipv4_addr . inet_proto . inet_service` (or the NodePort type).
+fn entry_type(addr: &str, node_port: bool) -> String {
+    if node_port {
+        "inet_proto . inet_service".to_owned()
+    } else {
+        format!("{addr} . inet_proto . inet_service")
+    }
+}
+
+const AFFINITY_SETS: [AffinitySet; 4] = [
+    AffinitySet::Record,
+    AffinitySet::Cluster,
+    AffinitySet::Local,
+    AffinitySet::ShortCircuit,
+];
+const PIN_LISTS: [PinList; 2] = [PinList::Cluster, PinList::Local];
+
+/// An affinity port's sets and maps, its lookups (in `affinity`) and its record rules (in
+/// `affinity-record`).
+fn affinity_part(s: &mut Script<'_>, port: AffinityPort) {
+    let config = s.config;
+    let (ip, addr) = (config.ip(), config.addr_type());
+    let (proto, seconds) = (port.proto.as_str(), port.seconds);
+    for list in PIN_LISTS {
+        let (addrs, ports) = (port.map_name(list, false), port.map_name(list, true));
+        let flags = format!("flags dynamic,timeout ; timeout {seconds}s ; size {AFFINITY_SIZE} ;");
+        s.push(
+            "add map",
+            format_args!("{addrs} {{ typeof {ip} saddr : {ip} daddr ; {flags} }}"),
+        );
+        s.push(
+            "add map",
+            format_args!("{ports} {{ typeof {ip} saddr : {proto} dport ; {flags} }}"),
+        );
+        let endpoints = port.endpoints_name(list);
+        s.push(
+            "add set",
+            format_args!("{endpoints} {{ type {addr} . inet_service ; }}"),
+        );
+    }
+    let nodeport_dst = config.node_port_destination();
+    let dnat = |list| {
+        let (addrs, ports) = (port.map_name(list, false), port.map_name(list, true));
+        format!("dnat {ip} to {ip} saddr map @{addrs} : {ip} saddr map @{ports}")
+    };
+    for node_port in [false, true] {
+        let ty = entry_type(addr, node_port);
+        for set in AFFINITY_SETS {
+            let name = port.entries_name(set, node_port);
+            s.push("add set", format_args!("{name} {{ type {ty} ; }}"));
+        }
+        let key = entry_key(ip, node_port);
+        let dst = entry_prefix(&nodeport_dst, node_port);
+        let reads = |set| {
+            format!(
+                "meta l4proto {proto} {dst}{key} @{}",
+                port.entries_name(set, node_port)
+            )
+        };
+        s.rule(
+            AFFINITY,
+            format!("{} {}", reads(AffinitySet::Cluster), dnat(PinList::Cluster)),
+        );
+        s.rule(
+            AFFINITY,
+            format!("{} {}", reads(AffinitySet::Local), dnat(PinList::Local)),
+        );
+        // externalTrafficPolicy Local: the short-circuited sources read the cluster pins.
+        let short = reads(AffinitySet::ShortCircuit);
+        let mut sources = vec!["fib saddr type local".to_owned()];
+        sources.extend(config.local_pod_match(false));
+        for source in sources {
+            s.rule(
+                AFFINITY,
+                format!("{source} {short} {}", dnat(PinList::Cluster)),
+            );
+        }
+        s.rule(AFFINITY, format!("{short} {}", dnat(PinList::Local)));
+        record_affinity(s, port, node_port);
+    }
+}
+
+/// The rules recording, after DNAT, the endpoint a new connection to one of `port`'s entries
+/// got, into the pins of each list holding that endpoint (a timeout refreshed on every new
+/// connection, as upstream's `update @affinity-...`). NodePort entries match by the original
+/// protocol and port.
+fn record_affinity(s: &mut Script<'_>, port: AffinityPort, node_port: bool) {
     let ip = s.config.ip();
     let original = if node_port {
         "meta l4proto . ct original proto-dst".to_owned()
     } else {
         format!("ct original {ip} daddr . meta l4proto . ct original proto-dst")
     };
-    let set = entry_set_name(super::element::EntrySet::Affinity(seconds), node_port);
-    let key = format!("{ip} saddr . ct original {ip} daddr . meta l4proto . ct original proto-dst");
-    for proto in PROTOCOLS {
-        let map = affinity_map_name(seconds, proto);
-        let proto = proto.as_str();
+    let entries = port.entries_name(AffinitySet::Record, node_port);
+    let proto = port.proto.as_str();
+    for list in PIN_LISTS {
+        let (addrs, ports) = (port.map_name(list, false), port.map_name(list, true));
+        let endpoints = port.endpoints_name(list);
         s.rule(
             AFFINITY_RECORD,
             format!(
-                "meta l4proto {proto} ct status dnat {original} @{set} update @{map} {{ {key} : {ip} daddr . th dport }}"
+                "meta l4proto {proto} ct status dnat {original} @{entries} {ip} daddr . th dport @{endpoints} update @{addrs} {{ {ip} saddr : {ip} daddr }} update @{ports} {{ {ip} saddr : th dport }}"
             ),
         );
     }
@@ -571,22 +631,49 @@ pub fn delete_classes_script(
         out: Vec::new(),
     };
     for class in classes {
-        for node_port in [false, true] {
-            let set = match class {
-                Class::Count(slots, n) => super::element::EntrySet::Count(*slots, *n),
-                Class::Affinity(seconds) => super::element::EntrySet::Affinity(*seconds),
-            };
-            s.push(
-                "delete set",
-                format_args!("{}", entry_set_name(set, node_port)),
-            );
+        let (sets, maps) = class_objects(*class);
+        for set in sets {
+            s.push("delete set", format_args!("{set}"));
         }
-        if let Class::Affinity(seconds) = class {
-            for proto in PROTOCOLS {
-                let map = affinity_map_name(*seconds, proto);
-                s.push("delete map", format_args!("{map}"));
-            }
+        for map in maps {
+            s.push("delete map", format_args!("{map}"));
         }
     }
     s.out
+}
+
+/// The sets and the maps of a class.
+fn class_objects(class: Class) -> (Vec<String>, Vec<String>) {
+    let both = [false, true];
+    match class {
+        Class::Count(slots, n) => {
+            let set = super::element::EntrySet::Count(slots, n);
+            (both.map(|np| entry_set_name(set, np)).to_vec(), Vec::new())
+        }
+        Class::Affinity(port) => {
+            let mut sets: Vec<String> = PIN_LISTS.map(|list| port.endpoints_name(list)).to_vec();
+            for set in AFFINITY_SETS {
+                sets.extend(both.map(|np| port.entries_name(set, np)));
+            }
+            let maps = PIN_LISTS
+                .into_iter()
+                .flat_map(|list| both.map(|ports| port.map_name(list, ports)))
+                .collect();
+            (sets, maps)
+        }
+        Class::LegacyAffinity(seconds) => {
+            let sets = both.map(|np| {
+                let np = if np { "nodeport-" } else { "" };
+                format!("{np}affinity-services-{seconds}")
+            });
+            let maps = PROTOCOLS.map(|proto| format!("affinity-{seconds}-{}", proto.as_str()));
+            (sets.to_vec(), maps.to_vec())
+        }
+    }
+}
+
+/// The affinity maps of `port`: each list's address and port maps (what a sweep of the
+/// clients pinned to removed endpoints reads).
+pub fn affinity_maps(port: AffinityPort) -> [(PinList, String, String); 2] {
+    PIN_LISTS.map(|list| (list, port.map_name(list, false), port.map_name(list, true)))
 }

@@ -15,7 +15,7 @@
 //!   full or partial sync, computed from the changed ports only, or of a repair from what
 //!   the kernel was read back to hold;
 //! - [`fixed`]: the fixed chains and rules, one set and rule group per slot count or
-//!   affinity timeout in use, and the `nft -f` text of a transaction (and of replacing a
+//!   affinity service port in use, and the `nft -f` text of a transaction (and of replacing a
 //!   table of another layout).
 
 pub mod element;
@@ -31,7 +31,7 @@ use std::net::IpAddr;
 use kp_core::model::{IpFamily, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
 
-pub use element::{Element, Entry, EntrySet, SetOf, Slots};
+pub use element::{AffinityPort, AffinitySet, Element, Entry, EntrySet, PinList, SetOf, Slots};
 pub use fixed::{
     FixedConfig, change_script, delete_classes_script, fixed_part, replace_table_script,
 };

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kp_core::model::{Endpoint, ServicePort};
 
-use super::element::{Element, Entry, EntrySet, Slots};
-use crate::plan::{ExternalMasquerade, InternalMasquerade, NoEndpoints, ServicePlan};
+use super::element::{AffinityPort, AffinitySet, Element, Entry, EntrySet, PinList, Slots};
+use crate::plan::{EndpointList, ExternalMasquerade, InternalMasquerade, NoEndpoints, ServicePlan};
 
 /// The elements of `svc` (one family's view, whose ClusterIP is `cluster_ip`) as `plan`
 /// decides, in a stable order.
@@ -28,9 +28,22 @@ pub fn service_elements(
         proto: svc.name.protocol,
         port: svc.port,
     };
-    internal(&mut out, clusterip, plan);
+    let affinity = plan.affinity_seconds.map(|seconds| {
+        // Validated to at most a day (86,400 s).
+        AffinityPort::new(&svc.name, u32::try_from(seconds).unwrap_or(u32::MAX))
+    });
+    let pins = |out: &mut BTreeSet<Element>, entry, reads| {
+        if let Some(port) = affinity {
+            pin(out, port, entry, reads, plan);
+        }
+    };
+    if internal(&mut out, clusterip, plan) {
+        pins(&mut out, clusterip, reads(plan.internal.list));
+    }
     for entry in external_entries(svc) {
-        external(&mut out, entry, plan);
+        if let Some(reads) = external(&mut out, entry, plan) {
+            pins(&mut out, entry, reads);
+        }
     }
     if plan.source_ranges {
         firewall(&mut out, svc, node_ips);
@@ -56,11 +69,11 @@ fn external_entries(svc: &ServicePort) -> Vec<Entry> {
     entries
 }
 
-/// ClusterIP traffic: the internal policy's slots, or its filter.
-fn internal(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
+/// ClusterIP traffic: the internal policy's slots, or its filter; whether it is DNATed.
+fn internal(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) -> bool {
     if !plan.internal.has_endpoints {
         filter(out, entry, plan.internal_filter);
-        return;
+        return false;
     }
     slots(out, entry, Slots::Policy, plan.list(plan.internal.list));
     match plan.internal_masquerade {
@@ -72,16 +85,25 @@ fn internal(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
         }
         InternalMasquerade::None => {}
     }
-    affinity(out, entry, plan);
+    true
 }
 
 /// External traffic (NodePort, externalIPs, LB IPs): the external policy's slots (or its
 /// filter) and, for externalTrafficPolicy Local, the short-circuit to the Cluster list.
-fn external(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
+/// Returns which pins a DNATed entry's affinity reads.
+fn external(
+    out: &mut BTreeSet<Element>,
+    entry: Entry,
+    plan: &ServicePlan<'_>,
+) -> Option<AffinitySet> {
     if !plan.uses_external_chain {
         filter(out, entry, plan.external_filter);
-        return;
+        return None;
     }
+    let mut pins = plan
+        .external
+        .has_endpoints
+        .then(|| reads(plan.external.list));
     match plan.external_masquerade {
         ExternalMasquerade::Always => {
             out.insert(Element::Entry(EntrySet::MasqueradeAll, entry));
@@ -89,6 +111,7 @@ fn external(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
         ExternalMasquerade::ShortCircuit { .. } => {
             out.insert(Element::Entry(EntrySet::ShortCircuit, entry));
             slots(out, entry, Slots::ShortCircuit, &plan.endpoints.cluster);
+            pins = Some(AffinitySet::ShortCircuit);
         }
         ExternalMasquerade::Never => {}
     }
@@ -98,7 +121,15 @@ fn external(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
         // Only traffic not short-circuited (so not DNATed) reaches the filter.
         filter(out, entry, plan.external_filter);
     }
-    affinity(out, entry, plan);
+    pins
+}
+
+/// The affinity entry set of an entry using `list`.
+fn reads(list: EndpointList) -> AffinitySet {
+    match list {
+        EndpointList::Cluster => AffinitySet::Cluster,
+        EndpointList::Local => AffinitySet::Local,
+    }
 }
 
 /// The filter decision for an entry without endpoints in its list.
@@ -139,12 +170,30 @@ fn slots(out: &mut BTreeSet<Element>, entry: Entry, slots: Slots, list: &[&Endpo
     }
 }
 
-/// ClientIP affinity: record the chosen endpoint for this entry.
-fn affinity(out: &mut BTreeSet<Element>, entry: Entry, plan: &ServicePlan<'_>) {
-    if let Some(seconds) = plan.affinity_seconds {
-        // Validated to at most a day (86,400 s): 4 bytes keep every element smaller.
-        let seconds = u32::try_from(seconds).unwrap_or(u32::MAX);
-        out.insert(Element::Entry(EntrySet::Affinity(seconds), entry));
+/// ClientIP affinity of a DNATed entry: it records into the port's pins and its lookup reads
+/// the pins of `reads`; the endpoints of each list it reads are the candidates.
+fn pin(
+    out: &mut BTreeSet<Element>,
+    port: AffinityPort,
+    entry: Entry,
+    reads: AffinitySet,
+    plan: &ServicePlan<'_>,
+) {
+    out.insert(Element::AffinityEntry(port, AffinitySet::Record, entry));
+    out.insert(Element::AffinityEntry(port, reads, entry));
+    let lists: &[PinList] = match reads {
+        AffinitySet::Cluster => &[PinList::Cluster],
+        AffinitySet::Local => &[PinList::Local],
+        AffinitySet::ShortCircuit | AffinitySet::Record => &[PinList::Cluster, PinList::Local],
+    };
+    for list in lists {
+        let endpoints = match list {
+            PinList::Cluster => &plan.endpoints.cluster,
+            PinList::Local => &plan.endpoints.local,
+        };
+        for ep in endpoints {
+            out.insert(Element::AffinityEndpoint(port, *list, ep.ip, ep.port));
+        }
     }
 }
 

@@ -12,16 +12,20 @@ use std::hash::BuildHasher;
 
 use kp_core::model::{Protocol, ServiceName, ServicePortName};
 
-use super::element::{Element, Entry, EntrySet, SetOf, Slots};
+use super::element::{AffinityPort, Element, Entry, EntrySet, SetOf, Slots};
 
-/// A slot count or affinity timeout in use: each has its sets and fixed rules, written the
+/// A slot count or affinity service port in use: each has its sets and fixed rules, written the
 /// first time an element needs them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Class {
     /// `slots-N` (or `short-circuit-slots-N`) and the rules picking among `N` slots.
     Count(Slots, u32),
-    /// `affinity-T`, `affinity-services-T` and their rules.
-    Affinity(u32),
+    /// An affinity port's sets, maps and rules.
+    Affinity(AffinityPort),
+    /// The per-timeout affinity sets and maps of an earlier version of this layout
+    /// (`affinity-services-T`, `affinity-T-PROTO`): found in a table read back, never
+    /// desired, so the full sync deletes them.
+    LegacyAffinity(u32),
 }
 
 impl Class {
@@ -29,7 +33,9 @@ impl Class {
     fn of(element: &Element) -> Option<Self> {
         match element {
             Element::Entry(EntrySet::Count(slots, n), _) => Some(Class::Count(*slots, *n)),
-            Element::Entry(EntrySet::Affinity(seconds), _) => Some(Class::Affinity(*seconds)),
+            Element::AffinityEntry(port, ..) | Element::AffinityEndpoint(port, ..) => {
+                Some(Class::Affinity(*port))
+            }
             _ => None,
         }
     }
@@ -51,13 +57,28 @@ impl Class {
             .collect()
     }
 
-    /// The class whose set `set` is (`slots-3`, `affinity-services-10800`, ...).
+    /// The class whose set `set` is (`slots-3`, `affinity-tcp-10800-HASH-entries`, ...).
     pub fn of_set(set: SetOf) -> Option<Self> {
         match set {
             SetOf::Entries(EntrySet::Count(slots, n), _) => Some(Class::Count(slots, n)),
-            SetOf::Entries(EntrySet::Affinity(seconds), _) => Some(Class::Affinity(seconds)),
+            SetOf::AffinityEntries(port, ..) | SetOf::AffinityEndpoints(port, _) => {
+                Some(Class::Affinity(port))
+            }
             _ => None,
         }
+    }
+
+    /// The class of the set or map named `name` in a table read back, the legacy affinity
+    /// sets included.
+    pub fn of_set_name(name: &str) -> Option<Self> {
+        if let Some(seconds) = name
+            .strip_prefix("nodeport-")
+            .unwrap_or(name)
+            .strip_prefix("affinity-services-")
+        {
+            return seconds.parse().ok().map(Class::LegacyAffinity);
+        }
+        SetOf::parse(name).and_then(Class::of_set)
     }
 }
 
@@ -269,14 +290,18 @@ impl LayoutState {
         let mut endpoints = BTreeSet::new();
         for element in self.ports.values().flatten() {
             let hit = match element {
-                Element::Entry(_, e) | Element::Allow(e, _) => e == entry,
+                Element::Entry(_, e) | Element::Allow(e, _) | Element::AffinityEntry(_, _, e) => {
+                    e == entry
+                }
                 Element::Slot { entry: e, addr, .. } => {
                     if e == entry {
                         endpoints.insert(*addr);
                     }
                     e == entry
                 }
-                Element::Hairpin(_) | Element::ClusterIp(_) => false,
+                Element::Hairpin(_) | Element::ClusterIp(_) | Element::AffinityEndpoint(..) => {
+                    false
+                }
             };
             if hit {
                 found.push(element);

@@ -160,6 +160,7 @@ fn external_policy_local_short_circuits_to_the_cluster_list() {
     ];
     let state = state_with(vec![(svc, eps)]);
     let elements = port_elements(&state, &ctx(), &name("web"));
+    let base = AffinityPort::new(&name("web"), 60).base();
     let lb: Vec<String> = texts(&elements)
         .into_iter()
         .filter(|e| e.contains("192.0.2.1"))
@@ -171,11 +172,12 @@ fn external_policy_local_short_circuits_to_the_cluster_list() {
             "short-circuit-slots-2 { 192.0.2.1 . tcp . 80 }",
             "short-circuit { 192.0.2.1 . tcp . 80 }",
             "firewall-entries { 192.0.2.1 . tcp . 80 }",
-            "affinity-services-60 { 192.0.2.1 . tcp . 80 }",
             "endpoints-tcp { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
             "short-circuit-endpoints-tcp { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
             "short-circuit-endpoints-tcp { 192.0.2.1 . tcp . 80 . 1 : 10.244.1.1 . 8080 }",
             "firewall-allow { 192.0.2.1 . tcp . 80 . 198.51.100.0/24 }",
+            &format!("{base}-entries {{ 192.0.2.1 . tcp . 80 }}"),
+            &format!("{base}-short-circuit-entries {{ 192.0.2.1 . tcp . 80 }}"),
         ]
     );
 }
@@ -299,7 +301,8 @@ fn a_new_endpoint_count_brings_its_set_and_rules_once() {
 
 #[test]
 fn the_fixed_part_has_no_per_service_object() {
-    let classes = BTreeSet::from([Class::Count(Slots::Policy, 10), Class::Affinity(10800)]);
+    let port = AffinityPort::new(&name("web"), 10800);
+    let classes = BTreeSet::from([Class::Count(Slots::Policy, 10), Class::Affinity(port)]);
     let script = fixed_part(&config(), &classes);
     let rules = script.iter().filter(|s| s.starts_with("add rule")).count();
     assert!(rules < 70, "{rules} rules");
@@ -307,7 +310,11 @@ fn the_fixed_part_has_no_per_service_object() {
         script.iter().all(|s| !s.contains("goto")),
         "no verdict map anywhere"
     );
-    assert!(script.contains(&"add rule ip kube-proxy affinity-record meta l4proto tcp ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @affinity-services-10800 update @affinity-10800-tcp { ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst : ip daddr . th dport }".to_owned()));
+    let b = port.base();
+    let record = format!(
+        "add rule ip kube-proxy affinity-record meta l4proto tcp ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @{b}-entries ip daddr . th dport @{b}-endpoints update @{b} {{ ip saddr : ip daddr }} update @{b}-ports {{ ip saddr : th dport }}"
+    );
+    assert!(script.contains(&record), "{script:#?}");
 }
 
 #[test]
@@ -411,4 +418,161 @@ fn removing_ports_in_any_order_leaves_the_state_of_those_left() {
     }
     assert_eq!(synced.element_count(), 0);
     assert_eq!(synced.elements().count(), 0);
+}
+
+/// A service port with ClientIP affinity on a ClusterIP, an externalIP and a NodePort.
+fn affinity_port(external_local: bool, internal_local: bool) -> ServicePort {
+    let mut svc = port("web", v4(10, 96, 0, 1));
+    svc.external_ips = vec![v4(192, 0, 2, 1)];
+    svc.node_port = Some(30080);
+    svc.external_policy_local = external_local;
+    svc.internal_policy_local = internal_local;
+    svc.session_affinity = Some(SessionAffinity {
+        timeout: Duration::from_secs(60),
+    });
+    svc
+}
+
+/// The affinity elements of `svc` with a local and a remote endpoint.
+fn affinity_texts(svc: ServicePort) -> Vec<String> {
+    let eps = vec![
+        endpoint(v4(10, 244, 0, 1), true),
+        endpoint(v4(10, 244, 1, 1), false),
+    ];
+    let base = AffinityPort::new(&svc.name, 60).base();
+    let state = state_with(vec![(svc, eps)]);
+    texts(&port_elements(&state, &ctx(), &name("web")))
+        .into_iter()
+        .filter(|e| e.contains(&base))
+        .map(|e| e.replace(&base, "A"))
+        .collect()
+}
+
+#[test]
+fn affinity_pins_a_client_across_every_address_of_the_port() {
+    assert_eq!(
+        affinity_texts(affinity_port(false, false)),
+        [
+            "A-entries { 10.96.0.1 . tcp . 80 }",
+            "A-entries { 192.0.2.1 . tcp . 80 }",
+            "nodeport-A-entries { tcp . 30080 }",
+            "A-cluster-entries { 10.96.0.1 . tcp . 80 }",
+            "A-cluster-entries { 192.0.2.1 . tcp . 80 }",
+            "nodeport-A-cluster-entries { tcp . 30080 }",
+            "A-endpoints { 10.244.0.1 . 8080 }",
+            "A-endpoints { 10.244.1.1 . 8080 }",
+        ]
+    );
+}
+
+#[test]
+fn affinity_reads_the_pins_of_the_list_each_path_uses() {
+    // externalTrafficPolicy Local: the ClusterIP reads the cluster pins, the external
+    // entries by source (both lists' endpoints are candidates).
+    assert_eq!(
+        affinity_texts(affinity_port(true, false)),
+        [
+            "A-entries { 10.96.0.1 . tcp . 80 }",
+            "A-entries { 192.0.2.1 . tcp . 80 }",
+            "nodeport-A-entries { tcp . 30080 }",
+            "A-cluster-entries { 10.96.0.1 . tcp . 80 }",
+            "A-short-circuit-entries { 192.0.2.1 . tcp . 80 }",
+            "nodeport-A-short-circuit-entries { tcp . 30080 }",
+            "A-endpoints { 10.244.0.1 . 8080 }",
+            "A-endpoints { 10.244.1.1 . 8080 }",
+            "A-local-endpoints { 10.244.0.1 . 8080 }",
+        ]
+    );
+    // internalTrafficPolicy Local: the ClusterIP reads the local pins only.
+    let internal = affinity_texts(affinity_port(false, true));
+    assert!(internal.contains(&"A-local-entries { 10.96.0.1 . tcp . 80 }".to_owned()));
+    assert!(internal.contains(&"A-local-endpoints { 10.244.0.1 . 8080 }".to_owned()));
+    assert!(!internal.contains(&"A-cluster-entries { 10.96.0.1 . tcp . 80 }".to_owned()));
+}
+
+#[test]
+fn affinity_ports_differ_by_name_protocol_and_timeout() {
+    let web = AffinityPort::new(&name("web"), 60);
+    assert_eq!(web, AffinityPort::new(&name("web"), 60));
+    assert_ne!(web, AffinityPort::new(&name("web"), 61));
+    assert_ne!(web, AffinityPort::new(&name("db"), 60));
+    let mut udp = name("web");
+    udp.protocol = Protocol::Udp;
+    assert_ne!(web, AffinityPort::new(&udp, 60));
+    assert!(web.base().starts_with("affinity-tcp-60-"), "{}", web.base());
+}
+
+#[test]
+fn affinity_set_and_map_names_read_back_to_their_port() {
+    let svc = affinity_port(true, false);
+    let eps = vec![endpoint(v4(10, 244, 0, 1), true)];
+    let state = state_with(vec![(svc, eps)]);
+    let elements = port_elements(&state, &ctx(), &name("web"));
+    let port = AffinityPort::new(&name("web"), 60);
+    for element in elements.iter().filter(|e| {
+        matches!(
+            e,
+            Element::AffinityEntry(..) | Element::AffinityEndpoint(..)
+        )
+    }) {
+        let set = element.set_name();
+        assert_eq!(SetOf::parse(&set), Some(element.set_of()), "{set}");
+        assert_eq!(Class::of_set_name(&set), Some(Class::Affinity(port)));
+        assert!(fixed::is_own_set(&set), "{set}");
+    }
+    for (_, addrs, ports) in fixed::affinity_maps(port) {
+        assert_eq!(AffinityPort::of_map(&addrs), Some(port), "{addrs}");
+        assert_eq!(AffinityPort::of_map(&ports), Some(port), "{ports}");
+        assert!(fixed::is_own_set(&addrs) && fixed::is_own_set(&ports));
+    }
+    let base = port.base();
+    for foreign in [
+        format!("{base}-other"),
+        format!("nodeport-{base}-endpoints"),
+        base.replace("tcp", "icmp"),
+        base.to_uppercase(),
+    ] {
+        assert_eq!(SetOf::parse(&foreign), None, "{foreign}");
+        assert_eq!(AffinityPort::of_map(&foreign), None, "{foreign}");
+    }
+    // The per-timeout sets of the earlier layout are a class of their own, deleted.
+    assert_eq!(
+        Class::of_set_name("nodeport-affinity-services-60"),
+        Some(Class::LegacyAffinity(60))
+    );
+    let deleted = delete_classes_script(&config(), &BTreeSet::from([Class::LegacyAffinity(60)]));
+    assert!(deleted.contains(&"delete map ip kube-proxy affinity-60-tcp".to_owned()));
+    assert!(deleted.contains(&"delete set ip kube-proxy affinity-services-60".to_owned()));
+}
+
+#[test]
+fn an_affinity_port_s_rules_read_both_maps_and_record_into_each_list() {
+    let port = AffinityPort::new(&name("web"), 60);
+    let part = fixed::class_part(&config(), Class::Affinity(port));
+    let b = port.base();
+    let rules: Vec<String> = part
+        .iter()
+        .filter(|s| s.starts_with("add rule"))
+        .map(|s| s.replace(&b, "A"))
+        .collect();
+    assert!(rules.contains(&"add rule ip kube-proxy affinity meta l4proto tcp ip daddr . meta l4proto . th dport @A-cluster-entries dnat ip to ip saddr map @A : ip saddr map @A-ports".to_owned()), "{rules:#?}");
+    assert!(rules.contains(&"add rule ip kube-proxy affinity meta l4proto tcp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-A-short-circuit-entries dnat ip to ip saddr map @A-local : ip saddr map @A-local-ports".to_owned()), "{rules:#?}");
+    assert!(rules.contains(&"add rule ip kube-proxy affinity-record meta l4proto tcp ct status dnat meta l4proto . ct original proto-dst @nodeport-A-entries ip daddr . th dport @A-local-endpoints update @A-local { ip saddr : ip daddr } update @A-local-ports { ip saddr : th dport }".to_owned()), "{rules:#?}");
+    // Short-circuited sources read the cluster pins before the others read the local ones.
+    let short: Vec<&String> = rules
+        .iter()
+        .filter(|r| r.contains(" @A-short-circuit-entries "))
+        .collect();
+    assert!(short.len() >= 2 && short[0].contains("fib saddr type local"));
+    assert!(short.last().is_some_and(|r| r.ends_with("@A-local-ports")));
+    let deleted = delete_classes_script(&config(), &BTreeSet::from([Class::Affinity(port)]));
+    let declared = part
+        .iter()
+        .filter(|s| s.starts_with("add set") || s.starts_with("add map"))
+        .count();
+    assert_eq!(
+        deleted.len(),
+        declared,
+        "every set and map deleted: {deleted:#?}"
+    );
 }
