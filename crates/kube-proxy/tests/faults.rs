@@ -10,6 +10,8 @@
 //!   created once it is back (after the restart: a new server whose history starts at a fresh
 //!   resourceVersion, so the proxy's watches get `410 Gone` and relist) carries traffic within
 //!   seconds. The outage is logged once and counted once;
+//! - the manifests file is rewritten by every way tools write files (module `rewrites`): no
+//!   connection fails, every edit arrives, no half-written file is read;
 //! - another program removes the proxy's rules (module `heal`): they come back within
 //!   seconds, logged and counted once per event, and other programs' rules survive (ipvs
 //!   mode: `ipvsadm -C`, deleting `kube-ipvs0`, a firewalld-style reload, a service address
@@ -21,6 +23,8 @@
 
 #[path = "faults/heal.rs"]
 mod heal;
+#[path = "faults/rewrites.rs"]
+mod rewrites;
 #[allow(dead_code, unused_imports)]
 #[path = "traffic/support.rs"]
 mod support;
