@@ -78,17 +78,22 @@ struct World {
     flags: Flags,
 }
 
+/// An IPv4 cluster with pods `a` and `b`, its namespaces named from `prefix`.
+fn two_pods(prefix: &str) -> Cluster {
+    Cluster::builder()
+        .prefix(prefix)
+        .pod("a")
+        .pod("b")
+        .dual_stack(false)
+        .probe_timeout(PROBE_TIMEOUT)
+        .build()
+        .expect("test cluster builds")
+}
+
 impl World {
     /// Pods `a` and `b`, this Node and the steady Service over both pods.
     fn new(mode: Mode) -> Self {
-        let cluster = Cluster::builder()
-            .prefix(PREFIX)
-            .pod("a")
-            .pod("b")
-            .dual_stack(false)
-            .probe_timeout(PROBE_TIMEOUT)
-            .build()
-            .expect("test cluster builds");
+        let cluster = two_pods(PREFIX);
         let api = FakeApiProcess::start(cluster.echo_binary_path(), cluster.node_ns(), API_ADDRESS)
             .expect("fake API server starts");
         let steady = Service::new("steady", STEADY_IP)
@@ -403,18 +408,31 @@ fn odd_objects(service: &Service) -> Vec<serde_json::Value> {
 /// Whether a connection to `addr`:80 reaches `pod` within [`EVENTUALLY`] (`want`), or
 /// stops reaching it (`!want`); returns how long that took.
 fn eventually(cluster: &Cluster, addr: IpAddr, pod: &str, want: bool, proxy: &Proxy) -> Duration {
+    eventually_on(cluster, (addr, 80), pod, want, proxy)
+}
+
+/// [`eventually`] on another port.
+fn eventually_on(
+    cluster: &Cluster,
+    (addr, port): (IpAddr, u16),
+    pod: &str,
+    want: bool,
+    proxy: &Proxy,
+) -> Duration {
     let start = Instant::now();
     loop {
-        let outcome = cluster.tcp(cluster.client(), addr, 80).expect("probe runs");
+        let outcome = cluster
+            .tcp(cluster.client(), addr, port)
+            .expect("probe runs");
         if outcome.answered_by(pod) == want {
             return start.elapsed();
         }
         assert!(
             start.elapsed() < EVENTUALLY,
-            "{addr}:80 answered by {pod}: still {outcome:?} after {EVENTUALLY:?}; log:\n{}",
+            "{addr}:{port} answered by {pod}: still {outcome:?} after {EVENTUALLY:?}; log:\n{}",
             proxy.tail()
         );
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

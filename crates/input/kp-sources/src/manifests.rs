@@ -27,9 +27,9 @@
 //! event carries the object's kind, namespace and name (what identifies it), and an object
 //! whose other definition went away is decoded again from its file.
 //!
-//! A file being written is never read: a change is read
-//! once it has looked the same on two looks [`SETTLE_TIME`] apart, with no change in the
-//! directory in between (when it is watched). A file still open for writing (the watch saw a
+//! A file being written is never read: a change is read once it has looked the same on two
+//! looks [`SETTLE_TIME`] apart, with no change in the directory in between (when it is
+//! watched). A file still open for writing (the watch saw a
 //! write or truncation and no close since), emptied or removed, or (with no completed write
 //! seen) ending inside a line, must look the same for [`WRITER_HOLD`] instead. So a file
 //! caught between truncation and write, a writer pausing between chunks, or an editor's

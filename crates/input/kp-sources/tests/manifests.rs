@@ -983,11 +983,7 @@ async fn a_file_left_empty_or_a_directory_emptied_is_applied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guard_holds_a_mass_removal_until_a_second_read_agrees() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("services.yaml");
-    std::fs::write(&file, services(150, None)).expect("write");
-    let mut source = Running::polling(dir.path(), NEVER);
-    source.initial().await;
+    let (_dir, file, mut source) = one_file(150, RemovalGuard::default()).await;
 
     // 140 of 150 removed in one complete write: more than half, and at least 100.
     write_atomically(&file, &services(10, Some(3)));
@@ -1010,11 +1006,7 @@ async fn the_guard_holds_a_mass_removal_until_a_second_read_agrees() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mass_removal_undone_before_the_second_read_is_never_applied() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("services.yaml");
-    std::fs::write(&file, services(150, None)).expect("write");
-    let mut source = Running::polling(dir.path(), NEVER);
-    source.initial().await;
+    let (_dir, file, mut source) = one_file(150, RemovalGuard::default()).await;
 
     write_atomically(&file, &services(10, None));
     wait_for(&source.held, 1).await;
@@ -1026,11 +1018,7 @@ async fn a_mass_removal_undone_before_the_second_read_is_never_applied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guard_can_be_turned_off() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("services.yaml");
-    std::fs::write(&file, services(150, None)).expect("write");
-    let mut source = Running::guarded(dir.path(), NEVER, RemovalGuard::off());
-    source.initial().await;
+    let (_dir, file, mut source) = one_file(150, RemovalGuard::off()).await;
     write_atomically(&file, "");
     source.until_described("Deleted Service default/s149").await;
     assert_eq!(source.held.get(), 0);
@@ -1051,7 +1039,10 @@ async fn a_truncated_document_in_the_middle_never_deletes_what_follows() {
     let cut = whole
         .split("---\n")
         .enumerate()
-        .map(|(i, document)| if i == 2 { &document[..30] } else { document })
+        .map(|(i, document)| match i {
+            2 => format!("{}\n", &document[..30]),
+            _ => document.to_owned(),
+        })
         .collect::<Vec<_>>()
         .join("---\n");
     write_atomically(&file, &cut);
@@ -1061,6 +1052,17 @@ async fn a_truncated_document_in_the_middle_never_deletes_what_follows() {
     std::fs::write(&file, services(6, Some(4))).expect("write");
     until_bumped_without_deletion(&mut source, 4).await;
     source.stop().await;
+}
+
+/// A directory holding `services.yaml` with `count` Services, and a source watching it
+/// (with no poll: changes are seen through the watch) with `guard`, past its first load.
+async fn one_file(count: usize, guard: RemovalGuard) -> (tempfile::TempDir, PathBuf, Running) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("services.yaml");
+    std::fs::write(&file, services(count, None)).expect("write");
+    let mut source = Running::guarded(dir.path(), NEVER, guard);
+    source.initial().await;
+    (dir, file, source)
 }
 
 /// Wait (bounded) until `counter` reaches `count`.

@@ -218,32 +218,6 @@ fn extra_ip(round: usize) -> String {
     format!("10.96.2.{}", round % 250 + 1)
 }
 
-/// Waits (bounded by [`EVENTUALLY`]) until `addr:port` is answered by `pod` (`want`) or is
-/// not (`!want`); returns how long that took.
-fn until_answered(
-    cluster: &Cluster,
-    (addr, port): (IpAddr, u16),
-    pod: &str,
-    want: bool,
-    proxy: &Proxy,
-) -> Duration {
-    let start = Instant::now();
-    loop {
-        let outcome = cluster
-            .tcp(cluster.client(), addr, port)
-            .expect("probe runs");
-        if outcome.answered_by(pod) == want {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < EVENTUALLY,
-            "{addr}:{port} answered by {pod}: still {outcome:?} after {EVENTUALLY:?}; log:\n{}",
-            proxy.tail()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// `rounds` rewrites by `writer`, each checked to reach the traffic; the marker's port goes
 /// on from `port`, which is returned as it ends. Prints the slowest edit.
 fn rewrite_rounds(
@@ -260,15 +234,15 @@ fn rewrite_rounds(
         files.rewrite_in(Some(cluster), writer, &text, (port, new), round);
         let took = if writer == Writer::Directory {
             let extra = (ip(&extra_ip(round)), 80);
-            let took = until_answered(cluster, extra, "a", true, proxy);
+            let took = eventually_on(cluster, extra, "a", true, proxy);
             if round > 0 {
                 let gone = (ip(&extra_ip(round - 1)), 80);
-                until_answered(cluster, gone, "a", false, proxy);
+                eventually_on(cluster, gone, "a", false, proxy);
             }
             took
         } else {
             port = new;
-            until_answered(cluster, (ip(MARKER_IP), new), "a", true, proxy)
+            eventually_on(cluster, (ip(MARKER_IP), new), "a", true, proxy)
         };
         slowest = slowest.max(took);
     }
@@ -284,20 +258,13 @@ fn rewrite_rounds(
 /// Every writer, then a document cut in the middle of the file, under load; `services` in
 /// the file and `rounds` rewrites per writer.
 fn rewrites(mode: Mode, services: usize, rounds: usize) {
-    let cluster = Cluster::builder()
-        .prefix(REWRITE_PREFIX)
-        .pod("a")
-        .pod("b")
-        .dual_stack(false)
-        .probe_timeout(PROBE_TIMEOUT)
-        .build()
-        .expect("test cluster builds");
+    let cluster = two_pods(REWRITE_PREFIX);
     let dir = tempfile::tempdir().expect("manifests tempdir");
     let state = tempfile::tempdir().expect("state tempdir");
     let files = Files::new(&cluster, dir.path(), services);
     let flags = Flags::cluster_cidr(CLUSTER_CIDR_V4);
     let proxy = Proxy::start(mode, &cluster, dir.path(), state.path(), &flags);
-    until_answered(&cluster, (ip(MARKER_IP), 2000), "a", true, &proxy);
+    eventually_on(&cluster, (ip(MARKER_IP), 2000), "a", true, &proxy);
     let ((), outcomes) = under_load(&cluster, || {
         let mut port = 2000;
         for writer in WRITERS {
@@ -309,7 +276,7 @@ fn rewrites(mode: Mode, services: usize, rounds: usize) {
         let end = text[cut_at..].find("---\n").expect("its end") + cut_at;
         let cut = format!("{}\n{}", &text[..cut_at + 18], &text[end..]);
         files.rewrite(Writer::Rename, &cut, (port, port + 1), 0);
-        until_answered(&cluster, (ip(MARKER_IP), port + 1), "a", true, &proxy);
+        eventually_on(&cluster, (ip(MARKER_IP), port + 1), "a", true, &proxy);
     });
     let what = format!(
         "{services} Services, {rounds} rewrites by each of {} writers",
