@@ -311,7 +311,8 @@ fn manifests_rewritten_by_every_writer_under_traffic() {
 }
 
 /// The size, run by hand (`nice`; it takes long): 10,000 Services and
-/// `$KP_REWRITES_ROUNDS` (default 100) rewrites per writer.
+/// `$KP_REWRITES_ROUNDS` (default 100) rewrites per writer. A debug build's first sync at
+/// this size wants `KP_TEST_PATIENCE_SECS=300`.
 #[test]
 #[ignore = "10,000 Services, 100 rewrites per writer: run by hand"]
 fn rewrites_at_10k() {
