@@ -65,6 +65,10 @@ enum Format {
 struct Args {
     /// Destination: IP, IP:PORT or [IPv6]:PORT, optionally /tcp, /udp or /sctp (TCP by
     /// default). Without a port, every port of the protocol is explained.
+    #[allow(
+        rustdoc::broken_intra_doc_links,
+        reason = "this text is also --help's, where [IPv6] is literal"
+    )]
     #[arg(value_name = "DEST[:PORT][/PROTO]")]
     dest: Destination,
 

@@ -511,7 +511,7 @@ fn service_cidrs_created_and_deleted_while_running(mode: Mode) {
     let world = World::new(mode);
     let proxy = world.start_proxy();
     let chain = if mode == Mode::NftablesMaps {
-        "entry-filter"
+        "cluster-ip-filter"
     } else {
         "cluster-ips-check"
     };

@@ -1,6 +1,6 @@
 //! README's two commands: the first sets up and runs the demo, the second installs what the
-//! tests need and runs them, and `.ci/run` runs exactly that second command, so what CI
-//! proves is what a new user types. `setup.sh --tests` must know every tool the test suites
+//! tests need and runs them, and `.ci/run` runs that second command first, so what CI proves
+//! is what a new user types; its other steps are the gates docs/testing.md lists. `setup.sh --tests` must know every tool the test suites
 //! need beyond the proxy's own.
 
 use std::path::{Path, PathBuf};
@@ -41,17 +41,35 @@ fn readme_starts_with_the_setup_and_the_test_command() {
     );
 }
 
-#[test]
-fn ci_runs_exactly_the_readme_test_command() {
-    let test_command = readme_commands().pop().expect("two commands");
-    let ci = read(".ci/run");
-    let steps: Vec<&str> = ci
+/// `.ci/run`'s steps: its lines but comments, blank lines and the shell's set-up.
+fn ci_steps() -> Vec<String> {
+    read(".ci/run")
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .filter(|l| !l.starts_with("set ") && !l.starts_with("cd "))
-        .collect();
-    assert_eq!(steps, [test_command.as_str()], ".ci/run:\n{ci}");
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn ci_runs_the_readme_test_command_then_the_gates_testing_md_lists() {
+    let test_command = readme_commands().pop().expect("two commands");
+    let steps = ci_steps();
+    assert_eq!(steps.first(), Some(&test_command), "{steps:?}");
+    // Every other step is a gate, listed in docs/testing.md's "What CI runs" block.
+    let testing = read("docs/testing.md");
+    let section = testing
+        .split("## What CI runs\n")
+        .nth(1)
+        .expect("docs/testing.md has a \"What CI runs\" section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the section has a ```sh block");
+    let listed: Vec<&str> = block.lines().collect();
+    assert_eq!(listed, steps[1..], "docs/testing.md's gates are .ci/run's");
 }
 
 #[test]
@@ -69,6 +87,7 @@ fn setup_installs_what_the_test_suites_run() {
         ("conntrack", "conntrack"),
         ("ipset", "ipset"),
         ("cc", "build-essential"),
+        ("clang", "clang"),
     ] {
         assert!(
             setup.contains(&format!("[{command}]={package}")),
@@ -76,4 +95,13 @@ fn setup_installs_what_the_test_suites_run() {
         );
     }
     assert!(setup.contains("busybox-static"), "the VM's static busybox");
+    assert!(
+        setup.contains("libbpf-dev"),
+        "the BPF programs' headers (kp-socklb)"
+    );
+    // CI's gates: the licence and source check is not part of rustup's toolchain.
+    assert!(
+        setup.contains("cargo install --locked cargo-deny"),
+        "setup.sh installs cargo-deny"
+    );
 }

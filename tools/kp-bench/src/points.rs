@@ -189,7 +189,7 @@ impl Points {
 
     /// `self` with every series that `new` measured (its [`Points::runs`]) replaced by
     /// `new`'s points for it; the other series are kept as they are. Then everything is put
-    /// in `order` (see [`Points::sort`]).
+    /// in `order` (see `Points::sort`).
     pub fn merge(mut self, new: Points, order: &[&str]) -> Points {
         let replaced: Vec<String> = new.runs.iter().map(|r| r.series.clone()).collect();
         let kept = |series: &String| !replaced.contains(series);

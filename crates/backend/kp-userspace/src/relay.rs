@@ -9,7 +9,7 @@
 //! conntrack entries), so the next datagram goes to a current endpoint.
 //!
 //! Caps are per service, not per frontend: every frontend added with the same service name
-//! (its ports, families and scopes) draws on one [`Budget`] of TCP connections and one of UDP
+//! (its ports, families and scopes) draws on one `Budget` of TCP connections and one of UDP
 //! sessions, so a service cannot multiply its share of the node by having more ports.
 //! ClientIP affinity is per service port: frontends added with the same service port share
 //! one table of pins (see [`crate::balancer`]).

@@ -1,4 +1,4 @@
-//! winuserspace's service addresses on Windows: [`IpHelper`] adds, finds and removes
+//! winuserspace's service addresses on Windows: `IpHelper` adds, finds and removes
 //! unicast addresses of one interface with the IP Helper API (`CreateUnicastIpAddressEntry`,
 //! `GetUnicastIpAddressTable`, `DeleteUnicastIpAddressEntry`), as
 //! `kp_userspace::AddressHost`. The functions are looked up in `iphlpapi.dll` when the proxy

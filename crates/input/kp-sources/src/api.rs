@@ -6,7 +6,7 @@
 //! core converges without flushing anything. Watch failures and an unreachable API server never
 //! produce deletions: the watcher retries with backoff and the last state stays programmed,
 //! as with upstream's informers. The backoff is short and a `410` relists at once, so the
-//! watches resume within seconds of the API server answering again (see [`recovery`]).
+//! watches resume within seconds of the API server answering again (see `recovery`).
 //!
 //! Objects are decoded one by one by the fields the proxy reads ([`crate::decoded`]): an odd
 //! value elsewhere never fails a list or a watch, and an object whose read fields do not

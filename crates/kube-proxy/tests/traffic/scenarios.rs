@@ -1288,6 +1288,7 @@ pub fn restricted_node_ports(mode: Mode) {
                 ]);
                 let complete = if mode == Mode::NftablesMaps {
                     forward.contains("jump entry-filter")
+                        && forward.contains("jump cluster-ip-filter")
                 } else {
                     forward.contains("jump service-endpoints-check")
                         && forward.contains("jump cluster-ips-check")

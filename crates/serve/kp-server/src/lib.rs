@@ -9,7 +9,7 @@
 //!   `externalTrafficPolicy: Local` services, reconciled from the proxier's published map.
 //!
 //! Every server takes an already bound [`tokio::net::TcpListener`] and a
-//! [`CancellationToken`](tokio_util::sync::CancellationToken): the caller owns binding (and
+//! [`CancellationToken`]: the caller owns binding (and
 //! upstream's retry-every-5-s or hard-fail policy for the proxy health port), tests run the
 //! servers on `127.0.0.1:0`, and cancelling the token stops accepting at once and lets
 //! in-flight requests finish for at most [`DEFAULT_SHUTDOWN_GRACE`].

@@ -1,9 +1,9 @@
 //! iptables mode over nf_tables netlink: [`NetlinkRestore`] writes what one
 //! `iptables-nft-restore --noflush` of the render would write, as one nf_tables transaction
 //! sent by us (with [`kp_nftnl`]), rule by rule encoded as iptables-nft 1.8.9 encodes it
-//! ([`kp_nftnl::xt`], the mapping from typed rules in [`encode`]). Two departures, both
+//! ([`kp_nftnl::xt`], the mapping from typed rules in `encode`). Two departures, both
 //! invisible to `iptables-save`: partial syncs edit the top-level chains by rule handle
-//! ([`handles`]), and a first sync too large to hold cheaply sends its service chains ahead
+//! (`handles`), and a first sync too large to hold cheaply sends its service chains ahead
 //! in steps ([`DEFAULT_MAX_STEP_MESSAGES`]), so its rule handles are numbered differently.
 //!
 //! Why: iptables-nft-restore's userspace grows quadratically with the number of chains
@@ -16,7 +16,7 @@
 //!
 //! Only where it is known to hold: the iptables backend is nf_tables and `iptables
 //! --version` is one whose encoding we checked ([`VERIFIED_VERSIONS`]); [`NETLINK_ENV`]
-//! turns it off. A render holding something [`encode`] does not know is applied with
+//! turns it off. A render holding something `encode` does not know is applied with
 //! `iptables-restore` instead (counted by the caller), and so is a transaction the kernel
 //! refuses, so the restore path's error handling (isolating a broken service) still
 //! applies.
@@ -186,7 +186,7 @@ impl NetlinkRestore {
     /// Render `state` for `family` straight into one transaction and send it: on a full
     /// sync what `iptables-restore --noflush` of [`kp_rules::iptables::render`]'s text would
     /// do, message for message; on a partial sync the same, except that the top-level chains
-    /// (`KUBE-SERVICES`, ...) are edited by rule handle ([`handles`]) when their handles are
+    /// (`KUBE-SERVICES`, ...) are edited by rule handle (`handles`) when their handles are
     /// known. The returned bookkeeping has no `text`. On error nothing was applied, except
     /// that a first sync into a kernel without service chains goes out in steps
     /// ([`DEFAULT_MAX_STEP_MESSAGES`]), and those before the failed one stay applied: chains

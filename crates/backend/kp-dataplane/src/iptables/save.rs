@@ -142,8 +142,8 @@ pub fn is_removable(chain: &str, table: &SavedTable) -> bool {
     is_own_chain(chain)
 }
 
-/// Whether some kube-proxy mode creates `chain` ([`OWN_CHAINS`], [`OWN_PREFIXES`]); the
-/// shared `KUBE-MARK-MASQ` is not counted here (see [`is_removable`]).
+/// Whether some kube-proxy mode creates `chain` (`OWN_CHAINS`, `OWN_PREFIXES`); the
+/// shared `KUBE-MARK-MASQ` is not counted here (see `is_removable`).
 pub fn is_own_chain(chain: &str) -> bool {
     OWN_CHAINS.contains(&chain) || OWN_PREFIXES.iter().any(|p| chain.starts_with(p))
 }

@@ -30,7 +30,7 @@ pub trait IpsetRunner: Send + Sync {
 /// The `ipset` binary on the `PATH`.
 pub const DEFAULT_IPSET_BINARY: &str = "ipset";
 
-/// The real `ipset` binary ([`DEFAULT_IPSET_BINARY`]), run through the shared exec layer
+/// The real `ipset` binary (`DEFAULT_IPSET_BINARY`), run through the shared exec layer
 /// (killed when a cancelled sync drops it, as every tool the backends run); entry counts come
 /// over netlink, on a blocking thread.
 #[derive(Clone, Debug, Default)]

@@ -476,7 +476,7 @@ impl<'s> NetlinkSink<'s> {
     }
 
     /// The transaction (the last one of a split sync, after the remaining step is sent),
-    /// starting at sequence number `seq` (see [`take_batch`]), or why there is none: the
+    /// starting at sequence number `seq` (see `take_batch`), or why there is none: the
     /// first rule that cannot be encoded, or the step of a split sync the kernel refused.
     pub fn finish(mut self, seq: u32) -> Result<Prepared, NetlinkError> {
         if let Some(error) = self.error.take() {
