@@ -64,19 +64,38 @@ pub struct StartedSource {
     shutdown: CancellationToken,
 }
 
+/// The manifests source's removal guard (`PERCENT%,MIN` or `off`; default `50%,100`): a read
+/// that would remove more of the known Services at once waits for a second read.
+pub(crate) const REMOVAL_GUARD_ENV: &str = "KUBE_PROXY_RS_MANIFESTS_REMOVAL_GUARD";
+
+/// The removal guard [`REMOVAL_GUARD_ENV`] asks for; unset is the default, anything else
+/// that is not a guard is an error.
+fn removal_guard_from_env() -> anyhow::Result<kp_sources::manifests::RemovalGuard> {
+    match std::env::var(REMOVAL_GUARD_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(Default::default()),
+        Err(error) => Err(anyhow::anyhow!("${REMOVAL_GUARD_ENV}: {error}")),
+        Ok(value) => value
+            .parse()
+            .with_context(|| format!("${REMOVAL_GUARD_ENV}")),
+    }
+}
+
 /// Starts the manifests source at `path` for `node_name`, its metrics in `registry`, telling
-/// `first_node` (when given) this node's Node once the first reading is done.
+/// `first_node` (when given) this node's Node once the first reading is done. Fails only for
+/// an invalid [`REMOVAL_GUARD_ENV`].
 pub(crate) fn start_manifests(
     path: &std::path::Path,
     node_name: &str,
     registry: &mut Registry,
     first_node: Option<tokio::sync::oneshot::Sender<Option<k8s_openapi::api::core::v1::Node>>>,
-) -> StartedSource {
-    tracing::info!(path = %path.display(), "Reading Services, EndpointSlices and Nodes from manifests");
+) -> anyhow::Result<StartedSource> {
+    let guard = removal_guard_from_env()?;
+    tracing::info!(path = %path.display(), removal_guard = %guard, "Reading Services, EndpointSlices and Nodes from manifests");
     let (tx, events) = mpsc::channel(EVENT_QUEUE);
     let shutdown = CancellationToken::new();
     let mut source = kp_sources::manifests::ManifestsSource::new(path.to_path_buf())
         .node_name(node_name.to_string())
+        .removal_guard(guard)
         .register_metrics(registry);
     if let Some(first_node) = first_node {
         source = source.report_first_node(first_node);
@@ -89,11 +108,11 @@ pub(crate) fn start_manifests(
             }
         }
     });
-    StartedSource {
+    Ok(StartedSource {
         events,
         task,
         shutdown,
-    }
+    })
 }
 
 impl Settings {
@@ -400,7 +419,7 @@ async fn spawn_source(
     registry: &mut Registry,
 ) -> anyhow::Result<StartedSource> {
     if let Some(path) = manifests {
-        return Ok(start_manifests(path, node_name, registry, None));
+        return start_manifests(path, node_name, registry, None);
     }
     let (tx, events) = mpsc::channel(EVENT_QUEUE);
     let shutdown = CancellationToken::new();

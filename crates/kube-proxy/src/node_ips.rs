@@ -79,7 +79,8 @@ pub struct SourceSpec<'a> {
 /// IPs. With `--manifests` the proxy's own manifests source is started here (its metrics in
 /// `registry`) and returned: the Node comes from its first reading, whose events then go on
 /// to the proxier, so the files are read and decoded once. Never fails for a missing Node
-/// (upstream's fallback); fails only when the API client cannot be built at all.
+/// (upstream's fallback); fails only when the API client cannot be built at all, or the
+/// manifests source cannot start.
 pub async fn detect(
     source: &SourceSpec<'_>,
     config: &KubeProxyConfiguration,
@@ -89,7 +90,7 @@ pub async fn detect(
     let shutdown = CancellationToken::new();
     let (node, started) = match source.manifests {
         Some(path) => {
-            let (node, started) = manifests_node(path, node_name, registry).await;
+            let (node, started) = manifests_node(path, node_name, registry).await?;
             (node, Some(started))
         }
         None => {
@@ -127,18 +128,19 @@ const DEFAULT_MANIFESTS_FIRST_READING_WAIT: Duration = Duration::from_secs(600);
 /// upstream's wait, a path that exists when its first reading ends (bounded by
 /// [`DEFAULT_MANIFESTS_FIRST_READING_WAIT`]); without the Node, with upstream's log line. The
 /// source keeps running either way: a Node it reports later is a change of the node IPs.
+/// Fails only when the source cannot start (an invalid removal guard).
 async fn manifests_node(
     path: &std::path::Path,
     node_name: &str,
     registry: &mut Registry,
-) -> (Option<Node>, StartedSource) {
+) -> anyhow::Result<(Option<Node>, StartedSource)> {
     let (first_node, reading) = oneshot::channel();
     let wait = if path.exists() {
         DEFAULT_MANIFESTS_FIRST_READING_WAIT
     } else {
         DEFAULT_NODE_IPS_TIMEOUT
     };
-    let started = crate::app::start_manifests(path, node_name, registry, Some(first_node));
+    let started = crate::app::start_manifests(path, node_name, registry, Some(first_node))?;
     // A source that stopped before its first reading drops the sender: no Node.
     let found = tokio::time::timeout(wait, reading)
         .await
@@ -148,7 +150,7 @@ async fn manifests_node(
     if found.is_none() {
         tracing::error!(node = node_name, "Timed out waiting for node to exist");
     }
-    (found, started)
+    Ok((found, started))
 }
 
 /// Why the proxy must restart.

@@ -12,6 +12,8 @@
 //!   seconds. The outage is logged once and counted once;
 //! - the kernel refuses every sync (module `refused`): `/healthz` turns 503 within the
 //!   health window, with the reason, a log line and a metric, and 200 once syncs succeed;
+//! - the manifests file is rewritten by every way tools write files (module `rewrites`): no
+//!   connection fails, every edit arrives, no half-written file is read;
 //! - another program removes the proxy's rules (module `heal`): they come back within
 //!   seconds, logged and counted once per event, and other programs' rules survive (ipvs
 //!   mode: `ipvsadm -C`, deleting `kube-ipvs0`, a firewalld-style reload, a service address
@@ -25,6 +27,8 @@
 mod heal;
 #[path = "faults/refused.rs"]
 mod refused;
+#[path = "faults/rewrites.rs"]
+mod rewrites;
 #[allow(dead_code, unused_imports)]
 #[path = "traffic/support.rs"]
 mod support;
@@ -78,17 +82,22 @@ struct World {
     flags: Flags,
 }
 
+/// An IPv4 cluster with pods `a` and `b`, its namespaces named from `prefix`.
+fn two_pods(prefix: &str) -> Cluster {
+    Cluster::builder()
+        .prefix(prefix)
+        .pod("a")
+        .pod("b")
+        .dual_stack(false)
+        .probe_timeout(PROBE_TIMEOUT)
+        .build()
+        .expect("test cluster builds")
+}
+
 impl World {
     /// Pods `a` and `b`, this Node and the steady Service over both pods.
     fn new(mode: Mode) -> Self {
-        let cluster = Cluster::builder()
-            .prefix(PREFIX)
-            .pod("a")
-            .pod("b")
-            .dual_stack(false)
-            .probe_timeout(PROBE_TIMEOUT)
-            .build()
-            .expect("test cluster builds");
+        let cluster = two_pods(PREFIX);
         let api = FakeApiProcess::start(cluster.echo_binary_path(), cluster.node_ns(), API_ADDRESS)
             .expect("fake API server starts");
         let steady = Service::new("steady", STEADY_IP)
@@ -403,18 +412,31 @@ fn odd_objects(service: &Service) -> Vec<serde_json::Value> {
 /// Whether a connection to `addr`:80 reaches `pod` within [`EVENTUALLY`] (`want`), or
 /// stops reaching it (`!want`); returns how long that took.
 fn eventually(cluster: &Cluster, addr: IpAddr, pod: &str, want: bool, proxy: &Proxy) -> Duration {
+    eventually_on(cluster, (addr, 80), pod, want, proxy)
+}
+
+/// [`eventually`] on another port.
+fn eventually_on(
+    cluster: &Cluster,
+    (addr, port): (IpAddr, u16),
+    pod: &str,
+    want: bool,
+    proxy: &Proxy,
+) -> Duration {
     let start = Instant::now();
     loop {
-        let outcome = cluster.tcp(cluster.client(), addr, 80).expect("probe runs");
+        let outcome = cluster
+            .tcp(cluster.client(), addr, port)
+            .expect("probe runs");
         if outcome.answered_by(pod) == want {
             return start.elapsed();
         }
         assert!(
             start.elapsed() < EVENTUALLY,
-            "{addr}:80 answered by {pod}: still {outcome:?} after {EVENTUALLY:?}; log:\n{}",
+            "{addr}:{port} answered by {pod}: still {outcome:?} after {EVENTUALLY:?}; log:\n{}",
             proxy.tail()
         );
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

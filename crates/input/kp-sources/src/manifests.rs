@@ -27,10 +27,23 @@
 //! event carries the object's kind, namespace and name (what identifies it), and an object
 //! whose other definition went away is decoded again from its file.
 //!
-//! A change is applied once it has looked the same on two looks a short settle time apart,
-//! with no change in the directory in between (when it is watched), so a file caught between
-//! truncation and write, or an editor's move-away-and-write, is not taken for the new content
-//! or for a deletion.
+//! A file being written is never read: a change is read once it has looked the same on two
+//! looks [`SETTLE_TIME`] apart, with no change in the directory in between (when it is
+//! watched). A file still open for writing (the watch saw a
+//! write or truncation and no close since), emptied or removed, or (with no completed write
+//! seen) ending inside a line, must look the same for [`WRITER_HOLD`] instead. So a file
+//! caught between truncation and write, a writer pausing between chunks, or an editor's
+//! move-away-and-write is not taken for the new content or for a deletion, while a completed
+//! write (close after writing, rename into place, a ConfigMap's `..data` swap) is read
+//! within [`SETTLE_TIME`].
+//!
+//! # The removal guard
+//!
+//! A read that would remove more of the known Services at once than [`RemovalGuard`] allows
+//! (default: more than half, and at least 100) is held back, logged in one line and counted
+//! in `kube_proxy_rs_manifest_removals_held_total`; the last good state stays. After
+//! [`REMOVAL_CONFIRM`] every file is read again: if the files still say so, the read is
+//! applied; if they changed, what they say now is judged instead.
 //!
 //! # Broken documents
 //!
@@ -58,8 +71,10 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+mod guard;
 mod parse;
 mod scan;
+mod settle;
 #[cfg(test)]
 mod tests;
 #[cfg(target_os = "linux")]
@@ -68,6 +83,7 @@ mod wakeup;
 #[path = "manifests/wakeup_poll.rs"]
 mod wakeup;
 
+pub use guard::{RemovalGuard, RemovalGuardError};
 pub use parse::{
     DEFAULT_NAMESPACE, Kind, ManifestError, Object, ObjectKey, Problem, parse_manifests,
     parse_manifests_each,
@@ -77,16 +93,28 @@ pub use parse::{
 /// and costs one `stat` per file per second, which is nothing for a directory of manifests.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How long a change must look the same before it is applied. Long enough for a writer to
-/// finish a small file and for coarse file timestamps (a few milliseconds) to move on; short
-/// enough not to be noticed.
-pub const SETTLE_TIME: Duration = Duration::from_millis(100);
+/// How long a change must look the same before it is applied. Long enough for coarse file
+/// timestamps (a few milliseconds) to move on; short enough that an edit reaches the rules
+/// well within a second.
+pub const SETTLE_TIME: Duration = Duration::from_millis(50);
+
+/// How long a file open for writing (no close since its last write), emptied, removed, or
+/// ending inside a line must look the same before it is taken as final: longer than a
+/// writer's pauses between chunks, short enough that a real removal is not left waiting.
+pub const WRITER_HOLD: Duration = Duration::from_secs(1);
+
+/// How long after the removal guard holds a read back the files are read again to confirm
+/// it.
+pub const REMOVAL_CONFIRM: Duration = Duration::from_secs(1);
 
 /// The name the error counter is registered under; the exposition adds `_total`.
 const ERRORS_METRIC: &str = "kube_proxy_rs_manifest_errors";
 
 /// The name the decoded-documents counter is registered under.
 const DECODED_METRIC: &str = "kube_proxy_rs_manifest_documents_decoded";
+
+/// The name the counter of reads held back by the removal guard is registered under.
+const HELD_METRIC: &str = "kube_proxy_rs_manifest_removals_held";
 
 /// Why the manifests source stopped.
 #[derive(Debug, thiserror::Error)]
@@ -104,8 +132,8 @@ pub struct ManifestsSource {
     path: PathBuf,
     node_name: Option<String>,
     poll_interval: Duration,
-    errors: Counter,
-    decoded: Counter,
+    removal_guard: RemovalGuard,
+    counters: scan::Counters,
     /// Where to tell this node's Node (or that there is none) once the first reading is
     /// complete, before its events are sent.
     first_node: Option<oneshot::Sender<Option<Node>>>,
@@ -118,8 +146,8 @@ impl ManifestsSource {
             path: path.into(),
             node_name: None,
             poll_interval: DEFAULT_POLL_INTERVAL,
-            errors: Counter::default(),
-            decoded: Counter::default(),
+            removal_guard: RemovalGuard::default(),
+            counters: scan::Counters::default(),
             first_node: None,
         }
     }
@@ -147,32 +175,51 @@ impl ManifestsSource {
         self
     }
 
+    /// Hold back a read that removes this many of the known Services until a second read
+    /// agrees (default [`RemovalGuard::default`]: more than half, and at least 100).
+    pub fn removal_guard(mut self, guard: RemovalGuard) -> Self {
+        self.removal_guard = guard;
+        self
+    }
+
     /// Register `kube_proxy_rs_manifest_errors_total` (broken documents and unreadable
-    /// files, each counted once per content seen) and
-    /// `kube_proxy_rs_manifest_documents_decoded_total` in `registry`.
+    /// files, each counted once per content seen),
+    /// `kube_proxy_rs_manifest_documents_decoded_total` and
+    /// `kube_proxy_rs_manifest_removals_held_total` in `registry`.
     pub fn register_metrics(self, registry: &mut Registry) -> Self {
         registry.register(
             ERRORS_METRIC,
             "Manifest documents skipped because they are broken, and manifest files that could not be read",
-            self.errors.clone(),
+            self.counters.errors.clone(),
         );
         registry.register(
             DECODED_METRIC,
             "Manifest documents decoded; a re-read file decodes only the documents whose text changed",
-            self.decoded.clone(),
+            self.counters.decoded.clone(),
+        );
+        registry.register(
+            HELD_METRIC,
+            "Manifest reads held back because they would remove more of the known Services at once than the removal guard allows; applied when a second read agrees",
+            self.counters.held.clone(),
         );
         self
     }
 
     /// The error counter, for callers that register metrics themselves.
     pub fn errors_counter(&self) -> Counter {
-        self.errors.clone()
+        self.counters.errors.clone()
     }
 
     /// The counter of decoded documents (every document of the first read, then only the
     /// documents whose text changed), for callers that register metrics themselves.
     pub fn decoded_counter(&self) -> Counter {
-        self.decoded.clone()
+        self.counters.decoded.clone()
+    }
+
+    /// The counter of reads the removal guard held back, for callers that register metrics
+    /// themselves.
+    pub fn held_counter(&self) -> Counter {
+        self.counters.held.clone()
     }
 
     /// Watch the files and send events until `shutdown` is cancelled or `tx`'s receiver is
@@ -182,14 +229,19 @@ impl ManifestsSource {
         tx: mpsc::Sender<SourceEvent>,
         shutdown: CancellationToken,
     ) -> Result<(), ManifestsError> {
-        // Settling longer than the poll interval would slow down nothing but tests.
+        // Waits longer than the poll interval would slow down nothing but tests.
         let settle = SETTLE_TIME.min(self.poll_interval);
+        let timing = settle::Timing {
+            settle,
+            hold: WRITER_HOLD,
+        };
+        let guard = guard::Guard::new(self.removal_guard, REMOVAL_CONFIRM);
         let mut scanner = scan::Scanner::new(
             self.path.clone(),
             self.node_name.clone(),
-            self.errors.clone(),
-            self.decoded.clone(),
-            settle,
+            self.counters.clone(),
+            timing,
+            guard,
         );
         let mut wakeup = wakeup::Wakeup::new();
         let mut synced = false;
@@ -220,9 +272,13 @@ impl ManifestsSource {
                 () = tx.closed() => return Ok(()),
                 () = wait => {}
             }
-            if let Some(wakeup) = wakeup.as_ref() {
-                wakeup.drain();
-            }
+            let writers = wakeup
+                .as_ref()
+                .map_or_else(settle::Writers::default, |wakeup| {
+                    wakeup.drain();
+                    wakeup.writers()
+                });
+            let now = tokio::time::Instant::now().into_std();
             // `stat` and reads may block on a slow filesystem: keep them off the runtime. The
             // events are made and sent from the same blocking thread, so the objects they
             // hold (the first load's 20,000 at 10k services) come and go in that thread's
@@ -240,13 +296,13 @@ impl ManifestsSource {
                 shutdown: shutdown.clone(),
             };
             let task = tokio::task::spawn_blocking(move || {
-                let poll = scanner.poll();
-                let (complete, settling) = (poll.complete, poll.settling);
+                let poll = scanner.poll(&writers, now);
+                let (complete, settling, recheck) = (poll.complete, poll.settling, poll.recheck);
                 let (first_node, delivered) = sender.deliver(poll, initial, first_node);
-                (scanner, complete, settling, first_node, delivered)
+                (scanner, complete, settling, recheck, first_node, delivered)
             });
-            let (complete, first_node, delivered);
-            (scanner, complete, settling, first_node, delivered) = tokio::select! {
+            let (complete, recheck, first_node, delivered);
+            (scanner, complete, settling, recheck, first_node, delivered) = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(()),
                 joined = task => joined?,
@@ -256,7 +312,9 @@ impl ManifestsSource {
             }
             self.first_node = first_node;
             synced |= complete;
-            delay = self.poll_interval;
+            delay = recheck.map_or(self.poll_interval, |recheck| {
+                recheck.min(self.poll_interval)
+            });
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The manifests source on real files: initial load, every way files get replaced, broken
-//! edits, deletion, a single-file path, a path that appears late, and shutdown.
+//! edits, deletion, a single-file path, a path that appears late, shutdown, files caught
+//! while being written, and the removal guard.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use kp_core::event::{ObjectEvent, SourceEvent};
-use kp_sources::manifests::{ManifestsError, ManifestsSource};
+use kp_sources::manifests::{ManifestsError, ManifestsSource, RemovalGuard};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -89,6 +90,8 @@ struct Running {
     errors: Counter,
     /// Documents decoded so far.
     decoded: Counter,
+    /// Reads the removal guard held back.
+    held: Counter,
     /// Every event received so far, for failure messages.
     seen: Vec<String>,
     /// The rest of a received batch, handed out one event at a time by [`Running::until`].
@@ -102,11 +105,18 @@ impl Running {
 
     /// A source polling every `poll`.
     fn polling(path: &Path, poll: Duration) -> Running {
+        Running::guarded(path, poll, RemovalGuard::default())
+    }
+
+    /// A source polling every `poll` with the removal guard `guard`.
+    fn guarded(path: &Path, poll: Duration, guard: RemovalGuard) -> Running {
         let source = ManifestsSource::new(path)
             .node_name("node-1")
-            .poll_interval(poll);
+            .poll_interval(poll)
+            .removal_guard(guard);
         let errors = source.errors_counter();
         let decoded = source.decoded_counter();
+        let held = source.held_counter();
         let (tx, rx) = mpsc::channel(16);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(source.run(tx, shutdown.clone()));
@@ -116,6 +126,7 @@ impl Running {
             task,
             errors,
             decoded,
+            held,
             seen: Vec::new(),
             pending: VecDeque::new(),
         }
@@ -884,4 +895,185 @@ async fn odd_objects_load_edit_and_delete_like_any_other() {
     let (_, before) = source.until_described("Deleted Service default/odd").await;
     assert!(before.is_empty(), "{:?}", source.seen);
     source.stop().await;
+}
+
+/// `count` Services `s0`, `s1`, ... in one multi-document text, `s{bumped}` on port 81.
+fn services(count: usize, bumped: Option<usize>) -> String {
+    (0..count)
+        .map(|i| {
+            let port = if Some(i) == bumped { 81 } else { 80 };
+            service_yaml(
+                &format!("s{i}"),
+                &format!("10.0.{}.{}", i / 200, i % 200 + 1),
+                port,
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// Receive events until `s{index}` arrives on port 81; panics if anything was deleted first.
+async fn until_bumped_without_deletion(source: &mut Running, index: usize) {
+    let name = format!("default/s{index}");
+    let (_, before) = source
+        .until(&format!("{name} on port 81"), |e| {
+            applied_service(e).is_some_and(|s| {
+                s.metadata.name.as_deref() == Some(&name[8..]) && first_port(s) == 81
+            })
+        })
+        .await;
+    let deleted: Vec<String> = before
+        .iter()
+        .map(describe)
+        .filter(|d| d.starts_with("Deleted"))
+        .collect();
+    assert!(
+        deleted.is_empty(),
+        "deleted before the edit arrived: {deleted:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncate_then_write_in_pauses_deletes_nothing() {
+    use std::io::Write as _;
+
+    for poll in [POLL, NEVER] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("services.yaml");
+        std::fs::write(&file, services(10, None)).expect("write");
+        let mut source = Running::polling(dir.path(), poll);
+        source.initial().await;
+
+        // As `cat > file` from a slow producer: truncated, then written in pieces (the first
+        // ending inside a line), each pause far longer than the settle time.
+        let text = services(10, Some(7));
+        let (head, tail) = text.split_at(text.len() / 2 + 3);
+        let mut writer = std::fs::File::create(&file).expect("truncate");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        writer.write_all(head.as_bytes()).expect("write");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        writer.write_all(tail.as_bytes()).expect("write");
+        drop(writer);
+        until_bumped_without_deletion(&mut source, 7).await;
+        assert_eq!(source.errors.get(), 0, "nothing partial was parsed");
+        source.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_left_empty_or_a_directory_emptied_is_applied() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("a.yaml");
+    let other = dir.path().join("b.yaml");
+    std::fs::write(&file, services(2, None)).expect("write");
+    std::fs::write(&other, service_yaml("b", "10.0.9.1", 80)).expect("write");
+    let mut source = Running::start(dir.path());
+    source.initial().await;
+
+    std::fs::write(&file, "").expect("empty");
+    let (_, before) = source.until_described("Deleted Service default/s1").await;
+    let described: Vec<_> = before.iter().map(describe).collect();
+    assert_eq!(described, ["Deleted Service default/s0"]);
+    std::fs::remove_file(&file).expect("remove");
+    std::fs::remove_file(&other).expect("remove");
+    let (_, before) = source.until_described("Deleted Service default/b").await;
+    assert!(before.is_empty(), "{:?}", source.seen);
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_holds_a_mass_removal_until_a_second_read_agrees() {
+    let (_dir, file, mut source) = one_file(150, RemovalGuard::default()).await;
+
+    // 140 of 150 removed in one complete write: more than half, and at least 100.
+    write_atomically(&file, &services(10, Some(3)));
+    wait_for(&source.held, 1).await;
+    assert!(
+        source.rx.is_empty() && source.pending.is_empty(),
+        "nothing is sent while held: {:?}",
+        source.seen
+    );
+    // One batch: the deletions, then the edit.
+    let (_, before) = source.until_described("Applied Service default/s3").await;
+    let deleted = before
+        .iter()
+        .filter(|e| describe(e).starts_with("Deleted"))
+        .count();
+    assert_eq!((deleted, before.len()), (140, 140), "{:?}", source.seen);
+    assert_eq!(source.held.get(), 1);
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mass_removal_undone_before_the_second_read_is_never_applied() {
+    let (_dir, file, mut source) = one_file(150, RemovalGuard::default()).await;
+
+    write_atomically(&file, &services(10, None));
+    wait_for(&source.held, 1).await;
+    write_atomically(&file, &services(150, Some(120)));
+    until_bumped_without_deletion(&mut source, 120).await;
+    assert_eq!(source.held.get(), 1);
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_can_be_turned_off() {
+    let (_dir, file, mut source) = one_file(150, RemovalGuard::off()).await;
+    write_atomically(&file, "");
+    source.until_described("Deleted Service default/s149").await;
+    assert_eq!(source.held.get(), 0);
+    source.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_document_in_the_middle_never_deletes_what_follows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("services.yaml");
+    std::fs::write(&file, services(6, None)).expect("write");
+    let mut source = Running::start(dir.path());
+    source.initial().await;
+
+    // `s2` cut off mid-document (a bad merge, a botched edit), the documents after it intact
+    // and `s5` changed.
+    let whole = services(6, Some(5));
+    let cut = whole
+        .split("---\n")
+        .enumerate()
+        .map(|(i, document)| match i {
+            2 => format!("{}\n", &document[..30]),
+            _ => document.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("---\n");
+    write_atomically(&file, &cut);
+    until_bumped_without_deletion(&mut source, 5).await;
+    source.errors_reach(1).await;
+    // Mended: nothing to report but `s2` unchanged.
+    std::fs::write(&file, services(6, Some(4))).expect("write");
+    until_bumped_without_deletion(&mut source, 4).await;
+    source.stop().await;
+}
+
+/// A directory holding `services.yaml` with `count` Services, and a source watching it
+/// (with no poll: changes are seen through the watch) with `guard`, past its first load.
+async fn one_file(count: usize, guard: RemovalGuard) -> (tempfile::TempDir, PathBuf, Running) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("services.yaml");
+    std::fs::write(&file, services(count, None)).expect("write");
+    let mut source = Running::guarded(dir.path(), NEVER, guard);
+    source.initial().await;
+    (dir, file, source)
+}
+
+/// Wait (bounded) until `counter` reaches `count`.
+async fn wait_for(counter: &Counter, count: u64) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while counter.get() < count {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "counter stuck at {}",
+            counter.get()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

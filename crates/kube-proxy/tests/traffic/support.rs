@@ -38,9 +38,16 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// sync over 30 s at load 19).
 const GUEST_PATIENCE: Duration = Duration::from_secs(120);
 
-/// How long to wait for something the proxy should do soon, here or in the test VM.
+/// How long to wait for something the proxy should do soon, here or in the test VM;
+/// `$KP_TEST_PATIENCE_SECS` for runs by hand at sizes that take longer (a 10k first sync in a
+/// debug build).
 fn patience() -> Duration {
-    if kp_vm::in_guest() {
+    if let Some(secs) = std::env::var("KP_TEST_PATIENCE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Duration::from_secs(secs)
+    } else if kp_vm::in_guest() {
         GUEST_PATIENCE
     } else {
         PATIENCE

@@ -70,6 +70,16 @@ enum Layout {
     Single,
 }
 
+/// How an edit is written to its manifests file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Write {
+    /// A hidden file renamed over it (atomic).
+    Rename,
+    /// In place, as `cat > file` or Python's `open(f, "w")`: truncated, then written in
+    /// 64 KiB pieces.
+    InPlace,
+}
+
 /// Which iptables the proxy runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Variant {
@@ -115,6 +125,13 @@ struct Args {
     /// Where the proxy reads its objects from.
     #[arg(long, value_enum, default_value_t = Source::Manifests)]
     source: Source,
+    /// How an edit is written to its manifests file.
+    #[arg(long, value_enum, default_value_t = Write::Rename)]
+    write: Write,
+    /// `KUBE_PROXY_RS_MANIFESTS_REMOVAL_GUARD` for the proxy (`off`, `50%,100`; default:
+    /// unset, the proxy's default).
+    #[arg(long)]
+    removal_guard: Option<String>,
     /// The kp-echo binary serving the fake API server with `--source api` (default: the
     /// one kp-testbed finds next to this binary).
     #[arg(long)]
@@ -284,6 +301,17 @@ fn replace_file(dir: &Path, name: &str, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Rewrite `dir/name` in place: truncate, then write in 64 KiB pieces (each its own
+/// `write`, as a buffered writer does), then close.
+fn rewrite_in_place(dir: &Path, name: &str, text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::File::create(dir.join(name))?;
+    for piece in text.as_bytes().chunks(64 * 1024) {
+        file.write_all(piece)?;
+    }
+    Ok(())
+}
+
 /// How many log lines an error shows.
 const LOG_TAIL: usize = 20;
 
@@ -316,9 +344,13 @@ impl Proxy {
         } else {
             "chains"
         };
-        let process = netns
+        let mut launch = netns
             .proxy(&args.binary)?
-            .env("KUBE_PROXY_RS_NFTABLES_LAYOUT", layout)
+            .env("KUBE_PROXY_RS_NFTABLES_LAYOUT", layout);
+        if let Some(guard) = &args.removal_guard {
+            launch = launch.env("KUBE_PROXY_RS_MANIFESTS_REMOVAL_GUARD", guard);
+        }
+        let process = launch
             .arg(source)
             .args([
                 mode,
@@ -542,9 +574,10 @@ async fn proxy_run(
             (_, Variant::Legacy) => "legacy (--iptables-backend)",
             (_, Variant::Nft) => "nf_tables (--iptables-backend)",
         },
-        match args.source {
-            Source::Manifests => "",
-            Source::Api => ", API server",
+        match (args.source, args.write) {
+            (Source::Manifests, Write::Rename) => "",
+            (Source::Manifests, Write::InPlace) => ", in-place write",
+            (Source::Api, _) => ", API server",
         }
     );
     let log = dir.join(format!(
@@ -761,7 +794,10 @@ fn send_edit(
         let Some((name, text)) = edited_layout(args.layout, scale, edits) else {
             return Ok(false);
         };
-        replace_file(manifests_dir, &name, &text)?;
+        match args.write {
+            Write::Rename => replace_file(manifests_dir, &name, &text)?,
+            Write::InPlace => rewrite_in_place(manifests_dir, &name, &text)?,
+        }
         return Ok(true);
     };
     let index = edit.service;

@@ -14,9 +14,11 @@ use kp_core::event::SourceEvent;
 use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, info, warn};
 
+use super::guard::{Decision, Guard};
 use super::parse::{
     Kind, ManifestError, Object, ObjectKey, Problem, decode_document, split_documents,
 };
+use super::settle::{Look, Timing, Writers};
 
 /// File name extensions read from a directory, as `kubectl apply -f DIR` does.
 const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
@@ -295,8 +297,10 @@ pub(super) struct Poll {
     pub events: Vec<Change>,
     /// The path could be listed, and every file seen has been read.
     pub complete: bool,
-    /// Changes were seen once and wait for a confirming look after a short settle time.
+    /// Changes were seen and wait for a confirming look after a short settle time.
     pub settling: bool,
+    /// A read is held back by the removal guard: look again after this long at the latest.
+    pub recheck: Option<Duration>,
 }
 
 impl Poll {
@@ -321,10 +325,15 @@ pub(super) struct Scanner {
     decoded: Counter,
     hasher: TextHasher,
     /// How long a change must stay the same before it is applied.
-    settle: Duration,
+    timing: Timing,
+    /// Holds back reads that would remove many Services.
+    guard: Guard,
+    /// Reads the guard held back.
+    held: Counter,
     files: BTreeMap<PathBuf, FileState>,
-    /// Changes seen once: the new stamp (`None`: the file vanished).
-    pending: BTreeMap<PathBuf, Option<Stamp>>,
+    /// Changes seen and not read yet: the new stamp (`None`: the file vanished) and when it
+    /// was first seen.
+    pending: BTreeMap<PathBuf, (Option<Stamp>, Instant)>,
     /// The objects reported: each one's content hash, by key.
     reported: BTreeMap<ObjectKey, TextHash>,
     /// The problem last reported for the path itself, to report each once.
@@ -333,21 +342,34 @@ pub(super) struct Scanner {
     loaded: bool,
 }
 
+/// The scanner's counters.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Counters {
+    /// Broken documents and unreadable files.
+    pub errors: Counter,
+    /// Documents decoded.
+    pub decoded: Counter,
+    /// Reads held back by the removal guard.
+    pub held: Counter,
+}
+
 impl Scanner {
     pub(super) fn new(
         root: PathBuf,
         node_name: Option<String>,
-        errors: Counter,
-        decoded: Counter,
-        settle: Duration,
+        counters: Counters,
+        timing: Timing,
+        guard: Guard,
     ) -> Scanner {
         Scanner {
             root,
             node_name,
-            errors,
-            decoded,
+            errors: counters.errors,
+            decoded: counters.decoded,
+            held: counters.held,
             hasher: TextHasher::default(),
-            settle,
+            timing,
+            guard,
             files: BTreeMap::new(),
             pending: BTreeMap::new(),
             reported: BTreeMap::new(),
@@ -356,51 +378,96 @@ impl Scanner {
         }
     }
 
-    /// Look at the files once; read the ones whose change is confirmed (or all, the first
-    /// time), and return the events for the resulting object set.
-    pub(super) fn poll(&mut self) -> Poll {
+    /// Look at the files once (at `now`, with what the watch saw of their `writers`); read
+    /// the ones whose change has settled (or all, the first time), and return the events for
+    /// the resulting object set.
+    pub(super) fn poll(&mut self, writers: &Writers, now: Instant) -> Poll {
         let Some((seen, exists)) = self.list() else {
             return Poll::default();
         };
+        if self.guard.reread_due(now) {
+            // A held read is confirmed by reading every file again, each as a change.
+            for state in self.files.values_mut() {
+                state.stamp = None;
+            }
+        }
         let paths: Vec<PathBuf> = self.files.keys().chain(seen.keys()).cloned().collect();
         let mut changed = false;
         let mut settling = false;
         for path in paths {
-            let now = seen.get(&path).cloned();
+            let current = seen.get(&path).cloned();
             let known = self.files.get(&path).map(|state| state.stamp.clone());
-            if known.as_ref() == Some(&now) && now.is_some() {
+            if known.is_none() && current.is_none()
+                || known.as_ref() == Some(&current) && current.is_some()
+            {
                 self.pending.remove(&path);
                 continue;
             }
-            if known.is_none() && now.is_none() {
-                self.pending.remove(&path);
-                continue;
-            }
-            // A change. Apply it at once on the first load, else only once it has looked the
-            // same twice, `settle` apart: a writer may be between truncating and writing, or
-            // an editor between moving the old file away and writing the new one.
-            let confirmed = !self.loaded || self.pending.get(&path) == Some(&now);
-            if !confirmed {
-                self.pending.insert(path, now);
+            let look = self.look(&path, &current, known.flatten().as_ref(), writers, now);
+            // The first load applies everything at once; later changes once they have
+            // settled (see `settle`): a writer may be between truncating and writing, or an
+            // editor between moving the old file away and writing the new one.
+            if self.loaded && !self.timing.may_read(&look) {
                 settling = true;
                 continue;
             }
-            self.pending.remove(&path);
-            changed = true;
-            match now {
-                Some(stamp) => settling |= self.read(&path, stamp),
+            let done = match current {
+                Some(stamp) => self.read(&path, stamp, &look),
                 None => {
                     info!(file = %path.display(), "manifests file removed; its objects are deleted");
                     self.files.remove(&path);
+                    Some(false)
                 }
+            };
+            match done {
+                Some(recent) => {
+                    self.pending.remove(&path);
+                    changed = true;
+                    settling |= recent;
+                }
+                None => settling = true,
             }
         }
         self.loaded = true;
-        let events = if changed { self.diff() } else { Vec::new() };
+        let events = if changed || self.guard.holding() {
+            self.diff(now)
+        } else {
+            Vec::new()
+        };
         Poll {
             events,
-            complete: exists && self.pending.is_empty(),
+            complete: exists && self.pending.is_empty() && !self.guard.holding(),
             settling,
+            recheck: self.guard.wake_in(now),
+        }
+    }
+
+    /// A look at `path`'s change to `current` from `known` (`None`: new, or forced to be
+    /// read again), remembering when it was first seen as it is now.
+    fn look(
+        &mut self,
+        path: &Path,
+        current: &Option<Stamp>,
+        known: Option<&Stamp>,
+        writers: &Writers,
+        now: Instant,
+    ) -> Look {
+        let stable_for = match self.pending.get(path) {
+            Some((stamp, since)) if stamp == current => Some(now.duration_since(*since)),
+            _ => {
+                self.pending.insert(path.to_owned(), (current.clone(), now));
+                None
+            }
+        };
+        let had_content = known.is_some_and(|stamp| stamp.len > 0)
+            || self
+                .files
+                .get(path)
+                .is_some_and(|state| !state.objects.is_empty());
+        Look {
+            writer: writers.of(path),
+            stable_for,
+            emptied: had_content && current.as_ref().is_none_or(|stamp| stamp.len == 0),
         }
     }
 
@@ -479,16 +546,30 @@ impl Scanner {
         Ok((files, None))
     }
 
-    /// Read and parse one file; returns whether it must be looked at again soon.
-    fn read(&mut self, path: &Path, stamp: Stamp) -> bool {
-        let recent = stamp.is_recent(SystemTime::now(), self.settle);
+    /// Read and parse one file; returns whether it must be looked at again soon, or `None`
+    /// when what was read is not complete yet (see [`Timing::complete`]): nothing changes
+    /// then.
+    fn read(&mut self, path: &Path, stamp: Stamp, look: &Look) -> Option<bool> {
+        let bytes = std::fs::read(path);
+        if let Ok(bytes) = &bytes
+            && !self.timing.complete(bytes, look)
+        {
+            debug!(file = %path.display(), "manifests file ends inside a line; reading it again once written");
+            return None;
+        }
+        let recent = stamp.is_recent(SystemTime::now(), self.timing.settle);
         let state = self.files.entry(path.to_owned()).or_default();
         // Recently modified: force a re-read next time, in case a write lands within the same
         // timestamp tick (an unchanged content hash then makes it cheap and silent).
         state.stamp = if recent { None } else { Some(stamp) };
-        let text = std::fs::read(path)
+        let text = bytes
             .map_err(|error| error.to_string())
             .and_then(|bytes| String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned()));
+        Some(self.take(path, text, recent))
+    }
+
+    /// Take `text` (or the error reading it) as `path`'s content; returns `recent`.
+    fn take(&mut self, path: &Path, text: Result<String, String>, recent: bool) -> bool {
         let text = match text {
             Ok(text) => text,
             Err(message) => {
@@ -612,8 +693,9 @@ impl Scanner {
         );
     }
 
-    /// The object set from all files (later file names win), against what was reported.
-    fn diff(&mut self) -> Vec<Change> {
+    /// The object set from all files (later file names win), against what was reported;
+    /// nothing while the removal guard holds the read back.
+    fn diff(&mut self, now: Instant) -> Vec<Change> {
         let mut wanted: BTreeMap<ObjectKey, (&Stored, &Path)> = BTreeMap::new();
         for (path, state) in &self.files {
             for object in &state.objects {
@@ -654,6 +736,33 @@ impl Scanner {
         for key in self.reported.keys() {
             if !wanted.contains_key(key) {
                 events.push(Change::Deleted(key.clone()));
+            }
+        }
+        let removed: Vec<&ObjectKey> = events
+            .iter()
+            .filter_map(|change| match change {
+                Change::Deleted(key) if key.kind == Kind::Service => Some(key),
+                _ => None,
+            })
+            .collect();
+        let known = self
+            .reported
+            .keys()
+            .filter(|key| key.kind == Kind::Service)
+            .count();
+        let removal = self.hasher.of(&format!("{removed:?}")).0;
+        let settled = self.pending.is_empty();
+        match self
+            .guard
+            .decide(removal, removed.len(), known, settled, now)
+        {
+            Decision::Apply => {}
+            Decision::Hold { first } => {
+                if first {
+                    self.held.inc();
+                    held_notice(&removed, known, &self.guard);
+                }
+                return Vec::new();
             }
         }
         let mut reported = BTreeMap::new();
@@ -716,6 +825,21 @@ impl Scanner {
         }
         found
     }
+}
+
+/// The one line that says a read is held back, and why.
+fn held_notice(removed: &[&ObjectKey], known: usize, guard: &Guard) {
+    let config = guard.config();
+    let some: Vec<String> = removed.iter().take(3).map(ToString::to_string).collect();
+    warn!(
+        removed = removed.len(),
+        known,
+        "holding back a manifests read that would remove {} of {known} Services ({}, ...): more than {}% and at least {} at once; it is applied if the files still say so when read again",
+        removed.len(),
+        some.join(", "),
+        config.percent,
+        config.min,
+    );
 }
 
 fn stamp_or_error(path: &Path) -> Stamp {

@@ -1,19 +1,29 @@
 //! A wake-up for the poll: inotify on the directory that holds the manifests, so an edit is
 //! looked at within milliseconds instead of at the next poll.
 //!
-//! Only a hint. The poll still decides what changed (and still runs every poll interval):
+//! The events also say how each entry was last written (see [`Writers`]): written or truncated
+//! and not closed yet, or closed after writing or moved into place, so the scanner does not
+//! read a file its writer is still writing.
+//!
+//! Otherwise only a hint. The poll still decides what changed (and still runs every poll interval):
 //! inotify misses files behind symlinks that lead out of the directory, and its queue can
 //! overflow. Watching the directory, not the files, sees all three ways files are replaced:
 //! a write in place (`IN_MODIFY`/`IN_CLOSE_WRITE` of an entry), a rename over a file
 //! (`IN_MOVED_TO`), and a ConfigMap volume's swap of `..data` (`IN_MOVED_TO` of `..data`).
 
+use std::ffi::OsStr;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
-use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use tokio::io::unix::AsyncFd;
 use tracing::debug;
+
+use super::settle::Writers;
 
 /// The directory entry changes that may change what a poll sees. Not `IN_ACCESS` or
 /// `IN_OPEN`: the scanner's own reads would wake it.
@@ -32,6 +42,8 @@ pub(super) struct Wakeup {
     fd: AsyncFd<OwnedFd>,
     /// The directory watched and its watch descriptor.
     watched: Option<(PathBuf, i32)>,
+    /// How its entries were last written, from the events drained so far.
+    writers: Mutex<Writers>,
 }
 
 impl Wakeup {
@@ -46,7 +58,11 @@ impl Wakeup {
             .map_err(io::Error::from)
             .and_then(AsyncFd::new);
         match created {
-            Ok(fd) => Some(Wakeup { fd, watched: None }),
+            Ok(fd) => Some(Wakeup {
+                fd,
+                watched: None,
+                writers: Mutex::default(),
+            }),
             Err(error) => {
                 debug!(%error, "no inotify; manifests changes are seen at the next poll");
                 None
@@ -75,6 +91,14 @@ impl Wakeup {
                     // already, which removed its watch).
                     let _ = inotify::remove_watch(self.fd.get_ref(), *old);
                 }
+                if self
+                    .watched
+                    .as_ref()
+                    .is_none_or(|(_, old)| *old != descriptor)
+                {
+                    // Events of another directory say nothing of this one's writers.
+                    self.lock().forget();
+                }
                 self.watched = Some((dir.to_owned(), descriptor));
             }
             Err(error) => {
@@ -85,10 +109,40 @@ impl Wakeup {
         }
     }
 
-    /// Throw away the events queued so far: the poll about to run sees what they announced.
+    /// Take the events queued so far into [`Wakeup::writers`]: the poll about to run sees
+    /// what else they announced.
     pub(super) fn drain(&self) {
-        let mut buffer = [0_u8; 4096];
-        while rustix::io::read(self.fd.get_ref(), &mut buffer).is_ok_and(|read| read > 0) {}
+        let mut buffer = [MaybeUninit::<u8>::uninit(); 4096];
+        let mut reader = inotify::Reader::new(self.fd.get_ref(), &mut buffer);
+        let mut writers = self.lock();
+        while let Ok(event) = reader.next() {
+            let flags = event.events();
+            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                writers.forget();
+                continue;
+            }
+            let Some(name) = event.file_name() else {
+                continue;
+            };
+            let name = OsStr::from_bytes(name.to_bytes());
+            if flags.intersects(ReadFlags::DELETE | ReadFlags::MOVED_FROM) {
+                writers.gone(name);
+            } else if flags.intersects(ReadFlags::CLOSE_WRITE | ReadFlags::MOVED_TO) {
+                writers.done(name);
+            } else if flags.contains(ReadFlags::MODIFY) {
+                writers.modified(name);
+            }
+        }
+    }
+
+    /// How the watched directory's entries were last written, as of the last drain.
+    pub(super) fn writers(&self) -> Writers {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Writers> {
+        // A panic while holding it leaves a map that is still a map.
+        self.writers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Wait until an event is queued (without consuming it; [`Wakeup::drain`] does).

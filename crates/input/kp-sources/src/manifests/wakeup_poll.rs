@@ -24,6 +24,11 @@ impl Wakeup {
     }
 
     /// Never called.
+    pub(super) fn writers(&self) -> super::settle::Writers {
+        match *self {}
+    }
+
+    /// Never called.
     pub(super) async fn changed(&self) {
         match *self {}
     }
