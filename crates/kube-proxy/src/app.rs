@@ -4,6 +4,7 @@
 //! single-threaded runtime on a dedicated thread, so they keep answering while the main
 //! runtime is busy with a large sync.
 
+use kp_core::report::ErrorChain as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -85,7 +86,7 @@ pub(crate) fn start_manifests(
         let shutdown = shutdown.clone();
         async move {
             if let Err(error) = source.run(tx, shutdown).await {
-                tracing::error!(%error, "manifests source stopped; keeping the last state");
+                tracing::error!(error = %error.chain(), "manifests source stopped; keeping the last state");
             }
         }
     });
@@ -272,7 +273,7 @@ pub async fn run<B: Backend + 'static>(
         }
     }
     if let Err(error) = source.await {
-        tracing::warn!(%error, "source task ended abnormally");
+        tracing::warn!(error = %error.chain(), "source task ended abnormally");
     }
     let fatal = match admin_thread.join() {
         Ok(fatal) => fatal,
@@ -318,7 +319,7 @@ fn start_watch<B: Backend>(
             Some((stop, thread))
         }
         Err(error) => {
-            tracing::warn!(%error, "cannot watch nf_tables; other programs' changes are found by the periodic check only");
+            tracing::warn!(error = %error.chain(), "cannot watch nf_tables; other programs' changes are found by the periodic check only");
             None
         }
     }
@@ -403,7 +404,7 @@ async fn spawn_source(
         let shutdown = shutdown.clone();
         async move {
             if let Err(error) = source.run(tx, shutdown).await {
-                tracing::error!(%error, "API source stopped; keeping the last state");
+                tracing::error!(error = %error.chain(), "API source stopped; keeping the last state");
             }
         }
     });
@@ -538,7 +539,7 @@ impl Admin {
                     && let Err(error) =
                         kp_server::serve_health(listener, health, families, metrics, stop).await
                 {
-                    tracing::error!(%error, "health server stopped");
+                    tracing::error!(error = %error.chain(), "health server stopped");
                 }
                 Ok(())
             });
@@ -553,7 +554,7 @@ impl Admin {
                     )
                     .await
                 {
-                    tracing::error!(%error, "metrics server stopped");
+                    tracing::error!(error = %error.chain(), "metrics server stopped");
                 }
                 Ok(())
             });
@@ -597,7 +598,9 @@ async fn bind_with_retry(
                     "cannot bind the {server} server to {addr}: {error}"
                 ));
             }
-            Err(error) => tracing::error!(server, address = %addr, %error, "cannot bind; retrying"),
+            Err(error) => {
+                tracing::error!(server, address = %addr, error = %error.chain(), "cannot bind; retrying")
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(BIND_RETRY) => {}

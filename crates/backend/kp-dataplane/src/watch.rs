@@ -15,6 +15,7 @@
 //! table itself (`kp_nftnl::monitor::quiet`) and finds others' commits in that time from the
 //! nf_tables generation instead (`crate::nftables::layout`).
 
+use kp_core::report::ErrorChain as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -252,7 +253,7 @@ pub fn spawn(
                         continue;
                     }
                     Err(error) => {
-                        warn!(%error, "reading nf_tables notifications failed; only the canary checks remain");
+                        warn!(error = %error.chain(), "reading nf_tables notifications failed; only the canary checks remain");
                         return;
                     }
                 };

@@ -27,6 +27,7 @@
 //! If the event channel closes, the last state is kept and re-synced periodically: a broken
 //! source must never flush working rules.
 
+use crate::report::ErrorChain as _;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
@@ -456,7 +457,7 @@ impl<B: Backend> Proxier<B> {
                 found
             }
             Err(error) => {
-                warn!(%error, "cannot check the rules in the kernel");
+                warn!(error = %error.chain(), "cannot check the rules in the kernel");
                 false
             }
         }
@@ -621,7 +622,7 @@ impl<B: Backend> Proxier<B> {
                 true
             }
             Err(error) => {
-                error!(%error, ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
+                error!(error = %error.chain(), ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
                 self.metrics.sync_failures.inc();
                 self.force_full = true;
                 false
@@ -635,7 +636,7 @@ impl<B: Backend> Proxier<B> {
     fn apply_recorded(&mut self) {
         let update = self.tracker.apply(Arc::make_mut(&mut self.state));
         for error in &update.invalid {
-            warn!(%error, "skipping invalid object");
+            warn!(error = %error.chain(), "skipping invalid object");
             self.metrics
                 .invalid_objects
                 .get_or_create(&KindLabel { kind: error.kind })

@@ -7,6 +7,7 @@
 //! a write in place (`IN_MODIFY`/`IN_CLOSE_WRITE` of an entry), a rename over a file
 //! (`IN_MOVED_TO`), and a ConfigMap volume's swap of `..data` (`IN_MOVED_TO` of `..data`).
 
+use kp_core::report::ErrorChain as _;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -48,7 +49,7 @@ impl Wakeup {
         match created {
             Ok(fd) => Some(Wakeup { fd, watched: None }),
             Err(error) => {
-                debug!(%error, "no inotify; manifests changes are seen at the next poll");
+                debug!(error = %error.chain(), "no inotify; manifests changes are seen at the next poll");
                 None
             }
         }
@@ -79,7 +80,7 @@ impl Wakeup {
             }
             Err(error) => {
                 if self.watched.take().is_some() {
-                    debug!(dir = %dir.display(), %error, "cannot watch the manifests directory; polling only");
+                    debug!(dir = %dir.display(), error = %error.chain(), "cannot watch the manifests directory; polling only");
                 }
             }
         }
