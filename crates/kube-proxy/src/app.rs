@@ -208,21 +208,17 @@ pub async fn run<B: Backend + 'static>(
     ));
 
     // Where nf_tables notifies, the canaries are checked when it does (and before periodic
-    // syncs); elsewhere, and for what it cannot notify of (ipvs mode's IPVS, kube-ipvs0 and
-    // ipsets), on a short period.
+    // syncs) until the watch is lost; elsewhere, and for what it cannot notify of (ipvs
+    // mode's IPVS, kube-ipvs0 and ipsets), on a short period.
     #[cfg(target_os = "linux")]
     let watching = settings.watch.is_some();
     #[cfg(not(target_os = "linux"))]
     let watching = false;
-    let canary_period = if watching && !settings.canaries_while_watched {
-        Duration::ZERO
-    } else {
-        config.canary_period
-    };
     let mut proxier_config = ProxierConfig::new(node_name)
         .with_min_sync_period(config.min_sync_period())
         .with_sync_period(config.sync_period())
-        .with_canary_period(canary_period);
+        .with_canary_period(config.canary_period)
+        .with_canaries_paused_while_watched(watching && !settings.canaries_while_watched);
     if settings.node_found {
         // Its labels decide topology hints: the first sync waits for the Node's watch,
         // bounded as the wait for its IPs at start-up.
@@ -293,8 +289,8 @@ pub async fn run<B: Backend + 'static>(
     Ok(())
 }
 
-/// The nf_tables watch thread and its stop flag; `None` (logged) when the kernel refuses
-/// the subscription, leaving the canary checks before periodic syncs.
+/// The nf_tables watch thread and its stop flag; `None` when the kernel refuses the
+/// subscription, which the proxier hears as a lost watch (its canary checks start).
 #[cfg(target_os = "linux")]
 fn start_watch<B: Backend>(
     owned: kp_dataplane::watch::Owned,
@@ -319,7 +315,12 @@ fn start_watch<B: Backend>(
             Some((stop, thread))
         }
         Err(error) => {
-            tracing::warn!(error = %error.chain(), "cannot watch nf_tables; other programs' changes are found by the periodic check only");
+            let lost = kp_core::foreign::ForeignEvent::WatchLost(format!(
+                "cannot watch nf_tables: {}",
+                error.chain()
+            ));
+            // The queue is empty before the proxier runs.
+            let _ = proxier.foreign_events().try_send(lost);
             None
         }
     }
