@@ -21,6 +21,8 @@ declare -A packages=(
   [kill]=procps
   # Building: the linker, and the C compiler and libc headers `ring` needs.
   [cc]=build-essential
+  # kp-socklb's build.rs compiles its BPF programs (C) with clang (-target bpf).
+  [clang]=clang
 )
 if [ "${1:-}" = "--tests" ]; then
   # The IPVS/SCTP suites boot Debian's kernel in QEMU (tools/kp-vm); the kernel package
@@ -44,6 +46,8 @@ for cmd in "${!packages[@]}"; do
   # `type -P`: the program on PATH, not a shell builtin (kill is both; we exec the program).
   type -P "$cmd" >/dev/null 2>&1 || missing+=("${packages[$cmd]}")
 done
+# The BPF programs include libbpf's helper definitions (headers only; nothing links libbpf).
+[ -e /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
 # The VM's init is /bin/busybox and must be the static build.
 if [ "${1:-}" = "--tests" ] && { [ ! -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; }; then
   missing+=(busybox-static)

@@ -218,7 +218,11 @@ pub async fn run<B: Backend + 'static>(
         .with_min_sync_period(config.min_sync_period())
         .with_sync_period(config.sync_period())
         .with_canary_period(config.canary_period)
-        .with_canaries_paused_while_watched(watching && !settings.canaries_while_watched);
+        .with_canaries_paused_while_watched(watching && !settings.canaries_while_watched)
+        .with_external_ips(kp_config::gates::enabled(
+            &config.feature_gates,
+            "AllowServiceExternalIPs",
+        ));
     if settings.node_found {
         // Its labels decide topology hints: the first sync waits for the Node's watch,
         // bounded as the wait for its IPs at start-up.
@@ -238,6 +242,11 @@ pub async fn run<B: Backend + 'static>(
         info: MetricsInfo {
             proxy_mode: mode.to_string(),
             configz: serde_json::to_value(&config).context("encoding /configz")?,
+            zpages: Some(crate::zpages::pages(
+                &config,
+                std::env::args_os(),
+                std::time::SystemTime::now(),
+            )),
         },
         service_health: proxier.service_health(),
         explainer: explainer(

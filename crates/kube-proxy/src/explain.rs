@@ -366,7 +366,10 @@ async fn read_state(
         }
     };
 
-    let mut tracker = ChangeTracker::new(node_name);
+    let mut tracker = ChangeTracker::new(node_name).with_external_ips(kp_config::gates::enabled(
+        &config.feature_gates,
+        "AllowServiceExternalIPs",
+    ));
     let deadline = tokio::time::Instant::now() + args.timeout;
     let mut until = deadline;
     let mut ended = false;

@@ -16,8 +16,11 @@ mod log;
 #[cfg(target_os = "linux")]
 mod modes;
 mod node_ips;
+#[cfg(target_os = "linux")]
+mod notices;
 #[cfg(not(target_os = "linux"))]
 mod win;
+mod zpages;
 
 use std::process::ExitCode;
 
@@ -208,6 +211,7 @@ fn run_proxy(options: &Options, config: KubeProxyConfiguration) -> anyhow::Resul
     modes::check_runnable(mode)?;
     let host = probe_host(Task::Run)?;
     let mode = host.mode_to_run(mode);
+    announce_start(&runtime, options, &config, mode);
     let (detected, started, registry) = read_node_ips(&runtime, options, &config)?;
     let families = host.families.clone();
     let settings = app::Settings::new(
@@ -219,6 +223,37 @@ fn run_proxy(options: &Options, config: KubeProxyConfiguration) -> anyhow::Resul
     );
     modes::apply_oom_score_adj(settings.config());
     modes::run(&runtime, mode, settings, &host, registry)
+}
+
+/// Logs what upstream tells the operator about the mode that runs and, with an API server,
+/// posts it as Events on this node's Node (in the background: events never hold up the start).
+#[cfg(target_os = "linux")]
+fn announce_start(
+    runtime: &tokio::runtime::Runtime,
+    options: &Options,
+    config: &KubeProxyConfiguration,
+    running: kp_config::ProxyMode,
+) {
+    let notices = notices::start_notices(config, running);
+    if notices.is_empty() {
+        return;
+    }
+    let _entered = runtime.enter();
+    let events = match options.manifests {
+        Some(_) => None,
+        None => match runtime.block_on(app::api_client(options.master.as_deref(), config)) {
+            Ok(client) => Some(kp_sources::events::NodeEvents::new(
+                client,
+                &app::node_name(config),
+                &notices::host_name(),
+            )),
+            Err(error) => {
+                tracing::warn!(%error, "no API client for this node's events");
+                None
+            }
+        },
+    };
+    notices::announce(&notices, events.as_ref());
 }
 
 /// The proxy (or `--cleanup`, `--init-only`) on Windows.

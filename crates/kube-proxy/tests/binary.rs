@@ -171,6 +171,19 @@ fn serves_health_and_metrics_and_reflects_edits() {
     );
     let (code, body) = get(proxy.metrics, "/proxyMode");
     assert_eq!((code, body.trim()), (200, "fake"));
+    // The z-pages, as text (no Accept header): this binary and the flags it was given.
+    let (code, body) = get(proxy.metrics, "/statusz");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("kube-proxy statusz") && body.contains("Emulation version: 1.36"),
+        "{body}"
+    );
+    let (code, body) = get(proxy.metrics, "/flagz");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("\nproxy-mode=fake\n") && body.contains("\nv=2\n"),
+        "{body}"
+    );
 
     // A new service written in place is picked up.
     std::fs::write(

@@ -10,6 +10,8 @@
 //!   created once it is back (after the restart: a new server whose history starts at a fresh
 //!   resourceVersion, so the proxy's watches get `410 Gone` and relist) carries traffic within
 //!   seconds. The outage is logged once and counted once;
+//! - the kernel refuses every sync (module `refused`): `/healthz` turns 503 within the
+//!   health window, with the reason, a log line and a metric, and 200 once syncs succeed;
 //! - another program removes the proxy's rules (module `heal`): they come back within
 //!   seconds, logged and counted once per event, and other programs' rules survive (ipvs
 //!   mode: `ipvsadm -C`, deleting `kube-ipvs0`, a firewalld-style reload, a service address
@@ -21,6 +23,8 @@
 
 #[path = "faults/heal.rs"]
 mod heal;
+#[path = "faults/refused.rs"]
+mod refused;
 #[allow(dead_code, unused_imports)]
 #[path = "traffic/support.rs"]
 mod support;
@@ -489,7 +493,7 @@ fn service_cidrs_created_and_deleted_while_running(mode: Mode) {
     let world = World::new(mode);
     let proxy = world.start_proxy();
     let chain = if mode == Mode::NftablesMaps {
-        "entry-filter"
+        "cluster-ip-filter"
     } else {
         "cluster-ips-check"
     };
@@ -559,6 +563,11 @@ mod userspace {
 
 mod nftables {
     use super::*;
+
+    #[test]
+    fn syncs_the_kernel_refuses_turn_the_proxy_unhealthy() {
+        refused::syncs_the_kernel_refuses_turn_the_proxy_unhealthy();
+    }
 
     #[test]
     fn odd_objects_lose_only_themselves() {

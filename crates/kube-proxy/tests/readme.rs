@@ -87,6 +87,7 @@ fn setup_installs_what_the_test_suites_run() {
         ("conntrack", "conntrack"),
         ("ipset", "ipset"),
         ("cc", "build-essential"),
+        ("clang", "clang"),
     ] {
         assert!(
             setup.contains(&format!("[{command}]={package}")),
@@ -94,6 +95,10 @@ fn setup_installs_what_the_test_suites_run() {
         );
     }
     assert!(setup.contains("busybox-static"), "the VM's static busybox");
+    assert!(
+        setup.contains("libbpf-dev"),
+        "the BPF programs' headers (kp-socklb)"
+    );
     // CI's gates: the licence and source check is not part of rustup's toolchain.
     assert!(
         setup.contains("cargo install --locked cargo-deny"),

@@ -7,6 +7,8 @@
 //! functions of the [`support::Mode`]. Needs root; build the echo helper first:
 //! `cargo build -p kp-testbed --bins && cargo test -p kube-proxy --test traffic`.
 
+#[path = "traffic/differential.rs"]
+mod differential;
 #[path = "traffic/scenarios.rs"]
 mod scenarios;
 #[path = "traffic/support.rs"]
@@ -114,6 +116,13 @@ mode_tests!(iptables_restore, Mode::IptablesRestore);
 mode_tests!(nftables, Mode::Nftables);
 mode_tests!(nftables_maps, Mode::NftablesMaps);
 mode_tests!(userspace, Mode::Userspace);
+
+/// nftables mode's two layouts on generated cluster states: every probe must end the same
+/// way in both (`KP_DIFF_SEEDS`, `KP_DIFF_CASES`: see the module).
+#[test]
+fn nftables_layouts_agree() {
+    differential::layouts_agree();
+}
 
 /// ipvs mode: this machine's kernel has no IPVS, so one boot of the test VM (tools/kp-vm)
 /// runs the `#[ignore]`d scenarios below in Debian's kernel: the whole suite. By-design

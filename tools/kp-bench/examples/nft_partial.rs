@@ -79,14 +79,8 @@ fn main() -> anyhow::Result<()> {
     let (mut jumps, mut empties) = (Vec::new(), Vec::new());
     let (mut apply_cpus, mut jump_cpus) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
-        let (name, text) = edited_file(
-            scale,
-            &[Edit {
-                service: 0,
-                generation: round,
-            }],
-        )
-        .context("no service to edit")?;
+        let (name, text) =
+            edited_file(scale, &[Edit::replace(0, round)]).context("no service to edit")?;
         let changed = loaded.update(&name, &text)?;
         let started = Instant::now();
         let partial = render(

@@ -96,22 +96,13 @@ fn each_service_lives_in_the_file_the_scale_names() {
 fn an_edit_changes_exactly_one_service_and_keeps_earlier_edits() {
     let scale = Scale::new(40, 4);
     let mut loaded = Loaded::new(&generate::generate(scale)).expect("valid");
-    let first = [Edit {
-        service: 0,
-        generation: 1,
-    }];
+    let first = [Edit::replace(0, 1)];
     let (file, text) = generate::edited_file(scale, &first).expect("edit");
     assert_eq!(file, generate::file_name(0));
     let changed = loaded.update(&file, &text).expect("valid edit");
     assert_eq!(changed, BTreeSet::from([name(0)]));
 
-    let both = [
-        first[0],
-        Edit {
-            service: 9,
-            generation: 1,
-        },
-    ];
+    let both = [first[0], Edit::replace(9, 1)];
     let (file, text) = generate::edited_file(scale, &both).expect("edit");
     let changed = loaded.update(&file, &text).expect("valid edit");
     assert_eq!(changed, BTreeSet::from([name(9)]));
@@ -123,10 +114,7 @@ fn services_without_endpoints_are_valid_and_an_edit_adds_one() {
     let scale = Scale::new(12, 0);
     let mut loaded = Loaded::new(&generate::generate(scale)).expect("valid");
     assert_eq!(loaded.endpoints(), 0);
-    let edit = [Edit {
-        service: 3,
-        generation: 1,
-    }];
+    let edit = [Edit::replace(3, 1)];
     let (file, text) = generate::edited_file(scale, &edit).expect("edit");
     let changed = loaded.update(&file, &text).expect("valid edit");
     assert_eq!(changed, BTreeSet::from([name(3)]));
@@ -389,12 +377,56 @@ fn the_single_file_layout_holds_the_same_objects_and_edits_one_service() {
         "node.yaml + one file"
     );
     assert_eq!(single.state, files.state);
-    let edit = [Edit {
-        service: 700,
-        generation: 1,
-    }];
+    let edit = [Edit::replace(700, 1)];
     let (file, text) = generate::edited_single(scale, &edit);
     assert_eq!(file, generate::SINGLE_FILE);
     let changed = single.update(&file, &text).expect("valid edit");
     assert_eq!(changed, BTreeSet::from([name(700)]));
+}
+
+#[test]
+fn every_change_kind_changes_its_service_alone_and_stays_valid() {
+    use clap::ValueEnum as _;
+    let scale = Scale::new(40, 3);
+    let mut loaded = Loaded::new(&generate::generate(scale)).expect("valid");
+    let mut edits: Vec<Edit> = Vec::new();
+    for &change in generate::Change::value_variants() {
+        let edit = generate::next_edit(scale, change, &edits).expect("a service fits");
+        edits.push(edit);
+        let home = generate::file_name(scale.file_of(edit.service).min(scale.files() - 1));
+        let (file, text) =
+            generate::edited_file(scale, &edits_in(&edits, scale, &home)).expect("an edited file");
+        if change == generate::Change::ServiceRemoved {
+            let gone = format!("name: {}\n", generate::service_name(edit.service));
+            assert!(!text.contains(&gone), "{change:?}: {gone} still there");
+            continue;
+        }
+        let changed = loaded.update(&file, &text).expect("valid edit");
+        assert_eq!(changed, BTreeSet::from([name(edit.service)]), "{change:?}");
+        // The API server's view of the same edit is valid on its own.
+        let (service, slice) = generate::objects_yaml(scale, edit.service, &edits);
+        parse_file("edit.yaml", &format!("{service}{slice}")).expect("valid objects");
+    }
+    // Every file with every edit is a valid cluster.
+    let files = (0..scale.files())
+        .map(|f| {
+            let name = generate::file_name(f);
+            let text = generate::edited_file(scale, &edits_in(&edits, scale, &name))
+                .map_or_else(String::new, |(_, text)| text);
+            (name, text)
+        })
+        .collect();
+    Loaded::new(&generate::Manifests { files }).expect("every edit together is valid");
+}
+
+/// The edits whose service lives in `file` (new services live in the last file).
+fn edits_in(edits: &[Edit], scale: Scale, file: &str) -> Vec<Edit> {
+    edits
+        .iter()
+        .copied()
+        .filter(|e| {
+            let index = scale.file_of(e.service).min(scale.files() - 1);
+            generate::file_name(index) == file
+        })
+        .collect()
 }

@@ -26,7 +26,7 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -112,6 +112,10 @@ struct Paging {
 }
 
 struct Inner {
+    /// Events posted (`events.k8s.io/v1`), in order.
+    events: Vec<Value>,
+    /// How many of the next event posts are answered `403` (RBAC without `create` on events).
+    failing_events: usize,
     rv: u64,
     /// The oldest resourceVersion a watch may start from.
     oldest: u64,
@@ -199,6 +203,8 @@ impl FakeApiServer {
             })
             .collect();
         Self(Arc::new(Mutex::new(Inner {
+            events: Vec::new(),
+            failing_events: 0,
             rv: first_rv,
             oldest: first_rv,
             resources,
@@ -250,10 +256,55 @@ impl FakeApiServer {
                 },
             ),
         );
+        // Events the proxy posts about its Node (`events.k8s.io/v1`, namespaced).
+        router =
+            router.route(
+                "/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+                post(
+                    |State(f): State<FakeApiServer>,
+                     Path(namespace): Path<String>,
+                     body: String| async move { f.post_event(&namespace, &body) },
+                ),
+            );
         // What a real server answers for an API it does not serve: a `Status`, not a bare 404.
         router
             .fallback(|| async { not_found("the server could not find the requested resource") })
             .with_state(self.clone())
+    }
+
+    /// Every event posted so far, in order.
+    pub fn events(&self) -> Vec<Value> {
+        self.lock().events.clone()
+    }
+
+    /// Answers the next `n` event posts with `403 Forbidden`, as a server whose RBAC does not
+    /// let the proxy create events.
+    pub fn refuse_events(&self, n: usize) {
+        self.lock().failing_events = n;
+    }
+
+    /// Stores a posted event (`201 Created`), or refuses it as a real server would: `400`
+    /// for a body that is not an Event, `422` for one whose namespace is not the URL's.
+    fn post_event(&self, namespace: &str, body: &str) -> Response {
+        let mut inner = self.lock();
+        if inner.failing_events > 0 {
+            inner.failing_events -= 1;
+            return status_response(StatusCode::FORBIDDEN, "Forbidden", "events is forbidden");
+        }
+        let Ok(mut event) = serde_json::from_str::<Value>(body) else {
+            return status_response(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
+        };
+        if event["kind"] != "Event" || event["metadata"]["namespace"] != namespace {
+            return status_response(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                "not an Event of this namespace",
+            );
+        }
+        inner.rv += 1;
+        event["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+        inner.events.push(event.clone());
+        json_response(StatusCode::CREATED, Body::from(event.to_string()))
     }
 
     /// One object of `resource` by its key, or the `Status` a real server sends when it has none.
@@ -444,9 +495,15 @@ impl FakeApiServer {
 
 /// A 404 `Status` with `message`, as a real server sends it.
 fn not_found(message: &str) -> Response {
+    status_response(StatusCode::NOT_FOUND, "NotFound", message)
+}
+
+/// A failure `Status` as a real server sends it.
+fn status_response(code: StatusCode, reason: &str, message: &str) -> Response {
     let status = json!({ "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "reason": "NotFound", "details": {}, "code": 404 });
-    json_response(StatusCode::NOT_FOUND, Body::from(status.to_string()))
+        "status": "Failure", "message": message, "reason": reason, "details": {},
+        "code": code.as_u16() });
+    json_response(code, Body::from(status.to_string()))
 }
 
 /// A (paged) list response of `r` at `rv`. The matching keys are selected once per list (and

@@ -151,6 +151,17 @@ pub enum TestbedError {
         /// The last lines it logged.
         log: String,
     },
+    /// A test cgroup could not be made, entered, left or removed, or the node has no
+    /// cgroup v2 hierarchy.
+    #[error("cgroup v2 {action} {}: {source}", path.display())]
+    Cgroup {
+        /// What was being done ("create", "enter", ...).
+        action: &'static str,
+        /// The cgroup directory (or the file written).
+        path: PathBuf,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
     /// A wait was interrupted (a signal arrived).
     #[error("interrupted")]
     Interrupted,

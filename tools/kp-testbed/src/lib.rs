@@ -91,6 +91,7 @@
 
 pub mod addresses;
 pub mod apiserver;
+pub mod cgroup;
 mod cluster;
 mod command;
 mod echo;

@@ -50,8 +50,8 @@ pub const ONLINE_CPUS: &str = "sys/devices/system/cpu/online";
 pub const DEFAULT_MAX_PER_CORE: u32 = 32_768;
 /// Upstream's `conntrack.min`: small nodes still get 131072 entries.
 pub const DEFAULT_MIN: u32 = 131_072;
-/// Upstream's newest code caps the computed maximum at 2^20 entries: beyond that the table
-/// costs more memory than a busy node's flows need.
+/// Upstream caps the per-core maximum at 2^20 entries since 1.36 (kubernetes#137002): beyond
+/// that the table costs more memory than a busy node's flows need.
 pub const MAX_CONNTRACK_MAX: u64 = 1_048_576;
 /// The kernel's default bucket ratio: one hash bucket per four entries.
 pub const ENTRIES_PER_BUCKET: u64 = 4;
@@ -298,15 +298,20 @@ pub struct Setting {
     pub read_only_ok: bool,
 }
 
-/// The `nf_conntrack_max` to ensure: `max(max_per_core x cpus, min)`, capped at
-/// [`MAX_CONNTRACK_MAX`]; `None` when `max_per_core` is 0.
+/// The `nf_conntrack_max` to ensure: `max_per_core x cpus` capped at [`MAX_CONNTRACK_MAX`],
+/// but never below `min`; `None` when `max_per_core` is 0. It is only ever raised
+/// ([`WriteWhen::Lower`]), as upstream since kubernetes#142035.
+///
+/// Upstream returns the cap as soon as the scaled value exceeds it, ignoring a larger `min`
+/// (so `min: 2000000` holds on a 2-core node and not on a 64-core one); an explicit `min` is
+/// honoured here on every node.
 pub fn conntrack_max(settings: &ConntrackSettings, cpus: usize) -> Option<u64> {
     if settings.max_per_core == 0 {
         return None;
     }
     let cpus = u64::try_from(cpus).unwrap_or(u64::MAX);
     let scaled = u64::from(settings.max_per_core).saturating_mul(cpus);
-    Some(scaled.max(u64::from(settings.min)).min(MAX_CONNTRACK_MAX))
+    Some(scaled.min(MAX_CONNTRACK_MAX).max(u64::from(settings.min)))
 }
 
 /// Every conntrack write upstream makes at start-up, in order.
@@ -707,7 +712,7 @@ mod tests {
     #[test]
     fn conntrack_max_table() {
         // (max_per_core, min, cpus) -> expected
-        let cases: [(u32, u32, usize, Option<u64>); 8] = [
+        let cases: [(u32, u32, usize, Option<u64>); 9] = [
             (32_768, 131_072, 2, Some(131_072)),    // min wins on small nodes
             (32_768, 131_072, 4, Some(131_072)),    // exactly min
             (32_768, 131_072, 8, Some(262_144)),    // scaled wins
@@ -715,7 +720,8 @@ mod tests {
             (32_768, 0, 1, Some(32_768)),           // no floor
             (0, 131_072, 8, None),                  // 0 leaves it alone
             (u32::MAX, 0, usize::MAX, Some(MAX_CONNTRACK_MAX)), // no overflow
-            (1, 2_000_000, 1, Some(MAX_CONNTRACK_MAX)), // the cap applies to the floor too
+            (1, 2_000_000, 1, Some(2_000_000)),     // an explicit floor above the cap holds
+            (32_768, 2_000_000, 96, Some(2_000_000)), // on every node (upstream: the cap)
         ];
         for (per_core, min, cpus, want) in cases {
             assert_eq!(
@@ -786,6 +792,24 @@ mod tests {
         );
         assert_eq!(report.applied.len(), 2);
         assert_eq!(report.applied[1].from, 432_000);
+    }
+
+    /// kubernetes#141943 / #142035: in a container that may not write the sysctl (LXC), a host
+    /// value above the one wanted is left alone, so the start-up does not fail on it.
+    #[test]
+    fn a_higher_value_is_never_written_even_where_writing_would_fail() {
+        let fake = FakeSysctl::new();
+        fake.set(CONNTRACK_MAX, "2097152");
+        fake.set(CONNTRACK_HASHSIZE, "524288");
+        fake.set(TCP_TIMEOUT_ESTABLISHED, "86400");
+        fake.set(TCP_TIMEOUT_CLOSE_WAIT, "3600");
+        fake.make_read_only(CONNTRACK_MAX);
+        fake.make_read_only(CONNTRACK_HASHSIZE);
+        // 64 cores: 2 Mi scaled, capped at 1 Mi, below the host's 2 Mi.
+        let report = apply(&fake, &conntrack_plan(&ConntrackSettings::default(), 64))
+            .expect("nothing to write");
+        assert!(fake.writes().is_empty(), "{:?}", fake.writes());
+        assert!(report.applied.is_empty() && report.warnings.is_empty());
     }
 
     #[test]

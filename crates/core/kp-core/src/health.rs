@@ -5,6 +5,12 @@
 //! within the health timeout (2 × syncPeriod upstream). Start-up counts as healthy. `/healthz`
 //! additionally fails when the node is not eligible (missing, being deleted, or tainted for
 //! deletion by the cluster autoscaler); `/livez` ignores eligibility.
+//!
+//! Unlike upstream (kubernetes#142068), a proxy whose syncs have never succeeded is judged
+//! like any other: upstream only looks at families that synced once, so a node whose every
+//! restore fails from the start (no Service rules at all) reports healthy forever. Here the
+//! timeout runs from the first queued update whether or not a sync ever succeeded, and the
+//! last sync's error is kept for the reason an unhealthy answer gives.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
@@ -32,10 +38,12 @@ struct Inner {
     last_updated: Option<Instant>,
     /// Node eligibility; `None` until the Node has been looked at.
     node_eligible: Option<bool>,
+    /// The error of the last sync, if it failed, and how many failed in a row.
+    last_error: Option<(String, u64)>,
 }
 
 /// A point-in-time view of [`ProxyHealth`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HealthSnapshot {
     /// No update has waited longer than the timeout.
     pub healthy: bool,
@@ -48,6 +56,33 @@ pub struct HealthSnapshot {
     pub node_eligible: bool,
     /// When this snapshot was taken.
     pub now: Instant,
+    /// The last sync's error and how many syncs failed in a row, while the last one failed.
+    pub last_error: Option<(String, u64)>,
+}
+
+impl HealthSnapshot {
+    /// Why the proxy is unhealthy, for people: `None` while it is healthy.
+    pub fn reason(&self) -> Option<String> {
+        if self.healthy {
+            return None;
+        }
+        let waited = self
+            .oldest_pending
+            .map(|at| self.now.duration_since(at).as_secs())
+            .unwrap_or_default();
+        let synced = if self.last_updated.is_some() {
+            "since the last successful sync"
+        } else {
+            "and no sync has succeeded since the start"
+        };
+        Some(match &self.last_error {
+            Some((error, failures)) => format!(
+                "changes have waited {waited}s to be programmed {synced}; the last {failures} \
+                 sync(s) failed: {error}"
+            ),
+            None => format!("changes have waited {waited}s to be programmed {synced}"),
+        })
+    }
 }
 
 impl ProxyHealth {
@@ -64,6 +99,7 @@ impl ProxyHealth {
                 oldest_pending: None,
                 last_updated: None,
                 node_eligible: None,
+                last_error: None,
             }),
         }
     }
@@ -86,6 +122,19 @@ impl ProxyHealth {
         let mut inner = self.lock();
         inner.oldest_pending = None;
         inner.last_updated = Some(Instant::now());
+        inner.last_error = None;
+    }
+
+    /// A sync failed with `error`: the pending updates stay pending.
+    pub fn sync_failed(&self, error: &str) {
+        let mut inner = self.lock();
+        let failures = inner.last_error.as_ref().map_or(0, |(_, n)| *n) + 1;
+        inner.last_error = Some((error.to_owned(), failures));
+    }
+
+    /// When the oldest pending update turns the proxy unhealthy, if one is pending.
+    pub fn stale_at(&self) -> Option<Instant> {
+        self.lock().oldest_pending.map(|at| at + self.timeout)
     }
 
     /// Record whether this node may receive traffic.
@@ -107,6 +156,7 @@ impl ProxyHealth {
             oldest_pending: inner.oldest_pending,
             node_eligible: inner.node_eligible.unwrap_or(true),
             now,
+            last_error: inner.last_error.clone(),
         }
     }
 
@@ -154,6 +204,35 @@ mod tests {
         let s = health.snapshot();
         assert!(s.healthy);
         assert_eq!(s.last_updated, Some(s.now));
+    }
+
+    /// kubernetes#142068: every sync fails from the start; upstream stays healthy.
+    #[tokio::test(start_paused = true)]
+    async fn syncs_that_never_succeed_turn_unhealthy_with_their_error() {
+        let health = ProxyHealth::new(Duration::from_secs(30));
+        health.queued_update();
+        assert_eq!(
+            health.stale_at(),
+            Some(Instant::now() + Duration::from_secs(60))
+        );
+        health.sync_failed("iptables-restore: line 7 failed");
+        tokio::time::advance(Duration::from_secs(30)).await;
+        health.sync_failed("iptables-restore: line 7 failed");
+        let s = health.snapshot();
+        assert!(s.healthy && s.reason().is_none());
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let s = health.snapshot();
+        assert!(!s.healthy);
+        let reason = s.reason().unwrap_or_default();
+        assert!(reason.contains("waited 60s"), "{reason}");
+        assert!(reason.contains("no sync has succeeded"), "{reason}");
+        assert!(
+            reason.contains("the last 2 sync(s) failed: iptables-restore: line 7 failed"),
+            "{reason}"
+        );
+        health.updated();
+        let s = health.snapshot();
+        assert!(s.healthy && s.last_error.is_none() && health.stale_at().is_none());
     }
 
     #[tokio::test(start_paused = true)]

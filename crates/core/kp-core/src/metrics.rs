@@ -80,6 +80,9 @@ pub struct Metrics {
     pub invalid_objects: Family<KindLabel, Counter>,
     /// `kube_proxy_rs_sync_failures_total`: failed syncs (each is retried as a full sync).
     pub sync_failures: Counter,
+    /// `kube_proxy_rs_sync_stale`: 1 while an update has waited longer than the health
+    /// timeout for a successful sync (`/healthz` answers 503 meanwhile).
+    pub sync_stale: Gauge,
     /// `kube_proxy_rs_foreign_changes_total{mode,what}`: changes another program made to
     /// the proxy's rules, each restored by a full sync.
     pub foreign_changes: Family<ForeignLabels, Counter>,
@@ -112,6 +115,7 @@ impl Metrics {
             no_local_endpoints: Family::default(),
             invalid_objects: Family::default(),
             sync_failures: Counter::default(),
+            sync_stale: Gauge::default(),
             foreign_changes: Family::default(),
             watch_losses: Counter::default(),
         };
@@ -179,6 +183,11 @@ impl Metrics {
             "kube_proxy_rs_sync_failures",
             "Failed syncs of proxy rules",
             metrics.sync_failures.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_sync_stale",
+            "1 while an update has waited longer than the health timeout for a successful sync",
+            metrics.sync_stale.clone(),
         );
         registry.register(
             "kube_proxy_rs_foreign_changes",

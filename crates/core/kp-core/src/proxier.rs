@@ -95,6 +95,7 @@ pub struct ProxierConfig {
     canary_period: Option<Duration>,
     canaries_paused: bool,
     node_wait: Option<Duration>,
+    external_ips: bool,
     clock: WallClock,
 }
 
@@ -122,8 +123,16 @@ impl ProxierConfig {
             canary_period: None,
             canaries_paused: false,
             node_wait: None,
+            external_ips: true,
             clock: Arc::new(SystemTime::now),
         }
+    }
+
+    /// Whether Services' `externalIPs` are programmed (upstream's `AllowServiceExternalIPs`
+    /// gate, KEP-5707; default true): false programs every Service as if it had none.
+    pub fn with_external_ips(mut self, allowed: bool) -> Self {
+        self.external_ips = allowed;
+        self
     }
 
     /// Minimum time between the end of one sync and the start of the next.
@@ -246,6 +255,8 @@ pub struct Proxier<B: Backend> {
     force_full: bool,
     /// A sync has succeeded.
     synced_once: bool,
+    /// The proxy was reported unhealthy (stale syncs) and no sync has succeeded since.
+    stale_reported: bool,
     /// Changes not yet programmed by a successful sync (they survive failed syncs).
     unsynced_changed: BTreeSet<ServiceName>,
     unsynced_conntrack: bool,
@@ -307,7 +318,7 @@ impl<B: Backend> Proxier<B> {
         };
         Ok(Self {
             foreign,
-            tracker: ChangeTracker::new(config.node_name),
+            tracker: ChangeTracker::new(config.node_name).with_external_ips(config.external_ips),
             clock: config.clock,
             backend,
             health,
@@ -319,6 +330,7 @@ impl<B: Backend> Proxier<B> {
             node_deadline: None,
             force_full: true,
             synced_once: false,
+            stale_reported: false,
             unsynced_changed: BTreeSet::new(),
             unsynced_conntrack: false,
             unsynced_trigger_times: Vec::new(),
@@ -402,6 +414,9 @@ impl<B: Backend> Proxier<B> {
                     } else {
                         self.on_foreign(event).await;
                     }
+                }
+                () = sleep_until_some(self.health.stale_at()), if !self.stale_reported => {
+                    self.report_stale();
                 }
                 () = sleep_until_some(self.node_deadline) => {
                     warn!(
@@ -543,6 +558,9 @@ impl<B: Backend> Proxier<B> {
             .inc();
         self.foreign.restore_pending = true;
         self.force_full = true;
+        // The kernel no longer holds what was programmed: health waits for the restore as
+        // for any update, so one the kernel keeps refusing turns the proxy unhealthy.
+        self.health.queued_update();
         self.backend.kernel_changed_behind_our_back();
         true
     }
@@ -639,6 +657,20 @@ impl<B: Backend> Proxier<B> {
         self.runner.request();
     }
 
+    /// The oldest pending update has waited the health timeout: `/healthz` now answers 503
+    /// (the health server reads the same state); say so once, with the reason, until a sync
+    /// succeeds.
+    fn report_stale(&mut self) {
+        let snapshot = self.health.snapshot();
+        if snapshot.healthy {
+            return;
+        }
+        self.stale_reported = true;
+        self.metrics.sync_stale.set(1);
+        let reason = snapshot.reason().unwrap_or_default();
+        error!(timeout = ?self.health.timeout(), "proxy unhealthy: {reason}");
+    }
+
     fn set_pending_gauges(&self) {
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.metrics
@@ -682,6 +714,7 @@ impl<B: Backend> Proxier<B> {
             Err(error) => {
                 error!(error = %error.chain(), ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
                 self.metrics.sync_failures.inc();
+                self.health.sync_failed(&error.to_string());
                 self.force_full = true;
                 false
             }
@@ -736,6 +769,11 @@ impl<B: Backend> Proxier<B> {
         times: &SyncTimes,
     ) {
         self.health.updated();
+        if self.stale_reported {
+            self.stale_reported = false;
+            self.metrics.sync_stale.set(0);
+            info!("proxy rules synced again; healthy");
+        }
         if report.kind != asked {
             debug!(?asked, ran = ?report.kind, "the backend ran the sync as another kind");
         }

@@ -290,6 +290,8 @@ pub struct ChangeTracker {
     synced: BTreeSet<ObjectKind>,
     /// Node and zone names, shared by all endpoints (here and in the applied state).
     names: Names,
+    /// Services' `externalIPs` are kept (`AllowServiceExternalIPs`).
+    external_ips: bool,
 }
 
 impl ChangeTracker {
@@ -313,7 +315,15 @@ impl ChangeTracker {
             invalid: Vec::new(),
             synced: BTreeSet::new(),
             names: Names::default(),
+            external_ips: true,
         }
+    }
+
+    /// Keep (the default) or drop every Service's `externalIPs`, as upstream's
+    /// `AllowServiceExternalIPs` gate does: dropped, a Service is programmed as if it had none.
+    pub fn with_external_ips(mut self, allowed: bool) -> Self {
+        self.external_ips = allowed;
+        self
     }
 
     /// The node this tracker is for.
@@ -514,7 +524,12 @@ impl ChangeTracker {
     fn service_applied(&mut self, service: &Service) -> Recorded {
         let key = service_key(service, &mut self.names);
         match model::service_ports_with(service, &mut self.names) {
-            Ok(ports) => changed_if(self.services.set(&key, ports)),
+            Ok(mut ports) => {
+                if !self.external_ips {
+                    ports.iter_mut().flatten().for_each(without_external_ips);
+                }
+                changed_if(self.services.set(&key, ports))
+            }
             Err(error) => {
                 // Keep the last good version: an invalid update must not take down a
                 // working service.
@@ -572,6 +587,15 @@ impl ChangeTracker {
             || info.known != self.node.known;
         self.node = info;
         changed_if(relevant)
+    }
+}
+
+/// `port` as if its Service had no `externalIPs`: a port left with no external address has
+/// no external traffic policy either.
+fn without_external_ips(port: &mut ServicePort) {
+    port.external_ips.clear();
+    if !port.externally_accessible() {
+        port.external_policy_local = false;
     }
 }
 

@@ -311,6 +311,9 @@ pub enum GateTreatment {
     AlwaysOn,
     /// The gate changes nothing here; setting it either way is warned about.
     NoEffect(&'static str),
+    /// The gate does here what it does upstream, either way (read with
+    /// [`crate::gates::enabled`]); never warned about.
+    Effective,
 }
 
 /// The feature gates upstream kube-proxy consults (pkg/proxy and its logging) that its newest
@@ -321,6 +324,15 @@ pub const FEATURE_GATES: &[(&str, GateTreatment)] = &[
     ("PreferSameTrafficDistribution", GateTreatment::AlwaysOn),
     ("MultiCIDRServiceAllocator", GateTreatment::AlwaysOn),
     ("NFTablesProxyMode", GateTreatment::AlwaysOn),
+    // 1.37: false refuses ipvs mode (KEP-5495).
+    ("KubeProxyIPVS", GateTreatment::Effective),
+    // KEP-5707: false programs no externalIPs.
+    ("AllowServiceExternalIPs", GateTreatment::Effective),
+    // 1.36 beta: false takes /statusz, /flagz off the metrics server.
+    ("ComponentStatusz", GateTreatment::Effective),
+    ("ComponentFlagz", GateTreatment::Effective),
+    // 1.37 beta: upstream's nftables mode may write over netlink; ours always does.
+    ("NFTablesNetlink", GateTreatment::AlwaysOn),
     ("WinDSR", GateTreatment::NoEffect(WINDOWS)),
     ("WinOverlay", GateTreatment::NoEffect(WINDOWS)),
     ("LoggingAlphaOptions", GateTreatment::NoEffect(LOG_OPTIONS)),
@@ -416,6 +428,7 @@ fn gate_warnings(gates: &BTreeMap<String, bool>) -> Vec<String> {
         .filter_map(|(name, &enabled)| {
             match FEATURE_GATES.iter().find(|(known, _)| known == name) {
                 Some((_, GateTreatment::AlwaysOn)) if enabled => None,
+                Some((_, GateTreatment::Effective)) => None,
                 Some((_, GateTreatment::AlwaysOn)) => Some(format!(
                     "feature gate {name}=false has no effect: kube-proxy-rs always behaves as \
                      upstream does with {name} enabled"
@@ -579,6 +592,9 @@ configSyncPeriod: 1m
             // Refused by validation, so not warned about.
             ("NoSuchGate", true),
             ("NFTablesProxyMode", false),
+            // Effective either way: no warning.
+            ("KubeProxyIPVS", false),
+            ("AllowServiceExternalIPs", false),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))

@@ -719,7 +719,10 @@ impl Options {
             ["showHiddenMetricsForVersion"],
             |v| { c.show_hidden_metrics_for_version = v.clone() }
         );
-        flag!(self.proxy_mode, "--proxy-mode", ["mode"], |v| c.mode = *v);
+        flag!(self.proxy_mode, "--proxy-mode", ["mode"], |v| {
+            c.mode = *v;
+            c.mode_defaulted = false;
+        });
         flag!(
             self.feature_gates,
             "--feature-gates",

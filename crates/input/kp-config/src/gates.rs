@@ -17,6 +17,10 @@
 //! gates. It lists every gate the compatibility tooling sees, a few of which upstream
 //! kube-proxy does not register (cloud-provider's): those are accepted here and refused there.
 //! Update it with each upstream minor release.
+//!
+//! Ahead of that update, the two gates kube-proxy itself gained in 1.37 are listed too
+//! ([`GATES_1_37`]): `KubeProxyIPVS` (GA, default true; KEP-5495, kubernetes#139397) and
+//! `NFTablesNetlink` (beta). A 1.37 DaemonSet that sets them must start.
 
 /// Whether upstream lets a gate be switched at the newest release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +160,8 @@ pub const UPSTREAM_GATES: &[(&str, UpstreamGate)] = &[
     ("KubeletSeparateDiskGC", Settable),
     ("KubeletServiceAccountTokenForCredentialProviders", Settable),
     ("KubeletTracing", LockedTo(true)),
+    // 1.37 (see GATES_1_37).
+    ("KubeProxyIPVS", Settable),
     ("ListFromCacheSnapshot", Settable),
     ("LocalStorageCapacityIsolationFSQuotaMonitoring", Settable),
     ("LogarithmicScaleDown", LockedTo(true)),
@@ -174,6 +180,8 @@ pub const UPSTREAM_GATES: &[(&str, UpstreamGate)] = &[
     ("MutableSchedulingDirectivesForSuspendedJobs", Settable),
     ("MutatingAdmissionPolicy", Settable),
     ("NativeHistograms", Settable),
+    // 1.37 (see GATES_1_37).
+    ("NFTablesNetlink", Settable),
     ("NFTablesProxyMode", LockedTo(true)),
     ("NodeDeclaredFeatures", Settable),
     ("NodeInclusionPolicyInPodTopologySpread", LockedTo(true)),
@@ -284,6 +292,28 @@ pub const UPSTREAM_GATES: &[(&str, UpstreamGate)] = &[
     ("WorkloadWithJob", Settable),
 ];
 
+/// The kube-proxy gates of upstream 1.37 that [`UPSTREAM_GATES`] holds ahead of its update
+/// to that release.
+pub const GATES_1_37: [&str; 2] = ["KubeProxyIPVS", "NFTablesNetlink"];
+
+/// Whether a gate is on: its setting in `gates`, else upstream's default. Only the gates
+/// this project acts on have a default here ([`DEFAULT_ON`]); any other unset gate is off.
+pub fn enabled(gates: &std::collections::BTreeMap<String, bool>, name: &str) -> bool {
+    gates
+        .get(name)
+        .copied()
+        .unwrap_or_else(|| DEFAULT_ON.contains(&name))
+}
+
+/// The gates this project acts on whose upstream default is true.
+pub const DEFAULT_ON: [&str; 4] = [
+    "KubeProxyIPVS",
+    "AllowServiceExternalIPs",
+    // Beta in 1.36 (KEP-4827, KEP-4828).
+    "ComponentStatusz",
+    "ComponentFlagz",
+];
+
 /// How upstream judges `name` set to `value`: `None` when accepted, else its error message.
 pub fn upstream_refusal(name: &str, value: bool) -> Option<String> {
     match UPSTREAM_GATES.iter().find(|(known, _)| *known == name) {
@@ -316,6 +346,26 @@ mod tests {
         assert_eq!(upstream_refusal("AllAlpha", true), None);
         // Names are case-sensitive upstream too.
         assert!(upstream_refusal("nftablesproxymode", true).is_some());
+    }
+
+    #[test]
+    fn the_gates_of_1_37_are_accepted_both_ways() {
+        for name in GATES_1_37 {
+            assert_eq!(upstream_refusal(name, true), None, "{name}");
+            assert_eq!(upstream_refusal(name, false), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn unset_gates_take_upstreams_default() {
+        let mut gates = std::collections::BTreeMap::new();
+        assert!(enabled(&gates, "KubeProxyIPVS"));
+        assert!(enabled(&gates, "AllowServiceExternalIPs"));
+        assert!(!enabled(&gates, "NFTablesNetlink"));
+        gates.insert("KubeProxyIPVS".to_owned(), false);
+        gates.insert("NFTablesNetlink".to_owned(), true);
+        assert!(!enabled(&gates, "KubeProxyIPVS"));
+        assert!(enabled(&gates, "NFTablesNetlink"));
     }
 
     #[test]

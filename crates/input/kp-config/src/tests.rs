@@ -627,6 +627,35 @@ fn decode_errors_from_files_name_the_path() {
 }
 
 #[test]
+fn a_mode_neither_flag_nor_file_sets_is_defaulted() {
+    assert!(loaded(&options(&[])).config.mode_defaulted);
+    assert!(
+        !loaded(&options(&["--proxy-mode=iptables"]))
+            .config
+            .mode_defaulted
+    );
+    assert!(decoded(&format!("{HEADER}mode: \"\"\n")).mode_defaulted);
+    assert!(decoded(HEADER).mode_defaulted);
+    assert!(!decoded(&format!("{HEADER}mode: iptables\n")).mode_defaulted);
+}
+
+#[test]
+fn ipvs_mode_with_its_gate_off_is_refused_naming_the_other_modes() {
+    let err = options(&["--proxy-mode=ipvs", "--feature-gates=KubeProxyIPVS=false"])
+        .load()
+        .expect_err("ipvs mode with KubeProxyIPVS=false");
+    let text = format!("{err:#}");
+    assert!(text.contains("KubeProxyIPVS=false"), "{text}");
+    assert!(text.contains("valid modes: iptables, nftables"), "{text}");
+    assert!(!text.contains("ipvs, "), "{text}");
+    // On (the default) or set on: ipvs mode loads.
+    for gates in [&[][..], &["--feature-gates=KubeProxyIPVS=true"]] {
+        let args: Vec<&str> = ["--proxy-mode=ipvs"].iter().chain(gates).copied().collect();
+        assert!(options(&args).load().is_ok(), "{args:?}");
+    }
+}
+
+#[test]
 fn written_config_round_trips() {
     let dir = tempdir();
     let cases: &[&[&str]] = &[
@@ -665,6 +694,12 @@ fn written_config_round_trips() {
         assert!(text.starts_with(HEADER), "{text}");
         assert!(text.contains("tcpCloseWaitTimeout: 1h0m0s"), "{text}");
         let reread = loaded(&options(&[&format!("--config={}", path.display())]));
+        // The file names the effective mode, as upstream's writer does: read back, it is set.
+        assert!(!reread.config.mode_defaulted, "{text}");
+        let original = KubeProxyConfiguration {
+            mode_defaulted: false,
+            ..original
+        };
         assert_eq!(reread.config, original, "{args:?}\n{text}");
     }
 }

@@ -349,6 +349,10 @@ pub struct KubeProxyConfiguration {
     pub service_proxy_name: String,
     /// Which proxier programs the node.
     pub mode: ProxyMode,
+    /// Neither `mode` (non-empty) nor `--proxy-mode` chose the mode: upstream 1.37 warns that
+    /// the Linux default is moving to nftables (kubernetes#139957). Not part of the file.
+    #[serde(skip)]
+    pub mode_defaulted: bool,
     /// iptables mode settings.
     pub iptables: IptablesConfiguration,
     /// IPVS mode settings.
@@ -630,6 +634,7 @@ impl Default for KubeProxyConfiguration {
             show_hidden_metrics_for_version: String::new(),
             service_proxy_name: String::new(),
             mode: ProxyMode::default(),
+            mode_defaulted: true,
             iptables: IptablesConfiguration::default(),
             ipvs: IpvsConfiguration::default(),
             nftables: NftablesConfiguration::default(),

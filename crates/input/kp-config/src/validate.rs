@@ -127,6 +127,10 @@ pub(crate) fn validate(c: &KubeProxyConfiguration) -> Vec<FieldError> {
         );
         v.masquerade_bit("iptables.masqueradeBit", c.iptables.masquerade_bit);
     }
+    if c.mode == ProxyMode::Ipvs && !crate::gates::enabled(&c.feature_gates, "KubeProxyIPVS") {
+        // Upstream 1.37 (KEP-5495): no fallback to another mode.
+        v.error("mode", c.mode.as_str(), ipvs_disabled());
+    }
     if c.mode == ProxyMode::Ipvs {
         v.sync_periods("ipvs", c.ipvs.sync_period, c.ipvs.min_sync_period);
         let scheduler = c.ipvs.scheduler.as_str();
@@ -356,6 +360,19 @@ impl Validator {
     }
 }
 
+/// Why ipvs mode is refused with `KubeProxyIPVS=false`, naming the modes that remain.
+fn ipvs_disabled() -> String {
+    let valid: Vec<&str> = ProxyMode::ALL
+        .into_iter()
+        .filter(|m| *m != ProxyMode::Ipvs)
+        .map(ProxyMode::as_str)
+        .collect();
+    format!(
+        "the ipvs proxy mode is disabled by feature gate KubeProxyIPVS=false; valid modes: {}",
+        valid.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,6 +423,10 @@ mod tests {
             }),
             ("iptables.masqueradeBit", |c| c.iptables.masquerade_bit = 32),
             ("iptables.masqueradeBit", |c| c.iptables.masquerade_bit = -1),
+            ("mode", |c| {
+                c.mode = ProxyMode::Ipvs;
+                c.feature_gates.insert("KubeProxyIPVS".into(), false);
+            }),
             ("ipvs.syncPeriod", |c| {
                 c.mode = ProxyMode::Ipvs;
                 c.ipvs.sync_period = Duration::ZERO;

@@ -464,6 +464,7 @@ impl Converter {
             enable_profiling: w.enable_profiling.unwrap_or_default(),
             show_hidden_metrics_for_version: w.show_hidden_metrics_for_version.unwrap_or_default(),
             service_proxy_name: w.service_proxy_name.unwrap_or_default(),
+            mode_defaulted: w.mode.as_ref().is_none_or(|m| m.value.is_empty()),
             mode: self.parsed("mode", w.mode, d.mode),
             iptables: self.iptables(w.iptables.unwrap_or_default()),
             ipvs: self.ipvs(w.ipvs.unwrap_or_default()),

@@ -1,6 +1,7 @@
 //! Sources of Kubernetes objects, each turning them into [`kp_core::event::SourceEvent`]s.
 //!
 //! - [`api`]: the API server, through kube-rs watchers (Services, EndpointSlices, this Node).
+//! - [`events`]: Events about this node's Node, posted to the API server as upstream does.
 //! - [`decoded`]: objects decoded by the fields the proxy reads, so an odd value in any other
 //!   field never loses an object, and an object that cannot be used loses only itself.
 //! - [`manifests`]: a local file or directory of YAML/JSON manifests, re-read when it changes
@@ -14,6 +15,7 @@
 pub mod api;
 pub mod decoded;
 pub mod defaults;
+pub mod events;
 pub mod manifests;
 pub mod node;
 pub mod strict;

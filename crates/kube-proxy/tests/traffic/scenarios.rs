@@ -487,9 +487,39 @@ pub fn external(mode: Mode) {
         assert_eq!(body["service"]["namespace"], "default", "{body}");
         assert_eq!(body["localEndpoints"], local, "{body}");
     }
+    external_ips_gated_off(env);
 }
 
-/// Stale UDP conntrack after an endpoint change (scenario 9, second half).
+/// `AllowServiceExternalIPs=false` (KEP-5707): restarted with the gate off, the proxy's full
+/// sync takes the externalIP's rules away while the same Service's NodePort and another's
+/// LoadBalancer IP keep answering.
+fn external_ips_gated_off(mut env: Env) {
+    let mut flags = env.flags().clone();
+    flags
+        .extra
+        .push("--feature-gates=AllowServiceExternalIPs=false".to_owned());
+    env.restart_with(flags);
+    let cl = &env.cluster;
+    let ext_in = cl.external_in();
+    let outcome = cl.tcp(ext_in, ip("192.168.50.100"), 80).expect("probe");
+    assert_eq!(
+        outcome.pod(),
+        None,
+        "externalIP with AllowServiceExternalIPs=false: {outcome:?}{}",
+        env.diag()
+    );
+    for (dst, port) in [(cl.node_ip(), 30080), (ip("198.51.100.21"), 80)] {
+        let outcome = cl.tcp(ext_in, dst, port).expect("probe");
+        assert!(
+            outcome.pod().is_some(),
+            "{dst}:{port} with AllowServiceExternalIPs=false: {outcome:?}{}",
+            env.diag()
+        );
+    }
+}
+
+/// Stale UDP conntrack after an endpoint change (scenario 9, second half), after the last
+/// endpoint goes (upstream #139629) and after the Service is deleted (#141371).
 pub fn udp_endpoint_replaced(mode: Mode) {
     let c = cluster(false);
     let dns = Service::new("dns", "10.96.0.30").udp(53);
@@ -536,6 +566,17 @@ pub fn udp_endpoint_replaced(mode: Mode) {
         "the first datagram after endpoints return must be answered: {outcome:?}{}",
         env.diag()
     );
+
+    // The Service is deleted while the client keeps sending from the same port (upstream
+    // #141371): its entry must go with it, or `a`, still running, would keep answering.
+    env.delete("dns");
+    let outcome = udp_from_port(&env.cluster, &client, vip, SPORT);
+    assert_eq!(
+        outcome.pod(),
+        None,
+        "a datagram to a deleted UDP Service must reach no endpoint: {outcome:?}{}",
+        env.diag()
+    );
 }
 
 /// Services added and deleted while the proxy runs (13), and a long-lived connection across
@@ -545,7 +586,10 @@ pub fn edits_and_restart(mode: Mode) {
     let web = Service::new("web", "10.96.0.31")
         .tcp(80)
         .endpoints(&c, &["a", "b", "c"]);
-    let late = Service::new("late", "10.96.0.32")
+    // Its name starts with a digit, as the API server accepts since 1.36's
+    // RelaxedServiceNameValidation (GA 1.37): the manifests source and every mode's rules
+    // take it.
+    let late = Service::new("7late", "10.96.0.32")
         .tcp(80)
         .endpoints(&c, &["a", "c"]);
     let unrelated = Service::new("unrelated", "10.96.0.33")
@@ -592,7 +636,7 @@ pub fn edits_and_restart(mode: Mode) {
         .expect("probe");
     assert_flows(&env, "new service", &tally, &["a", "c"], kept(mode));
     // Deleted: no longer handled, as before it existed.
-    env.delete("late");
+    env.delete("7late");
     let after = env
         .cluster
         .tcp(&client, ip("10.96.0.32"), 80)
@@ -1288,6 +1332,7 @@ pub fn restricted_node_ports(mode: Mode) {
                 ]);
                 let complete = if mode == Mode::NftablesMaps {
                     forward.contains("jump entry-filter")
+                        && forward.contains("jump cluster-ip-filter")
                 } else {
                     forward.contains("jump service-endpoints-check")
                         && forward.contains("jump cluster-ips-check")

@@ -178,7 +178,8 @@ pub struct Service {
     etp_local_health_port: Option<u16>,
     itp_local: bool,
     affinity_seconds: Option<u32>,
-    endpoints: Vec<(IpAddr, &'static str)>,
+    /// Each endpoint's address, node and conditions (`None`: ready, the default).
+    endpoints: Vec<(IpAddr, &'static str, Option<&'static str>)>,
 }
 
 impl Service {
@@ -297,9 +298,40 @@ impl Service {
     /// The EndpointSlice lists these pods (in the service's IP family), each with the
     /// `nodeName` of the node it runs on. No pods: an empty slice.
     pub fn endpoints(mut self, cluster: &Cluster, pods: &[&str]) -> Self {
+        self.endpoints = self.pod_endpoints(cluster, pods, None);
+        self
+    }
+
+    /// Adds these pods to the EndpointSlice as terminating endpoints, still `serving` or not.
+    #[allow(
+        dead_code,
+        reason = "only the differential test lists terminating endpoints"
+    )]
+    pub fn terminating_endpoints(
+        mut self,
+        cluster: &Cluster,
+        pods: &[&str],
+        serving: bool,
+    ) -> Self {
+        let conditions = if serving {
+            "{ready: false, serving: true, terminating: true}"
+        } else {
+            "{ready: false, serving: false, terminating: true}"
+        };
+        let more = self.pod_endpoints(cluster, pods, Some(conditions));
+        self.endpoints.extend(more);
+        self
+    }
+
+    /// The endpoints of `pods` (in the service's IP family) with these conditions.
+    fn pod_endpoints(
+        &self,
+        cluster: &Cluster,
+        pods: &[&str],
+        conditions: Option<&'static str>,
+    ) -> Vec<(IpAddr, &'static str, Option<&'static str>)> {
         let v6 = self.cluster_ip.is_ipv6();
-        self.endpoints = pods
-            .iter()
+        pods.iter()
             .map(|name| {
                 let pod = cluster.pod(name).expect("pod of this cluster");
                 let ip = if v6 {
@@ -307,10 +339,9 @@ impl Service {
                 } else {
                     pod.ip()
                 };
-                (ip, node_name(pod))
+                (ip, node_name(pod), conditions)
             })
-            .collect();
-        self
+            .collect()
     }
 
     fn service_type(&self) -> &'static str {
@@ -405,7 +436,12 @@ impl Service {
             let list: String = self
                 .endpoints
                 .iter()
-                .map(|(ip, node)| format!("  - addresses: [\"{ip}\"]\n    nodeName: {node}\n"))
+                .map(|(ip, node, conditions)| {
+                    let conditions = conditions
+                        .map(|c| format!("    conditions: {c}\n"))
+                        .unwrap_or_default();
+                    format!("  - addresses: [\"{ip}\"]\n    nodeName: {node}\n{conditions}")
+                })
                 .collect();
             format!("endpoints:\n{list}")
         };
@@ -858,6 +894,11 @@ impl Env {
     pub fn restart_proxy(&mut self) {
         let flags = self.flags.clone();
         self.restart_with(flags);
+    }
+
+    /// The proxy's flags.
+    pub fn flags(&self) -> &Flags {
+        &self.flags
     }
 
     /// Like [`Env::restart_proxy`], with `flags` from now on.

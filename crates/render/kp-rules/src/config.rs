@@ -68,6 +68,24 @@ impl NodePortAddresses {
     }
 }
 
+impl NodePortAddresses {
+    /// The addresses nftables mode accepts NodePorts on in `family`, or `None` for every
+    /// local address but loopback. Loopback is never one (nftables mode has no localhost
+    /// NodePorts, as upstream's): both nftables layouts read this one answer, so they
+    /// cannot disagree on it.
+    pub fn nftables_ips(&self, family: IpFamily) -> Option<Vec<IpAddr>> {
+        match self.for_family(family) {
+            NodePortAddresses::All => None,
+            NodePortAddresses::Ips(ips) => {
+                let mut ips: Vec<IpAddr> = ips.into_iter().filter(|ip| !ip.is_loopback()).collect();
+                ips.sort_unstable();
+                ips.dedup();
+                Some(ips)
+            }
+        }
+    }
+}
+
 /// The node IP of `family` where upstream uses "the node IP" (the allowance
 /// `loadBalancerSourceRanges` gives the node's own traffic): from `configured` (the IPs the
 /// proxy detected at start-up, [`RenderConfig::node_ips`]) or, when that is empty, the

@@ -71,6 +71,8 @@ fn name() -> impl Strategy<Value = String> {
         2 => any::<String>(),
         2 => "[ -~]{0,24}",
         1 => "[a-z0-9-]{1,12}",
+        // DNS-1123 labels starting with a digit (RelaxedServiceNameValidation).
+        1 => "[0-9][a-z0-9-]{0,12}",
     ]
 }
 

@@ -11,6 +11,8 @@
 //! `healthy`. Like upstream, a family appears in `status` only after its first successful
 //! sync, and on success the top-level `lastUpdated` is "now" for backward compatibility
 //! (older releases reported the last sync-loop run, which was always recent when healthy).
+//! An unhealthy answer adds `reason` (this project's): how long changes have waited and the
+//! last sync's error, so the probe's failure says what the kernel refused.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -146,6 +148,9 @@ struct HealthBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     node_eligible: Option<bool>,
     healthy: bool,
+    /// This project's: why the proxy is unhealthy (absent while healthy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     status: BTreeMap<&'static str, FamilyBody>,
 }
@@ -195,6 +200,7 @@ fn body(
         current_time,
         node_eligible,
         healthy: snapshot.healthy,
+        reason: snapshot.reason(),
         status,
     }
 }
@@ -215,11 +221,20 @@ fn wall_clock(at: Instant, now: Instant, wall_now: SystemTime) -> SystemTime {
 
 /// RFC 3339 in UTC with only the fractional digits needed, as Go's `time.Time` JSON
 /// (`RFC3339Nano`) encodes a UTC time.
-fn rfc3339(at: SystemTime) -> String {
+pub(crate) fn rfc3339(at: SystemTime) -> String {
     match jiff::Timestamp::try_from(at) {
         Ok(ts) => ts.to_string(),
         Err(_) => GO_ZERO_TIME.to_owned(),
     }
+}
+
+/// `at` to the second, as a Kubernetes `metav1.Time` is written.
+pub(crate) fn rfc3339_seconds(at: SystemTime) -> String {
+    let whole = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(d.as_secs()))
+        .unwrap_or(at);
+    rfc3339(whole)
 }
 
 #[cfg(test)]
@@ -255,6 +270,8 @@ mod tests {
         // The sync happened 13 s before `now`.
         assert_eq!(sick.last_updated, "2023-11-14T22:13:20Z");
         assert!(!sick.healthy);
+        let reason = sick.reason.as_deref().unwrap_or_default();
+        assert!(reason.contains("waited 10s"), "{reason}");
         let v6 = &sick.status["IPv6"];
         assert_eq!(
             (v6.last_updated.as_str(), v6.healthy),
@@ -266,6 +283,8 @@ mod tests {
         let fine = body(&snapshot, wall_now, &families, true, None);
         assert_eq!(fine.last_updated, fine.current_time);
         assert!(fine.healthy);
+        let json = serde_json::to_value(&fine).expect("serializable");
+        assert!(json.get("reason").is_none(), "{json}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -27,6 +27,7 @@ pub mod explain;
 pub mod health;
 pub mod metrics;
 pub mod service_health;
+pub mod zpages;
 
 use kp_core::report::ErrorChain as _;
 use std::future::IntoFuture;

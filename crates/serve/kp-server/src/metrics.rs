@@ -1,5 +1,6 @@
 //! The metrics server: `/metrics`, `/healthz`, `/proxyMode` and `/configz`, as upstream's
-//! (which listens on `127.0.0.1:10249` by default).
+//! (which listens on `127.0.0.1:10249` by default), and `/statusz` and `/flagz` when given
+//! their content ([`crate::zpages`]).
 //!
 //! `/metrics` is the prometheus-client registry in the OpenMetrics 1.0 text format, sent with
 //! the OpenMetrics content type. Prometheus (since 2.5) and the common agents (Grafana
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::http::header::{CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -22,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::explain::{EXPLAIN_PATH, Explainer};
+use crate::zpages::{self, ZpageInfo};
 use crate::{ServerError, serve_router};
 
 /// The content type of the OpenMetrics 1.0 text format that prometheus-client encodes.
@@ -41,6 +44,8 @@ pub struct MetricsInfo {
     pub proxy_mode: String,
     /// The effective configuration, served at `/configz` under [`CONFIGZ_KEY`].
     pub configz: serde_json::Value,
+    /// `/statusz` and `/flagz` (their `paths` are filled in here); `None` serves neither.
+    pub zpages: Option<ZpageInfo>,
 }
 
 #[derive(Clone)]
@@ -86,6 +91,30 @@ pub async fn serve_metrics_with_explain(
         .route("/proxyMode", any(proxy_mode))
         .route("/configz", any(configz_handler))
         .with_state(state);
+    let mut paths = vec!["/configz", "/healthz", "/metrics", "/proxyMode"];
+    if explainer.is_some() {
+        paths.push(EXPLAIN_PATH);
+    }
+    let router = match info.zpages {
+        Some(mut pages) => {
+            for (on, path) in [(pages.flagz, "/flagz"), (pages.statusz, "/statusz")] {
+                if on {
+                    paths.push(path);
+                }
+            }
+            paths.sort_unstable();
+            pages.paths = paths.iter().map(|p| (*p).to_owned()).collect();
+            let mut pages_router = Router::new();
+            if pages.statusz {
+                pages_router = pages_router.route("/statusz", get(statusz));
+            }
+            if pages.flagz {
+                pages_router = pages_router.route("/flagz", get(flagz));
+            }
+            router.merge(pages_router.with_state(Arc::new(pages)))
+        }
+        None => router,
+    };
     let router = match explainer {
         Some(explainer) => router.merge(
             Router::new()
@@ -113,6 +142,25 @@ async fn metrics(State(state): State<MetricsState>) -> Response {
             StatusCode::INTERNAL_SERVER_ERROR.into_response()
         }
     }
+}
+
+async fn statusz(State(pages): State<Arc<ZpageInfo>>, headers: HeaderMap) -> Response {
+    let now = std::time::SystemTime::now();
+    zpages::respond(
+        &headers,
+        "Statusz",
+        || pages.statusz_text(now),
+        |version| pages.statusz_object(version, now),
+    )
+}
+
+async fn flagz(State(pages): State<Arc<ZpageInfo>>, headers: HeaderMap) -> Response {
+    zpages::respond(
+        &headers,
+        "Flagz",
+        || pages.flagz_text(),
+        |version| pages.flagz_object(version),
+    )
 }
 
 /// Upstream installs the always-ok apiserver healthz handler here.

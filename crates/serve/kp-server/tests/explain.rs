@@ -19,6 +19,7 @@ fn info() -> MetricsInfo {
     MetricsInfo {
         proxy_mode: "iptables".to_owned(),
         configz: serde_json::json!({ "mode": "iptables" }),
+        zpages: None,
     }
 }
 

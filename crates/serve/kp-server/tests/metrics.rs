@@ -18,6 +18,151 @@ fn info() -> MetricsInfo {
     MetricsInfo {
         proxy_mode: "nftables".to_owned(),
         configz: serde_json::json!({ "mode": "nftables", "bindAddress": "0.0.0.0" }),
+        zpages: None,
+    }
+}
+
+/// `/statusz` and `/flagz` (KEP-4827/4828): text by default, the structured object only for
+/// the `Accept` header the KEPs name, 406 otherwise.
+#[tokio::test]
+async fn statusz_and_flagz_negotiate_as_upstream() {
+    let pages = info_pages();
+    let (addr, shutdown, task) = serve_pages(pages).await;
+    let with = |path: &'static str, accept: &'static str| async move {
+        common::request_with(addr, "GET", path, &[("Accept", accept)])
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    };
+
+    let text = get(addr, "/statusz").await;
+    assert_eq!(text.status, 200);
+    assert_eq!(
+        text.header("content-type"),
+        Some("text/plain; charset=utf-8")
+    );
+    for part in [
+        "kube-proxy statusz",
+        "Binary version: kube-proxy-rs 9.9.9",
+        "Emulation version: 1.36",
+    ] {
+        assert!(text.body.contains(part), "{part}: {}", text.body);
+    }
+    assert!(
+        text.body
+            .contains("Paths: /configz /flagz /healthz /metrics /proxyMode /statusz"),
+        "{}",
+        text.body
+    );
+    let json = with(
+        "/statusz",
+        "application/json;as=Statusz;v=v1beta1;g=config.k8s.io",
+    )
+    .await;
+    assert_eq!(json.status, 200);
+    assert_eq!(json.header("content-type"), Some("application/json"));
+    let object = json.json();
+    assert_eq!(object["kind"], "Statusz", "{object}");
+    assert_eq!(object["apiVersion"], "config.k8s.io/v1beta1", "{object}");
+    assert_eq!(object["metadata"]["name"], "kube-proxy", "{object}");
+    let uptime = object["uptimeSeconds"].as_u64().unwrap_or_default();
+    assert!((90..600).contains(&uptime), "{object}");
+    assert_eq!(object["paths"][1], "/flagz", "{object}");
+    let old = with(
+        "/statusz",
+        "application/json;as=Statusz;v=v1alpha1;g=config.k8s.io",
+    )
+    .await;
+    assert_eq!(old.status, 200);
+    assert!(
+        old.header("warning")
+            .is_some_and(|w| w.contains("deprecated"))
+    );
+    assert_eq!(with("/statusz", "application/json").await.status, 406);
+    assert_eq!(
+        with(
+            "/statusz",
+            "application/json;as=Flagz;v=v1beta1;g=config.k8s.io"
+        )
+        .await
+        .status,
+        406
+    );
+
+    let text = get(addr, "/flagz").await;
+    assert_eq!(text.status, 200);
+    assert!(text.body.contains("kube-proxy flagz"), "{}", text.body);
+    assert!(
+        text.body.ends_with("proxy-mode=nftables\nv=\n"),
+        "{}",
+        text.body
+    );
+    let json = with(
+        "/flagz",
+        "application/json;as=Flagz;v=v1beta1;g=config.k8s.io",
+    )
+    .await;
+    assert_eq!(json.status, 200);
+    let object = json.json();
+    assert_eq!(object["kind"], "Flagz", "{object}");
+    assert_eq!(object["flags"]["proxy-mode"], "nftables", "{object}");
+    assert_eq!(with("/flagz", "application/yaml").await.status, 406);
+
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+
+    // ComponentFlagz=false: no /flagz, and /statusz no longer lists it.
+    let pages = kp_server::zpages::ZpageInfo {
+        flagz: false,
+        ..info_pages()
+    };
+    let (addr, shutdown, task) = serve_pages(pages).await;
+    assert_eq!(get(addr, "/flagz").await.status, 404);
+    let text = get(addr, "/statusz").await;
+    assert!(
+        text.body
+            .contains("Paths: /configz /healthz /metrics /proxyMode /statusz\n"),
+        "{}",
+        text.body
+    );
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+}
+
+/// The metrics server with `pages`, on a port of its own.
+async fn serve_pages(
+    pages: kp_server::zpages::ZpageInfo,
+) -> (
+    std::net::SocketAddr,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), kp_server::ServerError>>,
+) {
+    let served = MetricsInfo {
+        zpages: Some(pages),
+        ..info()
+    };
+    let (listener, addr) = local_listener().await;
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(serve_metrics(
+        listener,
+        Arc::new(Registry::default()),
+        served,
+        shutdown.clone(),
+    ));
+    (addr, shutdown, task)
+}
+
+fn info_pages() -> kp_server::zpages::ZpageInfo {
+    kp_server::zpages::ZpageInfo {
+        component: "kube-proxy".to_owned(),
+        started: std::time::SystemTime::now() - Duration::from_secs(90),
+        binary_version: "kube-proxy-rs 9.9.9".to_owned(),
+        emulation_version: "1.36".to_owned(),
+        paths: Vec::new(),
+        flags: [("proxy-mode", "nftables"), ("v", "")]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .into(),
+        statusz: true,
+        flagz: true,
     }
 }
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Parser, ValueEnum};
-use kp_bench::generate::{self, Edit, Manifests, Scale};
+use kp_bench::generate::{self, Change, Edit, Manifests, Scale};
 use kp_bench::logs::{Checks, FIRST_SYNC, LogLine, SyncCollector, SyncPhases, median};
 use kp_bench::report::{Figure, Table, human, mib};
 use kp_bench::split::split_restore;
@@ -147,6 +147,12 @@ struct Args {
     /// periodic sync (`syncPeriod`, 30 s by default) and print a table of the checks' times.
     #[arg(long)]
     checks: bool,
+    /// After the two classic edits, one edit of each of these kinds, each to a service of
+    /// its own (and a table of their partial syncs): `endpoint-replaced`, `service-added`,
+    /// `affinity-on`, ... (`affinity-off` and `policy-cluster` revert an earlier
+    /// `affinity-on` / `policy-local`).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    changes: Vec<Change>,
     /// With --checks: give up waiting for the thorough check after this many seconds.
     #[arg(long, default_value_t = 90)]
     checks_wait: u64,
@@ -638,25 +644,10 @@ async fn proxy_run(
             partials.push(None);
             continue;
         }
-        edits.push(Edit {
-            service,
-            generation: 1,
-        });
+        edits.push(Edit::replace(service, 1));
         let before = proxy.collector.completed.len();
-        match &api {
-            Some(api) => {
-                // The changed slice alone, as the API server sends it to the watch.
-                let yaml = generate::slice_yaml(scale, service, Some(1));
-                for obj in yaml_objects(&yaml).map_err(anyhow::Error::msg)? {
-                    api.apply(obj)?;
-                }
-            }
-            None => {
-                let Some((name, text)) = edited_layout(args.layout, scale, &edits) else {
-                    continue;
-                };
-                replace_file(manifests_dir, &name, &text)?;
-            }
+        if !send_edit(args, scale, manifests_dir, api.as_ref(), &edits)? {
+            continue;
         }
         let edited = Instant::now();
         let deadline = edited + limit.min(Duration::from_secs(120));
@@ -676,6 +667,19 @@ async fn proxy_run(
             }
         }
     }
+    let changes = if args.changes.is_empty() {
+        None
+    } else {
+        let cells = (scale_cell.as_str(), label.as_str());
+        let series = ChangeSeries {
+            args,
+            scale,
+            manifests_dir,
+            api: api.as_ref(),
+            limit,
+        };
+        Some(series.run(&mut proxy, &mut edits, cells).await?)
+    };
     // Taken before the checks' wait, so the sync table reads the same with --checks.
     let rss = proxy.rss_cell();
     let cpu = proxy.cpu();
@@ -734,7 +738,175 @@ async fn proxy_run(
         cpu_cell(cpu),
         format!("{load_start}→{}", sys::load()),
     ]);
-    Ok([Some(table), checks].into_iter().flatten().collect())
+    Ok([Some(table), changes, checks]
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// Sends the last of `edits` to the proxy: the rewritten manifests file (with every edit
+/// so far), or what the API server's watch sends for that change (the changed objects, or
+/// their deletion). `false` when there is no file to rewrite.
+fn send_edit(
+    args: &Args,
+    scale: Scale,
+    manifests_dir: &Path,
+    api: Option<&FakeApiProcess>,
+    edits: &[Edit],
+) -> anyhow::Result<bool> {
+    let Some(edit) = edits.last() else {
+        return Ok(false);
+    };
+    let Some(api) = api else {
+        let Some((name, text)) = edited_layout(args.layout, scale, edits) else {
+            return Ok(false);
+        };
+        replace_file(manifests_dir, &name, &text)?;
+        return Ok(true);
+    };
+    let index = edit.service;
+    if edit.change == Change::ServiceRemoved {
+        let ns = generate::namespace(index);
+        api.delete(
+            "Service",
+            &format!("{ns}/{}", generate::service_name(index)),
+        )?;
+        api.delete(
+            "EndpointSlice",
+            &format!("{ns}/{}", generate::slice_name(index)),
+        )?;
+        return Ok(true);
+    }
+    let (service, slice) = generate::objects_yaml(scale, index, edits);
+    let slice_only = matches!(
+        edit.change,
+        Change::EndpointReplaced
+            | Change::EndpointAdded
+            | Change::EndpointRemoved
+            | Change::NotReady
+            | Change::Terminating
+    );
+    let service_only =
+        !slice_only && !matches!(edit.change, Change::ServiceAdded | Change::PortAdded);
+    let mut yaml = String::new();
+    if !slice_only {
+        yaml.push_str(&service);
+    }
+    if !service_only {
+        yaml.push_str(&slice);
+    }
+    for obj in yaml_objects(&yaml).map_err(anyhow::Error::msg)? {
+        api.apply(obj)?;
+    }
+    Ok(true)
+}
+
+/// `--changes`: one edit of each kind, each waited for, and their partial syncs' table.
+struct ChangeSeries<'a> {
+    args: &'a Args,
+    scale: Scale,
+    manifests_dir: &'a Path,
+    api: Option<&'a FakeApiProcess>,
+    limit: Duration,
+}
+
+impl ChangeSeries<'_> {
+    async fn run(
+        &self,
+        proxy: &mut Proxy,
+        edits: &mut Vec<Edit>,
+        (scale_cell, label): (&str, &str),
+    ) -> anyhow::Result<Table> {
+        let mut table = Table::new(&[
+            "N×M",
+            "mode / iptables",
+            "change",
+            "service",
+            "sync (log `took`)",
+            "rules written",
+            "edit → synced (wall)",
+            "load 1m",
+        ]);
+        for &change in &self.args.changes {
+            let Some(edit) = generate::next_edit(self.scale, change, edits) else {
+                eprintln!("kp-scale: no service fits {change:?} at this scale");
+                continue;
+            };
+            edits.push(edit);
+            let edited = Instant::now();
+            if !send_edit(self.args, self.scale, self.manifests_dir, self.api, edits)? {
+                continue;
+            }
+            let syncs = self.syncs_of(proxy, edited).await?;
+            for (_, sync) in &syncs {
+                eprintln!("kp-scale: {change:?} of service {}: {sync:?}", edit.service);
+            }
+            let (sync, written, wall) = change_cells(&syncs, edited, self.limit);
+            table.row(vec![
+                scale_cell.to_owned(),
+                label.to_owned(),
+                format!("{change:?}"),
+                edit.service.to_string(),
+                sync,
+                written,
+                wall,
+                sys::load(),
+            ]);
+        }
+        Ok(table)
+    }
+
+    /// The syncs an edit sent at `edited` caused: the first that changed a service, and any
+    /// that follow within [`SETTLE`] (the API server's watches send a Service and its slice
+    /// as two events, which may be two syncs).
+    async fn syncs_of(
+        &self,
+        proxy: &mut Proxy,
+        edited: Instant,
+    ) -> anyhow::Result<Vec<(Instant, SyncPhases)>> {
+        let mut deadline = edited + self.limit.min(Duration::from_secs(120));
+        let mut syncs = Vec::new();
+        loop {
+            let before = proxy.collector.completed.len();
+            let synced = proxy
+                .wait_sync(deadline, |s, c| {
+                    c.completed.len() > before && s.changed.unwrap_or(0) > 0
+                })
+                .await?;
+            let Some((at, sync)) = synced else {
+                return Ok(syncs);
+            };
+            syncs.push((at, sync));
+            deadline = Instant::now() + SETTLE;
+        }
+    }
+}
+
+/// How long `--changes` waits for more syncs after an edit's first one.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// The sync, rules-written and wall cells of one change's `syncs` (` + ` between several).
+fn change_cells(
+    syncs: &[(Instant, SyncPhases)],
+    edited: Instant,
+    limit: Duration,
+) -> (String, String, String) {
+    let Some((last, _)) = syncs.last() else {
+        let dnf = Figure::DidNotFinish(limit).to_string();
+        return (dnf.clone(), "-".to_owned(), dnf);
+    };
+    let joined = |cell: &dyn Fn(&SyncPhases) -> String| {
+        syncs
+            .iter()
+            .map(|(_, s)| cell(s))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    (
+        joined(&|s| format!("{} {}", s.kind, phases_cell(s))),
+        joined(&|s| s.rules.map_or("-".to_owned(), |r| r.to_string())),
+        human(*last - edited),
+    )
 }
 
 /// The self-healing checks the proxy logged since its start: the canary checks (every canary
@@ -909,14 +1081,8 @@ async fn restore_runs(
         },
     )?;
     let full_render = start.elapsed();
-    let (name, text) = generate::edited_file(
-        scale,
-        &[Edit {
-            service: 0,
-            generation: 1,
-        }],
-    )
-    .context("no service to edit")?;
+    let (name, text) =
+        generate::edited_file(scale, &[Edit::replace(0, 1)]).context("no service to edit")?;
     let changed = loaded.update(&name, &text)?;
     let start = Instant::now();
     let partial = render(

@@ -271,10 +271,7 @@ fn soak(args: &Args, mode: Mode) -> anyhow::Result<Run> {
                         .filter(|(s, _)| **s != service && scale.file_of(**s) == file)
                         .map(|(s, g)| (*s, *g)),
                 )
-                .map(|(service, generation)| Edit {
-                    service,
-                    generation,
-                })
+                .map(|(service, generation)| Edit::replace(service, generation))
                 .collect();
             if let Some((name, text)) = generate::edited_file(scale, &same_file) {
                 replace_file(&manifests, &name, &text)?;

@@ -49,7 +49,8 @@ use kp_rules::nftables::layout::element::PROTOCOLS;
 use kp_rules::nftables::layout::fixed::{DISPATCH, PICK, affinity_map_name};
 use kp_rules::nftables::layout::{
     Changes, Class, Context, Element, FixedConfig, LayoutState, SetOf, change_script,
-    delete_classes_script, fixed_part, full_updates, partial_updates, replace_table_script,
+    delete_classes_script, fixed_part, full_updates, partial_updates, ready_classes,
+    replace_table_script,
 };
 use kp_rules::nftables::{RenderError, TABLE};
 use tracing::{debug, info, warn};
@@ -110,7 +111,15 @@ struct Table {
     trusted: bool,
     /// The fixed part's settings as last written (a ServiceCIDR change rewrites it).
     fixed: Option<FixedConfig>,
+    /// Classes to write ahead of their use ([`ready_classes`]) at the next sync that writes
+    /// text anyway or changes nothing (a recheck is asked for it), so that a partial sync
+    /// using them stays an element transaction.
+    unready: BTreeSet<Class>,
 }
+
+/// How soon after a sync that left classes unready the backend asks for a sync that
+/// writes them.
+const READY_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// nftables mode in the verdict-free layout. `I` writes and reads the table, `C` deletes
 /// conntrack entries; both are fakes in tests.
@@ -198,11 +207,21 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             return self.full(family, request, &ctx, fixed, table).await;
         }
         let updates = partial_updates(request.state, &ctx, &table.installed, request.changed);
-        let changes = table.installed.changes(updates);
+        let mut changes = table.installed.changes(updates);
         let refix = table.fixed.as_ref().map(FixedConfig::family_service_cidrs)
             != Some(fixed.family_service_cidrs());
         let written = changes.delete.len() + changes.add.len();
-        if refix || !changes.classes.is_empty() {
+        let text = refix || !changes.classes.is_empty();
+        // Classes kept ready go along with text, or alone when nothing else changes.
+        let ready = if text || changes.is_empty() {
+            std::mem::take(&mut table.unready)
+        } else {
+            BTreeSet::new()
+        };
+        changes
+            .classes
+            .extend(ready.difference(table.installed.classes()));
+        if text || !changes.classes.is_empty() {
             let mut script = Vec::new();
             if refix {
                 let classes = table.installed.classes().clone();
@@ -214,7 +233,12 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             self.elements(family, &changes.delete, &changes.add)?;
         }
         let gone = removed_endpoints(&changes);
+        let used = changes.used_classes();
         table.installed.apply(changes);
+        let installed = table.installed.classes();
+        table
+            .unready
+            .extend(ready_classes(&used).difference(installed));
         table.fixed = Some(fixed);
         self.forget_clients(family, &table.installed, &gone);
         Ok(Full::Done(written))
@@ -259,8 +283,10 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         table: &mut Table,
     ) -> Result<Full, BackendError> {
         let started = Instant::now();
-        let desired =
+        let mut desired =
             LayoutState::from_ports(full_updates(request.state, ctx, &LayoutState::default()));
+        let ready = ready_classes(desired.classes());
+        desired.add_classes(ready);
         let rendered = started.elapsed();
         let (kernel, kernel_classes) = if table.trusted {
             (None, table.installed.classes().clone())
@@ -387,6 +413,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
     ) -> Result<usize, BackendError> {
         let count = desired.element_count();
         table.installed = desired;
+        table.unready.clear();
         table.trusted = true;
         table.fixed = Some(fixed);
         Ok(count)
@@ -633,6 +660,14 @@ impl<I: LayoutIo, C: Conntrack> Backend for LayoutBackend<I, C> {
             rules_written: written,
             skipped: Vec::new(),
         })
+    }
+
+    /// Soon, while classes wait to be written ahead of their use.
+    fn recheck_after(&self) -> Option<std::time::Duration> {
+        self.tables
+            .values()
+            .any(|t| !t.unready.is_empty())
+            .then_some(READY_AFTER)
     }
 
     /// The table and its `dispatch` and `pick` chains in every family synced so far.

@@ -637,3 +637,43 @@ fn a_service_and_its_slices_share_their_names() {
         &web.service.name
     ));
 }
+
+#[test]
+fn without_external_ips_services_are_programmed_as_if_they_had_none() {
+    let spec = |type_: &str, port: Value| {
+        json!({"type": type_, "clusterIP": "172.30.0.43", "clusterIPs": ["172.30.0.43"],
+               "externalIPs": ["192.0.2.10"], "externalTrafficPolicy": "Local",
+               "ports": [port]})
+    };
+    let http = json!({"name": "http", "protocol": "TCP", "port": 80});
+    let node_http = json!({"name": "http", "protocol": "TCP", "port": 80, "nodePort": 30080});
+    let cluster_ip = fixtures::service("ns", "ext", spec("ClusterIP", http));
+    let node_port = fixtures::service("ns", "np", spec("NodePort", node_http));
+    let ports = |tracker: &mut ChangeTracker| {
+        let mut state = ProxyState::default();
+        tracker.record(applied(cluster_ip.clone()));
+        tracker.record(applied(node_port.clone()));
+        tracker.apply(&mut state);
+        state
+            .services
+            .values()
+            .map(|p| {
+                (
+                    p.name.service.name.to_string(),
+                    p.external_ips.len(),
+                    p.external_policy_local,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ports(&mut ChangeTracker::new(NODE)),
+        [("ext".to_owned(), 1, true), ("np".to_owned(), 1, true)]
+    );
+    // Off: no externalIP; the ClusterIP Service is then reachable from nowhere outside, so
+    // its external policy goes too, while the NodePort Service keeps its.
+    assert_eq!(
+        ports(&mut ChangeTracker::new(NODE).with_external_ips(false)),
+        [("ext".to_owned(), 0, false), ("np".to_owned(), 0, true)]
+    );
+}

@@ -137,22 +137,18 @@ async fn a_moved_endpoint_is_one_element_transaction_and_nothing_else() {
 async fn a_new_endpoint_count_goes_as_one_script_with_its_set_and_rules() {
     let io = FakeLayoutIo::new();
     let mut backend = synced_on(&io, &two_services()).await;
-    let mut grown = two_services();
-    let name = port_name("ns", "b", "p", Protocol::Tcp);
-    grown.endpoints.insert(
-        name,
-        vec![endpoint("10.244.1.2", 8080), endpoint("10.244.1.3", 8080)],
-    );
+    // Three endpoints: not a count kept ready beside 1 (those are 1 and 2).
+    let grown = b_with(3);
     sync(&mut backend, &grown, SyncKind::Partial, &changed("b")).await;
     assert!(element_calls(&io).is_empty());
     let scripts = scripts(&io);
     assert_eq!(scripts.len(), 1);
     assert!(
-        scripts[0].contains("add set ip kube-proxy slots-2 "),
+        scripts[0].contains("add set ip kube-proxy slots-3 "),
         "{}",
         scripts[0]
     );
-    assert!(scripts[0].contains("add element ip kube-proxy slots-2 { 10.96.0.2 . tcp . 80 }"));
+    assert!(scripts[0].contains("add element ip kube-proxy slots-3 { 10.96.0.2 . tcp . 80 }"));
     assert!(
         !scripts[0].contains("flush chain"),
         "the fixed part stays: {}",
@@ -471,4 +467,65 @@ async fn clients_pinned_to_a_removed_endpoint_are_forgotten() {
             gone: BTreeSet::from([(addr("10.244.1.2"), 8080)]),
         }]
     );
+}
+
+/// `two_services` with `b` holding `count` endpoints.
+fn b_with(count: u8) -> ProxyState {
+    let mut state = two_services();
+    let name = port_name("ns", "b", "p", Protocol::Tcp);
+    let endpoints = (1..=count)
+        .map(|i| endpoint(&format!("10.244.3.{i}"), 8080))
+        .collect();
+    state.endpoints.insert(name, endpoints);
+    state
+}
+
+#[tokio::test]
+async fn one_endpoint_more_finds_its_class_ready_and_the_next_is_written_after() {
+    let io = FakeLayoutIo::new();
+    let mut backend = synced_on(&io, &b_with(1)).await;
+    let ready = backend
+        .installed(IpFamily::V4)
+        .map(|s| s.classes().clone())
+        .unwrap_or_default();
+    for class in [
+        Class::Count(Slots::Policy, 2),
+        Class::Count(Slots::ShortCircuit, 1),
+        Class::Count(Slots::ShortCircuit, 2),
+    ] {
+        assert!(
+            ready.contains(&class),
+            "{class:?} ready after a full sync: {ready:?}"
+        );
+    }
+    assert_eq!(
+        backend.recheck_after(),
+        None,
+        "nothing waits after a full sync"
+    );
+
+    sync(&mut backend, &b_with(2), SyncKind::Partial, &changed("b")).await;
+    assert!(scripts(&io).is_empty(), "no nft -f: {:?}", scripts(&io));
+    assert_eq!(element_calls(&io).len(), 1);
+    // slots-3 is now a neighbour in use: written by the sync the recheck asks for.
+    assert_eq!(backend.recheck_after(), Some(READY_AFTER));
+    io.clear_calls();
+    sync(
+        &mut backend,
+        &b_with(2),
+        SyncKind::Partial,
+        &BTreeSet::new(),
+    )
+    .await;
+    let scripts = scripts(&io);
+    assert_eq!(scripts.len(), 1, "{scripts:?}");
+    assert!(
+        scripts[0].contains("add set ip kube-proxy slots-3 "),
+        "{}",
+        scripts[0]
+    );
+    assert_eq!(backend.recheck_after(), None);
+    io.clear_calls();
+    sync(&mut backend, &b_with(3), SyncKind::Partial, &changed("b")).await;
+    assert!(self::scripts(&io).is_empty(), "slots-3 was ready");
 }

@@ -18,8 +18,17 @@ use crate::nftables::TABLE;
 
 /// The dispatch chain `nat-prerouting` and `nat-output` jump to.
 pub const DISPATCH: &str = "dispatch";
-/// The reject/drop chain of the filter base chains.
+/// The reject/drop chain of IP entries (ClusterIPs, externalIPs, LB IPs) without endpoints,
+/// jumped to from `filter-input`, `filter-forward` and `filter-output` (upstream's
+/// `service-endpoints-check` hooks).
 pub const ENTRY_FILTER: &str = "entry-filter";
+/// The reject/drop chain of NodePorts without endpoints: from `filter-input` only, as
+/// upstream's `nodeport-endpoints-check` (a node's own NodePort traffic is judged when it
+/// arrives, so an IPv6 reject answers it instead of dropping it in `output`).
+pub const NODEPORT_FILTER: &str = "nodeport-filter";
+/// Unknown ports of active ClusterIPs and unallocated ServiceCIDR addresses: from
+/// `filter-forward` and `filter-output`, as upstream's `cluster-ips-check`.
+pub const CLUSTER_IP_FILTER: &str = "cluster-ip-filter";
 /// The `loadBalancerSourceRanges` chain of the pre-DNAT filter chains.
 pub const FIREWALL: &str = "firewall";
 /// The chains `dispatch` jumps to in this order, one rule per class each: recorded
@@ -41,13 +50,15 @@ pub const AFFINITY_RECORD: &str = "affinity-record";
 /// The chains only this layout has (its base chains, `masquerading` and
 /// `mark-for-masquerade` have the chain layout's names, and that layout rewrites them): what
 /// a rollback to the chain layout deletes, with the sets [`is_own_set`] names.
-pub const OWN_CHAINS: [&str; 7] = [
+pub const OWN_CHAINS: [&str; 9] = [
     DISPATCH,
     AFFINITY,
     SHORT_CIRCUIT,
     PICK,
     AFFINITY_RECORD,
     ENTRY_FILTER,
+    NODEPORT_FILTER,
+    CLUSTER_IP_FILTER,
     FIREWALL,
 ];
 
@@ -142,10 +153,7 @@ impl FixedConfig {
 
     /// The addresses NodePorts are restricted to in this family (`None`: every local one).
     fn node_port_ips(&self) -> Option<Vec<std::net::IpAddr>> {
-        match self.node_port_addresses.for_family(self.family) {
-            NodePortAddresses::All => None,
-            NodePortAddresses::Ips(ips) => Some(ips),
-        }
+        self.node_port_addresses.nftables_ips(self.family)
     }
 
     /// The match of a destination that accepts NodePorts.
@@ -464,7 +472,8 @@ fn record_affinity(s: &mut Script<'_>, seconds: u32, node_port: bool) {
 }
 
 /// Filter chains: source ranges before DNAT, no-endpoint verdicts and unknown ClusterIP
-/// ports after it (DNATed connections no longer match an entry).
+/// ports after it (DNATed connections no longer match an entry), each from the hooks
+/// upstream's nftables mode judges it in.
 fn filter_rules(s: &mut Script<'_>) {
     let ip = s.config.ip();
     let key = entry_key(ip, false);
@@ -475,29 +484,36 @@ fn filter_rules(s: &mut Script<'_>) {
         FIREWALL,
         format!("{key} @firewall-entries {key} . {ip} saddr != @firewall-allow drop"),
     );
-    for base in ["filter-forward", "filter-input", "filter-output"] {
+    s.rule(
+        "filter-input",
+        format!("ct state new jump {NODEPORT_FILTER}"),
+    );
+    for base in ["filter-input", "filter-forward", "filter-output"] {
         s.rule(base, format!("ct state new jump {ENTRY_FILTER}"));
+    }
+    for base in ["filter-forward", "filter-output"] {
+        s.rule(base, format!("ct state new jump {CLUSTER_IP_FILTER}"));
     }
     let nodeport_dst = s.config.node_port_destination();
     use super::element::EntrySet::{Drop, Reject};
-    for node_port in [false, true] {
+    for (node_port, chain) in [(false, ENTRY_FILTER), (true, NODEPORT_FILTER)] {
         let key = entry_key(ip, node_port);
         let dst = entry_prefix(&nodeport_dst, node_port);
         s.rule(
-            ENTRY_FILTER,
+            chain,
             format!("{dst}{key} @{} reject", entry_set_name(Reject, node_port)),
         );
         s.rule(
-            ENTRY_FILTER,
+            chain,
             format!("{dst}{key} @{} drop", entry_set_name(Drop, node_port)),
         );
     }
-    s.rule(ENTRY_FILTER, format!("{ip} daddr @cluster-ips reject"));
+    s.rule(CLUSTER_IP_FILTER, format!("{ip} daddr @cluster-ips reject"));
     let cidrs = s.config.family_service_cidrs();
     if !cidrs.is_empty() {
         let list: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
         s.rule(
-            ENTRY_FILTER,
+            CLUSTER_IP_FILTER,
             format!("{ip} daddr {{ {} }} drop", list.join(", ")),
         );
     }

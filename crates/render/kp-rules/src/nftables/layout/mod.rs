@@ -35,7 +35,7 @@ pub use element::{Element, Entry, EntrySet, SetOf, Slots};
 pub use fixed::{
     FixedConfig, change_script, delete_classes_script, fixed_part, replace_table_script,
 };
-pub use state::{Changes, Class, LayoutState};
+pub use state::{Changes, Class, LayoutState, ready_classes};
 
 use crate::config::RenderConfig;
 use crate::family::{family_endpoints, for_family};

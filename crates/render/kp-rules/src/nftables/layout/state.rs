@@ -34,6 +34,23 @@ impl Class {
         }
     }
 
+    /// The classes a sync keeps ready beside this one while it is in use: for a slot count
+    /// `n`, the counts `n - 1`, `n` and `n + 1` of both lists, so that one endpoint more or
+    /// less, or a switch of traffic policy, finds its set and rules written and stays an
+    /// element transaction (writing a class is an `nft -f` run, ~20 ms whatever the change).
+    /// An affinity class has none.
+    pub fn ready_beside(self) -> Vec<Class> {
+        let Class::Count(_, n) = self else {
+            return vec![self];
+        };
+        let counts = [n.saturating_sub(1), n, n.saturating_add(1)];
+        [Slots::Policy, Slots::ShortCircuit]
+            .into_iter()
+            .flat_map(|slots| counts.map(|m| Class::Count(slots, m)))
+            .filter(|class| !matches!(class, Class::Count(_, 0)))
+            .collect()
+    }
+
     /// The class whose set `set` is (`slots-3`, `affinity-services-10800`, ...).
     pub fn of_set(set: SetOf) -> Option<Self> {
         match set {
@@ -42,6 +59,11 @@ impl Class {
             _ => None,
         }
     }
+}
+
+/// Every class of `used` and those kept ready beside them ([`Class::ready_beside`]).
+pub fn ready_classes<'a>(used: impl IntoIterator<Item = &'a Class>) -> BTreeSet<Class> {
+    used.into_iter().flat_map(|c| c.ready_beside()).collect()
 }
 
 /// Each kernel element as installed, and how many service ports claim its key
@@ -200,6 +222,11 @@ pub struct Changes {
 }
 
 impl Changes {
+    /// The classes of the elements it adds (whether or not their sets exist already).
+    pub fn used_classes(&self) -> BTreeSet<Class> {
+        self.add.iter().filter_map(Class::of).collect()
+    }
+
     /// Whether the kernel has nothing to do (the state may still change: a port with no
     /// element of its own).
     pub fn is_empty(&self) -> bool {
@@ -369,6 +396,11 @@ impl LayoutState {
     /// The classes whose sets and rules exist.
     pub fn classes(&self) -> &BTreeSet<Class> {
         &self.classes
+    }
+
+    /// Records that the sets and rules of `classes` exist (written ahead of their use).
+    pub fn add_classes(&mut self, classes: impl IntoIterator<Item = Class>) {
+        self.classes.extend(classes);
     }
 
     /// How many distinct kernel elements there are.

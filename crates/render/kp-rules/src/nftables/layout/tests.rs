@@ -311,6 +311,22 @@ fn the_fixed_part_has_no_per_service_object() {
 }
 
 #[test]
+fn loopback_in_node_port_addresses_never_accepts_node_ports() {
+    let mut config = config();
+    config.node_port_addresses = NodePortAddresses::Ips(vec![v4(192, 168, 0, 2), v4(127, 0, 0, 1)]);
+    let script = fixed_part(&config, &BTreeSet::new());
+    let elements: Vec<&String> = script
+        .iter()
+        .filter(|s| s.starts_with("add element ip kube-proxy nodeport-ips"))
+        .collect();
+    assert_eq!(
+        elements,
+        ["add element ip kube-proxy nodeport-ips { 192.168.0.2 }"],
+        "{script:#?}"
+    );
+}
+
+#[test]
 fn source_ranges_holding_the_node_allow_its_own_traffic_to_the_lb_ip() {
     let mut svc = port("web", v4(10, 96, 0, 1));
     svc.load_balancer_ips = vec![v4(192, 0, 2, 1)];

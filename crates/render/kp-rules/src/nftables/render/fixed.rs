@@ -2,9 +2,6 @@
 //! rules. Written on every full sync; a partial sync is only possible while it is unchanged,
 //! so its text doubles as the fingerprint of the installed layout.
 
-use std::collections::BTreeSet;
-use std::net::IpAddr;
-
 use ipnet::IpNet;
 use kp_core::model::IpFamily;
 
@@ -14,8 +11,7 @@ use super::super::cmd::{
 };
 use super::super::{
     BASE_CHAINS, CLUSTER_IPS, ElementSet, FIREWALL_IPS, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS,
-    NO_ENDPOINT_SERVICES, NODEPORT_IPS, NodePortAddresses, REJECT_CHAIN, SERVICE_IPS,
-    SERVICE_NODEPORTS,
+    NO_ENDPOINT_SERVICES, NODEPORT_IPS, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS,
 };
 use super::{Context, add_chain, add_rule, addr_in_set, comment_text, jump};
 
@@ -138,22 +134,17 @@ fn nodeport_ips(ctx: &Context<'_>, out: &mut Vec<Command>) -> Option<Match> {
         kind: SetKind::Addresses { timeout: None },
         comment: Some(comment_text("IPs that accept NodePort traffic")),
     });
-    match &ctx.config.node_port_addresses.for_family(ctx.family) {
-        NodePortAddresses::All => {
+    match ctx.config.node_port_addresses.nftables_ips(ctx.family) {
+        None => {
             // Ensure the set is gone: `add` first so the `delete` cannot fail.
             out.push(Command::DeleteSet(NODEPORT_IPS.into()));
             None
         }
-        NodePortAddresses::Ips(ips) => {
+        Some(ips) => {
             out.push(Command::FlushSet {
                 set: NODEPORT_IPS.into(),
                 map: false,
             });
-            let ips: BTreeSet<IpAddr> = ips
-                .iter()
-                .copied()
-                .filter(|ip| IpFamily::of(ip) == ctx.family && !ip.is_loopback())
-                .collect();
             for node_ip in ips {
                 out.push(Command::AddElement {
                     set: NODEPORT_IPS.into(),

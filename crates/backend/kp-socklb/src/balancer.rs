@@ -1,0 +1,233 @@
+//! [`Balancer`]: the [`ServiceTable`] and the maps it writes, kept in step.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use crate::layout::ServiceKey;
+use crate::maps::{MapWriter, WriteError};
+use crate::table::ServiceTable;
+
+/// Why [`Balancer::set`] did not (fully) apply.
+#[derive(Debug, thiserror::Error)]
+pub enum SetError {
+    /// An endpoint of the other family than the Service address: a caller's bug (the plan
+    /// gives each family its own list). Nothing was written.
+    #[error("endpoint {endpoint} is not of the family of Service port {}", key.addr)]
+    Family {
+        /// The Service port.
+        key: ServiceKey,
+        /// The endpoint.
+        endpoint: SocketAddr,
+    },
+    /// A map write failed; the next set of the key rewrites it whole.
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
+
+/// What [`Balancer::sync`] did.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    /// Map writes made setting ports (removals are not counted).
+    pub writes: usize,
+    /// Service ports not (fully) written, with why.
+    pub failed: Vec<(ServiceKey, SetError)>,
+}
+
+/// The socket load balancer's Service ports, written to `M` (the kernel's maps, or a fake).
+#[derive(Debug)]
+pub struct Balancer<M> {
+    table: ServiceTable,
+    maps: M,
+}
+
+impl<M: MapWriter> Balancer<M> {
+    /// An empty balancer writing to `maps` (which must be empty too).
+    pub fn new(maps: M) -> Self {
+        Self {
+            table: ServiceTable::default(),
+            maps,
+        }
+    }
+
+    /// Sends `key` to `endpoints` (none: refused); returns how many map writes it took. On
+    /// failure the next call for `key` rewrites it whole.
+    pub fn set(&mut self, key: ServiceKey, endpoints: &[SocketAddr]) -> Result<usize, SetError> {
+        if let Some(&endpoint) = endpoints.iter().find(|e| e.is_ipv6() != key.addr.is_ipv6()) {
+            return Err(SetError::Family { key, endpoint });
+        }
+        let ops = self.table.set(key, endpoints);
+        let writes = ops.len();
+        match ops.into_iter().try_for_each(|op| self.maps.apply(op)) {
+            Ok(()) => {
+                self.table.written(key);
+                Ok(writes)
+            }
+            Err(error) => {
+                self.table.failed(key);
+                Err(error.into())
+            }
+        }
+    }
+
+    /// Stops translating `key` (its sockets then go to nftables mode's rules); on failure
+    /// `key` stays and the next call retries.
+    pub fn remove(&mut self, key: ServiceKey) -> Result<(), WriteError> {
+        let ops = self.table.remove(key);
+        ops.into_iter().try_for_each(|op| self.maps.apply(op))?;
+        self.table.removed(key);
+        Ok(())
+    }
+
+    /// Makes the maps hold exactly `desired` ([`crate::desired()`]'s answer): unchanged
+    /// ports cost no write. A port that fails is reported and the others are still written;
+    /// the next sync retries it.
+    pub fn sync(&mut self, desired: &BTreeMap<ServiceKey, Vec<SocketAddr>>) -> SyncReport {
+        let mut report = SyncReport::default();
+        let gone: Vec<ServiceKey> = self
+            .table
+            .keys()
+            .filter(|k| !desired.contains_key(k))
+            .collect();
+        for key in gone {
+            if let Err(error) = self.remove(key) {
+                report.failed.push((key, error.into()));
+            }
+        }
+        for (&key, endpoints) in desired {
+            match self.set(key, endpoints) {
+                Ok(writes) => report.writes += writes,
+                Err(error) => report.failed.push((key, error)),
+            }
+        }
+        report
+    }
+
+    /// The Service ports written.
+    pub fn table(&self) -> &ServiceTable {
+        &self.table
+    }
+
+    /// The maps, to inspect.
+    pub fn maps(&self) -> &M {
+        &self.maps
+    }
+
+    /// The maps, to change in a test (e.g. [`crate::FakeMaps::fail_write`]).
+    pub fn maps_mut(&mut self) -> &mut M {
+        &mut self.maps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kp_core::model::Protocol;
+
+    use super::*;
+    use crate::maps::{FakeMaps, Verdict};
+
+    fn key(addr: &str) -> ServiceKey {
+        ServiceKey::new(addr.parse().expect("literal"), Protocol::Tcp)
+    }
+
+    fn ep(addr: &str) -> SocketAddr {
+        addr.parse().expect("literal")
+    }
+
+    #[test]
+    fn lookups_follow_the_endpoints_set() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let web = key("10.96.0.10:80");
+        lb.set(web, &[ep("10.0.0.1:8080"), ep("10.0.0.2:8080")])
+            .expect("fake");
+        let picked: Vec<_> = (0..4).map(|r| lb.maps().resolve(web, r)).collect();
+        let (a, b) = (
+            Verdict::To(ep("10.0.0.1:8080")),
+            Verdict::To(ep("10.0.0.2:8080")),
+        );
+        assert_eq!(picked, [a, b, a, b]);
+        assert_eq!(
+            lb.maps().resolve(key("10.96.0.11:80"), 0),
+            Verdict::Untouched
+        );
+        lb.set(web, &[]).expect("fake");
+        assert_eq!(lb.maps().resolve(web, 1), Verdict::Refused);
+        assert_eq!(lb.maps().sizes(), (1, 0));
+        lb.remove(web).expect("fake");
+        assert_eq!(lb.maps().resolve(web, 0), Verdict::Untouched);
+        assert_eq!(lb.maps().sizes(), (0, 0));
+    }
+
+    #[test]
+    fn a_failed_write_is_repaired_by_the_next_set() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let web = key("10.96.0.10:80");
+        let three = [ep("10.0.0.1:80"), ep("10.0.0.2:80"), ep("10.0.0.3:80")];
+        lb.maps_mut().fail_write(3);
+        assert!(
+            lb.set(web, &three).is_err(),
+            "the service entry write fails"
+        );
+        assert_eq!(
+            lb.maps().resolve(web, 0),
+            Verdict::Untouched,
+            "not visible yet"
+        );
+        let writes = lb.set(web, &three[..1]).expect("fake");
+        assert_eq!(
+            writes, 4,
+            "slot 0, the entry, then stale slots 1 and 2 deleted"
+        );
+        assert_eq!(lb.maps().sizes(), (1, 1));
+        assert_eq!(lb.maps().resolve(web, 2), Verdict::To(three[0]));
+    }
+
+    #[test]
+    fn families_have_their_own_slots_and_do_not_mix() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let four = key("10.96.0.10:80");
+        let six = key("[fd00::10]:80");
+        lb.set(four, &[ep("10.0.0.1:80")]).expect("fake");
+        lb.set(six, &[ep("[fd00::1]:80")]).expect("fake");
+        assert_eq!(lb.maps().resolve(six, 0), Verdict::To(ep("[fd00::1]:80")));
+        assert_eq!(lb.maps().resolve(four, 0), Verdict::To(ep("10.0.0.1:80")));
+        let mixed = lb.set(six, &[ep("10.0.0.2:80")]);
+        assert!(matches!(mixed, Err(SetError::Family { .. })), "{mixed:?}");
+        assert_eq!(lb.maps().resolve(six, 0), Verdict::To(ep("[fd00::1]:80")));
+    }
+
+    #[test]
+    fn sync_writes_only_the_difference() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let (web, dns) = (key("10.96.0.10:80"), key("10.96.0.11:80"));
+        let mut desired = BTreeMap::from([(web, vec![ep("10.0.0.1:80")]), (dns, vec![])]);
+        let first = lb.sync(&desired);
+        assert_eq!(
+            (first.writes, first.failed.len()),
+            (3, 0),
+            "a slot and two entries"
+        );
+        assert_eq!(lb.sync(&desired).writes, 0, "nothing changed");
+        desired.remove(&dns);
+        desired.insert(web, vec![ep("10.0.0.1:80"), ep("10.0.0.2:80")]);
+        let second = lb.sync(&desired);
+        assert_eq!(
+            second.writes, 2,
+            "one slot and web's count; dns removed apart"
+        );
+        assert_eq!(lb.maps().resolve(dns, 0), Verdict::Untouched);
+        assert_eq!(lb.maps().resolve(web, 1), Verdict::To(ep("10.0.0.2:80")));
+    }
+
+    #[test]
+    fn a_failed_remove_is_retried() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let web = key("10.96.0.10:80");
+        lb.set(web, &[ep("10.0.0.1:80")]).expect("fake");
+        lb.maps_mut().fail_write(1);
+        assert!(lb.remove(web).is_err());
+        assert_eq!(lb.table().len(), 1);
+        lb.remove(web).expect("fake");
+        assert_eq!(lb.maps().sizes(), (0, 0));
+        assert!(lb.table().is_empty());
+    }
+}

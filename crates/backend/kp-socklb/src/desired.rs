@@ -1,0 +1,212 @@
+//! What the maps should hold for a [`ProxyState`]: the Service addresses the node's own
+//! sockets reach, each with the endpoints the shared plan ([`kp_rules::plan::ServicePlan`],
+//! the one nftables mode renders) sends such a socket to. One decision, two dataplanes.
+//!
+//! Left out, so nftables mode's rules keep serving them: ClientIP affinity (the programs
+//! have no affinity map yet), SCTP, a Local policy's drop (no local endpoint: nftables
+//! drops), load balancer IPs with source ranges (the firewall decides by source), and
+//! NodePorts (never reached by address from a socket here).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort};
+use kp_core::tracker::ProxyState;
+use kp_rules::plan::{EndpointList, Masquerading, NoEndpoints, ServicePlan};
+
+use crate::layout::ServiceKey;
+
+/// Every Service port address to translate, with its endpoints (none: refused).
+pub fn desired(state: &ProxyState) -> BTreeMap<ServiceKey, Vec<SocketAddr>> {
+    let mut out = BTreeMap::new();
+    let none = Vec::new();
+    for (name, port) in &state.services {
+        if port.session_affinity.is_some() || name.protocol == Protocol::Sctp {
+            continue;
+        }
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let Some(svc) = port.for_family(family) else {
+                continue;
+            };
+            let endpoints = state.endpoints.get(name).unwrap_or(&none);
+            // Masquerading only shapes chains; the endpoint lists do not depend on it.
+            let plan = ServicePlan::new(&svc, endpoints, &state.node, Masquerading::default());
+            add(&mut out, &svc, internal(&plan, family), &svc.cluster_ips);
+            add(&mut out, &svc, external(&plan, family), &svc.external_ips);
+            if svc.load_balancer_source_ranges.is_empty() {
+                add(
+                    &mut out,
+                    &svc,
+                    external(&plan, family),
+                    &svc.load_balancer_ips,
+                );
+            }
+        }
+    }
+    out
+}
+
+fn add(
+    out: &mut BTreeMap<ServiceKey, Vec<SocketAddr>>,
+    svc: &ServicePort,
+    endpoints: Option<Vec<SocketAddr>>,
+    ips: &[IpAddr],
+) {
+    let Some(endpoints) = endpoints else {
+        return;
+    };
+    for &ip in ips {
+        let key = ServiceKey::new(SocketAddr::new(ip, svc.port), svc.name.protocol);
+        out.insert(key, endpoints.clone());
+    }
+}
+
+/// ClusterIP traffic: the internal policy's list; rejected (empty) without any endpoint;
+/// `None` (nftables) where the plan drops.
+fn internal(plan: &ServicePlan<'_>, family: IpFamily) -> Option<Vec<SocketAddr>> {
+    match plan.internal_filter {
+        Some(NoEndpoints::Reject) => Some(Vec::new()),
+        Some(NoEndpoints::Drop) => None,
+        None => Some(addresses(plan.list(plan.internal.list), family)),
+    }
+}
+
+/// externalIPs and load balancer IPs from this node: nftables mode short-circuits traffic
+/// from local sources to the Cluster list whatever the external policy, so that list.
+fn external(plan: &ServicePlan<'_>, family: IpFamily) -> Option<Vec<SocketAddr>> {
+    if plan.external_filter == Some(NoEndpoints::Reject) {
+        return Some(Vec::new());
+    }
+    plan.uses_cluster_chain
+        .then(|| addresses(plan.list(EndpointList::Cluster), family))
+}
+
+fn addresses(endpoints: &[&Endpoint], family: IpFamily) -> Vec<SocketAddr> {
+    endpoints
+        .iter()
+        .filter(|e| IpFamily::of(&e.ip) == family)
+        .map(|e| SocketAddr::new(e.ip, e.port))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use kp_core::testutil::{cluster_ip_port, endpoint, node_with, port_name, state_on};
+
+    use super::*;
+
+    fn key(addr: &str, protocol: Protocol) -> ServiceKey {
+        ServiceKey::new(addr.parse().expect("literal"), protocol)
+    }
+
+    fn eps(list: &[&str]) -> Vec<SocketAddr> {
+        list.iter().map(|e| e.parse().expect("literal")).collect()
+    }
+
+    fn port(name: &str, cluster_ip: &str, protocol: Protocol) -> ServicePort {
+        cluster_ip_port(port_name("ns", name, "p", protocol), cluster_ip, 80)
+    }
+
+    #[test]
+    fn cluster_ips_external_ips_and_lb_ips_get_the_plans_endpoints() {
+        let mut web = port("web", "10.96.0.10", Protocol::Tcp);
+        web.external_ips = vec!["203.0.113.5".parse().expect("literal")];
+        web.load_balancer_ips = vec!["198.51.100.7".parse().expect("literal")];
+        let backends = vec![
+            endpoint("10.244.1.3", 8080, true),
+            endpoint("10.244.2.3", 8080, false),
+        ];
+        let state = state_on(node_with(&["192.168.0.2"]), vec![(web, backends)]);
+        let desired = desired(&state);
+        let both = eps(&["10.244.1.3:8080", "10.244.2.3:8080"]);
+        for addr in ["10.96.0.10:80", "203.0.113.5:80", "198.51.100.7:80"] {
+            assert_eq!(
+                desired.get(&key(addr, Protocol::Tcp)),
+                Some(&both),
+                "{addr}"
+            );
+        }
+        assert_eq!(desired.len(), 3);
+    }
+
+    #[test]
+    fn no_endpoints_is_refused_and_a_local_drop_stays_with_nftables() {
+        let empty = port("empty", "10.96.0.11", Protocol::Udp);
+        let mut local = port("local", "10.96.0.12", Protocol::Tcp);
+        local.internal_policy_local = true;
+        let remote_only = vec![endpoint("10.244.2.3", 8080, false)];
+        let state = state_on(
+            node_with(&["192.168.0.2"]),
+            vec![(empty, vec![]), (local, remote_only)],
+        );
+        let desired = desired(&state);
+        assert_eq!(
+            desired.get(&key("10.96.0.11:80", Protocol::Udp)),
+            Some(&vec![])
+        );
+        assert_eq!(desired.get(&key("10.96.0.12:80", Protocol::Tcp)), None);
+    }
+
+    #[test]
+    fn internal_policy_local_keeps_only_local_endpoints() {
+        let mut local = port("local", "10.96.0.12", Protocol::Tcp);
+        local.internal_policy_local = true;
+        let backends = vec![
+            endpoint("10.244.1.3", 8080, true),
+            endpoint("10.244.2.3", 8080, false),
+        ];
+        let state = state_on(node_with(&["192.168.0.2"]), vec![(local, backends)]);
+        let desired = desired(&state);
+        let want = eps(&["10.244.1.3:8080"]);
+        assert_eq!(
+            desired.get(&key("10.96.0.12:80", Protocol::Tcp)),
+            Some(&want)
+        );
+    }
+
+    #[test]
+    fn affinity_sctp_and_source_ranges_stay_with_nftables() {
+        let mut sticky = port("sticky", "10.96.0.13", Protocol::Tcp);
+        sticky.session_affinity = Some(kp_core::model::SessionAffinity {
+            timeout: std::time::Duration::from_secs(10),
+        });
+        let sctp = port("sctp", "10.96.0.14", Protocol::Sctp);
+        let mut ranged = port("ranged", "10.96.0.15", Protocol::Tcp);
+        ranged.load_balancer_ips = vec!["198.51.100.8".parse().expect("literal")];
+        ranged.load_balancer_source_ranges = vec!["192.0.2.0/24".parse().expect("literal")];
+        let ep = || vec![endpoint("10.244.1.3", 8080, true)];
+        let state = state_on(
+            node_with(&["192.168.0.2"]),
+            vec![(sticky, ep()), (sctp, ep()), (ranged, ep())],
+        );
+        let keys: Vec<ServiceKey> = desired(&state).into_keys().collect();
+        assert_eq!(
+            keys,
+            [key("10.96.0.15:80", Protocol::Tcp)],
+            "only the ClusterIP of ranged"
+        );
+    }
+
+    #[test]
+    fn each_family_gets_its_own_endpoints() {
+        let mut dual = port("dual", "10.96.0.10", Protocol::Tcp);
+        dual.cluster_ips
+            .push("fd00:96::10".parse().expect("literal"));
+        let backends = vec![
+            endpoint("10.244.1.3", 8080, true),
+            endpoint("fd00:10:244:1::3", 8080, true),
+        ];
+        let state = state_on(node_with(&["192.168.0.2"]), vec![(dual, backends)]);
+        let desired = desired(&state);
+        let four = eps(&["10.244.1.3:8080"]);
+        let six = eps(&["[fd00:10:244:1::3]:8080"]);
+        assert_eq!(
+            desired.get(&key("10.96.0.10:80", Protocol::Tcp)),
+            Some(&four)
+        );
+        assert_eq!(
+            desired.get(&key("[fd00:96::10]:80", Protocol::Tcp)),
+            Some(&six)
+        );
+    }
+}

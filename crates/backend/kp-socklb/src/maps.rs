@@ -1,0 +1,173 @@
+//! Applying [`MapOp`]s: to the kernel's maps ([`KernelMaps`]), or to [`FakeMaps`], which
+//! holds the same bytes and answers a lookup as the programs would, for tests anywhere.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
+use kp_core::model::IpFamily;
+
+use crate::layout::{
+    Bytes, ServiceEntry, ServiceKey, SlotKey, endpoint_bytes, endpoint_from_bytes,
+};
+use crate::table::MapOp;
+
+/// A map write that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot apply {op:?} to the socket load balancer's maps")]
+pub struct WriteError {
+    /// The write.
+    pub op: MapOp,
+    /// The kernel's answer (boxed: aya's error is large, and writes are frequent).
+    #[source]
+    pub source: Box<MapError>,
+}
+
+/// Where [`MapOp`]s are written.
+pub trait MapWriter {
+    /// Applies one write; deleting what is absent succeeds.
+    fn apply(&mut self, op: MapOp) -> Result<(), WriteError>;
+}
+
+/// A BPF hash map with fixed-size byte keys and values.
+pub(crate) type ByteMap<const K: usize, const V: usize> = BpfHashMap<MapData, [u8; K], [u8; V]>;
+
+/// The loaded programs' service and slot maps, for each family.
+#[derive(Debug)]
+pub struct KernelMaps {
+    pub(crate) services: ByteMap<8, 8>,
+    pub(crate) slots: ByteMap<8, 8>,
+    pub(crate) services6: ByteMap<20, 8>,
+    pub(crate) slots6: ByteMap<8, 20>,
+}
+
+impl KernelMaps {
+    /// How many Service ports the service maps hold (read from the kernel).
+    pub fn service_count(&self) -> usize {
+        let four = self.services.keys().filter(Result::is_ok).count();
+        four + self.services6.keys().filter(Result::is_ok).count()
+    }
+
+    fn write(&mut self, op: MapOp) -> Result<(), MapError> {
+        match op {
+            MapOp::PutSlot { key, endpoint } => match endpoint_bytes(endpoint) {
+                Bytes::V4(value) => self.slots.insert(key.to_bytes(), value, 0),
+                Bytes::V6(value) => self.slots6.insert(key.to_bytes(), value, 0),
+            },
+            MapOp::DeleteSlot { key, family } => absent_is_fine(match family {
+                IpFamily::V4 => self.slots.remove(&key.to_bytes()),
+                IpFamily::V6 => self.slots6.remove(&key.to_bytes()),
+            }),
+            MapOp::PutService { key, entry } => match key.to_bytes() {
+                Bytes::V4(bytes) => self.services.insert(bytes, entry.to_bytes(), 0),
+                Bytes::V6(bytes) => self.services6.insert(bytes, entry.to_bytes(), 0),
+            },
+            MapOp::DeleteService(key) => absent_is_fine(match key.to_bytes() {
+                Bytes::V4(bytes) => self.services.remove(&bytes),
+                Bytes::V6(bytes) => self.services6.remove(&bytes),
+            }),
+        }
+    }
+}
+
+impl MapWriter for KernelMaps {
+    fn apply(&mut self, op: MapOp) -> Result<(), WriteError> {
+        self.write(op).map_err(|source| WriteError {
+            op,
+            source: Box::new(source),
+        })
+    }
+}
+
+/// A delete of a key that is not there (ENOENT) did what was asked.
+fn absent_is_fine(result: Result<(), MapError>) -> Result<(), MapError> {
+    match result {
+        Err(MapError::SyscallError(error))
+            if error.io_error.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// The maps' contents as the kernel would hold them, byte for byte.
+#[derive(Debug, Default)]
+pub struct FakeMaps {
+    services: BTreeMap<Bytes, [u8; 8]>,
+    /// Keyed by family and slot key.
+    slots: BTreeMap<(IpFamily, [u8; 8]), Bytes>,
+    /// Writes to fail (by position among all writes) and how many were made.
+    fail_at: Option<usize>,
+    writes: usize,
+}
+
+/// What the connect program does with a socket's destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not a Service port: the address stays.
+    Untouched,
+    /// A Service port without endpoints: the call fails with ECONNREFUSED.
+    Refused,
+    /// Rewritten to this endpoint.
+    To(SocketAddr),
+}
+
+impl FakeMaps {
+    /// Fails the `n`th write from now (0: the next one), as the kernel would on ENOMEM.
+    pub fn fail_write(&mut self, n: usize) {
+        self.fail_at = Some(self.writes + n);
+    }
+
+    /// The program's decision for `key` when its random number is `random`.
+    pub fn resolve(&self, key: ServiceKey, random: u32) -> Verdict {
+        let Some(entry) = self.services.get(&key.to_bytes()) else {
+            return Verdict::Untouched;
+        };
+        let entry = ServiceEntry::from_bytes(*entry);
+        if entry.count == 0 {
+            return Verdict::Refused;
+        }
+        let slot = SlotKey {
+            id: entry.id,
+            slot: random % entry.count,
+        };
+        match self.slots.get(&(key.family(), slot.to_bytes())) {
+            Some(bytes) => Verdict::To(endpoint_from_bytes(*bytes)),
+            None => Verdict::Untouched,
+        }
+    }
+
+    /// How many entries each map holds: (services, slots).
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.services.len(), self.slots.len())
+    }
+}
+
+impl MapWriter for FakeMaps {
+    fn apply(&mut self, op: MapOp) -> Result<(), WriteError> {
+        let this = self.writes;
+        self.writes += 1;
+        if self.fail_at == Some(this) {
+            let source = Box::new(MapError::KeyNotFound);
+            return Err(WriteError { op, source });
+        }
+        match op {
+            MapOp::PutSlot { key, endpoint } => {
+                let family = IpFamily::of(&endpoint.ip());
+                self.slots
+                    .insert((family, key.to_bytes()), endpoint_bytes(endpoint));
+            }
+            MapOp::DeleteSlot { key, family } => {
+                self.slots.remove(&(family, key.to_bytes()));
+            }
+            MapOp::PutService { key, entry } => {
+                self.services.insert(key.to_bytes(), entry.to_bytes());
+            }
+            MapOp::DeleteService(key) => {
+                self.services.remove(&key.to_bytes());
+            }
+        }
+        Ok(())
+    }
+}

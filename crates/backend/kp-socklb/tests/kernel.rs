@@ -1,0 +1,462 @@
+//! The programs in this kernel, judged by traffic. Each test runs in a throwaway network
+//! namespace (`kp_testbed::isolated::run`) with endpoints on loopback, nftables mode's
+//! kind of DNAT rule for the same Service address, and a cgroup v2 directory of its own
+//! (`kp_testbed::cgroup::TestCgroup`, removed on drop) that the programs are attached to.
+//! The test process enters the cgroup after making its control sockets: those meet the
+//! nftables rule, sockets made inside meet the programs, and each answer names its endpoint.
+
+use std::io::{BufRead, BufReader, ErrorKind};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use kp_core::model::Protocol;
+use kp_socklb::{Balancer, KernelMaps, LoadError, ServiceKey, SocketPrograms, Unavailable};
+use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
+use kp_testbed::isolated::{self, sh};
+
+/// Endpoint "a", where the programs send the Service.
+const A: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 3);
+/// Endpoint "b", where nftables mode's rule sends it.
+const B: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 4);
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+/// A Service port without endpoints.
+const EMPTY_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+/// Endpoint "a" and a ClusterIP of an IPv6 Service.
+const A6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 3);
+const CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
+const EMPTY_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x11);
+const CGROUP_PREFIX: &str = "kp-socklb-test-";
+const WAIT: Duration = Duration::from_secs(2);
+
+fn unavailable() -> Option<String> {
+    isolated::missing(
+        &["nft", "conntrack"],
+        &["ip", "link", "add", "kpv0", "type", "veth"],
+    )
+    .or_else(|| {
+        cgroup2_root()
+            .is_none()
+            .then(|| "no cgroup v2 mount".to_owned())
+    })
+}
+
+/// Endpoints a and b on loopback, Service addresses routed out of a veth whose peer drops
+/// them (so a socket outside the cgroup reaches nftables' rule, and an untranslated SYN
+/// vanishes), and the rule DNATing the ClusterIP to b.
+fn node() {
+    sh(
+        "ip link set lo up && ip addr add 10.244.1.3/32 dev lo && ip addr add 10.244.1.4/32 dev lo \
+        && ip link add kpv0 type veth peer name kpv1 && ip link set kpv0 up && ip link set kpv1 up \
+        && ip route add 10.96.0.0/16 dev kpv0",
+    );
+    sh("nft -f - <<'EOF'
+table ip kpt {
+  chain out {
+    type nat hook output priority -100;
+    ip daddr 10.96.0.10 tcp dport 80 dnat to 10.244.1.4:8080
+    ip daddr 10.96.0.10 udp dport 53 dnat to 10.244.1.4:5353
+  }
+}
+EOF");
+    for endpoint in [A, B] {
+        tcp_server(at(endpoint, 8080));
+        udp_server(at(endpoint, 5353));
+    }
+}
+
+/// Greets each connection with its own address.
+fn tcp_server(addr: SocketAddr) {
+    let listener = TcpListener::bind(addr).expect("bind endpoint");
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let _ = std::io::Write::write_all(&mut stream, format!("{addr}\n").as_bytes());
+        }
+    });
+}
+
+/// Answers each datagram with its own address.
+fn udp_server(addr: SocketAddr) {
+    let socket = UdpSocket::bind(addr).expect("bind endpoint");
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok((_, from)) = socket.recv_from(&mut buf) {
+            let _ = socket.send_to(addr.to_string().as_bytes(), from);
+        }
+    });
+}
+
+/// Who answered a TCP connection to `addr`, and the connection's local port.
+fn tcp_answer(addr: SocketAddr) -> (String, TcpStream) {
+    let stream = TcpStream::connect_timeout(&addr, WAIT).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut line = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut line)
+        .expect("greeting");
+    (line.trim().to_owned(), stream)
+}
+
+/// Programs loaded and attached to a fresh cgroup, and their maps.
+struct Attached {
+    cgroup: TestCgroup,
+    programs: SocketPrograms,
+    lb: Balancer<KernelMaps>,
+}
+
+fn attach() -> Attached {
+    let cgroup = TestCgroup::create(CGROUP_PREFIX).expect("test cgroup");
+    let (mut programs, maps) = SocketPrograms::load().expect("load programs");
+    programs.attach(cgroup.path()).expect("attach");
+    Attached {
+        cgroup,
+        programs,
+        lb: Balancer::new(maps),
+    }
+}
+
+fn at(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+fn service(ip: impl Into<IpAddr>, port: u16, protocol: Protocol) -> ServiceKey {
+    ServiceKey::new(at(ip, port), protocol)
+}
+
+/// conntrack's entries for flows from local port `sport` (one line each).
+fn conntrack_from(protocol: &str, sport: u16) -> Vec<String> {
+    sh(&format!(
+        "conntrack -L -p {protocol} --sport {sport} 2>/dev/null"
+    ))
+    .lines()
+    .map(str::to_owned)
+    .collect()
+}
+
+#[test]
+fn tcp_to_a_cluster_ip_reaches_the_endpoint_without_nat() {
+    isolated::run(
+        "tcp_to_a_cluster_ip_reaches_the_endpoint_without_nat",
+        unavailable,
+        || {
+            node();
+            let svc = at(CLUSTER_IP, 80);
+            // The control: outside the cgroup, nftables' DNAT to b, seen by conntrack.
+            let (who, control) = tcp_answer(svc);
+            assert_eq!(who, "10.244.1.4:8080");
+            let sport = control.local_addr().expect("local").port();
+            let natted = conntrack_from("tcp", sport).join("\n");
+            assert!(natted.contains("dst=10.96.0.10"), "{natted}");
+            assert!(natted.contains("src=10.244.1.4"), "{natted}");
+
+            let mut node = attach();
+            let a = at(A, 8080);
+            node.lb
+                .set(service(CLUSTER_IP, 80, Protocol::Tcp), &[a])
+                .expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+            let (who, stream) = tcp_answer(svc);
+            assert_eq!(who, a.to_string(), "translated by connect4, not nftables");
+            // getpeername4: the application sees the Service address.
+            assert_eq!(stream.peer_addr().expect("peer"), svc);
+            let sport = stream.local_addr().expect("local").port();
+            let entries = conntrack_from("tcp", sport);
+            assert_eq!(entries.len(), 1, "{entries:?}");
+            assert!(entries[0].contains("dst=10.244.1.3 sport"), "{entries:?}");
+            assert!(
+                !entries[0].contains("10.96.0.10"),
+                "no NAT entry: {entries:?}"
+            );
+        },
+    );
+}
+
+#[test]
+fn udp_replies_come_from_the_service_address() {
+    isolated::run(
+        "udp_replies_come_from_the_service_address",
+        unavailable,
+        || {
+            node();
+            let svc = at(CLUSTER_IP, 53);
+            let a = at(A, 5353);
+            let mut node = attach();
+            node.lb
+                .set(service(CLUSTER_IP, 53, Protocol::Udp), &[a])
+                .expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+
+            // Unconnected: sendmsg4 translates each datagram, recvmsg4 shows the Service.
+            let socket = UdpSocket::bind("0.0.0.0:0").expect("bind");
+            socket.set_read_timeout(Some(WAIT)).expect("timeout");
+            let mut buf = [0u8; 64];
+            for _ in 0..3 {
+                socket.send_to(b"q", svc).expect("send_to");
+                let (len, from) = socket.recv_from(&mut buf).expect("reply");
+                assert_eq!(
+                    &buf[..len],
+                    a.to_string().as_bytes(),
+                    "sent to a by sendmsg4"
+                );
+                assert_eq!(from, svc, "reply shown from the Service");
+            }
+            let sport = socket.local_addr().expect("local").port();
+            let entries = conntrack_from("udp", sport);
+            assert_eq!(entries.len(), 1, "{entries:?}");
+            assert!(
+                !entries[0].contains("10.96.0.10"),
+                "no NAT entry: {entries:?}"
+            );
+
+            // Connected: connect4 translates once, getpeername4 shows the Service.
+            let connected = UdpSocket::bind("0.0.0.0:0").expect("bind");
+            connected.set_read_timeout(Some(WAIT)).expect("timeout");
+            connected.connect(svc).expect("connect");
+            assert_eq!(connected.peer_addr().expect("peer"), svc);
+            connected.send(b"q").expect("send");
+            let len = connected.recv(&mut buf).expect("reply");
+            assert_eq!(&buf[..len], a.to_string().as_bytes());
+        },
+    );
+}
+
+#[test]
+fn a_service_without_endpoints_is_refused() {
+    isolated::run(
+        "a_service_without_endpoints_is_refused",
+        unavailable,
+        || {
+            node();
+            let mut node = attach();
+            node.lb
+                .set(service(EMPTY_IP, 80, Protocol::Tcp), &[])
+                .expect("set");
+            node.lb
+                .set(service(EMPTY_IP, 53, Protocol::Udp), &[])
+                .expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+            // Without the programs the SYN would vanish out of the veth (timed out).
+            let tcp = TcpStream::connect_timeout(&at(EMPTY_IP, 80), WAIT);
+            let error = tcp.expect_err("refused");
+            assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
+            let socket = UdpSocket::bind("0.0.0.0:0").expect("bind");
+            let error = socket.send_to(b"q", at(EMPTY_IP, 53)).expect_err("refused");
+            assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
+            let error = socket.connect(at(EMPTY_IP, 53)).expect_err("refused");
+            assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
+        },
+    );
+}
+
+#[test]
+fn connections_spread_over_the_endpoints_and_follow_updates() {
+    isolated::run(
+        "connections_spread_over_the_endpoints_and_follow_updates",
+        unavailable,
+        || {
+            node();
+            let svc = at(EMPTY_IP, 80);
+            let (a, b) = (at(A, 8080), at(B, 8080));
+            let key = service(EMPTY_IP, 80, Protocol::Tcp);
+            let mut node = attach();
+            node.lb.set(key, &[a, b]).expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+            // 64 connections all to one endpoint: probability 2^-63 if both are picked.
+            let answers: Vec<String> = (0..64).map(|_| tcp_answer(svc).0).collect();
+            for endpoint in [a, b] {
+                let hits = answers
+                    .iter()
+                    .filter(|w| **w == endpoint.to_string())
+                    .count();
+                assert!(hits > 0, "{endpoint} never picked: {answers:?}");
+            }
+            node.lb.set(key, &[b]).expect("set");
+            for _ in 0..16 {
+                assert_eq!(tcp_answer(svc).0, b.to_string());
+            }
+            node.lb.remove(key).expect("remove");
+            // Not a Service port any more: the address stays (its SYN vanishes out of the veth).
+            let error = TcpStream::connect_timeout(&svc, Duration::from_millis(300))
+                .expect_err("not translated");
+            assert_eq!(error.kind(), ErrorKind::TimedOut, "{error}");
+        },
+    );
+}
+
+#[test]
+fn dropping_the_programs_detaches_and_unloads_them() {
+    isolated::run(
+        "dropping_the_programs_detaches_and_unloads_them",
+        unavailable,
+        || {
+            node();
+            let svc = at(CLUSTER_IP, 80);
+            let a = at(A, 8080);
+            let Attached {
+                mut cgroup,
+                programs,
+                mut lb,
+            } = attach();
+            lb.set(service(CLUSTER_IP, 80, Protocol::Tcp), &[a])
+                .expect("set");
+            cgroup.enter().expect("enter cgroup");
+            assert_eq!(tcp_answer(svc).0, a.to_string());
+            let ids = programs.program_ids();
+            assert_eq!(ids.len(), 8, "{ids:?}");
+            assert!(ids.iter().all(|id| loaded(*id)), "{ids:?}");
+            drop(programs);
+            drop(lb);
+            // The same cgroup, the same Service address: nftables' rule serves it again.
+            assert_eq!(tcp_answer(svc).0, "10.244.1.4:8080");
+            let left: Vec<u32> = ids.into_iter().filter(|id| loaded(*id)).collect();
+            assert!(left.is_empty(), "still loaded: {left:?}");
+        },
+    );
+}
+
+#[test]
+fn ipv6_tcp_and_udp_reach_the_endpoint_and_show_the_service() {
+    isolated::run(
+        "ipv6_tcp_and_udp_reach_the_endpoint_and_show_the_service",
+        unavailable,
+        || {
+            node();
+            sh("ip addr add fd00:10:244:1::3/128 dev lo nodad \
+                && ip route add fd00:96::/112 dev kpv0");
+            let (tcp, udp) = (at(A6, 8080), at(A6, 5353));
+            tcp_server(tcp);
+            udp_server(udp);
+            let mut node = attach();
+            node.lb
+                .set(service(CLUSTER_IP6, 80, Protocol::Tcp), &[tcp])
+                .expect("set");
+            node.lb
+                .set(service(CLUSTER_IP6, 53, Protocol::Udp), &[udp])
+                .expect("set");
+            node.lb
+                .set(service(EMPTY_IP6, 80, Protocol::Tcp), &[])
+                .expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+
+            let svc = at(CLUSTER_IP6, 80);
+            let (who, stream) = tcp_answer(svc);
+            assert_eq!(who, tcp.to_string(), "translated by connect6");
+            assert_eq!(stream.peer_addr().expect("peer"), svc, "getpeername6");
+            let socket = UdpSocket::bind("[::]:0").expect("bind");
+            socket.set_read_timeout(Some(WAIT)).expect("timeout");
+            let svc = at(CLUSTER_IP6, 53);
+            socket.send_to(b"q", svc).expect("send_to");
+            let mut buf = [0u8; 64];
+            let (len, from) = socket.recv_from(&mut buf).expect("reply");
+            assert_eq!(&buf[..len], udp.to_string().as_bytes(), "sendmsg6");
+            assert_eq!(from, svc, "recvmsg6");
+            let error = TcpStream::connect_timeout(&at(EMPTY_IP6, 80), WAIT).expect_err("refused");
+            assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
+        },
+    );
+}
+
+#[test]
+fn a_proxy_state_is_served_as_the_shared_plan_decides() {
+    use kp_core::testutil::{cluster_ip_port, endpoint, node_with, port_name, state_on};
+    isolated::run(
+        "a_proxy_state_is_served_as_the_shared_plan_decides",
+        unavailable,
+        || {
+            node();
+            // internalTrafficPolicy Local: a is on this node, b on another.
+            let name = port_name("ns", "local", "http", Protocol::Tcp);
+            let mut local = cluster_ip_port(name, "10.96.0.12", 80);
+            local.internal_policy_local = true;
+            let backends = vec![
+                endpoint("10.244.1.3", 8080, true),
+                endpoint("10.244.1.4", 8080, false),
+            ];
+            let empty = cluster_ip_port(
+                port_name("ns", "empty", "http", Protocol::Tcp),
+                "10.96.0.13",
+                80,
+            );
+            let state = state_on(
+                node_with(&["192.168.0.2"]),
+                vec![(local, backends), (empty, vec![])],
+            );
+            let mut node = attach();
+            let report = node.lb.sync(&kp_socklb::desired(&state));
+            assert!(report.failed.is_empty(), "{:?}", report.failed);
+            node.cgroup.enter().expect("enter cgroup");
+            for _ in 0..16 {
+                assert_eq!(
+                    tcp_answer(at(Ipv4Addr::new(10, 96, 0, 12), 80)).0,
+                    "10.244.1.3:8080"
+                );
+            }
+            let refused = TcpStream::connect_timeout(&at(Ipv4Addr::new(10, 96, 0, 13), 80), WAIT);
+            let error = refused.expect_err("no endpoints");
+            assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
+        },
+    );
+}
+
+fn loaded(id: u32) -> bool {
+    aya::programs::loaded_programs()
+        .flatten()
+        .any(|program| program.id() == id)
+}
+
+/// Set in the child of [`loading_without_capabilities_says_not_permitted`].
+const NO_CAPS_CHILD: &str = "KP_SOCKLB_NO_CAPS_CHILD";
+
+#[test]
+fn loading_without_capabilities_says_not_permitted() {
+    if std::env::var_os(NO_CAPS_CHILD).is_some() {
+        let error = SocketPrograms::load().expect_err("no capabilities");
+        assert!(
+            matches!(
+                error,
+                LoadError::Unavailable(Unavailable::NotPermitted { .. })
+            ),
+            "{error:?}"
+        );
+        println!("error: {error}");
+        return;
+    }
+    let test = "loading_without_capabilities_says_not_permitted";
+    if isolated::skip(test, isolated::missing(&["setpriv"], &["true"])) {
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    // Root without any capability: the bpf() syscall must say EPERM.
+    let output = std::process::Command::new("setpriv")
+        .args(["--bounding-set=-all", "--inh-caps=-all", "--"])
+        .arg(exe)
+        .args([test, "--exact", "--nocapture"])
+        .env(NO_CAPS_CHILD, "1")
+        .output()
+        .expect("run setpriv");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "{stdout}");
+    assert!(
+        stdout.contains("not permitted to load BPF programs"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn attaching_outside_cgroup_v2_says_so() {
+    let test = "attaching_outside_cgroup_v2_says_so";
+    if isolated::skip(test, unavailable()) {
+        return;
+    }
+    let (mut programs, _maps) = SocketPrograms::load().expect("load");
+    let error = programs
+        .attach(&std::env::temp_dir())
+        .expect_err("not cgroup v2");
+    assert!(
+        error.to_string().contains("is not a cgroup v2 directory"),
+        "{error}"
+    );
+    assert_eq!(programs.attached(), None);
+}
