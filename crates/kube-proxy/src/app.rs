@@ -4,6 +4,7 @@
 //! single-threaded runtime on a dedicated thread, so they keep answering while the main
 //! runtime is busy with a large sync.
 
+use kp_core::report::ErrorChain as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -104,7 +105,7 @@ pub(crate) fn start_manifests(
         let shutdown = shutdown.clone();
         async move {
             if let Err(error) = source.run(tx, shutdown).await {
-                tracing::error!(%error, "manifests source stopped; keeping the last state");
+                tracing::error!(error = %error.chain(), "manifests source stopped; keeping the last state");
             }
         }
     });
@@ -226,21 +227,17 @@ pub async fn run<B: Backend + 'static>(
     ));
 
     // Where nf_tables notifies, the canaries are checked when it does (and before periodic
-    // syncs); elsewhere, and for what it cannot notify of (ipvs mode's IPVS, kube-ipvs0 and
-    // ipsets), on a short period.
+    // syncs) until the watch is lost; elsewhere, and for what it cannot notify of (ipvs
+    // mode's IPVS, kube-ipvs0 and ipsets), on a short period.
     #[cfg(target_os = "linux")]
     let watching = settings.watch.is_some();
     #[cfg(not(target_os = "linux"))]
     let watching = false;
-    let canary_period = if watching && !settings.canaries_while_watched {
-        Duration::ZERO
-    } else {
-        config.canary_period
-    };
     let mut proxier_config = ProxierConfig::new(node_name)
         .with_min_sync_period(config.min_sync_period())
         .with_sync_period(config.sync_period())
-        .with_canary_period(canary_period)
+        .with_canary_period(config.canary_period)
+        .with_canaries_paused_while_watched(watching && !settings.canaries_while_watched)
         .with_external_ips(kp_config::gates::enabled(
             &config.feature_gates,
             "AllowServiceExternalIPs",
@@ -300,7 +297,7 @@ pub async fn run<B: Backend + 'static>(
         }
     }
     if let Err(error) = source.await {
-        tracing::warn!(%error, "source task ended abnormally");
+        tracing::warn!(error = %error.chain(), "source task ended abnormally");
     }
     let fatal = match admin_thread.join() {
         Ok(fatal) => fatal,
@@ -320,8 +317,8 @@ pub async fn run<B: Backend + 'static>(
     Ok(())
 }
 
-/// The nf_tables watch thread and its stop flag; `None` (logged) when the kernel refuses
-/// the subscription, leaving the canary checks before periodic syncs.
+/// The nf_tables watch thread and its stop flag; `None` when the kernel refuses the
+/// subscription, which the proxier hears as a lost watch (its canary checks start).
 #[cfg(target_os = "linux")]
 fn start_watch<B: Backend>(
     owned: kp_dataplane::watch::Owned,
@@ -346,7 +343,12 @@ fn start_watch<B: Backend>(
             Some((stop, thread))
         }
         Err(error) => {
-            tracing::warn!(%error, "cannot watch nf_tables; other programs' changes are found by the periodic check only");
+            let lost = kp_core::foreign::ForeignEvent::WatchLost(format!(
+                "cannot watch nf_tables: {}",
+                error.chain()
+            ));
+            // The queue is empty before the proxier runs.
+            let _ = proxier.foreign_events().try_send(lost);
             None
         }
     }
@@ -431,7 +433,7 @@ async fn spawn_source(
         let shutdown = shutdown.clone();
         async move {
             if let Err(error) = source.run(tx, shutdown).await {
-                tracing::error!(%error, "API source stopped; keeping the last state");
+                tracing::error!(error = %error.chain(), "API source stopped; keeping the last state");
             }
         }
     });
@@ -566,7 +568,7 @@ impl Admin {
                     && let Err(error) =
                         kp_server::serve_health(listener, health, families, metrics, stop).await
                 {
-                    tracing::error!(%error, "health server stopped");
+                    tracing::error!(error = %error.chain(), "health server stopped");
                 }
                 Ok(())
             });
@@ -581,7 +583,7 @@ impl Admin {
                     )
                     .await
                 {
-                    tracing::error!(%error, "metrics server stopped");
+                    tracing::error!(error = %error.chain(), "metrics server stopped");
                 }
                 Ok(())
             });
@@ -625,7 +627,9 @@ async fn bind_with_retry(
                     "cannot bind the {server} server to {addr}: {error}"
                 ));
             }
-            Err(error) => tracing::error!(server, address = %addr, %error, "cannot bind; retrying"),
+            Err(error) => {
+                tracing::error!(server, address = %addr, error = %error.chain(), "cannot bind; retrying")
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(BIND_RETRY) => {}

@@ -43,7 +43,7 @@ pub async fn run(config: &KubeProxyConfiguration, host: &Host) -> anyhow::Result
         if let Err(error) = result {
             match first {
                 None => first = Some(error),
-                Some(_) => tracing::error!("{error:#}"),
+                Some(_) => tracing::error!("{}", kp_core::report::Chain(error.as_ref())),
             }
         }
     }

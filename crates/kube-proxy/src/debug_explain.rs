@@ -100,14 +100,18 @@ impl Explainer for StateExplainer {
         let state = Arc::clone(&self.state.borrow());
         let render_config =
             crate::modes::render_config(&self.config, Some(&state.node.pod_cidrs), &self.node)
-                .map_err(|error| ExplainFailure::Unavailable(format!("{error:#}")))?;
+                .map_err(|error| {
+                    ExplainFailure::Unavailable(kp_core::report::Chain(error.as_ref()).to_string())
+                })?;
         let mut explanation =
             explain(&state, &render_config, query).map_err(|error| match error {
                 ExplainError::FamilyMismatch { .. } => ExplainFailure::BadQuery(error.to_string()),
                 other => ExplainFailure::Unavailable(other.to_string()),
             })?;
         crate::explain::annotate_mode(&mut explanation, &state, &render_config, &self.config)
-            .map_err(|error| ExplainFailure::Unavailable(format!("{error:#}")))?;
+            .map_err(|error| {
+                ExplainFailure::Unavailable(kp_core::report::Chain(error.as_ref()).to_string())
+            })?;
         if let (Some(tables), Some(client)) = (&self.affinity, query.source) {
             add_pins(&mut explanation, tables, client);
         }

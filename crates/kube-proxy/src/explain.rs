@@ -159,7 +159,10 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
     match run(&args) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("kube-proxy explain: {error:#}");
+            eprintln!(
+                "kube-proxy explain: {}",
+                kp_core::report::Chain(error.as_ref())
+            );
             ExitCode::FAILURE
         }
     }

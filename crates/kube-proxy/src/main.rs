@@ -108,9 +108,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             // Logging may not be set up yet (bad flags), so errors go straight to stderr too.
-            tracing::error!("{error:#}");
+            let chain = kp_core::report::Chain(error.as_ref());
+            tracing::error!("{chain}");
             if !tracing::dispatcher::has_been_set() {
-                eprintln!("kube-proxy: {error:#}");
+                eprintln!("kube-proxy: {chain}");
             }
             ExitCode::FAILURE
         }
@@ -128,8 +129,8 @@ fn run(options: Options) -> anyhow::Result<()> {
     tracing::info!(version = kp_config::VERSION, "Starting kube-proxy");
 
     if let Some(path) = &options.write_config_to {
-        kp_config::write_config(path, &config)
-            .with_context(|| format!("writing {}", path.display()))?;
+        // The error names the file.
+        kp_config::write_config(path, &config)?;
         tracing::info!(path = %path.display(), "Wrote configuration");
         return Ok(());
     }

@@ -239,6 +239,54 @@ fn every_invalid_flag_is_reported_and_nothing_starts() {
     }
 }
 
+/// What a start that fails prints on stderr; it must fail.
+fn failed_start(args: &[String]) -> String {
+    let output = Command::new(binary())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run kube-proxy");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{args:?} started:\n{stderr}");
+    stderr
+}
+
+#[test]
+fn a_failed_start_prints_each_cause_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("missing");
+    let no_such = "No such file or directory";
+    // Before logging is set up (stderr directly), after it (the log line), and through
+    // kube-rs' errors, which quote their causes themselves.
+    let starts = [
+        (
+            vec![format!("--config={}", missing.display())],
+            "cannot read config file",
+        ),
+        (
+            vec![
+                "--proxy-mode=fake".to_owned(),
+                format!("--write-config-to={}", missing.join("out.yaml").display()),
+            ],
+            "cannot write config file",
+        ),
+        (
+            vec![
+                "--proxy-mode=fake".to_owned(),
+                format!("--kubeconfig={}", missing.display()),
+                "--healthz-bind-address=".to_owned(),
+                "--metrics-bind-address=".to_owned(),
+            ],
+            "kubeconfig",
+        ),
+    ];
+    for (args, what) in starts {
+        let stderr = failed_start(&args);
+        assert!(stderr.contains(what), "{args:?}:\n{stderr}");
+        assert_eq!(stderr.matches(no_such).count(), 1, "{args:?}:\n{stderr}");
+    }
+}
+
 #[test]
 fn an_unbuilt_mode_exits_with_a_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");

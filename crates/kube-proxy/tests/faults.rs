@@ -612,6 +612,11 @@ mod nftables {
     }
 
     #[test]
+    fn rules_removed_by_other_programs_come_back_after_the_watch_is_lost() {
+        heal::heals_after_the_watch_is_lost(Mode::Nftables);
+    }
+
+    #[test]
     fn rules_removed_by_other_programs_come_back() {
         heal::heals(
             Mode::Nftables,

@@ -143,7 +143,7 @@ impl Default for Points {
 #[derive(Debug, thiserror::Error)]
 pub enum PointsError {
     /// Not JSON of the expected shape.
-    #[error("points file is not valid: {0}")]
+    #[error("points file is not valid")]
     Parse(#[from] serde_json::Error),
     /// Written by a different format version.
     #[error("points file has format version {found}, this kp-report reads {FORMAT_VERSION}")]

@@ -17,6 +17,7 @@
 //! Both only see the changes they are told about: entries left stale from before a restart
 //! are not found (a dump-based reconciler could, later).
 
+use kp_core::report::ErrorChain as _;
 use std::collections::BTreeSet;
 #[cfg(any(test, feature = "test-util"))]
 use std::collections::VecDeque;
@@ -110,10 +111,10 @@ pub enum ConntrackError {
     Output(String),
     /// Opening or using the ctnetlink socket failed (no `CAP_NET_ADMIN`, no conntrack
     /// support in the kernel).
-    #[error("ctnetlink socket: {0}")]
+    #[error("ctnetlink socket")]
     Socket(#[source] std::io::Error),
     /// The kernel refused a ctnetlink request.
-    #[error("ctnetlink {request} failed: {error}")]
+    #[error("ctnetlink {request} failed")]
     Kernel {
         /// Which request: `dump` or `delete`.
         request: &'static str,
@@ -152,7 +153,7 @@ pub trait Conntrack: Send + Sync {
                 match self.delete(filter).await {
                     Ok(n) => deleted += n,
                     Err(err) => {
-                        warn!(filter = %filter, error = %err, "deleting conntrack entries failed")
+                        warn!(filter = %filter, error = %err.chain(), "deleting conntrack entries failed")
                     }
                 }
             }
@@ -351,7 +352,7 @@ pub async fn delete_flows<C: Conntrack>(conntrack: &C, filters: &[FlowFilter]) -
         Ok(n) => n,
         // As upstream: log and go on; the entries time out eventually.
         Err(err) => {
-            warn!(filters = filters.len(), error = %err, "deleting stale conntrack entries failed");
+            warn!(filters = filters.len(), error = %err.chain(), "deleting stale conntrack entries failed");
             0
         }
     };

@@ -49,7 +49,7 @@ const MAX_STDERR_BYTES: usize = 4096;
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     /// The program could not be started: missing binary, wrong path, no permission.
-    #[error("cannot run {program}: {source}")]
+    #[error("cannot run {program}")]
     Spawn {
         /// The program.
         program: String,
@@ -67,7 +67,7 @@ pub enum ExecError {
         stderr: String,
     },
     /// Feeding the input or collecting the output failed although the program succeeded.
-    #[error("talking to {program} failed: {source}")]
+    #[error("talking to {program} failed")]
     Io {
         /// The program.
         program: String,

@@ -22,16 +22,17 @@ pub struct InterfaceAddress {
 #[derive(Debug, thiserror::Error)]
 pub enum InterfaceError {
     /// The rtnetlink socket could not be opened.
-    #[error("cannot open an rtnetlink socket: {0}")]
+    #[error("cannot open an rtnetlink socket")]
     Socket(#[source] std::io::Error),
     /// The kernel refused a dump, or the socket failed during it.
-    // Debug: the Display of a netlink error leaves out the errno.
-    #[error("cannot list the {what}: {source:?}")]
+    // The one cause kept in the message, not in `source()`: the Display of a netlink error
+    // leaves out the errno, so its Debug is printed.
+    #[error("cannot list the {what}: {error:?}")]
     Dump {
         /// What was listed: links or addresses.
         what: &'static str,
         /// The netlink error.
-        source: rtnetlink::Error,
+        error: rtnetlink::Error,
     },
 }
 
@@ -46,7 +47,7 @@ pub async fn interface_addresses() -> Result<Vec<InterfaceAddress>, InterfaceErr
 }
 
 async fn dump(handle: &rtnetlink::Handle) -> Result<Vec<InterfaceAddress>, InterfaceError> {
-    let failed = |what| move |source| InterfaceError::Dump { what, source };
+    let failed = |what| move |error| InterfaceError::Dump { what, error };
     let mut names = BTreeMap::new();
     let mut links = handle.link().get().execute();
     while let Some(link) = links.try_next().await.map_err(failed("links"))? {

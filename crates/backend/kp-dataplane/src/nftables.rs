@@ -49,6 +49,7 @@ mod runner;
 #[cfg(test)]
 mod tests;
 
+use kp_core::report::ErrorChain as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -248,7 +249,7 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             }
             // Only the removal of a previous process's leftovers depends on this.
             Err(err) => {
-                warn!(?family, error = %err, "cannot list the nftables table; stale chains stay");
+                warn!(?family, error = %err.chain(), "cannot list the nftables table; stale chains stay");
                 (NftState::default(), None)
             }
         }
@@ -421,7 +422,7 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
                 warn!(
                     ?family,
                     chains = ?output.deleted_chains,
-                    error = %err,
+                    error = %err.chain(),
                     "deleting stale nftables chains failed; they stay for a later sync"
                 );
                 Ok(retry)
@@ -439,7 +440,7 @@ impl<R: NftRunner, C: Conntrack> NftablesBackend<R, C> {
             Ok(()) => info!(?family, "removed the verdict-free layout's chains and sets"),
             Err(err) => {
                 self.metrics.cleanup_failures.inc();
-                warn!(?family, error = %err, "cannot remove the verdict-free layout's chains and sets");
+                warn!(?family, error = %err.chain(), "cannot remove the verdict-free layout's chains and sets");
             }
         }
     }
@@ -628,7 +629,7 @@ impl<R: NftRunner, C: Conntrack> Backend for NftablesBackend<R, C> {
             match self.runner.apply(&Transaction::remove_table(family)).await {
                 Ok(()) => info!(?family, "removed the nftables {fam} {TABLE} table"),
                 Err(err) => {
-                    warn!(?family, error = %err, "nftables cleanup failed");
+                    warn!(?family, error = %err.chain(), "nftables cleanup failed");
                     first_error.get_or_insert(runner_error(
                         format!("nftables cleanup ({fam} {TABLE})"),
                         err,

@@ -16,6 +16,7 @@
 //! self.sync.succeeded(request, ran, &skipped).await; // conntrack cleanup, bookkeeping
 //! ```
 
+use kp_core::report::ErrorChain as _;
 use std::collections::BTreeSet;
 use std::time::Instant;
 
@@ -136,7 +137,7 @@ pub struct FamilyErrors<E = BackendError> {
     first: Option<E>,
 }
 
-impl<E: std::fmt::Display> FamilyErrors<E> {
+impl<E: std::error::Error + 'static> FamilyErrors<E> {
     /// For one sync of `mode` (named in the log).
     pub fn new(mode: &'static str) -> Self {
         Self { mode, first: None }
@@ -149,7 +150,7 @@ impl<E: std::fmt::Display> FamilyErrors<E> {
             Ok(value) => Some(value),
             // The other family is independent: the caller still programs it.
             Err(err) => {
-                warn!(?family, mode = self.mode, error = %err, "sync failed; previous rules stay");
+                warn!(?family, mode = self.mode, error = %err.chain(), "sync failed; previous rules stay");
                 self.first.get_or_insert(err);
                 None
             }

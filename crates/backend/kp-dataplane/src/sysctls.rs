@@ -12,6 +12,7 @@
 //! are per network namespace. Writing `nf_conntrack_max` from a non-initial namespace fails
 //! on current kernels, so tests never do it.
 
+use kp_core::report::ErrorChain as _;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io;
@@ -63,7 +64,7 @@ pub const DEFAULT_TCP_CLOSE_WAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 #[derive(Debug, thiserror::Error)]
 pub enum SysctlError {
     /// The file could not be read.
-    #[error("reading {key}: {source}")]
+    #[error("reading {key}")]
     Read {
         /// The setting, relative to the root.
         key: String,
@@ -71,7 +72,7 @@ pub enum SysctlError {
         source: io::Error,
     },
     /// The file could not be written.
-    #[error("writing {key}: {source}")]
+    #[error("writing {key}")]
     Write {
         /// The setting, relative to the root.
         key: String,
@@ -94,7 +95,7 @@ pub enum SysctlError {
         value: String,
     },
     /// The record of original values could not be read or written.
-    #[error("sysctl record {}: {source}", path.display())]
+    #[error("sysctl record {}", path.display())]
     Record {
         /// The record file.
         path: PathBuf,
@@ -436,7 +437,7 @@ pub fn apply(sysctl: &impl Sysctl, plan: &[Setting]) -> Result<ApplyReport, Sysc
                 });
             }
             Err(err @ SysctlError::ReadOnly { .. }) if setting.read_only_ok => {
-                warn!(error = %err, "cannot raise kernel setting");
+                warn!(error = %err.chain(), "cannot raise kernel setting");
                 report.warnings.push(err);
             }
             Err(err) => return Err(err),

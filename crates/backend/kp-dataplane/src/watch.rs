@@ -1,7 +1,9 @@
 //! Noticing other programs changing the proxy's rules on nf_tables (nftables mode, and
 //! iptables mode on the nf_tables backend): [`Classifier`] (sans I/O) reads the notifications
 //! of one transaction and decides, when its `NEWGEN` arrives, whether it changed what the
-//! proxy owns and whose it was; [`spawn`] runs it on a thread over a [`Monitor`].
+//! proxy owns and whose it was; [`spawn`] runs it on a thread over a [`Monitor`]. A read
+//! error ends the thread with [`ForeignEvent::WatchLost`], on which the proxier starts its
+//! canary checks.
 //!
 //! A transaction is the proxy's own when it came over one of the proxy's netlink sockets
 //! (its port id), when its committing thread is one of this process's, or its process a
@@ -15,6 +17,7 @@
 //! table itself (`kp_nftnl::monitor::quiet`) and finds others' commits in that time from the
 //! nf_tables generation instead (`crate::nftables::layout`).
 
+use kp_core::report::ErrorChain as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -237,12 +240,17 @@ pub fn spawn(
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let mut monitor = Monitor::open(POLL)?;
+    #[cfg(feature = "test-util")]
+    let fails_at = fault::fails_at();
     std::thread::Builder::new()
         .name("kp-nft-watch".into())
         .spawn(move || {
             let mut classifier = Classifier::new(owned);
             while !stop.load(Ordering::Relaxed) {
-                let messages = match monitor.recv() {
+                let received = monitor.recv();
+                #[cfg(feature = "test-util")]
+                let received = fault::inject(received, fails_at);
+                let messages = match received {
                     Ok(Received::Messages(messages)) => messages,
                     Ok(Received::Timeout) => continue,
                     Ok(Received::Overrun) => {
@@ -252,7 +260,10 @@ pub fn spawn(
                         continue;
                     }
                     Err(error) => {
-                        warn!(%error, "reading nf_tables notifications failed; only the canary checks remain");
+                        warn!(error = %error.chain(), "reading nf_tables notifications failed; the watch stops");
+                        let reason = format!("reading nf_tables notifications: {}", error.chain());
+                        // The proxier must hear it even behind other reports.
+                        let _ = events.blocking_send(ForeignEvent::WatchLost(reason));
                         return;
                     }
                 };
@@ -264,6 +275,38 @@ pub fn spawn(
                 }
             }
         })
+}
+
+/// The test build's fault hook: with the `test-util` feature (the test suites'), setting
+/// [`fault::FAIL_AFTER_ENV`] to a number of milliseconds makes the watch fail as on a read
+/// error that long after it started. The product binary is built without the feature.
+#[cfg(feature = "test-util")]
+pub mod fault {
+    use std::time::{Duration, Instant};
+
+    use kp_nftnl::monitor::Received;
+
+    /// Milliseconds after which the watch fails.
+    pub const FAIL_AFTER_ENV: &str = "KP_TEST_WATCH_FAILS_AFTER_MS";
+
+    /// When the watch is to fail, if the variable asks.
+    pub(super) fn fails_at() -> Option<Instant> {
+        let millis: u64 = std::env::var(FAIL_AFTER_ENV).ok()?.parse().ok()?;
+        Some(Instant::now() + Duration::from_millis(millis))
+    }
+
+    /// `received`, or an injected read error once `fails_at` has passed.
+    pub(super) fn inject(
+        received: std::io::Result<Received>,
+        fails_at: Option<Instant>,
+    ) -> std::io::Result<Received> {
+        match fails_at {
+            Some(at) if Instant::now() >= at => Err(std::io::Error::other(format!(
+                "injected by {FAIL_AFTER_ENV}"
+            ))),
+            _ => received,
+        }
+    }
 }
 
 #[cfg(test)]

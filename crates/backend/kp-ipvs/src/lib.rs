@@ -25,7 +25,7 @@ pub enum IpvsError {
     #[error("IPVS is not available in this kernel: {0}")]
     Unavailable(String),
     /// The kernel refused a request.
-    #[error("IPVS {op} failed: {source}")]
+    #[error("IPVS {op} failed")]
     Kernel {
         /// What was asked, for example `add service 10.0.0.1:80/TCP`.
         op: String,

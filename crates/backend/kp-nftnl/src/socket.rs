@@ -45,7 +45,7 @@ pub enum ApplyError {
     },
     /// The kernel rejected a statement; its transaction was discarded (earlier steps of a
     /// split sync stay applied).
-    #[error("statement {line}: {statement}: {source}")]
+    #[error("statement {line}: {statement}")]
     Kernel {
         /// 1-based position of the statement among those sent for the transaction (its line
         /// in the `nft -f` script when the transaction was not split).

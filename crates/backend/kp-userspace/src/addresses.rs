@@ -8,6 +8,7 @@
 //! The host side is an [`AddressHost`]: the IP Helper API on Windows (`kp-winaddr`),
 //! `FakeAddressHost` (`test-util`) in tests.
 
+use kp_core::report::ErrorChain as _;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 #[cfg(any(test, feature = "test-util"))]
@@ -204,7 +205,7 @@ impl<H: AddressHost> ServiceAddresses<H> {
             }
         };
         if let Err(error) = self.remove(ip) {
-            tracing::warn!(%error, "cannot take back an address that did not come up");
+            tracing::warn!(error = %error.chain(), "cannot take back an address that did not come up");
         }
         Err(outcome)
     }
@@ -279,7 +280,7 @@ impl<H: AddressHost> RecordingHost<H> {
         }
         .and_then(|()| std::fs::write(&self.path, text));
         if let Err(error) = written {
-            tracing::warn!(path = %self.path.display(), %error, "cannot record the service addresses added; --cleanup will not know them");
+            tracing::warn!(path = %self.path.display(), error = %error.chain(), "cannot record the service addresses added; --cleanup will not know them");
         }
     }
 }

@@ -18,6 +18,7 @@
 //! wildcard address and the capture REDIRECTs (which fails for traffic arriving on an
 //! interface without an address of the family: see `kp_rules::userspace`).
 
+use kp_core::report::ErrorChain as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -366,7 +367,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                 let (internal, external) = match (internal, external) {
                     (Ok(i), Ok(e)) => (i, e),
                     (Err(error), _) | (_, Err(error)) => {
-                        error!(service = %name, ?family, %error, "cannot open a relay frontend; service skipped");
+                        error!(service = %name, ?family, error = %error.chain(), "cannot open a relay frontend; service skipped");
                         skipped.insert(name.service.clone());
                         continue;
                     }

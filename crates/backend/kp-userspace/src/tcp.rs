@@ -1,6 +1,7 @@
 //! TCP frontends: accept, pick a backend (retrying the next endpoint when a connect is
 //! refused or times out), then copy both ways until both sides are done.
 
+use kp_core::report::ErrorChain as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +37,7 @@ pub(crate) async fn serve(listener: TcpListener, frontend: Arc<Frontend>, stop: 
                 tokio::spawn(relay(frontend.clone(), client, peer, permit));
             }
             Err(error) => {
-                warn!(frontend = %frontend.label, %error, "accept failed");
+                warn!(frontend = %frontend.label, error = %error.chain(), "accept failed");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
             }
         }
@@ -92,7 +93,7 @@ async fn relay(
         tokio::io::copy_bidirectional_with_sizes(&mut client, &mut backend, size, size).await;
     frontend.metrics.open_connections.dec();
     if let Err(error) = result {
-        debug!(frontend = %frontend.label, %peer, %endpoint, %error, "connection ended with an error");
+        debug!(frontend = %frontend.label, %peer, %endpoint, error = %error.chain(), "connection ended with an error");
     }
 }
 
@@ -125,7 +126,7 @@ async fn connect_any(
         match tokio::time::timeout(timeout, connect(frontend, *endpoint, local)).await {
             Ok(Ok(stream)) => return Some((stream, *endpoint)),
             Ok(Err(error)) => {
-                debug!(frontend = %frontend.label, %endpoint, %error, "connect failed; trying the next endpoint");
+                debug!(frontend = %frontend.label, %endpoint, error = %error.chain(), "connect failed; trying the next endpoint");
             }
             Err(_) => {
                 debug!(frontend = %frontend.label, %endpoint, ?timeout, "connect timed out; trying the next endpoint");

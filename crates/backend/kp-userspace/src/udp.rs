@@ -3,6 +3,7 @@
 //! session ends after the idle timeout without traffic either way, when its backend
 //! refuses (ICMP port unreachable), when its endpoint is removed, or when the frontend is.
 
+use kp_core::report::ErrorChain as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -50,7 +51,7 @@ pub(crate) async fn serve(socket: UdpSocket, frontend: Arc<Frontend>, stop: Canc
         let (len, client) = match received {
             Ok(received) => received,
             Err(error) => {
-                debug!(frontend = %frontend.label, %error, "receive failed");
+                debug!(frontend = %frontend.label, error = %error.chain(), "receive failed");
                 tokio::time::sleep(RECV_ERROR_PAUSE).await;
                 continue;
             }
@@ -70,7 +71,7 @@ pub(crate) async fn serve(socket: UdpSocket, frontend: Arc<Frontend>, stop: Canc
             }
         };
         if let Err(error) = upstream.send(&buf[..len]).await {
-            debug!(frontend = %frontend.label, %client, %error, "forwarding a datagram failed");
+            debug!(frontend = %frontend.label, %client, error = %error.chain(), "forwarding a datagram failed");
         }
     }
     for (_, session) in frontend.sessions().drain() {
@@ -111,12 +112,12 @@ async fn open_session(
     let upstream = match UdpSocket::bind(SocketAddr::new(from, 0)).await {
         Ok(upstream) => upstream,
         Err(error) => {
-            debug!(frontend = %frontend.label, %error, "cannot open a UDP socket");
+            debug!(frontend = %frontend.label, error = %error.chain(), "cannot open a UDP socket");
             return None;
         }
     };
     if let Err(error) = upstream.connect(endpoint).await {
-        debug!(frontend = %frontend.label, %endpoint, %error, "cannot connect a UDP socket");
+        debug!(frontend = %frontend.label, %endpoint, error = %error.chain(), "cannot connect a UDP socket");
         return None;
     }
     frontend.balancer().connected(client.ip(), endpoint, now);
@@ -175,13 +176,13 @@ async fn replies(
                 Ok(len) => {
                     touch(&last_seen);
                     if let Err(error) = socket.send_to(&buf[..len], client).await {
-                        debug!(frontend = %frontend.label, %client, %error, "returning a reply failed");
+                        debug!(frontend = %frontend.label, %client, error = %error.chain(), "returning a reply failed");
                     }
                 }
                 Err(error) => {
                     // A connected UDP socket reports the backend's ICMP port unreachable here:
                     // end the session so the next datagram is balanced afresh.
-                    debug!(frontend = %frontend.label, %client, %error, "backend unreachable; ending the session");
+                    debug!(frontend = %frontend.label, %client, error = %error.chain(), "backend unreachable; ending the session");
                     break;
                 }
             },

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use kp_core::model::{IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
+use kp_core::report::ErrorChain as _;
 use socket2::{Domain, Socket, Type};
 use tracing::{debug, error, info};
 
@@ -233,7 +234,7 @@ impl<H: AddressHost> WinBackend<H> {
             return;
         }
         if let Err(error) = self.addresses.release(portal.addr.ip()) {
-            error!(error = %error_chain(&error), "cannot remove a service address");
+            error!(error = %error.chain(), "cannot remove a service address");
         }
     }
 }
@@ -246,25 +247,13 @@ fn unspecified(family: IpFamily) -> IpAddr {
     }
 }
 
-/// An error with its causes, `: `-separated.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// The service addresses a cleanup could not remove, each with why.
 #[derive(Debug)]
 struct NotReleased(Vec<AddressError>);
 
 impl fmt::Display for NotReleased {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let message: Vec<String> = self.0.iter().map(|e| error_chain(e)).collect();
+        let message: Vec<String> = self.0.iter().map(|e| e.chain().to_string()).collect();
         f.write_str(&message.join("; "))
     }
 }
@@ -338,7 +327,7 @@ impl<H: AddressHost> Backend for WinBackend<H> {
             if self.relay.local_addr(&portal).is_none()
                 && let Err(error) = self.open(&portal).await
             {
-                error!(%portal, error = %error_chain(&error), "cannot open a portal; service skipped");
+                error!(%portal, error = %error.chain(), "cannot open a portal; service skipped");
                 skipped.insert(portal.port.service.clone());
                 continue;
             }
@@ -372,7 +361,7 @@ impl<H: AddressHost> Drop for WinBackend<H> {
     fn drop(&mut self) {
         let added = self.addresses.added();
         for error in self.addresses.release_all() {
-            error!(error = %error_chain(&error), "cannot remove a service address");
+            error!(error = %error.chain(), "cannot remove a service address");
         }
         if !added.is_empty() {
             info!(addresses = ?added, "removed the service addresses this proxy added");

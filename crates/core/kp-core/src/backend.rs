@@ -93,7 +93,7 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     /// Running a tool: `iptables-restore`, `iptables`, `ipset`, `nft`.
-    #[error("applying {what} failed: {source}")]
+    #[error("applying {what} failed")]
     Tool {
         /// What was applied.
         what: String,
@@ -101,7 +101,7 @@ pub enum ApplyError {
         source: Cause,
     },
     /// An nf_tables netlink transaction or request.
-    #[error("applying {what} failed: {source}")]
+    #[error("applying {what} failed")]
     Netfilter {
         /// What was applied.
         what: String,
@@ -109,7 +109,7 @@ pub enum ApplyError {
         source: Cause,
     },
     /// An IPVS (generic netlink) request.
-    #[error("applying {what} failed: {source}")]
+    #[error("applying {what} failed")]
     Ipvs {
         /// What was applied.
         what: String,
@@ -117,7 +117,7 @@ pub enum ApplyError {
         source: Cause,
     },
     /// An rtnetlink request: a device or its addresses.
-    #[error("applying {what} failed: {source}")]
+    #[error("applying {what} failed")]
     Link {
         /// What was applied.
         what: String,
@@ -125,7 +125,7 @@ pub enum ApplyError {
         source: Cause,
     },
     /// Rendering the rules failed (a renderer bug: the configuration was validated).
-    #[error("applying {what} failed: {source}")]
+    #[error("applying {what} failed")]
     Render {
         /// What was rendered.
         what: String,
@@ -133,7 +133,7 @@ pub enum ApplyError {
         source: Cause,
     },
     /// The userspace relay's capture of service traffic, or its service addresses.
-    #[error("applying {what} failed: {source}")]
+    #[error("applying {what} failed")]
     Capture {
         /// What was applied.
         what: String,
@@ -451,7 +451,10 @@ mod tests {
     fn apply_errors_read_as_before_and_keep_their_source() {
         let refused = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
         let err = BackendError::from(ApplyError::tool("iptables-restore", refused));
-        assert_eq!(err.to_string(), "applying iptables-restore failed: denied");
+        assert_eq!(
+            crate::report::Chain(&err).to_string(),
+            "applying iptables-restore failed: denied"
+        );
         let Some(ApplyError::Tool { what, .. }) = err.apply() else {
             panic!("{err:?}");
         };

@@ -110,6 +110,9 @@ pub enum ForeignEvent {
     /// Something that may be the proxy's changed while the proxier was writing, so the
     /// watcher cannot tell whose change it was: the proxier runs the backend's check.
     Suspect,
+    /// The watcher stopped (why, for the log): nothing notifies of changes any more, so the
+    /// proxier starts the canary checks it had paused for it.
+    WatchLost(String),
 }
 
 /// Whether the proxier is writing to the kernel, shared with watchers (atomics only).

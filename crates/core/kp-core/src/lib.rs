@@ -34,6 +34,7 @@ pub mod health;
 pub mod metrics;
 pub mod model;
 pub mod proxier;
+pub mod report;
 pub mod runner;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testutil;

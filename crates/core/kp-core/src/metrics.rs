@@ -86,6 +86,9 @@ pub struct Metrics {
     /// `kube_proxy_rs_foreign_changes_total{mode,what}`: changes another program made to
     /// the proxy's rules, each restored by a full sync.
     pub foreign_changes: Family<ForeignLabels, Counter>,
+    /// `kube_proxy_rs_watch_losses_total`: times the watch for other programs' changes
+    /// (nf_tables notifications) stopped, the canary checks taking over.
+    pub watch_losses: Counter,
 }
 
 impl Metrics {
@@ -114,6 +117,7 @@ impl Metrics {
             sync_failures: Counter::default(),
             sync_stale: Gauge::default(),
             foreign_changes: Family::default(),
+            watch_losses: Counter::default(),
         };
         registry.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
@@ -189,6 +193,11 @@ impl Metrics {
             "kube_proxy_rs_foreign_changes",
             "Changes another program made to the proxy's rules (each restored)",
             metrics.foreign_changes.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_watch_losses",
+            "Times the watch for other programs' changes stopped (the canary checks take over)",
+            metrics.watch_losses.clone(),
         );
         metrics
     }

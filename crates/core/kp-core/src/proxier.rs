@@ -22,11 +22,13 @@
 //!    after 9 times as long as the last check took, when that is longer) and before every
 //!    periodic sync) makes the next sync full, [`SETTLE`] later (respecting
 //!    minSyncPeriod), logged and counted once; while another program keeps making such
-//!    changes the restores back off ([`Backoff`]).
+//!    changes the restores back off ([`Backoff`]). Where a watcher notifies, the canary
+//!    checks wait until it reports [`ForeignEvent::WatchLost`]; from then on they run.
 //!
 //! If the event channel closes, the last state is kept and re-synced periodically: a broken
 //! source must never flush working rules.
 
+use crate::report::ErrorChain as _;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
@@ -70,6 +72,9 @@ pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// again, so an event storm cannot postpone syncs indefinitely.
 pub const MAX_EVENTS_PER_BATCH: usize = 1024;
 
+/// How the line the proxier logs (warning) when a watcher is lost starts.
+pub const WATCH_LOST_LOG: &str = "the watch for other programs' changes stopped";
+
 /// The message the proxier logs (debug) after each canary check, with the time it took.
 pub const VERIFIED_LOG: &str = "checked the rules in the kernel";
 
@@ -88,6 +93,7 @@ pub struct ProxierConfig {
     sync_period: Duration,
     retry_interval: Option<Duration>,
     canary_period: Option<Duration>,
+    canaries_paused: bool,
     node_wait: Option<Duration>,
     external_ips: bool,
     clock: WallClock,
@@ -115,6 +121,7 @@ impl ProxierConfig {
             sync_period: DEFAULT_SYNC_PERIOD,
             retry_interval: None,
             canary_period: None,
+            canaries_paused: false,
             node_wait: None,
             external_ips: true,
             clock: Arc::new(SystemTime::now),
@@ -150,6 +157,13 @@ impl ProxierConfig {
     /// only before periodic syncs and when a watcher asks.
     pub fn with_canary_period(mut self, period: Duration) -> Self {
         self.canary_period = (!period.is_zero()).then_some(period);
+        self
+    }
+
+    /// A watcher notifies of other programs' changes: the canary checks wait until it
+    /// reports [`ForeignEvent::WatchLost`], then run every canary period.
+    pub fn with_canaries_paused_while_watched(mut self, paused: bool) -> Self {
+        self.canaries_paused = paused;
         self
     }
 
@@ -261,6 +275,8 @@ struct ForeignState {
     activity: Activity,
     backoff: Backoff,
     canary_period: Option<Duration>,
+    /// The canaries wait for the watcher to be lost.
+    canaries_paused: bool,
     /// A restore is scheduled and has not succeeded yet: further changes join it.
     restore_pending: bool,
 }
@@ -297,6 +313,7 @@ impl<B: Backend> Proxier<B> {
             activity: Activity::default(),
             backoff: Backoff::default(),
             canary_period: config.canary_period,
+            canaries_paused: config.canaries_paused,
             restore_pending: false,
         };
         Ok(Self {
@@ -365,11 +382,11 @@ impl<B: Backend> Proxier<B> {
             node = self.tracker.node_name(),
             "starting proxier"
         );
-        let mut canary = self.foreign.canary_period.map(|period| {
-            let mut interval = tokio::time::interval(period);
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            interval
-        });
+        let mut canary = if self.foreign.canaries_paused {
+            None
+        } else {
+            self.canary_interval()
+        };
         loop {
             tokio::select! {
                 biased;
@@ -389,7 +406,15 @@ impl<B: Backend> Proxier<B> {
                         self.schedule_restore();
                     }
                 }
-                Some(event) = self.foreign.rx.recv() => self.on_foreign(event).await,
+                Some(event) = self.foreign.rx.recv() => {
+                    if let ForeignEvent::WatchLost(reason) = event {
+                        if let Some(started) = self.watch_lost(&reason) {
+                            canary = Some(started);
+                        }
+                    } else {
+                        self.on_foreign(event).await;
+                    }
+                }
                 () = sleep_until_some(self.health.stale_at()), if !self.stale_reported => {
                     self.report_stale();
                 }
@@ -437,6 +462,38 @@ impl<B: Backend> Proxier<B> {
         Ok(())
     }
 
+    /// The canary checks' timer, without a canary period none.
+    fn canary_interval(&self) -> Option<tokio::time::Interval> {
+        self.foreign.canary_period.map(|period| {
+            let mut interval = tokio::time::interval(period);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval
+        })
+    }
+
+    /// The watcher stopped: counted, logged with what checks remain, and the paused canary
+    /// checks started (their timer returned).
+    fn watch_lost(&mut self, reason: &str) -> Option<tokio::time::Interval> {
+        self.metrics.watch_losses.inc();
+        let started = std::mem::take(&mut self.foreign.canaries_paused);
+        match self.foreign.canary_period {
+            Some(period) => warn!(
+                reason,
+                ?period,
+                "{WATCH_LOST_LOG}; the canary checks take over (every canaryPeriod, and all rules before each periodic sync)"
+            ),
+            None => warn!(
+                reason,
+                "{WATCH_LOST_LOG}; canaryPeriod is 0, so only the check of all rules before each periodic sync remains"
+            ),
+        }
+        if started {
+            self.canary_interval()
+        } else {
+            None
+        }
+    }
+
     /// A watcher's report: a change to restore, or one to check.
     async fn on_foreign(&mut self, event: ForeignEvent) {
         match event {
@@ -450,6 +507,8 @@ impl<B: Backend> Proxier<B> {
                     self.schedule_restore();
                 }
             }
+            // Handled in `run`, which owns the canary timer.
+            ForeignEvent::WatchLost(_) => {}
         }
     }
 
@@ -471,7 +530,7 @@ impl<B: Backend> Proxier<B> {
                 found
             }
             Err(error) => {
-                warn!(%error, "cannot check the rules in the kernel");
+                warn!(error = %error.chain(), "cannot check the rules in the kernel");
                 false
             }
         }
@@ -653,7 +712,7 @@ impl<B: Backend> Proxier<B> {
                 true
             }
             Err(error) => {
-                error!(%error, ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
+                error!(error = %error.chain(), ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
                 self.metrics.sync_failures.inc();
                 self.health.sync_failed(&error.to_string());
                 self.force_full = true;
@@ -668,7 +727,7 @@ impl<B: Backend> Proxier<B> {
     fn apply_recorded(&mut self) {
         let update = self.tracker.apply(Arc::make_mut(&mut self.state));
         for error in &update.invalid {
-            warn!(%error, "skipping invalid object");
+            warn!(error = %error.chain(), "skipping invalid object");
             self.metrics
                 .invalid_objects
                 .get_or_create(&KindLabel { kind: error.kind })

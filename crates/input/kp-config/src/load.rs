@@ -17,7 +17,7 @@ use crate::wire;
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The `--config` file could not be read.
-    #[error("cannot read config file {}: {source}", path.display())]
+    #[error("cannot read config file {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,

@@ -10,10 +10,10 @@ use crate::types::{API_VERSION, KIND, KubeProxyConfiguration};
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     /// Serialization failed (not expected for this type; reported rather than hidden).
-    #[error("cannot encode configuration as YAML: {0}")]
+    #[error("cannot encode configuration as YAML")]
     Encode(#[from] serde_saphyr::SerializeError),
     /// The file could not be written.
-    #[error("cannot write config file {}: {source}", path.display())]
+    #[error("cannot write config file {}", path.display())]
     Write {
         /// The file.
         path: PathBuf,

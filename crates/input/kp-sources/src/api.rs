@@ -14,6 +14,7 @@
 
 mod recovery;
 
+use kp_core::report::ErrorChain as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Debug};
 use std::marker::PhantomData;
@@ -69,7 +70,7 @@ pub const DEFAULT_CLIENT_CONTENT_TYPE: &str = "application/vnd.kubernetes.protob
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// The file given with `--kubeconfig` could not be read, or its current context is unusable.
-    #[error("kubeconfig {path}: {source}")]
+    #[error("kubeconfig {path}")]
     Kubeconfig {
         /// The file that was tried.
         path: PathBuf,
@@ -78,7 +79,7 @@ pub enum ApiError {
         source: KubeconfigError,
     },
     /// The `--master` URL does not parse.
-    #[error("invalid --master URL {url:?}: {source}")]
+    #[error("invalid --master URL {url:?}")]
     InvalidMaster {
         /// The URL as given (after adding a default scheme).
         url: String,
@@ -89,7 +90,7 @@ pub enum ApiError {
     /// Neither `--kubeconfig` nor `--master` was given, and neither the in-cluster service
     /// account nor the default kubeconfig (`$KUBECONFIG`, `~/.kube/config`) could be loaded.
     #[error(
-        "no --kubeconfig or --master given; in-cluster service account config failed ({in_cluster}) and default kubeconfig failed ({default})"
+        "no --kubeconfig or --master given; in-cluster service account config failed ({in_cluster}) and so did the default kubeconfig"
     )]
     NoConfig {
         /// Why the in-cluster config failed.
@@ -99,7 +100,7 @@ pub enum ApiError {
         default: InferConfigError,
     },
     /// The configuration loaded but no client could be built from it (TLS material, auth).
-    #[error("building a Kubernetes client from {from}: {source}")]
+    #[error("building a Kubernetes client from {from}")]
     Client {
         /// Where the configuration came from.
         from: String,
@@ -440,7 +441,7 @@ async fn drive<K>(
                 // mode then has no unallocated-ClusterIP drop, as upstream without the API.
                 tracing::warn!(
                     kind,
-                    %error,
+                    error = %error.chain(),
                     "cannot list (API not served, or RBAC lacks list/watch on servicecidrs); \
                      not watched: nftables mode will not drop traffic to unallocated ClusterIPs"
                 );

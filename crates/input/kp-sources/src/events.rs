@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kp_core::report::ErrorChain as _;
 use kube::api::{Api, PostParams};
 use tracing::{debug, warn};
 
@@ -70,10 +71,10 @@ pub struct NodeEvent {
 #[derive(Debug, thiserror::Error)]
 pub enum EventError {
     /// The server refused the event (not retried).
-    #[error("the API server refused the event: {0}")]
+    #[error("the API server refused the event")]
     Refused(#[source] kube::Error),
     /// The server could not be reached in any of the tries.
-    #[error("the API server could not be reached in {tries} tries: {source}")]
+    #[error("the API server could not be reached in {tries} tries")]
     Unreachable {
         /// How many posts were tried.
         tries: u32,
@@ -177,7 +178,7 @@ impl NodeEvents {
         let this = self.clone();
         tokio::spawn(async move {
             if let Err(error) = this.post(&event).await {
-                warn!(%error, reason = event.reason, "could not post an event about this node");
+                warn!(error = %error.chain(), reason = event.reason, "could not post an event about this node");
             }
         });
     }

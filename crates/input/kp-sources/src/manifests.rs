@@ -121,7 +121,7 @@ const HELD_METRIC: &str = "kube_proxy_rs_manifest_removals_held";
 pub enum ManifestsError {
     /// The blocking file scan panicked or was cancelled by the runtime: a bug, or the runtime
     /// shutting down.
-    #[error("manifests scan task failed: {0}")]
+    #[error("manifests scan task failed")]
     Scan(#[from] tokio::task::JoinError),
 }
 

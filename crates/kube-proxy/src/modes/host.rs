@@ -15,6 +15,7 @@ use std::net::IpAddr;
 use anyhow::Context as _;
 use kp_config::{IptablesBackend, KubeProxyConfiguration, ProxyMode};
 use kp_core::model::IpFamily;
+use kp_core::report::ErrorChain as _;
 pub use kp_dataplane::interfaces::InterfaceAddress;
 use kp_dataplane::interfaces::InterfaceError;
 use kp_dataplane::xtables::Choice;
@@ -30,7 +31,7 @@ pub struct Unavailable(pub String);
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     /// A tool could not be started.
-    #[error("cannot run `{command}`: {source}")]
+    #[error("cannot run `{command}`")]
     Spawn {
         /// The command line.
         command: String,
@@ -46,7 +47,7 @@ pub enum ProbeError {
         stderr: String,
     },
     /// nftables mode's `nft` could not be started.
-    #[error("nftables mode needs `nft` (package nftables): {0}")]
+    #[error("nftables mode needs `nft` (package nftables)")]
     NoNft(#[source] std::io::Error),
     /// The interface addresses could not be read.
     #[error(transparent)]
@@ -314,11 +315,12 @@ impl Probe for SystemProbe {
         ipvs.add_service(&VirtualServer::new(key, scheduler, None))
             .map_err(|e| {
                 Unavailable(format!(
-                    "the IPVS scheduler {scheduler} does not work here: {e}"
+                    "the IPVS scheduler {scheduler} does not work here: {}",
+                    e.chain()
                 ))
             })?;
         ipvs.delete_service(&key)
-            .map_err(|e| Unavailable(format!("cannot remove the IPVS probe: {e}")))?;
+            .map_err(|e| Unavailable(format!("cannot remove the IPVS probe: {}", e.chain())))?;
         match std::process::Command::new("ipset")
             .arg("--version")
             .output()

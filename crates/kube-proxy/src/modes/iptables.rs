@@ -4,6 +4,7 @@
 
 use anyhow::Context as _;
 use kp_config::{KubeProxyConfiguration, LocalMode};
+use kp_core::report::ErrorChain as _;
 use kp_dataplane::exec::Tools;
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics};
 use kp_dataplane::sysctls;
@@ -37,7 +38,7 @@ impl Mode for Iptables {
         ) {
             Ok(report) => super::record(&report.applied),
             Err(error) => tracing::error!(
-                %error,
+                error = %error.chain(),
                 "cannot enable route_localnet; localhost NodePorts will not answer"
             ),
         }

@@ -17,6 +17,7 @@ use ipnet::IpNet;
 use kp_config::{KubeProxyConfiguration, LocalMode, ProxyMode};
 use kp_core::backend::Backend;
 use kp_core::model::IpFamily;
+use kp_core::report::ErrorChain as _;
 use kp_dataplane::sysctls::{self, Applied, ConntrackSettings, FsSysctl, SysctlRecord};
 use kp_dataplane::watch::Owned;
 use kp_rules::iptables::{LocalDetector, NodePortAddresses, RenderConfig};
@@ -164,7 +165,7 @@ pub(crate) fn conntrack_sysctls(config: &KubeProxyConfiguration, host: &FsSysctl
             }
         }
         Err(error) => {
-            tracing::error!(%error, "cannot apply conntrack settings; keeping the kernel's")
+            tracing::error!(error = %error.chain(), "cannot apply conntrack settings; keeping the kernel's")
         }
     }
 }
@@ -251,7 +252,7 @@ pub fn apply_oom_score_adj(config: &KubeProxyConfiguration) {
     let value = config.oom_score_adj;
     match std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
         Ok(()) => tracing::debug!(value, "Set oom_score_adj"),
-        Err(error) => tracing::debug!(value, %error, "Failed to apply OOMScore"),
+        Err(error) => tracing::debug!(value, error = %error.chain(), "Failed to apply OOMScore"),
     }
 }
 
@@ -260,7 +261,7 @@ pub fn apply_oom_score_adj(config: &KubeProxyConfiguration) {
 fn record(applied: &[Applied]) {
     let record = SysctlRecord::from_env();
     if let Err(error) = record.note(applied) {
-        tracing::warn!(%error, "cannot record original kernel settings; --cleanup will not restore them");
+        tracing::warn!(error = %error.chain(), "cannot record original kernel settings; --cleanup will not restore them");
     }
 }
 

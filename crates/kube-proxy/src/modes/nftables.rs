@@ -5,6 +5,7 @@
 use anyhow::Context as _;
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
+use kp_core::report::ErrorChain as _;
 use kp_dataplane::iptables::IptablesBackend;
 use kp_dataplane::nftables::layout::{LAYOUT_ENV, LayoutBackend, layout_from_env};
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
@@ -177,7 +178,7 @@ impl Backend for NftablesMode {
                 return Ok(report);
             }
             if let Err(error) = self.iptables.apply_cleanup(plan).await {
-                tracing::warn!(%error, "cannot remove iptables mode's leftovers");
+                tracing::warn!(error = %error.chain(), "cannot remove iptables mode's leftovers");
             }
         }
         Ok(report)
@@ -241,7 +242,7 @@ impl<B: Backend> Backend for RemovesNftablesLeftovers<B> {
         if !self.done {
             self.done = true;
             if let Err(error) = self.nft.cleanup().await {
-                tracing::warn!(%error, "cannot remove nftables mode's leftovers");
+                tracing::warn!(error = %error.chain(), "cannot remove nftables mode's leftovers");
             }
         }
         Ok(report)

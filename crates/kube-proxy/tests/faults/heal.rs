@@ -10,6 +10,8 @@ use super::*;
 use kp_config::DEFAULT_CANARY_PERIOD;
 use kp_core::foreign::is_log_message;
 use kp_core::foreign::{BACKOFF_MAX, CALM};
+use kp_core::proxier::WATCH_LOST_LOG;
+use kp_dataplane::watch::fault::FAIL_AFTER_ENV;
 
 /// The issue asks for 1 s where nf_tables notifies; this bound adds margin for a loaded
 /// 2-core CI machine running a debug build (the measured time is printed).
@@ -45,6 +47,8 @@ pub enum Kernel {
     IptablesLegacy,
     /// nftables mode (notified).
     Nftables,
+    /// nftables mode once its watch is lost (canaries only).
+    NftablesUnwatched,
     /// ipvs mode in the VM: IPVS, `kube-ipvs0`, ipsets and iptables (canaries only).
     Ipvs,
 }
@@ -62,7 +66,9 @@ impl Kernel {
     /// How long a restore may take after the removal.
     fn bound(self) -> Duration {
         match self {
-            Kernel::IptablesLegacy => DEFAULT_CANARY_PERIOD + NOTIFIED_BOUND,
+            Kernel::IptablesLegacy | Kernel::NftablesUnwatched => {
+                DEFAULT_CANARY_PERIOD + NOTIFIED_BOUND
+            }
             Kernel::Ipvs => DEFAULT_CANARY_PERIOD + VM_CANARY_BOUND,
             _ => NOTIFIED_BOUND,
         }
@@ -73,7 +79,7 @@ impl Kernel {
     /// an address that is not the proxy's), or a table of their own (nftables). Idempotent.
     fn install_foreign(self) -> String {
         match self {
-            Kernel::Nftables => "nft add table inet foreign-keep; \
+            Kernel::Nftables | Kernel::NftablesUnwatched => "nft add table inet foreign-keep; \
                 nft add chain inet foreign-keep input '{ type filter hook input priority 10; }'; \
                 nft list chain inet foreign-keep input | grep -q 192.0.2.7 || \
                 nft add rule inet foreign-keep input ip saddr 192.0.2.7 accept"
@@ -89,7 +95,7 @@ impl Kernel {
     /// Exits 0 when the rules of [`Kernel::install_foreign`] are all there.
     fn foreign_present(self) -> String {
         match self {
-            Kernel::Nftables => {
+            Kernel::Nftables | Kernel::NftablesUnwatched => {
                 "nft list chain inet foreign-keep input | grep -q 192.0.2.7".to_owned()
             }
             Kernel::Ipvs => format!(
@@ -370,6 +376,33 @@ pub fn heals(mode: Mode, kernel: Kernel, removals: Vec<Removal>) {
     for removal in removals {
         heal_one(&world, &mut proxy, kernel, &removal);
     }
+}
+
+/// The nf_tables watch fails a second after the start (the test build's fault hook), under
+/// traffic: the loss is logged and counted once, and the canary checks take over, so a deleted
+/// table is back within the canary period (plus margin), not at the 30 s periodic check.
+pub fn heals_after_the_watch_is_lost(mode: Mode) {
+    let mut world = World::new(mode);
+    world.flags = std::mem::take(&mut world.flags).env(FAIL_AFTER_ENV, "1000");
+    let mut proxy = world.start_proxy();
+    let lost = proxy.wait_for("the watch lost", |l| l.contains(WATCH_LOST_LOG));
+    println!("{mode:?}: {lost}");
+    assert!(
+        lost.contains(FAIL_AFTER_ENV),
+        "the reason is logged: {lost}"
+    );
+    let cluster = &world.cluster;
+    let metrics = http_get_path(cluster, cluster.node(), proxy.metrics_address(), "/metrics");
+    let losses = metric_sum(&metrics.body, "kube_proxy_rs_watch_losses_total");
+    assert_eq!(losses, Some(1.0), "{}", metrics.body);
+    let removal = Removal::new(
+        "nft delete table ip kube-proxy, unwatched",
+        "nft delete table ip kube-proxy".to_owned(),
+        format!("nft list map ip kube-proxy service-ips | grep -q {STEADY_IP}"),
+        true,
+    );
+    heal_one(&world, &mut proxy, Kernel::NftablesUnwatched, &removal);
+    assert_eq!(proxy.logged(|l| l.contains(WATCH_LOST_LOG)).len(), 1);
 }
 
 fn sh(world: &World, script: &str) -> Result<String, kp_testbed::TestbedError> {

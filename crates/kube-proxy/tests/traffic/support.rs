@@ -508,6 +508,8 @@ pub struct Flags {
     pub extra: Vec<String>,
     /// `--master=URL`: watch this API server instead of reading the manifests directory.
     pub master: Option<String>,
+    /// Environment variables of the proxy's process.
+    pub env: Vec<(String, String)>,
 }
 
 impl Flags {
@@ -529,6 +531,13 @@ impl Flags {
     /// Adds a flag (`--name=value` or a bare `--name`).
     pub fn flag(mut self, flag: &str) -> Self {
         self.extra.push(flag.to_owned());
+        self
+    }
+
+    /// Sets `key` to `value` in the proxy's environment.
+    #[allow(dead_code, reason = "the fault suite's")]
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
         self
     }
 }
@@ -618,6 +627,9 @@ impl Proxy {
         }
         if mode == Mode::NftablesMaps {
             launch = launch.env("KUBE_PROXY_RS_NFTABLES_LAYOUT", "maps");
+        }
+        for (key, value) in &flags.env {
+            launch = launch.env(key, value);
         }
         let process = launch
             .arg(format!("--proxy-mode={}", mode.name()))

@@ -69,7 +69,7 @@ pub enum ExplainError {
         to: IpAddr,
     },
     /// The render configuration is one the renderer rejects, so there are no rules to explain.
-    #[error("invalid proxy configuration: {0}")]
+    #[error("invalid proxy configuration")]
     Config(#[from] RenderError),
 }
 

@@ -7,6 +7,7 @@
 //! itself comes from the [`Explainer`], which runs on Tokio's blocking pool: explaining walks
 //! every service port, and the admin runtime must stay free for `/healthz` and `/metrics`.
 
+use kp_core::report::ErrorChain as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -163,7 +164,7 @@ pub(crate) async fn handler(
             (StatusCode::SERVICE_UNAVAILABLE, format!("{message}\n")).into_response()
         }
         Err(error) => {
-            tracing::error!(%error, "explain failed");
+            tracing::error!(error = %error.chain(), "explain failed");
             StatusCode::INTERNAL_SERVER_ERROR.into_response()
         }
     }

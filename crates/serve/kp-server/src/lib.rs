@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod service_health;
 pub mod zpages;
 
+use kp_core::report::ErrorChain as _;
 use std::future::IntoFuture;
 use std::io;
 use std::time::Duration;
@@ -54,7 +55,7 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The HTTP server failed while accepting or serving connections.
-    #[error("{server} server failed: {source}")]
+    #[error("{server} server failed")]
     Serve {
         /// Which server.
         server: &'static str,
@@ -62,7 +63,7 @@ pub enum ServerError {
         source: io::Error,
     },
     /// The `/configz` document could not be encoded as JSON.
-    #[error("cannot encode the /configz document: {0}")]
+    #[error("cannot encode the /configz document")]
     Configz(#[source] serde_json::Error),
 }
 
@@ -76,7 +77,7 @@ pub(crate) async fn serve_router(
 ) -> Result<(), ServerError> {
     match listener.local_addr() {
         Ok(addr) => tracing::debug!(server, %addr, "serving"),
-        Err(error) => tracing::debug!(server, %error, "serving (address unknown)"),
+        Err(error) => tracing::debug!(server, error = %error.chain(), "serving (address unknown)"),
     }
     let serving = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
@@ -110,7 +111,7 @@ pub(crate) fn json_response(status: StatusCode, body: &impl serde::Serialize) ->
         )
             .into_response(),
         Err(error) => {
-            tracing::error!(%error, "cannot encode a JSON response");
+            tracing::error!(error = %error.chain(), "cannot encode a JSON response");
             StatusCode::INTERNAL_SERVER_ERROR.into_response()
         }
     }

@@ -8,6 +8,7 @@
 //! that content type, so serving the encoder's output unchanged is both accepted and exact;
 //! rewriting it to the 0.0.4 text format would mean re-parsing it and dropping `# EOF`.
 
+use kp_core::report::ErrorChain as _;
 use std::sync::Arc;
 
 use axum::Router;
@@ -137,7 +138,7 @@ async fn metrics(State(state): State<MetricsState>) -> Response {
         )
             .into_response(),
         Err(error) => {
-            tracing::error!(%error, "cannot encode metrics");
+            tracing::error!(error = %error.chain(), "cannot encode metrics");
             StatusCode::INTERNAL_SERVER_ERROR.into_response()
         }
     }

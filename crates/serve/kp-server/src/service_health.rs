@@ -14,6 +14,7 @@
 //! [`DEFAULT_BIND_RETRY_INTERVAL`]; it never affects other services. Handlers read the
 //! endpoint count from the latest map, so endpoint changes need no reconciliation.
 
+use kp_core::report::ErrorChain as _;
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -51,7 +52,7 @@ pub enum ServiceHealthError {
     /// Listening on one of the configured addresses failed, typically because the port is
     /// already in use. Addresses already bound for the service are released again, so a
     /// retry starts clean, as upstream does.
-    #[error("cannot listen for health checks of service {service} on {addr}: {source}")]
+    #[error("cannot listen for health checks of service {service} on {addr}")]
     Bind {
         /// The service.
         service: ServiceName,
@@ -207,9 +208,9 @@ impl ServiceHealthServers {
                 }
                 Err(error) => {
                     if failed.insert(service.clone(), port) == Some(port) {
-                        tracing::debug!(%error, "service health check still not listening");
+                        tracing::debug!(error = %error.chain(), "service health check still not listening");
                     } else {
-                        tracing::warn!(%error, "failed to start service health check; will retry");
+                        tracing::warn!(error = %error.chain(), "failed to start service health check; will retry");
                     }
                 }
             }
@@ -247,7 +248,7 @@ impl ServiceHealthServers {
             let (router, stop, service) = (router.clone(), stop.clone(), service.clone());
             tasks.spawn(async move {
                 if let Err(error) = serve_router("service health", listener, router, stop).await {
-                    tracing::error!(%service, %error, "service health check stopped");
+                    tracing::error!(%service, error = %error.chain(), "service health check stopped");
                 }
             });
         }

@@ -12,6 +12,7 @@
 //! [`parse_replies`]) tested against golden bytes; [`NetlinkConntrack`] only moves them
 //! through a socket, on a blocking thread.
 
+use kp_core::report::ErrorChain as _;
 use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;
@@ -362,7 +363,7 @@ impl NetlinkConntrack {
         match first_error {
             Some(err) if deleted == 0 => Err(err),
             Some(err) => {
-                warn!(failed, deleted, error = %err, "some conntrack entries were not deleted");
+                warn!(failed, deleted, error = %err.chain(), "some conntrack entries were not deleted");
                 Ok(deleted)
             }
             None => Ok(deleted),

@@ -31,6 +31,7 @@ mod save;
 #[cfg(test)]
 mod tests;
 
+use kp_core::report::ErrorChain as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -302,7 +303,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                 }
                 Err(err) => {
                     self.metrics.netlink_fallbacks.inc();
-                    warn!(?family, ?kind, error = %err, "applying with iptables-restore instead of netlink");
+                    warn!(?family, ?kind, error = %err.chain(), "applying with iptables-restore instead of netlink");
                 }
             }
         }
@@ -454,14 +455,14 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             match netlink.service_chains(family).await {
                 Ok(chains) => return chains,
                 Err(err) => {
-                    warn!(?family, error = %err, "cannot dump nat chains; using iptables-save")
+                    warn!(?family, error = %err.chain(), "cannot dump nat chains; using iptables-save")
                 }
             }
         }
         match self.runner.save(family, Table::Nat).await {
             Ok(text) => save::service_chains(&text),
             Err(err) => {
-                warn!(?family, error = %err, "cannot list nat chains; stale chains stay");
+                warn!(?family, error = %err.chain(), "cannot list nat chains; stale chains stay");
                 BTreeSet::new()
             }
         }
@@ -591,7 +592,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
             Ok(()) => Some(true),
             Err(ExecError::Failed { .. }) => Some(false),
             Err(err) => {
-                warn!(?family, error = %err, "cannot restore in an empty network namespace");
+                warn!(?family, error = %err.chain(), "cannot restore in an empty network namespace");
                 None
             }
         }
@@ -620,7 +621,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                 Err(failure) => {
                     let err = failure.into_backend(family);
                     self.metrics.partial_restore_failures.inc();
-                    warn!(?family, error = %err, "partial restore failed; retrying as a full sync");
+                    warn!(?family, error = %err.chain(), "partial restore failed; retrying as a full sync");
                 }
             }
         }
@@ -735,7 +736,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                     Ok(text) => text,
                     Err(err) => {
                         let err = cleanup_error("save", family, table, err);
-                        warn!(?family, table = table.as_str(), error = %err, "cleanup failed");
+                        warn!(?family, table = table.as_str(), error = %err.chain(), "cleanup failed");
                         plan.error.get_or_insert(err);
                         continue;
                     }
@@ -757,7 +758,7 @@ impl<R: RuleRunner, C: Conntrack> IptablesBackend<R, C> {
                 Ok(_) => info!(?family, table = table.as_str(), "removed kube-proxy chains"),
                 Err(err) => {
                     let err = cleanup_error("restore", family, table, err);
-                    warn!(?family, table = table.as_str(), error = %err, "cleanup failed");
+                    warn!(?family, table = table.as_str(), error = %err.chain(), "cleanup failed");
                     first_error.get_or_insert(err);
                 }
             }

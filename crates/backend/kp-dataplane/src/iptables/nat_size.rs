@@ -11,6 +11,7 @@
 //! once, and a program that flushes nat in a loop is seen after every restore; after a
 //! partial sync that window is left to the thorough check before the next periodic sync.
 
+use kp_core::report::ErrorChain as _;
 use std::collections::BTreeMap;
 #[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex, PoisonError};
@@ -81,7 +82,7 @@ impl NatCanary {
                 self.seen.insert(family, info);
             }
             Err(error) => {
-                tracing::debug!(?family, %error, "cannot read the size of table nat");
+                tracing::debug!(?family, error = %error.chain(), "cannot read the size of table nat");
                 self.seen.remove(&family);
             }
         }

@@ -60,7 +60,7 @@ pub const DEFAULT_MAX_STEP_MESSAGES: usize = 20_000;
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
     /// The render holds a rule the encoder does not know; nothing was sent.
-    #[error("not encodable over netlink: {0}")]
+    #[error("not encodable over netlink")]
     Unsupported(#[from] Unsupported),
     /// Rendering failed (a configuration `validate` should have refused).
     #[error(transparent)]

@@ -36,6 +36,7 @@ mod planned;
 mod tests;
 mod verify;
 
+use kp_core::report::ErrorChain as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -281,7 +282,9 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                     warn!(%warning, "ipvs sysctl left as is");
                 }
             }
-            Err(error) => warn!(%error, "cannot apply ipvs sysctls; keeping the kernel's"),
+            Err(error) => {
+                warn!(error = %error.chain(), "cannot apply ipvs sysctls; keeping the kernel's")
+            }
         }
         if self.config.timeouts != Timeouts::default() {
             self.ipvs
@@ -298,7 +301,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                     Ok(())
                 }
                 Err(error) => {
-                    debug!(?family, %error, "cannot read the setup's tables; ensuring it run by run");
+                    debug!(?family, error = %error.chain(), "cannot read the setup's tables; ensuring it run by run");
                     ensure_setup(&self.runner, family, &setup).await
                 }
             };
@@ -600,7 +603,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                 Some(planned)
             }
             Err(error) => {
-                warn!(service = %want.owner, virtual_server = %key, %error, "cannot program virtual server; skipping it");
+                warn!(service = %want.owner, virtual_server = %key, error = %error.chain(), "cannot program virtual server; skipping it");
                 skipped.insert(want.owner.clone());
                 None
             }
@@ -623,7 +626,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> IpvsBackend
                     report.rules_written += 1;
                 }
                 Err(error) => {
-                    warn!(virtual_server = %key, %error, "cannot delete stale virtual server");
+                    warn!(virtual_server = %key, error = %error.chain(), "cannot delete stale virtual server");
                     self.applied.insert(key, None);
                 }
             }
@@ -815,7 +818,7 @@ impl<I: Ipvs, L: Links, R: RuleRunner, S: IpsetRunner, C: Conntrack> Backend
         let mut first: Option<BackendError> = None;
         let mut note = |r: Result<(), BackendError>| {
             if let Err(e) = r {
-                warn!(error = %e, "ipvs cleanup step failed");
+                warn!(error = %e.chain(), "ipvs cleanup step failed");
                 first.get_or_insert(e);
             }
         };

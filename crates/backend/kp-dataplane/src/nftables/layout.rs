@@ -37,6 +37,7 @@ mod io;
 #[cfg(test)]
 mod tests;
 
+use kp_core::report::ErrorChain as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -253,7 +254,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         match blocking(|| self.io.forget_clients(family, gone)) {
             Ok(count) => debug!(?family, count, "forgot clients pinned to removed endpoints"),
             Err(err) => {
-                warn!(?family, error = %err, "cannot forget clients pinned to removed endpoints; they expire")
+                warn!(?family, error = %err.chain(), "cannot forget clients pinned to removed endpoints; they expire")
             }
         }
     }
@@ -342,7 +343,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             if let Err(err) = self.script(family, &script).await {
                 // Only their sets stay; the next full sync tries again.
                 self.metrics.cleanup_failures.inc();
-                warn!(?family, error = %err, "deleting unused nftables sets failed");
+                warn!(?family, error = %err.chain(), "deleting unused nftables sets failed");
             }
         }
         self.installed_now(table, desired, fixed)?;
@@ -700,7 +701,7 @@ impl<I: LayoutIo, C: Conntrack> Backend for LayoutBackend<I, C> {
             match self.io.apply_script(&script).await {
                 Ok(()) => info!(?family, "removed the nftables {fam} {TABLE} table"),
                 Err(err) => {
-                    warn!(?family, error = %err, "nftables cleanup failed");
+                    warn!(?family, error = %err.chain(), "nftables cleanup failed");
                     if first_error.is_none() {
                         first_error = Some(apply_error(
                             format!("nftables cleanup ({fam} {TABLE})"),

@@ -12,6 +12,7 @@
 //! (`IN_MOVED_TO`), and a ConfigMap volume's swap of `..data` (`IN_MOVED_TO` of `..data`).
 
 use std::ffi::OsStr;
+use kp_core::report::ErrorChain as _;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
@@ -64,7 +65,7 @@ impl Wakeup {
                 writers: Mutex::default(),
             }),
             Err(error) => {
-                debug!(%error, "no inotify; manifests changes are seen at the next poll");
+                debug!(error = %error.chain(), "no inotify; manifests changes are seen at the next poll");
                 None
             }
         }
@@ -103,7 +104,7 @@ impl Wakeup {
             }
             Err(error) => {
                 if self.watched.take().is_some() {
-                    debug!(dir = %dir.display(), %error, "cannot watch the manifests directory; polling only");
+                    debug!(dir = %dir.display(), error = %error.chain(), "cannot watch the manifests directory; polling only");
                 }
             }
         }

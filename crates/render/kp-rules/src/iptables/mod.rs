@@ -59,7 +59,7 @@ pub enum StreamError {
     #[error(transparent)]
     Render(#[from] RenderError),
     /// The writer failed (the input written so far is incomplete).
-    #[error("writing the restore input: {0}")]
+    #[error("writing the restore input")]
     Write(#[from] std::io::Error),
 }
 

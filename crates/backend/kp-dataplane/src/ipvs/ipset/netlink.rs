@@ -45,10 +45,10 @@ const RECV_BUFFER_BYTES: usize = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum IpsetNetlinkError {
     /// The socket could not be opened, or sending or receiving failed.
-    #[error("ipset netlink socket: {0}")]
+    #[error("ipset netlink socket")]
     Socket(#[source] io::Error),
     /// The kernel refused the dump.
-    #[error("the kernel refused the ipset list: {0}")]
+    #[error("the kernel refused the ipset list")]
     Kernel(#[source] io::Error),
     /// A reply that does not parse.
     #[error("ipset netlink reply: {0}")]

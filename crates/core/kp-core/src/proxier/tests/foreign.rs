@@ -148,6 +148,33 @@ async fn the_canary_period_checks_the_kernel() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn paused_canaries_start_when_the_watch_is_lost() {
+    let period = Duration::from_secs(2);
+    let h = Harness::start_with(|c| {
+        c.with_canary_period(period)
+            .with_canaries_paused_while_watched(true)
+    });
+    h.initialize(vec![applied(service("web", "172.30.0.41"))])
+        .await;
+    run_for(period * 3).await;
+    assert_eq!(
+        h.backend.verifies(),
+        0,
+        "the watch notifies: no canary checks"
+    );
+
+    h.report(ForeignEvent::WatchLost("read error".into())).await;
+    h.backend.find_on_verify(vec![chain_missing()]);
+    run_for(period + SETTLE).await;
+    settle().await;
+    assert!(h.backend.verifies() >= 1);
+    assert_eq!(h.syncs().len(), 2, "restored within a canary period");
+    assert_eq!(h.last_sync().kind, SyncKind::Full);
+    assert_eq!(h.metrics.watch_losses.get(), 1);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slow_canary_check_rests_nine_times_as_long_before_the_next() {
     let period = Duration::from_secs(2);
     let h = Harness::start_with(|c| c.with_canary_period(period));
