@@ -714,7 +714,7 @@ impl<B: Backend> Proxier<B> {
             Err(error) => {
                 error!(error = %error.chain(), ?kind, ?reason, "syncing proxy rules failed; the next sync is full");
                 self.metrics.sync_failures.inc();
-                self.health.sync_failed(&error.to_string());
+                self.health.sync_failed(&error.chain().to_string());
                 self.force_full = true;
                 false
             }

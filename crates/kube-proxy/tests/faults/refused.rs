@@ -39,7 +39,40 @@ impl Owner {
             .expect("piped stdin")
             .write_all(line.as_bytes())
             .expect("nft -i takes the command");
-        Self(child)
+        let owner = Self(child);
+        owner.wait_held(ns);
+        owner
+    }
+
+    /// Until the owned table is in place: `nft -i` runs its line when it gets to it, and a
+    /// takeover landing while the proxy itself commits is taken for the proxy's own change
+    /// (the watch does not tell them apart, and the canary sees a table of that name), so
+    /// the test's Service must come after it.
+    fn wait_held(&self, ns: &str) {
+        let start = Instant::now();
+        loop {
+            let listed = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    ns,
+                    "nft",
+                    "list",
+                    "table",
+                    "ip",
+                    "kube-proxy",
+                ])
+                .output()
+                .expect("nft list runs");
+            if String::from_utf8_lossy(&listed.stdout).contains("flags owner") {
+                return;
+            }
+            assert!(
+                start.elapsed() < BOUND,
+                "nft -i did not take the table within {BOUND:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

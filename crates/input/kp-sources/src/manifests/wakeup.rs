@@ -11,8 +11,8 @@
 //! a write in place (`IN_MODIFY`/`IN_CLOSE_WRITE` of an entry), a rename over a file
 //! (`IN_MOVED_TO`), and a ConfigMap volume's swap of `..data` (`IN_MOVED_TO` of `..data`).
 
-use std::ffi::OsStr;
 use kp_core::report::ErrorChain as _;
+use std::ffi::OsStr;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
