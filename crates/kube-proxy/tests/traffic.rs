@@ -114,8 +114,31 @@ macro_rules! mode_tests {
 mode_tests!(iptables, Mode::Iptables);
 mode_tests!(iptables_restore, Mode::IptablesRestore);
 mode_tests!(nftables, Mode::Nftables);
-mode_tests!(nftables_maps, Mode::NftablesMaps);
 mode_tests!(userspace, Mode::Userspace);
+
+/// nftables mode's previous layout (`--nftables-layout=chains`): a smoke suite beside the
+/// differential test below, which compares it with the default case by case.
+mod nftables_chains {
+    use crate::scenarios;
+    use crate::support::Mode;
+
+    const MODE: Mode = Mode::NftablesChains;
+
+    #[test]
+    fn cluster_ip() {
+        scenarios::cluster_ip(MODE);
+    }
+
+    #[test]
+    fn edits_and_restart() {
+        scenarios::edits_and_restart(MODE);
+    }
+
+    #[test]
+    fn affinity_and_node_traffic() {
+        scenarios::affinity_and_node_traffic(MODE);
+    }
+}
 
 /// nftables mode's two layouts on generated cluster states: every probe must end the same
 /// way in both (`KP_DIFF_SEEDS`, `KP_DIFF_CASES`: see the module).
