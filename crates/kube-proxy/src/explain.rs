@@ -139,6 +139,11 @@ struct Args {
     /// detects it, after $KUBE_PROXY_RS_IPTABLES_BACKEND and the file's iptablesBackend).
     #[arg(long, value_name = "auto|legacy|nft", value_parser = IptablesBackend::from_str, help_heading = "Proxy configuration")]
     iptables_backend: Option<IptablesBackend>,
+
+    /// nftables mode's table layout whose objects are shown (as the proxy's
+    /// `--nftables-layout`; default: the file's nftablesLayout, else maps).
+    #[arg(long, value_name = "maps|chains", value_parser = kp_config::NftablesLayout::from_str, help_heading = "Proxy configuration")]
+    nftables_layout: Option<kp_config::NftablesLayout>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, kp_config::duration::DurationError> {
@@ -195,7 +200,10 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for warning in &loaded.warnings {
         eprintln!("warning: {warning}");
     }
-    let config = loaded.config;
+    let mut config = loaded.config;
+    if let Some(layout) = args.nftables_layout {
+        config.nftables_layout = layout;
+    }
     let mode = config.mode();
     if args.verify && mode != ProxyMode::Iptables {
         bail!(
