@@ -117,6 +117,23 @@ mode_tests!(nftables, Mode::Nftables);
 mode_tests!(nftables_maps, Mode::NftablesMaps);
 mode_tests!(userspace, Mode::Userspace);
 
+/// nftables mode's no-endpoint filters after DNAT, in both layouts (the other modes' own
+/// filters are checked in `cluster_ip` and `external`).
+mod nftables_filters {
+    use crate::scenarios;
+    use crate::support::Mode;
+
+    #[test]
+    fn chain_layout() {
+        scenarios::nftables_filters_after_dnat(Mode::Nftables);
+    }
+
+    #[test]
+    fn maps_layout() {
+        scenarios::nftables_filters_after_dnat(Mode::NftablesMaps);
+    }
+}
+
 /// nftables mode's two layouts on generated cluster states: every probe must end the same
 /// way in both (`KP_DIFF_SEEDS`, `KP_DIFF_CASES`: see the module).
 #[test]

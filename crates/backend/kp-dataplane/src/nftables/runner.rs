@@ -130,8 +130,31 @@ impl ExecNft {
             &["-f".to_owned(), "-".to_owned()],
             Some(script),
         )
-        .await?;
+        .await
+        .map_err(with_crash_hint)?;
         Ok(())
+    }
+}
+
+/// What a crashed `nft -f` most likely means, added to its error.
+pub const CRASH_HINT: &str = "nft 1.0.x crashes loading a ruleset in which another table holds \
+     a set written by nft 1.1.2 or newer (kubernetes#136786); see docs/nftables-integration.md";
+
+/// `err` with [`CRASH_HINT`] when a signal killed nft: `nft -f` loads every table of every
+/// family into its cache, so one foreign table it cannot read fails each of our scripts, and
+/// nft itself prints nothing.
+fn with_crash_hint(err: ExecError) -> ExecError {
+    match err {
+        ExecError::Failed {
+            program,
+            code: None,
+            stderr,
+        } => ExecError::Failed {
+            program,
+            code: None,
+            stderr: format!("{stderr} ({CRASH_HINT})"),
+        },
+        other => other,
     }
 }
 
