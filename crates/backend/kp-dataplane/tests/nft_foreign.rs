@@ -68,7 +68,10 @@ fn write_foreign_table() {
     typeof_record.extend(EXPR_VALUE.to_ne_bytes());
     typeof_record.extend([1, 4]);
     typeof_record.extend(*b"wan0");
-    let mut udata = vec![UDATA_KEY_TYPEOF, u8::try_from(typeof_record.len()).expect("short")];
+    let mut udata = vec![
+        UDATA_KEY_TYPEOF,
+        u8::try_from(typeof_record.len()).expect("short"),
+    ];
     udata.extend(typeof_record);
     let mut batch = Batch::new(1);
     // NLM_F_CREATE.
@@ -143,7 +146,10 @@ fn the_crafted_set_crashes_this_nft() {
         let version = nft(&["--version"]);
         let listed = nft_code(&["list", "ruleset"]);
         if version.contains("v1.0.6") {
-            assert_eq!(listed, None, "{version}: `nft list ruleset` survived the set");
+            assert_eq!(
+                listed, None,
+                "{version}: `nft list ruleset` survived the set"
+            );
         } else {
             eprintln!("{version}: `nft list ruleset` exited with {listed:?} (not nft 1.0.6)");
         }
@@ -158,39 +164,45 @@ fn the_crafted_set_crashes_this_nft() {
 /// the proxy's watch reads the foreign table's notifications without failing.
 #[test]
 fn the_chain_layout_syncs_restarts_and_cleans_up_beside_it() {
-    in_netns("the_chain_layout_syncs_restarts_and_cleans_up_beside_it", || {
-        let mut monitor = Monitor::open(Duration::from_millis(200)).expect("monitor");
-        write_foreign_table();
-        block_on(async {
-            let mut backend = NftablesBackend::new(config()).expect("valid config");
-            let none = BTreeSet::new();
-            let first = services("10.244.1.2");
-            sync(&mut backend, &first, SyncKind::Full, &none).await;
-            let second = services("10.244.2.2");
-            let changed = BTreeSet::from([service_name("ns", "b")]);
-            sync(&mut backend, &second, SyncKind::Partial, &changed).await;
-            let table = nft(&["list", "table", "ip", "kube-proxy"]);
-            assert!(table.contains("dnat to 10.244.2.2:8080"), "{table}");
-            // A restart adopts the table (`nft -t list table ip kube-proxy`).
-            let mut restarted = NftablesBackend::new(config()).expect("valid config");
-            let third = services("10.244.3.2");
-            sync(&mut restarted, &third, SyncKind::Partial, &none).await;
-            let table = nft(&["list", "table", "ip", "kube-proxy"]);
-            assert!(table.contains("dnat to 10.244.3.2:8080"), "{table}");
-            assert!(!table.contains("dnat to 10.244.2.2"), "{table}");
-            restarted.cleanup().await.expect("cleanup over netlink");
-        });
-        assert_eq!(ip_tables(), BTreeSet::from([FOREIGN.to_owned()]));
-        let mut heard = Vec::new();
-        while let Ok(Received::Messages(messages)) = monitor.recv() {
-            heard.extend(messages);
-        }
-        let foreign_set = heard.iter().any(|m| {
-            matches!(m, Message::Object { object: Object::Set, table, name: Some(name), .. }
+    in_netns(
+        "the_chain_layout_syncs_restarts_and_cleans_up_beside_it",
+        || {
+            let mut monitor = Monitor::open(Duration::from_millis(200)).expect("monitor");
+            write_foreign_table();
+            block_on(async {
+                let mut backend = NftablesBackend::new(config()).expect("valid config");
+                let none = BTreeSet::new();
+                let first = services("10.244.1.2");
+                sync(&mut backend, &first, SyncKind::Full, &none).await;
+                let second = services("10.244.2.2");
+                let changed = BTreeSet::from([service_name("ns", "b")]);
+                sync(&mut backend, &second, SyncKind::Partial, &changed).await;
+                let table = nft(&["list", "table", "ip", "kube-proxy"]);
+                assert!(table.contains("dnat to 10.244.2.2:8080"), "{table}");
+                // A restart adopts the table (`nft -t list table ip kube-proxy`).
+                let mut restarted = NftablesBackend::new(config()).expect("valid config");
+                let third = services("10.244.3.2");
+                sync(&mut restarted, &third, SyncKind::Partial, &none).await;
+                let table = nft(&["list", "table", "ip", "kube-proxy"]);
+                assert!(table.contains("dnat to 10.244.3.2:8080"), "{table}");
+                assert!(!table.contains("dnat to 10.244.2.2"), "{table}");
+                restarted.cleanup().await.expect("cleanup over netlink");
+            });
+            assert_eq!(ip_tables(), BTreeSet::from([FOREIGN.to_owned()]));
+            let mut heard = Vec::new();
+            while let Ok(Received::Messages(messages)) = monitor.recv() {
+                heard.extend(messages);
+            }
+            let foreign_set = heard.iter().any(|m| {
+                matches!(m, Message::Object { object: Object::Set, table, name: Some(name), .. }
                 if table == FOREIGN && name == FOREIGN_SET)
-        });
-        assert!(foreign_set, "the watch did not hear the foreign set: {heard:?}");
-    });
+            });
+            assert!(
+                foreign_set,
+                "the watch did not hear the foreign set: {heard:?}"
+            );
+        },
+    );
 }
 
 /// The verdict-free layout writes its fixed part with `nft -f`, which nft 1.0.x cannot run

@@ -1672,7 +1672,14 @@ pub fn nftables_filters_after_dnat(mode: Mode) {
     for ext in ["192.168.50.140", "192.168.50.141"] {
         c.exec(
             c.router().ns(),
-            &["ip", "route", "add", &format!("{ext}/32"), "via", &node_ip.to_string()],
+            &[
+                "ip",
+                "route",
+                "add",
+                &format!("{ext}/32"),
+                "via",
+                &node_ip.to_string(),
+            ],
         )
         .expect("route the external IP to the node");
     }
@@ -1715,9 +1722,16 @@ pub fn nftables_filters_after_dnat(mode: Mode) {
         for (who, from) in &sources[..2] {
             let tally = cl.tcp_repeat(from, dst, port, 3).expect("probe");
             let what = format!("eTP Local {what} with a remote endpoint from {who}");
-            assert_eq!(answering_pods(&env, &what, &tally), ["c"], "{what}{}", env.diag());
+            assert_eq!(
+                answering_pods(&env, &what, &tally),
+                ["c"],
+                "{what}{}",
+                env.diag()
+            );
         }
-        let tally = cl.tcp_repeat(cl.external_in(), dst, port, 1).expect("probe");
+        let tally = cl
+            .tcp_repeat(cl.external_in(), dst, port, 1)
+            .expect("probe");
         let what = format!("eTP Local {what} with a remote endpoint from outside");
         assert_all(&env, &what, &tally, &Outcome::TimedOut);
     }

@@ -412,7 +412,21 @@ pub(super) fn base_chain_jumps(
     for line in script.lines() {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
-            ["add", "chain", _, _, chain, "{", "type", _, "hook", hook, "priority", prio, ..] => {
+            [
+                "add",
+                "chain",
+                _,
+                _,
+                chain,
+                "{",
+                "type",
+                _,
+                "hook",
+                hook,
+                "priority",
+                prio,
+                ..,
+            ] => {
                 let prio: i32 = prio.parse().expect("a numeric priority");
                 hooks.insert(chain.to_string(), (hook.to_string(), prio));
             }
@@ -431,11 +445,26 @@ pub(super) fn base_chain_jumps(
         .collect()
 }
 
-/// (base chain, hook, priority, target) rows, for comparing with [`base_chain_jumps`].
-pub(super) fn jump_rows(rows: &[(&str, &str, i32, &str)]) -> BTreeSet<(String, String, i32, String)> {
-    rows.iter()
-        .map(|(c, h, p, t)| (c.to_string(), h.to_string(), *p, t.to_string()))
-        .collect()
+/// Where both layouts hook their filters and dispatch, for `[nodeport filter, entry filter,
+/// ClusterIP filter, firewall, dispatch]` (each layout's names): as [`base_chain_jumps`]
+/// reads them.
+pub(super) fn filters_after_dnat(names: [&str; 5]) -> BTreeSet<(String, String, i32, String)> {
+    let [nodeport, entry, cluster_ips, firewall, dispatch] = names;
+    [
+        ("filter-input", "input", 0, nodeport),
+        ("filter-input", "input", 0, entry),
+        ("filter-forward", "forward", 0, entry),
+        ("filter-output", "output", 0, entry),
+        ("filter-forward", "forward", 0, cluster_ips),
+        ("filter-output", "output", 0, cluster_ips),
+        ("filter-prerouting-pre-dnat", "prerouting", -110, firewall),
+        ("filter-output-pre-dnat", "output", -110, firewall),
+        ("nat-prerouting", "prerouting", -100, dispatch),
+        ("nat-output", "output", -100, dispatch),
+    ]
+    .into_iter()
+    .map(|(c, h, p, t)| (c.to_owned(), h.to_owned(), p, t.to_owned()))
+    .collect()
 }
 
 /// Upstream #132456: the no-endpoint drop/reject and the unknown-ClusterIP-port checks run in
@@ -454,24 +483,15 @@ fn no_endpoint_filters_run_at_filter_priority_after_dnat() {
         &scope(SyncKind::Full, &none, &existing),
     )
     .expect("renders");
-    let targets = [
-        "service-endpoints-check",
+    let names = [
         "nodeport-endpoints-check",
+        "service-endpoints-check",
         "cluster-ips-check",
         "firewall-check",
         "services",
     ];
-    let expected = jump_rows(&[
-        ("filter-input", "input", 0, "nodeport-endpoints-check"),
-        ("filter-input", "input", 0, "service-endpoints-check"),
-        ("filter-forward", "forward", 0, "service-endpoints-check"),
-        ("filter-output", "output", 0, "service-endpoints-check"),
-        ("filter-forward", "forward", 0, "cluster-ips-check"),
-        ("filter-output", "output", 0, "cluster-ips-check"),
-        ("filter-prerouting-pre-dnat", "prerouting", -110, "firewall-check"),
-        ("filter-output-pre-dnat", "output", -110, "firewall-check"),
-        ("nat-prerouting", "prerouting", -100, "services"),
-        ("nat-output", "output", -100, "services"),
-    ]);
-    assert_eq!(base_chain_jumps(&out.script(), &targets), expected);
+    assert_eq!(
+        base_chain_jumps(&out.script(), &names),
+        filters_after_dnat(names)
+    );
 }

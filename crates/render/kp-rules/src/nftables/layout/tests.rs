@@ -582,26 +582,14 @@ fn an_affinity_port_s_rules_read_both_maps_and_record_into_each_list() {
 /// DNAT (-100), from the hooks the chain layout uses; the source-range firewall before it.
 #[test]
 fn no_endpoint_filters_run_at_filter_priority_after_dnat() {
-    use crate::nftables::tests::{base_chain_jumps, jump_rows};
+    use crate::nftables::tests::{base_chain_jumps, filters_after_dnat};
     let script = fixed_part(&config(), &BTreeSet::new()).join("\n");
-    let targets = [
-        fixed::ENTRY_FILTER,
+    let names = [
         fixed::NODEPORT_FILTER,
+        fixed::ENTRY_FILTER,
         fixed::CLUSTER_IP_FILTER,
         fixed::FIREWALL,
         fixed::DISPATCH,
     ];
-    let expected = jump_rows(&[
-        ("filter-input", "input", 0, "nodeport-filter"),
-        ("filter-input", "input", 0, "entry-filter"),
-        ("filter-forward", "forward", 0, "entry-filter"),
-        ("filter-output", "output", 0, "entry-filter"),
-        ("filter-forward", "forward", 0, "cluster-ip-filter"),
-        ("filter-output", "output", 0, "cluster-ip-filter"),
-        ("filter-prerouting-pre-dnat", "prerouting", -110, "firewall"),
-        ("filter-output-pre-dnat", "output", -110, "firewall"),
-        ("nat-prerouting", "prerouting", -100, "dispatch"),
-        ("nat-output", "output", -100, "dispatch"),
-    ]);
-    assert_eq!(base_chain_jumps(&script, &targets), expected);
+    assert_eq!(base_chain_jumps(&script, &names), filters_after_dnat(names));
 }
