@@ -584,7 +584,11 @@ where
 /// The failure of `program`, which exited with `status` and wrote `stderr`. A tool killed
 /// by a signal (nft 1.0.x segfaulting on another table's set, kubernetes#136786) prints
 /// nothing itself, so the signal is named where its message would be.
-fn failed(program: String, status: std::process::ExitStatus, stderr: &[u8]) -> ExecError {
+pub(crate) fn failed(
+    program: String,
+    status: std::process::ExitStatus,
+    stderr: &[u8],
+) -> ExecError {
     use std::os::unix::process::ExitStatusExt as _;
     let mut stderr = trimmed(stderr);
     if let Some(signal) = status.signal() {

@@ -28,7 +28,7 @@ use kp_core::backend::{Backend, SyncKind};
 use kp_core::model::{IpFamily, Protocol};
 use kp_core::report::ErrorChain as _;
 use kp_dataplane::nftables::layout::LayoutBackend;
-use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
+use kp_dataplane::nftables::{ExecNft, NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::testutil::*;
 use kp_nftnl::codec::{MsgKind, attributes};
 use kp_nftnl::monitor::{Message, Monitor, Object, Received};
@@ -239,4 +239,22 @@ fn the_maps_layout_fails_beside_it_says_why_and_keeps_its_rules() {
             assert!(!table.contains("10.244.2.2"), "{table}");
         },
     );
+}
+
+/// The start-up probe that lets nftables mode keep the verdict-free layout off such hosts
+/// (`ExecNft::check_scripts`): it passes on a clean host, applies nothing, and fails without
+/// an exit code, with the hint, beside the foreign table.
+#[test]
+fn the_script_probe_tells_such_a_host() {
+    in_netns("the_script_probe_tells_such_a_host", || {
+        let nft_tool = ExecNft::default();
+        nft_tool
+            .check_scripts()
+            .expect("nft -c runs on a clean host");
+        assert!(ip_tables().is_empty(), "the probe applied something");
+        write_foreign_table();
+        let err = nft_tool.check_scripts().expect_err("nft 1.0.6 crashes");
+        assert_eq!(err.exit_code(), None, "{err}");
+        assert!(err.to_string().contains("kubernetes#136786"), "{err}");
+    });
 }
