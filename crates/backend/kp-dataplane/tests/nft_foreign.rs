@@ -27,7 +27,7 @@ use std::time::Duration;
 use kp_core::backend::{Backend, SyncKind};
 use kp_core::model::{IpFamily, Protocol};
 use kp_core::report::ErrorChain as _;
-use kp_dataplane::nftables::layout::LayoutBackend;
+use kp_dataplane::nftables::layout::{LayoutBackend, runs_here};
 use kp_dataplane::nftables::{ExecNft, NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::testutil::*;
 use kp_nftnl::codec::{MsgKind, attributes};
@@ -241,8 +241,8 @@ fn the_maps_layout_fails_beside_it_says_why_and_keeps_its_rules() {
     );
 }
 
-/// The start-up probe that lets nftables mode keep the verdict-free layout off such hosts
-/// (`ExecNft::check_scripts`): it passes on a clean host, applies nothing, and fails without
+/// The start-up probe that keeps the verdict-free layout off such hosts (`runs_here`, over
+/// `ExecNft::check_scripts`): it passes on a clean host, applies nothing, and fails without
 /// an exit code, with the hint, beside the foreign table.
 #[test]
 fn the_script_probe_tells_such_a_host() {
@@ -251,10 +251,15 @@ fn the_script_probe_tells_such_a_host() {
         nft_tool
             .check_scripts()
             .expect("nft -c runs on a clean host");
+        assert!(runs_here(&nft_tool));
         assert!(ip_tables().is_empty(), "the probe applied something");
         write_foreign_table();
         let err = nft_tool.check_scripts().expect_err("nft 1.0.6 crashes");
         assert_eq!(err.exit_code(), None, "{err}");
         assert!(err.to_string().contains("kubernetes#136786"), "{err}");
+        assert!(
+            !runs_here(&nft_tool),
+            "the maps layout chosen beside the set"
+        );
     });
 }

@@ -7,7 +7,7 @@ use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::report::ErrorChain as _;
 use kp_dataplane::iptables::IptablesBackend;
-use kp_dataplane::nftables::layout::{LAYOUT_ENV, LayoutBackend, layout_from_env};
+use kp_dataplane::nftables::layout::{LAYOUT_ENV, LayoutBackend, layout_from_env, runs_here};
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::watch::Owned;
 use kp_rules::iptables::RenderConfig;
@@ -39,7 +39,7 @@ impl Mode for Nftables {
         let metrics = NftablesMetrics::register(input.registry);
         let maps = layout_from_env(std::env::var(LAYOUT_ENV).ok().as_deref())
             .map_err(|why| anyhow::anyhow!(why))?;
-        let maps = maps && nft_runs_scripts();
+        let maps = maps && runs_here(&kp_dataplane::nftables::ExecNft::default());
         let nft = if maps {
             tracing::info!("nftables mode writes the verdict-free layout ({LAYOUT_ENV}=maps)");
             Layout::Maps(
@@ -64,24 +64,6 @@ impl Mode for Nftables {
 
 /// The oldest `nft` upstream's nftables mode accepts.
 const MIN_NFT_VERSION: (u32, u32, u32) = (1, 0, 1);
-
-/// Whether the verdict-free layout can run here: it writes its fixed part with `nft -f`, and
-/// nft 1.0.x crashes loading a ruleset in which another table holds a set a newer nft wrote
-/// (kubernetes#136786). There the chain layout, which needs nothing but netlink and a listing
-/// of its own table, is used instead, with a warning. Other failures of the probe are left to
-/// the syncs to report.
-fn nft_runs_scripts() -> bool {
-    match kp_dataplane::nftables::ExecNft::default().check_scripts() {
-        Err(error) if error.exit_code().is_none() => {
-            tracing::warn!(
-                error = %error.chain(),
-                "nft cannot run scripts on this host; nftables mode writes the chain layout"
-            );
-            false
-        }
-        _ => true,
-    }
-}
 
 /// Fails unless the host's `nft --version` reports at least [`MIN_NFT_VERSION`], as upstream;
 /// a version it cannot read is only a warning.

@@ -1684,6 +1684,11 @@ pub fn nftables_filters_after_dnat(mode: Mode) {
         .expect("route the external IP to the node");
     }
     let env = Env::start(mode, c, CLUSTER_CIDR_V4, &services);
+    // The layout asked for is the one written (the start-up probe keeps the verdict-free one
+    // off hosts whose nft cannot run scripts; this one can).
+    let table = env.node_exec(&["nft", "-t", "list", "table", "ip", "kube-proxy"]);
+    let maps = table.contains("chain dispatch {");
+    assert_eq!(maps, mode == Mode::NftablesMaps, "{table}");
     let cl = &env.cluster;
     let sources = [
         ("a pod", cl.client()),
