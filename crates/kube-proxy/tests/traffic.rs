@@ -114,23 +114,42 @@ macro_rules! mode_tests {
 mode_tests!(iptables, Mode::Iptables);
 mode_tests!(iptables_restore, Mode::IptablesRestore);
 mode_tests!(nftables, Mode::Nftables);
-mode_tests!(nftables_maps, Mode::NftablesMaps);
 mode_tests!(userspace, Mode::Userspace);
 
-/// nftables mode's no-endpoint filters after DNAT, in both layouts (the other modes' own
-/// filters are checked in `cluster_ip` and `external`).
-mod nftables_filters {
+/// nftables mode's no-endpoint filters after DNAT, in the default layout (the chain layout's:
+/// `nftables_chains::filters_after_dnat`; the other modes' filters are in `cluster_ip` and
+/// `external`).
+#[test]
+fn nftables_filters_after_dnat() {
+    scenarios::nftables_filters_after_dnat(support::Mode::Nftables);
+}
+
+/// nftables mode's previous layout (`--nftables-layout=chains`): a smoke suite beside the
+/// differential test below, which compares it with the default case by case.
+mod nftables_chains {
     use crate::scenarios;
     use crate::support::Mode;
 
+    const MODE: Mode = Mode::NftablesChains;
+
     #[test]
-    fn chain_layout() {
-        scenarios::nftables_filters_after_dnat(Mode::Nftables);
+    fn cluster_ip() {
+        scenarios::cluster_ip(MODE);
     }
 
     #[test]
-    fn maps_layout() {
-        scenarios::nftables_filters_after_dnat(Mode::NftablesMaps);
+    fn edits_and_restart() {
+        scenarios::edits_and_restart(MODE);
+    }
+
+    #[test]
+    fn affinity_and_node_traffic() {
+        scenarios::affinity_and_node_traffic(MODE);
+    }
+
+    #[test]
+    fn filters_after_dnat() {
+        scenarios::nftables_filters_after_dnat(MODE);
     }
 }
 
