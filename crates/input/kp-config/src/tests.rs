@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use serde_json::json;
 
 use super::*;
 
@@ -707,30 +708,46 @@ fn written_config_round_trips() {
 #[test]
 fn written_sync_periods_and_masquerade_all_are_the_running_modes_only() {
     // Upstream 1.31+ keeps one of each and writes it into the running mode's block.
-    let text = |args: &[&str]| {
+    let cases: &[(&[&str], &[(&str, &str, serde_json::Value)])] = &[
+        (
+            &[
+                "--proxy-mode=nftables",
+                "--masquerade-all",
+                "--iptables-sync-period=1m",
+            ],
+            &[
+                ("nftables", "syncPeriod", json!("1m0s")),
+                ("nftables", "masqueradeAll", json!(true)),
+                ("iptables", "syncPeriod", json!("0s")),
+                ("iptables", "minSyncPeriod", json!("0s")),
+                ("iptables", "masqueradeAll", json!(false)),
+                ("ipvs", "syncPeriod", json!("0s")),
+            ],
+        ),
+        (
+            &[
+                "--proxy-mode=ipvs",
+                "--masquerade-all",
+                "--ipvs-sync-period=45s",
+            ],
+            &[
+                ("ipvs", "syncPeriod", json!("45s")),
+                ("iptables", "masqueradeAll", json!(true)),
+                ("nftables", "masqueradeAll", json!(false)),
+                ("iptables", "syncPeriod", json!("0s")),
+            ],
+        ),
+    ];
+    for (args, fields) in cases {
         let written = loaded(&options(args)).config.versioned();
-        serde_json::to_value(&written).unwrap_or_default()
-    };
-    let nft = text(&[
-        "--proxy-mode=nftables",
-        "--masquerade-all",
-        "--iptables-sync-period=1m",
-    ]);
-    assert_eq!(nft["nftables"]["syncPeriod"], "1m0s", "{nft}");
-    assert_eq!(nft["nftables"]["masqueradeAll"], true, "{nft}");
-    assert_eq!(nft["iptables"]["syncPeriod"], "0s", "{nft}");
-    assert_eq!(nft["iptables"]["minSyncPeriod"], "0s", "{nft}");
-    assert_eq!(nft["iptables"]["masqueradeAll"], false, "{nft}");
-    assert_eq!(nft["ipvs"]["syncPeriod"], "0s", "{nft}");
-    let ipvs = text(&[
-        "--proxy-mode=ipvs",
-        "--masquerade-all",
-        "--ipvs-sync-period=45s",
-    ]);
-    assert_eq!(ipvs["ipvs"]["syncPeriod"], "45s", "{ipvs}");
-    assert_eq!(ipvs["iptables"]["masqueradeAll"], true, "{ipvs}");
-    assert_eq!(ipvs["nftables"]["masqueradeAll"], false, "{ipvs}");
-    assert_eq!(ipvs["iptables"]["syncPeriod"], "0s", "{ipvs}");
+        let value = serde_json::to_value(&written).unwrap_or_default();
+        for (block, field, want) in *fields {
+            assert_eq!(
+                &value[block][field], want,
+                "{args:?} {block}.{field}: {value}"
+            );
+        }
+    }
 }
 
 #[test]
