@@ -708,7 +708,8 @@ fn written_config_round_trips() {
 #[test]
 fn written_sync_periods_and_masquerade_all_are_the_running_modes_only() {
     // Upstream 1.31+ keeps one of each and writes it into the running mode's block.
-    let cases: &[(&[&str], &[(&str, &str, serde_json::Value)])] = &[
+    type Expected<'a> = &'a [(&'a str, &'a str, serde_json::Value)];
+    let cases: &[(&[&str], Expected<'_>)] = &[
         (
             &[
                 "--proxy-mode=nftables",
