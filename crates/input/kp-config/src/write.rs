@@ -32,8 +32,10 @@ pub enum WriteError {
     },
 }
 
-/// The configuration with its type header, as upstream writes it (see the
-/// [module documentation](self)): what `--write-config-to` writes and `/configz` serves.
+/// The configuration with its type header, as upstream writes it: what `--write-config-to`
+/// writes and `/configz` serves. Since upstream 1.31 `syncPeriod`, `minSyncPeriod` and
+/// `masqueradeAll` are written into the running mode's block only (the others' periods `0s`,
+/// their `masqueradeAll` false).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VersionedConfiguration {
