@@ -260,7 +260,7 @@ pub async fn run<B: Backend + 'static>(
         registry: Arc::new(registry),
         info: MetricsInfo {
             proxy_mode: mode.to_string(),
-            configz: serde_json::to_value(&config).context("encoding /configz")?,
+            configz: serde_json::to_value(config.versioned()).context("encoding /configz")?,
             zpages: Some(crate::zpages::pages(
                 &config,
                 std::env::args_os(),
