@@ -897,16 +897,39 @@ mod tests {
         assert!(t.unusable.is_empty());
     }
 
+    type Item = Result<watcher::Event<Decoded<Service>>, watcher::Error>;
+
+    /// A connection refused: the API server is away.
+    fn refused() -> Item {
+        Err(watcher::Error::WatchStartFailed(kube::Error::Service(
+            Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+        )))
+    }
+
+    /// A watcher's stream playing `script`, and when (ms after the start) each item was taken.
+    fn scripted(
+        script: Vec<Item>,
+    ) -> (
+        BoxStream<'static, Item>,
+        std::sync::Arc<std::sync::Mutex<Vec<u128>>>,
+    ) {
+        let start = tokio::time::Instant::now();
+        let taken = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = taken.clone();
+        let stream = futures::stream::iter(script)
+            .inspect(move |_| {
+                let at = start.elapsed().as_millis();
+                record.lock().expect("lock").push(at);
+            })
+            .boxed();
+        (stream, taken)
+    }
+
     /// A scripted watcher: an outage (five refused connections), then the restarted server's
     /// `410`, a relist, and one more refused connection. Returns when each item was taken.
     #[tokio::test(start_paused = true)]
     async fn drive_waits_the_backoff_but_relists_at_once_after_410() {
         use kube::core::Status;
-        let refused = || {
-            Err(watcher::Error::WatchStartFailed(kube::Error::Service(
-                Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
-            )))
-        };
         let gone = Err(watcher::Error::WatchError(
             Status::failure("too old resource version: 5 (90)", "Expired")
                 .with_code(410)
@@ -921,15 +944,7 @@ mod tests {
             refused(),
             Ok(watcher::Event::Apply(Decoded::Usable(svc("b", None)))),
         ]);
-        let start = tokio::time::Instant::now();
-        let taken = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let record = taken.clone();
-        let stream = futures::stream::iter(script)
-            .inspect(move |_| {
-                let at = start.elapsed().as_millis();
-                record.lock().expect("lock").push(at);
-            })
-            .boxed();
+        let (stream, taken) = scripted(script);
         let (tx, mut rx) = mpsc::channel(16);
         let metrics = ApiMetrics::default();
         let ctx = Ctx {
@@ -988,26 +1003,12 @@ mod tests {
                     .boxed(),
             )))
         };
-        let refused = || {
-            Err(watcher::Error::WatchStartFailed(kube::Error::Service(
-                Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
-            )))
-        };
-        let script = vec![
+        let (stream, taken) = scripted(vec![
             refused(),
             Ok(watcher::Event::Apply(Decoded::Usable(svc("a", None)))),
             status(500),
             Ok(watcher::Event::Apply(Decoded::Usable(svc("b", None)))),
-        ];
-        let start = tokio::time::Instant::now();
-        let taken = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let record = taken.clone();
-        let stream = futures::stream::iter(script)
-            .inspect(move |_| {
-                let at = start.elapsed().as_secs();
-                record.lock().expect("lock").push(at);
-            })
-            .boxed();
+        ]);
         let (tx, _rx) = mpsc::channel(16);
         let contact = Contact::new(ApiMetrics::default());
         let ctx = Ctx {
@@ -1023,7 +1024,7 @@ mod tests {
         let mut tracker = Tracker::new(None);
         drive("Service", stream, &mut tracker, SourceEvent::Service, &ctx).await;
         other.await.expect("the other watcher");
-        assert_eq!(*taken.lock().expect("lock"), [0, 5, 5, 605]);
+        assert_eq!(*taken.lock().expect("lock"), [0, 5000, 5000, 605_000]);
     }
 
     fn exposition(metrics: &ApiMetrics) -> String {

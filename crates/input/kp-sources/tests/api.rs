@@ -277,6 +277,27 @@ impl Harness {
         }
     }
 
+    /// The server answers again: every watch resumes without a list and nothing is
+    /// reported; then the server no longer has history that old, and the relist reports only
+    /// `default/b` (removed meanwhile) gone.
+    async fn resume_then_relist_without_b(&mut self) {
+        self.proxy.up().await;
+        for res in [SERVICES, SLICES, NODES] {
+            self.expect_watch(res).await;
+        }
+        self.assert_quiet().await;
+        self.fake.expire(SERVICES);
+        let events = self.until_synced(1).await;
+        assert_eq!(
+            events,
+            [
+                "Service applied default/a",
+                "Service deleted default/b",
+                "Service synced"
+            ]
+        );
+    }
+
     /// The value of the counter `series` (name and labels) in the source's metrics.
     fn counter(&self, series: &str) -> u64 {
         let text = self.metrics_text();
@@ -575,23 +596,7 @@ async fn unreachable_server_deletes_nothing_and_converges_after() {
     h.assert_metrics(&["kube_proxy_rs_api_server_unreachable 1\n"]);
     // Meanwhile b is deleted on the server.
     h.fake.remove(SERVICES, "default/b");
-    h.proxy.up().await;
-    for res in [SERVICES, SLICES, NODES] {
-        h.expect_watch(res).await;
-    }
-    h.assert_quiet().await;
-
-    // The server no longer has history that old: relist; only b goes.
-    h.fake.expire(SERVICES);
-    let events = h.until_synced(1).await;
-    assert_eq!(
-        events,
-        [
-            "Service applied default/a",
-            "Service deleted default/b",
-            "Service synced"
-        ]
-    );
+    h.resume_then_relist_without_b().await;
     // One outage, ended by the first answer; one relist.
     h.assert_metrics(&[
         "kube_proxy_rs_api_server_unreachable 0\n",
@@ -635,20 +640,7 @@ async fn an_outage_is_retried_with_the_capped_backoff_and_recovers() {
         (8..=20).contains(&failures),
         "{failures} failed attempts in 3 s"
     );
-    h.proxy.up().await;
-    for res in [SERVICES, SLICES, NODES] {
-        h.expect_watch(res).await;
-    }
-    h.fake.expire(SERVICES);
-    let events = h.until_synced(1).await;
-    assert_eq!(
-        events,
-        [
-            "Service applied default/a",
-            "Service deleted default/b",
-            "Service synced"
-        ]
-    );
+    h.resume_then_relist_without_b().await;
     h.eventually_metric("kube_proxy_rs_api_server_recovery_duration_seconds_count 1\n")
         .await;
     h.stop().await;
