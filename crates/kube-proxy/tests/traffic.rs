@@ -9,6 +9,8 @@
 
 #[path = "traffic/differential.rs"]
 mod differential;
+#[path = "traffic/localhost.rs"]
+mod localhost;
 #[path = "traffic/scenarios.rs"]
 mod scenarios;
 #[path = "traffic/support.rs"]
@@ -116,6 +118,18 @@ mode_tests!(iptables_restore, Mode::IptablesRestore);
 mode_tests!(nftables, Mode::Nftables);
 mode_tests!(nftables_maps, Mode::NftablesMaps);
 mode_tests!(userspace, Mode::Userspace);
+
+/// Localhost NodePorts through the userspace listener (KEP-6032): nftables mode only, both
+/// layouts.
+#[test]
+fn nftables_localhost_node_ports() {
+    localhost::localhost_node_ports(support::Mode::Nftables);
+}
+
+#[test]
+fn nftables_maps_localhost_node_ports() {
+    localhost::localhost_node_ports(support::Mode::NftablesMaps);
+}
 
 /// nftables mode's two layouts on generated cluster states: every probe must end the same
 /// way in both (`KP_DIFF_SEEDS`, `KP_DIFF_CASES`: see the module).
