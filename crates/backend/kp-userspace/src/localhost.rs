@@ -153,8 +153,7 @@ impl LocalhostNodePorts {
             if self.relay.local_addr(&listener).is_none() && !self.open(&listener) {
                 continue;
             }
-            self.relay
-                .update(&listener, want.endpoints, want.affinity);
+            self.relay.update(&listener, want.endpoints, want.affinity);
         }
         self.relay.forget_stale_pins();
         self.count()

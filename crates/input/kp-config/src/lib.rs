@@ -49,8 +49,8 @@ pub use types::{
     IptablesBackend, IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration,
     LocalMode, LogFormatOptions, Logging, LoggingOptions, NODE_PORT_ADDRESSES_ALL,
     NODE_PORT_ADDRESSES_LOCALHOST, NODE_PORT_ADDRESSES_PRIMARY, NftablesConfiguration,
-    NodePortAddress, NodePortAddressesSetting, ProxyMode, UserspaceConfiguration,
-    VModuleItem, WinkernelConfiguration,
+    NodePortAddress, NodePortAddressesSetting, ProxyMode, UserspaceConfiguration, VModuleItem,
+    WinkernelConfiguration,
 };
 pub use validate::{ConfigErrors, FieldError};
 pub use write::{WriteError, write_config};

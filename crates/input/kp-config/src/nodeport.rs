@@ -40,10 +40,9 @@ impl NodePortAddress {
         match self {
             NodePortAddress::Primary => Vec::new(),
             NodePortAddress::Localhost => vec![LOOPBACK_V4.into(), LOOPBACK_V6.into()],
-            NodePortAddress::All => vec![
-                IpNet::V4(Ipv4Net::default()),
-                IpNet::V6(Ipv6Net::default()),
-            ],
+            NodePortAddress::All => {
+                vec![IpNet::V4(Ipv4Net::default()), IpNet::V6(Ipv6Net::default())]
+            }
             NodePortAddress::Cidr(net) => vec![*net],
         }
     }

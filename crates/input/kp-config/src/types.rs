@@ -973,7 +973,10 @@ mod tests {
             mode: ProxyMode::Nftables,
             ..Default::default()
         };
-        assert_eq!(nft.node_port_addresses(), NodePortAddressesSetting::primary());
+        assert_eq!(
+            nft.node_port_addresses(),
+            NodePortAddressesSetting::primary()
+        );
         nft.complete_defaults();
         assert_eq!(nft.node_port_addresses, Some(vec!["primary".to_owned()]));
 

@@ -539,9 +539,16 @@ mod tests {
         let mut c = KubeProxyConfiguration::default();
         c.complete_defaults();
         c.node_port_addresses = Some(
-            ["primary", "Primary", "localhost", "10.0.0.0/33", "all", "any"]
-                .map(String::from)
-                .to_vec(),
+            [
+                "primary",
+                "Primary",
+                "localhost",
+                "10.0.0.0/33",
+                "all",
+                "any",
+            ]
+            .map(String::from)
+            .to_vec(),
         );
         assert_eq!(
             fields(&c),

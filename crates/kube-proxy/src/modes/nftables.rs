@@ -5,16 +5,16 @@
 //! opposite move.
 
 use anyhow::Context as _;
+use kp_config::KubeProxyConfiguration;
+use kp_config::gates::{LOCALHOST_NODE_PORTS_GATE, enabled};
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
+use kp_core::model::IpFamily;
 use kp_core::report::ErrorChain as _;
 use kp_dataplane::iptables::IptablesBackend;
 use kp_dataplane::nftables::layout::{LAYOUT_ENV, LayoutBackend, layout_from_env};
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::watch::Owned;
-use kp_config::KubeProxyConfiguration;
-use kp_config::gates::{LOCALHOST_NODE_PORTS_GATE, enabled};
-use kp_core::model::IpFamily;
 use kp_rules::iptables::RenderConfig;
 use kp_userspace::{LocalhostMetrics, LocalhostNodePorts, RelayMetrics};
 use prometheus_client::registry::Registry;

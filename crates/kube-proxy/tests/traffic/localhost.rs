@@ -108,11 +108,7 @@ pub fn localhost_node_ports(mode: Mode) {
     let tally = cl
         .tcp_repeat(cl.node(), ip("127.0.0.1"), V4_PORT, 12)
         .expect("probe");
-    assert!(
-        tally.all_answered(),
-        "127.0.0.0/8: {tally:?}{}",
-        env.diag()
-    );
+    assert!(tally.all_answered(), "127.0.0.0/8: {tally:?}{}", env.diag());
     let tally = cl
         .tcp_repeat(cl.node(), ip("::1"), V6_PORT, 2)
         .expect("probe");
