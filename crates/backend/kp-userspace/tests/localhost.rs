@@ -4,34 +4,26 @@
 //! program holds is counted as a creation failure without stopping the rest; the metrics
 //! carry upstream's names.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 use kp_core::model::{Endpoint, Protocol, ServicePort, ServicePortName};
-use kp_core::testutil::{cluster_ip_port, endpoint_at, node_with, port_name, state_on};
+use kp_core::testutil::{cluster_ip_port, node_with, port_name, state_on};
 use kp_core::tracker::ProxyState;
 use kp_userspace::localhost::FamilyLabel;
 use kp_userspace::{LocalhostMetrics, LocalhostNodePorts, RelayConfig, RelayMetrics};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::net::TcpStream;
+
+use support::{free_port, greeter};
 
 const LOOPBACK: &str = "127.0.0.1";
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("literal address")
-}
-
-/// A TCP backend greeting each connection with `name`.
-async fn greeter(name: &'static str) -> Endpoint {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let _ = s.write_all(format!("{name}\n").as_bytes()).await;
-        }
-    });
-    endpoint_at(addr.ip(), addr.port(), true)
 }
 
 /// Who answers a connection to 127.0.0.1:`port`; `None` when it is refused.
@@ -53,12 +45,6 @@ async fn answers(port: u16, n: usize) -> BTreeSet<String> {
     seen
 }
 
-/// A free TCP port on 127.0.0.1, for a NodePort.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("address").port()
-}
-
 fn node_port(svc: &str, protocol: Protocol, port: u16) -> ServicePort {
     let name: ServicePortName = port_name("ns", svc, "p", protocol);
     let mut service = cluster_ip_port(name, "10.96.0.10", 80);
@@ -70,6 +56,19 @@ fn state(items: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
     state_on(node_with(&["192.168.0.2"]), items)
 }
 
+/// Listeners on 127.0.0.1, their metrics and the registry holding those.
+fn listeners() -> (LocalhostNodePorts, LocalhostMetrics, Registry) {
+    let mut registry = Registry::default();
+    let metrics = LocalhostMetrics::register(&mut registry);
+    let listeners = LocalhostNodePorts::new(
+        RelayConfig::default(),
+        RelayMetrics::default(),
+        metrics.clone(),
+        vec![ip(LOOPBACK)],
+    );
+    (listeners, metrics, registry)
+}
+
 fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|n| (*n).to_owned()).collect()
 }
@@ -77,14 +76,7 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 #[tokio::test]
 async fn listeners_follow_services_and_endpoints() {
     let (a, b) = (greeter("a").await, greeter("b").await);
-    let mut registry = Registry::default();
-    let metrics = LocalhostMetrics::register(&mut registry);
-    let mut listeners = LocalhostNodePorts::new(
-        RelayConfig::default(),
-        RelayMetrics::default(),
-        metrics.clone(),
-        vec![ip(LOOPBACK)],
-    );
+    let (mut listeners, metrics, _registry) = listeners();
     let (web_port, dns_port, empty_port) = (free_port(), free_port(), free_port());
     let web = node_port("web", Protocol::Tcp, web_port);
     let dns = node_port("dns", Protocol::Udp, dns_port);
@@ -119,14 +111,7 @@ async fn listeners_follow_services_and_endpoints() {
 #[tokio::test]
 async fn a_taken_port_is_counted_and_the_rest_go_on() {
     let a = greeter("a").await;
-    let mut registry = Registry::default();
-    let metrics = LocalhostMetrics::register(&mut registry);
-    let mut listeners = LocalhostNodePorts::new(
-        RelayConfig::default(),
-        RelayMetrics::default(),
-        metrics.clone(),
-        vec![ip(LOOPBACK)],
-    );
+    let (mut listeners, metrics, registry) = listeners();
     // Another program holds the port first.
     let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let taken = squatter.local_addr().expect("address").port();
