@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use kp_config::{KubeProxyConfiguration, NodePortAddressesSetting};
+use kp_config::KubeProxyConfiguration;
 use kp_core::event::{ObjectEvent, SourceEvent};
 use kp_core::model::{IpFamily, NodeIps, host_ips, node_info};
 use kp_rules::iptables::NodePortAddresses;
@@ -252,16 +252,16 @@ pub async fn forward_watching(
     }
 }
 
-/// nodePortAddresses as CIDRs: `primary` is each known node IP (as upstream: a /32 or /128
-/// CIDR of it); `None` when unset (every address).
+/// nodePortAddresses as CIDRs, the union of its entries: `primary` is each known node IP (as
+/// upstream: a /32 or /128 CIDR of it), `localhost` and `all` their CIDRs; `None` when unset
+/// (every address).
 fn node_port_cidrs(config: &KubeProxyConfiguration, node: &NodeIps) -> Option<Vec<IpNet>> {
-    match config.node_port_addresses() {
-        NodePortAddressesSetting::All => None,
-        NodePortAddressesSetting::Primary => {
-            Some(node.known().into_iter().map(IpNet::from).collect())
-        }
-        NodePortAddressesSetting::Cidrs(cidrs) => Some(cidrs),
+    let setting = config.node_port_addresses();
+    let mut cidrs = setting.cidrs()?;
+    if setting.has_primary() {
+        cidrs.extend(node.known().into_iter().map(IpNet::from));
     }
+    Some(cidrs)
 }
 
 /// nodePortAddresses resolved for this node: its `local` addresses (the proxy reads them with
@@ -529,6 +529,44 @@ mod tests {
         assert!(
             v6_only[0].contains("IPv4-primary") && v6_only[0].contains("all local IPv4"),
             "{v6_only:?}"
+        );
+    }
+
+    #[test]
+    fn keywords_resolve_to_the_union_of_their_addresses() {
+        let config = |list: &str| {
+            KubeProxyConfiguration::from_yaml(&format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+                 mode: nftables\nnodePortAddresses: [{list}]\n"
+            ))
+            .expect("valid config")
+        };
+        let node = NodeIps::detect(&[ip("192.168.1.10"), ip("fd00::10")], None);
+        let local = [
+            ip("127.0.0.1"),
+            ip("192.168.1.10"),
+            ip("10.0.0.5"),
+            ip("::1"),
+            ip("fd00::10"),
+        ];
+        let resolved = |list: &str| node_port_addresses(&config(list), &node, &local);
+        assert_eq!(
+            resolved("primary, localhost"),
+            NodePortAddresses::Ips(vec![
+                ip("127.0.0.1"),
+                ip("192.168.1.10"),
+                ip("::1"),
+                ip("fd00::10")
+            ])
+        );
+        assert_eq!(
+            resolved("10.0.0.0/8, primary"),
+            NodePortAddresses::Ips(vec![ip("192.168.1.10"), ip("10.0.0.5"), ip("fd00::10")])
+        );
+        assert_eq!(resolved("all"), NodePortAddresses::All);
+        assert_eq!(
+            resolved("all, localhost").for_family(IpFamily::V4),
+            NodePortAddresses::All
         );
     }
 

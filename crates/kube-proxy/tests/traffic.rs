@@ -9,6 +9,8 @@
 
 #[path = "traffic/differential.rs"]
 mod differential;
+#[path = "traffic/localhost.rs"]
+mod localhost;
 #[path = "traffic/scenarios.rs"]
 mod scenarios;
 #[path = "traffic/support.rs"]
@@ -116,6 +118,13 @@ mode_tests!(iptables_restore, Mode::IptablesRestore);
 mode_tests!(nftables, Mode::Nftables);
 mode_tests!(userspace, Mode::Userspace);
 
+/// Localhost NodePorts through the userspace listener (KEP-6032): nftables mode only (the
+/// chain layout's: `nftables_chains::localhost_node_ports`).
+#[test]
+fn nftables_localhost_node_ports() {
+    localhost::localhost_node_ports(support::Mode::Nftables);
+}
+
 /// nftables mode's no-endpoint filters after DNAT, in the default layout (the chain layout's:
 /// `nftables_chains::filters_after_dnat`; the other modes' filters are in `cluster_ip` and
 /// `external`).
@@ -150,6 +159,11 @@ mod nftables_chains {
     #[test]
     fn filters_after_dnat() {
         scenarios::nftables_filters_after_dnat(MODE);
+    }
+
+    #[test]
+    fn localhost_node_ports() {
+        crate::localhost::localhost_node_ports(MODE);
     }
 }
 

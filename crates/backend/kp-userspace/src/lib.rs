@@ -16,6 +16,8 @@
 //!   on the service addresses themselves, which [`addresses`] puts on a host interface
 //!   (reference counted, bounded wait) through an [`AddressHost`] (the IP Helper API in
 //!   `kp-winaddr`, a fake in tests). Portable, so its logic is tested on Linux.
+//! - [`localhost`]: nftables mode's localhost NodePorts (KEP-6032): the relay listening on
+//!   `127.0.0.1` / `::1` at each TCP NodePort. Portable.
 //! - `iptables` (Linux only): capture with iptables `REDIRECT` rules from
 //!   `kp_rules::userspace`, applied through kp-dataplane's exec layer.
 
@@ -23,10 +25,12 @@ pub mod addresses;
 #[cfg(target_os = "linux")]
 pub mod backend;
 pub mod balancer;
+mod bind;
 pub mod capture;
 pub mod config;
 #[cfg(target_os = "linux")]
 pub mod iptables;
+pub mod localhost;
 pub mod metrics;
 pub mod pins;
 pub mod relay;
@@ -47,6 +51,7 @@ pub use backend::{FrontendKey, Scope, UserspaceBackend};
 pub use capture::FakeCapture;
 pub use capture::{Capture, CapturePlan};
 pub use config::RelayConfig;
+pub use localhost::{Listener, LocalhostMetrics, LocalhostNodePorts};
 pub use metrics::RelayMetrics;
 pub use pins::{AffinityTables, PinLookup};
 pub use relay::{Owner, Relay, Transport};

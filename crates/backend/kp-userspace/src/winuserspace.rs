@@ -19,12 +19,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, SyncRequest};
-use kp_core::model::{IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
+use kp_core::model::{IpFamily, ServiceName, ServicePort, ServicePortName};
 use kp_core::report::ErrorChain as _;
-use socket2::{Domain, Socket, Type};
 use tracing::{debug, error, info};
 
 use crate::addresses::{AddressError, AddressHost, ServiceAddresses};
+use crate::bind::{Bound, bind};
 use crate::relay::{Owner, Relay};
 use crate::shared::{endpoint_addresses, service_plan, service_port_label, skip_sctp};
 use crate::{RelayConfig, RelayMetrics};
@@ -259,44 +259,6 @@ impl fmt::Display for NotReleased {
 }
 
 impl std::error::Error for NotReleased {}
-
-/// A bound portal socket.
-enum Bound {
-    Tcp(tokio::net::TcpListener),
-    Udp(tokio::net::UdpSocket),
-}
-
-/// Binds a portal socket. IPv6 sockets are IPv6 only (Windows' default), so a NodePort's
-/// `0.0.0.0` and `[::]` portals can coexist on Linux too.
-fn bind(protocol: Protocol, addr: SocketAddr) -> std::io::Result<Bound> {
-    let (kind, proto) = match protocol {
-        Protocol::Tcp => (Type::STREAM, socket2::Protocol::TCP),
-        Protocol::Udp => (Type::DGRAM, socket2::Protocol::UDP),
-        Protocol::Sctp => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::Unsupported,
-                "the relay has no SCTP",
-            ));
-        }
-    };
-    let socket = Socket::new(Domain::for_address(addr), kind, Some(proto))?;
-    if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
-    }
-    // After a restart, connections in TIME_WAIT must not keep the port. (On Windows the
-    // option would let another program take the port over: not there.)
-    #[cfg(unix)]
-    if protocol == Protocol::Tcp {
-        socket.set_reuse_address(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    if protocol == Protocol::Tcp {
-        socket.listen(1024)?;
-        return tokio::net::TcpListener::from_std(socket.into()).map(Bound::Tcp);
-    }
-    tokio::net::UdpSocket::from_std(socket.into()).map(Bound::Udp)
-}
 
 impl<H: AddressHost> Backend for WinBackend<H> {
     fn mode(&self) -> &'static str {

@@ -3,6 +3,8 @@
 //! connections to the right endpoints, a shared address is added once and removed after its
 //! last portal, a refused address skips only its service, and shutdown removes what was added.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -13,8 +15,10 @@ use kp_core::testutil::{cluster_ip_port, endpoint_at, node_with, port_name, stat
 use kp_core::tracker::ProxyState;
 use kp_userspace::addresses::FakeFault;
 use kp_userspace::{FakeAddressHost, RelayConfig, RelayMetrics, ServiceAddresses, WinBackend};
-use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::net::TcpStream;
+
+use support::{free_port, greeter};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("literal address")
@@ -24,30 +28,12 @@ fn name(svc: &str) -> ServicePortName {
     port_name("ns", svc, "p", Protocol::Tcp)
 }
 
-/// A TCP backend greeting each connection with `name`.
-async fn greeter(name: &'static str) -> Endpoint {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let _ = s.write_all(format!("{name}\n").as_bytes()).await;
-        }
-    });
-    endpoint_at(addr.ip(), addr.port(), true)
-}
-
 /// Who answers a connection to `addr`; `None` when it is refused.
 async fn greeted_by(addr: SocketAddr) -> Option<String> {
     let stream = TcpStream::connect(addr).await.ok()?;
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line).await.ok()?;
     Some(line.trim().to_owned())
-}
-
-/// A free TCP port on the wildcard address, for a NodePort.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("0.0.0.0:0").expect("bind");
-    listener.local_addr().expect("address").port()
 }
 
 fn backend(host: &FakeAddressHost) -> WinBackend<FakeAddressHost> {

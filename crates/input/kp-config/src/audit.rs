@@ -330,6 +330,11 @@ pub const FEATURE_GATES: &[(&str, GateTreatment)] = &[
     ("KubeProxyIPVS", GateTreatment::Effective),
     // KEP-5707: false programs no externalIPs.
     ("AllowServiceExternalIPs", GateTreatment::Effective),
+    // 1.37 alpha (KEP-6032): localhost NodePorts in nftables mode.
+    (
+        crate::gates::LOCALHOST_NODE_PORTS_GATE,
+        GateTreatment::Effective,
+    ),
     // 1.36 beta: false takes /statusz, /flagz off the metrics server.
     ("ComponentStatusz", GateTreatment::Effective),
     ("ComponentFlagz", GateTreatment::Effective),

@@ -334,8 +334,11 @@ pub struct Options {
     #[arg(long, value_name = "PREFIX", help_heading = "Proxy")]
     pub pod_interface_name_prefix: Option<String>,
 
-    /// Node addresses NodePorts answer on: comma-separated CIDRs, or "primary" for the
-    /// node's primary IPs; empty means all (nftables mode defaults to primary).
+    /// Node addresses NodePorts answer on: comma-separated CIDRs and the keywords "primary"
+    /// (the node's primary IPs), "localhost" (loopback) and "all", in any combination; empty
+    /// means all (nftables mode defaults to primary). In nftables mode with the
+    /// KubeProxyNFTablesLocalhostNodePorts gate, an explicit loopback entry serves TCP
+    /// NodePorts on 127.0.0.1 / ::1 through a userspace listener.
     #[arg(
         long = "nodeport-addresses",
         value_name = "CIDRS",
@@ -1219,7 +1222,7 @@ mod tests {
             (&["--iptables-sync-period=30"], "--iptables-sync-period"),
             (&["--proxy-mode=bogus"], "--proxy-mode"),
             (
-                &["--nodeport-addresses=10.0.0.0/8,primary"],
+                &["--nodeport-addresses=10.0.0.0/8,primary,Localhost"],
                 "--nodeport-addresses",
             ),
             (&["--nodeport-addresses=10.0.0.0"], "--nodeport-addresses"),
@@ -1242,15 +1245,20 @@ mod tests {
         let get = |arg: &str| parse(&[arg]).ok().and_then(|o| o.nodeport_addresses);
         assert_eq!(
             get("--nodeport-addresses=primary"),
-            Some(NodePortAddressesSetting::Primary)
+            Some(NodePortAddressesSetting::primary())
         );
+        assert!(matches!(
+            get("--nodeport-addresses=primary,localhost,all,10.0.0.0/8"),
+            Some(NodePortAddressesSetting::Listed(e)) if e.len() == 4
+        ));
+        assert_eq!(get("--nodeport-addresses=primary,lo,10.0.0.0/33"), None);
         assert_eq!(
             get("--nodeport-addresses="),
             Some(NodePortAddressesSetting::All)
         );
         assert!(matches!(
             get("--nodeport-addresses=10.0.0.0/8, fd00::/64"),
-            Some(NodePortAddressesSetting::Cidrs(c)) if c.len() == 2
+            Some(NodePortAddressesSetting::Listed(c)) if c.len() == 2
         ));
     }
 

@@ -18,9 +18,10 @@
 //! kube-proxy does not register (cloud-provider's): those are accepted here and refused there.
 //! Update it with each upstream minor release.
 //!
-//! Ahead of that update, the two gates kube-proxy itself gained in 1.37 are listed too
-//! ([`GATES_1_37`]): `KubeProxyIPVS` (GA, default true; KEP-5495, kubernetes#139397) and
-//! `NFTablesNetlink` (beta). A 1.37 DaemonSet that sets them must start.
+//! Ahead of that update, the gates kube-proxy itself gained in 1.37 are listed too
+//! ([`GATES_1_37`]): `KubeProxyIPVS` (GA, default true; KEP-5495, kubernetes#139397),
+//! `NFTablesNetlink` (beta) and `KubeProxyNFTablesLocalhostNodePorts` (alpha, default false;
+//! beta, default true, from 1.38; KEP-6032). A 1.37 DaemonSet that sets them must start.
 
 /// Whether upstream lets a gate be switched at the newest release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +163,8 @@ pub const UPSTREAM_GATES: &[(&str, UpstreamGate)] = &[
     ("KubeletTracing", LockedTo(true)),
     // 1.37 (see GATES_1_37).
     ("KubeProxyIPVS", Settable),
+    // 1.37 (see GATES_1_37).
+    ("KubeProxyNFTablesLocalhostNodePorts", Settable),
     ("ListFromCacheSnapshot", Settable),
     ("LocalStorageCapacityIsolationFSQuotaMonitoring", Settable),
     ("LogarithmicScaleDown", LockedTo(true)),
@@ -294,7 +297,15 @@ pub const UPSTREAM_GATES: &[(&str, UpstreamGate)] = &[
 
 /// The kube-proxy gates of upstream 1.37 that [`UPSTREAM_GATES`] holds ahead of its update
 /// to that release.
-pub const GATES_1_37: [&str; 2] = ["KubeProxyIPVS", "NFTablesNetlink"];
+pub const GATES_1_37: [&str; 3] = [
+    "KubeProxyIPVS",
+    "NFTablesNetlink",
+    LOCALHOST_NODE_PORTS_GATE,
+];
+
+/// Localhost NodePorts in nftables mode through a userspace listener (KEP-6032): alpha in
+/// 1.37, so off unless set (beta and on by default from 1.38, when it joins [`DEFAULT_ON`]).
+pub const LOCALHOST_NODE_PORTS_GATE: &str = "KubeProxyNFTablesLocalhostNodePorts";
 
 /// Whether a gate is on: its setting in `gates`, else upstream's default. Only the gates
 /// this project acts on have a default here ([`DEFAULT_ON`]); any other unset gate is off.
@@ -362,6 +373,7 @@ mod tests {
         assert!(enabled(&gates, "KubeProxyIPVS"));
         assert!(enabled(&gates, "AllowServiceExternalIPs"));
         assert!(!enabled(&gates, "NFTablesNetlink"));
+        assert!(!enabled(&gates, LOCALHOST_NODE_PORTS_GATE));
         gates.insert("KubeProxyIPVS".to_owned(), false);
         gates.insert("NFTablesNetlink".to_owned(), true);
         assert!(!enabled(&gates, "KubeProxyIPVS"));

@@ -24,6 +24,7 @@ pub mod gates;
 mod iptables_backend;
 mod load;
 mod nftables_layout;
+mod nodeport;
 mod types;
 mod validate;
 mod wire;
@@ -47,9 +48,10 @@ pub use types::{
     DEFAULT_SYNC_PERIOD, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_USERSPACE_MAX_CONNECTIONS_PER_SERVICE,
     DEFAULT_USERSPACE_MAX_UDP_SESSIONS_PER_SERVICE, DetectLocalConfiguration, IPVS_SCHEDULERS,
     IptablesBackend, IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration,
-    LocalMode, LogFormatOptions, Logging, LoggingOptions, NODE_PORT_ADDRESSES_PRIMARY,
-    NftablesConfiguration, NftablesLayout, NodePortAddressesSetting, ProxyMode,
-    UserspaceConfiguration, VModuleItem, WinkernelConfiguration,
+    LocalMode, LogFormatOptions, Logging, LoggingOptions, NODE_PORT_ADDRESSES_ALL,
+    NODE_PORT_ADDRESSES_LOCALHOST, NODE_PORT_ADDRESSES_PRIMARY, NftablesConfiguration,
+    NftablesLayout, NodePortAddress, NodePortAddressesSetting, ProxyMode, UserspaceConfiguration,
+    VModuleItem, WinkernelConfiguration,
 };
 pub use validate::{ConfigErrors, FieldError};
 pub use write::{VersionedConfiguration, WriteError, write_config};

@@ -213,7 +213,7 @@ fn decodes_a_full_upstream_file() {
     // In IPVS mode the ipvs block drives the sync periods.
     assert_eq!(c.sync_period(), Duration::from_secs(45));
     assert_eq!(c.min_sync_period(), Duration::from_secs(1));
-    assert!(matches!(c.node_port_addresses(), NodePortAddressesSetting::Cidrs(v) if v.len() == 2));
+    assert!(matches!(c.node_port_addresses(), NodePortAddressesSetting::Listed(v) if v.len() == 2));
     assert_eq!(c.oom_score_adj, -998);
     assert_eq!(c.show_hidden_metrics_for_version, "1.32");
 }
@@ -338,7 +338,7 @@ conntrack:
 logging:
   verbosity: -1
 clusterCIDR: 10.0.0.0/8,10.1.0.0/16
-nodePortAddresses: [primary, 10.0.0.0/8]
+nodePortAddresses: [primary, localhost, 10.0.0.0/33]
 ");
     let error = load_err(&text);
     let mut fields = invalid_fields(&error);
@@ -354,7 +354,7 @@ nodePortAddresses: [primary, 10.0.0.0/8]
             "iptables.syncPeriod",
             "logging.verbosity",
             "mode",
-            "nodePortAddresses",
+            "nodePortAddresses[2]",
             "oomScoreAdj",
         ]
     );

@@ -77,8 +77,10 @@ pub const DEFAULT_CONNTRACK_TCP_ESTABLISHED_TIMEOUT: Duration = Duration::from_s
 pub const DEFAULT_CONNTRACK_TCP_CLOSE_WAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Informer resync: rare, since watches deliver every change anyway.
 pub const DEFAULT_CONFIG_SYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
-/// The special `nodePortAddresses` entry meaning "the node's primary IPs".
-pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
+pub use crate::nodeport::{
+    NODE_PORT_ADDRESSES_ALL, NODE_PORT_ADDRESSES_LOCALHOST, NODE_PORT_ADDRESSES_PRIMARY,
+    NodePortAddress, NodePortAddressesSetting,
+};
 /// Upstream's `--udp-timeout` default for its userspace proxy: a UDP session holds a socket
 /// and a task, and most UDP exchanges in a cluster (DNS) are over in milliseconds.
 pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_millis(250);
@@ -245,74 +247,6 @@ impl FromStr for LocalMode {
     }
 }
 
-/// The `nodePortAddresses` setting: which node addresses NodePort Services (and health-check
-/// node ports) answer on, as configured. The proxy resolves it against the node's interface
-/// addresses into the renderers' `kp_rules::config::NodePortAddresses`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodePortAddressesSetting {
-    /// Every local address (upstream's `null`).
-    All,
-    /// The node's primary IPs (the `primary` keyword; nftables mode's default).
-    Primary,
-    /// Local addresses inside any of these CIDRs.
-    Cidrs(Vec<IpNet>),
-}
-
-impl NodePortAddressesSetting {
-    /// The `nodePortAddresses` list this value is written as (`None` is `null`).
-    pub fn to_config(&self) -> Option<Vec<String>> {
-        match self {
-            NodePortAddressesSetting::All => None,
-            NodePortAddressesSetting::Primary => Some(vec![NODE_PORT_ADDRESSES_PRIMARY.to_owned()]),
-            NodePortAddressesSetting::Cidrs(cidrs) => {
-                Some(cidrs.iter().map(IpNet::to_string).collect())
-            }
-        }
-    }
-}
-
-impl FromStr for NodePortAddressesSetting {
-    type Err = String;
-
-    /// Reads the comma-separated flag form: CIDRs, or `primary` alone; empty means all.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let entries: Vec<&str> = s
-            .split(',')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .collect();
-        if entries.is_empty() {
-            return Ok(NodePortAddressesSetting::All);
-        }
-        if entries.contains(&NODE_PORT_ADDRESSES_PRIMARY) {
-            return if entries.len() == 1 {
-                Ok(NodePortAddressesSetting::Primary)
-            } else {
-                Err(format!(
-                    "{NODE_PORT_ADDRESSES_PRIMARY:?} cannot be combined with other entries"
-                ))
-            };
-        }
-        let mut cidrs = Vec::with_capacity(entries.len());
-        let mut bad = Vec::new();
-        for entry in entries {
-            match entry.parse::<IpNet>() {
-                Ok(net) => cidrs.push(net),
-                Err(_) => bad.push(entry),
-            }
-        }
-        if bad.is_empty() {
-            Ok(NodePortAddressesSetting::Cidrs(cidrs))
-        } else {
-            Err(format!(
-                "not a CIDR: {} (expected CIDRs such as 10.0.0.0/8, \
-                 or {NODE_PORT_ADDRESSES_PRIMARY:?})",
-                bad.join(", ")
-            ))
-        }
-    }
-}
-
 /// The whole kube-proxy configuration, as upstream's v1alpha1 `KubeProxyConfiguration`.
 ///
 /// `Default` is upstream's defaulted object. Three defaults depend on other fields and are
@@ -369,7 +303,8 @@ pub struct KubeProxyConfiguration {
     /// Pod CIDR(s) of the cluster: one CIDR, or an IPv4,IPv6 pair; may be empty.
     #[serde(rename = "clusterCIDR")]
     pub cluster_cidr: String,
-    /// CIDRs (or `["primary"]`) of the node addresses NodePorts answer on; `None` is all.
+    /// CIDRs and keywords (`primary`, `localhost`, `all`) of the node addresses NodePorts
+    /// answer on ([`NodePortAddressesSetting`]); `None` is all.
     pub node_port_addresses: Option<Vec<String>>,
     /// oom_score_adj for the kube-proxy process, -1000..1000.
     pub oom_score_adj: i32,
@@ -845,17 +780,11 @@ impl KubeProxyConfiguration {
     pub fn node_port_addresses(&self) -> NodePortAddressesSetting {
         match self.node_port_addresses.as_deref() {
             None | Some([]) if self.mode == ProxyMode::Nftables => {
-                NodePortAddressesSetting::Primary
+                NodePortAddressesSetting::primary()
             }
             None | Some([]) => NodePortAddressesSetting::All,
-            Some([only]) if only == NODE_PORT_ADDRESSES_PRIMARY => {
-                NodePortAddressesSetting::Primary
-            }
-            Some(entries) => NodePortAddressesSetting::Cidrs(
-                entries
-                    .iter()
-                    .filter_map(|e| e.trim().parse().ok())
-                    .collect(),
+            Some(entries) => NodePortAddressesSetting::Listed(
+                entries.iter().filter_map(|e| e.parse().ok()).collect(),
             ),
         }
     }
@@ -1050,7 +979,10 @@ mod tests {
             mode: ProxyMode::Nftables,
             ..Default::default()
         };
-        assert_eq!(nft.node_port_addresses(), NodePortAddressesSetting::Primary);
+        assert_eq!(
+            nft.node_port_addresses(),
+            NodePortAddressesSetting::primary()
+        );
         nft.complete_defaults();
         assert_eq!(nft.node_port_addresses, Some(vec!["primary".to_owned()]));
 
@@ -1063,7 +995,9 @@ mod tests {
         assert_eq!(want.len(), 2);
         assert_eq!(
             explicit.node_port_addresses(),
-            NodePortAddressesSetting::Cidrs(want)
+            NodePortAddressesSetting::Listed(
+                want.into_iter().map(super::NodePortAddress::Cidr).collect()
+            )
         );
     }
 

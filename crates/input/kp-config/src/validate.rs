@@ -11,7 +11,7 @@ use ipnet::IpNet;
 
 use crate::duration;
 use crate::types::{
-    IPVS_SCHEDULERS, KubeProxyConfiguration, LocalMode, NODE_PORT_ADDRESSES_PRIMARY, ProxyMode,
+    IPVS_SCHEDULERS, KubeProxyConfiguration, LocalMode, NodePortAddress, ProxyMode,
     parse_port_range,
 };
 
@@ -340,22 +340,16 @@ impl Validator {
         }
     }
 
+    /// Each entry a CIDR or a keyword, in any combination (upstream v1.37, KEP-6032).
     fn node_port_addresses(&mut self, entries: &[String]) {
-        let has_primary = entries
-            .iter()
-            .any(|e| e.trim() == NODE_PORT_ADDRESSES_PRIMARY);
-        if has_primary {
-            if entries.len() > 1 {
+        for (i, entry) in entries.iter().enumerate() {
+            if entry.parse::<NodePortAddress>().is_err() {
                 self.error(
-                    "nodePortAddresses",
-                    entries.join(","),
-                    "\"primary\" cannot be combined with other entries",
+                    &format!("nodePortAddresses[{i}]"),
+                    entry,
+                    "must be a CIDR such as 10.0.0.0/8, or \"primary\", \"localhost\" or \"all\"",
                 );
             }
-            return;
-        }
-        for (i, entry) in entries.iter().enumerate() {
-            self.cidr(&format!("nodePortAddresses[{i}]"), entry);
         }
     }
 }
@@ -469,11 +463,11 @@ mod tests {
             ("clusterCIDR", |c| {
                 c.cluster_cidr = "10.0.0.0/8,fd00::/48,fd01::/48".into()
             }),
-            ("nodePortAddresses", |c| {
-                c.node_port_addresses = Some(vec!["primary".into(), "10.0.0.0/8".into()])
+            ("nodePortAddresses[1]", |c| {
+                c.node_port_addresses = Some(vec!["primary".into(), "Localhost".into()])
             }),
             ("nodePortAddresses[0]", |c| {
-                c.node_port_addresses = Some(vec!["all".into()])
+                c.node_port_addresses = Some(vec!["10.0.0.0/33".into()])
             }),
             ("oomScoreAdj", |c| c.oom_score_adj = 1001),
             ("oomScoreAdj", |c| c.oom_score_adj = -1001),
@@ -502,7 +496,12 @@ mod tests {
         c.oom_score_adj = -1000;
         c.conntrack.max_per_core = 0;
         c.cluster_cidr = "fd00::/48,10.0.0.0/8".into();
-        c.node_port_addresses = Some(vec!["primary".into()]);
+        c.node_port_addresses = Some(vec![
+            "primary".into(),
+            "localhost".into(),
+            "all".into(),
+            " 10.0.0.0/8".into(),
+        ]);
         c.detect_local_mode = LocalMode::BridgeInterface;
         c.detect_local.bridge_interface = "cbr0".into();
         assert_eq!(c.validate(), Ok(()));
@@ -533,5 +532,31 @@ mod tests {
              must not be greater than iptables.syncPeriod (30s)"
         ));
         assert!(text.contains("oomScoreAdj: invalid value \"5000\""));
+    }
+
+    #[test]
+    fn every_bad_node_port_address_is_reported() {
+        let mut c = KubeProxyConfiguration::default();
+        c.complete_defaults();
+        c.node_port_addresses = Some(
+            [
+                "primary",
+                "Primary",
+                "localhost",
+                "10.0.0.0/33",
+                "all",
+                "any",
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+        assert_eq!(
+            fields(&c),
+            [
+                "nodePortAddresses[1]",
+                "nodePortAddresses[3]",
+                "nodePortAddresses[5]"
+            ]
+        );
     }
 }

@@ -1,17 +1,24 @@
 //! `--proxy-mode nftables`: [`NftablesBackend`] once `nft` is new enough, plus the removal of
-//! iptables mode's chains after the first sync; and [`RemovesNftablesLeftovers`], which the
-//! iptables-based modes wrap themselves in for the opposite move.
+//! iptables mode's chains after the first sync and, with `KubeProxyNFTablesLocalhostNodePorts`,
+//! the userspace listeners of localhost NodePorts ([`LocalhostNodePorts`]); and
+//! [`RemovesNftablesLeftovers`], which the iptables-based modes wrap themselves in for the
+//! opposite move.
 
 use anyhow::Context as _;
+use kp_config::KubeProxyConfiguration;
 use kp_config::NftablesLayout;
+use kp_config::gates::{LOCALHOST_NODE_PORTS_GATE, enabled};
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
+use kp_core::model::IpFamily;
 use kp_core::report::ErrorChain as _;
 use kp_dataplane::iptables::IptablesBackend;
 use kp_dataplane::nftables::layout::{LayoutBackend, runs_here};
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::watch::Owned;
 use kp_rules::iptables::RenderConfig;
+use kp_userspace::{LocalhostMetrics, LocalhostNodePorts, RelayMetrics};
+use prometheus_client::registry::Registry;
 
 use super::host::Host;
 use super::{Input, Mode};
@@ -29,8 +36,8 @@ impl Mode for Nftables {
 
     /// Checks `nft`'s version and applies upstream's conntrack sysctls. nodePortAddresses
     /// defaults to `primary` in this mode ([`crate::node_ips::node_port_addresses`] resolves
-    /// it); localhost NodePorts, route_localnet and the conntrack INVALID drop do not exist
-    /// here.
+    /// it); route_localnet and the conntrack INVALID drop do not exist here, and the rules
+    /// never match loopback: localhost NodePorts are the listeners' ([`localhost_listeners`]).
     fn build(input: Input<'_>) -> anyhow::Result<Self::Backend> {
         let host = input.host;
         check_nft_version(host)?;
@@ -63,17 +70,56 @@ impl Mode for Nftables {
             ),
         };
         let iptables = super::iptables::leftovers(host)?;
+        let localhost = localhost_listeners(input.config, &host.families, input.registry);
         tracing::info!("Using nftables Proxier");
         Ok(NftablesMode {
             nft,
             iptables,
             iptables_cleaned: false,
+            localhost,
         })
     }
 }
 
 /// The variable that chose the layout before `--nftables-layout`; set, it is only warned about.
 const RETIRED_LAYOUT_ENV: &str = "KUBE_PROXY_RS_NFTABLES_LAYOUT";
+
+/// The localhost NodePort listeners (KEP-6032): with the gate on, on the loopback address of
+/// each of the node's families whose `nodePortAddresses` name it explicitly
+/// (`NodePortAddressesSetting::explicit_loopback`); `None` without any. Read once at start:
+/// a restart with another `nodePortAddresses` starts from it afresh.
+fn localhost_listeners(
+    config: &KubeProxyConfiguration,
+    families: &[IpFamily],
+    registry: &mut Registry,
+) -> Option<LocalhostNodePorts> {
+    let loopback: Vec<std::net::IpAddr> = config
+        .node_port_addresses()
+        .explicit_loopback()
+        .into_iter()
+        .filter(|ip| families.contains(&IpFamily::of(ip)))
+        .collect();
+    if loopback.is_empty() {
+        return None;
+    }
+    if !enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE) {
+        tracing::warn!(
+            addresses = ?loopback,
+            "nodePortAddresses includes localhost but localhost NodePorts are not supported \
+             in nftables mode without the {LOCALHOST_NODE_PORTS_GATE} feature gate"
+        );
+        return None;
+    }
+    tracing::info!(addresses = ?loopback, "Serving TCP NodePorts on localhost through a userspace listener");
+    // The relay's own families are userspace mode's (`kube_proxy_rs_userspace_*`); here only
+    // KEP-6032's are served.
+    Some(LocalhostNodePorts::new(
+        crate::app::relay_config(config),
+        RelayMetrics::default(),
+        LocalhostMetrics::register(registry),
+        loopback,
+    ))
+}
 
 /// The oldest `nft` upstream's nftables mode accepts.
 const MIN_NFT_VERSION: (u32, u32, u32) = (1, 0, 1);
@@ -161,7 +207,8 @@ impl Backend for Layout {
     }
 }
 
-/// nftables mode as the binary runs it: the [`Layout`] chosen, plus iptables mode's cleanup.
+/// nftables mode as the binary runs it: the [`Layout`] chosen, the localhost NodePort
+/// listeners when configured, plus iptables mode's cleanup.
 /// As upstream, a normal start removes iptables mode's chains once the first nftables sync
 /// succeeded (errors there are only logged), so a node switched from iptables mode does not
 /// run both. (`--cleanup` removes every mode's state through [`crate::cleanup`].)
@@ -170,6 +217,7 @@ pub struct NftablesMode {
     nft: Layout,
     iptables: IptablesBackend,
     iptables_cleaned: bool,
+    localhost: Option<LocalhostNodePorts>,
 }
 
 impl Backend for NftablesMode {
@@ -178,6 +226,10 @@ impl Backend for NftablesMode {
     }
 
     async fn sync(&mut self, request: &SyncRequest<'_>) -> Result<SyncReport, BackendError> {
+        // The listeners need no rules: they follow the state even when the rules fail.
+        if let Some(localhost) = &mut self.localhost {
+            localhost.sync(request.state);
+        }
         // Look for iptables mode's leftovers before the first sync (cheap while the nftables
         // table is small, see `cleanup_plan`), remove them after it succeeded.
         let plan = if self.iptables_cleaned {

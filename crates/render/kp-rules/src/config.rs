@@ -70,9 +70,10 @@ impl NodePortAddresses {
 
 impl NodePortAddresses {
     /// The addresses nftables mode accepts NodePorts on in `family`, or `None` for every
-    /// local address but loopback. Loopback is never one (nftables mode has no localhost
-    /// NodePorts, as upstream's): both nftables layouts read this one answer, so they
-    /// cannot disagree on it.
+    /// local address but loopback. Loopback is never one (the kernel cannot DNAT it without
+    /// `route_localnet`; localhost NodePorts are the userspace listeners' of
+    /// `KubeProxyNFTablesLocalhostNodePorts`, `kp_userspace::localhost`): both nftables
+    /// layouts read this one answer, so they cannot disagree on it.
     pub fn nftables_ips(&self, family: IpFamily) -> Option<Vec<IpAddr>> {
         match self.for_family(family) {
             NodePortAddresses::All => None,

@@ -1,0 +1,118 @@
+//! nftables mode's localhost NodePorts (`KubeProxyNFTablesLocalhostNodePorts`, KEP-6032): TCP
+//! from the node to `127.0.0.1:<nodePort>` and `[::1]:<nodePort>` reaches an endpoint through
+//! the userspace listener only with the gate on and an explicit loopback entry in
+//! `--nodeport-addresses`; the listener follows endpoint changes and the Service's removal;
+//! and, unlike upstream's open kubernetes#142183, a restart with another
+//! `--nodeport-addresses` takes effect both ways.
+
+use std::net::IpAddr;
+
+use kp_testbed::Outcome;
+
+use crate::support::{CLUSTER_CIDR_DUAL, Env, Flags, Mode, Service, assert_all, metric_sum};
+
+const GATE_ON: &str = "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true";
+const V4_PORT: u16 = 30121;
+const V6_PORT: u16 = 30122;
+const LISTENERS: &str = "kubeproxy_nftables_localhost_nodeport_listeners";
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().expect("literal address")
+}
+
+fn flags(addresses: &str, gate: bool) -> Flags {
+    let flags =
+        Flags::cluster_cidr(CLUSTER_CIDR_DUAL).flag(&format!("--nodeport-addresses={addresses}"));
+    if gate { flags.flag(GATE_ON) } else { flags }
+}
+
+fn services(c: &kp_testbed::Cluster, pods: &[&str]) -> [Service; 2] {
+    [
+        Service::new("lo4", "10.96.0.121")
+            .tcp(80)
+            .node_port(V4_PORT)
+            .endpoints(c, pods),
+        Service::new("lo6", "fd00:10:96::122")
+            .tcp(80)
+            .node_port(V6_PORT)
+            .endpoints(c, pods),
+    ]
+}
+
+/// Connections from the node to both loopback NodePorts: answered by exactly `pods` over
+/// enough flows to see each, or all refused when `pods` is empty.
+fn check(env: &Env, what: &str, pods: &[&str]) {
+    let cl = &env.cluster;
+    for (addr, port) in [(ip("127.0.0.1"), V4_PORT), (ip("::1"), V6_PORT)] {
+        let flows = if pods.is_empty() { 2 } else { 24 };
+        let tally = cl.tcp_repeat(cl.node(), addr, port, flows).expect("probe");
+        let what = format!("{what}: [{addr}]:{port}");
+        if pods.is_empty() {
+            assert_all(env, &what, &tally, &Outcome::Refused);
+            continue;
+        }
+        assert!(tally.all_answered(), "{what}: {tally:?}{}", env.diag());
+        let seen: Vec<String> = tally.by_pod().into_keys().collect();
+        assert_eq!(seen, pods, "{what}: {tally:?}{}", env.diag());
+    }
+}
+
+pub fn localhost_node_ports(mode: Mode) {
+    assert!(mode.is_nftables(), "a scenario of nftables mode");
+    let c = crate::scenarios::cluster(true);
+    let initial = services(&c, &["a", "b", "c"]);
+    // The gate off: nftables mode never serves loopback NodePorts, whatever the addresses
+    // say; the node's primary address does answer (primary combines with localhost).
+    let mut env = Env::start_with(mode, c, flags("primary,localhost", false), &initial, &[]);
+    check(&env, "gate off", &[]);
+    let cl = &env.cluster;
+    let tally = cl
+        .tcp_repeat(cl.external_in(), cl.node_ip(), V4_PORT, 3)
+        .expect("probe");
+    assert!(
+        tally.all_answered(),
+        "primary with localhost: {tally:?}{}",
+        env.diag()
+    );
+    assert_eq!(metric_sum(&env.metrics(), LISTENERS), None);
+
+    // The gate on: both families' loopback NodePorts reach every endpoint, remote `c` too.
+    env.restart_with(flags("primary,localhost", true));
+    check(&env, "gate on", &["a", "b", "c"]);
+    assert_eq!(metric_sum(&env.metrics(), LISTENERS), Some(2.0));
+
+    // Endpoint changes, then the Service's removal and return.
+    for svc in services(&env.cluster, &["b"]) {
+        env.apply(&svc);
+    }
+    check(&env, "one endpoint left", &["b"]);
+    for svc in services(&env.cluster, &[]) {
+        env.apply(&svc);
+    }
+    check(&env, "no endpoints", &[]);
+    env.delete("lo4");
+    env.delete("lo6");
+    check(&env, "Services deleted", &[]);
+    assert_eq!(metric_sum(&env.metrics(), LISTENERS), Some(0.0));
+    for svc in services(&env.cluster, &["a", "c"]) {
+        env.apply(&svc);
+    }
+    check(&env, "Services back", &["a", "c"]);
+
+    // Restarted without an explicit loopback entry (`all` contains loopback but does not
+    // name it), then with `127.0.0.0/8` (IPv4 only), then with localhost again.
+    env.restart_with(flags("all", true));
+    check(&env, "nodePortAddresses all", &[]);
+    env.restart_with(flags("primary,127.0.0.0/8", true));
+    let cl = &env.cluster;
+    let tally = cl
+        .tcp_repeat(cl.node(), ip("127.0.0.1"), V4_PORT, 12)
+        .expect("probe");
+    assert!(tally.all_answered(), "127.0.0.0/8: {tally:?}{}", env.diag());
+    let tally = cl
+        .tcp_repeat(cl.node(), ip("::1"), V6_PORT, 2)
+        .expect("probe");
+    assert_all(&env, "::1 without ::1/128", &tally, &Outcome::Refused);
+    env.restart_with(flags("primary,localhost", true));
+    check(&env, "localhost again", &["a", "c"]);
+}
