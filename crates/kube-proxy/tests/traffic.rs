@@ -11,6 +11,8 @@
 mod differential;
 #[path = "traffic/scenarios.rs"]
 mod scenarios;
+#[path = "traffic/socket_lb.rs"]
+mod socket_lb;
 #[path = "traffic/support.rs"]
 mod support;
 
@@ -116,6 +118,19 @@ mode_tests!(iptables_restore, Mode::IptablesRestore);
 mode_tests!(nftables, Mode::Nftables);
 mode_tests!(nftables_maps, Mode::NftablesMaps);
 mode_tests!(userspace, Mode::Userspace);
+
+/// `--socket-lb` beside nftables mode: the programs translate the client pod's sockets (see
+/// the module), in either layout.
+#[test]
+fn nftables_socket_lb() {
+    socket_lb::socket_lb(support::Mode::Nftables);
+}
+
+/// [`nftables_socket_lb`] over the verdict-free layout.
+#[test]
+fn nftables_maps_socket_lb() {
+    socket_lb::socket_lb(support::Mode::NftablesMaps);
+}
 
 /// nftables mode's two layouts on generated cluster states: every probe must end the same
 /// way in both (`KP_DIFF_SEEDS`, `KP_DIFF_CASES`: see the module).

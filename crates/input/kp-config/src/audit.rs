@@ -91,6 +91,8 @@ pub const FIELDS: &[FieldTreatment] = &[
     field("serviceProxyName", Extension),
     field("iptablesBackend", Extension),
     field("canaryPeriod", Extension),
+    field("socketLB.enabled", Extension),
+    field("socketLB.cgroup", Extension),
     field("mode", Effective),
     field("iptables.masqueradeBit", Effective),
     field("iptables.masqueradeAll", Effective),
@@ -187,6 +189,8 @@ pub const FLAGS: &[FlagTreatment] = &[
     flag("--debug-explain", Extension),
     sets("--iptables-backend", "iptablesBackend"),
     sets("--canary-period", "canaryPeriod"),
+    sets("--socket-lb", "socketLB.enabled"),
+    sets("--socket-lb-cgroup", "socketLB.cgroup"),
     sets("--feature-gates", "featureGates"),
     sets("--kubeconfig", "clientConnection.kubeconfig"),
     sets("--kube-api-content-type", "clientConnection.contentType"),
@@ -414,6 +418,13 @@ impl KubeProxyConfiguration {
                 }
             }
         }
+        if self.socket_lb.enabled && self.mode() != ProxyMode::Nftables {
+            out.push(format!(
+                "socketLB.enabled is set to true but has no effect in {} mode: the socket load \
+                 balancer runs beside nftables mode only",
+                self.mode()
+            ));
+        }
         out.extend(gate_warnings(&self.feature_gates));
         out
     }
@@ -472,6 +483,8 @@ mod tests {
         c.windows_run_as_service = true;
         c.iptables_backend = crate::IptablesBackend::Legacy;
         c.canary_period = std::time::Duration::from_secs(5);
+        c.socket_lb.enabled = true;
+        c.socket_lb.cgroup = "/sys/fs/cgroup".into();
         c
     }
 

@@ -47,8 +47,8 @@ pub use types::{
     DEFAULT_USERSPACE_MAX_UDP_SESSIONS_PER_SERVICE, DetectLocalConfiguration, IPVS_SCHEDULERS,
     IptablesBackend, IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration,
     LocalMode, LogFormatOptions, Logging, LoggingOptions, NODE_PORT_ADDRESSES_PRIMARY,
-    NftablesConfiguration, NodePortAddressesSetting, ProxyMode, UserspaceConfiguration,
-    VModuleItem, WinkernelConfiguration,
+    NftablesConfiguration, NodePortAddressesSetting, ProxyMode, SocketLbConfiguration,
+    UserspaceConfiguration, VModuleItem, WinkernelConfiguration,
 };
 pub use validate::{ConfigErrors, FieldError};
 pub use write::{WriteError, write_config};

@@ -13,6 +13,7 @@ use kp_dataplane::watch::Owned;
 use kp_rules::iptables::RenderConfig;
 
 use super::host::Host;
+use super::socket_lb::SocketLb;
 use super::{Input, Mode};
 
 /// nftables mode.
@@ -53,10 +54,17 @@ impl Mode for Nftables {
         };
         let iptables = super::iptables::leftovers(host)?;
         tracing::info!("Using nftables Proxier");
+        let socket_lb = input
+            .config
+            .socket_lb
+            .enabled
+            .then(|| SocketLb::start(&input.config.socket_lb))
+            .flatten();
         Ok(NftablesMode {
             nft,
             iptables,
             iptables_cleaned: false,
+            socket_lb,
         })
     }
 }
@@ -150,12 +158,15 @@ impl Backend for Layout {
 /// nftables mode as the binary runs it: the [`Layout`] chosen, plus iptables mode's cleanup.
 /// As upstream, a normal start removes iptables mode's chains once the first nftables sync
 /// succeeded (errors there are only logged), so a node switched from iptables mode does not
-/// run both. (`--cleanup` removes every mode's state through [`crate::cleanup`].)
+/// run both. (`--cleanup` removes every mode's state through [`crate::cleanup`].) With
+/// `--socket-lb`, the socket load balancer's maps follow every sync, whatever nftables'
+/// outcome: they serve sockets nftables mode's rules would serve the same way.
 #[derive(Debug)]
 pub struct NftablesMode {
     nft: Layout,
     iptables: IptablesBackend,
     iptables_cleaned: bool,
+    socket_lb: Option<SocketLb>,
 }
 
 impl Backend for NftablesMode {
@@ -171,7 +182,11 @@ impl Backend for NftablesMode {
         } else {
             Some(self.iptables.cleanup_plan().await)
         };
-        let report = self.nft.sync(request).await?;
+        let report = self.nft.sync(request).await;
+        if let Some(socket_lb) = &mut self.socket_lb {
+            socket_lb.sync(request);
+        }
+        let report = report?;
         if let Some(plan) = plan {
             self.iptables_cleaned = true;
             if plan.is_empty() {
