@@ -159,7 +159,42 @@ pub fn socket_lb(mode: Mode) {
         .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
         .expect("probe");
     assert_eq!(tally.count("b"), 10, "{tally:?}{}", env.diag());
+    restarted_where_it_cannot_attach(&mut env);
     env.cluster.set_probe_cgroup(None);
+}
+
+/// The proxy restarted with a directory that is not cgroup v2: the old programs went with
+/// the old process, yet a connection they translated goes on (it needs no state); the new
+/// proxy says why once and nftables mode's rules serve new connections.
+fn restarted_where_it_cannot_attach(env: &mut Env) {
+    let client = env.cluster.client().clone();
+    let mut session = env.cluster.connect(&client, ip(WEB), 80).expect("session");
+    assert_not_natted(env, "tcp", session.greeting(), WEB);
+    let bad = Flags::cluster_cidr(CLUSTER_CIDR_V4)
+        .flag("--socket-lb")
+        .flag("--socket-lb-cgroup=/proc");
+    env.restart_with(bad);
+    let reply = session.send("still there").expect("send");
+    assert!(reply.answered_by("b"), "{reply:?}{}", env.diag());
+    let unavailable = env.logged(|l| l.contains("Socket load balancer unavailable"));
+    assert_eq!(unavailable.len(), 1, "{unavailable:?}{}", env.diag());
+    assert!(
+        unavailable[0].contains("/proc is not a cgroup v2 directory"),
+        "{unavailable:?}"
+    );
+    let outcome = env.cluster.tcp(&client, ip(WEB), 80).expect("probe");
+    let Outcome::Answered { client: from, .. } = &outcome else {
+        panic!(
+            "not answered by nftables mode alone: {outcome:?}{}",
+            env.diag()
+        );
+    };
+    let entries = conntrack_from(env, "tcp", from.port());
+    assert!(
+        entries.contains(WEB),
+        "nftables' DNAT: {entries}{}",
+        env.diag()
+    );
 }
 
 /// Outside the cgroup, nftables mode's DNAT: conntrack holds the ClusterIP.
