@@ -20,8 +20,13 @@ use kp_testbed::{Cluster, Outcome, Protocol, isolated};
 use crate::support::{CLUSTER_CIDR_V4, Env, Flags, Mode, Service};
 
 const CGROUP_PREFIX: &str = "kp-socklb-traffic-";
-/// Flows per balancing check (2 endpoints: one gets none of 30 with chance 2e-9).
+/// Flows whose conntrack entries are checked.
 const FLOWS: usize = 30;
+/// Connections for the balance check: a 2:1 skew (267/133) has chi-square 44.
+const BALANCE_FLOWS: usize = 400;
+/// Exceeded by a fair split over 2 endpoints (1 degree of freedom) with a probability below
+/// 1e-6 (as kp-rules' `nft_layout_balance` bounds it: df + 10·sqrt(2·df) + 10).
+const CHI2_BOUND: f64 = 25.1;
 const WEB: &str = "10.96.0.10";
 const ITP: &str = "10.96.0.11";
 const EMPTY: &str = "10.96.0.13";
@@ -197,6 +202,16 @@ fn restarted_where_it_cannot_attach(env: &mut Env) {
     );
 }
 
+/// Pearson's statistic of `counts` against equally likely endpoints.
+fn chi_square(counts: &[usize]) -> f64 {
+    let total: usize = counts.iter().sum();
+    let expected = total as f64 / counts.len() as f64;
+    counts
+        .iter()
+        .map(|&c| (c as f64 - expected).powi(2) / expected)
+        .sum()
+}
+
 /// Outside the cgroup, nftables mode's DNAT: conntrack holds the ClusterIP.
 fn control_is_natted(env: &Env) {
     let outcome = env
@@ -210,19 +225,18 @@ fn control_is_natted(env: &Env) {
     assert!(entries.contains(WEB), "control: {entries}{}", env.diag());
 }
 
-/// Inside: both endpoints answer, no NAT; getpeername and UDP replies show the Service.
+/// Inside: both endpoints answer, evenly (chi-square), no NAT; getpeername and UDP replies show the Service.
 fn translated_tcp_and_udp(env: &Env) {
     let cl = &env.cluster;
     let client = cl.client();
-    let tally = cl.tcp_repeat(client, ip(WEB), 80, FLOWS).expect("probe");
-    assert_eq!(
-        tally.count("a") + tally.count("b"),
-        FLOWS,
-        "{tally:?}{}",
-        env.diag()
-    );
-    assert!(tally.count("a") > 0 && tally.count("b") > 0, "{tally:?}");
-    for outcome in tally.outcomes() {
+    let tally = cl
+        .tcp_repeat(client, ip(WEB), 80, BALANCE_FLOWS)
+        .expect("probe");
+    let (a, b) = (tally.count("a"), tally.count("b"));
+    assert_eq!(a + b, BALANCE_FLOWS, "{tally:?}{}", env.diag());
+    let chi2 = chi_square(&[a, b]);
+    assert!(chi2 <= CHI2_BOUND, "a {a}, b {b}: chi-square {chi2:.1}");
+    for outcome in &tally.outcomes()[..FLOWS] {
         assert_not_natted(env, "tcp", outcome, WEB);
     }
     let service = SocketAddr::new(ip(WEB), 80);
