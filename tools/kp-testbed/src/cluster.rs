@@ -935,9 +935,29 @@ impl Cluster {
     /// datagram sent with `sendto()` on an unconnected socket.
     pub fn peer(&self, from: &Host, protocol: Protocol, dst: SocketAddr) -> Result<PeerReport> {
         self.own_namespace(&from.ns)?;
-        let mut command = self.echo_tool(&from.ns);
+        let mut command = self.flow_tool(&from.ns, "peer", protocol, dst);
+        let deadline = self
+            .probe_timeout
+            .saturating_mul(2)
+            .saturating_add(PROBE_SLACK);
+        let stdout = finish(&mut command, deadline)?;
+        serde_json::from_str(stdout.trim()).map_err(|e| TestbedError::ProbeOutput {
+            output: stdout.clone(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// `kp-echo SUBCOMMAND --proto PROTOCOL --to DST --timeout-ms ...` inside `ns`.
+    fn flow_tool(
+        &self,
+        ns: &str,
+        subcommand: &str,
+        protocol: Protocol,
+        dst: SocketAddr,
+    ) -> std::process::Command {
+        let mut command = self.echo_tool(ns);
         command.args([
-            "peer".to_owned(),
+            subcommand.to_owned(),
             "--proto".to_owned(),
             protocol.to_string(),
             "--to".to_owned(),
@@ -945,22 +965,7 @@ impl Cluster {
             "--timeout-ms".to_owned(),
             self.probe_timeout.as_millis().to_string(),
         ]);
-        let deadline = self
-            .probe_timeout
-            .saturating_mul(2)
-            .saturating_add(PROBE_SLACK);
-        let finished = run(&mut command, None, deadline)?;
-        if !finished.status.success() {
-            return Err(TestbedError::CommandFailed {
-                command: describe(&command),
-                status: finished.status.to_string(),
-                stderr: finished.stderr.trim().to_owned(),
-            });
-        }
-        serde_json::from_str(finished.stdout.trim()).map_err(|e| TestbedError::ProbeOutput {
-            output: finished.stdout.clone(),
-            detail: e.to_string(),
-        })
+        command
     }
 
     fn own_namespace(&self, ns: &str) -> Result<()> {
@@ -1081,39 +1086,21 @@ impl Cluster {
         if count == 0 {
             return Ok(Tally::new(Vec::new()));
         }
-        let mut command = self.echo_tool(&from.ns);
-        command.args([
-            "probe".to_owned(),
-            "--proto".to_owned(),
-            protocol.to_string(),
-            "--to".to_owned(),
-            dst.to_string(),
-            "--timeout-ms".to_owned(),
-            self.probe_timeout.as_millis().to_string(),
-            "--count".to_owned(),
-            count.to_string(),
-        ]);
+        let mut command = self.flow_tool(&from.ns, "probe", protocol, dst);
+        command.args(["--count".to_owned(), count.to_string()]);
         command.args(extra);
         // Each flow may wait for a connect and then for a reply.
         let per_flow = self.probe_timeout.saturating_mul(2);
         let flows = u32::try_from(count).unwrap_or(u32::MAX);
         let deadline = per_flow.saturating_mul(flows).saturating_add(PROBE_SLACK);
-        let finished = run(&mut command, None, deadline)?;
-        if !finished.status.success() {
-            return Err(TestbedError::CommandFailed {
-                command: describe(&command),
-                status: finished.status.to_string(),
-                stderr: finished.stderr.trim().to_owned(),
-            });
-        }
-        let outcomes = finished
-            .stdout
+        let stdout = finish(&mut command, deadline)?;
+        let outcomes = stdout
             .lines()
             .map(parse_outcome)
             .collect::<Result<Vec<_>>>()?;
         if outcomes.len() != count {
             return Err(TestbedError::ProbeOutput {
-                output: finished.stdout,
+                output: stdout,
                 detail: format!("expected {count} outcomes, got {}", outcomes.len()),
             });
         }
@@ -1191,6 +1178,19 @@ impl Cluster {
         self.echoes().clear();
         self.namespaces.remove_all()
     }
+}
+
+/// Runs a `kp-echo` flow command within `deadline`; its standard output, or why it failed.
+fn finish(command: &mut std::process::Command, deadline: Duration) -> Result<String> {
+    let finished = run(command, None, deadline)?;
+    if !finished.status.success() {
+        return Err(TestbedError::CommandFailed {
+            command: describe(command),
+            status: finished.status.to_string(),
+            stderr: finished.stderr.trim().to_owned(),
+        });
+    }
+    Ok(finished.stdout)
 }
 
 impl Drop for Cluster {

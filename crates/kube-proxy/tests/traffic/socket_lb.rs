@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
-use kp_testbed::{Cluster, Outcome, Protocol, isolated};
+use kp_testbed::{Outcome, Protocol, isolated};
 
 use crate::support::{CLUSTER_CIDR_V4, Env, Flags, Mode, Service};
 
@@ -78,17 +78,6 @@ fn unavailable() -> Option<String> {
         .then(|| "no cgroup v2 mount".to_owned())
 }
 
-fn cluster() -> Cluster {
-    Cluster::builder()
-        .pod("a")
-        .pod("b")
-        .remote_pod("c")
-        .build()
-        .expect(
-            "test cluster builds (needs root, iproute2, and `cargo build -p kp-testbed --bins`)",
-        )
-}
-
 /// conntrack's entries in the node namespace for flows from the client's port `sport`.
 fn conntrack_from(env: &Env, protocol: &str, sport: u16) -> String {
     env.node_exec(&[
@@ -123,7 +112,7 @@ pub fn socket_lb(mode: Mode) {
     }
     let view = CgroupView::mount();
     let cgroup = TestCgroup::create(CGROUP_PREFIX).expect("test cgroup");
-    let c = cluster();
+    let c = crate::scenarios::cluster(false);
     let services = [
         Service::new("web", WEB)
             .tcp(80)
