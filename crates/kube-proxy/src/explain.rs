@@ -308,14 +308,10 @@ pub(crate) fn annotate_mode(
     use kp_rules::explain::dataplane::{Mode, annotate};
     let ipvs_config;
     let mode = match config.mode() {
-        ProxyMode::Nftables => {
-            use kp_dataplane::nftables::layout::{LAYOUT_ENV, layout_from_env};
-            match layout_from_env(std::env::var(LAYOUT_ENV).ok().as_deref()) {
-                Ok(true) => Mode::NftablesMaps,
-                // The mode itself refuses to start on a bad value.
-                Ok(false) | Err(_) => Mode::Nftables,
-            }
-        }
+        ProxyMode::Nftables => match config.nftables_layout {
+            kp_config::NftablesLayout::Maps => Mode::NftablesMaps,
+            kp_config::NftablesLayout::Chains => Mode::Nftables,
+        },
         ProxyMode::Userspace => Mode::Userspace,
         ProxyMode::Ipvs => {
             let scheduler: kp_ipvs::Scheduler = config

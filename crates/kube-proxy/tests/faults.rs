@@ -272,45 +272,59 @@ fn proxy_restarts(mode: Mode) {
     assert_none_failed(&outcomes, "proxy restarts and a full resync", 10);
 }
 
-/// nftables mode restarted in the other layout and back (an upgrade that opts in, then a
-/// rollback), under new and long-lived connections: each replaces the other's table in one
-/// transaction, so no connection fails.
-fn layouts_switch_under_traffic() {
+/// What an upgrade meets on a node: iptables mode's rules, then nftables mode (the default
+/// layout), a rollback to the chain layout and forward again, under new and long-lived
+/// connections. Each start adopts what the last left (nftables replaces either layout's table
+/// in one transaction and removes iptables mode's chains once its own rules are in), so no
+/// connection fails.
+fn modes_switch_under_traffic() {
     let world = World::new(Mode::Nftables);
-    let mut proxy = Some(world.start_proxy_in(Mode::Nftables));
+    let mut proxy = Some(world.start_proxy_in(Mode::Iptables));
     let (mut session, pod) = world.session();
     let cluster = &world.cluster;
-    // The verdict-free layout's own chain and map: there after the switch to it, gone
-    // after the one back.
-    let verdict_free = || {
-        let table = cluster
-            .exec(
-                cluster.node_ns(),
-                &["nft", "list", "table", "ip", "kube-proxy"],
-            )
-            .expect("nft lists");
-        (
-            table.contains("chain dispatch {"),
-            table.contains("map endpoints-tcp {"),
-        )
+    let node = |argv: &[&str]| cluster.exec(cluster.node_ns(), argv).unwrap_or_default();
+    // The verdict-free layout's own chain and map, and iptables mode's entry chain.
+    let state = || {
+        let table = node(&["nft", "list", "table", "ip", "kube-proxy"]);
+        let maps = table.contains("chain dispatch {") && table.contains("map endpoints-2-tcp {");
+        let chains = table.contains("map service-ips {");
+        let iptables = node(&["iptables-save", "-t", "nat"]).contains(":KUBE-SERVICES");
+        (maps, chains, iptables)
     };
     let ((), outcomes) = under_load(cluster, || {
-        for (mode, step) in [
-            (Mode::NftablesMaps, "after-switch-to-maps"),
-            (Mode::Nftables, "after-switch-back-to-chains"),
+        for (mode, step, want) in [
+            (
+                Mode::Nftables,
+                "from-iptables-to-nftables",
+                (true, false, false),
+            ),
+            (
+                Mode::NftablesChains,
+                "back-to-the-chain-layout",
+                (false, true, false),
+            ),
+            (
+                Mode::Nftables,
+                "forward-to-maps-again",
+                (true, false, false),
+            ),
         ] {
             let running = proxy.take().expect("proxy");
             let status = running.terminate();
             assert!(status.success(), "exit after SIGTERM: {status}");
             let started = world.start_proxy_in(mode);
-            let maps = mode == Mode::NftablesMaps;
-            assert_eq!(verdict_free(), (maps, maps), "{step}: layout");
             echo(&mut session, &pod, step, &started);
+            // iptables mode's chains go once nftables mode's first sync is in: soon after.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while state() != want && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            assert_eq!(state(), want, "{step}: (maps, chains, iptables)");
             std::thread::sleep(SETTLE);
             proxy = Some(started);
         }
     });
-    assert_none_failed(&outcomes, "switching nftables layouts both ways", 10);
+    assert_none_failed(&outcomes, "switching modes and layouts", 10);
 }
 
 /// Keeps checking `/healthz` for `outage`.
@@ -514,7 +528,7 @@ fn eventually_sh(world: &World, script: &str, want: bool, proxy: &Proxy) -> Dura
 fn service_cidrs_created_and_deleted_while_running(mode: Mode) {
     let world = World::new(mode);
     let proxy = world.start_proxy();
-    let chain = if mode == Mode::NftablesMaps {
+    let chain = if mode == Mode::Nftables {
         "cluster-ip-filter"
     } else {
         "cluster-ips-check"
@@ -583,6 +597,7 @@ mod userspace {
     }
 }
 
+/// nftables mode as a fresh install runs it (the verdict-free layout): the whole suite.
 mod nftables {
     use super::*;
 
@@ -621,46 +636,33 @@ mod nftables {
         heal::heals(
             Mode::Nftables,
             heal::Kernel::Nftables,
-            heal::nftables_removals(),
-        );
-    }
-}
-
-mod nftables_maps {
-    use super::*;
-
-    #[test]
-    fn odd_objects_lose_only_themselves() {
-        super::odd_objects_lose_only_themselves(Mode::NftablesMaps);
-    }
-
-    #[test]
-    fn proxy_restarts_under_traffic() {
-        proxy_restarts(Mode::NftablesMaps);
-    }
-
-    #[test]
-    fn api_server_stopped_and_killed() {
-        api_server_outages(Mode::NftablesMaps, OUTAGE);
-    }
-
-    #[test]
-    fn service_cidrs_created_and_deleted_while_running_reach_the_rules() {
-        super::service_cidrs_created_and_deleted_while_running(Mode::NftablesMaps);
-    }
-
-    #[test]
-    fn rules_removed_by_other_programs_come_back() {
-        heal::heals(
-            Mode::NftablesMaps,
-            heal::Kernel::Nftables,
             heal::nftables_maps_removals(),
         );
     }
 
     #[test]
-    fn layouts_switch_both_ways_under_traffic() {
-        super::layouts_switch_under_traffic();
+    fn modes_and_layouts_switch_under_traffic() {
+        super::modes_switch_under_traffic();
+    }
+}
+
+/// nftables mode's previous layout (`--nftables-layout=chains`, upstream's shape): a smoke
+/// suite; the traffic suite's differential test compares it with the default case by case.
+mod nftables_chains {
+    use super::*;
+
+    #[test]
+    fn proxy_restarts_under_traffic() {
+        proxy_restarts(Mode::NftablesChains);
+    }
+
+    #[test]
+    fn rules_removed_by_other_programs_come_back() {
+        heal::heals(
+            Mode::NftablesChains,
+            heal::Kernel::Nftables,
+            heal::nftables_removals(),
+        );
     }
 }
 

@@ -271,7 +271,7 @@ macro_rules! image_mode_tests {
 }
 
 image_mode_tests!(iptables, Mode::Iptables);
-image_mode_tests!(nftables, Mode::Nftables);
+image_mode_tests!(nftables, Mode::NftablesChains);
 image_mode_tests!(userspace, Mode::Userspace);
 
 /// ipvs mode from the image, in the test VM: one boot runs the ignored tests below inside

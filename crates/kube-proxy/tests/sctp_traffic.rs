@@ -115,11 +115,11 @@ fn iptables_balances_sctp_services() {
 #[test]
 #[ignore = "runs inside the SCTP VM (sctp_traffic_in_the_vm)"]
 fn nftables_balances_sctp_services() {
-    sctp_service(Mode::Nftables);
+    sctp_service(Mode::NftablesChains);
 }
 
 #[test]
 #[ignore = "runs inside the SCTP VM (sctp_traffic_in_the_vm)"]
 fn nftables_maps_balances_sctp_services() {
-    sctp_service(Mode::NftablesMaps);
+    sctp_service(Mode::Nftables);
 }

@@ -116,7 +116,6 @@ macro_rules! mode_tests {
 mode_tests!(iptables, Mode::Iptables);
 mode_tests!(iptables_restore, Mode::IptablesRestore);
 mode_tests!(nftables, Mode::Nftables);
-mode_tests!(nftables_maps, Mode::NftablesMaps);
 mode_tests!(userspace, Mode::Userspace);
 
 /// `--socket-lb` beside nftables mode: the programs translate the client pod's sockets (see
@@ -126,10 +125,34 @@ fn nftables_socket_lb() {
     socket_lb::socket_lb(support::Mode::Nftables);
 }
 
-/// [`nftables_socket_lb`] over the verdict-free layout.
+/// [`nftables_socket_lb`] over the chain layout.
 #[test]
-fn nftables_maps_socket_lb() {
-    socket_lb::socket_lb(support::Mode::NftablesMaps);
+fn nftables_chains_socket_lb() {
+    socket_lb::socket_lb(support::Mode::NftablesChains);
+}
+
+/// nftables mode's previous layout (`--nftables-layout=chains`): a smoke suite beside the
+/// differential test below, which compares it with the default case by case.
+mod nftables_chains {
+    use crate::scenarios;
+    use crate::support::Mode;
+
+    const MODE: Mode = Mode::NftablesChains;
+
+    #[test]
+    fn cluster_ip() {
+        scenarios::cluster_ip(MODE);
+    }
+
+    #[test]
+    fn edits_and_restart() {
+        scenarios::edits_and_restart(MODE);
+    }
+
+    #[test]
+    fn affinity_and_node_traffic() {
+        scenarios::affinity_and_node_traffic(MODE);
+    }
 }
 
 /// nftables mode's two layouts on generated cluster states: every probe must end the same

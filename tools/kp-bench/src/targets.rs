@@ -104,6 +104,13 @@ pub const TARGETS: &[Target] = &[
         below: 1.0,
     },
     Target {
+        key: "manifests-in-place-edit",
+        what: "one-EndpointSlice edit written in place into one 10k-Service manifests file (edit → synced, verdict-free layout)",
+        series: "nftables-maps-in-place",
+        metric: Metric::EditSynced,
+        below: 1.0,
+    },
+    Target {
         key: "fake-rss",
         what: "peak RSS, control plane alone (fake mode)",
         series: "fake",

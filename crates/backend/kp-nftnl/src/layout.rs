@@ -96,7 +96,7 @@ pub fn encode(element: &Element) -> Encoded {
             ..
         } => {
             push_entry(&mut key, entry);
-            key.extend_from_slice(&slot.to_ne_bytes());
+            key.extend_from_slice(&u32::from(*slot).to_ne_bytes());
             let mut value = Vec::with_capacity(20);
             push_addr(&mut value, *addr);
             push_port(&mut value, *port);
@@ -250,15 +250,19 @@ pub fn decode(set: SetOf, family: Family, encoded: &Encoded) -> Option<Element> 
         SetOf::Entries(entry_set, node_port) => {
             Element::Entry(entry_set, read_entry(key, &mut at, family, node_port)?)
         }
-        SetOf::Slots(slots, node_port, proto) => {
+        SetOf::Slots(slots, count, node_port, proto) => {
             let entry = read_entry(key, &mut at, family, node_port)?;
             (kp_rules::nftables::layout::element::entry_protocol(&entry) == proto).then_some(())?;
             let slot = u32::from_ne_bytes(take(key, &mut at, 4)?.try_into().ok()?);
+            let (slot, count) = (u16::try_from(slot).ok()?, u16::try_from(count).ok()?);
             let data = encoded.data.as_deref()?;
             let mut d = 0;
             let addr = read_addr(data, &mut d, family)?;
+            // A slot beyond its class's count is no element of ours.
+            (slot < count).then_some(())?;
             Element::Slot {
                 slots,
+                count,
                 entry,
                 slot,
                 addr,
@@ -317,11 +321,14 @@ pub struct Readback {
 
 impl Readback {
     /// Whether the table is this layout (its `dispatch` chain exists) rather than another
-    /// (kube-proxy-rs' chain-per-service layout, or upstream's).
+    /// (kube-proxy-rs' chain-per-service layout, or upstream's) or this layout's earlier
+    /// version with endpoints maps shared by every class, which is replaced whole too.
     pub fn is_this_layout(&self) -> bool {
+        use kp_rules::nftables::layout::element::is_shared_slot_map;
         self.chains
             .iter()
             .any(|c| c == kp_rules::nftables::layout::fixed::DISPATCH)
+            && !self.sets.iter().any(|s| is_shared_slot_map(s))
     }
 }
 
@@ -537,6 +544,7 @@ mod tests {
         };
         let slot = encode(&Element::Slot {
             slots: Slots::Policy,
+            count: 3,
             entry,
             slot: 2,
             addr: IpAddr::V4(Ipv4Addr::new(10, 244, 0, 7)),
@@ -597,12 +605,13 @@ mod tests {
             (
                 Element::Slot {
                     slots: Slots::ShortCircuit,
+                    count: 8,
                     entry: nodeport,
                     slot: 7,
                     addr: "fd00::7".parse().expect("literal"),
                     port: 8443,
                 },
-                "nodeport-short-circuit-endpoints-udp",
+                "nodeport-short-circuit-endpoints-8-udp",
             ),
             (
                 Element::Allow(entry, "2001:db8::/48".parse().expect("literal")),

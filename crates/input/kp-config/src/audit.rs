@@ -90,6 +90,7 @@ pub const FIELDS: &[FieldTreatment] = &[
     ),
     field("serviceProxyName", Extension),
     field("iptablesBackend", Extension),
+    field("nftablesLayout", Extension),
     field("canaryPeriod", Extension),
     field("socketLB.enabled", Extension),
     field("socketLB.cgroup", Extension),
@@ -188,6 +189,7 @@ pub const FLAGS: &[FlagTreatment] = &[
     flag("--manifests", Extension),
     flag("--debug-explain", Extension),
     sets("--iptables-backend", "iptablesBackend"),
+    sets("--nftables-layout", "nftablesLayout"),
     sets("--canary-period", "canaryPeriod"),
     sets("--socket-lb", "socketLB.enabled"),
     sets("--socket-lb-cgroup", "socketLB.cgroup"),
@@ -483,6 +485,7 @@ mod tests {
         c.windows_run_as_service = true;
         c.iptables_backend = crate::IptablesBackend::Legacy;
         c.canary_period = std::time::Duration::from_secs(5);
+        c.nftables_layout = crate::NftablesLayout::Chains;
         c.socket_lb.enabled = true;
         c.socket_lb.cgroup = "/sys/fs/cgroup".into();
         c

@@ -259,6 +259,13 @@ pub struct Options {
     #[arg(long, value_name = "auto|legacy|nft", value_parser = crate::IptablesBackend::from_str, help_heading = "Node")]
     pub iptables_backend: Option<crate::IptablesBackend>,
 
+    /// kube-proxy-rs extension: the table layout of nftables mode, maps (the default: fixed
+    /// chains, per-service state in sets and maps) or chains (a chain per service and
+    /// endpoint, as upstream). Wins over nftablesLayout in the file; applies even with
+    /// --config.
+    #[arg(long, value_name = "maps|chains", value_parser = crate::NftablesLayout::from_str, help_heading = "iptables / nftables")]
+    pub nftables_layout: Option<crate::NftablesLayout>,
+
     /// Use this IP as the node's primary IP for rule programming; :: selects IPv6 defaults
     /// for the servers. Nothing listens on it.
     #[arg(long, value_name = "IP", help_heading = "Node")]
@@ -1021,6 +1028,10 @@ impl Options {
         if let Some(backend) = self.iptables_backend {
             c.iptables_backend = backend;
             set.push(("--iptables-backend", &["iptablesBackend"]));
+        }
+        if let Some(layout) = self.nftables_layout {
+            c.nftables_layout = layout;
+            set.push(("--nftables-layout", &["nftablesLayout"]));
         }
         if let Some(level) = self.verbosity {
             c.logging.verbosity = level;

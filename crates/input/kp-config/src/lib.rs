@@ -23,6 +23,7 @@ mod flags;
 pub mod gates;
 mod iptables_backend;
 mod load;
+mod nftables_layout;
 mod types;
 mod validate;
 mod wire;
@@ -47,8 +48,8 @@ pub use types::{
     DEFAULT_USERSPACE_MAX_UDP_SESSIONS_PER_SERVICE, DetectLocalConfiguration, IPVS_SCHEDULERS,
     IptablesBackend, IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration,
     LocalMode, LogFormatOptions, Logging, LoggingOptions, NODE_PORT_ADDRESSES_PRIMARY,
-    NftablesConfiguration, NodePortAddressesSetting, ProxyMode, SocketLbConfiguration,
-    UserspaceConfiguration, VModuleItem, WinkernelConfiguration,
+    NftablesConfiguration, NftablesLayout, NodePortAddressesSetting, ProxyMode,
+    SocketLbConfiguration, UserspaceConfiguration, VModuleItem, WinkernelConfiguration,
 };
 pub use validate::{ConfigErrors, FieldError};
 pub use write::{WriteError, write_config};

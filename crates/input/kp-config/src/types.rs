@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use crate::duration::serde_go;
 pub use crate::iptables_backend::IptablesBackend;
+pub use crate::nftables_layout::NftablesLayout;
 
 /// The only `apiVersion` upstream has ever shipped for this kind.
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
@@ -397,6 +398,10 @@ pub struct KubeProxyConfiguration {
     /// [`IptablesBackend`]). Written only when set.
     #[serde(skip_serializing_if = "IptablesBackend::is_auto")]
     pub iptables_backend: IptablesBackend,
+    /// kube-proxy-rs extension: the layout nftables mode writes (see [`NftablesLayout`]).
+    /// Written only when not the default.
+    #[serde(skip_serializing_if = "NftablesLayout::is_default")]
+    pub nftables_layout: NftablesLayout,
     /// kube-proxy-rs extension: how often the proxy checks that the kernel still holds its
     /// rules where no change notification exists (`0s`: only before each periodic sync).
     /// Written only when not the default.
@@ -677,6 +682,7 @@ impl Default for KubeProxyConfiguration {
             windows_run_as_service: false,
             userspace: UserspaceConfiguration::default(),
             iptables_backend: IptablesBackend::Auto,
+            nftables_layout: NftablesLayout::default(),
             canary_period: DEFAULT_CANARY_PERIOD,
             socket_lb: SocketLbConfiguration::default(),
         }

@@ -80,6 +80,7 @@ struct Config {
     windows_run_as_service: Option<bool>,
     userspace: Option<Userspace>,
     iptables_backend: Located,
+    nftables_layout: Located,
     canary_period: Located,
     #[serde(rename = "socketLB")]
     socket_lb: Option<SocketLb>,
@@ -507,6 +508,7 @@ impl Converter {
                 w.iptables_backend,
                 d.iptables_backend,
             ),
+            nftables_layout: self.parsed("nftablesLayout", w.nftables_layout, d.nftables_layout),
             canary_period: self.duration("canaryPeriod", w.canary_period, d.canary_period),
             socket_lb: socket_lb(w.socket_lb.unwrap_or_default()),
         }

@@ -3,11 +3,12 @@
 //! iptables-based modes wrap themselves in for the opposite move.
 
 use anyhow::Context as _;
+use kp_config::NftablesLayout;
 use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::report::ErrorChain as _;
 use kp_dataplane::iptables::IptablesBackend;
-use kp_dataplane::nftables::layout::{LAYOUT_ENV, LayoutBackend, layout_from_env};
+use kp_dataplane::nftables::layout::LayoutBackend;
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::watch::Owned;
 use kp_rules::iptables::RenderConfig;
@@ -38,19 +39,23 @@ impl Mode for Nftables {
         super::iptables::warn_without_cluster_cidr(input.config);
         let config = NftablesConfig::new(host.families.clone(), render);
         let metrics = NftablesMetrics::register(input.registry);
-        let maps = layout_from_env(std::env::var(LAYOUT_ENV).ok().as_deref())
-            .map_err(|why| anyhow::anyhow!(why))?;
-        let nft = if maps {
-            tracing::info!("nftables mode writes the verdict-free layout ({LAYOUT_ENV}=maps)");
-            Layout::Maps(
+        let layout = input.config.nftables_layout;
+        tracing::info!(layout = %layout, "nftables mode's table layout");
+        if std::env::var_os(RETIRED_LAYOUT_ENV).is_some() {
+            tracing::warn!(
+                "${RETIRED_LAYOUT_ENV} is no longer read: --nftables-layout or nftablesLayout in \
+                 the configuration choose the layout (maps by default)"
+            );
+        }
+        let nft = match layout {
+            NftablesLayout::Maps => Layout::Maps(
                 LayoutBackend::with_metrics_registered(config, metrics)
                     .context("invalid nftables configuration")?,
-            )
-        } else {
-            Layout::Chains(
+            ),
+            NftablesLayout::Chains => Layout::Chains(
                 NftablesBackend::with_metrics_registered(config, metrics)
                     .context("invalid nftables configuration")?,
-            )
+            ),
         };
         let iptables = super::iptables::leftovers(host)?;
         tracing::info!("Using nftables Proxier");
@@ -68,6 +73,9 @@ impl Mode for Nftables {
         })
     }
 }
+
+/// The variable that chose the layout before `--nftables-layout`; set, it is only warned about.
+const RETIRED_LAYOUT_ENV: &str = "KUBE_PROXY_RS_NFTABLES_LAYOUT";
 
 /// The oldest `nft` upstream's nftables mode accepts.
 const MIN_NFT_VERSION: (u32, u32, u32) = (1, 0, 1);
@@ -112,9 +120,9 @@ fn parse_nft_version(text: &str) -> Option<(u32, u32, u32)> {
 /// The layout nftables mode writes.
 #[derive(Debug)]
 pub enum Layout {
-    /// One chain per service and endpoint, as upstream (the default).
+    /// One chain per service and endpoint, as upstream (`--nftables-layout=chains`).
     Chains(NftablesBackend),
-    /// The verdict-free layout (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`).
+    /// The verdict-free layout (the default).
     Maps(LayoutBackend),
 }
 

@@ -233,7 +233,7 @@ pub fn iptables_removals(kernel: Kernel, capture: bool) -> Vec<Removal> {
 /// The removals for nftables mode.
 pub fn nftables_removals() -> Vec<Removal> {
     table_removals(
-        format!("nft list map ip kube-proxy service-ips | grep -q {STEADY_IP}"),
+        steady_service_listed(Mode::NftablesChains),
         "one service's map element deleted",
         format!("nft delete element ip kube-proxy service-ips '{{ {STEADY_IP} . tcp . 80 }}'"),
     )
@@ -244,7 +244,7 @@ pub fn nftables_removals() -> Vec<Removal> {
 pub fn nftables_maps_removals() -> Vec<Removal> {
     let entry = format!("{STEADY_IP} . tcp . 80");
     table_removals(
-        format!("nft list set ip kube-proxy slots-2 | grep -q '{entry}'"),
+        steady_service_listed(Mode::Nftables),
         "one service's set element deleted",
         format!("nft delete element ip kube-proxy slots-2 '{{ {entry} }}'"),
     )
@@ -398,11 +398,20 @@ pub fn heals_after_the_watch_is_lost(mode: Mode) {
     let removal = Removal::new(
         "nft delete table ip kube-proxy, unwatched",
         "nft delete table ip kube-proxy".to_owned(),
-        format!("nft list map ip kube-proxy service-ips | grep -q {STEADY_IP}"),
+        steady_service_listed(mode),
         true,
     );
     heal_one(&world, &mut proxy, Kernel::NftablesUnwatched, &removal);
     assert_eq!(proxy.logged(|l| l.contains(WATCH_LOST_LOG)).len(), 1);
+}
+
+/// A script that exits 0 once the steady Service's element is in `mode`'s table.
+fn steady_service_listed(mode: Mode) -> String {
+    if mode == Mode::NftablesChains {
+        format!("nft list map ip kube-proxy service-ips | grep -q {STEADY_IP}")
+    } else {
+        format!("nft list set ip kube-proxy slots-2 | grep -q '{STEADY_IP} . tcp . 80'")
+    }
 }
 
 fn sh(world: &World, script: &str) -> Result<String, kp_testbed::TestbedError> {

@@ -117,7 +117,7 @@ fn stale_gauge(world: &World, proxy: &Proxy) -> Option<f64> {
 }
 
 pub(crate) fn syncs_the_kernel_refuses_turn_the_proxy_unhealthy() {
-    let mut world = World::new(Mode::Nftables);
+    let mut world = World::new(Mode::NftablesChains);
     world.flags.extra.extend([
         format!("--iptables-sync-period={SYNC_PERIOD}"),
         "--iptables-min-sync-period=0s".to_owned(),

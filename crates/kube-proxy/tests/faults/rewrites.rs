@@ -307,7 +307,7 @@ fn rewrites(mode: Mode, services: usize, rounds: usize) {
 
 #[test]
 fn manifests_rewritten_by_every_writer_under_traffic() {
-    rewrites(Mode::NftablesMaps, 500, 4);
+    rewrites(Mode::Nftables, 500, 4);
 }
 
 /// The size, run by hand (`nice`; it takes long): 10,000 Services and
@@ -320,5 +320,5 @@ fn rewrites_at_10k() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(100);
-    rewrites(Mode::NftablesMaps, 10_000, rounds);
+    rewrites(Mode::Nftables, 10_000, rounds);
 }

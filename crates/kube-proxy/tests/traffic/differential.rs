@@ -652,8 +652,8 @@ fn differences(
 fn check_case(case: &Case) -> Result<usize, String> {
     let probes = case.probes();
     let (mut chains, mut maps) = std::thread::scope(|s| {
-        let a = s.spawn(|| run_layout(case, Mode::Nftables, &probes));
-        let b = s.spawn(|| run_layout(case, Mode::NftablesMaps, &probes));
+        let a = s.spawn(|| run_layout(case, Mode::NftablesChains, &probes));
+        let b = s.spawn(|| run_layout(case, Mode::Nftables, &probes));
         (
             a.join().expect("chain layout thread"),
             b.join().expect("maps layout thread"),

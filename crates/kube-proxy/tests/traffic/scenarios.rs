@@ -26,8 +26,8 @@ fn kept(mode: Mode) -> Source {
     match mode {
         Mode::Iptables
         | Mode::IptablesRestore
+        | Mode::NftablesChains
         | Mode::Nftables
-        | Mode::NftablesMaps
         | Mode::Ipvs => Source::Preserved,
         Mode::Userspace => Source::Masqueraded,
     }
@@ -188,7 +188,7 @@ pub fn cluster_ip(mode: Mode) {
     // itself answers a port IPVS does not serve: a TCP reset, an ICMP port unreachable.
     let expected = match mode {
         Mode::Iptables | Mode::IptablesRestore | Mode::Userspace => Outcome::TimedOut,
-        Mode::Nftables | Mode::NftablesMaps | Mode::Ipvs => Outcome::Refused,
+        Mode::NftablesChains | Mode::Nftables | Mode::Ipvs => Outcome::Refused,
     };
     let tcp = cl
         .tcp_repeat(client, ip("10.96.0.10"), 81, 2)
@@ -417,7 +417,7 @@ pub fn external(mode: Mode) {
     // virtual server whatever the source, with the external policy's real servers (local
     // only), and KUBE-LOAD-BALANCER-LOCAL leaves it unmasqueraded.
     let (expected, what): (&[&str], _) = match mode {
-        Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::NftablesMaps => {
+        Mode::Iptables | Mode::IptablesRestore | Mode::NftablesChains | Mode::Nftables => {
             (&["a", "b", "c"], SPREAD_FLOWS)
         }
         Mode::Userspace | Mode::Ipvs => (&["a", "b"], SPREAD_FLOWS_TWO),
@@ -606,8 +606,8 @@ pub fn edits_and_restart(mode: Mode) {
     let unallocated = match mode {
         Mode::Iptables
         | Mode::IptablesRestore
+        | Mode::NftablesChains
         | Mode::Nftables
-        | Mode::NftablesMaps
         | Mode::Userspace
         | Mode::Ipvs => Outcome::TimedOut,
     };
@@ -680,8 +680,8 @@ pub fn edits_and_restart(mode: Mode) {
         // IPVS keeps its connection table across the proxy's restart, as conntrack does.
         Mode::Iptables
         | Mode::IptablesRestore
+        | Mode::NftablesChains
         | Mode::Nftables
-        | Mode::NftablesMaps
         | Mode::Ipvs => {
             echo(&env, &mut session, &pod, "after-restart");
         }
@@ -954,7 +954,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 &["a", "b", "c"],
             );
         }
-        Mode::Nftables | Mode::NftablesMaps => {
+        Mode::NftablesChains | Mode::Nftables => {
             // 1. No localhost NodePorts in nftables mode: 127.0.0.1 is never DNATed.
             assert_no_localhost_node_port(&env, 30090, "nftables mode");
             // nodePortAddresses defaults to `primary`: the node IP answers ...
@@ -1012,7 +1012,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 );
             }
         }
-        Mode::Nftables | Mode::NftablesMaps => {
+        Mode::NftablesChains | Mode::Nftables => {
             for family in ["ip", "ip6"] {
                 let table = env.node_exec(&["nft", "list", "table", family, "kube-proxy"]);
                 assert!(
@@ -1055,7 +1055,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
                 );
             }
         }
-        Mode::Nftables | Mode::NftablesMaps => {
+        Mode::NftablesChains | Mode::Nftables => {
             let tables = env.node_exec(&["nft", "list", "tables"]);
             for table in ["table ip kube-proxy", "table ip6 kube-proxy"] {
                 assert!(tables.lines().any(|l| l == table), "{table}?\n{tables}");
@@ -1072,8 +1072,8 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
         // IPVS's virtual servers and kube-ipvs0 stay too.
         Mode::Iptables
         | Mode::IptablesRestore
+        | Mode::NftablesChains
         | Mode::Nftables
-        | Mode::NftablesMaps
         | Mode::Ipvs => assert!(
             outcome.pod().is_some(),
             "rules must outlive the proxy's exit: {outcome:?}{}",
@@ -1320,7 +1320,7 @@ pub fn restricted_node_ports(mode: Mode) {
                 );
             }
         }
-        Mode::Nftables | Mode::NftablesMaps => {
+        Mode::NftablesChains | Mode::Nftables => {
             for family in ["ip", "ip6"] {
                 let forward = env.node_exec(&[
                     "nft",
@@ -1330,7 +1330,7 @@ pub fn restricted_node_ports(mode: Mode) {
                     "kube-proxy",
                     "filter-forward",
                 ]);
-                let complete = if mode == Mode::NftablesMaps {
+                let complete = if mode == Mode::Nftables {
                     forward.contains("jump entry-filter")
                         && forward.contains("jump cluster-ip-filter")
                 } else {
@@ -1456,7 +1456,7 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
                 "skipped objects must not be programmed:\n{nat}"
             );
         }
-        Mode::NftablesMaps => {
+        Mode::Nftables => {
             // No name reaches this layout: its elements hold addresses and ports only.
             let table = env.node_exec(&["nft", "list", "table", "ip", "kube-proxy"]);
             assert!(
@@ -1468,7 +1468,7 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
                 "skipped objects must not be programmed:\n{table}"
             );
         }
-        Mode::Nftables => {
+        Mode::NftablesChains => {
             // The names are in the per-service chain names, with characters nft identifiers
             // cannot hold replaced.
             let table = env.node_exec(&["nft", "list", "table", "ip", "kube-proxy"]);
@@ -1549,7 +1549,7 @@ pub fn masquerade_all_and_invalid_input(mode: Mode) {
                 assert!(!state.contains("127.0.0.1"), "{state}");
             }
         }
-        Mode::Nftables | Mode::NftablesMaps => {
+        Mode::NftablesChains | Mode::Nftables => {
             // Never localhost NodePorts: the NodePort addresses are the node's primary IP.
             let ips = env.node_exec(&["nft", "list", "set", "ip", "kube-proxy", "nodeport-ips"]);
             assert!(
@@ -1700,7 +1700,7 @@ pub fn unallocated_cluster_ips(mode: Mode) {
         .tcp(&client, ip(UNALLOCATED), kp_testbed::DEFAULT_ECHO_PORT)
         .expect("probe");
     match mode {
-        Mode::Nftables | Mode::NftablesMaps => assert_eq!(
+        Mode::NftablesChains | Mode::Nftables => assert_eq!(
             outcome,
             Outcome::TimedOut,
             "dropped: inside the ServiceCIDR, no Service{}",
@@ -2002,8 +2002,8 @@ pub fn link_local_node(mode: Mode) {
                 Mode::Userspace => cl.node_ip(),
                 Mode::Iptables
                 | Mode::IptablesRestore
+                | Mode::NftablesChains
                 | Mode::Nftables
-                | Mode::NftablesMaps
                 | Mode::Ipvs => client.ip(),
             };
             assert_eq!(

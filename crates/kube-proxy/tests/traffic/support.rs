@@ -66,11 +66,11 @@ pub enum Mode {
     /// `--proxy-mode=iptables` with the netlink path forced off
     /// (`KUBE_PROXY_RS_IPTABLES_NETLINK=off`): the `iptables-restore` fallback.
     IptablesRestore,
-    /// `--proxy-mode=nftables`.
+    /// `--proxy-mode=nftables` as a fresh install runs it: the verdict-free layout.
     Nftables,
-    /// `--proxy-mode=nftables` in the verdict-free layout
-    /// (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`).
-    NftablesMaps,
+    /// `--proxy-mode=nftables --nftables-layout=chains`: a chain per service and endpoint,
+    /// as upstream.
+    NftablesChains,
     /// `--proxy-mode=userspace`: the relay, with iptables rules redirecting to it.
     Userspace,
     /// `--proxy-mode=ipvs`: only inside the kp-vm guest (this machine's kernel has no IPVS,
@@ -83,7 +83,7 @@ impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::Iptables | Mode::IptablesRestore => "iptables",
-            Mode::Nftables | Mode::NftablesMaps => "nftables",
+            Mode::NftablesChains | Mode::Nftables => "nftables",
             Mode::Userspace => "userspace",
             Mode::Ipvs => "ipvs",
         }
@@ -91,7 +91,7 @@ impl Mode {
 
     /// nftables mode, whichever layout it writes.
     pub fn is_nftables(self) -> bool {
-        matches!(self, Mode::Nftables | Mode::NftablesMaps)
+        matches!(self, Mode::NftablesChains | Mode::Nftables)
     }
 
     /// iptables mode, whichever way its rules are written.
@@ -103,13 +103,13 @@ impl Mode {
     fn flags(self) -> Vec<String> {
         match self {
             // Upstream has no nftables flag of its own: this one sets both modes' period.
-            Mode::Iptables
-            | Mode::IptablesRestore
-            | Mode::Nftables
-            | Mode::NftablesMaps
-            | Mode::Userspace => {
+            Mode::Iptables | Mode::IptablesRestore | Mode::Nftables | Mode::Userspace => {
                 vec!["--iptables-min-sync-period=0s".to_owned()]
             }
+            Mode::NftablesChains => vec![
+                "--iptables-min-sync-period=0s".to_owned(),
+                "--nftables-layout=chains".to_owned(),
+            ],
             Mode::Ipvs => vec![
                 "--iptables-min-sync-period=0s".to_owned(),
                 "--ipvs-min-sync-period=0s".to_owned(),
@@ -123,7 +123,7 @@ impl Mode {
             Mode::Iptables | Mode::IptablesRestore | Mode::Userspace => {
                 &[&["iptables-save"], &["ip6tables-save"]]
             }
-            Mode::Nftables | Mode::NftablesMaps => &[&["nft", "list", "ruleset"]],
+            Mode::NftablesChains | Mode::Nftables => &[&["nft", "list", "ruleset"]],
             Mode::Ipvs => &[&["ipvsadm", "-Ln"], &["ipset", "list"], &["iptables-save"]],
         };
         tools
@@ -624,9 +624,6 @@ impl Proxy {
         LAUNCHER.get().copied().unwrap_or(run_built_binary)(launch.command_mut(), &source, state);
         if mode == Mode::IptablesRestore {
             launch = launch.env(NETLINK_ENV, "off");
-        }
-        if mode == Mode::NftablesMaps {
-            launch = launch.env("KUBE_PROXY_RS_NFTABLES_LAYOUT", "maps");
         }
         for (key, value) in &flags.env {
             launch = launch.env(key, value);

@@ -355,7 +355,7 @@ fn nftables_maps_names_the_elements_that_decide_the_packet() {
     // Both serving, ready endpoints are slots; the terminating one is not used.
     let slots: Vec<&(&str, String, String)> = found
         .iter()
-        .filter(|(k, n, _)| *k == "map element" && n.starts_with("endpoints-tcp {"))
+        .filter(|(k, n, _)| *k == "map element" && n.starts_with("endpoints-2-tcp {"))
         .collect();
     assert_eq!(slots.len(), 2, "{found:#?}");
     assert!(

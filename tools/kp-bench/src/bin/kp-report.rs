@@ -54,8 +54,8 @@ struct ModeSpec {
 /// on each backend (chosen with `--iptables-backend`, as an operator would), nftables, and
 /// ipvs in the test VM, all reading manifests; then the control plane alone and nftables
 /// watching the fake API server (`kp-scale --source api`), as a cluster runs them; then
-/// nftables mode's verdict-free layout (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`) from both
-/// sources.
+/// nftables mode's verdict-free layout (`--nftables-layout=maps`, the default; the `nftables`
+/// series are `--nftables-layout=chains`) from both sources.
 const MODES: &[ModeSpec] = &[
     ModeSpec {
         name: "fake",
@@ -147,6 +147,18 @@ const MODES: &[ModeSpec] = &[
         connect: false,
         vm: false,
         largest: usize::MAX,
+        checks: false,
+    },
+    // The edit rewritten in place into one file holding every object, as `cat > file` or a
+    // configuration-management tool writes it (issue 34): only where files get that large.
+    ModeSpec {
+        name: "nftables-maps-in-place",
+        proxy_mode: "nftables-maps",
+        scale_args: &["--layout", "single", "--write", "in-place"],
+        scale: true,
+        connect: false,
+        vm: false,
+        largest: 10_000,
         checks: false,
     },
 ];

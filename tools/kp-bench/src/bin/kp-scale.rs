@@ -39,9 +39,10 @@ use kp_testbed::proxy::{LogEntry, NextLine, ProxyProcess};
 enum Mode {
     /// `--proxy-mode iptables`.
     Iptables,
-    /// `--proxy-mode nftables` (`nft -f -`; no render line in its log).
+    /// `--proxy-mode nftables --nftables-layout=chains` (upstream's layout; no render line in
+    /// its log).
     Nftables,
-    /// `--proxy-mode nftables` in the verdict-free layout (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`).
+    /// `--proxy-mode nftables --nftables-layout=maps`: the verdict-free layout, the default.
     NftablesMaps,
     /// `--proxy-mode fake`: the control plane only, nothing programmed.
     Fake,
@@ -339,14 +340,12 @@ impl Proxy {
             Variant::Legacy => "--iptables-backend=legacy",
             Variant::Nft => "--iptables-backend=nft",
         };
-        let layout = if args.mode == Mode::NftablesMaps {
-            "maps"
-        } else {
-            "chains"
+        let layout = match args.mode {
+            Mode::Nftables => Some("--nftables-layout=chains"),
+            Mode::NftablesMaps => Some("--nftables-layout=maps"),
+            Mode::Iptables | Mode::Fake | Mode::Ipvs => None,
         };
-        let mut launch = netns
-            .proxy(&args.binary)?
-            .env("KUBE_PROXY_RS_NFTABLES_LAYOUT", layout);
+        let mut launch = netns.proxy(&args.binary)?;
         if let Some(guard) = &args.removal_guard {
             launch = launch.env("KUBE_PROXY_RS_MANIFESTS_REMOVAL_GUARD", guard);
         }
@@ -359,6 +358,7 @@ impl Proxy {
                 "--iptables-min-sync-period=0s",
                 "--ipvs-min-sync-period=0s",
             ])
+            .args(layout)
             .log_file(log)
             .spawn()
             .context("starting kube-proxy")?;

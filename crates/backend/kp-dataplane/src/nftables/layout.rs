@@ -3,8 +3,8 @@
 //! without verdicts, behind a fixed part of ~20 chains, so a one-service change is one
 //! element transaction that the kernel neither validates nor walks the table for.
 //!
-//! Chosen with [`LAYOUT_ENV`]`=maps` while it proves itself against every nftables suite;
-//! the chain-per-service layout ([`super::NftablesBackend`]) is the default.
+//! nftables mode's default layout; `--nftables-layout=chains` writes the chain-per-service
+//! layout ([`super::NftablesBackend`]) instead.
 //!
 //! One sync, per family:
 //!
@@ -65,25 +65,9 @@ pub use fake::{FakeLayoutIo, LayoutCall};
 pub use io::{LayoutIo, NetlinkLayoutIo};
 pub use kp_nftnl::layout::Readback;
 
-/// Chooses the layout of nftables mode: `chains` (the default: one chain per service and
-/// endpoint, as upstream) or `maps` (this module).
-pub const LAYOUT_ENV: &str = "KUBE_PROXY_RS_NFTABLES_LAYOUT";
-
 /// Elements per kernel transaction of a large full sync (the kernel takes a transaction in
 /// one `sendmsg`; this keeps each batch a few MB).
 pub const STEP: usize = 50_000;
-
-/// Whether [`LAYOUT_ENV`] asks for this layout; any value but `maps` and `chains` is an
-/// error naming both.
-pub fn layout_from_env(value: Option<&str>) -> Result<bool, String> {
-    match value {
-        None | Some("" | "chains") => Ok(false),
-        Some("maps") => Ok(true),
-        Some(other) => Err(format!(
-            "{LAYOUT_ENV}={other:?} is neither `chains` nor `maps`"
-        )),
-    }
-}
 
 /// Loads of at least this many elements leave the notification group (see
 /// [`LayoutBackend::quiet_from`]).

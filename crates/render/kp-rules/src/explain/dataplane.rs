@@ -24,9 +24,9 @@ use crate::userspace;
 /// The proxy mode whose objects to name (iptables mode's are always in the hops).
 #[derive(Clone, Debug)]
 pub enum Mode<'a> {
-    /// Upstream's nftables layout.
+    /// Upstream's nftables layout (`--nftables-layout=chains`).
     Nftables,
-    /// nftables mode's verdict-free layout (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`).
+    /// nftables mode's verdict-free layout (the default).
     NftablesMaps,
     /// IPVS virtual servers, planned with this configuration.
     Ipvs(&'a IpvsConfig),

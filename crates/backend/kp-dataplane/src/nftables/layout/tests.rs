@@ -293,6 +293,42 @@ async fn a_table_of_another_layout_is_replaced_in_one_transaction() {
     assert!(delete < dispatch && dispatch < element, "{script}");
 }
 
+/// This layout before its endpoints maps were per class: the rules of the new classes must
+/// never point at the shared maps being emptied, so the table is replaced whole.
+#[tokio::test]
+async fn a_table_of_this_layouts_earlier_version_is_replaced_in_one_transaction() {
+    let io = FakeLayoutIo::new();
+    io.set_table(
+        IpFamily::V4,
+        Readback {
+            chains: vec!["dispatch".into(), "pick".into()],
+            sets: vec![
+                "slots-1".into(),
+                "endpoints-tcp".into(),
+                "cluster-ips".into(),
+            ],
+            ..Readback::default()
+        },
+    );
+    let mut backend = backend_on(&io);
+    sync(
+        &mut backend,
+        &two_services(),
+        SyncKind::Full,
+        &BTreeSet::new(),
+    )
+    .await;
+    assert!(element_calls(&io).is_empty(), "everything in one script");
+    let scripts = scripts(&io);
+    assert_eq!(scripts.len(), 1, "{scripts:?}");
+    assert!(
+        scripts[0].contains("delete table ip kube-proxy"),
+        "{}",
+        scripts[0]
+    );
+    assert!(!scripts[0].contains("endpoints-tcp "), "{}", scripts[0]);
+}
+
 #[tokio::test]
 async fn a_changed_service_cidr_rewrites_the_fixed_part_in_a_partial_sync() {
     let io = FakeLayoutIo::new();
@@ -349,13 +385,14 @@ async fn the_canary_check_names_a_missing_table_and_chain() {
     );
 }
 
-/// A slot of entry `i` (0 ≤ i < n) of service `s`.
-fn slot(s: u8, i: u32) -> Element {
+/// Slot `i` of service `s`'s 250 slots.
+fn slot(s: u8, i: u8) -> Element {
     Element::Slot {
         slots: Slots::Policy,
+        count: 250,
         entry: entry(s),
-        slot: i,
-        addr: IpAddr::from([10, 244, s, i as u8]),
+        slot: u16::from(i),
+        addr: IpAddr::from([10, 244, s, i]),
         port: 8080,
     }
 }
@@ -386,6 +423,7 @@ fn a_large_full_sync_fills_slots_before_entries_and_deletes_last() {
     }
     let replaced = Element::Slot {
         slots: Slots::Policy,
+        count: 250,
         entry: entry(7),
         slot: 7,
         addr: IpAddr::from([192, 0, 2, 1]),

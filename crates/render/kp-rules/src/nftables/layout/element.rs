@@ -219,10 +219,12 @@ pub enum Element {
     Slot {
         /// Which list.
         slots: Slots,
+        /// How many slots the entry's list has (its class: the map holding the slot).
+        count: u16,
         /// The entry.
         entry: Entry,
-        /// `0 ≤ slot < N`.
-        slot: u32,
+        /// `0 ≤ slot < N` (32 bits in the kernel, where `numgen` writes it).
+        slot: u16,
         /// The endpoint's address.
         addr: IpAddr,
         /// The endpoint's port.
@@ -239,6 +241,11 @@ pub enum Element {
     /// `ADDR . PORT` in an affinity port's endpoints set of a list.
     AffinityEndpoint(AffinityPort, PinList, IpAddr, u16),
 }
+
+/// Slots per list at most: a slot element holds its index and its list's count in 16 bits
+/// each, since the element's size is the state's memory; a longer list uses its first
+/// 65,535 endpoints.
+pub const MAX_SLOTS: u16 = u16::MAX;
 
 // The state keeps every element twice (its port's list and the claim list): at 10k
 // services × 10 endpoints each byte is ~0.6 MB of peak RSS (bench/reasons.md).
@@ -267,19 +274,35 @@ pub fn entry_set_name(set: EntrySet, node_port: bool) -> String {
 /// [`slot_map_name`]).
 pub const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
-/// The name of the endpoints map of `slots` for an entry of that kind and protocol
-/// (`endpoints-tcp`, `nodeport-short-circuit-endpoints-udp`, ...). One map per protocol:
-/// nft 1.0.6 cannot add a rule looking up a map whose data was declared (in an earlier
-/// run) as `ip daddr . th dport` ("conflicting protocols specified"), so each map's data is
-/// declared with its own protocol's port, and each rule matches that protocol.
-pub fn slot_map_name(slots: Slots, node_port: bool, proto: Protocol) -> String {
+/// The name of the endpoints map of the `count`-slot class of `slots` for an entry of that
+/// kind and protocol (`endpoints-3-tcp`, `nodeport-short-circuit-endpoints-10-udp`, ...).
+///
+/// One map per class: a rule looking a map up binds it, and binding a data map walks every
+/// element it holds (`nf_tables_bind_set`), so a rule added for a new class must find its
+/// map empty, not shared with every other class (at 100k services a shared map made each
+/// new class cost ~0.5 s of kernel time, and each full sync's rewrite of the rules many
+/// times that). One map per protocol: nft 1.0.6 cannot add a rule looking up a map whose
+/// data was declared (in an earlier run) as `ip daddr . th dport` ("conflicting protocols
+/// specified"), so each map's data is declared with its own protocol's port, and each rule
+/// matches that protocol.
+pub fn slot_map_name(slots: Slots, count: u32, node_port: bool, proto: Protocol) -> String {
     let base = match (slots, node_port) {
         (Slots::Policy, false) => "endpoints",
         (Slots::Policy, true) => "nodeport-endpoints",
         (Slots::ShortCircuit, false) => "short-circuit-endpoints",
         (Slots::ShortCircuit, true) => "nodeport-short-circuit-endpoints",
     };
-    format!("{base}-{}", proto.as_str())
+    format!("{base}-{count}-{}", proto.as_str())
+}
+
+/// Whether `name` is an endpoints map of this layout's earlier versions, one per list and
+/// protocol shared by every class (`endpoints-tcp`): a table holding one is replaced whole
+/// rather than adopted, so no rule ever points at a map being emptied.
+pub fn is_shared_slot_map(name: &str) -> bool {
+    let base = name.strip_prefix("nodeport-").unwrap_or(name);
+    let base = base.strip_prefix("short-circuit-").unwrap_or(base);
+    base.strip_prefix("endpoints-")
+        .is_some_and(|proto| PROTOCOLS.iter().any(|p| p.as_str() == proto))
 }
 
 /// The protocol of an entry.
@@ -301,9 +324,17 @@ impl Element {
     pub fn set_name(&self) -> String {
         match self {
             Element::Entry(set, entry) => entry_set_name(*set, entry.is_node_port()),
-            Element::Slot { slots, entry, .. } => {
-                slot_map_name(*slots, entry.is_node_port(), entry_protocol(entry))
-            }
+            Element::Slot {
+                slots,
+                count,
+                entry,
+                ..
+            } => slot_map_name(
+                *slots,
+                u32::from(*count),
+                entry.is_node_port(),
+                entry_protocol(entry),
+            ),
             Element::Allow(..) => FIREWALL_ALLOW.to_owned(),
             Element::Hairpin(_) => HAIRPIN.to_owned(),
             Element::ClusterIp(_) => CLUSTER_IPS.to_owned(),
@@ -319,9 +350,17 @@ impl Element {
     pub fn set_of(&self) -> SetOf {
         match self {
             Element::Entry(set, entry) => SetOf::Entries(*set, entry.is_node_port()),
-            Element::Slot { slots, entry, .. } => {
-                SetOf::Slots(*slots, entry.is_node_port(), entry_protocol(entry))
-            }
+            Element::Slot {
+                slots,
+                count,
+                entry,
+                ..
+            } => SetOf::Slots(
+                *slots,
+                u32::from(*count),
+                entry.is_node_port(),
+                entry_protocol(entry),
+            ),
             Element::Allow(..) => SetOf::FirewallAllow,
             Element::Hairpin(_) => SetOf::Hairpin,
             Element::ClusterIp(_) => SetOf::ClusterIps,
@@ -343,9 +382,14 @@ impl Element {
     pub fn key(&self) -> Element {
         match self {
             Element::Slot {
-                slots, entry, slot, ..
+                slots,
+                count,
+                entry,
+                slot,
+                ..
             } => Element::Slot {
                 slots: *slots,
+                count: *count,
                 entry: *entry,
                 slot: *slot,
                 addr: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
@@ -398,8 +442,8 @@ impl fmt::Display for Element {
 pub enum SetOf {
     /// Entries (`E`, or `P` when `node_port`) of an [`EntrySet`].
     Entries(EntrySet, bool),
-    /// Slot elements of an endpoints map (`E . slot : addr . port`) of one protocol.
-    Slots(Slots, bool, Protocol),
+    /// Slot elements of a class's endpoints map (`E . slot : addr . port`) of one protocol.
+    Slots(Slots, u32, bool, Protocol),
     /// `firewall-allow`.
     FirewallAllow,
     /// `hairpin`.
@@ -430,24 +474,13 @@ impl SetOf {
             None => (false, name),
         };
         let parsed = match base {
-            "endpoints-tcp" => SetOf::Slots(Slots::Policy, node_port, Protocol::Tcp),
-            "endpoints-udp" => SetOf::Slots(Slots::Policy, node_port, Protocol::Udp),
-            "endpoints-sctp" => SetOf::Slots(Slots::Policy, node_port, Protocol::Sctp),
-            "short-circuit-endpoints-tcp" => {
-                SetOf::Slots(Slots::ShortCircuit, node_port, Protocol::Tcp)
-            }
-            "short-circuit-endpoints-udp" => {
-                SetOf::Slots(Slots::ShortCircuit, node_port, Protocol::Udp)
-            }
-            "short-circuit-endpoints-sctp" => {
-                SetOf::Slots(Slots::ShortCircuit, node_port, Protocol::Sctp)
-            }
             "masquerade-all" => SetOf::Entries(EntrySet::MasqueradeAll, node_port),
             "masquerade-not-local" => SetOf::Entries(EntrySet::MasqueradeNotLocal, node_port),
             "short-circuit" => SetOf::Entries(EntrySet::ShortCircuit, node_port),
             "reject-services" => SetOf::Entries(EntrySet::Reject, node_port),
             "drop-services" => SetOf::Entries(EntrySet::Drop, node_port),
             "firewall-entries" => SetOf::Entries(EntrySet::Firewall, node_port),
+            other if other.contains("endpoints-") => Self::parse_slots(other, node_port)?,
             other => {
                 let set = if let Some(n) = other.strip_prefix("short-circuit-slots-") {
                     EntrySet::Count(Slots::ShortCircuit, n.parse().ok()?)
@@ -462,10 +495,22 @@ impl SetOf {
         // Names are canonical: `slots-03` is not ours.
         let canonical = match parsed {
             SetOf::Entries(set, np) => entry_set_name(set, np),
-            SetOf::Slots(slots, np, proto) => slot_map_name(slots, np, proto),
+            SetOf::Slots(slots, n, np, proto) => slot_map_name(slots, n, np, proto),
             _ => return Some(parsed),
         };
         (canonical == name).then_some(parsed)
+    }
+
+    /// A class's endpoints map, `base` being its name without `nodeport-`
+    /// (`short-circuit-endpoints-3-udp`); canonical spelling is checked by the caller.
+    fn parse_slots(base: &str, node_port: bool) -> Option<Self> {
+        let (slots, rest) = match base.strip_prefix("short-circuit-endpoints-") {
+            Some(rest) => (Slots::ShortCircuit, rest),
+            None => (Slots::Policy, base.strip_prefix("endpoints-")?),
+        };
+        let (count, proto) = rest.split_once('-')?;
+        let proto = PROTOCOLS.into_iter().find(|p| p.as_str() == proto)?;
+        Some(SetOf::Slots(slots, count.parse().ok()?, node_port, proto))
     }
 
     /// An affinity port's set named `name`.
@@ -496,7 +541,7 @@ impl SetOf {
     pub fn node_port(self) -> bool {
         match self {
             SetOf::Entries(_, node_port)
-            | SetOf::Slots(_, node_port, _)
+            | SetOf::Slots(_, _, node_port, _)
             | SetOf::AffinityEntries(_, _, node_port) => node_port,
             _ => false,
         }

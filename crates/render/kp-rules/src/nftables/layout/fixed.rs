@@ -75,6 +75,7 @@ pub fn is_own_set(name: &str) -> bool {
             seconds.parse::<u64>().is_ok() && PROTOCOLS.iter().any(|p| p.as_str() == proto)
         });
     legacy_map
+        || super::element::is_shared_slot_map(name)
         || AffinityPort::of_map(name).is_some()
         || Class::of_set_name(name).is_some()
         || super::element::SetOf::parse(name)
@@ -265,22 +266,9 @@ pub fn fixed_part(
 
 /// Sets and maps that do not depend on a class.
 fn declare_sets(s: &mut Script<'_>) {
-    let (ip, addr) = (s.config.ip(), s.config.addr_type());
+    let addr = s.config.addr_type();
     let entry = format!("{addr} . inet_proto . inet_service");
     for node_port in [false, true] {
-        let key = entry_key(ip, node_port);
-        for slots in [Slots::Policy, Slots::ShortCircuit] {
-            for proto in PROTOCOLS {
-                let map = slot_map_name(slots, node_port, proto);
-                let proto = proto.as_str();
-                s.push(
-                    "add map",
-                    format_args!(
-                        "{map} {{ typeof {key} . numgen random mod 1 : {ip} daddr . {proto} dport ; }}"
-                    ),
-                );
-            }
-        }
         let ty = if node_port {
             "inet_proto . inet_service"
         } else {
@@ -407,7 +395,14 @@ fn count_part(s: &mut Script<'_>, slots: Slots, n: u32) {
         let set = entry_set_name(super::element::EntrySet::Count(slots, n), node_port);
         s.push("add set", format_args!("{set} {{ type {ty} ; }}"));
         for proto in PROTOCOLS {
-            let map = slot_map_name(slots, node_port, proto);
+            let map = slot_map_name(slots, n, node_port, proto);
+            s.push(
+                "add map",
+                format_args!(
+                    "{map} {{ typeof {key} . numgen random mod 1 : {ip} daddr . {} dport ; }}",
+                    proto.as_str()
+                ),
+            );
             let l4 = format!("meta l4proto {} {dst}", proto.as_str());
             let pick =
                 format!("{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}");
@@ -648,7 +643,11 @@ fn class_objects(class: Class) -> (Vec<String>, Vec<String>) {
     match class {
         Class::Count(slots, n) => {
             let set = super::element::EntrySet::Count(slots, n);
-            (both.map(|np| entry_set_name(set, np)).to_vec(), Vec::new())
+            let maps = both
+                .into_iter()
+                .flat_map(|np| PROTOCOLS.map(|proto| slot_map_name(slots, n, np, proto)))
+                .collect();
+            (both.map(|np| entry_set_name(set, np)).to_vec(), maps)
         }
         Class::Affinity(port) => {
             let mut sets: Vec<String> = PIN_LISTS.map(|list| port.endpoints_name(list)).to_vec();

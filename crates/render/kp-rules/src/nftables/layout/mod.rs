@@ -4,9 +4,9 @@
 //! is a transaction of element updates that the kernel neither validates nor walks the
 //! table for.
 //!
-//! nftables mode writes it when asked (`KUBE_PROXY_RS_NFTABLES_LAYOUT=maps`, backend
-//! `kp_dataplane::nftables::layout`); by default it writes [`render`](super::render)'s
-//! chain-per-service layout. This module is the pure half, split by phase:
+//! nftables mode writes it by default (backend `kp_dataplane::nftables::layout`);
+//! `--nftables-layout=chains` writes [`render`](super::render)'s chain-per-service layout
+//! instead. This module is the pure half, split by phase:
 //!
 //! - [`element`]: the elements and the names of the sets holding them;
 //! - [`service`]: one service port's elements, read from the shared

@@ -7,7 +7,9 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kp_core::model::{Endpoint, ServicePort};
 
-use super::element::{AffinityPort, AffinitySet, Element, Entry, EntrySet, PinList, Slots};
+use super::element::{
+    AffinityPort, AffinitySet, Element, Entry, EntrySet, MAX_SLOTS, PinList, Slots,
+};
 use crate::plan::{EndpointList, ExternalMasquerade, InternalMasquerade, NoEndpoints, ServicePlan};
 
 /// The elements of `svc` (one family's view, whose ClusterIP is `cluster_ip`) as `plan`
@@ -151,16 +153,18 @@ fn slots(out: &mut BTreeSet<Element>, entry: Entry, slots: Slots, list: &[&Endpo
         .copied()
         .filter(|ep| seen.insert((ep.ip, ep.port)))
         .collect();
-    let Ok(count) = u32::try_from(unique.len()) else {
-        return;
-    };
+    let count = u16::try_from(unique.len()).unwrap_or(MAX_SLOTS);
     if count == 0 {
         return;
     }
-    out.insert(Element::Entry(EntrySet::Count(slots, count), entry));
+    out.insert(Element::Entry(
+        EntrySet::Count(slots, u32::from(count)),
+        entry,
+    ));
     for (slot, ep) in (0..count).zip(unique) {
         out.insert(Element::Slot {
             slots,
+            count,
             entry,
             slot,
             addr: ep.ip,

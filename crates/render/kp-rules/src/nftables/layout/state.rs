@@ -60,7 +60,9 @@ impl Class {
     /// The class whose set `set` is (`slots-3`, `affinity-tcp-10800-HASH-entries`, ...).
     pub fn of_set(set: SetOf) -> Option<Self> {
         match set {
-            SetOf::Entries(EntrySet::Count(slots, n), _) => Some(Class::Count(slots, n)),
+            SetOf::Entries(EntrySet::Count(slots, n), _) | SetOf::Slots(slots, n, ..) => {
+                Some(Class::Count(slots, n))
+            }
             SetOf::AffinityEntries(port, ..) | SetOf::AffinityEndpoints(port, _) => {
                 Some(Class::Affinity(port))
             }

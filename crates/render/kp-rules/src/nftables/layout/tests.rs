@@ -116,9 +116,9 @@ fn a_clusterip_is_one_element_per_endpoint_and_its_decisions() {
         [
             "slots-3 { 10.96.0.1 . tcp . 80 }",
             "masquerade-not-local { 10.96.0.1 . tcp . 80 }",
-            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
-            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
-            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
+            "endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
+            "endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
+            "endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
             "hairpin { 10.244.0.1 . 10.244.0.1 }",
             "hairpin { 10.244.0.2 . 10.244.0.2 }",
             "hairpin { 10.244.0.3 . 10.244.0.3 }",
@@ -172,9 +172,9 @@ fn external_policy_local_short_circuits_to_the_cluster_list() {
             "short-circuit-slots-2 { 192.0.2.1 . tcp . 80 }",
             "short-circuit { 192.0.2.1 . tcp . 80 }",
             "firewall-entries { 192.0.2.1 . tcp . 80 }",
-            "endpoints-tcp { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
-            "short-circuit-endpoints-tcp { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
-            "short-circuit-endpoints-tcp { 192.0.2.1 . tcp . 80 . 1 : 10.244.1.1 . 8080 }",
+            "endpoints-1-tcp { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
+            "short-circuit-endpoints-2-tcp { 192.0.2.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
+            "short-circuit-endpoints-2-tcp { 192.0.2.1 . tcp . 80 . 1 : 10.244.1.1 . 8080 }",
             "firewall-allow { 192.0.2.1 . tcp . 80 . 198.51.100.0/24 }",
             &format!("{base}-entries {{ 192.0.2.1 . tcp . 80 }}"),
             &format!("{base}-short-circuit-entries {{ 192.0.2.1 . tcp . 80 }}"),
@@ -211,8 +211,8 @@ fn moving_one_endpoint_rewrites_one_slot_and_its_hairpin() {
     assert_eq!(
         sync(&mut installed, partial),
         [
-            "delete element ip kube-proxy endpoints-tcp { 10.96.0.1 . tcp . 80 . 0 }",
-            "add element ip kube-proxy endpoints-tcp { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
+            "delete element ip kube-proxy endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 0 }",
+            "add element ip kube-proxy endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
             "add element ip kube-proxy hairpin { 10.244.0.9 . 10.244.0.9 }",
         ],
         "db still claims 10.244.0.1's hairpin element"
@@ -233,9 +233,9 @@ fn moving_one_endpoint_rewrites_one_slot_and_its_hairpin() {
         [
             "slots-3 { 10.96.0.1 . tcp . 80 }",
             "masquerade-not-local { 10.96.0.1 . tcp . 80 }",
-            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
-            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
-            "endpoints-tcp { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
+            "endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.9 . 8080 }",
+            "endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
+            "endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
             "hairpin { 10.244.0.2 . 10.244.0.2 }",
             "hairpin { 10.244.0.3 . 10.244.0.3 }",
             "hairpin { 10.244.0.9 . 10.244.0.9 }",
@@ -279,16 +279,26 @@ fn a_new_endpoint_count_brings_its_set_and_rules_once() {
         grown,
         [
             "delete element ip kube-proxy slots-2 { 10.96.0.1 . tcp . 80 }",
+            "delete element ip kube-proxy endpoints-2-tcp { 10.96.0.1 . tcp . 80 . 0 }",
+            "delete element ip kube-proxy endpoints-2-tcp { 10.96.0.1 . tcp . 80 . 1 }",
             "add set ip kube-proxy slots-3 { type ipv4_addr . inet_proto . inet_service ; }",
-            "add rule ip kube-proxy pick meta l4proto tcp ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints-tcp",
-            "add rule ip kube-proxy pick meta l4proto udp ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints-udp",
-            "add rule ip kube-proxy pick meta l4proto sctp ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints-sctp",
+            "add map ip kube-proxy endpoints-3-tcp { typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . tcp dport ; }",
+            "add rule ip kube-proxy pick meta l4proto tcp ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints-3-tcp",
+            "add map ip kube-proxy endpoints-3-udp { typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . udp dport ; }",
+            "add rule ip kube-proxy pick meta l4proto udp ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints-3-udp",
+            "add map ip kube-proxy endpoints-3-sctp { typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . sctp dport ; }",
+            "add rule ip kube-proxy pick meta l4proto sctp ip daddr . meta l4proto . th dport @slots-3 dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints-3-sctp",
             "add set ip kube-proxy nodeport-slots-3 { type inet_proto . inet_service ; }",
-            "add rule ip kube-proxy pick meta l4proto tcp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-tcp",
-            "add rule ip kube-proxy pick meta l4proto udp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-udp",
-            "add rule ip kube-proxy pick meta l4proto sctp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-sctp",
+            "add map ip kube-proxy nodeport-endpoints-3-tcp { typeof meta l4proto . th dport . numgen random mod 1 : ip daddr . tcp dport ; }",
+            "add rule ip kube-proxy pick meta l4proto tcp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-3-tcp",
+            "add map ip kube-proxy nodeport-endpoints-3-udp { typeof meta l4proto . th dport . numgen random mod 1 : ip daddr . udp dport ; }",
+            "add rule ip kube-proxy pick meta l4proto udp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-3-udp",
+            "add map ip kube-proxy nodeport-endpoints-3-sctp { typeof meta l4proto . th dport . numgen random mod 1 : ip daddr . sctp dport ; }",
+            "add rule ip kube-proxy pick meta l4proto sctp fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport @nodeport-slots-3 dnat ip to meta l4proto . th dport . numgen random mod 3 map @nodeport-endpoints-3-sctp",
             "add element ip kube-proxy slots-3 { 10.96.0.1 . tcp . 80 }",
-            "add element ip kube-proxy endpoints-tcp { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
+            "add element ip kube-proxy endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 0 : 10.244.0.1 . 8080 }",
+            "add element ip kube-proxy endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080 }",
+            "add element ip kube-proxy endpoints-3-tcp { 10.96.0.1 . tcp . 80 . 2 : 10.244.0.3 . 8080 }",
             "add element ip kube-proxy hairpin { 10.244.0.3 . 10.244.0.3 }",
         ]
     );
@@ -575,4 +585,42 @@ fn an_affinity_port_s_rules_read_both_maps_and_record_into_each_list() {
         declared,
         "every set and map deleted: {deleted:#?}"
     );
+}
+
+#[test]
+fn each_class_has_its_own_endpoints_maps_and_the_shared_ones_of_before_are_ours() {
+    use super::element::{SetOf, is_shared_slot_map};
+    for name in [
+        "endpoints-3-tcp",
+        "nodeport-endpoints-1-udp",
+        "short-circuit-endpoints-12-sctp",
+        "nodeport-short-circuit-endpoints-2-tcp",
+    ] {
+        let set = SetOf::parse(name).unwrap_or_else(|| panic!("{name} parses"));
+        assert!(matches!(set, SetOf::Slots(..)), "{name}: {set:?}");
+        assert!(!is_shared_slot_map(name), "{name}");
+        assert!(fixed::is_own_set(name), "{name}");
+    }
+    let SetOf::Slots(slots, count, node_port, proto) =
+        SetOf::parse("nodeport-short-circuit-endpoints-12-udp").expect("parses")
+    else {
+        panic!("a slots map");
+    };
+    assert_eq!(
+        (slots, count, node_port, proto),
+        (Slots::ShortCircuit, 12, true, Protocol::Udp)
+    );
+    assert_eq!(
+        Class::of_set_name("endpoints-7-tcp"),
+        Some(Class::Count(Slots::Policy, 7))
+    );
+    for not_ours in ["endpoints-03-tcp", "endpoints-3-icmp", "endpoints--tcp"] {
+        assert_eq!(SetOf::parse(not_ours), None, "{not_ours}");
+    }
+    // The layout's earlier maps, one per list and protocol for every class.
+    for shared in ["endpoints-tcp", "nodeport-short-circuit-endpoints-sctp"] {
+        assert!(is_shared_slot_map(shared), "{shared}");
+        assert_eq!(SetOf::parse(shared), None, "{shared}");
+        assert!(fixed::is_own_set(shared), "{shared}");
+    }
 }
