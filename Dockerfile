@@ -1,7 +1,7 @@
 # kube-proxy-rs container image: build with `docker build -t kube-proxy-rs .` from the
 # repository root. The binary lands at /usr/local/bin/kube-proxy, where deploy/daemonset.yaml
-# (and kubeadm's DaemonSet) run it. It is built without the default `demo` feature: the demo's
-# test bed has no place on a node (`kube-proxy demo` then says this build has none).
+# (and kubeadm's DaemonSet) run it. It is built with the default features, which leave the demo
+# out: its test bed has no place on a node (`kube-proxy demo` then says this build has none).
 
 FROM rust:1-bookworm AS builder
 # kp-socklb's build.rs compiles the socket load balancer's BPF programs with clang and
@@ -11,7 +11,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p kube-proxy --no-default-features \
+RUN cargo build --release --locked -p kube-proxy \
     && install -D -m 0755 target/release/kube-proxy /out/kube-proxy
 
 FROM debian:bookworm-slim

@@ -81,6 +81,34 @@ fn removal_guard_from_env() -> anyhow::Result<kp_sources::manifests::RemovalGuar
     }
 }
 
+/// The longest delay between retries of a failed list or watch of the API server (a Go
+/// duration; default 30s, client-go's reflector cap).
+pub(crate) const API_RETRY_MAX_ENV: &str = "KUBE_PROXY_RS_API_RETRY_MAX";
+
+/// The retry policy [`API_RETRY_MAX_ENV`] asks for; unset is the default, zero or anything
+/// that is not a duration is an error.
+fn api_retry_from_env() -> anyhow::Result<kp_sources::api::RetryPolicy> {
+    api_retry(std::env::var(API_RETRY_MAX_ENV))
+}
+
+/// The retry policy for the value of [`API_RETRY_MAX_ENV`].
+fn api_retry(
+    value: Result<String, std::env::VarError>,
+) -> anyhow::Result<kp_sources::api::RetryPolicy> {
+    let value = match value {
+        Err(std::env::VarError::NotPresent) => return Ok(Default::default()),
+        Err(error) => return Err(anyhow::anyhow!("${API_RETRY_MAX_ENV}: {error}")),
+        Ok(value) => value,
+    };
+    let max = kp_config::duration::parse(value.trim())
+        .with_context(|| format!("${API_RETRY_MAX_ENV}"))?;
+    anyhow::ensure!(
+        !max.is_zero(),
+        "${API_RETRY_MAX_ENV}: {value:?} would retry a failed watch in a tight loop"
+    );
+    Ok(kp_sources::api::RetryPolicy::capped(max))
+}
+
 /// Starts the manifests source at `path` for `node_name`, its metrics in `registry`, telling
 /// `first_node` (when given) this node's Node once the first reading is done. Fails only for
 /// an invalid [`REMOVAL_GUARD_ENV`].
@@ -260,7 +288,7 @@ pub async fn run<B: Backend + 'static>(
         registry: Arc::new(registry),
         info: MetricsInfo {
             proxy_mode: mode.to_string(),
-            configz: serde_json::to_value(&config).context("encoding /configz")?,
+            configz: serde_json::to_value(config.versioned()).context("encoding /configz")?,
             zpages: Some(crate::zpages::pages(
                 &config,
                 std::env::args_os(),
@@ -423,11 +451,14 @@ async fn spawn_source(
     if let Some(path) = manifests {
         return start_manifests(path, node_name, registry, None);
     }
+    let retry = api_retry_from_env()?;
     let (tx, events) = mpsc::channel(EVENT_QUEUE);
     let shutdown = CancellationToken::new();
     let client = api_client(master, config).await?;
+    tracing::debug!(retry_max = ?retry.max, "API server retries back off up to this delay");
     let source = kp_sources::api::ApiSource::new(client, node_name.to_string())
         .service_proxy_name(config.service_proxy_name.clone())
+        .retry(retry)
         .register_metrics(registry);
     let task = tokio::spawn({
         let shutdown = shutdown.clone();
@@ -634,6 +665,30 @@ async fn bind_with_retry(
         tokio::select! {
             () = tokio::time::sleep(BIND_RETRY) => {}
             () = shutdown.cancelled() => return Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::env::VarError;
+
+    #[test]
+    fn the_api_retry_cap_is_a_go_duration_above_zero() {
+        let cap = |value: &str| api_retry(Ok(value.to_owned())).map(|p| p.max);
+        assert_eq!(
+            api_retry(Err(VarError::NotPresent)).ok(),
+            Some(kp_sources::api::RetryPolicy::default())
+        );
+        assert_eq!(cap("1m").ok(), Some(Duration::from_secs(60)));
+        assert_eq!(cap(" 500ms ").ok(), Some(Duration::from_millis(500)));
+        for bad in ["0", "0s", "30", "soon", ""] {
+            let error = cap(bad).expect_err(bad);
+            assert!(
+                format!("{error:#}").starts_with("$KUBE_PROXY_RS_API_RETRY_MAX"),
+                "{bad}: {error:#}"
+            );
         }
     }
 }

@@ -5,8 +5,9 @@
 //! pods' echo servers and the probes are this same binary re-run as `kube-proxy
 //! testbed-echo ...` ([`ECHO_SUBCOMMAND`]), and the proxy is this binary re-run inside the
 //! node namespace with `--manifests` pointing at the demo manifests of `examples/demo/`
-//! (compiled in, written to a temporary directory). So `cargo run -p kube-proxy -- demo`
-//! needs nothing else built, and the proxy under demonstration runs the production code path.
+//! (compiled in, written to a temporary directory). So `cargo run -p kube-proxy --features
+//! demo -- demo` needs nothing else built, and the proxy under demonstration runs the
+//! production code path.
 //!
 //! Nothing outside the namespaces changes: every link has both ends inside them, the proxy
 //! is told not to touch the global conntrack sysctls, and its rules live in the node

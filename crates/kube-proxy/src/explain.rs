@@ -156,6 +156,11 @@ struct Args {
     /// The cgroup the socket load balancer attaches to (as the proxy's --socket-lb-cgroup).
     #[arg(long, value_name = "DIR", help_heading = "Proxy configuration")]
     socket_lb_cgroup: Option<String>,
+
+    /// nftables mode's table layout whose objects are shown (as the proxy's
+    /// `--nftables-layout`; default: the file's nftablesLayout, else maps).
+    #[arg(long, value_name = "maps|chains", value_parser = kp_config::NftablesLayout::from_str, help_heading = "Proxy configuration")]
+    nftables_layout: Option<kp_config::NftablesLayout>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, kp_config::duration::DurationError> {
@@ -214,7 +219,10 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
     for warning in &loaded.warnings {
         eprintln!("warning: {warning}");
     }
-    let config = loaded.config;
+    let mut config = loaded.config;
+    if let Some(layout) = args.nftables_layout {
+        config.nftables_layout = layout;
+    }
     let mode = config.mode();
     if args.verify && mode != ProxyMode::Iptables {
         bail!(

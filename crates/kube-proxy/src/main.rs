@@ -32,8 +32,9 @@ use kp_config::{KubeProxyConfiguration, Options};
 /// prober for the demo (`kube-proxy testbed-echo serve --name web-a --tcp 8080`).
 const ECHO_SUBCOMMAND: &str = "testbed-echo";
 
-/// What a build without the `demo` feature (the container image's) says to `kube-proxy demo`.
-const NO_DEMO: &str = "kube-proxy: this build has no demo (it was built without the `demo` cargo feature, as the container image is); build it from a checkout with `cargo run --release -p kube-proxy -- demo`";
+/// What a build without the `demo` feature (the default, the container image's) says to
+/// `kube-proxy demo`.
+const NO_DEMO: &str = "kube-proxy: this build has no demo (the `demo` cargo feature is off by default, and the container image is built without it); build it from a checkout with `cargo run --release -p kube-proxy --features demo -- demo`";
 
 /// What the first argument asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,7 +284,7 @@ mod tests {
         assert!(text.contains("this build has no demo"), "{text}");
         assert!(text.contains("`demo` cargo feature"), "{text}");
         assert!(
-            text.contains("cargo run --release -p kube-proxy -- demo"),
+            text.contains("cargo run --release -p kube-proxy --features demo -- demo"),
             "{text}"
         );
     }

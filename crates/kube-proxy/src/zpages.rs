@@ -63,6 +63,20 @@ pub fn flag_values(args: impl IntoIterator<Item = std::ffi::OsString>) -> BTreeM
 mod tests {
     use super::*;
 
+    #[test]
+    fn readme_status_names_the_release_followed() {
+        // One fact, one place: README's status line says what `emulationVersion` reports.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+        let readme = std::fs::read_to_string(path).unwrap_or_default();
+        let status = readme.split("## Status").nth(1).unwrap_or_default();
+        let line = status
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or_default();
+        let named = format!("upstream kube-proxy **{EMULATION_VERSION}**");
+        assert!(line.contains(&named), "{line:?} should name {named}");
+    }
+
     fn args(list: &[&str]) -> Vec<std::ffi::OsString> {
         std::iter::once("kube-proxy")
             .chain(list.iter().copied())

@@ -373,20 +373,14 @@ struct Run {
 /// A Node named node-1 with an address, as the fake API server takes it on standard input.
 const NODE_COMMAND: &str = r#"{"apply": {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"}, "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]}}}"#;
 
-/// The fake API server (`kube-proxy testbed-echo apiserver`) inside `ns`, holding this
-/// node's Node; runs until the returned child is killed.
+/// The fake API server (`kp-echo apiserver`) inside `ns`, holding this node's Node; runs
+/// until the returned child is killed.
 fn api_server(ns: &Namespace, listen: &str) -> std::process::Child {
+    let echo = kp_testbed::echo_binary().expect("kp-echo (cargo build -p kp-testbed)");
     let mut child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns.name(),
-            binary(),
-            "testbed-echo",
-            "apiserver",
-            "--listen",
-            listen,
-        ])
+        .args(["netns", "exec", ns.name()])
+        .arg(echo)
+        .args(["apiserver", "--listen", listen])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

@@ -249,20 +249,28 @@ fn other_modes_name_their_own_objects() {
     // Without --proxy-mode the answer is iptables mode's, with no dataplane section.
     let v = json(&["10.96.0.10:80"], 0);
     assert!(only_match(&v).get("dataplane").is_none());
-    let v = json(&["10.96.0.10:80", "--proxy-mode=nftables"], 0);
-    let dataplane = &only_match(&v)["dataplane"];
-    assert_eq!(dataplane["mode"], "nftables");
-    let names: Vec<&str> = dataplane["objects"]
-        .as_array()
-        .expect("objects")
-        .iter()
-        .filter_map(|o| o["name"].as_str())
-        .collect();
-    assert!(names.contains(&"ip kube-proxy"), "{names:?}");
-    assert!(
-        names.contains(&"service-ips { 10.96.0.10 . tcp . 80 }"),
-        "{names:?}"
-    );
+    // nftables mode's default layout names its elements; the chain layout its map entry.
+    for (layout, entry) in [
+        (None, "slots-2 { 10.96.0.10 . tcp . 80 }"),
+        (
+            Some("--nftables-layout=chains"),
+            "service-ips { 10.96.0.10 . tcp . 80 }",
+        ),
+    ] {
+        let mut args = vec!["10.96.0.10:80", "--proxy-mode=nftables"];
+        args.extend(layout);
+        let v = json(&args, 0);
+        let dataplane = &only_match(&v)["dataplane"];
+        assert_eq!(dataplane["mode"], "nftables");
+        let names: Vec<&str> = dataplane["objects"]
+            .as_array()
+            .expect("objects")
+            .iter()
+            .filter_map(|o| o["name"].as_str())
+            .collect();
+        assert!(names.contains(&"ip kube-proxy"), "{names:?}");
+        assert!(names.contains(&entry), "{layout:?}: {names:?}");
+    }
     let out = run(&["10.96.0.10:80", "--proxy-mode=ipvs"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(

@@ -49,9 +49,11 @@ const OUTAGE: Duration = Duration::from_secs(30);
 const VM_OUTAGE: Duration = Duration::from_secs(10);
 /// How often `/healthz` is checked during an outage.
 const HEALTH_EVERY: Duration = Duration::from_secs(5);
-/// Bound for "programmed within seconds" after the API server answers again: generous for a
-/// loaded machine (recovery takes 1-2 s here), yet short of the ~40 s a proxy waiting out a
-/// grown watch backoff took. The measured time is printed.
+/// Bound for "programmed within seconds" after the API server answers again: after a 30 s
+/// outage the first retry of the proxy's four watchers comes at most ~13 s after the restart
+/// (the default 30 s cap; bench/notes/2026-12-02-api-backoff.md), and it wakes the others;
+/// short of the ~40 s a proxy waiting out a grown watch backoff took. The measured time is
+/// printed.
 const EVENTUALLY: Duration = Duration::from_secs(20);
 /// A connection slower than this counts as failed (generous for a loaded 2-core machine).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);

@@ -31,7 +31,7 @@ fn readme_starts_with_the_setup_and_the_test_command() {
     assert_eq!(commands.len(), 2, "two commands: {commands:?}");
     assert_eq!(
         commands[0],
-        "./setup.sh && cargo run --release -p kube-proxy -- demo"
+        "./setup.sh && cargo run --release -p kube-proxy --features demo -- demo"
     );
     assert!(
         commands[1].starts_with("./setup.sh --tests && ")

@@ -131,6 +131,14 @@ fn nftables_chains_socket_lb() {
     socket_lb::socket_lb(support::Mode::NftablesChains);
 }
 
+/// nftables mode's no-endpoint filters after DNAT, in the default layout (the chain layout's:
+/// `nftables_chains::filters_after_dnat`; the other modes' filters are in `cluster_ip` and
+/// `external`).
+#[test]
+fn nftables_filters_after_dnat() {
+    scenarios::nftables_filters_after_dnat(support::Mode::Nftables);
+}
+
 /// nftables mode's previous layout (`--nftables-layout=chains`): a smoke suite beside the
 /// differential test below, which compares it with the default case by case.
 mod nftables_chains {
@@ -152,6 +160,11 @@ mod nftables_chains {
     #[test]
     fn affinity_and_node_traffic() {
         scenarios::affinity_and_node_traffic(MODE);
+    }
+
+    #[test]
+    fn filters_after_dnat() {
+        scenarios::nftables_filters_after_dnat(MODE);
     }
 }
 

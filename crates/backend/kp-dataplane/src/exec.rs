@@ -503,11 +503,7 @@ pub(crate) async fn run_program(
     })?;
     if !output.status.success() {
         // A failed write (broken pipe) is a consequence of the tool exiting; its stderr says why.
-        return Err(ExecError::Failed {
-            program: name,
-            code: output.status.code(),
-            stderr: trimmed(&output.stderr),
-        });
+        return Err(failed(name, output.status, &output.stderr));
     }
     written.map_err(|source| ExecError::Io {
         program: name,
@@ -577,16 +573,33 @@ where
     })?;
     if !status.success() && !killed {
         // A failed write (broken pipe) is a consequence of the tool exiting; its stderr says why.
-        return Err(ExecError::Failed {
-            program: name,
-            code: status.code(),
-            stderr: trimmed(&stderr),
-        });
+        return Err(failed(name, status, &stderr));
     }
     fed.map_err(|source| ExecError::Io {
         program: name,
         source,
     })
+}
+
+/// The failure of `program`, which exited with `status` and wrote `stderr`. A tool killed
+/// by a signal (nft 1.0.x segfaulting on another table's set, kubernetes#136786) prints
+/// nothing itself, so the signal is named where its message would be.
+pub(crate) fn failed(
+    program: String,
+    status: std::process::ExitStatus,
+    stderr: &[u8],
+) -> ExecError {
+    use std::os::unix::process::ExitStatusExt as _;
+    let mut stderr = trimmed(stderr);
+    if let Some(signal) = status.signal() {
+        let sep = if stderr.is_empty() { "" } else { "; " };
+        stderr = format!("{stderr}{sep}killed by signal {signal}");
+    }
+    ExecError::Failed {
+        program,
+        code: status.code(),
+        stderr,
+    }
 }
 
 /// Standard error as one readable string of bounded size.
@@ -1105,6 +1118,20 @@ mod tests {
         .expect_err("exit 2 is a failure");
         assert_eq!(err.exit_code(), Some(2));
         assert!(err.to_string().contains("line 3: bad"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_tool_killed_by_a_signal_is_named_so() {
+        // As nft 1.0.x segfaulting on another table's set: nothing on stderr, no exit code.
+        let err = run_program(
+            &PathBuf::from("sh"),
+            &["-c".to_owned(), "cat >/dev/null; kill -SEGV $$".to_owned()],
+            Some("add table ip t\n"),
+        )
+        .await
+        .expect_err("a signal is a failure");
+        assert_eq!(err.exit_code(), None);
+        assert!(err.to_string().contains("killed by signal 11"), "{err}");
     }
 
     #[tokio::test]

@@ -680,3 +680,63 @@ fn a_quiet_monitor_hears_nothing_and_the_generation_counts_every_commit() {
         },
     );
 }
+
+/// One full sync of `state` (both families) with `runner` from an empty ruleset; `nft list
+/// ruleset` after it.
+async fn full_sync_listing<R: NftRunner>(runner: R, state: &ProxyState) -> String {
+    nft(&["flush", "ruleset"]);
+    let config = NftablesConfig::new(vec![IpFamily::V4, IpFamily::V6], RenderConfig::default());
+    let none = BTreeSet::new();
+    NftablesBackend::with_parts(config, runner, FakeConntrack::default())
+        .expect("valid config")
+        .sync(&request(state, SyncKind::Full, &none, false))
+        .await
+        .expect("the full sync applies");
+    nft(&["list", "ruleset"])
+}
+
+/// Upstream #140723 and #139516 on a real kernel, over netlink and with `nft -f` alike:
+/// single-endpoint services of either family are written without any `numgen` (the chain
+/// layout balances up to 32 endpoints without maps, so one endpoint is a plain `goto`), the
+/// IPv6 one included (upstream's single-endpoint rule crashed nft 1.0.6 there, #140951);
+/// and a valid Service whose `ns/name:port` is 131 bytes gets its comment cut to nft's 128.
+#[test]
+fn single_endpoints_and_long_comments_over_netlink_and_nft() {
+    in_netns(
+        "single_endpoints_and_long_comments_over_netlink_and_nft",
+        || {
+            let namespace = format!("team-{}", "n".repeat(57));
+            let name = format!("svc-{}", "s".repeat(59));
+            let mut long = kp_core::testutil::cluster_ip_port(
+                port_name(&namespace, &name, "http", Protocol::Tcp),
+                "10.96.0.60",
+                80,
+            );
+            long.node_port = Some(30060);
+            let state = state(vec![
+                (
+                    service("ns", "one", Protocol::Tcp, "10.96.0.50", 80),
+                    vec![endpoint("10.244.9.1", 8080)],
+                ),
+                (
+                    service("ns", "one6", Protocol::Tcp, "fd00:96::50", 80),
+                    vec![endpoint("fd00:10::9", 8080)],
+                ),
+                (long, vec![]),
+            ]);
+            let full = format!("{namespace}/{name}:http");
+            assert_eq!(full.len(), 131);
+            block_on(async {
+                let listing = full_sync_listing(NetlinkNft::default(), &state).await;
+                let via_nft = full_sync_listing(ExecNft::default(), &state).await;
+                assert_eq!(listing, via_nft, "netlink and nft differ");
+                assert!(!listing.contains("numgen"), "{listing}");
+                assert!(listing.contains("dnat to 10.244.9.1:8080"), "{listing}");
+                assert!(listing.contains("dnat to [fd00:10::9]:8080"), "{listing}");
+                let cut = &full[..128];
+                assert!(listing.contains(&format!("comment \"{cut}\"")), "{listing}");
+                assert!(!listing.contains(&full[..129]), "{listing}");
+            });
+        },
+    );
+}

@@ -11,6 +11,7 @@
 //! - [`tracker`]: change trackers that coalesce events into the proxy state and report which
 //!   services changed (for partial syncs) and whether stale UDP conntrack entries need cleanup.
 //! - [`runner`]: upstream's minSyncPeriod / syncPeriod timing, coalescing and retries.
+//! - [`full_sync`]: which periodic runs are full syncs, per mode, as upstream.
 //! - [`backend`]: the trait a proxy mode implements, and a fake backend for tests.
 //! - [`foreign`]: changes other programs make to the proxy's rules, how the proxier backs off
 //!   when one keeps making them, and what tells a watcher the proxier is writing.
@@ -30,6 +31,7 @@ pub mod event;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fixtures;
 pub mod foreign;
+pub mod full_sync;
 pub mod health;
 pub mod metrics;
 pub mod model;

@@ -11,9 +11,11 @@
 //!    run like any other change; backends whose rules depend on the ranges (nftables mode)
 //!    rewrite those rules when the state's ranges differ from what they last wrote.
 //! 2. When the [`Runner`] says so, the tracker is applied to the state and the backend syncs:
-//!    fully at start, after a failure and after this node's labels changed, otherwise only
-//!    the changed services. The proxier alone decides which; the sync metrics count the
-//!    kind the backend reports it ran (a backend may have to rewrite everything).
+//!    fully at start, after a failure, after this node's labels changed and on the mode's
+//!    periodic full syncs ([`PeriodicFullSync`]: iptables and nftables hourly, iptables not
+//!    in a large cluster, ipvs every periodic run), otherwise only the changed services. The
+//!    proxier alone decides which (`sync_kind`); the sync metrics count the kind
+//!    the backend reports it ran (a backend may have to rewrite everything).
 //! 3. After a successful sync the per-service health map and the state are published on
 //!    `watch` channels.
 //!
@@ -42,6 +44,7 @@ use tracing::{debug, error, info, warn};
 use crate::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use crate::event::{ObjectEvent, SourceEvent};
 use crate::foreign::{Activity, Backoff, Check, ForeignChange, ForeignEvent, SETTLE};
+use crate::full_sync::PeriodicFullSync;
 use crate::health::{ProxyHealth, ServiceHealth, ServiceHealthMap};
 use crate::metrics::{ForeignLabels, KindLabel, Metrics, TrafficPolicyLabel};
 use crate::model::{Endpoint, ServiceName};
@@ -96,6 +99,7 @@ pub struct ProxierConfig {
     canaries_paused: bool,
     node_wait: Option<Duration>,
     external_ips: bool,
+    periodic_full: Option<PeriodicFullSync>,
     clock: WallClock,
 }
 
@@ -124,8 +128,16 @@ impl ProxierConfig {
             canaries_paused: false,
             node_wait: None,
             external_ips: true,
+            periodic_full: None,
             clock: Arc::new(SystemTime::now),
         }
+    }
+
+    /// Which periodic runs are full syncs (default: upstream's schedule for the backend's
+    /// mode, [`PeriodicFullSync::for_mode`]).
+    pub fn with_periodic_full_sync(mut self, schedule: PeriodicFullSync) -> Self {
+        self.periodic_full = Some(schedule);
+        self
     }
 
     /// Whether Services' `externalIPs` are programmed (upstream's `AllowServiceExternalIPs`
@@ -250,9 +262,14 @@ pub struct Proxier<B: Backend> {
     node_wait: Option<Duration>,
     /// The first sync is held back for the Node until then.
     node_deadline: Option<Instant>,
-    /// The next sync must be full (start, failure, node label change, foreign change). The
-    /// one place that decides: backends run what is asked (or full) and say which ran.
+    /// The next sync must be full (start, failure, node label change, foreign change). With
+    /// `periodic_full`, the one place that decides (`sync_kind`): backends run what
+    /// is asked (or full) and say which ran.
     force_full: bool,
+    /// The mode's periodic full syncs.
+    periodic_full: PeriodicFullSync,
+    /// When the last full sync ended.
+    last_full: Option<Instant>,
     /// A sync has succeeded.
     synced_once: bool,
     /// The proxy was reported unhealthy (stale syncs) and no sync has succeeded since.
@@ -306,6 +323,9 @@ impl<B: Backend> Proxier<B> {
             config.retry_interval(),
         );
         let started_wall = (config.clock)();
+        let periodic_full = config
+            .periodic_full
+            .unwrap_or_else(|| PeriodicFullSync::for_mode(backend.mode()));
         let (tx, rx) = mpsc::channel(FOREIGN_QUEUE);
         let foreign = ForeignState {
             tx,
@@ -329,6 +349,8 @@ impl<B: Backend> Proxier<B> {
             node_wait: config.node_wait,
             node_deadline: None,
             force_full: true,
+            periodic_full,
+            last_full: None,
             synced_once: false,
             stale_reported: false,
             unsynced_changed: BTreeSet::new(),
@@ -690,11 +712,7 @@ impl<B: Backend> Proxier<B> {
         }
         self.set_pending_gauges();
         self.set_no_local_endpoints();
-        let kind = if self.force_full {
-            SyncKind::Full
-        } else {
-            SyncKind::Partial
-        };
+        let kind = self.sync_kind(reason);
         let applied = Instant::now();
         let result = self.sync_backend(kind).await;
         let times = SyncTimes {
@@ -718,6 +736,24 @@ impl<B: Backend> Proxier<B> {
                 self.force_full = true;
                 false
             }
+        }
+    }
+
+    /// Full or partial: the one place that decides. Full when something forced it (see
+    /// `force_full`) or the mode's periodic full sync is due.
+    fn sync_kind(&self, reason: RunReason) -> SyncKind {
+        if self.force_full {
+            return SyncKind::Full;
+        }
+        let due = self
+            .periodic_full
+            .due(reason, self.last_full, Instant::now(), &self.state);
+        match due {
+            Some(why) => {
+                debug!(why, ?reason, "this sync is full");
+                SyncKind::Full
+            }
+            None => SyncKind::Partial,
         }
     }
 
@@ -778,6 +814,9 @@ impl<B: Backend> Proxier<B> {
             debug!(?asked, ran = ?report.kind, "the backend ran the sync as another kind");
         }
         let kind = report.kind;
+        if kind == SyncKind::Full {
+            self.last_full = Some(times.end);
+        }
         self.observe_sync(kind, (times.end - times.begin).as_secs_f64());
         debug!(
             ?reason,

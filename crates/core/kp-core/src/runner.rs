@@ -11,11 +11,13 @@
 //! - A backend may ask for another run by a deadline ([`Runner::recheck_after`]: ipvs
 //!   mode's draining real servers); any run before then satisfies it.
 //!
-//! Upstream documents the same end-to-start rule, but its timer starts when a run *starts*,
-//! so a request made during a run longer than `min_interval` runs again as soon as the run
-//! ends (kubernetes#138073, documented as intended in #138091). Here the interval is always
-//! measured from the end of the previous run: a proxy whose syncs are slow (large clusters)
-//! still gets `min_interval` of rest between them, which is what the setting is for.
+//! The rest is measured from the *end* of the previous run, as upstream's runner has measured
+//! `minSyncPeriod` since 1.34 (its timer is reset when a run ends, #131615). Up to 1.33 a
+//! token bucket measured it from start to start, so a request made during a run longer than
+//! `min_interval` ran again as soon as that run ended: kubernetes#138073 (a 2.8 s sync with
+//! `minSyncPeriod` 14 s, the next one 11 s after it ended). A proxy whose syncs are slow
+//! (large clusters) gets the whole `min_interval` of rest between them, which is what the
+//! setting is for.
 //!
 //! `min_interval` (`minSyncPeriod`) exists so that a storm of changes cannot keep the proxy
 //! syncing all the time: upstream's older runner rests `min_interval` after a burst of two

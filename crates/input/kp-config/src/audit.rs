@@ -484,6 +484,7 @@ mod tests {
         c.nftables.table_name = "t".into();
         c.windows_run_as_service = true;
         c.iptables_backend = crate::IptablesBackend::Legacy;
+        c.nftables_layout = crate::NftablesLayout::Chains;
         c.canary_period = std::time::Duration::from_secs(5);
         c.nftables_layout = crate::NftablesLayout::Chains;
         c.socket_lb.enabled = true;

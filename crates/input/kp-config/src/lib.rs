@@ -52,7 +52,7 @@ pub use types::{
     SocketLbConfiguration, UserspaceConfiguration, VModuleItem, WinkernelConfiguration,
 };
 pub use validate::{ConfigErrors, FieldError};
-pub use write::{WriteError, write_config};
+pub use write::{VersionedConfiguration, WriteError, write_config};
 
 /// What `--version` prints: this project's name and version.
 pub const VERSION: &str = concat!("kube-proxy-rs ", env!("CARGO_PKG_VERSION"));

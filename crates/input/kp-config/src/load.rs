@@ -9,7 +9,9 @@
 use std::path::PathBuf;
 
 use crate::flags::{self, Options};
-use crate::types::{API_VERSION, KIND, KubeProxyConfiguration};
+use crate::types::{
+    API_VERSION, DEFAULT_IPTABLES_MIN_SYNC_PERIOD, KIND, KubeProxyConfiguration, ProxyMode,
+};
 use crate::validate::{self, ConfigErrors};
 use crate::wire;
 
@@ -113,6 +115,7 @@ impl Options {
             None => {
                 let mut config = KubeProxyConfiguration::default();
                 let set = self.apply_config_flags(&mut config);
+                self.flags_only_ipvs_min_sync_period(&mut config);
                 (config, Vec::new(), set)
             }
         };
@@ -129,6 +132,18 @@ impl Options {
             Ok(Loaded { config, warnings })
         } else {
             Err(ConfigErrors { errors }.into())
+        }
+    }
+}
+
+impl Options {
+    /// Without a file, upstream (since 1.31) starts from one `minSyncPeriod` defaulted as
+    /// iptables' (1s), which `--ipvs-min-sync-period` shows as its default: ipvs mode run from
+    /// flags alone rests 1s, while a file's absent `ipvs.minSyncPeriod` is 0s
+    /// (`newKubeProxyConfiguration` and `processV1Alpha1Flags` in `cmd/kube-proxy/app/options.go`).
+    fn flags_only_ipvs_min_sync_period(&self, config: &mut KubeProxyConfiguration) {
+        if config.mode == ProxyMode::Ipvs && self.ipvs_min_sync_period.is_none() {
+            config.ipvs.min_sync_period = DEFAULT_IPTABLES_MIN_SYNC_PERIOD;
         }
     }
 }

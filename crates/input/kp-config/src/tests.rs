@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use serde_json::json;
 
 use super::*;
 
@@ -705,6 +706,83 @@ fn written_config_round_trips() {
 }
 
 #[test]
+fn written_sync_periods_and_masquerade_all_are_the_running_modes_only() {
+    // Upstream 1.31+ keeps one of each and writes it into the running mode's block.
+    type Expected<'a> = &'a [(&'a str, &'a str, serde_json::Value)];
+    let cases: &[(&[&str], Expected<'_>)] = &[
+        (
+            &[
+                "--proxy-mode=nftables",
+                "--masquerade-all",
+                "--iptables-sync-period=1m",
+            ],
+            &[
+                ("nftables", "syncPeriod", json!("1m0s")),
+                ("nftables", "masqueradeAll", json!(true)),
+                ("iptables", "syncPeriod", json!("0s")),
+                ("iptables", "minSyncPeriod", json!("0s")),
+                ("iptables", "masqueradeAll", json!(false)),
+                ("ipvs", "syncPeriod", json!("0s")),
+            ],
+        ),
+        (
+            &[
+                "--proxy-mode=ipvs",
+                "--masquerade-all",
+                "--ipvs-sync-period=45s",
+            ],
+            &[
+                ("ipvs", "syncPeriod", json!("45s")),
+                ("iptables", "masqueradeAll", json!(true)),
+                ("nftables", "masqueradeAll", json!(false)),
+                ("iptables", "syncPeriod", json!("0s")),
+            ],
+        ),
+    ];
+    for (args, fields) in cases {
+        let written = loaded(&options(args)).config.versioned();
+        let value = serde_json::to_value(&written).unwrap_or_default();
+        for (block, field, want) in *fields {
+            assert_eq!(
+                &value[block][field], want,
+                "{args:?} {block}.{field}: {value}"
+            );
+        }
+    }
+}
+
+#[test]
+fn ipvs_mode_from_flags_alone_rests_a_second_as_upstream() {
+    // Upstream's single minSyncPeriod starts as iptables' 1s without a file; a file's
+    // absent ipvs.minSyncPeriod stays 0s.
+    let flags = loaded(&options(&["--proxy-mode=ipvs"])).config;
+    assert_eq!(flags.min_sync_period(), Duration::from_secs(1));
+    let given = loaded(&options(&[
+        "--proxy-mode=ipvs",
+        "--ipvs-min-sync-period=0s",
+    ]))
+    .config;
+    assert_eq!(given.min_sync_period(), Duration::ZERO);
+    assert_eq!(
+        decoded(&doc("mode: ipvs\n")).min_sync_period(),
+        Duration::ZERO
+    );
+    let iptables = loaded(&options(&[])).config;
+    assert_eq!(iptables.ipvs.min_sync_period, Duration::ZERO);
+}
+
+#[test]
+fn the_versioned_document_names_its_type() {
+    // What /configz serves since upstream 1.36 (#136044): the v1alpha1 object with its type.
+    let value =
+        serde_json::to_value(KubeProxyConfiguration::default().versioned()).unwrap_or_default();
+    assert_eq!(value["apiVersion"], API_VERSION, "{value}");
+    assert_eq!(value["kind"], KIND, "{value}");
+    assert_eq!(value["iptables"]["syncPeriod"], "30s", "{value}");
+    assert_eq!(value["ipvs"]["syncPeriod"], "0s", "{value}");
+}
+
+#[test]
 fn write_config_reports_unwritable_paths() {
     let dir = tempdir();
     let path = dir.path().join("no-such-dir").join("out.yaml");
@@ -938,7 +1016,8 @@ fn settings_of_another_mode_are_named() {
         "{:#?}",
         ipvs.warnings
     );
-    assert_eq!(ipvs.config.min_sync_period(), Duration::ZERO);
+    // Ignored: ipvs mode keeps upstream's flags-only 1s, not the 5s given.
+    assert_eq!(ipvs.config.min_sync_period(), Duration::from_secs(1));
 
     // In a file, the blocks of other modes.
     let (_, warnings) = decoded_with_warnings(&doc(

@@ -1,7 +1,9 @@
 //! The configuration corpus: files and command lines as cluster tools write them (kubeadm for
 //! every minor release from 1.26, kind, minikube, kubespray; k3s, RKE2, Talos and kops, which
-//! pass flags only), each with the effective configuration upstream kube-proxy derives from
-//! it, written by hand from upstream's defaulting (`tests/corpus/expected/`). Each one must
+//! pass flags only; and upstream's bare defaults in each Linux mode, `upstream-defaults*`),
+//! each with the effective configuration upstream kube-proxy derives from it, written by hand
+//! from upstream's defaulting and conversion code (`tests/corpus/expected/`, each header
+//! naming the upstream source it follows). Each one must
 //! load without error and `--write-config-to`'s output (`write_config`, i.e. `to_yaml`) must
 //! hold exactly those values: no field missing, none extra, none different.
 
@@ -95,7 +97,7 @@ fn every_file_gives_upstreams_effective_configuration() {
 #[test]
 fn every_command_line_gives_upstreams_effective_configuration() {
     let sources = files(&corpus().join("flags"), ".args");
-    assert_eq!(sources.len(), 4, "{sources:?}");
+    assert_eq!(sources.len(), 7, "{sources:?}");
     for (name, path) in &sources {
         let args: Vec<String> = read(path)
             .lines()

@@ -5,8 +5,9 @@
 //! a relist (for example after `410 Gone`) but missing from it are reported as deleted, so the
 //! core converges without flushing anything. Watch failures and an unreachable API server never
 //! produce deletions: the watcher retries with backoff and the last state stays programmed,
-//! as with upstream's informers. The backoff is short and a `410` relists at once, so the
-//! watches resume within seconds of the API server answering again (see `recovery`).
+//! as with upstream's informers. The backoff is client-go's curve with shorter first retries,
+//! and a `410` relists at once, so the watches resume soon after the API server answers again
+//! without hammering it while it restarts (see `recovery`).
 //!
 //! Objects are decoded one by one by the fields the proxy reads ([`crate::decoded`]): an odd
 //! value elsewhere never fails a list or a watch, and an object whose read fields do not
@@ -40,9 +41,10 @@ use tokio_util::sync::CancellationToken;
 use crate::decoded::{Decoded, Unusable, Watched, one_line};
 use kp_core::metrics::KindLabel;
 pub use recovery::{
-    ApiMetrics, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, RetryPolicy, WatchFailureLabels,
+    ApiMetrics, Backoff, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, DEFAULT_RETRY_RESET_AFTER,
+    Failure, RetryPolicy, WatchFailureLabels, jitter_unit,
 };
-use recovery::{Backoff, Contact, Failure, Observed, RESUME_SETTLE, jitter_unit};
+use recovery::{Contact, Observed, RESUME_SETTLE};
 
 /// Label naming the proxy that should handle a Service (and its EndpointSlices); kube-proxy
 /// ignores objects carrying it unless it names this proxy.
@@ -428,9 +430,9 @@ async fn drive<K>(
         let event = match item {
             Some(Ok(event)) => {
                 if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
-                    // A relist finished or an event came: in step again. Only then does the
-                    // backoff start over: a list that keeps failing after its `Init` (an
-                    // undecodable page) still waits longer each time.
+                    // A relist finished or an event came: in step again (a list that keeps
+                    // failing after its `Init`, an undecodable page, is not). The delay
+                    // starts over only once no failure came for the healthy period.
                     backoff.succeeded();
                     ctx.contact.resumed(kind);
                 }
@@ -450,7 +452,7 @@ async fn drive<K>(
             }
             Some(Err(error)) => {
                 let failure = Failure::of(&error);
-                let delay = backoff.failed(failure, jitter_unit());
+                let delay = backoff.failed(failure, tokio::time::Instant::now(), jitter_unit());
                 ctx.contact.count_failure(kind, failure);
                 ctx.contact.failed(kind);
                 // An error can quote a whole response body: log its first line, shortened.
@@ -471,13 +473,8 @@ async fn drive<K>(
                         "watch failed; retrying, last state kept"
                     ),
                 }
-                if !delay.is_zero() {
-                    tokio::select! {
-                        biased;
-                        () = ctx.shutdown.cancelled() => return,
-                        () = ctx.tx.closed() => return,
-                        () = tokio::time::sleep(delay) => {}
-                    }
+                if !wait_to_retry(ctx, failure, delay).await {
+                    return;
                 }
                 continue;
             }
@@ -516,6 +513,28 @@ async fn drive<K>(
                 return;
             }
         }
+    }
+}
+
+/// Waits `delay` before retrying after `failure`; after an unanswered request, only until
+/// the API server answers another watcher's (the outage is over: a delay grown during it
+/// would only hold this watch back). Returns `false` on shutdown or when nobody listens.
+async fn wait_to_retry(ctx: &Ctx, failure: Failure, delay: Duration) -> bool {
+    if delay.is_zero() {
+        return true;
+    }
+    let answered = ctx.contact.answers_again();
+    let outage = failure == Failure::Unreachable;
+    if outage && !ctx.contact.is_down() {
+        // Answered since this failure was reported.
+        return true;
+    }
+    tokio::select! {
+        biased;
+        () = ctx.shutdown.cancelled() => false,
+        () = ctx.tx.closed() => false,
+        () = answered, if outage => true,
+        () = tokio::time::sleep(delay) => true,
     }
 }
 
@@ -878,16 +897,39 @@ mod tests {
         assert!(t.unusable.is_empty());
     }
 
+    type Item = Result<watcher::Event<Decoded<Service>>, watcher::Error>;
+
+    /// A connection refused: the API server is away.
+    fn refused() -> Item {
+        Err(watcher::Error::WatchStartFailed(kube::Error::Service(
+            Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+        )))
+    }
+
+    /// A watcher's stream playing `script`, and when (ms after the start) each item was taken.
+    fn scripted(
+        script: Vec<Item>,
+    ) -> (
+        BoxStream<'static, Item>,
+        std::sync::Arc<std::sync::Mutex<Vec<u128>>>,
+    ) {
+        let start = tokio::time::Instant::now();
+        let taken = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = taken.clone();
+        let stream = futures::stream::iter(script)
+            .inspect(move |_| {
+                let at = start.elapsed().as_millis();
+                record.lock().expect("lock").push(at);
+            })
+            .boxed();
+        (stream, taken)
+    }
+
     /// A scripted watcher: an outage (five refused connections), then the restarted server's
     /// `410`, a relist, and one more refused connection. Returns when each item was taken.
     #[tokio::test(start_paused = true)]
     async fn drive_waits_the_backoff_but_relists_at_once_after_410() {
         use kube::core::Status;
-        let refused = || {
-            Err(watcher::Error::WatchStartFailed(kube::Error::Service(
-                Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
-            )))
-        };
         let gone = Err(watcher::Error::WatchError(
             Status::failure("too old resource version: 5 (90)", "Expired")
                 .with_code(410)
@@ -902,15 +944,7 @@ mod tests {
             refused(),
             Ok(watcher::Event::Apply(Decoded::Usable(svc("b", None)))),
         ]);
-        let start = tokio::time::Instant::now();
-        let taken = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let record = taken.clone();
-        let stream = futures::stream::iter(script)
-            .inspect(move |_| {
-                let at = start.elapsed().as_millis();
-                record.lock().expect("lock").push(at);
-            })
-            .boxed();
+        let (stream, taken) = scripted(script);
         let (tx, mut rx) = mpsc::channel(16);
         let metrics = ApiMetrics::default();
         let ctx = Ctx {
@@ -919,18 +953,20 @@ mod tests {
             retry: RetryPolicy {
                 initial: Duration::from_secs(1),
                 max: Duration::from_secs(3),
+                reset_after: Duration::from_secs(60),
                 jitter: false,
             },
             contact: Contact::new(metrics.clone()),
         };
         let mut tracker = Tracker::new(None);
         drive("Service", stream, &mut tracker, SourceEvent::Service, &ctx).await;
-        // 1, 2, 3 (capped), 3 s between the refusals; the 410 relists at once; after the
-        // relist succeeded the next refusal waits the initial 1 s again.
+        // 1, 2, 3 (capped), 3 s between the refusals; the 410 relists at once; the relist
+        // succeeded, but a refusal right after it waits the grown 3 s (healthy for less than
+        // `reset_after`).
         assert_eq!(
             *taken.lock().expect("lock"),
             [
-                0, 1000, 3000, 6000, 9000, 12000, 12000, 12000, 12000, 12000, 13000
+                0, 1000, 3000, 6000, 9000, 12000, 12000, 12000, 12000, 12000, 15000
             ]
         );
         drop(ctx);
@@ -953,6 +989,42 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// A watcher waiting out a long delay after an unanswered request retries as soon as
+    /// another watcher's request is answered; one whose request was answered with an error
+    /// (the server is up) waits its delay out.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_to_another_watcher_ends_the_wait() {
+        let status = |code| {
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(
+                kube::core::Status::failure("etcd", "InternalError")
+                    .with_code(code)
+                    .boxed(),
+            )))
+        };
+        let (stream, taken) = scripted(vec![
+            refused(),
+            Ok(watcher::Event::Apply(Decoded::Usable(svc("a", None)))),
+            status(500),
+            Ok(watcher::Event::Apply(Decoded::Usable(svc("b", None)))),
+        ]);
+        let (tx, _rx) = mpsc::channel(16);
+        let contact = Contact::new(ApiMetrics::default());
+        let ctx = Ctx {
+            tx,
+            shutdown: CancellationToken::new(),
+            retry: RetryPolicy::fixed(Duration::from_secs(600)),
+            contact: contact.clone(),
+        };
+        let other = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            contact.answered("Node", false);
+        });
+        let mut tracker = Tracker::new(None);
+        drive("Service", stream, &mut tracker, SourceEvent::Service, &ctx).await;
+        other.await.expect("the other watcher");
+        assert_eq!(*taken.lock().expect("lock"), [0, 5000, 5000, 605_000]);
     }
 
     fn exposition(metrics: &ApiMetrics) -> String {

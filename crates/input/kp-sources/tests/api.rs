@@ -277,6 +277,35 @@ impl Harness {
         }
     }
 
+    /// The server answers again: every watch resumes without a list and nothing is
+    /// reported; then the server no longer has history that old, and the relist reports only
+    /// `default/b` (removed meanwhile) gone.
+    async fn resume_then_relist_without_b(&mut self) {
+        self.proxy.up().await;
+        for res in [SERVICES, SLICES, NODES] {
+            self.expect_watch(res).await;
+        }
+        self.assert_quiet().await;
+        self.fake.expire(SERVICES);
+        let events = self.until_synced(1).await;
+        assert_eq!(
+            events,
+            [
+                "Service applied default/a",
+                "Service deleted default/b",
+                "Service synced"
+            ]
+        );
+    }
+
+    /// The value of the counter `series` (name and labels) in the source's metrics.
+    fn counter(&self, series: &str) -> u64 {
+        let text = self.metrics_text();
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+    }
+
     /// Waits (bounded) until the source's metrics have `line`.
     async fn eventually_metric(&self, line: &str) {
         let deadline = tokio::time::Instant::now() + WAIT;
@@ -567,23 +596,7 @@ async fn unreachable_server_deletes_nothing_and_converges_after() {
     h.assert_metrics(&["kube_proxy_rs_api_server_unreachable 1\n"]);
     // Meanwhile b is deleted on the server.
     h.fake.remove(SERVICES, "default/b");
-    h.proxy.up().await;
-    for res in [SERVICES, SLICES, NODES] {
-        h.expect_watch(res).await;
-    }
-    h.assert_quiet().await;
-
-    // The server no longer has history that old: relist; only b goes.
-    h.fake.expire(SERVICES);
-    let events = h.until_synced(1).await;
-    assert_eq!(
-        events,
-        [
-            "Service applied default/a",
-            "Service deleted default/b",
-            "Service synced"
-        ]
-    );
+    h.resume_then_relist_without_b().await;
     // One outage, ended by the first answer; one relist.
     h.assert_metrics(&[
         "kube_proxy_rs_api_server_unreachable 0\n",
@@ -597,6 +610,39 @@ async fn unreachable_server_deletes_nothing_and_converges_after() {
         .await;
     h.fake.apply(NODES, "MODIFIED", node("node-a", "zone-3"));
     assert_eq!(h.recv().await, "Node applied node-a");
+    h.stop().await;
+}
+
+/// An outage under the default curve's shape, scaled down (50 ms doubling to a 400 ms cap,
+/// jittered): the retries thin out to one per capped delay (a fixed 20 ms would make 150 in
+/// the 3 s, doubling without the cap 6), and once the server answers again every watch
+/// resumes and a relist deletes what vanished meanwhile.
+#[tokio::test]
+async fn an_outage_is_retried_with_the_capped_backoff_and_recovers() {
+    let mut h = Harness::new().await;
+    seed(&h.fake);
+    let policy = RetryPolicy {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(400),
+        reset_after: Duration::from_secs(60),
+        jitter: true,
+    };
+    h.start(|s| s.retry(policy));
+    h.initial_sync().await;
+    h.proxy.down().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    h.fake.remove(SERVICES, "default/b");
+    let failures =
+        h.counter("kube_proxy_rs_watch_failures_total{kind=\"Service\",reason=\"unreachable\"}");
+    // At least 1 + 3 + 6 (delays of at most 50, 100, 200, then 400 ms), at most 1 + 4 + 13
+    // (at least 25, 50, 100, then 200 ms); a little slack for a loaded machine.
+    assert!(
+        (8..=20).contains(&failures),
+        "{failures} failed attempts in 3 s"
+    );
+    h.resume_then_relist_without_b().await;
+    h.eventually_metric("kube_proxy_rs_api_server_recovery_duration_seconds_count 1\n")
+        .await;
     h.stop().await;
 }
 
@@ -944,6 +990,7 @@ async fn an_undecodable_list_is_retried_with_backoff() {
     let policy = RetryPolicy {
         initial: Duration::from_millis(100),
         max: Duration::from_millis(800),
+        reset_after: Duration::from_secs(60),
         jitter: false,
     };
     let source = ApiSource::new(client, "node-a").retry(policy);

@@ -8,7 +8,7 @@ use kp_core::backend::{Backend, BackendError, SyncReport, SyncRequest};
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::report::ErrorChain as _;
 use kp_dataplane::iptables::IptablesBackend;
-use kp_dataplane::nftables::layout::LayoutBackend;
+use kp_dataplane::nftables::layout::{LayoutBackend, runs_here};
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::watch::Owned;
 use kp_rules::iptables::RenderConfig;
@@ -39,7 +39,13 @@ impl Mode for Nftables {
         super::iptables::warn_without_cluster_cidr(input.config);
         let config = NftablesConfig::new(host.families.clone(), render);
         let metrics = NftablesMetrics::register(input.registry);
-        let layout = input.config.nftables_layout;
+        let layout = match input.config.nftables_layout {
+            // Its fixed part is `nft -f` text, which this host's nft may not run.
+            NftablesLayout::Maps if !runs_here(&kp_dataplane::nftables::ExecNft::default()) => {
+                NftablesLayout::Chains
+            }
+            layout => layout,
+        };
         tracing::info!(layout = %layout, "nftables mode's table layout");
         if std::env::var_os(RETIRED_LAYOUT_ENV).is_some() {
             tracing::warn!(

@@ -1604,6 +1604,14 @@ pub fn interface_name_prefix(mode: Mode) {
         .flag("--detect-local-mode=InterfaceNamePrefix")
         .flag(&format!("--pod-interface-name-prefix={POD_VETH_PREFIX}"));
     let env = Env::start_with(mode, c, flags, &services, &[]);
+    if mode.is_nftables() {
+        // Upstream #134024: an interface *name* match (`iif` takes an existing interface's
+        // index and refuses a wildcard), in both layouts.
+        let table = env.node_exec(&["nft", "list", "table", "ip", "kube-proxy"]);
+        let prefix = format!("iifname != \"{POD_VETH_PREFIX}*\"");
+        assert!(table.contains(&prefix), "no `{prefix}`: {table}");
+        assert!(!table.contains(" iif "), "{table}");
+    }
     let cl = &env.cluster;
     let tally = cl
         .tcp_repeat(cl.client(), ip("10.96.0.80"), 80, SPREAD_FLOWS)
@@ -1632,6 +1640,105 @@ pub fn interface_name_prefix(mode: Mode) {
             "{outcome:?}{}",
             env.diag()
         );
+    }
+}
+
+/// nftables mode's no-endpoint verdicts after DNAT (upstream #132456; both layouts judge them
+/// in the filter chains at priority 0): a Service without endpoints is refused (REJECT) from a
+/// pod, the node and outside, over TCP and UDP, at its ClusterIP, externalIP and NodePort (the
+/// node's own UDP to the ClusterIP and externalIP is rejected in `output`, where the kernel
+/// fails the send with `EPERM` instead of answering it, as for upstream's same rule); an
+/// externalTrafficPolicy Local Service whose only endpoint is on another node is dropped for
+/// outside clients, while a pod and the node reach that endpoint through the same externalIP,
+/// LB IP and NodePort (short-circuited: #131765, which the earlier pre-DNAT filters broke).
+pub fn nftables_filters_after_dnat(mode: Mode) {
+    let c = cluster(false);
+    let services = [
+        Service::new("empty", "10.96.0.40")
+            .tcp(80)
+            .udp(80)
+            .node_port(30040)
+            .external_ip("192.168.50.140")
+            .endpoints(&c, &[]),
+        Service::new("remote", "10.96.0.41")
+            .tcp(80)
+            .node_port(30041)
+            .external_ip("192.168.50.141")
+            .load_balancer("198.51.100.41")
+            .etp_local(32041)
+            .endpoints(&c, &["c"]),
+    ];
+    let node_ip = c.node_ip();
+    for ext in ["192.168.50.140", "192.168.50.141"] {
+        c.exec(
+            c.router().ns(),
+            &[
+                "ip",
+                "route",
+                "add",
+                &format!("{ext}/32"),
+                "via",
+                &node_ip.to_string(),
+            ],
+        )
+        .expect("route the external IP to the node");
+    }
+    let env = Env::start(mode, c, CLUSTER_CIDR_V4, &services);
+    // The layout asked for is the one written (the start-up probe keeps the verdict-free one
+    // off hosts whose nft cannot run scripts; this one can).
+    let table = env.node_exec(&["nft", "-t", "list", "table", "ip", "kube-proxy"]);
+    let maps = table.contains("chain dispatch {");
+    assert_eq!(maps, mode == Mode::Nftables, "{table}");
+    let cl = &env.cluster;
+    let sources = [
+        ("a pod", cl.client()),
+        ("the node", cl.node()),
+        ("outside", cl.external_in()),
+    ];
+    for (who, from) in sources {
+        let mut targets = vec![
+            ("externalIP", ip("192.168.50.140"), 80),
+            ("NodePort", node_ip, 30040),
+        ];
+        if who != "outside" {
+            targets.push(("ClusterIP", ip("10.96.0.40"), 80));
+        }
+        for (what, dst, port) in targets {
+            let what = format!("{what} without endpoints from {who}");
+            let tcp = cl.tcp_repeat(from, dst, port, 1).expect("probe");
+            assert_all(&env, &format!("TCP to the {what}"), &tcp, &Outcome::Refused);
+            let udp = cl.udp_repeat(from, dst, port, 1).expect("probe");
+            let udp_expected = if who == "the node" && !what.starts_with("NodePort") {
+                Outcome::Failed {
+                    detail: "Operation not permitted (os error 1)".to_owned(),
+                }
+            } else {
+                Outcome::Refused
+            };
+            assert_all(&env, &format!("UDP to the {what}"), &udp, &udp_expected);
+        }
+    }
+    let remote = [
+        ("externalIP", ip("192.168.50.141"), 80),
+        ("LB IP", ip("198.51.100.41"), 80),
+        ("NodePort", node_ip, 30041),
+    ];
+    for (what, dst, port) in remote {
+        for (who, from) in &sources[..2] {
+            let tally = cl.tcp_repeat(from, dst, port, 3).expect("probe");
+            let what = format!("eTP Local {what} with a remote endpoint from {who}");
+            assert_eq!(
+                answering_pods(&env, &what, &tally),
+                ["c"],
+                "{what}{}",
+                env.diag()
+            );
+        }
+        let tally = cl
+            .tcp_repeat(cl.external_in(), dst, port, 1)
+            .expect("probe");
+        let what = format!("eTP Local {what} with a remote endpoint from outside");
+        assert_all(&env, &what, &tally, &Outcome::TimedOut);
     }
 }
 

@@ -69,6 +69,25 @@ pub use kp_nftnl::layout::Readback;
 /// one `sendmsg`; this keeps each batch a few MB).
 pub const STEP: usize = 50_000;
 
+/// Whether this layout can run on this host: it writes its fixed part with `nft -f`, and
+/// nft 1.0.x crashes loading a ruleset in which another table holds a set a newer nft wrote
+/// (kubernetes#136786; [`ExecNft::check_scripts`](super::ExecNft::check_scripts)). `false`
+/// (with a warning) only when `nft` crashed: the chain layout, which needs nothing but
+/// netlink and a listing of its own table, is then the one to write. Other failures of the
+/// probe are left to the syncs to report.
+pub fn runs_here(nft: &super::ExecNft) -> bool {
+    match nft.check_scripts() {
+        Err(error) if error.exit_code().is_none() => {
+            warn!(
+                error = %error.chain(),
+                "nft cannot run scripts on this host; nftables mode writes the chain layout"
+            );
+            false
+        }
+        _ => true,
+    }
+}
+
 /// Loads of at least this many elements leave the notification group (see
 /// [`LayoutBackend::quiet_from`]).
 pub const QUIET_FROM: usize = 10_000;

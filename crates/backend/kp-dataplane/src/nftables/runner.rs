@@ -130,8 +130,73 @@ impl ExecNft {
             &["-f".to_owned(), "-".to_owned()],
             Some(script),
         )
-        .await?;
+        .await
+        .map_err(with_crash_hint)?;
         Ok(())
+    }
+}
+
+impl ExecNft {
+    /// Whether `nft -f` runs on this host: a check-only transaction (`nft -c`, which applies
+    /// nothing) on a table of its own, for which nft loads the ruleset into its cache as it
+    /// does for each of our scripts. nft 1.0.x dies doing that when another table holds a
+    /// set a newer nft wrote (kubernetes#136786): the error then has no exit code and carries
+    /// [`CRASH_HINT`]. Blocking; for start-up.
+    pub fn check_scripts(&self) -> Result<(), ExecError> {
+        use std::io::Write as _;
+        use std::process::{Command, Stdio};
+        const PROBE: &str = "add table ip kube-proxy-probe\nadd chain ip kube-proxy-probe c\n\
+                             add rule ip kube-proxy-probe c accept\n";
+        let program = self.binary.display().to_string();
+        let spawn_error = |source| ExecError::Spawn {
+            program: program.clone(),
+            source,
+        };
+        let mut child = Command::new(&self.binary)
+            .args(["-c", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_error)?;
+        if let Some(mut stdin) = child.stdin.take() {
+            // A write error is the tool exiting early; its status says why.
+            let _ = stdin.write_all(PROBE.as_bytes());
+        }
+        let output = child.wait_with_output().map_err(|source| ExecError::Io {
+            program: program.clone(),
+            source,
+        })?;
+        if output.status.success() {
+            return Ok(());
+        }
+        Err(with_crash_hint(crate::exec::failed(
+            program,
+            output.status,
+            &output.stderr,
+        )))
+    }
+}
+
+/// What a crashed `nft -f` most likely means, added to its error.
+pub const CRASH_HINT: &str = "nft 1.0.x crashes loading a ruleset in which another table holds \
+     a set written by nft 1.1.2 or newer (kubernetes#136786); see docs/nftables-integration.md";
+
+/// `err` with [`CRASH_HINT`] when a signal killed nft: `nft -f` loads every table of every
+/// family into its cache, so one foreign table it cannot read fails each of our scripts, and
+/// nft itself prints nothing.
+fn with_crash_hint(err: ExecError) -> ExecError {
+    match err {
+        ExecError::Failed {
+            program,
+            code: None,
+            stderr,
+        } => ExecError::Failed {
+            program,
+            code: None,
+            stderr: format!("{stderr} ({CRASH_HINT})"),
+        },
+        other => other,
     }
 }
 

@@ -1,11 +1,14 @@
 //! How the API source rides out API server outages: the delay before retrying a failed list or
 //! watch, and the bookkeeping that logs an outage and its end once each and counts them.
 //!
-//! kube-rs' default retry (client-go's reflector curve, 800 ms doubling to 30 s) keeps its
-//! grown delay until a watch event arrives. After an outage the first answer of a restarted
-//! API server is `410 Gone` (its watch cache starts at the current resourceVersion), which is
-//! an error too, so the relist waited out a backoff of up to 30 s more. Here the delay is
-//! capped at a few seconds, resets on every success, and a `410` relists at once.
+//! The delay follows client-go's reflector (800 ms doubling to a 30 s cap, back to 800 ms once
+//! the watcher has gone 2 minutes without a failure), so a cluster's nodes do not hammer an API
+//! server that is restarting, with two differences that keep the first retries fast: each
+//! delay is drawn from `[d/2, d]` (client-go's from `[d, 2d)`, 30 to 60 s at its cap, with
+//! the first retry after at least 800 ms), and a `410 Gone` relists at once. A restarted API
+//! server's first answer to an old watch is a `410` (its watch cache starts at the current
+//! resourceVersion); client-go and kube-rs' default retry wait out their grown delay before
+//! that relist too. The binary reads the cap from `KUBE_PROXY_RS_API_RETRY_MAX`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
@@ -24,15 +27,21 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 
 /// First retry delay after a failed list or watch: client-go's reflector starts there too.
 pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_millis(800);
 
-/// Longest retry delay. client-go grows to 30 s; capping at a few seconds is what keeps the
-/// recovery within seconds of the API server answering again. A refused connection costs the
-/// API server host nothing, and the jitter spreads a cluster's nodes over half the delay.
-pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(3);
+/// Longest retry delay: client-go's reflector cap. At 1,000 watchers a cap of a few seconds
+/// sent a restarting API server hundreds of requests a second (bench/notes/2026-12-02-api-backoff.md).
+pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// How long a watcher must go without a failure before its delay starts from
+/// [`DEFAULT_RETRY_INITIAL`] again: client-go's reflector waits as long. A server that answers
+/// a moment between failures (a crash loop) does not reset the curve.
+pub const DEFAULT_RETRY_RESET_AFTER: Duration = Duration::from_secs(120);
 
 /// Buckets of the outage- and recovery-duration histograms, in seconds: a blip to ten minutes.
 const OUTAGE_BUCKETS: [f64; 10] = [0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
@@ -44,6 +53,8 @@ pub struct RetryPolicy {
     pub initial: Duration,
     /// The longest delay.
     pub max: Duration,
+    /// After this long without a failure the delay starts from `initial` again.
+    pub reset_after: Duration,
     /// Whether each delay is drawn from `[d/2, d]` (so many nodes do not retry in step)
     /// instead of being `d` exactly.
     pub jitter: bool,
@@ -54,6 +65,7 @@ impl Default for RetryPolicy {
         Self {
             initial: DEFAULT_RETRY_INITIAL,
             max: DEFAULT_RETRY_MAX,
+            reset_after: DEFAULT_RETRY_RESET_AFTER,
             jitter: true,
         }
     }
@@ -65,14 +77,23 @@ impl RetryPolicy {
         Self {
             initial: delay,
             max: delay,
+            reset_after: DEFAULT_RETRY_RESET_AFTER,
             jitter: false,
+        }
+    }
+
+    /// The default policy with the longest delay `max` (the first delay is never above it).
+    pub fn capped(max: Duration) -> Self {
+        Self {
+            max,
+            ..Self::default()
         }
     }
 }
 
 /// What a failed list or watch says about the API server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Failure {
+pub enum Failure {
     /// The resourceVersion is too old (`410 Gone`, reason `Expired`): the server answered and
     /// the watcher already starts over with a list.
     Expired,
@@ -108,53 +129,67 @@ impl Failure {
     }
 }
 
-/// The retry delay of one watcher: exponential and capped, reset by any success; the first
-/// `410` after anything but another `410` relists without delay (the server answered, and a
-/// relist is what it asks for), a second one in a row waits like any failure.
+/// The retry delay of one watcher: exponential and capped, back to the initial delay once the
+/// watcher went [`RetryPolicy::reset_after`] without a failure. The first `410` after anything
+/// but another `410` relists without delay (the server answered, and a relist is what it asks
+/// for); a second one in a row waits like any failure. Time and randomness come from the
+/// caller, so the schedule is a pure function of its inputs (tests, `kp-backoff`).
 #[derive(Debug)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     policy: RetryPolicy,
     /// The delay the next ordinary failure waits (before jitter).
     next: Duration,
     /// Whether the last failure was a `410` with no success since.
     expired: bool,
+    /// When the retry after the last failure was due: the healthy period counts from there.
+    retried_at: Option<Instant>,
 }
 
 impl Backoff {
-    pub(crate) fn new(policy: RetryPolicy) -> Self {
+    /// A watcher that has not failed yet.
+    pub fn new(policy: RetryPolicy) -> Self {
         Self {
-            next: policy.initial,
+            next: policy.initial.min(policy.max),
             expired: false,
+            retried_at: None,
             policy,
         }
     }
 
-    /// The delay before retrying after `failure`. `unit` in `[0, 1)` picks the jitter.
-    pub(crate) fn failed(&mut self, failure: Failure, unit: f64) -> Duration {
+    /// The delay before retrying after `failure` at `now`. `unit` in `[0, 1)` picks the
+    /// jitter ([`jitter_unit`] in the source).
+    pub fn failed(&mut self, failure: Failure, now: Instant, unit: f64) -> Duration {
+        let healthy = self
+            .retried_at
+            .is_some_and(|at| now.saturating_duration_since(at) >= self.policy.reset_after);
+        if healthy {
+            self.next = self.policy.initial.min(self.policy.max);
+        }
         if failure == Failure::Expired && !self.expired {
             self.expired = true;
-            self.next = self.policy.initial;
+            self.retried_at = Some(now);
             return Duration::ZERO;
         }
         self.expired = failure == Failure::Expired;
-        let base = self.next.min(self.policy.max);
+        let base = self.next;
         self.next = base.saturating_mul(2).min(self.policy.max);
-        if self.policy.jitter {
+        let delay = if self.policy.jitter {
             base.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
         } else {
             base
-        }
+        };
+        self.retried_at = Some(now + delay);
+        delay
     }
 
-    /// A watch event arrived: the next failure starts from the initial delay again.
-    pub(crate) fn succeeded(&mut self) {
-        self.next = self.policy.initial;
+    /// A watch event arrived or a relist finished: a later `410` relists at once again.
+    pub fn succeeded(&mut self) {
         self.expired = false;
     }
 }
 
 /// A number in `[0, 1)` that differs between processes and calls (jitter needs no more).
-pub(crate) fn jitter_unit() -> f64 {
+pub fn jitter_unit() -> f64 {
     let bits = RandomState::new().hash_one(Instant::now());
     // 53 bits fill an f64's mantissa exactly.
     (bits >> 11) as f64 / (1u64 << 53) as f64
@@ -250,11 +285,13 @@ impl ApiMetrics {
 /// Whether the API server answers: shared by the watchers, so an outage is logged once when
 /// the first request goes unanswered, once when the first answer comes back (with the
 /// outage's duration), and once when every watch that broke is back in step (with the time
-/// that took: relists after `410 Gone` included).
+/// that took: relists after `410 Gone` included). The first answer also wakes the watchers
+/// waiting to retry, so one watcher's luck ends the others' grown delays.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Contact {
     state: Arc<Mutex<ContactState>>,
     metrics: ApiMetrics,
+    back: Arc<Notify>,
 }
 
 #[derive(Debug, Default)]
@@ -286,6 +323,7 @@ impl Contact {
         Self {
             state: Arc::default(),
             metrics,
+            back: Arc::default(),
         }
     }
 
@@ -312,7 +350,7 @@ impl Contact {
                 kind,
                 %error,
                 ?retry,
-                "API server unreachable; keeping the last state programmed and retrying every few seconds"
+                "API server unreachable; keeping the last state programmed and retrying with back-off"
             );
         } else {
             tracing::debug!(kind, %error, ?retry, "API server still unreachable");
@@ -333,6 +371,7 @@ impl Contact {
             state.watch_open_since.insert(kind, Instant::now());
         }
         if let Some(since) = state.down_since.take() {
+            self.back.notify_waiters();
             let outage = since.elapsed();
             self.metrics.unreachable.set(0);
             self.metrics.outages.inc();
@@ -384,6 +423,12 @@ impl Contact {
                 "watches recovered from the API server outage"
             );
         }
+    }
+
+    /// Completes when the API server answers again; wakes only futures made before that
+    /// (check [`Contact::is_down`] after making one).
+    pub(crate) fn answers_again(&self) -> Notified<'_> {
+        self.back.notified()
     }
 
     /// Whether an outage is going on.
@@ -468,44 +513,65 @@ mod tests {
         RetryPolicy {
             initial: S(1),
             max: S(8),
+            reset_after: S(60),
             jitter: false,
         }
     }
 
-    fn delays(backoff: &mut Backoff, failures: &[Failure]) -> Vec<Duration> {
-        failures.iter().map(|f| backoff.failed(*f, 0.0)).collect()
+    /// The delays of `failures`, each failure coming the moment the retry before it is made.
+    fn delays(backoff: &mut Backoff, clock: &mut Instant, failures: &[Failure]) -> Vec<Duration> {
+        failures
+            .iter()
+            .map(|f| {
+                let delay = backoff.failed(*f, *clock, 0.0);
+                *clock += delay;
+                delay
+            })
+            .collect()
     }
 
     #[test]
-    fn doubles_up_to_the_cap_and_resets_on_success() {
+    fn doubles_up_to_the_cap_and_resets_only_after_a_healthy_period() {
         let mut b = Backoff::new(policy());
+        let mut now = Instant::now();
         let u = Failure::Unreachable;
         assert_eq!(
-            delays(&mut b, &[u, u, u, u, u, u]),
+            delays(&mut b, &mut now, &[u, u, u, u, u, u]),
             [S(1), S(2), S(4), S(8), S(8), S(8)]
         );
+        // Answered, then failing again within the healthy period: the curve goes on.
         b.succeeded();
-        assert_eq!(delays(&mut b, &[u, Failure::Refused]), [S(1), S(2)]);
+        now += S(59);
+        assert_eq!(
+            delays(&mut b, &mut now, &[u, Failure::Refused]),
+            [S(8), S(8)]
+        );
+        // A whole healthy period after the last retry: from the start again.
+        b.succeeded();
+        now += S(60);
+        assert_eq!(delays(&mut b, &mut now, &[u, u, u]), [S(1), S(2), S(4)]);
     }
 
     #[test]
-    fn expired_after_an_outage_relists_at_once_then_starts_over() {
+    fn expired_after_an_outage_relists_at_once_and_keeps_the_curve() {
         let mut b = Backoff::new(policy());
+        let mut now = Instant::now();
         let u = Failure::Unreachable;
-        delays(&mut b, &[u, u, u, u, u]);
+        delays(&mut b, &mut now, &[u, u, u, u, u]);
         // The restarted server answers `410`: relist now, not after the grown 8 s.
-        assert_eq!(b.failed(Failure::Expired, 0.9), Duration::ZERO);
-        // The relist itself fails: the server answered, so the curve starts over.
-        assert_eq!(delays(&mut b, &[u, u]), [S(1), S(2)]);
+        assert_eq!(b.failed(Failure::Expired, now, 0.9), Duration::ZERO);
+        // The relist itself fails: a server that answers between failures is not healthy yet.
+        assert_eq!(delays(&mut b, &mut now, &[u, u]), [S(8), S(8)]);
     }
 
     #[test]
     fn expired_twice_in_a_row_waits() {
         let mut b = Backoff::new(policy());
+        let mut now = Instant::now();
         let e = Failure::Expired;
-        assert_eq!(delays(&mut b, &[e, e, e]), [S(0), S(1), S(2)]);
+        assert_eq!(delays(&mut b, &mut now, &[e, e, e]), [S(0), S(1), S(2)]);
         b.succeeded();
-        assert_eq!(b.failed(e, 0.0), S(0));
+        assert_eq!(b.failed(e, now, 0.0), S(0));
     }
 
     #[test]
@@ -514,11 +580,12 @@ mod tests {
             jitter: true,
             ..policy()
         };
+        let now = Instant::now();
         let mut low = Backoff::new(jittered);
         let mut high = Backoff::new(jittered);
         for step in [1, 2, 4, 8, 8] {
-            assert_eq!(low.failed(Failure::Unreachable, 0.0), S(step) / 2);
-            let d = high.failed(Failure::Unreachable, 0.999_999);
+            assert_eq!(low.failed(Failure::Unreachable, now, 0.0), S(step) / 2);
+            let d = high.failed(Failure::Unreachable, now, 0.999_999);
             assert!(d <= S(step) && d > S(step) * 99 / 100, "{d:?}");
         }
         for _ in 0..100 {
@@ -527,13 +594,39 @@ mod tests {
         }
     }
 
+    /// client-go's reflector curve (800 ms doubling to 30 s), with our `[d/2, d]` jitter.
     #[test]
-    fn the_default_policy_is_bounded_by_a_few_seconds() {
-        let mut b = Backoff::new(RetryPolicy::default());
-        let worst = (0..20)
-            .map(|_| b.failed(Failure::Unreachable, 0.999_999))
-            .max();
-        assert_eq!(worst.map(|d| d <= DEFAULT_RETRY_MAX), Some(true));
+    fn the_default_policy_is_client_gos_curve() {
+        let curve = |unit: f64| {
+            let mut b = Backoff::new(RetryPolicy::default());
+            let mut now = Instant::now();
+            (0..9)
+                .map(|_| {
+                    let d = b.failed(Failure::Unreachable, now, unit);
+                    now += d;
+                    d.as_millis()
+                })
+                .collect::<Vec<_>>()
+        };
+        // The longest delays (a unit of 1 is clamped to the whole delay) and the shortest.
+        assert_eq!(
+            curve(1.0),
+            [800, 1600, 3200, 6400, 12800, 25600, 30000, 30000, 30000]
+        );
+        assert_eq!(
+            curve(0.0),
+            [400, 800, 1600, 3200, 6400, 12800, 15000, 15000, 15000]
+        );
+        assert_eq!(RetryPolicy::default().reset_after, S(120));
+    }
+
+    #[test]
+    fn a_cap_below_the_initial_delay_bounds_every_delay() {
+        let mut b = Backoff::new(RetryPolicy::capped(Duration::from_millis(300)));
+        let now = Instant::now();
+        for _ in 0..4 {
+            assert!(b.failed(Failure::Unreachable, now, 0.999_999) <= Duration::from_millis(300));
+        }
     }
 
     #[test]

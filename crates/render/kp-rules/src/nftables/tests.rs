@@ -1,6 +1,6 @@
 //! Unit tests of the pieces the integration tests (`tests/nft_*.rs`) do not reach directly.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kp_core::backend::SyncKind;
 use kp_core::model::{IpFamily, Protocol};
@@ -399,4 +399,99 @@ fn steps_state(services: &[ServicePortName]) -> ProxyState {
         state.endpoints.insert(name.clone(), endpoints);
     }
     state
+}
+
+/// The jumps of `script`'s base chains to one of `targets`: (base chain, hook, priority,
+/// target). Shared with the verdict-free layout's tests.
+pub(super) fn base_chain_jumps(
+    script: &str,
+    targets: &[&str],
+) -> BTreeSet<(String, String, i32, String)> {
+    let mut hooks = BTreeMap::new();
+    let mut jumps = Vec::new();
+    for line in script.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            [
+                "add",
+                "chain",
+                _,
+                _,
+                chain,
+                "{",
+                "type",
+                _,
+                "hook",
+                hook,
+                "priority",
+                prio,
+                ..,
+            ] => {
+                let prio: i32 = prio.parse().expect("a numeric priority");
+                hooks.insert(chain.to_string(), (hook.to_string(), prio));
+            }
+            ["add", "rule", _, _, from, .., "jump", to] if targets.contains(to) => {
+                jumps.push((from.to_string(), to.to_string()));
+            }
+            _ => {}
+        }
+    }
+    jumps
+        .into_iter()
+        .filter_map(|(from, to)| {
+            let (hook, prio) = hooks.get(&from)?.clone();
+            Some((from, hook, prio, to))
+        })
+        .collect()
+}
+
+/// Where both layouts hook their filters and dispatch, for `[nodeport filter, entry filter,
+/// ClusterIP filter, firewall, dispatch]` (each layout's names): as [`base_chain_jumps`]
+/// reads them.
+pub(super) fn filters_after_dnat(names: [&str; 5]) -> BTreeSet<(String, String, i32, String)> {
+    let [nodeport, entry, cluster_ips, firewall, dispatch] = names;
+    [
+        ("filter-input", "input", 0, nodeport),
+        ("filter-input", "input", 0, entry),
+        ("filter-forward", "forward", 0, entry),
+        ("filter-output", "output", 0, entry),
+        ("filter-forward", "forward", 0, cluster_ips),
+        ("filter-output", "output", 0, cluster_ips),
+        ("filter-prerouting-pre-dnat", "prerouting", -110, firewall),
+        ("filter-output-pre-dnat", "output", -110, firewall),
+        ("nat-prerouting", "prerouting", -100, dispatch),
+        ("nat-output", "output", -100, dispatch),
+    ]
+    .into_iter()
+    .map(|(c, h, p, t)| (c.to_owned(), h.to_owned(), p, t.to_owned()))
+    .collect()
+}
+
+/// Upstream #132456: the no-endpoint drop/reject and the unknown-ClusterIP-port checks run in
+/// the filter chains at priority 0, after DNAT (-100), so a connection DNATed to an endpoint
+/// (pod and node traffic short-circuited to an externalTrafficPolicy Local service's
+/// endpoints elsewhere) no longer matches them; only the source-range firewall runs before
+/// DNAT (-110).
+#[test]
+fn no_endpoint_filters_run_at_filter_priority_after_dnat() {
+    let none = BTreeSet::new();
+    let existing = NftState::default();
+    let out = render(
+        &ProxyState::default(),
+        IpFamily::V4,
+        &RenderConfig::default(),
+        &scope(SyncKind::Full, &none, &existing),
+    )
+    .expect("renders");
+    let names = [
+        "nodeport-endpoints-check",
+        "service-endpoints-check",
+        "cluster-ips-check",
+        "firewall-check",
+        "services",
+    ];
+    assert_eq!(
+        base_chain_jumps(&out.script(), &names),
+        filters_after_dnat(names)
+    );
 }

@@ -587,6 +587,23 @@ fn an_affinity_port_s_rules_read_both_maps_and_record_into_each_list() {
     );
 }
 
+/// Upstream #132456 in this layout: the no-endpoint reject/drop (`entry-filter`,
+/// `nodeport-filter`) and the ClusterIP checks run at filter priority 0, after `dispatch`'s
+/// DNAT (-100), from the hooks the chain layout uses; the source-range firewall before it.
+#[test]
+fn no_endpoint_filters_run_at_filter_priority_after_dnat() {
+    use crate::nftables::tests::{base_chain_jumps, filters_after_dnat};
+    let script = fixed_part(&config(), &BTreeSet::new()).join("\n");
+    let names = [
+        fixed::NODEPORT_FILTER,
+        fixed::ENTRY_FILTER,
+        fixed::CLUSTER_IP_FILTER,
+        fixed::FIREWALL,
+        fixed::DISPATCH,
+    ];
+    assert_eq!(base_chain_jumps(&script, &names), filters_after_dnat(names));
+}
+
 #[test]
 fn each_class_has_its_own_endpoints_maps_and_the_shared_ones_of_before_are_ours() {
     use super::element::{SetOf, is_shared_slot_map};
