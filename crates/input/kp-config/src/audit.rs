@@ -486,7 +486,6 @@ mod tests {
         c.iptables_backend = crate::IptablesBackend::Legacy;
         c.nftables_layout = crate::NftablesLayout::Chains;
         c.canary_period = std::time::Duration::from_secs(5);
-        c.nftables_layout = crate::NftablesLayout::Chains;
         c.socket_lb.enabled = true;
         c.socket_lb.cgroup = "/sys/fs/cgroup".into();
         c
