@@ -4,6 +4,11 @@
 # out: its test bed has no place on a node (`kube-proxy demo` then says this build has none).
 
 FROM rust:1-bookworm AS builder
+# kp-socklb's build.rs compiles the socket load balancer's BPF programs with clang and
+# libbpf's headers (docs/socket-lb.md); nothing links libbpf, so the runtime image needs neither.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends clang libbpf-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p kube-proxy \

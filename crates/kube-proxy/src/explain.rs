@@ -140,6 +140,23 @@ struct Args {
     #[arg(long, value_name = "auto|legacy|nft", value_parser = IptablesBackend::from_str, help_heading = "Proxy configuration")]
     iptables_backend: Option<IptablesBackend>,
 
+    /// nftables mode's socket load balancer (as the proxy's --socket-lb): the answer says
+    /// which path the node's own sockets' connections take.
+    #[arg(
+        long,
+        help_heading = "Proxy configuration",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        value_name = "BOOL"
+    )]
+    socket_lb: Option<bool>,
+
+    /// The cgroup the socket load balancer attaches to (as the proxy's --socket-lb-cgroup).
+    #[arg(long, value_name = "DIR", help_heading = "Proxy configuration")]
+    socket_lb_cgroup: Option<String>,
+
     /// nftables mode's table layout whose objects are shown (as the proxy's
     /// `--nftables-layout`; default: the file's nftablesLayout, else maps).
     #[arg(long, value_name = "maps|chains", value_parser = kp_config::NftablesLayout::from_str, help_heading = "Proxy configuration")]
@@ -194,6 +211,8 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
         masquerade_all: args.masquerade_all,
         proxy_mode: args.proxy_mode,
         iptables_backend: args.iptables_backend,
+        socket_lb: args.socket_lb,
+        socket_lb_cgroup: args.socket_lb_cgroup.clone(),
         ..Options::default()
     };
     let loaded = options.load().context("invalid configuration")?;
@@ -323,6 +342,15 @@ pub(crate) fn annotate_mode(
         _ => return Ok(()),
     };
     annotate(explanation, state, render_config, &mode).context("rendering the mode's rules")?;
+    if config.mode() == ProxyMode::Nftables && config.socket_lb.enabled {
+        for m in &mut explanation.matches {
+            m.socket_lb = Some(crate::modes::socket_lb::explain_path(
+                state,
+                m,
+                &config.socket_lb,
+            ));
+        }
+    }
     Ok(())
 }
 

@@ -563,9 +563,21 @@ fn dockerfile_ships_the_binary_where_the_daemonset_runs_it() {
             .any(|l| l.starts_with("COPY") && l.contains(&format!(" {list} "))),
         "the Dockerfile copies {list}"
     );
-    let install = lines
+    // The builder compiles the socket load balancer's BPF programs (kp-socklb's build.rs).
+    let builder_install = lines
         .iter()
         .find(|l| l.contains("apt-get install"))
+        .expect("the builder's apt-get install");
+    for package in ["clang", "libbpf-dev"] {
+        assert!(
+            builder_install.split_whitespace().any(|w| w == package),
+            "the builder installs {package}: {builder_install}"
+        );
+    }
+    // The runtime stage's (the last).
+    let install = lines
+        .iter()
+        .rfind(|l| l.contains("apt-get install"))
         .expect("apt-get install");
     assert!(
         install.contains("$(sed 's/#.*//' /tmp/packages.txt)"),

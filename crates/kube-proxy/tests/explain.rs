@@ -281,6 +281,48 @@ fn other_modes_name_their_own_objects() {
     assert!(!stdout(&out).contains("KUBE-SVC-"), "{}", stdout(&out));
 }
 
+#[test]
+fn the_socket_load_balancer_path_is_named() {
+    // Without --socket-lb there is no such section.
+    let v = json(&["10.96.0.10:80", "--proxy-mode=nftables"], 0);
+    assert!(only_match(&v).get("socket_lb").is_none(), "{v:#}");
+    let flags = ["10.96.0.10:80", "--proxy-mode=nftables", "--socket-lb"];
+    let v = json(&flags, 0);
+    let path = &only_match(&v)["socket_lb"];
+    assert_eq!(path["translated"], true, "{path:#}");
+    let endpoints: Vec<&str> = path["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        endpoints,
+        ["10.244.1.5:8080", "10.244.2.7:8080"],
+        "{path:#}"
+    );
+    let text = stdout(&run(&flags));
+    assert!(
+        text.contains("socket load balancer: translates the node's own sockets' connections"),
+        "{text}"
+    );
+    assert!(text.contains("the cgroup v2 root"), "{text}");
+    // A NodePort stays with nftables mode's rules.
+    let v = json(
+        &["192.168.49.2:30443", "--proxy-mode=nftables", "--socket-lb"],
+        0,
+    );
+    let path = &only_match(&v)["socket_lb"];
+    assert_eq!(path["translated"], false, "{path:#}");
+    assert!(
+        path["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("NodePorts"),
+        "{path:#}"
+    );
+}
+
 // ---- --verify in a throwaway network namespace ----
 
 /// A network namespace (kp-testbed's [`Namespace`], deleted on drop), so the host's rules

@@ -13,6 +13,8 @@ mod differential;
 mod localhost;
 #[path = "traffic/scenarios.rs"]
 mod scenarios;
+#[path = "traffic/socket_lb.rs"]
+mod socket_lb;
 #[path = "traffic/support.rs"]
 mod support;
 
@@ -123,6 +125,19 @@ mode_tests!(userspace, Mode::Userspace);
 #[test]
 fn nftables_localhost_node_ports() {
     localhost::localhost_node_ports(support::Mode::Nftables);
+}
+
+/// `--socket-lb` beside nftables mode: the programs translate the client pod's sockets (see
+/// the module), in either layout.
+#[test]
+fn nftables_socket_lb() {
+    socket_lb::socket_lb(support::Mode::Nftables);
+}
+
+/// [`nftables_socket_lb`] over the chain layout.
+#[test]
+fn nftables_chains_socket_lb() {
+    socket_lb::socket_lb(support::Mode::NftablesChains);
 }
 
 /// nftables mode's no-endpoint filters after DNAT, in the default layout (the chain layout's:

@@ -21,7 +21,7 @@ use crate::command::{
 use crate::echo::{EchoServer, EchoSpec, echo_binary};
 use crate::error::{Result, TestbedError};
 use crate::netns::{NamespaceSet, exec_in, next_base, sweep_stale};
-use crate::outcome::{Outcome, Protocol, Tally};
+use crate::outcome::{Outcome, PeerReport, Protocol, Tally};
 use crate::session::{Session, parse_outcome};
 
 /// The namespace name prefix used unless [`ClusterBuilder::prefix`] says otherwise.
@@ -358,6 +358,7 @@ impl ClusterBuilder {
                 EXTERNAL_OUT_V6,
             ),
             client,
+            probe_cgroup: Mutex::new(None),
             pods,
             link_local: self.link_local,
         };
@@ -436,6 +437,8 @@ pub struct Cluster {
     client: Host,
     pods: Vec<Host>,
     link_local: Option<LinkLocalScope>,
+    /// The cgroup v2 directory probes start in ([`Cluster::set_probe_cgroup`]).
+    probe_cgroup: Mutex<Option<PathBuf>>,
 }
 
 /// `ip` commands to run inside one namespace, in order.
@@ -893,8 +896,75 @@ impl Cluster {
 
     /// The echo tool inside `ns`, ready for its subcommand.
     fn echo_tool(&self, ns: &str) -> std::process::Command {
-        let mut command = in_namespace(ns, &self.echo_binary);
+        let cgroup = self
+            .probe_cgroup
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut command = match cgroup {
+            // The shell joins the cgroup before `ip netns exec` (which remounts /sys, hiding
+            // the cgroup mount); the prober inherits it, so its sockets are created inside.
+            Some(cgroup) => {
+                let mut command = std::process::Command::new("sh");
+                command
+                    .args(["-c", r#"echo $$ > "$0/cgroup.procs" && exec "$@""#])
+                    .arg(cgroup)
+                    .args(["ip", "netns", "exec", ns])
+                    .arg(&self.echo_binary);
+                command
+            }
+            None => in_namespace(ns, &self.echo_binary),
+        };
         command.args(&self.echo_args);
+        command
+    }
+
+    /// Makes probes ([`Cluster::probe`], [`Cluster::tcp`], [`Cluster::peer`], sessions, ...)
+    /// start inside the cgroup v2 directory `cgroup` (`None`: where this process is), as
+    /// pods' processes do: programs attached to it (the socket load balancer's) then see
+    /// their sockets. Echo servers are not moved.
+    pub fn set_probe_cgroup(&self, cgroup: Option<PathBuf>) {
+        *self
+            .probe_cgroup
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = cgroup;
+    }
+
+    /// One flow from `from` to `dst`, with the Service-side address its socket reports
+    /// ([`PeerReport`]): TCP's `getpeername()`, or for UDP the source of the answer to a
+    /// datagram sent with `sendto()` on an unconnected socket.
+    pub fn peer(&self, from: &Host, protocol: Protocol, dst: SocketAddr) -> Result<PeerReport> {
+        self.own_namespace(&from.ns)?;
+        let mut command = self.flow_tool(&from.ns, "peer", protocol, dst);
+        let deadline = self
+            .probe_timeout
+            .saturating_mul(2)
+            .saturating_add(PROBE_SLACK);
+        let stdout = finish(&mut command, deadline)?;
+        serde_json::from_str(stdout.trim()).map_err(|e| TestbedError::ProbeOutput {
+            output: stdout.clone(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// `kp-echo SUBCOMMAND --proto PROTOCOL --to DST --timeout-ms ...` inside `ns`.
+    fn flow_tool(
+        &self,
+        ns: &str,
+        subcommand: &str,
+        protocol: Protocol,
+        dst: SocketAddr,
+    ) -> std::process::Command {
+        let mut command = self.echo_tool(ns);
+        command.args([
+            subcommand.to_owned(),
+            "--proto".to_owned(),
+            protocol.to_string(),
+            "--to".to_owned(),
+            dst.to_string(),
+            "--timeout-ms".to_owned(),
+            self.probe_timeout.as_millis().to_string(),
+        ]);
         command
     }
 
@@ -1016,39 +1086,21 @@ impl Cluster {
         if count == 0 {
             return Ok(Tally::new(Vec::new()));
         }
-        let mut command = self.echo_tool(&from.ns);
-        command.args([
-            "probe".to_owned(),
-            "--proto".to_owned(),
-            protocol.to_string(),
-            "--to".to_owned(),
-            dst.to_string(),
-            "--timeout-ms".to_owned(),
-            self.probe_timeout.as_millis().to_string(),
-            "--count".to_owned(),
-            count.to_string(),
-        ]);
+        let mut command = self.flow_tool(&from.ns, "probe", protocol, dst);
+        command.args(["--count".to_owned(), count.to_string()]);
         command.args(extra);
         // Each flow may wait for a connect and then for a reply.
         let per_flow = self.probe_timeout.saturating_mul(2);
         let flows = u32::try_from(count).unwrap_or(u32::MAX);
         let deadline = per_flow.saturating_mul(flows).saturating_add(PROBE_SLACK);
-        let finished = run(&mut command, None, deadline)?;
-        if !finished.status.success() {
-            return Err(TestbedError::CommandFailed {
-                command: describe(&command),
-                status: finished.status.to_string(),
-                stderr: finished.stderr.trim().to_owned(),
-            });
-        }
-        let outcomes = finished
-            .stdout
+        let stdout = finish(&mut command, deadline)?;
+        let outcomes = stdout
             .lines()
             .map(parse_outcome)
             .collect::<Result<Vec<_>>>()?;
         if outcomes.len() != count {
             return Err(TestbedError::ProbeOutput {
-                output: finished.stdout,
+                output: stdout,
                 detail: format!("expected {count} outcomes, got {}", outcomes.len()),
             });
         }
@@ -1126,6 +1178,19 @@ impl Cluster {
         self.echoes().clear();
         self.namespaces.remove_all()
     }
+}
+
+/// Runs a `kp-echo` flow command within `deadline`; its standard output, or why it failed.
+fn finish(command: &mut std::process::Command, deadline: Duration) -> Result<String> {
+    let finished = run(command, None, deadline)?;
+    if !finished.status.success() {
+        return Err(TestbedError::CommandFailed {
+            command: describe(command),
+            status: finished.status.to_string(),
+            stderr: finished.stderr.trim().to_owned(),
+        });
+    }
+    Ok(finished.stdout)
 }
 
 impl Drop for Cluster {

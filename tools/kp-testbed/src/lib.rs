@@ -111,5 +111,5 @@ pub use cluster::{
 pub use echo::{ECHO_BINARY_ENV, EchoSpec, echo_binary};
 pub use error::{Result, TestbedError};
 pub use netns::{Namespace, list_namespaces, sweep_stale};
-pub use outcome::{Outcome, Protocol, Ready, Reply, Tally};
+pub use outcome::{Outcome, PeerReport, Protocol, Ready, Reply, Tally};
 pub use session::Session;

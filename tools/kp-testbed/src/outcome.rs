@@ -180,6 +180,16 @@ pub struct Reply {
     pub echo: Option<String>,
 }
 
+/// What `kp-echo peer` prints: a flow's outcome and the address its socket reports for
+/// the other side (what an application sees; `None` where the flow failed first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerReport {
+    /// How the flow ended.
+    pub outcome: Outcome,
+    /// TCP: `getpeername()`; UDP: the answer's source from `recvfrom()`.
+    pub peer: Option<SocketAddr>,
+}
+
 /// The first line `kp-echo serve` prints once every socket is bound and listening.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ready {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crate::{Outcome, Protocol, Ready, Reply};
+use crate::{Outcome, PeerReport, Protocol, Ready, Reply};
 use clap::{Parser, Subcommand, ValueEnum};
 use socket2::{Domain, Protocol as SocketProtocol, Socket, Type};
 
@@ -78,6 +78,20 @@ enum Command {
         /// reuse it), keeping the 5-tuple, and thus the conntrack entry, of earlier flows.
         #[arg(long = "source-port")]
         source_port: Option<u16>,
+    },
+    /// One flow, printing its outcome and the address the socket reports for the other
+    /// side: `getpeername()` after a TCP connect, or the source `recvfrom()` gives for the
+    /// answer to a datagram sent with `sendto()` on an unconnected UDP socket.
+    Peer {
+        /// The protocol (tcp or udp).
+        #[arg(long, value_enum)]
+        proto: ProbeProtocol,
+        /// The destination address and port.
+        #[arg(long)]
+        to: SocketAddr,
+        /// How long to wait for a connection and then for a reply.
+        #[arg(long = "timeout-ms", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_ms: u64,
     },
     /// Holds one TCP connection: prints the greeting's outcome, then for each line on stdin
     /// sends it and prints the reply's outcome.
@@ -145,6 +159,11 @@ where
                 })
             })
         }
+        Command::Peer {
+            proto,
+            to,
+            timeout_ms,
+        } => emit(&peer(proto, to, Duration::from_millis(timeout_ms))),
         Command::Session { to, timeout_ms } => session(to, Duration::from_millis(timeout_ms)),
         Command::Apiserver {
             listen,
@@ -165,8 +184,9 @@ fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }
 
-fn emit(outcome: &Outcome) -> io::Result<()> {
-    let line = serde_json::to_string(outcome).map_err(io::Error::other)?;
+/// One line of JSON on standard output (an [`Outcome`], or a [`PeerReport`]).
+fn emit<T: serde::Serialize>(value: &T) -> io::Result<()> {
+    let line = serde_json::to_string(value).map_err(io::Error::other)?;
     let mut out = io::stdout().lock();
     writeln!(out, "{line}")?;
     out.flush()
@@ -430,6 +450,58 @@ fn probe_udp(to: SocketAddr, timeout: Duration, source_port: u16) -> Outcome {
         ),
         Err(error) => classify(&error),
     }
+}
+
+fn peer(proto: ProbeProtocol, to: SocketAddr, timeout: Duration) -> PeerReport {
+    let result = match proto {
+        ProbeProtocol::Tcp => peer_tcp(to, timeout),
+        ProbeProtocol::Udp => peer_udp(to, timeout),
+        ProbeProtocol::Sctp => Err(Outcome::Failed {
+            detail: "kp-echo peer: tcp or udp only".to_owned(),
+        }),
+    };
+    match result {
+        Ok((outcome, peer)) => PeerReport {
+            outcome,
+            peer: Some(canonical(peer)),
+        },
+        Err(outcome) => PeerReport {
+            outcome,
+            peer: None,
+        },
+    }
+}
+
+fn peer_tcp(to: SocketAddr, timeout: Duration) -> Result<(Outcome, SocketAddr), Outcome> {
+    let (stream, client) = connect(to, timeout)?;
+    let peer = stream.peer_addr().map_err(|e| classify(&e))?;
+    let outcome = read_reply(&mut BufReader::new(stream), client, None);
+    Ok((outcome, peer))
+}
+
+fn peer_udp(to: SocketAddr, timeout: Duration) -> Result<(Outcome, SocketAddr), Outcome> {
+    let unspecified = if to.is_ipv4() {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    };
+    let exchange = || -> io::Result<(Vec<u8>, SocketAddr, SocketAddr)> {
+        let socket = UdpSocket::bind(SocketAddr::new(unspecified, 0))?;
+        socket.set_read_timeout(Some(timeout))?;
+        socket.send_to(UDP_PROBE_PAYLOAD, to)?;
+        let client = socket.local_addr()?;
+        let mut buffer = vec![0_u8; MAX_DATAGRAM];
+        let (len, from) = socket.recv_from(&mut buffer)?;
+        buffer.truncate(len);
+        Ok((buffer, client, from))
+    };
+    let (payload, client, from) = exchange().map_err(|e| classify(&e))?;
+    let outcome = answered(
+        &String::from_utf8_lossy(&payload),
+        client,
+        std::str::from_utf8(UDP_PROBE_PAYLOAD).ok(),
+    );
+    Ok((outcome, from))
 }
 
 fn session(to: SocketAddr, timeout: Duration) -> io::Result<()> {

@@ -489,6 +489,13 @@ pub const DEFAULT_STATE_DIR: &str = "/run/kube-proxy-rs";
 /// Overrides [`DEFAULT_STATE_DIR`] (tests, benchmarks, or several proxies on one host, each in
 /// its own network namespace: the per-namespace settings need one record each).
 pub const STATE_DIR_ENV: &str = "KUBE_PROXY_RS_STATE_DIR";
+/// `$KUBE_PROXY_RS_STATE_DIR`, else [`DEFAULT_STATE_DIR`].
+pub fn state_dir() -> PathBuf {
+    std::env::var_os(STATE_DIR_ENV)
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from)
+}
+
 /// The record's file name inside the state directory.
 pub const RECORD_FILE: &str = "sysctls";
 
@@ -536,12 +543,9 @@ impl SysctlRecord {
         Self { path: path.into() }
     }
 
-    /// The record in `$KUBE_PROXY_RS_STATE_DIR`, else in [`DEFAULT_STATE_DIR`].
+    /// The record in [`state_dir`].
     pub fn from_env() -> Self {
-        let dir = std::env::var_os(STATE_DIR_ENV)
-            .filter(|dir| !dir.is_empty())
-            .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from);
-        Self::new(dir.join(RECORD_FILE))
+        Self::new(state_dir().join(RECORD_FILE))
     }
 
     /// The record file.

@@ -10,40 +10,59 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
-use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort};
+use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, ServicePortName};
 use kp_core::tracker::ProxyState;
 use kp_rules::plan::{EndpointList, Masquerading, NoEndpoints, ServicePlan};
 
 use crate::layout::ServiceKey;
 
-/// Every Service port address to translate, with its endpoints (none: refused).
+/// Every Service port address to translate, with its endpoints (none: refused). Where two
+/// Service ports claim one address (a shared externalIP), the greater name wins, as in
+/// [`crate::ServiceLb`].
 pub fn desired(state: &ProxyState) -> BTreeMap<ServiceKey, Vec<SocketAddr>> {
     let mut out = BTreeMap::new();
-    let none = Vec::new();
     for (name, port) in &state.services {
-        if port.session_affinity.is_some() || name.protocol == Protocol::Sctp {
-            continue;
-        }
-        for family in [IpFamily::V4, IpFamily::V6] {
-            let Some(svc) = port.for_family(family) else {
-                continue;
-            };
-            let endpoints = state.endpoints.get(name).unwrap_or(&none);
-            // Masquerading only shapes chains; the endpoint lists do not depend on it.
-            let plan = ServicePlan::new(&svc, endpoints, &state.node, Masquerading::default());
-            add(&mut out, &svc, internal(&plan, family), &svc.cluster_ips);
-            add(&mut out, &svc, external(&plan, family), &svc.external_ips);
-            if svc.load_balancer_source_ranges.is_empty() {
-                add(
-                    &mut out,
-                    &svc,
-                    external(&plan, family),
-                    &svc.load_balancer_ips,
-                );
-            }
-        }
+        add_port(&mut out, state, name, port);
     }
     out
+}
+
+/// The addresses of one Service's ports to translate, with their endpoints; empty when the
+/// state has no such Service or its ports stay with nftables mode's rules.
+pub fn desired_service(
+    state: &ProxyState,
+    service: &ServiceName,
+) -> BTreeMap<ServiceKey, Vec<SocketAddr>> {
+    let mut out = BTreeMap::new();
+    for (name, port) in state.service_ports(service) {
+        add_port(&mut out, state, name, port);
+    }
+    out
+}
+
+fn add_port(
+    out: &mut BTreeMap<ServiceKey, Vec<SocketAddr>>,
+    state: &ProxyState,
+    name: &ServicePortName,
+    port: &ServicePort,
+) {
+    if port.session_affinity.is_some() || name.protocol == Protocol::Sctp {
+        return;
+    }
+    let none = Vec::new();
+    let endpoints = state.endpoints.get(name).unwrap_or(&none);
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let Some(svc) = port.for_family(family) else {
+            continue;
+        };
+        // Masquerading only shapes chains; the endpoint lists do not depend on it.
+        let plan = ServicePlan::new(&svc, endpoints, &state.node, Masquerading::default());
+        add(out, &svc, internal(&plan, family), &svc.cluster_ips);
+        add(out, &svc, external(&plan, family), &svc.external_ips);
+        if svc.load_balancer_source_ranges.is_empty() {
+            add(out, &svc, external(&plan, family), &svc.load_balancer_ips);
+        }
+    }
 }
 
 fn add(

@@ -15,7 +15,10 @@
 //! - [`layout`]: the maps' keys and values as bytes (no `unsafe`, mirrored by the C);
 //! - [`table`]: which map writes a change needs, in a safe order (sans I/O);
 //! - [`maps`]: applying them to the kernel ([`KernelMaps`]) or a [`FakeMaps`];
-//! - [`Balancer`]: the two in step;
+//! - [`Balancer`]: the two in step; [`ServiceLb`]: the balancer driven Service by Service
+//!   by the proxy's full and partial syncs;
+//! - [`cgroup`]: the cgroup v2 directory to attach to (chosen, the v2 root, or a private
+//!   cgroup2 mount on a v1-only node);
 //! - [`program`]: loading, attaching to a cgroup, detaching on drop;
 //! - [`error`]: what this node lacks ([`Unavailable`]: kernel, capability, cgroup v2), said
 //!   exactly.
@@ -23,16 +26,20 @@
 //! Both families: connect4/6, sendmsg4/6, recvmsg4/6, getpeername4/6.
 
 mod balancer;
+pub mod cgroup;
 pub mod desired;
 pub mod error;
 pub mod layout;
 pub mod maps;
 pub mod program;
+mod services;
 pub mod table;
 
 pub use balancer::{Balancer, SetError, SyncReport};
-pub use desired::desired;
+pub use cgroup::{CgroupError, CgroupTarget};
+pub use desired::{desired, desired_service};
 pub use error::{AttachError, LoadError, Unavailable};
 pub use layout::ServiceKey;
 pub use maps::{FakeMaps, KernelMaps, MapWriter, Verdict, WriteError};
 pub use program::{SocketPrograms, check_cgroup2};
+pub use services::ServiceLb;

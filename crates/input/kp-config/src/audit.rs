@@ -92,6 +92,8 @@ pub const FIELDS: &[FieldTreatment] = &[
     field("iptablesBackend", Extension),
     field("nftablesLayout", Extension),
     field("canaryPeriod", Extension),
+    field("socketLB.enabled", Extension),
+    field("socketLB.cgroup", Extension),
     field("mode", Effective),
     field("iptables.masqueradeBit", Effective),
     field("iptables.masqueradeAll", Effective),
@@ -189,6 +191,8 @@ pub const FLAGS: &[FlagTreatment] = &[
     sets("--iptables-backend", "iptablesBackend"),
     sets("--nftables-layout", "nftablesLayout"),
     sets("--canary-period", "canaryPeriod"),
+    sets("--socket-lb", "socketLB.enabled"),
+    sets("--socket-lb-cgroup", "socketLB.cgroup"),
     sets("--feature-gates", "featureGates"),
     sets("--kubeconfig", "clientConnection.kubeconfig"),
     sets("--kube-api-content-type", "clientConnection.contentType"),
@@ -421,6 +425,13 @@ impl KubeProxyConfiguration {
                 }
             }
         }
+        if self.socket_lb.enabled && self.mode() != ProxyMode::Nftables {
+            out.push(format!(
+                "socketLB.enabled is set to true but has no effect in {} mode: the socket load \
+                 balancer runs beside nftables mode only",
+                self.mode()
+            ));
+        }
         out.extend(gate_warnings(&self.feature_gates));
         out
     }
@@ -480,6 +491,8 @@ mod tests {
         c.iptables_backend = crate::IptablesBackend::Legacy;
         c.nftables_layout = crate::NftablesLayout::Chains;
         c.canary_period = std::time::Duration::from_secs(5);
+        c.socket_lb.enabled = true;
+        c.socket_lb.cgroup = "/sys/fs/cgroup".into();
         c
     }
 

@@ -515,6 +515,26 @@ pub struct Options {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Node")]
     pub canary_period: Option<Duration>,
 
+    /// kube-proxy-rs extension: nftables mode also balances the node's own sockets' Service
+    /// connections when they connect (cgroup BPF programs, no per-packet NAT); where BPF
+    /// cannot run, the proxy says why and runs nftables mode alone.
+    #[arg(
+        long,
+        help_heading = "Proxy",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        value_name = "BOOL"
+    )]
+    pub socket_lb: Option<bool>,
+
+    /// kube-proxy-rs extension: the cgroup v2 directory --socket-lb attaches to (sockets of
+    /// processes in it or below it are balanced). Default: the root of the node's cgroup v2
+    /// hierarchy, mounted privately where the node has only cgroup v1.
+    #[arg(long, value_name = "DIR", help_heading = "Proxy")]
+    pub socket_lb_cgroup: Option<String>,
+
     /// Userspace mode: how long an idle UDP session is kept (e.g. 250ms, 2s); must be
     /// greater than 0. Default 250ms.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Userspace")]
@@ -919,6 +939,15 @@ impl Options {
             "--canary-period",
             ["canaryPeriod"],
             |v| { c.canary_period = *v }
+        );
+        flag!(self.socket_lb, "--socket-lb", ["socketLB.enabled"], |v| {
+            c.socket_lb.enabled = *v
+        });
+        flag!(
+            self.socket_lb_cgroup,
+            "--socket-lb-cgroup",
+            ["socketLB.cgroup"],
+            |v| { c.socket_lb.cgroup = v.trim().to_owned() }
         );
         flag!(
             self.userspace_max_connections_per_service,

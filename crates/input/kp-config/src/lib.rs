@@ -50,8 +50,8 @@ pub use types::{
     IptablesBackend, IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration,
     LocalMode, LogFormatOptions, Logging, LoggingOptions, NODE_PORT_ADDRESSES_ALL,
     NODE_PORT_ADDRESSES_LOCALHOST, NODE_PORT_ADDRESSES_PRIMARY, NftablesConfiguration,
-    NftablesLayout, NodePortAddress, NodePortAddressesSetting, ProxyMode, UserspaceConfiguration,
-    VModuleItem, WinkernelConfiguration,
+    NftablesLayout, NodePortAddress, NodePortAddressesSetting, ProxyMode, SocketLbConfiguration,
+    UserspaceConfiguration, VModuleItem, WinkernelConfiguration,
 };
 pub use validate::{ConfigErrors, FieldError};
 pub use write::{VersionedConfiguration, WriteError, write_config};

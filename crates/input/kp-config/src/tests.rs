@@ -1081,3 +1081,43 @@ fn canary_period_from_the_file_or_the_flag_and_zero_turns_the_short_checks_off()
     let c = loaded(&options(&["--canary-period=10s"])).config;
     assert_eq!(c.canary_period, Duration::from_secs(10));
 }
+
+#[test]
+fn socket_lb_comes_from_flags_or_the_file_and_is_written_only_when_set() {
+    let loaded = options(&[
+        "--proxy-mode=nftables",
+        "--socket-lb",
+        "--socket-lb-cgroup=/x",
+    ])
+    .load()
+    .expect("valid");
+    assert!(loaded.config.socket_lb.enabled);
+    assert_eq!(loaded.config.socket_lb.cgroup, "/x");
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    let written = serde_json::to_string(&loaded.config).expect("serializes");
+    assert!(
+        written.contains(r#""socketLB":{"enabled":true,"cgroup":"/x"}"#),
+        "{written}"
+    );
+    let head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+    let file = KubeProxyConfiguration::from_yaml(&format!(
+        "{head}mode: nftables\nsocketLB:\n  enabled: true\n"
+    ))
+    .expect("valid");
+    assert!(file.socket_lb.enabled && file.socket_lb.cgroup.is_empty());
+    let default = KubeProxyConfiguration::from_yaml(head).expect("valid");
+    let written = serde_json::to_string(&default).expect("serializes");
+    assert!(!written.contains("socketLB"), "{written}");
+    // Another mode: named in a warning.
+    let other = options(&["--proxy-mode=iptables", "--socket-lb"])
+        .load()
+        .expect("valid");
+    assert!(
+        other
+            .warnings
+            .iter()
+            .any(|w| w.contains("socketLB.enabled") && w.contains("nftables mode only")),
+        "{:?}",
+        other.warnings
+    );
+}

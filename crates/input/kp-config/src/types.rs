@@ -342,6 +342,32 @@ pub struct KubeProxyConfiguration {
     /// Written only when not the default.
     #[serde(with = "serde_go", skip_serializing_if = "is_default_canary_period")]
     pub canary_period: Duration,
+    /// kube-proxy-rs extension: socket-level load balancing beside nftables mode
+    /// (docs/socket-lb.md). Written only when not the default.
+    #[serde(
+        rename = "socketLB",
+        skip_serializing_if = "SocketLbConfiguration::is_default"
+    )]
+    pub socket_lb: SocketLbConfiguration,
+}
+
+/// kube-proxy-rs extension (`socketLB`): cgroup BPF programs that send the node's own
+/// sockets' connections to Service addresses straight to an endpoint (nftables mode only).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SocketLbConfiguration {
+    /// Load and attach the programs (`--socket-lb`).
+    pub enabled: bool,
+    /// The cgroup v2 directory to attach to (`--socket-lb-cgroup`); empty: the root of the
+    /// node's cgroup v2 hierarchy, mounted privately where the node has only cgroup v1.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub cgroup: String,
+}
+
+impl SocketLbConfiguration {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 fn is_default_canary_period(period: &Duration) -> bool {
@@ -593,6 +619,7 @@ impl Default for KubeProxyConfiguration {
             iptables_backend: IptablesBackend::Auto,
             nftables_layout: NftablesLayout::default(),
             canary_period: DEFAULT_CANARY_PERIOD,
+            socket_lb: SocketLbConfiguration::default(),
         }
     }
 }

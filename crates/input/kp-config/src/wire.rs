@@ -27,8 +27,8 @@ use crate::load::LoadError;
 use crate::types::{
     API_VERSION, ClientConnection, ConntrackConfiguration, DetectLocalConfiguration,
     IptablesConfiguration, IpvsConfiguration, KIND, KubeProxyConfiguration, LogFormatOptions,
-    Logging, LoggingOptions, NftablesConfiguration, UserspaceConfiguration, VModuleItem,
-    WinkernelConfiguration,
+    Logging, LoggingOptions, NftablesConfiguration, SocketLbConfiguration, UserspaceConfiguration,
+    VModuleItem, WinkernelConfiguration,
 };
 use crate::validate::FieldError;
 
@@ -82,6 +82,15 @@ struct Config {
     iptables_backend: Located,
     nftables_layout: Located,
     canary_period: Located,
+    #[serde(rename = "socketLB")]
+    socket_lb: Option<SocketLb>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct SocketLb {
+    enabled: Option<bool>,
+    cgroup: Text,
 }
 
 #[derive(Deserialize, Default)]
@@ -501,6 +510,7 @@ impl Converter {
             ),
             nftables_layout: self.parsed("nftablesLayout", w.nftables_layout, d.nftables_layout),
             canary_period: self.duration("canaryPeriod", w.canary_period, d.canary_period),
+            socket_lb: socket_lb(w.socket_lb.unwrap_or_default()),
         }
     }
 
@@ -729,6 +739,13 @@ fn userspace(w: Userspace) -> UserspaceConfiguration {
         max_udp_sessions_per_service: w
             .max_udp_sessions_per_service
             .unwrap_or(d.max_udp_sessions_per_service),
+    }
+}
+
+fn socket_lb(w: SocketLb) -> SocketLbConfiguration {
+    SocketLbConfiguration {
+        enabled: w.enabled.unwrap_or_default(),
+        cgroup: w.cgroup.unwrap_or_default(),
     }
 }
 

@@ -143,6 +143,22 @@ fn service_match(out: &mut String, m: &ServiceMatch) {
             Vec::new(),
         ));
     }
+    if let Some(path) = &m.socket_lb {
+        let endpoints = path.endpoints.iter().map(ToString::to_string);
+        lines.push((
+            format!(
+                "socket load balancer: {}",
+                if path.translated {
+                    "translates the node's own sockets' connections"
+                } else {
+                    "not used (nftables mode's rules serve every connection)"
+                }
+            ),
+            std::iter::once(path.reason.clone())
+                .chain(endpoints)
+                .collect(),
+        ));
+    }
     // Another mode's objects replace iptables mode's chains (and endpoint chain names).
     match &m.dataplane {
         Some(dataplane) => lines.push((

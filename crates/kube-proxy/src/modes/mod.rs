@@ -10,6 +10,7 @@ pub mod host;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
+pub mod socket_lb;
 pub mod userspace;
 
 use anyhow::Context as _;

@@ -21,6 +21,7 @@ use kp_userspace::{LocalhostMetrics, LocalhostNodePorts, RelayMetrics};
 use prometheus_client::registry::Registry;
 
 use super::host::Host;
+use super::socket_lb::SocketLb;
 use super::{Input, Mode};
 
 /// nftables mode.
@@ -72,11 +73,18 @@ impl Mode for Nftables {
         let iptables = super::iptables::leftovers(host)?;
         let localhost = localhost_listeners(input.config, &host.families, input.registry);
         tracing::info!("Using nftables Proxier");
+        let socket_lb = input
+            .config
+            .socket_lb
+            .enabled
+            .then(|| SocketLb::start(&input.config.socket_lb))
+            .flatten();
         Ok(NftablesMode {
             nft,
             iptables,
             iptables_cleaned: false,
             localhost,
+            socket_lb,
         })
     }
 }
@@ -211,13 +219,16 @@ impl Backend for Layout {
 /// listeners when configured, plus iptables mode's cleanup.
 /// As upstream, a normal start removes iptables mode's chains once the first nftables sync
 /// succeeded (errors there are only logged), so a node switched from iptables mode does not
-/// run both. (`--cleanup` removes every mode's state through [`crate::cleanup`].)
+/// run both. (`--cleanup` removes every mode's state through [`crate::cleanup`].) With
+/// `--socket-lb`, the socket load balancer's maps follow every sync, whatever nftables'
+/// outcome: they serve sockets nftables mode's rules would serve the same way.
 #[derive(Debug)]
 pub struct NftablesMode {
     nft: Layout,
     iptables: IptablesBackend,
     iptables_cleaned: bool,
     localhost: Option<LocalhostNodePorts>,
+    socket_lb: Option<SocketLb>,
 }
 
 impl Backend for NftablesMode {
@@ -237,7 +248,11 @@ impl Backend for NftablesMode {
         } else {
             Some(self.iptables.cleanup_plan().await)
         };
-        let report = self.nft.sync(request).await?;
+        let report = self.nft.sync(request).await;
+        if let Some(socket_lb) = &mut self.socket_lb {
+            socket_lb.sync(request);
+        }
+        let report = report?;
         if let Some(plan) = plan {
             self.iptables_cleaned = true;
             if plan.is_empty() {

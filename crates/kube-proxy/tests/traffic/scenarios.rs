@@ -40,7 +40,7 @@ fn ip(text: &str) -> IpAddr {
 /// Local pods `a` and `b`, remote pod `c`, on a node shaped like real ones (a second NIC
 /// with the default route, secondary addresses, a VIP on `lo`, a link-local service address
 /// on a dummy-like device): every scenario must hold there with default flags.
-pub(crate) fn cluster(dual_stack: bool) -> Cluster {
+pub fn cluster(dual_stack: bool) -> Cluster {
     Cluster::builder()
         .pod("a")
         .pod("b")

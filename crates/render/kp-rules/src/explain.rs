@@ -360,10 +360,26 @@ pub struct ServiceMatch {
     /// [`dataplane::annotate`]); the hops and chains above are iptables mode's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dataplane: Option<dataplane::Dataplane>,
+    /// With nftables mode's socket load balancer (`--socket-lb`): what it does with the
+    /// node's own sockets' connections to this address (filled by the binary).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_lb: Option<SocketLbPath>,
     /// Every endpoint with its verdict, in endpoint order.
     pub endpoints: Vec<EndpointExplanation>,
     /// Things that would change the answer (unknown source, short-circuits).
     pub notes: Vec<String>,
+}
+
+/// Which path a connection from the node's own sockets (pods and host processes in the
+/// socket load balancer's cgroup) takes: translated when it connects, or nftables' rules.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SocketLbPath {
+    /// The programs translate it (to `endpoints`; none: refused with ECONNREFUSED).
+    pub translated: bool,
+    /// The endpoints a connection is sent to, when translated.
+    pub endpoints: Vec<std::net::SocketAddr>,
+    /// Why: where the programs act, or why nftables mode's rules serve it instead.
+    pub reason: String,
 }
 
 /// A service port on the destination IP that does not match its port or protocol.
@@ -639,6 +655,7 @@ impl Decision<'_> {
             hops,
             chains: self.chains,
             dataplane: None,
+            socket_lb: None,
             endpoints,
             notes: self.notes,
         }

@@ -1,0 +1,262 @@
+//! `--socket-lb` beside nftables mode, judged by traffic: the real proxy attaches the
+//! programs to a cgroup v2 directory of the test's own, and the client pod's probes start
+//! inside it, as a pod's processes would. Probes from the same pod outside the cgroup meet
+//! nftables mode's rules (the control); conntrack in the node namespace tells the two paths
+//! apart: a translated socket's flow goes to the endpoint from its first packet, so its
+//! entry never holds the ClusterIP.
+//!
+//! The proxy runs under `ip netns exec`, which remounts `/sys` and so hides the host's
+//! cgroup2 mount: the test mounts the hierarchy a second time outside `/sys`
+//! ([`CgroupView`]) and names the test cgroup there with `--socket-lb-cgroup`. (It must never
+//! attach to the root: the programs see every socket of the host, whatever its network
+//! namespace, and other tests use the same ClusterIPs.)
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
+use kp_testbed::{Outcome, Protocol, isolated};
+
+use crate::support::{CLUSTER_CIDR_V4, Env, Flags, Mode, Service};
+
+const CGROUP_PREFIX: &str = "kp-socklb-traffic-";
+/// Flows whose conntrack entries are checked.
+const FLOWS: usize = 30;
+/// Connections for the balance check: a 2:1 skew (267/133) has chi-square 44.
+const BALANCE_FLOWS: usize = 400;
+/// Exceeded by a fair split over 2 endpoints (1 degree of freedom) with a probability below
+/// 1e-6 (as kp-rules' `nft_layout_balance` bounds it: df + 10·sqrt(2·df) + 10).
+const CHI2_BOUND: f64 = 25.1;
+const WEB: &str = "10.96.0.10";
+const ITP: &str = "10.96.0.11";
+const EMPTY: &str = "10.96.0.13";
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().expect("literal address")
+}
+
+/// The cgroup v2 hierarchy mounted a second time in a directory of the test's own, where
+/// processes under `ip netns exec` can still see it; unmounted on drop.
+struct CgroupView {
+    dir: tempfile::TempDir,
+}
+
+impl CgroupView {
+    fn mount() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        run(&["mount", "-t", "cgroup2", "cgroup2"], dir.path());
+        Self { dir }
+    }
+
+    /// Where `cgroup` appears in this view.
+    fn path_of(&self, cgroup: &TestCgroup) -> PathBuf {
+        let root = cgroup2_root().expect("a cgroup v2 mount");
+        let relative = cgroup.path().strip_prefix(root).expect("under the root");
+        self.dir.path().join(relative)
+    }
+}
+
+impl Drop for CgroupView {
+    fn drop(&mut self) {
+        run(&["umount", "-l"], self.dir.path());
+    }
+}
+
+fn run(args: &[&str], path: &Path) {
+    let status = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .arg(path)
+        .status()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(status.success(), "{args:?} {}: {status}", path.display());
+}
+
+/// Why this host cannot run the scenario (a failure instead under CI).
+fn unavailable() -> Option<String> {
+    cgroup2_root()
+        .is_none()
+        .then(|| "no cgroup v2 mount".to_owned())
+}
+
+/// conntrack's entries in the node namespace for flows from the client's port `sport`.
+fn conntrack_from(env: &Env, protocol: &str, sport: u16) -> String {
+    env.node_exec(&[
+        "conntrack",
+        "-L",
+        "-p",
+        protocol,
+        "--sport",
+        &sport.to_string(),
+    ])
+}
+
+/// Asserts `outcome` was answered and its flow went to the endpoint from the start: a
+/// conntrack entry exists for it and none holds the Service address `service`.
+fn assert_not_natted(env: &Env, protocol: &str, outcome: &Outcome, service: &str) {
+    let Outcome::Answered { client, server, .. } = outcome else {
+        panic!("not answered: {outcome:?}{}", env.diag());
+    };
+    let entries = conntrack_from(env, protocol, client.port());
+    assert!(
+        entries.contains(&format!("dst={}", server.ip())) && !entries.contains(service),
+        "{protocol} flow {client} -> {service}: conntrack must show the endpoint, not the \
+         Service: {entries}{}",
+        env.diag()
+    );
+}
+
+/// The scenario in `mode` (either nftables layout).
+pub fn socket_lb(mode: Mode) {
+    if isolated::skip("socket_lb", unavailable()) {
+        return;
+    }
+    let view = CgroupView::mount();
+    let cgroup = TestCgroup::create(CGROUP_PREFIX).expect("test cgroup");
+    let c = crate::scenarios::cluster(false);
+    let services = [
+        Service::new("web", WEB)
+            .tcp(80)
+            .udp(80)
+            .endpoints(&c, &["a", "b"]),
+        Service::new("itp", ITP)
+            .tcp(80)
+            .itp_local()
+            .endpoints(&c, &["a", "c"]),
+        Service::new("empty", EMPTY)
+            .tcp(80)
+            .udp(80)
+            .endpoints(&c, &[]),
+    ];
+    let flags = Flags::cluster_cidr(CLUSTER_CIDR_V4)
+        .flag("--socket-lb")
+        .flag(&format!(
+            "--socket-lb-cgroup={}",
+            view.path_of(&cgroup).display()
+        ));
+    let mut env = Env::start_with(mode, c, flags, &services, &[]);
+    let attached = env.logged(|l| l.contains("Socket load balancer attached"));
+    assert_eq!(attached.len(), 1, "{}", env.diag());
+
+    control_is_natted(&env);
+    env.cluster.set_probe_cgroup(Some(cgroup.path().to_owned()));
+    translated_tcp_and_udp(&env);
+    refused_and_local(&env);
+
+    // A partial sync: web loses a; the programs follow at once.
+    let web_b = Service::new("web", WEB)
+        .tcp(80)
+        .udp(80)
+        .endpoints(&env.cluster, &["b"]);
+    env.apply(&web_b);
+    let tally = env
+        .cluster
+        .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
+        .expect("probe");
+    assert_eq!(tally.count("b"), 10, "{tally:?}{}", env.diag());
+    restarted_where_it_cannot_attach(&mut env);
+    env.cluster.set_probe_cgroup(None);
+}
+
+/// The proxy restarted with a directory that is not cgroup v2: the old programs went with
+/// the old process, yet a connection they translated goes on (it needs no state); the new
+/// proxy says why once and nftables mode's rules serve new connections.
+fn restarted_where_it_cannot_attach(env: &mut Env) {
+    let client = env.cluster.client().clone();
+    let mut session = env.cluster.connect(&client, ip(WEB), 80).expect("session");
+    assert_not_natted(env, "tcp", session.greeting(), WEB);
+    let bad = Flags::cluster_cidr(CLUSTER_CIDR_V4)
+        .flag("--socket-lb")
+        .flag("--socket-lb-cgroup=/proc");
+    env.restart_with(bad);
+    let reply = session.send("still there").expect("send");
+    assert!(reply.answered_by("b"), "{reply:?}{}", env.diag());
+    let unavailable = env.logged(|l| l.contains("Socket load balancer unavailable"));
+    assert_eq!(unavailable.len(), 1, "{unavailable:?}{}", env.diag());
+    assert!(
+        unavailable[0].contains("/proc is not a cgroup v2 directory"),
+        "{unavailable:?}"
+    );
+    let outcome = env.cluster.tcp(&client, ip(WEB), 80).expect("probe");
+    let Outcome::Answered { client: from, .. } = &outcome else {
+        panic!(
+            "not answered by nftables mode alone: {outcome:?}{}",
+            env.diag()
+        );
+    };
+    let entries = conntrack_from(env, "tcp", from.port());
+    assert!(
+        entries.contains(WEB),
+        "nftables' DNAT: {entries}{}",
+        env.diag()
+    );
+}
+
+/// Pearson's statistic of `counts` against equally likely endpoints.
+fn chi_square(counts: &[usize]) -> f64 {
+    let total: usize = counts.iter().sum();
+    let expected = total as f64 / counts.len() as f64;
+    counts
+        .iter()
+        .map(|&c| (c as f64 - expected).powi(2) / expected)
+        .sum()
+}
+
+/// Outside the cgroup, nftables mode's DNAT: conntrack holds the ClusterIP.
+fn control_is_natted(env: &Env) {
+    let outcome = env
+        .cluster
+        .tcp(env.cluster.client(), ip(WEB), 80)
+        .expect("probe");
+    let Outcome::Answered { client, .. } = outcome else {
+        panic!("control not answered: {outcome:?}{}", env.diag());
+    };
+    let entries = conntrack_from(env, "tcp", client.port());
+    assert!(entries.contains(WEB), "control: {entries}{}", env.diag());
+}
+
+/// Inside: both endpoints answer, evenly (chi-square), no NAT; getpeername and UDP replies show the Service.
+fn translated_tcp_and_udp(env: &Env) {
+    let cl = &env.cluster;
+    let client = cl.client();
+    let tally = cl
+        .tcp_repeat(client, ip(WEB), 80, BALANCE_FLOWS)
+        .expect("probe");
+    let (a, b) = (tally.count("a"), tally.count("b"));
+    assert_eq!(a + b, BALANCE_FLOWS, "{tally:?}{}", env.diag());
+    let chi2 = chi_square(&[a, b]);
+    assert!(chi2 <= CHI2_BOUND, "a {a}, b {b}: chi-square {chi2:.1}");
+    for outcome in &tally.outcomes()[..FLOWS] {
+        assert_not_natted(env, "tcp", outcome, WEB);
+    }
+    let service = SocketAddr::new(ip(WEB), 80);
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        let report = cl.peer(client, protocol, service).expect("peer probe");
+        assert_eq!(
+            report.peer,
+            Some(service),
+            "{protocol}: {report:?}{}",
+            env.diag()
+        );
+        assert_not_natted(env, &protocol.to_string(), &report.outcome, WEB);
+    }
+}
+
+/// No endpoints: refused, as nftables mode rejects; internalTrafficPolicy Local: only the
+/// local endpoint, still without NAT.
+fn refused_and_local(env: &Env) {
+    let cl = &env.cluster;
+    let client = cl.client();
+    assert_eq!(
+        cl.tcp(client, ip(EMPTY), 80).expect("probe"),
+        Outcome::Refused
+    );
+    assert_eq!(
+        cl.udp(client, ip(EMPTY), 80).expect("probe"),
+        Outcome::Refused
+    );
+    let tally = cl.tcp_repeat(client, ip(ITP), 80, 10).expect("probe");
+    assert_eq!(tally.count("a"), 10, "{tally:?}{}", env.diag());
+    for outcome in tally.outcomes() {
+        assert_not_natted(env, "tcp", outcome, ITP);
+    }
+}
