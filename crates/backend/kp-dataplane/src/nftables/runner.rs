@@ -141,7 +141,7 @@ impl ExecNft {
     /// nothing) on a table of its own, for which nft loads the ruleset into its cache as it
     /// does for each of our scripts. nft 1.0.x dies doing that when another table holds a
     /// set a newer nft wrote (kubernetes#136786): the error then has no exit code and carries
-    /// [`CRASH_HINT`]. Blocking; for start-up.
+    /// the crash hint (`CRASH_HINT`). Blocking; for start-up.
     pub fn check_scripts(&self) -> Result<(), ExecError> {
         use std::io::Write as _;
         use std::process::{Command, Stdio};

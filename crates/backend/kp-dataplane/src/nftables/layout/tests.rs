@@ -260,14 +260,17 @@ async fn a_restart_adopts_its_own_table_and_writes_only_the_difference() {
     assert_eq!(io.elements(IpFamily::V4), expected(&moved).await);
 }
 
-#[tokio::test]
-async fn a_table_of_another_layout_is_replaced_in_one_transaction() {
+/// The one script a full sync over a table found with `chains` and `sets` writes, asserting
+/// that it replaced the table in one transaction: the old table deleted, then this layout's
+/// chains, then its elements.
+async fn replaced_in_one_script(chains: &[&str], sets: &[&str]) -> String {
     let io = FakeLayoutIo::new();
+    let names = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
     io.set_table(
         IpFamily::V4,
         Readback {
-            chains: vec!["services".into(), "service-ULMVA6XW-ns/a/tcp/p".into()],
-            sets: vec!["service-ips".into(), "cluster-ips".into()],
+            chains: names(chains),
+            sets: names(sets),
             ..Readback::default()
         },
     );
@@ -278,9 +281,9 @@ async fn a_table_of_another_layout_is_replaced_in_one_transaction() {
         element_calls(&io).is_empty(),
         "everything in the one script"
     );
-    let scripts = scripts(&io);
-    assert_eq!(scripts.len(), 1);
-    let script = &scripts[0];
+    let mut scripts = scripts(&io);
+    assert_eq!(scripts.len(), 1, "{scripts:?}");
+    let script = scripts.remove(0);
     let delete = script
         .find("delete table ip kube-proxy")
         .expect("deletes the old table");
@@ -291,42 +294,28 @@ async fn a_table_of_another_layout_is_replaced_in_one_transaction() {
         .find("add element ip kube-proxy cluster-ips { 10.96.0.1 }")
         .expect("and its elements");
     assert!(delete < dispatch && dispatch < element, "{script}");
+    script
+}
+
+#[tokio::test]
+async fn a_table_of_another_layout_is_replaced_in_one_transaction() {
+    replaced_in_one_script(
+        &["services", "service-ULMVA6XW-ns/a/tcp/p"],
+        &["service-ips", "cluster-ips"],
+    )
+    .await;
 }
 
 /// This layout before its endpoints maps were per class: the rules of the new classes must
 /// never point at the shared maps being emptied, so the table is replaced whole.
 #[tokio::test]
 async fn a_table_of_this_layouts_earlier_version_is_replaced_in_one_transaction() {
-    let io = FakeLayoutIo::new();
-    io.set_table(
-        IpFamily::V4,
-        Readback {
-            chains: vec!["dispatch".into(), "pick".into()],
-            sets: vec![
-                "slots-1".into(),
-                "endpoints-tcp".into(),
-                "cluster-ips".into(),
-            ],
-            ..Readback::default()
-        },
-    );
-    let mut backend = backend_on(&io);
-    sync(
-        &mut backend,
-        &two_services(),
-        SyncKind::Full,
-        &BTreeSet::new(),
+    let script = replaced_in_one_script(
+        &["dispatch", "pick"],
+        &["slots-1", "endpoints-tcp", "cluster-ips"],
     )
     .await;
-    assert!(element_calls(&io).is_empty(), "everything in one script");
-    let scripts = scripts(&io);
-    assert_eq!(scripts.len(), 1, "{scripts:?}");
-    assert!(
-        scripts[0].contains("delete table ip kube-proxy"),
-        "{}",
-        scripts[0]
-    );
-    assert!(!scripts[0].contains("endpoints-tcp "), "{}", scripts[0]);
+    assert!(!script.contains("endpoints-tcp "), "{script}");
 }
 
 #[tokio::test]
