@@ -115,11 +115,11 @@ fn iptables_balances_sctp_services() {
 #[test]
 #[ignore = "runs inside the SCTP VM (sctp_traffic_in_the_vm)"]
 fn nftables_balances_sctp_services() {
-    sctp_service(Mode::NftablesChains);
+    sctp_service(Mode::Nftables);
 }
 
 #[test]
 #[ignore = "runs inside the SCTP VM (sctp_traffic_in_the_vm)"]
-fn nftables_maps_balances_sctp_services() {
-    sctp_service(Mode::Nftables);
+fn nftables_chains_balances_sctp_services() {
+    sctp_service(Mode::NftablesChains);
 }
