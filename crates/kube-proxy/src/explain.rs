@@ -213,16 +213,14 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
         iptables_backend: args.iptables_backend,
         socket_lb: args.socket_lb,
         socket_lb_cgroup: args.socket_lb_cgroup.clone(),
+        nftables_layout: args.nftables_layout,
         ..Options::default()
     };
     let loaded = options.load().context("invalid configuration")?;
     for warning in &loaded.warnings {
         eprintln!("warning: {warning}");
     }
-    let mut config = loaded.config;
-    if let Some(layout) = args.nftables_layout {
-        config.nftables_layout = layout;
-    }
+    let config = loaded.config;
     let mode = config.mode();
     if args.verify && mode != ProxyMode::Iptables {
         bail!(
