@@ -105,3 +105,87 @@ fn setup_installs_what_the_test_suites_run() {
         "setup.sh installs cargo-deny"
     );
 }
+
+/// The crates whose integration suites are gathered into one binary (`autotests = false`,
+/// their `[[test]]` roots naming each suite as a `mod`), and for each the suite files under
+/// `tests/` that no root names: such a file would never be built or run.
+fn unrun_suites() -> Vec<String> {
+    let mut unrun = Vec::new();
+    for manifest in ["crates", "tools"]
+        .iter()
+        .flat_map(|top| manifests_under(&repo_root().join(top)))
+    {
+        let text = std::fs::read_to_string(&manifest).expect("manifest readable");
+        if !text.lines().any(|l| l.trim() == "autotests = false") {
+            continue;
+        }
+        let dir = manifest.parent().expect("a crate directory").to_path_buf();
+        let roots: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("path = \"tests/"))
+            .filter_map(|l| l.strip_suffix(".rs\""))
+            .map(str::to_owned)
+            .collect();
+        let named: Vec<String> = roots
+            .iter()
+            .flat_map(|root| {
+                let body = std::fs::read_to_string(dir.join(format!("tests/{root}.rs")))
+                    .expect("test root readable");
+                body.lines()
+                    .filter_map(|l| l.trim().strip_prefix("mod "))
+                    .filter_map(|l| l.strip_suffix(';'))
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for entry in std::fs::read_dir(dir.join("tests")).expect("tests/ readable") {
+            let path = entry.expect("tests/ entry").path();
+            let stem = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default();
+            let suite =
+                path.extension().is_some_and(|e| e == "rs") || path.join("mod.rs").is_file();
+            if suite && !roots.iter().any(|r| r == stem) && !named.iter().any(|n| n == stem) {
+                unrun.push(path.display().to_string());
+            }
+        }
+    }
+    unrun
+}
+
+/// The `Cargo.toml`s one and two directories below `top` (`crates/kube-proxy`,
+/// `crates/render/kp-rules`, `tools/kp-bench`).
+fn manifests_under(top: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let subdirs = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for first in subdirs(top) {
+        found.push(first.join("Cargo.toml"));
+        found.extend(
+            subdirs(&first)
+                .into_iter()
+                .map(|second| second.join("Cargo.toml")),
+        );
+    }
+    found.retain(|manifest| manifest.is_file());
+    found
+}
+
+#[test]
+fn every_gathered_suite_file_is_a_module_of_its_test_binary() {
+    let unrun = unrun_suites();
+    assert!(
+        unrun.is_empty(),
+        "suite files no test binary builds (add a `mod` line to the crate's tests root): {unrun:?}"
+    );
+}

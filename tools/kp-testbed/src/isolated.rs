@@ -83,11 +83,15 @@ pub fn skip(test: &str, reason: Option<String>) -> bool {
 }
 
 /// Runs `body` in a fresh network namespace, in a child process running only this test.
-/// `test` must be the test's path as the harness filters it (the function name, prefixed
-/// with its module inside the test file); `unavailable` says why the prerequisites are
+/// `test` is the test's path inside its file (the function name, prefixed with its module
+/// inside the file); when the file is a module of a test binary gathering several suites
+/// (`tests/rules.rs` holding `mod explain;`), the file's module is put in front, so the
+/// harness finds the test by its full path. `unavailable` says why the prerequisites are
 /// missing, if they are ([`skip`]).
+#[track_caller]
 pub fn run(test: &str, unavailable: impl FnOnce() -> Option<String>, body: impl FnOnce()) {
-    if std::env::var(CHILD_ENV).as_deref() == Ok(test) {
+    let test = &harness_path(std::panic::Location::caller().file(), test);
+    if std::env::var(CHILD_ENV).as_deref() == Ok(test.as_str()) {
         let mine = netns_id("self").expect("own network namespace readable");
         let parent = std::env::var(PARENT_NS_ENV).expect("parent namespace passed");
         assert_ne!(
@@ -109,7 +113,7 @@ pub fn run(test: &str, unavailable: impl FnOnce() -> Option<String>, body: impl 
         .arg("-n")
         .arg(exe)
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, test)
+        .env(CHILD_ENV, test.as_str())
         .env(PARENT_NS_ENV, parent)
         .output()
         .expect("run the test binary under unshare");
@@ -122,6 +126,30 @@ pub fn run(test: &str, unavailable: impl FnOnce() -> Option<String>, body: impl 
         stdout.contains("1 passed"),
         "{test} did not run in the child"
     );
+}
+
+/// `test`'s path as the harness names it: `test`, or `file_module::test` when `file` (the
+/// caller's source file) is not the test binary's root but a module of it, named after the
+/// file (`tests/explain.rs` in the binary `rules`).
+fn harness_path(file: &str, test: &str) -> String {
+    let module = std::path::Path::new(file)
+        .file_stem()
+        .and_then(|stem| stem.to_str())
+        .unwrap_or_default();
+    let binary = std::env::current_exe().ok().and_then(|exe| {
+        let name = exe.file_name()?.to_str()?.to_owned();
+        // Cargo names test executables `<target>-<hash>`.
+        Some(
+            name.rsplit_once('-')
+                .map_or(name.clone(), |(target, _)| target.to_owned()),
+        )
+    });
+    let is_root = binary.is_some_and(|binary| binary.replace('-', "_") == module);
+    if is_root || module.is_empty() || module == "mod" || test.starts_with(&format!("{module}::")) {
+        test.to_owned()
+    } else {
+        format!("{module}::{test}")
+    }
 }
 
 /// Runs `f` on a new thread in a new, empty network namespace of its own; programs it starts

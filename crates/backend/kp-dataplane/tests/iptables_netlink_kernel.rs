@@ -10,17 +10,14 @@
 //! (chains, jumps from the built-in chains) is done by the backend with `iptables-nft` in
 //! both.
 //!
-//! The states are the renderer's snapshot fixtures (`kp-rules/tests/snapshots.rs`, built
+//! The states are the renderer's snapshot fixtures (`kp_rules::testutil::fixtures`, built
 //! with the same helpers), the configuration variants the renderer has, and a property
 //! test of random services.
 
-#[path = "../../../render/kp-rules/tests/common/mod.rs"]
-mod common;
-mod xt_dumps;
+use crate::xt_dumps;
 
 use std::collections::BTreeSet;
 
-use common::*;
 use kp_core::backend::{Backend, SyncKind, SyncRequest};
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort};
 use kp_core::tracker::ProxyState;
@@ -28,6 +25,7 @@ use kp_dataplane::exec::{IptablesVariant, Tools};
 use kp_dataplane::iptables::netlink::NetlinkRestore;
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics};
 use kp_rules::iptables::{LocalDetector, NodePortAddresses, RenderConfig};
+use kp_rules::testutil::*;
 use kp_testbed::isolated;
 use xt_dumps::{Dumps, assert_same, dumps};
 
@@ -212,9 +210,9 @@ fn check(name: &str, family: IpFamily, config: RenderConfig, state: ProxyState) 
     equivalent(name, family, &config, steps);
 }
 
-// The renderer's snapshot fixtures (`common::fixtures`), and more.
+// The renderer's snapshot fixtures (`kp_rules::testutil::fixtures`), and more.
 
-use common::fixtures::{
+use kp_rules::testutil::fixtures::{
     affinity_and_itp_local, cluster_ip_two_endpoints as two_endpoints,
     etp_local_lb_source_ranges as etp_local_lb, no_endpoints, node_port,
 };
@@ -222,7 +220,7 @@ use common::fixtures::{
 /// The IPv6 fixture, with a UDP load balancer under affinity and a service without
 /// endpoints added.
 fn ipv6() -> ProxyState {
-    let mut state = common::fixtures::ipv6();
+    let mut state = fixtures::ipv6();
     let mut lb = with_affinity(cluster_ip("ns9", "svc9", "p", "fd00:172:30::42", 53), 60);
     lb.name.protocol = Protocol::Udp;
     lb.load_balancer_ips = vec![ip("2001:db8:9::1")];

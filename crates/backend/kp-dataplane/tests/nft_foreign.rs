@@ -18,7 +18,7 @@
 //! Without root or `nft` the tests are skipped with a message, unless `CI` or
 //! `KP_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
 
-mod nft_tools;
+use crate::nft_tools;
 
 use std::collections::BTreeSet;
 use std::process::Command;

@@ -12,7 +12,7 @@
 //! Without root, `unshare` or `nft` the test is skipped with a message, unless `CI` or
 //! `KP_REQUIRE_KERNEL_TESTS=1` is set, which makes that a failure.
 
-mod nft_tools;
+use crate::nft_tools;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -30,4 +30,6 @@ pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
 pub mod plan;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testutil;
 pub mod userspace;

@@ -1,7 +1,7 @@
 //! `kp_rules::explain`: every endpoint verdict, outcome, masquerade reason and match kind,
 //! cross-checked against what the renderer actually writes.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -2,7 +2,7 @@
 //! ClusterIP, a NodePort and a service without endpoints, checked against each mode's own
 //! naming functions and rendered output.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kp_core::model::{Endpoint, IpFamily, ServicePort};

@@ -16,8 +16,8 @@
 //!
 //! Bounded for CI: [`CASES`] cases per property, small states.
 
-mod common;
-mod nft_common;
+use crate::common;
+use crate::nft_common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

@@ -3,7 +3,7 @@
 //! are also applied for real inside a throwaway network namespace (the host kernel has
 //! ipset and iptables; IPVS itself is tested in the VM, crates/backend/kp-ipvs and kp-dataplane).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;

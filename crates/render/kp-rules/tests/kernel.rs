@@ -4,7 +4,7 @@
 //! Without root or the binaries the kernel half is skipped (with a printed reason) and only
 //! the structural checks run.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

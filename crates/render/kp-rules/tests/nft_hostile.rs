@@ -3,8 +3,8 @@
 //! comments. Every hostile variant must produce exactly the statements a benign name does,
 //! and the real `nft` must apply it without touching anything outside our table.
 
-mod common;
-mod nft_common;
+use crate::common;
+use crate::nft_common;
 
 use std::collections::BTreeSet;
 

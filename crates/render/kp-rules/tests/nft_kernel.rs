@@ -6,8 +6,8 @@
 //! Without root or `nft` the kernel half is skipped with a printed reason (a failure when
 //! `CI` is set) and only the pure checks run.
 
-mod common;
-mod nft_common;
+use crate::common;
+use crate::nft_common;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -10,7 +10,7 @@
 //! the chance to pass is 10^-160. Without root or `nft` the test is skipped (a failure under
 //! `CI`).
 
-mod nft_layout_common;
+use crate::nft_layout_common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::process::Command;

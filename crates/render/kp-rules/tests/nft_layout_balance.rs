@@ -9,7 +9,7 @@
 //! a fair kernel exceeds with a probability below 1e-6, while a 2:1 skew between two
 //! endpoints fails it. Without root or `nft` the test is skipped (a failure under `CI`).
 
-mod nft_layout_common;
+use crate::nft_layout_common;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -3,8 +3,8 @@
 //! table. The whole sequence is also applied to a real table in a throwaway network
 //! namespace, and the result compared with a fresh full render of the final state.
 
-mod common;
-mod nft_common;
+use crate::common;
+use crate::nft_common;
 
 use std::collections::BTreeSet;
 

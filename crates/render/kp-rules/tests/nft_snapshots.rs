@@ -3,8 +3,8 @@
 //! 0x4000, NodePorts on 192.168.0.2 only). Each is also checked and applied by the real `nft`
 //! in a throwaway network namespace when that is possible.
 
-mod common;
-mod nft_common;
+use crate::common;
+use crate::nft_common;
 
 use common::{cluster_ip, endpoint, ip, net, state, with_affinity};
 use kp_core::model::{IpFamily, Protocol};

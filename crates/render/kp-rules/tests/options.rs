@@ -1,6 +1,6 @@
 //! Configuration knobs and edge cases, checked on the rendered text.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kp_core::model::{IpFamily, Protocol};

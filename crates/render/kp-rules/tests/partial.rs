@@ -1,7 +1,7 @@
 //! Partial syncs: only changed services' chains are written, stale chains are deleted, and
 //! applying full-then-partial leaves the kernel exactly as a full sync of the new state would.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

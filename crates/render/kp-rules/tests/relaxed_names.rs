@@ -19,7 +19,7 @@
 //!
 //! ipvs mode's outputs hold no names at all (`fuzz_render::ipvs_outputs_hold_no_names`).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -2,7 +2,7 @@
 //! pod CIDR 10.0.0.0/8, ClusterIPs 172.30.0.0/16, endpoints 10.180.x.y, mark 0x4000).
 //! Each is also applied in a throwaway network namespace when that is possible.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kp_core::model::IpFamily;

@@ -3,7 +3,7 @@
 //! that rewrite only changed ports and delete stale chains, and hostile names that stay
 //! inside comments.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 
