@@ -25,7 +25,7 @@ fn ipvs_backend_suite_in_the_vm() {
         .iptables()
         .program("ipvsadm")
         .program("ipset")
-        .run_current_exe(&["--ignored", "--test-threads=1"])
+        .run_current_exe(&["ipvs_kernel::", "--ignored", "--test-threads=1"])
         .unwrap_or_else(|e| panic!("the IPVS VM did not run: {e}"));
     out.assert_tests_passed(GUEST_TESTS);
 }

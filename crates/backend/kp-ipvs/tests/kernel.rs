@@ -18,7 +18,7 @@ const GUEST_TESTS: usize = 8;
 fn ipvs_suite_in_the_vm() {
     let out = kp_vm::Vm::from_env()
         .program("ipvsadm")
-        .run_current_exe(&["--ignored", "--test-threads=1"])
+        .run_current_exe(&["kernel::", "--ignored", "--test-threads=1"])
         .unwrap_or_else(|e| panic!("the IPVS VM did not run: {e}"));
     out.assert_tests_passed(GUEST_TESTS);
 }

@@ -4,7 +4,7 @@
 //! program holds is counted as a creation failure without stopping the rest; the metrics
 //! carry upstream's names.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};

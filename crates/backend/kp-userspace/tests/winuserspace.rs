@@ -3,7 +3,7 @@
 //! connections to the right endpoints, a shared address is added once and removed after its
 //! last portal, a refused address skips only its service, and shutdown removes what was added.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};

@@ -2,7 +2,7 @@
 //! enabled, 400 with a clear message for a bad query, and never holds up the other endpoints
 //! while an answer is being computed.
 
-mod common;
+use crate::common;
 
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -1,6 +1,6 @@
 //! The proxy health server on the wire.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

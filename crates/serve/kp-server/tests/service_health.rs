@@ -1,6 +1,6 @@
 //! Per-service health-check node ports on the wire.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
