@@ -6,8 +6,7 @@
 //! network namespace) with the proxy confined to its declared capabilities and a read-only
 //! `/proc/sys`, and the kustomization and the Dockerfile agree with the manifests.
 
-#[path = "support/node.rs"]
-mod node;
+use crate::node;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -8,8 +8,7 @@
 //! over by plain files in a private mount namespace, so the test sees what was written
 //! without touching the host. Needs root; under `CI=true` its absence is a failure.
 
-#[path = "support/node.rs"]
-mod node;
+use crate::node;
 
 use node::{BIN, Globals, MAX, NETFILTER, Netns, ROUTE_LOCALNET, cpus, skip, stderr};
 
