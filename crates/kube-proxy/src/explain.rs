@@ -275,13 +275,25 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut explanation = explain(&state, &render_config, &query)?;
     annotate_mode(&mut explanation, &state, &render_config, &config)?;
 
+    let save_tool = host.iptables.save(explanation.family).display().to_string();
     let report = if args.verify {
-        Some(verify_kernel(&state, &render_config, &explanation)?)
+        Some(verify_kernel(
+            &state,
+            &render_config,
+            &explanation,
+            &save_tool,
+        )?)
     } else {
         None
     };
     match args.output {
-        Format::Text => print!("{}", text::render(&explanation, report.as_ref())),
+        Format::Text => print!(
+            "{}",
+            text::render(
+                &explanation,
+                report.as_ref().map(|r| (save_tool.as_str(), r))
+            )
+        ),
         Format::Json => {
             let mut value = serde_json::to_value(&explanation).context("encoding JSON")?;
             if let (Some(report), Some(object)) = (&report, value.as_object_mut()) {
@@ -455,11 +467,13 @@ async fn read_state(
     Ok(state)
 }
 
-/// Renders the desired rules for DEST's family and compares them with `iptables-save`.
+/// Renders the desired rules for DEST's family and compares them with what `tool` (that
+/// family's `iptables-save` of the node's backend) lists.
 fn verify_kernel(
     state: &ProxyState,
     config: &RenderConfig,
     explanation: &Explanation,
+    tool: &str,
 ) -> anyhow::Result<VerifyReport> {
     let family = explanation.family;
     let desired = render(
@@ -474,8 +488,7 @@ fn verify_kernel(
     )
     .context("rendering the desired rules")?;
     let desired = RuleSet::parse(&desired.text).context("reading the rendered rules")?;
-    let tool = save_tool(family);
-    let output = std::process::Command::new(&tool)
+    let output = std::process::Command::new(tool)
         .output()
         .with_context(|| format!("running {tool}"))?;
     if !output.status.success() {
@@ -488,14 +501,6 @@ fn verify_kernel(
     let actual = RuleSet::parse(&String::from_utf8_lossy(&output.stdout))
         .with_context(|| format!("reading {tool} output"))?;
     Ok(verify(explanation, &desired, &actual))
-}
-
-/// The save tool of a family, of the backend chosen for this process.
-pub(crate) fn save_tool(family: IpFamily) -> String {
-    kp_dataplane::exec::Tools::host()
-        .save(family)
-        .display()
-        .to_string()
 }
 
 #[cfg(test)]

@@ -10,11 +10,11 @@
 //!
 //! Mixing backends on one node is wrong (kubelet, the CNI plugin and the node's firewall must
 //! share one), so the binary decides once at start-up which backend the node uses
-//! ([`crate::xtables`], as upstream's image does with its iptables-wrapper) and records it
-//! with [`use_on_host`]; [`Tools::host`] (and so `Tools::default()`, `ExecRunner::default()`)
-//! then names that backend's `-legacy` or `-nft` binaries everywhere in the process. Without
-//! a recorded choice (tests, tools) it is [`IptablesVariant::System`], whatever `iptables` the
-//! distribution's alternatives point at. On our machines (`measured-here.md`) the legacy
+//! ([`crate::xtables`], as upstream's image does with its iptables-wrapper) and passes that
+//! backend's [`Tools`] (its `-legacy` or `-nft` binaries) to everything that runs one; there
+//! is no process-wide choice. `Tools::default()` (and so `ExecRunner::default()`, for tests
+//! and tools) is [`IptablesVariant::System`], whatever `iptables` the distribution's
+//! alternatives point at. On our machines (`measured-here.md`) the legacy
 //! backend restores upstream-shaped rulesets about 10x faster at scale (1,000 services x 10
 //! endpoints: 0.84 s legacy vs 8.7 s nf_tables) and scales linearly, while the nf_tables
 //! backend grows super-linearly with the size of one restore; [`backend_of_version`] tells
@@ -28,7 +28,6 @@ use std::fmt;
 use std::io::{Read as _, Write};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
 #[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -108,21 +107,6 @@ pub enum IptablesVariant {
     Nft,
 }
 
-/// The backend this process uses, once decided ([`use_on_host`]).
-static HOST_VARIANT: OnceLock<IptablesVariant> = OnceLock::new();
-
-/// Records the backend every [`Tools::host`] of this process names from now on. Only the first
-/// call counts (the choice is made once at start-up and never mixed); returns whether this
-/// call's variant is the one in force.
-pub fn use_on_host(variant: IptablesVariant) -> bool {
-    *HOST_VARIANT.get_or_init(|| variant) == variant
-}
-
-/// The backend recorded with [`use_on_host`], or [`IptablesVariant::System`] if none was.
-pub fn host_variant() -> IptablesVariant {
-    HOST_VARIANT.get().copied().unwrap_or_default()
-}
-
 /// The paths (or `PATH`-relative names) of the six tools.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tools {
@@ -162,11 +146,6 @@ impl Tools {
         }
     }
 
-    /// The tools of the backend this process uses ([`use_on_host`]).
-    pub fn host() -> Self {
-        Self::new(host_variant())
-    }
-
     /// `iptables` or `ip6tables`.
     pub fn iptables(&self, family: IpFamily) -> &PathBuf {
         match family {
@@ -192,10 +171,10 @@ impl Tools {
     }
 }
 
-/// [`Tools::host`]: whatever builds tools without naming a backend follows the process's choice.
+/// The system's tools ([`IptablesVariant::System`]): what the `PATH` names `iptables`.
 impl Default for Tools {
     fn default() -> Self {
-        Self::host()
+        Self::new(IptablesVariant::System)
     }
 }
 
