@@ -36,6 +36,8 @@ use kp_rules::iptables::Table;
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
 
+use crate::blocking::blocking;
+
 /// How long to wait for the xtables lock (`-w`). Upstream waits 5 s; another agent holding
 /// the lock longer than that is stuck, and failing lets the runner retry with a full sync.
 pub const DEFAULT_LOCK_WAIT_SECONDS: u32 = 5;
@@ -489,14 +491,6 @@ pub(crate) async fn run_program(
         source,
     })?;
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-/// Runs `f`, a blocking section, without stalling a multi-threaded runtime's other tasks.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
 }
 
 /// Runs `program args` with `feed` writing its standard input as it goes (blocking), and

@@ -32,6 +32,7 @@
 //! The userspace mode's backend lives in `kp-userspace`. Nothing here decides *what* to
 //! program; that is `kp-core` (state, change tracking) and `kp-rules` (the rules).
 
+mod blocking;
 pub mod conntrack;
 pub mod exec;
 pub mod interfaces;

@@ -35,6 +35,8 @@ use kp_nftnl::{ApplyError, SharedSocket};
 use kp_rules::iptables::names::is_service_chain;
 use kp_rules::iptables::{RenderConfig, RenderError, RenderOutput, SyncScope, render_into};
 
+use crate::blocking::blocking;
+
 pub use encode::{NetlinkSink, Plan, Prepared, Step, Unsupported};
 pub use handles::Installed;
 
@@ -300,19 +302,6 @@ fn chain_name(message: &[u8]) -> Option<String> {
             let name = value.strip_suffix(&[0]).unwrap_or(value);
             String::from_utf8(name.to_vec()).ok()
         })
-}
-
-/// Runs blocking netlink I/O (up to seconds for a large first sync): on a multi-threaded
-/// runtime the worker's other tasks are handed away first; a current-thread runtime
-/// (tests) just blocks.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    let multi_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi_thread {
-        tokio::task::block_in_place(f)
-    } else {
-        f()
-    }
 }
 
 #[cfg(test)]
