@@ -7,6 +7,19 @@
 //! same statement, so that `nft list` shows objects created here exactly as if `nft` had
 //! created them.
 
+use crate::abi::{
+    NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES, NFTA_CHAIN_HOOK,
+    NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NFTA_CHAIN_TYPE, NFTA_CHAIN_USERDATA, NFTA_DATA_VALUE,
+    NFTA_DATA_VERDICT, NFTA_EXPR_DATA, NFTA_EXPR_NAME, NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY,
+    NFTA_LIST_ELEM, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS, NFTA_RULE_TABLE, NFTA_RULE_USERDATA,
+    NFTA_SET_DATA_LEN, NFTA_SET_DATA_TYPE, NFTA_SET_DESC, NFTA_SET_DESC_SIZE, NFTA_SET_ELEM_DATA,
+    NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_SET_ID, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTA_SET_FLAGS,
+    NFTA_SET_ID, NFTA_SET_KEY_LEN, NFTA_SET_KEY_TYPE, NFTA_SET_NAME, NFTA_SET_TABLE,
+    NFTA_SET_TIMEOUT, NFTA_SET_USERDATA, NFTA_TABLE_FLAGS, NFTA_TABLE_NAME, NFTA_TABLE_USERDATA,
+    NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE, SET_ANONYMOUS, SET_CONSTANT, SET_ELEM_INTERVAL_END,
+    SET_INTERVAL, SET_MAP,
+};
 use crate::expr::{Expr, Verdict};
 use crate::lower::{AnonymousSet, IntervalMark, Lowered, Op, SetSpec};
 
@@ -20,10 +33,6 @@ const NLM_F_ACK: u16 = 0x4;
 pub(crate) const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
 const NLA_F_NESTED: u16 = 0x8000;
-
-const NFNL_MSG_BATCH_BEGIN: u16 = 16;
-const NFNL_MSG_BATCH_END: u16 = 17;
-pub(crate) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
 /// `NFT_MSG_*` message kinds (the low byte of the netlink message type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,54 +99,6 @@ impl Family {
     }
 }
 
-// Attribute numbers (linux/netfilter/nf_tables.h).
-const NFTA_TABLE_NAME: u16 = 1;
-const NFTA_TABLE_FLAGS: u16 = 2;
-const NFTA_TABLE_USERDATA: u16 = 6;
-pub(crate) const NFTA_CHAIN_TABLE: u16 = 1;
-pub(crate) const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_CHAIN_TYPE: u16 = 7;
-const NFTA_CHAIN_USERDATA: u16 = 12;
-const NFTA_HOOK_HOOKNUM: u16 = 1;
-const NFTA_HOOK_PRIORITY: u16 = 2;
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_EXPRESSIONS: u16 = 4;
-const NFTA_RULE_USERDATA: u16 = 7;
-pub(crate) const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_EXPR_NAME: u16 = 1;
-const NFTA_EXPR_DATA: u16 = 2;
-pub(crate) const NFTA_SET_TABLE: u16 = 1;
-pub(crate) const NFTA_SET_NAME: u16 = 2;
-const NFTA_SET_FLAGS: u16 = 3;
-const NFTA_SET_KEY_TYPE: u16 = 4;
-const NFTA_SET_KEY_LEN: u16 = 5;
-const NFTA_SET_DATA_TYPE: u16 = 6;
-const NFTA_SET_DATA_LEN: u16 = 7;
-const NFTA_SET_ID: u16 = 10;
-const NFTA_SET_TIMEOUT: u16 = 11;
-const NFTA_SET_USERDATA: u16 = 13;
-pub(crate) const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-pub(crate) const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-pub(crate) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-pub(crate) const NFTA_SET_ELEM_KEY: u16 = 1;
-pub(crate) const NFTA_SET_ELEM_DATA: u16 = 2;
-const NFTA_SET_ELEM_USERDATA: u16 = 6;
-pub(crate) const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
-
-const NFTA_SET_DESC: u16 = 9;
-const NFTA_SET_DESC_SIZE: u16 = 1;
-const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
-pub(crate) const NFTA_SET_ELEM_FLAGS: u16 = 3;
-const SET_ANONYMOUS: u32 = 0x1;
-const SET_CONSTANT: u32 = 0x2;
-const SET_INTERVAL: u32 = 0x4;
-const SET_MAP: u32 = 0x8;
-const SET_ELEM_INTERVAL_END: u32 = 0x1;
 /// nft's integer and verdict data types.
 const TYPE_INTEGER: u32 = 4;
 const TYPE_VERDICT: u32 = 0xffff_ff00;

@@ -15,6 +15,7 @@ use netlink_sys::{Socket, SocketAddr};
 use kp_core::model::IpFamily;
 use kp_rules::nftables::{Command, Transaction};
 
+use crate::abi::NFTA_GEN_ID;
 use crate::codec::{
     Batch, Family, MsgKind, NLMSG_DONE, NLMSG_ERROR, Writer, attributes, dump_request, fence,
 };
@@ -279,11 +280,11 @@ impl NftSocket {
         let mut generation = None;
         let code = self.until_fence(seq, 1 << 12, |reply| {
             if reply.seq == seq {
-                // NFT_MSG_NEWGEN: `struct nfgenmsg`, then NFTA_GEN_ID (1), big-endian.
+                // NFT_MSG_NEWGEN: `struct nfgenmsg`, then NFTA_GEN_ID, big-endian.
                 generation = reply
                     .body
                     .get(4..)
-                    .and_then(|attrs| attributes(attrs).find(|(ty, _)| *ty == 1))
+                    .and_then(|attrs| attributes(attrs).find(|(ty, _)| *ty == NFTA_GEN_ID))
                     .and_then(|(_, value)| <[u8; 4]>::try_from(value).ok())
                     .map(u32::from_be_bytes);
             }

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use kp_core::backend::SyncKind;
 use kp_core::model::IpFamily;
 use kp_core::tracker::ProxyState;
+use kp_nftnl::abi::{NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_TABLE};
 use kp_nftnl::codec::{Family, MsgKind};
 use kp_nftnl::{ApplyError, SharedSocket};
 use kp_rules::iptables::names::is_service_chain;
@@ -285,13 +286,6 @@ fn estimated_messages(state: &ProxyState, family: IpFamily) -> usize {
         .sum();
     4 * (endpoints + state.services.len())
 }
-
-/// `NFTA_RULE_TABLE` / `NFTA_RULE_CHAIN`.
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-/// `NFTA_CHAIN_TABLE` / `NFTA_CHAIN_NAME`.
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
 
 /// The name of the chain a `NFT_MSG_NEWCHAIN` dump message describes.
 fn chain_name(message: &[u8]) -> Option<String> {

@@ -14,6 +14,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::IpFamily;
+use kp_nftnl::abi::NFTA_TABLE_NAME;
 use kp_nftnl::codec::{MsgKind, attributes};
 use kp_nftnl::{ApplyError, DEFAULT_MAX_STEP_COMMANDS, Family, NftSocket};
 use kp_rules::nftables::{Command, StepSink, TABLE, Transaction};
@@ -206,10 +207,11 @@ impl NftRunner for NetlinkNft {
             .dump(MsgKind::GetTable, nft_family(family), |_| {})
             .map_err(exec_error)?;
         Ok(tables.iter().any(|table| {
-            // After `struct nfgenmsg`: NFTA_TABLE_NAME (1), NUL-terminated.
+            // After `struct nfgenmsg`: NFTA_TABLE_NAME, NUL-terminated.
             table.get(4..).is_some_and(|attrs| {
-                attributes(attrs)
-                    .any(|(ty, name)| ty == 1 && name.strip_suffix(b"\0") == Some(TABLE.as_bytes()))
+                attributes(attrs).any(|(ty, name)| {
+                    ty == NFTA_TABLE_NAME && name.strip_suffix(b"\0") == Some(TABLE.as_bytes())
+                })
             })
         }))
     }
