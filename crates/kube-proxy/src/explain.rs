@@ -27,7 +27,6 @@ use clap::{Parser, ValueEnum};
 use kp_config::{IptablesBackend, KubeProxyConfiguration, Options, ProxyMode, parse_go_bool};
 use kp_core::backend::SyncKind;
 use kp_core::event::SourceEvent;
-use kp_core::model::IpFamily;
 use kp_core::tracker::{ChangeTracker, ObjectKind, ProxyState};
 use kp_rules::explain::verify::{RuleSet, VerifyReport, verify};
 use kp_rules::explain::{Destination, Explanation, Query, explain};

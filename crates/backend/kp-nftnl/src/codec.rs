@@ -23,16 +23,8 @@ use crate::abi::{
 use crate::expr::{Expr, Verdict};
 use crate::lower::{AnonymousSet, IntervalMark, Lowered, Op, SetSpec};
 
-/// `NLMSG_ERROR`: an error (or, with code 0, an acknowledgement) for one request.
-pub const NLMSG_ERROR: u16 = 2;
-/// `NLMSG_DONE`: the end of a multipart reply.
-pub const NLMSG_DONE: u16 = 3;
-
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-pub(crate) const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
-const NLA_F_NESTED: u16 = 0x8000;
+use kp_netlink::{NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST};
+pub use kp_netlink::{NLMSG_DONE, NLMSG_ERROR, attributes};
 
 /// `NFT_MSG_*` message kinds (the low byte of the netlink message type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,81 +130,30 @@ const UDATA_COMMENT: u8 = 0;
 /// `NFTNL_UDATA_SET_COMMENT`.
 const UDATA_SET_COMMENT: u8 = 7;
 
-/// Writes netlink messages and their attributes into one buffer.
+/// Writes nf_tables messages and their attributes into one buffer: the framing is
+/// [`kp_netlink::Writer`]'s (`put`, `put_str`, `nest`, ... through `Deref`), nf_tables' data
+/// and verdict values are added here.
 #[derive(Debug, Default)]
-pub struct Writer {
-    buf: Vec<u8>,
+pub struct Writer(kp_netlink::Writer);
+
+impl std::ops::Deref for Writer {
+    type Target = kp_netlink::Writer;
+
+    fn deref(&self) -> &kp_netlink::Writer {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Writer {
+    fn deref_mut(&mut self) -> &mut kp_netlink::Writer {
+        &mut self.0
+    }
 }
 
 impl Writer {
-    fn align(&mut self) {
-        while !self.buf.len().is_multiple_of(4) {
-            self.buf.push(0);
-        }
-    }
-
-    /// Start a message; returns its offset for [`Writer::end`].
+    /// Start an nf_tables message (with its `struct nfgenmsg`); returns its offset for `end`.
     fn begin(&mut self, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16) -> usize {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(&flags.to_ne_bytes());
-        self.buf.extend_from_slice(&seq.to_ne_bytes());
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
-        // struct nfgenmsg: family, version, resource id (big endian).
-        self.buf.push(family);
-        self.buf.push(0);
-        self.buf.extend_from_slice(&res_id.to_be_bytes());
-        start
-    }
-
-    fn end(&mut self, start: usize) {
-        let len = (self.buf.len() - start) as u32;
-        self.buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
-    }
-
-    /// One attribute holding `value`.
-    pub fn put(&mut self, ty: u16, value: &[u8]) {
-        let len = (4 + value.len()) as u16;
-        self.buf.extend_from_slice(&len.to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(value);
-        self.align();
-    }
-
-    /// A NUL-terminated string attribute.
-    pub fn put_str(&mut self, ty: u16, value: &str) {
-        let len = (4 + value.len() + 1) as u16;
-        self.buf.extend_from_slice(&len.to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(value.as_bytes());
-        self.buf.push(0);
-        self.align();
-    }
-
-    /// A big-endian `u32` attribute.
-    pub fn put_u32(&mut self, ty: u16, value: u32) {
-        self.put(ty, &value.to_be_bytes());
-    }
-
-    /// A big-endian `u64` attribute.
-    pub fn put_u64(&mut self, ty: u16, value: u64) {
-        self.put(ty, &value.to_be_bytes());
-    }
-
-    /// Start a nested attribute; returns its offset for [`Writer::nest_end`].
-    pub fn nest(&mut self, ty: u16) -> usize {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf
-            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
-        start
-    }
-
-    /// Close the nested attribute started at `start`.
-    pub fn nest_end(&mut self, start: usize) {
-        let len = (self.buf.len() - start) as u16;
-        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        self.0.begin_nfnl(ty, flags, seq, family, res_id)
     }
 
     /// `NFTA_DATA_VALUE` inside a nest of type `ty`.
@@ -232,11 +173,6 @@ impl Writer {
         }
         self.nest_end(inner);
         self.nest_end(outer);
-    }
-
-    /// The bytes written so far.
-    pub fn bytes(&self) -> &[u8] {
-        &self.buf
     }
 }
 
@@ -323,22 +259,20 @@ impl Batch {
     /// `other`'s buffer instead (one move within that buffer), so a large part is never held
     /// twice while joining.
     pub fn append(&mut self, other: Batch, owner_offset: usize) {
-        let Batch {
-            writer: Writer { buf: mut bytes },
-            owners,
-            ..
-        } = other;
+        let Batch { writer, owners, .. } = other;
+        let mut bytes = writer.0.into_bytes();
         let begin = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
-        let start = self.writer.buf.len();
+        let ours = self.writer.buffer_mut();
+        let start = ours.len();
         if bytes.len() - begin > start {
             // Replace `other`'s BEGIN with all of ours; its messages follow.
-            bytes.splice(..begin, self.writer.buf.drain(..));
-            self.writer.buf = bytes;
+            bytes.splice(..begin, ours.drain(..));
+            *ours = bytes;
         } else {
-            self.writer.buf.extend_from_slice(&bytes[begin..]);
+            ours.extend_from_slice(&bytes[begin..]);
             drop(bytes);
         }
-        let buf = &mut self.writer.buf;
+        let buf = self.writer.buffer_mut();
         let mut at = start;
         for owner in owners {
             let len = u32::from_ne_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
@@ -525,7 +459,7 @@ impl Batch {
 
     /// The bytes encoded so far.
     pub fn len_bytes(&self) -> usize {
-        self.writer.buf.len()
+        self.writer.bytes().len()
     }
 
     /// A deletion that names its object by table and name only.
@@ -667,7 +601,7 @@ impl Batch {
         self.writer.end(start);
         let fence_seq = seq.wrapping_add(1);
         EncodedBatch {
-            bytes: self.writer.buf,
+            bytes: self.writer.0.into_bytes(),
             first_seq: self.first_seq,
             owners: self.owners,
             fence_seq,
@@ -715,25 +649,7 @@ pub fn dump_request(
     );
     body(&mut writer);
     writer.end(start);
-    writer.buf
-}
-
-/// The attributes in `data` (netlink TLVs): type (without the nested flag) and value.
-pub fn attributes(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if data.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
-        let ty = u16::from_ne_bytes([data[2], data[3]]) & !NLA_F_NESTED;
-        if len < 4 || len > data.len() {
-            data = &[];
-            return None;
-        }
-        let value = &data[4..len];
-        data = &data[len.next_multiple_of(4).min(data.len())..];
-        Some((ty, value))
-    })
+    writer.0.into_bytes()
 }
 
 /// `NFT_MSG_GETGEN` with an acknowledgement requested, sent after a batch (see
@@ -748,7 +664,7 @@ pub fn fence(seq: u32) -> Vec<u8> {
         0,
     );
     writer.end(start);
-    writer.buf
+    writer.0.into_bytes()
 }
 
 fn encode_set(wr: &mut Writer, table: &str, set: &str, spec: &SetSpec, id: u32) {

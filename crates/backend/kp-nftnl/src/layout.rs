@@ -23,7 +23,9 @@ use crate::abi::{
     NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_KEY_END, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET,
     NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_NAME, NFTA_SET_TABLE, NFTA_TABLE_NAME,
 };
-use crate::codec::{Batch, Family, MsgKind, NLM_F_CREATE, attributes};
+use kp_netlink::NLM_F_CREATE;
+
+use crate::codec::{Batch, Family, MsgKind, attributes};
 use crate::socket::{ApplyError, NftSocket};
 
 /// Elements per message: large enough that a full sync is few messages, small enough to

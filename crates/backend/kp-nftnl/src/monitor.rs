@@ -15,6 +15,7 @@ use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use kp_netlink::{NFGENMSG_LEN, messages};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
@@ -60,9 +61,6 @@ const OBJECT_MESSAGES: [(MsgKind, Object, bool, Option<u16>); 10] = [
 ];
 /// Large: `nft flush ruleset` on a 10k-service table is some 100k messages at once.
 const RECV_BUFFER: usize = 32 << 20;
-/// `struct nlmsghdr` and `struct nfgenmsg`.
-const NLMSG_HEADER: usize = 16;
-const NFGENMSG: usize = 4;
 
 /// What kind of object a notification is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,30 +118,21 @@ pub enum Message {
     },
 }
 
-/// The nf_tables notifications in one datagram (others are skipped).
-pub fn parse(mut data: &[u8]) -> Vec<Message> {
-    let mut out = Vec::new();
-    while data.len() >= NLMSG_HEADER {
-        let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
-        if len < NLMSG_HEADER || len > data.len() {
-            break;
-        }
-        let ty = u16::from_ne_bytes([data[4], data[5]]);
-        let portid = u32::from_ne_bytes([data[12], data[13], data[14], data[15]]);
-        if let Some(message) = parse_one(ty, portid, &data[NLMSG_HEADER..len]) {
-            out.push(message);
-        }
-        data = &data[len.next_multiple_of(4).min(data.len())..];
-    }
-    out
+/// The nf_tables notifications in one datagram (others are skipped; broken framing ends
+/// the datagram).
+pub fn parse(data: &[u8]) -> Vec<Message> {
+    messages(data)
+        .map_while(Result::ok)
+        .filter_map(|m| parse_one(m.kind, m.port, m.payload))
+        .collect()
 }
 
 fn parse_one(ty: u16, portid: u32, body: &[u8]) -> Option<Message> {
-    if ty >> 8 != NFNL_SUBSYS_NFTABLES || body.len() < NFGENMSG {
+    if ty >> 8 != NFNL_SUBSYS_NFTABLES || body.len() < NFGENMSG_LEN {
         return None;
     }
     let family = body[0];
-    let attrs = &body[NFGENMSG..];
+    let attrs = &body[NFGENMSG_LEN..];
     let msg = ty & 0xff;
     if msg == NFT_MSG_NEWGEN {
         return Some(generation(portid, attrs));

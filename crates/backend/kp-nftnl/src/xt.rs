@@ -16,6 +16,8 @@
 
 use std::net::IpAddr;
 
+use kp_netlink::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_ECHO};
+
 use crate::abi::{
     NFT_RULE_COMPAT_F_INV, NFTA_CHAIN_HOOK, NFTA_CHAIN_NAME, NFTA_CHAIN_POLICY, NFTA_CHAIN_TABLE,
     NFTA_CHAIN_TYPE, NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS, NFTA_EXPR_DATA, NFTA_EXPR_NAME,
@@ -36,11 +38,6 @@ pub const XT_MAX_COMMENT_LEN: usize = 256;
 pub const XT_RECENT_NAME_LEN: usize = 200;
 /// `IFNAMSIZ`.
 const IFNAMSIZ: usize = 16;
-
-/// Netlink flags of the messages below.
-const NLM_F_ECHO: u16 = 0x8;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
 
 /// `NFTA_RULE_EXPRESSIONS` of `rule`.
 fn write_expressions(w: &mut Writer, rule: &XtRule) {
