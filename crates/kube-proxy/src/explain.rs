@@ -27,7 +27,6 @@ use clap::{Parser, ValueEnum};
 use kp_config::{IptablesBackend, KubeProxyConfiguration, Options, ProxyMode, parse_go_bool};
 use kp_core::backend::SyncKind;
 use kp_core::event::SourceEvent;
-use kp_core::model::IpFamily;
 use kp_core::tracker::{ChangeTracker, ObjectKind, ProxyState};
 use kp_rules::explain::verify::{RuleSet, VerifyReport, verify};
 use kp_rules::explain::{Destination, Explanation, Query, explain};
@@ -275,13 +274,25 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut explanation = explain(&state, &render_config, &query)?;
     annotate_mode(&mut explanation, &state, &render_config, &config)?;
 
+    let save_tool = host.iptables.save(explanation.family).display().to_string();
     let report = if args.verify {
-        Some(verify_kernel(&state, &render_config, &explanation)?)
+        Some(verify_kernel(
+            &state,
+            &render_config,
+            &explanation,
+            &save_tool,
+        )?)
     } else {
         None
     };
     match args.output {
-        Format::Text => print!("{}", text::render(&explanation, report.as_ref())),
+        Format::Text => print!(
+            "{}",
+            text::render(
+                &explanation,
+                report.as_ref().map(|r| (save_tool.as_str(), r))
+            )
+        ),
         Format::Json => {
             let mut value = serde_json::to_value(&explanation).context("encoding JSON")?;
             if let (Some(report), Some(object)) = (&report, value.as_object_mut()) {
@@ -455,11 +466,13 @@ async fn read_state(
     Ok(state)
 }
 
-/// Renders the desired rules for DEST's family and compares them with `iptables-save`.
+/// Renders the desired rules for DEST's family and compares them with what `tool` (that
+/// family's `iptables-save` of the node's backend) lists.
 fn verify_kernel(
     state: &ProxyState,
     config: &RenderConfig,
     explanation: &Explanation,
+    tool: &str,
 ) -> anyhow::Result<VerifyReport> {
     let family = explanation.family;
     let desired = render(
@@ -474,8 +487,7 @@ fn verify_kernel(
     )
     .context("rendering the desired rules")?;
     let desired = RuleSet::parse(&desired.text).context("reading the rendered rules")?;
-    let tool = save_tool(family);
-    let output = std::process::Command::new(&tool)
+    let output = std::process::Command::new(tool)
         .output()
         .with_context(|| format!("running {tool}"))?;
     if !output.status.success() {
@@ -488,14 +500,6 @@ fn verify_kernel(
     let actual = RuleSet::parse(&String::from_utf8_lossy(&output.stdout))
         .with_context(|| format!("reading {tool} output"))?;
     Ok(verify(explanation, &desired, &actual))
-}
-
-/// The save tool of a family, of the backend chosen for this process.
-pub(crate) fn save_tool(family: IpFamily) -> String {
-    kp_dataplane::exec::Tools::host()
-        .save(family)
-        .display()
-        .to_string()
 }
 
 #[cfg(test)]

@@ -1,11 +1,11 @@
-//! Choosing the host's iptables backend once at start-up (`kp_dataplane::xtables`) and
-//! recording it in the exec layer, so every iptables tool this process runs afterwards is that
-//! backend's. Precedence: `--iptables-backend`, then `$KUBE_PROXY_RS_IPTABLES_BACKEND`, then
+//! Choosing the host's iptables backend once at start-up (`kp_dataplane::xtables`); the host
+//! probe keeps the choice ([`crate::modes::Host::iptables`]) and every mode runs that
+//! backend's tools. Precedence: `--iptables-backend`, then `$KUBE_PROXY_RS_IPTABLES_BACKEND`, then
 //! `iptablesBackend` in the configuration file; `auto` in any of them detects.
 
 use anyhow::Context as _;
 use kp_config::IptablesBackend;
-use kp_dataplane::exec::{IptablesVariant, Tools, use_on_host};
+use kp_dataplane::exec::{IptablesVariant, Tools};
 use kp_dataplane::xtables::{self, BACKEND_ENV, Choice, ExecProbe};
 
 /// Where the operator chose a backend, if anywhere: the first of the flag, the environment
@@ -36,8 +36,7 @@ pub fn configured(
     })
 }
 
-/// Decides the backend (detecting it unless configured), records it for the whole process and
-/// logs it once with the reason. Called through the host probe ([`crate::modes::host`]).
+/// Decides the backend (detecting it unless configured) and logs it once with the reason. Called through the host probe ([`crate::modes::host`]).
 pub async fn select(
     flag: Option<IptablesBackend>,
     file: IptablesBackend,
@@ -46,11 +45,7 @@ pub async fn select(
     let configured =
         configured(flag, env.as_deref(), file).context("choosing the iptables backend")?;
     let choice = xtables::choose(configured, &ExecProbe).await;
-    anyhow::ensure!(
-        use_on_host(choice.variant),
-        "the iptables backend was already chosen differently in this process"
-    );
-    let tools = Tools::host();
+    let tools = Tools::new(choice.variant);
     tracing::info!(
         backend = xtables::variant_name(choice.variant),
         restore = %tools.iptables_restore.display(),

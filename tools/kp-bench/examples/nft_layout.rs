@@ -25,19 +25,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use kp_bench::probe::{median, nft_apply, timed, validation_probe};
+use kp_nftnl::abi::{
+    NFTA_LIST_ELEM, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_ELEMENTS,
+    NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE,
+};
 use kp_nftnl::codec::{MsgKind, Writer};
 use kp_nftnl::{Batch, Family, NftSocket};
 
 /// The table every probe object lives in.
 const TABLE: &str = "kube-proxy";
-/// Netlink flags and attributes (linux/netfilter/nf_tables.h) of element messages.
+/// `NLM_F_CREATE`: the netlink flag of element messages.
 const NLM_F_CREATE: u16 = 0x400;
-const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_DATA: u16 = 2;
 /// Elements per message when loading.
 const PER_MESSAGE: usize = 512;
 /// Messages per transaction when loading.

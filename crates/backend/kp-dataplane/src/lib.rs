@@ -21,7 +21,7 @@
 //! - [`sysctls`]: conntrack table size and timeouts, `route_localnet`
 //!   ([`sysctls::Sysctl`]).
 //! - [`xtables`]: which iptables backend (legacy or nf_tables) the node uses, detected as
-//!   upstream's image does; [`exec::Tools::host`] then runs that backend's tools.
+//!   upstream's image does; the binary then hands that backend's [`exec::Tools`] to every mode.
 //! - [`watch`]: nf_tables notifications read on a thread, telling the proxier when another
 //!   program changed its rules.
 //!
@@ -32,6 +32,7 @@
 //! The userspace mode's backend lives in `kp-userspace`. Nothing here decides *what* to
 //! program; that is `kp-core` (state, change tracking) and `kp-rules` (the rules).
 
+mod blocking;
 pub mod conntrack;
 pub mod exec;
 pub mod interfaces;

@@ -7,7 +7,8 @@
 //! nf_tables rules on a node whose kubelet, CNI plugin and firewall use legacy splits the
 //! node's firewall in two. So the proxy uses the backend the node already uses, and every tool
 //! it runs afterwards (iptables mode, userspace capture, ipvs mode's rules, cleanup,
-//! `explain --verify`) is that backend's ([`crate::exec::Tools::host`]).
+//! `explain --verify`) is that backend's: the binary passes the chosen variant's
+//! [`crate::exec::Tools`] to each of them.
 //!
 //! # The rules, in order
 //!

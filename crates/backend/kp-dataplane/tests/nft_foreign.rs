@@ -30,6 +30,10 @@ use kp_core::report::ErrorChain as _;
 use kp_dataplane::nftables::layout::{LayoutBackend, runs_here};
 use kp_dataplane::nftables::{ExecNft, NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::testutil::*;
+use kp_nftnl::abi::{
+    NFTA_SET_FLAGS, NFTA_SET_ID, NFTA_SET_KEY_LEN, NFTA_SET_KEY_TYPE, NFTA_SET_NAME,
+    NFTA_SET_TABLE, NFTA_SET_USERDATA, NFTA_TABLE_NAME,
+};
 use kp_nftnl::codec::{MsgKind, attributes};
 use kp_nftnl::monitor::{Message, Monitor, Object, Received};
 use kp_nftnl::{Batch, Family, NftSocket};
@@ -45,16 +49,6 @@ fn in_netns(name: &str, body: impl FnOnce()) {
     isolated::run(name, unavailable, body);
 }
 
-/// `NFTA_TABLE_NAME`; `NFTA_SET_TABLE`, `_NAME`, `_FLAGS`, `_KEY_TYPE`, `_KEY_LEN`, `_ID`,
-/// `_USERDATA`.
-const TABLE_NAME: u16 = 1;
-const SET_TABLE: u16 = 1;
-const SET_NAME: u16 = 2;
-const SET_FLAGS: u16 = 3;
-const SET_KEY_TYPE: u16 = 4;
-const SET_KEY_LEN: u16 = 5;
-const SET_ID: u16 = 10;
-const SET_USERDATA: u16 = 13;
 /// nft's `ifname` data type (16 bytes).
 const TYPE_IFNAME: u32 = 41;
 /// `NFTNL_UDATA_SET_KEY_TYPEOF`, holding `NFTNL_UDATA_SET_TYPEOF_EXPR` (0, a u32) and
@@ -76,16 +70,16 @@ fn write_foreign_table() {
     let mut batch = Batch::new(1);
     // NLM_F_CREATE.
     batch.raw(MsgKind::NewTable, 0x400, Family::Ipv4, 0, |w| {
-        w.put_str(TABLE_NAME, FOREIGN);
+        w.put_str(NFTA_TABLE_NAME, FOREIGN);
     });
     batch.raw(MsgKind::NewSet, 0x400, Family::Ipv4, 1, |w| {
-        w.put_str(SET_TABLE, FOREIGN);
-        w.put_str(SET_NAME, FOREIGN_SET);
-        w.put_u32(SET_FLAGS, 0);
-        w.put_u32(SET_KEY_TYPE, TYPE_IFNAME);
-        w.put_u32(SET_KEY_LEN, 16);
-        w.put_u32(SET_ID, 1);
-        w.put(SET_USERDATA, &udata);
+        w.put_str(NFTA_SET_TABLE, FOREIGN);
+        w.put_str(NFTA_SET_NAME, FOREIGN_SET);
+        w.put_u32(NFTA_SET_FLAGS, 0);
+        w.put_u32(NFTA_SET_KEY_TYPE, TYPE_IFNAME);
+        w.put_u32(NFTA_SET_KEY_LEN, 16);
+        w.put_u32(NFTA_SET_ID, 1);
+        w.put(NFTA_SET_USERDATA, &udata);
     });
     NftSocket::open()
         .expect("netlink socket")
@@ -104,7 +98,7 @@ fn ip_tables() -> BTreeSet<String> {
         .filter_map(|m| m.get(4..))
         .flat_map(|attrs| {
             attributes(attrs)
-                .filter(|(ty, _)| *ty == TABLE_NAME)
+                .filter(|(ty, _)| *ty == NFTA_TABLE_NAME)
                 .map(|(_, v)| String::from_utf8_lossy(v).trim_end_matches('\0').to_owned())
                 .collect::<Vec<_>>()
         })

@@ -7,23 +7,24 @@
 //! same statement, so that `nft list` shows objects created here exactly as if `nft` had
 //! created them.
 
+use crate::abi::{
+    NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES, NFTA_CHAIN_HOOK,
+    NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NFTA_CHAIN_TYPE, NFTA_CHAIN_USERDATA, NFTA_DATA_VALUE,
+    NFTA_DATA_VERDICT, NFTA_EXPR_DATA, NFTA_EXPR_NAME, NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY,
+    NFTA_LIST_ELEM, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS, NFTA_RULE_TABLE, NFTA_RULE_USERDATA,
+    NFTA_SET_DATA_LEN, NFTA_SET_DATA_TYPE, NFTA_SET_DESC, NFTA_SET_DESC_SIZE, NFTA_SET_ELEM_DATA,
+    NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_SET_ID, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTA_SET_FLAGS,
+    NFTA_SET_ID, NFTA_SET_KEY_LEN, NFTA_SET_KEY_TYPE, NFTA_SET_NAME, NFTA_SET_TABLE,
+    NFTA_SET_TIMEOUT, NFTA_SET_USERDATA, NFTA_TABLE_FLAGS, NFTA_TABLE_NAME, NFTA_TABLE_USERDATA,
+    NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE, SET_ANONYMOUS, SET_CONSTANT, SET_ELEM_INTERVAL_END,
+    SET_INTERVAL, SET_MAP,
+};
 use crate::expr::{Expr, Verdict};
 use crate::lower::{AnonymousSet, IntervalMark, Lowered, Op, SetSpec};
 
-/// `NLMSG_ERROR`: an error (or, with code 0, an acknowledgement) for one request.
-pub const NLMSG_ERROR: u16 = 2;
-/// `NLMSG_DONE`: the end of a multipart reply.
-pub const NLMSG_DONE: u16 = 3;
-
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-pub(crate) const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
-const NLA_F_NESTED: u16 = 0x8000;
-
-const NFNL_MSG_BATCH_BEGIN: u16 = 16;
-const NFNL_MSG_BATCH_END: u16 = 17;
-pub(crate) const NFNL_SUBSYS_NFTABLES: u16 = 10;
+use kp_netlink::{NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST};
+pub use kp_netlink::{NLMSG_DONE, NLMSG_ERROR, attributes};
 
 /// `NFT_MSG_*` message kinds (the low byte of the netlink message type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,54 +91,6 @@ impl Family {
     }
 }
 
-// Attribute numbers (linux/netfilter/nf_tables.h).
-const NFTA_TABLE_NAME: u16 = 1;
-const NFTA_TABLE_FLAGS: u16 = 2;
-const NFTA_TABLE_USERDATA: u16 = 6;
-pub(crate) const NFTA_CHAIN_TABLE: u16 = 1;
-pub(crate) const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_CHAIN_TYPE: u16 = 7;
-const NFTA_CHAIN_USERDATA: u16 = 12;
-const NFTA_HOOK_HOOKNUM: u16 = 1;
-const NFTA_HOOK_PRIORITY: u16 = 2;
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_EXPRESSIONS: u16 = 4;
-const NFTA_RULE_USERDATA: u16 = 7;
-pub(crate) const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_EXPR_NAME: u16 = 1;
-const NFTA_EXPR_DATA: u16 = 2;
-pub(crate) const NFTA_SET_TABLE: u16 = 1;
-pub(crate) const NFTA_SET_NAME: u16 = 2;
-const NFTA_SET_FLAGS: u16 = 3;
-const NFTA_SET_KEY_TYPE: u16 = 4;
-const NFTA_SET_KEY_LEN: u16 = 5;
-const NFTA_SET_DATA_TYPE: u16 = 6;
-const NFTA_SET_DATA_LEN: u16 = 7;
-const NFTA_SET_ID: u16 = 10;
-const NFTA_SET_TIMEOUT: u16 = 11;
-const NFTA_SET_USERDATA: u16 = 13;
-pub(crate) const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-pub(crate) const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-pub(crate) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-pub(crate) const NFTA_SET_ELEM_KEY: u16 = 1;
-pub(crate) const NFTA_SET_ELEM_DATA: u16 = 2;
-const NFTA_SET_ELEM_USERDATA: u16 = 6;
-pub(crate) const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
-
-const NFTA_SET_DESC: u16 = 9;
-const NFTA_SET_DESC_SIZE: u16 = 1;
-const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
-pub(crate) const NFTA_SET_ELEM_FLAGS: u16 = 3;
-const SET_ANONYMOUS: u32 = 0x1;
-const SET_CONSTANT: u32 = 0x2;
-const SET_INTERVAL: u32 = 0x4;
-const SET_MAP: u32 = 0x8;
-const SET_ELEM_INTERVAL_END: u32 = 0x1;
 /// nft's integer and verdict data types.
 const TYPE_INTEGER: u32 = 4;
 const TYPE_VERDICT: u32 = 0xffff_ff00;
@@ -177,81 +130,30 @@ const UDATA_COMMENT: u8 = 0;
 /// `NFTNL_UDATA_SET_COMMENT`.
 const UDATA_SET_COMMENT: u8 = 7;
 
-/// Writes netlink messages and their attributes into one buffer.
+/// Writes nf_tables messages and their attributes into one buffer: the framing is
+/// [`kp_netlink::Writer`]'s (`put`, `put_str`, `nest`, ... through `Deref`), nf_tables' data
+/// and verdict values are added here.
 #[derive(Debug, Default)]
-pub struct Writer {
-    buf: Vec<u8>,
+pub struct Writer(kp_netlink::Writer);
+
+impl std::ops::Deref for Writer {
+    type Target = kp_netlink::Writer;
+
+    fn deref(&self) -> &kp_netlink::Writer {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Writer {
+    fn deref_mut(&mut self) -> &mut kp_netlink::Writer {
+        &mut self.0
+    }
 }
 
 impl Writer {
-    fn align(&mut self) {
-        while !self.buf.len().is_multiple_of(4) {
-            self.buf.push(0);
-        }
-    }
-
-    /// Start a message; returns its offset for [`Writer::end`].
+    /// Start an nf_tables message (with its `struct nfgenmsg`); returns its offset for `end`.
     fn begin(&mut self, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16) -> usize {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(&flags.to_ne_bytes());
-        self.buf.extend_from_slice(&seq.to_ne_bytes());
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
-        // struct nfgenmsg: family, version, resource id (big endian).
-        self.buf.push(family);
-        self.buf.push(0);
-        self.buf.extend_from_slice(&res_id.to_be_bytes());
-        start
-    }
-
-    fn end(&mut self, start: usize) {
-        let len = (self.buf.len() - start) as u32;
-        self.buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
-    }
-
-    /// One attribute holding `value`.
-    pub fn put(&mut self, ty: u16, value: &[u8]) {
-        let len = (4 + value.len()) as u16;
-        self.buf.extend_from_slice(&len.to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(value);
-        self.align();
-    }
-
-    /// A NUL-terminated string attribute.
-    pub fn put_str(&mut self, ty: u16, value: &str) {
-        let len = (4 + value.len() + 1) as u16;
-        self.buf.extend_from_slice(&len.to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(value.as_bytes());
-        self.buf.push(0);
-        self.align();
-    }
-
-    /// A big-endian `u32` attribute.
-    pub fn put_u32(&mut self, ty: u16, value: u32) {
-        self.put(ty, &value.to_be_bytes());
-    }
-
-    /// A big-endian `u64` attribute.
-    pub fn put_u64(&mut self, ty: u16, value: u64) {
-        self.put(ty, &value.to_be_bytes());
-    }
-
-    /// Start a nested attribute; returns its offset for [`Writer::nest_end`].
-    pub fn nest(&mut self, ty: u16) -> usize {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf
-            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
-        start
-    }
-
-    /// Close the nested attribute started at `start`.
-    pub fn nest_end(&mut self, start: usize) {
-        let len = (self.buf.len() - start) as u16;
-        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        self.0.begin_nfnl(ty, flags, seq, family, res_id)
     }
 
     /// `NFTA_DATA_VALUE` inside a nest of type `ty`.
@@ -271,11 +173,6 @@ impl Writer {
         }
         self.nest_end(inner);
         self.nest_end(outer);
-    }
-
-    /// The bytes written so far.
-    pub fn bytes(&self) -> &[u8] {
-        &self.buf
     }
 }
 
@@ -362,22 +259,20 @@ impl Batch {
     /// `other`'s buffer instead (one move within that buffer), so a large part is never held
     /// twice while joining.
     pub fn append(&mut self, other: Batch, owner_offset: usize) {
-        let Batch {
-            writer: Writer { buf: mut bytes },
-            owners,
-            ..
-        } = other;
+        let Batch { writer, owners, .. } = other;
+        let mut bytes = writer.0.into_bytes();
         let begin = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
-        let start = self.writer.buf.len();
+        let ours = self.writer.buffer_mut();
+        let start = ours.len();
         if bytes.len() - begin > start {
             // Replace `other`'s BEGIN with all of ours; its messages follow.
-            bytes.splice(..begin, self.writer.buf.drain(..));
-            self.writer.buf = bytes;
+            bytes.splice(..begin, ours.drain(..));
+            *ours = bytes;
         } else {
-            self.writer.buf.extend_from_slice(&bytes[begin..]);
+            ours.extend_from_slice(&bytes[begin..]);
             drop(bytes);
         }
-        let buf = &mut self.writer.buf;
+        let buf = self.writer.buffer_mut();
         let mut at = start;
         for owner in owners {
             let len = u32::from_ne_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
@@ -564,7 +459,7 @@ impl Batch {
 
     /// The bytes encoded so far.
     pub fn len_bytes(&self) -> usize {
-        self.writer.buf.len()
+        self.writer.bytes().len()
     }
 
     /// A deletion that names its object by table and name only.
@@ -706,7 +601,7 @@ impl Batch {
         self.writer.end(start);
         let fence_seq = seq.wrapping_add(1);
         EncodedBatch {
-            bytes: self.writer.buf,
+            bytes: self.writer.0.into_bytes(),
             first_seq: self.first_seq,
             owners: self.owners,
             fence_seq,
@@ -754,25 +649,7 @@ pub fn dump_request(
     );
     body(&mut writer);
     writer.end(start);
-    writer.buf
-}
-
-/// The attributes in `data` (netlink TLVs): type (without the nested flag) and value.
-pub fn attributes(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if data.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
-        let ty = u16::from_ne_bytes([data[2], data[3]]) & !NLA_F_NESTED;
-        if len < 4 || len > data.len() {
-            data = &[];
-            return None;
-        }
-        let value = &data[4..len];
-        data = &data[len.next_multiple_of(4).min(data.len())..];
-        Some((ty, value))
-    })
+    writer.0.into_bytes()
 }
 
 /// `NFT_MSG_GETGEN` with an acknowledgement requested, sent after a batch (see
@@ -787,7 +664,7 @@ pub fn fence(seq: u32) -> Vec<u8> {
         0,
     );
     writer.end(start);
-    writer.buf
+    writer.0.into_bytes()
 }
 
 fn encode_set(wr: &mut Writer, table: &str, set: &str, spec: &SetSpec, id: u32) {

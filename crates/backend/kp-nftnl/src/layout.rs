@@ -18,15 +18,16 @@ use kp_rules::nftables::layout::{Changes, Element, Entry};
 
 use kp_rules::nftables::layout::SetOf;
 
-use crate::codec::{
-    Batch, Family, MsgKind, NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NFTA_DATA_VALUE, NFTA_LIST_ELEM,
-    NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET,
-    NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_NAME, NFTA_SET_TABLE, NLM_F_CREATE, attributes,
+use crate::abi::{
+    NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NFTA_DATA_VALUE, NFTA_LIST_ELEM, NFTA_SET_ELEM_DATA,
+    NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_KEY_END, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_NAME, NFTA_SET_TABLE, NFTA_TABLE_NAME,
 };
+use kp_netlink::NLM_F_CREATE;
+
+use crate::codec::{Batch, Family, MsgKind, attributes};
 use crate::socket::{ApplyError, NftSocket};
 
-/// `NFTA_SET_ELEM_KEY_END`: the last key of a range in a concatenation with intervals.
-const NFTA_SET_ELEM_KEY_END: u16 = 10;
 /// Elements per message: large enough that a full sync is few messages, small enough to
 /// stay well under a netlink message's 64 KiB attribute limit.
 const PER_MESSAGE: usize = 256;
@@ -474,11 +475,10 @@ pub fn read_chains(
     family: Family,
 ) -> Result<Option<Vec<String>>, ApplyError> {
     let tables = socket.dump(MsgKind::GetTable, family, |_| {})?;
-    // NFTA_TABLE_NAME is attribute 1.
     let exists = tables
         .iter()
         .filter_map(|m| m.get(4..))
-        .any(|attrs| string_attr(attrs, 1).as_deref() == Some(TABLE));
+        .any(|attrs| string_attr(attrs, NFTA_TABLE_NAME).as_deref() == Some(TABLE));
     if !exists {
         return Ok(None);
     }

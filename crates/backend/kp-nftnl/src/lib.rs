@@ -21,9 +21,12 @@
 //!   each encoded only when the one before it is applied, so the process never holds the
 //!   netlink bytes of the whole sync (the kernel takes one batch per `sendmsg`, so a single
 //!   transaction cannot be streamed).
+//! - [`abi`] holds nf_tables' netlink numbers (subsystem, batch messages, `NFTA_*`
+//!   attributes) for all of them and for the backends that read dumps;
 //! - [`monitor`] reads nf_tables' change notifications (what `nft monitor` shows), so the
 //!   proxy notices another program changing its rules.
 
+pub mod abi;
 pub mod codec;
 pub mod expr;
 pub mod layout;

@@ -15,19 +15,52 @@ use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use kp_netlink::{NFGENMSG_LEN, messages};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
-use crate::codec::{NFNL_SUBSYS_NFTABLES, attributes};
+use crate::abi::{
+    NFNL_SUBSYS_NFTABLES, NFNLGRP_NFTABLES, NFT_MSG_NEWGEN, NFTA_CHAIN_NAME, NFTA_GEN_PROC_NAME,
+    NFTA_GEN_PROC_PID, NFTA_RULE_CHAIN, NFTA_SET_ELEM_LIST_SET, NFTA_SET_NAME, NFTA_TABLE_NAME,
+};
+use crate::codec::{MsgKind, attributes};
 
-/// `NFNLGRP_NFTABLES`.
-const NFNLGRP_NFTABLES: u32 = 7;
-const NFT_MSG_NEWGEN: u16 = 15;
+/// The object messages notified, each with its kind, whether it deletes, and the attribute
+/// naming the object (a rule's is its chain, an element's its set; a table's is the table).
+const OBJECT_MESSAGES: [(MsgKind, Object, bool, Option<u16>); 10] = [
+    (MsgKind::NewTable, Object::Table, false, None),
+    (MsgKind::DelTable, Object::Table, true, None),
+    (
+        MsgKind::NewChain,
+        Object::Chain,
+        false,
+        Some(NFTA_CHAIN_NAME),
+    ),
+    (
+        MsgKind::DelChain,
+        Object::Chain,
+        true,
+        Some(NFTA_CHAIN_NAME),
+    ),
+    (MsgKind::NewRule, Object::Rule, false, Some(NFTA_RULE_CHAIN)),
+    (MsgKind::DelRule, Object::Rule, true, Some(NFTA_RULE_CHAIN)),
+    (MsgKind::NewSet, Object::Set, false, Some(NFTA_SET_NAME)),
+    (MsgKind::DelSet, Object::Set, true, Some(NFTA_SET_NAME)),
+    (
+        MsgKind::NewSetElem,
+        Object::Element,
+        false,
+        Some(NFTA_SET_ELEM_LIST_SET),
+    ),
+    (
+        MsgKind::DelSetElem,
+        Object::Element,
+        true,
+        Some(NFTA_SET_ELEM_LIST_SET),
+    ),
+];
 /// Large: `nft flush ruleset` on a 10k-service table is some 100k messages at once.
 const RECV_BUFFER: usize = 32 << 20;
-/// `struct nlmsghdr` and `struct nfgenmsg`.
-const NLMSG_HEADER: usize = 16;
-const NFGENMSG: usize = 4;
 
 /// What kind of object a notification is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,50 +118,30 @@ pub enum Message {
     },
 }
 
-/// The nf_tables notifications in one datagram (others are skipped).
-pub fn parse(mut data: &[u8]) -> Vec<Message> {
-    let mut out = Vec::new();
-    while data.len() >= NLMSG_HEADER {
-        let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
-        if len < NLMSG_HEADER || len > data.len() {
-            break;
-        }
-        let ty = u16::from_ne_bytes([data[4], data[5]]);
-        let portid = u32::from_ne_bytes([data[12], data[13], data[14], data[15]]);
-        if let Some(message) = parse_one(ty, portid, &data[NLMSG_HEADER..len]) {
-            out.push(message);
-        }
-        data = &data[len.next_multiple_of(4).min(data.len())..];
-    }
-    out
+/// The nf_tables notifications in one datagram (others are skipped; broken framing ends
+/// the datagram).
+pub fn parse(data: &[u8]) -> Vec<Message> {
+    messages(data)
+        .map_while(Result::ok)
+        .filter_map(|m| parse_one(m.kind, m.port, m.payload))
+        .collect()
 }
 
 fn parse_one(ty: u16, portid: u32, body: &[u8]) -> Option<Message> {
-    if ty >> 8 != NFNL_SUBSYS_NFTABLES || body.len() < NFGENMSG {
+    if ty >> 8 != NFNL_SUBSYS_NFTABLES || body.len() < NFGENMSG_LEN {
         return None;
     }
     let family = body[0];
-    let attrs = &body[NFGENMSG..];
+    let attrs = &body[NFGENMSG_LEN..];
     let msg = ty & 0xff;
     if msg == NFT_MSG_NEWGEN {
         return Some(generation(portid, attrs));
     }
-    // NFT_MSG_{NEW,DEL}{TABLE,CHAIN,RULE,SET,SETELEM}; the name attribute differs.
-    let (object, deleted, name_attr) = match msg {
-        0 => (Object::Table, false, None),
-        2 => (Object::Table, true, None),
-        3 => (Object::Chain, false, Some(3)),
-        5 => (Object::Chain, true, Some(3)),
-        6 => (Object::Rule, false, Some(2)),
-        8 => (Object::Rule, true, Some(2)),
-        9 => (Object::Set, false, Some(2)),
-        11 => (Object::Set, true, Some(2)),
-        12 => (Object::Element, false, Some(2)),
-        14 => (Object::Element, true, Some(2)),
-        _ => return None,
-    };
-    // The table is attribute 1 in every one of these.
-    let table = string_attr(attrs, 1)?;
+    let &(_, object, deleted, name_attr) = OBJECT_MESSAGES
+        .iter()
+        .find(|(kind, ..)| *kind as u16 == msg)?;
+    // The table is attribute 1 in every one of these (`NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`...).
+    let table = string_attr(attrs, NFTA_TABLE_NAME)?;
     let name = name_attr.and_then(|n| string_attr(attrs, n));
     Some(Message::Object {
         object,
@@ -141,13 +154,13 @@ fn parse_one(ty: u16, portid: u32, body: &[u8]) -> Option<Message> {
 
 fn generation(portid: u32, attrs: &[u8]) -> Message {
     let pid = attributes(attrs)
-        .find(|(ty, _)| *ty == 2)
+        .find(|(ty, _)| *ty == NFTA_GEN_PROC_PID)
         .and_then(|(_, v)| <[u8; 4]>::try_from(v).ok())
         .map(u32::from_be_bytes);
     Message::Generation {
         portid,
         pid,
-        process: string_attr(attrs, 3),
+        process: string_attr(attrs, NFTA_GEN_PROC_NAME),
     }
 }
 

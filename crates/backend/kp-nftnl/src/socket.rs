@@ -13,11 +13,11 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 use netlink_sys::{Socket, SocketAddr};
 
 use kp_core::model::IpFamily;
+use kp_netlink::{Message, NFGENMSG_LEN, NLMSG_DONE, NLMSG_ERROR, messages};
 use kp_rules::nftables::{Command, Transaction};
 
-use crate::codec::{
-    Batch, Family, MsgKind, NLMSG_DONE, NLMSG_ERROR, Writer, attributes, dump_request, fence,
-};
+use crate::abi::NFTA_GEN_ID;
+use crate::codec::{Batch, Family, MsgKind, Writer, attributes, dump_request, fence};
 use crate::lower::{LowerError, lower};
 
 /// Receive buffer: room for the errors of a batch whose messages all fail (errors are
@@ -236,33 +236,21 @@ impl NftSocket {
                 .socket
                 .recv(&mut &mut buf[..], 0)
                 .map_err(ApplyError::Socket)?;
-            let mut data = &buf[..n];
-            while data.len() >= 16 {
-                let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
-                if len < 16 || len > data.len() {
-                    return Err(ApplyError::Socket(io::Error::other(
-                        "truncated netlink message",
-                    )));
+            for reply in replies(&buf[..n]) {
+                let reply = reply.map_err(ApplyError::Socket)?;
+                if reply.seq != seq {
+                    continue;
                 }
-                let ty = u16::from_ne_bytes([data[4], data[5]]);
-                let msg_seq = u32::from_ne_bytes([data[8], data[9], data[10], data[11]]);
-                if msg_seq == seq {
-                    match ty {
-                        NLMSG_DONE => return Ok(out),
-                        NLMSG_ERROR => {
-                            let code = i32::from_ne_bytes([data[16], data[17], data[18], data[19]]);
-                            if code == -libc_enoent() {
-                                return Ok(out);
-                            }
-                            if code != 0 {
-                                return Err(ApplyError::Batch(io::Error::from_raw_os_error(-code)));
-                            }
-                            return Ok(out);
-                        }
-                        _ => out.push(data[16..len].to_vec()),
+                match (reply.kind, reply.error_code()) {
+                    (NLMSG_DONE, _) => return Ok(out),
+                    // No such table or chain: an empty dump.
+                    (NLMSG_ERROR, Some(code)) if code == -libc_enoent() => return Ok(out),
+                    (NLMSG_ERROR, Some(code)) if code != 0 => {
+                        return Err(ApplyError::Batch(io::Error::from_raw_os_error(-code)));
                     }
+                    (NLMSG_ERROR, _) => return Ok(out),
+                    _ => out.push(reply.payload.to_vec()),
                 }
-                data = &data[len.next_multiple_of(4).min(data.len())..];
             }
         }
     }
@@ -279,11 +267,11 @@ impl NftSocket {
         let mut generation = None;
         let code = self.until_fence(seq, 1 << 12, |reply| {
             if reply.seq == seq {
-                // NFT_MSG_NEWGEN: `struct nfgenmsg`, then NFTA_GEN_ID (1), big-endian.
+                // NFT_MSG_NEWGEN: `struct nfgenmsg`, then NFTA_GEN_ID, big-endian.
                 generation = reply
-                    .body
-                    .get(4..)
-                    .and_then(|attrs| attributes(attrs).find(|(ty, _)| *ty == 1))
+                    .payload
+                    .get(NFGENMSG_LEN..)
+                    .and_then(|attrs| attributes(attrs).find(|(ty, _)| *ty == NFTA_GEN_ID))
                     .and_then(|(_, value)| <[u8; 4]>::try_from(value).ok())
                     .map(u32::from_be_bytes);
             }
@@ -301,7 +289,7 @@ impl NftSocket {
         &mut self,
         fence: u32,
         buffer: usize,
-        mut each: impl FnMut(&Reply<'_>),
+        mut each: impl FnMut(&Message<'_>),
     ) -> Result<Option<i32>, ApplyError> {
         let mut buf = vec![0u8; buffer];
         loop {
@@ -312,7 +300,7 @@ impl NftSocket {
             for reply in replies(&buf[..n]) {
                 let reply = reply.map_err(ApplyError::Socket)?;
                 if reply.seq == fence && (reply.kind == NLMSG_ERROR || reply.kind == NLMSG_DONE) {
-                    return Ok(reply.error);
+                    return Ok(reply.error_code());
                 }
                 each(&reply);
             }
@@ -369,11 +357,11 @@ impl NftSocket {
                 if let (Some(echoes), Some(owner)) =
                     (echoes.as_deref_mut(), encoded.owner(reply.seq))
                 {
-                    echoes.push((owner, reply.body.to_vec()));
+                    echoes.push((owner, reply.payload.to_vec()));
                 }
                 return;
             }
-            let Some(code) = reply.error.filter(|code| *code != 0) else {
+            let Some(code) = reply.error_code().filter(|code| *code != 0) else {
                 return;
             };
             let source = io::Error::from_raw_os_error(-code);
@@ -424,39 +412,7 @@ fn libc_enoent() -> i32 {
     rustix::io::Errno::NOENT.raw_os_error()
 }
 
-/// One netlink message received.
-struct Reply<'a> {
-    kind: u16,
-    seq: u32,
-    /// For `NLMSG_ERROR`: the (negative) error code, 0 for an acknowledgement.
-    error: Option<i32>,
-    /// The message after its netlink header.
-    body: &'a [u8],
-}
-
-/// The messages in one datagram.
-fn replies(mut data: &[u8]) -> impl Iterator<Item = io::Result<Reply<'_>>> + '_ {
-    std::iter::from_fn(move || {
-        if data.len() < 16 {
-            return None;
-        }
-        let field = |at: usize| [data[at], data[at + 1], data[at + 2], data[at + 3]];
-        let len = u32::from_ne_bytes(field(0)) as usize;
-        if len < 16 || len > data.len() {
-            data = &[];
-            return Some(Err(io::Error::other("truncated netlink message")));
-        }
-        let kind = u16::from_ne_bytes([data[4], data[5]]);
-        let seq = u32::from_ne_bytes(field(8));
-        let error = (kind == NLMSG_ERROR && len >= 20).then(|| i32::from_ne_bytes(field(16)));
-        let body = &data[16..len];
-        let aligned = len.next_multiple_of(4).min(data.len());
-        data = &data[aligned..];
-        Some(Ok(Reply {
-            kind,
-            seq,
-            error,
-            body,
-        }))
-    })
+/// The messages in one datagram (`kp_netlink`'s framing; broken framing is a socket error).
+fn replies(data: &[u8]) -> impl Iterator<Item = io::Result<Message<'_>>> + '_ {
+    messages(data).map(|message| message.map_err(io::Error::other))
 }

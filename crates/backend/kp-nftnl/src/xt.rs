@@ -16,6 +16,16 @@
 
 use std::net::IpAddr;
 
+use kp_netlink::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_ECHO};
+
+use crate::abi::{
+    NFT_RULE_COMPAT_F_INV, NFTA_CHAIN_HOOK, NFTA_CHAIN_NAME, NFTA_CHAIN_POLICY, NFTA_CHAIN_TABLE,
+    NFTA_CHAIN_TYPE, NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS, NFTA_EXPR_DATA, NFTA_EXPR_NAME,
+    NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY, NFTA_LIST_ELEM, NFTA_MATCH_INFO, NFTA_MATCH_NAME,
+    NFTA_MATCH_REV, NFTA_RULE_CHAIN, NFTA_RULE_COMPAT, NFTA_RULE_COMPAT_FLAGS,
+    NFTA_RULE_COMPAT_PROTO, NFTA_RULE_EXPRESSIONS, NFTA_RULE_HANDLE, NFTA_RULE_POSITION,
+    NFTA_RULE_TABLE, NFTA_TABLE_NAME,
+};
 use crate::codec::{Batch, Family, MsgKind, Writer};
 use crate::expr::{
     CmpOp, Expr, META_IIFNAME, META_L4PROTO, META_MARK, PAYLOAD_NETWORK, PAYLOAD_TRANSPORT, REG_1,
@@ -28,39 +38,6 @@ pub const XT_MAX_COMMENT_LEN: usize = 256;
 pub const XT_RECENT_NAME_LEN: usize = 200;
 /// `IFNAMSIZ`.
 const IFNAMSIZ: usize = 16;
-
-// Attribute numbers (linux/netfilter/nf_tables.h).
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_EXPR_NAME: u16 = 1;
-const NFTA_EXPR_DATA: u16 = 2;
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_HANDLE: u16 = 3;
-const NFTA_RULE_EXPRESSIONS: u16 = 4;
-const NFTA_RULE_COMPAT: u16 = 5;
-const NFTA_RULE_POSITION: u16 = 6;
-const NFTA_RULE_COMPAT_PROTO: u16 = 1;
-const NFTA_RULE_COMPAT_FLAGS: u16 = 2;
-/// `NFT_RULE_COMPAT_F_INV`: the protocol match is inverted.
-const NFT_RULE_COMPAT_F_INV: u32 = 1 << 1;
-const NFTA_MATCH_NAME: u16 = 1;
-const NFTA_MATCH_REV: u16 = 2;
-const NFTA_MATCH_INFO: u16 = 3;
-const NFTA_COUNTER_BYTES: u16 = 1;
-const NFTA_COUNTER_PACKETS: u16 = 2;
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_CHAIN_POLICY: u16 = 5;
-const NFTA_CHAIN_TYPE: u16 = 7;
-const NFTA_HOOK_HOOKNUM: u16 = 1;
-const NFTA_HOOK_PRIORITY: u16 = 2;
-const NFTA_TABLE_NAME: u16 = 1;
-
-/// Netlink flags of the messages below.
-const NLM_F_ECHO: u16 = 0x8;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
 
 /// `NFTA_RULE_EXPRESSIONS` of `rule`.
 fn write_expressions(w: &mut Writer, rule: &XtRule) {

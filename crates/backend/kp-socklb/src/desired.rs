@@ -56,7 +56,8 @@ fn add_port(
             continue;
         };
         // Masquerading only shapes chains; the endpoint lists do not depend on it.
-        let plan = ServicePlan::new(&svc, endpoints, &state.node, Masquerading::default());
+        // Source-ranged LB IPs stay with nftables: no node IP is needed for allowFromNode.
+        let plan = ServicePlan::new(&svc, endpoints, &state.node, None, Masquerading::default());
         add(out, &svc, internal(&plan, family), &svc.cluster_ips);
         add(out, &svc, external(&plan, family), &svc.external_ips);
         if svc.load_balancer_source_ranges.is_empty() {

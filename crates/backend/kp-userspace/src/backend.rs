@@ -325,14 +325,16 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
             if skip_sctp(&mut self.sctp_warned, name, MODE) {
                 continue;
             }
-            let chosen = service_plan(svc, state);
-            let internal_list = chosen.list(chosen.internal.list);
-            let external_list = chosen.list(chosen.external.list);
             let affinity = svc.session_affinity.map(|a| a.timeout);
             for family in self.families.clone() {
                 let Some(port) = svc.for_family(family) else {
                     continue;
                 };
+                // Upstream's node IP of this family, for the plan's allowFromNode.
+                let node_ip = kp_rules::iptables::node_ip(&self.node_ips, &state.node, family);
+                let chosen = service_plan(svc, state, node_ip);
+                let internal_list = chosen.list(chosen.internal.list);
+                let external_list = chosen.list(chosen.external.list);
                 let Some(&cluster_ip) = port.cluster_ips.first() else {
                     continue;
                 };
@@ -372,13 +374,6 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                         continue;
                     }
                 };
-                // Upstream's allowFromNode: the node IP of this family inside the ranges.
-                let node_ip = kp_rules::iptables::node_ip(&self.node_ips, &state.node, family);
-                let allow_from_node = node_ip.is_some_and(|ip| {
-                    port.load_balancer_source_ranges
-                        .iter()
-                        .any(|r| r.trunc().contains(&ip))
-                });
                 plan.families.entry(family).or_default().push(CapturedPort {
                     name: name.clone(),
                     port: port.port,
@@ -393,7 +388,7 @@ impl<C: Capture> Backend for UserspaceBackend<C> {
                     // addresses uses the cluster-wide endpoints when the service has them
                     // in use (here: the internal frontend's, under iTP Cluster).
                     local_source_internal: svc.external_policy_local && !svc.internal_policy_local,
-                    allow_from_node,
+                    allow_from_node: chosen.allow_from_node,
                 });
             }
         }

@@ -169,7 +169,8 @@ impl LocalhostNodePorts {
             let Some(node_port) = svc.node_port else {
                 continue;
             };
-            let plan = service_plan(svc, state);
+            // NodePorts on localhost: no LB source ranges, so no node IP is needed.
+            let plan = service_plan(svc, state, None);
             let external = plan.list(plan.external.list);
             let affinity = svc.session_affinity.map(|a| a.timeout);
             for &ip in &self.addresses {

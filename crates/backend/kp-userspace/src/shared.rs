@@ -2,7 +2,7 @@
 //! from a sync's state the same way.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use kp_core::model::{Endpoint, IpFamily, Protocol, ServicePort, ServicePortName};
 use kp_core::tracker::ProxyState;
@@ -40,13 +40,25 @@ pub(crate) fn skip_sctp(
 /// `svc`'s plan in `state` (every family's endpoints; the relay picks a family's with
 /// [`endpoint_addresses`]): its traffic policies' endpoint lists (`plan.list(plan.internal
 /// .list)`, `plan.list(plan.external.list)`) as the kernel modes choose them, and whether any
-/// endpoint is usable anywhere (`plan.has_endpoints`; none: reject rather than drop).
-pub(crate) fn service_plan<'a>(svc: &ServicePort, state: &'a ProxyState) -> ServicePlan<'a> {
+/// endpoint is usable anywhere (`plan.has_endpoints`; none: reject rather than drop), and
+/// with `node_ip` (this node's IP of one family) whether the node's own traffic passes that
+/// family's source ranges (`plan.allow_from_node`).
+pub(crate) fn service_plan<'a>(
+    svc: &ServicePort,
+    state: &'a ProxyState,
+    node_ip: Option<IpAddr>,
+) -> ServicePlan<'a> {
     let endpoints = state
         .endpoints
         .get(&svc.name)
         .map(Vec::as_slice)
         .unwrap_or_default();
     // The relay masquerades nothing: `Masquerading` does not matter here.
-    ServicePlan::new(svc, endpoints, &state.node, Masquerading::default())
+    ServicePlan::new(
+        svc,
+        endpoints,
+        &state.node,
+        node_ip,
+        Masquerading::default(),
+    )
 }

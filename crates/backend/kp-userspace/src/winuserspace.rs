@@ -136,7 +136,8 @@ impl<H: AddressHost> WinBackend<H> {
         if skip_sctp(&mut self.sctp_warned, name, MODE) {
             return Vec::new();
         }
-        let chosen = service_plan(svc, state);
+        // Portals do not filter by loadBalancerSourceRanges: no node IP is needed.
+        let chosen = service_plan(svc, state, None);
         let internal = chosen.list(chosen.internal.list);
         let external = chosen.list(chosen.external.list);
         let affinity = svc.session_affinity.map(|a| a.timeout);

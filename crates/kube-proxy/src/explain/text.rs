@@ -9,8 +9,9 @@ use kp_rules::explain::{
     TrafficPolicy, endpoint_address,
 };
 
-/// The whole answer as text, ending in a newline.
-pub fn render(e: &Explanation, report: Option<&VerifyReport>) -> String {
+/// The whole answer as text, ending in a newline; `verified` is `--verify`'s report with the
+/// save tool it read.
+pub fn render(e: &Explanation, verified: Option<(&str, &VerifyReport)>) -> String {
     let mut out = String::new();
     let mut head = String::new();
     let _ = write!(head, "{} ({})", e.destination, e.family.api_name());
@@ -50,9 +51,8 @@ pub fn render(e: &Explanation, report: Option<&VerifyReport>) -> String {
         out.push('\n');
         service_match(&mut out, m);
     }
-    if let Some(report) = report {
+    if let Some((tool, report)) = verified {
         out.push('\n');
-        let tool = super::save_tool(e.family);
         let _ = writeln!(
             out,
             "verify against {tool}: {} chains compared, {} differences",

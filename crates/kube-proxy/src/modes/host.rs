@@ -1,7 +1,8 @@
 //! What the modes need to know about this node, probed once at start-up into a [`Host`] that
 //! every mode's builder, `--init-only`, `--cleanup` and `explain` read: which IP families the
 //! kernel has, the interfaces' addresses (over rtnetlink), the iptables backend (legacy or
-//! nf_tables, chosen before any iptables tool runs), `iptables --version` for iptables mode's
+//! nf_tables, chosen before any iptables tool runs; its tools are [`Host::iptables`], the only
+//! record of the choice), `iptables --version` for iptables mode's
 //! netlink path, `nft --version` for nftables mode, and
 //! whether IPVS works (ipvs mode, and `--cleanup` to know whether there is IPVS state to
 //! remove). Only what the task needs is probed ([`Wants`]): the IPVS probe may load a kernel
@@ -16,6 +17,7 @@ use anyhow::Context as _;
 use kp_config::{IptablesBackend, KubeProxyConfiguration, ProxyMode};
 use kp_core::model::IpFamily;
 use kp_core::report::ErrorChain as _;
+use kp_dataplane::exec::Tools;
 pub use kp_dataplane::interfaces::InterfaceAddress;
 use kp_dataplane::interfaces::InterfaceError;
 use kp_dataplane::xtables::Choice;
@@ -122,16 +124,16 @@ pub fn programs_the_kernel(mode: ProxyMode) -> bool {
 
 /// The probes, one method each; [`SystemProbe`] runs them on the node.
 pub trait Probe {
-    /// Chooses the iptables backend for the whole process (and records it in the exec
-    /// layer, so every iptables tool run afterwards is that backend's).
+    /// Chooses the iptables backend for the whole process (kept in [`Host::iptables`], so
+    /// every iptables tool run afterwards is that backend's).
     fn iptables_backend(&self) -> impl Future<Output = anyhow::Result<Choice>>;
     /// The IP families the kernel has.
     fn families(&self) -> Vec<IpFamily>;
     /// Every interface address, or why they could not be read.
     fn addresses(&self) -> impl Future<Output = Result<Vec<InterfaceAddress>, ProbeError>>;
-    /// The chosen `iptables --version`'s output, or why it could not be run (called after
-    /// [`Probe::iptables_backend`]).
-    fn iptables_version(&self) -> Result<String, ProbeError>;
+    /// `tools`' (the chosen backend's) `iptables --version` output, or why it could not be
+    /// run.
+    fn iptables_version(&self, tools: &Tools) -> Result<String, ProbeError>;
     /// `nft --version`'s output, or why it could not be run.
     fn nft_version(&self) -> Result<String, ProbeError>;
     /// Whether IPVS works here with `scheduler`.
@@ -143,6 +145,9 @@ pub trait Probe {
 pub struct Host {
     /// The IP families the kernel has.
     pub families: Vec<IpFamily>,
+    /// The chosen iptables backend's tools, which every mode runs (the system's,
+    /// [`kp_dataplane::exec::IptablesVariant::System`], when no backend was chosen).
+    pub iptables: Tools,
     /// Every interface address (empty when they could not be listed: NodePorts then answer
     /// nowhere rather than everywhere).
     pub addresses: Vec<InterfaceAddress>,
@@ -159,10 +164,11 @@ impl Host {
     /// Runs the probes `wants` names, the iptables backend's first (before any other tool
     /// runs). Only the backend choice can fail; a missing fact is recorded as such.
     pub async fn probe(probe: &impl Probe, wants: &Wants) -> anyhow::Result<Self> {
-        if wants.iptables_backend {
-            // Recorded in the exec layer: every iptables tool run from now on is its.
-            probe.iptables_backend().await?;
-        }
+        let iptables = if wants.iptables_backend {
+            Tools::new(probe.iptables_backend().await?.variant)
+        } else {
+            Tools::default()
+        };
         let addresses = if wants.addresses {
             match probe.addresses().await {
                 Ok(addresses) => addresses,
@@ -176,8 +182,11 @@ impl Host {
         };
         Ok(Self {
             families: probe.families(),
+            iptables_version: wants
+                .iptables_version
+                .then(|| probe.iptables_version(&iptables)),
+            iptables,
             addresses,
-            iptables_version: wants.iptables_version.then(|| probe.iptables_version()),
             nft_version: wants.nft_version.then(|| probe.nft_version()),
             ipvs: wants.ipvs.map(|scheduler| probe.ipvs(scheduler)),
         })
@@ -271,10 +280,10 @@ impl Probe for SystemProbe {
         Ok(kp_dataplane::interfaces::interface_addresses().await?)
     }
 
-    fn iptables_version(&self) -> Result<String, ProbeError> {
-        let iptables = kp_dataplane::exec::Tools::host().iptables;
+    fn iptables_version(&self, tools: &Tools) -> Result<String, ProbeError> {
+        let iptables = &tools.iptables;
         let command = format!("{} --version", iptables.display());
-        let output = std::process::Command::new(&iptables)
+        let output = std::process::Command::new(iptables)
             .arg("--version")
             .output()
             .map_err(|source| ProbeError::Spawn {
@@ -387,7 +396,7 @@ pub(crate) mod tests {
                 .map_err(|kind| InterfaceError::Socket(kind.into()).into())
         }
 
-        fn iptables_version(&self) -> Result<String, ProbeError> {
+        fn iptables_version(&self, _tools: &Tools) -> Result<String, ProbeError> {
             self.calls.borrow_mut().push("iptables_version");
             self.iptables_version
                 .clone()
@@ -493,6 +502,20 @@ pub(crate) mod tests {
             );
         }
         assert!(calls(Fake, Cleanup).is_empty());
+    }
+
+    #[test]
+    fn the_chosen_backend_is_the_hosts_tools() {
+        let probe = FakeProbe::default();
+        let (host, _) = probed(&probe, ProxyMode::Iptables, Task::Run);
+        assert_eq!(host.iptables, Tools::new(IptablesVariant::Legacy));
+        assert_eq!(
+            host.iptables.iptables,
+            std::path::Path::new("iptables-legacy")
+        );
+        // Fake mode chooses none: the system's tools, which it never runs.
+        let (host, _) = probed(&probe, ProxyMode::Fake, Task::Run);
+        assert_eq!(host.iptables.variant, IptablesVariant::System);
     }
 
     #[test]

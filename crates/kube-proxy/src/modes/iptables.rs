@@ -5,7 +5,6 @@
 use anyhow::Context as _;
 use kp_config::{KubeProxyConfiguration, LocalMode};
 use kp_core::report::ErrorChain as _;
-use kp_dataplane::exec::Tools;
 use kp_dataplane::iptables::{IptablesBackend, IptablesConfig, IptablesMetrics};
 use kp_dataplane::sysctls;
 use kp_rules::iptables::RenderConfig;
@@ -42,7 +41,7 @@ impl Mode for Iptables {
                 "cannot enable route_localnet; localhost NodePorts will not answer"
             ),
         }
-        let tools = Tools::host();
+        let tools = host.iptables.clone();
         let version = match &host.iptables_version {
             Some(Ok(version)) => version.as_str(),
             Some(Err(why)) => {
@@ -83,7 +82,7 @@ pub(super) fn warn_without_cluster_cidr(config: &KubeProxyConfiguration) {
 pub(crate) fn leftovers(host: &Host) -> anyhow::Result<IptablesBackend> {
     IptablesBackend::new(
         IptablesConfig::new(host.families.clone(), RenderConfig::default()),
-        Tools::host(),
+        host.iptables.clone(),
     )
     .context("invalid iptables configuration")
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use kp_config::KubeProxyConfiguration;
 use kp_core::model::IpFamily;
-use kp_dataplane::exec::{ExecRunner, Tools};
+use kp_dataplane::exec::ExecRunner;
 use kp_dataplane::ipvs::{ExecIpset, IpvsBackend, IpvsBackendConfig, RtLinks};
 use kp_dataplane::sysctls::{self, FsSysctl};
 use kp_ipvs::{NetlinkIpvs, Scheduler, Timeouts};
@@ -107,7 +107,7 @@ fn backend(
         backend_config,
         ipvs,
         RtLinks::new(),
-        ExecRunner::new(Tools::host()),
+        ExecRunner::new(host.iptables.clone()),
         ExecIpset,
         Box::new(sysctl),
     ))

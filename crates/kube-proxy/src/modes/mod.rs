@@ -70,7 +70,7 @@ pub trait Mode {
 /// Whether this node's iptables tools write to nf_tables (so iptables-based modes can be
 /// watched): the chosen backend, or what `iptables --version` says of the system's.
 pub(crate) fn iptables_on_nf_tables(host: &Host) -> bool {
-    match kp_dataplane::exec::host_variant() {
+    match host.iptables.variant {
         kp_dataplane::exec::IptablesVariant::Nft => true,
         kp_dataplane::exec::IptablesVariant::Legacy => false,
         kp_dataplane::exec::IptablesVariant::System => host

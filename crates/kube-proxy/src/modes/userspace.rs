@@ -2,7 +2,7 @@
 //! `winuserspace` is refused with a pointer to this mode, which runs the same relay.
 
 use anyhow::Context as _;
-use kp_dataplane::exec::{ExecRunner, Tools};
+use kp_dataplane::exec::ExecRunner;
 use kp_rules::iptables::NodePortAddresses;
 use kp_rules::userspace::{CaptureConfig, DEFAULT_DROP_BIT};
 use kp_userspace::iptables::IptablesCapture;
@@ -52,7 +52,7 @@ fn capture(
     localhost_node_ports: bool,
 ) -> IptablesCapture<ExecRunner> {
     let capture = IptablesCapture::new(
-        ExecRunner::new(Tools::host()),
+        ExecRunner::new(host.iptables.clone()),
         CaptureConfig {
             node_port_addresses,
             localhost_node_ports,

@@ -786,12 +786,12 @@ impl Context<'_> {
             all: self.config.masquerade_all,
             detector: !matches!(self.detector, DetectorView::None),
         };
-        let plan = ServicePlan::new(svc, same_family, self.node(), masquerading);
+        let plan = ServicePlan::new(svc, same_family, self.node(), self.node_ip(), masquerading);
         let mut notes = Vec::new();
         let route = self.route(&plan, how, &mut notes);
         let (list, list_reason) = route.list(svc);
         let firewall = how == MatchKind::LoadBalancerIp && plan.uses_firewall_chain;
-        let range_allowed = self.range_allowed(svc, firewall, &mut notes);
+        let range_allowed = self.range_allowed(svc, &plan, firewall, &mut notes);
         let refused = firewall && range_allowed == Some(false);
         let (outcome, outcome_reason) = outcome(&display, svc, &plan, list, refused);
         Decision {
@@ -850,21 +850,19 @@ impl Context<'_> {
     }
 
     /// Whether the source passes loadBalancerSourceRanges (the node's own traffic to a VIP
-    /// when a range admits the node), `None` without a source; without one, a note on the
+    /// when the plan allows the node), `None` without a source; without one, a note on the
     /// `firewall`.
     fn range_allowed(
         &self,
         svc: &ServicePort,
+        plan: &ServicePlan<'_>,
         firewall: bool,
         notes: &mut Vec<String>,
     ) -> Option<bool> {
         let ranges = &svc.load_balancer_source_ranges;
         let range_allowed = self.source.map(|s| {
-            let node_allowed = ranges
-                .iter()
-                .any(|r| self.node_ip().is_some_and(|n| r.trunc().contains(&n)));
             ranges.iter().any(|r| r.trunc().contains(&s))
-                || (node_allowed && svc.load_balancer_ips.contains(&s))
+                || (plan.allow_from_node && svc.load_balancer_ips.contains(&s))
         });
         if firewall && range_allowed.is_none() {
             let list: Vec<String> = ranges.iter().map(|r| r.trunc().to_string()).collect();

@@ -20,6 +20,12 @@
 //!   endpoint lists and whether any endpoint is usable; they have no chains, and where a
 //!   Local policy has no local endpoint ipvs mode falls back to the Cluster list, as
 //!   upstream's ([`ServicePlan::list_or_cluster`]).
+//!
+//! Every mode that filters by `loadBalancerSourceRanges` (iptables, nftables in both layouts,
+//! ipvs, userspace, explain) reads one answer for the node's own traffic to the LB IPs:
+//! [`ServicePlan::allow_from_node`].
+
+use std::net::IpAddr;
 
 use kp_core::model::{Endpoint, NodeInfo, ServicePort};
 use kp_core::topology::{EndpointCategories, categorize};
@@ -123,6 +129,11 @@ pub struct ServicePlan<'e> {
     pub uses_external_chain: bool,
     /// LB IPs with loadBalancerSourceRanges: traffic to the LB IPs is filtered by source.
     pub source_ranges: bool,
+    /// Upstream's `allowFromNode`: a source range holds this node's IP (of the plan's family,
+    /// [`crate::config::node_ip`]), so the node's own traffic to an LB IP passes the filter
+    /// also with the LB IP as its source (the VIP is often a local address, and a connection
+    /// from the node to a local address leaves from that address).
+    pub allow_from_node: bool,
     /// iptables' `KUBE-FW-*` chain is written: [`ServicePlan::source_ranges`] and endpoints
     /// (upstream's iptables proxier writes no firewall for a service it rejects anyway).
     pub uses_firewall_chain: bool,
@@ -140,11 +151,13 @@ pub struct ServicePlan<'e> {
 }
 
 impl<'e> ServicePlan<'e> {
-    /// The plan for `svc` (already one family's view) with that family's `endpoints`.
+    /// The plan for `svc` (already one family's view) with that family's `endpoints`;
+    /// `node_ip` is this node's IP of that family ([`crate::config::node_ip`]).
     pub fn new(
         svc: &ServicePort,
         endpoints: &'e [Endpoint],
         node: &NodeInfo,
+        node_ip: Option<IpAddr>,
         masquerading: Masquerading,
     ) -> Self {
         let categories = categorize(svc, endpoints, node);
@@ -207,6 +220,7 @@ impl<'e> ServicePlan<'e> {
             external,
             uses_external_chain: has_endpoints && svc.externally_accessible(),
             source_ranges,
+            allow_from_node: allows_node(svc, node_ip),
             uses_firewall_chain: has_endpoints && source_ranges,
             internal_filter: filter(internal),
             external_filter: filter(external),
@@ -236,6 +250,15 @@ impl<'e> ServicePlan<'e> {
             EndpointList::Local | EndpointList::Cluster => &self.endpoints.cluster,
         }
     }
+}
+
+/// Whether a source range of `svc` holds `node_ip` ([`ServicePlan::allow_from_node`]).
+fn allows_node(svc: &ServicePort, node_ip: Option<IpAddr>) -> bool {
+    node_ip.is_some_and(|ip| {
+        svc.load_balancer_source_ranges
+            .iter()
+            .any(|range| range.contains(&ip))
+    })
 }
 
 /// A session affinity timeout as the rules carry it (whole seconds, clamped).
@@ -320,7 +343,7 @@ mod tests {
         svc.load_balancer_ips = vec![ip("192.0.2.1")];
         svc.load_balancer_source_ranges = vec!["198.51.100.0/24".parse().expect("literal")];
         let eps = [endpoint("10.0.0.1", false, false)];
-        let plan = ServicePlan::new(&svc, &eps, &node(), MASQ);
+        let plan = ServicePlan::new(&svc, &eps, &node(), None, MASQ);
         assert!(!plan.has_endpoints);
         assert!(!plan.uses_cluster_chain && !plan.uses_external_chain);
         assert_eq!(plan.internal_filter, Some(NoEndpoints::Reject));
@@ -343,7 +366,7 @@ mod tests {
         svc.external_policy_local = true;
         svc.node_port = Some(30080);
         let eps = [endpoint("10.0.0.1", false, true)];
-        let plan = ServicePlan::new(&svc, &eps, &node(), MASQ);
+        let plan = ServicePlan::new(&svc, &eps, &node(), None, MASQ);
         assert!(plan.has_endpoints && plan.external_local);
         assert_eq!(
             plan.internal,
@@ -371,7 +394,7 @@ mod tests {
             endpoint("10.0.0.2", true, true),
             endpoint("10.0.0.3", false, true),
         ];
-        let plan = ServicePlan::new(&svc, &local, &node(), MASQ);
+        let plan = ServicePlan::new(&svc, &local, &node(), None, MASQ);
         let only_local: Vec<IpAddr> = plan
             .list_or_cluster(plan.external)
             .iter()
@@ -385,7 +408,7 @@ mod tests {
         let mut svc = port();
         svc.external_ips = vec![ip("192.0.2.9")];
         let eps = [endpoint("10.0.0.1", true, true)];
-        let plan = |masquerading| ServicePlan::new(&svc, &eps, &node(), masquerading);
+        let plan = |masquerading| ServicePlan::new(&svc, &eps, &node(), None, masquerading);
         assert_eq!(plan(MASQ).internal_masquerade, InternalMasquerade::NotLocal);
         assert_eq!(
             plan(Masquerading {
@@ -405,12 +428,30 @@ mod tests {
     }
 
     #[test]
+    fn the_node_is_allowed_where_a_source_range_holds_its_ip() {
+        let mut svc = port();
+        svc.load_balancer_ips = vec![ip("192.0.2.1")];
+        svc.load_balancer_source_ranges = vec![
+            "198.51.100.0/24".parse().expect("literal"),
+            // Not truncated, as the API may hand it: still the /16 around the node.
+            "192.168.7.9/16".parse().expect("literal"),
+        ];
+        let allows = |node_ip: Option<&str>| {
+            ServicePlan::new(&svc, &[], &node(), node_ip.map(ip), MASQ).allow_from_node
+        };
+        assert!(allows(Some("192.168.50.2")));
+        assert!(allows(Some("198.51.100.7")));
+        assert!(!allows(Some("203.0.113.2")), "no range holds it");
+        assert!(!allows(None), "no node IP of the family");
+    }
+
+    #[test]
     fn affinity_is_clamped_to_what_the_kernel_accepts() {
         let mut svc = port();
         svc.session_affinity = Some(SessionAffinity {
             timeout: Duration::from_secs(0),
         });
-        let plan = ServicePlan::new(&svc, &[], &node(), MASQ);
+        let plan = ServicePlan::new(&svc, &[], &node(), None, MASQ);
         assert_eq!(plan.affinity_seconds, Some(MIN_AFFINITY_SECONDS));
         assert_eq!(
             affinity_seconds(Duration::from_secs(10 * 86_400)),

@@ -182,22 +182,14 @@ pub fn delete_request(entry: &FlowEntry, sequence: u32) -> Vec<u8> {
 ///
 /// Errors only when the framing itself is broken (then nothing after it can be trusted); an
 /// entry whose attributes cannot be read becomes [`Reply::Unreadable`].
-pub fn parse_replies(mut buf: &[u8]) -> Result<Vec<Reply>, ConntrackError> {
-    const HEADER_BYTES: usize = 16;
-    let mut out = Vec::new();
-    while buf.len() >= HEADER_BYTES {
-        let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-        if len < HEADER_BYTES || len > buf.len() {
-            return Err(ConntrackError::Decode(format!(
-                "netlink message of {len} bytes in {} received",
-                buf.len()
-            )));
-        }
-        out.push(parse_one(&buf[..len]));
-        // Messages are 4-byte aligned within a datagram.
-        buf = &buf[len.next_multiple_of(4).min(buf.len())..];
-    }
-    Ok(out)
+pub fn parse_replies(buf: &[u8]) -> Result<Vec<Reply>, ConntrackError> {
+    kp_netlink::messages(buf)
+        .map(|message| {
+            message
+                .map(|m| parse_one(m.bytes))
+                .map_err(|err| ConntrackError::Decode(err.to_string()))
+        })
+        .collect()
 }
 
 fn parse_one(message: &[u8]) -> Reply {

@@ -30,10 +30,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use kp_core::backend::SyncKind;
 use kp_core::model::IpFamily;
 use kp_core::tracker::ProxyState;
+use kp_nftnl::abi::{NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_TABLE};
 use kp_nftnl::codec::{Family, MsgKind};
 use kp_nftnl::{ApplyError, SharedSocket};
 use kp_rules::iptables::names::is_service_chain;
 use kp_rules::iptables::{RenderConfig, RenderError, RenderOutput, SyncScope, render_into};
+
+use crate::blocking::blocking;
 
 pub use encode::{NetlinkSink, Plan, Prepared, Step, Unsupported};
 pub use handles::Installed;
@@ -284,13 +287,6 @@ fn estimated_messages(state: &ProxyState, family: IpFamily) -> usize {
     4 * (endpoints + state.services.len())
 }
 
-/// `NFTA_RULE_TABLE` / `NFTA_RULE_CHAIN`.
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-/// `NFTA_CHAIN_TABLE` / `NFTA_CHAIN_NAME`.
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-
 /// The name of the chain a `NFT_MSG_NEWCHAIN` dump message describes.
 fn chain_name(message: &[u8]) -> Option<String> {
     let attrs = message.get(4..)?;
@@ -300,19 +296,6 @@ fn chain_name(message: &[u8]) -> Option<String> {
             let name = value.strip_suffix(&[0]).unwrap_or(value);
             String::from_utf8(name.to_vec()).ok()
         })
-}
-
-/// Runs blocking netlink I/O (up to seconds for a large first sync): on a multi-threaded
-/// runtime the worker's other tasks are handed away first; a current-thread runtime
-/// (tests) just blocks.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    let multi_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi_thread {
-        tokio::task::block_in_place(f)
-    } else {
-        f()
-    }
 }
 
 #[cfg(test)]

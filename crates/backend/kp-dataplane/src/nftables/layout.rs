@@ -56,6 +56,7 @@ use kp_rules::nftables::{RenderError, TABLE};
 use tracing::{debug, info, warn};
 
 use super::{MODE, NftablesConfig, NftablesMetrics, table_family};
+use crate::blocking::blocking;
 use crate::conntrack::{Conntrack, DefaultConntrack};
 use crate::exec::ExecError;
 use crate::sync::{FamilyErrors, SyncState};
@@ -481,17 +482,6 @@ fn apply_error(what: String, err: ExecError) -> BackendError {
         ApplyError::netfilter(what, err).into()
     } else {
         ApplyError::tool(what, err).into()
-    }
-}
-
-/// Run blocking netlink I/O without stalling the runtime's other tasks where it has others.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    let multi = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi {
-        tokio::task::block_in_place(f)
-    } else {
-        f()
     }
 }
 

@@ -14,6 +14,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::IpFamily;
+use kp_nftnl::abi::NFTA_TABLE_NAME;
 use kp_nftnl::codec::{MsgKind, attributes};
 use kp_nftnl::{ApplyError, DEFAULT_MAX_STEP_COMMANDS, Family, NftSocket};
 use kp_rules::nftables::{Command, StepSink, TABLE, Transaction};
@@ -21,6 +22,7 @@ use prometheus_client::metrics::counter::Counter;
 use tracing::debug;
 
 use super::runner::{ExecNft, NftRunner, StepFailed};
+use crate::blocking::blocking;
 use crate::exec::ExecError;
 
 /// How netlink failures are named in [`ExecError::Failed`].
@@ -87,13 +89,6 @@ fn apply_blocking(
         *guard = None;
     }
     result
-}
-
-/// Whether blocking here must hand the worker's other tasks away first: on a multi-threaded
-/// runtime yes; a current-thread runtime (tests) just blocks.
-fn in_multi_thread_runtime() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// The sink of [`NftRunner::apply_in_steps`]: each step is encoded and sent as one kernel
@@ -163,11 +158,7 @@ impl NftRunner for NetlinkNft {
         // Blocking (up to seconds for a full sync of a large table), but the transaction is
         // borrowed: hand the worker's other tasks away instead of copying it into a blocking
         // task.
-        let outcome = if in_multi_thread_runtime() {
-            tokio::task::block_in_place(|| apply_blocking(&self.socket, transaction, self.max_step))
-        } else {
-            apply_blocking(&self.socket, transaction, self.max_step)
-        };
+        let outcome = blocking(|| apply_blocking(&self.socket, transaction, self.max_step));
         match outcome {
             Ok(()) => Ok(()),
             // Only while nothing was applied: after earlier steps, `nft` would apply the
@@ -194,11 +185,7 @@ impl NftRunner for NetlinkNft {
             sent: 0,
         };
         // Rendering and applying block for seconds on a large table: as in `apply`.
-        Some(if in_multi_thread_runtime() {
-            tokio::task::block_in_place(|| render(&mut sink))
-        } else {
-            render(&mut sink)
-        })
+        Some(blocking(|| render(&mut sink)))
     }
 
     fn splits(&self, transaction: &Transaction) -> bool {
@@ -220,10 +207,11 @@ impl NftRunner for NetlinkNft {
             .dump(MsgKind::GetTable, nft_family(family), |_| {})
             .map_err(exec_error)?;
         Ok(tables.iter().any(|table| {
-            // After `struct nfgenmsg`: NFTA_TABLE_NAME (1), NUL-terminated.
+            // After `struct nfgenmsg`: NFTA_TABLE_NAME, NUL-terminated.
             table.get(4..).is_some_and(|attrs| {
-                attributes(attrs)
-                    .any(|(ty, name)| ty == 1 && name.strip_suffix(b"\0") == Some(TABLE.as_bytes()))
+                attributes(attrs).any(|(ty, name)| {
+                    ty == NFTA_TABLE_NAME && name.strip_suffix(b"\0") == Some(TABLE.as_bytes())
+                })
             })
         }))
     }

@@ -121,7 +121,8 @@ struct Context<'a> {
     config: &'a RenderConfig,
     detector: Option<Detector>,
     large_cluster: bool,
-    node_ips: Vec<IpAddr>,
+    /// This node's IP of `family`, for each plan's [`ServicePlan::allow_from_node`].
+    node_ip: Option<IpAddr>,
 }
 
 /// Render the restore input for `family`.
@@ -226,9 +227,7 @@ pub fn render_into<S: RuleSink + ?Sized>(
         config,
         detector,
         large_cluster: total_endpoints > config.large_cluster_threshold,
-        node_ips: super::node_ip(&config.node_ips, &state.node, family)
-            .into_iter()
-            .collect(),
+        node_ip: super::node_ip(&config.node_ips, &state.node, family),
     };
 
     let mut out = Out {
@@ -554,6 +553,7 @@ fn render_service<S: RuleSink + ?Sized>(
         svc,
         endpoints,
         node,
+        ctx.node_ip,
         Masquerading {
             all: ctx.config.masquerade_all,
             detector: ctx.detector.is_some(),
@@ -893,13 +893,10 @@ impl ServiceRules<'_, '_> {
                 })
                 .jump(ext)
         };
-        let mut allow_from_node = false;
         for cidr in &self.svc.load_balancer_source_ranges {
-            let cidr = cidr.trunc();
-            own.rule(|| from(Address::Net(cidr)));
-            allow_from_node |= self.ctx.node_ips.iter().any(|ip| cidr.contains(ip));
+            own.rule(|| from(Address::Net(cidr.trunc())));
         }
-        if allow_from_node {
+        if self.plan.allow_from_node {
             // The LB VIP is often a local address, so the node's own traffic to it has the
             // VIP as source.
             for ip in &self.svc.load_balancer_ips {

@@ -181,7 +181,13 @@ fn plan_ports<'a>(
         let endpoints = state.endpoints.get(name).unwrap_or(&none);
         // The traffic policies' endpoint lists, decided once for every mode (ipvs mode has no
         // masquerade chains: `Masquerading` does not matter here).
-        let plan = ServicePlan::new(&svc, endpoints, &state.node, Masquerading::default());
+        let plan = ServicePlan::new(
+            &svc,
+            endpoints,
+            &state.node,
+            node_ip,
+            Masquerading::default(),
+        );
         let port = PortEntries {
             name,
             svc: &svc,
@@ -193,7 +199,7 @@ fn plan_ports<'a>(
         };
         port.cluster_ips(&mut desired);
         port.external_ips(&mut desired);
-        port.load_balancer_ips(&mut desired, node_ip);
+        port.load_balancer_ips(&mut desired, plan.allow_from_node);
         port.node_port(&mut desired);
         if let Some(hc) = svc.health_check_node_port {
             desired.put(SetKind::HealthCheckNodePort, hc.to_string());
@@ -281,9 +287,10 @@ impl PortEntries<'_> {
         }
     }
 
-    /// LoadBalancer IPs, with their source ranges: the ranges (and the LB IP itself when a
-    /// range admits `node_ip`) are allowed, the node's own connections otherwise dropped.
-    fn load_balancer_ips(&self, desired: &mut Desired, node_ip: Option<IpAddr>) {
+    /// LoadBalancer IPs, with their source ranges: the ranges (and the LB IP itself when the
+    /// plan allows the node, `allow_from_node`) are allowed, the node's own connections
+    /// otherwise dropped.
+    fn load_balancer_ips(&self, desired: &mut Desired, allow_from_node: bool) {
         let svc = self.svc;
         for &ip in &svc.load_balancer_ips {
             self.add(desired, ip, svc.port, &self.external);
@@ -303,10 +310,6 @@ impl PortEntries<'_> {
             }
             // The node's own connections to the LB IP (local on kube-ipvs0) leave with the LB
             // IP as source; allowed when a range admits the node, as upstream.
-            let allow_from_node = svc
-                .load_balancer_source_ranges
-                .iter()
-                .any(|net| node_ip.is_some_and(|n| net.contains(&n)));
             if allow_from_node {
                 desired.put(SetKind::LoadBalancerSourceIp, format!("{entry},{ip}"));
             } else {

@@ -160,7 +160,8 @@ struct Context<'a> {
     /// The masquerade settings of every service port's plan.
     masquerading: Masquerading,
     node: &'a NodeInfo,
-    node_ips: Vec<IpAddr>,
+    /// This node's IP of `family`, for each plan's [`crate::plan::ServicePlan::allow_from_node`].
+    node_ip: Option<IpAddr>,
 }
 
 impl<'a> Context<'a> {
@@ -177,9 +178,7 @@ impl<'a> Context<'a> {
             fam: Family::new(family),
             config,
             node: &state.node,
-            node_ips: crate::iptables::node_ip(&config.node_ips, &state.node, family)
-                .into_iter()
-                .collect(),
+            node_ip: crate::iptables::node_ip(&config.node_ips, &state.node, family),
         }
     }
 }

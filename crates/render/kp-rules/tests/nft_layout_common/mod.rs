@@ -57,7 +57,7 @@ pub fn full_sync(state: &ProxyState, family: IpFamily) -> String {
             all: false,
             detector: false,
         },
-        node_ips: Vec::new(),
+        node_ip: None,
     };
     let mut installed = LayoutState::default();
     let changes = installed.changes(full_updates(state, &ctx, &installed));

@@ -4,12 +4,17 @@
 //! node and most of a second in the emulated test VM.
 //!
 //! The messages are built and read by pure functions ([`list_headers_request`],
-//! [`parse_datagram`]) tested against hand-made bytes; [`entry_counts`] only moves them
-//! through a `NETLINK_NETFILTER` socket. Constants from the kernel's
+//! [`parse_datagram`]) on `kp-netlink`'s framing, the request tested against hand-made
+//! bytes; [`entry_counts`] only moves them through a `NETLINK_NETFILTER` socket. Constants from the kernel's
 //! `include/uapi/linux/netfilter/ipset/ip_set.h`.
 
 use std::collections::BTreeMap;
 use std::io;
+
+use kp_netlink::{
+    FrameError, NFGENMSG_LEN, NLA_F_NET_BYTEORDER, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE,
+    NLMSG_ERROR, Writer, messages, try_attributes,
+};
 
 /// `NFNL_SUBSYS_IPSET`: ipset's nfnetlink subsystem.
 const NFNL_SUBSYS_IPSET: u16 = 6;
@@ -28,16 +33,7 @@ const IPSET_ATTR_ELEMENTS: u16 = 24;
 /// `IPSET_FLAG_LIST_HEADER`: headers only, no entries.
 const IPSET_FLAG_LIST_HEADER: u32 = 1 << 2;
 
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLA_F_NESTED: u16 = 1 << 15;
-const NLA_F_NET_BYTEORDER: u16 = 1 << 14;
-const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | NLA_F_NET_BYTEORDER);
 const AF_INET: u8 = 2;
-const NLMSG_HEADER_BYTES: usize = 16;
-const NFGENMSG_BYTES: usize = 4;
 /// A dump's datagrams are at most 32 KiB; twice that never truncates.
 const RECV_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -53,6 +49,9 @@ pub enum IpsetNetlinkError {
     /// A reply that does not parse.
     #[error("ipset netlink reply: {0}")]
     Decode(String),
+    /// A reply whose framing is broken.
+    #[error("ipset netlink reply")]
+    Frame(#[from] FrameError),
 }
 
 /// Entry count per set name; `None` where the kernel reports none (older than 4.x).
@@ -69,53 +68,26 @@ pub struct Datagram {
 
 /// A dump request for every set's header.
 pub fn list_headers_request(sequence: u32) -> Vec<u8> {
-    let mut attrs = Vec::new();
-    put_attr(&mut attrs, IPSET_ATTR_PROTOCOL, &[IPSET_PROTOCOL]);
-    put_attr(
-        &mut attrs,
+    let mut w = Writer::new();
+    let kind = NFNL_SUBSYS_IPSET << 8 | IPSET_CMD_LIST;
+    let m = w.begin_nfnl(kind, NLM_F_REQUEST | NLM_F_DUMP, sequence, AF_INET, 0);
+    w.put(IPSET_ATTR_PROTOCOL, &[IPSET_PROTOCOL]);
+    w.put_u32(
         IPSET_ATTR_FLAGS | NLA_F_NET_BYTEORDER,
-        &IPSET_FLAG_LIST_HEADER.to_be_bytes(),
+        IPSET_FLAG_LIST_HEADER,
     );
-    let len = NLMSG_HEADER_BYTES + NFGENMSG_BYTES + attrs.len();
-    let mut out = Vec::with_capacity(len);
-    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_ne_bytes());
-    out.extend_from_slice(&(NFNL_SUBSYS_IPSET << 8 | IPSET_CMD_LIST).to_ne_bytes());
-    out.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    out.extend_from_slice(&sequence.to_ne_bytes());
-    out.extend_from_slice(&0u32.to_ne_bytes());
-    // nfgenmsg: family, NFNETLINK_V0, resource id 0 (big-endian).
-    out.extend_from_slice(&[AF_INET, 0, 0, 0]);
-    out.extend_from_slice(&attrs);
-    out
-}
-
-fn put_attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let len = 4 + value.len();
-    out.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize(out.len().next_multiple_of(4), 0);
+    w.end(m);
+    w.into_bytes()
 }
 
 /// `(type, value)` of each attribute in `buf`.
-fn attrs(mut buf: &[u8]) -> Result<Vec<(u16, &[u8])>, IpsetNetlinkError> {
-    let mut out = Vec::new();
-    while buf.len() >= 4 {
-        let len = usize::from(u16::from_ne_bytes([buf[0], buf[1]]));
-        let kind = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > buf.len() {
-            let message = format!("attribute of {len} bytes in {}", buf.len());
-            return Err(IpsetNetlinkError::Decode(message));
-        }
-        out.push((kind, &buf[4..len]));
-        buf = &buf[len.next_multiple_of(4).min(buf.len())..];
-    }
-    Ok(out)
+fn attrs(buf: &[u8]) -> Result<Vec<(u16, &[u8])>, IpsetNetlinkError> {
+    Ok(try_attributes(buf).collect::<Result<_, _>>()?)
 }
 
 /// The name and entry count of one `IPSET_CMD_LIST` message's set.
 fn set_of(payload: &[u8]) -> Result<Option<(String, Option<usize>)>, IpsetNetlinkError> {
-    let attributes = attrs(payload.get(NFGENMSG_BYTES..).unwrap_or_default())?;
+    let attributes = attrs(payload.get(NFGENMSG_LEN..).unwrap_or_default())?;
     let mut name = None;
     let mut count = None;
     for (kind, value) in attributes {
@@ -141,36 +113,26 @@ fn set_of(payload: &[u8]) -> Result<Option<(String, Option<usize>)>, IpsetNetlin
 }
 
 /// Reads one received datagram of the dump.
-pub fn parse_datagram(mut buf: &[u8]) -> Result<Datagram, IpsetNetlinkError> {
+pub fn parse_datagram(buf: &[u8]) -> Result<Datagram, IpsetNetlinkError> {
     let mut out = Datagram::default();
-    while buf.len() >= NLMSG_HEADER_BYTES {
-        let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-        if len < NLMSG_HEADER_BYTES || len > buf.len() {
-            let message = format!("netlink message of {len} bytes in {} received", buf.len());
-            return Err(IpsetNetlinkError::Decode(message));
-        }
-        let kind = u16::from_ne_bytes([buf[4], buf[5]]);
-        let payload = &buf[NLMSG_HEADER_BYTES..len];
-        match kind {
+    for message in messages(buf) {
+        let message = message?;
+        match message.kind {
             NLMSG_DONE => out.done = true,
             NLMSG_ERROR => {
-                let code = payload
-                    .get(..4)
-                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                    .map_or(0, i32::from_ne_bytes);
+                let code = message.error_code().unwrap_or(0);
                 if code != 0 {
                     let error = io::Error::from_raw_os_error(-code);
                     return Err(IpsetNetlinkError::Kernel(error));
                 }
             }
             k if k == NFNL_SUBSYS_IPSET << 8 | IPSET_CMD_LIST => {
-                if let Some((name, count)) = set_of(payload)? {
+                if let Some((name, count)) = set_of(message.payload)? {
                     out.sets.insert(name, count);
                 }
             }
             _ => {}
         }
-        buf = &buf[len.next_multiple_of(4).min(buf.len())..];
     }
     Ok(out)
 }
@@ -212,41 +174,32 @@ mod tests {
 
     /// One netlink message of `kind` with `payload`.
     fn message(kind: u16, payload: &[u8]) -> Vec<u8> {
-        let len = NLMSG_HEADER_BYTES + payload.len();
-        let mut out = Vec::new();
-        out.extend_from_slice(&u32::try_from(len).expect("small").to_ne_bytes());
-        out.extend_from_slice(&kind.to_ne_bytes());
-        out.extend_from_slice(&[0; 10]);
-        out.extend_from_slice(payload);
-        out.resize(out.len().next_multiple_of(4), 0);
-        out
+        let mut w = Writer::new();
+        let m = w.begin(kind, 0, 0);
+        w.buffer_mut().extend_from_slice(payload);
+        w.end(m);
+        w.into_bytes()
     }
 
     /// A header message for set `name` (`count`: its `IPSET_ATTR_ELEMENTS`), as the kernel
     /// sends it: protocol, name, type, family, revision, then the nested data.
     fn header(name: &str, count: Option<u32>) -> Vec<u8> {
-        let mut payload = vec![AF_INET, 0, 0, 0];
-        put_attr(&mut payload, IPSET_ATTR_PROTOCOL, &[6]);
-        put_attr(
-            &mut payload,
-            IPSET_ATTR_SETNAME,
-            format!("{name}\0").as_bytes(),
-        );
-        put_attr(&mut payload, 3, b"hash:ip,port\0");
-        put_attr(&mut payload, 5, &[AF_INET]);
-        put_attr(&mut payload, 4, &[5]);
-        let mut data = Vec::new();
-        put_attr(&mut data, 18 | NLA_F_NET_BYTEORDER, &1024u32.to_be_bytes());
+        let mut w = Writer::new();
+        let m = w.begin_nfnl(NFNL_SUBSYS_IPSET << 8 | IPSET_CMD_LIST, 0, 0, AF_INET, 0);
+        w.put(IPSET_ATTR_PROTOCOL, &[6]);
+        w.put_str(IPSET_ATTR_SETNAME, name);
+        w.put_str(3, "hash:ip,port");
+        w.put(5, &[AF_INET]);
+        w.put(4, &[5]);
+        let data = w.nest(IPSET_ATTR_DATA);
+        w.put_u32(18 | NLA_F_NET_BYTEORDER, 1024);
         if let Some(count) = count {
-            put_attr(
-                &mut data,
-                IPSET_ATTR_ELEMENTS | NLA_F_NET_BYTEORDER,
-                &count.to_be_bytes(),
-            );
+            w.put_u32(IPSET_ATTR_ELEMENTS | NLA_F_NET_BYTEORDER, count);
         }
-        put_attr(&mut data, 25 | NLA_F_NET_BYTEORDER, &1u32.to_be_bytes());
-        put_attr(&mut payload, IPSET_ATTR_DATA | NLA_F_NESTED, &data);
-        message(NFNL_SUBSYS_IPSET << 8 | IPSET_CMD_LIST, &payload)
+        w.put_u32(25 | NLA_F_NET_BYTEORDER, 1);
+        w.nest_end(data);
+        w.end(m);
+        w.into_bytes()
     }
 
     #[test]
@@ -306,7 +259,7 @@ mod tests {
         short.truncate(20);
         assert!(matches!(
             parse_datagram(&short),
-            Err(IpsetNetlinkError::Decode(_))
+            Err(IpsetNetlinkError::Frame(_))
         ));
     }
 }

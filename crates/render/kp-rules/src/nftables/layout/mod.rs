@@ -48,8 +48,9 @@ pub struct Context {
     pub family: IpFamily,
     /// The masquerade settings of the shared plan.
     pub masquerading: Masquerading,
-    /// This node's IPs of `family` (for the source-range allowance of its own traffic).
-    pub node_ips: Vec<IpAddr>,
+    /// This node's IP of `family`, for each plan's
+    /// [`ServicePlan::allow_from_node`](crate::plan::ServicePlan::allow_from_node).
+    pub node_ip: Option<IpAddr>,
 }
 
 impl Context {
@@ -65,9 +66,7 @@ impl Context {
                 all: config.masquerade_all,
                 detector,
             },
-            node_ips: crate::config::node_ip(&config.node_ips, &state.node, family)
-                .into_iter()
-                .collect(),
+            node_ip: crate::config::node_ip(&config.node_ips, &state.node, family),
         }
     }
 }
@@ -82,8 +81,8 @@ pub fn port_elements(state: &ProxyState, ctx: &Context, name: &ServicePortName) 
     };
     let all = state.endpoints.get(name).map_or(&[][..], Vec::as_slice);
     let endpoints = family_endpoints(all, family);
-    let plan = ServicePlan::new(&svc, &endpoints, &state.node, ctx.masquerading);
-    service::service_elements(&svc, cluster_ip, &plan, &ctx.node_ips)
+    let plan = ServicePlan::new(&svc, &endpoints, &state.node, ctx.node_ip, ctx.masquerading);
+    service::service_elements(&svc, cluster_ip, &plan)
 }
 
 /// Every port's elements: a full sync's updates (ports installed but gone get none).

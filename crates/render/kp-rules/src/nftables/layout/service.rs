@@ -14,14 +14,10 @@ use crate::plan::{EndpointList, ExternalMasquerade, InternalMasquerade, NoEndpoi
 
 /// The elements of `svc` (one family's view, whose ClusterIP is `cluster_ip`) as `plan`
 /// decides, in a stable order.
-///
-/// `node_ips` are this node's IPs of the family: when a source range holds one, the node's
-/// own traffic to a local LoadBalancer IP (whose source is that IP) is allowed too.
 pub fn service_elements(
     svc: &ServicePort,
     cluster_ip: IpAddr,
     plan: &ServicePlan<'_>,
-    node_ips: &[IpAddr],
 ) -> Vec<Element> {
     let mut out = BTreeSet::new();
     out.insert(Element::ClusterIp(cluster_ip));
@@ -48,7 +44,7 @@ pub fn service_elements(
         }
     }
     if plan.source_ranges {
-        firewall(&mut out, svc, node_ips);
+        firewall(&mut out, svc, plan.allow_from_node);
     }
     out.into_iter().collect()
 }
@@ -201,17 +197,15 @@ fn pin(
     }
 }
 
-/// `loadBalancerSourceRanges`: each LB entry with each allowed range.
-fn firewall(out: &mut BTreeSet<Element>, svc: &ServicePort, node_ips: &[IpAddr]) {
+/// `loadBalancerSourceRanges`: each LB entry with each allowed range, and with the LB IPs
+/// themselves when the plan allows the node's own traffic.
+fn firewall(out: &mut BTreeSet<Element>, svc: &ServicePort, allow_from_node: bool) {
     let mut allowed: Vec<IpNet> = svc
         .load_balancer_source_ranges
         .iter()
         .map(IpNet::trunc)
         .collect();
-    if allowed
-        .iter()
-        .any(|range| node_ips.iter().any(|ip| range.contains(ip)))
-    {
+    if allow_from_node {
         allowed.extend(svc.load_balancer_ips.iter().map(|ip| IpNet::from(*ip)));
     }
     for addr in &svc.load_balancer_ips {

@@ -19,7 +19,7 @@ fn ctx() -> Context {
             all: false,
             detector: true,
         },
-        node_ips: vec![v4(192, 168, 50, 2)],
+        node_ip: Some(v4(192, 168, 50, 2)),
     }
 }
 

@@ -58,7 +58,7 @@ impl<'a> ServiceObjects<'a> {
         svc: &ServicePort,
         endpoints: &[Endpoint],
     ) -> Self {
-        let plan = ServicePlan::new(svc, endpoints, ctx.node, ctx.masquerading);
+        let plan = ServicePlan::new(svc, endpoints, ctx.node, ctx.node_ip, ctx.masquerading);
         let writer = Writer::new(ctx, plan, name, cluster_ip, svc);
         let mut chains = writer.policy_chains();
         if writer.plan.uses_external_chain {
@@ -471,13 +471,7 @@ impl<'a, 'e> Writer<'a, 'e> {
             .iter()
             .map(IpNet::trunc)
             .collect();
-        let allow_from_node = sources.iter().any(|cidr| {
-            self.ctx
-                .node_ips
-                .iter()
-                .any(|node_ip| cidr.contains(node_ip))
-        });
-        if allow_from_node {
+        if self.plan.allow_from_node {
             // The LB VIP is often a local address, so the node's own traffic to it has the
             // VIP as source.
             sources.extend(svc.load_balancer_ips.iter().map(|ip| IpNet::from(*ip)));
