@@ -328,25 +328,48 @@ pub fn unknown_keys(reasons: &[(String, String)]) -> Vec<&str> {
         .collect()
 }
 
-/// A reason's text for a table cell: one line, pipes escaped by the table itself.
-pub fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+/// The notes a reason cites (`bench/notes/<file>.md`), in order, each once.
+pub fn cited_notes(text: &str) -> Vec<&str> {
+    let mut notes: Vec<&str> = Vec::new();
+    for (at, _) in text.match_indices(NOTES_PREFIX) {
+        let rest = &text[at + NOTES_PREFIX.len()..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+            .unwrap_or(rest.len());
+        let file = rest[..end].trim_end_matches('.');
+        if file.ends_with(".md") && !notes.contains(&file) {
+            notes.push(file);
+        }
+    }
+    notes
 }
 
-/// The reason cell of a row: nothing for a met target, the recorded reason, or a statement
-/// that none was recorded.
+/// Where the notes are, as reasons cite them (from the repository's root).
+const NOTES_PREFIX: &str = "bench/notes/";
+
+/// The reason cell of a row: nothing for a met target; for a recorded reason, links (from
+/// `REPORT.md`, next to `reasons.md`) to its section and to each note it cites, so the table
+/// stays one line a row; else a statement that none was recorded, naming the section's key.
 pub fn reason_cell(row: &TargetRow, reasons: &[(String, String)]) -> String {
     if row.verdict == Verdict::Met {
         return String::new();
     }
+    let key = row.target.key;
     let recorded = reasons
         .iter()
-        .find(|(k, text)| k == row.target.key && !text.is_empty())
-        .map(|(_, text)| one_line(text));
+        .find(|(k, text)| k == key && !text.is_empty())
+        .map(|(_, text)| text);
     match (&row.verdict, recorded) {
-        (_, Some(text)) => text,
-        (Verdict::Missed, None) => "missed: no measured reason recorded".to_owned(),
-        _ => "not measured: no reason recorded".to_owned(),
+        (_, Some(text)) => {
+            let mut links = vec![format!("[why]({REASONS_FILE}#{key})")];
+            for note in cited_notes(text) {
+                let name = note.trim_end_matches(".md");
+                links.push(format!("[{name}](notes/{note})"));
+            }
+            links.join(", ")
+        }
+        (Verdict::Missed, None) => format!("missed: no measured reason recorded (`## {key}`)"),
+        _ => format!("not measured: no reason recorded (`## {key}`)"),
     }
 }
 
@@ -491,21 +514,48 @@ mod tests {
         };
         assert_eq!(
             reason_cell(&row("nftables-partial", Verdict::Missed), &reasons),
-            "The kernel's commit."
+            "[why](reasons.md#nftables-partial)"
         );
         // An empty entry is no reason.
         assert_eq!(
             reason_cell(&row("nftables-rss", Verdict::Missed), &reasons),
-            "missed: no measured reason recorded"
+            "missed: no measured reason recorded (`## nftables-rss`)"
         );
         assert_eq!(
             reason_cell(&row("ipvs-partial", Verdict::NotMeasured), &reasons),
-            "not measured: no reason recorded"
+            "not measured: no reason recorded (`## ipvs-partial`)"
+        );
+        // The notes a reason cites become links, each once, in order.
+        let cited = [(
+            "nftables-partial".to_owned(),
+            "Floor (bench/notes/2026-11-25-a.md, see\nbench/notes/2026-11-26-b-c.md). Again \
+             bench/notes/2026-11-25-a.md."
+                .to_owned(),
+        )];
+        assert_eq!(
+            reason_cell(&row("nftables-partial", Verdict::Missed), &cited),
+            "[why](reasons.md#nftables-partial), [2026-11-25-a](notes/2026-11-25-a.md), \
+             [2026-11-26-b-c](notes/2026-11-26-b-c.md)"
         );
         assert_eq!(
             reason_cell(&row("nftables-partial", Verdict::Met), &reasons),
             ""
         );
+    }
+
+    #[test]
+    fn the_committed_reasons_cite_notes_that_exist() {
+        let reasons = parse_reasons(include_str!("../../../bench/reasons.md"));
+        let notes = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/notes");
+        for (key, text) in &reasons {
+            for note in cited_notes(text) {
+                let path = std::path::Path::new(notes).join(note);
+                assert!(
+                    path.is_file(),
+                    "{key} cites {note}, which is not in bench/notes"
+                );
+            }
+        }
     }
 
     #[test]

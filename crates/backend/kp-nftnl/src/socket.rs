@@ -230,28 +230,17 @@ impl NftSocket {
         let request = dump_request(kind, family, seq, filter);
         self.socket.send(&request, 0).map_err(ApplyError::Socket)?;
         let mut out = Vec::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = self
-                .socket
-                .recv(&mut &mut buf[..], 0)
-                .map_err(ApplyError::Socket)?;
-            for reply in replies(&buf[..n]) {
-                let reply = reply.map_err(ApplyError::Socket)?;
-                if reply.seq != seq {
-                    continue;
-                }
-                match (reply.kind, reply.error_code()) {
-                    (NLMSG_DONE, _) => return Ok(out),
-                    // No such table or chain: an empty dump.
-                    (NLMSG_ERROR, Some(code)) if code == -libc_enoent() => return Ok(out),
-                    (NLMSG_ERROR, Some(code)) if code != 0 => {
-                        return Err(ApplyError::Batch(io::Error::from_raw_os_error(-code)));
-                    }
-                    (NLMSG_ERROR, _) => return Ok(out),
-                    _ => out.push(reply.payload.to_vec()),
-                }
+        let code = self.until_fence(seq, 1 << 20, |reply| {
+            if reply.seq == seq {
+                out.push(reply.payload.to_vec());
             }
+        })?;
+        // Done, acknowledged, or no such table or chain (an empty dump); else refused.
+        match code {
+            Some(code) if code != 0 && code != -libc_enoent() => {
+                Err(ApplyError::Batch(io::Error::from_raw_os_error(-code)))
+            }
+            _ => Ok(out),
         }
     }
 

@@ -136,7 +136,8 @@ impl ExecRunner {
         &self.tools
     }
 
-    /// `iptables --version`, for the start-up log (see [`backend_of_version`]).
+    /// `iptables --version`, for the start-up log (see
+    /// [`backend_of_version`](super::backend_of_version)).
     pub async fn version(&self) -> Result<String, ExecError> {
         let program = &self.tools.iptables;
         let output = run_program(program, &["--version".to_owned()], None).await?;

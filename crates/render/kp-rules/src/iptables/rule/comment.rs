@@ -10,7 +10,7 @@ use crate::iptables::comment::Sanitizer;
 /// A rule comment, formatted only when the rule is written.
 ///
 /// `Display` gives the raw text (names from API objects included as they are); a rule prints
-/// it percent-encoded and quoted (see [`super::comment`]), and [`Comment::sanitized`] is the
+/// it percent-encoded and quoted (see [`crate::iptables::comment`]), and [`Comment::sanitized`] is the
 /// text the kernel stores (xt_comment, or the rule userdata under iptables-nft).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Comment<'a> {
@@ -36,7 +36,7 @@ pub enum Comment<'a> {
 
 impl Comment<'_> {
     /// The text as iptables passes it to the kernel: percent-encoded, cut to
-    /// [`super::comment::MAX_COMMENT_BYTES`].
+    /// [`crate::iptables::comment::MAX_COMMENT_BYTES`].
     pub fn sanitized(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.

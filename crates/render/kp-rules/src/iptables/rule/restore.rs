@@ -180,7 +180,7 @@ impl RestoreText {
     }
 }
 
-/// The first pass of [`super::render_to`]: a [`RestoreText`] that keeps everything but the
+/// The first pass of [`crate::iptables::render_to`]: a [`RestoreText`] that keeps everything but the
 /// rules and deletions of `streamed` (the big nat table), which the second pass writes.
 #[derive(Debug)]
 pub(crate) struct RestoreHead {
@@ -208,7 +208,7 @@ impl RuleSink for RestoreHead {
     }
 }
 
-/// The second pass of [`super::render_to`]: the rule and deletion lines of `table`, written
+/// The second pass of [`crate::iptables::render_to`]: the rule and deletion lines of `table`, written
 /// to `out` as they come (one line formatted at a time); everything else is ignored. Keeps
 /// the first write error and writes nothing after it.
 pub(crate) struct RestoreTail<'w, W: std::io::Write + ?Sized> {
