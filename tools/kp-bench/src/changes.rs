@@ -116,7 +116,8 @@ impl ChangePoint {
             .collect::<Vec<_>>()
             .join(" + ");
         match self.meets_target() {
-            Some(false) => format!("**{text}**"),
+            // A timed-out sync is already bold.
+            Some(false) if !text.contains("**") => format!("**{text}**"),
             _ => text,
         }
     }
@@ -379,6 +380,7 @@ mod tests {
         assert_eq!(at(10_000, 23.1).cell(), "**23.1 ms**");
         assert_eq!(points[1].cell(), "**1.2 ms + 12.6 ms**");
         assert_eq!(points[4].cell(), "**Full 700 ms**");
+        assert_eq!(points[3].cell(), "**timed out** (> 120 s)");
     }
 
     fn stored(series: &str, services: usize, change: &str, took: f64) -> StoredChange {

@@ -819,6 +819,96 @@ mod tests {
         assert!(Points::parse(&without).expect("reads").checks.is_empty());
     }
 
+    /// A `kp-scale --changes` output of `kinds` at `services`, each sync taking `ms`.
+    fn changes_output(services: usize, kinds: &[&str], ms: u64) -> String {
+        let mut text = format!(
+            "| N×M | first sync (log `took`) | load 1m |\n| --- | --- | --- |\n\
+| {services}×10 | 1.0 s | 0.5 |\n\n\
+| N×M | change | sync (log `took`) | rules written | edit → synced (wall) | load 1m |\n\
+| --- | --- | --- | --- | --- | --- |\n"
+        );
+        for kind in kinds {
+            text.push_str(&format!(
+                "| {services}×10 | {kind} | Partial {ms} ms | 22 | 9 ms | 0.6 |\n"
+            ));
+        }
+        text
+    }
+
+    /// The points a changes run of `series` at `services` on `date` stores.
+    fn changes_run(series: &str, services: usize, date: &str, kinds: &[&str], ms: u64) -> Points {
+        let text = changes_output(services, kinds, ms);
+        let heading = format!("kp-scale --mode nftables-maps --services {services} --changes");
+        Points {
+            runs: vec![run(series, date, "c")],
+            scale: vec![StoredScale {
+                point: ScalePoint::from_output(series, services, 10, &text),
+                ..scale(series, services, date, 1)
+            }],
+            changes: ChangePoint::from_output(series, services, &text)
+                .into_iter()
+                .map(|point| StoredChange {
+                    series: series.to_owned(),
+                    date: date.to_owned(),
+                    commit: "c".to_owned(),
+                    point,
+                })
+                .collect(),
+            raw: vec![RawSection {
+                text,
+                ..raw(series, &heading)
+            }],
+            ..Points::default()
+        }
+    }
+
+    #[test]
+    fn a_changes_run_replaces_its_sizes_change_points_and_they_read_back_from_raw_output() {
+        const ORDER: &[&str] = &["nftables-maps"];
+        let kinds = ["EndpointAdded", "AffinityOn"];
+        let first = changes_run("nftables-maps", 10_000, "d1", &kinds, 3).merge_points(
+            changes_run("nftables-maps", 100_000, "d1", &kinds, 7),
+            ORDER,
+        );
+        assert_eq!(first.changes.len(), 4);
+        // A second run of 10k only: its points replace 10k's, 100k's stay, kinds in order.
+        let merged =
+            first.merge_points(changes_run("nftables-maps", 10_000, "d2", &kinds, 4), ORDER);
+        let got: Vec<(usize, &str, &str)> = merged
+            .changes
+            .iter()
+            .map(|c| (c.point.services, c.point.change.as_str(), c.date.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (10_000, "EndpointAdded", "d2"),
+                (10_000, "AffinityOn", "d2"),
+                (100_000, "EndpointAdded", "d1"),
+                (100_000, "AffinityOn", "d1"),
+            ]
+        );
+        assert_eq!(merged.raw.len(), 2);
+        // Stored points read again from their raw output; the file round-trips them.
+        let mut edited = merged.clone();
+        for c in &mut edited.changes {
+            c.point.syncs.clear();
+        }
+        let again = edited.reparse();
+        assert_eq!(again.changes, merged.changes);
+        let read = Points::parse(&merged.to_json()).expect("reads");
+        assert_eq!(read.changes, merged.changes);
+        // A whole run of the series (not --changes) drops its change points.
+        let whole = merged.merge(
+            Points {
+                runs: vec![run("nftables-maps", "d3", "e")],
+                ..Points::default()
+            },
+            ORDER,
+        );
+        assert!(whole.changes.is_empty());
+    }
+
     #[test]
     fn a_run_of_every_series_replaces_everything() {
         let merged = host_run().merge(host_run(), ORDER);
