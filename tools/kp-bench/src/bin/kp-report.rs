@@ -323,10 +323,10 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
 /// that have the change kinds, refusing a named one that has not.
 fn selected_modes(args: &Args) -> anyhow::Result<Vec<&'static ModeSpec>> {
     let named = |m: &ModeSpec| args.modes.iter().any(|n| n == m.name);
-    if args.changes {
-        if let Some(m) = MODES.iter().find(|m| named(m) && !m.changes) {
-            bail!("{} has no change kinds to measure (--changes)", m.name);
-        }
+    if args.changes
+        && let Some(m) = MODES.iter().find(|m| named(m) && !m.changes)
+    {
+        bail!("{} has no change kinds to measure (--changes)", m.name);
     }
     Ok(MODES
         .iter()
