@@ -15,11 +15,15 @@
 //! statistics, [`probe`] the helpers of the kernel probes in `examples/`, [`report`] prints
 //! markdown, [`soak`] summarises the churn soak's samples, and [`summary`]
 //! with [`svg`] turns the runs' tables into `bench/REPORT.md` and its plots, keeping the
-//! points in [`points`] and judging the [`targets`] on them. Nothing here asserts on timings:
+//! points in [`points`] and judging the [`targets`] on them; [`changes`] reads and reports
+//! `kp-scale --changes`' per-kind partial syncs against issue 33's targets, [`listing`] its
+//! `--list-ruleset` table. Nothing here asserts on timings:
 //! these are measurements, not tests.
 
+pub mod changes;
 pub mod connect;
 pub mod generate;
+pub mod listing;
 pub mod logs;
 pub mod points;
 pub mod probe;

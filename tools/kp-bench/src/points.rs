@@ -6,14 +6,29 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::changes::ChangePoint;
 use crate::summary::{CheckPoint, ConnectPoint, Environment, Measured, NO_TABLE, ScalePoint};
 
+/// A stored point's series and size: what a newer point of the same replaces.
+trait SeriesSize {
+    fn series_size(&self) -> (&str, usize);
+}
+
+impl SeriesSize for StoredCheck {
+    fn series_size(&self) -> (&str, usize) {
+        (&self.series, self.point.services)
+    }
+}
+
+impl SeriesSize for StoredChange {
+    fn series_size(&self) -> (&str, usize) {
+        (&self.series, self.point.services)
+    }
+}
+
 /// `stored` without the points `new` replaces (same series and size), then `new`'s.
-fn replace_checks(mut stored: Vec<StoredCheck>, new: &[StoredCheck]) -> Vec<StoredCheck> {
-    stored.retain(|p| {
-        !new.iter()
-            .any(|n| n.series == p.series && n.point.services == p.point.services)
-    });
+fn replace_sized<T: SeriesSize + Clone>(mut stored: Vec<T>, new: &[T]) -> Vec<T> {
+    stored.retain(|p| !new.iter().any(|n| n.series_size() == p.series_size()));
     stored.extend(new.iter().cloned());
     stored
 }
@@ -90,6 +105,19 @@ pub struct StoredCheck {
     pub point: CheckPoint,
 }
 
+/// A `kp-scale --changes` point (one change kind's partial syncs) with where it came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredChange {
+    /// The series.
+    pub series: String,
+    /// When the run that measured it started (UTC).
+    pub date: String,
+    /// As [`Run::commit`].
+    pub commit: String,
+    /// The figures.
+    pub point: ChangePoint,
+}
+
 /// A benchmark's output as printed, for the report's raw-output section.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RawSection {
@@ -122,6 +150,10 @@ pub struct Points {
     /// Self-healing check points (absent from files written before they existed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checks: Vec<StoredCheck>,
+    /// One-service change points, per series and size in the order of the kinds (absent
+    /// from files written before they existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<StoredChange>,
     /// The benchmarks' own output.
     pub raw: Vec<RawSection>,
 }
@@ -134,6 +166,7 @@ impl Default for Points {
             scale: Vec::new(),
             connect: Vec::new(),
             checks: Vec::new(),
+            changes: Vec::new(),
             raw: Vec::new(),
         }
     }
@@ -178,6 +211,7 @@ impl Points {
             .chain(self.scale.iter().map(|p| p.series.as_str()))
             .chain(self.connect.iter().map(|p| p.series.as_str()))
             .chain(self.checks.iter().map(|p| p.series.as_str()))
+            .chain(self.changes.iter().map(|p| p.series.as_str()))
             .chain(self.raw.iter().map(|r| r.series.as_str()));
         for name in names {
             if !seen.contains(&name) {
@@ -197,11 +231,13 @@ impl Points {
         self.scale.retain(|p| kept(&p.series));
         self.connect.retain(|p| kept(&p.series));
         self.checks.retain(|p| kept(&p.series));
+        self.changes.retain(|p| kept(&p.series));
         self.raw.retain(|r| kept(&r.series));
         self.runs.extend(new.runs);
         self.scale.extend(new.scale);
         self.connect.extend(new.connect);
         self.checks.extend(new.checks);
+        self.changes.extend(new.changes);
         self.raw.extend(new.raw);
         self.sort(order);
         self
@@ -224,6 +260,9 @@ impl Points {
             .sort_by_key(|p| (rank(&p.series), p.point.services));
         self.checks
             .sort_by_key(|p| (rank(&p.series), p.point.services));
+        // Stable: the kinds of one point stay in the order they were made.
+        self.changes
+            .sort_by_key(|p| (rank(&p.series), p.point.services));
         self.raw.sort_by_key(|r| {
             (
                 r.is_connect(),
@@ -237,7 +276,8 @@ impl Points {
     /// that should not replace the series' other sizes (e.g. ipvs at 20k after 1k–10k):
     /// a stored scale point of the same series and size is replaced (with its raw section),
     /// the series' other points stay; `new`'s connect points of a series replace the stored
-    /// ones of that series. `new`'s runs are listed beside the series' earlier runs; an
+    /// ones of that series; check and change points replace those of the same series and
+    /// size. `new`'s runs are listed beside the series' earlier runs; an
     /// earlier run none of whose points is left is dropped. Then sorted as [`Points::merge`].
     pub fn merge_points(mut self, new: Points, order: &[&str]) -> Points {
         let replaced_scale = |series: &str, services: usize| {
@@ -256,13 +296,15 @@ impl Points {
                 heading_services(&r.heading).is_none_or(|n| !replaced_scale(&r.series, n))
             }
         });
-        self.checks = replace_checks(self.checks, &new.checks);
+        self.checks = replace_sized(self.checks, &new.checks);
+        self.changes = replace_sized(self.changes, &new.changes);
         let Points {
             version,
             mut runs,
             mut scale,
             mut connect,
             checks,
+            changes,
             mut raw,
         } = self;
         runs.retain(|run| {
@@ -271,6 +313,7 @@ impl Points {
             };
             scale.iter().any(|p| own(&p.series, &p.date, &p.commit))
                 || connect.iter().any(|p| own(&p.series, &p.date, &p.commit))
+                || changes.iter().any(|p| own(&p.series, &p.date, &p.commit))
         });
         runs.extend(new.runs);
         scale.extend(new.scale);
@@ -282,6 +325,7 @@ impl Points {
             scale,
             connect,
             checks,
+            changes,
             raw,
         };
         merged.sort(order);
@@ -291,7 +335,7 @@ impl Points {
     /// `self` with `new` check points replacing the stored ones of the same series and
     /// size, every other point kept (`kp-report --checks-only`).
     pub fn merge_checks(mut self, new: Vec<StoredCheck>, order: &[&str]) -> Points {
-        self.checks = replace_checks(self.checks, &new);
+        self.checks = replace_sized(self.checks, &new);
         self.sort(order);
         self
     }
@@ -326,7 +370,40 @@ impl Points {
                 }
             }
         }
+        self.reparse_changes();
         self
+    }
+
+    /// The change points of each series and size read again from that point's raw output,
+    /// where it holds a change table (else they stay as they are).
+    fn reparse_changes(&mut self) {
+        let mut points: Vec<StoredChange> = Vec::new();
+        for stored in &self.changes {
+            let (series, services) = stored.series_size();
+            if points.iter().any(|p| p.series_size() == (series, services)) {
+                continue;
+            }
+            let section = self
+                .raw
+                .iter()
+                .find(|r| r.series == series && heading_services(&r.heading) == Some(services));
+            let read = section.map_or_else(Vec::new, |r| {
+                ChangePoint::from_output(&stored.point.mode, services, &r.text)
+            });
+            if read.is_empty() {
+                let same = self
+                    .changes
+                    .iter()
+                    .filter(|p| p.series_size() == (series, services));
+                points.extend(same.cloned());
+            } else {
+                points.extend(read.into_iter().map(|point| StoredChange {
+                    point,
+                    ..stored.clone()
+                }));
+            }
+        }
+        self.changes = points;
     }
 
     /// Groups of series measured by one run: (run date, commit, series names), in
@@ -740,6 +817,96 @@ mod tests {
         .to_json();
         assert!(json.contains("\"checks\"") && !without.contains("\"checks\""));
         assert!(Points::parse(&without).expect("reads").checks.is_empty());
+    }
+
+    /// A `kp-scale --changes` output of `kinds` at `services`, each sync taking `ms`.
+    fn changes_output(services: usize, kinds: &[&str], ms: u64) -> String {
+        let mut text = format!(
+            "| N×M | first sync (log `took`) | load 1m |\n| --- | --- | --- |\n\
+| {services}×10 | 1.0 s | 0.5 |\n\n\
+| N×M | change | sync (log `took`) | rules written | edit → synced (wall) | load 1m |\n\
+| --- | --- | --- | --- | --- | --- |\n"
+        );
+        for kind in kinds {
+            text.push_str(&format!(
+                "| {services}×10 | {kind} | Partial {ms} ms | 22 | 9 ms | 0.6 |\n"
+            ));
+        }
+        text
+    }
+
+    /// The points a changes run of `series` at `services` on `date` stores.
+    fn changes_run(series: &str, services: usize, date: &str, kinds: &[&str], ms: u64) -> Points {
+        let text = changes_output(services, kinds, ms);
+        let heading = format!("kp-scale --mode nftables-maps --services {services} --changes");
+        Points {
+            runs: vec![run(series, date, "c")],
+            scale: vec![StoredScale {
+                point: ScalePoint::from_output(series, services, 10, &text),
+                ..scale(series, services, date, 1)
+            }],
+            changes: ChangePoint::from_output(series, services, &text)
+                .into_iter()
+                .map(|point| StoredChange {
+                    series: series.to_owned(),
+                    date: date.to_owned(),
+                    commit: "c".to_owned(),
+                    point,
+                })
+                .collect(),
+            raw: vec![RawSection {
+                text,
+                ..raw(series, &heading)
+            }],
+            ..Points::default()
+        }
+    }
+
+    #[test]
+    fn a_changes_run_replaces_its_sizes_change_points_and_they_read_back_from_raw_output() {
+        const ORDER: &[&str] = &["nftables-maps"];
+        let kinds = ["EndpointAdded", "AffinityOn"];
+        let first = changes_run("nftables-maps", 10_000, "d1", &kinds, 3).merge_points(
+            changes_run("nftables-maps", 100_000, "d1", &kinds, 7),
+            ORDER,
+        );
+        assert_eq!(first.changes.len(), 4);
+        // A second run of 10k only: its points replace 10k's, 100k's stay, kinds in order.
+        let merged =
+            first.merge_points(changes_run("nftables-maps", 10_000, "d2", &kinds, 4), ORDER);
+        let got: Vec<(usize, &str, &str)> = merged
+            .changes
+            .iter()
+            .map(|c| (c.point.services, c.point.change.as_str(), c.date.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (10_000, "EndpointAdded", "d2"),
+                (10_000, "AffinityOn", "d2"),
+                (100_000, "EndpointAdded", "d1"),
+                (100_000, "AffinityOn", "d1"),
+            ]
+        );
+        assert_eq!(merged.raw.len(), 2);
+        // Stored points read again from their raw output; the file round-trips them.
+        let mut edited = merged.clone();
+        for c in &mut edited.changes {
+            c.point.syncs.clear();
+        }
+        let again = edited.reparse();
+        assert_eq!(again.changes, merged.changes);
+        let read = Points::parse(&merged.to_json()).expect("reads");
+        assert_eq!(read.changes, merged.changes);
+        // A whole run of the series (not --changes) drops its change points.
+        let whole = merged.merge(
+            Points {
+                runs: vec![run("nftables-maps", "d3", "e")],
+                ..Points::default()
+            },
+            ORDER,
+        );
+        assert!(whole.changes.is_empty());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::listing::Listing;
 use crate::points::Points;
 use crate::report::{Table, human};
 use crate::svg::{Plot, Scale, Series};
@@ -185,7 +186,7 @@ pub fn parse_tables(text: &str) -> Vec<Table> {
 }
 
 /// The cell of `row` under the column whose name starts with `column`.
-fn cell<'a>(table: &Table, row: &'a [String], column: &str) -> Option<&'a str> {
+pub(crate) fn cell<'a>(table: &Table, row: &'a [String], column: &str) -> Option<&'a str> {
     let at = table.header.iter().position(|h| h.starts_with(column))?;
     row.get(at).map(String::as_str)
 }
@@ -217,6 +218,9 @@ pub struct ScalePoint {
     pub rss_mib: Option<f64>,
     /// 1-minute load average at start → end.
     pub load: String,
+    /// `nft list ruleset` after the edits (`kp-scale --list-ruleset`), where it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listing: Option<Listing>,
 }
 
 impl ScalePoint {
@@ -232,6 +236,7 @@ impl ScalePoint {
             edit_synced: Measured::Missing(String::new()),
             rss_mib: None,
             load: "-".to_owned(),
+            listing: None,
         }
     }
 
@@ -256,6 +261,7 @@ impl ScalePoint {
             edit_synced: Measured::parse(get("edit → synced")),
             rss_mib: parse_mib(get("peak RSS")),
             load: get("load").to_owned(),
+            listing: Listing::from_output(output),
         }
     }
 }
@@ -704,6 +710,8 @@ pub fn render(points: &Points, reasons: &[(String, String)]) -> Report {
     targets_section(&mut md, points, reasons);
     header(&mut md, points);
     checks_section(&mut md, points);
+    crate::changes::section(&mut md, points);
+    crate::listing::section(&mut md, points);
 
     let _ = writeln!(
         md,

@@ -5,8 +5,10 @@
 //! (`kp_bench::points`): a run of some modes replaces only theirs, and the report, with issue
 //! 16's targets table (`kp_bench::targets`), is rendered from all of them. At 10k services the
 //! kernel modes' points also measure the self-healing checks (`kp-scale --checks`);
-//! `--checks-only` measures just those. Must run as root (the benchmarks use network
-//! namespaces).
+//! `--checks-only` measures just those. `--changes` runs the verdict-free layout's series
+//! with every one-service change kind of issue 33 (`kp-scale --changes`) at `--sizes`, each
+//! point replacing only its series' point of that size, and the report gets their per-kind
+//! table (`kp_bench::changes`). Must run as root (the benchmarks use network namespaces).
 //!
 //! ```sh
 //! cargo run --release -p kp-bench --bin kp-report
@@ -17,10 +19,12 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use clap::Parser;
+use clap::{Parser, ValueEnum as _};
+use kp_bench::changes::ChangePoint;
+use kp_bench::generate::Change;
 use kp_bench::points::{
-    self, ENDPOINTS, Points, RawSection, Run, StoredCheck, StoredConnect, StoredScale,
-    import_report,
+    self, ENDPOINTS, Points, RawSection, Run, StoredChange, StoredCheck, StoredConnect,
+    StoredScale, import_report,
 };
 use kp_bench::report::human;
 use kp_bench::summary::{self, CheckPoint, ConnectPoint, Environment, Measured, ScalePoint};
@@ -48,6 +52,9 @@ struct ModeSpec {
     /// Its point at [`targets::TARGET_SERVICES`] also measures the self-healing checks
     /// (`kp-scale --checks`): the kernel modes reading manifests.
     checks: bool,
+    /// `kp-report --changes` runs it (`kp-scale --changes`, every kind): the layout issue 33
+    /// judges its one-service change kinds on.
+    changes: bool,
 }
 
 /// Every series, in the order the report lists them: the control plane alone, iptables mode
@@ -66,6 +73,7 @@ const MODES: &[ModeSpec] = &[
         vm: false,
         largest: usize::MAX,
         checks: false,
+        changes: false,
     },
     ModeSpec {
         name: "iptables-nft",
@@ -77,6 +85,7 @@ const MODES: &[ModeSpec] = &[
         vm: false,
         largest: usize::MAX,
         checks: true,
+        changes: false,
     },
     ModeSpec {
         name: "iptables-legacy",
@@ -87,6 +96,7 @@ const MODES: &[ModeSpec] = &[
         vm: false,
         largest: usize::MAX,
         checks: true,
+        changes: false,
     },
     ModeSpec {
         name: "nftables",
@@ -97,6 +107,7 @@ const MODES: &[ModeSpec] = &[
         vm: false,
         largest: usize::MAX,
         checks: true,
+        changes: false,
     },
     ModeSpec {
         name: "ipvs",
@@ -108,6 +119,7 @@ const MODES: &[ModeSpec] = &[
         // Emulated, 1 vCPU: 20k already takes up to 20 minutes of the run.
         largest: 20_000,
         checks: true,
+        changes: false,
     },
     ModeSpec {
         name: "fake-api",
@@ -118,6 +130,7 @@ const MODES: &[ModeSpec] = &[
         vm: false,
         largest: usize::MAX,
         checks: false,
+        changes: false,
     },
     ModeSpec {
         name: "nftables-api",
@@ -128,6 +141,7 @@ const MODES: &[ModeSpec] = &[
         vm: false,
         largest: usize::MAX,
         checks: false,
+        changes: false,
     },
     ModeSpec {
         name: "nftables-maps",
@@ -138,6 +152,7 @@ const MODES: &[ModeSpec] = &[
         vm: false,
         largest: usize::MAX,
         checks: true,
+        changes: true,
     },
     ModeSpec {
         name: "nftables-maps-api",
@@ -148,6 +163,7 @@ const MODES: &[ModeSpec] = &[
         vm: false,
         largest: usize::MAX,
         checks: false,
+        changes: true,
     },
     // The edit rewritten in place into one file holding every object, as `cat > file` or a
     // configuration-management tool writes it (issue 34): only where files get that large.
@@ -160,6 +176,7 @@ const MODES: &[ModeSpec] = &[
         vm: false,
         largest: 10_000,
         checks: false,
+        changes: false,
     },
 ];
 
@@ -232,6 +249,12 @@ struct Args {
     /// `--modes` that have them, replacing only the stored check points, then render.
     #[arg(long)]
     checks_only: bool,
+    /// Measure the one-service change kinds (`kp-scale --changes` with every kind) of the
+    /// `--modes` that have them (default: nftables-maps, nftables-maps-api) at `--sizes`;
+    /// each point replaces its series' point of that size (its scale figures, change points
+    /// and raw output), every other point kept, then render.
+    #[arg(long, conflicts_with = "checks_only")]
+    changes: bool,
 }
 
 fn main() -> ExitCode {
@@ -271,10 +294,7 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
         std::fs::write(&path, stored.to_json())
             .with_context(|| format!("writing {}", path.display()))?;
     } else {
-        let modes: Vec<&ModeSpec> = MODES
-            .iter()
-            .filter(|m| args.modes.is_empty() || args.modes.iter().any(|n| n == m.name))
-            .collect();
+        let modes = selected_modes(args)?;
         if !args.no_build {
             build()?;
         }
@@ -297,6 +317,22 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
         }
     }
     render(args, &stored)
+}
+
+/// The series `args` asks for: `--modes` (all by default); with `--changes` only those
+/// that have the change kinds, refusing a named one that has not.
+fn selected_modes(args: &Args) -> anyhow::Result<Vec<&'static ModeSpec>> {
+    let named = |m: &ModeSpec| args.modes.iter().any(|n| n == m.name);
+    if args.changes
+        && let Some(m) = MODES.iter().find(|m| named(m) && !m.changes)
+    {
+        bail!("{} has no change kinds to measure (--changes)", m.name);
+    }
+    Ok(MODES
+        .iter()
+        .filter(|m| args.modes.is_empty() || named(m))
+        .filter(|m| !args.changes || m.changes)
+        .collect())
 }
 
 /// What every series of one `kp-report` invocation shares.
@@ -342,14 +378,22 @@ fn measure_series(
                 load_end: "(series still running)".to_owned(),
                 quiet: quiet_start,
                 duration: "(series still running)".to_owned(),
-                command: "cargo run --release -p kp-bench --bin kp-report".to_owned(),
+                command: format!(
+                    "cargo run --release -p kp-bench --bin kp-report{}",
+                    if args.changes { " -- --changes" } else { "" }
+                ),
             },
         }],
         ..Points::default()
     };
     let order = series_order();
     let save = |series: &Points| -> anyhow::Result<Points> {
-        let merged = stored.clone().merge(series.clone(), &order);
+        // A changes run measures some sizes of the series: only those are replaced.
+        let merged = if args.changes {
+            stored.clone().merge_points(series.clone(), &order)
+        } else {
+            stored.clone().merge(series.clone(), &order)
+        };
         let path = args.out_dir.join(points::POINTS_FILE);
         std::fs::write(&path, merged.to_json())
             .with_context(|| format!("writing {}", path.display()))?;
@@ -367,7 +411,7 @@ fn measure_series(
 
     let mut timed_out_at = None;
     for &services in args.sizes.iter().filter(|_| mode.scale) {
-        let heading = scale_heading(mode, services);
+        let heading = point_heading(args, mode, services);
         let skipped = match timed_out_at {
             Some(smaller) => Some(format!("skipped: {smaller} services already timed out")),
             None if services > mode.largest => Some(format!(
@@ -389,7 +433,8 @@ fn measure_series(
             continue;
         }
         let host_load_start = load_1m();
-        let checks = mode.checks && services == targets::TARGET_SERVICES;
+        // A changes run leaves the check points as they are.
+        let checks = mode.checks && services == targets::TARGET_SERVICES && !args.changes;
         let (text, status) = scale_point(args, run, mode, services, checks)?;
         let point = if text.is_empty() {
             ScalePoint::missing(mode.name, services, ENDPOINTS, &status)
@@ -412,6 +457,16 @@ fn measure_series(
                 .checks
                 .push(stored_check(run, mode, point, host_load.clone()));
         }
+        series.changes.extend(
+            ChangePoint::from_output(mode.name, services, &text)
+                .into_iter()
+                .map(|point| StoredChange {
+                    series: mode.name.to_owned(),
+                    date: run.date.clone(),
+                    commit: run.commit.clone(),
+                    point,
+                }),
+        );
         series.scale.push(stored_scale(point, host_load));
         series.raw.push(RawSection {
             series: mode.name.to_owned(),
@@ -421,7 +476,7 @@ fn measure_series(
         save(&series)?;
     }
 
-    if mode.connect {
+    if mode.connect && !args.changes {
         let (points, section) = connect_series(args, run, mode, &kube_proxy)?;
         series
             .connect
@@ -536,6 +591,26 @@ fn scale_heading(mode: &ModeSpec, services: usize) -> String {
             .collect::<String>(),
         if mode.vm { " (in the test VM)" } else { "" },
     )
+}
+
+/// The raw-output heading of a point of this run: [`scale_heading`], saying so when the
+/// run made every change kind (and listed the ruleset).
+fn point_heading(args: &Args, mode: &ModeSpec, services: usize) -> String {
+    let heading = scale_heading(mode, services);
+    if args.changes {
+        format!("{heading} --changes (every kind) --list-ruleset")
+    } else {
+        heading
+    }
+}
+
+/// `kp-scale --changes`' argument: every change kind, in the order issue 33 lists them.
+fn every_change() -> String {
+    Change::value_variants()
+        .iter()
+        .filter_map(|c| Some(c.to_possible_value()?.get_name().to_owned()))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The raw-output heading of a series' `kp-connect` run.
@@ -747,12 +822,17 @@ fn scale_on_host(
     if checks {
         scale_args.push("--checks".to_owned());
     }
+    if args.changes {
+        // The layout's points also list the ruleset back, at every size (issue 33 at 100k).
+        scale_args.extend(["--changes".to_owned(), every_change()]);
+        scale_args.push("--list-ruleset".to_owned());
+    }
     scale_args.extend(["--out".to_owned(), out.to_string_lossy().into_owned()]);
     let scale_args: Vec<&str> = scale_args.iter().map(String::as_str).collect();
     let status = bounded(
         &bin_dir.join("kp-scale"),
         &scale_args,
-        Duration::from_secs(args.timeout) + RUN_SLACK + checks_slack(checks),
+        Duration::from_secs(args.timeout) + RUN_SLACK + checks_slack(checks) + changes_slack(args),
     )?;
     Ok((std::fs::read_to_string(&out).unwrap_or_default(), status))
 }
@@ -814,6 +894,16 @@ fn scale_in_vm(
 fn checks_slack(checks: bool) -> Duration {
     if checks {
         Duration::from_secs(120)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// How much longer a `--changes` point may run: its `nft list ruleset`, bounded by the
+/// first-sync limit too, and a minute for the edits (milliseconds each when they sync).
+fn changes_slack(args: &Args) -> Duration {
+    if args.changes {
+        Duration::from_secs(args.timeout + 60)
     } else {
         Duration::ZERO
     }

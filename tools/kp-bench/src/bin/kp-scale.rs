@@ -11,7 +11,9 @@
 //! objects, and the edit is that server's change of one EndpointSlice: what a cluster runs.
 //! With `--checks` it then waits for the self-healing check before the next periodic sync
 //! and prints what the checks of the kernel's rules cost (the canary check every canary
-//! period, where nothing notifies, and that thorough one).
+//! period, where nothing notifies, and that thorough one). `--changes` makes one edit of each
+//! listed kind and prints their partial syncs; `--list-ruleset` times `nft list ruleset` of
+//! the programmed namespace at any size (its output size and `nft`'s peak RSS).
 //! See the crate's README for how to read the figures.
 
 use std::collections::BTreeSet;
@@ -174,6 +176,15 @@ struct Args {
     /// With --checks: give up waiting for the thorough check after this many seconds.
     #[arg(long, default_value_t = 90)]
     checks_wait: u64,
+    /// After the edits, time `nft list ruleset` in the proxy's namespace at any size (what a
+    /// monitoring agent or an operator runs) and print a table of its wall time, output size
+    /// and the peak RSS of `nft`; given up after `--timeout`.
+    #[arg(long)]
+    list_ruleset: bool,
+    /// With --list-ruleset: kill `nft` once its RSS passes this many MiB (the machine is
+    /// shared; a listing of millions of elements can take gigabytes).
+    #[arg(long, default_value_t = 4096)]
+    list_max_mib: u64,
 }
 
 fn main() -> ExitCode {
@@ -713,9 +724,16 @@ async fn proxy_run(
         };
         Some(series.run(&mut proxy, &mut edits, cells).await?)
     };
-    // Taken before the checks' wait, so the sync table reads the same with --checks.
+    // Taken before the listing and the checks' wait, so the sync table reads the same
+    // with either.
     let rss = proxy.rss_cell();
     let cpu = proxy.cpu();
+    let listing = if args.list_ruleset {
+        let bounds = (limit, args.list_max_mib * 1024);
+        Some(listing_table(&scale_cell, &label, &netns, bounds).await?)
+    } else {
+        None
+    };
     let checks = if args.checks {
         let load_start = sys::load();
         let deadline = Instant::now() + Duration::from_secs(args.checks_wait);
@@ -771,7 +789,7 @@ async fn proxy_run(
         cpu_cell(cpu),
         format!("{load_start}→{}", sys::load()),
     ]);
-    Ok([Some(table), changes, checks]
+    Ok([Some(table), changes, listing, checks]
         .into_iter()
         .flatten()
         .collect())
@@ -984,6 +1002,97 @@ fn checks_table(
         format!("{load_start}→{}", sys::load()),
     ]);
     table
+}
+
+/// How a `--list-ruleset` listing ended early.
+enum Cut {
+    /// Still running at the time limit.
+    Time,
+    /// Its RSS passed the cap.
+    Memory,
+}
+
+/// `--list-ruleset`: `nft list ruleset` in `netns`, its output counted as it streams (bytes,
+/// lines) and `nft`'s `VmHWM` sampled every 50 ms; killed after `limit` or once that passes
+/// `max_kib`.
+async fn listing_table(
+    scale: &str,
+    label: &str,
+    netns: &Netns,
+    (limit, max_kib): (Duration, u64),
+) -> anyhow::Result<Table> {
+    use tokio::io::AsyncReadExt as _;
+
+    let load_start = sys::load();
+    let mut child = netns
+        .command("nft", &["list", "ruleset"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting nft list ruleset")?;
+    let pid = child.id().unwrap_or_default();
+    let mut stdout = child.stdout.take().context("nft's stdout")?;
+    let started = Instant::now();
+    let (mut bytes, mut lines, mut peak_kib) = (0u64, 0u64, 0u64);
+    let mut buf = vec![0u8; 1 << 16];
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let deadline = tokio::time::sleep(limit);
+    tokio::pin!(deadline);
+    let cut = loop {
+        tokio::select! {
+            read = stdout.read(&mut buf) => match read.context("reading nft's output")? {
+                0 => break None,
+                n => {
+                    bytes += n as u64;
+                    lines += buf[..n].iter().filter(|b| **b == b'\n').count() as u64;
+                }
+            },
+            _ = tick.tick() => {
+                peak_kib = peak_kib.max(sys::vm_hwm_kib(pid).unwrap_or(0));
+                if peak_kib > max_kib {
+                    break Some(Cut::Memory);
+                }
+            }
+            () = &mut deadline => break Some(Cut::Time),
+        }
+    };
+    let took = started.elapsed();
+    if cut.is_some() {
+        let _ = child.kill().await;
+    }
+    let mut table = Table::new(&[
+        "N×M",
+        "mode / iptables",
+        "nft list ruleset (wall)",
+        "output",
+        "lines",
+        "nft peak RSS (VmHWM, sampled)",
+        "load 1m (start→end)",
+    ]);
+    let wall = match cut {
+        None => match child.wait().await {
+            Ok(s) if s.success() => human(took),
+            Ok(s) => format!("failed ({s}) after {}", human(took)),
+            Err(err) => format!("lost ({err}) after {}", human(took)),
+        },
+        Some(Cut::Time) => Figure::DidNotFinish(limit).to_string(),
+        Some(Cut::Memory) => format!("killed at {} RSS after {}", mib(max_kib), human(took)),
+    };
+    table.row(vec![
+        scale.to_owned(),
+        label.to_owned(),
+        wall,
+        format!("{:.1} MiB ({bytes} bytes)", bytes as f64 / 1048576.0),
+        lines.to_string(),
+        if peak_kib == 0 {
+            "-".to_owned()
+        } else {
+            mib(peak_kib)
+        },
+        format!("{load_start}→{}", sys::load()),
+    ]);
+    Ok(table)
 }
 
 /// Where the fake API server listens inside the proxy's namespace.
