@@ -6,7 +6,9 @@
 //! of every socket created in a cgroup v2 directory (or below it). When the destination is a
 //! Service port in the maps, they rewrite it to one of its endpoints, so packets carry the
 //! endpoint's address from the start and conntrack holds no NAT entry; `getpeername()` and
-//! `recvmsg()` show the Service address back. A Service port without endpoints is refused
+//! `recvmsg()` show the Service address back. With ClientIP affinity, a client's network
+//! namespace keeps its endpoint while it reconnects within the timeout (an LRU map of pins,
+//! cleared by the proxy when the endpoint leaves). A Service port without endpoints is refused
 //! (ECONNREFUSED), as nftables mode rejects it. Anything the maps do not know keeps its
 //! address and meets nftables mode's rules, which stay fully programmed.
 //!
@@ -37,7 +39,7 @@ pub mod table;
 
 pub use balancer::{Balancer, SetError, SyncReport};
 pub use cgroup::{CgroupError, CgroupTarget};
-pub use desired::{desired, desired_service};
+pub use desired::{Target, Targets, desired, desired_service};
 pub use error::{AttachError, LoadError, Unavailable};
 pub use layout::ServiceKey;
 pub use maps::{FakeMaps, KernelMaps, MapWriter, Verdict, WriteError};

@@ -13,7 +13,9 @@ use aya::{Ebpf, EbpfLoader};
 use crate::error::{
     AttachError, CGROUP2_SUPER_MAGIC, LoadError, Unavailable, kernel_is_recent, permission_denied,
 };
-use crate::layout::{SERVICES_MAP, SERVICES6_MAP, SLOTS_MAP, SLOTS6_MAP};
+use crate::layout::{
+    AFFINITY_MAP, AFFINITY6_MAP, SERVICES_MAP, SERVICES6_MAP, SLOTS_MAP, SLOTS6_MAP,
+};
 use crate::maps::{ByteMap, KernelMaps};
 
 /// `bpf/socklb.bpf.c`, compiled by build.rs.
@@ -55,6 +57,8 @@ impl SocketPrograms {
             slots: take_map(&mut ebpf, SLOTS_MAP)?,
             services6: take_map(&mut ebpf, SERVICES6_MAP)?,
             slots6: take_map(&mut ebpf, SLOTS6_MAP)?,
+            affinity: take_map(&mut ebpf, AFFINITY_MAP)?,
+            affinity6: take_map(&mut ebpf, AFFINITY6_MAP)?,
         };
         Ok((
             Self {

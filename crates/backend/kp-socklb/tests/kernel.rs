@@ -18,6 +18,8 @@ use kp_testbed::isolated::{self, sh};
 const A: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 3);
 /// Endpoint "b", where nftables mode's rule sends it.
 const B: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 4);
+/// Endpoint "c", for the affinity test.
+const C: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 5);
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 /// A Service port without endpoints.
 const EMPTY_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
@@ -394,6 +396,82 @@ fn a_proxy_state_is_served_as_the_shared_plan_decides() {
             let refused = TcpStream::connect_timeout(&at(Ipv4Addr::new(10, 96, 0, 13), 80), WAIT);
             let error = refused.expect_err("no endpoints");
             assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
+        },
+    );
+}
+
+/// In a fresh network namespace (this thread's, from [`isolated::on_thread`]): endpoints a
+/// and b on its loopback, as in [`node`], so a client here reaches them.
+fn client_namespace() {
+    sh("ip link set lo up && ip addr add 10.244.1.3/32 dev lo && ip addr add 10.244.1.4/32 dev lo");
+    for endpoint in [A, B] {
+        tcp_server(at(endpoint, 8080));
+    }
+}
+
+/// The endpoint a client keeps answering from: `n` connections, asserted to agree.
+fn pinned_endpoint(svc: SocketAddr, n: usize) -> String {
+    let first = tcp_answer(svc).0;
+    for _ in 1..n {
+        assert_eq!(tcp_answer(svc).0, first, "pinned");
+    }
+    first
+}
+
+#[test]
+fn client_ip_affinity_pins_each_network_namespace() {
+    isolated::run(
+        "client_ip_affinity_pins_each_network_namespace",
+        unavailable,
+        || {
+            node();
+            sh("ip addr add 10.244.1.5/32 dev lo");
+            tcp_server(at(C, 8080));
+            // EMPTY_IP is routed out of the veth: only a translated SYN is answered.
+            let svc = at(EMPTY_IP, 80);
+            let key = service(EMPTY_IP, 80, Protocol::Tcp);
+            let (a, b, c) = (at(A, 8080), at(B, 8080), at(C, 8080));
+            let mut node = attach();
+            node.lb.set_target(key, &[a, b], 60_000).expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+            // 32 connections to one endpoint: without affinity, probability 2^-31.
+            let mine = pinned_endpoint(svc, 32);
+
+            // Other namespaces pick for themselves (each the other endpoint with probability
+            // 1/2: 20 all pinned alike, 2^-20), and leave this one's pin alone.
+            let elsewhere = (0..20).find_map(|_| {
+                isolated::on_thread(|| {
+                    client_namespace();
+                    let theirs = pinned_endpoint(svc, 8);
+                    (theirs != mine).then_some(theirs)
+                })
+            });
+            assert!(elsewhere.is_some(), "every namespace got {mine}");
+            assert_eq!(pinned_endpoint(svc, 8), mine, "still pinned here");
+
+            // Expiry: 300 ms after its last connect a client picks anew (the other endpoint
+            // with probability 1/2 each time: never in 20 rounds, 2^-20).
+            node.lb.set_target(key, &[a, b], 300).expect("set");
+            let mut current = mine;
+            let moved = (0..20).any(|_| {
+                std::thread::sleep(Duration::from_millis(400));
+                let now = tcp_answer(svc).0;
+                std::mem::replace(&mut current, now) != current
+            });
+            assert!(moved, "never re-picked after expiry: {current}");
+
+            // An endpoint leaving unpins its clients; one staying keeps them.
+            node.lb.set_target(key, &[a, b, c], 60_000).expect("set");
+            let pinned = pinned_endpoint(svc, 4);
+            let rest: Vec<SocketAddr> = [a, b, c]
+                .into_iter()
+                .filter(|e| e.to_string() != pinned)
+                .collect();
+            node.lb.set_target(key, &rest, 60_000).expect("set");
+            let repinned = pinned_endpoint(svc, 16);
+            assert_ne!(repinned, pinned, "unpinned from the gone endpoint");
+            node.lb.set_target(key, &[a, b, c], 60_000).expect("set");
+            assert_eq!(pinned_endpoint(svc, 16), repinned, "its endpoint stayed");
         },
     );
 }

@@ -127,15 +127,22 @@ pub(crate) fn explain_path(
     let endpoints = (m.how != MatchKind::NodePort)
         .then(|| kp_socklb::desired_service(state, &m.name.service).remove(&key))
         .flatten();
+    let pinned = endpoints.as_ref().is_some_and(|t| t.affinity_ms != 0);
+    let endpoints = endpoints.map(|t| t.endpoints);
     let reason = match &endpoints {
         Some(list) if list.is_empty() => format!(
             "no endpoints: connect() and sendto() from sockets in {cgroup} fail with ECONNREFUSED"
         ),
         Some(_) => format!(
             "connect() (and unconnected UDP's sendto()) from sockets in {cgroup} goes straight \
-             to one of these endpoints, with no NAT; other sources meet nftables mode's rules"
+             to one of these endpoints, with no NAT{}; other sources meet nftables mode's rules",
+            if pinned {
+                " (ClientIP affinity: each network namespace, i.e. pod, keeps its endpoint)"
+            } else {
+                ""
+            }
         ),
-        None => untranslated(state, m).to_owned(),
+        None => untranslated(m).to_owned(),
     };
     SocketLbPath {
         translated: endpoints.is_some(),
@@ -145,12 +152,9 @@ pub(crate) fn explain_path(
 }
 
 /// Why the programs leave `m` to nftables mode's rules (as `kp_socklb::desired` decides).
-fn untranslated(state: &ProxyState, m: &ServiceMatch) -> &'static str {
-    let port = state.services.get(&m.name);
+fn untranslated(m: &ServiceMatch) -> &'static str {
     if m.how == MatchKind::NodePort {
         "NodePorts stay with nftables mode's rules"
-    } else if port.is_some_and(|p| p.session_affinity.is_some()) {
-        "ClientIP affinity stays with nftables mode's rules"
     } else if m.name.protocol == Protocol::Sctp {
         "SCTP stays with nftables mode's rules"
     } else if m.how == MatchKind::LoadBalancerIp && !m.load_balancer_source_ranges.is_empty() {

@@ -30,6 +30,10 @@ const CHI2_BOUND: f64 = 25.1;
 const WEB: &str = "10.96.0.10";
 const ITP: &str = "10.96.0.11";
 const EMPTY: &str = "10.96.0.13";
+const STICKY: &str = "10.96.0.12";
+/// Connections per client in the affinity check: one endpoint of two for all of them by
+/// chance, without affinity, has probability 2^-19.
+const STICKY_FLOWS: usize = 20;
 
 fn ip(text: &str) -> IpAddr {
     text.parse().expect("literal address")
@@ -126,6 +130,10 @@ pub fn socket_lb(mode: Mode) {
             .tcp(80)
             .udp(80)
             .endpoints(&c, &[]),
+        Service::new("sticky", STICKY)
+            .tcp(80)
+            .affinity(600)
+            .endpoints(&c, &["a", "b"]),
     ];
     let flags = Flags::cluster_cidr(CLUSTER_CIDR_V4)
         .flag("--socket-lb")
@@ -141,6 +149,7 @@ pub fn socket_lb(mode: Mode) {
     env.cluster.set_probe_cgroup(Some(cgroup.path().to_owned()));
     translated_tcp_and_udp(&env);
     refused_and_local(&env);
+    affinity_per_pod(&mut env);
 
     // A partial sync: web loses a; the programs follow at once.
     let web_b = Service::new("web", WEB)
@@ -155,6 +164,52 @@ pub fn socket_lb(mode: Mode) {
     assert_eq!(tally.count("b"), 10, "{tally:?}{}", env.diag());
     restarted_where_it_cannot_attach(&mut env);
     env.cluster.set_probe_cgroup(None);
+}
+
+/// ClientIP affinity in the programs: each pod (its network namespace) keeps one endpoint,
+/// without NAT; when that endpoint leaves the Service, the pod is pinned to another.
+fn affinity_per_pod(env: &mut Env) {
+    let pinned = |env: &Env, pod: &str| -> String {
+        let cl = &env.cluster;
+        let host = if pod == "client" {
+            cl.client()
+        } else {
+            cl.pod(pod).expect("pod")
+        };
+        let tally = cl
+            .tcp_repeat(host, ip(STICKY), 80, STICKY_FLOWS)
+            .expect("probe");
+        let (a, b) = (tally.count("a"), tally.count("b"));
+        assert!(
+            a == STICKY_FLOWS || b == STICKY_FLOWS,
+            "{pod} not pinned: a {a}, b {b}{}",
+            env.diag()
+        );
+        // Pods a and b may be pinned to themselves: such flows never leave the pod.
+        if pod == "client" {
+            for outcome in &tally.outcomes()[..3] {
+                assert_not_natted(env, "tcp", outcome, STICKY);
+            }
+        }
+        if a == STICKY_FLOWS { "a" } else { "b" }.to_owned()
+    };
+    for pod in ["client", "a", "b"] {
+        pinned(env, pod);
+    }
+    let mine = pinned(env, "client");
+    let other = if mine == "a" { "b" } else { "a" };
+    let without = Service::new("sticky", STICKY)
+        .tcp(80)
+        .affinity(600)
+        .endpoints(&env.cluster, &[other]);
+    env.apply(&without);
+    assert_eq!(pinned(env, "client"), other, "{mine} left: unpinned");
+    let both = Service::new("sticky", STICKY)
+        .tcp(80)
+        .affinity(600)
+        .endpoints(&env.cluster, &["a", "b"]);
+    env.apply(&both);
+    assert_eq!(pinned(env, "client"), other, "{other} stayed: still pinned");
 }
 
 /// The proxy restarted with a directory that is not cgroup v2: the old programs went with
