@@ -49,6 +49,12 @@ impl<M: MapWriter> Balancer<M> {
         }
     }
 
+    /// Takes over what the maps hold already (pinned maps a previous process wrote, see
+    /// [`crate::KernelMaps::read_back`]): the next sync writes only the difference.
+    pub fn adopt(&mut self, held: Vec<crate::maps::Held>, top_slot_id: Option<u32>) {
+        self.table.adopt(held, top_slot_id);
+    }
+
     /// Sends `key` to `endpoints` (none: refused), without affinity; returns how many map
     /// writes it took. On failure the next call for `key` rewrites it whole.
     pub fn set(&mut self, key: ServiceKey, endpoints: &[SocketAddr]) -> Result<usize, SetError> {

@@ -74,6 +74,18 @@ impl ServiceKey {
     pub fn to_bytes(self) -> Bytes {
         addr_bytes(self.addr, [ip_protocol(self.protocol), 0])
     }
+
+    /// Parses key bytes (a map read back); `None` for a protocol the crate never writes.
+    pub fn from_bytes(bytes: Bytes) -> Option<Self> {
+        let number = match bytes {
+            Bytes::V4(b) => b[6],
+            Bytes::V6(b) => b[18],
+        };
+        let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+            .into_iter()
+            .find(|&p| ip_protocol(p) == number)?;
+        Some(Self::new(endpoint_from_bytes(bytes), protocol))
+    }
 }
 
 /// The IP protocol number the programs read from the socket (`ctx->protocol`).
@@ -203,6 +215,11 @@ mod tests {
         assert_eq!(key.to_bytes(), Bytes::V4([10, 96, 0, 10, 0, 53, 17, 0]));
         let tcp = ServiceKey::new(addr("10.96.0.1:443"), Protocol::Tcp);
         assert_eq!(tcp.to_bytes(), Bytes::V4([10, 96, 0, 1, 1, 187, 6, 0]));
+        assert_eq!(ServiceKey::from_bytes(tcp.to_bytes()), Some(tcp));
+        assert_eq!(
+            ServiceKey::from_bytes(Bytes::V4([10, 96, 0, 1, 1, 187, 1, 0])),
+            None
+        );
         let Bytes::V6(six) = ServiceKey::new(addr("[fd00::a]:53"), Protocol::Udp).to_bytes() else {
             panic!("IPv6 key");
         };

@@ -21,7 +21,8 @@
 //!   by the proxy's full and partial syncs;
 //! - [`cgroup`]: the cgroup v2 directory to attach to (chosen, the v2 root, or a private
 //!   cgroup2 mount on a v1-only node);
-//! - [`program`]: loading, attaching to a cgroup, detaching on drop;
+//! - [`program`]: loading, attaching to a cgroup, detaching on drop, or pinned in bpffs
+//!   ([`pin`]) to outlive the process, with a check that the pins are still there;
 //! - [`error`]: what this node lacks ([`Unavailable`]: kernel, capability, cgroup v2), said
 //!   exactly.
 //!
@@ -33,6 +34,7 @@ pub mod desired;
 pub mod error;
 pub mod layout;
 pub mod maps;
+pub mod pin;
 pub mod program;
 mod services;
 pub mod table;
@@ -42,6 +44,6 @@ pub use cgroup::{CgroupError, CgroupTarget};
 pub use desired::{Target, Targets, desired, desired_service};
 pub use error::{AttachError, LoadError, Unavailable};
 pub use layout::ServiceKey;
-pub use maps::{FakeMaps, KernelMaps, MapWriter, Verdict, WriteError};
-pub use program::{SocketPrograms, check_cgroup2};
+pub use maps::{FakeMaps, Held, KernelMaps, MapWriter, Verdict, WriteError};
+pub use program::{MissingPin, SocketPrograms, check_cgroup2};
 pub use services::ServiceLb;

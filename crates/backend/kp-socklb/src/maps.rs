@@ -44,7 +44,64 @@ pub struct KernelMaps {
     pub(crate) affinity6: ByteMap<32, 32>,
 }
 
+/// A Service port the maps held when they were adopted ([`KernelMaps::read_back`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The Service port.
+    pub key: ServiceKey,
+    /// Its entry.
+    pub entry: ServiceEntry,
+    /// Its slots from 0 up to the highest present (`None`: a hole).
+    pub slots: Vec<Option<SocketAddr>>,
+}
+
 impl KernelMaps {
+    /// What the maps hold (pinned maps a previous process wrote): each Service port with its
+    /// slots, and the highest service id any slot uses (orphans included).
+    pub fn read_back(&self) -> (Vec<Held>, Option<u32>) {
+        let mut slots: BTreeMap<(IpFamily, u32), BTreeMap<u32, SocketAddr>> = BTreeMap::new();
+        let mut add = |family, key: [u8; 8], endpoint: Bytes| {
+            let (id, slot) = split_slot(key);
+            let endpoint = endpoint_from_bytes(endpoint);
+            slots
+                .entry((family, id))
+                .or_default()
+                .insert(slot, endpoint);
+        };
+        for (key, value) in self.slots.iter().filter_map(Result::ok) {
+            add(IpFamily::V4, key, Bytes::V4(value));
+        }
+        for (key, value) in self.slots6.iter().filter_map(Result::ok) {
+            add(IpFamily::V6, key, Bytes::V6(value));
+        }
+        let four = self
+            .services
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (Bytes::V4(k), v));
+        let six = self
+            .services6
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (Bytes::V6(k), v));
+        let held = four
+            .chain(six)
+            .filter_map(|(key, value)| {
+                let key = ServiceKey::from_bytes(key)?;
+                let entry = ServiceEntry::from_bytes(value);
+                let mine = slots.get(&(key.family(), entry.id));
+                let high = mine
+                    .and_then(|m| m.keys().next_back())
+                    .map_or(0, |&s| s + 1);
+                let slots = (0..high.max(entry.count))
+                    .map(|slot| mine.and_then(|m| m.get(&slot)).copied())
+                    .collect();
+                Some(Held { key, entry, slots })
+            })
+            .collect();
+        (held, slots.keys().map(|&(_, id)| id).max())
+    }
+
     /// How many Service ports the service maps hold (read from the kernel).
     pub fn service_count(&self) -> usize {
         let four = self.services.keys().filter(Result::is_ok).count();
@@ -136,6 +193,15 @@ impl MapWriter for KernelMaps {
             source: Box::new(source),
         })
     }
+}
+
+/// `struct kp_slot_key`'s (id, slot).
+fn split_slot(key: [u8; 8]) -> (u32, u32) {
+    let [a, b, c, d, e, f, g, h] = key;
+    (
+        u32::from_ne_bytes([a, b, c, d]),
+        u32::from_ne_bytes([e, f, g, h]),
+    )
 }
 
 /// A delete of a key that is not there (ENOENT) did what was asked.

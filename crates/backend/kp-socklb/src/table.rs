@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use kp_core::model::IpFamily;
 
 use crate::layout::{ServiceEntry, ServiceKey, SlotKey};
+use crate::maps::Held;
 
 /// One map write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +154,29 @@ impl ServiceTable {
         if let Some(placed) = self.services.get_mut(&key) {
             placed.in_sync = false;
             placed.high = placed.high.max(count(placed.endpoints.len()));
+        }
+    }
+
+    /// Takes over what maps a previous process wrote hold (`held`; `top_slot_id`: the highest
+    /// id any slot uses), so the next writes are differences and no id is used twice. A
+    /// port with a hole in its slots is rewritten whole by its next set.
+    pub fn adopt(&mut self, held: Vec<Held>, top_slot_id: Option<u32>) {
+        let top = held.iter().map(|h| h.entry.id).chain(top_slot_id).max();
+        self.next_id = top.map_or(0, |id| id.saturating_add(1));
+        self.free_ids.clear();
+        for Held { key, entry, slots } in held {
+            let given = &slots[..slots.len().min(entry.count as usize)];
+            let endpoints: Vec<SocketAddr> = given.iter().flatten().copied().collect();
+            let whole = endpoints.len() == entry.count as usize && endpoints.is_sorted();
+            let placed = Placed {
+                id: entry.id,
+                endpoints,
+                in_sync: whole,
+                high: count(slots.len()),
+                affinity_ms: entry.affinity_ms,
+                pinned: entry.affinity_ms != 0,
+            };
+            self.services.insert(key, placed);
         }
     }
 
@@ -402,6 +426,51 @@ mod tests {
         assert_eq!(
             table.remove(key()).last(),
             Some(&MapOp::ClearAffinity(key()))
+        );
+    }
+
+    #[test]
+    fn adopted_ports_are_kept_and_their_ids_never_reused() {
+        let mut table = ServiceTable::default();
+        let (a, b) = (
+            "10.0.0.1:80".parse().expect("literal"),
+            "10.0.0.2:80".parse().expect("literal"),
+        );
+        let entry = |id, count| ServiceEntry {
+            id,
+            count,
+            affinity_ms: 0,
+        };
+        let other = ServiceKey::new("10.96.0.11:80".parse().expect("literal"), Protocol::Tcp);
+        let held = vec![
+            Held {
+                key: key(),
+                entry: entry(3, 2),
+                slots: vec![Some(a), Some(b)],
+            },
+            Held {
+                key: other,
+                entry: entry(1, 2),
+                slots: vec![Some(a), None],
+            },
+        ];
+        table.adopt(held, Some(7));
+        assert!(
+            table.set(key(), &[a, b], 0).is_empty(),
+            "held as wanted: no write"
+        );
+        let ops = table.set(other, &[a, b], 0);
+        assert_eq!(ops.len(), 3, "a hole: rewritten whole: {ops:?}");
+        let new = ServiceKey::new("10.96.0.12:80".parse().expect("literal"), Protocol::Tcp);
+        assert!(
+            matches!(
+                table.set(new, &[], 0)[..],
+                [MapOp::PutService {
+                    entry: ServiceEntry { id: 8, .. },
+                    ..
+                }]
+            ),
+            "past every id in use, orphan slots' included"
         );
     }
 }

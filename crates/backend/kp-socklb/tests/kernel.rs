@@ -10,7 +10,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, U
 use std::time::Duration;
 
 use kp_core::model::Protocol;
-use kp_socklb::{Balancer, KernelMaps, LoadError, ServiceKey, SocketPrograms, Unavailable};
+use kp_socklb::program::PROGRAMS;
+use kp_socklb::{
+    Balancer, KernelMaps, LoadError, MissingPin, ServiceKey, SocketPrograms, Unavailable, pin,
+};
 use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
 use kp_testbed::isolated::{self, sh};
 
@@ -472,6 +475,113 @@ fn client_ip_affinity_pins_each_network_namespace() {
             assert_ne!(repinned, pinned, "unpinned from the gone endpoint");
             node.lb.set_target(key, &[a, b, c], 60_000).expect("set");
             assert_eq!(pinned_endpoint(svc, 16), repinned, "its endpoint stayed");
+        },
+    );
+}
+
+/// A private bpffs (mounted by [`pin::prepare`] under a temporary directory), unmounted on
+/// drop, which releases whatever is still pinned there.
+struct Bpffs {
+    root: tempfile::TempDir,
+}
+
+impl Bpffs {
+    fn mount() -> Self {
+        let root = tempfile::tempdir().expect("tempdir");
+        let bpffs = Self { root };
+        assert!(
+            pin::prepare(&bpffs.pins()).expect("mount bpffs"),
+            "mounted one"
+        );
+        bpffs
+    }
+
+    /// The pins' directory on it.
+    fn pins(&self) -> std::path::PathBuf {
+        pin::pin_dir(Some(self.root.path()))
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let base = self.root.path().join("bpf");
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(base)
+            .status();
+    }
+}
+
+/// Waits (up to [`WAIT`]) for connections to `svc` to reach `endpoint`: the kernel releases
+/// a link whose last pin went from a work queue, a moment later.
+fn answered_soon_by(svc: SocketAddr, endpoint: &str) {
+    let start = std::time::Instant::now();
+    let mut last = tcp_answer(svc).0;
+    while last != endpoint && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(20));
+        last = tcp_answer(svc).0;
+    }
+    assert_eq!(last, endpoint, "not reached within {WAIT:?}");
+}
+
+#[test]
+fn pinned_programs_outlive_their_loader_are_adopted_and_restored() {
+    isolated::run(
+        "pinned_programs_outlive_their_loader_are_adopted_and_restored",
+        unavailable,
+        || {
+            node();
+            let bpffs = Bpffs::mount();
+            let dir = bpffs.pins();
+            let svc = at(CLUSTER_IP, 80);
+            let (a, key) = (at(A, 8080), service(CLUSTER_IP, 80, Protocol::Tcp));
+            let mut cgroup = TestCgroup::create(CGROUP_PREFIX).expect("test cgroup");
+            let (mut programs, maps) = SocketPrograms::load_pinned(&dir).expect("load");
+            programs.attach(cgroup.path()).expect("attach");
+            let mut lb = Balancer::new(maps);
+            lb.set(key, &[a]).expect("set");
+            cgroup.enter().expect("enter cgroup");
+            assert_eq!(tcp_answer(svc).0, a.to_string());
+            // The loader goes, as a killed proxy: the pins keep translating.
+            drop((programs, lb));
+            assert_eq!(tcp_answer(svc).0, a.to_string(), "still attached");
+
+            // A new loader adopts the maps as they are and replaces the links.
+            let (mut programs, maps) = SocketPrograms::load_pinned(&dir).expect("load");
+            let (held, top) = maps.read_back();
+            assert_eq!(held.len(), 1, "{held:?}");
+            assert_eq!((held[0].key, &held[0].slots[..]), (key, &[Some(a)][..]));
+            let mut lb = Balancer::new(maps);
+            lb.adopt(held, top);
+            assert_eq!(
+                lb.set(key, &[a]).expect("set"),
+                0,
+                "adopted: nothing to write"
+            );
+            programs.attach(cgroup.path()).expect("attach");
+            assert!(programs.verify().is_empty(), "{:?}", programs.verify());
+            assert_eq!(tcp_answer(svc).0, a.to_string());
+
+            // Someone removes the link pins (the programs detach) and a map's pin.
+            for (name, _) in PROGRAMS {
+                std::fs::remove_file(pin::link_pin(&dir, name)).expect("unpin");
+            }
+            std::fs::remove_file(pin::map_pin(&dir, "kp_services")).expect("unpin");
+            answered_soon_by(svc, "10.244.1.4:8080");
+            let missing = programs.verify();
+            assert_eq!(missing.len(), PROGRAMS.len() + 1, "{missing:?}");
+            assert!(
+                missing.contains(&MissingPin::Map("kp_services")),
+                "{missing:?}"
+            );
+            programs.repair(&missing).expect("repair");
+            assert!(programs.verify().is_empty(), "{:?}", programs.verify());
+            assert_eq!(tcp_answer(svc).0, a.to_string(), "translated again");
+
+            // Removing the pins detaches them for good once the loader goes.
+            assert_eq!(pin::remove(&dir).expect("remove"), 16);
+            drop((programs, lb));
+            answered_soon_by(svc, "10.244.1.4:8080");
         },
     );
 }
