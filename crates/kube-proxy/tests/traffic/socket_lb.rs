@@ -11,6 +11,7 @@
 //! attach to the root: the programs see every socket of the host, whatever its network
 //! namespace, and other tests use the same ClusterIPs.)
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
@@ -31,6 +32,10 @@ const WEB: &str = "10.96.0.10";
 const ITP: &str = "10.96.0.11";
 const EMPTY: &str = "10.96.0.13";
 const STICKY: &str = "10.96.0.12";
+/// Connections of the load a restart runs under, one every [`LOAD_INTERVAL`] at most: over
+/// 10 s, longer than a restart takes (checked).
+const LOAD_FLOWS: usize = 2000;
+const LOAD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
 /// Connections per client in the affinity check: one endpoint of two for all of them by
 /// chance, without affinity, has probability 2^-19.
 const STICKY_FLOWS: usize = 20;
@@ -162,6 +167,7 @@ pub fn socket_lb(mode: Mode) {
         .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
         .expect("probe");
     assert_eq!(tally.count("b"), 10, "{tally:?}{}", env.diag());
+    survives_restart_and_kill(&mut env);
     restarted_where_it_cannot_attach(&mut env);
     env.cluster.set_probe_cgroup(None);
 }
@@ -210,6 +216,76 @@ fn affinity_per_pod(env: &mut Env) {
         .endpoints(&env.cluster, &["a", "b"]);
     env.apply(&both);
     assert_eq!(pinned(env, "client"), other, "{other} stayed: still pinned");
+}
+
+/// The proxy restarted (SIGTERM), then killed (SIGKILL) and started again, each under a
+/// load of connections: the pinned programs translate while no proxy runs and the next one
+/// adopts them, so no connection fails and none meets nftables' DNAT.
+fn survives_restart_and_kill(env: &mut Env) {
+    let natted_ports = |env: &Env| -> BTreeSet<u16> {
+        let entries = env.node_exec(&["conntrack", "-L", "-p", "tcp", "-d", WEB]);
+        entries.lines().filter_map(sport).collect()
+    };
+    for kill in [false, true] {
+        // NATed flows of earlier steps (the control) may share a port with the load's.
+        let before = natted_ports(env);
+        let client = env.cluster.client().clone();
+        let load = env
+            .cluster
+            .tcp_repeat_in_background(
+                &client,
+                SocketAddr::new(ip(WEB), 80),
+                LOAD_FLOWS,
+                LOAD_INTERVAL,
+            )
+            .expect("probe");
+        if kill {
+            env.kill_and_restart_proxy();
+        } else {
+            env.restart_proxy();
+        }
+        assert!(
+            !load.is_finished(),
+            "the load ended before the restart did: make it longer"
+        );
+        let tally = load.join().expect("probe thread").expect("probe");
+        let how = if kill { "SIGKILL" } else { "restart" };
+        assert_eq!(
+            tally.count("b"),
+            LOAD_FLOWS,
+            "{how}: {tally:?}{}",
+            env.diag()
+        );
+        let ports: BTreeSet<u16> = tally
+            .outcomes()
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Answered { client, .. } => Some(client.port()),
+                _ => None,
+            })
+            .collect();
+        let hits: Vec<u16> = natted_ports(env)
+            .difference(&before)
+            .filter(|p| ports.contains(p))
+            .copied()
+            .collect();
+        assert!(
+            hits.is_empty(),
+            "{how}: NATed flows of the load from ports {hits:?}"
+        );
+        let attached = env.logged(|l| l.contains("Socket load balancer attached"));
+        assert!(
+            attached.iter().any(|l| l.contains("adopted=")) && !attached[0].contains("adopted=0"),
+            "{how}: the maps adopted: {attached:?}"
+        );
+    }
+}
+
+/// The first `sport=` of a conntrack line (the original direction's).
+fn sport(line: &str) -> Option<u16> {
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("sport="))
+        .and_then(|p| p.parse().ok())
 }
 
 /// The proxy restarted with a directory that is not cgroup v2: the old programs went with
