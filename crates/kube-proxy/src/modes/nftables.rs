@@ -35,6 +35,11 @@ impl Mode for Nftables {
         Some(Owned::NftablesTable)
     }
 
+    /// The socket load balancer's pins are not nf_tables': checked every `canaryPeriod`.
+    fn canaries_while_watched(backend: &Self::Backend) -> bool {
+        backend.socket_lb.is_some()
+    }
+
     /// Checks `nft`'s version and applies upstream's conntrack sysctls. nodePortAddresses
     /// defaults to `primary` in this mode ([`crate::node_ips::node_port_addresses`] resolves
     /// it); route_localnet and the conntrack INVALID drop do not exist here, and the rules

@@ -168,6 +168,7 @@ pub fn socket_lb(mode: Mode) {
         .expect("probe");
     assert_eq!(tally.count("b"), 10, "{tally:?}{}", env.diag());
     survives_restart_and_kill(&mut env);
+    pins_removed_by_someone_else_come_back(&mut env);
     restarted_where_it_cannot_attach(&mut env);
     env.cluster.set_probe_cgroup(None);
 }
@@ -279,6 +280,48 @@ fn survives_restart_and_kill(env: &mut Env) {
             "{how}: the maps adopted: {attached:?}"
         );
     }
+}
+
+/// Someone removes the pinned links (so the programs detach) and a map's pin: the canary
+/// check reports each as a foreign change (logged, counted), the full sync after it puts
+/// them back, and new connections are translated again.
+fn pins_removed_by_someone_else_come_back(env: &mut Env) {
+    let pins = kp_socklb::pin::pin_dir(Some(env.state_dir()));
+    env.proxy().mark();
+    for (name, _) in kp_socklb::program::PROGRAMS {
+        std::fs::remove_file(kp_socklb::pin::link_pin(&pins, name)).expect("unpin a link");
+    }
+    std::fs::remove_file(kp_socklb::pin::map_pin(&pins, "kp_slots")).expect("unpin a map");
+    let found = env.proxy().wait_for("the removed pins reported", |l| {
+        l.contains("removed by another program") && l.contains("kp_connect4 detached")
+    });
+    assert!(found.contains("restoring"), "{found}");
+    env.proxy().wait_for("the pins restored", |l| {
+        l.contains("Socket load balancer pins restored")
+    });
+    for (name, _) in kp_socklb::program::PROGRAMS {
+        assert!(
+            kp_socklb::pin::link_pin(&pins, name).exists(),
+            "{name} pinned again"
+        );
+    }
+    assert!(kp_socklb::pin::map_pin(&pins, "kp_slots").exists());
+    let tally = env
+        .cluster
+        .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
+        .expect("probe");
+    for outcome in tally.outcomes() {
+        assert_not_natted(env, "tcp", outcome, WEB);
+    }
+    // One check's findings are one event, counted under its first (a link).
+    let metrics = env.metrics();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kube_proxy_rs_foreign_changes_total")
+                && l.contains("what=\"bpf-link\"")),
+        "counted: {metrics}"
+    );
 }
 
 /// The first `sport=` of a conntrack line (the original direction's).

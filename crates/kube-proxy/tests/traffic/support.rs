@@ -974,6 +974,12 @@ impl Env {
         );
     }
 
+    /// The proxy's state directory (`KUBE_PROXY_RS_STATE_DIR`).
+    #[allow(dead_code, reason = "the socket load balancer's scenario")]
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+
     /// `KUBE_PROXY_RS_STATE_DIR=...` as the running proxy has it, for running the binary
     /// again by hand (`env` + this + `kube-proxy --cleanup`).
     pub fn state_env(&self) -> String {
