@@ -17,6 +17,8 @@ pub const REVERSE_MAP: &str = "kp_reverse";
 pub const SERVICES6_MAP: &str = "kp_services6";
 /// (service id, slot) -> IPv6 endpoint.
 pub const SLOTS6_MAP: &str = "kp_slots6";
+/// The IPv6 reverse map.
+pub const REVERSE6_MAP: &str = "kp_reverse6";
 /// `kp_affinity`: (client network namespace cookie, Service port) -> pinned endpoint and
 /// last use (LRU).
 pub const AFFINITY_MAP: &str = "kp_affinity";

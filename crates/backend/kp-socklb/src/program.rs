@@ -21,7 +21,8 @@ use crate::error::{
     AttachError, CGROUP2_SUPER_MAGIC, LoadError, Unavailable, kernel_is_recent, permission_denied,
 };
 use crate::layout::{
-    AFFINITY_MAP, AFFINITY6_MAP, REVERSE_MAP, SERVICES_MAP, SERVICES6_MAP, SLOTS_MAP, SLOTS6_MAP,
+    AFFINITY_MAP, AFFINITY6_MAP, REVERSE_MAP, REVERSE6_MAP, SERVICES_MAP, SERVICES6_MAP, SLOTS_MAP,
+    SLOTS6_MAP,
 };
 use crate::maps::{ByteMap, KernelMaps};
 use crate::pin::{link_pin, map_pin};
@@ -49,7 +50,7 @@ pub const MAPS: [&str; 8] = [
     AFFINITY_MAP,
     SERVICES6_MAP,
     SLOTS6_MAP,
-    "kp_reverse6",
+    REVERSE6_MAP,
     AFFINITY6_MAP,
 ];
 

@@ -84,7 +84,8 @@ impl SocketLbMetrics {
 /// The programs, attached, and their maps.
 #[derive(Debug)]
 pub struct SocketLb {
-    /// Unpinned (no bpffs), held for the proxy's lifetime: dropping it detaches them.
+    /// Held for the proxy's lifetime: pinned, the programs stay attached after it (a restart
+    /// adopts them); unpinned (no bpffs), dropping it detaches them.
     programs: SocketPrograms,
     lb: ServiceLb<KernelMaps>,
     metrics: SocketLbMetrics,

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
 use kp_testbed::{Outcome, Protocol, isolated};
 
-use crate::support::{CLUSTER_CIDR_V4, Env, Flags, Mode, Service};
+use crate::support::{CLUSTER_CIDR_V4, Env, Flags, KUBE_PROXY, Mode, Service};
 
 const CGROUP_PREFIX: &str = "kp-socklb-traffic-";
 /// Flows whose conntrack entries are checked.
@@ -169,8 +169,37 @@ pub fn socket_lb(mode: Mode) {
     assert_eq!(tally.count("b"), 10, "{tally:?}{}", env.diag());
     survives_restart_and_kill(&mut env);
     pins_removed_by_someone_else_come_back(&mut env);
+    let attaching = env.flags().clone();
     restarted_where_it_cannot_attach(&mut env);
+    pins_removed_without_the_flag_and_by_cleanup(&mut env, attaching);
     env.cluster.set_probe_cgroup(None);
+}
+
+/// The pins go when the proxy starts without `--socket-lb`, and with `--cleanup`; they stay
+/// after a clean stop (SIGTERM).
+fn pins_removed_without_the_flag_and_by_cleanup(env: &mut Env, attaching: Flags) {
+    let pins = kp_socklb::pin::pin_dir(Some(env.state_dir()));
+    let link = kp_socklb::pin::link_pin(&pins, "kp_connect4");
+    let map = kp_socklb::pin::map_pin(&pins, "kp_services");
+    assert!(!link.exists(), "removed by the start that could not attach");
+    env.restart_with(attaching.clone());
+    assert!(link.exists() && map.exists(), "pinned again");
+    env.restart_with(Flags::cluster_cidr(CLUSTER_CIDR_V4));
+    assert!(!link.exists() && !map.exists(), "--socket-lb off: removed");
+    let removed = env.logged(|l| l.contains("Removed the socket load balancer's pinned"));
+    assert_eq!(removed.len(), 1, "{removed:?}{}", env.diag());
+    env.restart_with(attaching);
+    env.stop_proxy();
+    assert!(link.exists(), "kept after SIGTERM");
+    let state = env.state_env();
+    env.node_exec(&[
+        "env",
+        &state,
+        KUBE_PROXY,
+        "--cleanup",
+        "--proxy-mode=nftables",
+    ]);
+    assert!(!link.exists() && !map.exists(), "--cleanup: removed");
 }
 
 /// ClientIP affinity in the programs: each pod (its network namespace) keeps one endpoint,
