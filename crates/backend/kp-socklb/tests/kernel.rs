@@ -479,6 +479,35 @@ fn client_ip_affinity_pins_each_network_namespace() {
     );
 }
 
+#[test]
+fn client_ip_affinity_over_ipv6_pins_and_unpins() {
+    isolated::run(
+        "client_ip_affinity_over_ipv6_pins_and_unpins",
+        unavailable,
+        || {
+            node();
+            sh("ip addr add fd00:10:244:1::3/128 dev lo nodad \
+                && ip addr add fd00:10:244:1::4/128 dev lo nodad \
+                && ip route add fd00:96::/112 dev kpv0");
+            let a = at(A6, 8080);
+            let b = at(Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 4), 8080);
+            tcp_server(a);
+            tcp_server(b);
+            let sticky = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x12);
+            let (svc, key) = (at(sticky, 80), service(sticky, 80, Protocol::Tcp));
+            let mut node = attach();
+            node.lb.set_target(key, &[a, b], 60_000).expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+            let pinned = pinned_endpoint(svc, 32);
+            let other = if pinned == a.to_string() { b } else { a };
+            node.lb.set_target(key, &[other], 60_000).expect("set");
+            assert_eq!(tcp_answer(svc).0, other.to_string(), "unpinned");
+            node.lb.set_target(key, &[a, b], 60_000).expect("set");
+            assert_eq!(pinned_endpoint(svc, 16), other.to_string(), "pinned anew");
+        },
+    );
+}
+
 /// A private bpffs (mounted by [`pin::prepare`] under a temporary directory), unmounted on
 /// drop, which releases whatever is still pinned there.
 struct Bpffs {
