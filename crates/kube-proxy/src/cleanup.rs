@@ -1,6 +1,7 @@
 //! `--cleanup` as upstream's: whatever mode is configured, every kernel mode's state goes
 //! (iptables mode's chains, userspace mode's capture chains, IPVS virtual servers with
-//! kube-ipvs0 and the ipsets where the kernel has IPVS, the nftables tables), so a node can
+//! kube-ipvs0 and the ipsets where the kernel has IPVS, the nftables tables, the socket load
+//! balancer's pinned programs and maps), so a node can
 //! move between modes in any direction; then the kernel settings this proxy changed are put
 //! back. Every part is tried even when an earlier one failed; the first error is the result.
 //! Nothing here needs the API server or the node's IPs.
@@ -36,6 +37,11 @@ pub async fn run(config: &KubeProxyConfiguration, host: &Host) -> anyhow::Result
         Ok(mut nftables) => nftables.cleanup().await.map_err(Into::into),
         Err(error) => Err(error),
     });
+    results.push(
+        modes::socket_lb::remove_pins()
+            .map(|pins| tracing::info!(pins, "Socket load balancer's pins removed"))
+            .map_err(Into::into),
+    );
     // After the rules: a restored route_localnet must not outlive the rules that needed it.
     results.push(modes::restore_sysctls());
     let mut first = None;

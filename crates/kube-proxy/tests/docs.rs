@@ -493,6 +493,18 @@ fn the_metrics_reference_is_what_metrics_serves() {
             ],
         },
         Run {
+            what: "nftables mode with --socket-lb",
+            args: {
+                let mut args = manifests("nftables", "examples/cluster");
+                // Never the cgroup root (other tests' sockets): /proc cannot be attached
+                // to, and the metrics are served all the same.
+                args.push("--socket-lb".to_owned());
+                args.push("--socket-lb-cgroup=/proc".to_owned());
+                args
+            },
+            serves: &["--manifests", "nftables mode", "nftables mode, --socket-lb"],
+        },
+        Run {
             what: "userspace mode",
             args: manifests("userspace", "examples/cluster"),
             serves: &["--manifests", "userspace mode"],

@@ -1139,6 +1139,37 @@ impl Cluster {
         self.probe(from, Protocol::Tcp, SocketAddr::new(dst, port), n)
     }
 
+    /// [`Cluster::tcp_repeat`] with `interval` between connections, on a thread of its own,
+    /// so the test can act meanwhile (restart the proxy under this load); join the handle
+    /// for the tally.
+    pub fn tcp_repeat_in_background(
+        &self,
+        from: &Host,
+        dst: SocketAddr,
+        n: usize,
+        interval: Duration,
+    ) -> Result<std::thread::JoinHandle<Result<Tally>>> {
+        self.own_namespace(&from.ns)?;
+        let mut command = self.flow_tool(&from.ns, "probe", Protocol::Tcp, dst);
+        command.args(["--count".to_owned(), n.to_string()]);
+        command.args(["--interval-ms".to_owned(), interval.as_millis().to_string()]);
+        let flows = u32::try_from(n).unwrap_or(u32::MAX);
+        let deadline = self
+            .probe_timeout
+            .saturating_mul(2)
+            .saturating_add(interval)
+            .saturating_mul(flows)
+            .saturating_add(PROBE_SLACK);
+        Ok(std::thread::spawn(move || {
+            let stdout = finish(&mut command, deadline)?;
+            let outcomes = stdout
+                .lines()
+                .map(parse_outcome)
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Tally::new(outcomes))
+        }))
+    }
+
     /// `n` UDP exchanges, each from a new source port.
     pub fn udp_repeat(&self, from: &Host, dst: IpAddr, port: u16, n: usize) -> Result<Tally> {
         self.probe(from, Protocol::Udp, SocketAddr::new(dst, port), n)

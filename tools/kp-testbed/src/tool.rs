@@ -78,6 +78,9 @@ enum Command {
         /// reuse it), keeping the 5-tuple, and thus the conntrack entry, of earlier flows.
         #[arg(long = "source-port")]
         source_port: Option<u16>,
+        /// A pause between flows, for a steady load over time.
+        #[arg(long = "interval-ms", default_value_t = 0)]
+        interval_ms: u64,
     },
     /// One flow, printing its outcome and the address the socket reports for the other
     /// side: `getpeername()` after a TCP connect, or the source `recvfrom()` gives for the
@@ -145,13 +148,18 @@ where
             timeout_ms,
             count,
             source_port,
+            interval_ms,
         } => {
             let timeout = Duration::from_millis(timeout_ms);
+            let interval = Duration::from_millis(interval_ms);
             if source_port.is_some() && !matches!(proto, ProbeProtocol::Udp) {
                 eprintln!("kp-echo: --source-port is for UDP probes only");
                 return ExitCode::FAILURE;
             }
-            (0..count).try_for_each(|_| {
+            (0..count).try_for_each(|n| {
+                if n > 0 && !interval.is_zero() {
+                    std::thread::sleep(interval);
+                }
                 emit(&match proto {
                     ProbeProtocol::Tcp => probe_tcp(to, timeout),
                     ProbeProtocol::Udp => probe_udp(to, timeout, source_port.unwrap_or(0)),

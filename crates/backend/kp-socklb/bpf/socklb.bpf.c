@@ -25,9 +25,12 @@ struct kp_service_key {
 
 // Where a Service port's endpoints are: slots 0..count-1 of `id` in kp_slots. count 0 means
 // the Service port exists but has no usable endpoint: refuse, as nftables mode rejects.
+// affinity_ms is ClientIP affinity's timeout (0: none): a client keeps its endpoint while it
+// connects again within that long of its last connect (kp_affinity).
 struct kp_service {
 	__u32 id;
 	__u32 count;
+	__u32 affinity_ms;
 };
 
 struct kp_slot_key {
@@ -72,6 +75,32 @@ struct kp_reverse_key6 {
 	__u16 port;
 	__u16 pad;
 	__u32 pad2;
+};
+
+// ClientIP affinity: a client (its network namespace, i.e. its pod; the node's own
+// processes share the host's) and a Service port -> the endpoint it is pinned to, and when
+// it last connected (bpf_ktime_get_ns). The proxy deletes a pin when its endpoint leaves
+// the Service's list; LRU, so under pressure the oldest pins go (those clients pick anew).
+struct kp_affinity_key {
+	__u64 netns;
+	struct kp_service_key service;
+};
+
+struct kp_affinity {
+	__u64 used_ns;
+	struct kp_endpoint endpoint;
+};
+
+struct kp_affinity_key6 {
+	__u64 netns;
+	struct kp_service_key6 service;
+	__u32 pad;
+};
+
+struct kp_affinity6 {
+	__u64 used_ns;
+	struct kp_endpoint6 endpoint;
+	__u32 pad;
 };
 
 struct {
@@ -121,6 +150,26 @@ struct {
 	__type(value, struct kp_endpoint6);
 } kp_reverse6 SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct kp_affinity_key);
+	__type(value, struct kp_affinity);
+} kp_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct kp_affinity_key6);
+	__type(value, struct kp_affinity6);
+} kp_affinity6 SEC(".maps");
+
+// Whether a pin last used at used_ns still holds at now (within the Service's timeout).
+static __always_inline int kp_pin_is_live(struct kp_service *service, __u64 used_ns, __u64 now)
+{
+	return service->affinity_ms && now - used_ns <= (__u64)service->affinity_ms * 1000000;
+}
+
 // The slot a Service port's connection goes to, chosen uniformly; NULL (leave the address
 // alone) when the Service port is unknown. Sets *refuse when it has no endpoints.
 static __always_inline struct kp_slot_key *kp_pick(struct kp_service *service,
@@ -137,6 +186,53 @@ static __always_inline struct kp_slot_key *kp_pick(struct kp_service *service,
 	return slot;
 }
 
+// The endpoint for `slot` (the random pick), or with ClientIP affinity the one this client
+// is pinned to while its pin is live; a new pick is pinned. NULL: the slot is mid-update.
+static __always_inline struct kp_endpoint *kp_sticky4(struct bpf_sock_addr *ctx,
+						       struct kp_service *service,
+						       struct kp_service_key *key,
+						       struct kp_slot_key *slot)
+{
+	if (!service->affinity_ms)
+		return bpf_map_lookup_elem(&kp_slots, slot);
+	struct kp_affinity_key client = { .netns = bpf_get_netns_cookie(ctx), .service = *key };
+	__u64 now = bpf_ktime_get_ns();
+	struct kp_affinity *pin = bpf_map_lookup_elem(&kp_affinity, &client);
+	if (pin && kp_pin_is_live(service, pin->used_ns, now)) {
+		pin->used_ns = now;
+		return &pin->endpoint;
+	}
+	struct kp_endpoint *endpoint = bpf_map_lookup_elem(&kp_slots, slot);
+	if (!endpoint)
+		return 0;
+	struct kp_affinity fresh = { .used_ns = now, .endpoint = *endpoint };
+	bpf_map_update_elem(&kp_affinity, &client, &fresh, BPF_ANY);
+	return endpoint;
+}
+
+// kp_sticky4 for IPv6 sockets.
+static __always_inline struct kp_endpoint6 *kp_sticky6(struct bpf_sock_addr *ctx,
+							struct kp_service *service,
+							struct kp_service_key6 *key,
+							struct kp_slot_key *slot)
+{
+	if (!service->affinity_ms)
+		return bpf_map_lookup_elem(&kp_slots6, slot);
+	struct kp_affinity_key6 client = { .netns = bpf_get_netns_cookie(ctx), .service = *key };
+	__u64 now = bpf_ktime_get_ns();
+	struct kp_affinity6 *pin = bpf_map_lookup_elem(&kp_affinity6, &client);
+	if (pin && kp_pin_is_live(service, pin->used_ns, now)) {
+		pin->used_ns = now;
+		return &pin->endpoint;
+	}
+	struct kp_endpoint6 *endpoint = bpf_map_lookup_elem(&kp_slots6, slot);
+	if (!endpoint)
+		return 0;
+	struct kp_affinity6 fresh = { .used_ns = now, .endpoint = *endpoint };
+	bpf_map_update_elem(&kp_affinity6, &client, &fresh, BPF_ANY);
+	return endpoint;
+}
+
 // The socket's destination if it is a Service port with endpoints (rewritten to one of
 // them, chosen uniformly); 1 to let the call go on (translated or not), 0 to refuse it.
 static __always_inline int kp_translate4(struct bpf_sock_addr *ctx)
@@ -148,12 +244,13 @@ static __always_inline int kp_translate4(struct bpf_sock_addr *ctx)
 	};
 	struct kp_slot_key slot = {};
 	int refuse = 0;
-	if (!kp_pick(bpf_map_lookup_elem(&kp_services, &key), &slot, &refuse)) {
+	struct kp_service *service = bpf_map_lookup_elem(&kp_services, &key);
+	if (!kp_pick(service, &slot, &refuse)) {
 		if (refuse)
 			bpf_set_retval(-KP_ECONNREFUSED);
 		return !refuse;
 	}
-	struct kp_endpoint *endpoint = bpf_map_lookup_elem(&kp_slots, &slot);
+	struct kp_endpoint *endpoint = kp_sticky4(ctx, service, &key, &slot);
 	// A slot mid-update: leave the address as it is, nftables mode's rules still serve it.
 	if (!endpoint)
 		return 1;
@@ -179,12 +276,13 @@ static __always_inline int kp_translate6(struct bpf_sock_addr *ctx)
 	};
 	struct kp_slot_key slot = {};
 	int refuse = 0;
-	if (!kp_pick(bpf_map_lookup_elem(&kp_services6, &key), &slot, &refuse)) {
+	struct kp_service *service = bpf_map_lookup_elem(&kp_services6, &key);
+	if (!kp_pick(service, &slot, &refuse)) {
 		if (refuse)
 			bpf_set_retval(-KP_ECONNREFUSED);
 		return !refuse;
 	}
-	struct kp_endpoint6 *endpoint = bpf_map_lookup_elem(&kp_slots6, &slot);
+	struct kp_endpoint6 *endpoint = kp_sticky6(ctx, service, &key, &slot);
 	if (!endpoint)
 		return 1;
 	struct kp_reverse_key6 reverse = {

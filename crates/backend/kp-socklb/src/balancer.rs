@@ -1,8 +1,8 @@
 //! [`Balancer`]: the [`ServiceTable`] and the maps it writes, kept in step.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+use crate::desired::{Target, Targets};
 use crate::layout::ServiceKey;
 use crate::maps::{MapWriter, WriteError};
 use crate::table::ServiceTable;
@@ -49,13 +49,31 @@ impl<M: MapWriter> Balancer<M> {
         }
     }
 
-    /// Sends `key` to `endpoints` (none: refused); returns how many map writes it took. On
-    /// failure the next call for `key` rewrites it whole.
+    /// Takes over what the maps hold already (pinned maps a previous process wrote, see
+    /// [`crate::KernelMaps::read_back`]): the next sync writes only the difference.
+    pub fn adopt(&mut self, held: Vec<crate::maps::Held>, top_slot_id: Option<u32>) {
+        self.table.adopt(held, top_slot_id);
+    }
+
+    /// Sends `key` to `endpoints` (none: refused), without affinity; returns how many map
+    /// writes it took. On failure the next call for `key` rewrites it whole.
     pub fn set(&mut self, key: ServiceKey, endpoints: &[SocketAddr]) -> Result<usize, SetError> {
+        self.set_target(key, endpoints, 0)
+    }
+
+    /// [`Self::set`] with ClientIP affinity for `affinity_ms` (0: none): each client keeps
+    /// its endpoint while it connects again within that long, and loses it when the
+    /// endpoint leaves `endpoints`.
+    pub fn set_target(
+        &mut self,
+        key: ServiceKey,
+        endpoints: &[SocketAddr],
+        affinity_ms: u32,
+    ) -> Result<usize, SetError> {
         if let Some(&endpoint) = endpoints.iter().find(|e| e.is_ipv6() != key.addr.is_ipv6()) {
             return Err(SetError::Family { key, endpoint });
         }
-        let ops = self.table.set(key, endpoints);
+        let ops = self.table.set(key, endpoints, affinity_ms);
         let writes = ops.len();
         match ops.into_iter().try_for_each(|op| self.maps.apply(op)) {
             Ok(()) => {
@@ -81,7 +99,7 @@ impl<M: MapWriter> Balancer<M> {
     /// Makes the maps hold exactly `desired` ([`crate::desired()`]'s answer): unchanged
     /// ports cost no write. A port that fails is reported and the others are still written;
     /// the next sync retries it.
-    pub fn sync(&mut self, desired: &BTreeMap<ServiceKey, Vec<SocketAddr>>) -> SyncReport {
+    pub fn sync(&mut self, desired: &Targets) -> SyncReport {
         let mut report = SyncReport::default();
         let gone: Vec<ServiceKey> = self
             .table
@@ -93,8 +111,15 @@ impl<M: MapWriter> Balancer<M> {
                 report.failed.push((key, error.into()));
             }
         }
-        for (&key, endpoints) in desired {
-            match self.set(key, endpoints) {
+        for (
+            &key,
+            Target {
+                endpoints,
+                affinity_ms,
+            },
+        ) in desired
+        {
+            match self.set_target(key, endpoints, *affinity_ms) {
                 Ok(writes) => report.writes += writes,
                 Err(error) => report.failed.push((key, error)),
             }
@@ -124,6 +149,18 @@ mod tests {
 
     use super::*;
     use crate::maps::{FakeMaps, Verdict};
+
+    fn targets(list: Vec<(ServiceKey, Vec<SocketAddr>)>) -> Targets {
+        list.into_iter()
+            .map(|(key, endpoints)| {
+                let target = Target {
+                    endpoints,
+                    affinity_ms: 0,
+                };
+                (key, target)
+            })
+            .collect()
+    }
 
     fn key(addr: &str) -> ServiceKey {
         ServiceKey::new(addr.parse().expect("literal"), Protocol::Tcp)
@@ -199,7 +236,7 @@ mod tests {
     fn sync_writes_only_the_difference() {
         let mut lb = Balancer::new(FakeMaps::default());
         let (web, dns) = (key("10.96.0.10:80"), key("10.96.0.11:80"));
-        let mut desired = BTreeMap::from([(web, vec![ep("10.0.0.1:80")]), (dns, vec![])]);
+        let mut desired = targets(vec![(web, vec![ep("10.0.0.1:80")]), (dns, vec![])]);
         let first = lb.sync(&desired);
         assert_eq!(
             (first.writes, first.failed.len()),
@@ -208,7 +245,14 @@ mod tests {
         );
         assert_eq!(lb.sync(&desired).writes, 0, "nothing changed");
         desired.remove(&dns);
-        desired.insert(web, vec![ep("10.0.0.1:80"), ep("10.0.0.2:80")]);
+        let endpoints = vec![ep("10.0.0.1:80"), ep("10.0.0.2:80")];
+        desired.insert(
+            web,
+            Target {
+                endpoints,
+                affinity_ms: 0,
+            },
+        );
         let second = lb.sync(&desired);
         assert_eq!(
             second.writes, 2,
@@ -229,5 +273,28 @@ mod tests {
         lb.remove(web).expect("fake");
         assert_eq!(lb.maps().sizes(), (0, 0));
         assert!(lb.table().is_empty());
+    }
+
+    #[test]
+    fn pins_to_an_endpoint_that_left_are_cleared_and_others_kept() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let web = key("10.96.0.10:80");
+        let (a, b, c) = (ep("10.0.0.1:80"), ep("10.0.0.2:80"), ep("10.0.0.3:80"));
+        lb.set_target(web, &[a, b], 10_000).expect("fake");
+        lb.maps_mut().pin(1, web, a);
+        lb.maps_mut().pin(2, web, b);
+        lb.maps_mut().pin(1, key("10.96.0.11:80"), a);
+        lb.set_target(web, &[a, b, c], 10_000).expect("fake");
+        assert_eq!(lb.maps().pinned(1, web), Some(a), "a stays");
+        lb.set_target(web, &[b, c], 10_000).expect("fake");
+        assert_eq!(lb.maps().pinned(1, web), None, "a left: unpinned");
+        assert_eq!(lb.maps().pinned(2, web), Some(b), "b stays");
+        assert_eq!(
+            lb.maps().pinned(1, key("10.96.0.11:80")),
+            Some(a),
+            "another port's"
+        );
+        lb.remove(web).expect("fake");
+        assert_eq!(lb.maps().pinned(2, web), None, "removed: unpinned");
     }
 }

@@ -2,10 +2,12 @@
 //! sockets reach, each with the endpoints the shared plan ([`kp_rules::plan::ServicePlan`],
 //! the one nftables mode renders) sends such a socket to. One decision, two dataplanes.
 //!
-//! Left out, so nftables mode's rules keep serving them: ClientIP affinity (the programs
-//! have no affinity map yet), SCTP, a Local policy's drop (no local endpoint: nftables
-//! drops), load balancer IPs with source ranges (the firewall decides by source), and
-//! NodePorts (never reached by address from a socket here).
+//! ClientIP affinity goes with its timeout ([`Target::affinity_ms`]): the programs pin each
+//! client network namespace (a pod; the node's own processes share one) to an endpoint.
+//!
+//! Left out, so nftables mode's rules keep serving them: SCTP, a Local policy's drop (no
+//! local endpoint: nftables drops), load balancer IPs with source ranges (the firewall
+//! decides by source), and NodePorts (never reached by address from a socket here).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -14,12 +16,24 @@ use kp_core::model::{Endpoint, IpFamily, Protocol, ServiceName, ServicePort, Ser
 use kp_core::tracker::ProxyState;
 use kp_rules::plan::{EndpointList, Masquerading, NoEndpoints, ServicePlan};
 
-use crate::layout::ServiceKey;
+use crate::layout::{ServiceKey, affinity_ms};
+
+/// What the maps should hold for one Service port address.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Target {
+    /// Its endpoints (none: refused).
+    pub endpoints: Vec<SocketAddr>,
+    /// ClientIP affinity's timeout in ms as the programs read it (0: none).
+    pub affinity_ms: u32,
+}
+
+/// Service port addresses and what each should hold.
+pub type Targets = BTreeMap<ServiceKey, Target>;
 
 /// Every Service port address to translate, with its endpoints (none: refused). Where two
 /// Service ports claim one address (a shared externalIP), the greater name wins, as in
 /// [`crate::ServiceLb`].
-pub fn desired(state: &ProxyState) -> BTreeMap<ServiceKey, Vec<SocketAddr>> {
+pub fn desired(state: &ProxyState) -> Targets {
     let mut out = BTreeMap::new();
     for (name, port) in &state.services {
         add_port(&mut out, state, name, port);
@@ -29,10 +43,7 @@ pub fn desired(state: &ProxyState) -> BTreeMap<ServiceKey, Vec<SocketAddr>> {
 
 /// The addresses of one Service's ports to translate, with their endpoints; empty when the
 /// state has no such Service or its ports stay with nftables mode's rules.
-pub fn desired_service(
-    state: &ProxyState,
-    service: &ServiceName,
-) -> BTreeMap<ServiceKey, Vec<SocketAddr>> {
+pub fn desired_service(state: &ProxyState, service: &ServiceName) -> Targets {
     let mut out = BTreeMap::new();
     for (name, port) in state.service_ports(service) {
         add_port(&mut out, state, name, port);
@@ -40,15 +51,14 @@ pub fn desired_service(
     out
 }
 
-fn add_port(
-    out: &mut BTreeMap<ServiceKey, Vec<SocketAddr>>,
-    state: &ProxyState,
-    name: &ServicePortName,
-    port: &ServicePort,
-) {
-    if port.session_affinity.is_some() || name.protocol == Protocol::Sctp {
+fn add_port(out: &mut Targets, state: &ProxyState, name: &ServicePortName, port: &ServicePort) {
+    if name.protocol == Protocol::Sctp {
         return;
     }
+    let affinity = port
+        .session_affinity
+        .as_ref()
+        .map_or(0, |a| affinity_ms(a.timeout));
     let none = Vec::new();
     let endpoints = state.endpoints.get(name).unwrap_or(&none);
     for family in [IpFamily::V4, IpFamily::V6] {
@@ -58,26 +68,33 @@ fn add_port(
         // Masquerading only shapes chains; the endpoint lists do not depend on it.
         // Source-ranged LB IPs stay with nftables: no node IP is needed for allowFromNode.
         let plan = ServicePlan::new(&svc, endpoints, &state.node, None, Masquerading::default());
-        add(out, &svc, internal(&plan, family), &svc.cluster_ips);
-        add(out, &svc, external(&plan, family), &svc.external_ips);
+        let target = |endpoints: Option<_>| {
+            endpoints.map(|endpoints| Target {
+                endpoints,
+                affinity_ms: affinity,
+            })
+        };
+        add(out, &svc, target(internal(&plan, family)), &svc.cluster_ips);
+        add(
+            out,
+            &svc,
+            target(external(&plan, family)),
+            &svc.external_ips,
+        );
         if svc.load_balancer_source_ranges.is_empty() {
-            add(out, &svc, external(&plan, family), &svc.load_balancer_ips);
+            let lb = target(external(&plan, family));
+            add(out, &svc, lb, &svc.load_balancer_ips);
         }
     }
 }
 
-fn add(
-    out: &mut BTreeMap<ServiceKey, Vec<SocketAddr>>,
-    svc: &ServicePort,
-    endpoints: Option<Vec<SocketAddr>>,
-    ips: &[IpAddr],
-) {
-    let Some(endpoints) = endpoints else {
+fn add(out: &mut Targets, svc: &ServicePort, target: Option<Target>, ips: &[IpAddr]) {
+    let Some(target) = target else {
         return;
     };
     for &ip in ips {
         let key = ServiceKey::new(SocketAddr::new(ip, svc.port), svc.name.protocol);
-        out.insert(key, endpoints.clone());
+        out.insert(key, target.clone());
     }
 }
 
@@ -123,6 +140,10 @@ mod tests {
         list.iter().map(|e| e.parse().expect("literal")).collect()
     }
 
+    fn endpoints_of(desired: &Targets, key: ServiceKey) -> Option<&Vec<SocketAddr>> {
+        desired.get(&key).map(|t| &t.endpoints)
+    }
+
     fn port(name: &str, cluster_ip: &str, protocol: Protocol) -> ServicePort {
         cluster_ip_port(port_name("ns", name, "p", protocol), cluster_ip, 80)
     }
@@ -141,7 +162,7 @@ mod tests {
         let both = eps(&["10.244.1.3:8080", "10.244.2.3:8080"]);
         for addr in ["10.96.0.10:80", "203.0.113.5:80", "198.51.100.7:80"] {
             assert_eq!(
-                desired.get(&key(addr, Protocol::Tcp)),
+                endpoints_of(&desired, key(addr, Protocol::Tcp)),
                 Some(&both),
                 "{addr}"
             );
@@ -161,10 +182,13 @@ mod tests {
         );
         let desired = desired(&state);
         assert_eq!(
-            desired.get(&key("10.96.0.11:80", Protocol::Udp)),
+            endpoints_of(&desired, key("10.96.0.11:80", Protocol::Udp)),
             Some(&vec![])
         );
-        assert_eq!(desired.get(&key("10.96.0.12:80", Protocol::Tcp)), None);
+        assert_eq!(
+            endpoints_of(&desired, key("10.96.0.12:80", Protocol::Tcp)),
+            None
+        );
     }
 
     #[test]
@@ -179,13 +203,13 @@ mod tests {
         let desired = desired(&state);
         let want = eps(&["10.244.1.3:8080"]);
         assert_eq!(
-            desired.get(&key("10.96.0.12:80", Protocol::Tcp)),
+            endpoints_of(&desired, key("10.96.0.12:80", Protocol::Tcp)),
             Some(&want)
         );
     }
 
     #[test]
-    fn affinity_sctp_and_source_ranges_stay_with_nftables() {
+    fn affinity_goes_with_its_timeout_sctp_and_source_ranges_stay_with_nftables() {
         let mut sticky = port("sticky", "10.96.0.13", Protocol::Tcp);
         sticky.session_affinity = Some(kp_core::model::SessionAffinity {
             timeout: std::time::Duration::from_secs(10),
@@ -199,12 +223,17 @@ mod tests {
             node_with(&["192.168.0.2"]),
             vec![(sticky, ep()), (sctp, ep()), (ranged, ep())],
         );
-        let keys: Vec<ServiceKey> = desired(&state).into_keys().collect();
+        let desired = desired(&state);
+        let keys: Vec<ServiceKey> = desired.keys().copied().collect();
+        let sticky = key("10.96.0.13:80", Protocol::Tcp);
+        let ranged = key("10.96.0.15:80", Protocol::Tcp);
         assert_eq!(
             keys,
-            [key("10.96.0.15:80", Protocol::Tcp)],
-            "only the ClusterIP of ranged"
+            [sticky, ranged],
+            "no SCTP, only the ClusterIP of ranged"
         );
+        assert_eq!(desired[&sticky].affinity_ms, 10_000);
+        assert_eq!(desired[&ranged].affinity_ms, 0);
     }
 
     #[test]
@@ -221,11 +250,11 @@ mod tests {
         let four = eps(&["10.244.1.3:8080"]);
         let six = eps(&["[fd00:10:244:1::3]:8080"]);
         assert_eq!(
-            desired.get(&key("10.96.0.10:80", Protocol::Tcp)),
+            endpoints_of(&desired, key("10.96.0.10:80", Protocol::Tcp)),
             Some(&four)
         );
         assert_eq!(
-            desired.get(&key("[fd00:96::10]:80", Protocol::Tcp)),
+            endpoints_of(&desired, key("[fd00:96::10]:80", Protocol::Tcp)),
             Some(&six)
         );
     }

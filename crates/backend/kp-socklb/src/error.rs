@@ -109,6 +109,17 @@ pub enum AttachError {
         #[source]
         source: aya::programs::ProgramError,
     },
+    /// A link could not be pinned (or its predecessor's pin replaced) in bpffs.
+    #[error("cannot pin the link of {name} at {}", path.display())]
+    Pin {
+        /// The program's function name.
+        name: &'static str,
+        /// The pin.
+        path: PathBuf,
+        /// The kernel's (or aya's) answer.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// The first EPERM in `error`'s source chain, if there is one: the kernel's way of saying

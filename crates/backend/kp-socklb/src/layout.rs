@@ -17,6 +17,13 @@ pub const REVERSE_MAP: &str = "kp_reverse";
 pub const SERVICES6_MAP: &str = "kp_services6";
 /// (service id, slot) -> IPv6 endpoint.
 pub const SLOTS6_MAP: &str = "kp_slots6";
+/// The IPv6 reverse map.
+pub const REVERSE6_MAP: &str = "kp_reverse6";
+/// `kp_affinity`: (client network namespace cookie, Service port) -> pinned endpoint and
+/// last use (LRU).
+pub const AFFINITY_MAP: &str = "kp_affinity";
+/// The IPv6 pins.
+pub const AFFINITY6_MAP: &str = "kp_affinity6";
 
 /// A key or value of a family's map: IPv4's are 8 bytes, IPv6's 20 (`struct
 /// kp_service_key6` and `struct kp_endpoint6` alike).
@@ -69,6 +76,18 @@ impl ServiceKey {
     pub fn to_bytes(self) -> Bytes {
         addr_bytes(self.addr, [ip_protocol(self.protocol), 0])
     }
+
+    /// Parses key bytes (a map read back); `None` for a protocol the crate never writes.
+    pub fn from_bytes(bytes: Bytes) -> Option<Self> {
+        let number = match bytes {
+            Bytes::V4(b) => b[6],
+            Bytes::V6(b) => b[18],
+        };
+        let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+            .into_iter()
+            .find(|&p| ip_protocol(p) == number)?;
+        Some(Self::new(endpoint_from_bytes(bytes), protocol))
+    }
 }
 
 /// The IP protocol number the programs read from the socket (`ctx->protocol`).
@@ -80,30 +99,69 @@ pub fn ip_protocol(protocol: Protocol) -> u8 {
     }
 }
 
-/// `struct kp_service`: the Service port's id in `kp_slots` and how many slots it uses
-/// (0: no endpoints, refused).
+/// `struct kp_service`: the Service port's id in `kp_slots`, how many slots it uses (0: no
+/// endpoints, refused) and its ClientIP affinity timeout in milliseconds (0: none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServiceEntry {
     /// The key half of its slots.
     pub id: u32,
     /// Slots `0..count` hold its endpoints.
     pub count: u32,
+    /// How long a client's pin lasts after its last connect, in ms (0: no affinity).
+    pub affinity_ms: u32,
 }
+
+/// A `struct kp_service` value.
+pub type ServiceBytes = [u8; 12];
 
 impl ServiceEntry {
     /// The value bytes.
-    pub fn to_bytes(self) -> [u8; 8] {
-        join(self.id.to_ne_bytes(), self.count.to_ne_bytes())
+    pub fn to_bytes(self) -> ServiceBytes {
+        let (mut bytes, [a, b, c, d]) = ([0u8; 12], self.affinity_ms.to_ne_bytes());
+        bytes[..8].copy_from_slice(&join(self.id.to_ne_bytes(), self.count.to_ne_bytes()));
+        bytes[8..].copy_from_slice(&[a, b, c, d]);
+        bytes
     }
 
     /// Parses value bytes (a map read back).
-    pub fn from_bytes(bytes: [u8; 8]) -> Self {
-        let (id, count) = split(bytes);
+    pub fn from_bytes(bytes: ServiceBytes) -> Self {
+        let [a, b, c, d, e, f, g, h, i, j, k, l] = bytes;
         Self {
-            id: u32::from_ne_bytes(id),
-            count: u32::from_ne_bytes(count),
+            id: u32::from_ne_bytes([a, b, c, d]),
+            count: u32::from_ne_bytes([e, f, g, h]),
+            affinity_ms: u32::from_ne_bytes([i, j, k, l]),
         }
     }
+}
+
+/// ClientIP affinity's timeout as the programs read it: milliseconds, at least 1 (0 would
+/// mean none), at most `u32::MAX` (49 days; the API allows one).
+pub fn affinity_ms(timeout: std::time::Duration) -> u32 {
+    u32::try_from(timeout.as_millis())
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+/// The Service port of a `struct kp_affinity_key(6)` (after the 8-byte namespace cookie),
+/// and the namespace cookie.
+pub fn affinity_key_parts(key: &[u8]) -> Option<(u64, Bytes)> {
+    let cookie = u64::from_ne_bytes(key.get(..8)?.try_into().ok()?);
+    let service = match key.len() {
+        16 => Bytes::V4(key[8..16].try_into().ok()?),
+        32 => Bytes::V6(key[8..28].try_into().ok()?),
+        _ => return None,
+    };
+    Some((cookie, service))
+}
+
+/// The endpoint of a `struct kp_affinity(6)` value (after the 8-byte last use).
+pub fn affinity_endpoint(value: &[u8]) -> Option<SocketAddr> {
+    let bytes = match value.len() {
+        16 => Bytes::V4(value[8..16].try_into().ok()?),
+        32 => Bytes::V6(value[8..28].try_into().ok()?),
+        _ => return None,
+    };
+    Some(endpoint_from_bytes(bytes))
 }
 
 /// `struct kp_slot_key`: one endpoint slot of a Service port.
@@ -149,11 +207,6 @@ fn join(first: [u8; 4], second: [u8; 4]) -> [u8; 8] {
     [a, b, c, d, e, f, g, h]
 }
 
-fn split(bytes: [u8; 8]) -> ([u8; 4], [u8; 4]) {
-    let [a, b, c, d, e, f, g, h] = bytes;
-    ([a, b, c, d], [e, f, g, h])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +217,11 @@ mod tests {
         assert_eq!(key.to_bytes(), Bytes::V4([10, 96, 0, 10, 0, 53, 17, 0]));
         let tcp = ServiceKey::new(addr("10.96.0.1:443"), Protocol::Tcp);
         assert_eq!(tcp.to_bytes(), Bytes::V4([10, 96, 0, 1, 1, 187, 6, 0]));
+        assert_eq!(ServiceKey::from_bytes(tcp.to_bytes()), Some(tcp));
+        assert_eq!(
+            ServiceKey::from_bytes(Bytes::V4([10, 96, 0, 1, 1, 187, 1, 0])),
+            None
+        );
         let Bytes::V6(six) = ServiceKey::new(addr("[fd00::a]:53"), Protocol::Udp).to_bytes() else {
             panic!("IPv6 key");
         };
@@ -189,11 +247,40 @@ mod tests {
 
     #[test]
     fn counters_are_in_host_order() {
-        let entry = ServiceEntry { id: 7, count: 3 };
+        let entry = ServiceEntry {
+            id: 7,
+            count: 3,
+            affinity_ms: 10_800_000,
+        };
         let bytes = entry.to_bytes();
         assert_eq!(bytes[..4], 7u32.to_ne_bytes());
+        assert_eq!(bytes[8..], 10_800_000u32.to_ne_bytes());
         assert_eq!(ServiceEntry::from_bytes(bytes), entry);
         let slot = SlotKey { id: 7, slot: 2 }.to_bytes();
         assert_eq!(slot[4..], 2u32.to_ne_bytes());
+    }
+
+    #[test]
+    fn affinity_keys_and_values_parse_as_the_programs_write_them() {
+        let mut key = [0u8; 16];
+        key[..8].copy_from_slice(&42u64.to_ne_bytes());
+        key[8..].copy_from_slice(&[10, 96, 0, 10, 0, 80, 6, 0]);
+        let service = ServiceKey::new(addr("10.96.0.10:80"), Protocol::Tcp);
+        assert_eq!(affinity_key_parts(&key), Some((42, service.to_bytes())));
+        let mut value = [0u8; 32];
+        value[8..28].copy_from_slice(&[
+            0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0x1f, 0x90, 0, 0,
+        ]);
+        assert_eq!(affinity_endpoint(&value), Some(addr("[fd00::3]:8080")));
+        assert_eq!(affinity_endpoint(&value[..5]), None);
+        assert_eq!(
+            affinity_ms(std::time::Duration::from_secs(10_800)),
+            10_800_000
+        );
+        assert_eq!(
+            affinity_ms(std::time::Duration::ZERO),
+            1,
+            "0 would mean none"
+        );
     }
 }

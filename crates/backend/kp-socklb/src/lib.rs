@@ -6,7 +6,9 @@
 //! of every socket created in a cgroup v2 directory (or below it). When the destination is a
 //! Service port in the maps, they rewrite it to one of its endpoints, so packets carry the
 //! endpoint's address from the start and conntrack holds no NAT entry; `getpeername()` and
-//! `recvmsg()` show the Service address back. A Service port without endpoints is refused
+//! `recvmsg()` show the Service address back. With ClientIP affinity, a client's network
+//! namespace keeps its endpoint while it reconnects within the timeout (an LRU map of pins,
+//! cleared by the proxy when the endpoint leaves). A Service port without endpoints is refused
 //! (ECONNREFUSED), as nftables mode rejects it. Anything the maps do not know keeps its
 //! address and meets nftables mode's rules, which stay fully programmed.
 //!
@@ -19,7 +21,8 @@
 //!   by the proxy's full and partial syncs;
 //! - [`cgroup`]: the cgroup v2 directory to attach to (chosen, the v2 root, or a private
 //!   cgroup2 mount on a v1-only node);
-//! - [`program`]: loading, attaching to a cgroup, detaching on drop;
+//! - [`program`]: loading, attaching to a cgroup, detaching on drop, or pinned in bpffs
+//!   ([`pin`]) to outlive the process, with a check that the pins are still there;
 //! - [`error`]: what this node lacks ([`Unavailable`]: kernel, capability, cgroup v2), said
 //!   exactly.
 //!
@@ -31,15 +34,16 @@ pub mod desired;
 pub mod error;
 pub mod layout;
 pub mod maps;
+pub mod pin;
 pub mod program;
 mod services;
 pub mod table;
 
 pub use balancer::{Balancer, SetError, SyncReport};
 pub use cgroup::{CgroupError, CgroupTarget};
-pub use desired::{desired, desired_service};
+pub use desired::{Target, Targets, desired, desired_service};
 pub use error::{AttachError, LoadError, Unavailable};
 pub use layout::ServiceKey;
-pub use maps::{FakeMaps, KernelMaps, MapWriter, Verdict, WriteError};
-pub use program::{SocketPrograms, check_cgroup2};
+pub use maps::{FakeMaps, Held, KernelMaps, MapWriter, Verdict, WriteError};
+pub use program::{MissingPin, SocketPrograms, check_cgroup2};
 pub use services::ServiceLb;

@@ -8,7 +8,8 @@ use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
 use kp_core::model::IpFamily;
 
 use crate::layout::{
-    Bytes, ServiceEntry, ServiceKey, SlotKey, endpoint_bytes, endpoint_from_bytes,
+    Bytes, ServiceBytes, ServiceEntry, ServiceKey, SlotKey, affinity_endpoint, affinity_key_parts,
+    endpoint_bytes, endpoint_from_bytes,
 };
 use crate::table::MapOp;
 
@@ -32,16 +33,75 @@ pub trait MapWriter {
 /// A BPF hash map with fixed-size byte keys and values.
 pub(crate) type ByteMap<const K: usize, const V: usize> = BpfHashMap<MapData, [u8; K], [u8; V]>;
 
-/// The loaded programs' service and slot maps, for each family.
+/// The loaded programs' service, slot and affinity maps, for each family.
 #[derive(Debug)]
 pub struct KernelMaps {
-    pub(crate) services: ByteMap<8, 8>,
+    pub(crate) services: ByteMap<8, 12>,
     pub(crate) slots: ByteMap<8, 8>,
-    pub(crate) services6: ByteMap<20, 8>,
+    pub(crate) services6: ByteMap<20, 12>,
     pub(crate) slots6: ByteMap<8, 20>,
+    pub(crate) affinity: ByteMap<16, 16>,
+    pub(crate) affinity6: ByteMap<32, 32>,
+}
+
+/// A Service port the maps held when they were adopted ([`KernelMaps::read_back`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The Service port.
+    pub key: ServiceKey,
+    /// Its entry.
+    pub entry: ServiceEntry,
+    /// Its slots from 0 up to the highest present (`None`: a hole).
+    pub slots: Vec<Option<SocketAddr>>,
 }
 
 impl KernelMaps {
+    /// What the maps hold (pinned maps a previous process wrote): each Service port with its
+    /// slots, and the highest service id any slot uses (orphans included).
+    pub fn read_back(&self) -> (Vec<Held>, Option<u32>) {
+        let mut slots: BTreeMap<(IpFamily, u32), BTreeMap<u32, SocketAddr>> = BTreeMap::new();
+        let mut add = |family, key: [u8; 8], endpoint: Bytes| {
+            let (id, slot) = split_slot(key);
+            let endpoint = endpoint_from_bytes(endpoint);
+            slots
+                .entry((family, id))
+                .or_default()
+                .insert(slot, endpoint);
+        };
+        for (key, value) in self.slots.iter().filter_map(Result::ok) {
+            add(IpFamily::V4, key, Bytes::V4(value));
+        }
+        for (key, value) in self.slots6.iter().filter_map(Result::ok) {
+            add(IpFamily::V6, key, Bytes::V6(value));
+        }
+        let four = self
+            .services
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (Bytes::V4(k), v));
+        let six = self
+            .services6
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (Bytes::V6(k), v));
+        let held = four
+            .chain(six)
+            .filter_map(|(key, value)| {
+                let key = ServiceKey::from_bytes(key)?;
+                let entry = ServiceEntry::from_bytes(value);
+                let mine = slots.get(&(key.family(), entry.id));
+                let high = mine
+                    .and_then(|m| m.keys().next_back())
+                    .map_or(0, |&s| s + 1);
+                let slots = (0..high.max(entry.count))
+                    .map(|slot| mine.and_then(|m| m.get(&slot)).copied())
+                    .collect();
+                Some(Held { key, entry, slots })
+            })
+            .collect();
+        (held, slots.keys().map(|&(_, id)| id).max())
+    }
+
     /// How many Service ports the service maps hold (read from the kernel).
     pub fn service_count(&self) -> usize {
         let four = self.services.keys().filter(Result::is_ok).count();
@@ -66,8 +126,64 @@ impl KernelMaps {
                 Bytes::V4(bytes) => self.services.remove(&bytes),
                 Bytes::V6(bytes) => self.services6.remove(&bytes),
             }),
+            MapOp::ClearAffinity(key) => self.clear_affinity(key).map(drop),
         }
     }
+
+    /// The endpoints the maps give `key` now, if it has affinity (read back).
+    fn pinnable(&self, key: ServiceKey) -> Result<Vec<SocketAddr>, MapError> {
+        let entry = match key.to_bytes() {
+            Bytes::V4(bytes) => self.services.get(&bytes, 0),
+            Bytes::V6(bytes) => self.services6.get(&bytes, 0),
+        };
+        let entry = match entry {
+            Ok(entry) => ServiceEntry::from_bytes(entry),
+            Err(MapError::KeyNotFound) => return Ok(Vec::new()),
+            Err(error) => return Err(error),
+        };
+        if entry.affinity_ms == 0 {
+            return Ok(Vec::new());
+        }
+        let slot = |slot| SlotKey { id: entry.id, slot }.to_bytes();
+        (0..entry.count)
+            .map(|n| match key.family() {
+                IpFamily::V4 => self.slots.get(&slot(n), 0).map(Bytes::V4),
+                IpFamily::V6 => self.slots6.get(&slot(n), 0).map(Bytes::V6),
+            })
+            .map(|bytes| bytes.map(endpoint_from_bytes))
+            .collect()
+    }
+
+    /// Deletes `key`'s pins to endpoints it no longer has; returns how many.
+    fn clear_affinity(&mut self, key: ServiceKey) -> Result<usize, MapError> {
+        let keep = self.pinnable(key)?;
+        let service = key.to_bytes();
+        let stale = |k: &[u8], v: &[u8]| {
+            affinity_key_parts(k).is_some_and(|(_, s)| s == service)
+                && affinity_endpoint(v).is_none_or(|e| !keep.contains(&e))
+        };
+        match key.family() {
+            IpFamily::V4 => delete_where(&mut self.affinity, stale),
+            IpFamily::V6 => delete_where(&mut self.affinity6, stale),
+        }
+    }
+}
+
+/// Deletes the entries of `map` for which `stale(key, value)`; returns how many.
+fn delete_where<const K: usize, const V: usize>(
+    map: &mut ByteMap<K, V>,
+    stale: impl Fn(&[u8], &[u8]) -> bool,
+) -> Result<usize, MapError> {
+    let doomed: Vec<[u8; K]> = map
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(k, v)| stale(k, v))
+        .map(|(k, _)| k)
+        .collect();
+    for key in &doomed {
+        absent_is_fine(map.remove(key))?;
+    }
+    Ok(doomed.len())
 }
 
 impl MapWriter for KernelMaps {
@@ -77,6 +193,15 @@ impl MapWriter for KernelMaps {
             source: Box::new(source),
         })
     }
+}
+
+/// `struct kp_slot_key`'s (id, slot).
+fn split_slot(key: [u8; 8]) -> (u32, u32) {
+    let [a, b, c, d, e, f, g, h] = key;
+    (
+        u32::from_ne_bytes([a, b, c, d]),
+        u32::from_ne_bytes([e, f, g, h]),
+    )
 }
 
 /// A delete of a key that is not there (ENOENT) did what was asked.
@@ -91,10 +216,12 @@ fn absent_is_fine(result: Result<(), MapError>) -> Result<(), MapError> {
     }
 }
 
-/// The maps' contents as the kernel would hold them, byte for byte.
+/// The maps' contents as the kernel would hold them, byte for byte (affinity pins as
+/// (namespace cookie, Service port) -> endpoint, made with [`FakeMaps::pin`]).
 #[derive(Debug, Default)]
 pub struct FakeMaps {
-    services: BTreeMap<Bytes, [u8; 8]>,
+    services: BTreeMap<Bytes, ServiceBytes>,
+    pins: BTreeMap<(u64, ServiceKey), SocketAddr>,
     /// Keyed by family and slot key.
     slots: BTreeMap<(IpFamily, [u8; 8]), Bytes>,
     /// Writes to fail (by position among all writes) and how many were made.
@@ -142,6 +269,35 @@ impl FakeMaps {
     pub fn sizes(&self) -> (usize, usize) {
         (self.services.len(), self.slots.len())
     }
+
+    /// Pins the client in namespace `netns` to `endpoint` for `key`, as the programs do on
+    /// a connect with affinity.
+    pub fn pin(&mut self, netns: u64, key: ServiceKey, endpoint: SocketAddr) {
+        self.pins.insert((netns, key), endpoint);
+    }
+
+    /// The endpoint the client in `netns` is pinned to for `key`.
+    pub fn pinned(&self, netns: u64, key: ServiceKey) -> Option<SocketAddr> {
+        self.pins.get(&(netns, key)).copied()
+    }
+
+    /// The endpoints `key` gives now if it has affinity, as [`KernelMaps`] reads them back.
+    fn pinnable(&self, key: ServiceKey) -> Vec<SocketAddr> {
+        let Some(entry) = self.services.get(&key.to_bytes()) else {
+            return Vec::new();
+        };
+        let entry = ServiceEntry::from_bytes(*entry);
+        if entry.affinity_ms == 0 {
+            return Vec::new();
+        }
+        (0..entry.count)
+            .filter_map(|slot| {
+                let slot = SlotKey { id: entry.id, slot }.to_bytes();
+                self.slots.get(&(key.family(), slot)).copied()
+            })
+            .map(endpoint_from_bytes)
+            .collect()
+    }
 }
 
 impl MapWriter for FakeMaps {
@@ -166,6 +322,11 @@ impl MapWriter for FakeMaps {
             }
             MapOp::DeleteService(key) => {
                 self.services.remove(&key.to_bytes());
+            }
+            MapOp::ClearAffinity(key) => {
+                let keep = self.pinnable(key);
+                self.pins
+                    .retain(|&(_, k), endpoint| k != key || keep.contains(endpoint));
             }
         }
         Ok(())

@@ -1,20 +1,31 @@
-//! The embedded programs: loaded into the kernel, attached to a cgroup v2 directory,
-//! detached when [`SocketPrograms`] is dropped (the kernel also detaches them when the
-//! process exits, so a crashed proxy leaves no translation behind: nftables mode's rules,
-//! which stay fully programmed, serve the sockets meanwhile).
+//! The embedded programs: loaded into the kernel, attached to a cgroup v2 directory.
+//!
+//! Loaded with [`SocketPrograms::load`], they are detached when [`SocketPrograms`] is
+//! dropped (or the process exits): nftables mode's rules, which stay fully programmed, serve
+//! the sockets then. Loaded with [`SocketPrograms::load_pinned`], their maps and links are
+//! pinned in bpffs ([`crate::pin`]) and outlive the process: a new process adopts the maps
+//! and replaces each link after attaching its own, so some program translates at every
+//! moment. [`SocketPrograms::verify`] finds pins someone else removed (a removed link pin
+//! detaches the program: this process keeps no link of its own) and
+//! [`SocketPrograms::repair`] puts them back.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use aya::maps::HashMap as BpfHashMap;
+use aya::maps::{HashMap as BpfHashMap, MapData, MapInfo};
+use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType, Program};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::error::{
     AttachError, CGROUP2_SUPER_MAGIC, LoadError, Unavailable, kernel_is_recent, permission_denied,
 };
-use crate::layout::{SERVICES_MAP, SERVICES6_MAP, SLOTS_MAP, SLOTS6_MAP};
+use crate::layout::{
+    AFFINITY_MAP, AFFINITY6_MAP, REVERSE_MAP, REVERSE6_MAP, SERVICES_MAP, SERVICES6_MAP, SLOTS_MAP,
+    SLOTS6_MAP,
+};
 use crate::maps::{ByteMap, KernelMaps};
+use crate::pin::{link_pin, map_pin};
 
 /// `bpf/socklb.bpf.c`, compiled by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socklb.bpf.o"));
@@ -31,18 +42,62 @@ pub const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
     ("kp_getpeername6", CgroupSockAddrAttachType::GetPeerName6),
 ];
 
+/// Every map, as the object names them (the pinned ones).
+pub const MAPS: [&str; 8] = [
+    SERVICES_MAP,
+    SLOTS_MAP,
+    REVERSE_MAP,
+    AFFINITY_MAP,
+    SERVICES6_MAP,
+    SLOTS6_MAP,
+    REVERSE6_MAP,
+    AFFINITY6_MAP,
+];
+
+/// A pin [`SocketPrograms::verify`] found missing (or not ours).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MissingPin {
+    /// A program's link: the program is not attached any more.
+    Link(&'static str),
+    /// A map's pin: the map lives on (the programs hold it), but a new process would not
+    /// adopt it.
+    Map(&'static str),
+}
+
 /// The programs, loaded; attached to at most one cgroup.
 #[derive(Debug)]
 pub struct SocketPrograms {
     ebpf: Ebpf,
     attached: Option<PathBuf>,
+    /// Where the links and maps are pinned ([`Self::load_pinned`]).
+    pins: Option<PathBuf>,
+    /// The kernel's id of each map, to pin it again.
+    map_ids: Vec<(&'static str, u32)>,
 }
 
 impl SocketPrograms {
     /// Loads the programs and their maps (empty: nothing is translated yet).
     pub fn load() -> Result<(Self, KernelMaps), LoadError> {
+        Self::load_with(EbpfLoader::new(), None)
+    }
+
+    /// Loads the programs with their maps pinned in `dir` (on a bpffs, see
+    /// [`crate::pin::prepare`]): maps pinned there already are adopted with what they hold
+    /// (read it with [`KernelMaps::read_back`]), the others are created and pinned.
+    pub fn load_pinned(dir: &Path) -> Result<(Self, KernelMaps), LoadError> {
+        let mut loader = EbpfLoader::new();
+        for name in MAPS {
+            loader.map_pin_path(name, map_pin(dir, name));
+        }
+        Self::load_with(loader, Some(dir.to_owned()))
+    }
+
+    fn load_with(
+        mut loader: EbpfLoader<'_>,
+        pins: Option<PathBuf>,
+    ) -> Result<(Self, KernelMaps), LoadError> {
         check_kernel()?;
-        let mut ebpf = EbpfLoader::new()
+        let mut ebpf = loader
             .load(OBJECT)
             .map_err(|error| classify(error, LoadError::Object))?;
         for (name, _) in PROGRAMS {
@@ -50,16 +105,21 @@ impl SocketPrograms {
                 .load()
                 .map_err(|source| classify(source, |source| LoadError::Program { name, source }))?;
         }
+        let map_ids = map_ids(&ebpf);
         let maps = KernelMaps {
             services: take_map(&mut ebpf, SERVICES_MAP)?,
             slots: take_map(&mut ebpf, SLOTS_MAP)?,
             services6: take_map(&mut ebpf, SERVICES6_MAP)?,
             slots6: take_map(&mut ebpf, SLOTS6_MAP)?,
+            affinity: take_map(&mut ebpf, AFFINITY_MAP)?,
+            affinity6: take_map(&mut ebpf, AFFINITY6_MAP)?,
         };
         Ok((
             Self {
                 ebpf,
                 attached: None,
+                pins,
+                map_ids,
             },
             maps,
         ))
@@ -75,21 +135,120 @@ impl SocketPrograms {
         };
         let dir = File::open(cgroup).map_err(open)?;
         for (name, _) in PROGRAMS {
-            let attach = |source| AttachError::Attach {
-                name,
-                path: cgroup.to_owned(),
-                source,
-            };
-            let program = program(&mut self.ebpf, name)
-                .map_err(|_| attach(aya::programs::ProgramError::NotLoaded))?;
-            // `Single` is flags 0, which a cgroup bpf_link needs (EINVAL otherwise); a link
-            // still runs beside other programs attached to the cgroup, as with ALLOW_MULTI.
-            program
-                .attach(&dir, CgroupAttachMode::Single)
-                .map_err(attach)?;
+            self.attach_one(name, &dir, cgroup)?;
         }
         self.attached = Some(cgroup.to_owned());
         Ok(())
+    }
+
+    /// Attaches `name` to `dir` (`path`); when pinned, replaces the previous link's pin by
+    /// the new link's, after the new one is attached, and keeps no link of its own.
+    fn attach_one(
+        &mut self,
+        name: &'static str,
+        dir: &File,
+        path: &Path,
+    ) -> Result<(), AttachError> {
+        let attach = |source| AttachError::Attach {
+            name,
+            path: path.to_owned(),
+            source,
+        };
+        let program = program(&mut self.ebpf, name)
+            .map_err(|_| attach(aya::programs::ProgramError::NotLoaded))?;
+        // `Single` is flags 0, which a cgroup bpf_link needs (EINVAL otherwise); a link
+        // still runs beside other programs attached to the cgroup, as with ALLOW_MULTI.
+        let id = program
+            .attach(dir, CgroupAttachMode::Single)
+            .map_err(attach)?;
+        let Some(pins) = &self.pins else {
+            return Ok(());
+        };
+        let pin = link_pin(pins, name);
+        let failed = |source: Box<dyn std::error::Error + Send + Sync>| AttachError::Pin {
+            name,
+            path: pin.clone(),
+            source,
+        };
+        let link = program.take_link(id).map_err(|e| failed(e.into()))?;
+        let link = FdLink::try_from(link).map_err(|e| failed(e.into()))?;
+        // The old link (a previous process's) detaches once its pin goes; ours runs already.
+        match std::fs::remove_file(&pin) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(failed(error.into()));
+            }
+            _ => {}
+        }
+        link.pin(&pin).map_err(|e| failed(e.into()))?;
+        Ok(())
+    }
+
+    /// The pins that are missing or hold something else than this process's links and maps
+    /// (none when not pinned or not attached).
+    pub fn verify(&self) -> Vec<MissingPin> {
+        let (Some(pins), Some(_)) = (&self.pins, &self.attached) else {
+            return Vec::new();
+        };
+        let ids = self.program_ids_by_name();
+        let links = PROGRAMS.into_iter().filter_map(|(name, _)| {
+            let ours = ids.iter().find(|(n, _)| *n == name).map(|(_, id)| *id);
+            (linked_program(&link_pin(pins, name)) != ours || ours.is_none())
+                .then_some(MissingPin::Link(name))
+        });
+        let maps = self.map_ids.iter().filter_map(|&(name, id)| {
+            let pinned = MapData::from_pin(map_pin(pins, name))
+                .ok()
+                .and_then(|map| map.info().ok())
+                .map(|info| info.id());
+            (pinned != Some(id)).then_some(MissingPin::Map(name))
+        });
+        links.chain(maps).collect()
+    }
+
+    /// Puts back what [`Self::verify`] found missing: attaches a new link (pinned) for each
+    /// missing link, pins each map again.
+    pub fn repair(&mut self, missing: &[MissingPin]) -> Result<(), AttachError> {
+        let (Some(pins), Some(cgroup)) = (self.pins.clone(), self.attached.clone()) else {
+            return Ok(());
+        };
+        let dir = File::open(&cgroup).map_err(|source| AttachError::Open {
+            path: cgroup.clone(),
+            source,
+        })?;
+        for what in missing {
+            match *what {
+                MissingPin::Link(name) => self.attach_one(name, &dir, &cgroup)?,
+                MissingPin::Map(name) => self.pin_map(&pins, name)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn pin_map(&self, pins: &Path, name: &'static str) -> Result<(), AttachError> {
+        let path = map_pin(pins, name);
+        let failed = |source: Box<dyn std::error::Error + Send + Sync>| AttachError::Pin {
+            name,
+            path: path.clone(),
+            source,
+        };
+        let Some(&(_, id)) = self.map_ids.iter().find(|(n, _)| *n == name) else {
+            return Ok(());
+        };
+        let map = MapData::from_id(id).map_err(|e| failed(e.into()))?;
+        match std::fs::remove_file(&path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(failed(error.into()));
+            }
+            _ => {}
+        }
+        map.pin(&path).map_err(|e| failed(e.into()))
+    }
+
+    fn program_ids_by_name(&self) -> Vec<(&str, u32)> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, program)| Some((name, program.info().ok()?.id())))
+            .collect()
     }
 
     /// The cgroup the programs are attached to.
@@ -105,6 +264,31 @@ impl SocketPrograms {
             .map(|info| info.id())
             .collect()
     }
+}
+
+/// The kernel's id of each of [`MAPS`], from the maps the loaded programs use (names alone
+/// could be another process's maps).
+fn map_ids(ebpf: &Ebpf) -> Vec<(&'static str, u32)> {
+    let mut used: Vec<u32> = ebpf
+        .programs()
+        .filter_map(|(_, program)| program.info().ok()?.map_ids().ok().flatten())
+        .flatten()
+        .collect();
+    used.sort_unstable();
+    used.dedup();
+    used.into_iter()
+        .filter_map(|id| {
+            let info = MapInfo::from_id(id).ok()?;
+            let name = MAPS.into_iter().find(|n| info.name_as_str() == Some(n))?;
+            Some((name, id))
+        })
+        .collect()
+}
+
+/// The id of the program the link pinned at `path` runs, if there is one.
+fn linked_program(path: &Path) -> Option<u32> {
+    let link = FdLink::from(PinnedLink::from_pin(path).ok()?);
+    link.info().ok().map(|info| info.program_id())
 }
 
 /// [`Unavailable::NotPermitted`] if the kernel said EPERM anywhere in `error`, else `other`.

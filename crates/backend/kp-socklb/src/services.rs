@@ -13,12 +13,12 @@ use kp_core::model::ServiceName;
 use kp_core::tracker::ProxyState;
 
 use crate::balancer::{Balancer, SetError, SyncReport};
-use crate::desired::desired_service;
+use crate::desired::{Target, Targets, desired_service};
 use crate::layout::ServiceKey;
 use crate::maps::MapWriter;
 
 /// What one Service asks the maps for.
-type Wants = BTreeMap<ServiceKey, Vec<SocketAddr>>;
+type Wants = Targets;
 
 /// The socket load balancer's maps, kept to the proxy state by full and partial syncs.
 #[derive(Debug)]
@@ -98,7 +98,10 @@ impl<M: MapWriter> ServiceLb<M> {
                 .and_then(|names| self.winner_endpoints(key, names))
                 .cloned();
             let result = match wanted {
-                Some(endpoints) => self.balancer.set(key, &endpoints),
+                Some(target) => {
+                    self.balancer
+                        .set_target(key, &target.endpoints, target.affinity_ms)
+                }
                 None => self
                     .balancer
                     .remove(key)
@@ -138,12 +141,8 @@ impl<M: MapWriter> ServiceLb<M> {
         old
     }
 
-    /// The endpoints of `key` as its winning claimant (the greatest name) asks.
-    fn winner_endpoints(
-        &self,
-        key: ServiceKey,
-        names: &BTreeSet<ServiceName>,
-    ) -> Option<&Vec<SocketAddr>> {
+    /// What `key` holds as its winning claimant (the greatest name) asks.
+    fn winner_endpoints(&self, key: ServiceKey, names: &BTreeSet<ServiceName>) -> Option<&Target> {
         self.wants.get(names.last()?)?.get(&key)
     }
 
@@ -257,7 +256,7 @@ mod tests {
             "b wins"
         );
         assert_eq!(
-            crate::desired(&both).get(&external),
+            crate::desired(&both).get(&external).map(|t| &t.endpoints),
             lb.endpoints(external).map(<[_]>::to_vec).as_ref()
         );
         let only_a = state(vec![(

@@ -4,7 +4,9 @@
 //! that keeps every lookup the programs make valid at every step: slots a new count will use
 //! are written before the count, and slots past a smaller count are deleted after it. A
 //! program that still finds no slot (a race with a removal) leaves the socket's address
-//! alone, and nftables mode's rules serve it.
+//! alone, and nftables mode's rules serve it. A Service port with ClientIP affinity also
+//! gets [`MapOp::ClearAffinity`] after its writes when an endpoint left its list (or it was
+//! removed, or affinity turned off), so no client stays pinned to a gone endpoint.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -12,6 +14,7 @@ use std::net::SocketAddr;
 use kp_core::model::IpFamily;
 
 use crate::layout::{ServiceEntry, ServiceKey, SlotKey};
+use crate::maps::Held;
 
 /// One map write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +42,10 @@ pub enum MapOp {
     },
     /// Remove a Service port (absent already is fine).
     DeleteService(ServiceKey),
+    /// Delete the affinity pins of a Service port to endpoints the maps no longer give it
+    /// (every pin when the port is gone or has no affinity): read back from the maps, so
+    /// it comes after the writes that change them.
+    ClearAffinity(ServiceKey),
 }
 
 /// A Service port as written.
@@ -50,6 +57,10 @@ struct Placed {
     in_sync: bool,
     /// Slots `0..high` may hold something.
     high: u32,
+    /// ClientIP affinity's timeout (ms; 0: none).
+    affinity_ms: u32,
+    /// The affinity maps may hold pins of this port.
+    pinned: bool,
 }
 
 /// The Service ports the maps hold, with their ids.
@@ -62,26 +73,43 @@ pub struct ServiceTable {
 
 impl ServiceTable {
     /// The writes that make `key` send to `endpoints` (sorted and deduplicated: each
-    /// endpoint one slot, equally likely; none means refused), in a safe order. Call
-    /// [`Self::written`] or [`Self::failed`] once they were applied or not.
-    pub fn set(&mut self, key: ServiceKey, endpoints: &[SocketAddr]) -> Vec<MapOp> {
+    /// endpoint one slot, equally likely; none means refused) with ClientIP affinity for
+    /// `affinity_ms` (0: none), in a safe order. Call [`Self::written`] or [`Self::failed`]
+    /// once they were applied or not.
+    pub fn set(
+        &mut self,
+        key: ServiceKey,
+        endpoints: &[SocketAddr],
+        affinity_ms: u32,
+    ) -> Vec<MapOp> {
         let mut wanted = endpoints.to_vec();
         wanted.sort_unstable();
         wanted.dedup();
+        let entry = |id| ServiceEntry {
+            id,
+            count: count(wanted.len()),
+            affinity_ms,
+        };
         let Some(placed) = self.services.get(&key) else {
             let id = self.free_ids.pop().unwrap_or_else(|| self.take_id());
             let ops = slot_writes(id, &[], &wanted, false);
-            let ops = with_entry(ops, key, id, wanted.len(), 0);
-            self.services.insert(key, pending(id, wanted, 0));
+            let ops = with_entry(ops, key, entry(id), 0);
+            let placed = pending(id, wanted, 0, affinity_ms, affinity_ms != 0);
+            self.services.insert(key, placed);
             return ops;
         };
-        if placed.in_sync && placed.endpoints == wanted {
+        if placed.in_sync && placed.endpoints == wanted && placed.affinity_ms == affinity_ms {
             return Vec::new();
         }
-        let (id, high) = (placed.id, placed.high);
+        let (id, high, pinned) = (placed.id, placed.high, placed.pinned || affinity_ms != 0);
+        let clear = unpins(placed, &wanted, affinity_ms);
         let ops = slot_writes(id, &placed.endpoints, &wanted, placed.in_sync);
-        let ops = with_entry(ops, key, id, wanted.len(), high);
-        self.services.insert(key, pending(id, wanted, high));
+        let mut ops = with_entry(ops, key, entry(id), high);
+        if clear {
+            ops.push(MapOp::ClearAffinity(key));
+        }
+        let placed = pending(id, wanted, high, affinity_ms, pinned);
+        self.services.insert(key, placed);
         ops
     }
 
@@ -97,8 +125,10 @@ impl ServiceTable {
                 key: SlotKey { id, slot },
                 family,
             });
+        let clear = placed.pinned.then_some(MapOp::ClearAffinity(key));
         std::iter::once(MapOp::DeleteService(key))
             .chain(slots)
+            .chain(clear)
             .collect()
     }
 
@@ -114,6 +144,8 @@ impl ServiceTable {
         if let Some(placed) = self.services.get_mut(&key) {
             placed.in_sync = true;
             placed.high = count(placed.endpoints.len());
+            // Without affinity, its writes cleared every pin there was.
+            placed.pinned = placed.affinity_ms != 0;
         }
     }
 
@@ -122,6 +154,29 @@ impl ServiceTable {
         if let Some(placed) = self.services.get_mut(&key) {
             placed.in_sync = false;
             placed.high = placed.high.max(count(placed.endpoints.len()));
+        }
+    }
+
+    /// Takes over what maps a previous process wrote hold (`held`; `top_slot_id`: the highest
+    /// id any slot uses), so the next writes are differences and no id is used twice. A
+    /// port with a hole in its slots is rewritten whole by its next set.
+    pub fn adopt(&mut self, held: Vec<Held>, top_slot_id: Option<u32>) {
+        let top = held.iter().map(|h| h.entry.id).chain(top_slot_id).max();
+        self.next_id = top.map_or(0, |id| id.saturating_add(1));
+        self.free_ids.clear();
+        for Held { key, entry, slots } in held {
+            let given = &slots[..slots.len().min(entry.count as usize)];
+            let endpoints: Vec<SocketAddr> = given.iter().flatten().copied().collect();
+            let whole = endpoints.len() == entry.count as usize && endpoints.is_sorted();
+            let placed = Placed {
+                id: entry.id,
+                endpoints,
+                in_sync: whole,
+                high: count(slots.len()),
+                affinity_ms: entry.affinity_ms,
+                pinned: entry.affinity_ms != 0,
+            };
+            self.services.insert(key, placed);
         }
     }
 
@@ -152,13 +207,34 @@ impl ServiceTable {
     }
 }
 
-fn pending(id: u32, endpoints: Vec<SocketAddr>, high: u32) -> Placed {
+fn pending(
+    id: u32,
+    endpoints: Vec<SocketAddr>,
+    high: u32,
+    affinity_ms: u32,
+    pinned: bool,
+) -> Placed {
     Placed {
         id,
         endpoints,
         in_sync: false,
         high,
+        affinity_ms,
+        pinned,
     }
+}
+
+/// Whether going from `placed` to `wanted` (sorted) may leave a client pinned to an
+/// endpoint no longer given: one left the list, affinity was turned off, or the maps are
+/// not known (a failed write).
+fn unpins(placed: &Placed, wanted: &[SocketAddr], affinity_ms: u32) -> bool {
+    placed.pinned
+        && (!placed.in_sync
+            || affinity_ms == 0
+            || placed
+                .endpoints
+                .iter()
+                .any(|e| wanted.binary_search(e).is_err()))
 }
 
 /// A slot count: a Service port has far fewer endpoints than `u32::MAX`.
@@ -181,15 +257,11 @@ fn slot_writes(id: u32, old: &[SocketAddr], new: &[SocketAddr], trusted: bool) -
         .collect()
 }
 
-/// `ops`, then the service entry, then deletes of the slots from `len` up to `high`.
-fn with_entry(mut ops: Vec<MapOp>, key: ServiceKey, id: u32, len: usize, high: u32) -> Vec<MapOp> {
-    let len = count(len);
-    ops.push(MapOp::PutService {
-        key,
-        entry: ServiceEntry { id, count: len },
-    });
-    let family = key.family();
-    ops.extend((len..high).map(|slot| MapOp::DeleteSlot {
+/// `ops`, then the service entry, then deletes of the slots from its count up to `high`.
+fn with_entry(mut ops: Vec<MapOp>, key: ServiceKey, entry: ServiceEntry, high: u32) -> Vec<MapOp> {
+    ops.push(MapOp::PutService { key, entry });
+    let (family, id) = (key.family(), entry.id);
+    ops.extend((entry.count..high).map(|slot| MapOp::DeleteSlot {
         key: SlotKey { id, slot },
         family,
     }));
@@ -220,14 +292,22 @@ mod tests {
     fn entry(id: u32, count: u32) -> MapOp {
         MapOp::PutService {
             key: key(),
-            entry: ServiceEntry { id, count },
+            entry: ServiceEntry {
+                id,
+                count,
+                affinity_ms: 0,
+            },
         }
     }
 
     #[test]
     fn a_new_service_writes_its_slots_before_its_count() {
         let mut table = ServiceTable::default();
-        let ops = table.set(key(), &eps(&["10.0.0.2:80", "10.0.0.1:80", "10.0.0.2:80"]));
+        let ops = table.set(
+            key(),
+            &eps(&["10.0.0.2:80", "10.0.0.1:80", "10.0.0.2:80"]),
+            0,
+        );
         assert_eq!(
             ops,
             [
@@ -239,7 +319,7 @@ mod tests {
         table.written(key());
         assert!(
             table
-                .set(key(), &eps(&["10.0.0.1:80", "10.0.0.2:80"]))
+                .set(key(), &eps(&["10.0.0.1:80", "10.0.0.2:80"]), 0)
                 .is_empty()
         );
     }
@@ -247,9 +327,13 @@ mod tests {
     #[test]
     fn shrinking_lowers_the_count_before_deleting_slots() {
         let mut table = ServiceTable::default();
-        table.set(key(), &eps(&["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"]));
+        table.set(
+            key(),
+            &eps(&["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"]),
+            0,
+        );
         table.written(key());
-        let ops = table.set(key(), &eps(&["10.0.0.1:80"]));
+        let ops = table.set(key(), &eps(&["10.0.0.1:80"]), 0);
         let delete = |slot| MapOp::DeleteSlot {
             key: SlotKey { id: 0, slot },
             family: IpFamily::V4,
@@ -260,15 +344,15 @@ mod tests {
     #[test]
     fn no_endpoints_is_a_count_of_zero() {
         let mut table = ServiceTable::default();
-        assert_eq!(table.set(key(), &[]), [entry(0, 0)]);
+        assert_eq!(table.set(key(), &[], 0), [entry(0, 0)]);
     }
 
     #[test]
     fn a_failed_write_is_rewritten_whole() {
         let mut table = ServiceTable::default();
-        table.set(key(), &eps(&["10.0.0.1:80", "10.0.0.2:80"]));
+        table.set(key(), &eps(&["10.0.0.1:80", "10.0.0.2:80"]), 0);
         table.failed(key());
-        let ops = table.set(key(), &eps(&["10.0.0.1:80"]));
+        let ops = table.set(key(), &eps(&["10.0.0.1:80"]), 0);
         let delete = MapOp::DeleteSlot {
             key: SlotKey { id: 0, slot: 1 },
             family: IpFamily::V4,
@@ -279,7 +363,7 @@ mod tests {
     #[test]
     fn removed_ids_are_reused_and_their_slots_deleted() {
         let mut table = ServiceTable::default();
-        table.set(key(), &eps(&["10.0.0.1:80"]));
+        table.set(key(), &eps(&["10.0.0.1:80"]), 0);
         table.written(key());
         let ops = table.remove(key());
         let delete = MapOp::DeleteSlot {
@@ -291,12 +375,102 @@ mod tests {
         table.removed(key());
         let other = ServiceKey::new("10.96.0.11:80".parse().expect("literal"), Protocol::Tcp);
         assert!(matches!(
-            table.set(other, &[])[..],
+            table.set(other, &[], 0)[..],
             [MapOp::PutService {
                 entry: ServiceEntry { id: 0, .. },
                 ..
             }]
         ));
         assert!(table.remove(key()).is_empty());
+    }
+
+    #[test]
+    fn affinity_pins_are_cleared_when_an_endpoint_leaves() {
+        let mut table = ServiceTable::default();
+        let two = eps(&["10.0.0.1:80", "10.0.0.2:80"]);
+        let ops = table.set(key(), &two, 10_000);
+        assert!(
+            !ops.contains(&MapOp::ClearAffinity(key())),
+            "new: no pins yet"
+        );
+        table.written(key());
+        let grown = eps(&["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"]);
+        let ops = table.set(key(), &grown, 10_000);
+        assert!(
+            !ops.contains(&MapOp::ClearAffinity(key())),
+            "nobody's endpoint left"
+        );
+        table.written(key());
+        let ops = table.set(key(), &two[1..], 10_000);
+        assert_eq!(
+            ops.last(),
+            Some(&MapOp::ClearAffinity(key())),
+            "after the writes"
+        );
+        table.written(key());
+        let ops = table.set(key(), &two[1..], 0);
+        assert_eq!(
+            ops.last(),
+            Some(&MapOp::ClearAffinity(key())),
+            "affinity off"
+        );
+        table.written(key());
+        let ops = table.set(key(), &two[..1], 0);
+        assert!(
+            !ops.contains(&MapOp::ClearAffinity(key())),
+            "no affinity, no pins"
+        );
+        table.written(key());
+        table.set(key(), &two, 5_000);
+        table.written(key());
+        assert_eq!(
+            table.remove(key()).last(),
+            Some(&MapOp::ClearAffinity(key()))
+        );
+    }
+
+    #[test]
+    fn adopted_ports_are_kept_and_their_ids_never_reused() {
+        let mut table = ServiceTable::default();
+        let (a, b) = (
+            "10.0.0.1:80".parse().expect("literal"),
+            "10.0.0.2:80".parse().expect("literal"),
+        );
+        let entry = |id, count| ServiceEntry {
+            id,
+            count,
+            affinity_ms: 0,
+        };
+        let other = ServiceKey::new("10.96.0.11:80".parse().expect("literal"), Protocol::Tcp);
+        let held = vec![
+            Held {
+                key: key(),
+                entry: entry(3, 2),
+                slots: vec![Some(a), Some(b)],
+            },
+            Held {
+                key: other,
+                entry: entry(1, 2),
+                slots: vec![Some(a), None],
+            },
+        ];
+        table.adopt(held, Some(7));
+        assert!(
+            table.set(key(), &[a, b], 0).is_empty(),
+            "held as wanted: no write"
+        );
+        let ops = table.set(other, &[a, b], 0);
+        assert_eq!(ops.len(), 3, "a hole: rewritten whole: {ops:?}");
+        let new = ServiceKey::new("10.96.0.12:80".parse().expect("literal"), Protocol::Tcp);
+        assert!(
+            matches!(
+                table.set(new, &[], 0)[..],
+                [MapOp::PutService {
+                    entry: ServiceEntry { id: 8, .. },
+                    ..
+                }]
+            ),
+            "past every id in use, orphan slots' included"
+        );
     }
 }

@@ -10,7 +10,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, U
 use std::time::Duration;
 
 use kp_core::model::Protocol;
-use kp_socklb::{Balancer, KernelMaps, LoadError, ServiceKey, SocketPrograms, Unavailable};
+use kp_socklb::program::PROGRAMS;
+use kp_socklb::{
+    Balancer, KernelMaps, LoadError, MissingPin, ServiceKey, SocketPrograms, Unavailable, pin,
+};
 use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
 use kp_testbed::isolated::{self, sh};
 
@@ -18,6 +21,8 @@ use kp_testbed::isolated::{self, sh};
 const A: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 3);
 /// Endpoint "b", where nftables mode's rule sends it.
 const B: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 4);
+/// Endpoint "c", for the affinity test.
+const C: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 5);
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 /// A Service port without endpoints.
 const EMPTY_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
@@ -394,6 +399,218 @@ fn a_proxy_state_is_served_as_the_shared_plan_decides() {
             let refused = TcpStream::connect_timeout(&at(Ipv4Addr::new(10, 96, 0, 13), 80), WAIT);
             let error = refused.expect_err("no endpoints");
             assert_eq!(error.kind(), ErrorKind::ConnectionRefused, "{error}");
+        },
+    );
+}
+
+/// In a fresh network namespace (this thread's, from [`isolated::on_thread`]): endpoints a
+/// and b on its loopback, as in [`node`], so a client here reaches them.
+fn client_namespace() {
+    sh("ip link set lo up && ip addr add 10.244.1.3/32 dev lo && ip addr add 10.244.1.4/32 dev lo");
+    for endpoint in [A, B] {
+        tcp_server(at(endpoint, 8080));
+    }
+}
+
+/// The endpoint a client keeps answering from: `n` connections, asserted to agree.
+fn pinned_endpoint(svc: SocketAddr, n: usize) -> String {
+    let first = tcp_answer(svc).0;
+    for _ in 1..n {
+        assert_eq!(tcp_answer(svc).0, first, "pinned");
+    }
+    first
+}
+
+#[test]
+fn client_ip_affinity_pins_each_network_namespace() {
+    isolated::run(
+        "client_ip_affinity_pins_each_network_namespace",
+        unavailable,
+        || {
+            node();
+            sh("ip addr add 10.244.1.5/32 dev lo");
+            tcp_server(at(C, 8080));
+            // EMPTY_IP is routed out of the veth: only a translated SYN is answered.
+            let svc = at(EMPTY_IP, 80);
+            let key = service(EMPTY_IP, 80, Protocol::Tcp);
+            let (a, b, c) = (at(A, 8080), at(B, 8080), at(C, 8080));
+            let mut node = attach();
+            node.lb.set_target(key, &[a, b], 60_000).expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+            // 32 connections to one endpoint: without affinity, probability 2^-31.
+            let mine = pinned_endpoint(svc, 32);
+
+            // Other namespaces pick for themselves (each the other endpoint with probability
+            // 1/2: 20 all pinned alike, 2^-20), and leave this one's pin alone.
+            let elsewhere = (0..20).find_map(|_| {
+                isolated::on_thread(|| {
+                    client_namespace();
+                    let theirs = pinned_endpoint(svc, 8);
+                    (theirs != mine).then_some(theirs)
+                })
+            });
+            assert!(elsewhere.is_some(), "every namespace got {mine}");
+            assert_eq!(pinned_endpoint(svc, 8), mine, "still pinned here");
+
+            // Expiry: 300 ms after its last connect a client picks anew (the other endpoint
+            // with probability 1/2 each time: never in 20 rounds, 2^-20).
+            node.lb.set_target(key, &[a, b], 300).expect("set");
+            let mut current = mine;
+            let moved = (0..20).any(|_| {
+                std::thread::sleep(Duration::from_millis(400));
+                let now = tcp_answer(svc).0;
+                std::mem::replace(&mut current, now) != current
+            });
+            assert!(moved, "never re-picked after expiry: {current}");
+
+            // An endpoint leaving unpins its clients; one staying keeps them.
+            node.lb.set_target(key, &[a, b, c], 60_000).expect("set");
+            let pinned = pinned_endpoint(svc, 4);
+            let rest: Vec<SocketAddr> = [a, b, c]
+                .into_iter()
+                .filter(|e| e.to_string() != pinned)
+                .collect();
+            node.lb.set_target(key, &rest, 60_000).expect("set");
+            let repinned = pinned_endpoint(svc, 16);
+            assert_ne!(repinned, pinned, "unpinned from the gone endpoint");
+            node.lb.set_target(key, &[a, b, c], 60_000).expect("set");
+            assert_eq!(pinned_endpoint(svc, 16), repinned, "its endpoint stayed");
+        },
+    );
+}
+
+#[test]
+fn client_ip_affinity_over_ipv6_pins_and_unpins() {
+    isolated::run(
+        "client_ip_affinity_over_ipv6_pins_and_unpins",
+        unavailable,
+        || {
+            node();
+            sh("ip addr add fd00:10:244:1::3/128 dev lo nodad \
+                && ip addr add fd00:10:244:1::4/128 dev lo nodad \
+                && ip route add fd00:96::/112 dev kpv0");
+            let a = at(A6, 8080);
+            let b = at(Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 4), 8080);
+            tcp_server(a);
+            tcp_server(b);
+            let sticky = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x12);
+            let (svc, key) = (at(sticky, 80), service(sticky, 80, Protocol::Tcp));
+            let mut node = attach();
+            node.lb.set_target(key, &[a, b], 60_000).expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+            let pinned = pinned_endpoint(svc, 32);
+            let other = if pinned == a.to_string() { b } else { a };
+            node.lb.set_target(key, &[other], 60_000).expect("set");
+            assert_eq!(tcp_answer(svc).0, other.to_string(), "unpinned");
+            node.lb.set_target(key, &[a, b], 60_000).expect("set");
+            assert_eq!(pinned_endpoint(svc, 16), other.to_string(), "pinned anew");
+        },
+    );
+}
+
+/// A private bpffs (mounted by [`pin::prepare`] under a temporary directory), unmounted on
+/// drop, which releases whatever is still pinned there.
+struct Bpffs {
+    root: tempfile::TempDir,
+}
+
+impl Bpffs {
+    fn mount() -> Self {
+        let root = tempfile::tempdir().expect("tempdir");
+        let bpffs = Self { root };
+        assert!(
+            pin::prepare(&bpffs.pins()).expect("mount bpffs"),
+            "mounted one"
+        );
+        bpffs
+    }
+
+    /// The pins' directory on it.
+    fn pins(&self) -> std::path::PathBuf {
+        pin::pin_dir(Some(self.root.path()))
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let base = self.root.path().join("bpf");
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(base)
+            .status();
+    }
+}
+
+/// Waits (up to [`WAIT`]) for connections to `svc` to reach `endpoint`: the kernel releases
+/// a link whose last pin went from a work queue, a moment later.
+fn answered_soon_by(svc: SocketAddr, endpoint: &str) {
+    let start = std::time::Instant::now();
+    let mut last = tcp_answer(svc).0;
+    while last != endpoint && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(20));
+        last = tcp_answer(svc).0;
+    }
+    assert_eq!(last, endpoint, "not reached within {WAIT:?}");
+}
+
+#[test]
+fn pinned_programs_outlive_their_loader_are_adopted_and_restored() {
+    isolated::run(
+        "pinned_programs_outlive_their_loader_are_adopted_and_restored",
+        unavailable,
+        || {
+            node();
+            let bpffs = Bpffs::mount();
+            let dir = bpffs.pins();
+            let svc = at(CLUSTER_IP, 80);
+            let (a, key) = (at(A, 8080), service(CLUSTER_IP, 80, Protocol::Tcp));
+            let mut cgroup = TestCgroup::create(CGROUP_PREFIX).expect("test cgroup");
+            let (mut programs, maps) = SocketPrograms::load_pinned(&dir).expect("load");
+            programs.attach(cgroup.path()).expect("attach");
+            let mut lb = Balancer::new(maps);
+            lb.set(key, &[a]).expect("set");
+            cgroup.enter().expect("enter cgroup");
+            assert_eq!(tcp_answer(svc).0, a.to_string());
+            // The loader goes, as a killed proxy: the pins keep translating.
+            drop((programs, lb));
+            assert_eq!(tcp_answer(svc).0, a.to_string(), "still attached");
+
+            // A new loader adopts the maps as they are and replaces the links.
+            let (mut programs, maps) = SocketPrograms::load_pinned(&dir).expect("load");
+            let (held, top) = maps.read_back();
+            assert_eq!(held.len(), 1, "{held:?}");
+            assert_eq!((held[0].key, &held[0].slots[..]), (key, &[Some(a)][..]));
+            let mut lb = Balancer::new(maps);
+            lb.adopt(held, top);
+            assert_eq!(
+                lb.set(key, &[a]).expect("set"),
+                0,
+                "adopted: nothing to write"
+            );
+            programs.attach(cgroup.path()).expect("attach");
+            assert!(programs.verify().is_empty(), "{:?}", programs.verify());
+            assert_eq!(tcp_answer(svc).0, a.to_string());
+
+            // Someone removes the link pins (the programs detach) and a map's pin.
+            for (name, _) in PROGRAMS {
+                std::fs::remove_file(pin::link_pin(&dir, name)).expect("unpin");
+            }
+            std::fs::remove_file(pin::map_pin(&dir, "kp_services")).expect("unpin");
+            answered_soon_by(svc, "10.244.1.4:8080");
+            let missing = programs.verify();
+            assert_eq!(missing.len(), PROGRAMS.len() + 1, "{missing:?}");
+            assert!(
+                missing.contains(&MissingPin::Map("kp_services")),
+                "{missing:?}"
+            );
+            programs.repair(&missing).expect("repair");
+            assert!(programs.verify().is_empty(), "{:?}", programs.verify());
+            assert_eq!(tcp_answer(svc).0, a.to_string(), "translated again");
+
+            // Removing the pins detaches them for good once the loader goes.
+            assert_eq!(pin::remove(&dir).expect("remove"), 16);
+            drop((programs, lb));
+            answered_soon_by(svc, "10.244.1.4:8080");
         },
     );
 }

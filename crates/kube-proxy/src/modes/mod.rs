@@ -65,6 +65,12 @@ pub trait Mode {
     /// `kube-ipvs0`, ipsets): its canaries are checked every `canaryPeriod` even while
     /// nf_tables is watched.
     const CANARIES_WHILE_WATCHED: bool = false;
+
+    /// [`Self::CANARIES_WHILE_WATCHED`], or for this backend (nftables mode with the socket
+    /// load balancer, whose pins nf_tables does not notify of).
+    fn canaries_while_watched(_backend: &Self::Backend) -> bool {
+        Self::CANARIES_WHILE_WATCHED
+    }
 }
 
 /// Whether this node's iptables tools write to nf_tables (so iptables-based modes can be
@@ -141,7 +147,7 @@ fn start<M: Mode>(
     };
     let settings = settings
         .with_watch(M::watch(host))
-        .with_canaries_while_watched(M::CANARIES_WHILE_WATCHED);
+        .with_canaries_while_watched(M::canaries_while_watched(&backend));
     runtime.block_on(crate::app::run(settings, backend, registry))
 }
 

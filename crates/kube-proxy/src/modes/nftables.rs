@@ -21,7 +21,7 @@ use kp_userspace::{LocalhostMetrics, LocalhostNodePorts, RelayMetrics};
 use prometheus_client::registry::Registry;
 
 use super::host::Host;
-use super::socket_lb::SocketLb;
+use super::socket_lb::{SocketLb, SocketLbMetrics};
 use super::{Input, Mode};
 
 /// nftables mode.
@@ -33,6 +33,11 @@ impl Mode for Nftables {
 
     fn watch(_host: &Host) -> Option<Owned> {
         Some(Owned::NftablesTable)
+    }
+
+    /// The socket load balancer's pins are not nf_tables': checked every `canaryPeriod`.
+    fn canaries_while_watched(backend: &Self::Backend) -> bool {
+        backend.socket_lb.is_some()
     }
 
     /// Checks `nft`'s version and applies upstream's conntrack sysctls. nodePortAddresses
@@ -73,12 +78,13 @@ impl Mode for Nftables {
         let iptables = super::iptables::leftovers(host)?;
         let localhost = localhost_listeners(input.config, &host.families, input.registry);
         tracing::info!("Using nftables Proxier");
-        let socket_lb = input
-            .config
-            .socket_lb
-            .enabled
-            .then(|| SocketLb::start(&input.config.socket_lb))
-            .flatten();
+        let socket_lb = if input.config.socket_lb.enabled {
+            let metrics = SocketLbMetrics::register(input.registry);
+            SocketLb::start(&input.config.socket_lb, metrics)
+        } else {
+            super::socket_lb::remove_pins_logged("--socket-lb is off");
+            None
+        };
         Ok(NftablesMode {
             nft,
             iptables,
@@ -272,7 +278,11 @@ impl Backend for NftablesMode {
     }
 
     async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
-        self.nft.verify(check).await
+        let mut changes = self.nft.verify(check).await?;
+        if let Some(socket_lb) = &self.socket_lb {
+            changes.extend(socket_lb.verify());
+        }
+        Ok(changes)
     }
 
     fn kernel_changed_behind_our_back(&mut self) {

@@ -4,20 +4,30 @@
 //! from the same state and the same plan, and a partial sync touches only the changed
 //! Services' entries. nftables mode's rules stay fully programmed, so a node where the
 //! programs cannot run (said once, with why) loses nothing but the shortcut.
+//!
+//! The links and maps are pinned in bpffs ([`kp_socklb::pin`]): a restarted or killed proxy
+//! leaves translation running, and the next one adopts the maps and replaces the links.
+//! The canary check ([`SocketLb::verify`]) reports pins someone else removed as foreign
+//! changes; the full sync that follows restores them. A start without `--socket-lb` (or
+//! one that cannot attach) and `--cleanup` remove the pins ([`remove_pins`]).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kp_config::SocketLbConfiguration;
 use kp_core::backend::{SyncKind, SyncRequest};
+use kp_core::foreign::ForeignChange;
 use kp_core::model::Protocol;
 use kp_core::report::ErrorChain as _;
 use kp_core::tracker::ProxyState;
 use kp_rules::explain::{MatchKind, ServiceMatch, SocketLbPath};
 use kp_socklb::{
-    AttachError, CgroupError, CgroupTarget, KernelMaps, LoadError, ServiceKey, ServiceLb,
-    SocketPrograms,
+    AttachError, CgroupError, CgroupTarget, KernelMaps, LoadError, MissingPin, ServiceKey,
+    ServiceLb, SocketPrograms, pin,
 };
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 /// Where a node with only cgroup v1 gets a private cgroup2 mount, in the state directory.
 const PRIVATE_MOUNT: &str = "cgroup2";
@@ -36,31 +46,74 @@ pub enum StartError {
     Attach(#[from] AttachError),
 }
 
+/// The socket load balancer's metrics (docs/metrics.md), registered with `--socket-lb`
+/// whether or not the programs could be attached.
+#[derive(Clone, Debug, Default)]
+pub struct SocketLbMetrics {
+    /// `kube_proxy_rs_socket_lb_attached`: 1 while the programs are attached.
+    pub attached: Gauge,
+    /// `kube_proxy_rs_socket_lb_map_writes_total`: map element writes.
+    pub writes: Counter,
+    /// `kube_proxy_rs_socket_lb_map_write_failures_total`: Service ports whose write failed.
+    pub failures: Counter,
+}
+
+impl SocketLbMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "kube_proxy_rs_socket_lb_attached",
+            "1 while the socket load balancer's programs are attached, else 0",
+            m.attached.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_socket_lb_map_writes",
+            "Socket load balancer map element writes",
+            m.writes.clone(),
+        );
+        registry.register(
+            "kube_proxy_rs_socket_lb_map_write_failures",
+            "Service ports whose socket load balancer map write failed",
+            m.failures.clone(),
+        );
+        m
+    }
+}
+
 /// The programs, attached, and their maps.
 #[derive(Debug)]
 pub struct SocketLb {
-    /// Held for the proxy's lifetime: dropping it (or the process ending) detaches them.
-    _programs: SocketPrograms,
+    /// Held for the proxy's lifetime: pinned, the programs stay attached after it (a restart
+    /// adopts them); unpinned (no bpffs), dropping it detaches them.
+    programs: SocketPrograms,
     lb: ServiceLb<KernelMaps>,
+    metrics: SocketLbMetrics,
 }
 
 impl SocketLb {
     /// Loads and attaches the programs as `config` says; `None` where this node cannot run
-    /// them, said once at warning level with the reason (nftables mode then runs alone).
-    pub fn start(config: &SocketLbConfiguration) -> Option<Self> {
-        match Self::try_start(config) {
+    /// them, said once at warning level with the reason (nftables mode then runs alone, and
+    /// pinned programs of an earlier run are removed, since nothing would update their
+    /// maps).
+    pub fn start(config: &SocketLbConfiguration, metrics: SocketLbMetrics) -> Option<Self> {
+        match Self::try_start(config, metrics) {
             Ok(lb) => Some(lb),
             Err(error) => {
                 tracing::warn!(
                     error = %error.chain(),
                     "Socket load balancer unavailable; nftables mode runs alone"
                 );
+                remove_pins_logged("the socket load balancer could not start");
                 None
             }
         }
     }
 
-    fn try_start(config: &SocketLbConfiguration) -> Result<Self, StartError> {
+    fn try_start(
+        config: &SocketLbConfiguration,
+        metrics: SocketLbMetrics,
+    ) -> Result<Self, StartError> {
         let chosen = (!config.cgroup.is_empty()).then(|| Path::new(&config.cgroup));
         let private = kp_dataplane::sysctls::state_dir().join(PRIVATE_MOUNT);
         let target = kp_socklb::cgroup::resolve(chosen, &private)?;
@@ -71,25 +124,40 @@ impl SocketLb {
                  load balancer (every process is in its root)"
             );
         }
-        let (mut programs, maps) = SocketPrograms::load()?;
+        let (mut programs, maps) = match usable_pin_dir() {
+            Some(dir) => SocketPrograms::load_pinned(&dir)?,
+            None => SocketPrograms::load()?,
+        };
+        let (held, top_slot_id) = maps.read_back();
+        let adopted = held.len();
+        let mut lb = ServiceLb::new(maps);
+        lb.balancer_mut().adopt(held, top_slot_id);
         programs.attach(target.path())?;
+        metrics.attached.set(1);
         tracing::info!(
             cgroup = %target.path().display(),
+            adopted,
             "Socket load balancer attached: the node's own sockets reach Service addresses \
              without per-packet NAT"
         );
         Ok(Self {
-            _programs: programs,
-            lb: ServiceLb::new(maps),
+            programs,
+            lb,
+            metrics,
         })
     }
 
     /// Brings the maps to `request`'s state: every Service on a full sync, the changed ones
     /// on a partial one. A port that cannot be written is logged and left to nftables mode's
-    /// rules; the next sync rewrites everything.
+    /// rules; the next sync rewrites everything. A full sync also restores missing pins.
     pub fn sync(&mut self, request: &SyncRequest<'_>) {
         let full = request.kind == SyncKind::Full;
+        if full {
+            self.repair();
+        }
         let report = self.lb.sync(request.state, full, request.changed);
+        self.metrics.writes.inc_by(report.writes as u64);
+        self.metrics.failures.inc_by(report.failed.len() as u64);
         for (key, error) in &report.failed {
             tracing::warn!(
                 service = %describe(*key),
@@ -104,6 +172,109 @@ impl SocketLb {
             failed = report.failed.len(),
             "Socket load balancer maps synced"
         );
+    }
+
+    /// The pins someone else removed (each a foreign change: the proxier logs and counts
+    /// it, then runs the full sync that restores it).
+    pub fn verify(&self) -> Vec<ForeignChange> {
+        self.programs
+            .verify()
+            .into_iter()
+            .map(|missing| match missing {
+                MissingPin::Link(name) => ForeignChange::removed(
+                    "bpf-link",
+                    format!("socket load balancer program {name} detached (its link pin is gone)"),
+                ),
+                MissingPin::Map(name) => ForeignChange::removed(
+                    "bpf-map",
+                    format!("socket load balancer map {name} unpinned"),
+                ),
+            })
+            .collect()
+    }
+
+    /// Re-attaches detached programs and pins unpinned maps; a failure is logged and the
+    /// programs that still run go on (nftables mode's rules serve the rest).
+    fn repair(&mut self) {
+        let missing = self.programs.verify();
+        if missing.is_empty() {
+            return;
+        }
+        match self.programs.repair(&missing) {
+            Ok(()) => {
+                self.metrics.attached.set(1);
+                tracing::info!(
+                    restored = missing.len(),
+                    "Socket load balancer pins restored"
+                );
+            }
+            Err(error) => {
+                let links = missing.iter().any(|m| matches!(m, MissingPin::Link(_)));
+                if links {
+                    self.metrics.attached.set(0);
+                }
+                tracing::warn!(
+                    error = %error.chain(),
+                    "Cannot restore the socket load balancer's pins"
+                );
+            }
+        }
+    }
+}
+
+/// The pins' directory on a bpffs (mounted there if needed, which is logged); `None`, said
+/// why, where it cannot be had: the programs then detach with this process.
+fn usable_pin_dir() -> Option<PathBuf> {
+    let dir = pin_dir();
+    match pin::prepare(&dir) {
+        Ok(mounted) => {
+            if mounted {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    "Mounted a bpffs for the socket load balancer's pins: they last as long as \
+                     this mount (mount the host's /sys/fs/bpf for them to outlive the container)"
+                );
+            }
+            Some(dir)
+        }
+        Err(error) => {
+            tracing::warn!(
+                error = %error.chain(),
+                "Socket load balancer not pinned: its programs detach when this process exits"
+            );
+            None
+        }
+    }
+}
+
+/// `$KUBE_PROXY_RS_STATE_DIR/bpf/...` when the variable is set, else under /sys/fs/bpf.
+fn pin_dir() -> PathBuf {
+    let state = std::env::var_os(kp_dataplane::sysctls::STATE_DIR_ENV)
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from);
+    pin::pin_dir(state.as_deref())
+}
+
+/// Removes the socket load balancer's pinned links and maps (`--cleanup`; a start without
+/// `--socket-lb`): its programs detach. Returns how many pins there were.
+pub fn remove_pins() -> Result<usize, pin::PinError> {
+    pin::remove(&pin_dir())
+}
+
+/// [`remove_pins`], logged: at info level when there were some (`because` says why), at
+/// warning level when they cannot be removed.
+pub fn remove_pins_logged(because: &str) {
+    match remove_pins() {
+        Ok(0) => {}
+        Ok(pins) => tracing::info!(
+            pins,
+            dir = %pin_dir().display(),
+            "Removed the socket load balancer's pinned programs and maps: {because}"
+        ),
+        Err(error) => tracing::warn!(
+            error = %error.chain(),
+            "Cannot remove the socket load balancer's pinned programs and maps"
+        ),
     }
 }
 
@@ -127,15 +298,22 @@ pub(crate) fn explain_path(
     let endpoints = (m.how != MatchKind::NodePort)
         .then(|| kp_socklb::desired_service(state, &m.name.service).remove(&key))
         .flatten();
+    let pinned = endpoints.as_ref().is_some_and(|t| t.affinity_ms != 0);
+    let endpoints = endpoints.map(|t| t.endpoints);
     let reason = match &endpoints {
         Some(list) if list.is_empty() => format!(
             "no endpoints: connect() and sendto() from sockets in {cgroup} fail with ECONNREFUSED"
         ),
         Some(_) => format!(
             "connect() (and unconnected UDP's sendto()) from sockets in {cgroup} goes straight \
-             to one of these endpoints, with no NAT; other sources meet nftables mode's rules"
+             to one of these endpoints, with no NAT{}; other sources meet nftables mode's rules",
+            if pinned {
+                " (ClientIP affinity: each network namespace, i.e. pod, keeps its endpoint)"
+            } else {
+                ""
+            }
         ),
-        None => untranslated(state, m).to_owned(),
+        None => untranslated(m).to_owned(),
     };
     SocketLbPath {
         translated: endpoints.is_some(),
@@ -145,12 +323,9 @@ pub(crate) fn explain_path(
 }
 
 /// Why the programs leave `m` to nftables mode's rules (as `kp_socklb::desired` decides).
-fn untranslated(state: &ProxyState, m: &ServiceMatch) -> &'static str {
-    let port = state.services.get(&m.name);
+fn untranslated(m: &ServiceMatch) -> &'static str {
     if m.how == MatchKind::NodePort {
         "NodePorts stay with nftables mode's rules"
-    } else if port.is_some_and(|p| p.session_affinity.is_some()) {
-        "ClientIP affinity stays with nftables mode's rules"
     } else if m.name.protocol == Protocol::Sctp {
         "SCTP stays with nftables mode's rules"
     } else if m.how == MatchKind::LoadBalancerIp && !m.load_balancer_source_ranges.is_empty() {

@@ -11,13 +11,14 @@
 //! attach to the root: the programs see every socket of the host, whatever its network
 //! namespace, and other tests use the same ClusterIPs.)
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
 use kp_testbed::{Outcome, Protocol, isolated};
 
-use crate::support::{CLUSTER_CIDR_V4, Env, Flags, Mode, Service};
+use crate::support::{CLUSTER_CIDR_V4, Env, Flags, KUBE_PROXY, Mode, Service};
 
 const CGROUP_PREFIX: &str = "kp-socklb-traffic-";
 /// Flows whose conntrack entries are checked.
@@ -30,6 +31,14 @@ const CHI2_BOUND: f64 = 25.1;
 const WEB: &str = "10.96.0.10";
 const ITP: &str = "10.96.0.11";
 const EMPTY: &str = "10.96.0.13";
+const STICKY: &str = "10.96.0.12";
+/// Connections of the load a restart runs under, one every [`LOAD_INTERVAL`] at most: over
+/// 10 s, longer than a restart takes (checked).
+const LOAD_FLOWS: usize = 2000;
+const LOAD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
+/// Connections per client in the affinity check: one endpoint of two for all of them by
+/// chance, without affinity, has probability 2^-19.
+const STICKY_FLOWS: usize = 20;
 
 fn ip(text: &str) -> IpAddr {
     text.parse().expect("literal address")
@@ -126,6 +135,10 @@ pub fn socket_lb(mode: Mode) {
             .tcp(80)
             .udp(80)
             .endpoints(&c, &[]),
+        Service::new("sticky", STICKY)
+            .tcp(80)
+            .affinity(600)
+            .endpoints(&c, &["a", "b"]),
     ];
     let flags = Flags::cluster_cidr(CLUSTER_CIDR_V4)
         .flag("--socket-lb")
@@ -141,6 +154,7 @@ pub fn socket_lb(mode: Mode) {
     env.cluster.set_probe_cgroup(Some(cgroup.path().to_owned()));
     translated_tcp_and_udp(&env);
     refused_and_local(&env);
+    affinity_per_pod(&mut env);
 
     // A partial sync: web loses a; the programs follow at once.
     let web_b = Service::new("web", WEB)
@@ -153,8 +167,197 @@ pub fn socket_lb(mode: Mode) {
         .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
         .expect("probe");
     assert_eq!(tally.count("b"), 10, "{tally:?}{}", env.diag());
+    survives_restart_and_kill(&mut env);
+    pins_removed_by_someone_else_come_back(&mut env);
+    let attaching = env.flags().clone();
     restarted_where_it_cannot_attach(&mut env);
+    pins_removed_without_the_flag_and_by_cleanup(&mut env, attaching);
     env.cluster.set_probe_cgroup(None);
+}
+
+/// The pins go when the proxy starts without `--socket-lb`, and with `--cleanup`; they stay
+/// after a clean stop (SIGTERM).
+fn pins_removed_without_the_flag_and_by_cleanup(env: &mut Env, attaching: Flags) {
+    let pins = kp_socklb::pin::pin_dir(Some(env.state_dir()));
+    let link = kp_socklb::pin::link_pin(&pins, "kp_connect4");
+    let map = kp_socklb::pin::map_pin(&pins, "kp_services");
+    assert!(!link.exists(), "removed by the start that could not attach");
+    env.restart_with(attaching.clone());
+    assert!(link.exists() && map.exists(), "pinned again");
+    env.restart_with(Flags::cluster_cidr(CLUSTER_CIDR_V4));
+    assert!(!link.exists() && !map.exists(), "--socket-lb off: removed");
+    let removed = env.logged(|l| l.contains("Removed the socket load balancer's pinned"));
+    assert_eq!(removed.len(), 1, "{removed:?}{}", env.diag());
+    env.restart_with(attaching);
+    env.stop_proxy();
+    assert!(link.exists(), "kept after SIGTERM");
+    let state = env.state_env();
+    env.node_exec(&[
+        "env",
+        &state,
+        KUBE_PROXY,
+        "--cleanup",
+        "--proxy-mode=nftables",
+    ]);
+    assert!(!link.exists() && !map.exists(), "--cleanup: removed");
+}
+
+/// ClientIP affinity in the programs: each pod (its network namespace) keeps one endpoint,
+/// without NAT; when that endpoint leaves the Service, the pod is pinned to another.
+fn affinity_per_pod(env: &mut Env) {
+    let pinned = |env: &Env, pod: &str| -> String {
+        let cl = &env.cluster;
+        let host = if pod == "client" {
+            cl.client()
+        } else {
+            cl.pod(pod).expect("pod")
+        };
+        let tally = cl
+            .tcp_repeat(host, ip(STICKY), 80, STICKY_FLOWS)
+            .expect("probe");
+        let (a, b) = (tally.count("a"), tally.count("b"));
+        assert!(
+            a == STICKY_FLOWS || b == STICKY_FLOWS,
+            "{pod} not pinned: a {a}, b {b}{}",
+            env.diag()
+        );
+        // Pods a and b may be pinned to themselves: such flows never leave the pod.
+        if pod == "client" {
+            for outcome in &tally.outcomes()[..3] {
+                assert_not_natted(env, "tcp", outcome, STICKY);
+            }
+        }
+        if a == STICKY_FLOWS { "a" } else { "b" }.to_owned()
+    };
+    for pod in ["client", "a", "b"] {
+        pinned(env, pod);
+    }
+    let mine = pinned(env, "client");
+    let other = if mine == "a" { "b" } else { "a" };
+    let without = Service::new("sticky", STICKY)
+        .tcp(80)
+        .affinity(600)
+        .endpoints(&env.cluster, &[other]);
+    env.apply(&without);
+    assert_eq!(pinned(env, "client"), other, "{mine} left: unpinned");
+    let both = Service::new("sticky", STICKY)
+        .tcp(80)
+        .affinity(600)
+        .endpoints(&env.cluster, &["a", "b"]);
+    env.apply(&both);
+    assert_eq!(pinned(env, "client"), other, "{other} stayed: still pinned");
+}
+
+/// The proxy restarted (SIGTERM), then killed (SIGKILL) and started again, each under a
+/// load of connections: the pinned programs translate while no proxy runs and the next one
+/// adopts them, so no connection fails and none meets nftables' DNAT.
+fn survives_restart_and_kill(env: &mut Env) {
+    let natted_ports = |env: &Env| -> BTreeSet<u16> {
+        let entries = env.node_exec(&["conntrack", "-L", "-p", "tcp", "-d", WEB]);
+        entries.lines().filter_map(sport).collect()
+    };
+    for kill in [false, true] {
+        // NATed flows of earlier steps (the control) may share a port with the load's.
+        let before = natted_ports(env);
+        let client = env.cluster.client().clone();
+        let load = env
+            .cluster
+            .tcp_repeat_in_background(
+                &client,
+                SocketAddr::new(ip(WEB), 80),
+                LOAD_FLOWS,
+                LOAD_INTERVAL,
+            )
+            .expect("probe");
+        if kill {
+            env.kill_and_restart_proxy();
+        } else {
+            env.restart_proxy();
+        }
+        assert!(
+            !load.is_finished(),
+            "the load ended before the restart did: make it longer"
+        );
+        let tally = load.join().expect("probe thread").expect("probe");
+        let how = if kill { "SIGKILL" } else { "restart" };
+        assert_eq!(
+            tally.count("b"),
+            LOAD_FLOWS,
+            "{how}: {tally:?}{}",
+            env.diag()
+        );
+        let ports: BTreeSet<u16> = tally
+            .outcomes()
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Answered { client, .. } => Some(client.port()),
+                _ => None,
+            })
+            .collect();
+        let hits: Vec<u16> = natted_ports(env)
+            .difference(&before)
+            .filter(|p| ports.contains(p))
+            .copied()
+            .collect();
+        assert!(
+            hits.is_empty(),
+            "{how}: NATed flows of the load from ports {hits:?}"
+        );
+        let attached = env.logged(|l| l.contains("Socket load balancer attached"));
+        assert!(
+            attached.iter().any(|l| l.contains("adopted=")) && !attached[0].contains("adopted=0"),
+            "{how}: the maps adopted: {attached:?}"
+        );
+    }
+}
+
+/// Someone removes the pinned links (so the programs detach) and a map's pin: the canary
+/// check reports each as a foreign change (logged, counted), the full sync after it puts
+/// them back, and new connections are translated again.
+fn pins_removed_by_someone_else_come_back(env: &mut Env) {
+    let pins = kp_socklb::pin::pin_dir(Some(env.state_dir()));
+    env.proxy().mark();
+    for (name, _) in kp_socklb::program::PROGRAMS {
+        std::fs::remove_file(kp_socklb::pin::link_pin(&pins, name)).expect("unpin a link");
+    }
+    std::fs::remove_file(kp_socklb::pin::map_pin(&pins, "kp_slots")).expect("unpin a map");
+    let found = env.proxy().wait_for("the removed pins reported", |l| {
+        l.contains("removed by another program") && l.contains("kp_connect4 detached")
+    });
+    assert!(found.contains("restoring"), "{found}");
+    env.proxy().wait_for("the pins restored", |l| {
+        l.contains("Socket load balancer pins restored")
+    });
+    for (name, _) in kp_socklb::program::PROGRAMS {
+        assert!(
+            kp_socklb::pin::link_pin(&pins, name).exists(),
+            "{name} pinned again"
+        );
+    }
+    assert!(kp_socklb::pin::map_pin(&pins, "kp_slots").exists());
+    let tally = env
+        .cluster
+        .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
+        .expect("probe");
+    for outcome in tally.outcomes() {
+        assert_not_natted(env, "tcp", outcome, WEB);
+    }
+    // One check's findings are one event, counted under its first (a link).
+    let metrics = env.metrics();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kube_proxy_rs_foreign_changes_total")
+                && l.contains("what=\"bpf-link\"")),
+        "counted: {metrics}"
+    );
+}
+
+/// The first `sport=` of a conntrack line (the original direction's).
+fn sport(line: &str) -> Option<u16> {
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("sport="))
+        .and_then(|p| p.parse().ok())
 }
 
 /// The proxy restarted with a directory that is not cgroup v2: the old programs went with

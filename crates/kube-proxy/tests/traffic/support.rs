@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -785,11 +785,42 @@ pub fn ipvs_vm() -> kp_vm::Vm {
 
 // --- one scenario's world ----------------------------------------------------------------
 
+/// A bpffs mounted at a directory, unmounted (lazily) on drop, which releases its pins.
+#[derive(Debug)]
+struct BpffsMount(PathBuf);
+
+impl BpffsMount {
+    fn at(dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).expect("bpffs mount point");
+        let status = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(dir)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mount -t bpf at {}: {status}",
+            dir.display()
+        );
+        Self(dir.to_owned())
+    }
+}
+
+impl Drop for BpffsMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 /// A cluster, its manifests directory and the proxy under test running over it.
 #[derive(Debug)]
 pub struct Env {
     // Field order is drop order: the proxy goes first, the namespaces last.
     proxy: Option<Proxy>,
+    /// With `--socket-lb`: the bpffs its pins go to, mounted from outside the proxy's mount
+    /// namespace so that they outlive the proxy, as a DaemonSet mounts the host's
+    /// /sys/fs/bpf.
+    _bpffs: Option<BpffsMount>,
     dir: tempfile::TempDir,
     /// The proxy's state directory (`KUBE_PROXY_RS_STATE_DIR`).
     state: tempfile::TempDir,
@@ -827,10 +858,17 @@ impl Env {
         files: &[(&str, &str)],
     ) -> Self {
         let dir = tempfile::tempdir().expect("manifests tempdir");
+        let state = tempfile::tempdir().expect("state tempdir");
+        let bpffs = flags
+            .extra
+            .iter()
+            .any(|f| f == "--socket-lb")
+            .then(|| BpffsMount::at(&state.path().join("bpf")));
         let mut env = Self {
             proxy: None,
+            _bpffs: bpffs,
             dir,
-            state: tempfile::tempdir().expect("state tempdir"),
+            state,
             flags,
             mode,
             cluster,
@@ -900,6 +938,13 @@ impl Env {
         self.restart_with(flags);
     }
 
+    /// Kills the proxy (SIGKILL: no cleanup of any kind) and starts it again.
+    #[allow(dead_code, reason = "the socket load balancer's scenario")]
+    pub fn kill_and_restart_proxy(&mut self) {
+        self.proxy.take().expect("the proxy is running").kill();
+        self.start_proxy();
+    }
+
     /// The proxy's flags.
     pub fn flags(&self) -> &Flags {
         &self.flags
@@ -927,6 +972,12 @@ impl Env {
             status.success(),
             "exit status after SIGTERM: {status}; log:\n{tail}"
         );
+    }
+
+    /// The proxy's state directory (`KUBE_PROXY_RS_STATE_DIR`).
+    #[allow(dead_code, reason = "the socket load balancer's scenario")]
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
     }
 
     /// `KUBE_PROXY_RS_STATE_DIR=...` as the running proxy has it, for running the binary
