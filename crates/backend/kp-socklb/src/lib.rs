@@ -20,6 +20,8 @@
 //! - [`cgroup`]: the cgroup v2 directory to attach to (chosen, the v2 root, or a private
 //!   cgroup2 mount on a v1-only node);
 //! - [`program`]: loading, attaching to a cgroup, detaching on drop;
+//! - [`destroy`]: socket iterators destroying the sockets of endpoints a sync removed
+//!   (`bpf_sock_destroy`, kernel 6.5), or why this kernel cannot;
 //! - [`error`]: what this node lacks ([`Unavailable`]: kernel, capability, cgroup v2), said
 //!   exactly.
 //!
@@ -28,6 +30,7 @@
 mod balancer;
 pub mod cgroup;
 pub mod desired;
+pub mod destroy;
 pub mod error;
 pub mod layout;
 pub mod maps;
@@ -38,6 +41,7 @@ pub mod table;
 pub use balancer::{Balancer, SetError, SyncReport};
 pub use cgroup::{CgroupError, CgroupTarget};
 pub use desired::{desired, desired_service};
+pub use destroy::{DestroyError, DestroyReport, DestroyUnavailable};
 pub use error::{AttachError, LoadError, Unavailable};
 pub use layout::ServiceKey;
 pub use maps::{FakeMaps, KernelMaps, MapWriter, Verdict, WriteError};

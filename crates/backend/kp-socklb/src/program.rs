@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 
 use aya::maps::HashMap as BpfHashMap;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType, Program};
-use aya::{Ebpf, EbpfLoader};
+use aya::{Btf, Ebpf, EbpfLoader};
 
+use crate::destroy::{DestroyUnavailable, Destroyer, prepare_object};
 use crate::error::{
     AttachError, CGROUP2_SUPER_MAGIC, LoadError, Unavailable, kernel_is_recent, permission_denied,
 };
@@ -18,6 +19,12 @@ use crate::maps::{ByteMap, KernelMaps};
 
 /// `bpf/socklb.bpf.c`, compiled by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socklb.bpf.o"));
+
+/// The embedded object, as compiled (before [`prepare_object`] patches it).
+#[cfg(test)]
+pub(crate) fn object() -> &'static [u8] {
+    OBJECT
+}
 
 /// Each program's function name and hook.
 pub const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
@@ -34,16 +41,22 @@ pub const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
 /// The programs, loaded; attached to at most one cgroup.
 #[derive(Debug)]
 pub struct SocketPrograms {
-    ebpf: Ebpf,
+    pub(crate) ebpf: Ebpf,
     attached: Option<PathBuf>,
+    /// The socket iterators that destroy sockets of removed endpoints, or why this kernel
+    /// cannot run them (`destroy.rs`).
+    pub(crate) destroyer: Result<Destroyer, DestroyUnavailable>,
 }
 
 impl SocketPrograms {
     /// Loads the programs and their maps (empty: nothing is translated yet).
     pub fn load() -> Result<(Self, KernelMaps), LoadError> {
         check_kernel()?;
+        let btf = Btf::from_sys_fs();
+        let object = prepare_object(OBJECT, btf.as_ref());
         let mut ebpf = EbpfLoader::new()
-            .load(OBJECT)
+            .btf(btf.as_ref().ok())
+            .load(object.bytes())
             .map_err(|error| classify(error, LoadError::Object))?;
         for (name, _) in PROGRAMS {
             program(&mut ebpf, name)?
@@ -56,10 +69,12 @@ impl SocketPrograms {
             services6: take_map(&mut ebpf, SERVICES6_MAP)?,
             slots6: take_map(&mut ebpf, SLOTS6_MAP)?,
         };
+        let destroyer = Destroyer::load_if(object.kfunc, &mut ebpf, btf.as_ref());
         Ok((
             Self {
                 ebpf,
                 attached: None,
+                destroyer,
             },
             maps,
         ))
