@@ -15,8 +15,8 @@ use kp_core::report::ErrorChain as _;
 use kp_core::tracker::ProxyState;
 use kp_rules::explain::{MatchKind, ServiceMatch, SocketLbPath};
 use kp_socklb::{
-    AttachError, CgroupError, CgroupTarget, KernelMaps, LoadError, ServiceKey, ServiceLb,
-    SocketPrograms,
+    AttachError, CgroupError, CgroupTarget, DestroyError, KernelMaps, LoadError, ServiceKey,
+    ServiceLb, SocketPrograms,
 };
 
 /// Where a node with only cgroup v1 gets a private cgroup2 mount, in the state directory.
@@ -40,7 +40,8 @@ pub enum StartError {
 #[derive(Debug)]
 pub struct SocketLb {
     /// Held for the proxy's lifetime: dropping it (or the process ending) detaches them.
-    _programs: SocketPrograms,
+    /// Its socket iterators destroy the sockets of endpoints a sync removed.
+    programs: SocketPrograms,
     lb: ServiceLb<KernelMaps>,
 }
 
@@ -78,10 +79,16 @@ impl SocketLb {
             "Socket load balancer attached: the node's own sockets reach Service addresses \
              without per-packet NAT"
         );
-        Ok(Self {
-            _programs: programs,
-            lb: ServiceLb::new(maps),
-        })
+        let mut lb = ServiceLb::new(maps);
+        if let Some(why) = programs.destroy_unavailable() {
+            tracing::warn!(
+                error = %why.chain(),
+                "Socket load balancer cannot destroy sockets of removed endpoints: UDP Services \
+                 stay with nftables mode (DNAT and conntrack flush), TCP keeps its connections"
+            );
+            lb.leave_udp_to_nftables();
+        }
+        Ok(Self { programs, lb })
     }
 
     /// Brings the maps to `request`'s state: every Service on a full sync, the changed ones
@@ -104,6 +111,39 @@ impl SocketLb {
             failed = report.failed.len(),
             "Socket load balancer maps synced"
         );
+        self.destroy_removed();
+    }
+
+    /// Destroys the translated sockets still connected to endpoints this sync removed (as
+    /// nftables mode flushes their UDP conntrack entries).
+    fn destroy_removed(&mut self) {
+        let removed = self.lb.balancer_mut().take_removed();
+        if removed.is_empty() {
+            return;
+        }
+        match self.programs.destroy_sockets(&removed) {
+            // Info when sockets went (the event an operator may look for), debug otherwise.
+            Ok(report) if report.destroyed > 0 => tracing::info!(
+                pairs = removed.len(),
+                namespaces = report.namespaces,
+                skipped = report.skipped,
+                destroyed = report.destroyed,
+                "Socket load balancer destroyed sockets of removed endpoints"
+            ),
+            Ok(report) => tracing::debug!(
+                pairs = removed.len(),
+                namespaces = report.namespaces,
+                skipped = report.skipped,
+                "Socket load balancer found no socket of the removed endpoints"
+            ),
+            // Said once at start; UDP is left to nftables mode there.
+            Err(DestroyError::Unavailable) => {}
+            Err(error) => tracing::warn!(
+                error = %error.chain(),
+                "Cannot destroy sockets connected to removed endpoints; they keep their \
+                 endpoint until they close"
+            ),
+        }
     }
 }
 
