@@ -13,7 +13,7 @@
 //! application reconnects and is translated to a remaining endpoint.
 //!
 //! aya 0.14 does not resolve kfunc externs, so the C writes the call in assembly with a
-//! marker immediate that [`prepare_object`] patches into a kfunc call to this kernel's BTF
+//! marker immediate that `prepare_object` patches into a kfunc call to this kernel's BTF
 //! id of `bpf_sock_destroy` before the object is loaded. Where the kernel lacks the kfunc
 //! or the iterators, [`DestroyUnavailable`] says why, and the proxy leaves UDP Service
 //! ports to nftables mode (DNAT and its conntrack flush).
