@@ -144,7 +144,7 @@ enum ProbeProtocol {
 }
 
 /// Runs the tool with command-line `args`, the first being the program name as in
-/// `std::env::args_os()`: `serve`, `probe`, `session` or `apiserver` and their flags. Bad arguments
+/// `std::env::args_os()`: `serve`, `probe`, `peer`, `session`, `burst` or `apiserver` and their flags. Bad arguments
 /// print clap's usage and exit the process (status 2), as a binary's `main` would.
 pub fn main<I, T>(args: I) -> ExitCode
 where
