@@ -140,6 +140,14 @@ fn nftables_chains_socket_lb() {
     socket_lb::socket_lb(support::Mode::NftablesChains);
 }
 
+/// `--socket-lb` on a dual-stack cluster: an IPv6 Service through the proxy, and a burst of
+/// resolver-like queries to a UDP Service, without NAT (the default layout: the programs do
+/// not depend on it).
+#[test]
+fn nftables_socket_lb_ipv6_and_dns_burst() {
+    socket_lb::ipv6_and_dns_burst(support::Mode::Nftables);
+}
+
 /// nftables mode's no-endpoint filters after DNAT, in the default layout (the chain layout's:
 /// `nftables_chains::filters_after_dnat`; the other modes' filters are in `cluster_ip` and
 /// `external`).

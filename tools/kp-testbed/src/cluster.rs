@@ -21,7 +21,7 @@ use crate::command::{
 use crate::echo::{EchoServer, EchoSpec, echo_binary};
 use crate::error::{Result, TestbedError};
 use crate::netns::{NamespaceSet, exec_in, next_base, sweep_stale};
-use crate::outcome::{Outcome, PeerReport, Protocol, Tally};
+use crate::outcome::{BurstReport, Outcome, PeerReport, Protocol, Tally};
 use crate::session::{Session, parse_outcome};
 
 /// The namespace name prefix used unless [`ClusterBuilder::prefix`] says otherwise.
@@ -1178,13 +1178,27 @@ impl Cluster {
     /// Opens a long-lived TCP connection from `from` to `dst:port`; check
     /// [`Session::greeting`] for whether it connected.
     pub fn connect(&self, from: &Host, dst: IpAddr, port: u16) -> Result<Session> {
+        self.session(from, SocketAddr::new(dst, port), "tcp")
+    }
+
+    /// Opens a connected UDP socket from `from` to `dst:port` (`kp-echo session --proto
+    /// udp`): the greeting is the answer to a first datagram; after a failed call the helper
+    /// connects the socket again, as an application would, and prints the failure.
+    pub fn connect_udp(&self, from: &Host, dst: IpAddr, port: u16) -> Result<Session> {
+        self.session(from, SocketAddr::new(dst, port), "udp")
+    }
+
+    /// `kp-echo session --proto PROTO` from `from` to `to`.
+    fn session(&self, from: &Host, to: SocketAddr, proto: &str) -> Result<Session> {
         self.own_namespace(&from.ns)?;
         let mut command = self.echo_tool(&from.ns);
         command
             .args([
                 "session".to_owned(),
+                "--proto".to_owned(),
+                proto.to_owned(),
                 "--to".to_owned(),
-                SocketAddr::new(dst, port).to_string(),
+                to.to_string(),
                 "--timeout-ms".to_owned(),
                 self.probe_timeout.as_millis().to_string(),
             ])
@@ -1201,6 +1215,41 @@ impl Cluster {
                 .saturating_mul(2)
                 .saturating_add(PROBE_SLACK),
         )
+    }
+
+    /// Resolver-like UDP queries from `from` to `dst` ([`BurstReport`]): `sockets` sockets
+    /// of `per_socket` queries each, sent two at a time.
+    pub fn udp_burst(
+        &self,
+        from: &Host,
+        dst: SocketAddr,
+        sockets: usize,
+        per_socket: usize,
+    ) -> Result<BurstReport> {
+        self.own_namespace(&from.ns)?;
+        let mut command = self.echo_tool(&from.ns);
+        command.args([
+            "burst".to_owned(),
+            "--to".to_owned(),
+            dst.to_string(),
+            "--sockets".to_owned(),
+            sockets.to_string(),
+            "--per-socket".to_owned(),
+            per_socket.to_string(),
+            "--timeout-ms".to_owned(),
+            self.probe_timeout.as_millis().to_string(),
+        ]);
+        // Every pair may wait for its timeout at worst.
+        let pairs = u32::try_from(per_socket.div_ceil(2)).unwrap_or(u32::MAX);
+        let deadline = self
+            .probe_timeout
+            .saturating_mul(pairs.saturating_mul(2))
+            .saturating_add(PROBE_SLACK);
+        let stdout = finish(&mut command, deadline)?;
+        serde_json::from_str(stdout.trim()).map_err(|e| TestbedError::ProbeOutput {
+            output: stdout.clone(),
+            detail: e.to_string(),
+        })
     }
 
     /// Tears the cluster down now, reporting failures (dropping it does the same silently,

@@ -91,6 +91,7 @@
 
 pub mod addresses;
 pub mod apiserver;
+mod burst;
 pub mod cgroup;
 mod cluster;
 mod command;
@@ -111,5 +112,5 @@ pub use cluster::{
 pub use echo::{ECHO_BINARY_ENV, EchoSpec, echo_binary};
 pub use error::{Result, TestbedError};
 pub use netns::{Namespace, list_namespaces, sweep_stale};
-pub use outcome::{Outcome, PeerReport, Protocol, Ready, Reply, Tally};
+pub use outcome::{BurstReport, Outcome, PeerReport, Protocol, Ready, Reply, Tally};
 pub use session::Session;

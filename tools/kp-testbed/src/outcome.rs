@@ -190,6 +190,27 @@ pub struct PeerReport {
     pub peer: Option<SocketAddr>,
 }
 
+/// What `kp-echo burst` prints: resolver-like UDP queries from many sockets of one client,
+/// each answer checked for its source (a resolver drops an answer from another address).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BurstReport {
+    /// Queries sent (`sockets` × `per_socket`, two at a time on each socket, as a stub
+    /// resolver sends its A and AAAA queries).
+    pub sent: usize,
+    /// Queries answered by an echo server within the timeout.
+    pub answered: usize,
+    /// Answers whose `recvfrom()` source was not the address queried.
+    pub wrong_source: usize,
+    /// Queries with no answer within the timeout.
+    pub timed_out: usize,
+    /// Other socket errors, one line each (at most 10 kept).
+    pub errors: Vec<String>,
+    /// The slowest answer, in milliseconds.
+    pub slowest_ms: u64,
+    /// Answers per pod.
+    pub pods: std::collections::BTreeMap<String, usize>,
+}
+
 /// The first line `kp-echo serve` prints once every socket is bound and listening.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ready {

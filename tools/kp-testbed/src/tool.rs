@@ -96,13 +96,34 @@ enum Command {
         #[arg(long = "timeout-ms", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_ms: u64,
     },
-    /// Holds one TCP connection: prints the greeting's outcome, then for each line on stdin
-    /// sends it and prints the reply's outcome.
+    /// Holds one TCP connection (or a connected UDP socket): prints the greeting's outcome,
+    /// then for each line on stdin sends it and prints the reply's outcome. A UDP socket
+    /// whose call fails is connected again, as an application would (its error is printed).
     Session {
         /// The destination address and port.
         #[arg(long)]
         to: SocketAddr,
+        /// tcp (the default) or udp; for UDP the greeting is the answer to a first datagram.
+        #[arg(long, value_enum, default_value = "tcp")]
+        proto: ProbeProtocol,
         /// How long to wait for the connection and for each reply.
+        #[arg(long = "timeout-ms", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_ms: u64,
+    },
+    /// Resolver-like UDP queries: `sockets` unconnected sockets, each sending `per-socket`
+    /// queries two at a time with `sendto()` and reading both answers with `recvfrom()`;
+    /// prints one [`BurstReport`].
+    Burst {
+        /// The Service address and port queried.
+        #[arg(long)]
+        to: SocketAddr,
+        /// How many sockets (one thread each).
+        #[arg(long, default_value_t = 20)]
+        sockets: usize,
+        /// Queries per socket (rounded up to pairs).
+        #[arg(long = "per-socket", default_value_t = 100)]
+        per_socket: usize,
+        /// How long to wait for each answer.
         #[arg(long = "timeout-ms", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_ms: u64,
     },
@@ -126,7 +147,7 @@ enum ProbeProtocol {
 }
 
 /// Runs the tool with command-line `args`, the first being the program name as in
-/// `std::env::args_os()`: `serve`, `probe`, `session` or `apiserver` and their flags. Bad arguments
+/// `std::env::args_os()`: `serve`, `probe`, `peer`, `session`, `burst` or `apiserver` and their flags. Bad arguments
 /// print clap's usage and exit the process (status 2), as a binary's `main` would.
 pub fn main<I, T>(args: I) -> ExitCode
 where
@@ -172,7 +193,23 @@ where
             to,
             timeout_ms,
         } => emit(&peer(proto, to, Duration::from_millis(timeout_ms))),
-        Command::Session { to, timeout_ms } => session(to, Duration::from_millis(timeout_ms)),
+        Command::Session {
+            to,
+            proto: ProbeProtocol::Udp,
+            timeout_ms,
+        } => udp_session(to, Duration::from_millis(timeout_ms)),
+        Command::Session { to, timeout_ms, .. } => session(to, Duration::from_millis(timeout_ms)),
+        Command::Burst {
+            to,
+            sockets,
+            per_socket,
+            timeout_ms,
+        } => emit(&crate::burst::run(
+            to,
+            sockets,
+            per_socket,
+            Duration::from_millis(timeout_ms),
+        )),
         Command::Apiserver {
             listen,
             first_resource_version,
@@ -529,6 +566,59 @@ fn session(to: SocketAddr, timeout: Duration) -> io::Result<()> {
         let outcome = match writeln!(writer, "{line}").and_then(|()| writer.flush()) {
             Ok(()) => read_reply(&mut reader, client, Some(&line)),
             Err(error) => classify(&error),
+        };
+        emit(&outcome)?;
+    }
+    Ok(())
+}
+
+/// A connected UDP socket to `to`, with the read timeout.
+fn udp_connected(to: SocketAddr, timeout: Duration) -> io::Result<(UdpSocket, SocketAddr)> {
+    let unspecified = if to.is_ipv4() {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    };
+    let socket = UdpSocket::bind(SocketAddr::new(unspecified, 0))?;
+    socket.connect(to)?;
+    socket.set_read_timeout(Some(timeout))?;
+    let client = socket.local_addr()?;
+    Ok((socket, client))
+}
+
+/// One datagram `line` on the connected `socket` and its answer.
+fn udp_exchange(socket: &UdpSocket, client: SocketAddr, line: &str) -> io::Result<Outcome> {
+    socket.send(line.as_bytes())?;
+    let mut buffer = vec![0_u8; MAX_DATAGRAM];
+    let len = socket.recv(&mut buffer)?;
+    let payload = String::from_utf8_lossy(buffer.get(..len).unwrap_or_default()).into_owned();
+    Ok(answered(&payload, client, Some(line)))
+}
+
+/// `session --proto udp`: the socket stays connected across lines; after an error (e.g.
+/// ECONNABORTED when the socket load balancer destroyed it) it is connected again, its
+/// pending error taken first, and the error's outcome is printed.
+fn udp_session(to: SocketAddr, timeout: Duration) -> io::Result<()> {
+    let (socket, mut client) = match udp_connected(to, timeout) {
+        Ok(connected) => connected,
+        Err(error) => return emit(&classify(&error)),
+    };
+    let greeting = udp_exchange(&socket, client, "greeting").unwrap_or_else(|e| classify(&e));
+    emit(&greeting)?;
+    if greeting.pod().is_none() {
+        return Ok(());
+    }
+    for line in io::stdin().lock().lines() {
+        let line = line?;
+        let outcome = match udp_exchange(&socket, client, &line) {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                let _ = socket.take_error();
+                socket.connect(to)?;
+                // A disconnected socket bound to port 0 loses its port: connecting binds anew.
+                client = socket.local_addr()?;
+                classify(&error)
+            }
         };
         emit(&outcome)?;
     }

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: Apache-2.0
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 //
 // Socket-level load balancing for kube-proxy-rs: cgroup sock_addr programs that rewrite a
 // socket's Service address into one of its endpoints when the socket connects (TCP, UDP) or
@@ -11,6 +11,7 @@
 
 #include <linux/bpf.h>
 #include <linux/in.h>
+#include <linux/in6.h>
 #include <bpf/bpf_helpers.h>
 
 #define KP_ECONNREFUSED 111
@@ -389,4 +390,187 @@ int kp_getpeername6(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
-char LICENSE[] SEC("license") = "Apache-2.0";
+// Sockets connected to removed endpoints (issue 36 item 3): socket iterators the proxy runs
+// in each network namespace after a sync removed endpoints. A socket is destroyed when the
+// programs above translated it (its cookie and peer are in kp_reverse) and its (Service
+// port, endpoint) pair is in kp_destroy, which the proxy fills before the run and empties
+// after. TCP sockets are reset (ECONNABORTED), connected UDP sockets get ECONNABORTED and
+// are disconnected, so the application reconnects and is translated again.
+
+struct kp_destroy_key {
+	__u32 service_addr;
+	__u16 service_port;
+	__u8 proto;
+	__u8 pad;
+	__u32 endpoint_addr;
+	__u16 endpoint_port;
+	__u16 pad2;
+};
+
+struct kp_destroy_key6 {
+	__u32 service_addr[4];
+	__u16 service_port;
+	__u8 proto;
+	__u8 pad;
+	__u32 endpoint_addr[4];
+	__u16 endpoint_port;
+	__u16 pad2;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, struct kp_destroy_key);
+	__type(value, __u8);
+} kp_destroy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, struct kp_destroy_key6);
+	__type(value, __u8);
+} kp_destroy6 SEC(".maps");
+
+// The few kernel fields read, relocated against the running kernel's BTF (CO-RE).
+struct sock_common {
+	__u32 skc_daddr;
+	__u16 skc_dport;
+	unsigned short skc_family;
+	volatile unsigned char skc_state;
+	struct in6_addr skc_v6_daddr;
+} __attribute__((preserve_access_index));
+
+struct seq_file;
+struct udp_sock;
+
+// The iterators' contexts: pointers of 8 bytes each (__bpf_md_ptr), a stable layout.
+struct bpf_iter_meta {
+	struct seq_file *seq;
+};
+
+struct bpf_iter__tcp {
+	struct bpf_iter_meta *meta;
+	struct sock_common *sk_common;
+};
+
+struct bpf_iter__udp {
+	struct bpf_iter_meta *meta;
+	struct udp_sock *udp_sk;
+};
+
+#define KP_AF_INET 2
+#define KP_AF_INET6 10
+#define KP_TCP_TIME_WAIT 6
+#define KP_TCP_NEW_SYN_RECV 12
+
+// The call instruction's immediate until the loader (src/destroy.rs) patches it into a
+// kfunc call to bpf_sock_destroy (its BTF id in this kernel): aya 0.14 does not resolve
+// kfunc externs, so the call is written in assembly with a marker the loader finds.
+#define KP_SOCK_DESTROY_MARKER "0x4b505344"
+
+// bpf_sock_destroy(sk): the kernel's diag_destroy for TCP and UDP, with ECONNABORTED.
+static __always_inline long kp_sock_destroy(void *sk)
+{
+	register void *r1 asm("r1") = sk;
+	register long r0 asm("r0");
+	asm volatile("call " KP_SOCK_DESTROY_MARKER
+		     : "=r"(r0), "+r"(r1)
+		     :
+		     : "r2", "r3", "r4", "r5", "memory");
+	return r0;
+}
+
+// Whether `sk` was translated by the programs above to an endpoint since removed from its
+// Service port.
+static __always_inline int kp_doomed4(struct sock_common *sk, __u8 proto)
+{
+	struct kp_reverse_key reverse = {
+		.cookie = bpf_get_socket_cookie(sk),
+		.addr = sk->skc_daddr,
+		.port = sk->skc_dport,
+	};
+	struct kp_endpoint *service = bpf_map_lookup_elem(&kp_reverse, &reverse);
+	if (!service)
+		return 0;
+	struct kp_destroy_key key = {
+		.service_addr = service->addr,
+		.service_port = service->port,
+		.proto = proto,
+		.endpoint_addr = reverse.addr,
+		.endpoint_port = reverse.port,
+	};
+	return bpf_map_lookup_elem(&kp_destroy, &key) != 0;
+}
+
+// kp_doomed4 for IPv6 sockets.
+static __always_inline int kp_doomed6(struct sock_common *sk, __u8 proto)
+{
+	struct in6_addr peer = sk->skc_v6_daddr;
+	struct kp_reverse_key6 reverse = {
+		.cookie = bpf_get_socket_cookie(sk),
+		.port = sk->skc_dport,
+	};
+	for (int i = 0; i < 4; i++)
+		reverse.addr[i] = peer.in6_u.u6_addr32[i];
+	struct kp_endpoint6 *service = bpf_map_lookup_elem(&kp_reverse6, &reverse);
+	if (!service)
+		return 0;
+	struct kp_destroy_key6 key = {
+		.service_port = service->port,
+		.proto = proto,
+		.endpoint_port = reverse.port,
+	};
+	for (int i = 0; i < 4; i++) {
+		key.service_addr[i] = service->addr[i];
+		key.endpoint_addr[i] = reverse.addr[i];
+	}
+	return bpf_map_lookup_elem(&kp_destroy6, &key) != 0;
+}
+
+static __always_inline int kp_doomed(struct sock_common *sk, __u8 proto)
+{
+	if (sk->skc_family == KP_AF_INET)
+		return kp_doomed4(sk, proto);
+	if (sk->skc_family == KP_AF_INET6)
+		return kp_doomed6(sk, proto);
+	return 0;
+}
+
+// One byte of output per destroyed socket: the proxy counts what it reads.
+static __always_inline void kp_destroyed(struct bpf_iter_meta *meta)
+{
+	char one = 'x';
+	bpf_seq_write(meta->seq, &one, 1);
+}
+
+SEC("iter/tcp")
+int kp_destroy_tcp(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *sk = ctx->sk_common;
+	if (!sk)
+		return 0;
+	// Time-wait and request sockets are not full sockets: nothing to destroy.
+	unsigned char state = sk->skc_state;
+	if (state == KP_TCP_TIME_WAIT || state == KP_TCP_NEW_SYN_RECV)
+		return 0;
+	if (kp_doomed(sk, IPPROTO_TCP) && kp_sock_destroy(sk) == 0)
+		kp_destroyed(ctx->meta);
+	return 0;
+}
+
+SEC("iter/udp")
+int kp_destroy_udp(struct bpf_iter__udp *ctx)
+{
+	struct sock_common *sk = (struct sock_common *)ctx->udp_sk;
+	if (!sk)
+		return 0;
+	if (kp_doomed(sk, IPPROTO_UDP) && kp_sock_destroy(sk) == 0)
+		kp_destroyed(ctx->meta);
+	return 0;
+}
+
+// GPL-compatible, as kfuncs (bpf_sock_destroy) require; the source is dual licensed (SPDX
+// line above).
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

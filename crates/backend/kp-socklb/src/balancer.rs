@@ -38,6 +38,9 @@ pub struct SyncReport {
 pub struct Balancer<M> {
     table: ServiceTable,
     maps: M,
+    /// (Service port, endpoint) pairs taken out by [`Self::set`] since the last
+    /// [`Self::take_removed`]: sockets connected to them are to be destroyed.
+    removed: Vec<(ServiceKey, SocketAddr)>,
 }
 
 impl<M: MapWriter> Balancer<M> {
@@ -46,6 +49,7 @@ impl<M: MapWriter> Balancer<M> {
         Self {
             table: ServiceTable::default(),
             maps,
+            removed: Vec::new(),
         }
     }
 
@@ -73,6 +77,7 @@ impl<M: MapWriter> Balancer<M> {
         if let Some(&endpoint) = endpoints.iter().find(|e| e.is_ipv6() != key.addr.is_ipv6()) {
             return Err(SetError::Family { key, endpoint });
         }
+        self.note_removed(key, endpoints);
         let ops = self.table.set(key, endpoints, affinity_ms);
         let writes = ops.len();
         match ops.into_iter().try_for_each(|op| self.maps.apply(op)) {
@@ -85,6 +90,24 @@ impl<M: MapWriter> Balancer<M> {
                 Err(error.into())
             }
         }
+    }
+
+    /// Records the endpoints `key` had and `endpoints` lacks (whether or not the writes
+    /// then succeed: the endpoints left the Service either way).
+    fn note_removed(&mut self, key: ServiceKey, endpoints: &[SocketAddr]) {
+        let Some(old) = self.table.endpoints(key) else {
+            return;
+        };
+        let gone = old.iter().filter(|e| !endpoints.contains(e));
+        self.removed.extend(gone.map(|&endpoint| (key, endpoint)));
+    }
+
+    /// The (Service port, endpoint) pairs [`Self::set`] took out since the last call: the
+    /// sockets the programs connected to them keep that endpoint until destroyed
+    /// ([`crate::SocketPrograms::destroy_sockets`]). A port [`Self::remove`]d (the
+    /// Service deleted, or left to nftables mode) adds none.
+    pub fn take_removed(&mut self) -> Vec<(ServiceKey, SocketAddr)> {
+        std::mem::take(&mut self.removed)
     }
 
     /// Stops translating `key` (its sockets then go to nftables mode's rules); on failure
@@ -260,6 +283,29 @@ mod tests {
         );
         assert_eq!(lb.maps().resolve(dns, 0), Verdict::Untouched);
         assert_eq!(lb.maps().resolve(web, 1), Verdict::To(ep("10.0.0.2:80")));
+    }
+
+    #[test]
+    fn endpoints_taken_out_are_reported_once() {
+        let mut lb = Balancer::new(FakeMaps::default());
+        let (web, dns) = (key("10.96.0.10:80"), key("10.96.0.11:80"));
+        let (a, b) = (ep("10.0.0.1:80"), ep("10.0.0.2:80"));
+        lb.set(web, &[a, b]).expect("fake");
+        lb.set(dns, &[a]).expect("fake");
+        assert_eq!(lb.take_removed(), [], "nothing was taken out yet");
+        lb.set(web, &[b]).expect("fake");
+        lb.set(dns, &[]).expect("fake");
+        assert_eq!(lb.take_removed(), [(web, a), (dns, a)]);
+        assert_eq!(lb.take_removed(), [], "taken once");
+        lb.maps_mut().fail_write(0);
+        assert!(lb.set(web, &[a]).is_err());
+        assert_eq!(
+            lb.take_removed(),
+            [(web, b)],
+            "gone from the Service all the same"
+        );
+        lb.remove(dns).expect("fake");
+        assert_eq!(lb.take_removed(), [], "a removed port destroys nothing");
     }
 
     #[test]

@@ -23,6 +23,8 @@
 //!   cgroup2 mount on a v1-only node);
 //! - [`program`]: loading, attaching to a cgroup, detaching on drop, or pinned in bpffs
 //!   ([`pin`]) to outlive the process, with a check that the pins are still there;
+//! - [`destroy`]: socket iterators destroying the sockets of endpoints a sync removed
+//!   (`bpf_sock_destroy`, kernel 6.5), or why this kernel cannot;
 //! - [`error`]: what this node lacks ([`Unavailable`]: kernel, capability, cgroup v2), said
 //!   exactly.
 //!
@@ -31,6 +33,7 @@
 mod balancer;
 pub mod cgroup;
 pub mod desired;
+pub mod destroy;
 pub mod error;
 pub mod layout;
 pub mod maps;
@@ -42,6 +45,7 @@ pub mod table;
 pub use balancer::{Balancer, SetError, SyncReport};
 pub use cgroup::{CgroupError, CgroupTarget};
 pub use desired::{Target, Targets, desired, desired_service};
+pub use destroy::{DestroyError, DestroyReport, DestroyUnavailable};
 pub use error::{AttachError, LoadError, Unavailable};
 pub use layout::ServiceKey;
 pub use maps::{FakeMaps, Held, KernelMaps, MapWriter, Verdict, WriteError};

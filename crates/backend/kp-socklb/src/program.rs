@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use aya::maps::{HashMap as BpfHashMap, MapData, MapInfo};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType, Program};
-use aya::{Ebpf, EbpfLoader};
+use aya::{Btf, Ebpf, EbpfLoader};
 
+use crate::destroy::{DestroyUnavailable, Destroyer, prepare_object};
 use crate::error::{
     AttachError, CGROUP2_SUPER_MAGIC, LoadError, Unavailable, kernel_is_recent, permission_denied,
 };
@@ -29,6 +30,12 @@ use crate::pin::{link_pin, map_pin};
 
 /// `bpf/socklb.bpf.c`, compiled by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socklb.bpf.o"));
+
+/// The embedded object, as compiled (before [`prepare_object`] patches it).
+#[cfg(test)]
+pub(crate) fn object() -> &'static [u8] {
+    OBJECT
+}
 
 /// Each program's function name and hook.
 pub const PROGRAMS: [(&str, CgroupSockAddrAttachType); 8] = [
@@ -67,12 +74,15 @@ pub enum MissingPin {
 /// The programs, loaded; attached to at most one cgroup.
 #[derive(Debug)]
 pub struct SocketPrograms {
-    ebpf: Ebpf,
+    pub(crate) ebpf: Ebpf,
     attached: Option<PathBuf>,
     /// Where the links and maps are pinned ([`Self::load_pinned`]).
     pins: Option<PathBuf>,
     /// The kernel's id of each map, to pin it again.
     map_ids: Vec<(&'static str, u32)>,
+    /// The socket iterators that destroy sockets of removed endpoints, or why this kernel
+    /// cannot run them (`destroy.rs`).
+    pub(crate) destroyer: Result<Destroyer, DestroyUnavailable>,
 }
 
 impl SocketPrograms {
@@ -97,8 +107,11 @@ impl SocketPrograms {
         pins: Option<PathBuf>,
     ) -> Result<(Self, KernelMaps), LoadError> {
         check_kernel()?;
+        let btf = Btf::from_sys_fs();
+        let object = prepare_object(OBJECT, btf.as_ref());
         let mut ebpf = loader
-            .load(OBJECT)
+            .btf(btf.as_ref().ok())
+            .load(object.bytes())
             .map_err(|error| classify(error, LoadError::Object))?;
         for (name, _) in PROGRAMS {
             program(&mut ebpf, name)?
@@ -114,12 +127,14 @@ impl SocketPrograms {
             affinity: take_map(&mut ebpf, AFFINITY_MAP)?,
             affinity6: take_map(&mut ebpf, AFFINITY6_MAP)?,
         };
+        let destroyer = Destroyer::load_if(object.kfunc, &mut ebpf, btf.as_ref());
         Ok((
             Self {
                 ebpf,
                 attached: None,
                 pins,
                 map_ids,
+                destroyer,
             },
             maps,
         ))

@@ -30,6 +30,9 @@ pub struct ServiceLb<M> {
     claims: BTreeMap<ServiceKey, BTreeSet<ServiceName>>,
     /// A write failed: the next sync is full, whatever it is asked.
     needs_full: bool,
+    /// UDP Service ports are left to nftables mode (its DNAT and conntrack flush), where
+    /// sockets of removed endpoints cannot be destroyed.
+    skip_udp: bool,
 }
 
 impl<M: MapWriter> ServiceLb<M> {
@@ -40,7 +43,16 @@ impl<M: MapWriter> ServiceLb<M> {
             wants: BTreeMap::new(),
             claims: BTreeMap::new(),
             needs_full: false,
+            skip_udp: false,
         }
+    }
+
+    /// Leaves UDP Service ports to nftables mode from the next sync on (call before the
+    /// first): where sockets of removed endpoints cannot be destroyed, a connected UDP
+    /// socket would keep sending to a gone endpoint, which nftables mode's conntrack flush
+    /// avoids.
+    pub fn leave_udp_to_nftables(&mut self) {
+        self.skip_udp = true;
     }
 
     /// Makes the maps hold what `state` asks for: every Service when `full` (or after a
@@ -117,7 +129,10 @@ impl<M: MapWriter> ServiceLb<M> {
     }
 
     /// Records what `service` asks for.
-    fn claim(&mut self, service: ServiceName, wants: Wants) {
+    fn claim(&mut self, service: ServiceName, mut wants: Wants) {
+        if self.skip_udp {
+            wants.retain(|key, _| key.protocol != kp_core::model::Protocol::Udp);
+        }
         if wants.is_empty() {
             return;
         }

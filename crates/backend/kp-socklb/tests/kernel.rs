@@ -307,7 +307,13 @@ fn dropping_the_programs_detaches_and_unloads_them() {
             cgroup.enter().expect("enter cgroup");
             assert_eq!(tcp_answer(svc).0, a.to_string());
             let ids = programs.program_ids();
-            assert_eq!(ids.len(), 8, "{ids:?}");
+            // Eight sock_addr programs, and the two socket iterators where they load.
+            let iterators = if programs.destroy_unavailable().is_none() {
+                2
+            } else {
+                0
+            };
+            assert_eq!(ids.len(), 8 + iterators, "{ids:?}");
             assert!(ids.iter().all(|id| loaded(*id)), "{ids:?}");
             drop(programs);
             drop(lb);
@@ -676,4 +682,111 @@ fn attaching_outside_cgroup_v2_says_so() {
         "{error}"
     );
     assert_eq!(programs.attached(), None);
+}
+
+/// Why this kernel cannot destroy sockets (no kfunc, no iterators), besides [`unavailable`].
+fn destroy_unavailable() -> Option<String> {
+    unavailable().or_else(|| match SocketPrograms::load() {
+        Ok((programs, _)) => programs.destroy_unavailable().map(|why| why.to_string()),
+        Err(error) => Some(error.to_string()),
+    })
+}
+
+/// Greets each connection with its own address and keeps it open until the client closes.
+fn tcp_holding_server(addr: SocketAddr) {
+    let listener = TcpListener::bind(addr).expect("bind endpoint");
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let _ = std::io::Write::write_all(&mut stream, format!("{addr}\n").as_bytes());
+                let _ = std::io::copy(&mut stream, &mut std::io::sink());
+            });
+        }
+    });
+}
+
+#[test]
+fn sockets_of_a_removed_endpoint_are_destroyed() {
+    isolated::run(
+        "sockets_of_a_removed_endpoint_are_destroyed",
+        destroy_unavailable,
+        || {
+            node();
+            let (a, b) = (at(A, 8081), at(B, 8081));
+            for endpoint in [a, b] {
+                tcp_holding_server(endpoint);
+            }
+            let (dns, dns_a, dns_b) = (at(CLUSTER_IP, 53), at(A, 5353), at(B, 5353));
+            let (web, other) = (at(CLUSTER_IP, 81), at(EMPTY_IP, 81));
+            let dns_key = service(CLUSTER_IP, 53, Protocol::Udp);
+            let (web_key, other_key) = (
+                service(CLUSTER_IP, 81, Protocol::Tcp),
+                service(EMPTY_IP, 81, Protocol::Tcp),
+            );
+            let mut node = attach();
+            node.lb.set(dns_key, &[dns_a]).expect("set");
+            node.lb.set(web_key, &[a]).expect("set");
+            // Another Service on the same endpoint: its connection must survive.
+            node.lb.set(other_key, &[a]).expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+
+            let udp = UdpSocket::bind("0.0.0.0:0").expect("bind");
+            udp.set_read_timeout(Some(WAIT)).expect("timeout");
+            udp.connect(dns).expect("connect");
+            let mut buf = [0u8; 64];
+            udp.send(b"q").expect("send");
+            let len = udp.recv(&mut buf).expect("reply");
+            assert_eq!(&buf[..len], dns_a.to_string().as_bytes());
+            let (who, mut tcp) = tcp_answer(web);
+            assert_eq!(who, a.to_string());
+            let (who, mut kept) = tcp_answer(other);
+            assert_eq!(who, a.to_string());
+            // A socket outside the programs' reach to the same endpoint, untranslated.
+            let (who, direct) = tcp_answer(a);
+            assert_eq!(who, a.to_string());
+
+            node.lb.set(dns_key, &[dns_b]).expect("set");
+            node.lb.set(web_key, &[b]).expect("set");
+            let removed = node.lb.take_removed();
+            assert_eq!(removed, [(dns_key, dns_a), (web_key, a)]);
+            let report = node.programs.destroy_sockets(&removed).expect("destroy");
+            assert_eq!(report.destroyed, 2, "{report:?}");
+            assert!(report.namespaces >= 1, "{report:?}");
+
+            // TCP: reset, the application reads ECONNABORTED.
+            let error = std::io::Read::read(&mut tcp, &mut buf).expect_err("destroyed");
+            assert_eq!(error.kind(), ErrorKind::ConnectionAborted, "{error}");
+            // Connected UDP: ECONNABORTED, then disconnected: the application reconnects
+            // and is translated to the remaining endpoint.
+            let error = udp.recv(&mut buf).expect_err("destroyed");
+            assert_eq!(error.kind(), ErrorKind::ConnectionAborted, "{error}");
+            assert!(udp.send(b"q").is_err(), "no longer connected");
+            udp.connect(dns).expect("reconnect");
+            udp.send(b"q").expect("send");
+            let len = udp.recv(&mut buf).expect("reply");
+            assert_eq!(&buf[..len], dns_b.to_string().as_bytes());
+            assert_eq!(udp.peer_addr().expect("peer"), dns);
+            let (who, _) = tcp_answer(web);
+            assert_eq!(
+                who,
+                b.to_string(),
+                "new connections go to the remaining one"
+            );
+
+            // The other Service's connection and the untranslated one are untouched.
+            for mut alive in [kept.try_clone().expect("clone"), direct] {
+                alive
+                    .set_read_timeout(Some(Duration::from_millis(200)))
+                    .expect("t");
+                std::io::Write::write_all(&mut alive, b"still here").expect("write");
+                let error = std::io::Read::read(&mut alive, &mut buf).expect_err("no data");
+                assert!(
+                    matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+                    "{error}"
+                );
+            }
+            let _ = std::io::Write::write_all(&mut kept, b"bye");
+        },
+    );
 }

@@ -22,8 +22,8 @@ use kp_core::report::ErrorChain as _;
 use kp_core::tracker::ProxyState;
 use kp_rules::explain::{MatchKind, ServiceMatch, SocketLbPath};
 use kp_socklb::{
-    AttachError, CgroupError, CgroupTarget, KernelMaps, LoadError, MissingPin, ServiceKey,
-    ServiceLb, SocketPrograms, pin,
+    AttachError, CgroupError, CgroupTarget, DestroyError, KernelMaps, LoadError, MissingPin,
+    ServiceKey, ServiceLb, SocketPrograms, pin,
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -86,6 +86,7 @@ impl SocketLbMetrics {
 pub struct SocketLb {
     /// Held for the proxy's lifetime: pinned, the programs stay attached after it (a restart
     /// adopts them); unpinned (no bpffs), dropping it detaches them.
+    /// Its socket iterators destroy the sockets of endpoints a sync removed.
     programs: SocketPrograms,
     lb: ServiceLb<KernelMaps>,
     metrics: SocketLbMetrics,
@@ -140,6 +141,14 @@ impl SocketLb {
             "Socket load balancer attached: the node's own sockets reach Service addresses \
              without per-packet NAT"
         );
+        if let Some(why) = programs.destroy_unavailable() {
+            tracing::warn!(
+                error = %why.chain(),
+                "Socket load balancer cannot destroy sockets of removed endpoints: UDP Services \
+                 stay with nftables mode (DNAT and conntrack flush), TCP keeps its connections"
+            );
+            lb.leave_udp_to_nftables();
+        }
         Ok(Self {
             programs,
             lb,
@@ -172,6 +181,39 @@ impl SocketLb {
             failed = report.failed.len(),
             "Socket load balancer maps synced"
         );
+        self.destroy_removed();
+    }
+
+    /// Destroys the translated sockets still connected to endpoints this sync removed (as
+    /// nftables mode flushes their UDP conntrack entries).
+    fn destroy_removed(&mut self) {
+        let removed = self.lb.balancer_mut().take_removed();
+        if removed.is_empty() {
+            return;
+        }
+        match self.programs.destroy_sockets(&removed) {
+            // Info when sockets went (the event an operator may look for), debug otherwise.
+            Ok(report) if report.destroyed > 0 => tracing::info!(
+                pairs = removed.len(),
+                namespaces = report.namespaces,
+                skipped = report.skipped,
+                destroyed = report.destroyed,
+                "Socket load balancer destroyed sockets of removed endpoints"
+            ),
+            Ok(report) => tracing::debug!(
+                pairs = removed.len(),
+                namespaces = report.namespaces,
+                skipped = report.skipped,
+                "Socket load balancer found no socket of the removed endpoints"
+            ),
+            // Said once at start; UDP is left to nftables mode there.
+            Err(DestroyError::Unavailable) => {}
+            Err(error) => tracing::warn!(
+                error = %error.chain(),
+                "Cannot destroy sockets connected to removed endpoints; they keep their \
+                 endpoint until they close"
+            ),
+        }
     }
 
     /// The pins someone else removed (each a foreign change: the proxier logs and counts

@@ -16,9 +16,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
-use kp_testbed::{Outcome, Protocol, isolated};
+use kp_testbed::{Cluster, Outcome, Protocol, isolated};
 
-use crate::support::{CLUSTER_CIDR_V4, Env, Flags, KUBE_PROXY, Mode, Service};
+use crate::support::{CLUSTER_CIDR_DUAL, CLUSTER_CIDR_V4, Env, Flags, KUBE_PROXY, Mode, Service};
 
 const CGROUP_PREFIX: &str = "kp-socklb-traffic-";
 /// Flows whose conntrack entries are checked.
@@ -39,6 +39,17 @@ const LOAD_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
 /// Connections per client in the affinity check: one endpoint of two for all of them by
 /// chance, without affinity, has probability 2^-19.
 const STICKY_FLOWS: usize = 20;
+const WEB6: &str = "fd00:10:96::10";
+/// The UDP Service the resolver-like burst queries.
+const DNS: &str = "10.96.0.20";
+/// The burst: sockets of one client and queries on each (2,000 in all).
+const BURST_SOCKETS: usize = 20;
+const BURST_PER_SOCKET: usize = 100;
+/// The IPv6 burst (480 queries; even, as queries go in pairs).
+const BURST6_PER_SOCKET: usize = 24;
+/// Sessions opened at most to find one the programs sent to endpoint a (each lands there
+/// with probability 1/2).
+const SESSION_TRIES: usize = 20;
 
 fn ip(text: &str) -> IpAddr {
     text.parse().expect("literal address")
@@ -87,15 +98,20 @@ fn unavailable() -> Option<String> {
         .then(|| "no cgroup v2 mount".to_owned())
 }
 
-/// conntrack's entries in the node namespace for flows from the client's port `sport`.
-fn conntrack_from(env: &Env, protocol: &str, sport: u16) -> String {
+/// conntrack's entries in the node namespace for flows from the client's port `sport`, in
+/// the table of `client`'s family.
+fn conntrack_from(env: &Env, protocol: &str, client: SocketAddr) -> String {
+    let family = if client.is_ipv6() { "ipv6" } else { "ipv4" };
+    let sport = client.port().to_string();
     env.node_exec(&[
         "conntrack",
         "-L",
+        "-f",
+        family,
         "-p",
         protocol,
         "--sport",
-        &sport.to_string(),
+        &sport,
     ])
 }
 
@@ -105,13 +121,45 @@ fn assert_not_natted(env: &Env, protocol: &str, outcome: &Outcome, service: &str
     let Outcome::Answered { client, server, .. } = outcome else {
         panic!("not answered: {outcome:?}{}", env.diag());
     };
-    let entries = conntrack_from(env, protocol, client.port());
+    let entries = conntrack_from(env, protocol, *client);
     assert!(
         entries.contains(&format!("dst={}", server.ip())) && !entries.contains(service),
         "{protocol} flow {client} -> {service}: conntrack must show the endpoint, not the \
-         Service: {entries}{}",
+         Service: {entries} ({outcome:?}){}",
         env.diag()
     );
+}
+
+/// The proxy with `--socket-lb` attached to a cgroup of the test's own (seen through a
+/// [`CgroupView`]); fields drop in order: the proxy and cluster, the cgroup, the view.
+struct Bed {
+    env: Env,
+    cgroup: TestCgroup,
+    _view: CgroupView,
+}
+
+/// A cluster (dual-stack or IPv4) with `services` and the proxy in `mode` with
+/// `--socket-lb`.
+fn start(mode: Mode, dual_stack: bool, services: impl FnOnce(&Cluster) -> Vec<Service>) -> Bed {
+    let view = CgroupView::mount();
+    let cgroup = TestCgroup::create(CGROUP_PREFIX).expect("test cgroup");
+    let c = crate::scenarios::cluster(dual_stack);
+    let services = services(&c);
+    let cidr = if dual_stack {
+        CLUSTER_CIDR_DUAL
+    } else {
+        CLUSTER_CIDR_V4
+    };
+    let flags = Flags::cluster_cidr(cidr).flag("--socket-lb").flag(&format!(
+        "--socket-lb-cgroup={}",
+        view.path_of(&cgroup).display()
+    ));
+    let env = Env::start_with(mode, c, flags, &services, &[]);
+    Bed {
+        env,
+        cgroup,
+        _view: view,
+    }
 }
 
 /// The scenario in `mode` (either nftables layout).
@@ -119,34 +167,30 @@ pub fn socket_lb(mode: Mode) {
     if isolated::skip("socket_lb", unavailable()) {
         return;
     }
-    let view = CgroupView::mount();
-    let cgroup = TestCgroup::create(CGROUP_PREFIX).expect("test cgroup");
-    let c = crate::scenarios::cluster(false);
-    let services = [
-        Service::new("web", WEB)
-            .tcp(80)
-            .udp(80)
-            .endpoints(&c, &["a", "b"]),
-        Service::new("itp", ITP)
-            .tcp(80)
-            .itp_local()
-            .endpoints(&c, &["a", "c"]),
-        Service::new("empty", EMPTY)
-            .tcp(80)
-            .udp(80)
-            .endpoints(&c, &[]),
-        Service::new("sticky", STICKY)
-            .tcp(80)
-            .affinity(600)
-            .endpoints(&c, &["a", "b"]),
-    ];
-    let flags = Flags::cluster_cidr(CLUSTER_CIDR_V4)
-        .flag("--socket-lb")
-        .flag(&format!(
-            "--socket-lb-cgroup={}",
-            view.path_of(&cgroup).display()
-        ));
-    let mut env = Env::start_with(mode, c, flags, &services, &[]);
+    let Bed {
+        mut env,
+        cgroup,
+        _view,
+    } = start(mode, false, |c| {
+        vec![
+            Service::new("web", WEB)
+                .tcp(80)
+                .udp(80)
+                .endpoints(c, &["a", "b"]),
+            Service::new("itp", ITP)
+                .tcp(80)
+                .itp_local()
+                .endpoints(c, &["a", "c"]),
+            Service::new("empty", EMPTY)
+                .tcp(80)
+                .udp(80)
+                .endpoints(c, &[]),
+            Service::new("sticky", STICKY)
+                .tcp(80)
+                .affinity(600)
+                .endpoints(c, &["a", "b"]),
+        ]
+    });
     let attached = env.logged(|l| l.contains("Socket load balancer attached"));
     assert_eq!(attached.len(), 1, "{}", env.diag());
 
@@ -156,17 +200,35 @@ pub fn socket_lb(mode: Mode) {
     refused_and_local(&env);
     affinity_per_pod(&mut env);
 
-    // A partial sync: web loses a; the programs follow at once.
+    // A partial sync: web loses a; the programs follow at once, and the sockets they
+    // connected to a are destroyed.
+    let (mut udp, mut tcp) = (
+        session_to_a(&env, Protocol::Udp),
+        session_to_a(&env, Protocol::Tcp),
+    );
     let web_b = Service::new("web", WEB)
         .tcp(80)
         .udp(80)
         .endpoints(&env.cluster, &["b"]);
     env.apply(&web_b);
+    let destroyed = env.logged(|l| l.contains("destroyed sockets of removed endpoints"));
+    assert!(
+        destroyed.iter().any(|l| l.contains("destroyed=\"2\"")),
+        "{destroyed:?}{}",
+        env.diag()
+    );
     let tally = env
         .cluster
         .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
         .expect("probe");
     assert_eq!(tally.count("b"), 10, "{tally:?}{}", env.diag());
+    udp_session_is_moved_to_b(&env, &mut udp);
+    let after = tcp.send("after");
+    assert!(
+        matches!(after, Ok(Outcome::Closed) | Err(_)),
+        "the TCP connection to a is reset: {after:?}{}",
+        env.diag()
+    );
     survives_restart_and_kill(&mut env);
     pins_removed_by_someone_else_come_back(&mut env);
     let attaching = env.flags().clone();
@@ -358,6 +420,130 @@ fn sport(line: &str) -> Option<u16> {
     line.split_whitespace()
         .find_map(|f| f.strip_prefix("sport="))
         .and_then(|p| p.parse().ok())
+/// A long-lived `protocol` session from the client (inside the cgroup) that the programs sent
+/// to endpoint a, without NAT.
+fn session_to_a(env: &Env, protocol: Protocol) -> kp_testbed::Session {
+    let client = env.cluster.client().clone();
+    for _ in 0..SESSION_TRIES {
+        let session = match protocol {
+            Protocol::Udp => env.cluster.connect_udp(&client, ip(WEB), 80),
+            _ => env.cluster.connect(&client, ip(WEB), 80),
+        }
+        .expect("session");
+        if session.greeting().answered_by("a") {
+            assert_not_natted(env, &protocol.to_string(), session.greeting(), WEB);
+            return session;
+        }
+    }
+    panic!(
+        "{SESSION_TRIES} {protocol} sessions, none to a{}",
+        env.diag()
+    );
+}
+
+/// The connected UDP socket to the removed endpoint a: its next call fails (destroyed:
+/// ECONNABORTED, disconnected), the application connects again and reaches b; never a.
+fn udp_session_is_moved_to_b(env: &Env, session: &mut kp_testbed::Session) {
+    let mut outcomes = Vec::new();
+    for i in 0..3 {
+        let outcome = session.send(&format!("after-{i}")).expect("udp session");
+        let moved = outcome.answered_by("b");
+        outcomes.push(outcome);
+        if moved {
+            break;
+        }
+    }
+    assert!(
+        outcomes.iter().all(|o| !o.answered_by("a")),
+        "still sent to the removed endpoint: {outcomes:?}{}",
+        env.diag()
+    );
+    let last = outcomes.last().expect("three tries");
+    assert!(last.answered_by("b"), "{outcomes:?}{}", env.diag());
+    assert_not_natted(env, "udp", last, WEB);
+}
+
+/// A dual-stack cluster with `--socket-lb`: an IPv6 Service's TCP and UDP translated without
+/// NAT (`getpeername` and `recvfrom` show the Service), then 2,000 resolver-like queries from
+/// 20 sockets of one client to a UDP Service: every one answered within the probe timeout
+/// (no 5 s stall), every answer from the Service address, no conntrack entry holding it.
+pub fn ipv6_and_dns_burst(mode: Mode) {
+    if isolated::skip("socket_lb ipv6 and dns", unavailable()) {
+        return;
+    }
+    let Bed { env, cgroup, .. } = start(mode, true, |c| {
+        vec![
+            Service::new("web6", WEB6)
+                .tcp(80)
+                .udp(80)
+                .endpoints(c, &["a", "b"]),
+            Service::new("dns", DNS).udp(80).endpoints(c, &["a", "b"]),
+        ]
+    });
+    env.cluster.set_probe_cgroup(Some(cgroup.path().to_owned()));
+    ipv6_translated(&env);
+    dns_burst(&env, SocketAddr::new(ip(DNS), 80), BURST_PER_SOCKET);
+    dns_burst(&env, SocketAddr::new(ip(WEB6), 80), BURST6_PER_SOCKET);
+    env.cluster.set_probe_cgroup(None);
+}
+
+fn ipv6_translated(env: &Env) {
+    let cl = &env.cluster;
+    let client = cl.client();
+    let tally = cl.tcp_repeat(client, ip(WEB6), 80, FLOWS).expect("probe");
+    assert_eq!(
+        tally.count("a") + tally.count("b"),
+        FLOWS,
+        "{tally:?}{}",
+        env.diag()
+    );
+    assert!(tally.count("a") > 0 && tally.count("b") > 0, "{tally:?}");
+    for outcome in tally.outcomes() {
+        assert_not_natted(env, "tcp", outcome, WEB6);
+    }
+    peers_show_the_service(env, WEB6);
+}
+
+/// [`BURST_SOCKETS`] sockets × `per_socket` queries to `service`: all answered, from the
+/// Service address, by both endpoints, and conntrack holds no entry to the Service.
+fn dns_burst(env: &Env, service: SocketAddr, per_socket: usize) {
+    let client = env.cluster.client();
+    let report = env
+        .cluster
+        .udp_burst(client, service, BURST_SOCKETS, per_socket)
+        .expect("burst");
+    let sent = BURST_SOCKETS * per_socket;
+    assert_eq!(
+        (
+            report.sent,
+            report.answered,
+            report.timed_out,
+            report.wrong_source
+        ),
+        (sent, sent, 0, 0),
+        "{service}: {report:?}{}",
+        env.diag()
+    );
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.pods.len(), 2, "both endpoints answer: {report:?}");
+    let family = if service.is_ipv6() { "ipv6" } else { "ipv4" };
+    let dst = service.ip().to_string();
+    let natted = env.node_exec(&["conntrack", "-L", "-f", family, "-p", "udp", "-d", &dst]);
+    assert!(
+        !natted.contains(&dst),
+        "no conntrack entry holds the Service address: {natted}{}",
+        env.diag()
+    );
+    let all = env.node_exec(&["conntrack", "-L", "-f", family, "-p", "udp"]);
+    let to_endpoints = all.lines().filter(|l| l.contains("dport=80")).count();
+    assert!(
+        to_endpoints >= BURST_SOCKETS,
+        "the flows went to the endpoints: {all}"
+    );
+    eprintln!(
+        "socket_lb dns burst to {service}: {} queries, slowest pair {} ms",
+        report.sent, report.slowest_ms
+    );
 }
 
 /// The proxy restarted with a directory that is not cgroup v2: the old programs went with
@@ -386,12 +572,29 @@ fn restarted_where_it_cannot_attach(env: &mut Env) {
             env.diag()
         );
     };
-    let entries = conntrack_from(env, "tcp", from.port());
+    let entries = conntrack_from(env, "tcp", *from);
     assert!(
         entries.contains(WEB),
         "nftables' DNAT: {entries}{}",
         env.diag()
     );
+}
+
+/// `getpeername()` (TCP) and `recvfrom()`'s source (unconnected UDP) show `service`'s
+/// address, and neither flow was NATed.
+fn peers_show_the_service(env: &Env, service: &str) {
+    let (cl, client) = (&env.cluster, env.cluster.client());
+    let addr = SocketAddr::new(ip(service), 80);
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        let report = cl.peer(client, protocol, addr).expect("peer probe");
+        assert_eq!(
+            report.peer,
+            Some(addr),
+            "{protocol}: {report:?}{}",
+            env.diag()
+        );
+        assert_not_natted(env, &protocol.to_string(), &report.outcome, service);
+    }
 }
 
 /// Pearson's statistic of `counts` against equally likely endpoints.
@@ -413,7 +616,7 @@ fn control_is_natted(env: &Env) {
     let Outcome::Answered { client, .. } = outcome else {
         panic!("control not answered: {outcome:?}{}", env.diag());
     };
-    let entries = conntrack_from(env, "tcp", client.port());
+    let entries = conntrack_from(env, "tcp", client);
     assert!(entries.contains(WEB), "control: {entries}{}", env.diag());
 }
 
@@ -431,17 +634,7 @@ fn translated_tcp_and_udp(env: &Env) {
     for outcome in &tally.outcomes()[..FLOWS] {
         assert_not_natted(env, "tcp", outcome, WEB);
     }
-    let service = SocketAddr::new(ip(WEB), 80);
-    for protocol in [Protocol::Tcp, Protocol::Udp] {
-        let report = cl.peer(client, protocol, service).expect("peer probe");
-        assert_eq!(
-            report.peer,
-            Some(service),
-            "{protocol}: {report:?}{}",
-            env.diag()
-        );
-        assert_not_natted(env, &protocol.to_string(), &report.outcome, WEB);
-    }
+    peers_show_the_service(env, WEB);
 }
 
 /// No endpoints: refused, as nftables mode rejects; internalTrafficPolicy Local: only the

@@ -1,5 +1,6 @@
 //! `kp-datapath`: data-path throughput and latency, side by side: direct pod to pod, through
-//! iptables mode, and through userspace mode's relay.
+//! iptables mode, nftables mode, nftables mode with the socket load balancer
+//! (`--socket-lb`), and userspace mode's relay.
 //!
 //! Topology per path and round (namespaces `kpr-<pid>-<tag>-{cl,node,srv}`, created and
 //! wired from inside the namespaces; the host's namespace is never touched):
@@ -16,6 +17,16 @@
 //! latency (`kp-connect probe`) idle and again while a background `iperf3 -b --load-mbps`
 //! flows through the same path. Figures are medians over `--rounds`. Measurements only;
 //! nothing is asserted.
+//!
+//! `--services 1,10000` repeats every path with that many Services in the proxy (the
+//! benchmark Service plus generated ones, kp-bench's `generate`), rounds outermost, sizes
+//! and paths alternated within a round. For `nftables-socket-lb` the benchmark process enters
+//! a cgroup v2 directory of its own for the round (so the client's `iperf3` and `kp-connect`
+//! start inside it) and the proxy attaches there through a second cgroup2 mount (`ip netns
+//! exec` hides `/sys`); the round fails unless the proxy logs that it attached. The client's
+//! CPU per connection is the probing process's user + system time (its shell's `cutime` +
+//! `cstime`, in clock ticks) over the idle latency run, divided by the connections: it holds
+//! the connect-time BPF programs, not softirq work the kernel does elsewhere.
 
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -27,10 +38,15 @@ use anyhow::{Context as _, anyhow, bail};
 use clap::{Parser, ValueEnum};
 use kp_bench::connect::Stats;
 use kp_bench::generate::NODE_NAME;
+use kp_bench::generate::{Scale, generate};
 use kp_bench::report::{Table, human};
 use kp_bench::sys::{self, Netns};
 use kp_bench::topology::{SERVER, Shape, Topology, spawn_in, topology_of};
+use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
 use kp_testbed::proxy::ProxyProcess;
+
+/// The benchmark's cgroups (`nftables-socket-lb` rounds), under the cgroup v2 root.
+const CGROUP_PREFIX: &str = "kp-datapath-";
 
 const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 97, 255, 250);
 /// The measured iperf3 server.
@@ -45,6 +61,13 @@ const SERVICE_ECHO_PORT: u16 = 80;
 enum PathKind {
     Direct,
     Iptables,
+    Nftables,
+    /// nftables mode with `--socket-lb`: the client's connects are translated by the
+    /// cgroup programs, and packets go to the endpoint without NAT.
+    NftablesSocketLb,
+    /// The control for the socket load balancer: nftables mode running (its hooks and
+    /// conntrack in the node's path), the client connecting to the endpoint's address.
+    EndpointBesideNftables,
     Userspace,
     /// Userspace mode copying through user-space buffers instead of splice(2).
     UserspaceBuffers,
@@ -57,6 +80,9 @@ impl PathKind {
         match self {
             PathKind::Direct => "direct",
             PathKind::Iptables => "iptables",
+            PathKind::Nftables => "nftables",
+            PathKind::NftablesSocketLb => "nftables-socket-lb",
+            PathKind::EndpointBesideNftables => "endpoint-beside-nftables",
             PathKind::Userspace => "userspace",
             PathKind::UserspaceBuffers => "userspace-buffers",
             PathKind::UserspacePipe64k => "userspace-pipe64k",
@@ -68,6 +94,9 @@ impl PathKind {
         match self {
             PathKind::Direct => None,
             PathKind::Iptables => Some("iptables"),
+            PathKind::Nftables | PathKind::NftablesSocketLb | PathKind::EndpointBesideNftables => {
+                Some("nftables")
+            }
             PathKind::Userspace | PathKind::UserspaceBuffers | PathKind::UserspacePipe64k => {
                 Some("userspace")
             }
@@ -78,7 +107,7 @@ impl PathKind {
 #[derive(Debug, Parser)]
 #[command(
     name = "kp-datapath",
-    about = "Throughput and latency: direct, iptables mode, userspace relay (as root)"
+    about = "Throughput and latency: direct, iptables, nftables (+ socket LB), userspace relay (as root)"
 )]
 struct Args {
     /// Paths to measure (direct first: the others are reported relative to it).
@@ -89,6 +118,10 @@ struct Args {
         default_value = "direct,iptables,userspace"
     )]
     paths: Vec<PathKind>,
+    /// Services in the proxy, one size after another within each round (1: the benchmark
+    /// Service alone).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    services: Vec<usize>,
     /// Rounds per path; figures are medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -193,16 +226,42 @@ fn iperf(client: &Netns, target: Ipv4Addr, seconds: u64, streams: u32) -> anyhow
     bail!("the iperf3 server stayed busy or unreachable")
 }
 
-/// One latency measurement with `kp-connect probe` (a sibling binary).
-fn latency(client: &Netns, target: SocketAddr, count: usize) -> anyhow::Result<Stats> {
+/// One latency measurement with `kp-connect probe` (a sibling binary), and the probe's
+/// CPU time (user + system, in seconds), read from its shell's `cutime` and `cstime`.
+fn latency(client: &Netns, target: SocketAddr, count: usize) -> anyhow::Result<(Stats, f64)> {
     let exe = std::env::current_exe()?;
     let connect = exe.with_file_name("kp-connect");
     let (target, count) = (target.to_string(), count.to_string());
     let out = client.output(
-        connect.to_str().context("non-UTF-8 path")?,
-        &["probe", "--target", &target, "--count", &count],
+        "sh",
+        &[
+            "-c",
+            r#""$0" "$@" && cat /proc/$$/stat"#,
+            connect.to_str().context("non-UTF-8 path")?,
+            "probe",
+            "--target",
+            &target,
+            "--count",
+            &count,
+        ],
     )?;
-    Stats::from_line(out.trim()).ok_or_else(|| anyhow!("bad probe output {out:?}"))
+    let mut lines = out.lines();
+    let stats = lines.next().and_then(|l| Stats::from_line(l.trim()));
+    let cpu = lines.next().and_then(children_cpu_ticks);
+    match (stats, cpu) {
+        (Some(stats), Some(ticks)) => Ok((stats, ticks as f64 / sys::ticks_per_second() as f64)),
+        _ => Err(anyhow!("bad probe output {out:?}")),
+    }
+}
+
+/// `cutime + cstime` of a `/proc/PID/stat` line (fields 16 and 17).
+fn children_cpu_ticks(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (the state).
+    let cutime: u64 = fields.get(13)?.parse().ok()?;
+    let cstime: u64 = fields.get(14)?.parse().ok()?;
+    Some(cutime + cstime)
 }
 
 /// One round's figures.
@@ -214,14 +273,34 @@ struct Round {
     cpu: Option<f64>,
     idle: Stats,
     loaded: Stats,
+    /// The client's CPU per connection over the idle latency run, in µs.
+    client_cpu_us: f64,
 }
 
-fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Round> {
+fn round(
+    args: &Args,
+    path: PathKind,
+    services: usize,
+    n: usize,
+    dir: &Path,
+) -> anyhow::Result<Round> {
     let exe = std::env::current_exe()?;
     let tag = match path {
         PathKind::UserspaceBuffers => "b",
         PathKind::UserspacePipe64k => "m",
+        PathKind::NftablesSocketLb => "s",
+        PathKind::EndpointBesideNftables => "e",
         _ => &path.name()[..1],
+    };
+    let tag = format!("{tag}{}", services.min(99_999));
+    // Entered for the whole round: every client command starts inside it.
+    let mut cgroup = match path {
+        PathKind::NftablesSocketLb => {
+            let mut cgroup = TestCgroup::create(CGROUP_PREFIX).context("a cgroup v2 directory")?;
+            cgroup.enter().context("entering the cgroup")?;
+            Some(cgroup)
+        }
+        _ => None,
     };
     let shape = if args.link_local {
         Shape::LinkLocal
@@ -256,14 +335,17 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
         None => None,
         Some(_) => Some(start_proxy(
             args,
-            path,
+            (path, services),
             &topo,
-            &dir.join(format!("{}-{n}", path.name())),
+            cgroup.as_ref(),
+            &dir.join(format!("{}-{services}-{n}", path.name())),
         )?),
     };
     let (target, echo) = match path {
-        PathKind::Direct => (SERVER, ECHO_PORT),
+        PathKind::Direct | PathKind::EndpointBesideNftables => (SERVER, ECHO_PORT),
         PathKind::Iptables
+        | PathKind::Nftables
+        | PathKind::NftablesSocketLb
         | PathKind::Userspace
         | PathKind::UserspaceBuffers
         | PathKind::UserspacePipe64k => (SERVICE_IP, SERVICE_ECHO_PORT),
@@ -281,7 +363,7 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
         _ => None,
     };
     let four_streams = iperf(&topo.client, target, args.seconds, 4)?;
-    let idle = latency(&topo.client, SocketAddr::from((target, echo)), args.count)?;
+    let (idle, client_cpu) = latency(&topo.client, SocketAddr::from((target, echo)), args.count)?;
     let (t, b, ip) = (
         (args.seconds * 6).to_string(),
         format!("{}M", args.load_mbps),
@@ -295,30 +377,37 @@ fn round(args: &Args, path: PathKind, n: usize, dir: &Path) -> anyhow::Result<Ro
         &[],
     )?;
     std::thread::sleep(Duration::from_secs(1));
-    let loaded = latency(&topo.client, SocketAddr::from((target, echo)), args.count)?;
+    let (loaded, _) = latency(&topo.client, SocketAddr::from((target, echo)), args.count)?;
     drop(background);
     drop(proxy);
+    if let Some(cgroup) = cgroup.as_mut() {
+        cgroup.leave().context("leaving the cgroup")?;
+    }
     Ok(Round {
         one_stream,
         four_streams,
         cpu,
         idle,
         loaded,
+        client_cpu_us: 1e6 * client_cpu / args.count as f64,
     })
 }
 
-/// How long the proxy may take for its first sync of the one benchmark service.
-const FIRST_SYNC_WAIT: Duration = Duration::from_secs(60);
+/// How long the proxy may take for its first sync (a debug build with 10k Services on a
+/// loaded machine took over 60 s).
+const FIRST_SYNC_WAIT: Duration = Duration::from_secs(180);
 
 fn start_proxy(
     args: &Args,
-    path: PathKind,
+    (path, services): (PathKind, usize),
     topo: &Topology,
+    cgroup: Option<&TestCgroup>,
     dir: &Path,
 ) -> anyhow::Result<ProxyProcess> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("bench.yaml"), manifest())?;
     std::fs::write(dir.join("node.yaml"), node_manifest(topo.node_ip))?;
+    write_filler(dir, services.saturating_sub(1))?;
     let mut launch = topo
         .node
         .proxy(&args.binary)?
@@ -332,11 +421,76 @@ fn start_proxy(
         PathKind::UserspacePipe64k => launch = launch.env("KP_RELAY_COPY", "pipe-64"),
         _ => {}
     }
+    let view = match cgroup {
+        Some(cgroup) => {
+            let view = CgroupView::mount(dir)?;
+            launch = launch.arg("--socket-lb").arg(format!(
+                "--socket-lb-cgroup={}",
+                view.path_of(cgroup)?.display()
+            ));
+            Some(view)
+        }
+        None => None,
+    };
     let mut proxy = launch.spawn().context("starting kube-proxy")?;
     proxy
         .wait_first_sync(FIRST_SYNC_WAIT)
         .with_context(|| format!("{} never synced", path.name()))?;
+    if view.is_some() {
+        let log = std::fs::read_to_string(dir.join("proxy.log")).unwrap_or_default();
+        if !log.contains("Socket load balancer attached") {
+            bail!(
+                "the socket load balancer did not attach; see {}/proxy.log",
+                dir.display()
+            );
+        }
+    }
     Ok(proxy)
+}
+
+/// `count` generated Services (one endpoint each) beside the benchmark one; kp-bench's
+/// generated node.yaml is left out (this benchmark writes its own).
+fn write_filler(dir: &Path, count: usize) -> anyhow::Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    for (name, text) in generate(Scale::new(count, 1)).files {
+        if name != "node.yaml" {
+            std::fs::write(dir.join(name), text)?;
+        }
+    }
+    Ok(())
+}
+
+/// The cgroup v2 hierarchy mounted a second time under `dir`, where the proxy under `ip
+/// netns exec` (which remounts `/sys`) can see it; unmounted (lazily) once the proxy has
+/// attached: the programs stay attached to the cgroup, not to the mount.
+struct CgroupView {
+    path: PathBuf,
+}
+
+impl CgroupView {
+    fn mount(dir: &Path) -> anyhow::Result<Self> {
+        let path = dir.join("cgroup2");
+        std::fs::create_dir_all(&path)?;
+        let target = path.to_str().context("non-UTF-8 path")?;
+        sys::run_std("mount", &["-t", "cgroup2", "cgroup2", target])?;
+        Ok(Self { path })
+    }
+
+    fn path_of(&self, cgroup: &TestCgroup) -> anyhow::Result<PathBuf> {
+        let root = cgroup2_root().context("no cgroup v2 mount")?;
+        let relative = cgroup.path().strip_prefix(&root)?;
+        Ok(self.path.join(relative))
+    }
+}
+
+impl Drop for CgroupView {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.to_str() {
+            let _ = sys::run_std("umount", &["-l", path]);
+        }
+    }
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -355,10 +509,13 @@ struct Summary {
     one: f64,
     four: f64,
     cpu: Option<f64>,
+    client_cpu_us: f64,
     idle: (Duration, Duration),
     loaded: (Duration, Duration),
     /// 1-stream and 4-stream throughput relative to direct.
     ratios: Option<(f64, f64)>,
+    /// Idle connect+echo p50 relative to direct (the issue's target: at most 1.05).
+    p50_ratio: Option<f64>,
     /// Added p50 and p99, idle and under load, relative to direct (signed, in µs).
     added: Option<[f64; 4]>,
 }
@@ -385,9 +542,11 @@ fn summarize(rounds: &[Round], direct: Option<&[Round]>) -> Summary {
         one: median(rounds.iter().map(|r| r.one_stream).collect()),
         four: median(rounds.iter().map(|r| r.four_streams).collect()),
         cpu: (!cpus.is_empty()).then(|| median(cpus)),
+        client_cpu_us: median(rounds.iter().map(|r| r.client_cpu_us).collect()),
         idle: (pick(|r| r.idle.p50), pick(|r| r.idle.p99)),
         loaded: (pick(|r| r.loaded.p50), pick(|r| r.loaded.p99)),
         ratios,
+        p50_ratio: paired(&|r, d| r.idle.p50.as_secs_f64() / d.idle.p50.as_secs_f64()),
         added: match added {
             [Some(a), Some(b), Some(c), Some(d)] => Some([a, b, c, d]),
             _ => None,
@@ -408,17 +567,21 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let temp = tempfile::Builder::new().prefix("kp-datapath-").tempdir()?;
     // Rounds outermost: every path is measured once per round, so a change in the machine's
     // load between rounds affects every path alike.
-    let mut measured: Vec<(PathKind, Vec<Round>)> =
-        args.paths.iter().map(|p| (*p, Vec::new())).collect();
+    let mut measured: Vec<((usize, PathKind), Vec<Round>)> = args
+        .services
+        .iter()
+        .flat_map(|&n| args.paths.iter().map(move |&p| ((n, p), Vec::new())))
+        .collect();
     for n in 0..args.rounds {
-        for (path, rounds) in &mut measured {
-            let r = round(args, *path, n, temp.path())?;
+        for ((services, path), rounds) in &mut measured {
+            let r = round(args, *path, *services, n, temp.path())?;
             eprintln!(
-                "kp-datapath: {} round {n}: 1 stream {}, 4 streams {}, cpu {:?}, idle p50/p99 {}/{}, loaded {}/{} (load {})",
+                "kp-datapath: {} with {services} services round {n}: 1 stream {}, 4 streams {}, cpu {:?}, client cpu/conn {:.1} µs, idle p50/p99 {}/{}, loaded {}/{} (load {})",
                 path.name(),
                 gbps(r.one_stream),
                 gbps(r.four_streams),
                 r.cpu,
+                r.client_cpu_us,
                 human(r.idle.p50),
                 human(r.idle.p99),
                 human(r.loaded.p50),
@@ -428,11 +591,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
             rounds.push(r);
         }
     }
-    let direct: Option<Vec<Round>> = measured
-        .iter()
-        .find(|(p, _)| *p == PathKind::Direct)
-        .map(|(_, r)| r.clone());
     let mut table = Table::new(&[
+        "services",
         "path",
         "1 stream",
         "4 streams",
@@ -441,9 +601,15 @@ fn run(args: &Args) -> anyhow::Result<()> {
         "added p50 / p99 vs direct, idle",
         "added p50 / p99 vs direct, under load",
         "proxy CPU (1 stream)",
+        "client CPU per connection",
     ]);
-    for (path, rounds) in &measured {
-        let s = summarize(rounds, direct.as_deref());
+    for ((services, path), rounds) in &measured {
+        // Each size's direct rounds: the same round's, measured minutes apart at most.
+        let direct: Option<&[Round]> = measured
+            .iter()
+            .find(|((n, p), _)| n == services && *p == PathKind::Direct)
+            .map(|(_, r)| r.as_slice());
+        let s = summarize(rounds, direct);
         let with_ratio = |v: f64, r: Option<f64>| match r {
             Some(r) => format!("{} ({r:.2}× direct)", gbps(v)),
             None => gbps(v),
@@ -457,15 +623,22 @@ fn run(args: &Args) -> anyhow::Result<()> {
             _ => ("-".to_owned(), "-".to_owned()),
         };
         table.row(vec![
+            services.to_string(),
             path.name().to_owned(),
             with_ratio(s.one, s.ratios.map(|r| r.0)),
             with_ratio(s.four, s.ratios.map(|r| r.1)),
-            format!("{} / {}", human(s.idle.0), human(s.idle.1)),
+            match s.p50_ratio {
+                Some(r) if *path != PathKind::Direct => {
+                    format!("{} ({r:.2}× direct) / {}", human(s.idle.0), human(s.idle.1))
+                }
+                _ => format!("{} / {}", human(s.idle.0), human(s.idle.1)),
+            },
             format!("{} / {}", human(s.loaded.0), human(s.loaded.1)),
             idle_added,
             loaded_added,
             s.cpu
                 .map_or("-".to_owned(), |c| format!("{c:.0}% of a core")),
+            format!("{:.1} µs", s.client_cpu_us),
         ]);
     }
     let text = format!(
