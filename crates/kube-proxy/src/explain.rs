@@ -267,13 +267,27 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
             .collect::<Vec<_>>(),
     );
     let node = crate::modes::NodeAddressing::new(&config, &detected, &local);
-    let render_config = crate::modes::render_config(&config, Some(&state.node.pod_cidrs), &node)?;
+    let mut render_config =
+        crate::modes::render_config(&config, Some(&state.node.pod_cidrs), &node)?;
+    if config.mode() == ProxyMode::Nftables {
+        // The table never DNATs loopback; the localhost NodePorts are the listeners' or the
+        // table's rejects (`localhost_node_ports` is iptables mode's route_localnet).
+        render_config.localhost_node_ports = false;
+        render_config.nftables_localhost_rejects = crate::modes::nftables::localhost_rejects(
+            &config,
+            &host.families,
+            config.nftables_layout,
+        );
+    }
     let query = Query {
         destination: args.dest,
         source: args.from,
     };
     let mut explanation = explain(&state, &render_config, &query)?;
     annotate_mode(&mut explanation, &state, &render_config, &config)?;
+    if config.mode() == ProxyMode::Nftables {
+        add_localhost(&mut explanation, &state, &render_config);
+    }
 
     let report = if args.verify {
         Some(verify_kernel(&state, &render_config, &explanation)?)
@@ -350,6 +364,27 @@ pub(crate) fn annotate_mode(
         }
     }
     Ok(())
+}
+
+/// nftables mode: what a loopback destination's NodePorts get (KEP-6032); when no service
+/// port matched otherwise, the summary says it.
+fn add_localhost(
+    explanation: &mut Explanation,
+    state: &ProxyState,
+    render_config: &kp_rules::iptables::RenderConfig,
+) {
+    let found = kp_rules::explain::localhost::explain_localhost(
+        state,
+        render_config,
+        &explanation.destination,
+    );
+    if explanation.matches.is_empty() && !found.is_empty() {
+        explanation.summary = match found.as_slice() {
+            [one] => one.describe(),
+            many => format!("{} localhost NodePorts", many.len()),
+        };
+    }
+    explanation.localhost_node_ports = found;
 }
 
 /// The node name as the proxy picks it: the override, else the host name, lowercased.

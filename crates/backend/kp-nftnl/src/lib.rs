@@ -21,10 +21,12 @@
 //!   each encoded only when the one before it is applied, so the process never holds the
 //!   netlink bytes of the whole sync (the kernel takes one batch per `sendmsg`, so a single
 //!   transaction cannot be streamed).
+//! - [`counters`] reads the table's named counters back (metrics counted in the kernel);
 //! - [`monitor`] reads nf_tables' change notifications (what `nft monitor` shows), so the
 //!   proxy notices another program changing its rules.
 
 pub mod codec;
+pub mod counters;
 pub mod expr;
 pub mod layout;
 pub mod lower;

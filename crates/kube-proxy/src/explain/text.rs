@@ -50,6 +50,16 @@ pub fn render(e: &Explanation, report: Option<&VerifyReport>) -> String {
         out.push('\n');
         service_match(&mut out, m);
     }
+    for port in &e.localhost_node_ports {
+        line(&mut out, &format!("  localhost: {}", port.describe()));
+        if let kp_rules::explain::localhost::LocalhostVerdict::Listener { endpoints } =
+            &port.verdict
+        {
+            for ep in endpoints {
+                line(&mut out, &format!("    endpoint {ep}"));
+            }
+        }
+    }
     if let Some(report) = report {
         out.push('\n');
         let tool = super::save_tool(e.family);

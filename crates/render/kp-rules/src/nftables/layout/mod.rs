@@ -28,7 +28,7 @@ mod tests;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use kp_core::model::{IpFamily, ServiceName, ServicePortName};
+use kp_core::model::{IpFamily, Protocol, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
 
 pub use element::{AffinityPort, AffinitySet, Element, Entry, EntrySet, PinList, SetOf, Slots};
@@ -50,6 +50,8 @@ pub struct Context {
     pub masquerading: Masquerading,
     /// This node's IPs of `family` (for the source-range allowance of its own traffic).
     pub node_ips: Vec<IpAddr>,
+    /// The protocols whose NodePorts' localhost traffic is rejected (KEP-6032).
+    pub localhost_rejects: &'static [Protocol],
 }
 
 impl Context {
@@ -68,6 +70,7 @@ impl Context {
             node_ips: crate::config::node_ip(&config.node_ips, &state.node, family)
                 .into_iter()
                 .collect(),
+            localhost_rejects: config.nftables_localhost_rejects.protocols(family),
         }
     }
 }
@@ -83,7 +86,17 @@ pub fn port_elements(state: &ProxyState, ctx: &Context, name: &ServicePortName) 
     let all = state.endpoints.get(name).map_or(&[][..], Vec::as_slice);
     let endpoints = family_endpoints(all, family);
     let plan = ServicePlan::new(&svc, &endpoints, &state.node, ctx.masquerading);
-    service::service_elements(&svc, cluster_ip, &plan, &ctx.node_ips)
+    let mut elements = service::service_elements(&svc, cluster_ip, &plan, &ctx.node_ips);
+    if let Some(port) = svc.node_port
+        && ctx.localhost_rejects.contains(&svc.name.protocol)
+    {
+        let entry = Entry::NodePort {
+            proto: svc.name.protocol,
+            port,
+        };
+        elements.push(Element::Entry(EntrySet::LocalhostReject, entry));
+    }
+    elements
 }
 
 /// Every port's elements: a full sync's updates (ports installed but gone get none).
