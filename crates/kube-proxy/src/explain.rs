@@ -161,6 +161,15 @@ struct Args {
     /// `--nftables-layout`; default: the file's nftablesLayout, else maps).
     #[arg(long, value_name = "maps|chains", value_parser = kp_config::NftablesLayout::from_str, help_heading = "Proxy configuration")]
     nftables_layout: Option<kp_config::NftablesLayout>,
+
+    /// Feature gates (as the proxy's --feature-gates), e.g.
+    /// KubeProxyNFTablesLocalhostNodePorts=true for nftables mode's localhost NodePorts.
+    #[arg(long, value_name = "GATES", help_heading = "Proxy configuration")]
+    feature_gates: Option<kp_config::FeatureGates>,
+
+    /// Where NodePorts answer (as the proxy's --nodeport-addresses).
+    #[arg(long = "nodeport-addresses", value_name = "CIDRS", value_parser = kp_config::NodePortAddressesSetting::from_str, help_heading = "Proxy configuration")]
+    nodeport_addresses: Option<kp_config::NodePortAddressesSetting>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, kp_config::duration::DurationError> {
@@ -214,6 +223,8 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
         socket_lb: args.socket_lb,
         socket_lb_cgroup: args.socket_lb_cgroup.clone(),
         nftables_layout: args.nftables_layout,
+        feature_gates: args.feature_gates.clone(),
+        nodeport_addresses: args.nodeport_addresses.clone(),
         ..Options::default()
     };
     let loaded = options.load().context("invalid configuration")?;
