@@ -1,7 +1,7 @@
 //! `kubeproxy_nftables_localhost_nodeport_rejected_packets_total{ip_family,protocol}`
 //! (upstream 1.37, KEP-6032): the packets the table's localhost NodePort rejects counted,
 //! in the kernel, in upstream's named counters
-//! ([`localhost_reject_counter`](kp_rules::nftables::localhost_reject_counter)). Read at
+//! ([`localhost_reject_counter`]). Read at
 //! each scrape with one netlink dump per family, so the value is the kernel's; a counter the
 //! table does not hold (a protocol not rejected in that family) has no series.
 
