@@ -160,6 +160,15 @@ struct Args {
     /// `--nftables-layout`; default: the file's nftablesLayout, else maps).
     #[arg(long, value_name = "maps|chains", value_parser = kp_config::NftablesLayout::from_str, help_heading = "Proxy configuration")]
     nftables_layout: Option<kp_config::NftablesLayout>,
+
+    /// Feature gates (as the proxy's --feature-gates), e.g.
+    /// KubeProxyNFTablesLocalhostNodePorts=true for nftables mode's localhost NodePorts.
+    #[arg(long, value_name = "GATES", help_heading = "Proxy configuration")]
+    feature_gates: Option<kp_config::FeatureGates>,
+
+    /// Where NodePorts answer (as the proxy's --nodeport-addresses).
+    #[arg(long = "nodeport-addresses", value_name = "CIDRS", value_parser = kp_config::NodePortAddressesSetting::from_str, help_heading = "Proxy configuration")]
+    nodeport_addresses: Option<kp_config::NodePortAddressesSetting>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, kp_config::duration::DurationError> {
@@ -213,6 +222,8 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
         socket_lb: args.socket_lb,
         socket_lb_cgroup: args.socket_lb_cgroup.clone(),
         nftables_layout: args.nftables_layout,
+        feature_gates: args.feature_gates.clone(),
+        nodeport_addresses: args.nodeport_addresses.clone(),
         ..Options::default()
     };
     let loaded = options.load().context("invalid configuration")?;
@@ -266,13 +277,27 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
             .collect::<Vec<_>>(),
     );
     let node = crate::modes::NodeAddressing::new(&config, &detected, &local);
-    let render_config = crate::modes::render_config(&config, Some(&state.node.pod_cidrs), &node)?;
+    let mut render_config =
+        crate::modes::render_config(&config, Some(&state.node.pod_cidrs), &node)?;
+    if config.mode() == ProxyMode::Nftables {
+        // The table never DNATs loopback; the localhost NodePorts are the listeners' or the
+        // table's rejects (`localhost_node_ports` is iptables mode's route_localnet).
+        render_config.localhost_node_ports = false;
+        render_config.nftables_localhost_rejects = crate::modes::nftables::localhost_rejects(
+            &config,
+            &host.families,
+            config.nftables_layout,
+        );
+    }
     let query = Query {
         destination: args.dest,
         source: args.from,
     };
     let mut explanation = explain(&state, &render_config, &query)?;
     annotate_mode(&mut explanation, &state, &render_config, &config)?;
+    if config.mode() == ProxyMode::Nftables {
+        add_localhost(&mut explanation, &state, &render_config);
+    }
 
     let save_tool = host.iptables.save(explanation.family).display().to_string();
     let report = if args.verify {
@@ -361,6 +386,27 @@ pub(crate) fn annotate_mode(
         }
     }
     Ok(())
+}
+
+/// nftables mode: what a loopback destination's NodePorts get (KEP-6032); when no service
+/// port matched otherwise, the summary says it.
+fn add_localhost(
+    explanation: &mut Explanation,
+    state: &ProxyState,
+    render_config: &kp_rules::iptables::RenderConfig,
+) {
+    let found = kp_rules::explain::localhost::explain_localhost(
+        state,
+        render_config,
+        &explanation.destination,
+    );
+    if explanation.matches.is_empty() && !found.is_empty() {
+        explanation.summary = match found.as_slice() {
+            [one] => one.describe(),
+            many => format!("{} localhost NodePorts", many.len()),
+        };
+    }
+    explanation.localhost_node_ports = found;
 }
 
 /// The node name as the proxy picks it: the override, else the host name, lowercased.

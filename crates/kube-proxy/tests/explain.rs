@@ -625,3 +625,42 @@ fn node_ports_follow_the_node_ip_and_the_mode_default() {
     assert!(node_port(&explain("192.168.49.2:30443", "nftables")));
     assert!(!node_port(&explain("192.168.49.3:30443", "nftables")));
 }
+
+/// nftables mode, a loopback NodePort (KEP-6032): served by the localhost listener with the
+/// gate on and loopback named in `--nodeport-addresses`, rejected by the table when the gate
+/// is on without it, untouched with the gate off; never iptables mode's route_localnet DNAT.
+#[test]
+fn nftables_mode_explains_localhost_node_ports() {
+    const GATE: &str = "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true";
+    let verdict = |extra: &[&str]| {
+        let mut args = vec!["127.0.0.1:30443", "--proxy-mode=nftables"];
+        args.extend_from_slice(extra);
+        let e = json(&args, 0);
+        assert_eq!(e["matches"].as_array().map(Vec::len), Some(0), "{e:#}");
+        e["localhost_node_ports"][0]["verdict"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(
+        verdict(&[GATE, "--nodeport-addresses=primary,localhost"]),
+        "listener"
+    );
+    assert_eq!(verdict(&[GATE, "--nodeport-addresses=primary"]), "rejected");
+    assert_eq!(
+        verdict(&["--nodeport-addresses=primary,localhost"]),
+        "untouched"
+    );
+    let text = stdout(&run(&[
+        "127.0.0.1:30443",
+        "--proxy-mode=nftables",
+        GATE,
+        "--nodeport-addresses=primary",
+    ]));
+    assert!(
+        text.contains(
+            "rejected by the nftables table (counted in localhost-nodeport-rejected-tcp)"
+        ),
+        "{text}"
+    );
+}

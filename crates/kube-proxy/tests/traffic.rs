@@ -127,6 +127,13 @@ fn nftables_localhost_node_ports() {
     localhost::localhost_node_ports(support::Mode::Nftables);
 }
 
+/// The table's rejects of localhost NodePort traffic the listeners do not serve (KEP-6032),
+/// counted: the default layout only (the chain layout writes no rejects).
+#[test]
+fn nftables_localhost_rejects() {
+    localhost::localhost_rejects(support::Mode::Nftables);
+}
+
 /// `--socket-lb` beside nftables mode: the programs translate the client pod's sockets (see
 /// the module), in either layout.
 #[test]

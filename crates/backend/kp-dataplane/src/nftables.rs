@@ -44,6 +44,7 @@
 //! `nftables.tableName` setting of the newest upstream (the table is always `kube-proxy`).
 
 pub mod layout;
+pub mod localhost;
 mod netlink;
 mod runner;
 #[cfg(test)]

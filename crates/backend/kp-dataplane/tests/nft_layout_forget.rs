@@ -44,6 +44,7 @@ fn forget(family: IpFamily, clients: [&str; 2], endpoints: [&str; 2]) {
         detector: LocalDetector::None,
         node_port_addresses: NodePortAddresses::All,
         service_cidrs: Vec::new(),
+        localhost_rejects: &[],
     };
     let mut script = fixed_part(&config, &Default::default());
     script.extend(class_part(&config, Class::Affinity(port())));

@@ -62,6 +62,8 @@ pub enum MsgKind {
     GetSet = 10,
     /// List a set's elements (a dump).
     GetSetElem = 13,
+    /// List stateful objects such as named counters (a dump).
+    GetObj = 19,
 }
 
 /// The nftables families this crate writes.

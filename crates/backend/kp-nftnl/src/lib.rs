@@ -23,11 +23,13 @@
 //!   transaction cannot be streamed).
 //! - [`abi`] holds nf_tables' netlink numbers (subsystem, batch messages, `NFTA_*`
 //!   attributes) for all of them and for the backends that read dumps;
+//! - [`counters`] reads the table's named counters back (metrics counted in the kernel);
 //! - [`monitor`] reads nf_tables' change notifications (what `nft monitor` shows), so the
 //!   proxy notices another program changing its rules.
 
 pub mod abi;
 pub mod codec;
+pub mod counters;
 pub mod expr;
 pub mod layout;
 pub mod lower;

@@ -19,7 +19,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use kp_core::model::{IpFamily, Protocol, ServicePortName};
+use kp_core::model::{IpFamily, ServicePortName};
 use kp_core::report::ErrorChain as _;
 use kp_core::tracker::ProxyState;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -30,8 +30,9 @@ use prometheus_client::registry::Registry;
 use tracing::{debug, error};
 
 use crate::relay::{Owner, Relay};
-use crate::shared::{endpoint_addresses, service_plan, service_port_label};
+use crate::shared::service_port_label;
 use crate::{RelayConfig, RelayMetrics};
+use kp_rules::plan::localhost_listener_endpoints;
 
 /// One listener: a service port's NodePort on one loopback address.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -159,27 +160,17 @@ impl LocalhostNodePorts {
         self.count()
     }
 
-    /// Every listener `state` wants, with its endpoints.
+    /// Every listener `state` wants, with its endpoints
+    /// ([`localhost_listener_endpoints`] decides).
     fn wanted(&self, state: &ProxyState) -> BTreeMap<Listener, Wanted> {
         let mut wanted = BTreeMap::new();
         for svc in state.services.values() {
-            if svc.name.protocol != Protocol::Tcp {
-                continue;
-            }
             let Some(node_port) = svc.node_port else {
                 continue;
             };
-            // NodePorts on localhost: no LB source ranges, so no node IP is needed.
-            let plan = service_plan(svc, state, None);
-            let external = plan.list(plan.external.list);
             let affinity = svc.session_affinity.map(|a| a.timeout);
             for &ip in &self.addresses {
-                let family = IpFamily::of(&ip);
-                // A family the service has no ClusterIP of is not the service's.
-                if !svc.cluster_ips.iter().any(|c| IpFamily::of(c) == family) {
-                    continue;
-                }
-                let endpoints = endpoint_addresses(external, family);
+                let endpoints = localhost_listener_endpoints(svc, state, IpFamily::of(&ip));
                 if endpoints.is_empty() {
                     continue;
                 }

@@ -6,3 +6,4 @@ mod events;
 mod fuzz_manifests;
 mod hostile;
 mod manifests;
+mod node_status;

@@ -51,6 +51,16 @@ pub fn render(e: &Explanation, verified: Option<(&str, &VerifyReport)>) -> Strin
         out.push('\n');
         service_match(&mut out, m);
     }
+    for port in &e.localhost_node_ports {
+        line(&mut out, &format!("  localhost: {}", port.describe()));
+        if let kp_rules::explain::localhost::LocalhostVerdict::Listener { endpoints } =
+            &port.verdict
+        {
+            for ep in endpoints {
+                line(&mut out, &format!("    endpoint {ep}"));
+            }
+        }
+    }
     if let Some((tool, report)) = verified {
         out.push('\n');
         let _ = writeln!(

@@ -14,8 +14,10 @@ use kp_core::model::IpFamily;
 use kp_core::report::ErrorChain as _;
 use kp_dataplane::iptables::IptablesBackend;
 use kp_dataplane::nftables::layout::{LayoutBackend, runs_here};
+use kp_dataplane::nftables::localhost::LocalhostRejectedPackets;
 use kp_dataplane::nftables::{NftablesBackend, NftablesConfig, NftablesMetrics};
 use kp_dataplane::watch::Owned;
+use kp_rules::config::LocalhostNodePortRejects;
 use kp_rules::iptables::RenderConfig;
 use kp_userspace::{LocalhostMetrics, LocalhostNodePorts, RelayMetrics};
 use prometheus_client::registry::Registry;
@@ -47,10 +49,8 @@ impl Mode for Nftables {
     fn build(input: Input<'_>) -> anyhow::Result<Self::Backend> {
         let host = input.host;
         check_nft_version(host)?;
-        let (_, render) = super::start_kernel_mode(&input)?;
+        let (_, mut render) = super::start_kernel_mode(&input)?;
         super::iptables::warn_without_cluster_cidr(input.config);
-        let config = NftablesConfig::new(host.families.clone(), render);
-        let metrics = NftablesMetrics::register(input.registry);
         let layout = match input.config.nftables_layout {
             // Its fixed part is `nft -f` text, which this host's nft may not run.
             NftablesLayout::Maps if !runs_here(&kp_dataplane::nftables::ExecNft::default()) => {
@@ -59,6 +59,12 @@ impl Mode for Nftables {
             layout => layout,
         };
         tracing::info!(layout = %layout, "nftables mode's table layout");
+        render.nftables_localhost_rejects = localhost_rejects(input.config, &host.families, layout);
+        if render.nftables_localhost_rejects.table_rejects {
+            LocalhostRejectedPackets::register(input.registry, host.families.clone());
+        }
+        let config = NftablesConfig::new(host.families.clone(), render);
+        let metrics = NftablesMetrics::register(input.registry);
         if std::env::var_os(RETIRED_LAYOUT_ENV).is_some() {
             tracing::warn!(
                 "${RETIRED_LAYOUT_ENV} is no longer read: --nftables-layout or nftablesLayout in \
@@ -98,6 +104,43 @@ impl Mode for Nftables {
 /// The variable that chose the layout before `--nftables-layout`; set, it is only warned about.
 const RETIRED_LAYOUT_ENV: &str = "KUBE_PROXY_RS_NFTABLES_LAYOUT";
 
+/// What the table rejects of localhost NodePort traffic (KEP-6032): with the gate on, UDP
+/// and SCTP, and TCP in the families without listeners ([`explicit_loopback`]); in the
+/// verdict-free layout only (the chain layout writes no rejects).
+pub(crate) fn localhost_rejects(
+    config: &KubeProxyConfiguration,
+    families: &[IpFamily],
+    layout: NftablesLayout,
+) -> LocalhostNodePortRejects {
+    let enabled = enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE);
+    LocalhostNodePortRejects {
+        enabled,
+        table_rejects: enabled && layout == NftablesLayout::Maps,
+        served: if enabled {
+            explicit_loopback(config, families)
+                .iter()
+                .map(IpFamily::of)
+                .collect()
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+/// The loopback addresses of the node's families that `nodePortAddresses` names explicitly
+/// (`NodePortAddressesSetting::explicit_loopback`).
+fn explicit_loopback(
+    config: &KubeProxyConfiguration,
+    families: &[IpFamily],
+) -> Vec<std::net::IpAddr> {
+    config
+        .node_port_addresses()
+        .explicit_loopback()
+        .into_iter()
+        .filter(|ip| families.contains(&IpFamily::of(ip)))
+        .collect()
+}
+
 /// The localhost NodePort listeners (KEP-6032): with the gate on, on the loopback address of
 /// each of the node's families whose `nodePortAddresses` name it explicitly
 /// (`NodePortAddressesSetting::explicit_loopback`); `None` without any. Read once at start:
@@ -107,12 +150,7 @@ fn localhost_listeners(
     families: &[IpFamily],
     registry: &mut Registry,
 ) -> Option<LocalhostNodePorts> {
-    let loopback: Vec<std::net::IpAddr> = config
-        .node_port_addresses()
-        .explicit_loopback()
-        .into_iter()
-        .filter(|ip| families.contains(&IpFamily::of(ip)))
-        .collect();
+    let loopback = explicit_loopback(config, families);
     if loopback.is_empty() {
         return None;
     }

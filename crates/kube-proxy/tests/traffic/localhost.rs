@@ -116,3 +116,139 @@ pub fn localhost_node_ports(mode: Mode) {
     env.restart_with(flags("primary,localhost", true));
     check(&env, "localhost again", &["a", "c"]);
 }
+
+const UDP_V4: u16 = 30123;
+const UDP_V6: u16 = 30124;
+const TCP_V4: u16 = 30125;
+const REJECTED: &str = "kubeproxy_nftables_localhost_nodeport_rejected_packets_total";
+
+/// `REJECTED`'s series of `family` and `protocol`, if served.
+fn rejected(env: &Env, family: &str, protocol: &str) -> Option<f64> {
+    let series = format!("{REJECTED}{{ip_family=\"{family}\",protocol=\"{protocol}\"}}");
+    metric_sum(&env.metrics(), &series)
+}
+
+/// `n` flows of `protocol` from the node to `[addr]:port`, all with `outcome`.
+fn from_node(env: &Env, what: &str, addr: &str, port: u16, udp: bool, outcome: &Outcome) {
+    let cl = &env.cluster;
+    let tally = if udp {
+        cl.udp_repeat(cl.node(), ip(addr), port, 3)
+    } else {
+        cl.tcp_repeat(cl.node(), ip(addr), port, 3)
+    }
+    .expect("probe");
+    assert_all(env, &format!("{what}: [{addr}]:{port}"), &tally, outcome);
+}
+
+/// The table's rejects of localhost NodePorts it does not serve (upstream 1.37): a host
+/// program listening on `127.0.0.1` and `::1` on a UDP Service's NodePort gets its datagrams
+/// with the gate off; with the gate on the table refuses them (and TCP ones too while no
+/// listener serves the family), counted per family and protocol in
+/// `kubeproxy_nftables_localhost_nodeport_rejected_packets_total`; the node's primary
+/// address still reaches the pods; a restart with the gate off again lets the program be.
+pub fn localhost_rejects(mode: Mode) {
+    assert!(mode.is_nftables(), "a scenario of nftables mode");
+    let c = crate::scenarios::cluster(true);
+    let pods = ["a", "b"];
+    let services = [
+        Service::new("lu4", "10.96.0.123")
+            .udp(80)
+            .node_port(UDP_V4)
+            .endpoints(&c, &pods),
+        Service::new("lu6", "fd00:10:96::124")
+            .udp(80)
+            .node_port(UDP_V6)
+            .endpoints(&c, &pods),
+        Service::new("lt4", "10.96.0.125")
+            .tcp(80)
+            .node_port(TCP_V4)
+            .endpoints(&c, &pods),
+    ];
+    let host_program = kp_testbed::EchoSpec::new("host-program")
+        .udp(UDP_V4)
+        .udp(UDP_V6)
+        .udp_bind(ip("127.0.0.1"))
+        .udp_bind(ip("::1"));
+    c.start_echo(c.node(), host_program).expect("host program");
+    let answered_by_program = |env: &Env, what: &str| {
+        let cl = &env.cluster;
+        for (addr, port) in [("127.0.0.1", UDP_V4), ("::1", UDP_V6)] {
+            let tally = cl.udp_repeat(cl.node(), ip(addr), port, 3).expect("probe");
+            let seen: Vec<String> = tally.by_pod().into_keys().collect();
+            assert!(
+                tally.all_answered(),
+                "{what}: [{addr}]:{port}: {tally:?}{}",
+                env.diag()
+            );
+            assert_eq!(seen, ["host-program"], "{what}: [{addr}]:{port}: {tally:?}");
+        }
+    };
+
+    // The gate off: nothing of the table touches loopback.
+    let mut env = Env::start_with(mode, c, flags("primary", false), &services, &[]);
+    answered_by_program(&env, "gate off");
+    assert_eq!(metric_sum(&env.metrics(), REJECTED), None);
+
+    // The gate on without listeners: UDP and TCP refused and counted, in both families.
+    env.restart_with(flags("primary", true));
+    from_node(
+        &env,
+        "gate on",
+        "127.0.0.1",
+        UDP_V4,
+        true,
+        &Outcome::Refused,
+    );
+    from_node(&env, "gate on", "::1", UDP_V6, true, &Outcome::Refused);
+    from_node(
+        &env,
+        "gate on",
+        "127.0.0.1",
+        TCP_V4,
+        false,
+        &Outcome::Refused,
+    );
+    for (family, protocol) in [("IPv4", "UDP"), ("IPv6", "UDP"), ("IPv4", "TCP")] {
+        let count = rejected(&env, family, protocol).unwrap_or_default();
+        assert!(count >= 3.0, "{family} {protocol}: {count}{}", env.diag());
+    }
+    assert_eq!(rejected(&env, "IPv6", "TCP"), Some(0.0), "{}", env.diag());
+    assert_eq!(rejected(&env, "IPv4", "SCTP"), Some(0.0), "{}", env.diag());
+    let cl = &env.cluster;
+    let tally = cl
+        .udp_repeat(cl.external_in(), cl.node_ip(), UDP_V4, 12)
+        .expect("probe");
+    let seen: Vec<String> = tally.by_pod().into_keys().collect();
+    assert_eq!(seen, pods, "primary UDP NodePort: {tally:?}{}", env.diag());
+
+    // Listeners on both loopback addresses: TCP served (its counter gone), UDP still refused.
+    env.restart_with(flags("primary,localhost", true));
+    let cl = &env.cluster;
+    let tally = cl
+        .tcp_repeat(cl.node(), ip("127.0.0.1"), TCP_V4, 12)
+        .expect("probe");
+    assert!(
+        tally.all_answered(),
+        "TCP listener: {tally:?}{}",
+        env.diag()
+    );
+    from_node(
+        &env,
+        "listeners",
+        "127.0.0.1",
+        UDP_V4,
+        true,
+        &Outcome::Refused,
+    );
+    assert_eq!(rejected(&env, "IPv4", "TCP"), None, "{}", env.diag());
+    assert!(
+        rejected(&env, "IPv4", "UDP").is_some_and(|n| n >= 6.0),
+        "{}",
+        env.diag()
+    );
+
+    // The gate off again: the rules and counters are gone, the program gets its datagrams.
+    env.restart_with(flags("primary", false));
+    answered_by_program(&env, "gate off again");
+    assert_eq!(metric_sum(&env.metrics(), REJECTED), None);
+}

@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kp_core::model::IpFamily;
+use kp_core::model::{IpFamily, Protocol};
 
 /// Upstream's default masquerade bit (mark `0x4000`).
 pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
@@ -87,6 +87,41 @@ impl NodePortAddresses {
     }
 }
 
+/// nftables mode's rejection of localhost NodePort traffic it does not serve
+/// (`KubeProxyNFTablesLocalhostNodePorts`, upstream 1.37, KEP-6032). With the gate on,
+/// upstream rejects a connection or datagram to a NodePort on `127.0.0.0/8` or `::1` in its
+/// table, counted per protocol: UDP and SCTP always (the userspace listeners are TCP only),
+/// TCP too in a family whose NodePorts no listener serves (loopback not named explicitly in
+/// `nodePortAddresses`). Off (the default), nothing is rejected: the kernel refuses what no
+/// socket listens on. Only the verdict-free layout writes the rejects (`table_rejects`); the
+/// chain layout's NodePort maps hold `goto` elements, which the kernel refuses once a rule
+/// looks such a map up as a set (EOPNOTSUPP), so it would need a set of its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalhostNodePortRejects {
+    /// The gate is on.
+    pub enabled: bool,
+    /// The families whose loopback TCP NodePorts the userspace listeners serve.
+    pub served: Vec<IpFamily>,
+    /// The table writes the rejects (the verdict-free layout).
+    pub table_rejects: bool,
+}
+
+impl LocalhostNodePortRejects {
+    /// The protocols whose localhost NodePort traffic `family`'s table rejects.
+    pub fn protocols(&self, family: IpFamily) -> &'static [Protocol] {
+        const UNSERVED: [Protocol; 2] = [Protocol::Udp, Protocol::Sctp];
+        const ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+        match (
+            self.enabled && self.table_rejects,
+            self.served.contains(&family),
+        ) {
+            (false, _) => &[],
+            (true, true) => &UNSERVED,
+            (true, false) => &ALL,
+        }
+    }
+}
+
 /// The node IP of `family` where upstream uses "the node IP" (the allowance
 /// `loadBalancerSourceRanges` gives the node's own traffic): from `configured` (the IPs the
 /// proxy detected at start-up, [`RenderConfig::node_ips`]) or, when that is empty, the
@@ -123,6 +158,8 @@ pub struct RenderConfig {
     pub node_ips: Vec<IpAddr>,
     /// Accept NodePorts on 127.0.0.0/8 (`iptables.localhostNodePorts`, IPv4 only).
     pub localhost_node_ports: bool,
+    /// nftables mode: which localhost NodePort traffic is rejected (KEP-6032).
+    pub nftables_localhost_rejects: LocalhostNodePortRejects,
     /// Drop forwarded packets in conntrack state INVALID. Upstream omits the rule when
     /// `nf_conntrack_tcp_be_liberal` is set.
     pub drop_invalid: bool,
@@ -142,6 +179,7 @@ impl Default for RenderConfig {
             node_port_addresses: NodePortAddresses::All,
             node_ips: Vec::new(),
             localhost_node_ports: true,
+            nftables_localhost_rejects: LocalhostNodePortRejects::default(),
             drop_invalid: true,
             random_fully: true,
             large_cluster_threshold: DEFAULT_LARGE_CLUSTER_THRESHOLD,

@@ -39,6 +39,7 @@ pub mod dataplane;
 mod dest;
 mod endpoints;
 mod hops;
+pub mod localhost;
 mod masquerade;
 pub mod verify;
 
@@ -89,6 +90,10 @@ pub struct Explanation {
     pub near_misses: Vec<NearMiss>,
     /// One line: how many service ports match, or [`NOT_A_SERVICE`].
     pub summary: String,
+    /// nftables mode, a loopback destination: the NodePorts it names and what happens to
+    /// them ([`localhost::explain_localhost`]; the caller fills it, `explain` leaves it empty).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub localhost_node_ports: Vec<localhost::LocalhostNodePort>,
 }
 
 /// What the proxy can tell about the source address.
@@ -459,6 +464,7 @@ pub fn explain(
         matches,
         near_misses,
         summary,
+        localhost_node_ports: Vec::new(),
     })
 }
 

@@ -87,12 +87,26 @@ use kp_core::backend::SyncKind;
 use kp_core::model::{IpFamily, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
 
-pub use crate::config::{LocalDetector, NodePortAddresses, RenderConfig, RenderError};
+pub use crate::config::{
+    LocalDetector, LocalhostNodePortRejects, NodePortAddresses, RenderConfig, RenderError,
+};
 pub use cmd::{Command, ElementKey, ElementValue, Name, NoSteps, StepSink, Transaction};
 pub use render::{StepRenderError, render, render_in_steps};
 
 /// The table kube-proxy owns in each family (`ip kube-proxy`, `ip6 kube-proxy`).
 pub const TABLE: &str = "kube-proxy";
+
+/// The named counter of `proto`'s rejected localhost NodePort packets
+/// ([`LocalhostNodePortRejects`]), upstream's name (`localhost-nodeport-rejected-udp`), in
+/// both layouts' tables: what `kubeproxy_nftables_localhost_nodeport_rejected_packets_total`
+/// reads.
+pub fn localhost_reject_counter(proto: kp_core::model::Protocol) -> &'static str {
+    match proto {
+        kp_core::model::Protocol::Tcp => "localhost-nodeport-rejected-tcp",
+        kp_core::model::Protocol::Udp => "localhost-nodeport-rejected-udp",
+        kp_core::model::Protocol::Sctp => "localhost-nodeport-rejected-sctp",
+    }
+}
 
 /// nft limits comments (rules, elements, sets) to 128 bytes.
 pub const MAX_COMMENT_BYTES: usize = 128;

@@ -268,6 +268,36 @@ pub fn affinity_seconds(timeout: std::time::Duration) -> u64 {
         .clamp(MIN_AFFINITY_SECONDS, MAX_AFFINITY_SECONDS)
 }
 
+/// The endpoints nftables mode's localhost NodePort listener of `svc` relays to in `family`
+/// (KEP-6032): a TCP NodePort of a service with a ClusterIP of that family has a listener
+/// while its external traffic has endpoints of that family (`externalTrafficPolicy: Local`:
+/// local ones); empty, it has none and the port refuses connections. One answer for the
+/// listeners (`kp_userspace::localhost`) and `explain`.
+pub fn localhost_listener_endpoints(
+    svc: &ServicePort,
+    state: &kp_core::tracker::ProxyState,
+    family: kp_core::model::IpFamily,
+) -> Vec<std::net::SocketAddr> {
+    use kp_core::model::{IpFamily, Protocol};
+    let has_family = svc.cluster_ips.iter().any(|c| IpFamily::of(c) == family);
+    if svc.name.protocol != Protocol::Tcp || svc.node_port.is_none() || !has_family {
+        return Vec::new();
+    }
+    let endpoints = state
+        .endpoints
+        .get(&svc.name)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    // The relay masquerades nothing: `Masquerading` does not matter here.
+    // Localhost listeners: no LB source ranges, so no node IP is needed.
+    let plan = ServicePlan::new(svc, endpoints, &state.node, None, Masquerading::default());
+    plan.list(plan.external.list)
+        .iter()
+        .filter(|e| IpFamily::of(&e.ip) == family)
+        .map(|e| std::net::SocketAddr::new(e.ip, e.port))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::IpAddr;

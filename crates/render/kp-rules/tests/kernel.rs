@@ -259,6 +259,7 @@ fn render_config(family: IpFamily) -> impl Strategy<Value = RenderConfig> {
                     node_port_addresses,
                     node_ips: Vec::new(),
                     localhost_node_ports: localhost,
+                    nftables_localhost_rejects: Default::default(),
                     drop_invalid: invalid,
                     random_fully: random,
                     large_cluster_threshold: large,

@@ -8,6 +8,7 @@ mod nft_common;
 mod nft_layout_common;
 
 mod explain;
+mod explain_localhost;
 mod explain_modes;
 mod fuzz_render;
 mod ipvs;

@@ -194,6 +194,11 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             detector: self.config.render.local_detector.clone(),
             node_port_addresses: self.config.render.node_port_addresses.clone(),
             service_cidrs: cidrs.to_vec(),
+            localhost_rejects: self
+                .config
+                .render
+                .nftables_localhost_rejects
+                .protocols(family),
         })
     }
 

@@ -245,6 +245,9 @@ fn layout_detail(element: &Element) -> String {
             EntrySet::Reject => "rejected: no usable endpoint".to_owned(),
             EntrySet::Drop => "dropped: no local endpoint".to_owned(),
             EntrySet::Firewall => "source checked against firewall-allow".to_owned(),
+            EntrySet::LocalhostReject => {
+                "rejected (and counted) when sent to a loopback address".to_owned()
+            }
         },
         Element::AffinityEntry(port, set, _) => affinity_detail(port, *set),
         Element::AffinityEndpoint(_, list, ..) => format!("a candidate of the {list:?} pins"),

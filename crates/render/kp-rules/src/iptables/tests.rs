@@ -166,6 +166,7 @@ mod partial_is_full_restricted {
                         node_port_addresses: ports,
                         node_ips: Vec::new(),
                         localhost_node_ports: localhost,
+                        nftables_localhost_rejects: Default::default(),
                         drop_invalid: invalid,
                         random_fully: random,
                         large_cluster_threshold: large,

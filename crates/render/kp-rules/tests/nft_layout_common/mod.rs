@@ -50,6 +50,7 @@ pub fn full_sync(state: &ProxyState, family: IpFamily) -> String {
         detector: LocalDetector::None,
         node_port_addresses: NodePortAddresses::All,
         service_cidrs: Vec::new(),
+        localhost_rejects: &[],
     };
     let ctx = Context {
         family,
@@ -58,6 +59,7 @@ pub fn full_sync(state: &ProxyState, family: IpFamily) -> String {
             detector: false,
         },
         node_ip: None,
+        localhost_rejects: &[],
     };
     let mut installed = LayoutState::default();
     let changes = installed.changes(full_updates(state, &ctx, &installed));

@@ -75,6 +75,9 @@ pub enum EntrySet {
     Drop,
     /// LoadBalancer entry under `loadBalancerSourceRanges`.
     Firewall,
+    /// A NodePort whose localhost traffic is rejected (`KubeProxyNFTablesLocalhostNodePorts`:
+    /// `crate::config::LocalhostNodePortRejects`).
+    LocalhostReject,
 }
 
 /// One service port with ClientIP affinity: its sets, maps and rules are its own, so a
@@ -262,6 +265,7 @@ pub fn entry_set_name(set: EntrySet, node_port: bool) -> String {
         EntrySet::Reject => "reject-services".to_owned(),
         EntrySet::Drop => "drop-services".to_owned(),
         EntrySet::Firewall => "firewall-entries".to_owned(),
+        EntrySet::LocalhostReject => "localhost-reject".to_owned(),
     };
     if node_port {
         format!("nodeport-{base}")
@@ -480,6 +484,7 @@ impl SetOf {
             "reject-services" => SetOf::Entries(EntrySet::Reject, node_port),
             "drop-services" => SetOf::Entries(EntrySet::Drop, node_port),
             "firewall-entries" => SetOf::Entries(EntrySet::Firewall, node_port),
+            "localhost-reject" if node_port => SetOf::Entries(EntrySet::LocalhostReject, true),
             other if other.contains("endpoints-") => Self::parse_slots(other, node_port)?,
             other => {
                 let set = if let Some(n) = other.strip_prefix("short-circuit-slots-") {

@@ -8,7 +8,7 @@
 //! chains.
 
 use ipnet::IpNet;
-use kp_core::model::IpFamily;
+use kp_core::model::{IpFamily, Protocol};
 use std::fmt::Write as _;
 
 use super::element::{
@@ -98,6 +98,8 @@ pub struct FixedConfig {
     /// The cluster's ServiceCIDRs (any family; this family's are used): traffic to their
     /// unallocated addresses is dropped.
     pub service_cidrs: Vec<IpNet>,
+    /// The protocols whose localhost NodePort traffic is rejected and counted (KEP-6032).
+    pub localhost_rejects: &'static [Protocol],
 }
 
 impl FixedConfig {
@@ -114,6 +116,7 @@ impl FixedConfig {
             detector: config.local_detector.clone(),
             node_port_addresses: config.node_port_addresses.clone(),
             service_cidrs: service_cidrs.to_vec(),
+            localhost_rejects: config.nftables_localhost_rejects.protocols(family),
         })
     }
 
@@ -298,6 +301,11 @@ fn declare_sets(s: &mut Script<'_>) {
         format_args!("hairpin {{ type {addr} . {addr} ; }}"),
     );
     s.push("add set", format_args!("cluster-ips {{ type {addr} ; }}"));
+    let localhost = entry_set_name(super::element::EntrySet::LocalhostReject, true);
+    s.push(
+        "add set",
+        format_args!("{localhost} {{ type inet_proto . inet_service ; }}"),
+    );
     s.push("add set", format_args!("nodeport-ips {{ type {addr} ; }}"));
     s.push("flush set", format_args!("nodeport-ips"));
     for ip in s.config.node_port_ips().unwrap_or_default() {
@@ -563,6 +571,7 @@ fn filter_rules(s: &mut Script<'_>) {
             format!("{dst}{key} @{} drop", entry_set_name(Drop, node_port)),
         );
     }
+    localhost_rejects(s);
     s.rule(CLUSTER_IP_FILTER, format!("{ip} daddr @cluster-ips reject"));
     let cidrs = s.config.family_service_cidrs();
     if !cidrs.is_empty() {
@@ -570,6 +579,41 @@ fn filter_rules(s: &mut Script<'_>) {
         s.rule(
             CLUSTER_IP_FILTER,
             format!("{ip} daddr {{ {} }} drop", list.join(", ")),
+        );
+    }
+}
+
+/// KEP-6032: localhost traffic to the NodePorts of `nodeport-localhost-reject` is rejected
+/// when it arrives, counted per protocol in upstream's named counters; without rejects the
+/// counters are deleted (`add` first, so the deletion cannot fail).
+fn localhost_rejects(s: &mut Script<'_>) {
+    let (ip, rejects) = (s.config.ip(), s.config.localhost_rejects);
+    let loopback = match s.config.family {
+        IpFamily::V4 => "127.0.0.0/8",
+        IpFamily::V6 => "::1",
+    };
+    let set = entry_set_name(super::element::EntrySet::LocalhostReject, true);
+    for proto in PROTOCOLS {
+        let counter = crate::nftables::localhost_reject_counter(proto);
+        s.push("add counter", format_args!("{counter}"));
+        if !rejects.contains(&proto) {
+            s.push("delete counter", format_args!("{counter}"));
+            continue;
+        }
+        // TCP gets a reset, as a port without a socket answers: the node's own TCP stack
+        // ignores an ICMPv6 error that arrives while connect() holds the socket, so an
+        // ICMPv6 reject would only refuse the SYN retransmitted a second later.
+        let with = if proto == Protocol::Tcp {
+            " with tcp reset"
+        } else {
+            ""
+        };
+        s.rule(
+            "filter-input",
+            format!(
+                "{ip} daddr {loopback} meta l4proto {} meta l4proto . th dport @{set} counter name {counter} reject{with}",
+                proto.as_str()
+            ),
         );
     }
 }

@@ -28,7 +28,7 @@ mod tests;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use kp_core::model::{IpFamily, ServiceName, ServicePortName};
+use kp_core::model::{IpFamily, Protocol, ServiceName, ServicePortName};
 use kp_core::tracker::ProxyState;
 
 pub use element::{AffinityPort, AffinitySet, Element, Entry, EntrySet, PinList, SetOf, Slots};
@@ -51,6 +51,8 @@ pub struct Context {
     /// This node's IP of `family`, for each plan's
     /// [`ServicePlan::allow_from_node`](crate::plan::ServicePlan::allow_from_node).
     pub node_ip: Option<IpAddr>,
+    /// The protocols whose NodePorts' localhost traffic is rejected (KEP-6032).
+    pub localhost_rejects: &'static [Protocol],
 }
 
 impl Context {
@@ -67,6 +69,7 @@ impl Context {
                 detector,
             },
             node_ip: crate::config::node_ip(&config.node_ips, &state.node, family),
+            localhost_rejects: config.nftables_localhost_rejects.protocols(family),
         }
     }
 }
@@ -82,7 +85,17 @@ pub fn port_elements(state: &ProxyState, ctx: &Context, name: &ServicePortName) 
     let all = state.endpoints.get(name).map_or(&[][..], Vec::as_slice);
     let endpoints = family_endpoints(all, family);
     let plan = ServicePlan::new(&svc, &endpoints, &state.node, ctx.node_ip, ctx.masquerading);
-    service::service_elements(&svc, cluster_ip, &plan)
+    let mut elements = service::service_elements(&svc, cluster_ip, &plan);
+    if let Some(port) = svc.node_port
+        && ctx.localhost_rejects.contains(&svc.name.protocol)
+    {
+        let entry = Entry::NodePort {
+            proto: svc.name.protocol,
+            port,
+        };
+        elements.push(Element::Entry(EntrySet::LocalhostReject, entry));
+    }
+    elements
 }
 
 /// Every port's elements: a full sync's updates (ports installed but gone get none).

@@ -20,6 +20,7 @@ fn ctx() -> Context {
             detector: true,
         },
         node_ip: Some(v4(192, 168, 50, 2)),
+        localhost_rejects: &[],
     }
 }
 
@@ -93,6 +94,7 @@ fn config() -> FixedConfig {
         detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().expect("literal")]),
         node_port_addresses: NodePortAddresses::All,
         service_cidrs: vec!["10.96.0.0/16".parse().expect("literal")],
+        localhost_rejects: &[],
     }
 }
 
@@ -640,4 +642,49 @@ fn each_class_has_its_own_endpoints_maps_and_the_shared_ones_of_before_are_ours(
         assert_eq!(SetOf::parse(shared), None, "{shared}");
         assert!(fixed::is_own_set(shared), "{shared}");
     }
+}
+
+/// KEP-6032: a NodePort of a rejected protocol is an element of `nodeport-localhost-reject`
+/// (the set the fixed part's counted reject rules look up); the layout's set parser knows it.
+#[test]
+fn localhost_rejects_are_elements_and_counted_rules() {
+    let mut svc = port("web", v4(10, 96, 0, 1));
+    svc.node_port = Some(30080);
+    let state = state_with(vec![(svc, vec![endpoint(v4(10, 244, 0, 1), true)])]);
+    let rejecting = Context {
+        localhost_rejects: &[Protocol::Tcp, Protocol::Udp],
+        ..ctx()
+    };
+    let with = texts(&port_elements(&state, &rejecting, &name("web")));
+    assert!(
+        with.contains(&"nodeport-localhost-reject { tcp . 30080 }".to_owned()),
+        "{with:?}"
+    );
+    let without = texts(&port_elements(&state, &ctx(), &name("web")));
+    assert!(
+        !without.iter().any(|e| e.contains("localhost")),
+        "{without:?}"
+    );
+    assert_eq!(
+        SetOf::parse("nodeport-localhost-reject"),
+        Some(SetOf::Entries(EntrySet::LocalhostReject, true))
+    );
+    assert_eq!(SetOf::parse("localhost-reject"), None);
+
+    let fixed = |rejects| {
+        let config = FixedConfig {
+            localhost_rejects: rejects,
+            ..config()
+        };
+        fixed_part(&config, &Default::default()).join("\n")
+    };
+    let on = fixed(&[Protocol::Udp, Protocol::Sctp]);
+    assert!(on.contains("add rule ip kube-proxy filter-input ip daddr 127.0.0.0/8 meta l4proto udp meta l4proto . th dport @nodeport-localhost-reject counter name localhost-nodeport-rejected-udp reject"), "{on}");
+    assert!(
+        on.contains("delete counter ip kube-proxy localhost-nodeport-rejected-tcp"),
+        "{on}"
+    );
+    let off = fixed(&[]);
+    assert!(!off.contains("counter name"), "{off}");
+    assert_eq!(off.matches("delete counter").count(), 3, "{off}");
 }

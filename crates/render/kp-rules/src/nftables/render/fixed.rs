@@ -127,7 +127,9 @@ fn sets() -> Vec<Command> {
 
 /// Which destinations accept NodePorts: the listed node addresses (the `nodeport-ips` set,
 /// filled here, and the match on it), or every local address but loopback (`None`: the set
-/// is deleted; nftables mode never supports localhost NodePorts).
+/// is deleted). Loopback never is one: the kernel cannot DNAT it without `route_localnet`;
+/// localhost NodePorts are the userspace listeners' (KEP-6032; this layout does not reject
+/// the rest of their traffic, the verdict-free one does).
 fn nodeport_ips(ctx: &Context<'_>, out: &mut Vec<Command>) -> Option<Match> {
     out.push(Command::AddSet {
         set: NODEPORT_IPS.into(),
