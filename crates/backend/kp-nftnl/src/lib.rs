@@ -24,6 +24,7 @@
 //! - [`monitor`] reads nf_tables' change notifications (what `nft monitor` shows), so the
 //!   proxy notices another program changing its rules.
 
+pub mod class;
 pub mod codec;
 pub mod expr;
 pub mod layout;
