@@ -20,8 +20,10 @@
 //!   generation before and after says whether anyone else committed meanwhile, unheard; if
 //!   so the sync runs again, full, reading both tables back.
 //! - **Partial**: the difference of the changed services' elements, over netlink in one
-//!   transaction; a new slot count or affinity service port (its sets and rules) or a changed
-//!   ServiceCIDR list makes that transaction `nft -f` text instead.
+//!   transaction, with the sets, maps and rules of any new slot count
+//!   ([`LayoutIo::apply_classes`], `kp_nftnl::class`); a new affinity service port, a class
+//!   value the lowering refuses or a changed ServiceCIDR list makes that transaction `nft -f`
+//!   text instead.
 //!
 //! A failed transaction changes nothing in the kernel: the bookkeeping stays, the failure is
 //! counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and the next sync is

@@ -1,6 +1,7 @@
 //! The layout's fixed part as `nft -f` statements: tables, chains, sets, maps and the rules
-//! that read them, written once (plus one set and rule group per [`Class`] in use), and the
-//! element statements of a [`Changes`].
+//! that read them, written once (plus one set and rule group per [`Class`] in use; a slot
+//! count's from the objects of [`super::class`]), and the element statements of a
+//! [`Changes`].
 //!
 //! Every rule that carries a verdict, `dnat`, `mark set` or `masquerade` is here, so only
 //! a transaction that writes this part (a full sync, or the first use of a slot count or
