@@ -13,6 +13,7 @@ mod ipvs_kernel;
 mod kernel;
 mod nft_foreign;
 mod nft_kernel;
+mod nft_layout_classes;
 mod nft_layout_forget;
 mod nftnl_kernel;
 mod nftnl_register_concat;

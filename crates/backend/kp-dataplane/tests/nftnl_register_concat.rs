@@ -200,9 +200,7 @@ fn a_lookup_result_in_a_concatenated_key_pins_a_client_across_addresses() {
         "a_lookup_result_in_a_concatenated_key_pins_a_client_across_addresses",
         unavailable,
         || {
-            // The service addresses only need a route; output DNAT rewrites them.
-            sh("ip link set lo up && ip addr add 10.0.0.1/32 dev lo \
-                && ip route add 10.96.0.0/16 dev lo src 10.0.0.1");
+            nft_tools::endpoint_on_lo();
             sh(&format!("nft -f - <<'EOF'\n{SETUP}\nEOF"));
 
             let mut socket = NftSocket::open().expect("nf_tables socket");

@@ -454,6 +454,12 @@ impl Batch {
         wr.end(m);
     }
 
+    /// The batch id the next set pushed gets (rules created with it refer to it by this id,
+    /// as nft's do).
+    pub fn next_set_id(&self) -> u32 {
+        self.next_set_id
+    }
+
     /// Whether nothing was pushed.
     pub fn is_empty(&self) -> bool {
         self.owners.is_empty()

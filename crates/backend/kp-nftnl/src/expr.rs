@@ -129,6 +129,18 @@ pub enum Expr {
         /// Destination register, for maps.
         dreg: Option<u32>,
     },
+    /// Look `sreg` up in a set created in the same batch, named and referred to by its batch
+    /// id as nft sends it (`dreg`: a map's data register).
+    LookupNew {
+        /// The set's name.
+        set: String,
+        /// Its batch id.
+        set_id: u32,
+        /// Source register.
+        sreg: u32,
+        /// Destination register, for maps.
+        dreg: Option<u32>,
+    },
     /// Look `sreg` up in the rule's anonymous set or map (created in the same batch, so
     /// referred to by its batch id).
     LookupAnonymous {
@@ -201,6 +213,16 @@ pub enum Expr {
     Reject {
         /// The ICMP code (3 for ICMP, 4 for ICMPv6).
         icmp_code: u8,
+    },
+    /// `dnat ip to <key> map @m`: address and port registers a map lookup wrote (nft sends
+    /// no flags; the kernel sets "proto specified" for a port register itself).
+    DnatMap {
+        /// `NFPROTO_IPV4` or `NFPROTO_IPV6`.
+        family: u32,
+        /// Register holding the address.
+        reg_addr: u32,
+        /// Register holding the port.
+        reg_proto: u32,
     },
     /// `dnat to <addr reg>:<port reg>`.
     Dnat {
@@ -278,12 +300,12 @@ impl Expr {
             Expr::Cmp { .. } => "cmp",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Meta { .. } => "meta",
-            Expr::Lookup { .. } | Expr::LookupAnonymous { .. } => "lookup",
+            Expr::Lookup { .. } | Expr::LookupNew { .. } | Expr::LookupAnonymous { .. } => "lookup",
             Expr::DynsetUpdate { .. } => "dynset",
             Expr::NumgenRandom { .. } => "numgen",
             Expr::FibAddrType { .. } => "fib",
             Expr::ImmediateData { .. } | Expr::Immediate(_) => "immediate",
-            Expr::Dnat { .. } => "nat",
+            Expr::Dnat { .. } | Expr::DnatMap { .. } => "nat",
             Expr::CtState { .. } | Expr::CtOriginal { .. } => "ct",
             Expr::MetaSet { .. } => "meta",
             Expr::Masquerade { .. } => "masq",
@@ -338,6 +360,29 @@ impl Expr {
             Expr::Meta { key, dreg } => {
                 w.put_u32(NFTA_META_KEY, *key);
                 w.put_u32(NFTA_META_DREG, *dreg);
+            }
+            Expr::LookupNew {
+                set,
+                set_id,
+                sreg,
+                dreg,
+            } => {
+                w.put_u32(NFTA_LOOKUP_SREG, *sreg);
+                if let Some(dreg) = dreg {
+                    w.put_u32(NFTA_LOOKUP_DREG, *dreg);
+                }
+                w.put_str(NFTA_LOOKUP_SET, set);
+                w.put_u32(NFTA_LOOKUP_SET_ID, *set_id);
+            }
+            Expr::DnatMap {
+                family,
+                reg_addr,
+                reg_proto,
+            } => {
+                w.put_u32(NFTA_NAT_TYPE, NFT_NAT_DNAT);
+                w.put_u32(NFTA_NAT_FAMILY, *family);
+                w.put_u32(NFTA_NAT_REG_ADDR_MIN, *reg_addr);
+                w.put_u32(NFTA_NAT_REG_PROTO_MIN, *reg_proto);
             }
             Expr::Lookup { set, sreg, dreg } => {
                 w.put_u32(NFTA_LOOKUP_SREG, *sreg);

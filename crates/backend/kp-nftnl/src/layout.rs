@@ -3,8 +3,9 @@
 //! sets are declared with (each part padded to 4 bytes; a slot is a 32-bit integer in host
 //! byte order, as `numgen` writes it).
 //!
-//! The layout's fixed part and a new class's sets and rules are still `nft -f` text
-//! ([`kp_rules::nftables::layout::fixed`]); only elements go through here, both ways:
+//! The layout's fixed part and a new affinity class are still `nft -f` text
+//! ([`kp_rules::nftables::layout::fixed`]); a new slot-count class goes over netlink with
+//! the elements ([`crate::class`]). Elements go through here, both ways:
 //! [`read_table`] reads a table's chains, sets and elements back (a restart, or a full sync
 //! after another program changed the table) and [`decode`] is [`encode`]'s inverse.
 

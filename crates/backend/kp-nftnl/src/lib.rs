@@ -9,6 +9,9 @@
 //!   renderer's `Display` of the same commands is only for `nft -f -`, snapshots and error
 //!   messages), or says which value it cannot send, so the caller can hand the transaction
 //!   to `nft` instead;
+//! - [`class`] lowers the verdict-free layout's slot-count classes (sets, `typeof` maps and
+//!   pick rules, described as data by the renderer) the same way, for a partial sync that
+//!   creates one in its element transaction;
 //! - [`codec`] encodes commands as nf_tables netlink messages inside one
 //!   `NFNL_MSG_BATCH_BEGIN` ... `END` batch: one atomic transaction, as `nft -f` sends it,
 //!   with the attributes and user data `nft` 1.0.6 sends for the same statement (golden
@@ -28,6 +31,7 @@
 //!   proxy notices another program changing its rules.
 
 pub mod abi;
+pub mod class;
 pub mod codec;
 pub mod counters;
 pub mod expr;

@@ -338,7 +338,7 @@ fn push_proto_port(key: &mut Vec<u8>, proto: Protocol, port: u16) {
     key.extend_from_slice(&[0, 0]);
 }
 
-fn protocol_number(proto: Protocol) -> u8 {
+pub(crate) fn protocol_number(proto: Protocol) -> u8 {
     match proto {
         Protocol::Tcp => 6,
         Protocol::Udp => 17,
@@ -347,7 +347,7 @@ fn protocol_number(proto: Protocol) -> u8 {
 }
 
 /// The bytes of `addr` if it is of `family`.
-fn family_addr(family: Family, addr: IpAddr) -> Option<Vec<u8>> {
+pub(crate) fn family_addr(family: Family, addr: IpAddr) -> Option<Vec<u8>> {
     match (family, addr) {
         (Family::Ipv4, IpAddr::V4(v4)) => Some(v4.octets().to_vec()),
         (Family::Ipv6, IpAddr::V6(v6)) => Some(v6.octets().to_vec()),
@@ -356,7 +356,7 @@ fn family_addr(family: Family, addr: IpAddr) -> Option<Vec<u8>> {
 }
 
 /// Header offset and length of the source or destination address.
-fn addr_offset(family: Family, field: AddrField) -> (u32, u32) {
+pub(crate) fn addr_offset(family: Family, field: AddrField) -> (u32, u32) {
     match (family, field) {
         (Family::Ipv4, AddrField::Source) => (12, 4),
         (Family::Ipv4, AddrField::Destination) => (16, 4),
@@ -366,7 +366,7 @@ fn addr_offset(family: Family, field: AddrField) -> (u32, u32) {
 }
 
 /// Load the whole source or destination address into the first register.
-fn load_addr(exprs: &mut Vec<Expr>, family: Family, field: AddrField) {
+pub(crate) fn load_addr(exprs: &mut Vec<Expr>, family: Family, field: AddrField) {
     let (offset, len) = addr_offset(family, field);
     exprs.push(Expr::Payload {
         base: PAYLOAD_NETWORK,
@@ -378,7 +378,7 @@ fn load_addr(exprs: &mut Vec<Expr>, family: Family, field: AddrField) {
 
 /// Match an address against a host or prefix, as nft compiles it: a whole-byte prefix
 /// loads only its bytes; any other prefix (and /0) loads the address and masks it.
-fn match_prefix(
+pub(crate) fn match_prefix(
     exprs: &mut Vec<Expr>,
     family: Family,
     field: AddrField,
@@ -434,7 +434,12 @@ fn match_prefix(
 }
 
 /// `iifname [!=] "name"` or `"prefix*"`.
-fn match_iifname(exprs: &mut Vec<Expr>, op: CmpOp, name: &str, wildcard: bool) -> Option<()> {
+pub(crate) fn match_iifname(
+    exprs: &mut Vec<Expr>,
+    op: CmpOp,
+    name: &str,
+    wildcard: bool,
+) -> Option<()> {
     if name.is_empty() || name.contains(['*', '"', '\\']) {
         return None;
     }
@@ -701,8 +706,8 @@ fn prefix_item(family: Family, net: &IpNet) -> Option<(u128, u32)> {
 }
 
 /// nft's data type ids.
-const TYPE_IPV4_ADDR: u32 = 7;
-const TYPE_IPV6_ADDR: u32 = 8;
+pub(crate) const TYPE_IPV4_ADDR: u32 = 7;
+pub(crate) const TYPE_IPV6_ADDR: u32 = 8;
 /// `NFT_SET_TIMEOUT`.
 const SET_TIMEOUT: u32 = 0x10;
 /// `NFT_SET_EVAL`: the set is updated from the packet path (`dynamic`).
@@ -786,7 +791,7 @@ const NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
 
 /// The register holding byte `offset` of a concatenation: a 16-byte register when the
 /// offset is aligned to one (as nft picks), else a 4-byte one (`NFT_REG32_00` is 8).
-fn concat_register(offset: u32) -> u32 {
+pub(crate) fn concat_register(offset: u32) -> u32 {
     if offset.is_multiple_of(16) {
         offset / 16 + 1
     } else {
@@ -795,7 +800,7 @@ fn concat_register(offset: u32) -> u32 {
 }
 
 /// `meta l4proto . th dport`, loaded after `offset` bytes of a concatenation.
-fn push_proto_port_load(exprs: &mut Vec<Expr>, offset: u32) {
+pub(crate) fn push_proto_port_load(exprs: &mut Vec<Expr>, offset: u32) {
     exprs.push(Expr::Meta {
         key: META_L4PROTO,
         dreg: concat_register(offset),
@@ -809,16 +814,16 @@ fn push_proto_port_load(exprs: &mut Vec<Expr>, offset: u32) {
 }
 
 /// nft's id of a concatenated type: each part's id shifted in 6 bits at a time.
-fn concat_type(parts: &[u32]) -> u32 {
+pub(crate) fn concat_type(parts: &[u32]) -> u32 {
     parts.iter().fold(0, |acc, part| (acc << 6) | part)
 }
 
-const TYPE_INET_PROTO: u32 = 12;
-const TYPE_INET_SERVICE: u32 = 13;
+pub(crate) const TYPE_INET_PROTO: u32 = 12;
+pub(crate) const TYPE_INET_SERVICE: u32 = 13;
 /// nft's id of the verdict type.
 const TYPE_VERDICT: u32 = 0xffff_ff00;
 /// `NFT_SET_MAP`.
-const SET_MAP: u32 = 0x8;
+pub(crate) const SET_MAP: u32 = 0x8;
 
 /// The user data nft 1.0.6 writes for our verdict maps before their comment: key and data
 /// byte order unset, the concatenation's typeof record, no data interval.

@@ -20,8 +20,10 @@
 //!   generation before and after says whether anyone else committed meanwhile, unheard; if
 //!   so the sync runs again, full, reading both tables back.
 //! - **Partial**: the difference of the changed services' elements, over netlink in one
-//!   transaction; a new slot count or affinity service port (its sets and rules) or a changed
-//!   ServiceCIDR list makes that transaction `nft -f` text instead.
+//!   transaction, with the sets, maps and rules of any new slot count
+//!   ([`LayoutIo::apply_classes`], `kp_nftnl::class`); a new affinity service port, a class
+//!   value the lowering refuses or a changed ServiceCIDR list makes that transaction `nft -f`
+//!   text instead.
 //!
 //! A failed transaction changes nothing in the kernel: the bookkeeping stays, the failure is
 //! counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and the next sync is
@@ -46,6 +48,7 @@ use kp_core::backend::{ApplyError, Backend, BackendError, SyncKind, SyncReport, 
 use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::IpFamily;
 use kp_nftnl::layout::Forget;
+use kp_rules::nftables::layout::class::{ClassObject, class_objects};
 use kp_rules::nftables::layout::fixed::{DISPATCH, PICK};
 use kp_rules::nftables::layout::{
     AffinityPort, Changes, Class, Context, Element, FixedConfig, LayoutState, PinList,
@@ -230,7 +233,16 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
         changes
             .classes
             .extend(ready.difference(table.installed.classes()));
-        if text || !changes.classes.is_empty() {
+        // New classes go over netlink with the elements when they all can; a changed
+        // ServiceCIDR list (the fixed part) or an affinity class makes it `nft -f` text.
+        let netlink = if changes.classes.is_empty() || refix {
+            None
+        } else {
+            netlink_classes(&fixed, &changes.classes)
+        };
+        if let Some(objects) = netlink {
+            self.classes(family, &objects, &changes)?;
+        } else if text || !changes.classes.is_empty() {
             let mut script = Vec::new();
             if refix {
                 let classes = table.installed.classes().clone();
@@ -466,6 +478,20 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             .map_err(|err| apply_error(format!("nft -f - ({} {TABLE})", table_family(family)), err))
     }
 
+    fn classes(
+        &self,
+        family: IpFamily,
+        objects: &[ClassObject],
+        changes: &Changes,
+    ) -> Result<(), BackendError> {
+        blocking(|| self.io.apply_classes(family, objects, changes)).map_err(|err| {
+            apply_error(
+                format!("nf_tables classes ({} {TABLE})", table_family(family)),
+                err,
+            )
+        })
+    }
+
     fn elements(
         &self,
         family: IpFamily,
@@ -478,6 +504,22 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
                 err,
             )
         })
+    }
+}
+
+/// The objects of `classes` when netlink can write them all as nft would (slot-count
+/// classes; an affinity class, or a value the lowering refuses, leaves them to `nft -f`).
+fn netlink_classes(fixed: &FixedConfig, classes: &BTreeSet<Class>) -> Option<Vec<ClassObject>> {
+    let mut objects = Vec::new();
+    for class in classes {
+        objects.extend(class_objects(fixed, *class)?);
+    }
+    match kp_nftnl::class::lower_objects(fixed.family, &objects, 1) {
+        Ok(_) => Some(objects),
+        Err(err) => {
+            debug!(error = %err, "class left to nft -f");
+            None
+        }
     }
 }
 

@@ -19,3 +19,12 @@ pub fn nft(args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// An endpoint address (10.0.0.1) on `lo` and a route for the service range 10.96.0.0/16
+/// through it: the service addresses only need a route, output DNAT rewrites them.
+pub fn endpoint_on_lo() {
+    kp_testbed::isolated::sh(
+        "ip link set lo up && ip addr add 10.0.0.1/32 dev lo \
+         && ip route add 10.96.0.0/16 dev lo src 10.0.0.1",
+    );
+}

@@ -7,7 +7,8 @@ use kp_core::model::IpFamily;
 use kp_nftnl::layout::{Forget, Readback};
 use kp_nftnl::monitor::Quiet;
 use kp_rules::nftables::TABLE;
-use kp_rules::nftables::layout::Element;
+use kp_rules::nftables::layout::class::ClassObject;
+use kp_rules::nftables::layout::{Changes, Element};
 
 use super::LayoutIo;
 use super::io::PROGRAM;
@@ -22,6 +23,17 @@ pub enum LayoutCall {
     Elements {
         /// The family.
         family: IpFamily,
+        /// Deleted.
+        delete: Vec<Element>,
+        /// Added.
+        add: Vec<Element>,
+    },
+    /// Classes and elements in one netlink transaction.
+    Classes {
+        /// The family.
+        family: IpFamily,
+        /// The classes' objects, as `nft -f` statements.
+        statements: Vec<String>,
         /// Deleted.
         delete: Vec<Element>,
         /// Added.
@@ -111,7 +123,8 @@ impl FakeLayoutIo {
         self.lock().during_quiet = Some((family, element));
     }
 
-    /// Fail the next `n` element transactions (nothing of them applied).
+    /// Fail the next `n` netlink transactions (elements, or classes; nothing of them
+    /// applied).
     pub fn fail_elements(&self, n: usize) {
         self.lock().fail_elements = n;
     }
@@ -127,6 +140,44 @@ fn fake_failure(program: &str) -> ExecError {
         program: program.to_owned(),
         code: Some(1),
         stderr: "Error: injected by the test".to_owned(),
+    }
+}
+
+impl FakeLayoutIo {
+    /// One netlink transaction recorded as `call`: applied to the elements unless a
+    /// failure was asked for.
+    fn transaction(
+        &self,
+        family: IpFamily,
+        call: LayoutCall,
+        delete: &[Element],
+        add: &[Element],
+    ) -> Result<(), ExecError> {
+        let mut state = self.lock();
+        if state.quiet
+            && let Some((theirs, element)) = state.during_quiet.take()
+        {
+            state.generation = state.generation.wrapping_add(1);
+            let key = element.key();
+            state
+                .elements
+                .entry(theirs)
+                .or_default()
+                .retain(|e| e.key() != key);
+        }
+        state.calls.push(call);
+        if state.fail_elements > 0 {
+            state.fail_elements -= 1;
+            return Err(fake_failure(PROGRAM));
+        }
+        state.generation = state.generation.wrapping_add(1);
+        let set = state.elements.entry(family).or_default();
+        for element in delete {
+            let key = element.key();
+            set.retain(|e| e.key() != key);
+        }
+        set.extend(add.iter().cloned());
+        Ok(())
     }
 }
 
@@ -164,35 +215,27 @@ impl LayoutIo for FakeLayoutIo {
         delete: &[Element],
         add: &[Element],
     ) -> Result<(), ExecError> {
-        let mut state = self.lock();
-        if state.quiet
-            && let Some((theirs, element)) = state.during_quiet.take()
-        {
-            state.generation = state.generation.wrapping_add(1);
-            let key = element.key();
-            state
-                .elements
-                .entry(theirs)
-                .or_default()
-                .retain(|e| e.key() != key);
-        }
-        state.calls.push(LayoutCall::Elements {
+        let call = LayoutCall::Elements {
             family,
             delete: delete.to_vec(),
             add: add.to_vec(),
-        });
-        if state.fail_elements > 0 {
-            state.fail_elements -= 1;
-            return Err(fake_failure(PROGRAM));
-        }
-        state.generation = state.generation.wrapping_add(1);
-        let set = state.elements.entry(family).or_default();
-        for element in delete {
-            let key = element.key();
-            set.retain(|e| e.key() != key);
-        }
-        set.extend(add.iter().cloned());
-        Ok(())
+        };
+        self.transaction(family, call, delete, add)
+    }
+
+    fn apply_classes(
+        &self,
+        family: IpFamily,
+        classes: &[ClassObject],
+        changes: &Changes,
+    ) -> Result<(), ExecError> {
+        let call = LayoutCall::Classes {
+            family,
+            statements: classes.iter().map(|o| o.statement(family)).collect(),
+            delete: changes.delete.clone(),
+            add: changes.add.clone(),
+        };
+        self.transaction(family, call, &changes.delete, &changes.add)
     }
 
     fn read_table(&self, family: IpFamily) -> Result<Option<Readback>, ExecError> {

@@ -1,15 +1,17 @@
-//! How the verdict-free layout reaches the kernel: [`LayoutIo`], over nf_tables netlink and
-//! `nft` ([`NetlinkLayoutIo`]). Its recording fake is `FakeLayoutIo` (`test-util`).
+//! How the verdict-free layout reaches the kernel: [`LayoutIo`], over nf_tables netlink
+//! (elements, slot-count classes, reads) and `nft` (scripts) ([`NetlinkLayoutIo`]). Its recording fake is `FakeLayoutIo` (`test-util`).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kp_core::model::IpFamily;
+use kp_nftnl::class::push_class_changes;
 use kp_nftnl::layout::{
     Forget, Readback, forget_clients_of, push_elements, read_chains, read_table,
 };
 use kp_nftnl::monitor::Quiet;
 use kp_nftnl::{ApplyError, Batch, Family, NftSocket};
-use kp_rules::nftables::layout::Element;
+use kp_rules::nftables::layout::class::ClassObject;
+use kp_rules::nftables::layout::{Changes, Element};
 
 use crate::exec::ExecError;
 use crate::nftables::ExecNft;
@@ -29,6 +31,15 @@ pub trait LayoutIo: Send + Sync {
         family: IpFamily,
         delete: &[Element],
         add: &[Element],
+    ) -> Result<(), ExecError>;
+
+    /// Create `classes` (sets, maps and rules of new classes) and apply `changes`' elements
+    /// (its deletions first), in one transaction on `family`'s table.
+    fn apply_classes(
+        &self,
+        family: IpFamily,
+        classes: &[ClassObject],
+        changes: &Changes,
     ) -> Result<(), ExecError>;
 
     /// `family`'s table read back; `None` when there is none.
@@ -103,6 +114,23 @@ impl LayoutIo for NetlinkLayoutIo {
         let mut batch = Batch::new(1);
         push_elements(&mut batch, nft_family(family), false, delete);
         push_elements(&mut batch, nft_family(family), true, add);
+        self.with_socket(|socket| socket.apply_batch(batch))
+    }
+
+    fn apply_classes(
+        &self,
+        family: IpFamily,
+        classes: &[ClassObject],
+        changes: &Changes,
+    ) -> Result<(), ExecError> {
+        let mut batch = Batch::new(1);
+        push_class_changes(&mut batch, family, classes, changes).map_err(|err| {
+            ExecError::Failed {
+                program: PROGRAM.to_owned(),
+                code: None,
+                stderr: format!("Error: {err}"),
+            }
+        })?;
         self.with_socket(|socket| socket.apply_batch(batch))
     }
 

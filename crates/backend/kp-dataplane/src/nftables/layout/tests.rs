@@ -48,6 +48,19 @@ async fn expected(state: &ProxyState) -> BTreeSet<Element> {
     io.elements(IpFamily::V4)
 }
 
+/// The class transactions: each one's statements, and its added elements.
+fn class_calls(io: &FakeLayoutIo) -> Vec<(Vec<String>, Vec<Element>)> {
+    io.calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            LayoutCall::Classes {
+                statements, add, ..
+            } => Some((statements, add)),
+            _ => None,
+        })
+        .collect()
+}
+
 fn scripts(io: &FakeLayoutIo) -> Vec<String> {
     io.calls()
         .into_iter()
@@ -134,26 +147,34 @@ async fn a_moved_endpoint_is_one_element_transaction_and_nothing_else() {
 }
 
 #[tokio::test]
-async fn a_new_endpoint_count_goes_as_one_script_with_its_set_and_rules() {
+async fn a_new_endpoint_count_goes_as_one_netlink_transaction_with_its_set_and_rules() {
     let io = FakeLayoutIo::new();
     let mut backend = synced_on(&io, &two_services()).await;
+    io.clear_calls();
     // Three endpoints: not a count kept ready beside 1 (those are 1 and 2).
     let grown = b_with(3);
     sync(&mut backend, &grown, SyncKind::Partial, &changed("b")).await;
     assert!(element_calls(&io).is_empty());
-    let scripts = scripts(&io);
-    assert_eq!(scripts.len(), 1);
+    assert!(scripts(&io).is_empty(), "no nft -f: {:?}", scripts(&io));
+    let calls = class_calls(&io);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let (statements, add) = &calls[0];
     assert!(
-        scripts[0].contains("add set ip kube-proxy slots-3 "),
-        "{}",
-        scripts[0]
+        statements.contains(
+            &"add set ip kube-proxy slots-3 { type ipv4_addr . inet_proto . inet_service ; }"
+                .to_owned()
+        ),
+        "{statements:?}"
     );
-    assert!(scripts[0].contains("add element ip kube-proxy slots-3 { 10.96.0.2 . tcp . 80 }"));
     assert!(
-        !scripts[0].contains("flush chain"),
-        "the fixed part stays: {}",
-        scripts[0]
+        statements.iter().all(|s| !s.contains("flush chain")),
+        "the fixed part stays: {statements:?}"
     );
+    assert!(
+        add.iter().any(|e| e.set_name() == "slots-3"),
+        "the class's elements in the same transaction: {add:?}"
+    );
+    assert_eq!(io.elements(IpFamily::V4), expected(&grown).await);
 }
 
 #[tokio::test]
@@ -544,15 +565,20 @@ async fn one_endpoint_more_finds_its_class_ready_and_the_next_is_written_after()
         &BTreeSet::new(),
     )
     .await;
-    let scripts = scripts(&io);
-    assert_eq!(scripts.len(), 1, "{scripts:?}");
+    assert!(scripts(&io).is_empty(), "no nft -f: {:?}", scripts(&io));
+    let calls = class_calls(&io);
+    assert_eq!(calls.len(), 1, "{calls:?}");
     assert!(
-        scripts[0].contains("add set ip kube-proxy slots-3 "),
-        "{}",
-        scripts[0]
+        calls[0]
+            .0
+            .iter()
+            .any(|s| s.starts_with("add set ip kube-proxy slots-3 ")),
+        "{calls:?}"
     );
+    assert!(calls[0].1.is_empty(), "only the ready classes: {calls:?}");
     assert_eq!(backend.recheck_after(), None);
     io.clear_calls();
     sync(&mut backend, &b_with(3), SyncKind::Partial, &changed("b")).await;
     assert!(self::scripts(&io).is_empty(), "slots-3 was ready");
+    assert!(class_calls(&io).is_empty(), "slots-3 was ready");
 }

@@ -1,6 +1,7 @@
 //! The layout's fixed part as `nft -f` statements: tables, chains, sets, maps and the rules
-//! that read them, written once (plus one set and rule group per [`Class`] in use), and the
-//! element statements of a [`Changes`].
+//! that read them, written once (plus one set and rule group per [`Class`] in use; a slot
+//! count's from the objects of [`super::class`]), and the element statements of a
+//! [`Changes`].
 //!
 //! Every rule that carries a verdict, `dnat`, `mark set` or `masquerade` is here, so only
 //! a transaction that writes this part (a full sync, or the first use of a slot count or
@@ -391,40 +392,13 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
     s.out
 }
 
-/// The set of the entries with `n` slots and the rules picking among them.
+/// The set of the entries with `n` slots and the rules picking among them (written from
+/// [`count_objects`](super::class::count_objects), as netlink writes them).
 fn count_part(s: &mut Script<'_>, slots: Slots, n: u32) {
-    let config = s.config;
-    let (ip, addr) = (config.ip(), config.addr_type());
-    let nodeport_dst = config.node_port_destination();
-    for node_port in [false, true] {
-        let key = entry_key(ip, node_port);
-        let ty = entry_type(addr, node_port);
-        let dst = entry_prefix(&nodeport_dst, node_port);
-        let set = entry_set_name(super::element::EntrySet::Count(slots, n), node_port);
-        s.push("add set", format_args!("{set} {{ type {ty} ; }}"));
-        for proto in PROTOCOLS {
-            let map = slot_map_name(slots, n, node_port, proto);
-            s.push(
-                "add map",
-                format_args!(
-                    "{map} {{ typeof {key} . numgen random mod 1 : {ip} daddr . {} dport ; }}",
-                    proto.as_str()
-                ),
-            );
-            let l4 = format!("meta l4proto {} {dst}", proto.as_str());
-            let pick =
-                format!("{key} @{set} dnat {ip} to {key} . numgen random mod {n} map @{map}");
-            match slots {
-                Slots::Policy => s.rule(PICK, format!("{l4}{pick}")),
-                Slots::ShortCircuit => {
-                    s.rule(SHORT_CIRCUIT, format!("{l4}fib saddr type local {pick}"));
-                    if let Some(local) = config.local_pod_match(false) {
-                        s.rule(SHORT_CIRCUIT, format!("{l4}{local} {pick}"));
-                    }
-                }
-            }
-        }
-    }
+    let objects = super::class::count_objects(s.config, slots, n);
+    let family = s.config.family;
+    s.out
+        .extend(objects.iter().map(|object| object.statement(family)));
 }
 
 /// `ipv4_addr . inet_proto . inet_service` (or the NodePort type).

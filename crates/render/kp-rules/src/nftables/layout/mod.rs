@@ -18,6 +18,7 @@
 //!   affinity service port in use, and the `nft -f` text of a transaction (and of replacing a
 //!   table of another layout).
 
+pub mod class;
 pub mod element;
 pub mod fixed;
 pub mod service;

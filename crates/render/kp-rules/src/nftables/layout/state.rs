@@ -43,7 +43,8 @@ impl Class {
     /// The classes a sync keeps ready beside this one while it is in use: for a slot count
     /// `n`, the counts `n - 1`, `n` and `n + 1` of both lists, so that one endpoint more or
     /// less, or a switch of traffic policy, finds its set and rules written and stays an
-    /// element transaction (writing a class is an `nft -f` run, ~20 ms whatever the change).
+    /// element transaction (a class adds its sets, maps and rules to the transaction, which
+    /// the kernel then validates; an affinity class makes it an `nft -f` run).
     /// An affinity class has none.
     pub fn ready_beside(self) -> Vec<Class> {
         let Class::Count(_, n) = self else {
