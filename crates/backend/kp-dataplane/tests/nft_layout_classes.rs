@@ -30,6 +30,7 @@ fn config() -> FixedConfig {
         detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")]),
         node_port_addresses: NodePortAddresses::All,
         service_cidrs: Vec::new(),
+        localhost_rejects: &[],
     }
 }
 

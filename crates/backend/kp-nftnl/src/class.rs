@@ -379,6 +379,7 @@ mod tests {
             detector,
             node_port_addresses: np,
             service_cidrs: Vec::new(),
+            localhost_rejects: &[],
         }
     }
 

@@ -88,27 +88,27 @@ pub struct SocketPrograms {
 impl SocketPrograms {
     /// Loads the programs and their maps (empty: nothing is translated yet).
     pub fn load() -> Result<(Self, KernelMaps), LoadError> {
-        Self::load_with(EbpfLoader::new(), None)
+        Self::load_with(None)
     }
 
     /// Loads the programs with their maps pinned in `dir` (on a bpffs, see
     /// [`crate::pin::prepare`]): maps pinned there already are adopted with what they hold
     /// (read it with [`KernelMaps::read_back`]), the others are created and pinned.
     pub fn load_pinned(dir: &Path) -> Result<(Self, KernelMaps), LoadError> {
-        let mut loader = EbpfLoader::new();
-        for name in MAPS {
-            loader.map_pin_path(name, map_pin(dir, name));
-        }
-        Self::load_with(loader, Some(dir.to_owned()))
+        Self::load_with(Some(dir.to_owned()))
     }
 
-    fn load_with(
-        mut loader: EbpfLoader<'_>,
-        pins: Option<PathBuf>,
-    ) -> Result<(Self, KernelMaps), LoadError> {
+    /// Loads the programs, with the maps pinned in `pins` when given.
+    fn load_with(pins: Option<PathBuf>) -> Result<(Self, KernelMaps), LoadError> {
         check_kernel()?;
         let btf = Btf::from_sys_fs();
         let object = prepare_object(OBJECT, btf.as_ref());
+        let mut loader = EbpfLoader::new();
+        if let Some(dir) = &pins {
+            for name in MAPS {
+                loader.map_pin_path(name, map_pin(dir, name));
+            }
+        }
         let mut ebpf = loader
             .btf(btf.as_ref().ok())
             .load(object.bytes())

@@ -420,6 +420,8 @@ fn sport(line: &str) -> Option<u16> {
     line.split_whitespace()
         .find_map(|f| f.strip_prefix("sport="))
         .and_then(|p| p.parse().ok())
+}
+
 /// A long-lived `protocol` session from the client (inside the cgroup) that the programs sent
 /// to endpoint a, without NAT.
 fn session_to_a(env: &Env, protocol: Protocol) -> kp_testbed::Session {
