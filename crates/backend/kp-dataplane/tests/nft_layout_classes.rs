@@ -49,7 +49,7 @@ fn changes() -> Changes {
     let slot = |slot, port| Element::Slot {
         slots: Slots::Policy,
         count: 2,
-        entry: entry.clone(),
+        entry,
         slot,
         addr: ip("10.0.0.1"),
         port,
@@ -62,7 +62,7 @@ fn changes() -> Changes {
     changes.add = vec![
         slot(0, 8081),
         slot(1, 8082),
-        Element::Entry(EntrySet::Count(Slots::Policy, 2), entry.clone()),
+        Element::Entry(EntrySet::Count(Slots::Policy, 2), entry),
     ];
     changes
 }
