@@ -86,6 +86,7 @@ fn dport(dreg: u32) -> Expr {
 
 fn lookup(set: &str, sreg: u32, dreg: u32) -> Expr {
     Expr::Lookup {
+        set_id: None,
         set: set.into(),
         sreg,
         dreg: Some(dreg),

@@ -99,18 +99,11 @@ fn lower_with_ids<'a>(
 /// A lookup of `set`: by name and batch id when `ids` (the sets created in this batch so
 /// far) holds it, else by name.
 fn lookup(set: &str, ids: &[(&str, u32)], dreg: Option<u32>) -> Expr {
-    match ids.iter().find(|(name, _)| *name == set) {
-        Some((_, set_id)) => Expr::LookupNew {
-            set: set.to_owned(),
-            set_id: *set_id,
-            sreg: REG_1,
-            dreg,
-        },
-        None => Expr::Lookup {
-            set: set.to_owned(),
-            sreg: REG_1,
-            dreg,
-        },
+    Expr::Lookup {
+        set: set.to_owned(),
+        set_id: ids.iter().find(|(name, _)| *name == set).map(|(_, id)| *id),
+        sreg: REG_1,
+        dreg,
     }
 }
 

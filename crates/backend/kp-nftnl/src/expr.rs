@@ -119,23 +119,14 @@ pub enum Expr {
         /// Destination register.
         dreg: u32,
     },
-    /// Look `sreg` up in a set (a match), or in a verdict map (`dreg` = the verdict
-    /// register).
+    /// Look `sreg` up in a set (a match), or in a map (`dreg`: the verdict register or a
+    /// data register). A set created in the same batch is also referred to by its batch id,
+    /// as nft sends it.
     Lookup {
         /// The set's name.
         set: String,
-        /// Source register.
-        sreg: u32,
-        /// Destination register, for maps.
-        dreg: Option<u32>,
-    },
-    /// Look `sreg` up in a set created in the same batch, named and referred to by its batch
-    /// id as nft sends it (`dreg`: a map's data register).
-    LookupNew {
-        /// The set's name.
-        set: String,
-        /// Its batch id.
-        set_id: u32,
+        /// Its batch id, when the same batch creates it.
+        set_id: Option<u32>,
         /// Source register.
         sreg: u32,
         /// Destination register, for maps.
@@ -300,7 +291,7 @@ impl Expr {
             Expr::Cmp { .. } => "cmp",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Meta { .. } => "meta",
-            Expr::Lookup { .. } | Expr::LookupNew { .. } | Expr::LookupAnonymous { .. } => "lookup",
+            Expr::Lookup { .. } | Expr::LookupAnonymous { .. } => "lookup",
             Expr::DynsetUpdate { .. } => "dynset",
             Expr::NumgenRandom { .. } => "numgen",
             Expr::FibAddrType { .. } => "fib",
@@ -361,19 +352,6 @@ impl Expr {
                 w.put_u32(NFTA_META_KEY, *key);
                 w.put_u32(NFTA_META_DREG, *dreg);
             }
-            Expr::LookupNew {
-                set,
-                set_id,
-                sreg,
-                dreg,
-            } => {
-                w.put_u32(NFTA_LOOKUP_SREG, *sreg);
-                if let Some(dreg) = dreg {
-                    w.put_u32(NFTA_LOOKUP_DREG, *dreg);
-                }
-                w.put_str(NFTA_LOOKUP_SET, set);
-                w.put_u32(NFTA_LOOKUP_SET_ID, *set_id);
-            }
             Expr::DnatMap {
                 family,
                 reg_addr,
@@ -384,12 +362,20 @@ impl Expr {
                 w.put_u32(NFTA_NAT_REG_ADDR_MIN, *reg_addr);
                 w.put_u32(NFTA_NAT_REG_PROTO_MIN, *reg_proto);
             }
-            Expr::Lookup { set, sreg, dreg } => {
+            Expr::Lookup {
+                set,
+                set_id,
+                sreg,
+                dreg,
+            } => {
                 w.put_u32(NFTA_LOOKUP_SREG, *sreg);
                 if let Some(dreg) = dreg {
                     w.put_u32(NFTA_LOOKUP_DREG, *dreg);
                 }
                 w.put_str(NFTA_LOOKUP_SET, set);
+                if let Some(set_id) = set_id {
+                    w.put_u32(NFTA_LOOKUP_SET_ID, *set_id);
+                }
             }
             Expr::DynsetUpdate {
                 set,

@@ -515,6 +515,7 @@ fn lower_rule(family: Family, rule: &Rule) -> Option<(Vec<Expr>, Option<Anonymou
             Match::AddrInSet { field, set } => {
                 load_addr(&mut exprs, family, *field);
                 exprs.push(Expr::Lookup {
+                    set_id: None,
                     set: set.to_string(),
                     sreg: REG_1,
                     dreg: None,
@@ -608,6 +609,7 @@ fn lower_rule(family: Family, rule: &Rule) -> Option<(Vec<Expr>, Option<Anonymou
             };
             push_proto_port_load(&mut exprs, offset);
             exprs.push(Expr::Lookup {
+                set_id: None,
                 set: map.to_string(),
                 sreg: REG_1,
                 dreg: Some(REG_VERDICT),
