@@ -159,20 +159,8 @@ impl EndpointChains {
 
 /// Appends `n` in decimal.
 fn push_decimal(out: &mut String, n: u32) {
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for digit in &digits[at..] {
-        out.push(char::from(*digit));
-    }
+    // Writing to a `String` cannot fail.
+    let _ = super::rule::write_decimal(out, n);
 }
 
 /// Whether `chain` is a per-service chain this renderer owns (and may delete when stale).

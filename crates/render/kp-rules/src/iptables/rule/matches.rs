@@ -85,8 +85,8 @@ fn bang(negated: bool) -> &'static str {
 }
 
 /// Decimal digits of `n` without the formatting machinery (ports and seconds, many per
-/// render).
-fn write_decimal<W: fmt::Write + ?Sized>(out: &mut W, mut n: u32) -> fmt::Result {
+/// render, and the octets and ports of endpoint chain names).
+pub(crate) fn write_decimal<W: fmt::Write + ?Sized>(out: &mut W, mut n: u32) -> fmt::Result {
     let mut digits = [0u8; 10];
     let mut at = digits.len();
     loop {

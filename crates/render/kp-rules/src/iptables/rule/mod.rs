@@ -33,6 +33,7 @@ mod values;
 pub use super::setup::Table;
 pub use comment::Comment;
 pub use matches::Match;
+pub(crate) use matches::write_decimal;
 pub use restore::{Entry, Restore, RestoreText, TableRestore};
 pub(crate) use restore::{RestoreHead, RestoreTail};
 pub use target::Target;
