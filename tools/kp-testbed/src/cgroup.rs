@@ -6,6 +6,9 @@
 //!
 //! A socket belongs to the cgroup its creator was in when it was created: sockets a test
 //! makes before [`TestCgroup::enter`] are outside (a control), those made after are inside.
+//!
+//! [`detach_link`] detaches a pinned program link from its cgroup and leaves the pin, as
+//! another program (`bpftool link detach`) would.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -142,4 +145,41 @@ fn sweep_stale(root: &Path, prefix: &str) {
             let _ = std::fs::remove_dir(entry.path());
         }
     }
+}
+
+/// `bpf(BPF_OBJ_GET)` on the pin, then `bpf(BPF_LINK_DETACH)` on the link: what
+/// `bpftool link detach` does, through perl's `syscall` (the workspace forbids `unsafe`,
+/// aya has no such call, and bpftool is not packaged everywhere). Arguments: the bpf
+/// syscall's number, the pin.
+const DETACH_LINK: &str = r#"
+my ($nr, $path) = @ARGV;
+my $get = pack("Q L L l", unpack("Q", pack("p", $path)), 0, 0, 0);
+my $fd = syscall($nr, 7, $get, length($get));
+die "BPF_OBJ_GET $path: $!\n" if $fd < 0;
+my $detach = pack("L", $fd);
+syscall($nr, 34, $detach, length($detach)) == 0 or die "BPF_LINK_DETACH $path: $!\n";
+"#;
+
+/// The bpf syscall's number on this architecture.
+fn bpf_syscall() -> Option<&'static str> {
+    match std::env::consts::ARCH {
+        "x86_64" => Some("321"),
+        "aarch64" => Some("280"),
+        _ => None,
+    }
+}
+
+/// Detaches the BPF link pinned at `pin` from its cgroup (or whatever it is attached to),
+/// leaving the pin and the link object: the program stops running, and only the link's
+/// fdinfo (`cgroup_id: 0`) tells.
+pub fn detach_link(pin: &Path) -> Result<()> {
+    let nr = bpf_syscall().ok_or_else(|| TestbedError::Cgroup {
+        action: "detach a link (no bpf syscall number for this architecture) at",
+        path: pin.to_owned(),
+        source: std::io::Error::from(std::io::ErrorKind::Unsupported),
+    })?;
+    let mut command = std::process::Command::new("perl");
+    command.args(["-e", DETACH_LINK, nr]).arg(pin);
+    crate::command::run_checked(&mut command, None, std::time::Duration::from_secs(10))?;
+    Ok(())
 }

@@ -152,6 +152,8 @@ pub(crate) fn prepare_object(object: &[u8], btf: Result<&Btf, &BtfError>) -> Pre
     let start = (ALIGN - buffer.as_ptr() as usize % ALIGN) % ALIGN;
     buffer[start..start + object.len()].copy_from_slice(object);
     let kfunc = match btf {
+        #[cfg(feature = "test-util")]
+        Ok(_) if fault::no_kfunc() => Err(DestroyUnavailable::NoKfunc),
         Ok(btf) => kfunc_id(btf).and_then(|id| {
             patch_calls(&mut buffer[start..start + object.len()], id)
                 .then_some(())
@@ -408,6 +410,21 @@ fn take<const K: usize>(
         .take_map(name)
         .ok_or(DestroyUnavailable::Missing(name))?;
     BpfHashMap::try_from(map).map_err(|source| DestroyUnavailable::Map { name, source })
+}
+
+/// The test build's fault hook: with the `test-util` feature (the suites'), setting
+/// [`fault::NO_KFUNC_ENV`] makes the loader believe this kernel has no `bpf_sock_destroy`,
+/// as before 6.5, so the fallback to nftables mode for UDP runs on any kernel. The product
+/// binary is built without the feature.
+#[cfg(feature = "test-util")]
+pub mod fault {
+    /// Set (to anything): the kfunc is "missing".
+    pub const NO_KFUNC_ENV: &str = "KP_TEST_SOCKLB_NO_SOCK_DESTROY";
+
+    /// Whether the variable asks.
+    pub(super) fn no_kfunc() -> bool {
+        std::env::var_os(NO_KFUNC_ENV).is_some()
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,8 @@
 //! - [`cgroup`]: the cgroup v2 directory to attach to (chosen, the v2 root, or a private
 //!   cgroup2 mount on a v1-only node);
 //! - [`program`]: loading, attaching to a cgroup, detaching on drop, or pinned in bpffs
-//!   ([`pin`]) to outlive the process, with a check that the pins are still there;
+//!   ([`pin`]) to outlive the process, with a check that the pins are still there and
+//!   their links still attached (`link`: this process's links' fdinfo);
 //! - [`destroy`]: socket iterators destroying the sockets of endpoints a sync removed
 //!   (`bpf_sock_destroy`, kernel 6.5), or why this kernel cannot;
 //! - [`error`]: what this node lacks ([`Unavailable`]: kernel, capability, cgroup v2), said
@@ -36,6 +37,7 @@ pub mod desired;
 pub mod destroy;
 pub mod error;
 pub mod layout;
+mod link;
 pub mod maps;
 pub mod pin;
 pub mod program;

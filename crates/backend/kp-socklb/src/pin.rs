@@ -8,7 +8,13 @@
 //! [`DEFAULT_DIR`]; inside it [`LAYOUT`] names the maps' layout, so a proxy whose maps are
 //! laid out otherwise never adopts them. Where the directory is not on a bpffs, [`prepare`]
 //! mounts one there (whose pins then last as long as that mount).
+//!
+//! One proxy at a time uses a pins' directory: [`lock`] takes an exclusive `flock(2)` on its
+//! parent (bpffs holds no regular files, so the lock is on the directory itself), held for
+//! the process's lifetime, and a second proxy is told which process holds it.
 
+use std::fs::File;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 /// The pins' directory without `$KUBE_PROXY_RS_STATE_DIR`.
@@ -33,6 +39,28 @@ pub enum PinError {
     /// It is not on a bpffs and one could not be mounted there.
     #[error("cannot mount a bpffs at {}", path.display())]
     Mount {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another process holds the pins' lock: a second proxy on the same pins would fight the
+    /// first over the cgroup's links and the maps.
+    #[error(
+        "the socket load balancer's pins in {} are in use by {holder}: one proxy per pin \
+         directory (stop that one, or give this one another $KUBE_PROXY_RS_STATE_DIR)",
+        path.display()
+    )]
+    Held {
+        /// The locked directory.
+        path: PathBuf,
+        /// Who holds it: `pid N (its command line)`, or why that cannot be told.
+        holder: String,
+    },
+    /// The lock could not be taken for another reason.
+    #[error("cannot lock the BPF pin directory {}", path.display())]
+    Lock {
         /// The directory.
         path: PathBuf,
         /// Why.
@@ -99,6 +127,74 @@ fn mount(path: &Path) -> Result<(), PinError> {
     )
 }
 
+/// The exclusive lock on a pins' directory, held until dropped (or the process exits).
+#[derive(Debug)]
+pub struct PinLock {
+    _dir: File,
+}
+
+/// Locks `dir`'s parent (the pins' base directory, which [`prepare`] made) for this process;
+/// [`PinError::Held`], naming the holder, where another process has it.
+pub fn lock(dir: &Path) -> Result<PinLock, PinError> {
+    let base = dir.parent().unwrap_or(dir);
+    let failed = |source| PinError::Lock {
+        path: base.to_owned(),
+        source,
+    };
+    let file = File::open(base).map_err(failed)?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(PinLock { _dir: file }),
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            let meta = file.metadata().map_err(failed)?;
+            let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+            let holder = lock_holder(&locks, meta.dev(), meta.ino()).map_or_else(
+                || "another process (not visible in this PID namespace)".to_owned(),
+                describe_process,
+            );
+            Err(PinError::Held {
+                path: base.to_owned(),
+                holder,
+            })
+        }
+        Err(errno) => Err(failed(errno.into())),
+    }
+}
+
+/// The pid holding a `flock` on the file `dev`/`ino`, from `/proc/locks` (lines such as
+/// `1: FLOCK  ADVISORY  WRITE 4242 00:1e:1234 0 EOF`; device numbers in hex).
+fn lock_holder(locks: &str, dev: u64, ino: u64) -> Option<u32> {
+    let file = format!(
+        "{:02x}:{:02x}:{ino}",
+        rustix::fs::major(dev),
+        rustix::fs::minor(dev)
+    );
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // A waiter's line starts with `->` after the number: never ours (non-blocking).
+        (fields.get(1) == Some(&"FLOCK") && fields.get(5) == Some(&file.as_str()))
+            .then(|| fields.get(4)?.parse().ok())
+            .flatten()
+    })
+}
+
+/// `pid N (command line)`, the command line cut short.
+fn describe_process(pid: u32) -> String {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut line = String::from_utf8_lossy(&cmdline)
+        .replace('\0', " ")
+        .trim()
+        .to_owned();
+    if line.len() > 160 {
+        let cut = (0..=160)
+            .rev()
+            .find(|&i| line.is_char_boundary(i))
+            .unwrap_or(0);
+        line.truncate(cut);
+        line.push_str("...");
+    }
+    format!("pid {pid} ({line})")
+}
+
 /// A program's link pin in `dir`.
 pub fn link_pin(dir: &Path, program: &str) -> PathBuf {
     dir.join(format!("link_{program}"))
@@ -153,6 +249,38 @@ mod tests {
             Path::new("/x/link_kp_connect4")
         );
         assert_eq!(map_pin(dir, "kp_services"), Path::new("/x/kp_services"));
+    }
+
+    #[test]
+    fn a_second_lock_is_refused_and_names_the_holder() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join(LAYOUT);
+        let first = lock(&dir).expect("first");
+        let error = lock(&dir).expect_err("held");
+        let message = error.to_string();
+        let me = format!("pid {} (", std::process::id());
+        assert!(matches!(error, PinError::Held { .. }), "{error:?}");
+        assert!(message.contains(&me), "{message}");
+        drop(first);
+        lock(&dir).expect("free again");
+    }
+
+    #[test]
+    fn the_holder_is_read_from_proc_locks() {
+        let locks = "1: POSIX  ADVISORY  WRITE 77 00:1e:99 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 4242 00:1e:1234 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 5151 fd:01:1234 0 EOF\n";
+        let dev = rustix::fs::makedev(0, 0x1e);
+        assert_eq!(lock_holder(locks, dev, 1234), Some(4242));
+        assert_eq!(
+            lock_holder(locks, dev, 99),
+            None,
+            "a POSIX lock is not ours"
+        );
+        assert_eq!(
+            lock_holder(locks, rustix::fs::makedev(0xfd, 1), 1234),
+            Some(5151)
+        );
     }
 
     #[test]

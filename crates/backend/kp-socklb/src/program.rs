@@ -6,10 +6,11 @@
 //! pinned in bpffs ([`crate::pin`]) and outlive the process: a new process adopts the maps
 //! and replaces each link after attaching its own, so some program translates at every
 //! moment. [`SocketPrograms::verify`] finds pins someone else removed (a removed link pin
-//! detaches the program: this process keeps no link of its own) and
-//! [`SocketPrograms::repair`] puts them back.
+//! detaches the program: this process keeps no link of its own) and pinned links someone
+//! detached (`crate::link`), and [`SocketPrograms::repair`] puts them back.
 
 use std::fs::File;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, MapInfo};
@@ -66,6 +67,9 @@ pub const MAPS: [&str; 8] = [
 pub enum MissingPin {
     /// A program's link: the program is not attached any more.
     Link(&'static str),
+    /// A program's link is pinned but detached from the cgroup (someone ran
+    /// `BPF_LINK_DETACH` on it, as `bpftool link detach` does): the program does not run.
+    Detached(&'static str),
     /// A map's pin: the map lives on (the programs hold it), but a new process would not
     /// adopt it.
     Map(&'static str),
@@ -76,6 +80,9 @@ pub enum MissingPin {
 pub struct SocketPrograms {
     pub(crate) ebpf: Ebpf,
     attached: Option<PathBuf>,
+    /// The kernel's id of the attached cgroup (its directory's inode number), which each
+    /// link's fdinfo must show while it is attached.
+    cgroup_id: u64,
     /// Where the links and maps are pinned ([`Self::load_pinned`]).
     pins: Option<PathBuf>,
     /// The kernel's id of each map, to pin it again.
@@ -132,6 +139,7 @@ impl SocketPrograms {
             Self {
                 ebpf,
                 attached: None,
+                cgroup_id: 0,
                 pins,
                 map_ids,
                 destroyer,
@@ -149,10 +157,12 @@ impl SocketPrograms {
             source,
         };
         let dir = File::open(cgroup).map_err(open)?;
+        let cgroup_id = dir.metadata().map_err(open)?.ino();
         for (name, _) in PROGRAMS {
             self.attach_one(name, &dir, cgroup)?;
         }
         self.attached = Some(cgroup.to_owned());
+        self.cgroup_id = cgroup_id;
         Ok(())
     }
 
@@ -198,17 +208,30 @@ impl SocketPrograms {
         Ok(())
     }
 
-    /// The pins that are missing or hold something else than this process's links and maps
-    /// (none when not pinned or not attached).
+    /// The pins that are missing or hold something else than this process's links and maps,
+    /// and the pinned links someone detached from the cgroup (none when not pinned or not
+    /// attached).
     pub fn verify(&self) -> Vec<MissingPin> {
         let (Some(pins), Some(_)) = (&self.pins, &self.attached) else {
             return Vec::new();
         };
         let ids = self.program_ids_by_name();
-        let links = PROGRAMS.into_iter().filter_map(|(name, _)| {
-            let ours = ids.iter().find(|(n, _)| *n == name).map(|(_, id)| *id);
-            (linked_program(&link_pin(pins, name)) != ours || ours.is_none())
-                .then_some(MissingPin::Link(name))
+        // Held open while their fdinfo is read.
+        let opened: Vec<(&'static str, Option<FdLink>)> = PROGRAMS
+            .into_iter()
+            .map(|(name, _)| (name, open_link(&link_pin(pins, name))))
+            .collect();
+        let cgroups = crate::link::attached_cgroups();
+        let links = opened.iter().filter_map(|(name, link)| {
+            let ours = ids.iter().find(|(n, _)| n == name).map(|(_, id)| *id);
+            let info = link.as_ref().and_then(|link| link.info().ok());
+            match info {
+                Some(info) if ours == Some(info.program_id()) => cgroups
+                    .get(&info.id())
+                    .is_some_and(|&cgroup| cgroup != self.cgroup_id)
+                    .then_some(MissingPin::Detached(name)),
+                _ => Some(MissingPin::Link(name)),
+            }
         });
         let maps = self.map_ids.iter().filter_map(|&(name, id)| {
             let pinned = MapData::from_pin(map_pin(pins, name))
@@ -232,7 +255,9 @@ impl SocketPrograms {
         })?;
         for what in missing {
             match *what {
-                MissingPin::Link(name) => self.attach_one(name, &dir, &cgroup)?,
+                MissingPin::Link(name) | MissingPin::Detached(name) => {
+                    self.attach_one(name, &dir, &cgroup)?;
+                }
                 MissingPin::Map(name) => self.pin_map(&pins, name)?,
             }
         }
@@ -300,10 +325,9 @@ fn map_ids(ebpf: &Ebpf) -> Vec<(&'static str, u32)> {
         .collect()
 }
 
-/// The id of the program the link pinned at `path` runs, if there is one.
-fn linked_program(path: &Path) -> Option<u32> {
-    let link = FdLink::from(PinnedLink::from_pin(path).ok()?);
-    link.info().ok().map(|info| info.program_id())
+/// The link pinned at `path`, if there is one.
+fn open_link(path: &Path) -> Option<FdLink> {
+    PinnedLink::from_pin(path).ok().map(FdLink::from)
 }
 
 /// [`Unavailable::NotPermitted`] if the kernel said EPERM anywhere in `error`, else `other`.

@@ -35,7 +35,7 @@ const WAIT: Duration = Duration::from_secs(2);
 
 fn unavailable() -> Option<String> {
     isolated::missing(
-        &["nft", "conntrack"],
+        &["nft", "conntrack", "perl"],
         &["ip", "link", "add", "kpv0", "type", "veth"],
     )
     .or_else(|| {
@@ -612,6 +612,18 @@ fn pinned_programs_outlive_their_loader_are_adopted_and_restored() {
             programs.repair(&missing).expect("repair");
             assert!(programs.verify().is_empty(), "{:?}", programs.verify());
             assert_eq!(tcp_answer(svc).0, a.to_string(), "translated again");
+
+            // Someone detaches the links and leaves their pins (`bpftool link detach`).
+            for (name, _) in PROGRAMS {
+                kp_testbed::cgroup::detach_link(&pin::link_pin(&dir, name)).expect("detach");
+            }
+            answered_soon_by(svc, "10.244.1.4:8080");
+            let detached: Vec<MissingPin> =
+                PROGRAMS.map(|(name, _)| MissingPin::Detached(name)).into();
+            assert_eq!(programs.verify(), detached);
+            programs.repair(&detached).expect("repair");
+            assert!(programs.verify().is_empty(), "{:?}", programs.verify());
+            assert_eq!(tcp_answer(svc).0, a.to_string(), "attached again");
 
             // Removing the pins detaches them for good once the loader goes.
             assert_eq!(pin::remove(&dir).expect("remove"), 16);

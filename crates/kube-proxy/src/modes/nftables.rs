@@ -48,6 +48,12 @@ impl Mode for Nftables {
     /// never match loopback: localhost NodePorts are the listeners' ([`localhost_listeners`]).
     fn build(input: Input<'_>) -> anyhow::Result<Self::Backend> {
         let host = input.host;
+        // Before anything is written: a second proxy on these pins must change nothing.
+        let pins = if input.config.socket_lb.enabled {
+            super::socket_lb::claim_pins().context("cannot start the socket load balancer")?
+        } else {
+            None
+        };
         check_nft_version(host)?;
         let (_, mut render) = super::start_kernel_mode(&input)?;
         super::iptables::warn_without_cluster_cidr(input.config);
@@ -86,7 +92,7 @@ impl Mode for Nftables {
         tracing::info!("Using nftables Proxier");
         let socket_lb = if input.config.socket_lb.enabled {
             let metrics = SocketLbMetrics::register(input.registry);
-            SocketLb::start(&input.config.socket_lb, metrics)
+            SocketLb::start(&input.config.socket_lb, metrics, pins)
         } else {
             super::socket_lb::remove_pins_logged("--socket-lb is off");
             None

@@ -7,8 +7,9 @@
 //!
 //! The links and maps are pinned in bpffs ([`kp_socklb::pin`]): a restarted or killed proxy
 //! leaves translation running, and the next one adopts the maps and replaces the links.
-//! The canary check ([`SocketLb::verify`]) reports pins someone else removed as foreign
-//! changes; the full sync that follows restores them. A start without `--socket-lb` (or
+//! The canary check ([`SocketLb::verify`]) reports pins someone else removed, and pinned
+//! links someone detached from the cgroup, as foreign changes; the full sync that follows
+//! restores them. A start without `--socket-lb` (or
 //! one that cannot attach) and `--cleanup` remove the pins ([`remove_pins`]).
 
 use std::net::SocketAddr;
@@ -56,6 +57,9 @@ pub struct SocketLbMetrics {
     pub writes: Counter,
     /// `kube_proxy_rs_socket_lb_map_write_failures_total`: Service ports whose write failed.
     pub failures: Counter,
+    /// `kube_proxy_rs_socket_lb_sockets_destroyable`: 1 where sockets of removed endpoints
+    /// are destroyed, 0 where UDP Services are left to nftables mode instead.
+    pub destroyable: Gauge,
 }
 
 impl SocketLbMetrics {
@@ -77,6 +81,12 @@ impl SocketLbMetrics {
             "Service ports whose socket load balancer map write failed",
             m.failures.clone(),
         );
+        registry.register(
+            "kube_proxy_rs_socket_lb_sockets_destroyable",
+            "1 where the socket load balancer destroys sockets of removed endpoints, 0 where \
+             UDP Services stay with nftables mode instead",
+            m.destroyable.clone(),
+        );
         m
     }
 }
@@ -90,21 +100,51 @@ pub struct SocketLb {
     programs: SocketPrograms,
     lb: ServiceLb<KernelMaps>,
     metrics: SocketLbMetrics,
+    /// The pins and their lock, held while this process runs (none where nothing is
+    /// pinned).
+    _pins: Option<Pins>,
+}
+
+/// The pins' directory, locked for this process ([`claim_pins`]).
+#[derive(Debug)]
+pub struct Pins {
+    dir: PathBuf,
+    _lock: pin::PinLock,
+}
+
+/// The pins' directory on a bpffs, locked ([`pin::lock`]) before anything else is touched:
+/// two proxies on one set of pins would fight over the links and the maps, so a second one
+/// fails start-up naming the first. `None` where nothing can be pinned (said why).
+pub fn claim_pins() -> Result<Option<Pins>, pin::PinError> {
+    let Some(dir) = usable_pin_dir() else {
+        return Ok(None);
+    };
+    let lock = pin::lock(&dir)?;
+    Ok(Some(Pins { dir, _lock: lock }))
 }
 
 impl SocketLb {
-    /// Loads and attaches the programs as `config` says; `None` where this node cannot run
-    /// them, said once at warning level with the reason (nftables mode then runs alone, and
-    /// pinned programs of an earlier run are removed, since nothing would update their
-    /// maps).
-    pub fn start(config: &SocketLbConfiguration, metrics: SocketLbMetrics) -> Option<Self> {
-        match Self::try_start(config, metrics) {
-            Ok(lb) => Some(lb),
+    /// Loads and attaches the programs as `config` says, pinned in `pins` when given; `None`
+    /// where this node cannot run them, said once at warning level with the reason
+    /// (nftables mode then runs alone, and pinned programs of an earlier run are removed,
+    /// since nothing would update their maps).
+    pub fn start(
+        config: &SocketLbConfiguration,
+        metrics: SocketLbMetrics,
+        pins: Option<Pins>,
+    ) -> Option<Self> {
+        match Self::try_start(config, metrics, pins.as_ref().map(|p| p.dir.as_path())) {
+            Ok(mut lb) => {
+                lb._pins = pins;
+                Some(lb)
+            }
             Err(error) => {
                 tracing::warn!(
                     error = %error.chain(),
                     "Socket load balancer unavailable; nftables mode runs alone"
                 );
+                // Removing takes the lock again (another open file: it would conflict).
+                drop(pins);
                 remove_pins_logged("the socket load balancer could not start");
                 None
             }
@@ -114,6 +154,7 @@ impl SocketLb {
     fn try_start(
         config: &SocketLbConfiguration,
         metrics: SocketLbMetrics,
+        pins: Option<&Path>,
     ) -> Result<Self, StartError> {
         let chosen = (!config.cgroup.is_empty()).then(|| Path::new(&config.cgroup));
         let private = kp_dataplane::sysctls::state_dir().join(PRIVATE_MOUNT);
@@ -125,8 +166,8 @@ impl SocketLb {
                  load balancer (every process is in its root)"
             );
         }
-        let (mut programs, maps) = match usable_pin_dir() {
-            Some(dir) => SocketPrograms::load_pinned(&dir)?,
+        let (mut programs, maps) = match pins {
+            Some(dir) => SocketPrograms::load_pinned(dir)?,
             None => SocketPrograms::load()?,
         };
         let (held, top_slot_id) = maps.read_back();
@@ -141,6 +182,9 @@ impl SocketLb {
             "Socket load balancer attached: the node's own sockets reach Service addresses \
              without per-packet NAT"
         );
+        metrics
+            .destroyable
+            .set(i64::from(programs.destroy_unavailable().is_none()));
         if let Some(why) = programs.destroy_unavailable() {
             tracing::warn!(
                 error = %why.chain(),
@@ -153,6 +197,7 @@ impl SocketLb {
             programs,
             lb,
             metrics,
+            _pins: None,
         })
     }
 
@@ -227,6 +272,13 @@ impl SocketLb {
                     "bpf-link",
                     format!("socket load balancer program {name} detached (its link pin is gone)"),
                 ),
+                MissingPin::Detached(name) => ForeignChange::changed(
+                    "bpf-link",
+                    format!(
+                        "socket load balancer program {name} detached from its cgroup (its link \
+                         pin stays)"
+                    ),
+                ),
                 MissingPin::Map(name) => ForeignChange::removed(
                     "bpf-map",
                     format!("socket load balancer map {name} unpinned"),
@@ -251,7 +303,9 @@ impl SocketLb {
                 );
             }
             Err(error) => {
-                let links = missing.iter().any(|m| matches!(m, MissingPin::Link(_)));
+                let links = missing
+                    .iter()
+                    .any(|m| matches!(m, MissingPin::Link(_) | MissingPin::Detached(_)));
                 if links {
                     self.metrics.attached.set(0);
                 }
@@ -298,13 +352,19 @@ fn pin_dir() -> PathBuf {
 }
 
 /// Removes the socket load balancer's pinned links and maps (`--cleanup`; a start without
-/// `--socket-lb`): its programs detach. Returns how many pins there were.
+/// `--socket-lb`): its programs detach. Returns how many pins there were; refused
+/// ([`pin::PinError::Held`]) while another proxy uses them.
 pub fn remove_pins() -> Result<usize, pin::PinError> {
-    pin::remove(&pin_dir())
+    let dir = pin_dir();
+    if !dir.exists() {
+        return Ok(0);
+    }
+    let _lock = pin::lock(&dir)?;
+    pin::remove(&dir)
 }
 
 /// [`remove_pins`], logged: at info level when there were some (`because` says why), at
-/// warning level when they cannot be removed.
+/// warning level when they cannot be removed (another proxy's are left alone).
 pub fn remove_pins_logged(because: &str) {
     match remove_pins() {
         Ok(0) => {}

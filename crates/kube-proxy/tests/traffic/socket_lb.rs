@@ -231,7 +231,11 @@ pub fn socket_lb(mode: Mode) {
     );
     survives_restart_and_kill(&mut env);
     pins_removed_by_someone_else_come_back(&mut env);
+    links_detached_by_someone_else_come_back(&mut env);
+    a_second_proxy_on_the_pins_is_refused(&mut env);
     let attaching = env.flags().clone();
+    without_sock_destroy_udp_stays_with_nftables(&mut env);
+    env.restart_with(attaching.clone());
     restarted_where_it_cannot_attach(&mut env);
     pins_removed_without_the_flag_and_by_cleanup(&mut env, attaching);
     env.cluster.set_probe_cgroup(None);
@@ -413,6 +417,137 @@ fn pins_removed_by_someone_else_come_back(env: &mut Env) {
                 && l.contains("what=\"bpf-link\"")),
         "counted: {metrics}"
     );
+}
+
+/// Someone detaches the pinned links from the cgroup and leaves their pins (as `bpftool
+/// link detach` does): the canary check notices (logged, counted under `bpf-link`), the
+/// full sync after it attaches new links, and new connections are translated again.
+fn links_detached_by_someone_else_come_back(env: &mut Env) {
+    let pins = kp_socklb::pin::pin_dir(Some(env.state_dir()));
+    let before = foreign_link_changes(env);
+    env.proxy().mark();
+    for (name, _) in kp_socklb::program::PROGRAMS {
+        kp_testbed::cgroup::detach_link(&kp_socklb::pin::link_pin(&pins, name)).expect("detach");
+    }
+    let found = env.proxy().wait_for("the detached links reported", |l| {
+        l.contains("changed by another program") && l.contains("kp_connect4 detached from its")
+    });
+    assert!(found.contains("restoring"), "{found}");
+    env.proxy().wait_for("the links attached again", |l| {
+        l.contains("Socket load balancer pins restored")
+    });
+    let tally = env
+        .cluster
+        .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
+        .expect("probe");
+    for outcome in tally.outcomes() {
+        assert_not_natted(env, "tcp", outcome, WEB);
+    }
+    let after = foreign_link_changes(env);
+    assert!(after > before, "counted: {before} -> {after}");
+}
+
+/// A second proxy with `--socket-lb` on the same pins while the first runs: it fails
+/// start-up naming the first (its pid), and the first's pins and translation are untouched.
+fn a_second_proxy_on_the_pins_is_refused(env: &mut Env) {
+    let first = env.proxy().pid();
+    let pins = kp_socklb::pin::pin_dir(Some(env.state_dir()));
+    let flags = env.flags().clone();
+    let (status, log) = env.second_proxy_exit(&flags);
+    assert!(!status.success(), "{status}: {log}");
+    assert!(
+        log.contains(&format!("are in use by pid {first} (")) && log.contains("one proxy per pin"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("Socket load balancer attached"),
+        "attached nothing: {log}"
+    );
+    for (name, _) in kp_socklb::program::PROGRAMS {
+        assert!(
+            kp_socklb::pin::link_pin(&pins, name).exists(),
+            "{name} pinned"
+        );
+    }
+    let tally = env
+        .cluster
+        .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
+        .expect("probe");
+    for outcome in tally.outcomes() {
+        assert_not_natted(env, "tcp", outcome, WEB);
+    }
+    let metrics = env.metrics();
+    assert!(
+        metrics.contains("kube_proxy_rs_socket_lb_attached 1"),
+        "the first still attached: {metrics}"
+    );
+}
+
+/// The proxy restarted believing the kernel lacks `bpf_sock_destroy` (the test build's
+/// hook): it says so once, its gauge says 0, UDP Services are left to nftables mode (DNAT,
+/// seen in conntrack) while TCP is still translated, and a connected UDP session to an
+/// endpoint that leaves moves to the remaining one through nftables mode's conntrack flush.
+fn without_sock_destroy_udp_stays_with_nftables(env: &mut Env) {
+    let flags = env
+        .flags()
+        .clone()
+        .env(kp_socklb::destroy::fault::NO_KFUNC_ENV, "1");
+    env.restart_with(flags);
+    let said = env.logged(|l| l.contains("cannot destroy sockets of removed endpoints"));
+    assert_eq!(said.len(), 1, "{said:?}{}", env.diag());
+    assert!(said[0].contains("no bpf_sock_destroy kfunc"), "{said:?}");
+    let metrics = env.metrics();
+    assert!(
+        metrics.contains("kube_proxy_rs_socket_lb_sockets_destroyable 0"),
+        "{metrics}"
+    );
+    let both = Service::new("web", WEB)
+        .tcp(80)
+        .udp(80)
+        .endpoints(&env.cluster, &["a", "b"]);
+    env.apply(&both);
+    let cl = &env.cluster;
+    let tcp = cl.tcp(cl.client(), ip(WEB), 80).expect("probe");
+    assert_not_natted(env, "tcp", &tcp, WEB);
+    let client = cl.client().clone();
+    let mut session = (0..SESSION_TRIES)
+        .map(|_| cl.connect_udp(&client, ip(WEB), 80).expect("session"))
+        .find(|s| s.greeting().answered_by("a"))
+        .unwrap_or_else(|| panic!("no UDP session to a{}", env.diag()));
+    assert_natted(env, "udp", session.greeting());
+    let only_b = Service::new("web", WEB)
+        .tcp(80)
+        .udp(80)
+        .endpoints(&env.cluster, &["b"]);
+    env.apply(&only_b);
+    let moved = session.send("after").expect("udp session");
+    assert!(moved.answered_by("b"), "{moved:?}{}", env.diag());
+    assert_natted(env, "udp", &moved);
+}
+
+/// Asserts `outcome` was answered through nftables mode's DNAT: its conntrack entry holds
+/// the Service address.
+fn assert_natted(env: &Env, protocol: &str, outcome: &Outcome) {
+    let Outcome::Answered { client, .. } = outcome else {
+        panic!("not answered: {outcome:?}{}", env.diag());
+    };
+    let entries = conntrack_from(env, protocol, *client);
+    assert!(
+        entries.contains(WEB),
+        "{protocol} from {client}: nftables' DNAT: {entries}{}",
+        env.diag()
+    );
+}
+
+/// `kube_proxy_rs_foreign_changes_total{what="bpf-link"}` (0 before the first).
+fn foreign_link_changes(env: &Env) -> f64 {
+    env.metrics()
+        .lines()
+        .filter(|l| {
+            l.starts_with("kube_proxy_rs_foreign_changes_total") && l.contains("what=\"bpf-link\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The first `sport=` of a conntrack line (the original direction's).

@@ -603,17 +603,8 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Starts `kube-proxy --manifests DIR --proxy-mode=<mode>` (or `--master` from `flags`)
-    /// inside the node namespace, keeping its record of changed kernel settings in `state`
-    /// (not the host's `/run`), waits for its first sync, and checks that ipvs mode did not
-    /// fall back to iptables.
-    pub fn start(
-        mode: Mode,
-        cluster: &Cluster,
-        manifests: &Path,
-        state: &Path,
-        flags: &Flags,
-    ) -> Self {
+    /// Starts the proxy as [`Proxy::start`] does, without waiting for anything.
+    fn spawn(mode: Mode, cluster: &Cluster, manifests: &Path, state: &Path, flags: &Flags) -> Self {
         let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
         let healthz = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
         let source = match &flags.master {
@@ -640,11 +631,25 @@ impl Proxy {
             .args(&flags.extra)
             .spawn()
             .unwrap_or_else(|e| panic!("start kube-proxy in the node namespace: {e}"));
-        let mut proxy = Self {
+        Self {
             process,
             metrics,
             healthz,
-        };
+        }
+    }
+
+    /// Starts `kube-proxy --manifests DIR --proxy-mode=<mode>` (or `--master` from `flags`)
+    /// inside the node namespace, keeping its record of changed kernel settings in `state`
+    /// (not the host's `/run`), waits for its first sync, and checks that ipvs mode did not
+    /// fall back to iptables.
+    pub fn start(
+        mode: Mode,
+        cluster: &Cluster,
+        manifests: &Path,
+        state: &Path,
+        flags: &Flags,
+    ) -> Self {
+        let mut proxy = Self::spawn(mode, cluster, manifests, state, flags);
         proxy.wait_first_sync();
         proxy.check_iptables_path(mode);
         if mode == Mode::Ipvs {
@@ -689,6 +694,12 @@ impl Proxy {
             }
             _ => {}
         }
+    }
+
+    /// The proxy's process id.
+    #[allow(dead_code, reason = "the socket load balancer's scenario")]
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 
     /// The address of the metrics server (inside the node namespace).
@@ -943,6 +954,30 @@ impl Env {
     pub fn kill_and_restart_proxy(&mut self) {
         self.proxy.take().expect("the proxy is running").kill();
         self.start_proxy();
+    }
+
+    /// Starts a second proxy beside the running one, with `flags` and the same manifests and
+    /// state directory (ports of its own), and returns its exit status and log once it has
+    /// exited; panics if it still runs after the usual patience (it is then killed).
+    #[allow(dead_code, reason = "the socket load balancer's scenario")]
+    pub fn second_proxy_exit(&self, flags: &Flags) -> (std::process::ExitStatus, String) {
+        let mut second = Proxy::spawn(
+            self.mode,
+            &self.cluster,
+            self.dir.path(),
+            self.state.path(),
+            flags,
+        );
+        let deadline = std::time::Instant::now() + patience();
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = second.process.try_exit_status() {
+                // The reader may still be collecting the last lines.
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                return (status, second.tail());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the second proxy still runs; log:\n{}", second.tail());
     }
 
     /// The proxy's flags.
