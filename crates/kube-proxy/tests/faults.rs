@@ -29,9 +29,7 @@ mod heal;
 mod refused;
 #[path = "faults/rewrites.rs"]
 mod rewrites;
-#[allow(dead_code, unused_imports)]
-#[path = "traffic/support.rs"]
-mod support;
+use kp_suite::support;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -680,7 +678,12 @@ mod ipvs {
     #[test]
     fn ipvs_faults_in_the_vm() {
         let out = ipvs_vm()
-            .run_current_exe(&["--ignored", "--test-threads=1", "--nocapture", "ipvs::"])
+            .run_current_exe(&[
+                "--ignored",
+                "--test-threads=1",
+                "--nocapture",
+                "faults::ipvs::",
+            ])
             .unwrap_or_else(|e| panic!("the IPVS VM did not run: {e}"));
         println!("VM run took {:.1} s", out.elapsed.as_secs_f64());
         out.assert_tests_passed(GUEST_TESTS);

@@ -16,18 +16,14 @@
 //! Needs root, debootstrap (`./setup.sh --tests`) and Debian's package mirror for the first
 //! build; it fails, with the reason, when any of them is missing.
 
-#[allow(dead_code, unused_imports)]
-#[path = "traffic/scenarios.rs"]
-mod scenarios;
-#[allow(dead_code, unused_imports)]
-#[path = "traffic/support.rs"]
-mod support;
+use kp_suite::scenarios;
+use kp_suite::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use support::{CLUSTER_CIDR_V4, Env, KUBE_PROXY, Mode, Service};
+use support::{CLUSTER_CIDR_V4, Env, Mode, Service, kube_proxy};
 
 /// The environment the image's processes get: Debian's default `PATH` (what
 /// debian:bookworm-slim sets), nothing from the host.
@@ -135,7 +131,7 @@ fn in_image(command: &mut Command, source: &support::ObjectSource<'_>, state: &P
         .env("PATH", IMAGE_PATH)
         .args(["sh", "-c", CHROOT_SCRIPT, "sh"])
         .arg(rootfs())
-        .arg(KUBE_PROXY)
+        .arg(kube_proxy())
         .arg(manifests)
         .arg(state)
         .arg(IMAGE_BINARY)
@@ -170,7 +166,7 @@ chroot "$root" /usr/local/bin/kube-proxy --version
     let out = Command::new("unshare")
         .args(["-m", "sh", "-c", &script, "sh"])
         .arg(rootfs())
-        .arg(KUBE_PROXY)
+        .arg(kube_proxy())
         .env_clear()
         .env("PATH", IMAGE_PATH)
         .output()

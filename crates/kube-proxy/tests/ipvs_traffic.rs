@@ -6,16 +6,14 @@
 //! endpoint) takes no new flows; SCTP services are balanced and answered too. The host test
 //! fails when the VM cannot start or any guest test fails.
 
-#[allow(dead_code, unused_imports)]
-#[path = "traffic/support.rs"]
-mod support;
+use kp_suite::support;
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use kp_testbed::proxy::{ProxyLaunch, ProxyProcess};
 use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Tally};
-use support::{CLUSTER_CIDR_V4, KUBE_PROXY, Service, THIS_NODE, node_yaml};
+use support::{CLUSTER_CIDR_V4, Service, THIS_NODE, kube_proxy, node_yaml};
 
 /// Guest tests in this file.
 const GUEST_TESTS: usize = 4;
@@ -30,9 +28,14 @@ fn ipvs_traffic_in_the_vm() {
         .program("ipvsadm")
         .program("ipset")
         .module("sctp")
-        .program(KUBE_PROXY)
+        .program(kube_proxy())
         .program(&echo.to_string_lossy())
-        .run_current_exe(&["--ignored", "--test-threads=1", "--nocapture"])
+        .run_current_exe(&[
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+            "ipvs_traffic::",
+        ])
         .unwrap_or_else(|e| panic!("the IPVS VM did not run: {e}"));
     out.assert_tests_passed(GUEST_TESTS);
 }
@@ -72,7 +75,7 @@ impl Proxy {
         for (name, text) in manifests {
             std::fs::write(dir.path().join(name), text).expect("manifest");
         }
-        let mut process = ProxyLaunch::new(cluster.node_ns(), KUBE_PROXY)
+        let mut process = ProxyLaunch::new(cluster.node_ns(), kube_proxy())
             .arg(format!("--manifests={}", dir.path().display()))
             .args([
                 "--proxy-mode=ipvs",

@@ -2,9 +2,9 @@
 //! run; issue 37): each module is one suite, named as its file (`cargo test -p kube-proxy
 //! --test product cleanup::`): flags and exits, `--cleanup`, `--init-only` and the deploy
 //! files against a throwaway node namespace, `explain`, and the checks that README,
-//! docs/ and CI agree with the code. The traffic suites (`traffic`, `faults`, `image`,
-//! `sctp_traffic`, `ipvs_traffic`, `winuserspace`) and the demo stay binaries of their own:
-//! each runs clusters of namespaces or a VM for minutes, and apart they run one after another.
+//! docs/ and CI agree with the code. The suites that run clusters of namespaces or the VM are
+//! the `traffic` binary's; the image suite and the demo are binaries of their own
+//! (docs/testing.md says why).
 
 #[path = "support/node.rs"]
 mod node;

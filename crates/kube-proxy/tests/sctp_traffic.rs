@@ -5,16 +5,15 @@
 //! suite's `Env`), and opens real SCTP associations: a ClusterIP service is balanced over
 //! every endpoint and answered without masquerade from a pod, and with masquerade from the
 //! node; its NodePort answers an external client, masqueraded. The host test fails when the
-//! VM cannot start or any guest test fails; it never skips.
+//! VM cannot start or any guest test fails; it never skips. A module of the `traffic` binary:
+//! the guest runs this module's ignored tests only.
 
-#[allow(dead_code, unused_imports)]
-#[path = "traffic/support.rs"]
-mod support;
+use kp_suite::support;
 
 use std::net::IpAddr;
 
 use kp_testbed::{Cluster, DEFAULT_ECHO_PORT, Tally};
-use support::{CLUSTER_CIDR_V4, Env, KUBE_PROXY, Mode, Service, Source, assert_flows};
+use support::{CLUSTER_CIDR_V4, Env, Mode, Service, Source, assert_flows, kube_proxy};
 
 /// Guest tests in this file: every one must pass, none may be filtered away.
 const GUEST_TESTS: usize = 3;
@@ -34,9 +33,14 @@ fn sctp_traffic_in_the_vm() {
         .program("nft")
         .program("conntrack")
         .module("sctp")
-        .program(KUBE_PROXY)
+        .program(kube_proxy())
         .program(&echo.to_string_lossy())
-        .run_current_exe(&["--ignored", "--test-threads=1", "--nocapture"])
+        .run_current_exe(&[
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+            "sctp_traffic::",
+        ])
         .unwrap_or_else(|e| panic!("the SCTP VM did not run: {e}"));
     println!("VM run took {:.1} s", out.elapsed.as_secs_f64());
     out.assert_tests_passed(GUEST_TESTS);

@@ -22,9 +22,7 @@
 //! Needs root, Wine, MinGW-w64 and rustup's `x86_64-pc-windows-gnu` standard library
 //! (`./setup.sh --tests`); it fails, saying what is missing, without them.
 
-#[allow(dead_code, unused_imports)]
-#[path = "traffic/support.rs"]
-mod support;
+use kp_suite::support;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
 use kp_testbed::{Cluster, Outcome, Protocol, isolated};
 
-use crate::support::{CLUSTER_CIDR_DUAL, CLUSTER_CIDR_V4, Env, Flags, KUBE_PROXY, Mode, Service};
+use crate::support::{CLUSTER_CIDR_DUAL, CLUSTER_CIDR_V4, Env, Flags, Mode, Service, kube_proxy};
 
 const CGROUP_PREFIX: &str = "kp-socklb-traffic-";
 /// Flows whose conntrack entries are checked.
@@ -261,7 +261,7 @@ fn pins_removed_without_the_flag_and_by_cleanup(env: &mut Env, attaching: Flags)
     env.node_exec(&[
         "env",
         &state,
-        KUBE_PROXY,
+        kube_proxy(),
         "--cleanup",
         "--proxy-mode=nftables",
     ]);

@@ -231,7 +231,6 @@ impl Service {
 
     /// Adds SCTP port `port` (named `sctp`) -> echo port. Only a kernel with SCTP sockets
     /// (the kp-vm guest's) can probe it.
-    #[allow(dead_code, reason = "only the VM suites (sctp_traffic.rs) probe SCTP")]
     pub fn sctp(mut self, port: u16) -> Self {
         self.ports.push(Port {
             name: "sctp".to_owned(),
@@ -310,10 +309,6 @@ impl Service {
     }
 
     /// Adds these pods to the EndpointSlice as terminating endpoints, still `serving` or not.
-    #[allow(
-        dead_code,
-        reason = "only the differential test lists terminating endpoints"
-    )]
     pub fn terminating_endpoints(
         mut self,
         cluster: &Cluster,
@@ -496,8 +491,29 @@ pub fn node_yaml(cluster: &Cluster, revision: u32) -> String {
 
 // --- the proxy ----------------------------------------------------------------------------
 
-/// The real `kube-proxy` binary.
-pub const KUBE_PROXY: &str = env!("CARGO_BIN_EXE_kube-proxy");
+/// The real `kube-proxy` binary: the one cargo built for the running test executable, which
+/// sits in the `deps/` directory beside it (`target/<profile>/deps/<suite>-<hash>`). Only a
+/// test binary of the `kube-proxy` package is sure to have it built; from anywhere else this
+/// panics, naming the path it looked for.
+pub fn kube_proxy() -> &'static str {
+    static BINARY: OnceLock<String> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test executable's path");
+        let binary = exe
+            .parent()
+            .and_then(Path::parent)
+            .map(|profile| profile.join("kube-proxy"))
+            .filter(|binary| binary.is_file())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no kube-proxy binary beside {} (in its directory's parent): \
+                     kp-suite serves the kube-proxy package's test binaries",
+                    exe.display()
+                )
+            });
+        binary.to_string_lossy().into_owned()
+    })
+}
 
 /// The proxy's flags besides the common ones and the mode's own.
 #[derive(Debug, Clone, Default)]
@@ -522,7 +538,6 @@ impl Flags {
     }
 
     /// Watch the API server at `url` (`--master`) instead of the manifests.
-    #[allow(dead_code, reason = "the fault suite's")]
     pub fn master(mut self, url: String) -> Self {
         self.master = Some(url);
         self
@@ -535,7 +550,6 @@ impl Flags {
     }
 
     /// Sets `key` to `value` in the proxy's environment.
-    #[allow(dead_code, reason = "the fault suite's")]
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
         self
@@ -571,10 +585,6 @@ impl ObjectSource<'_> {
 static LAUNCHER: OnceLock<Launcher> = OnceLock::new();
 
 /// Starts every proxy of this test process with `launcher` (only the first call counts).
-#[allow(
-    dead_code,
-    reason = "only the image test (image.rs) runs the proxy differently"
-)]
 pub fn set_launcher(launcher: Launcher) {
     let _ = LAUNCHER.set(launcher);
 }
@@ -586,7 +596,7 @@ fn run_built_binary(command: &mut Command, source: &ObjectSource<'_>, state: &Pa
         ObjectSource::Master(_) => Path::new(""),
     };
     command
-        .arg(KUBE_PROXY)
+        .arg(kube_proxy())
         .arg(source.flag(manifests))
         .env(kp_dataplane::sysctls::STATE_DIR_ENV, state);
 }
@@ -598,7 +608,6 @@ fn run_built_binary(command: &mut Command, source: &ObjectSource<'_>, state: &Pa
 pub struct Proxy {
     process: ProxyProcess,
     metrics: SocketAddr,
-    #[allow(dead_code, reason = "the fault suite's")]
     healthz: SocketAddr,
 }
 
@@ -697,7 +706,6 @@ impl Proxy {
     }
 
     /// The proxy's process id.
-    #[allow(dead_code, reason = "the socket load balancer's scenario")]
     pub fn pid(&self) -> u32 {
         self.process.pid()
     }
@@ -708,7 +716,6 @@ impl Proxy {
     }
 
     /// The address of the health server (inside the node namespace).
-    #[allow(dead_code, reason = "the fault suite's")]
     pub fn healthz_address(&self) -> SocketAddr {
         self.healthz
     }
@@ -758,7 +765,6 @@ impl Proxy {
     }
 
     /// SIGKILL, and waits for the exit: none of the proxy's own shutdown runs.
-    #[allow(dead_code, reason = "the fault suite's")]
     pub fn kill(mut self) {
         self.process.kill();
     }
@@ -773,10 +779,6 @@ impl Proxy {
 
 /// The test VM with everything ipvs-mode scenarios run: the proxy, the echo helper, the
 /// ipvs, ipset, iptables, conntrack and nft tools, and perl for the HTTP probe.
-#[allow(
-    dead_code,
-    reason = "the ipvs scenarios' of the traffic and fault suites"
-)]
 pub fn ipvs_vm() -> kp_vm::Vm {
     /// Debian's perl-base modules (IO::Socket::INET for the HTTP probe).
     const PERL_BASE: &str = "/usr/lib/x86_64-linux-gnu/perl-base";
@@ -790,7 +792,7 @@ pub fn ipvs_vm() -> kp_vm::Vm {
         // The HTTP probe (health-check node ports, metrics) is a perl one-liner.
         .program("perl")
         .directory(PERL_BASE)
-        .program(KUBE_PROXY)
+        .program(kube_proxy())
         .program(&echo.to_string_lossy())
 }
 
@@ -950,7 +952,6 @@ impl Env {
     }
 
     /// Kills the proxy (SIGKILL: no cleanup of any kind) and starts it again.
-    #[allow(dead_code, reason = "the socket load balancer's scenario")]
     pub fn kill_and_restart_proxy(&mut self) {
         self.proxy.take().expect("the proxy is running").kill();
         self.start_proxy();
@@ -959,7 +960,6 @@ impl Env {
     /// Starts a second proxy beside the running one, with `flags` and the same manifests and
     /// state directory (ports of its own), and returns its exit status and log once it has
     /// exited; panics if it still runs after the usual patience (it is then killed).
-    #[allow(dead_code, reason = "the socket load balancer's scenario")]
     pub fn second_proxy_exit(&self, flags: &Flags) -> (std::process::ExitStatus, String) {
         let mut second = Proxy::spawn(
             self.mode,
@@ -1010,7 +1010,6 @@ impl Env {
     }
 
     /// The proxy's state directory (`KUBE_PROXY_RS_STATE_DIR`).
-    #[allow(dead_code, reason = "the socket load balancer's scenario")]
     pub fn state_dir(&self) -> &Path {
         self.state.path()
     }

@@ -9,9 +9,9 @@ use std::net::{IpAddr, SocketAddr};
 use kp_testbed::{Cluster, LinkLocalScope, Outcome, TestbedError};
 
 use crate::support::{
-    CLUSTER_CIDR_DUAL, CLUSTER_CIDR_V4, Env, Flags, KUBE_PROXY, Mode, NODE_POD_GATEWAY_V4,
-    NODE_POD_GATEWAY_V6, POD_VETH_PREFIX, Service, Source, assert_all, assert_flows, assert_source,
-    http_get, http_get_path, kube_lines, metric_sum, normalized_save, udp_from_port,
+    CLUSTER_CIDR_DUAL, CLUSTER_CIDR_V4, Env, Flags, Mode, NODE_POD_GATEWAY_V4, NODE_POD_GATEWAY_V6,
+    POD_VETH_PREFIX, Service, Source, assert_all, assert_flows, assert_source, http_get,
+    http_get_path, kube_lines, kube_proxy, metric_sum, normalized_save, udp_from_port,
 };
 
 /// Flows per balancing check: with 3 endpoints the chance that one of them gets none of 45
@@ -1093,7 +1093,7 @@ pub fn node_addresses_and_cleanup(mode: Mode) {
     let cleanup = [
         "env",
         &state,
-        KUBE_PROXY,
+        kube_proxy(),
         "--cleanup",
         &format!("--proxy-mode={}", mode.name()),
     ];
