@@ -1844,6 +1844,46 @@ fn answering_pods(env: &Env, what: &str, tally: &kp_testbed::Tally) -> Vec<Strin
     tally.by_pod().into_keys().collect()
 }
 
+/// A service whose ClientIP affinity is switched on while the proxy runs.
+fn pinned_later(c: &Cluster) -> Service {
+    Service::new("pinned-later", "10.96.0.35")
+        .tcp(80)
+        .node_port(30095)
+        .endpoints(c, &["a", "b", "c"])
+}
+
+/// Affinity switched on by an edit (a partial sync: in nftables mode the port's maps, sets
+/// and rules go over netlink with its elements) pins a pod's connections through the
+/// ClusterIP and the NodePort to one endpoint.
+fn affinity_switched_on(env: &mut Env, mode: Mode) {
+    let synced = env.apply(&pinned_later(&env.cluster).affinity(600));
+    let cl = &env.cluster;
+    let node_ip = cl.node_ip();
+    let mut seen = Vec::new();
+    for (what, dst, port) in [
+        ("ClusterIP", ip("10.96.0.35"), 80),
+        ("NodePort", node_ip, 30095),
+    ] {
+        let tally = cl.tcp_repeat(cl.client(), dst, port, 4).expect("probe");
+        let pods = answering_pods(env, what, &tally);
+        assert_eq!(
+            pods.len(),
+            1,
+            "affinity switched on, through the {what}: {pods:?} (after {synced}){}",
+            env.diag()
+        );
+        seen.push(pods[0].clone());
+    }
+    if mode != Mode::Ipvs {
+        assert_eq!(
+            seen[0],
+            seen[1],
+            "one endpoint across both addresses once affinity is on{}",
+            env.diag()
+        );
+    }
+}
+
 /// ClientIP affinity is kept per service port, whichever of its addresses (ClusterIP,
 /// NodePort, externalIP, LB IP) a client uses, with its timeout; and the node's own traffic:
 /// to an externalIP or NodePort of an `externalTrafficPolicy: Local` service with only a
@@ -1881,6 +1921,7 @@ pub fn affinity_and_node_traffic(mode: Mode) {
             .load_balancer("198.51.100.34")
             .source_range("203.0.113.0/25")
             .endpoints(&c, &["a", "b", "c"]),
+        pinned_later(&c),
     ];
     let node_ip = c.node_ip().to_string();
     for ext in ["192.168.50.130", "192.168.50.132"] {
@@ -1897,6 +1938,7 @@ pub fn affinity_and_node_traffic(mode: Mode) {
         &services,
         &[],
     );
+    affinity_switched_on(&mut env, mode);
     let cl = &env.cluster;
     // The VIPs on the node itself (ipvs mode makes every LB IP local on kube-ipvs0 anyway).
     // Added once the proxy runs: on `lo`, they would otherwise be the "first local address"

@@ -1,4 +1,4 @@
-//! Slot-count classes of the verdict-free layout written over netlink (`kp_nftnl::class`)
+//! Slot-count and affinity classes of the verdict-free layout written over netlink (`kp_nftnl::class`)
 //! against the same classes written by `nft -f` (the partial sync's text path): on the same
 //! fixed part, `nft list table` prints both tables the same, and connections to a service
 //! the netlink-written class picks for reach its endpoints. Each test runs in a network
@@ -17,7 +17,8 @@ use kp_nftnl::codec::Batch;
 use kp_rules::config::{LocalDetector, NodePortAddresses};
 use kp_rules::nftables::layout::class::class_objects;
 use kp_rules::nftables::layout::{
-    Changes, Class, Element, Entry, EntrySet, FixedConfig, Slots, change_script, fixed_part,
+    AffinityPort, AffinitySet, Changes, Class, Element, Entry, EntrySet, FixedConfig, PinList,
+    Slots, change_script, fixed_part,
 };
 use kp_testbed::isolated::{self, sh};
 use nft_tools::{nft, unavailable};
@@ -76,7 +77,7 @@ fn over_netlink(changes: &Changes) {
     apply_text(&fixed_part(&config(), &BTreeSet::new()));
     let mut objects = Vec::new();
     for class in &changes.classes {
-        objects.extend(class_objects(&config(), *class).expect("a slot-count class"));
+        objects.extend(class_objects(&config(), *class).expect("a class netlink writes"));
     }
     let mut batch = Batch::new(1);
     push_class_changes(&mut batch, IpFamily::V4, &objects, changes).expect("lowered");
@@ -150,6 +151,60 @@ fn connections_through_a_class_over_netlink_reach_both_endpoints() {
                 drop(stream);
             }
             assert_eq!(seen, BTreeSet::from([8081, 8082]), "both slots picked");
+        },
+    );
+}
+
+/// An affinity port's class (`ns/web` TCP, 60 s) and one ClusterIP entry of it.
+fn affinity_changes() -> Changes {
+    let name = kp_core::model::ServicePortName {
+        service: kp_core::model::ServiceName {
+            namespace: "ns".into(),
+            name: "web".into(),
+        },
+        port: "".into(),
+        protocol: Protocol::Tcp,
+    };
+    let port = AffinityPort::new(&name, 60);
+    let entry = Entry::Ip {
+        addr: ip("10.96.0.10"),
+        proto: Protocol::Tcp,
+        port: 80,
+    };
+    let mut changes = Changes::default();
+    changes.classes = BTreeSet::from([Class::Affinity(port)]);
+    changes.add = vec![
+        Element::AffinityEntry(port, AffinitySet::Record, entry),
+        Element::AffinityEntry(port, AffinitySet::Cluster, entry),
+        Element::AffinityEndpoint(port, PinList::Cluster, ip("10.0.0.1"), 8081),
+    ];
+    changes
+}
+
+/// The table as the kernel holds it: nft's text and, per rule, the expressions and
+/// registers it decoded (`--debug=netlink`).
+fn table_with_expressions() -> String {
+    nft(&["--debug=netlink", "list", "table", "ip", "kube-proxy"])
+}
+
+#[test]
+fn an_affinity_class_over_netlink_is_what_nft_writes() {
+    isolated::run(
+        "an_affinity_class_over_netlink_is_what_nft_writes",
+        unavailable,
+        || {
+            let changes = affinity_changes();
+            over_netlink(&changes);
+            let ours = table_with_expressions();
+            nft(&["delete", "table", "ip", "kube-proxy"]);
+            apply_text(&fixed_part(&config(), &BTreeSet::new()));
+            apply_text(&change_script(&config(), &changes));
+            let nfts = table_with_expressions();
+            assert!(
+                ours.contains("flags dynamic,timeout") && ours.contains("update @affinity-tcp-60-"),
+                "{ours}"
+            );
+            assert_eq!(ours, nfts, "netlink's table, then nft's");
         },
     );
 }

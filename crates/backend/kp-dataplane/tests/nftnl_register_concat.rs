@@ -159,6 +159,7 @@ fn record_rule() -> Vec<Expr> {
         dport(r(3)),
         Expr::DynsetUpdate {
             set: "affinity".into(),
+            set_id: None,
             sreg_key: r(0),
             sreg_data: Some(r(2)),
         },

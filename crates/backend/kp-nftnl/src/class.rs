@@ -1,22 +1,30 @@
 //! A verdict-free layout class ([`ClassObject`]s of `kp_rules::nftables::layout::class`)
-//! as the operations nft 1.0.6 sends for its statements: entry sets and slot maps (with the
-//! `typeof` user data `nft list` prints them from) and the pick rules (a concatenated key
-//! lookup, `numgen` into the concatenation's last register, the map lookup writing the
-//! `dnat` address and port registers). Golden tests compare bytes with nft's.
+//! as the operations nft 1.0.6 sends for its statements. A slot count's: entry sets and
+//! slot maps (with the `typeof` user data `nft list` prints them from) and the pick rules (a
+//! concatenated key lookup, `numgen` into the concatenation's last register, the map lookup
+//! writing the `dnat` address and port registers). An affinity port's: its dynamic pin maps
+//! (timeout, size), endpoint sets, pin lookups (the source address looked up twice, into the
+//! `dnat` address and port registers) and record rules (`ct status dnat`, the original
+//! destination's key, the endpoint's, two `update`s). Golden tests compare bytes with nft's.
 
 use ipnet::IpNet;
 use kp_core::model::{IpFamily, Protocol};
 use kp_rules::nftables::TABLE;
 use kp_rules::nftables::cmd::AddrField;
 use kp_rules::nftables::layout::Changes;
-use kp_rules::nftables::layout::class::{ClassObject, NodePortDst, PickRule, PodMatch, Source};
+use kp_rules::nftables::layout::class::{
+    AFFINITY_SIZE, ClassObject, NodePortDst, PickRule, PinLookup, PinRecord, PodMatch, Source,
+};
+use kp_rules::nftables::layout::fixed::{AFFINITY, AFFINITY_RECORD};
 
 use crate::codec::{Batch, Family, udata_u32s};
-use crate::expr::{CmpOp, Expr, META_L4PROTO, REG_1};
+use crate::expr::{
+    CT_DST_IP, CT_DST_IP6, CT_PROTO_DST, CmpOp, Expr, META_L4PROTO, PAYLOAD_TRANSPORT, REG_1, REG_2,
+};
 use crate::lower::{
-    Lowered, Op, SetSpec, TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_IPV4_ADDR, TYPE_IPV6_ADDR,
-    addr_offset, concat_register, concat_type, load_addr, match_iifname, match_prefix,
-    protocol_number, push_proto_port_load,
+    Lowered, Op, SET_EVAL, SET_TIMEOUT, SetSpec, TYPE_INET_PROTO, TYPE_INET_SERVICE,
+    TYPE_IPV4_ADDR, TYPE_IPV6_ADDR, addr_offset, concat_register, concat_type, load_addr,
+    load_addr_to, match_iifname, match_prefix, protocol_number, push_proto_port_load,
 };
 
 /// nft's id of the integer type (`numgen`'s).
@@ -77,12 +85,34 @@ fn lower_with_ids<'a>(
                     spec: slot_map_spec(nl, *node_port, *proto),
                 })
             }
-            ClassObject::Pick(rule) => pick_exprs(nl, rule, &ids).map(|exprs| Op::AddRule {
-                chain: rule.chain.to_owned(),
-                exprs,
-                comment: None,
-                anonymous: None,
-            }),
+            ClassObject::Pick(rule) => {
+                pick_exprs(nl, rule, &ids).map(|exprs| add_rule(rule.chain, exprs))
+            }
+            ClassObject::PinMap {
+                name,
+                ports,
+                proto,
+                seconds,
+            } => {
+                ids.push((name, first_set_id + ids.len() as u32 - known));
+                Some(Op::AddSet {
+                    set: name.clone(),
+                    spec: pin_map_spec(nl, *ports, *proto, *seconds),
+                })
+            }
+            ClassObject::EndpointSet { name } => {
+                ids.push((name, first_set_id + ids.len() as u32 - known));
+                Some(Op::AddSet {
+                    set: name.clone(),
+                    spec: endpoint_set_spec(nl),
+                })
+            }
+            ClassObject::PinLookup(rule) => {
+                pin_lookup_exprs(nl, rule, &ids).map(|exprs| add_rule(AFFINITY, exprs))
+            }
+            ClassObject::PinRecord(rule) => {
+                Some(add_rule(AFFINITY_RECORD, pin_record_exprs(nl, rule, &ids)))
+            }
         };
         let op = op.ok_or_else(|| ClassError {
             statement: object.statement(family),
@@ -96,12 +126,26 @@ fn lower_with_ids<'a>(
     Ok(out)
 }
 
-/// A lookup of `set`: by name and batch id when `ids` (the sets created in this batch so
-/// far) holds it, else by name.
+fn add_rule(chain: &str, exprs: Vec<Expr>) -> Op {
+    Op::AddRule {
+        chain: chain.to_owned(),
+        exprs,
+        comment: None,
+        anonymous: None,
+    }
+}
+
+/// The batch id of `set` when `ids` (the sets created in this batch so far) holds it.
+fn batch_id(set: &str, ids: &[(&str, u32)]) -> Option<u32> {
+    ids.iter().find(|(name, _)| *name == set).map(|(_, id)| *id)
+}
+
+/// A lookup of `set` from register 1: by name and batch id when this batch creates it,
+/// else by name.
 fn lookup(set: &str, ids: &[(&str, u32)], dreg: Option<u32>) -> Expr {
     Expr::Lookup {
         set: set.to_owned(),
-        set_id: ids.iter().find(|(name, _)| *name == set).map(|(_, id)| *id),
+        set_id: batch_id(set, ids),
         sreg: REG_1,
         dreg,
     }
@@ -150,6 +194,7 @@ fn entry_set_spec(family: Family, node_port: bool) -> SetSpec {
         key_len,
         data: None,
         timeout_ms: None,
+        size: None,
         udata_prefix: udata_u32s(&[(&[0, 4], 0, &[]), (&[3, 8, 0, 4], EXPR_CONCAT, &[1, 0])]),
         comment: None,
     }
@@ -170,6 +215,7 @@ fn slot_map_spec(family: Family, node_port: bool, proto: Protocol) -> SetSpec {
         key_len,
         data: Some((concat_type(&[addr_type, TYPE_INET_SERVICE]), addr_len + 4)),
         timeout_ms: None,
+        size: None,
         udata_prefix: slot_map_udata(family, node_port, proto),
         comment: None,
     }
@@ -188,8 +234,10 @@ const EXPR_NUMGEN: u32 = 23;
 const DESC_IP: u32 = 12;
 const DESC_IP6: u32 = 13;
 const DESC_TH: u32 = 11;
-/// `IPHDR_DADDR`, `IP6HDR_DADDR`, the `dport` field of `tcp`, `udp`, `sctp`, `th`.
+/// `IPHDR_SADDR`, `IPHDR_DADDR`, `IP6HDR_SADDR`, `IP6HDR_DADDR`, the `dport` field of `tcp`, `udp`, `sctp`, `th`.
+const IPHDR_SADDR: u32 = 11;
 const IPHDR_DADDR: u32 = 12;
+const IP6HDR_SADDR: u32 = 8;
 const IP6HDR_DADDR: u32 = 9;
 const FIELD_DPORT: u32 = 2;
 
@@ -220,6 +268,13 @@ fn concat(parts: &[Vec<u8>]) -> Vec<u8> {
     record(&mut out, 0, &EXPR_CONCAT.to_ne_bytes());
     record(&mut out, 1, &body);
     out
+}
+
+fn saddr(family: Family) -> Vec<u8> {
+    match family {
+        Family::Ipv4 => expression(EXPR_PAYLOAD, &[DESC_IP, IPHDR_SADDR]),
+        Family::Ipv6 => expression(EXPR_PAYLOAD, &[DESC_IP6, IP6HDR_SADDR]),
+    }
 }
 
 fn daddr(family: Family) -> Vec<u8> {
@@ -294,28 +349,35 @@ fn loopback(family: Family) -> IpNet {
     }
 }
 
-/// The expressions of a pick rule, or `None` for a value nft would not send as is.
-fn pick_exprs(family: Family, rule: &PickRule, ids: &[(&str, u32)]) -> Option<Vec<Expr>> {
-    let mut exprs = vec![
-        Expr::Meta {
-            key: META_L4PROTO,
-            dreg: REG_1,
-        },
-        Expr::Cmp {
-            sreg: REG_1,
-            op: CmpOp::Eq,
-            data: vec![protocol_number(rule.proto)],
-        },
-    ];
-    match rule.node_port {
+/// `meta l4proto <proto>`.
+fn match_proto(exprs: &mut Vec<Expr>, proto: Protocol) {
+    exprs.push(Expr::Meta {
+        key: META_L4PROTO,
+        dreg: REG_1,
+    });
+    exprs.push(Expr::Cmp {
+        sreg: REG_1,
+        op: CmpOp::Eq,
+        data: vec![protocol_number(proto)],
+    });
+}
+
+/// A NodePort entry's destination match, if any.
+fn match_node_port_dst(
+    exprs: &mut Vec<Expr>,
+    family: Family,
+    dst: Option<NodePortDst>,
+    ids: &[(&str, u32)],
+) -> Option<()> {
+    match dst {
         Some(NodePortDst::Ips) => {
-            load_addr(&mut exprs, family, AddrField::Destination);
+            load_addr(exprs, family, AddrField::Destination);
             exprs.push(lookup("nodeport-ips", ids, None));
         }
         Some(NodePortDst::LocalNotLoopback) => {
-            cmp_local(&mut exprs, AddrField::Destination);
+            cmp_local(exprs, AddrField::Destination);
             match_prefix(
-                &mut exprs,
+                exprs,
                 family,
                 AddrField::Destination,
                 CmpOp::Neq,
@@ -324,16 +386,36 @@ fn pick_exprs(family: Family, rule: &PickRule, ids: &[(&str, u32)]) -> Option<Ve
         }
         None => {}
     }
-    match &rule.source {
+    Some(())
+}
+
+fn match_source(exprs: &mut Vec<Expr>, family: Family, source: &Source) -> Option<()> {
+    match source {
         Source::Any => {}
-        Source::Local => cmp_local(&mut exprs, AddrField::Source),
+        Source::Local => cmp_local(exprs, AddrField::Source),
         Source::Pods(PodMatch::Cidr(net)) => {
-            match_prefix(&mut exprs, family, AddrField::Source, CmpOp::Eq, *net)?;
+            match_prefix(exprs, family, AddrField::Source, CmpOp::Eq, *net)?;
         }
         Source::Pods(PodMatch::Iifname { name, wildcard }) => {
-            match_iifname(&mut exprs, CmpOp::Eq, name, *wildcard)?;
+            match_iifname(exprs, CmpOp::Eq, name, *wildcard)?;
         }
     }
+    Some(())
+}
+
+fn nat_family(family: Family) -> (u32, u32) {
+    match family {
+        Family::Ipv4 => (NFPROTO_IPV4, 4),
+        Family::Ipv6 => (NFPROTO_IPV6, 16),
+    }
+}
+
+/// The expressions of a pick rule, or `None` for a value nft would not send as is.
+fn pick_exprs(family: Family, rule: &PickRule, ids: &[(&str, u32)]) -> Option<Vec<Expr>> {
+    let mut exprs = Vec::new();
+    match_proto(&mut exprs, rule.proto);
+    match_node_port_dst(&mut exprs, family, rule.node_port, ids)?;
+    match_source(&mut exprs, family, &rule.source)?;
     let node_port = rule.node_port.is_some();
     load_key(&mut exprs, family, node_port);
     exprs.push(lookup(&rule.set, ids, None));
@@ -343,10 +425,7 @@ fn pick_exprs(family: Family, rule: &PickRule, ids: &[(&str, u32)]) -> Option<Ve
         modulus: rule.count,
     });
     exprs.push(lookup(&rule.map, ids, Some(REG_1)));
-    let (nfproto, addr_len) = match family {
-        Family::Ipv4 => (NFPROTO_IPV4, 4),
-        Family::Ipv6 => (NFPROTO_IPV6, 16),
-    };
+    let (nfproto, addr_len) = nat_family(family);
     exprs.push(Expr::DnatMap {
         family: nfproto,
         reg_addr: REG_1,
@@ -355,12 +434,160 @@ fn pick_exprs(family: Family, rule: &PickRule, ids: &[(&str, u32)]) -> Option<Ve
     Some(exprs)
 }
 
+/// `typeof <ip> saddr : <ip> daddr` (or `: <proto> dport`), `flags dynamic,timeout`, the
+/// port's timeout and [`AFFINITY_SIZE`].
+fn pin_map_spec(family: Family, ports: bool, proto: Protocol, seconds: u32) -> SetSpec {
+    let (addr_type, addr_len) = addr(family);
+    let data = if ports {
+        (TYPE_INET_SERVICE, 2)
+    } else {
+        (addr_type, addr_len)
+    };
+    SetSpec {
+        flags: SET_MAP | SET_TIMEOUT | SET_EVAL,
+        key_type: addr_type,
+        key_len: addr_len,
+        data: Some(data),
+        timeout_ms: Some(u64::from(seconds) * 1000),
+        size: Some(AFFINITY_SIZE),
+        udata_prefix: pin_map_udata(family, ports, proto),
+        comment: None,
+    }
+}
+
+/// Big-endian key and data, the key's and data's `typeof` records, no data interval.
+fn pin_map_udata(family: Family, ports: bool, proto: Protocol) -> Vec<u8> {
+    let data = if ports {
+        expression(EXPR_PAYLOAD, &[proto_desc(proto), FIELD_DPORT])
+    } else {
+        daddr(family)
+    };
+    let mut out = udata_u32s(&[(&[0, 4], 2, &[]), (&[1, 4], 2, &[])]);
+    record(&mut out, UDATA_SET_KEY_TYPEOF, &saddr(family));
+    record(&mut out, UDATA_SET_DATA_TYPEOF, &data);
+    record(&mut out, UDATA_SET_DATA_INTERVAL, &0u32.to_ne_bytes());
+    out
+}
+
+/// `type <addr> . inet_service`.
+fn endpoint_set_spec(family: Family) -> SetSpec {
+    let (addr_type, addr_len) = addr(family);
+    SetSpec {
+        flags: 0,
+        key_type: concat_type(&[addr_type, TYPE_INET_SERVICE]),
+        key_len: addr_len + 4,
+        data: None,
+        timeout_ms: None,
+        size: None,
+        udata_prefix: udata_u32s(&[(&[0, 4], 0, &[]), (&[3, 8, 0, 4], EXPR_CONCAT, &[1, 0])]),
+        comment: None,
+    }
+}
+
+/// `th dport` into `dreg`.
+fn load_dport(exprs: &mut Vec<Expr>, dreg: u32) {
+    exprs.push(Expr::Payload {
+        base: PAYLOAD_TRANSPORT,
+        offset: 2,
+        len: 2,
+        dreg,
+    });
+}
+
+/// The expressions of a pin lookup, or `None` for a value nft would not send as is.
+fn pin_lookup_exprs(family: Family, rule: &PinLookup, ids: &[(&str, u32)]) -> Option<Vec<Expr>> {
+    let mut exprs = Vec::new();
+    match_source(&mut exprs, family, &rule.source)?;
+    match_proto(&mut exprs, rule.proto);
+    match_node_port_dst(&mut exprs, family, rule.node_port, ids)?;
+    load_key(&mut exprs, family, rule.node_port.is_some());
+    exprs.push(lookup(&rule.set, ids, None));
+    for (map, reg) in [(&rule.addrs, REG_1), (&rule.ports, REG_2)] {
+        load_addr_to(&mut exprs, family, AddrField::Source, reg);
+        exprs.push(Expr::Lookup {
+            set: map.clone(),
+            set_id: batch_id(map, ids),
+            sreg: reg,
+            dreg: Some(reg),
+        });
+    }
+    exprs.push(Expr::Dnat {
+        family: nat_family(family).0,
+        reg_addr: REG_1,
+        reg_proto: REG_2,
+    });
+    Some(exprs)
+}
+
+/// `IPS_DST_NAT`: the connection was DNATed.
+const CT_STATUS_DST_NAT: u32 = 0x20;
+
+/// The expressions of a pin record.
+fn pin_record_exprs(family: Family, rule: &PinRecord, ids: &[(&str, u32)]) -> Vec<Expr> {
+    let mut exprs = Vec::new();
+    match_proto(&mut exprs, rule.proto);
+    exprs.push(Expr::CtStatus { dreg: REG_1 });
+    exprs.push(Expr::Bitwise {
+        sreg: REG_1,
+        dreg: REG_1,
+        mask: CT_STATUS_DST_NAT.to_ne_bytes().to_vec(),
+        xor: 0u32.to_ne_bytes().to_vec(),
+    });
+    exprs.push(Expr::Cmp {
+        sreg: REG_1,
+        op: CmpOp::Neq,
+        data: 0u32.to_ne_bytes().to_vec(),
+    });
+    let (ct_daddr, addr_len) = match family {
+        Family::Ipv4 => (CT_DST_IP, 4),
+        Family::Ipv6 => (CT_DST_IP6, 16),
+    };
+    let offset = if rule.node_port {
+        0
+    } else {
+        exprs.push(Expr::CtOriginal {
+            key: ct_daddr,
+            dreg: REG_1,
+        });
+        addr_len
+    };
+    exprs.push(Expr::Meta {
+        key: META_L4PROTO,
+        dreg: concat_register(offset),
+    });
+    exprs.push(Expr::CtOriginal {
+        key: CT_PROTO_DST,
+        dreg: concat_register(offset + 4),
+    });
+    exprs.push(lookup(&rule.entries, ids, None));
+    load_addr(&mut exprs, family, AddrField::Destination);
+    load_dport(&mut exprs, concat_register(addr_len));
+    exprs.push(lookup(&rule.endpoints, ids, None));
+    for (map, ports) in [(&rule.addrs, false), (&rule.ports, true)] {
+        load_addr_to(&mut exprs, family, AddrField::Source, REG_1);
+        if ports {
+            load_dport(&mut exprs, REG_2);
+        } else {
+            load_addr_to(&mut exprs, family, AddrField::Destination, REG_2);
+        }
+        exprs.push(Expr::DynsetUpdate {
+            set: map.clone(),
+            set_id: batch_id(map, ids),
+            sreg_key: REG_1,
+            sreg_data: Some(REG_2),
+        });
+    }
+    exprs
+}
+
 #[cfg(test)]
 mod tests {
+    use kp_core::model::{ServiceName, ServicePortName};
     use kp_rules::config::{LocalDetector, NodePortAddresses};
+    use kp_rules::nftables::layout::AffinityPort;
     use kp_rules::nftables::layout::FixedConfig;
     use kp_rules::nftables::layout::Slots;
-    use kp_rules::nftables::layout::class::count_objects;
+    use kp_rules::nftables::layout::class::{affinity_objects, count_objects};
 
     use super::*;
 
@@ -441,6 +668,52 @@ mod tests {
             include_str!("../testdata/class-policy-v6.tsv"),
             // The id nft 1.0.6 gave the existing set in that run (after the eight new ones).
             vec![("nodeport-ips", 9)],
+        );
+    }
+
+    /// The affinity port of the captures: `ns/web` TCP, 60 s.
+    fn web() -> AffinityPort {
+        let name = ServicePortName {
+            service: ServiceName {
+                namespace: "ns".into(),
+                name: "web".into(),
+            },
+            port: "".into(),
+            protocol: Protocol::Tcp,
+        };
+        AffinityPort::new(&name, 60)
+    }
+
+    #[test]
+    fn an_affinity_class_is_what_nft_sends() {
+        let config = config(
+            IpFamily::V4,
+            LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().expect("cidr")]),
+            NodePortAddresses::All,
+        );
+        let objects = affinity_objects(&config, web());
+        assert_golden(
+            IpFamily::V4,
+            &objects,
+            include_str!("../testdata/class-affinity-v4.tsv"),
+            Vec::new(),
+        );
+    }
+
+    #[test]
+    fn an_ipv6_affinity_class_with_nodeport_addresses_is_what_nft_sends() {
+        let config = config(
+            IpFamily::V6,
+            LocalDetector::BridgeInterface("cbr0".into()),
+            NodePortAddresses::Ips(vec!["fd00::1".parse().expect("ip")]),
+        );
+        let objects = affinity_objects(&config, web());
+        assert_golden(
+            IpFamily::V6,
+            &objects,
+            include_str!("../testdata/class-affinity-v6.tsv"),
+            // The id nft 1.0.6 gave the existing set in that run.
+            vec![("nodeport-ips", 30)],
         );
     }
 }

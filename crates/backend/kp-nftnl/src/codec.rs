@@ -686,6 +686,9 @@ fn encode_set(wr: &mut Writer, table: &str, set: &str, spec: &SetSpec, id: u32) 
         wr.put_u32(NFTA_SET_DATA_LEN, data_len);
     }
     wr.put_u32(NFTA_SET_ID, id);
+    if let Some(size) = spec.size {
+        put_desc_size(wr, size as usize);
+    }
     if let Some(timeout) = spec.timeout_ms {
         wr.put_u64(NFTA_SET_TIMEOUT, timeout);
     }

@@ -63,6 +63,8 @@ pub const META_L4PROTO: u32 = 16;
 pub const CT_PROTO_DST: u32 = 12;
 /// `NFT_CT_DST_IP`: the IPv4 destination address.
 pub const CT_DST_IP: u32 = 20;
+/// `NFT_CT_DST_IP6`: the IPv6 destination address.
+pub const CT_DST_IP6: u32 = 22;
 
 /// The first of the 4-byte data registers (`NFT_REG32_00`); `REG32_00 + n` is the n-th.
 /// A concatenation is consecutive 4-byte registers, each field padded to 4 bytes, so a
@@ -147,6 +149,8 @@ pub enum Expr {
     DynsetUpdate {
         /// The set's name.
         set: String,
+        /// Its batch id, when the same batch creates it.
+        set_id: Option<u32>,
         /// Register holding the key.
         sreg_key: u32,
         /// For a map, the register holding the data.
@@ -177,6 +181,11 @@ pub enum Expr {
     Immediate(Verdict),
     /// Load conntrack state into `dreg`.
     CtState {
+        /// Destination register.
+        dreg: u32,
+    },
+    /// Load the connection's status bits (`ct status`) into `dreg`.
+    CtStatus {
         /// Destination register.
         dreg: u32,
     },
@@ -248,6 +257,7 @@ const NFTA_CT_DIRECTION: u16 = 3;
 /// `IP_CT_DIR_ORIGINAL`.
 const CT_DIR_ORIGINAL: u8 = 0;
 const NFT_CT_STATE: u32 = 0;
+const NFT_CT_STATUS: u32 = 2;
 const NFTA_MASQ_FLAGS: u16 = 1;
 const NFTA_REJECT_TYPE: u16 = 1;
 const NFTA_REJECT_ICMP_CODE: u16 = 2;
@@ -259,6 +269,7 @@ const NFTA_LOOKUP_SET_ID: u16 = 4;
 const NFTA_LOOKUP_FLAGS: u16 = 5;
 const NFT_LOOKUP_F_INV: u32 = 1;
 const NFTA_DYNSET_SET_NAME: u16 = 1;
+const NFTA_DYNSET_SET_ID: u16 = 2;
 const NFTA_DYNSET_OP: u16 = 3;
 const NFTA_DYNSET_SREG_KEY: u16 = 4;
 const NFTA_DYNSET_SREG_DATA: u16 = 5;
@@ -297,7 +308,7 @@ impl Expr {
             Expr::FibAddrType { .. } => "fib",
             Expr::ImmediateData { .. } | Expr::Immediate(_) => "immediate",
             Expr::Dnat { .. } | Expr::DnatMap { .. } => "nat",
-            Expr::CtState { .. } | Expr::CtOriginal { .. } => "ct",
+            Expr::CtState { .. } | Expr::CtStatus { .. } | Expr::CtOriginal { .. } => "ct",
             Expr::MetaSet { .. } => "meta",
             Expr::Masquerade { .. } => "masq",
             Expr::Reject { .. } => "reject",
@@ -379,6 +390,7 @@ impl Expr {
             }
             Expr::DynsetUpdate {
                 set,
+                set_id,
                 sreg_key,
                 sreg_data,
             } => {
@@ -388,6 +400,9 @@ impl Expr {
                 }
                 w.put_u32(NFTA_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
                 w.put_str(NFTA_DYNSET_SET_NAME, set);
+                if let Some(set_id) = set_id {
+                    w.put_u32(NFTA_DYNSET_SET_ID, *set_id);
+                }
             }
             Expr::NumgenRandom { dreg, modulus } => {
                 w.put_u32(NFTA_NG_DREG, *dreg);
@@ -412,9 +427,13 @@ impl Expr {
                 w.put_u32(NFTA_CT_KEY, NFT_CT_STATE);
                 w.put_u32(NFTA_CT_DREG, *dreg);
             }
-            Expr::CtOriginal { key, dreg } => {
+            Expr::CtStatus { dreg } => {
+                w.put_u32(NFTA_CT_KEY, NFT_CT_STATUS);
                 w.put_u32(NFTA_CT_DREG, *dreg);
+            }
+            Expr::CtOriginal { key, dreg } => {
                 w.put_u32(NFTA_CT_KEY, *key);
+                w.put_u32(NFTA_CT_DREG, *dreg);
                 w.put(NFTA_CT_DIRECTION, &[CT_DIR_ORIGINAL]);
             }
             Expr::MetaSet { key, sreg } => {

@@ -56,6 +56,8 @@ pub struct SetSpec {
     pub data: Option<(u32, u32)>,
     /// Default element timeout.
     pub timeout_ms: Option<u64>,
+    /// The most elements it holds (`size`), when not the kernel's default.
+    pub size: Option<u32>,
     /// User data nft writes before the comment (byte orders, ...).
     pub udata_prefix: Vec<u8>,
     /// The comment, shown by `nft list`.
@@ -293,6 +295,7 @@ fn set_spec(family: Family, kind: SetKind, comment: Option<String>) -> Option<Se
                 Some(seconds) => Some(seconds.checked_mul(1000)?),
                 None => None,
             },
+            size: None,
             udata_prefix: key_byteorder_big_endian(),
             comment,
         },
@@ -310,6 +313,7 @@ fn set_spec(family: Family, kind: SetKind, comment: Option<String>) -> Option<Se
                 key_len,
                 data: Some((TYPE_VERDICT, 0)),
                 timeout_ms: None,
+                size: None,
                 udata_prefix: map_udata_prefix(),
                 comment,
             }
@@ -367,12 +371,17 @@ pub(crate) fn addr_offset(family: Family, field: AddrField) -> (u32, u32) {
 
 /// Load the whole source or destination address into the first register.
 pub(crate) fn load_addr(exprs: &mut Vec<Expr>, family: Family, field: AddrField) {
+    load_addr_to(exprs, family, field, REG_1);
+}
+
+/// Load the whole source or destination address into `dreg`.
+pub(crate) fn load_addr_to(exprs: &mut Vec<Expr>, family: Family, field: AddrField, dreg: u32) {
     let (offset, len) = addr_offset(family, field);
     exprs.push(Expr::Payload {
         base: PAYLOAD_NETWORK,
         offset,
         len,
-        dreg: REG_1,
+        dreg,
     });
 }
 
@@ -673,6 +682,7 @@ fn lower_rule(family: Family, rule: &Rule) -> Option<(Vec<Expr>, Option<Anonymou
             load_addr(&mut exprs, family, AddrField::Source);
             exprs.push(Expr::DynsetUpdate {
                 set: set.to_string(),
+                set_id: None,
                 sreg_key: REG_1,
                 sreg_data: None,
             });
@@ -711,9 +721,9 @@ fn prefix_item(family: Family, net: &IpNet) -> Option<(u128, u32)> {
 pub(crate) const TYPE_IPV4_ADDR: u32 = 7;
 pub(crate) const TYPE_IPV6_ADDR: u32 = 8;
 /// `NFT_SET_TIMEOUT`.
-const SET_TIMEOUT: u32 = 0x10;
+pub(crate) const SET_TIMEOUT: u32 = 0x10;
 /// `NFT_SET_EVAL`: the set is updated from the packet path (`dynamic`).
-const SET_EVAL: u32 = 0x20;
+pub(crate) const SET_EVAL: u32 = 0x20;
 /// libnftnl user data: the key's byte order is big endian (`NFTNL_UDATA_SET_KEYBYTEORDER`,
 /// `BYTEORDER_BIG_ENDIAN`, as a host-order `u32`).
 fn key_byteorder_big_endian() -> Vec<u8> {

@@ -20,10 +20,9 @@
 //!   generation before and after says whether anyone else committed meanwhile, unheard; if
 //!   so the sync runs again, full, reading both tables back.
 //! - **Partial**: the difference of the changed services' elements, over netlink in one
-//!   transaction, with the sets, maps and rules of any new slot count
-//!   ([`LayoutIo::apply_classes`], `kp_nftnl::class`); a new affinity service port, a class
-//!   value the lowering refuses or a changed ServiceCIDR list makes that transaction `nft -f`
-//!   text instead.
+//!   transaction, with the sets, maps and rules of any new slot count or affinity service
+//!   port ([`LayoutIo::apply_classes`], `kp_nftnl::class`); a class value the lowering
+//!   refuses or a changed ServiceCIDR list makes that transaction `nft -f` text instead.
 //!
 //! A failed transaction changes nothing in the kernel: the bookkeeping stays, the failure is
 //! counted (`kubeproxy_sync_proxy_rules_nftables_sync_failures_total`) and the next sync is
@@ -234,7 +233,7 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
             .classes
             .extend(ready.difference(table.installed.classes()));
         // New classes go over netlink with the elements when they all can; a changed
-        // ServiceCIDR list (the fixed part) or an affinity class makes it `nft -f` text.
+        // ServiceCIDR list (the fixed part) makes it `nft -f` text.
         let netlink = if changes.classes.is_empty() || refix {
             None
         } else {
@@ -507,8 +506,9 @@ impl<I: LayoutIo, C: Conntrack> LayoutBackend<I, C> {
     }
 }
 
-/// The objects of `classes` when netlink can write them all as nft would (slot-count
-/// classes; an affinity class, or a value the lowering refuses, leaves them to `nft -f`).
+/// The objects of `classes` when netlink can write them all as nft would (slot-count and
+/// affinity classes; a legacy affinity class, or a value the lowering refuses, leaves them
+/// to `nft -f`).
 fn netlink_classes(fixed: &FixedConfig, classes: &BTreeSet<Class>) -> Option<Vec<ClassObject>> {
     let mut objects = Vec::new();
     for class in classes {

@@ -178,6 +178,41 @@ async fn a_new_endpoint_count_goes_as_one_netlink_transaction_with_its_set_and_r
 }
 
 #[tokio::test]
+async fn affinity_switched_on_goes_as_one_netlink_transaction_with_its_maps_and_rules() {
+    let io = FakeLayoutIo::new();
+    let mut backend = synced_on(&io, &two_services()).await;
+    io.clear_calls();
+    let name = port_name("ns", "b", "p", Protocol::Tcp);
+    let mut pinned = two_services();
+    if let Some(svc) = pinned.services.get_mut(&name) {
+        svc.session_affinity = Some(kp_core::model::SessionAffinity {
+            timeout: std::time::Duration::from_secs(60),
+        });
+    }
+    sync(&mut backend, &pinned, SyncKind::Partial, &changed("b")).await;
+    assert!(scripts(&io).is_empty(), "no nft -f: {:?}", scripts(&io));
+    let calls = class_calls(&io);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let (statements, add) = &calls[0];
+    let base = kp_rules::nftables::layout::AffinityPort::new(&name, 60).base();
+    let map = format!(
+        "add map ip kube-proxy {base} {{ typeof ip saddr : ip daddr ; flags dynamic,timeout ; timeout 60s ; size 1048576 ; }}"
+    );
+    assert!(statements.contains(&map), "{statements:?}");
+    assert!(
+        statements
+            .iter()
+            .any(|s| s.starts_with("add rule ip kube-proxy affinity-record ")),
+        "{statements:?}"
+    );
+    assert!(
+        add.iter().any(|e| e.set_name().starts_with(&base)),
+        "the port's elements in the same transaction: {add:?}"
+    );
+    assert_eq!(io.elements(IpFamily::V4), expected(&pinned).await);
+}
+
+#[tokio::test]
 async fn a_failed_transaction_keeps_the_rules_and_the_next_sync_repairs_from_a_read() {
     let io = FakeLayoutIo::new();
     let mut backend = backend_on(&io);

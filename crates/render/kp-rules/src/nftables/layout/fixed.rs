@@ -12,9 +12,8 @@ use ipnet::IpNet;
 use kp_core::model::{IpFamily, Protocol};
 use std::fmt::Write as _;
 
-use super::element::{
-    AffinityPort, AffinitySet, PROTOCOLS, PinList, Slots, entry_set_name, slot_map_name,
-};
+use super::class::{AFFINITY_SETS, PIN_LISTS};
+use super::element::{AffinityPort, PROTOCOLS, PinList, entry_set_name, slot_map_name};
 use super::state::{Changes, Class};
 use crate::config::{LocalDetector, NodePortAddresses};
 use crate::nftables::TABLE;
@@ -43,9 +42,6 @@ pub const AFFINITY: &str = "affinity";
 pub const SHORT_CIRCUIT: &str = "short-circuit-pick";
 /// See [`AFFINITY`].
 pub const PICK: &str = "pick";
-/// Clients an affinity map holds at most (nft's default, 65535, would silently stop
-/// recording on a busy service).
-const AFFINITY_SIZE: u32 = 1 << 20;
 /// `nat-postrouting` jumps here before masquerading: each affinity service port's rules record
 /// the endpoint a new connection got.
 pub const AFFINITY_RECORD: &str = "affinity-record";
@@ -384,128 +380,16 @@ pub fn class_part(config: &FixedConfig, class: Class) -> Vec<String> {
         out: Vec::new(),
     };
     match class {
-        Class::Count(slots, n) => count_part(&mut s, slots, n),
-        Class::Affinity(port) => affinity_part(&mut s, port),
         // Only deleted (see `delete_classes_script`).
         Class::LegacyAffinity(_) => {}
+        class => {
+            let objects = super::class::class_objects(s.config, class).unwrap_or_default();
+            let family = s.config.family;
+            s.out
+                .extend(objects.iter().map(|object| object.statement(family)));
+        }
     }
     s.out
-}
-
-/// The set of the entries with `n` slots and the rules picking among them (written from
-/// [`count_objects`](super::class::count_objects), as netlink writes them).
-fn count_part(s: &mut Script<'_>, slots: Slots, n: u32) {
-    let objects = super::class::count_objects(s.config, slots, n);
-    let family = s.config.family;
-    s.out
-        .extend(objects.iter().map(|object| object.statement(family)));
-}
-
-/// `ipv4_addr . inet_proto . inet_service` (or the NodePort type).
-fn entry_type(addr: &str, node_port: bool) -> String {
-    if node_port {
-        "inet_proto . inet_service".to_owned()
-    } else {
-        format!("{addr} . inet_proto . inet_service")
-    }
-}
-
-const AFFINITY_SETS: [AffinitySet; 4] = [
-    AffinitySet::Record,
-    AffinitySet::Cluster,
-    AffinitySet::Local,
-    AffinitySet::ShortCircuit,
-];
-const PIN_LISTS: [PinList; 2] = [PinList::Cluster, PinList::Local];
-
-/// An affinity port's sets and maps, its lookups (in `affinity`) and its record rules (in
-/// `affinity-record`).
-fn affinity_part(s: &mut Script<'_>, port: AffinityPort) {
-    let config = s.config;
-    let (ip, addr) = (config.ip(), config.addr_type());
-    let (proto, seconds) = (port.proto.as_str(), port.seconds);
-    for list in PIN_LISTS {
-        let (addrs, ports) = (port.map_name(list, false), port.map_name(list, true));
-        let flags = format!("flags dynamic,timeout ; timeout {seconds}s ; size {AFFINITY_SIZE} ;");
-        s.push(
-            "add map",
-            format_args!("{addrs} {{ typeof {ip} saddr : {ip} daddr ; {flags} }}"),
-        );
-        s.push(
-            "add map",
-            format_args!("{ports} {{ typeof {ip} saddr : {proto} dport ; {flags} }}"),
-        );
-        let endpoints = port.endpoints_name(list);
-        s.push(
-            "add set",
-            format_args!("{endpoints} {{ type {addr} . inet_service ; }}"),
-        );
-    }
-    let nodeport_dst = config.node_port_destination();
-    let dnat = |list| {
-        let (addrs, ports) = (port.map_name(list, false), port.map_name(list, true));
-        format!("dnat {ip} to {ip} saddr map @{addrs} : {ip} saddr map @{ports}")
-    };
-    for node_port in [false, true] {
-        let ty = entry_type(addr, node_port);
-        for set in AFFINITY_SETS {
-            let name = port.entries_name(set, node_port);
-            s.push("add set", format_args!("{name} {{ type {ty} ; }}"));
-        }
-        let key = entry_key(ip, node_port);
-        let dst = entry_prefix(&nodeport_dst, node_port);
-        let reads = |set| {
-            format!(
-                "meta l4proto {proto} {dst}{key} @{}",
-                port.entries_name(set, node_port)
-            )
-        };
-        s.rule(
-            AFFINITY,
-            format!("{} {}", reads(AffinitySet::Cluster), dnat(PinList::Cluster)),
-        );
-        s.rule(
-            AFFINITY,
-            format!("{} {}", reads(AffinitySet::Local), dnat(PinList::Local)),
-        );
-        // externalTrafficPolicy Local: the short-circuited sources read the cluster pins.
-        let short = reads(AffinitySet::ShortCircuit);
-        let mut sources = vec!["fib saddr type local".to_owned()];
-        sources.extend(config.local_pod_match(false));
-        for source in sources {
-            s.rule(
-                AFFINITY,
-                format!("{source} {short} {}", dnat(PinList::Cluster)),
-            );
-        }
-        s.rule(AFFINITY, format!("{short} {}", dnat(PinList::Local)));
-        record_affinity(s, port, node_port);
-    }
-}
-
-/// The rules recording, after DNAT, the endpoint a new connection to one of `port`'s entries
-/// got, into the pins of each list holding that endpoint (a timeout refreshed on every new
-/// connection, as upstream's `update @affinity-...`). NodePort entries match by the original
-/// protocol and port.
-fn record_affinity(s: &mut Script<'_>, port: AffinityPort, node_port: bool) {
-    let ip = s.config.ip();
-    let original = if node_port {
-        "meta l4proto . ct original proto-dst".to_owned()
-    } else {
-        format!("ct original {ip} daddr . meta l4proto . ct original proto-dst")
-    };
-    let entries = port.entries_name(AffinitySet::Record, node_port);
-    let proto = port.proto.as_str();
-    for list in PIN_LISTS {
-        let (addrs, ports) = (port.map_name(list, false), port.map_name(list, true));
-        let endpoints = port.endpoints_name(list);
-        s.rule(
-            AFFINITY_RECORD,
-            format!(
-                "meta l4proto {proto} ct status dnat {original} @{entries} {ip} daddr . th dport @{endpoints} update @{addrs} {{ {ip} saddr : {ip} daddr }} update @{ports} {{ {ip} saddr : th dport }}"
-            ),
-        );
-    }
 }
 
 /// Filter chains: source ranges before DNAT, no-endpoint verdicts and unknown ClusterIP
