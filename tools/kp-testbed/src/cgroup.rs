@@ -160,8 +160,8 @@ my $detach = pack("L", $fd);
 syscall($nr, 34, $detach, length($detach)) == 0 or die "BPF_LINK_DETACH $path: $!\n";
 "#;
 
-/// The bpf syscall's number on this architecture.
-fn bpf_syscall() -> Option<&'static str> {
+/// The bpf syscall's number on this architecture (for perl's `syscall`).
+pub fn bpf_syscall() -> Option<&'static str> {
     match std::env::consts::ARCH {
         "x86_64" => Some("321"),
         "aarch64" => Some("280"),

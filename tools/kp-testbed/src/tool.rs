@@ -506,9 +506,10 @@ fn peer(proto: ProbeProtocol, to: SocketAddr, timeout: Duration) -> PeerReport {
         }),
     };
     match result {
+        // As the application read it: a dual-stack socket's IPv4 peer stays `::ffff:a.b.c.d`.
         Ok((outcome, peer)) => PeerReport {
             outcome,
-            peer: Some(canonical(peer)),
+            peer: Some(peer),
         },
         Err(outcome) => PeerReport {
             outcome,

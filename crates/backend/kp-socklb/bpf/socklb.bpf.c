@@ -13,6 +13,7 @@
 #include <linux/in.h>
 #include <linux/in6.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
 
 #define KP_ECONNREFUSED 111
 
@@ -234,8 +235,40 @@ static __always_inline struct kp_endpoint6 *kp_sticky6(struct bpf_sock_addr *ctx
 	return endpoint;
 }
 
+// The endpoint for the IPv4 Service port `key` (chosen uniformly, or the client's pin),
+// recorded in kp_reverse under the socket's cookie so the Service address can be shown
+// back; NULL to leave the address alone (not a Service port, or a slot mid-update, where
+// nftables mode's rules still serve it). Sets *refuse when the port has no endpoints.
+static __always_inline struct kp_endpoint *kp_decide4(struct bpf_sock_addr *ctx,
+						       struct kp_service_key *key, int *refuse)
+{
+	struct kp_slot_key slot = {};
+	struct kp_service *service = bpf_map_lookup_elem(&kp_services, key);
+	if (!kp_pick(service, &slot, refuse))
+		return 0;
+	struct kp_endpoint *endpoint = kp_sticky4(ctx, service, key, &slot);
+	if (!endpoint)
+		return 0;
+	struct kp_reverse_key reverse = {
+		.cookie = bpf_get_socket_cookie(ctx),
+		.addr = endpoint->addr,
+		.port = endpoint->port,
+	};
+	struct kp_endpoint original = { .addr = key->addr, .port = key->port };
+	bpf_map_update_elem(&kp_reverse, &reverse, &original, BPF_ANY);
+	return endpoint;
+}
+
+// 1 to let the call go on (translated or not), 0 to refuse it (ECONNREFUSED).
+static __always_inline int kp_verdict(int refuse)
+{
+	if (refuse)
+		bpf_set_retval(-KP_ECONNREFUSED);
+	return !refuse;
+}
+
 // The socket's destination if it is a Service port with endpoints (rewritten to one of
-// them, chosen uniformly); 1 to let the call go on (translated or not), 0 to refuse it.
+// them); 1 to let the call go on (translated or not), 0 to refuse it.
 static __always_inline int kp_translate4(struct bpf_sock_addr *ctx)
 {
 	struct kp_service_key key = {
@@ -243,33 +276,47 @@ static __always_inline int kp_translate4(struct bpf_sock_addr *ctx)
 		.port = (__u16)ctx->user_port,
 		.proto = (__u8)ctx->protocol,
 	};
-	struct kp_slot_key slot = {};
 	int refuse = 0;
-	struct kp_service *service = bpf_map_lookup_elem(&kp_services, &key);
-	if (!kp_pick(service, &slot, &refuse)) {
-		if (refuse)
-			bpf_set_retval(-KP_ECONNREFUSED);
-		return !refuse;
-	}
-	struct kp_endpoint *endpoint = kp_sticky4(ctx, service, &key, &slot);
-	// A slot mid-update: leave the address as it is, nftables mode's rules still serve it.
+	struct kp_endpoint *endpoint = kp_decide4(ctx, &key, &refuse);
 	if (!endpoint)
-		return 1;
-	struct kp_reverse_key reverse = {
-		.cookie = bpf_get_socket_cookie(ctx),
-		.addr = endpoint->addr,
-		.port = endpoint->port,
-	};
-	struct kp_endpoint original = { .addr = key.addr, .port = key.port };
-	bpf_map_update_elem(&kp_reverse, &reverse, &original, BPF_ANY);
+		return kp_verdict(refuse);
 	ctx->user_ip4 = endpoint->addr;
 	ctx->user_port = endpoint->port;
 	return 1;
 }
 
-// kp_translate4 for IPv6 sockets (user_ip6 is read and written a word at a time).
+// Whether an IPv6 socket's address is IPv4-mapped (::ffff:a.b.c.d): a dual-stack socket
+// reaching an IPv4 address, which the kernel sends as IPv4.
+static __always_inline int kp_mapped(struct bpf_sock_addr *ctx)
+{
+	return ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 &&
+	       ctx->user_ip6[2] == bpf_htonl(0xffff);
+}
+
+// kp_translate4 for a dual-stack socket's IPv4-mapped destination: the IPv4 Service's
+// decision, written back as ::ffff:<endpoint> (only the last word changes).
+static __always_inline int kp_translate_mapped(struct bpf_sock_addr *ctx)
+{
+	struct kp_service_key key = {
+		.addr = ctx->user_ip6[3],
+		.port = (__u16)ctx->user_port,
+		.proto = (__u8)ctx->protocol,
+	};
+	int refuse = 0;
+	struct kp_endpoint *endpoint = kp_decide4(ctx, &key, &refuse);
+	if (!endpoint)
+		return kp_verdict(refuse);
+	ctx->user_ip6[3] = endpoint->addr;
+	ctx->user_port = endpoint->port;
+	return 1;
+}
+
+// kp_translate4 for IPv6 sockets (user_ip6 is read and written a word at a time); an
+// IPv4-mapped destination takes the IPv4 maps' decision.
 static __always_inline int kp_translate6(struct bpf_sock_addr *ctx)
 {
+	if (kp_mapped(ctx))
+		return kp_translate_mapped(ctx);
 	struct kp_service_key6 key = {
 		.addr = { ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3] },
 		.port = (__u16)ctx->user_port,
@@ -278,11 +325,8 @@ static __always_inline int kp_translate6(struct bpf_sock_addr *ctx)
 	struct kp_slot_key slot = {};
 	int refuse = 0;
 	struct kp_service *service = bpf_map_lookup_elem(&kp_services6, &key);
-	if (!kp_pick(service, &slot, &refuse)) {
-		if (refuse)
-			bpf_set_retval(-KP_ECONNREFUSED);
-		return !refuse;
-	}
+	if (!kp_pick(service, &slot, &refuse))
+		return kp_verdict(refuse);
 	struct kp_endpoint6 *endpoint = kp_sticky6(ctx, service, &key, &slot);
 	if (!endpoint)
 		return 1;
@@ -304,25 +348,46 @@ static __always_inline int kp_translate6(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
+// The Service address `cookie`'s socket was translated from to the IPv4 endpoint
+// addr:port, if any.
+static __always_inline struct kp_endpoint *kp_original4(__u64 cookie, __u32 addr, __u16 port)
+{
+	struct kp_reverse_key reverse = { .cookie = cookie, .addr = addr, .port = port };
+	return bpf_map_lookup_elem(&kp_reverse, &reverse);
+}
+
 // The peer address an application reads: back to the Service address if this socket was
 // translated to it.
 static __always_inline void kp_restore4(struct bpf_sock_addr *ctx)
 {
-	struct kp_reverse_key reverse = {
-		.cookie = bpf_get_socket_cookie(ctx),
-		.addr = ctx->user_ip4,
-		.port = (__u16)ctx->user_port,
-	};
-	struct kp_endpoint *original = bpf_map_lookup_elem(&kp_reverse, &reverse);
+	struct kp_endpoint *original =
+		kp_original4(bpf_get_socket_cookie(ctx), ctx->user_ip4, (__u16)ctx->user_port);
 	if (!original)
 		return;
 	ctx->user_ip4 = original->addr;
 	ctx->user_port = original->port;
 }
 
+// kp_restore4 for an IPv4-mapped peer of a dual-stack socket: ::ffff:<Service address>.
+// The kernel runs recvmsg6 for IPv4 datagrams to such a socket, after sendmsg4 translated
+// its unconnected sends (udpv6_sendmsg hands mapped destinations to udp_sendmsg).
+static __always_inline void kp_restore_mapped(struct bpf_sock_addr *ctx)
+{
+	struct kp_endpoint *original =
+		kp_original4(bpf_get_socket_cookie(ctx), ctx->user_ip6[3], (__u16)ctx->user_port);
+	if (!original)
+		return;
+	ctx->user_ip6[3] = original->addr;
+	ctx->user_port = original->port;
+}
+
 // kp_restore4 for IPv6 sockets.
 static __always_inline void kp_restore6(struct bpf_sock_addr *ctx)
 {
+	if (kp_mapped(ctx)) {
+		kp_restore_mapped(ctx);
+		return;
+	}
 	struct kp_reverse_key6 reverse = {
 		.cookie = bpf_get_socket_cookie(ctx),
 		.addr = { ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3] },
@@ -529,12 +594,21 @@ static __always_inline int kp_doomed6(struct sock_common *sk, __u8 proto)
 	return bpf_map_lookup_elem(&kp_destroy6, &key) != 0;
 }
 
+// Whether an IPv6 socket's peer is IPv4-mapped: it was translated by the IPv4 maps, and
+// skc_daddr holds its IPv4 peer.
+static __always_inline int kp_peer_mapped(struct sock_common *sk)
+{
+	struct in6_addr peer = sk->skc_v6_daddr;
+	return peer.in6_u.u6_addr32[0] == 0 && peer.in6_u.u6_addr32[1] == 0 &&
+	       peer.in6_u.u6_addr32[2] == bpf_htonl(0xffff);
+}
+
 static __always_inline int kp_doomed(struct sock_common *sk, __u8 proto)
 {
 	if (sk->skc_family == KP_AF_INET)
 		return kp_doomed4(sk, proto);
 	if (sk->skc_family == KP_AF_INET6)
-		return kp_doomed6(sk, proto);
+		return kp_peer_mapped(sk) ? kp_doomed4(sk, proto) : kp_doomed6(sk, proto);
 	return 0;
 }
 

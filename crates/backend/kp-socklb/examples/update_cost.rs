@@ -10,7 +10,8 @@
 //! CHANGES one-Service changes, each adding or removing one endpoint: (a) as the proxy does,
 //! a partial `ServiceLb::sync` (the Service's plan and its map writes), and (b) the map writes
 //! alone (`Balancer::set` with the endpoints given). Prints p50 / p99 / max of each and the
-//! writes per change. Measurements only.
+//! writes per change; then (c) the thorough check's read-back and comparison of the maps
+//! (5 runs). Measurements only.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -130,7 +131,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         writes as f64 / changes as f64,
         load()
     );
+    entries_check(&lb);
     Ok(())
+}
+
+/// (c) The thorough check's comparison of the maps with what was written (the proxy's
+/// `SocketLb::verify` on `Check::Thorough`): the maps read back and compared.
+fn entries_check(lb: &ServiceLb<kp_socklb::KernelMaps>) {
+    let mut checked = Vec::new();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let (held, _) = lb.balancer().maps().read_back();
+        let differ = lb.balancer().table().differences(&held);
+        checked.push(started.elapsed());
+        assert!(differ.is_empty(), "{} differ", differ.len());
+    }
+    println!(
+        "(c) the thorough check of the map entries (read back + compare): {} (load {})",
+        percentiles(checked),
+        load()
+    );
 }
 
 fn load() -> String {

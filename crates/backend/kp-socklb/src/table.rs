@@ -8,7 +8,7 @@
 //! gets [`MapOp::ClearAffinity`] after its writes when an endpoint left its list (or it was
 //! removed, or affinity turned off), so no client stays pinned to a gone endpoint.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
 use kp_core::model::IpFamily;
@@ -160,7 +160,10 @@ impl ServiceTable {
     /// Takes over what maps a previous process wrote hold (`held`; `top_slot_id`: the highest
     /// id any slot uses), so the next writes are differences and no id is used twice. A
     /// port with a hole in its slots is rewritten whole by its next set.
+    /// What the table held before is forgotten (adopting again after someone else rewrote
+    /// the maps: the next writes correct what they hold).
     pub fn adopt(&mut self, held: Vec<Held>, top_slot_id: Option<u32>) {
+        self.services.clear();
         let top = held.iter().map(|h| h.entry.id).chain(top_slot_id).max();
         self.next_id = top.map_or(0, |id| id.saturating_add(1));
         self.free_ids.clear();
@@ -178,6 +181,44 @@ impl ServiceTable {
             };
             self.services.insert(key, placed);
         }
+    }
+
+    /// The Service ports whose entry or slots in `held` (the maps read back) differ from
+    /// what was written, or that one side lacks: someone else rewrote, removed or added
+    /// them. Ports whose last write failed are left out: their next set rewrites them
+    /// whole anyway. Slots past a port's count are not looked at (the programs never read
+    /// them).
+    pub fn differences(&self, held: &[Held]) -> Vec<ServiceKey> {
+        let present: HashSet<ServiceKey> = held.iter().map(|h| h.key).collect();
+        let changed = held.iter().filter(|h| !self.holds(h)).map(|h| h.key);
+        let missing = self
+            .services
+            .iter()
+            .filter(|(key, placed)| placed.in_sync && !present.contains(key))
+            .map(|(key, _)| *key);
+        changed.chain(missing).collect()
+    }
+
+    /// Whether `held` is what was written for its port (or its last write failed).
+    fn holds(&self, held: &Held) -> bool {
+        let Some(placed) = self.services.get(&held.key) else {
+            return false;
+        };
+        if !placed.in_sync {
+            return true;
+        }
+        let written = ServiceEntry {
+            id: placed.id,
+            count: count(placed.endpoints.len()),
+            affinity_ms: placed.affinity_ms,
+        };
+        held.entry == written
+            && held.slots.len() >= placed.endpoints.len()
+            && held
+                .slots
+                .iter()
+                .zip(&placed.endpoints)
+                .all(|(slot, endpoint)| *slot == Some(*endpoint))
     }
 
     /// The endpoints `key` sends to, if it is here.
@@ -472,5 +513,50 @@ mod tests {
             ),
             "past every id in use, orphan slots' included"
         );
+    }
+
+    #[test]
+    fn entries_rewritten_by_someone_else_are_found_and_corrected_after_adopting() {
+        let mut table = ServiceTable::default();
+        let (a, b, wrong) = (
+            "10.0.0.1:80".parse().expect("literal"),
+            "10.0.0.2:80".parse().expect("literal"),
+            "10.0.0.9:80".parse().expect("literal"),
+        );
+        let other = ServiceKey::new("10.96.0.11:80".parse().expect("literal"), Protocol::Tcp);
+        for k in [key(), other] {
+            table.set(k, &[a, b], 0);
+            table.written(k);
+        }
+        let written = |k, id| Held {
+            key: k,
+            entry: ServiceEntry {
+                id,
+                count: 2,
+                affinity_ms: 0,
+            },
+            slots: vec![Some(a), Some(b)],
+        };
+        let intact = vec![written(key(), 0), written(other, 1)];
+        assert!(table.differences(&intact).is_empty(), "as written");
+        let mut rewritten = written(key(), 0);
+        rewritten.slots[1] = Some(wrong);
+        let stray = ServiceKey::new("10.96.0.99:80".parse().expect("literal"), Protocol::Tcp);
+        let mut held = vec![rewritten, written(stray, 5)];
+        let mut found = table.differences(&held);
+        found.sort_unstable_by_key(|k| k.addr);
+        assert_eq!(
+            found,
+            vec![key(), other, stray],
+            "rewritten, missing, added"
+        );
+        held.push(written(other, 1));
+        table.adopt(held, None);
+        assert_eq!(
+            table.set(key(), &[a, b], 0),
+            vec![put(0, 1, "10.0.0.2:80"), entry(0, 2)]
+        );
+        assert!(table.set(other, &[a, b], 0).is_empty());
+        assert!(table.keys().any(|k| k == stray), "removed by the next sync");
     }
 }

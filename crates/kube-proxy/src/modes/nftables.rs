@@ -323,8 +323,8 @@ impl Backend for NftablesMode {
 
     async fn verify(&mut self, check: Check) -> Result<Vec<ForeignChange>, BackendError> {
         let mut changes = self.nft.verify(check).await?;
-        if let Some(socket_lb) = &self.socket_lb {
-            changes.extend(socket_lb.verify());
+        if let Some(socket_lb) = &mut self.socket_lb {
+            changes.extend(socket_lb.verify(check));
         }
         Ok(changes)
     }

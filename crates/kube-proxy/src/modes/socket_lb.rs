@@ -8,8 +8,9 @@
 //! The links and maps are pinned in bpffs ([`kp_socklb::pin`]): a restarted or killed proxy
 //! leaves translation running, and the next one adopts the maps and replaces the links.
 //! The canary check ([`SocketLb::verify`]) reports pins someone else removed, and pinned
-//! links someone detached from the cgroup, as foreign changes; the full sync that follows
-//! restores them. A start without `--socket-lb` (or
+//! links someone detached from the cgroup, as foreign changes; the thorough check also
+//! reads the Service and slot maps back and reports entries someone else rewrote. The full
+//! sync that follows restores them. A start without `--socket-lb` (or
 //! one that cannot attach) and `--cleanup` remove the pins ([`remove_pins`]).
 
 use std::net::SocketAddr;
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use kp_config::SocketLbConfiguration;
 use kp_core::backend::{SyncKind, SyncRequest};
-use kp_core::foreign::ForeignChange;
+use kp_core::foreign::{Check, ForeignChange};
 use kp_core::model::Protocol;
 use kp_core::report::ErrorChain as _;
 use kp_core::tracker::ProxyState;
@@ -103,6 +104,9 @@ pub struct SocketLb {
     /// The pins and their lock, held while this process runs (none where nothing is
     /// pinned).
     _pins: Option<Pins>,
+    /// The thorough check found map entries someone else changed: the next full sync reads
+    /// the maps back before writing.
+    reread: bool,
 }
 
 /// The pins' directory, locked for this process ([`claim_pins`]).
@@ -133,18 +137,15 @@ impl SocketLb {
         metrics: SocketLbMetrics,
         pins: Option<Pins>,
     ) -> Option<Self> {
-        match Self::try_start(config, metrics, pins.as_ref().map(|p| p.dir.as_path())) {
-            Ok(mut lb) => {
-                lb._pins = pins;
-                Some(lb)
-            }
+        // An error has dropped `pins` (and its lock) inside `try_start`: removing them below
+        // takes the lock again (another open file: it would conflict).
+        match Self::try_start(config, metrics, pins) {
+            Ok(lb) => Some(lb),
             Err(error) => {
                 tracing::warn!(
                     error = %error.chain(),
                     "Socket load balancer unavailable; nftables mode runs alone"
                 );
-                // Removing takes the lock again (another open file: it would conflict).
-                drop(pins);
                 remove_pins_logged("the socket load balancer could not start");
                 None
             }
@@ -154,7 +155,7 @@ impl SocketLb {
     fn try_start(
         config: &SocketLbConfiguration,
         metrics: SocketLbMetrics,
-        pins: Option<&Path>,
+        pins: Option<Pins>,
     ) -> Result<Self, StartError> {
         let chosen = (!config.cgroup.is_empty()).then(|| Path::new(&config.cgroup));
         let private = kp_dataplane::sysctls::state_dir().join(PRIVATE_MOUNT);
@@ -166,8 +167,8 @@ impl SocketLb {
                  load balancer (every process is in its root)"
             );
         }
-        let (mut programs, maps) = match pins {
-            Some(dir) => SocketPrograms::load_pinned(dir)?,
+        let (mut programs, maps) = match &pins {
+            Some(pins) => SocketPrograms::load_pinned(&pins.dir)?,
             None => SocketPrograms::load()?,
         };
         let (held, top_slot_id) = maps.read_back();
@@ -182,10 +183,9 @@ impl SocketLb {
             "Socket load balancer attached: the node's own sockets reach Service addresses \
              without per-packet NAT"
         );
-        metrics
-            .destroyable
-            .set(i64::from(programs.destroy_unavailable().is_none()));
-        if let Some(why) = programs.destroy_unavailable() {
+        let cannot_destroy = programs.destroy_unavailable();
+        metrics.destroyable.set(i64::from(cannot_destroy.is_none()));
+        if let Some(why) = cannot_destroy {
             tracing::warn!(
                 error = %why.chain(),
                 "Socket load balancer cannot destroy sockets of removed endpoints: UDP Services \
@@ -197,7 +197,8 @@ impl SocketLb {
             programs,
             lb,
             metrics,
-            _pins: None,
+            _pins: pins,
+            reread: false,
         })
     }
 
@@ -208,6 +209,7 @@ impl SocketLb {
         let full = request.kind == SyncKind::Full;
         if full {
             self.repair();
+            self.reread_maps();
         }
         let report = self.lb.sync(request.state, full, request.changed);
         self.metrics.writes.inc_by(report.writes as u64);
@@ -262,29 +264,43 @@ impl SocketLb {
     }
 
     /// The pins someone else removed (each a foreign change: the proxier logs and counts
-    /// it, then runs the full sync that restores it).
-    pub fn verify(&self) -> Vec<ForeignChange> {
-        self.programs
-            .verify()
-            .into_iter()
-            .map(|missing| match missing {
-                MissingPin::Link(name) => ForeignChange::removed(
-                    "bpf-link",
-                    format!("socket load balancer program {name} detached (its link pin is gone)"),
-                ),
-                MissingPin::Detached(name) => ForeignChange::changed(
-                    "bpf-link",
-                    format!(
-                        "socket load balancer program {name} detached from its cgroup (its link \
-                         pin stays)"
-                    ),
-                ),
-                MissingPin::Map(name) => ForeignChange::removed(
-                    "bpf-map",
-                    format!("socket load balancer map {name} unpinned"),
-                ),
-            })
-            .collect()
+    /// it, then runs the full sync that restores it); on the thorough check also the
+    /// Service and slot maps' entries someone else rewrote, removed or added (read back and
+    /// compared with what was written: the full sync after it adopts what they hold and
+    /// writes the difference).
+    pub fn verify(&mut self, check: Check) -> Vec<ForeignChange> {
+        let mut changes: Vec<ForeignChange> =
+            self.programs.verify().into_iter().map(pin_change).collect();
+        if check == Check::Thorough {
+            changes.extend(self.verify_entries());
+        }
+        changes
+    }
+
+    /// The thorough check's comparison of the maps with what was written.
+    fn verify_entries(&mut self) -> Option<ForeignChange> {
+        let (held, _) = self.lb.balancer().maps().read_back();
+        let differ = self.lb.balancer().table().differences(&held);
+        let first = *differ.first()?;
+        self.reread = true;
+        Some(ForeignChange::changed(
+            "bpf-map",
+            format!(
+                "socket load balancer map entries of {} Service ports differ from what was                  written (first: {})",
+                differ.len(),
+                describe(first)
+            ),
+        ))
+    }
+
+    /// After [`Self::verify_entries`] found entries someone else changed: what the maps
+    /// hold replaces what was written, so the sync writes the difference to the wanted
+    /// state.
+    fn reread_maps(&mut self) {
+        if std::mem::take(&mut self.reread) {
+            let (held, top_slot_id) = self.lb.balancer().maps().read_back();
+            self.lb.balancer_mut().adopt(held, top_slot_id);
+        }
     }
 
     /// Re-attaches detached programs and pins unpinned maps; a failure is logged and the
@@ -315,6 +331,27 @@ impl SocketLb {
                 );
             }
         }
+    }
+}
+
+/// The foreign change a missing pin is.
+fn pin_change(missing: MissingPin) -> ForeignChange {
+    match missing {
+        MissingPin::Link(name) => ForeignChange::removed(
+            "bpf-link",
+            format!("socket load balancer program {name} detached (its link pin is gone)"),
+        ),
+        MissingPin::Detached(name) => ForeignChange::changed(
+            "bpf-link",
+            format!(
+                "socket load balancer program {name} detached from its cgroup (its link pin \
+                 stays)"
+            ),
+        ),
+        MissingPin::Map(name) => ForeignChange::removed(
+            "bpf-map",
+            format!("socket load balancer map {name} unpinned"),
+        ),
     }
 }
 

@@ -12,7 +12,7 @@
 //! namespace, and other tests use the same ClusterIPs.)
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use kp_testbed::cgroup::{TestCgroup, cgroup2_root};
@@ -121,7 +121,13 @@ fn assert_not_natted(env: &Env, protocol: &str, outcome: &Outcome, service: &str
     let Outcome::Answered { client, server, .. } = outcome else {
         panic!("not answered: {outcome:?}{}", env.diag());
     };
-    let entries = conntrack_from(env, protocol, *client);
+    // The flow's family is the endpoint's: a dual-stack socket's IPv4 flow may report its
+    // own address as `[::]` (bound to the wildcard).
+    let flow = match server {
+        SocketAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), client.port()),
+        SocketAddr::V6(_) => *client,
+    };
+    let entries = conntrack_from(env, protocol, flow);
     assert!(
         entries.contains(&format!("dst={}", server.ip())) && !entries.contains(service),
         "{protocol} flow {client} -> {service}: conntrack must show the endpoint, not the \
@@ -197,6 +203,7 @@ pub fn socket_lb(mode: Mode) {
     control_is_natted(&env);
     env.cluster.set_probe_cgroup(Some(cgroup.path().to_owned()));
     translated_tcp_and_udp(&env);
+    mapped_ipv6_is_translated(&env);
     refused_and_local(&env);
     affinity_per_pod(&mut env);
 
@@ -232,6 +239,7 @@ pub fn socket_lb(mode: Mode) {
     survives_restart_and_kill(&mut env);
     pins_removed_by_someone_else_come_back(&mut env);
     links_detached_by_someone_else_come_back(&mut env);
+    entries_rewritten_by_someone_else_are_restored(&mut env);
     a_second_proxy_on_the_pins_is_refused(&mut env);
     let attaching = env.flags().clone();
     without_sock_destroy_udp_stays_with_nftables(&mut env);
@@ -401,13 +409,7 @@ fn pins_removed_by_someone_else_come_back(env: &mut Env) {
         );
     }
     assert!(kp_socklb::pin::map_pin(&pins, "kp_slots").exists());
-    let tally = env
-        .cluster
-        .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
-        .expect("probe");
-    for outcome in tally.outcomes() {
-        assert_not_natted(env, "tcp", outcome, WEB);
-    }
+    web_is_translated(env);
     // One check's findings are one event, counted under its first (a link).
     let metrics = env.metrics();
     assert!(
@@ -424,7 +426,7 @@ fn pins_removed_by_someone_else_come_back(env: &mut Env) {
 /// full sync after it attaches new links, and new connections are translated again.
 fn links_detached_by_someone_else_come_back(env: &mut Env) {
     let pins = kp_socklb::pin::pin_dir(Some(env.state_dir()));
-    let before = foreign_link_changes(env);
+    let before = foreign_changes(env, "bpf-link");
     env.proxy().mark();
     for (name, _) in kp_socklb::program::PROGRAMS {
         kp_testbed::cgroup::detach_link(&kp_socklb::pin::link_pin(&pins, name)).expect("detach");
@@ -436,14 +438,8 @@ fn links_detached_by_someone_else_come_back(env: &mut Env) {
     env.proxy().wait_for("the links attached again", |l| {
         l.contains("Socket load balancer pins restored")
     });
-    let tally = env
-        .cluster
-        .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
-        .expect("probe");
-    for outcome in tally.outcomes() {
-        assert_not_natted(env, "tcp", outcome, WEB);
-    }
-    let after = foreign_link_changes(env);
+    web_is_translated(env);
+    let after = foreign_changes(env, "bpf-link");
     assert!(after > before, "counted: {before} -> {after}");
 }
 
@@ -469,13 +465,7 @@ fn a_second_proxy_on_the_pins_is_refused(env: &mut Env) {
             "{name} pinned"
         );
     }
-    let tally = env
-        .cluster
-        .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
-        .expect("probe");
-    for outcome in tally.outcomes() {
-        assert_not_natted(env, "tcp", outcome, WEB);
-    }
+    web_is_translated(env);
     let metrics = env.metrics();
     assert!(
         metrics.contains("kube_proxy_rs_socket_lb_attached 1"),
@@ -525,6 +515,17 @@ fn without_sock_destroy_udp_stays_with_nftables(env: &mut Env) {
     assert_natted(env, "udp", &moved);
 }
 
+/// 10 TCP connections from the client to WEB, each answered without NAT.
+fn web_is_translated(env: &Env) {
+    let tally = env
+        .cluster
+        .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
+        .expect("probe");
+    for outcome in tally.outcomes() {
+        assert_not_natted(env, "tcp", outcome, WEB);
+    }
+}
+
 /// Asserts `outcome` was answered through nftables mode's DNAT: its conntrack entry holds
 /// the Service address.
 fn assert_natted(env: &Env, protocol: &str, outcome: &Outcome) {
@@ -539,15 +540,113 @@ fn assert_natted(env: &Env, protocol: &str, outcome: &Outcome) {
     );
 }
 
-/// `kube_proxy_rs_foreign_changes_total{what="bpf-link"}` (0 before the first).
-fn foreign_link_changes(env: &Env) -> f64 {
+/// `kube_proxy_rs_foreign_changes_total{what=...}` (0 before the first).
+fn foreign_changes(env: &Env, what: &str) -> f64 {
+    let label = format!("what=\"{what}\"");
     env.metrics()
         .lines()
-        .filter(|l| {
-            l.starts_with("kube_proxy_rs_foreign_changes_total") && l.contains("what=\"bpf-link\"")
-        })
+        .filter(|l| l.starts_with("kube_proxy_rs_foreign_changes_total") && l.contains(&label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// Rewrites the address of every slot of the TCP Service port `service:port` in the pinned
+/// `kp_slots` to `to` (keeping the port), as another process's `BPF_MAP_UPDATE_ELEM` would:
+/// perl's `syscall`, as `kp_testbed::cgroup::detach_link` does. Arguments: the bpf
+/// syscall's number, the two pins, the Service key's and the address's bytes in hex.
+/// Prints the slots rewritten.
+const REWRITE_SLOTS: &str = r#"
+my ($nr, $services, $slots, $key_hex, $addr_hex) = @ARGV;
+sub obj_get {
+    my $get = pack("Q L L l", unpack("Q", pack("p", $_[0])), 0, 0, 0);
+    my $fd = syscall($nr, 7, $get, length($get));
+    die "BPF_OBJ_GET $_[0]: $!\n" if $fd < 0;
+    return $fd;
+}
+# cmd 1 BPF_MAP_LOOKUP_ELEM (fills $_[3]), 2 BPF_MAP_UPDATE_ELEM.
+sub elem {
+    my ($cmd, $fd) = @_;
+    my $attr = pack("L L Q Q Q", $fd, 0, unpack("Q", pack("p", $_[2])),
+        unpack("Q", pack("p", $_[3])), 0);
+    syscall($nr, $cmd, $attr, length($attr)) == 0 or die "bpf($cmd): $!\n";
+}
+my ($svc, $slot) = (obj_get($services), obj_get($slots));
+my $key = pack("H*", $key_hex);
+my $entry = "\0" x 12;
+elem(1, $svc, $key, $entry);
+my ($id, $count) = unpack("L L", $entry);
+for my $i (0 .. $count - 1) {
+    my $k = pack("L L", $id, $i);
+    my $v = "\0" x 8;
+    elem(1, $slot, $k, $v);
+    substr($v, 0, 4) = pack("H*", $addr_hex);
+    elem(2, $slot, $k, $v);
+}
+print "$count\n";
+"#;
+
+fn rewrite_slots(pins: &Path, service: &str, port: u16, to: Ipv4Addr) -> usize {
+    let nr = kp_testbed::cgroup::bpf_syscall().expect("a bpf syscall number here");
+    let IpAddr::V4(service) = ip(service) else {
+        unreachable!("an IPv4 Service")
+    };
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let mut key = service.octets().to_vec();
+    key.extend(port.to_be_bytes());
+    key.extend([6, 0]);
+    let output = std::process::Command::new("perl")
+        .args(["-e", REWRITE_SLOTS, nr])
+        .arg(kp_socklb::pin::map_pin(pins, "kp_services"))
+        .arg(kp_socklb::pin::map_pin(pins, "kp_slots"))
+        .args([hex(&key), hex(&to.octets())])
+        .output()
+        .expect("perl");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "rewrite: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout.trim().parse().expect("the slots rewritten")
+}
+
+/// Someone rewrites web's slots (endpoint b) in the pinned maps to pod c, no endpoint of
+/// web: the thorough check before the next periodic sync (1 s here) reports it as a
+/// foreign change (logged, counted under `bpf-map`), and that sync restores the slots, so
+/// new connections reach b again, without NAT.
+fn entries_rewritten_by_someone_else_are_restored(env: &mut Env) {
+    let back = env.flags().clone();
+    env.restart_with(back.clone().flag("--iptables-sync-period=1s"));
+    let before = foreign_changes(env, "bpf-map");
+    let pins = kp_socklb::pin::pin_dir(Some(env.state_dir()));
+    let c = env.cluster.pod("c").expect("pod c").ipv4();
+    env.proxy().mark();
+    assert_eq!(rewrite_slots(&pins, WEB, 80, c), 1, "web's one slot (b)");
+    let found = env.proxy().wait_for("the rewritten entries reported", |l| {
+        l.contains("changed by another program") && l.contains("map entries of")
+    });
+    assert!(
+        found.contains("10.96.0.10:80/tcp") && found.contains("restoring"),
+        "{found}"
+    );
+    let restored = (0..20).find_map(|_| {
+        let tally = env
+            .cluster
+            .tcp_repeat(env.cluster.client(), ip(WEB), 80, 10)
+            .expect("probe");
+        if tally.count("b") == 10 {
+            return Some(tally);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        None
+    });
+    let tally = restored.unwrap_or_else(|| panic!("web's slot not restored{}", env.diag()));
+    for outcome in tally.outcomes() {
+        assert_not_natted(env, "tcp", outcome, WEB);
+    }
+    let after = foreign_changes(env, "bpf-map");
+    assert!(after > before, "counted: {before} -> {after}");
+    env.restart_with(back);
 }
 
 /// The first `sport=` of a conntrack line (the original direction's).
@@ -720,8 +819,14 @@ fn restarted_where_it_cannot_attach(env: &mut Env) {
 /// `getpeername()` (TCP) and `recvfrom()`'s source (unconnected UDP) show `service`'s
 /// address, and neither flow was NATed.
 fn peers_show_the_service(env: &Env, service: &str) {
+    peers_show(env, SocketAddr::new(ip(service), 80), service);
+}
+
+/// Flows to `addr` (a form of `service`'s address): `getpeername()` (TCP) and `recvfrom()`'s
+/// source (unconnected UDP) show `addr` as the application asked for it, and neither flow
+/// was NATed.
+fn peers_show(env: &Env, addr: SocketAddr, service: &str) {
     let (cl, client) = (&env.cluster, env.cluster.client());
-    let addr = SocketAddr::new(ip(service), 80);
     for protocol in [Protocol::Tcp, Protocol::Udp] {
         let report = cl.peer(client, protocol, addr).expect("peer probe");
         assert_eq!(
@@ -732,6 +837,32 @@ fn peers_show_the_service(env: &Env, service: &str) {
         );
         assert_not_natted(env, &protocol.to_string(), &report.outcome, service);
     }
+}
+
+/// A dual-stack socket (AF_INET6 without IPV6_V6ONLY) reaching the IPv4 ClusterIP as
+/// `::ffff:10.96.0.10` (`connect6`; unconnected UDP's `sendmsg4` then `recvmsg6`): TCP and
+/// connected UDP reach an endpoint without NAT, and `getpeername()` / `recvfrom()` show
+/// the mapped Service address.
+fn mapped_ipv6_is_translated(env: &Env) {
+    let cl = &env.cluster;
+    let client = cl.client();
+    let IpAddr::V4(web) = ip(WEB) else {
+        unreachable!("WEB is IPv4")
+    };
+    let mapped = IpAddr::V6(web.to_ipv6_mapped());
+    let tally = cl.tcp_repeat(client, mapped, 80, 10).expect("probe");
+    assert_eq!(
+        tally.count("a") + tally.count("b"),
+        10,
+        "{tally:?}{}",
+        env.diag()
+    );
+    for outcome in tally.outcomes() {
+        assert_not_natted(env, "tcp", outcome, WEB);
+    }
+    let udp = cl.udp(client, mapped, 80).expect("probe");
+    assert_not_natted(env, "udp", &udp, WEB);
+    peers_show(env, SocketAddr::new(mapped, 80), WEB);
 }
 
 /// Pearson's statistic of `counts` against equally likely endpoints.
