@@ -223,7 +223,11 @@ pub async fn run<B: Backend + 'static>(
     let node_name = node_name(&config);
     tracing::info!(node = %node_name, "Using node name");
 
-    let metrics = Metrics::register(&mut registry);
+    // Upstream 1.36 alpha (KEP-5808): the histograms also keep native buckets, which the
+    // protobuf exposition of `/metrics` carries.
+    let native = kp_core::metrics::native::NativeHistograms::default();
+    let native_on = kp_config::gates::enabled(&config.feature_gates, "NativeHistograms");
+    let metrics = Metrics::register_with(&mut registry, native_on.then_some(&native));
     let health_metrics = HealthMetrics::register(&mut registry);
 
     let StartedSource {
@@ -294,6 +298,7 @@ pub async fn run<B: Backend + 'static>(
                 std::env::args_os(),
                 std::time::SystemTime::now(),
             )),
+            native,
         },
         service_health: proxier.service_health(),
         explainer: explainer(

@@ -283,11 +283,8 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
         // The table never DNATs loopback; the localhost NodePorts are the listeners' or the
         // table's rejects (`localhost_node_ports` is iptables mode's route_localnet).
         render_config.localhost_node_ports = false;
-        render_config.nftables_localhost_rejects = crate::modes::nftables::localhost_rejects(
-            &config,
-            &host.families,
-            config.nftables_layout,
-        );
+        render_config.nftables_localhost_rejects =
+            crate::modes::nftables::localhost_rejects(&config, &host.families);
     }
     let query = Query {
         destination: args.dest,

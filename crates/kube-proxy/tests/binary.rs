@@ -595,3 +595,45 @@ fn without_a_node_the_proxy_falls_back_as_upstream() {
     let status = proxy.terminate();
     assert!(status.success(), "exit status after SIGTERM: {status}");
 }
+
+/// `GET /metrics` asking for the delimited MetricFamily protobuf: the raw response.
+fn get_protobuf(addr: SocketAddr) -> Vec<u8> {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: application/vnd.google.protobuf;\
+         proto=io.prometheus.client.MetricFamily;encoding=delimited\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).expect("read response");
+    response
+}
+
+/// `NativeHistograms` (KEP-5808) through the binary: a protobuf scrape carries the native
+/// fields (here the zero threshold, 2^-128, as field 6) only with the gate on; the sync
+/// histograms are there either way.
+#[test]
+fn native_histograms_follow_the_gate() {
+    const THRESHOLD: [u8; 9] = [0x31, 0, 0, 0, 0, 0, 0, 0xf0, 0x37];
+    for gate in [true, false] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        copy_examples(dir.path());
+        let flag = format!("--feature-gates=NativeHistograms={gate}");
+        let mut proxy = Proxy::start(dir.path(), &["-v=2", &flag]);
+        proxy.wait_for(&["Dry-run sync"]);
+        let response = get_protobuf(proxy.metrics);
+        let has = |needle: &[u8]| response.windows(needle.len()).any(|w| w == needle);
+        assert!(
+            has(b"content-type: application/vnd.google.protobuf")
+                || has(b"Content-Type: application/vnd.google.protobuf"),
+            "gate {gate}"
+        );
+        assert!(
+            has(b"kubeproxy_sync_proxy_rules_duration_seconds"),
+            "gate {gate}"
+        );
+        assert_eq!(has(&THRESHOLD), gate, "gate {gate}");
+    }
+}

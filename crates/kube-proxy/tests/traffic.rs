@@ -136,7 +136,7 @@ fn nftables_localhost_node_ports() {
 }
 
 /// The table's rejects of localhost NodePort traffic the listeners do not serve (KEP-6032),
-/// counted: the default layout only (the chain layout writes no rejects).
+/// counted (the chain layout's: `nftables_chains::localhost_rejects`).
 #[test]
 fn nftables_localhost_rejects() {
     localhost::localhost_rejects(support::Mode::Nftables);
@@ -202,6 +202,11 @@ mod nftables_chains {
     #[test]
     fn localhost_node_ports() {
         crate::localhost::localhost_node_ports(MODE);
+    }
+
+    #[test]
+    fn localhost_rejects() {
+        crate::localhost::localhost_rejects(MODE);
     }
 }
 

@@ -23,7 +23,9 @@ use kp_dataplane::nftables::{ExecNft, NetlinkNft, NftRunner, NftablesBackend, Nf
 use kp_dataplane::testutil::*;
 use kp_nftnl::{ApplyError, NftSocket};
 use kp_rules::nftables::cmd::{Command, Name, Rule, Verdict};
-use kp_rules::nftables::{LocalDetector, NodePortAddresses, RenderConfig, Transaction};
+use kp_rules::nftables::{
+    LocalDetector, LocalhostNodePortRejects, NodePortAddresses, RenderConfig, Transaction,
+};
 use kp_testbed::isolated;
 use nft_tools::{nft, unavailable};
 use prometheus_client::metrics::counter::Counter;
@@ -77,8 +79,13 @@ fn configs() -> Vec<NftablesConfig> {
         ]),
         ..RenderConfig::default()
     };
+    // With KEP-6032's localhost rejects: named counters, a counted `reject with tcp reset`.
     let bridge = RenderConfig {
         local_detector: LocalDetector::BridgeInterface("cbr0".into()),
+        nftables_localhost_rejects: LocalhostNodePortRejects {
+            enabled: true,
+            served: vec![IpFamily::V6],
+        },
         ..RenderConfig::default()
     };
     [cidrs, prefix, bridge]

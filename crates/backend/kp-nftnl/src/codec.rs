@@ -23,6 +23,10 @@ use crate::abi::{
 use crate::expr::{Expr, Verdict};
 use crate::lower::{AnonymousSet, IntervalMark, Lowered, Op, SetSpec};
 
+use crate::counters::{
+    NFT_OBJECT_COUNTER, NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS, NFTA_OBJ_DATA, NFTA_OBJ_NAME,
+    NFTA_OBJ_TABLE, NFTA_OBJ_TYPE,
+};
 use kp_netlink::{NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST};
 pub use kp_netlink::{NLMSG_DONE, NLMSG_ERROR, attributes};
 
@@ -62,8 +66,12 @@ pub enum MsgKind {
     GetSet = 10,
     /// List a set's elements (a dump).
     GetSetElem = 13,
+    /// Create a stateful object (a named counter; an existing one is left as it is).
+    NewObj = 18,
     /// List stateful objects such as named counters (a dump).
     GetObj = 19,
+    /// Delete a stateful object.
+    DelObj = 20,
 }
 
 /// The nftables families this crate writes.
@@ -415,6 +423,22 @@ impl Batch {
                 let element = (key.as_slice(), None, None);
                 self.element(MsgKind::DelSetElem, family, owner, table, set, element);
             }
+            Op::AddCounter { counter } => {
+                let m = self.message(MsgKind::NewObj, NLM_F_CREATE, family, owner);
+                let wr = w(self);
+                put_counter_id(wr, table, counter);
+                // The kernel wants the data nested even for a counter starting at zero.
+                let data = wr.nest(NFTA_OBJ_DATA);
+                wr.put_u64(NFTA_COUNTER_BYTES, 0);
+                wr.put_u64(NFTA_COUNTER_PACKETS, 0);
+                wr.nest_end(data);
+                wr.end(m);
+            }
+            Op::DeleteCounter { counter } => {
+                let m = self.message(MsgKind::DelObj, 0, family, owner);
+                put_counter_id(w(self), table, counter);
+                w(self).end(m);
+            }
         }
     }
 
@@ -697,6 +721,13 @@ fn encode_set(wr: &mut Writer, table: &str, set: &str, spec: &SetSpec, id: u32) 
         udata.extend_from_slice(&comment_udata(UDATA_SET_COMMENT, comment));
     }
     wr.put(NFTA_SET_USERDATA, &udata);
+}
+
+/// A named counter's table, name and type (what `add counter` and `delete counter` name).
+fn put_counter_id(wr: &mut Writer, table: &str, counter: &str) {
+    wr.put_str(NFTA_OBJ_TABLE, table);
+    wr.put_str(NFTA_OBJ_NAME, counter);
+    wr.put_u32(NFTA_OBJ_TYPE, NFT_OBJECT_COUNTER);
 }
 
 fn put_desc_size(wr: &mut Writer, size: usize) {

@@ -9,13 +9,13 @@ use crate::codec::{Family, MsgKind, attributes};
 use crate::socket::{ApplyError, NftSocket};
 
 // linux/netfilter/nf_tables.h: a stateful object's attributes, and a counter's inside its data.
-const NFTA_OBJ_TABLE: u16 = 1;
-const NFTA_OBJ_NAME: u16 = 2;
-const NFTA_OBJ_TYPE: u16 = 3;
-const NFTA_OBJ_DATA: u16 = 4;
-const NFT_OBJECT_COUNTER: u32 = 1;
-const NFTA_COUNTER_BYTES: u16 = 1;
-const NFTA_COUNTER_PACKETS: u16 = 2;
+pub(crate) const NFTA_OBJ_TABLE: u16 = 1;
+pub(crate) const NFTA_OBJ_NAME: u16 = 2;
+pub(crate) const NFTA_OBJ_TYPE: u16 = 3;
+pub(crate) const NFTA_OBJ_DATA: u16 = 4;
+pub(crate) const NFT_OBJECT_COUNTER: u32 = 1;
+pub(crate) const NFTA_COUNTER_BYTES: u16 = 1;
+pub(crate) const NFTA_COUNTER_PACKETS: u16 = 2;
 
 /// One named counter's values.
 #[derive(Clone, Debug, PartialEq, Eq)]

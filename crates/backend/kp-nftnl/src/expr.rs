@@ -214,6 +214,13 @@ pub enum Expr {
         /// The ICMP code (3 for ICMP, 4 for ICMPv6).
         icmp_code: u8,
     },
+    /// `reject with tcp reset`.
+    RejectTcpReset,
+    /// `counter name NAME`: count in the table's named counter.
+    CounterRef {
+        /// The counter's name.
+        name: String,
+    },
     /// `dnat ip to <key> map @m`: address and port registers a map lookup wrote (nft sends
     /// no flags; the kernel sets "proto specified" for a port register itself).
     DnatMap {
@@ -262,6 +269,9 @@ const NFTA_MASQ_FLAGS: u16 = 1;
 const NFTA_REJECT_TYPE: u16 = 1;
 const NFTA_REJECT_ICMP_CODE: u16 = 2;
 const NFT_REJECT_ICMP_UNREACH: u32 = 0;
+const NFT_REJECT_TCP_RST: u32 = 1;
+const NFTA_OBJREF_IMM_TYPE: u16 = 1;
+const NFTA_OBJREF_IMM_NAME: u16 = 2;
 const NFTA_LOOKUP_SET: u16 = 1;
 const NFTA_LOOKUP_SREG: u16 = 2;
 const NFTA_LOOKUP_DREG: u16 = 3;
@@ -311,7 +321,8 @@ impl Expr {
             Expr::CtState { .. } | Expr::CtStatus { .. } | Expr::CtOriginal { .. } => "ct",
             Expr::MetaSet { .. } => "meta",
             Expr::Masquerade { .. } => "masq",
-            Expr::Reject { .. } => "reject",
+            Expr::Reject { .. } | Expr::RejectTcpReset => "reject",
+            Expr::CounterRef { .. } => "objref",
         }
     }
 
@@ -448,6 +459,11 @@ impl Expr {
             Expr::Reject { icmp_code } => {
                 w.put_u32(NFTA_REJECT_TYPE, NFT_REJECT_ICMP_UNREACH);
                 w.put(NFTA_REJECT_ICMP_CODE, &[*icmp_code]);
+            }
+            Expr::RejectTcpReset => w.put_u32(NFTA_REJECT_TYPE, NFT_REJECT_TCP_RST),
+            Expr::CounterRef { name } => {
+                w.put_u32(NFTA_OBJREF_IMM_TYPE, crate::counters::NFT_OBJECT_COUNTER);
+                w.put_str(NFTA_OBJREF_IMM_NAME, name);
             }
             Expr::Dnat {
                 family,

@@ -139,6 +139,16 @@ pub enum Op {
         /// The key, encoded.
         key: Vec<u8>,
     },
+    /// `add counter` (a named counter).
+    AddCounter {
+        /// Counter name.
+        counter: String,
+    },
+    /// `delete counter`.
+    DeleteCounter {
+        /// Counter name.
+        counter: String,
+    },
 }
 
 /// An anonymous (constant) set or map, as nft creates one for `{ ... }` in a rule.
@@ -262,6 +272,12 @@ fn lower_op(family: Family, command: &Command) -> Option<Op> {
             set: set.to_string(),
             key: key_bytes(family, key.parts())?,
         },
+        Command::AddCounter(counter) => Op::AddCounter {
+            counter: counter.to_string(),
+        },
+        Command::DeleteCounter(counter) => Op::DeleteCounter {
+            counter: counter.to_string(),
+        },
     })
 }
 
@@ -318,6 +334,16 @@ fn set_spec(family: Family, kind: SetKind, comment: Option<String>) -> Option<Se
                 comment,
             }
         }
+        SetKind::ProtoPorts => SetSpec {
+            flags: 0,
+            key_type: concat_type(&[TYPE_INET_PROTO, TYPE_INET_SERVICE]),
+            key_len: 8,
+            data: None,
+            timeout_ms: None,
+            // Key byte order unset, as for the maps' concatenations.
+            udata_prefix: udata_u32s(&[(&[0, 4], 0, &[])]),
+            comment,
+        },
     })
 }
 
@@ -589,6 +615,15 @@ fn lower_rule(family: Family, rule: &Rule) -> Option<(Vec<Expr>, Option<Anonymou
                     data: vec![protocol_number(*proto)],
                 });
             }
+            Match::ProtoPortInSet(set) => {
+                push_proto_port_load(&mut exprs, 0);
+                exprs.push(Expr::Lookup {
+                    set_id: None,
+                    set: set.to_string(),
+                    sreg: REG_1,
+                    dreg: None,
+                });
+            }
             Match::Numgen { modulus, value } => {
                 if *modulus == 0 || value >= modulus {
                     return None;
@@ -645,13 +680,17 @@ fn lower_rule(family: Family, rule: &Rule) -> Option<(Vec<Expr>, Option<Anonymou
                     .collect(),
             });
         }
-        Action::Reject => exprs.push(Expr::Reject {
-            icmp_code: match family {
-                // ICMP_PORT_UNREACH, ICMPV6_PORT_UNREACH.
-                Family::Ipv4 => 3,
-                Family::Ipv6 => 4,
-            },
-        }),
+        Action::Reject => exprs.push(reject(family)),
+        Action::CountedReject { counter, tcp_reset } => {
+            exprs.push(Expr::CounterRef {
+                name: counter.to_string(),
+            });
+            exprs.push(if *tcp_reset {
+                Expr::RejectTcpReset
+            } else {
+                reject(family)
+            });
+        }
         Action::Masquerade { fully_random } => exprs.push(Expr::Masquerade {
             flags: fully_random.then_some(NAT_RANGE_PROTO_RANDOM_FULLY),
         }),
@@ -704,6 +743,17 @@ fn lower_rule(family: Family, rule: &Rule) -> Option<(Vec<Expr>, Option<Anonymou
         }
     }
     Some((exprs, anonymous))
+}
+
+/// The family's `reject`: port unreachable.
+fn reject(family: Family) -> Expr {
+    Expr::Reject {
+        icmp_code: match family {
+            // ICMP_PORT_UNREACH, ICMPV6_PORT_UNREACH.
+            Family::Ipv4 => 3,
+            Family::Ipv6 => 4,
+        },
+    }
 }
 
 /// A prefix of an anonymous set: `(address, prefix length)`, canonical only.

@@ -6,17 +6,25 @@
 //! (`..._no_local_endpoints_total`) are registered as they are. Histograms are registered
 //! without a unit, because registering one would append it again.
 //!
+//! With the `NativeHistograms` gate the proxier's histograms also keep native buckets
+//! ([`native`]), which only the protobuf exposition shows.
+//!
 //! Upstream's newest releases add an `ip_family` label; this proxier programs both families
 //! in one sync, so the label is not used.
 
+pub mod native;
+
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
+
+use native::{NativeBuckets, NativeHistograms};
 
 /// Upstream's sync-duration buckets start at 1 ms...
 pub const SYNC_DURATION_BUCKET_START_SECONDS: f64 = 0.001;
@@ -46,6 +54,38 @@ pub struct ForeignLabels {
     pub what: &'static str,
 }
 
+/// A classic histogram that also keeps native buckets when the gate asks for them; the text
+/// exposition shows the classic ones only.
+#[derive(Clone, Debug)]
+pub struct DurationHistogram {
+    classic: Histogram,
+    native: Option<NativeBuckets>,
+}
+
+impl DurationHistogram {
+    /// Count one observation.
+    pub fn observe(&self, value: f64) {
+        self.classic.observe(value);
+        if let Some(native) = &self.native {
+            native.observe(value);
+        }
+    }
+}
+
+impl TypedMetric for DurationHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for DurationHistogram {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.classic.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
 /// A gauge holding seconds since the Unix epoch.
 pub type TimestampGauge = Gauge<f64, AtomicU64>;
 
@@ -53,14 +93,14 @@ pub type TimestampGauge = Gauge<f64, AtomicU64>;
 #[derive(Clone, Debug)]
 pub struct Metrics {
     /// `kubeproxy_sync_proxy_rules_duration_seconds`: every successful sync.
-    pub sync_duration: Histogram,
+    pub sync_duration: DurationHistogram,
     /// `kubeproxy_sync_full_proxy_rules_duration_seconds`: successful full syncs.
-    pub sync_full_duration: Histogram,
+    pub sync_full_duration: DurationHistogram,
     /// `kubeproxy_sync_partial_proxy_rules_duration_seconds`: successful partial syncs.
-    pub sync_partial_duration: Histogram,
+    pub sync_partial_duration: DurationHistogram,
     /// `kubeproxy_network_programming_duration_seconds`: from an EndpointSlice's
     /// last-change-trigger-time to the sync that programmed it.
-    pub network_programming_duration: Histogram,
+    pub network_programming_duration: DurationHistogram,
     /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`: the last successful sync.
     pub last_sync_timestamp: TimestampGauge,
     /// `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds`: the last queued change.
@@ -92,20 +132,36 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Create the metrics and register them in `registry`.
+    /// Create the metrics and register them in `registry` (classic histograms only).
     pub fn register(registry: &mut Registry) -> Self {
-        let sync_buckets = || {
-            Histogram::new(exponential_buckets(
+        Self::register_with(registry, None)
+    }
+
+    /// [`Self::register`]; with `native` (the `NativeHistograms` gate on), the histograms
+    /// also keep native buckets, listed there under their exposed names.
+    pub fn register_with(registry: &mut Registry, native: Option<&NativeHistograms>) -> Self {
+        let histogram = |name: &str, classic: Histogram| DurationHistogram {
+            classic,
+            native: native.map(|n| n.add(name)),
+        };
+        let sync_buckets = |name: &str| {
+            let buckets = exponential_buckets(
                 SYNC_DURATION_BUCKET_START_SECONDS,
                 2.0,
                 SYNC_DURATION_BUCKET_COUNT,
-            ))
+            );
+            histogram(name, Histogram::new(buckets))
         };
         let metrics = Self {
-            sync_duration: sync_buckets(),
-            sync_full_duration: sync_buckets(),
-            sync_partial_duration: sync_buckets(),
-            network_programming_duration: Histogram::new(network_programming_buckets()),
+            sync_duration: sync_buckets("kubeproxy_sync_proxy_rules_duration_seconds"),
+            sync_full_duration: sync_buckets("kubeproxy_sync_full_proxy_rules_duration_seconds"),
+            sync_partial_duration: sync_buckets(
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            ),
+            network_programming_duration: histogram(
+                "kubeproxy_network_programming_duration_seconds",
+                Histogram::new(network_programming_buckets()),
+            ),
             last_sync_timestamp: TimestampGauge::default(),
             last_queued_timestamp: TimestampGauge::default(),
             endpoint_changes_pending: Gauge::default(),

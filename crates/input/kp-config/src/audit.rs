@@ -344,11 +344,8 @@ pub const FEATURE_GATES: &[(&str, GateTreatment)] = &[
     ("ComponentFlagz", GateTreatment::Effective),
     // 1.37 beta: upstream's nftables mode may write over netlink; ours always does.
     ("NFTablesNetlink", GateTreatment::AlwaysOn),
-    // 1.36 alpha, 1.37 beta (KEP-5808): native histograms in the protobuf exposition.
-    (
-        "NativeHistograms",
-        GateTreatment::NoEffect("/metrics serves no protobuf exposition, so no native histograms"),
-    ),
+    // 1.36 alpha, 1.37 beta (KEP-5808): native histogram buckets in the protobuf exposition.
+    ("NativeHistograms", GateTreatment::Effective),
     ("WinDSR", GateTreatment::NoEffect(WINDOWS)),
     ("WinOverlay", GateTreatment::NoEffect(WINDOWS)),
     ("LoggingAlphaOptions", GateTreatment::NoEffect(LOG_OPTIONS)),

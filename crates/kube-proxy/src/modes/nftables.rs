@@ -65,8 +65,8 @@ impl Mode for Nftables {
             layout => layout,
         };
         tracing::info!(layout = %layout, "nftables mode's table layout");
-        render.nftables_localhost_rejects = localhost_rejects(input.config, &host.families, layout);
-        if render.nftables_localhost_rejects.table_rejects {
+        render.nftables_localhost_rejects = localhost_rejects(input.config, &host.families);
+        if render.nftables_localhost_rejects.enabled {
             LocalhostRejectedPackets::register(input.registry, host.families.clone());
         }
         let config = NftablesConfig::new(host.families.clone(), render);
@@ -111,17 +111,15 @@ impl Mode for Nftables {
 const RETIRED_LAYOUT_ENV: &str = "KUBE_PROXY_RS_NFTABLES_LAYOUT";
 
 /// What the table rejects of localhost NodePort traffic (KEP-6032): with the gate on, UDP
-/// and SCTP, and TCP in the families without listeners ([`explicit_loopback`]); in the
-/// verdict-free layout only (the chain layout writes no rejects).
+/// and SCTP, and TCP in the families without listeners ([`explicit_loopback`]); in either
+/// layout.
 pub(crate) fn localhost_rejects(
     config: &KubeProxyConfiguration,
     families: &[IpFamily],
-    layout: NftablesLayout,
 ) -> LocalhostNodePortRejects {
     let enabled = enabled(&config.feature_gates, LOCALHOST_NODE_PORTS_GATE);
     LocalhostNodePortRejects {
         enabled,
-        table_rejects: enabled && layout == NftablesLayout::Maps,
         served: if enabled {
             explicit_loopback(config, families)
                 .iter()

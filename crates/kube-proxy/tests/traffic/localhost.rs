@@ -121,6 +121,7 @@ const UDP_V4: u16 = 30123;
 const UDP_V6: u16 = 30124;
 const TCP_V4: u16 = 30125;
 const REJECTED: &str = "kubeproxy_nftables_localhost_nodeport_rejected_packets_total";
+const CLEANUP_FAILURES: &str = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total";
 
 /// `REJECTED`'s series of `family` and `protocol`, if served.
 fn rejected(env: &Env, family: &str, protocol: &str) -> Option<f64> {
@@ -145,7 +146,8 @@ fn from_node(env: &Env, what: &str, addr: &str, port: u16, udp: bool, outcome: &
 /// with the gate off; with the gate on the table refuses them (and TCP ones too while no
 /// listener serves the family), counted per family and protocol in
 /// `kubeproxy_nftables_localhost_nodeport_rejected_packets_total`; the node's primary
-/// address still reaches the pods; a restart with the gate off again lets the program be.
+/// address still reaches the pods; a switch to the other layout keeps rejecting and counting
+/// (and cleans up after the first); a restart with the gate off again lets the program be.
 pub fn localhost_rejects(mode: Mode) {
     assert!(mode.is_nftables(), "a scenario of nftables mode");
     let c = crate::scenarios::cluster(true);
@@ -244,6 +246,29 @@ pub fn localhost_rejects(mode: Mode) {
     assert!(
         rejected(&env, "IPv4", "UDP").is_some_and(|n| n >= 6.0),
         "{}",
+        env.diag()
+    );
+
+    // A switch to the other layout keeps the rejects, and removes the first layout's objects
+    // without touching the shared set. The chain layout adopts the table, counts included;
+    // the default layout replaces a chain layout's table, so its counts start again.
+    let before = rejected(&env, "IPv4", "UDP").unwrap_or_default();
+    let (other, kept) = match mode {
+        Mode::NftablesChains => ("--nftables-layout=maps", 0.0),
+        _ => ("--nftables-layout=chains", before),
+    };
+    env.restart_with(flags("primary,localhost", true).flag(other));
+    from_node(&env, other, "127.0.0.1", UDP_V4, true, &Outcome::Refused);
+    from_node(&env, other, "::1", UDP_V6, true, &Outcome::Refused);
+    assert!(
+        rejected(&env, "IPv4", "UDP").is_some_and(|n| n >= kept + 3.0),
+        "{other}: {kept}{}",
+        env.diag()
+    );
+    assert_eq!(
+        metric_sum(&env.metrics(), CLEANUP_FAILURES),
+        Some(0.0),
+        "{other}{}",
         env.diag()
     );
 

@@ -93,17 +93,15 @@ impl NodePortAddresses {
 /// table, counted per protocol: UDP and SCTP always (the userspace listeners are TCP only),
 /// TCP too in a family whose NodePorts no listener serves (loopback not named explicitly in
 /// `nodePortAddresses`). Off (the default), nothing is rejected: the kernel refuses what no
-/// socket listens on. Only the verdict-free layout writes the rejects (`table_rejects`); the
-/// chain layout's NodePort maps hold `goto` elements, which the kernel refuses once a rule
-/// looks such a map up as a set (EOPNOTSUPP), so it would need a set of its own.
+/// socket listens on. Both layouts write the rejects, each looking the NodePort up in a
+/// `proto . port` set of its own (the chain layout's NodePort maps hold `goto` elements, which
+/// the kernel refuses once a rule looks such a map up as a set: EOPNOTSUPP).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LocalhostNodePortRejects {
     /// The gate is on.
     pub enabled: bool,
     /// The families whose loopback TCP NodePorts the userspace listeners serve.
     pub served: Vec<IpFamily>,
-    /// The table writes the rejects (the verdict-free layout).
-    pub table_rejects: bool,
 }
 
 impl LocalhostNodePortRejects {
@@ -111,10 +109,7 @@ impl LocalhostNodePortRejects {
     pub fn protocols(&self, family: IpFamily) -> &'static [Protocol] {
         const UNSERVED: [Protocol; 2] = [Protocol::Udp, Protocol::Sctp];
         const ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
-        match (
-            self.enabled && self.table_rejects,
-            self.served.contains(&family),
-        ) {
+        match (self.enabled, self.served.contains(&family)) {
             (false, _) => &[],
             (true, true) => &UNSERVED,
             (true, false) => &ALL,

@@ -199,6 +199,9 @@ pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 /// NodePorts without (usable) endpoints.
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+/// The NodePorts whose localhost traffic is rejected and counted (KEP-6032, the
+/// [`LocalhostNodePortRejects`] protocols): `proto . port`, the verdict-free layout's name.
+pub const NODEPORT_LOCALHOST_REJECT: &str = "nodeport-localhost-reject";
 /// Helper chain holding the `reject` the no-endpoint maps jump to.
 pub const REJECT_CHAIN: &str = "reject-chain";
 /// Chain setting the masquerade mark.
@@ -219,17 +222,20 @@ pub enum ElementSet {
     NoEndpointServices,
     /// [`NO_ENDPOINT_NODEPORTS`].
     NoEndpointNodePorts,
+    /// [`NODEPORT_LOCALHOST_REJECT`].
+    NodePortLocalhostReject,
 }
 
 impl ElementSet {
     /// Every element set, in the order a full sync flushes them.
-    pub const ALL: [ElementSet; 6] = [
+    pub const ALL: [ElementSet; 7] = [
         ElementSet::ClusterIps,
         ElementSet::ServiceIps,
         ElementSet::ServiceNodePorts,
         ElementSet::FirewallIps,
         ElementSet::NoEndpointServices,
         ElementSet::NoEndpointNodePorts,
+        ElementSet::NodePortLocalhostReject,
     ];
 
     /// The nft object name.
@@ -241,13 +247,14 @@ impl ElementSet {
             ElementSet::FirewallIps => FIREWALL_IPS,
             ElementSet::NoEndpointServices => NO_ENDPOINT_SERVICES,
             ElementSet::NoEndpointNodePorts => NO_ENDPOINT_NODEPORTS,
+            ElementSet::NodePortLocalhostReject => NODEPORT_LOCALHOST_REJECT,
         }
     }
 
     /// `set` or `map`, as the `flush` statement needs it.
     pub fn object(self) -> &'static str {
         match self {
-            ElementSet::ClusterIps => "set",
+            ElementSet::ClusterIps | ElementSet::NodePortLocalhostReject => "set",
             _ => "map",
         }
     }

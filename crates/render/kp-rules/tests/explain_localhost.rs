@@ -34,17 +34,12 @@ fn state_of() -> ProxyState {
     ])
 }
 
-/// The gate `enabled`, listeners in `served`; the verdict-free layout (which rejects).
+/// The gate `enabled`, listeners in `served` (either layout: both reject).
 fn config(enabled: bool, served: &[IpFamily]) -> RenderConfig {
-    layout_config(enabled, served, enabled)
-}
-
-fn layout_config(enabled: bool, served: &[IpFamily], table_rejects: bool) -> RenderConfig {
     RenderConfig {
         nftables_localhost_rejects: LocalhostNodePortRejects {
             enabled,
             served: served.to_vec(),
-            table_rejects,
         },
         ..RenderConfig::default()
     }
@@ -119,16 +114,6 @@ fn gate_off_leaves_loopback_alone() {
     assert_eq!(one(&off, "127.0.0.1:30080"), LocalhostVerdict::Untouched);
     assert_eq!(
         one(&off, "127.0.0.1:30081/udp"),
-        LocalhostVerdict::Untouched
-    );
-    // The chain layout with the gate on: listeners, but no rejects.
-    let chains = layout_config(true, &[IpFamily::V4], false);
-    assert!(matches!(
-        one(&chains, "127.0.0.1:30080"),
-        LocalhostVerdict::Listener { .. }
-    ));
-    assert_eq!(
-        one(&chains, "127.0.0.1:30081/udp"),
         LocalhostVerdict::Untouched
     );
 }

@@ -346,3 +346,67 @@ fn balancing_cascade_and_large_services() {
         "{listing}"
     );
 }
+
+/// KEP-6032 in the chain layout: with the gate on, every NodePort of a rejected protocol is an
+/// element of its own `proto . port` set, looked up by one counted reject rule per protocol
+/// in `filter-input` (a TCP reset for TCP); a served family keeps TCP out (its counter is
+/// deleted); the gate off leaves no rule (the other snapshots).
+#[test]
+fn localhost_rejects() {
+    let mut tcp = cluster_ip("ns", "web", "http", "172.30.0.51", 80);
+    tcp.node_port = Some(30080);
+    let mut udp = cluster_ip("ns", "dns", "dns", "172.30.0.53", 53);
+    udp.name.protocol = Protocol::Udp;
+    udp.node_port = Some(30053);
+    let state = state(vec![
+        (tcp, vec![endpoint("10.180.0.1", 8080, false)]),
+        (udp, vec![]),
+    ]);
+    let config = |served: Vec<IpFamily>| RenderConfig {
+        nftables_localhost_rejects: kp_rules::nftables::LocalhostNodePortRejects {
+            enabled: true,
+            served,
+        },
+        ..nft_config()
+    };
+    let unserved = full(&state, IpFamily::V4, &config(Vec::new()));
+    let script = &unserved.script();
+    assert_eq!(
+        lines_with(script, "@nodeport-localhost-reject"),
+        [
+            "add rule ip kube-proxy filter-input ip daddr 127.0.0.0/8 meta l4proto tcp meta l4proto . th dport @nodeport-localhost-reject counter name localhost-nodeport-rejected-tcp reject with tcp reset",
+            "add rule ip kube-proxy filter-input ip daddr 127.0.0.0/8 meta l4proto udp meta l4proto . th dport @nodeport-localhost-reject counter name localhost-nodeport-rejected-udp reject",
+            "add rule ip kube-proxy filter-input ip daddr 127.0.0.0/8 meta l4proto sctp meta l4proto . th dport @nodeport-localhost-reject counter name localhost-nodeport-rejected-sctp reject",
+        ]
+    );
+    // Whatever the endpoints: the UDP Service has none.
+    assert_eq!(
+        lines_with(
+            script,
+            "add element ip kube-proxy nodeport-localhost-reject"
+        ),
+        [
+            "add element ip kube-proxy nodeport-localhost-reject { tcp . 30080 }",
+            "add element ip kube-proxy nodeport-localhost-reject { udp . 30053 }",
+        ]
+    );
+    assert!(!script.contains("delete counter"), "{script}");
+    check("localhost_rejects", &unserved, IpFamily::V4);
+
+    let served = full(&state, IpFamily::V4, &config(vec![IpFamily::V4]));
+    let script = &served.script();
+    assert_eq!(
+        lines_with(script, "delete counter"),
+        ["delete counter ip kube-proxy localhost-nodeport-rejected-tcp"]
+    );
+    assert!(
+        !script.contains("nodeport-localhost-reject { tcp"),
+        "{script}"
+    );
+    assert!(script.contains("add element ip kube-proxy nodeport-localhost-reject { udp . 30053 }"));
+    let v6 = full(&state, IpFamily::V6, &config(Vec::new()));
+    assert!(
+        v6.script()
+            .contains("filter-input ip6 daddr ::1 meta l4proto udp meta l4proto . th dport @nodeport-localhost-reject")
+    );
+}

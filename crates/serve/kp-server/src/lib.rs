@@ -26,6 +26,7 @@
 pub mod explain;
 pub mod health;
 pub mod metrics;
+pub mod protobuf;
 pub mod service_health;
 pub mod zpages;
 

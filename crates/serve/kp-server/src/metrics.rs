@@ -7,6 +7,9 @@
 //! Agent/Alloy, the OpenTelemetry collector, Datadog, VictoriaMetrics) pick their parser from
 //! that content type, so serving the encoder's output unchanged is both accepted and exact;
 //! rewriting it to the 0.0.4 text format would mean re-parsing it and dropping `# EOF`.
+//! A scrape whose `Accept` header asks for the delimited MetricFamily protobuf gets that
+//! instead ([`crate::protobuf`]), with native histogram buckets under `NativeHistograms`;
+//! anything else gets the text (never a 406, as client_golang's handler).
 
 use kp_core::report::ErrorChain as _;
 use std::sync::Arc;
@@ -19,6 +22,7 @@ use axum::http::header::{CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
+use kp_core::metrics::native::NativeHistograms;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -46,11 +50,14 @@ pub struct MetricsInfo {
     pub configz: serde_json::Value,
     /// `/statusz` and `/flagz` (their `paths` are filled in here); `None` serves neither.
     pub zpages: Option<ZpageInfo>,
+    /// The histograms with native buckets (empty without the `NativeHistograms` gate).
+    pub native: NativeHistograms,
 }
 
 #[derive(Clone)]
 struct MetricsState {
     registry: Arc<Registry>,
+    native: NativeHistograms,
     proxy_mode: Bytes,
     configz: Bytes,
 }
@@ -82,6 +89,7 @@ pub async fn serve_metrics_with_explain(
     let configz = serde_json::to_vec(&document).map_err(ServerError::Configz)?;
     let state = MetricsState {
         registry,
+        native: info.native,
         proxy_mode: Bytes::from(info.proxy_mode),
         configz: Bytes::from(configz),
     };
@@ -126,9 +134,28 @@ pub async fn serve_metrics_with_explain(
     serve_router("metrics", listener, router, shutdown).await
 }
 
-async fn metrics(State(state): State<MetricsState>) -> Response {
+async fn metrics(State(state): State<MetricsState>, headers: HeaderMap) -> Response {
     let mut text = String::new();
+    let protobuf = headers
+        .get_all(axum::http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(crate::protobuf::accepts_protobuf);
     match prometheus_client::encoding::text::encode(&mut text, &state.registry) {
+        Ok(()) if protobuf => match crate::protobuf::encode(&text, &state.native) {
+            Ok(bytes) => (
+                [(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static(crate::protobuf::PROTOBUF_CONTENT_TYPE),
+                )],
+                bytes,
+            )
+                .into_response(),
+            Err(error) => {
+                tracing::error!(error = %error.chain(), "cannot encode metrics as protobuf");
+                StatusCode::INTERNAL_SERVER_ERROR.into_response()
+            }
+        },
         Ok(()) => (
             [(
                 CONTENT_TYPE,

@@ -20,6 +20,7 @@ fn info() -> MetricsInfo {
         proxy_mode: "iptables".to_owned(),
         configz: serde_json::json!({ "mode": "iptables" }),
         zpages: None,
+        native: Default::default(),
     }
 }
 

@@ -19,6 +19,7 @@ fn info() -> MetricsInfo {
         proxy_mode: "nftables".to_owned(),
         configz: serde_json::json!({ "mode": "nftables", "bindAddress": "0.0.0.0" }),
         zpages: None,
+        native: Default::default(),
     }
 }
 
@@ -260,4 +261,90 @@ async fn health_counters_show_up_on_metrics() {
         "{text}"
     );
     shutdown.cancel();
+}
+
+/// `GET /metrics` with `accept`, over a plain connection: the content type and raw body (the
+/// protobuf exposition is not text).
+async fn raw_metrics(addr: std::net::SocketAddr, accept: Option<&str>) -> (String, Vec<u8>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
+    let request =
+        format!("GET /metrics HTTP/1.1\r\nHost: test\r\n{accept}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.expect("read");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("headers end");
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let content_type = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-type: "))
+        .unwrap_or_default()
+        .to_owned();
+    (content_type, raw[split + 4..].to_vec())
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// KEP-5808: text unless the scraper asks for the delimited MetricFamily protobuf; with the
+/// `NativeHistograms` gate that carries the native fields beside the classic buckets, without
+/// it classic buckets only.
+#[tokio::test]
+async fn metrics_negotiate_protobuf_with_native_histograms() {
+    const PROTOBUF: &str = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited";
+    // zero_threshold = 6: 2^-128; positive_span = 12 {offset 0, length 1}; delta = 13: +1.
+    const THRESHOLD: [u8; 9] = [0x31, 0, 0, 0, 0, 0, 0, 0xf0, 0x37];
+    const SPAN_AT_ZERO: [u8; 8] = [0x62, 4, 0x08, 0, 0x10, 1, 0x68, 2];
+    for gate in [true, false] {
+        let native = kp_core::metrics::native::NativeHistograms::default();
+        let mut registry = Registry::default();
+        let metrics =
+            kp_core::metrics::Metrics::register_with(&mut registry, gate.then_some(&native));
+        metrics.sync_duration.observe(1.0);
+        let (listener, addr) = local_listener().await;
+        let shutdown = CancellationToken::new();
+        let served = MetricsInfo { native, ..info() };
+        let task = tokio::spawn(serve_metrics(
+            listener,
+            Arc::new(registry),
+            served,
+            shutdown.clone(),
+        ));
+
+        let (text_type, text) = raw_metrics(addr, None).await;
+        assert_eq!(text_type, OPENMETRICS_CONTENT_TYPE, "gate {gate}");
+        let text = String::from_utf8(text).expect("text");
+        assert!(
+            text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"1.024\"} 1"),
+            "{text}"
+        );
+        let (_, openmetrics) = raw_metrics(addr, Some("application/openmetrics-text")).await;
+        assert_eq!(openmetrics, text.as_bytes(), "gate {gate}");
+
+        let (proto_type, proto) = raw_metrics(addr, Some(PROTOBUF)).await;
+        assert_eq!(
+            proto_type,
+            kp_server::protobuf::PROTOBUF_CONTENT_TYPE.to_ascii_lowercase(),
+            "gate {gate}"
+        );
+        assert!(contains(
+            &proto,
+            b"kubeproxy_sync_proxy_rules_duration_seconds"
+        ));
+        // A classic bucket: cumulative_count 1, upper_bound 1.024.
+        let mut bucket = vec![0x08, 1, 0x11];
+        bucket.extend_from_slice(&1.024f64.to_le_bytes());
+        assert!(contains(&proto, &bucket), "gate {gate}");
+        assert_eq!(contains(&proto, &THRESHOLD), gate, "gate {gate}");
+        assert_eq!(contains(&proto, &SPAN_AT_ZERO), gate, "gate {gate}");
+        shutdown.cancel();
+        task.await.expect("joins").expect("serves");
+    }
 }

@@ -33,8 +33,8 @@ pub enum LocalhostVerdict {
         /// The named counter.
         counter: &'static str,
     },
-    /// Neither a listener nor a reject rule (the gate off, or the chain layout, which writes
-    /// no rejects): the table does not match loopback; whatever listens there gets it.
+    /// Neither a listener nor a reject rule (the gate off): the table does not match
+    /// loopback; whatever listens there gets it.
     Untouched,
 }
 

@@ -162,6 +162,8 @@ struct Context<'a> {
     node: &'a NodeInfo,
     /// This node's IP of `family`, for each plan's [`crate::plan::ServicePlan::allow_from_node`].
     node_ip: Option<IpAddr>,
+    /// The protocols whose localhost NodePort traffic is rejected (KEP-6032).
+    localhost_rejects: &'static [kp_core::model::Protocol],
 }
 
 impl<'a> Context<'a> {
@@ -179,6 +181,7 @@ impl<'a> Context<'a> {
             config,
             node: &state.node,
             node_ip: crate::iptables::node_ip(&config.node_ips, &state.node, family),
+            localhost_rejects: config.nftables_localhost_rejects.protocols(family),
         }
     }
 }

@@ -121,6 +121,8 @@ pub fn check_structure(script: &str, family: IpFamily) {
         "flush map",
         "add element",
         "delete element",
+        "add counter",
+        "delete counter",
     ];
     for line in script.lines() {
         assert!(

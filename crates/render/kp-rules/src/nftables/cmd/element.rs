@@ -18,6 +18,8 @@ pub enum SetKind {
     },
     /// A verdict map.
     VerdictMap(MapKey),
+    /// A set of `protocol . port` (`type inet_proto . inet_service`).
+    ProtoPorts,
 }
 
 /// The key of a set or map element.

@@ -154,6 +154,8 @@ pub enum Match {
     },
     /// `meta l4proto PROTO`.
     L4Proto(Protocol),
+    /// `meta l4proto . th dport @SET`: a named `protocol . port` set.
+    ProtoPortInSet(Name),
     /// `numgen random mod MODULUS VALUE`.
     Numgen {
         /// The modulus (at least 1).
@@ -188,6 +190,13 @@ pub enum Action {
     NumgenVmap(Vec<Name>),
     /// `reject` (the family's default: port unreachable).
     Reject,
+    /// `counter name COUNTER reject [with tcp reset]`: counted in a named counter.
+    CountedReject {
+        /// The named counter.
+        counter: Name,
+        /// A TCP reset instead of port unreachable (TCP rules only).
+        tcp_reset: bool,
+    },
     /// `masquerade [fully-random]`.
     Masquerade {
         /// `fully-random`.

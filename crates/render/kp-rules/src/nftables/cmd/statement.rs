@@ -73,6 +73,10 @@ pub enum Command {
         /// The key.
         key: ElementKey,
     },
+    /// `add counter T NAME`: a named counter (an existing one keeps its values).
+    AddCounter(Name),
+    /// `delete counter T NAME`.
+    DeleteCounter(Name),
 }
 
 /// The `ip` / `ip6` keyword of a family (table family and address matches).
@@ -165,6 +169,9 @@ impl fmt::Display for Statement<'_> {
                         }
                         f.write_str("inet_proto . inet_service : verdict")?;
                     }
+                    SetKind::ProtoPorts => {
+                        write!(f, "add set {table} {set} {{ type inet_proto . inet_service")?;
+                    }
                 }
                 f.write_str(" ; ")?;
                 if let SetKind::Addresses {
@@ -201,6 +208,8 @@ impl fmt::Display for Statement<'_> {
             Command::DeleteElement { set, key } => {
                 write!(f, "delete element {table} {set} {{ {key} }}")
             }
+            Command::AddCounter(counter) => write!(f, "add counter {table} {counter}"),
+            Command::DeleteCounter(counter) => write!(f, "delete counter {table} {counter}"),
         }
     }
 }
@@ -239,6 +248,7 @@ fn write_rule(f: &mut fmt::Formatter<'_>, ip: &str, rule: &Rule) -> fmt::Result 
             Match::CtStateNew => f.write_str("ct state new ")?,
             Match::MarkAnd { mask, value } => write!(f, "mark and {mask:#x} == {value} ")?,
             Match::L4Proto(proto) => write!(f, "meta l4proto {} ", proto.as_str())?,
+            Match::ProtoPortInSet(set) => write!(f, "meta l4proto . th dport @{set} ")?,
             Match::Numgen { modulus, value } => {
                 write!(f, "numgen random mod {modulus} {value} ")?;
             }
@@ -261,6 +271,10 @@ fn write_rule(f: &mut fmt::Formatter<'_>, ip: &str, rule: &Rule) -> fmt::Result 
             f.write_str(" }")?;
         }
         Action::Reject => f.write_str("reject")?,
+        Action::CountedReject { counter, tcp_reset } => {
+            let with = if *tcp_reset { " with tcp reset" } else { "" };
+            write!(f, "counter name {counter} reject{with}")?;
+        }
         Action::Masquerade { fully_random } => {
             f.write_str(if *fully_random {
                 "masquerade fully-random"

@@ -61,8 +61,8 @@ pub const OWN_CHAINS: [&str; 9] = [
     FIREWALL,
 ];
 
-/// Whether `name` is a set or map only this layout has (not `cluster-ips` and
-/// `nodeport-ips`, which the chain layout has too).
+/// Whether `name` is a set or map only this layout has (not `cluster-ips`, `nodeport-ips`
+/// and `nodeport-localhost-reject`, which the chain layout has too).
 pub fn is_own_set(name: &str) -> bool {
     // The per-timeout maps of an earlier version of the layout, and its sets.
     let legacy_map = name
@@ -75,8 +75,14 @@ pub fn is_own_set(name: &str) -> bool {
         || super::element::is_shared_slot_map(name)
         || AffinityPort::of_map(name).is_some()
         || Class::of_set_name(name).is_some()
-        || super::element::SetOf::parse(name)
-            .is_some_and(|set| set != super::element::SetOf::ClusterIps)
+        || super::element::SetOf::parse(name).is_some_and(|set| {
+            set != super::element::SetOf::ClusterIps
+                && set
+                    != super::element::SetOf::Entries(
+                        super::element::EntrySet::LocalhostReject,
+                        true,
+                    )
+        })
 }
 
 /// What the fixed rules depend on besides the classes in use.

@@ -670,6 +670,14 @@ fn localhost_rejects_are_elements_and_counted_rules() {
         Some(SetOf::Entries(EntrySet::LocalhostReject, true))
     );
     assert_eq!(SetOf::parse("localhost-reject"), None);
+    // The chain layout's set of the same name and type: a switch to it keeps it.
+    assert_eq!(
+        super::element::entry_set_name(EntrySet::LocalhostReject, true),
+        crate::nftables::NODEPORT_LOCALHOST_REJECT
+    );
+    assert!(!fixed::is_own_set(
+        crate::nftables::NODEPORT_LOCALHOST_REJECT
+    ));
 
     let fixed = |rejects| {
         let config = FixedConfig {

@@ -3,7 +3,7 @@
 //! so its text doubles as the fingerprint of the installed layout.
 
 use ipnet::IpNet;
-use kp_core::model::IpFamily;
+use kp_core::model::{IpFamily, Protocol};
 
 use super::super::cmd::{
     Action, AddrField, Command, ElementKey, ElementValue, Hook, KeyParts, MapKey, Match, Rule,
@@ -11,7 +11,8 @@ use super::super::cmd::{
 };
 use super::super::{
     BASE_CHAINS, CLUSTER_IPS, ElementSet, FIREWALL_IPS, MARK_FOR_MASQUERADE, NO_ENDPOINT_NODEPORTS,
-    NO_ENDPOINT_SERVICES, NODEPORT_IPS, REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS,
+    NO_ENDPOINT_SERVICES, NODEPORT_IPS, NODEPORT_LOCALHOST_REJECT, REJECT_CHAIN, SERVICE_IPS,
+    SERVICE_NODEPORTS,
 };
 use super::{Context, add_chain, add_rule, addr_in_set, comment_text, jump};
 
@@ -34,6 +35,7 @@ pub(super) fn fixed_commands(
     out.extend(sets());
     let nodeport_match = nodeport_ips(ctx, &mut out);
     out.extend(base_chain_jumps());
+    out.extend(localhost_rejects(ctx));
     out.extend(cluster_ips_check(ctx, service_cidrs));
     out.extend(helper_rules(ctx, mark, nodeport_match));
     out
@@ -109,6 +111,11 @@ fn sets() -> Vec<Command> {
             "ClusterIP, ExternalIP and LoadBalancer IP traffic",
         ),
         (SERVICE_NODEPORTS, port_only, "NodePort traffic"),
+        (
+            NODEPORT_LOCALHOST_REJECT,
+            SetKind::ProtoPorts,
+            "NodePorts whose localhost traffic is rejected",
+        ),
     ] {
         out.push(Command::AddSet {
             set: name.into(),
@@ -128,8 +135,8 @@ fn sets() -> Vec<Command> {
 /// Which destinations accept NodePorts: the listed node addresses (the `nodeport-ips` set,
 /// filled here, and the match on it), or every local address but loopback (`None`: the set
 /// is deleted). Loopback never is one: the kernel cannot DNAT it without `route_localnet`;
-/// localhost NodePorts are the userspace listeners' (KEP-6032; this layout does not reject
-/// the rest of their traffic, the verdict-free one does).
+/// localhost NodePorts are the userspace listeners' (KEP-6032; the rest of their traffic is
+/// [`localhost_rejects`]').
 fn nodeport_ips(ctx: &Context<'_>, out: &mut Vec<Command>) -> Option<Match> {
     out.push(Command::AddSet {
         set: NODEPORT_IPS.into(),
@@ -177,6 +184,40 @@ fn base_chain_jumps() -> Vec<Command> {
         rule(chain, jump(Vec::new(), SERVICES));
     }
     rule("nat-postrouting", jump(Vec::new(), MASQUERADING));
+    out
+}
+
+/// KEP-6032: localhost traffic to the NodePorts of `nodeport-localhost-reject` is rejected
+/// in `filter-input`, counted per protocol in upstream's named counters, as the verdict-free
+/// layout does; a protocol not rejected has its counter deleted (`add` first, so the
+/// deletion cannot fail). Its own `proto . port` set, because the NodePort verdict maps
+/// cannot be looked up as a set (their `goto` elements: EOPNOTSUPP).
+fn localhost_rejects(ctx: &Context<'_>) -> Vec<Command> {
+    let mut out = Vec::new();
+    let loopback = Match::Addr {
+        field: AddrField::Destination,
+        negate: false,
+        value: ctx.fam.loopback,
+    };
+    for proto in crate::nftables::layout::element::PROTOCOLS {
+        let counter = crate::nftables::localhost_reject_counter(proto);
+        out.push(Command::AddCounter(counter.into()));
+        if !ctx.localhost_rejects.contains(&proto) {
+            out.push(Command::DeleteCounter(counter.into()));
+            continue;
+        }
+        // A reset for TCP, as a port without a socket answers (see the verdict-free layout).
+        let action = Action::CountedReject {
+            counter: counter.into(),
+            tcp_reset: proto == Protocol::Tcp,
+        };
+        let matches = vec![
+            loopback.clone(),
+            Match::L4Proto(proto),
+            Match::ProtoPortInSet(NODEPORT_LOCALHOST_REJECT.into()),
+        ];
+        out.push(add_rule("filter-input", Rule::new(matches, action)));
+    }
     out
 }
 

@@ -346,7 +346,16 @@ impl<'a, 'e> Writer<'a, 'e> {
                 ));
             }
             if let Some(verdict) = &filter {
-                out.push(self.element(ElementSet::NoEndpointNodePorts, key, Some(verdict), true));
+                out.push(self.element(
+                    ElementSet::NoEndpointNodePorts,
+                    key.clone(),
+                    Some(verdict),
+                    true,
+                ));
+            }
+            // KEP-6032: whatever the endpoints, its localhost traffic is refused.
+            if self.ctx.localhost_rejects.contains(&self.name.protocol) {
+                out.push(self.element(ElementSet::NodePortLocalhostReject, key, None, false));
             }
         }
     }
