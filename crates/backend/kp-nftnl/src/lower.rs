@@ -340,6 +340,7 @@ fn set_spec(family: Family, kind: SetKind, comment: Option<String>) -> Option<Se
             key_len: 8,
             data: None,
             timeout_ms: None,
+            size: None,
             // Key byte order unset, as for the maps' concatenations.
             udata_prefix: udata_u32s(&[(&[0, 4], 0, &[])]),
             comment,
