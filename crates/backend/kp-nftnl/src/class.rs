@@ -24,7 +24,7 @@ use crate::expr::{
 use crate::lower::{
     Lowered, Op, SET_EVAL, SET_TIMEOUT, SetSpec, TYPE_INET_PROTO, TYPE_INET_SERVICE,
     TYPE_IPV4_ADDR, TYPE_IPV6_ADDR, addr_offset, concat_register, concat_type, load_addr,
-    load_addr_to, match_iifname, match_prefix, protocol_number, push_proto_port_load,
+    load_addr_to, match_iifname, match_prefix, match_proto, push_proto_port_load,
 };
 
 /// nft's id of the integer type (`numgen`'s).
@@ -347,19 +347,6 @@ fn loopback(family: Family) -> IpNet {
             128,
         )),
     }
-}
-
-/// `meta l4proto <proto>`.
-fn match_proto(exprs: &mut Vec<Expr>, proto: Protocol) {
-    exprs.push(Expr::Meta {
-        key: META_L4PROTO,
-        dreg: REG_1,
-    });
-    exprs.push(Expr::Cmp {
-        sreg: REG_1,
-        op: CmpOp::Eq,
-        data: vec![protocol_number(proto)],
-    });
 }
 
 /// A NodePort entry's destination match, if any.

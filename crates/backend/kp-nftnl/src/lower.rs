@@ -396,6 +396,19 @@ pub(crate) fn addr_offset(family: Family, field: AddrField) -> (u32, u32) {
     }
 }
 
+/// `meta l4proto <proto>`.
+pub(crate) fn match_proto(exprs: &mut Vec<Expr>, proto: Protocol) {
+    exprs.push(Expr::Meta {
+        key: META_L4PROTO,
+        dreg: REG_1,
+    });
+    exprs.push(Expr::Cmp {
+        sreg: REG_1,
+        op: CmpOp::Eq,
+        data: vec![protocol_number(proto)],
+    });
+}
+
 /// Load the whole source or destination address into the first register.
 pub(crate) fn load_addr(exprs: &mut Vec<Expr>, family: Family, field: AddrField) {
     load_addr_to(exprs, family, field, REG_1);
@@ -606,15 +619,7 @@ fn lower_rule(family: Family, rule: &Rule) -> Option<(Vec<Expr>, Option<Anonymou
                 });
             }
             Match::L4Proto(proto) => {
-                exprs.push(Expr::Meta {
-                    key: META_L4PROTO,
-                    dreg: REG_1,
-                });
-                exprs.push(Expr::Cmp {
-                    sreg: REG_1,
-                    op: CmpOp::Eq,
-                    data: vec![protocol_number(*proto)],
-                });
+                match_proto(&mut exprs, *proto);
             }
             Match::ProtoPortInSet(set) => {
                 push_proto_port_load(&mut exprs, 0);

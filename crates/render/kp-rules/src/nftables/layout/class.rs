@@ -406,27 +406,29 @@ impl ClassObject {
 
 /// `<ip> daddr . meta l4proto . th dport`, or the NodePort key.
 fn entry_key(family: IpFamily, node_port: bool) -> String {
-    if node_port {
-        "meta l4proto . th dport".to_owned()
-    } else {
-        format!("{} daddr . meta l4proto . th dport", ip(family))
+    super::fixed::entry_key(ip(family), node_port)
+}
+
+/// `<ip> daddr @nodeport-ips`, or `fib daddr type local <ip> daddr != <loopback>`.
+pub(super) fn node_port_dst_text(family: IpFamily, dst: NodePortDst) -> String {
+    let ip = ip(family);
+    match dst {
+        NodePortDst::Ips => format!("{ip} daddr @nodeport-ips"),
+        NodePortDst::LocalNotLoopback => {
+            let loopback = match family {
+                IpFamily::V4 => "127.0.0.0/8",
+                IpFamily::V6 => "::1",
+            };
+            format!("fib daddr type local {ip} daddr != {loopback}")
+        }
     }
 }
 
 /// A NodePort entry's destination match and a space, or nothing.
 fn dst_text(family: IpFamily, node_port: Option<NodePortDst>) -> String {
-    let ip = ip(family);
-    match node_port {
-        Some(NodePortDst::Ips) => format!("{ip} daddr @nodeport-ips "),
-        Some(NodePortDst::LocalNotLoopback) => {
-            let loopback = match family {
-                IpFamily::V4 => "127.0.0.0/8",
-                IpFamily::V6 => "::1",
-            };
-            format!("fib daddr type local {ip} daddr != {loopback} ")
-        }
-        None => String::new(),
-    }
+    node_port.map_or_else(String::new, |dst| {
+        format!("{} ", node_port_dst_text(family, dst))
+    })
 }
 
 /// A source match and a space, or nothing.

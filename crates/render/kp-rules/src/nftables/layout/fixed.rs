@@ -170,15 +170,7 @@ impl FixedConfig {
 
     /// The match of a destination that accepts NodePorts.
     fn node_port_destination(&self) -> String {
-        if self.node_port_ips().is_some() {
-            format!("{} daddr @nodeport-ips", self.ip())
-        } else {
-            let loopback = match self.family {
-                IpFamily::V4 => "127.0.0.0/8",
-                IpFamily::V6 => "::1",
-            };
-            format!("fib daddr type local {} daddr != {loopback}", self.ip())
-        }
+        super::class::node_port_dst_text(self.family, self.node_port_dst())
     }
 }
 
@@ -214,7 +206,7 @@ fn entry_prefix(nodeport_dst: &str, node_port: bool) -> String {
 }
 
 /// `ip daddr . meta l4proto . th dport` (or the NodePort key) of an entry kind.
-fn entry_key(ip: &str, node_port: bool) -> String {
+pub(super) fn entry_key(ip: &str, node_port: bool) -> String {
     if node_port {
         "meta l4proto . th dport".to_owned()
     } else {
