@@ -104,19 +104,22 @@ impl Drop for Proxy {
     }
 }
 
-/// A plain HTTP/1.1 GET; returns (status, body).
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+/// Connect, retrying while the server is not yet listening: the log line a test waits for
+/// (a sync) can come before the metrics server binds.
+fn connect(addr: SocketAddr) -> TcpStream {
     let deadline = Instant::now() + PATIENCE;
-    let mut stream = loop {
+    loop {
         match TcpStream::connect(addr) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            Ok(stream) => return stream,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
             Err(e) => panic!("connect {addr}: {e}"),
         }
-    };
+    }
+}
+
+/// A plain HTTP/1.1 GET; returns (status, body).
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = connect(addr);
     stream.set_read_timeout(Some(PATIENCE)).expect("timeout");
     write!(
         stream,
@@ -598,7 +601,7 @@ fn without_a_node_the_proxy_falls_back_as_upstream() {
 
 /// `GET /metrics` asking for the delimited MetricFamily protobuf: the raw response.
 fn get_protobuf(addr: SocketAddr) -> Vec<u8> {
-    let mut stream = TcpStream::connect(addr).expect("connect");
+    let mut stream = connect(addr);
     stream.set_read_timeout(Some(PATIENCE)).expect("timeout");
     write!(
         stream,
