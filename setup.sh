@@ -39,6 +39,9 @@ if [ "${1:-}" = "--tests" ]; then
     [x86_64-w64-mingw32-gcc-posix]=gcc-mingw-w64-x86-64-posix
     [x86_64-w64-mingw32-ar]=binutils-mingw-w64-x86-64
     [wine]=wine
+    # kp-bench's data-path benchmark (kp-datapath) measures throughput with iperf3; it
+    # starts its own servers, so the package's daemon stays off (preseeded below).
+    [iperf3]=iperf3
   )
 fi
 missing=()
@@ -62,6 +65,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   # One package may provide several missing commands.
   mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
   export DEBIAN_FRONTEND=noninteractive
+  # iperf3 asks whether to start its daemon: answer no before it is installed.
+  echo "iperf3 iperf3/start_daemon boolean false" | $sudo debconf-set-selections
   $sudo apt-get update -q
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi

@@ -561,7 +561,7 @@ fn gbps(bits: f64) -> String {
 fn run(args: &Args) -> anyhow::Result<()> {
     for tool in ["iperf3", "ip"] {
         if sys::which(tool).is_none() {
-            bail!("{tool} not found (apt-get install iperf3 iproute2)");
+            bail!("{tool} not found (./setup.sh --tests installs it)");
         }
     }
     let temp = tempfile::Builder::new().prefix("kp-datapath-").tempdir()?;
