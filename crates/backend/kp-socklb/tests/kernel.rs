@@ -802,3 +802,59 @@ fn sockets_of_a_removed_endpoint_are_destroyed() {
         },
     );
 }
+
+/// A dual-stack (`AF_INET6`) socket reaching an IPv4 Service as `::ffff:a.b.c.d` is
+/// translated by the IPv4 maps; the destroy pass must find it by its IPv4 peer too.
+#[test]
+fn mapped_ipv6_sockets_of_a_removed_endpoint_are_destroyed() {
+    isolated::run(
+        "mapped_ipv6_sockets_of_a_removed_endpoint_are_destroyed",
+        destroy_unavailable,
+        || {
+            node();
+            let (a, b) = (at(A, 8081), at(B, 8081));
+            for endpoint in [a, b] {
+                tcp_holding_server(endpoint);
+            }
+            let (dns_a, dns_b) = (at(A, 5353), at(B, 5353));
+            let mapped = |port| at(CLUSTER_IP.to_ipv6_mapped(), port);
+            let (dns, web) = (mapped(53), mapped(81));
+            let dns_key = service(CLUSTER_IP, 53, Protocol::Udp);
+            let web_key = service(CLUSTER_IP, 81, Protocol::Tcp);
+            let mut node = attach();
+            node.lb.set(dns_key, &[dns_a]).expect("set");
+            node.lb.set(web_key, &[a]).expect("set");
+            node.cgroup.enter().expect("enter cgroup");
+
+            // `[::]` without IPV6_V6ONLY: a dual-stack socket.
+            let udp = UdpSocket::bind("[::]:0").expect("bind");
+            udp.set_read_timeout(Some(WAIT)).expect("timeout");
+            udp.connect(dns).expect("connect");
+            let mut buf = [0u8; 64];
+            udp.send(b"q").expect("send");
+            let len = udp.recv(&mut buf).expect("reply");
+            assert_eq!(&buf[..len], dns_a.to_string().as_bytes());
+            assert_eq!(udp.peer_addr().expect("peer"), dns);
+            let (who, mut tcp) = tcp_answer(web);
+            assert_eq!(who, a.to_string());
+            assert_eq!(tcp.peer_addr().expect("peer"), web);
+
+            node.lb.set(dns_key, &[dns_b]).expect("set");
+            node.lb.set(web_key, &[b]).expect("set");
+            let removed = node.lb.take_removed();
+            let report = node.programs.destroy_sockets(&removed).expect("destroy");
+            assert_eq!(report.destroyed, 2, "both mapped sockets: {report:?}");
+
+            let error = std::io::Read::read(&mut tcp, &mut buf).expect_err("destroyed");
+            assert_eq!(error.kind(), ErrorKind::ConnectionAborted, "{error}");
+            let error = udp.recv(&mut buf).expect_err("destroyed");
+            assert_eq!(error.kind(), ErrorKind::ConnectionAborted, "{error}");
+            assert!(udp.send(b"q").is_err(), "no longer connected");
+            udp.connect(dns).expect("reconnect");
+            udp.send(b"q").expect("send");
+            let len = udp.recv(&mut buf).expect("reply");
+            assert_eq!(&buf[..len], dns_b.to_string().as_bytes());
+            assert_eq!(udp.peer_addr().expect("peer"), dns);
+        },
+    );
+}
