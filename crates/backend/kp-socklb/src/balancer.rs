@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use crate::desired::{Target, Targets};
 use crate::layout::ServiceKey;
 use crate::maps::{MapWriter, WriteError};
-use crate::table::ServiceTable;
+use crate::table::{Epoch, MapOp, ServiceTable};
 
 /// Why [`Balancer::set`] did not (fully) apply.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +78,7 @@ impl<M: MapWriter> Balancer<M> {
             return Err(SetError::Family { key, endpoint });
         }
         self.note_removed(key, endpoints);
+        self.table.touch(key);
         let ops = self.table.set(key, endpoints, affinity_ms);
         let writes = ops.len();
         match ops.into_iter().try_for_each(|op| self.maps.apply(op)) {
@@ -113,6 +114,7 @@ impl<M: MapWriter> Balancer<M> {
     /// Stops translating `key` (its sockets then go to nftables mode's rules); on failure
     /// `key` stays and the next call retries.
     pub fn remove(&mut self, key: ServiceKey) -> Result<(), WriteError> {
+        self.table.touch(key);
         let ops = self.table.remove(key);
         ops.into_iter().try_for_each(|op| self.maps.apply(op))?;
         self.table.removed(key);
@@ -148,6 +150,29 @@ impl<M: MapWriter> Balancer<M> {
             }
         }
         report
+    }
+
+    /// Puts right the ports someone else changed (`keys`, from
+    /// [`ServiceTable::differences_since`]): ours are rewritten whole by the next sync, one
+    /// we never wrote is deleted now. Returns the deletes that failed.
+    pub fn restore(&mut self, keys: &[ServiceKey]) -> Vec<(ServiceKey, WriteError)> {
+        let stray: Vec<ServiceKey> = keys
+            .iter()
+            .copied()
+            .filter(|&key| !self.table.distrust(key))
+            .collect();
+        stray
+            .into_iter()
+            .filter_map(|key| {
+                let result = self.maps.apply(MapOp::DeleteService(key));
+                result.err().map(|error| (key, error))
+            })
+            .collect()
+    }
+
+    /// Starts a read-back of the maps on another thread ([`ServiceTable::watch`]).
+    pub fn watch(&mut self) -> Epoch {
+        self.table.watch()
     }
 
     /// The Service ports written.

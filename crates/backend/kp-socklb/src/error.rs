@@ -81,6 +81,15 @@ pub enum LoadError {
         #[source]
         source: aya::maps::MapError,
     },
+    /// A loaded map could not be opened again by its id.
+    #[error("cannot open BPF map {name} again")]
+    Reopen {
+        /// Its name.
+        name: &'static str,
+        /// The kernel's answer.
+        #[source]
+        source: aya::maps::MapError,
+    },
 }
 
 /// Attaching the programs to a cgroup failed.

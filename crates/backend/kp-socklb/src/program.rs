@@ -291,6 +291,34 @@ impl SocketPrograms {
             .collect()
     }
 
+    /// A second handle on the loaded programs' Service, slot and affinity maps (the same
+    /// kernel maps, opened by id), for reading them back on another thread.
+    pub fn map_reader(&self) -> Result<KernelMaps, LoadError> {
+        Ok(KernelMaps {
+            services: self.reopen(SERVICES_MAP)?,
+            slots: self.reopen(SLOTS_MAP)?,
+            services6: self.reopen(SERVICES6_MAP)?,
+            slots6: self.reopen(SLOTS6_MAP)?,
+            affinity: self.reopen(AFFINITY_MAP)?,
+            affinity6: self.reopen(AFFINITY6_MAP)?,
+        })
+    }
+
+    fn reopen<const K: usize, const V: usize>(
+        &self,
+        name: &'static str,
+    ) -> Result<ByteMap<K, V>, LoadError> {
+        let &(_, id) = self
+            .map_ids
+            .iter()
+            .find(|(n, _)| *n == name)
+            .ok_or(LoadError::Missing { what: "map", name })?;
+        let map = MapData::from_id(id)
+            .and_then(aya::maps::Map::from_map_data)
+            .map_err(|source| LoadError::Reopen { name, source })?;
+        BpfHashMap::try_from(map).map_err(|source| LoadError::Map { name, source })
+    }
+
     /// The cgroup the programs are attached to.
     pub fn attached(&self) -> Option<&Path> {
         self.attached.as_deref()

@@ -69,7 +69,16 @@ pub struct ServiceTable {
     services: HashMap<ServiceKey, Placed>,
     free_ids: Vec<u32>,
     next_id: u32,
+    /// Ports written since [`Self::watch`] (`None`: not watching): a read-back that ran
+    /// meanwhile may have seen them mid-write, so [`Self::differences_since`] skips them.
+    touched: Option<HashSet<ServiceKey>>,
+    /// Counts [`Self::adopt`]s: a read-back from before one is compared with nothing.
+    generation: u64,
 }
+
+/// When a read-back of the maps began ([`ServiceTable::watch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Epoch(u64);
 
 impl ServiceTable {
     /// The writes that make `key` send to `endpoints` (sorted and deduplicated: each
@@ -164,6 +173,8 @@ impl ServiceTable {
     /// the maps: the next writes correct what they hold).
     pub fn adopt(&mut self, held: Vec<Held>, top_slot_id: Option<u32>) {
         self.services.clear();
+        self.generation += 1;
+        self.touched = None;
         let top = held.iter().map(|h| h.entry.id).chain(top_slot_id).max();
         self.next_id = top.map_or(0, |id| id.saturating_add(1));
         self.free_ids.clear();
@@ -197,6 +208,46 @@ impl ServiceTable {
             .filter(|(key, placed)| placed.in_sync && !present.contains(key))
             .map(|(key, _)| *key);
         changed.chain(missing).collect()
+    }
+
+    /// Starts recording the ports written from now on, for a read-back of the maps that
+    /// begins now (on another thread, while syncs go on writing).
+    pub fn watch(&mut self) -> Epoch {
+        self.touched = Some(HashSet::new());
+        Epoch(self.generation)
+    }
+
+    /// `key` is being written (a set or a remove).
+    pub fn touch(&mut self, key: ServiceKey) {
+        if let Some(touched) = &mut self.touched {
+            touched.insert(key);
+        }
+    }
+
+    /// [`Self::differences`] for a read-back that began at `epoch`, leaving out the ports
+    /// written since (their entries may be mid-write in it, and are checked next time):
+    /// every other port held the same bytes throughout the read, so a difference there is
+    /// someone else's. `None` when the table was adopted anew since, or nothing watched.
+    pub fn differences_since(&self, held: &[Held], epoch: Epoch) -> Option<Vec<ServiceKey>> {
+        let touched = self.touched.as_ref()?;
+        if epoch.0 != self.generation {
+            return None;
+        }
+        let mut keys = self.differences(held);
+        keys.retain(|key| !touched.contains(key));
+        Some(keys)
+    }
+
+    /// After someone else changed `key`'s entries: its next set rewrites it whole (a port
+    /// not here is left to the caller, which deletes it).
+    pub fn distrust(&mut self, key: ServiceKey) -> bool {
+        match self.services.get_mut(&key) {
+            Some(placed) => {
+                placed.in_sync = false;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether `held` is what was written for its port (or its last write failed).

@@ -10,11 +10,15 @@
 //! The canary check ([`SocketLb::verify`]) reports pins someone else removed, and pinned
 //! links someone detached from the cgroup, as foreign changes; the thorough check also
 //! reads the Service and slot maps back and reports entries someone else rewrote. The full
-//! sync that follows restores them. A start without `--socket-lb` (or
+//! sync that follows restores them. The destroy pass and the maps' read-back run on a thread
+//! of their own ([`worker`]), so no sync waits for them. A start without `--socket-lb` (or
 //! one that cannot attach) and `--cleanup` remove the pins ([`remove_pins`]).
+
+mod worker;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, TryLockError};
 
 use kp_config::SocketLbConfiguration;
 use kp_core::backend::{SyncKind, SyncRequest};
@@ -24,8 +28,8 @@ use kp_core::report::ErrorChain as _;
 use kp_core::tracker::ProxyState;
 use kp_rules::explain::{MatchKind, ServiceMatch, SocketLbPath};
 use kp_socklb::{
-    AttachError, CgroupError, CgroupTarget, DestroyError, KernelMaps, LoadError, MissingPin,
-    ServiceKey, ServiceLb, SocketPrograms, pin,
+    AttachError, CgroupError, CgroupTarget, KernelMaps, LoadError, MissingPin, ServiceKey,
+    ServiceLb, SocketPrograms, pin,
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -46,6 +50,9 @@ pub enum StartError {
     /// The kernel would not attach them.
     #[error(transparent)]
     Attach(#[from] AttachError),
+    /// No thread for the destroy pass and the maps' read-back.
+    #[error("cannot start the socket load balancer's thread")]
+    Thread(#[source] std::io::Error),
 }
 
 /// The socket load balancer's metrics (docs/metrics.md), registered with `--socket-lb`
@@ -97,16 +104,18 @@ impl SocketLbMetrics {
 pub struct SocketLb {
     /// Held for the proxy's lifetime: pinned, the programs stay attached after it (a restart
     /// adopts them); unpinned (no bpffs), dropping it detaches them.
-    /// Its socket iterators destroy the sockets of endpoints a sync removed.
-    programs: SocketPrograms,
+    /// Its socket iterators destroy the sockets of endpoints a sync removed, on the
+    /// worker's thread, which holds the lock meanwhile.
+    programs: Arc<Mutex<SocketPrograms>>,
     lb: ServiceLb<KernelMaps>,
     metrics: SocketLbMetrics,
+    /// Dropped before the pins (its thread holds the programs).
+    worker: worker::Worker,
     /// The pins and their lock, held while this process runs (none where nothing is
     /// pinned).
     _pins: Option<Pins>,
-    /// The thorough check found map entries someone else changed: the next full sync reads
-    /// the maps back before writing.
-    reread: bool,
+    /// A read-back of the maps is under way on the worker's thread.
+    reading: bool,
 }
 
 /// The pins' directory, locked for this process ([`claim_pins`]).
@@ -193,12 +202,17 @@ impl SocketLb {
             );
             lb.leave_udp_to_nftables();
         }
+        let reader = programs.map_reader()?;
+        let programs = Arc::new(Mutex::new(programs));
+        let worker = worker::Worker::start(programs.clone(), reader, metrics.clone())
+            .map_err(StartError::Thread)?;
         Ok(Self {
             programs,
             lb,
             metrics,
+            worker,
             _pins: pins,
-            reread: false,
+            reading: false,
         })
     }
 
@@ -209,7 +223,6 @@ impl SocketLb {
         let full = request.kind == SyncKind::Full;
         if full {
             self.repair();
-            self.reread_maps();
         }
         let report = self.lb.sync(request.state, full, request.changed);
         self.metrics.writes.inc_by(report.writes as u64);
@@ -231,35 +244,13 @@ impl SocketLb {
         self.destroy_removed();
     }
 
-    /// Destroys the translated sockets still connected to endpoints this sync removed (as
-    /// nftables mode flushes their UDP conntrack entries).
+    /// Hands the worker the endpoints this sync removed: it destroys the translated sockets
+    /// still connected to them (as nftables mode flushes their UDP conntrack entries). The
+    /// map writes that removed them are done, so no connect from now on picks them.
     fn destroy_removed(&mut self) {
         let removed = self.lb.balancer_mut().take_removed();
-        if removed.is_empty() {
-            return;
-        }
-        match self.programs.destroy_sockets(&removed) {
-            // Info when sockets went (the event an operator may look for), debug otherwise.
-            Ok(report) if report.destroyed > 0 => tracing::info!(
-                pairs = removed.len(),
-                namespaces = report.namespaces,
-                skipped = report.skipped,
-                destroyed = report.destroyed,
-                "Socket load balancer destroyed sockets of removed endpoints"
-            ),
-            Ok(report) => tracing::debug!(
-                pairs = removed.len(),
-                namespaces = report.namespaces,
-                skipped = report.skipped,
-                "Socket load balancer found no socket of the removed endpoints"
-            ),
-            // Said once at start; UDP is left to nftables mode there.
-            Err(DestroyError::Unavailable) => {}
-            Err(error) => tracing::warn!(
-                error = %error.chain(),
-                "Cannot destroy sockets connected to removed endpoints; they keep their \
-                 endpoint until they close"
-            ),
+        if !removed.is_empty() {
+            self.worker.send(worker::Job::Destroy(removed));
         }
     }
 
@@ -269,67 +260,95 @@ impl SocketLb {
     /// compared with what was written: the full sync after it adopts what they hold and
     /// writes the difference).
     pub fn verify(&mut self, check: Check) -> Vec<ForeignChange> {
-        let mut changes: Vec<ForeignChange> =
-            self.programs.verify().into_iter().map(pin_change).collect();
-        if check == Check::Thorough {
-            changes.extend(self.verify_entries());
-        }
+        let missing = match self.programs.try_lock() {
+            Ok(programs) => programs.verify(),
+            Err(TryLockError::Poisoned(programs)) => programs.into_inner().verify(),
+            // A destroy pass holds them: the next check looks (a canary period later).
+            Err(TryLockError::WouldBlock) => Vec::new(),
+        };
+        let mut changes: Vec<ForeignChange> = missing.into_iter().map(pin_change).collect();
+        changes.extend(self.verify_entries(check));
         changes
     }
 
-    /// The thorough check's comparison of the maps with what was written.
-    fn verify_entries(&mut self) -> Option<ForeignChange> {
-        let (held, _) = self.lb.balancer().maps().read_back();
-        let differ = self.lb.balancer().table().differences(&held);
+    /// The thorough check's comparison of the maps with what was written: a read-back the
+    /// worker finished is compared (on any check), and a thorough check starts the next.
+    /// Ports someone else changed are marked for the next full sync to rewrite (one we never
+    /// wrote is deleted now).
+    fn verify_entries(&mut self, check: Check) -> Option<ForeignChange> {
+        let change = self.worker.read_back().and_then(|(epoch, held)| {
+            self.reading = false;
+            let differ = self.lb.balancer().table().differences_since(&held, epoch)?;
+            self.foreign_entries(&differ)
+        });
+        if check == Check::Thorough && !self.reading {
+            let epoch = self.lb.balancer_mut().watch();
+            self.worker.send(worker::Job::ReadBack(epoch));
+            self.reading = true;
+        }
+        change
+    }
+
+    /// Ports whose entries differ from what was written: restored, and reported.
+    fn foreign_entries(&mut self, differ: &[ServiceKey]) -> Option<ForeignChange> {
         let first = *differ.first()?;
-        self.reread = true;
+        for (key, error) in self.lb.balancer_mut().restore(differ) {
+            tracing::warn!(
+                service = %describe(key),
+                error = %error.chain(),
+                "Cannot delete a socket load balancer map entry someone else added"
+            );
+        }
         Some(ForeignChange::changed(
             "bpf-map",
             format!(
-                "socket load balancer map entries of {} Service ports differ from what was                  written (first: {})",
+                "socket load balancer map entries of {} Service ports differ from what was \
+                 written (first: {})",
                 differ.len(),
                 describe(first)
             ),
         ))
     }
 
-    /// After [`Self::verify_entries`] found entries someone else changed: what the maps
-    /// hold replaces what was written, so the sync writes the difference to the wanted
-    /// state.
-    fn reread_maps(&mut self) {
-        if std::mem::take(&mut self.reread) {
-            let (held, top_slot_id) = self.lb.balancer().maps().read_back();
-            self.lb.balancer_mut().adopt(held, top_slot_id);
+    /// Re-attaches detached programs and pins unpinned maps; a failure is logged and the
+    /// programs that still run go on (nftables mode's rules serve the rest). While a destroy
+    /// pass holds the programs, the worker does it after the pass.
+    fn repair(&mut self) {
+        match self.programs.try_lock() {
+            Ok(mut programs) => repair_programs(&mut programs, &self.metrics),
+            Err(TryLockError::Poisoned(programs)) => {
+                repair_programs(&mut programs.into_inner(), &self.metrics);
+            }
+            Err(TryLockError::WouldBlock) => self.worker.send(worker::Job::Repair),
         }
     }
+}
 
-    /// Re-attaches detached programs and pins unpinned maps; a failure is logged and the
-    /// programs that still run go on (nftables mode's rules serve the rest).
-    fn repair(&mut self) {
-        let missing = self.programs.verify();
-        if missing.is_empty() {
-            return;
+/// [`SocketLb::repair`] with the programs in hand (on the sync thread or the worker's).
+fn repair_programs(programs: &mut SocketPrograms, metrics: &SocketLbMetrics) {
+    let missing = programs.verify();
+    if missing.is_empty() {
+        return;
+    }
+    match programs.repair(&missing) {
+        Ok(()) => {
+            metrics.attached.set(1);
+            tracing::info!(
+                restored = missing.len(),
+                "Socket load balancer pins restored"
+            );
         }
-        match self.programs.repair(&missing) {
-            Ok(()) => {
-                self.metrics.attached.set(1);
-                tracing::info!(
-                    restored = missing.len(),
-                    "Socket load balancer pins restored"
-                );
+        Err(error) => {
+            let links = missing
+                .iter()
+                .any(|m| matches!(m, MissingPin::Link(_) | MissingPin::Detached(_)));
+            if links {
+                metrics.attached.set(0);
             }
-            Err(error) => {
-                let links = missing
-                    .iter()
-                    .any(|m| matches!(m, MissingPin::Link(_) | MissingPin::Detached(_)));
-                if links {
-                    self.metrics.attached.set(0);
-                }
-                tracing::warn!(
-                    error = %error.chain(),
-                    "Cannot restore the socket load balancer's pins"
-                );
-            }
+            tracing::warn!(
+                error = %error.chain(),
+                "Cannot restore the socket load balancer's pins"
+            );
         }
     }
 }
