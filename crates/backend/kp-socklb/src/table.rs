@@ -200,14 +200,31 @@ impl ServiceTable {
     /// whole anyway. Slots past a port's count are not looked at (the programs never read
     /// them).
     pub fn differences(&self, held: &[Held]) -> Vec<ServiceKey> {
-        let present: HashSet<ServiceKey> = held.iter().map(|h| h.key).collect();
-        let changed = held.iter().filter(|h| !self.holds(h)).map(|h| h.key);
-        let missing = self
-            .services
+        // One lookup per held port; the ports the maps lack are looked for only when fewer
+        // of ours were found than we have (the sync thread runs this).
+        let mut found = 0;
+        let mut differ: Vec<ServiceKey> = held
             .iter()
-            .filter(|(key, placed)| placed.in_sync && !present.contains(key))
-            .map(|(key, _)| *key);
-        changed.chain(missing).collect()
+            .filter(|h| match self.services.get(&h.key) {
+                None => true,
+                Some(placed) if !placed.in_sync => false,
+                Some(placed) => {
+                    found += 1;
+                    !holds(placed, h)
+                }
+            })
+            .map(|h| h.key)
+            .collect();
+        if found < self.services.values().filter(|p| p.in_sync).count() {
+            let present: HashSet<ServiceKey> = held.iter().map(|h| h.key).collect();
+            let missing = self
+                .services
+                .iter()
+                .filter(|(key, placed)| placed.in_sync && !present.contains(key))
+                .map(|(key, _)| *key);
+            differ.extend(missing);
+        }
+        differ
     }
 
     /// Starts recording the ports written from now on, for a read-back of the maps that
@@ -250,28 +267,6 @@ impl ServiceTable {
         }
     }
 
-    /// Whether `held` is what was written for its port (or its last write failed).
-    fn holds(&self, held: &Held) -> bool {
-        let Some(placed) = self.services.get(&held.key) else {
-            return false;
-        };
-        if !placed.in_sync {
-            return true;
-        }
-        let written = ServiceEntry {
-            id: placed.id,
-            count: count(placed.endpoints.len()),
-            affinity_ms: placed.affinity_ms,
-        };
-        held.entry == written
-            && held.slots.len() >= placed.endpoints.len()
-            && held
-                .slots
-                .iter()
-                .zip(&placed.endpoints)
-                .all(|(slot, endpoint)| *slot == Some(*endpoint))
-    }
-
     /// The endpoints `key` sends to, if it is here.
     pub fn endpoints(&self, key: ServiceKey) -> Option<&[SocketAddr]> {
         self.services.get(&key).map(|p| p.endpoints.as_slice())
@@ -297,6 +292,22 @@ impl ServiceTable {
         self.next_id += 1;
         id
     }
+}
+
+/// Whether `held` is what was written for its port (`placed`, in sync).
+fn holds(placed: &Placed, held: &Held) -> bool {
+    let written = ServiceEntry {
+        id: placed.id,
+        count: count(placed.endpoints.len()),
+        affinity_ms: placed.affinity_ms,
+    };
+    held.entry == written
+        && held.slots.len() >= placed.endpoints.len()
+        && held
+            .slots
+            .iter()
+            .zip(&placed.endpoints)
+            .all(|(slot, endpoint)| *slot == Some(*endpoint))
 }
 
 fn pending(
@@ -609,5 +620,43 @@ mod tests {
         );
         assert!(table.set(other, &[a, b], 0).is_empty());
         assert!(table.keys().any(|k| k == stray), "removed by the next sync");
+    }
+
+    #[test]
+    fn a_read_back_during_writes_skips_the_ports_written_since_it_began() {
+        let mut table = ServiceTable::default();
+        let (a, b) = (
+            "10.0.0.1:80".parse().expect("literal"),
+            "10.0.0.2:80".parse().expect("literal"),
+        );
+        let other = ServiceKey::new("10.96.0.11:80".parse().expect("literal"), Protocol::Tcp);
+        for k in [key(), other] {
+            table.set(k, &[a], 0);
+            table.written(k);
+        }
+        let held = |k, id, slots: Vec<SocketAddr>| Held {
+            key: k,
+            entry: ServiceEntry {
+                id,
+                count: count(slots.len()),
+                affinity_ms: 0,
+            },
+            slots: slots.into_iter().map(Some).collect(),
+        };
+        let epoch = table.watch();
+        // The read saw key() before a sync's write gave it b, and other as someone rewrote it.
+        let read = vec![held(key(), 0, vec![a]), held(other, 1, vec![b])];
+        table.touch(key());
+        table.set(key(), &[a, b], 0);
+        table.written(key());
+        assert_eq!(table.differences(&read), vec![key(), other], "unfiltered");
+        assert_eq!(table.differences_since(&read, epoch), Some(vec![other]));
+        // Distrusted, other is rewritten whole by its next set, even to the same endpoints.
+        assert!(table.distrust(other));
+        assert!(!table.set(other, &[a], 0).is_empty());
+        // A read from before an adoption is compared with nothing.
+        let epoch = table.watch();
+        table.adopt(read.clone(), None);
+        assert_eq!(table.differences_since(&read, epoch), None);
     }
 }
