@@ -255,10 +255,9 @@ impl SocketLb {
     }
 
     /// The pins someone else removed (each a foreign change: the proxier logs and counts
-    /// it, then runs the full sync that restores it); on the thorough check also the
-    /// Service and slot maps' entries someone else rewrote, removed or added (read back and
-    /// compared with what was written: the full sync after it adopts what they hold and
-    /// writes the difference).
+    /// it, then runs the full sync that restores it); also the Service and slot maps'
+    /// entries someone else rewrote, removed or added, from the last read-back the worker
+    /// finished (a thorough check starts the next): the full sync after it rewrites them.
     pub fn verify(&mut self, check: Check) -> Vec<ForeignChange> {
         let missing = match self.programs.try_lock() {
             Ok(programs) => programs.verify(),
