@@ -45,13 +45,13 @@ use crate::backend::{Backend, BackendError, SyncKind, SyncReport, SyncRequest};
 use crate::event::{ObjectEvent, SourceEvent};
 use crate::foreign::{Activity, Backoff, Check, ForeignChange, ForeignEvent, SETTLE};
 use crate::full_sync::PeriodicFullSync;
-use crate::health::{ProxyHealth, ServiceHealth, ServiceHealthMap};
+use crate::health::{ProxyHealth, ServiceHealthMap};
 use crate::metrics::{ForeignLabels, KindLabel, Metrics, TrafficPolicyLabel};
-use crate::model::{Endpoint, ServiceName};
+use crate::model::ServiceName;
 use crate::runner::{REST_PER_RUN, RunReason, Runner};
-use crate::topology;
 use crate::tracker::{ChangeTracker, ObjectKind, ProxyState, Recorded};
 
+mod derived;
 #[cfg(test)]
 mod tests;
 
@@ -278,6 +278,8 @@ pub struct Proxier<B: Backend> {
     unsynced_changed: BTreeSet<ServiceName>,
     unsynced_conntrack: bool,
     unsynced_trigger_times: Vec<SystemTime>,
+    /// The no-local-endpoints gauges and the health map, per service, of `state`.
+    derived: derived::Derived,
     /// Trigger times before this are from before the proxy started (upstream ignores them).
     started_wall: SystemTime,
     service_health: watch::Sender<ServiceHealthMap>,
@@ -356,6 +358,7 @@ impl<B: Backend> Proxier<B> {
             unsynced_changed: BTreeSet::new(),
             unsynced_conntrack: false,
             unsynced_trigger_times: Vec::new(),
+            derived: derived::Derived::default(),
             started_wall,
             service_health: watch::Sender::new(ServiceHealthMap::new()),
             published_state: watch::Sender::new(Arc::new(ProxyState::default())),
@@ -761,7 +764,15 @@ impl<B: Backend> Proxier<B> {
     /// sync succeeds (a failed sync must not lose them). Invalid objects are logged, counted
     /// and left out.
     fn apply_recorded(&mut self) {
+        let node_before = self.state.node.clone();
         let update = self.tracker.apply(Arc::make_mut(&mut self.state));
+        // What a service reports depends on the node (topology, locality) and on that
+        // service's objects only.
+        if self.state.node == node_before {
+            self.derived.update(&self.state, &update.changed);
+        } else {
+            self.derived.rebuild(&self.state);
+        }
         for error in &update.invalid {
             warn!(error = %error.chain(), "skipping invalid object");
             self.metrics
@@ -882,22 +893,8 @@ impl<B: Backend> Proxier<B> {
     /// Upstream's `kubeproxy_sync_proxy_rules_no_local_endpoints_total`: service ports whose
     /// Local policy leaves them without endpoints although endpoints exist elsewhere.
     fn set_no_local_endpoints(&self) {
-        let (mut internal, mut external) = (0_i64, 0_i64);
-        let state = &*self.state;
-        for (name, port) in &state.services {
-            let internal_local = port.internal_policy_local;
-            let external_local = port.external_policy_local && port.externally_accessible();
-            if !internal_local && !external_local {
-                continue;
-            }
-            let endpoints = state.endpoints.get(name).map_or(&[][..], Vec::as_slice);
-            let categories = topology::categorize(port, endpoints, &state.node);
-            if !categories.has_any_endpoints || !categories.local.is_empty() {
-                continue;
-            }
-            internal += i64::from(internal_local);
-            external += i64::from(external_local);
-        }
+        let no_local = self.derived.no_local();
+        let (internal, external) = (no_local.internal, no_local.external);
         for (policy, count) in [("internal", internal), ("external", external)] {
             self.metrics
                 .no_local_endpoints
@@ -912,11 +909,11 @@ impl<B: Backend> Proxier<B> {
     /// state is shared, not copied; while a reader may still see it, the next sync copies it
     /// before changing it.
     fn publish(&self) {
-        let health = service_health_map(&self.state);
+        let health = self.derived.health();
         self.service_health.send_if_modified(|current| {
-            let modified = *current != health;
+            let modified = current != health;
             if modified {
-                *current = health;
+                current.clone_from(health);
             }
             modified
         });
@@ -976,24 +973,13 @@ async fn tick(canary: &mut Option<tokio::time::Interval>) {
 /// Every service with a health-check node port and its local ready endpoint count.
 pub fn service_health_map(state: &ProxyState) -> ServiceHealthMap {
     let mut map = ServiceHealthMap::new();
-    for (name, port) in &state.services {
-        let Some(node_port) = port.health_check_node_port else {
-            continue;
-        };
+    for name in state.services.keys() {
         if map.contains_key(&name.service) {
             continue;
         }
-        let local: Vec<Endpoint> = state
-            .service_endpoints(&name.service)
-            .flat_map(|(_, endpoints)| endpoints.iter().filter(|e| e.is_local).cloned())
-            .collect();
-        map.insert(
-            name.service.clone(),
-            ServiceHealth {
-                node_port,
-                local_endpoints: topology::local_ready_endpoint_count(&local),
-            },
-        );
+        if let Some(health) = derived::service_health(state, &name.service) {
+            map.insert(name.service.clone(), health);
+        }
     }
     map
 }
