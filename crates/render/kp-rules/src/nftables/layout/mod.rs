@@ -99,7 +99,10 @@ pub fn port_elements(state: &ProxyState, ctx: &Context, name: &ServicePortName) 
     elements
 }
 
-/// Every port's elements: a full sync's updates (ports installed but gone get none).
+/// Every port's elements: a full sync's updates (ports installed but gone get none). A port
+/// with no element that is not installed either is left out: its update would change
+/// nothing, and the other family's table would otherwise copy every port's name (~0.1 s
+/// at 100k services).
 pub fn full_updates(
     state: &ProxyState,
     ctx: &Context,
@@ -108,7 +111,11 @@ pub fn full_updates(
     let mut updates: Vec<_> = state
         .services
         .keys()
-        .map(|name| (name.clone(), port_elements(state, ctx, name)))
+        .filter_map(|name| {
+            let elements = port_elements(state, ctx, name);
+            (!elements.is_empty() || !installed.port(name).is_empty())
+                .then(|| (name.clone(), elements))
+        })
         .collect();
     updates.extend(
         installed

@@ -330,6 +330,7 @@ impl LayoutState {
         state
             .elements
             .reserve(updates.iter().map(|(_, elements)| elements.len()).sum());
+        let mut ports = Vec::with_capacity(updates.len());
         for (name, mut elements) in updates {
             elements.sort();
             elements.dedup();
@@ -342,8 +343,11 @@ impl LayoutState {
                 state.claim(element);
             }
             state.classes.extend(elements.iter().filter_map(Class::of));
-            state.ports.insert(name, elements);
+            ports.push((name, elements));
         }
+        // Built in one go (the last of equal names wins, as inserting would): full B-tree
+        // nodes, where inserting in order leaves each about half full.
+        state.ports = ports.into_iter().collect();
         state.elements.shrink_to_fit();
         state
     }
