@@ -970,20 +970,6 @@ async fn tick(canary: &mut Option<tokio::time::Interval>) {
     }
 }
 
-/// Every service with a health-check node port and its local ready endpoint count.
-pub fn service_health_map(state: &ProxyState) -> ServiceHealthMap {
-    let mut map = ServiceHealthMap::new();
-    for name in state.services.keys() {
-        if map.contains_key(&name.service) {
-            continue;
-        }
-        if let Some(health) = derived::service_health(state, &name.service) {
-            map.insert(name.service.clone(), health);
-        }
-    }
-    map
-}
-
 /// Seconds since the Unix epoch (negative before it, should a clock be that wrong).
 fn unix_seconds(time: SystemTime) -> f64 {
     match time.duration_since(SystemTime::UNIX_EPOCH) {

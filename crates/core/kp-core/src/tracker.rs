@@ -60,17 +60,19 @@ impl ProxyState {
         of_service(&self.endpoints, service)
     }
 
+    /// Every service with at least one service port, once each, in key order.
+    pub fn service_names(&self) -> impl Iterator<Item = &ServiceName> {
+        let mut last: Option<&ServiceName> = None;
+        self.services.keys().filter_map(move |name| {
+            let new = last != Some(&name.service);
+            last = Some(&name.service);
+            new.then_some(&name.service)
+        })
+    }
+
     /// The number of distinct services with at least one service port.
     pub fn service_count(&self) -> usize {
-        let mut count = 0;
-        let mut last: Option<&ServiceName> = None;
-        for name in self.services.keys() {
-            if last != Some(&name.service) {
-                count += 1;
-                last = Some(&name.service);
-            }
-        }
-        count
+        self.service_names().count()
     }
 }
 

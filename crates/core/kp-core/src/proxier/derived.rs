@@ -42,12 +42,8 @@ impl Derived {
     /// Recompute everything (the node changed, or nothing is known yet).
     pub fn rebuild(&mut self, state: &ProxyState) {
         *self = Derived::default();
-        let mut last: Option<&ServiceName> = None;
-        for name in state.services.keys() {
-            if last != Some(&name.service) {
-                self.update_one(state, &name.service);
-                last = Some(&name.service);
-            }
+        for service in state.service_names() {
+            self.update_one(state, service);
         }
     }
 
@@ -109,7 +105,7 @@ fn service_no_local(state: &ProxyState, service: &ServiceName) -> NoLocal {
 
 /// One service's health-check node port (its first port's that has one) and its local ready
 /// endpoint count over all its ports.
-pub(super) fn service_health(state: &ProxyState, service: &ServiceName) -> Option<ServiceHealth> {
+fn service_health(state: &ProxyState, service: &ServiceName) -> Option<ServiceHealth> {
     let node_port = state
         .service_ports(service)
         .find_map(|(_, port)| port.health_check_node_port)?;
