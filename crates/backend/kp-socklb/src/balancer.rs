@@ -78,7 +78,6 @@ impl<M: MapWriter> Balancer<M> {
             return Err(SetError::Family { key, endpoint });
         }
         self.note_removed(key, endpoints);
-        self.table.touch(key);
         let ops = self.table.set(key, endpoints, affinity_ms);
         let writes = ops.len();
         match ops.into_iter().try_for_each(|op| self.maps.apply(op)) {
@@ -114,7 +113,6 @@ impl<M: MapWriter> Balancer<M> {
     /// Stops translating `key` (its sockets then go to nftables mode's rules); on failure
     /// `key` stays and the next call retries.
     pub fn remove(&mut self, key: ServiceKey) -> Result<(), WriteError> {
-        self.table.touch(key);
         let ops = self.table.remove(key);
         ops.into_iter().try_for_each(|op| self.maps.apply(op))?;
         self.table.removed(key);

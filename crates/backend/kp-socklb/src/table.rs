@@ -69,8 +69,9 @@ pub struct ServiceTable {
     services: HashMap<ServiceKey, Placed>,
     free_ids: Vec<u32>,
     next_id: u32,
-    /// Ports written since [`Self::watch`] (`None`: not watching): a read-back that ran
-    /// meanwhile may have seen them mid-write, so [`Self::differences_since`] skips them.
+    /// Ports [`Self::set`] or [`Self::remove`] wrote since [`Self::watch`] (`None`: not
+    /// watching): a read-back that ran meanwhile may have seen them mid-write, so
+    /// [`Self::differences_since`] skips them.
     touched: Option<HashSet<ServiceKey>>,
     /// Counts [`Self::adopt`]s: a read-back from before one is compared with nothing.
     generation: u64,
@@ -91,6 +92,7 @@ impl ServiceTable {
         endpoints: &[SocketAddr],
         affinity_ms: u32,
     ) -> Vec<MapOp> {
+        self.touch(key);
         let mut wanted = endpoints.to_vec();
         wanted.sort_unstable();
         wanted.dedup();
@@ -124,7 +126,8 @@ impl ServiceTable {
 
     /// The writes that remove `key` (none if it is not here). Call [`Self::removed`] once
     /// they were applied; after a failure `key` stays, and the next remove retries them.
-    pub fn remove(&self, key: ServiceKey) -> Vec<MapOp> {
+    pub fn remove(&mut self, key: ServiceKey) -> Vec<MapOp> {
+        self.touch(key);
         let Some(placed) = self.services.get(&key) else {
             return Vec::new();
         };
@@ -235,7 +238,7 @@ impl ServiceTable {
     }
 
     /// `key` is being written (a set or a remove).
-    pub fn touch(&mut self, key: ServiceKey) {
+    fn touch(&mut self, key: ServiceKey) {
         if let Some(touched) = &mut self.touched {
             touched.insert(key);
         }
@@ -646,7 +649,6 @@ mod tests {
         let epoch = table.watch();
         // The read saw key() before a sync's write gave it b, and other as someone rewrote it.
         let read = vec![held(key(), 0, vec![a]), held(other, 1, vec![b])];
-        table.touch(key());
         table.set(key(), &[a, b], 0);
         table.written(key());
         assert_eq!(table.differences(&read), vec![key(), other], "unfiltered");

@@ -766,19 +766,7 @@ fn sockets_of_a_removed_endpoint_are_destroyed() {
             assert_eq!(report.destroyed, 2, "{report:?}");
             assert!(report.namespaces >= 1, "{report:?}");
 
-            // TCP: reset, the application reads ECONNABORTED.
-            let error = std::io::Read::read(&mut tcp, &mut buf).expect_err("destroyed");
-            assert_eq!(error.kind(), ErrorKind::ConnectionAborted, "{error}");
-            // Connected UDP: ECONNABORTED, then disconnected: the application reconnects
-            // and is translated to the remaining endpoint.
-            let error = udp.recv(&mut buf).expect_err("destroyed");
-            assert_eq!(error.kind(), ErrorKind::ConnectionAborted, "{error}");
-            assert!(udp.send(b"q").is_err(), "no longer connected");
-            udp.connect(dns).expect("reconnect");
-            udp.send(b"q").expect("send");
-            let len = udp.recv(&mut buf).expect("reply");
-            assert_eq!(&buf[..len], dns_b.to_string().as_bytes());
-            assert_eq!(udp.peer_addr().expect("peer"), dns);
+            destroyed_and_reconnected(&mut tcp, &udp, dns, dns_b);
             let (who, _) = tcp_answer(web);
             assert_eq!(
                 who,
@@ -801,6 +789,28 @@ fn sockets_of_a_removed_endpoint_are_destroyed() {
             let _ = std::io::Write::write_all(&mut kept, b"bye");
         },
     );
+}
+
+/// After the destroy pass: the TCP connection is reset (the application reads
+/// ECONNABORTED); the connected UDP socket reads ECONNABORTED and is disconnected, so the
+/// application reconnects to `dns` and is translated to the remaining endpoint `dns_b`.
+fn destroyed_and_reconnected(
+    tcp: &mut TcpStream,
+    udp: &UdpSocket,
+    dns: SocketAddr,
+    dns_b: SocketAddr,
+) {
+    let mut buf = [0u8; 64];
+    let error = std::io::Read::read(tcp, &mut buf).expect_err("destroyed");
+    assert_eq!(error.kind(), ErrorKind::ConnectionAborted, "{error}");
+    let error = udp.recv(&mut buf).expect_err("destroyed");
+    assert_eq!(error.kind(), ErrorKind::ConnectionAborted, "{error}");
+    assert!(udp.send(b"q").is_err(), "no longer connected");
+    udp.connect(dns).expect("reconnect");
+    udp.send(b"q").expect("send");
+    let len = udp.recv(&mut buf).expect("reply");
+    assert_eq!(&buf[..len], dns_b.to_string().as_bytes());
+    assert_eq!(udp.peer_addr().expect("peer"), dns);
 }
 
 /// A dual-stack (`AF_INET6`) socket reaching an IPv4 Service as `::ffff:a.b.c.d` is
@@ -845,16 +855,7 @@ fn mapped_ipv6_sockets_of_a_removed_endpoint_are_destroyed() {
             let report = node.programs.destroy_sockets(&removed).expect("destroy");
             assert_eq!(report.destroyed, 2, "both mapped sockets: {report:?}");
 
-            let error = std::io::Read::read(&mut tcp, &mut buf).expect_err("destroyed");
-            assert_eq!(error.kind(), ErrorKind::ConnectionAborted, "{error}");
-            let error = udp.recv(&mut buf).expect_err("destroyed");
-            assert_eq!(error.kind(), ErrorKind::ConnectionAborted, "{error}");
-            assert!(udp.send(b"q").is_err(), "no longer connected");
-            udp.connect(dns).expect("reconnect");
-            udp.send(b"q").expect("send");
-            let len = udp.recv(&mut buf).expect("reply");
-            assert_eq!(&buf[..len], dns_b.to_string().as_bytes());
-            assert_eq!(udp.peer_addr().expect("peer"), dns);
+            destroyed_and_reconnected(&mut tcp, &udp, dns, dns_b);
         },
     );
 }
