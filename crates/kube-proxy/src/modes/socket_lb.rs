@@ -18,7 +18,7 @@ mod worker;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex};
 
 use kp_config::SocketLbConfiguration;
 use kp_core::backend::{SyncKind, SyncRequest};
@@ -259,12 +259,10 @@ impl SocketLb {
     /// entries someone else rewrote, removed or added, from the last read-back the worker
     /// finished (a thorough check starts the next): the full sync after it rewrites them.
     pub fn verify(&mut self, check: Check) -> Vec<ForeignChange> {
-        let missing = match self.programs.try_lock() {
-            Ok(programs) => programs.verify(),
-            Err(TryLockError::Poisoned(programs)) => programs.into_inner().verify(),
-            // A destroy pass holds them: the next check looks (a canary period later).
-            Err(TryLockError::WouldBlock) => Vec::new(),
-        };
+        // While a destroy pass holds them, the next check looks (a canary period later).
+        let missing = worker::try_lock(&self.programs)
+            .map(|programs| programs.verify())
+            .unwrap_or_default();
         let mut changes: Vec<ForeignChange> = missing.into_iter().map(pin_change).collect();
         changes.extend(self.verify_entries(check));
         changes
@@ -313,12 +311,9 @@ impl SocketLb {
     /// programs that still run go on (nftables mode's rules serve the rest). While a destroy
     /// pass holds the programs, the worker does it after the pass.
     fn repair(&mut self) {
-        match self.programs.try_lock() {
-            Ok(mut programs) => repair_programs(&mut programs, &self.metrics),
-            Err(TryLockError::Poisoned(programs)) => {
-                repair_programs(&mut programs.into_inner(), &self.metrics);
-            }
-            Err(TryLockError::WouldBlock) => self.worker.send(worker::Job::Repair),
+        match worker::try_lock(&self.programs) {
+            Some(mut programs) => repair_programs(&mut programs, &self.metrics),
+            None => self.worker.send(worker::Job::Repair),
         }
     }
 }

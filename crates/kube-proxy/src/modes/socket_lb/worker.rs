@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -191,6 +191,15 @@ impl Thread {
 }
 
 /// The programs, locked (a panic while they were held leaves them as they were: usable).
-pub(super) fn lock(programs: &Mutex<SocketPrograms>) -> MutexGuard<'_, SocketPrograms> {
+fn lock(programs: &Mutex<SocketPrograms>) -> MutexGuard<'_, SocketPrograms> {
     programs.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The programs unless a destroy pass holds them (poisoned: usable, as with [`lock`]).
+pub(super) fn try_lock(programs: &Mutex<SocketPrograms>) -> Option<MutexGuard<'_, SocketPrograms>> {
+    match programs.try_lock() {
+        Ok(programs) => Some(programs),
+        Err(TryLockError::Poisoned(programs)) => Some(programs.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
 }
