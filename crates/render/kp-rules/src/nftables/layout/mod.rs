@@ -101,8 +101,8 @@ pub fn port_elements(state: &ProxyState, ctx: &Context, name: &ServicePortName) 
 
 /// Every port's elements: a full sync's updates (ports installed but gone get none). A port
 /// with no element that is not installed either is left out: its update would change
-/// nothing, and the other family's table would otherwise copy every port's name (~0.1 s
-/// at 100k services).
+/// nothing, and the other family's table would otherwise copy every port's name (no
+/// faster at 100k by measurement: bench/notes/2026-12-03-nftables-100k-first-sync-memory.md).
 pub fn full_updates(
     state: &ProxyState,
     ctx: &Context,
