@@ -204,8 +204,12 @@ impl SocketLb {
         }
         let reader = programs.map_reader()?;
         let programs = Arc::new(Mutex::new(programs));
-        let worker = worker::Worker::start(programs.clone(), reader, metrics.clone())
-            .map_err(StartError::Thread)?;
+        let worker = worker::Worker::start(worker::KernelWork {
+            programs: programs.clone(),
+            reader,
+            metrics: metrics.clone(),
+        })
+        .map_err(StartError::Thread)?;
         Ok(Self {
             programs,
             lb,
@@ -275,6 +279,13 @@ impl SocketLb {
     fn verify_entries(&mut self, check: Check) -> Option<ForeignChange> {
         let change = self.worker.read_back().and_then(|(epoch, held)| {
             self.reading = false;
+            let Some(held) = held else {
+                tracing::warn!(
+                    "Cannot read the socket load balancer's maps back; the next thorough \
+                     check tries again"
+                );
+                return None;
+            };
             let differ = self.lb.balancer().table().differences_since(&held, epoch)?;
             self.foreign_entries(&differ)
         });
