@@ -22,6 +22,7 @@
 
 pub mod changes;
 pub mod connect;
+pub mod datapath;
 pub mod generate;
 pub mod listing;
 pub mod logs;

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::changes::ChangePoint;
+use crate::datapath::StoredDatapath;
 use crate::summary::{CheckPoint, ConnectPoint, Environment, Measured, NO_TABLE, ScalePoint};
 
 /// A stored point's series and size: what a newer point of the same replaces.
@@ -156,6 +157,9 @@ pub struct Points {
     pub changes: Vec<StoredChange>,
     /// The benchmarks' own output.
     pub raw: Vec<RawSection>,
+    /// The last data-path side-by-side run (absent from files written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath: Option<StoredDatapath>,
 }
 
 impl Default for Points {
@@ -168,6 +172,7 @@ impl Default for Points {
             checks: Vec::new(),
             changes: Vec::new(),
             raw: Vec::new(),
+            datapath: None,
         }
     }
 }
@@ -239,6 +244,9 @@ impl Points {
         self.checks.extend(new.checks);
         self.changes.extend(new.changes);
         self.raw.extend(new.raw);
+        if new.datapath.is_some() {
+            self.datapath = new.datapath;
+        }
         self.sort(order);
         self
     }
@@ -306,6 +314,7 @@ impl Points {
             checks,
             changes,
             mut raw,
+            datapath,
         } = self;
         runs.retain(|run| {
             let own = |series: &str, date: &str, commit: &str| {
@@ -327,6 +336,7 @@ impl Points {
             checks,
             changes,
             raw,
+            datapath: new.datapath.or(datapath),
         };
         merged.sort(order);
         merged

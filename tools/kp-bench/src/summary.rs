@@ -712,6 +712,7 @@ pub fn render(points: &Points, reasons: &[(String, String)]) -> Report {
     checks_section(&mut md, points);
     crate::changes::section(&mut md, points);
     crate::listing::section(&mut md, points);
+    crate::datapath::section(&mut md, points.datapath.as_ref(), reasons);
 
     let _ = writeln!(
         md,

@@ -324,7 +324,7 @@ pub fn unknown_keys(reasons: &[(String, String)]) -> Vec<&str> {
     reasons
         .iter()
         .map(|(k, _)| k.as_str())
-        .filter(|k| !TARGETS.iter().any(|t| t.key == *k))
+        .filter(|k| *k != crate::datapath::REASON_KEY && !TARGETS.iter().any(|t| t.key == *k))
         .collect()
 }
 

@@ -8,7 +8,8 @@
 //! `--checks-only` measures just those. `--changes` runs the verdict-free layout's series
 //! with every one-service change kind of issue 33 (`kp-scale --changes`) at `--sizes`, each
 //! point replacing only its series' point of that size, and the report gets their per-kind
-//! table (`kp_bench::changes`). Must run as root (the benchmarks use network namespaces).
+//! table (`kp_bench::changes`). `--datapath` runs `kp-datapath`'s side-by-side comparison of
+//! direct, nftables mode and the socket load balancer (`kp_bench::datapath`). Must run as root (the benchmarks use network namespaces).
 //!
 //! ```sh
 //! cargo run --release -p kp-bench --bin kp-report
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum as _};
 use kp_bench::changes::ChangePoint;
+use kp_bench::datapath::{self, StoredDatapath};
 use kp_bench::generate::Change;
 use kp_bench::points::{
     self, ENDPOINTS, Points, RawSection, Run, StoredChange, StoredCheck, StoredConnect,
@@ -194,6 +196,9 @@ const DEFAULT_VM_MEMORY_MIB: u64 = 3072;
 /// up to two minutes each, building and deleting namespaces) before it is killed.
 const RUN_SLACK: Duration = Duration::from_secs(300);
 
+/// How long the data-path run may take (about 15 minutes on a quiet 2-core machine).
+const DATAPATH_LIMIT: Duration = Duration::from_secs(3600);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "kp-report",
@@ -255,6 +260,11 @@ struct Args {
     /// and raw output), every other point kept, then render.
     #[arg(long, conflicts_with = "checks_only")]
     changes: bool,
+    /// Measure only the data path side by side (`kp-datapath`: direct, nftables mode and the
+    /// socket load balancer, with 1 and 10,000 Services), replacing the stored run, then
+    /// render.
+    #[arg(long, conflicts_with_all = ["checks_only", "changes", "modes"])]
+    datapath: bool,
 }
 
 fn main() -> ExitCode {
@@ -293,6 +303,12 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
         let path = args.out_dir.join(points::POINTS_FILE);
         std::fs::write(&path, stored.to_json())
             .with_context(|| format!("writing {}", path.display()))?;
+    } else if args.datapath {
+        if !args.no_build {
+            build()?;
+        }
+        settle(SETTLE_LIMIT);
+        stored.datapath = Some(measure_datapath()?);
     } else {
         let modes = selected_modes(args)?;
         if !args.no_build {
@@ -804,6 +820,48 @@ fn load_1m() -> String {
         .next()
         .unwrap_or("?")
         .to_owned()
+}
+
+/// `kp-datapath`'s side-by-side run of the socket load balancer's paths (release binaries
+/// next to this one), stored only when it finished.
+fn measure_datapath() -> anyhow::Result<StoredDatapath> {
+    let bin_dir = std::env::current_exe()?
+        .parent()
+        .context("the executable has no directory")?
+        .to_owned();
+    let work = tempfile::Builder::new().prefix("kp-report-").tempdir()?;
+    let out = work.path().join("datapath.md");
+    let measured = [
+        "--paths",
+        datapath::PATHS,
+        "--services",
+        datapath::SIZES,
+        "--rounds",
+        "5",
+        "--seconds",
+        "5",
+        "--count",
+        "3000",
+    ];
+    let kube_proxy = bin_dir.join("kube-proxy");
+    let mut run_args: Vec<&str> = measured.to_vec();
+    let kube_proxy = kube_proxy.to_string_lossy();
+    let out_arg = out.to_string_lossy();
+    run_args.extend(["--binary", &kube_proxy, "--out", &out_arg]);
+    let (date, commit, load_start) = (utc_now(), commit(), load_1m());
+    let status = bounded(&bin_dir.join("kp-datapath"), &run_args, DATAPATH_LIMIT)?;
+    if status != "kp-datapath finished" {
+        bail!("the data-path run did not finish: {status}");
+    }
+    let text =
+        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    Ok(StoredDatapath {
+        date,
+        commit,
+        command: format!("kp-datapath {}", measured.join(" ")),
+        load: format!("{load_start}→{}", load_1m()),
+        text,
+    })
 }
 
 /// One `kp-scale` point on this machine, bounded by the first-sync limit plus
