@@ -300,15 +300,14 @@ fn run(args: &Args) -> anyhow::Result<PathBuf> {
         stored = stored.merge_points(new, &series_order());
     }
     if args.render_only || args.merge_from.is_some() {
-        let path = args.out_dir.join(points::POINTS_FILE);
-        std::fs::write(&path, stored.to_json())
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_points(&args.out_dir, &stored)?;
     } else if args.datapath {
         if !args.no_build {
             build()?;
         }
         settle(SETTLE_LIMIT);
         stored.datapath = Some(measure_datapath()?);
+        write_points(&args.out_dir, &stored)?;
     } else {
         let modes = selected_modes(args)?;
         if !args.no_build {
@@ -410,9 +409,7 @@ fn measure_series(
         } else {
             stored.clone().merge(series.clone(), &order)
         };
-        let path = args.out_dir.join(points::POINTS_FILE);
-        std::fs::write(&path, merged.to_json())
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_points(&args.out_dir, &merged)?;
         Ok(merged)
     };
     let kube_proxy = run.bin_dir.join("kube-proxy");
@@ -543,10 +540,15 @@ fn measure_checks(
         vec![stored_check(run, mode, point, host_load)],
         &series_order(),
     );
-    let path = args.out_dir.join(points::POINTS_FILE);
-    std::fs::write(&path, merged.to_json())
-        .with_context(|| format!("writing {}", path.display()))?;
+    write_points(&args.out_dir, &merged)?;
     Ok(merged)
+}
+
+/// `points.json` in `out_dir`, rewritten with `points`: every measuring branch calls it as
+/// soon as it has a point, so a run that renders the report also keeps what it rendered.
+fn write_points(out_dir: &Path, points: &Points) -> anyhow::Result<()> {
+    let path = out_dir.join(points::POINTS_FILE);
+    std::fs::write(&path, points.to_json()).with_context(|| format!("writing {}", path.display()))
 }
 
 /// One `kp-scale` point of `mode` on the host or in the test VM (`checks`: with
