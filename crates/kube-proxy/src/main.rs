@@ -104,8 +104,10 @@ fn main() -> ExitCode {
         command @ (Command::Demo | Command::DemoEcho) => return demo(command),
         Command::Proxy => {}
     }
+    // Before any thread allocates: the proxier's syncs must not pay for earlier frees.
+    let fastbins = kp_malloc::disable_fastbins(std::env::var("GLIBC_TUNABLES").ok().as_deref());
     let options = Options::parse();
-    match run(options) {
+    match run(options, fastbins) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             // Logging may not be set up yet (bad flags), so errors go straight to stderr too.
@@ -119,13 +121,20 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(options: Options) -> anyhow::Result<()> {
+fn run(
+    options: Options,
+    fastbins: Result<kp_malloc::Fastbins, kp_malloc::MalloptFailed>,
+) -> anyhow::Result<()> {
     // Configuration first: every invalid value is reported before anything touches the node.
     let loaded = options.load().context("invalid configuration")?;
     let config = loaded.config;
     log::init(i32::try_from(config.logging.verbosity).unwrap_or(i32::MAX));
     for warning in &loaded.warnings {
         tracing::warn!("{warning}");
+    }
+    match fastbins {
+        Ok(fastbins) => tracing::debug!(?fastbins, "Allocator set up"),
+        Err(error) => tracing::warn!(%error, "Syncs may pause to merge freed memory"),
     }
     tracing::info!(version = kp_config::VERSION, "Starting kube-proxy");
 
