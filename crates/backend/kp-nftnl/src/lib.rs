@@ -15,8 +15,9 @@
 //! - [`codec`] encodes commands as nf_tables netlink messages inside one
 //!   `NFNL_MSG_BATCH_BEGIN` ... `END` batch: one atomic transaction, as `nft -f` sends it,
 //!   with the attributes and user data `nft` 1.0.6 sends for the same statement (golden
-//!   tests compare bytes for several; lookups and set elements leave out the set's batch id,
-//!   which the kernel only needs for sets without a name), so `nft list` shows the result
+//!   tests compare bytes for several; a named set's elements and the lookups of the typed
+//!   commands name it only, while anonymous sets and the rules of a class created in the
+//!   same batch also carry its batch id, as nft's do), so `nft list` shows the result
 //!   exactly as if `nft` had applied it;
 //! - [`socket`] sends a batch over a `NETLINK_NETFILTER` socket and maps a kernel error back
 //!   to the statement that caused it. Nothing is dumped. A large full sync goes as several
